@@ -1,0 +1,5 @@
+import sys
+
+from dra_driver.cli import main
+
+sys.exit(main())

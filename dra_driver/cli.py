@@ -1,0 +1,77 @@
+"""The ``fabric-dra`` command line: one subcommand per role, one image runs them all.
+
+Each role lives in its own package and contributes its subcommand through a
+``register(subparsers)`` function listed in :data:`ROLE_MODULES`; a role appears
+here once it works. Heavy imports happen inside the handlers, so ``--help`` is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+from dra_driver import __version__
+from dra_driver.logs import configure
+
+__all__ = ["ROLE_MODULES", "CliError", "Handler", "build_parser", "main"]
+
+#: Modules that each define ``register(subparsers: argparse._SubParsersAction) -> None``.
+ROLE_MODULES: tuple[str, ...] = ()
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+class CliError(Exception):
+    """A failure the user can act on: printed as one line, without a traceback."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fabric-dra",
+        description=(
+            "fabric-dra binds composable PCIe and CXL devices (GPUs, NVMe, NICs, FPGAs, CXL memory) "
+            "to Kubernetes nodes only while a pod uses them: a DRA driver plus a Redfish fabric "
+            "manager, with a software fabric emulator."
+        ),
+        epilog="Run 'fabric-dra ROLE --help' for the options of one role.",
+    )
+    parser.add_argument("--version", action="version", version=f"fabric-dra {__version__}")
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="minimum level of log events written to stderr (default: info)",
+    )
+    parser.add_argument(
+        "--log-format",
+        default="logfmt",
+        choices=["logfmt", "json"],
+        help="one event per line as key=value pairs or as JSON (default: logfmt)",
+    )
+    subparsers = parser.add_subparsers(title="roles", metavar="ROLE")
+    for module_name in ROLE_MODULES:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    configure(level=args.log_level, fmt=args.log_format)
+    try:
+        return handler(args)
+    except CliError as err:
+        print(f"fabric-dra: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

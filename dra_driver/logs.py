@@ -1,0 +1,103 @@
+"""Structured logging shared by every role: one event per line, ``key=value`` or JSON.
+
+Usage::
+
+    log = get_logger(__name__)
+    log.info("attach started", claim=claim_uid, device=device, node=node)
+
+Every role calls :func:`configure` once from its command-line entry point.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any, Literal, TextIO
+
+__all__ = ["LogFormat", "StructLogger", "configure", "get_logger"]
+
+LogFormat = Literal["logfmt", "json"]
+_FIELDS = "fabric_dra_fields"
+
+
+def _logfmt_value(value: object) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    if text == "" or any(c in text for c in ' ="\n\t'):
+        return json.dumps(text)
+    return text
+
+
+class _Formatter(logging.Formatter):
+    def __init__(self, fmt: LogFormat) -> None:
+        super().__init__()
+        self._fmt_kind = fmt
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        extra = getattr(record, _FIELDS, None)
+        if isinstance(extra, Mapping):
+            fields.update(extra)
+        if record.exc_info:
+            fields["error"] = self.formatException(record.exc_info)
+        if self._fmt_kind == "json":
+            return json.dumps(fields, default=str)
+        return " ".join(f"{k}={_logfmt_value(v)}" for k, v in fields.items())
+
+
+class StructLogger:
+    """A thin wrapper over :class:`logging.Logger` that takes fields as keyword arguments."""
+
+    __slots__ = ("_logger",)
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._logger = logger
+
+    @property
+    def name(self) -> str:
+        return self._logger.name
+
+    def isEnabledFor(self, level: int) -> bool:
+        return self._logger.isEnabledFor(level)
+
+    def _log(self, level: int, msg: str, exc_info: bool, fields: dict[str, Any]) -> None:
+        if self._logger.isEnabledFor(level):
+            self._logger.log(level, msg, exc_info=exc_info, extra={_FIELDS: fields}, stacklevel=3)
+
+    def debug(self, msg: str, **fields: Any) -> None:
+        self._log(logging.DEBUG, msg, False, fields)
+
+    def info(self, msg: str, **fields: Any) -> None:
+        self._log(logging.INFO, msg, False, fields)
+
+    def warning(self, msg: str, **fields: Any) -> None:
+        self._log(logging.WARNING, msg, False, fields)
+
+    def error(self, msg: str, **fields: Any) -> None:
+        self._log(logging.ERROR, msg, False, fields)
+
+    def exception(self, msg: str, **fields: Any) -> None:
+        self._log(logging.ERROR, msg, True, fields)
+
+
+def get_logger(name: str) -> StructLogger:
+    return StructLogger(logging.getLogger(name))
+
+
+def configure(level: str = "info", fmt: LogFormat = "logfmt", stream: TextIO | None = None) -> None:
+    """Send every log record to ``stream`` (stderr by default) as one structured line."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(_Formatter(fmt))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # Access logs of the HTTP servers duplicate our own request events and cost time on hot paths.
+    logging.getLogger("uvicorn.access").setLevel(logging.WARNING)

@@ -1,0 +1,55 @@
+"""Shared pytest configuration: markers for what this machine may lack, and common paths."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def redfish_reference_dir() -> Path:
+    """DMTF's CSDL schemas, registries and mockups; never copied into this repository."""
+    return Path(os.environ.get("FABRIC_DRA_REDFISH_DIR", REPO_ROOT.parent / "shared" / "redfish"))
+
+
+@cache
+def docker_engine_reason() -> str | None:
+    """Why kind cannot run here, or None when it can."""
+    if shutil.which("kind") is None:
+        return "the kind binary is not installed"
+    if shutil.which("docker") is None:
+        return "the docker client is not installed"
+    try:
+        probe = subprocess.run(["docker", "info"], capture_output=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"docker info failed: {err}"
+    if probe.returncode != 0:
+        return "no Docker engine is reachable (docker info failed)"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    kind_reason = None
+    for item in items:
+        if "kind" in item.keywords:
+            kind_reason = kind_reason or docker_engine_reason()
+            if kind_reason:
+                item.add_marker(pytest.mark.skip(reason=f"needs Docker + kind: {kind_reason}"))
+        if "hardware" in item.keywords and not os.environ.get("FABRIC_DRA_REDFISH_URL"):
+            item.add_marker(
+                pytest.mark.skip(reason="needs a real PCIe/CXL fabric: set FABRIC_DRA_REDFISH_URL")
+            )
+
+
+@pytest.fixture(scope="session")
+def redfish_dir() -> Path:
+    path = redfish_reference_dir()
+    if not (path / "csdl").is_dir():
+        pytest.skip(f"DMTF Redfish schemas not found at {path} (set FABRIC_DRA_REDFISH_DIR)")
+    return path

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from dra_driver import __version__
+from dra_driver.cli import ROLE_MODULES, build_parser
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dra_driver", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_version() -> None:
+    result = run_cli("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"fabric-dra {__version__}"
+
+
+def test_help_lists_every_registered_role() -> None:
+    result = run_cli("--help")
+    assert result.returncode == 0, result.stderr
+    parser = build_parser()
+    roles = parser._subparsers._group_actions[0].choices if parser._subparsers else {}  # type: ignore[attr-defined]
+    assert len(roles) >= len(ROLE_MODULES)
+    for role in roles:
+        assert role in result.stdout
+
+
+def test_no_role_prints_help_and_fails() -> None:
+    result = run_cli()
+    assert result.returncode == 2
+    assert "usage: fabric-dra" in result.stdout
+
+
+def test_unknown_role_is_a_usage_error() -> None:
+    result = run_cli("teleport")
+    assert result.returncode == 2
+    assert "invalid choice" in result.stderr
