@@ -25,8 +25,12 @@ def generate(out_dir: Path) -> list[Path]:
     from grpc_tools import protoc  # build-time only dependency
 
     protoc_include = Path(protoc.__file__).resolve().parent / "_proto"
+    # mypy-protobuf's plugins sit beside the interpreter, which need not be on PATH.
+    bin_dir = Path(sys.executable).parent
     args = [
         "grpc_tools.protoc",
+        f"--plugin=protoc-gen-mypy={bin_dir / 'protoc-gen-mypy'}",
+        f"--plugin=protoc-gen-mypy_grpc={bin_dir / 'protoc-gen-mypy_grpc'}",
         f"-I{REPO_ROOT}",
         f"-I{protoc_include}",
         f"--python_out={out_dir}",
