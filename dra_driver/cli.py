@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 from collections.abc import Callable, Sequence
 
@@ -17,8 +18,15 @@ from dra_driver.logs import configure
 
 __all__ = ["ROLE_MODULES", "CliError", "Handler", "build_parser", "main"]
 
-#: Modules that each define ``register(subparsers: argparse._SubParsersAction) -> None``.
-ROLE_MODULES: tuple[str, ...] = ()
+#: Modules that each define ``register(subparsers: argparse._SubParsersAction) -> None``,
+#: in the order their roles are listed by ``--help``.
+ROLE_MODULES: tuple[str, ...] = (
+    "emulator.cli",  # emulator
+    "fabric.cli",  # manager, status
+    "dra_driver.plugin.cli",  # plugin
+    "dra_driver.controller.cli",  # controller, explain
+    "emulator.demo.cli",  # demo
+)
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -52,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(title="roles", metavar="ROLE")
     for module_name in ROLE_MODULES:
+        try:
+            present = importlib.util.find_spec(module_name) is not None
+        except ModuleNotFoundError:
+            present = False
+        if not present:
+            continue  # a role that is not part of this build
         importlib.import_module(module_name).register(subparsers)
     return parser
 
