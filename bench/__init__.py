@@ -1,0 +1,1 @@
+"""Benchmarks: figures come from here, never from timed tests. Run ``python -m bench``."""
