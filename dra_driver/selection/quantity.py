@@ -1,0 +1,138 @@
+"""Kubernetes resource quantities (``k8s.io/apimachinery/pkg/api/resource.Quantity``), exactly.
+
+Device capacity in a ResourceSlice is a quantity (``memory: {value: 80Gi}``); DRA's CEL
+environment exposes it as an opaque ``Quantity`` with Kubernetes' quantity library
+(``k8s.io/apiserver/pkg/cel/library/quantity.go``). Values are kept as exact fractions so
+``quantity("1Gi") == quantity("1024Mi")`` holds, as it does in Kubernetes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+from functools import total_ordering
+
+__all__ = ["Quantity", "QuantityError", "parse_quantity"]
+
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+
+# <signedNumber><suffix>, suffix one of binarySI, decimalSI, or e/E<signedNumber>
+# (resource/quantity.go, "The serialization format is").
+_QUANTITY = re.compile(
+    r"^(?P<sign>[+-]?)(?P<number>\d+(?:\.\d*)?|\.\d+)"
+    r"(?:(?P<binary>Ki|Mi|Gi|Ti|Pi|Ei)|(?P<exp>[eE][+-]?\d+)|(?P<decimal>[numkMGTPE]?))$"
+)
+
+
+class QuantityError(ValueError):
+    """A string that is not a Kubernetes quantity."""
+
+
+@total_ordering
+class Quantity:
+    """An exact quantity; ``text`` keeps the spelling it was parsed from for messages."""
+
+    __slots__ = ("text", "value")
+
+    def __init__(self, value: Fraction, text: str | None = None) -> None:
+        self.value = value
+        self.text = text if text is not None else _format(value)
+
+    def __repr__(self) -> str:
+        return f"Quantity({self.text!r})"
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Quantity):
+            return NotImplemented
+        return self.value == other.value
+
+    def __lt__(self, other: Quantity) -> bool:
+        return self.value < other.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    def compare(self, other: Quantity) -> int:
+        return (self.value > other.value) - (self.value < other.value)
+
+    def sign(self) -> int:
+        return (self.value > 0) - (self.value < 0)
+
+    def is_integer(self) -> bool:
+        """True when the value is a whole number that fits in an int64 (``Quantity.AsInt64``)."""
+        return self.value.denominator == 1 and _INT64_MIN <= self.value.numerator <= _INT64_MAX
+
+    def as_integer(self) -> int:
+        if not self.is_integer():
+            raise QuantityError(f"cannot convert value {self.text} to integer")
+        return self.value.numerator
+
+    def as_float(self) -> float:
+        return float(self.value)
+
+    def add(self, other: Quantity | int) -> Quantity:
+        delta = other.value if isinstance(other, Quantity) else Fraction(other)
+        return Quantity(self.value + delta)
+
+    def sub(self, other: Quantity | int) -> Quantity:
+        delta = other.value if isinstance(other, Quantity) else Fraction(other)
+        return Quantity(self.value - delta)
+
+
+def parse_quantity(text: str) -> Quantity:
+    """Parse a quantity string as ``resource.ParseQuantity`` does.
+
+    Values more precise than 1n are rounded up (away from zero) to the nano scale, as the
+    Kubernetes serialisation format specifies.
+    """
+    if not isinstance(text, str):
+        raise QuantityError(f"quantity must be a string, not {type(text).__name__}")
+    match = _QUANTITY.match(text.strip())
+    if match is None or text != text.strip():
+        raise QuantityError(f"{text!r} is not a quantity (expected e.g. 80Gi, 500m, 1e3)")
+    number = Fraction(match["number"] if not match["number"].endswith(".") else match["number"][:-1])
+    if match["binary"]:
+        value = number * _BINARY[match["binary"]]
+    elif match["exp"]:
+        exponent = int(match["exp"][1:])
+        if abs(exponent) > 1000:
+            raise QuantityError(f"{text!r}: exponent out of range")
+        value = number * Fraction(10) ** exponent
+    else:
+        value = number * Fraction(10) ** _DECIMAL[match["decimal"] or ""]
+    nanos = value * 10**9
+    if nanos.denominator != 1:
+        value = Fraction(math.ceil(nanos), 10**9)
+    if match["sign"] == "-":
+        value = -value
+    return Quantity(value, text)
+
+
+def _format(value: Fraction) -> str:
+    """A canonical spelling: binary suffixes for multiples of 1Ki, else decimal SI."""
+    if value == 0:
+        return "0"
+    sign = "-" if value < 0 else ""
+    magnitude = abs(value)
+    if magnitude.denominator == 1:
+        whole = magnitude.numerator
+        for suffix, factor in sorted(_BINARY.items(), key=lambda kv: -kv[1]):
+            if whole % factor == 0:
+                return f"{sign}{whole // factor}{suffix}"
+        for suffix, exponent in sorted(_DECIMAL.items(), key=lambda kv: -kv[1]):
+            if exponent > 0 and whole % 10**exponent == 0:
+                return f"{sign}{whole // 10**exponent}{suffix}"
+        return f"{sign}{whole}"
+    for suffix, exponent in (("m", -3), ("u", -6), ("n", -9)):
+        scaled = magnitude * 10 ** (-exponent)
+        if scaled.denominator == 1:
+            return f"{sign}{scaled.numerator}{suffix}"
+    return f"{sign}{float(magnitude)}"
