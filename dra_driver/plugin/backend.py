@@ -1,0 +1,242 @@
+"""Device backends: how a claimed device gets to this host and away again.
+
+:class:`FabricBackend` is the real one: bind through the fabric manager (keyed by claim UID +
+device, so a retry never binds twice), then wait until this host sees the device in sysfs; on
+release, remove it host-side and ask for the detach. :class:`NoopBackend` does nothing and
+answers at once, so a benchmark measures the plugin's own overhead (claim read, checkpoint, CDI).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Protocol
+
+from dra_driver.logs import get_logger
+from dra_driver.plugin.checkpoint import PreparedDevice
+from dra_driver.plugin.hostdev import DeviceIdentity, HostDevice, HostScanner
+from dra_driver.plugin.metrics import observe_phase
+from fabric.api import MAX_WAIT_SECONDS, AttachmentState, BindingState, Device, DeviceType
+from fabric.errors import DeviceBusy, DeviceNotFound, FabricError
+from fabric.manager_client import ManagerClient
+
+__all__ = [
+    "AttachedDevice",
+    "DeviceBackend",
+    "FabricBackend",
+    "NoopBackend",
+    "StillDetaching",
+]
+
+log = get_logger(__name__)
+
+
+class StillDetaching(FabricError):
+    """The fabric accepted the detach but has not finished it yet (retriable)."""
+
+    code = "StillDetaching"
+    retriable = True
+
+
+@dataclass(frozen=True, slots=True)
+class AttachedDevice:
+    """A device bound to this node for a claim, as the fabric describes it and the host sees it."""
+
+    device: Device
+    host: HostDevice | None
+
+
+class DeviceBackend(Protocol):
+    name: str
+
+    async def attach(
+        self, claim_uid: str, device: str, *, exclude: Callable[[], Collection[str]]
+    ) -> AttachedDevice:
+        """Bind ``device`` to this node for the claim and wait until the host sees it."""
+        ...
+
+    async def release(self, claim_uid: str, prepared: PreparedDevice, *, within: float) -> None:
+        """Remove the device host-side and detach it; raises :class:`StillDetaching` past ``within`` s."""
+        ...
+
+    async def bindings(self) -> list[Device] | None:
+        """Devices the fabric has bound (or is binding) to this node; None when it cannot say."""
+        ...
+
+    async def watch_devices(
+        self, after: int | None, wait_seconds: float
+    ) -> tuple[int, dict[str, Device]] | None:
+        """The fabric's devices by name, once its inventory version passes ``after`` (long poll)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def identity_of(device: Device) -> DeviceIdentity:
+    return DeviceIdentity(
+        name=device.name,
+        type=device.type.value,
+        vendor_id=device.vendor_id,
+        device_id=device.device_id,
+        serial=device.serial,
+        memory_bytes=device.memory_bytes,
+    )
+
+
+class FabricBackend:
+    name = "fabric"
+
+    def __init__(
+        self,
+        client: ManagerClient,
+        scanner: HostScanner,
+        *,
+        node: str,
+        visible_timeout: float,
+        host_removal: bool,
+        retry_budget: float = 60.0,
+        attach_give_up: float = 900.0,
+    ) -> None:
+        self.client = client
+        self.scanner = scanner
+        self.node = node
+        self.visible_timeout = visible_timeout
+        self.host_removal = host_removal and scanner.real_host
+        self.retry_budget = retry_budget
+        self.attach_give_up = attach_give_up
+
+    async def _bind(self, claim_uid: str, device: str) -> Device:
+        """POST the attachment until the fabric says attached; transient failures are retried."""
+        started = time.monotonic()
+        delay = 0.1
+        while True:
+            try:
+                attachment = await self.client.attach(
+                    device, self.node, claim_uid, wait_seconds=MAX_WAIT_SECONDS
+                )
+            except DeviceBusy:
+                raise  # held by another claim or node: only the kubelet's retry can help
+            except FabricError as err:
+                if not err.retriable or time.monotonic() - started > self.retry_budget:
+                    raise
+                log.warning(
+                    "attach failed, retrying", claim=claim_uid, device=device, node=self.node, error=str(err)
+                )
+                await asyncio.sleep(err.retry_after or delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            if attachment.state is AttachmentState.ATTACHED:
+                return attachment.device
+            if time.monotonic() - started > self.attach_give_up:
+                raise FabricError(
+                    f"the fabric has been attaching device {device} for over {self.attach_give_up:.0f}s",
+                    device=device,
+                    node=self.node,
+                )
+            # 202 attaching: the same request is a long poll on the same operation (no second bind).
+
+    async def attach(
+        self, claim_uid: str, device: str, *, exclude: Callable[[], Collection[str]]
+    ) -> AttachedDevice:
+        with observe_phase("attach"):
+            info = await self._bind(claim_uid, device)
+        with observe_phase("visible"):
+            host = await self.scanner.wait_visible(
+                identity_of(info), within=self.visible_timeout, exclude=exclude
+            )
+        log.info(
+            "device attached and visible",
+            claim=claim_uid,
+            device=device,
+            node=self.node,
+            sysfs=host.sysfs_path,
+        )
+        return AttachedDevice(device=info, host=host)
+
+    async def release(self, claim_uid: str, prepared: PreparedDevice, *, within: float) -> None:
+        if self.host_removal and prepared.host is not None and self.scanner.present(prepared.host):
+            with observe_phase("host_removal"):
+                await asyncio.to_thread(self.scanner.remove, prepared.host)
+        deadline = time.monotonic() + within
+        with observe_phase("detach"):
+            while True:
+                wait = max(0.0, min(MAX_WAIT_SECONDS, deadline - time.monotonic()))
+                try:
+                    attachment = await self.client.detach(
+                        prepared.device, self.node, claim_uid, wait_seconds=wait
+                    )
+                except DeviceNotFound:
+                    log.warning(
+                        "device is gone from the fabric; nothing to detach",
+                        claim=claim_uid,
+                        device=prepared.device,
+                        node=self.node,
+                    )
+                    return
+                if attachment.state is AttachmentState.DETACHED:
+                    return
+                if time.monotonic() >= deadline:
+                    raise StillDetaching(
+                        f"the fabric is still detaching device {prepared.device}; the kubelet will retry",
+                        device=prepared.device,
+                        node=self.node,
+                    )
+
+    async def bindings(self) -> list[Device] | None:
+        inventory = await self.client.inventory()
+        return [
+            d
+            for d in inventory.devices
+            if d.node == self.node and d.state in (BindingState.BOUND, BindingState.ATTACHING)
+        ]
+
+    async def watch_devices(
+        self, after: int | None, wait_seconds: float
+    ) -> tuple[int, dict[str, Device]] | None:
+        inventory = await self.client.inventory(after=after, timeout_seconds=wait_seconds)
+        return inventory.version, {d.name: d for d in inventory.devices}
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+        self.scanner.changes.stop()
+
+
+class NoopBackend:
+    """Binds nothing, sees nothing: every device is 'attached' at once (benchmarks)."""
+
+    name = "noop"
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+
+    async def attach(
+        self, claim_uid: str, device: str, *, exclude: Callable[[], Collection[str]]
+    ) -> AttachedDevice:
+        info = Device(
+            name=device,
+            pool="",
+            fabric="noop",
+            type=DeviceType.OTHER,
+            state=BindingState.BOUND,
+            node=self.node,
+            claim_uid=claim_uid,
+            binding_style="none",
+            redfish_uri="",
+        )
+        return AttachedDevice(device=info, host=None)
+
+    async def release(self, claim_uid: str, prepared: PreparedDevice, *, within: float) -> None:
+        return None
+
+    async def bindings(self) -> list[Device] | None:
+        return None
+
+    async def watch_devices(
+        self, after: int | None, wait_seconds: float
+    ) -> tuple[int, dict[str, Device]] | None:
+        return None
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,499 @@
+"""The kubelet-facing callbacks: NodePrepareResources and NodeUnprepareResources.
+
+One implementation (:class:`Driver`) serves both gRPC versions the kubelet speaks,
+``k8s.io.kubelet.pkg.apis.dra.v1`` and ``v1beta1`` (their messages are field-for-field the same);
+:func:`dra_servicers` wraps it once per version.
+
+Prepare, per claim and under that claim's lock: answer from the checkpoint if the claim is already
+prepared; else read the ResourceClaim (UID, allocated, reserved; only this driver's results),
+record *PrepareStarted*, attach every device concurrently and wait until the host sees it, write
+the CDI specs, record *PrepareCompleted*, answer with the CDI device IDs. When the fabric is slower
+than the kubelet's deadline the attach goes on in the background and the claim gets a retriable
+error; the kubelet's next call picks up the result.
+
+Unprepare works from the checkpoint alone (the claim may be gone from the API server): remove the
+device host-side, detach, drop the CDI specs and the entry. Unknown claims are a no-op success.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import grpc
+
+from dra_driver.kube import ApiError
+from dra_driver.logs import get_logger
+from dra_driver.plugin import cdi
+from dra_driver.plugin.backend import AttachedDevice, DeviceBackend
+from dra_driver.plugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
+from dra_driver.plugin.claims import ClaimNotFound, ClaimSource
+from dra_driver.plugin.config import HostMode, PluginConfig
+from dra_driver.plugin.hostdev import DeviceNotVisible, HostDevice
+from dra_driver.plugin.metrics import CLAIM_RESULTS, observe_phase
+from dra_driver.plugin.state import ClaimLocks, InflightWork
+from dra_driver.proto.dra_v1 import api_pb2 as v1_pb2
+from dra_driver.proto.dra_v1 import api_pb2_grpc as v1_grpc
+from dra_driver.proto.dra_v1beta1 import api_pb2 as v1beta1_pb2
+from dra_driver.proto.dra_v1beta1 import api_pb2_grpc as v1beta1_grpc
+from fabric.errors import DeviceBusy, FabricError
+
+__all__ = [
+    "ClaimOutcome",
+    "ClaimRef",
+    "Driver",
+    "PreparedResultDevice",
+    "base_request_name",
+    "dra_servicers",
+]
+
+log = get_logger(__name__)
+
+
+class PrepareFailed(Exception):
+    """A per-claim failure, reported to the kubelet in the claim's ``error`` field."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    uid: str
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedResultDevice:
+    request_names: tuple[str, ...]
+    pool: str
+    device: str
+    cdi_device_ids: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class ClaimOutcome:
+    devices: list[PreparedResultDevice] = field(default_factory=list)
+    error: str = ""
+
+
+class HealthNotifier(Protocol):
+    def notify(self) -> None: ...
+
+
+def base_request_name(request: str) -> str:
+    """``req/sub`` -> ``req``: the kubelet matches container requests by the base name
+    (k8s.io/dynamic-resource-allocation/resourceclaim.BaseRequestRef)."""
+    return request.partition("/")[0]
+
+
+class Driver:
+    def __init__(
+        self,
+        config: PluginConfig,
+        *,
+        store: CheckpointStore,
+        locks: ClaimLocks,
+        backend: DeviceBackend,
+        claims: ClaimSource,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.driver_name = config.driver_name
+        self.node = config.node_name
+        self.store = store
+        self.locks = locks
+        self.backend = backend
+        self.claims = claims
+        self.inflight = InflightWork()
+        self.health: HealthNotifier | None = None
+        self._clock = clock
+        #: sysfs paths found for a claim but not yet in its checkpoint entry
+        self._reserved: dict[str, str] = {}
+        self._real_host = config.host_mode is HostMode.REAL
+
+    # -- deadlines -----------------------------------------------------------------------------
+
+    def deadline(self, time_remaining: float | None) -> float:
+        """When to answer: the kubelet's deadline (45 s) minus a margin."""
+        remaining = self.config.default_call_timeout if time_remaining is None else time_remaining
+        return self._clock() + max(0.0, remaining - self.config.deadline_margin)
+
+    # -- host devices held by claims -----------------------------------------------------------
+
+    def held_paths(self, except_uid: str) -> set[str]:
+        held = {path for path, uid in self._reserved.items() if uid != except_uid}
+        for uid, entry in self.store.claims().items():
+            if uid == except_uid:
+                continue
+            held.update(d.host.sysfs_path for d in entry.devices if d.host is not None)
+        return held
+
+    def _reserve(self, uid: str, host: HostDevice | None) -> None:
+        if host is not None:
+            self._reserved[host.sysfs_path] = uid
+
+    def _drop_reservations(self, uid: str) -> None:
+        for path in [p for p, owner in self._reserved.items() if owner == uid]:
+            del self._reserved[path]
+
+    # -- prepare -------------------------------------------------------------------------------
+
+    async def prepare(self, refs: Sequence[ClaimRef], deadline: float) -> dict[str, ClaimOutcome]:
+        unique = list({ref.uid: ref for ref in refs}.values())
+        outcomes = await asyncio.gather(*(self._prepare_claim(ref, deadline) for ref in unique))
+        return {ref.uid: outcome for ref, outcome in zip(unique, outcomes, strict=True)}
+
+    async def _prepare_claim(self, ref: ClaimRef, deadline: float) -> ClaimOutcome:
+        try:
+            with observe_phase("prepare"):
+                async with self.locks.hold(ref.uid):
+                    devices = await self._prepare_locked(ref, deadline)
+        except PrepareFailed as err:
+            CLAIM_RESULTS.labels("prepare", "error").inc()
+            log.warning(
+                "claim not prepared", claim=ref.uid, name=f"{ref.namespace}/{ref.name}", error=str(err)
+            )
+            return ClaimOutcome(error=str(err))
+        except Exception as err:
+            CLAIM_RESULTS.labels("prepare", "error").inc()
+            log.exception("claim preparation failed unexpectedly", claim=ref.uid)
+            return ClaimOutcome(error=f"preparing claim {ref.namespace}/{ref.name} failed: {err!r}")
+        CLAIM_RESULTS.labels("prepare", "ok").inc()
+        if self.health is not None:
+            self.health.notify()
+        return ClaimOutcome(devices=devices)
+
+    def _answer(self, entry: ClaimEntry) -> list[PreparedResultDevice]:
+        return [
+            PreparedResultDevice(
+                request_names=tuple(d.request_names),
+                pool=d.pool,
+                device=d.device,
+                cdi_device_ids=tuple(d.cdi_device_ids),
+            )
+            for d in entry.devices
+        ]
+
+    async def _read_claim(self, ref: ClaimRef) -> list[PreparedDevice]:
+        """The devices of this driver in the claim's allocation, after checking it is the claim asked for."""
+        what = f"ResourceClaim {ref.namespace}/{ref.name}"
+        with observe_phase("claim_read"):
+            try:
+                claim = await self.claims.get(ref.namespace, ref.name)
+            except ClaimNotFound as err:
+                raise PrepareFailed(f"{err}; it was deleted before the kubelet prepared it") from err
+            except ApiError as err:
+                raise PrepareFailed(f"reading {what} failed: {err}; the kubelet will retry") from err
+        if claim.metadata.uid != ref.uid:
+            raise PrepareFailed(
+                f"{what} has UID {claim.metadata.uid}, the kubelet asked for {ref.uid}: the claim was "
+                f"replaced; the kubelet will retry with the new one"
+            )
+        if claim.status.allocation is None:
+            raise PrepareFailed(f"{what} is not allocated; the scheduler allocates it before the pod runs")
+        if not claim.status.reserved_for:
+            raise PrepareFailed(f"{what} is not reserved for any pod (status.reservedFor is empty)")
+        devices: dict[tuple[str, str], PreparedDevice] = {}
+        for result in claim.results_for(self.driver_name):
+            if result.admin_access:
+                raise PrepareFailed(
+                    f"{what} requests admin access to device {result.device}; fabric-dra does not support "
+                    f"adminAccess (a fabric device is bound to one node for one claim)"
+                )
+            key = (result.pool, result.device)
+            request = base_request_name(result.request)
+            if key in devices:
+                if request not in devices[key].request_names:
+                    devices[key].request_names.append(request)
+                continue
+            devices[key] = PreparedDevice(
+                device=result.device, pool=result.pool, type="other", request_names=[request]
+            )
+        return list(devices.values())
+
+    async def _prepare_locked(self, ref: ClaimRef, deadline: float) -> list[PreparedResultDevice]:
+        self.store.refresh()
+        entry = self.store.get(ref.uid)
+        if entry is not None and entry.state is ClaimState.PREPARE_COMPLETED:
+            self._ensure_specs(entry)
+            return self._answer(entry)
+
+        wanted = await self._read_claim(ref)
+        if not wanted:
+            log.info("claim has no devices of this driver", claim=ref.uid, driver=self.driver_name)
+            return []
+        known = {(d.pool, d.device): d for d in entry.devices} if entry is not None else {}
+        devices = [
+            known.get((d.pool, d.device), d).model_copy(update={"request_names": d.request_names})
+            for d in wanted
+        ]
+        entry = ClaimEntry(
+            uid=ref.uid,
+            namespace=ref.namespace,
+            name=ref.name,
+            state=ClaimState.PREPARE_STARTED,
+            devices=devices,
+        )
+        self.store.put(entry)
+        with observe_phase("checkpoint"):
+            await self.store.commit()
+
+        entry = await self._attach_all(ref, entry, deadline)
+
+        with observe_phase("cdi_write"):
+            specs = cdi.build_specs(
+                self.driver_name,
+                [self._spec_device(ref.uid, d) for d in entry.devices],
+                real_host=self._real_host,
+            )
+            paths = cdi.write_specs(self.config.cdi_root, self.driver_name, ref.uid, specs)
+        completed = entry.model_copy(
+            update={
+                "state": ClaimState.PREPARE_COMPLETED,
+                "cdi_spec_files": [str(p) for p in paths],
+                "devices": [
+                    d.model_copy(
+                        update={
+                            "cdi_device_ids": [cdi.cdi_device_id(self.driver_name, d.type, ref.uid, d.device)]
+                        }
+                    )
+                    for d in entry.devices
+                ],
+            }
+        )
+        self.store.put(completed)
+        with observe_phase("checkpoint"):
+            await self.store.commit()
+        self._drop_reservations(ref.uid)
+        log.info(
+            "claim prepared",
+            claim=ref.uid,
+            name=f"{ref.namespace}/{ref.name}",
+            node=self.node,
+            devices=",".join(d.device for d in completed.devices),
+        )
+        return self._answer(completed)
+
+    async def _attach_all(self, ref: ClaimRef, entry: ClaimEntry, deadline: float) -> ClaimEntry:
+        """Attach every device not yet attached; record progress; raise if any is not done by the deadline."""
+        todo = [d for d in entry.devices if not self._in_place(d)]
+        if not todo:
+            return entry
+
+        def exclude() -> Collection[str]:
+            return self.held_paths(ref.uid)
+
+        def start(device: str) -> Callable[[], Any]:
+            async def run() -> AttachedDevice:
+                attached = await self.backend.attach(ref.uid, device, exclude=exclude)
+                self._reserve(ref.uid, attached.host)  # before any await: no other claim may take it
+                return attached
+
+            return run
+
+        tasks = {d.device: self.inflight.get_or_start((ref.uid, d.device), start(d.device)) for d in todo}
+        budget = max(0.0, deadline - self._clock())
+        done, _pending = await asyncio.wait(tasks.values(), timeout=budget)
+
+        updated: dict[str, PreparedDevice] = {}
+        failures: list[str] = []
+        still: list[str] = []
+        for device, task in tasks.items():
+            if task not in done:
+                still.append(device)
+                continue
+            self.inflight.finished((ref.uid, device))
+            try:
+                attached = task.result()
+            except DeviceBusy as err:
+                held = f" (held by {err.held_by})" if err.held_by else ""
+                failures.append(f"device {device} is in use{held}: {err.message}")
+            except FabricError as err:
+                failures.append(f"attaching device {device} failed: {err.message}")
+            except DeviceNotVisible as err:
+                failures.append(str(err))
+            except asyncio.CancelledError:
+                failures.append(f"attaching device {device} was cancelled")
+            else:
+                info = attached.device
+                updated[device] = PreparedDevice(
+                    device=device,
+                    pool=next(d.pool for d in entry.devices if d.device == device),
+                    type=info.type.value,
+                    request_names=next(d.request_names for d in entry.devices if d.device == device),
+                    model=info.model,
+                    serial=info.serial,
+                    vendor_id=info.vendor_id,
+                    device_id=info.device_id,
+                    memory_bytes=info.memory_bytes,
+                    attached=True,
+                    host=attached.host,
+                )
+        if updated:
+            entry = entry.model_copy(update={"devices": [updated.get(d.device, d) for d in entry.devices]})
+            self.store.put(entry)
+            with observe_phase("checkpoint"):
+                await self.store.commit()
+        if failures:
+            raise PrepareFailed(
+                f"claim {ref.namespace}/{ref.name}: " + "; ".join(failures) + "; the kubelet will retry"
+            )
+        if still:
+            raise PrepareFailed(
+                f"claim {ref.namespace}/{ref.name}: the fabric is still attaching "
+                f"{', '.join(sorted(still))}; it goes on and the kubelet's next call picks up the result"
+            )
+        return entry
+
+    def _in_place(self, device: PreparedDevice) -> bool:
+        """Attached, and (unless the backend has no host side) seen by the host."""
+        return device.attached and (device.host is not None or self.backend.name == "noop")
+
+    def _spec_device(self, uid: str, device: PreparedDevice) -> cdi.SpecDevice:
+        return cdi.SpecDevice(
+            claim_uid=uid,
+            device=device.device,
+            pool=device.pool,
+            type=device.type,
+            request_names=tuple(device.request_names),
+            model=device.model,
+            serial=device.serial,
+            vendor_id=device.vendor_id,
+            device_id=device.device_id,
+            host=device.host,
+        )
+
+    def _ensure_specs(self, entry: ClaimEntry) -> bool:
+        """Rewrite the claim's CDI specs if any is missing (e.g. /var/run was cleared by a reboot)."""
+        if all(Path(p).exists() for p in entry.cdi_spec_files) and entry.cdi_spec_files:
+            return False
+        specs = cdi.build_specs(
+            self.driver_name,
+            [self._spec_device(entry.uid, d) for d in entry.devices],
+            real_host=self._real_host,
+        )
+        cdi.write_specs(self.config.cdi_root, self.driver_name, entry.uid, specs)
+        log.warning("rewrote missing CDI spec files", claim=entry.uid)
+        return True
+
+    # -- unprepare -----------------------------------------------------------------------------
+
+    async def unprepare(self, refs: Sequence[ClaimRef], deadline: float) -> dict[str, str]:
+        unique = list({ref.uid: ref for ref in refs}.values())
+        errors = await asyncio.gather(*(self._unprepare_claim(ref, deadline) for ref in unique))
+        return {ref.uid: error for ref, error in zip(unique, errors, strict=True)}
+
+    async def _unprepare_claim(self, ref: ClaimRef, deadline: float) -> str:
+        try:
+            with observe_phase("unprepare"):
+                async with self.locks.hold(ref.uid):
+                    await self._unprepare_locked(ref, deadline)
+        except FabricError as err:
+            CLAIM_RESULTS.labels("unprepare", "error").inc()
+            log.warning("claim not unprepared", claim=ref.uid, error=err.message)
+            return f"unpreparing claim {ref.namespace}/{ref.name}: {err.message}; the kubelet will retry"
+        except Exception as err:
+            CLAIM_RESULTS.labels("unprepare", "error").inc()
+            log.exception("claim unprepare failed unexpectedly", claim=ref.uid)
+            return f"unpreparing claim {ref.namespace}/{ref.name} failed: {err!r}"
+        CLAIM_RESULTS.labels("unprepare", "ok").inc()
+        if self.health is not None:
+            self.health.notify()
+        return ""
+
+    async def _unprepare_locked(self, ref: ClaimRef, deadline: float) -> None:
+        self.store.refresh()
+        await self.inflight.cancel_claim(ref.uid)
+        entry = self.store.get(ref.uid)
+        if entry is None:
+            # Never prepared here, or already unprepared: nothing to undo but stray spec files.
+            cdi.remove_spec_files(cdi.spec_files_of_claim(self.config.cdi_root, self.driver_name, ref.uid))
+            self._drop_reservations(ref.uid)
+            log.info("claim was not prepared on this node; nothing to do", claim=ref.uid)
+            return
+        budget = max(0.0, deadline - self._clock())
+        results = await asyncio.gather(
+            *(self.backend.release(ref.uid, d, within=budget) for d in entry.devices), return_exceptions=True
+        )
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]  # the entry stays: the kubelet's retry releases what is left
+        with observe_phase("cdi_remove"):
+            paths = {Path(p) for p in entry.cdi_spec_files}
+            paths.update(cdi.spec_files_of_claim(self.config.cdi_root, self.driver_name, ref.uid))
+            cdi.remove_spec_files(paths)
+        self.store.delete(ref.uid)
+        with observe_phase("checkpoint"):
+            await self.store.commit()
+        self._drop_reservations(ref.uid)
+        log.info(
+            "claim unprepared",
+            claim=ref.uid,
+            name=f"{entry.namespace}/{entry.name}",
+            node=self.node,
+            devices=",".join(d.device for d in entry.devices),
+        )
+
+
+# -- gRPC ---------------------------------------------------------------------------------------
+
+_Context = grpc.aio.ServicerContext[Any, Any]
+
+
+def _make_servicer(pb: Any, base: type) -> type:
+    """A DRAPlugin servicer for one proto version, delegating to :class:`Driver`."""
+
+    class Servicer(base):  # type: ignore[misc]
+        def __init__(self, driver: Driver) -> None:
+            self.driver = driver
+
+        async def NodePrepareResources(self, request: Any, context: _Context) -> Any:
+            deadline = self.driver.deadline(context.time_remaining())
+            refs = [ClaimRef(c.uid, c.namespace, c.name) for c in request.claims]
+            outcomes = await self.driver.prepare(refs, deadline)
+            response = pb.NodePrepareResourcesResponse()
+            for uid, outcome in outcomes.items():
+                claim = response.claims[uid]
+                if outcome.error:
+                    claim.error = outcome.error
+                    continue
+                for device in outcome.devices:
+                    claim.devices.add(
+                        request_names=list(device.request_names),
+                        pool_name=device.pool,
+                        device_name=device.device,
+                        cdi_device_ids=list(device.cdi_device_ids),
+                    )
+            return response
+
+        async def NodeUnprepareResources(self, request: Any, context: _Context) -> Any:
+            deadline = self.driver.deadline(context.time_remaining())
+            refs = [ClaimRef(c.uid, c.namespace, c.name) for c in request.claims]
+            errors = await self.driver.unprepare(refs, deadline)
+            response = pb.NodeUnprepareResourcesResponse()
+            for uid, error in errors.items():
+                claim = response.claims[uid]
+                if error:
+                    claim.error = error
+            return response
+
+    Servicer.__name__ = f"DRAPluginServicer_{pb.__name__.split('.')[-2]}"
+    return Servicer
+
+
+_V1Servicer = _make_servicer(v1_pb2, v1_grpc.DRAPluginServicer)
+_V1beta1Servicer = _make_servicer(v1beta1_pb2, v1beta1_grpc.DRAPluginServicer)
+
+#: PluginInfo.supported_versions names the services, as the kubelet expects
+#: (k8s.io/kubelet/pkg/apis/dra/v1.DRAPluginService = "v1.DRAPlugin").
+DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+
+
+def dra_servicers(driver: Driver, server: grpc.aio.Server) -> list[str]:
+    """Register both DRAPlugin versions on ``server``; returns their supported_versions names."""
+    v1_grpc.add_DRAPluginServicer_to_server(_V1Servicer(driver), server)
+    v1beta1_grpc.add_DRAPluginServicer_to_server(_V1beta1Servicer(driver), server)
+    return list(DRA_SERVICES)

@@ -1,0 +1,405 @@
+"""What this host sees: find an attached fabric device in sysfs, wait for it, remove it.
+
+The same code scans a real host's ``/sys`` and the emulator's per-host tree (see
+docs/architecture.md, "Emulated hosts"): a PCIe device is the ``bus/pci/devices/<BDF>``
+directory whose ``vendor`` + ``device`` + serial match the fabric's record; a CXL memory chunk is
+the ``region<N>`` whose target memdev has the device's serial and whose ``size`` is the chunk's.
+On a real host a pyudev monitor wakes waiters on every add event, and an optional PCI rescan
+covers slots that do not announce hot-plugged devices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import struct
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dra_driver.logs import get_logger
+
+__all__ = [
+    "DeviceIdentity",
+    "DeviceNotVisible",
+    "HostDevice",
+    "HostScanner",
+    "SysfsChanges",
+    "normalize_serial",
+    "pcie_device_serial",
+]
+
+log = get_logger(__name__)
+
+#: PCIe Extended Capability ID of the Device Serial Number capability (PCIe Base Spec 6.0, 7.9.3).
+_DSN_CAP_ID = 0x0003
+_EXT_CAP_START = 0x100
+
+
+class DeviceNotVisible(Exception):
+    """The fabric bound the device, but this host did not see it in time."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceIdentity:
+    """What the fabric says a device is: enough to recognise it in sysfs."""
+
+    name: str
+    type: str
+    vendor_id: str | None = None
+    device_id: str | None = None
+    serial: str | None = None
+    memory_bytes: int | None = None
+
+
+class HostDevice(BaseModel):
+    """Where this host sees an attached device (stored in the checkpoint)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    sysfs_path: str = Field(description="the device's directory under --sysfs-root")
+    pci_address: str | None = None
+    memdev: str | None = None
+    region: str | None = None
+    dax: str | None = None
+    driver: str | None = None
+    iommu_group: str | None = None
+    numa_node: int | None = None
+    device_nodes: list[str] = Field(default_factory=list, description="host /dev paths a container needs")
+
+
+def normalize_serial(value: str | None) -> str | None:
+    """Serials compare without case, separators or a hex prefix: ``0x00AB`` == ``00-ab`` == ``ab``."""
+    if value is None:
+        return None
+    text = value.strip().lower().replace("-", "").replace(":", "").replace(" ", "")
+    text = text.removeprefix("0x")
+    if text and all(c in "0123456789abcdef" for c in text):
+        text = text.lstrip("0") or "0"
+    return text or None
+
+
+def _hex_id(value: str | None) -> int | None:
+    if not value:
+        return None
+    try:
+        return int(value.strip(), 16)
+    except ValueError:
+        return None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except (FileNotFoundError, NotADirectoryError, PermissionError, OSError):
+        return None
+
+
+def _link_name(path: Path) -> str | None:
+    try:
+        return os.path.basename(os.readlink(path))
+    except OSError:
+        return None
+
+
+def pcie_device_serial(config_space: bytes) -> str | None:
+    """The Device Serial Number extended capability of a PCIe config space dump, as ``xx-xx-…``.
+
+    Walks the extended capability list from offset 0x100 (PCIe Base Spec 6.0, 7.6.3); the
+    capability holds the 64-bit serial little-endian at +4. Formatted high byte first, as lspci does.
+    """
+    offset = _EXT_CAP_START
+    seen: set[int] = set()
+    while offset and offset + 12 <= len(config_space) and offset not in seen:
+        seen.add(offset)
+        (header,) = struct.unpack_from("<I", config_space, offset)
+        if header in (0, 0xFFFFFFFF):
+            return None
+        cap_id = header & 0xFFFF
+        if cap_id == _DSN_CAP_ID:
+            (serial,) = struct.unpack_from("<Q", config_space, offset + 4)
+            return "-".join(f"{b:02x}" for b in serial.to_bytes(8, "big"))
+        offset = (header >> 20) & 0xFFC
+    return None
+
+
+class SysfsChanges:
+    """Wakes waiters when the host's device set may have changed.
+
+    On a real host a pyudev netlink monitor (subsystems pci, nvme, cxl, dax) signals every event;
+    elsewhere (an emulated tree) waiters fall back to polling with back-off.
+    """
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self._monitor: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def watching(self) -> bool:
+        return self._monitor is not None
+
+    def start_udev(self) -> bool:
+        """Listen for kernel uevents; False (and polling) where netlink is not available."""
+        try:
+            import pyudev  # only real hosts pay for the import
+
+            context = pyudev.Context()
+            monitor = pyudev.Monitor.from_netlink(context)
+            for subsystem in ("pci", "nvme", "cxl", "dax"):
+                monitor.filter_by(subsystem)
+            monitor.start()
+        except Exception as err:  # any failure means: poll instead
+            log.warning("udev monitor unavailable, polling sysfs instead", error=str(err))
+            return False
+        self._loop = asyncio.get_running_loop()
+        self._monitor = monitor
+        self._loop.add_reader(monitor.fileno(), self._on_readable)
+        return True
+
+    def _on_readable(self) -> None:
+        while True:
+            device = self._monitor.poll(timeout=0)
+            if device is None:
+                break
+            log.debug("udev event", action=device.action, sys_path=device.sys_path)
+        self.notify()
+
+    def notify(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._event.wait(), seconds)
+
+    def stop(self) -> None:
+        if self._monitor is not None and self._loop is not None:
+            self._loop.remove_reader(self._monitor.fileno())
+            self._monitor = None
+
+
+class HostScanner:
+    """Finds fabric devices in one sysfs tree."""
+
+    def __init__(
+        self,
+        sysfs_root: Path,
+        *,
+        real_host: bool,
+        pci_rescan: bool = False,
+        changes: SysfsChanges | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.root = sysfs_root
+        self.real_host = real_host
+        self.pci_rescan = pci_rescan
+        self.changes = changes or SysfsChanges()
+        self._clock = clock
+
+    # -- scanning --------------------------------------------------------------------------
+
+    def find(self, identity: DeviceIdentity, exclude: Collection[str] = ()) -> HostDevice | None:
+        """The host's view of ``identity``, skipping sysfs paths in ``exclude`` (held by other claims)."""
+        if identity.type == "cxl-memory":
+            return self._find_cxl(identity, exclude)
+        return self._find_pci(identity, exclude)
+
+    def _pci_serial(self, dev: Path) -> str | None:
+        serial = _read(dev / "serial")
+        if serial is not None or not self.real_host:
+            return serial
+        try:
+            with open(dev / "config", "rb") as handle:
+                return pcie_device_serial(handle.read(4096))
+        except OSError:
+            return None
+
+    def _find_pci(self, identity: DeviceIdentity, exclude: Collection[str]) -> HostDevice | None:
+        base = self.root / "bus" / "pci" / "devices"
+        try:
+            entries = sorted(os.listdir(base))
+        except FileNotFoundError:
+            return None
+        want_vendor, want_device = _hex_id(identity.vendor_id), _hex_id(identity.device_id)
+        want_serial = normalize_serial(identity.serial)
+        for bdf in entries:
+            dev = base / bdf
+            if str(dev) in exclude:
+                continue
+            if want_vendor is not None and _hex_id(_read(dev / "vendor")) != want_vendor:
+                continue
+            if want_device is not None and _hex_id(_read(dev / "device")) != want_device:
+                continue
+            if want_serial is not None and normalize_serial(self._pci_serial(dev)) != want_serial:
+                continue
+            return self._describe_pci(bdf, dev)
+        return None
+
+    def _describe_pci(self, bdf: str, dev: Path) -> HostDevice:
+        driver = _link_name(dev / "driver")
+        group = _link_name(dev / "iommu_group")
+        nodes: list[str] = []
+        # A real host exposes the IOMMU group only while vfio-pci drives the device; an emulated
+        # host has no /dev at all, so there the nodes only name what a real host would expose.
+        if group is not None and (not self.real_host or driver == "vfio-pci"):
+            nodes += [f"/dev/vfio/{group}"] + (["/dev/vfio/vfio"] if self.real_host else [])
+        nvme_dir = dev / "nvme"
+        with contextlib.suppress(OSError):
+            for ctrl in sorted(os.listdir(nvme_dir)):
+                if not ctrl.startswith("nvme"):
+                    continue
+                nodes.append(f"/dev/{ctrl}")
+                if self.real_host:
+                    with contextlib.suppress(OSError):
+                        nodes += [
+                            f"/dev/{ns}"
+                            for ns in sorted(os.listdir(nvme_dir / ctrl))
+                            if ns.startswith(ctrl + "n")
+                        ]
+        numa = _read(dev / "numa_node")
+        return HostDevice(
+            sysfs_path=str(dev),
+            pci_address=bdf,
+            driver=driver,
+            iommu_group=group,
+            numa_node=int(numa) if numa and numa.lstrip("-").isdigit() and int(numa) >= 0 else None,
+            device_nodes=nodes,
+        )
+
+    def _memdev_of_target(self, cxl: Path, target: str) -> str | None:
+        if target.startswith("mem"):
+            return target
+        # A real region's targetN names an endpoint decoder (decoderE.D) that lives below memN.
+        try:
+            resolved = os.path.realpath(cxl / target)
+        except OSError:
+            return None
+        return next((part for part in Path(resolved).parts if part.startswith("mem")), None)
+
+    def _find_cxl(self, identity: DeviceIdentity, exclude: Collection[str]) -> HostDevice | None:
+        cxl = self.root / "bus" / "cxl" / "devices"
+        try:
+            entries = sorted(os.listdir(cxl))
+        except FileNotFoundError:
+            return None
+        want_serial = normalize_serial(identity.serial)
+        memdevs = {
+            name
+            for name in entries
+            if name.startswith("mem")
+            and (want_serial is None or normalize_serial(_read(cxl / name / "serial")) == want_serial)
+        }
+        if not memdevs:
+            return None
+        for region in entries:
+            if not region.startswith("region"):
+                continue
+            path = cxl / region
+            if str(path) in exclude:
+                continue
+            target = _read(path / "target0")
+            memdev = self._memdev_of_target(cxl, target) if target else None
+            if memdev not in memdevs:
+                continue
+            if identity.memory_bytes is not None:
+                size = _read(path / "size")
+                try:
+                    if size is None or int(size, 0) != identity.memory_bytes:
+                        continue
+                except ValueError:
+                    continue
+            dax = self._dax_of_region(path, region)
+            return HostDevice(
+                sysfs_path=str(path),
+                memdev=memdev,
+                region=region,
+                dax=dax,
+                device_nodes=[f"/dev/{dax}"] if dax else [],
+            )
+        return None
+
+    def _dax_of_region(self, path: Path, region: str) -> str | None:
+        number = region.removeprefix("region")
+        # Real kernel: regionN/dax_regionN/daxN.M; emulated tree: bus/dax/devices/daxN.0.
+        with contextlib.suppress(OSError):
+            for sub in sorted(os.listdir(path)):
+                if sub.startswith("dax_region"):
+                    for dax in sorted(os.listdir(path / sub)):
+                        if dax.startswith("dax") and "." in dax:
+                            return dax
+        candidate = f"dax{number}.0"
+        if (self.root / "bus" / "dax" / "devices" / candidate).exists():
+            return candidate
+        return None
+
+    def present(self, device: HostDevice) -> bool:
+        return os.path.isdir(device.sysfs_path)
+
+    @staticmethod
+    def present_path(sysfs_path: str) -> bool:
+        return os.path.isdir(sysfs_path)
+
+    # -- waiting -----------------------------------------------------------------------------
+
+    async def wait_visible(
+        self,
+        identity: DeviceIdentity,
+        *,
+        within: float,
+        exclude: Callable[[], Collection[str]] = frozenset,
+    ) -> HostDevice:
+        """Scan until the device shows up; udev events (real hosts) or back-off polling wake the scan."""
+        deadline = self._clock() + within
+        delay = 0.002
+        rescanned_at: float | None = None
+        while True:
+            found = self.find(identity, exclude())
+            if found is not None:
+                return found
+            now = self._clock()
+            if now >= deadline:
+                raise DeviceNotVisible(
+                    f"device {identity.name} was bound to this node but did not appear under "
+                    f"{self.root} within {within:.0f}s; check the host's PCIe hot-plug/CXL setup "
+                    f"(or enable --pci-rescan)"
+                )
+            if (
+                self.pci_rescan
+                and identity.type != "cxl-memory"
+                and (rescanned_at is None or now - rescanned_at >= 5.0)
+            ):
+                rescanned_at = now
+                await asyncio.to_thread(self._rescan)
+                continue
+            await self.changes.wait(min(delay, deadline - now))
+            delay = min(delay * 2, 0.25)
+
+    def _rescan(self) -> None:
+        rescan = self.root / "bus" / "pci" / "rescan"
+        try:
+            rescan.write_text("1")
+        except OSError as err:
+            log.warning("PCI rescan failed", path=str(rescan), error=str(err))
+
+    # -- removal -----------------------------------------------------------------------------
+
+    def remove(self, device: HostDevice) -> None:
+        """Unbind the driver and remove a PCIe device the kernel way (blocking: the driver may take
+        seconds). Only files the kernel provides are written: an emulated tree has none of them."""
+        if device.pci_address is None:
+            return  # CXL regions are torn down by the fabric; nothing for the host to do here
+        dev = Path(device.sysfs_path)
+        unbind = dev / "driver" / "unbind"
+        if unbind.exists():
+            unbind.write_text(device.pci_address)
+            log.info("driver unbound", device_path=str(dev), driver=device.driver)
+        remove = dev / "remove"
+        if remove.exists():
+            remove.write_text("1")
+            log.info("device removed from the host", device_path=str(dev))

@@ -1,0 +1,273 @@
+"""Run the plugin: load and reconcile state, serve the DRA socket, then register with the kubelet.
+
+Order matters: the DRA services must answer before the kubelet learns the endpoint, so the
+registration socket appears last; on SIGTERM it disappears first (the kubelet deregisters the
+plugin) and the DRA socket is removed after in-flight calls finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+import grpc
+
+from dra_driver.fsutil import atomic_write
+from dra_driver.logs import get_logger
+from dra_driver.plugin.backend import DeviceBackend, FabricBackend, NoopBackend
+from dra_driver.plugin.checkpoint import CheckpointCorrupt, CheckpointStore
+from dra_driver.plugin.claims import ClaimReader, ClaimSource
+from dra_driver.plugin.config import DeviceBackendKind, HostMode, PluginConfig
+from dra_driver.plugin.driver import Driver, dra_servicers
+from dra_driver.plugin.health import HealthMonitor, health_servicer
+from dra_driver.plugin.hostdev import HostScanner, SysfsChanges
+from dra_driver.plugin.metrics import serve_metrics
+from dra_driver.plugin.reconcile import reconcile
+from dra_driver.plugin.registration import RegistrationServicer, add_registration_servicer
+from dra_driver.plugin.state import ClaimLocks
+
+__all__ = ["PluginError", "PluginServer", "serve"]
+
+log = get_logger(__name__)
+
+#: sockaddr_un.sun_path holds 108 bytes including the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+
+class PluginError(Exception):
+    """A startup failure the operator can act on (one line)."""
+
+
+def _check_socket_path(path: Path) -> None:
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise PluginError(
+            f"socket path {path} is {len(os.fsencode(path))} bytes, longer than the {MAX_SOCKET_PATH} a "
+            f"unix socket allows; use a shorter --registry-dir/--plugin-dir"
+        )
+
+
+def _remove_socket(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+class PluginServer:
+    """The running plugin: both gRPC servers, the driver, the health monitor."""
+
+    def __init__(
+        self,
+        config: PluginConfig,
+        *,
+        claims: ClaimSource | None = None,
+        backend: DeviceBackend | None = None,
+    ) -> None:
+        self.config = config
+        self._claims_override = claims
+        self._backend_override = backend
+        self._closers: list[object] = []
+        self.stopped = asyncio.Event()
+        self.exit_code = 0
+        self.dra_server: grpc.aio.Server | None = None
+        self.reg_server: grpc.aio.Server | None = None
+        self.registration: RegistrationServicer | None = None
+        self.driver: Driver | None = None
+        self.health: HealthMonitor | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self._kube: object | None = None
+        self.backend: DeviceBackend | None = None
+        self.store: CheckpointStore | None = None
+        self.locks: ClaimLocks | None = None
+
+    def _backend(self) -> tuple[DeviceBackend, HostScanner | None]:
+        cfg = self.config
+        if self._backend_override is not None:
+            return self._backend_override, None
+        if cfg.device_backend is DeviceBackendKind.NOOP:
+            return NoopBackend(cfg.node_name), None
+        from fabric.manager_client import ManagerClient
+
+        assert cfg.manager_url is not None
+        real = cfg.host_mode is HostMode.REAL
+        changes = SysfsChanges()
+        if real:
+            changes.start_udev()
+        scanner = HostScanner(cfg.sysfs_root, real_host=real, pci_rescan=cfg.pci_rescan, changes=changes)
+        client = ManagerClient(
+            cfg.manager_url,
+            token_file=cfg.manager_token_file,
+            ca_file=str(cfg.manager_ca_file) if cfg.manager_ca_file else None,
+        )
+        backend = FabricBackend(
+            client,
+            scanner,
+            node=cfg.node_name,
+            visible_timeout=cfg.visible_timeout,
+            host_removal=cfg.host_removal,
+        )
+        return backend, scanner
+
+    async def _claims(self) -> ClaimSource:
+        if self._claims_override is not None:
+            return self._claims_override
+        from dra_driver.kube import KubeClient, load_config
+
+        try:
+            kube_config = await asyncio.to_thread(load_config, self.config.kubeconfig)
+        except Exception as err:
+            raise PluginError(
+                f"cannot load the Kubernetes client configuration ({err}); pass --kubeconfig or run in a pod"
+            ) from err
+        kube = KubeClient(kube_config, user_agent=f"fabric-dra-plugin/{self.config.node_name}")
+        self._kube = kube
+        return ClaimReader(kube)
+
+    async def start(self) -> None:
+        cfg = self.config
+        for path in (cfg.registration_socket, cfg.dra_socket):
+            _check_socket_path(path)
+        for directory in (cfg.plugin_dir, cfg.registry_dir, cfg.cdi_root):
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise PluginError(f"cannot create directory {directory}: {err.strerror}") from err
+
+        backend, scanner = self._backend()
+        self.backend = backend
+        claims = await self._claims()
+
+        store = CheckpointStore(cfg.checkpoint_file, driver=cfg.driver_name, node=cfg.node_name)
+        rebuild = False
+        try:
+            store.load()
+        except CheckpointCorrupt as err:
+            moved = store.quarantine()
+            log.error(
+                "checkpoint is corrupt; moved aside and rebuilding it from the CDI specs and the fabric",
+                error=str(err),
+                quarantined=str(moved),
+            )
+            rebuild = True
+        self.store = store
+        await reconcile(
+            store,
+            backend,
+            cdi_root=cfg.cdi_root,
+            driver=cfg.driver_name,
+            real_host=cfg.host_mode is HostMode.REAL,
+            scanner=scanner,
+            rebuild=rebuild,
+        )
+
+        self.locks = ClaimLocks(cfg.lock_file)
+        self.driver = Driver(cfg, store=store, locks=self.locks, backend=backend, claims=claims)
+        self.health = HealthMonitor(backend, store, node=cfg.node_name, scanner=scanner)
+        self.driver.health = self.health
+        self.health.start()
+
+        # DRA services first: the kubelet may call them as soon as it knows the endpoint.
+        _remove_socket(cfg.dra_socket)
+        self.dra_server = grpc.aio.server()
+        services = dra_servicers(self.driver, self.dra_server) + health_servicer(self.health, self.dra_server)
+        self.dra_server.add_insecure_port(f"unix://{cfg.dra_socket}")
+        await self.dra_server.start()
+
+        self.registration = RegistrationServicer(cfg.driver_name, str(cfg.dra_socket), services)
+        await self._start_registration()
+
+        if cfg.metrics_port is not None:
+            port = serve_metrics(cfg.metrics_host, cfg.metrics_port)
+            log.info("serving metrics", address=f"http://{cfg.metrics_host}:{port}/metrics")
+        if cfg.ready_file is not None:
+            atomic_write(cfg.ready_file, f"{cfg.dra_socket}\n", durable=False)
+        self._watchdog = asyncio.create_task(self._watch(), name="registration-watchdog")
+        log.info(
+            "plugin serving",
+            driver=cfg.driver_name,
+            node=cfg.node_name,
+            dra_socket=str(cfg.dra_socket),
+            registration_socket=str(cfg.registration_socket),
+            backend=backend.name,
+            host_mode=cfg.host_mode.value,
+            claims=len(store.claims()),
+        )
+
+    async def _start_registration(self) -> None:
+        assert self.registration is not None
+        path = self.config.registration_socket
+        _remove_socket(path)  # only our own name: never another plugin's socket
+        server = grpc.aio.server()
+        add_registration_servicer(self.registration, server)
+        server.add_insecure_port(f"unix://{path}")
+        await server.start()
+        self.reg_server = server
+
+    async def _watch(self) -> None:
+        """Exit when the kubelet keeps rejecting us; re-create a registration socket that vanished."""
+        assert self.registration is not None
+        while True:
+            await asyncio.sleep(1.0)
+            status = self.registration.status
+            if status.rejected_for(time.monotonic()) > self.config.registration_timeout:
+                log.error(
+                    "the kubelet has rejected the registration for too long; exiting so the pod restarts",
+                    kubelet_error=status.last_error,
+                    timeout_seconds=self.config.registration_timeout,
+                )
+                self.exit_code = 1
+                self.stopped.set()
+                return
+            if not self.config.registration_socket.exists():
+                log.warning(
+                    "registration socket vanished, re-created", path=str(self.config.registration_socket)
+                )
+                if self.reg_server is not None:
+                    await self.reg_server.stop(None)
+                await self._start_registration()
+
+    async def stop(self) -> None:
+        cfg = self.config
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watchdog
+        if self.reg_server is not None:
+            await self.reg_server.stop(None)
+        _remove_socket(cfg.registration_socket)
+        if self.dra_server is not None:
+            await self.dra_server.stop(grace=5.0)
+        _remove_socket(cfg.dra_socket)
+        if self.driver is not None:
+            await self.driver.inflight.cancel_all()
+        if self.store is not None:
+            await self.store.commit()
+        if self.health is not None:
+            await self.health.stop()
+        if self.backend is not None:
+            with contextlib.suppress(Exception):
+                await self.backend.aclose()
+        if self._kube is not None:
+            with contextlib.suppress(Exception):
+                await self._kube.aclose()  # type: ignore[attr-defined]
+        if self.locks is not None:
+            self.locks.close()
+        if cfg.ready_file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                cfg.ready_file.unlink()
+        log.info("plugin stopped", driver=cfg.driver_name, node=cfg.node_name)
+
+
+async def serve(config: PluginConfig) -> int:
+    server = PluginServer(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, server.stopped.set)
+    try:
+        await server.start()
+        await server.stopped.wait()
+    finally:
+        await server.stop()
+    return server.exit_code
