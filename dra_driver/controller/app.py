@@ -1,0 +1,208 @@
+"""Wiring of ``fabric-dra controller``: leader election around the publisher, the node labeller
+and (with ``--binding-conditions``) the claim binder, plus the probe endpoint.
+
+Only the leader reads the inventory and writes; a follower waits on the Lease. Losing the lease
+cancels every writer at once (the elector steps down before the lease can expire for others).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from dra_driver.controller.binding import ClaimBinder
+from dra_driver.controller.devices import PublishPolicy
+from dra_driver.controller.features import (
+    ResourceApiMissing,
+    TaintsMode,
+    device_taints_served,
+    require_resource_v1,
+)
+from dra_driver.controller.health import HealthServer
+from dra_driver.controller.inventory import InventoryFeed
+from dra_driver.controller.metrics import IS_LEADER
+from dra_driver.controller.nodelabels import NodeLabeler
+from dra_driver.controller.publisher import SlicePublisher
+from dra_driver.controller.retry import Backoff
+from dra_driver.fsutil import atomic_write
+from dra_driver.kube import ApiError, KubeClient
+from dra_driver.kube.leader import LeaderElector
+from dra_driver.logs import get_logger
+from fabric.manager_client import ManagerClient
+
+__all__ = ["Controller", "ControllerOptions", "default_identity"]
+
+log = get_logger(__name__)
+
+
+def default_identity() -> str:
+    """The pod name in a cluster (POD_NAME from the downward API), else host + pid."""
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass
+class ControllerOptions:
+    driver: str
+    leader_elect: bool = False
+    lease_name: str = "fabric-dra-controller"
+    lease_namespace: str = "default"
+    identity: str = ""
+    binding_conditions: bool = False
+    device_taints: TaintsMode = "auto"
+    resync_period: float = 300.0
+    bind_timeout: float = 300.0
+    busy_timeout: float = 30.0
+    release_grace: float = 30.0
+    host: str = "0.0.0.0"  # noqa: S104 - probes reach the pod IP
+    port: int = 8081
+    ready_file: str | None = None
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+
+
+class Controller:
+    def __init__(self, options: ControllerOptions, kube: KubeClient, manager: ManagerClient) -> None:
+        self.options = options
+        self.kube = kube
+        self.manager = manager
+        self.identity = options.identity or default_identity()
+        self._ready = False
+        self._leader = False
+        self._lead_task: asyncio.Task[None] | None = None
+        self.feed: InventoryFeed | None = None
+        self.publisher: SlicePublisher | None = None
+        self.binder: ClaimBinder | None = None
+        self.url = ""
+
+    # -- status -------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        feed, publisher = self.feed, self.publisher
+        return {
+            "identity": self.identity,
+            "driver": self.options.driver,
+            "leader": self._leader,
+            "inventoryVersion": feed.latest.version if feed and feed.latest else None,
+            "inventoryError": feed.last_error if feed else None,
+            "slicesSyncedVersion": publisher.synced_version if publisher else None,
+            "deviceTaints": publisher.policy.device_taints if publisher else None,
+            "bindingConditions": publisher.policy.binding_conditions if publisher else None,
+        }
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        health = HealthServer(ready=lambda: self._ready, status=self.status)
+        self.url = await health.start(self.options.host, self.options.port)
+        log.info("controller listening for probes and metrics", url=self.url, identity=self.identity)
+        try:
+            await self._wait_for_api(stop)
+            if stop.is_set():
+                return
+            self._ready = True
+            if self.options.ready_file:
+                atomic_write(self.options.ready_file, self.url + "\n", durable=False)
+            if self.options.leader_elect:
+                elector = LeaderElector(
+                    self.kube,
+                    name=self.options.lease_name,
+                    namespace=self.options.lease_namespace,
+                    identity=self.identity,
+                    lease_duration=self.options.lease_duration,
+                    renew_deadline=self.options.renew_deadline,
+                    retry_period=self.options.retry_period,
+                    on_change=self._on_leadership,
+                )
+                election = asyncio.create_task(elector.run())
+                await stop.wait()
+                election.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await election
+            else:
+                await self._on_leadership(True)
+                await stop.wait()
+            await self._on_leadership(False)
+        finally:
+            await health.stop()
+
+    async def _wait_for_api(self, stop: asyncio.Event) -> None:
+        """Until the API server answers and serves resource.k8s.io/v1; a missing API is fatal."""
+        backoff = Backoff(initial=0.5, maximum=10.0)
+        while not stop.is_set():
+            try:
+                await require_resource_v1(self.kube)
+                return
+            except ResourceApiMissing:
+                raise
+            except ApiError as err:
+                delay = backoff.next()
+                log.warning("Kubernetes API not reachable yet", error=str(err), retry_in=round(delay, 2))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+
+    async def _on_leadership(self, leading: bool) -> None:
+        self._leader = leading
+        IS_LEADER.set(1 if leading else 0)
+        if leading and (self._lead_task is None or self._lead_task.done()):
+            self._lead_task = asyncio.create_task(self._lead())
+        elif not leading and self._lead_task is not None:
+            self._lead_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lead_task
+            self._lead_task = None
+
+    async def _lead(self) -> None:
+        """Run every writer while leading; an unexpected failure restarts them after a pause."""
+        backoff = Backoff(initial=1.0, maximum=30.0)
+        while True:
+            started = time.monotonic()
+            try:
+                await self._lead_once()
+            except Exception as err:
+                delay = backoff.next()
+                log.exception(
+                    "controller loop failed; restarting it", error=str(err), retry_in=round(delay, 2)
+                )
+                if time.monotonic() - started > 60:
+                    backoff.reset()
+                await asyncio.sleep(delay)
+
+    async def _lead_once(self) -> None:
+        opts = self.options
+        if opts.device_taints == "auto":
+            taints = await device_taints_served(self.kube)
+        else:
+            taints = opts.device_taints == "on"
+        policy = PublishPolicy(
+            driver=opts.driver, device_taints=taints, binding_conditions=opts.binding_conditions
+        )
+        log.info(
+            "leading: publishing resource slices",
+            driver=opts.driver,
+            device_taints=taints,
+            binding_conditions=opts.binding_conditions,
+        )
+        self.feed = InventoryFeed(self.manager)
+        self.publisher = SlicePublisher(self.kube, policy)
+        labeler = NodeLabeler(self.kube, opts.driver)
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self.feed.run())
+            tasks.create_task(self.publisher.run(self.feed, resync_period=opts.resync_period))
+            tasks.create_task(labeler.run(self.feed))
+            if opts.binding_conditions:
+                self.binder = ClaimBinder(
+                    self.kube,
+                    self.manager,
+                    self.feed,
+                    driver=opts.driver,
+                    bind_timeout=opts.bind_timeout,
+                    busy_timeout=opts.busy_timeout,
+                    release_grace=opts.release_grace,
+                )
+                tasks.create_task(self.binder.run())

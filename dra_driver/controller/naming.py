@@ -1,0 +1,157 @@
+"""Names this role writes, and the syntax rules of the Kubernetes API they must obey.
+
+The rules are those of ``k8s.io/apimachinery/pkg/util/validation`` and
+``k8s.io/kubernetes/pkg/apis/resource/validation`` (resource.k8s.io/v1, Kubernetes 1.34 to 1.37):
+the JSON schemas that ``kubernetes-validate`` checks do not carry them, the API server does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+__all__ = [
+    "ATTRIBUTE_VALUE_MAX_BYTES",
+    "BINDING_CONDITIONS_MAX",
+    "C_IDENTIFIER_MAX",
+    "DEVICE_ATTRIBUTES_AND_CAPACITIES_MAX",
+    "DEVICE_TAINTS_MAX",
+    "DRIVER_NAME_MAX",
+    "MANAGED_BY_LABEL",
+    "MANAGED_BY_VALUE",
+    "POOL_NAME_MAX",
+    "SLICE_MAX_DEVICES",
+    "SLICE_MAX_DEVICES_WITH_TAINTS",
+    "BindingConditionNames",
+    "fit_value",
+    "is_c_identifier",
+    "is_dns_label",
+    "is_dns_subdomain",
+    "is_label_value",
+    "is_pool_name",
+    "is_qualified_name",
+    "pool_label_key",
+    "pool_label_prefix",
+    "short_hash",
+    "slice_name",
+    "unhealthy_taint_key",
+]
+
+# resource.k8s.io/v1 limits (k8s.io/api/resource/v1/types.go).
+SLICE_MAX_DEVICES = 128
+#: "If any device uses taints or consumes counters the limit is 64" (ResourceSliceSpec.Devices).
+SLICE_MAX_DEVICES_WITH_TAINTS = 64
+DEVICE_ATTRIBUTES_AND_CAPACITIES_MAX = 32
+DEVICE_TAINTS_MAX = 16
+ATTRIBUTE_VALUE_MAX_BYTES = 64
+C_IDENTIFIER_MAX = 32
+DRIVER_NAME_MAX = 63
+POOL_NAME_MAX = 253
+BINDING_CONDITIONS_MAX = 4
+
+#: Slices this role owns carry this label; it never touches other slices of the driver.
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE = "fabric-dra-controller"
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_QUALIFIED_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_NOT_LABEL_CHARS = re.compile(r"[^a-z0-9.-]+")
+
+
+def short_hash(text: str, length: int = 8) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def is_dns_label(value: str) -> bool:
+    return len(value) <= 63 and bool(_DNS_LABEL.match(value))
+
+
+def is_dns_subdomain(value: str, max_length: int = 253) -> bool:
+    return 0 < len(value) <= max_length and all(is_dns_label(part) for part in value.split("."))
+
+
+def is_c_identifier(value: str) -> bool:
+    return len(value) <= C_IDENTIFIER_MAX and bool(_C_IDENTIFIER.match(value))
+
+
+def is_qualified_name(value: str) -> bool:
+    """A label key / condition type: ``[prefix/]name``, prefix a DNS subdomain, name ≤ 63."""
+    prefix, sep, name = value.rpartition("/")
+    if sep and not is_dns_subdomain(prefix):
+        return False
+    return 0 < len(name) <= 63 and bool(_QUALIFIED_NAME_PART.match(name))
+
+
+def is_label_value(value: str) -> bool:
+    return len(value) <= 63 and bool(_LABEL_VALUE.match(value))
+
+
+def is_pool_name(value: str) -> bool:
+    """≤ 253 characters, one or more DNS subdomains separated by slashes (ResourcePool.Name)."""
+    return 0 < len(value) <= POOL_NAME_MAX and all(is_dns_subdomain(part) for part in value.split("/"))
+
+
+def fit_value(value: str, max_bytes: int = ATTRIBUTE_VALUE_MAX_BYTES) -> str:
+    """``value`` if it fits in ``max_bytes`` UTF-8 bytes; else its head plus a hash of the whole.
+
+    The hash keeps distinct long values distinct, so ``matchAttribute`` on a cut value never
+    joins two devices that differ.
+    """
+    encoded = value.encode()
+    if len(encoded) <= max_bytes:
+        return value
+    suffix = "~" + short_hash(value)
+    head = encoded[: max_bytes - len(suffix)].decode(errors="ignore")
+    return head + suffix
+
+
+def _label_name(text: str, max_length: int = 63) -> str:
+    """A label-name part made from free text: lowercased, invalid runs → '-', cut with a hash."""
+    cleaned = _NOT_LABEL_CHARS.sub("-", text.lower()).strip("-.") or "pool"
+    if len(cleaned) <= max_length and _QUALIFIED_NAME_PART.match(cleaned) and cleaned == text:
+        return cleaned
+    # The text was altered or is too long: a hash of the original keeps two pools apart.
+    suffix = "-" + short_hash(text)
+    return cleaned[: max_length - len(suffix)].rstrip("-.") + suffix
+
+
+def pool_label_prefix(driver: str) -> str:
+    """Node labels saying "this node reaches pool P" live under ``pool.<driver>/``."""
+    return f"pool.{driver}"
+
+
+def pool_label_key(driver: str, pool: str) -> str:
+    """``pool.<driver>/<pool>`` (value ``"true"``) on every node the pool's fabric reaches."""
+    return f"{pool_label_prefix(driver)}/{_label_name(pool)}"
+
+
+def unhealthy_taint_key(driver: str) -> str:
+    return f"{driver}/unhealthy"
+
+
+def slice_name(driver: str, pool: str, index: int) -> str:
+    """Stable ResourceSlice name: ``<driver>-<pool>-<index>`` when that is a DNS subdomain.
+
+    Otherwise (a long or slashed pool name) ``<driver>.<pool head>-<hash>-<index>``, every
+    label within 63 characters.
+    """
+    name = f"{driver}-{pool.replace('/', '.')}-{index}"
+    if is_dns_subdomain(name):
+        return name
+    tail = f"-{short_hash(pool)}-{index}"
+    head = _NOT_LABEL_CHARS.sub("-", pool.lower()).replace(".", "-").strip("-")
+    head = head[: 63 - len(tail)].rstrip("-") or "pool"
+    return f"{driver}.{head}{tail}"
+
+
+class BindingConditionNames:
+    """The condition types the binding-condition flow uses, qualified with the driver name.
+
+    CamelCase after the domain, as ``metav1.Condition`` types are written.
+    """
+
+    def __init__(self, driver: str) -> None:
+        self.attached = f"{driver}/Attached"
+        self.failed = f"{driver}/AttachFailed"

@@ -1,0 +1,157 @@
+"""Keeps the pool labels on nodes right: ``pool.<driver>/<pool>=true`` exactly on the nodes that
+pool's fabric reaches, so each pool's node selector (:func:`.slices.node_selector`) matches
+exactly those nodes.
+
+The node set comes from the manager's inventory (``FabricPool.nodes``); nodes come and go in
+Kubernetes, so nodes are watched too and a new node gets its labels as soon as it registers.
+Only label keys under ``pool.<driver>/`` are ever touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from dra_driver.controller.inventory import InventoryFeed
+from dra_driver.controller.metrics import NODE_LABEL_PATCHES
+from dra_driver.controller.naming import pool_label_key, pool_label_prefix
+from dra_driver.controller.retry import Backoff
+from dra_driver.kube import ApiError, Gone, KubeClient, NotFound
+from dra_driver.kube.resources import NODES
+from dra_driver.logs import get_logger
+from fabric.api import Inventory
+
+__all__ = ["NodeLabeler", "desired_node_labels"]
+
+log = get_logger(__name__)
+
+
+def desired_node_labels(inventory: Inventory, driver: str) -> dict[str, set[str]]:
+    """Node name → the pool label keys it must carry."""
+    wanted: dict[str, set[str]] = {}
+    for pool in inventory.pools:
+        key = pool_label_key(driver, pool.pool)
+        for node in pool.nodes:
+            wanted.setdefault(node, set()).add(key)
+    return wanted
+
+
+class NodeLabeler:
+    def __init__(self, kube: KubeClient, driver: str, *, debounce: float = 0.05) -> None:
+        self._kube = kube
+        self._driver = driver
+        self._prefix = pool_label_prefix(driver) + "/"
+        #: node name → its labels, kept by list + watch
+        self._nodes: dict[str, dict[str, str]] = {}
+        self._listed = asyncio.Event()
+        self._trigger = asyncio.Event()
+        self._debounce = debounce
+        self._warned_missing: set[str] = set()
+
+    async def run(self, feed: InventoryFeed) -> None:
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._watch_nodes())
+            tasks.create_task(self._follow(feed))
+            tasks.create_task(self._reconcile_loop(feed))
+
+    async def _follow(self, feed: InventoryFeed) -> None:
+        version: int | None = None
+        while True:
+            inventory = await feed.wait_newer(version)
+            version = inventory.version
+            self._trigger.set()
+
+    async def _watch_nodes(self) -> None:
+        backoff = Backoff(initial=0.5, maximum=30.0)
+        version: str | None = None
+        while True:
+            try:
+                if version is None:
+                    items, version = await self._kube.list_all(NODES)
+                    self._nodes = {self._name(n): self._labels(n) for n in items}
+                    self._listed.set()
+                    self._trigger.set()
+                async for event in self._kube.watch(NODES, resource_version=version):
+                    meta = event.object.get("metadata") or {}
+                    version = str(meta.get("resourceVersion") or version)
+                    if event.type == "BOOKMARK":
+                        continue
+                    name = self._name(event.object)
+                    if event.type == "DELETED":
+                        self._nodes.pop(name, None)
+                        continue
+                    labels = self._labels(event.object)
+                    if self._ours(self._nodes.get(name)) != self._ours(labels) or name not in self._nodes:
+                        self._trigger.set()
+                    self._nodes[name] = labels
+                backoff.reset()
+            except Gone:
+                version = None
+            except ApiError as err:
+                log.debug("node watch interrupted", error=str(err))
+                version = None
+                await asyncio.sleep(backoff.next())
+
+    @staticmethod
+    def _name(node: dict[str, Any]) -> str:
+        return str((node.get("metadata") or {}).get("name") or "")
+
+    @staticmethod
+    def _labels(node: dict[str, Any]) -> dict[str, str]:
+        return dict((node.get("metadata") or {}).get("labels") or {})
+
+    def _ours(self, labels: dict[str, str] | None) -> dict[str, str]:
+        return {k: v for k, v in (labels or {}).items() if k.startswith(self._prefix)}
+
+    async def _reconcile_loop(self, feed: InventoryFeed) -> None:
+        backoff = Backoff(initial=0.2, maximum=30.0)
+        await self._listed.wait()
+        while True:
+            await self._trigger.wait()
+            self._trigger.clear()
+            await asyncio.sleep(self._debounce)
+            self._trigger.clear()
+            inventory = feed.latest
+            if inventory is None:
+                continue
+            try:
+                await self.sync(inventory)
+                backoff.reset()
+            except ApiError as err:
+                delay = backoff.next()
+                log.warning("labelling nodes failed; retrying", error=str(err), retry_in=round(delay, 2))
+                await asyncio.sleep(delay)
+                self._trigger.set()
+
+    async def sync(self, inventory: Inventory) -> int:
+        """Patch every node whose pool labels differ; returns the number of patches."""
+        wanted = desired_node_labels(inventory, self._driver)
+        for name in sorted(set(wanted) - set(self._nodes) - self._warned_missing):
+            self._warned_missing.add(name)
+            log.warning("the fabric reaches a node Kubernetes does not know (yet)", node=name)
+        patches = 0
+        for name, labels in sorted(self._nodes.items()):
+            have = self._ours(labels)
+            want = wanted.get(name, set())
+            change: dict[str, str | None] = {k: "true" for k in want if have.get(k) != "true"}
+            change.update({k: None for k in have if k not in want})
+            if not change:
+                continue
+            try:
+                updated = await self._kube.patch(NODES, name, {"metadata": {"labels": change}})
+            except NotFound:
+                self._nodes.pop(name, None)
+                continue
+            except ApiError:
+                NODE_LABEL_PATCHES.labels(outcome="error").inc()
+                raise
+            NODE_LABEL_PATCHES.labels(outcome="ok").inc()
+            self._nodes[name] = self._labels(updated)
+            patches += 1
+            log.info(
+                "node pool labels updated",
+                node=name,
+                added=",".join(sorted(k for k, v in change.items() if v)) or None,
+                removed=",".join(sorted(k for k, v in change.items() if v is None)) or None,
+            )
+        return patches

@@ -1,0 +1,392 @@
+"""Keeps the ResourceSlices of every fabric pool equal to the manager's inventory.
+
+Triggers: a new inventory version (long poll), a change to one of our slices made by someone
+else (watch), and a periodic resync. Each pass compares the desired slices with the stored
+ones semantically (:mod:`.slices`) and writes only what differs — an unchanged pool costs no
+write at all. Updates are compare-and-swap on ``resourceVersion``; any conflict, a missing or
+unexpected slice, or an API error makes the next pass re-list before it plans again, so the
+publisher converges after API-server errors, restarts and concurrent edits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dra_driver.controller.devices import PublishPolicy, WithheldReason
+from dra_driver.controller.inventory import InventoryFeed
+from dra_driver.controller.metrics import POOL_DEVICES, POOL_GENERATION, SLICE_RECONCILE_SECONDS, SLICE_WRITES
+from dra_driver.controller.naming import MANAGED_BY_LABEL, MANAGED_BY_VALUE
+from dra_driver.controller.retry import Backoff
+from dra_driver.controller.slices import (
+    DesiredPool,
+    PoolPlan,
+    SliceInvalid,
+    SliceWrite,
+    check_slice,
+    desired_pools,
+    plan_pool,
+)
+from dra_driver.kube import AlreadyExists, ApiError, Conflict, Gone, KubeClient, NotFound
+from dra_driver.kube.resources import RESOURCE_SLICES
+from dra_driver.logs import get_logger
+from fabric.api import Inventory
+
+__all__ = ["PublishResult", "SlicePublisher"]
+
+log = get_logger(__name__)
+
+
+@dataclass
+class PublishResult:
+    """What one pass did."""
+
+    writes: int = 0
+    deletes: int = 0
+    pools_changed: list[str] = field(default_factory=list)
+
+
+class _Stale(Exception):
+    """The stored slices are not what we thought; re-list and plan again."""
+
+
+class SlicePublisher:
+    def __init__(
+        self,
+        kube: KubeClient,
+        policy: PublishPolicy,
+        *,
+        write_concurrency: int = 16,
+        debounce: float = 0.05,
+    ) -> None:
+        self._kube = kube
+        self._requested_policy = policy
+        self._taints_dropped = False
+        self._bindings_dropped = False
+        self._sem = asyncio.Semaphore(write_concurrency)
+        self._debounce = debounce
+        #: our slices by name, as last listed or written
+        self._slices: dict[str, dict[str, Any]] = {}
+        self._stale = True
+        #: resourceVersions produced by our own writes (name → recent versions), to tell our
+        #: watch events from other writers'
+        self._own: dict[str, list[str]] = defaultdict(list)
+        self._deleted: set[str] = set()
+        #: names with a write in flight: their watch event may arrive before the response
+        self._writing: set[str] = set()
+        self._trigger = asyncio.Event()
+        self._desired_key: tuple[int, PublishPolicy] | None = None
+        self._desired: dict[str, DesiredPool] = {}
+        self.last_result: PublishResult | None = None
+        self.synced_version: int | None = None
+        self.on_synced: Callable[[int], None] | None = None
+
+    # -- policy ---------------------------------------------------------------------------
+
+    @property
+    def policy(self) -> PublishPolicy:
+        """The requested policy, less what the API server showed it drops."""
+        p = self._requested_policy
+        return PublishPolicy(
+            driver=p.driver,
+            device_taints=p.device_taints and not self._taints_dropped,
+            binding_conditions=p.binding_conditions and not self._bindings_dropped,
+        )
+
+    @property
+    def label_selector(self) -> str:
+        return f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"
+
+    @property
+    def field_selector(self) -> str:
+        return f"spec.driver={self._requested_policy.driver}"
+
+    # -- running --------------------------------------------------------------------------
+
+    def trigger(self, *, relist: bool = False) -> None:
+        if relist:
+            self._stale = True
+        self._trigger.set()
+
+    async def run(self, feed: InventoryFeed, *, resync_period: float) -> None:
+        """Publish until cancelled (leadership lost or shutdown)."""
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._follow(feed))
+            tasks.create_task(self._watch())
+            tasks.create_task(self._resync(resync_period))
+            tasks.create_task(self._reconcile_loop(feed))
+
+    async def _follow(self, feed: InventoryFeed) -> None:
+        version: int | None = None
+        while True:
+            inventory = await feed.wait_newer(version)
+            version = inventory.version
+            self.trigger()
+
+    async def _resync(self, period: float) -> None:
+        while True:
+            await asyncio.sleep(period)
+            log.debug("periodic resync of resource slices")
+            self.trigger(relist=True)
+
+    async def _reconcile_loop(self, feed: InventoryFeed) -> None:
+        backoff = Backoff(initial=0.1, maximum=30.0)
+        while True:
+            await self._trigger.wait()
+            self._trigger.clear()
+            await asyncio.sleep(self._debounce)  # let a burst of triggers become one pass
+            self._trigger.clear()
+            inventory = feed.latest
+            if inventory is None:
+                continue
+            try:
+                await self.sync(inventory)
+            except (ApiError, _Stale) as err:
+                delay = backoff.next()
+                log.warning(
+                    "publishing resource slices failed; retrying",
+                    error=str(err).splitlines()[0],
+                    retry_in=round(delay, 2),
+                )
+                self._stale = True
+                await asyncio.sleep(delay)
+                self._trigger.set()
+            except SliceInvalid as err:
+                # A bug or an inventory value this code cannot make fit: never write it; retry
+                # slowly in case the inventory changes.
+                log.error("refusing to write an invalid resource slice", error=str(err))
+                await asyncio.sleep(backoff.next())
+                self._trigger.set()
+            else:
+                backoff.reset()
+
+    async def _watch(self) -> None:
+        """Notice changes to our slices made by anyone else (a deletion, an edit)."""
+        backoff = Backoff(initial=0.5, maximum=30.0)
+        version: str | None = None
+        while True:
+            try:
+                if version is None:
+                    page = await self._kube.list(
+                        RESOURCE_SLICES,
+                        limit=1,
+                        label_selector=self.label_selector,
+                        field_selector=self.field_selector,
+                    )
+                    version = str((page.get("metadata") or {}).get("resourceVersion") or "") or None
+                async for event in self._kube.watch(
+                    RESOURCE_SLICES,
+                    resource_version=version,
+                    label_selector=self.label_selector,
+                    field_selector=self.field_selector,
+                ):
+                    meta = event.object.get("metadata") or {}
+                    version = str(meta.get("resourceVersion") or version)
+                    if event.type != "BOOKMARK" and self._foreign(event.type, meta):
+                        log.info(
+                            "resource slice changed by another writer; reconciling",
+                            slice=meta.get("name"),
+                            event=event.type,
+                        )
+                        self.trigger(relist=True)
+                backoff.reset()
+            except Gone:
+                version = None
+                self.trigger(relist=True)
+            except ApiError as err:
+                log.debug("resource slice watch interrupted", error=str(err))
+                version = None
+                await asyncio.sleep(backoff.next())
+
+    def _foreign(self, kind: str, meta: dict[str, Any]) -> bool:
+        name = str(meta.get("name") or "")
+        if kind == "DELETED":
+            if name in self._deleted:
+                self._deleted.discard(name)
+                return False
+            return True
+        if name in self._writing:
+            return False
+        return str(meta.get("resourceVersion") or "") not in self._own.get(name, ())
+
+    # -- one pass -------------------------------------------------------------------------
+
+    async def relist(self) -> None:
+        items, _ = await self._kube.list_all(
+            RESOURCE_SLICES, label_selector=self.label_selector, field_selector=self.field_selector
+        )
+        self._slices = {str(obj["metadata"]["name"]): obj for obj in items}
+        self._stale = False
+
+    def desired(self, inventory: Inventory) -> dict[str, DesiredPool]:
+        key = (inventory.version, self.policy)
+        if key != self._desired_key:
+            self._desired = desired_pools(inventory, self.policy)
+            self._desired_key = key
+        return self._desired
+
+    async def sync(self, inventory: Inventory) -> PublishResult:
+        """Bring the stored slices to ``inventory``; raises on API errors (the caller retries)."""
+        started = time.monotonic()
+        if self._stale:
+            await self.relist()
+        desired = self.desired(inventory)
+        by_pool: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+        for name, obj in self._slices.items():
+            pool = str(((obj.get("spec") or {}).get("pool") or {}).get("name") or "")
+            by_pool[pool][name] = obj
+        plans = [
+            plan
+            for pool in sorted(set(desired) | set(by_pool))
+            if (
+                plan := plan_pool(
+                    pool,
+                    desired.get(pool),
+                    by_pool.get(pool, {}),
+                    driver=self.policy.driver,
+                    all_slices=self._slices,
+                )
+            )
+            is not None
+        ]
+        result = PublishResult()
+        outcomes = await asyncio.gather(
+            *(self._apply(plan, result) for plan in plans), return_exceptions=True
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        self._record(desired, by_pool, plans)
+        SLICE_RECONCILE_SECONDS.observe(time.monotonic() - started)
+        self.last_result = result
+        self.synced_version = inventory.version
+        if plans:
+            log.info(
+                "resource slices published",
+                inventory_version=inventory.version,
+                pools=",".join(result.pools_changed),
+                writes=result.writes,
+                deletes=result.deletes,
+                seconds=round(time.monotonic() - started, 3),
+            )
+        if self.on_synced is not None:
+            self.on_synced(inventory.version)
+        if self._policy_changed_by(result):
+            self._trigger.set()
+        return result
+
+    def _record(
+        self,
+        desired: dict[str, DesiredPool],
+        by_pool: dict[str, dict[str, dict[str, Any]]],
+        plans: list[PoolPlan],
+    ) -> None:
+        written = {plan.pool: plan.generation for plan in plans if plan.writes}
+        for name, pool in desired.items():
+            POOL_DEVICES.labels(pool=name, state="published").set(pool.device_count)
+            for reason in WithheldReason:
+                count = sum(1 for r in pool.withheld.values() if r is reason)
+                POOL_DEVICES.labels(pool=name, state=f"withheld-{reason.value}").set(count)
+            generation = written.get(name)
+            if generation is None:
+                stored = next(iter(by_pool.get(name, {}).values()), None)
+                generation = int(
+                    (((stored or {}).get("spec") or {}).get("pool") or {}).get("generation") or 0
+                )
+            POOL_GENERATION.labels(pool=name).set(generation)
+
+    async def _apply(self, plan: PoolPlan, result: PublishResult) -> None:
+        for name, rv in plan.deletes_first:
+            await self._delete(name, rv)
+            result.deletes += 1
+        for write in plan.writes:
+            check_slice(write.obj)  # never send what the API server would reject
+        await asyncio.gather(*(self._write(w) for w in plan.writes))
+        result.writes += len(plan.writes)
+        for name, rv in plan.deletes:
+            await self._delete(name, rv)
+            result.deletes += 1
+        result.pools_changed.append(plan.pool)
+        log.debug(
+            "pool written",
+            pool=plan.pool,
+            generation=plan.generation,
+            slices=len(plan.writes),
+            deleted=len(plan.deletes),
+        )
+
+    async def _write(self, write: SliceWrite) -> None:
+        verb = "create" if write.resource_version is None else "update"
+        async with self._sem:
+            self._writing.add(write.name)
+            try:
+                if write.resource_version is None:
+                    stored = await self._kube.create(RESOURCE_SLICES, write.obj)
+                else:
+                    stored = await self._kube.replace(RESOURCE_SLICES, write.obj)
+            except (Conflict, AlreadyExists, NotFound) as err:
+                SLICE_WRITES.labels(verb=verb, outcome=err.reason or "Conflict").inc()
+                raise _Stale(f"{verb} of resource slice {write.name}: {err}") from err
+            except ApiError as err:
+                SLICE_WRITES.labels(verb=verb, outcome=err.reason or "Error").inc()
+                raise
+            finally:
+                self._writing.discard(write.name)
+        SLICE_WRITES.labels(verb=verb, outcome="ok").inc()
+        name = write.name
+        self._slices[name] = stored
+        own = self._own[name]
+        own.append(str((stored.get("metadata") or {}).get("resourceVersion") or ""))
+        del own[:-8]
+        self._check_dropped(write.obj, stored)
+
+    async def _delete(self, name: str, resource_version: str) -> None:
+        async with self._sem:
+            self._deleted.add(name)
+            try:
+                await self._kube.delete(RESOURCE_SLICES, name, resource_version=resource_version or None)
+            except NotFound:
+                SLICE_WRITES.labels(verb="delete", outcome="NotFound").inc()
+            except Conflict as err:
+                self._deleted.discard(name)
+                SLICE_WRITES.labels(verb="delete", outcome="Conflict").inc()
+                raise _Stale(f"delete of resource slice {name}: {err}") from err
+            except ApiError as err:
+                self._deleted.discard(name)
+                SLICE_WRITES.labels(verb="delete", outcome=err.reason or "Error").inc()
+                raise
+            else:
+                SLICE_WRITES.labels(verb="delete", outcome="ok").inc()
+        self._slices.pop(name, None)
+        self._own.pop(name, None)
+
+    # -- what the API server keeps ----------------------------------------------------------
+
+    def _check_dropped(self, sent: dict[str, Any], stored: dict[str, Any]) -> None:
+        """A cluster without a feature gate drops the gated fields on write: notice, and adapt."""
+        sent_devices = (sent.get("spec") or {}).get("devices") or []
+        kept = {d.get("name"): d for d in (stored.get("spec") or {}).get("devices") or []}
+        for device in sent_devices:
+            back = kept.get(device["name"]) or {}
+            if device.get("taints") and not back.get("taints") and not self._taints_dropped:
+                self._taints_dropped = True
+                log.warning(
+                    "the API server dropped device taints (feature gate DRADeviceTaints is off): "
+                    "unhealthy devices are withheld from the slices instead",
+                    slice=sent["metadata"]["name"],
+                )
+            if device.get("bindsToNode") and not back.get("bindsToNode") and not self._bindings_dropped:
+                self._bindings_dropped = True
+                log.error(
+                    "the API server dropped bindsToNode and binding conditions: enable the feature gates "
+                    "DRADeviceBindingConditions and DRAResourceClaimDeviceStatus, or run without "
+                    "--binding-conditions; publishing without them (devices attach at prepare time)",
+                    slice=sent["metadata"]["name"],
+                )
+
+    def _policy_changed_by(self, result: PublishResult) -> bool:
+        return self._desired_key is not None and self._desired_key[1] != self.policy

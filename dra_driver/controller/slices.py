@@ -1,0 +1,443 @@
+"""One fabric pool → its ResourceSlices, and what it takes to bring the stored slices there.
+
+A pool is published as ``ceil`` (devices / limit) slices with stable names
+(``<driver>-<pool>-<n>``), devices sorted by name. All slices of a pool carry the same
+``pool.generation`` and ``pool.resourceSliceCount``; any change to the pool is written as a
+new generation on *every* slice of the pool, then obsolete slices are deleted — so a consumer
+that only trusts the highest generation with a complete slice count never sees a mixed pool
+(ResourcePool, k8s.io/api/resource/v1).
+
+Stored slices are compared *semantically* with the desired ones: quantities by value, taint
+``timeAdded`` ignored (the API server fills it in), nulls and empty lists ignored. An
+unchanged pool therefore plans no writes at all.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dra_driver.controller.devices import Conversion, PublishPolicy, WithheldReason, to_dra_device
+from dra_driver.controller.naming import (
+    ATTRIBUTE_VALUE_MAX_BYTES,
+    BINDING_CONDITIONS_MAX,
+    DEVICE_ATTRIBUTES_AND_CAPACITIES_MAX,
+    DEVICE_TAINTS_MAX,
+    DRIVER_NAME_MAX,
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
+    SLICE_MAX_DEVICES,
+    SLICE_MAX_DEVICES_WITH_TAINTS,
+    is_c_identifier,
+    is_dns_label,
+    is_dns_subdomain,
+    is_label_value,
+    is_pool_name,
+    is_qualified_name,
+    pool_label_key,
+    slice_name,
+)
+from dra_driver.controller.quantity import parse_quantity
+from fabric.api import Inventory
+
+__all__ = [
+    "DesiredPool",
+    "PoolPlan",
+    "SliceInvalid",
+    "SliceWrite",
+    "check_slice",
+    "chunk_devices",
+    "desired_pools",
+    "node_selector",
+    "plan_pool",
+    "slice_labels",
+]
+
+API_VERSION = "resource.k8s.io/v1"
+
+
+class SliceInvalid(ValueError):
+    """A slice breaks a rule the API server enforces; writing it would be rejected."""
+
+
+def slice_labels() -> dict[str, str]:
+    return {MANAGED_BY_LABEL: MANAGED_BY_VALUE}
+
+
+def node_selector(driver: str, pool: str) -> dict[str, Any]:
+    """Exactly the nodes labelled as reaching ``pool`` (kept right by :mod:`.nodelabels`)."""
+    return {
+        "nodeSelectorTerms": [
+            {
+                "matchExpressions": [
+                    {"key": pool_label_key(driver, pool), "operator": "In", "values": ["true"]}
+                ]
+            }
+        ]
+    }
+
+
+def chunk_devices(devices: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Split (sorted) devices into slices: ≤ 128 each, ≤ 64 in a slice where any device is tainted."""
+    chunks: list[list[dict[str, Any]]] = []
+    current: list[dict[str, Any]] = []
+    tainted = False
+    for device in devices:
+        has_taints = bool(device.get("taints"))
+        if has_taints and not tainted and len(current) >= SLICE_MAX_DEVICES_WITH_TAINTS:
+            chunks.append(current)
+            current, tainted = [], False
+        current.append(device)
+        tainted = tainted or has_taints
+        if len(current) >= (SLICE_MAX_DEVICES_WITH_TAINTS if tainted else SLICE_MAX_DEVICES):
+            chunks.append(current)
+            current, tainted = [], False
+    if current or not chunks:
+        chunks.append(current)  # an empty pool still has one (empty) slice
+    return chunks
+
+
+# -- semantic comparison --------------------------------------------------------------------
+
+
+def _prune(value: Any) -> Any:
+    """Drop nulls, empty lists and empty maps, recursively: the API server omits them."""
+    if isinstance(value, Mapping):
+        out = {k: _prune(v) for k, v in value.items()}
+        return {k: v for k, v in out.items() if v is not None and v != [] and v != {}}
+    if isinstance(value, list):
+        return [_prune(v) for v in value]
+    return value
+
+
+def _normal_device(device: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(_prune(device))
+    capacity = out.get("capacity")
+    if isinstance(capacity, dict):
+        out["capacity"] = {
+            name: {**entry, "value": str(parse_quantity(entry.get("value", "0")))}
+            for name, entry in capacity.items()
+        }
+    taints = out.get("taints")
+    if isinstance(taints, list):
+        out["taints"] = sorted(
+            (str(t.get("key")), str(t.get("value", "")), str(t.get("effect"))) for t in taints
+        )
+    return out
+
+
+def _normal_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Everything of a slice spec that matters, except the pool's generation and slice count."""
+    pruned = _prune(spec)
+    pool = dict(pruned.get("pool") or {})
+    pool.pop("generation", None)
+    pool.pop("resourceSliceCount", None)
+    rest = {k: v for k, v in pruned.items() if k not in ("pool", "devices")}
+    devices = {str(d.get("name")): _normal_device(d) for d in pruned.get("devices") or []}
+    return {**rest, "pool": pool, "devices": devices}
+
+
+# -- desired state --------------------------------------------------------------------------
+
+
+@dataclass
+class DesiredPool:
+    """What one pool should look like, independent of its generation."""
+
+    name: str
+    node_selector: dict[str, Any]
+    chunks: list[list[dict[str, Any]]]
+    withheld: dict[str, WithheldReason] = field(default_factory=dict)
+    nodes: tuple[str, ...] = ()
+    _normal: list[dict[str, Any]] | None = field(default=None, repr=False)
+
+    @property
+    def device_count(self) -> int:
+        return sum(len(chunk) for chunk in self.chunks)
+
+    def spec(self, driver: str, index: int, generation: int) -> dict[str, Any]:
+        spec: dict[str, Any] = {
+            "driver": driver,
+            "pool": {"name": self.name, "generation": generation, "resourceSliceCount": len(self.chunks)},
+            "nodeSelector": self.node_selector,
+        }
+        if self.chunks[index]:
+            spec["devices"] = self.chunks[index]
+        return spec
+
+    def normal_specs(self, driver: str) -> list[dict[str, Any]]:
+        if self._normal is None:
+            self._normal = [_normal_spec(self.spec(driver, i, 0)) for i in range(len(self.chunks))]
+        return self._normal
+
+
+def desired_pools(inventory: Inventory, policy: PublishPolicy) -> dict[str, DesiredPool]:
+    """Every pool of the inventory with the devices to publish, in slice-sized chunks."""
+    nodes_by_pool: dict[str, tuple[str, ...]] = {p.pool: tuple(sorted(set(p.nodes))) for p in inventory.pools}
+    conversions: dict[str, dict[str, Conversion]] = defaultdict(dict)
+    for device in inventory.devices:
+        pool_devices = conversions[device.pool]
+        if device.name in pool_devices:
+            continue  # a device name is unique within a pool; the manager guarantees it, we enforce it
+        pool_devices[device.name] = to_dra_device(device, policy)
+    pools: dict[str, DesiredPool] = {}
+    for pool in sorted(set(nodes_by_pool) | set(conversions)):
+        if not is_pool_name(pool):
+            continue
+        converted = conversions.get(pool, {})
+        published = [c.device for _, c in sorted(converted.items()) if c.device is not None]
+        pools[pool] = DesiredPool(
+            name=pool,
+            node_selector=node_selector(policy.driver, pool),
+            chunks=chunk_devices(published),
+            withheld={n: c.withheld for n, c in converted.items() if c.withheld is not None},
+            nodes=nodes_by_pool.get(pool, ()),
+        )
+    return pools
+
+
+# -- planning -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SliceWrite:
+    """Create (``resource_version`` None) or compare-and-swap replace one slice."""
+
+    obj: dict[str, Any]
+    resource_version: str | None
+
+    @property
+    def name(self) -> str:
+        return str(self.obj["metadata"]["name"])
+
+
+@dataclass
+class PoolPlan:
+    pool: str
+    generation: int
+    writes: list[SliceWrite]
+    #: (name, resourceVersion) of slices to remove once the writes have succeeded
+    deletes: list[tuple[str, str]]
+    #: slices that must go *before* a write reuses their name (they belong to another pool)
+    deletes_first: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _generation(obj: Mapping[str, Any]) -> int:
+    return int(((obj.get("spec") or {}).get("pool") or {}).get("generation") or 0)
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def _in_sync(desired: DesiredPool, existing: Mapping[str, dict[str, Any]], driver: str) -> bool:
+    count = len(desired.chunks)
+    if len(existing) != count:
+        return False
+    normal = desired.normal_specs(driver)
+    generations: set[int] = set()
+    for index in range(count):
+        stored = existing.get(slice_name(driver, desired.name, index))
+        if stored is None:
+            return False
+        spec = stored.get("spec") or {}
+        pool = spec.get("pool") or {}
+        if int(pool.get("resourceSliceCount") or 0) != count:
+            return False
+        labels = _meta(stored).get("labels") or {}
+        if any(labels.get(k) != v for k, v in slice_labels().items()):
+            return False
+        generations.add(_generation(stored))
+        if _normal_spec(spec) != normal[index]:
+            return False
+    return len(generations) == 1
+
+
+def _taint_times(existing: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str, str], str]:
+    """timeAdded of every stored taint, keyed by (device, key, value, effect)."""
+    times: dict[tuple[str, str, str, str], str] = {}
+    for stored in existing:
+        for device in (stored.get("spec") or {}).get("devices") or []:
+            for taint in device.get("taints") or []:
+                if taint.get("timeAdded"):
+                    key = (
+                        str(device.get("name")),
+                        taint.get("key"),
+                        taint.get("value", ""),
+                        taint.get("effect"),
+                    )
+                    times[key] = taint["timeAdded"]
+    return times
+
+
+def _with_taint_times(
+    devices: list[dict[str, Any]], times: Mapping[tuple[str, str, str, str], str]
+) -> list[dict[str, Any]]:
+    """Keep a taint's original timeAdded across rewrites, so it reads as when the device turned bad."""
+    if not times:
+        return devices
+    out = []
+    for device in devices:
+        taints = device.get("taints")
+        if taints:
+            kept = []
+            for taint in taints:
+                added = times.get((device["name"], taint["key"], taint.get("value", ""), taint["effect"]))
+                kept.append({**taint, "timeAdded": added} if added else taint)
+            device = {**device, "taints": kept}
+        out.append(device)
+    return out
+
+
+def plan_pool(
+    pool: str,
+    desired: DesiredPool | None,
+    existing: Mapping[str, dict[str, Any]],
+    *,
+    driver: str,
+    all_slices: Mapping[str, dict[str, Any]] | None = None,
+) -> PoolPlan | None:
+    """The writes that bring ``existing`` (this pool's stored slices, by name) to ``desired``.
+
+    ``None`` when the pool is in sync. ``desired`` None means the pool is gone: delete it all.
+    ``all_slices`` (every slice this role owns) lets a write detect a stored slice of the same
+    name in another pool; pool names are immutable, so that one is deleted first.
+    """
+    if desired is None:
+        if not existing:
+            return None
+        deletes = [
+            (name, str(_meta(obj).get("resourceVersion") or "")) for name, obj in sorted(existing.items())
+        ]
+        return PoolPlan(pool=pool, generation=0, writes=[], deletes=deletes)
+    if _in_sync(desired, existing, driver):
+        return None
+    generation = max((_generation(obj) for obj in existing.values()), default=0) + 1
+    times = _taint_times(existing.values())
+    writes: list[SliceWrite] = []
+    deletes_first: list[tuple[str, str]] = []
+    wanted: set[str] = set()
+    for index in range(len(desired.chunks)):
+        name = slice_name(driver, desired.name, index)
+        wanted.add(name)
+        spec = desired.spec(driver, index, generation)
+        if "devices" in spec:
+            spec["devices"] = _with_taint_times(spec["devices"], times)
+        obj: dict[str, Any] = {
+            "apiVersion": API_VERSION,
+            "kind": "ResourceSlice",
+            "metadata": {"name": name, "labels": slice_labels()},
+            "spec": spec,
+        }
+        stored = existing.get(name)
+        if stored is None and all_slices is not None and name in all_slices:
+            other = all_slices[name]
+            deletes_first.append((name, str(_meta(other).get("resourceVersion") or "")))
+        rv = str(_meta(stored).get("resourceVersion") or "") if stored is not None else None
+        if stored is not None:
+            obj["metadata"]["resourceVersion"] = rv
+        writes.append(SliceWrite(obj, rv))
+    deletes = [
+        (name, str(_meta(obj).get("resourceVersion") or ""))
+        for name, obj in sorted(existing.items())
+        if name not in wanted
+    ]
+    return PoolPlan(pool, generation, writes, deletes, deletes_first)
+
+
+# -- the API server's own rules -------------------------------------------------------------
+
+
+def _check_qualified_attribute(name: str, where: str) -> None:
+    domain, sep, ident = name.rpartition("/")
+    if sep and not is_dns_subdomain(domain, DRIVER_NAME_MAX):
+        raise SliceInvalid(f"{where}: domain {domain!r} is not a DNS subdomain of at most 63 characters")
+    if not is_c_identifier(ident):
+        raise SliceInvalid(f"{where}: {ident!r} is not a C identifier of at most 32 characters")
+
+
+def _check_device(device: Mapping[str, Any], where: str) -> None:
+    name = str(device.get("name") or "")
+    if not is_dns_label(name):
+        raise SliceInvalid(f"{where}.name: {name!r} is not a DNS label")
+    attributes = device.get("attributes") or {}
+    capacity = device.get("capacity") or {}
+    if len(attributes) + len(capacity) > DEVICE_ATTRIBUTES_AND_CAPACITIES_MAX:
+        raise SliceInvalid(
+            f"{where}: more than {DEVICE_ATTRIBUTES_AND_CAPACITIES_MAX} attributes and capacities"
+        )
+    for attr_name, value in attributes.items():
+        at = f"{where}.attributes[{attr_name}]"
+        _check_qualified_attribute(attr_name, at)
+        if not isinstance(value, Mapping) or len(value) != 1:
+            raise SliceInvalid(f"{at}: exactly one of int, bool, string, version must be set")
+        ((kind, item),) = value.items()
+        if kind in ("string", "version") and len(str(item).encode()) > ATTRIBUTE_VALUE_MAX_BYTES:
+            raise SliceInvalid(f"{at}: longer than {ATTRIBUTE_VALUE_MAX_BYTES} bytes")
+        if kind not in ("int", "bool", "string", "version"):
+            raise SliceInvalid(f"{at}: unknown value type {kind!r}")
+    for cap_name, entry in capacity.items():
+        at = f"{where}.capacity[{cap_name}]"
+        _check_qualified_attribute(cap_name, at)
+        try:
+            parse_quantity(str((entry or {}).get("value")))
+        except ValueError as err:
+            raise SliceInvalid(f"{at}.value: {err}") from err
+    taints = device.get("taints") or []
+    if len(taints) > DEVICE_TAINTS_MAX:
+        raise SliceInvalid(f"{where}.taints: more than {DEVICE_TAINTS_MAX}")
+    for i, taint in enumerate(taints):
+        if not is_qualified_name(str(taint.get("key") or "")):
+            raise SliceInvalid(f"{where}.taints[{i}].key: not a label name")
+        if not is_label_value(str(taint.get("value") or "")):
+            raise SliceInvalid(f"{where}.taints[{i}].value: not a label value")
+        if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+            raise SliceInvalid(f"{where}.taints[{i}].effect: must be NoSchedule or NoExecute")
+    for key in ("bindingConditions", "bindingFailureConditions"):
+        conditions = device.get(key) or []
+        if len(conditions) > BINDING_CONDITIONS_MAX:
+            raise SliceInvalid(f"{where}.{key}: more than {BINDING_CONDITIONS_MAX}")
+        for condition in conditions:
+            if not is_qualified_name(condition):
+                raise SliceInvalid(f"{where}.{key}: {condition!r} is not a valid condition type")
+        if conditions and device.get("bindsToNode") is not True:
+            raise SliceInvalid(f"{where}.{key}: set without bindsToNode: true")
+
+
+def check_slice(obj: Mapping[str, Any]) -> None:
+    """Raise :class:`SliceInvalid` naming the field when the API server would reject ``obj``.
+
+    Covers the Go-side validation of resource.k8s.io/v1 ResourceSlices that JSON schemas do
+    not express (names, lengths, counts); the schemas themselves are checked in tests.
+    """
+    name = str(_meta(obj).get("name") or "")
+    if not is_dns_subdomain(name):
+        raise SliceInvalid(f"metadata.name: {name!r} is not a DNS subdomain")
+    spec = obj.get("spec") or {}
+    driver = str(spec.get("driver") or "")
+    if not is_dns_subdomain(driver, DRIVER_NAME_MAX):
+        raise SliceInvalid(f"spec.driver: {driver!r} is not a DNS subdomain of at most 63 characters")
+    pool = spec.get("pool") or {}
+    if not is_pool_name(str(pool.get("name") or "")):
+        raise SliceInvalid(f"spec.pool.name: {pool.get('name')!r} is not a valid pool name")
+    if int(pool.get("resourceSliceCount") or 0) <= 0:
+        raise SliceInvalid("spec.pool.resourceSliceCount: must be greater than zero")
+    if int(pool.get("generation") or 0) < 0:
+        raise SliceInvalid("spec.pool.generation: must not be negative")
+    chosen = [k for k in ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection") if spec.get(k)]
+    if len(chosen) != 1:
+        raise SliceInvalid("spec: exactly one of nodeName, nodeSelector, allNodes, perDeviceNodeSelection")
+    if "nodeSelector" in chosen and len(spec["nodeSelector"].get("nodeSelectorTerms") or []) != 1:
+        raise SliceInvalid("spec.nodeSelector.nodeSelectorTerms: must have exactly one term")
+    devices = spec.get("devices") or []
+    limit = SLICE_MAX_DEVICES_WITH_TAINTS if any(d.get("taints") for d in devices) else SLICE_MAX_DEVICES
+    if len(devices) > limit:
+        raise SliceInvalid(f"spec.devices: {len(devices)} devices, at most {limit} allowed")
+    seen: set[str] = set()
+    for i, device in enumerate(devices):
+        _check_device(device, f"spec.devices[{i}]")
+        if device["name"] in seen:
+            raise SliceInvalid(f"spec.devices[{i}].name: duplicate device {device['name']!r}")
+        seen.add(device["name"])

@@ -1,0 +1,112 @@
+from __future__ import annotations
+
+import pytest
+
+from dra_driver.controller.devices import ATTRIBUTE_NAMES, CAPACITY_MEMORY
+from dra_driver.controller.naming import (
+    DEVICE_ATTRIBUTES_AND_CAPACITIES_MAX,
+    BindingConditionNames,
+    fit_value,
+    is_c_identifier,
+    is_dns_label,
+    is_dns_subdomain,
+    is_pool_name,
+    is_qualified_name,
+    pool_label_key,
+    slice_name,
+)
+from dra_driver.controller.quantity import format_bytes, parse_quantity
+
+
+def test_attribute_names_obey_the_api_identifier_rules() -> None:
+    assert all(is_c_identifier(name) for name in (*ATTRIBUTE_NAMES, CAPACITY_MEMORY))
+    assert len(ATTRIBUTE_NAMES) + 1 <= DEVICE_ATTRIBUTES_AND_CAPACITIES_MAX
+    assert not is_c_identifier("pcie-gen")
+    assert not is_c_identifier("x" * 33)
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [("gpu-0", True), ("0gpu", True), ("GPU", False), ("-gpu", False), ("gpu-", False), ("a" * 64, False)],
+)
+def test_dns_label(value: str, ok: bool) -> None:
+    assert is_dns_label(value) is ok
+
+
+def test_dns_subdomain_and_pool_names() -> None:
+    assert is_dns_subdomain("fabric-dra.io")
+    assert not is_dns_subdomain("fabric_dra.io")
+    assert is_pool_name("fabric-pcie")
+    assert is_pool_name("rack-1.example/fabric-pcie")
+    assert not is_pool_name("Fabric")
+    assert not is_pool_name("")
+
+
+def test_fit_value_keeps_short_values_and_distinguishes_cut_ones() -> None:
+    assert fit_value("H100") == "H100"
+    a, b = "x" * 70 + "a", "x" * 70 + "b"
+    assert len(fit_value(a).encode()) == 64
+    assert fit_value(a) != fit_value(b)
+    assert fit_value(a) == fit_value(a)
+    # Multi-byte text is cut on a character boundary and still fits in 64 bytes.
+    cut = fit_value("é" * 40)
+    assert len(cut.encode()) <= 64
+    cut.encode().decode()
+
+
+def test_pool_label_keys_are_valid_and_distinct() -> None:
+    key = pool_label_key("fabric-dra.io", "fabric-pcie")
+    assert key == "pool.fabric-dra.io/fabric-pcie"
+    long_a = pool_label_key("fabric-dra.io", "a" * 100)
+    long_b = pool_label_key("fabric-dra.io", "a" * 99 + "b")
+    slashed = pool_label_key("fabric-dra.io", "rack-1/fabric-pcie")
+    for k in (key, long_a, long_b, slashed):
+        assert is_qualified_name(k), k
+    assert long_a != long_b
+    assert slashed != pool_label_key("fabric-dra.io", "rack-1-fabric-pcie")
+
+
+def test_slice_names_are_stable_dns_subdomains() -> None:
+    assert slice_name("fabric-dra.io", "fabric-pcie", 0) == "fabric-dra.io-fabric-pcie-0"
+    assert slice_name("fabric-dra.io", "fabric-pcie", 3) == slice_name("fabric-dra.io", "fabric-pcie", 3)
+    long = slice_name("fabric-dra.io", "p" * 250, 12)
+    assert is_dns_subdomain(long) and long.endswith("-12")
+    assert is_dns_subdomain(slice_name("fabric-dra.io", "rack.example/fabric-pcie", 1))
+
+
+def test_condition_types_are_qualified_names() -> None:
+    names = BindingConditionNames("fabric-dra.io")
+    assert names.attached == "fabric-dra.io/Attached"
+    assert is_qualified_name(names.attached) and is_qualified_name(names.failed)
+    assert names.attached != names.failed
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("80Gi", 80 * 2**30),
+        ("1G", 10**9),
+        ("1000000000", 10**9),
+        ("1.5Gi", 3 * 2**29),
+        ("12e3", 12000),
+        ("0", 0),
+    ],
+)
+def test_parse_quantity(text: str, value: int) -> None:
+    assert parse_quantity(text) == value
+
+
+def test_parse_quantity_rejects_garbage() -> None:
+    with pytest.raises(ValueError, match="not a Kubernetes quantity"):
+        parse_quantity("12 GB")
+
+
+@pytest.mark.parametrize("count", [0, 1, 1000, 80 * 2**30, 3 * 2**29, 3840 * 10**9, 2**60 * 3])
+def test_format_bytes_round_trips(count: int) -> None:
+    assert parse_quantity(format_bytes(count)) == count
+
+
+def test_format_bytes_uses_the_largest_whole_binary_unit() -> None:
+    assert format_bytes(80 * 2**30) == "80Gi"
+    assert format_bytes(1536 * 2**20) == "1536Mi"
+    assert format_bytes(1000) == "1000"

@@ -1,0 +1,301 @@
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from dra_driver.controller.devices import PublishPolicy, WithheldReason
+from dra_driver.controller.quantity import format_bytes
+from dra_driver.controller.slices import (
+    DesiredPool,
+    SliceInvalid,
+    check_slice,
+    chunk_devices,
+    desired_pools,
+    plan_pool,
+)
+from fabric.api import Health
+from tests.support.controller import make_device, make_inventory
+
+DRIVER = "fabric-dra.io"
+POLICY = PublishPolicy(driver=DRIVER, device_taints=True, binding_conditions=False)
+
+
+def gpus(n: int, *, pool: str = "fabric-pcie", unhealthy: set[int] | None = None) -> list[Any]:
+    return [
+        make_device(
+            f"gpu-{i:05d}",
+            pool=pool,
+            switch=f"Switch{i % 4}",
+            health=Health.CRITICAL if i in (unhealthy or set()) else Health.OK,
+        )
+        for i in range(n)
+    ]
+
+
+def store(plan_writes: list[Any], rv_start: int = 1) -> dict[str, dict[str, Any]]:
+    """What the API server would hold after the writes: objects with a resourceVersion."""
+    stored = {}
+    for i, write in enumerate(plan_writes):
+        obj = copy.deepcopy(write.obj)
+        obj["metadata"]["resourceVersion"] = str(rv_start + i)
+        obj["metadata"]["uid"] = f"uid-{write.name}"
+        stored[write.name] = obj
+    return stored
+
+
+def pool_of(pools: dict[str, DesiredPool], name: str = "fabric-pcie") -> DesiredPool:
+    return pools[name]
+
+
+def test_chunks_hold_at_most_128_and_64_where_tainted() -> None:
+    plain = [{"name": f"d{i}"} for i in range(300)]
+    assert [len(c) for c in chunk_devices(plain)] == [128, 128, 44]
+    tainted = [{"name": f"d{i}", "taints": [{"key": "k", "effect": "NoSchedule"}]} for i in range(130)]
+    assert [len(c) for c in chunk_devices(tainted)] == [64, 64, 2]
+    mixed = [{"name": f"d{i}"} for i in range(100)]
+    mixed[90] = {"name": "d90", "taints": [{"key": "k", "effect": "NoSchedule"}]}
+    chunks = chunk_devices(mixed)
+    for chunk in chunks:
+        limit = 64 if any(d.get("taints") for d in chunk) else 128
+        assert len(chunk) <= limit
+    assert sum(len(c) for c in chunks) == 100
+    assert chunk_devices([]) == [[]]
+
+
+def test_a_pool_publishes_in_consistent_slices() -> None:
+    pools = desired_pools(make_inventory(gpus(300)), POLICY)
+    plan = plan_pool("fabric-pcie", pool_of(pools), {}, driver=DRIVER)
+    assert plan is not None and not plan.deletes
+    assert [w.name for w in plan.writes] == [f"fabric-dra.io-fabric-pcie-{i}" for i in range(3)]
+    assert all(w.resource_version is None for w in plan.writes)
+    specs = [w.obj["spec"] for w in plan.writes]
+    assert {s["pool"]["generation"] for s in specs} == {1}
+    assert {s["pool"]["resourceSliceCount"] for s in specs} == {3}
+    names = [d["name"] for s in specs for d in s["devices"]]
+    assert names == sorted(names) and len(set(names)) == 300
+    selector = specs[0]["nodeSelector"]["nodeSelectorTerms"]
+    assert selector == [
+        {
+            "matchExpressions": [
+                {"key": "pool.fabric-dra.io/fabric-pcie", "operator": "In", "values": ["true"]}
+            ]
+        }
+    ]
+    for write in plan.writes:
+        check_slice(write.obj)
+
+
+def test_an_unchanged_pool_plans_no_writes() -> None:
+    inventory = make_inventory(gpus(200, unhealthy={5}))
+    first = plan_pool("fabric-pcie", pool_of(desired_pools(inventory, POLICY)), {}, driver=DRIVER)
+    assert first is not None
+    stored = store(first.writes)
+    assert plan_pool("fabric-pcie", pool_of(desired_pools(inventory, POLICY)), stored, driver=DRIVER) is None
+
+
+def test_comparison_is_semantic_like_the_api_server() -> None:
+    inventory = make_inventory([*gpus(3, unhealthy={1}), make_device("nvme-0", memory_bytes=10**9)])
+    first = plan_pool("fabric-pcie", pool_of(desired_pools(inventory, POLICY)), {}, driver=DRIVER)
+    assert first is not None
+    stored = store(first.writes)
+    # What a real API server does to what it stores: canonical quantities, timeAdded filled in,
+    # nulls dropped, plus metadata of its own.
+    obj = stored["fabric-dra.io-fabric-pcie-0"]
+    for device in obj["spec"]["devices"]:
+        cap = device.get("capacity", {}).get(f"{DRIVER}/memory")
+        if cap and cap["value"] == "1000000000":
+            cap["value"] = "1G"
+        for taint in device.get("taints", []):
+            taint["timeAdded"] = "2026-01-01T00:00:00Z"
+    obj["spec"]["allNodes"] = None
+    obj["metadata"]["generation"] = 1
+    obj["metadata"]["labels"]["extra"] = "kept"
+    assert plan_pool("fabric-pcie", pool_of(desired_pools(inventory, POLICY)), stored, driver=DRIVER) is None
+
+
+def test_any_change_bumps_the_generation_of_every_slice() -> None:
+    devices = gpus(300)
+    first = plan_pool(
+        "fabric-pcie", pool_of(desired_pools(make_inventory(devices), POLICY)), {}, driver=DRIVER
+    )
+    assert first is not None
+    stored = store(first.writes)
+    # One device of the last slice turns critical: the whole pool moves to generation 2.
+    devices[299] = make_device("gpu-00299", switch="Switch3", health=Health.CRITICAL)
+    plan = plan_pool(
+        "fabric-pcie", pool_of(desired_pools(make_inventory(devices), POLICY)), stored, driver=DRIVER
+    )
+    assert plan is not None
+    assert plan.generation == 2
+    assert len(plan.writes) == 3
+    assert {w.obj["spec"]["pool"]["generation"] for w in plan.writes} == {2}
+    # Updates are compare-and-swap on what was stored.
+    assert [w.resource_version for w in plan.writes] == ["1", "2", "3"]
+    assert [w.obj["metadata"]["resourceVersion"] for w in plan.writes] == ["1", "2", "3"]
+
+
+def test_a_shrinking_pool_deletes_its_extra_slices_after_writing() -> None:
+    first = plan_pool(
+        "fabric-pcie", pool_of(desired_pools(make_inventory(gpus(300)), POLICY)), {}, driver=DRIVER
+    )
+    assert first is not None
+    stored = store(first.writes)
+    plan = plan_pool(
+        "fabric-pcie", pool_of(desired_pools(make_inventory(gpus(100)), POLICY)), stored, driver=DRIVER
+    )
+    assert plan is not None
+    assert [w.name for w in plan.writes] == ["fabric-dra.io-fabric-pcie-0"]
+    assert plan.writes[0].obj["spec"]["pool"]["resourceSliceCount"] == 1
+    assert [name for name, _ in plan.deletes] == [
+        "fabric-dra.io-fabric-pcie-1",
+        "fabric-dra.io-fabric-pcie-2",
+    ]
+
+
+def test_a_vanished_pool_is_deleted_whole() -> None:
+    first = plan_pool(
+        "fabric-pcie", pool_of(desired_pools(make_inventory(gpus(130)), POLICY)), {}, driver=DRIVER
+    )
+    assert first is not None
+    plan = plan_pool("fabric-pcie", None, store(first.writes), driver=DRIVER)
+    assert plan is not None and not plan.writes
+    assert len(plan.deletes) == 2
+
+
+def test_a_half_written_generation_is_completed_with_a_new_one() -> None:
+    inventory = make_inventory(gpus(300))
+    first = plan_pool("fabric-pcie", pool_of(desired_pools(inventory, POLICY)), {}, driver=DRIVER)
+    assert first is not None
+    stored = store(first.writes)
+    stored["fabric-dra.io-fabric-pcie-1"]["spec"]["pool"]["generation"] = 7  # a crash between writes
+    plan = plan_pool("fabric-pcie", pool_of(desired_pools(inventory, POLICY)), stored, driver=DRIVER)
+    assert plan is not None and plan.generation == 8 and len(plan.writes) == 3
+
+
+def test_taint_time_is_kept_across_rewrites() -> None:
+    devices = gpus(3, unhealthy={0})
+    first = plan_pool(
+        "fabric-pcie", pool_of(desired_pools(make_inventory(devices), POLICY)), {}, driver=DRIVER
+    )
+    assert first is not None
+    stored = store(first.writes)
+    stored["fabric-dra.io-fabric-pcie-0"]["spec"]["devices"][0]["taints"][0]["timeAdded"] = (
+        "2026-01-01T00:00:00Z"
+    )
+    devices.append(make_device("gpu-00003"))
+    plan = plan_pool(
+        "fabric-pcie", pool_of(desired_pools(make_inventory(devices), POLICY)), stored, driver=DRIVER
+    )
+    assert plan is not None
+    taint = plan.writes[0].obj["spec"]["devices"][0]["taints"][0]
+    assert taint["timeAdded"] == "2026-01-01T00:00:00Z"
+
+
+def test_withheld_devices_are_reported_per_pool() -> None:
+    policy = PublishPolicy(driver=DRIVER, device_taints=False, binding_conditions=False)
+    devices = [*gpus(3, unhealthy={2}), make_device("unmanaged", managed=False)]
+    pool = pool_of(desired_pools(make_inventory(devices), policy))
+    assert pool.device_count == 2
+    assert pool.withheld == {"gpu-00002": WithheldReason.UNHEALTHY, "unmanaged": WithheldReason.UNMANAGED}
+
+
+def test_every_pool_of_the_inventory_gets_slices_even_when_empty() -> None:
+    inventory = make_inventory(gpus(2), pools={"fabric-pcie": ["node-a"], "fabric-cxl": ["node-b"]})
+    pools = desired_pools(inventory, POLICY)
+    assert set(pools) == {"fabric-pcie", "fabric-cxl"}
+    assert pools["fabric-cxl"].chunks == [[]]
+    plan = plan_pool("fabric-cxl", pools["fabric-cxl"], {}, driver=DRIVER)
+    assert plan is not None and "devices" not in plan.writes[0].obj["spec"]
+    check_slice(plan.writes[0].obj)
+
+
+def test_a_name_taken_by_another_pool_is_freed_first() -> None:
+    pools = desired_pools(make_inventory(gpus(1)), POLICY)
+    squatter = {
+        "metadata": {"name": "fabric-dra.io-fabric-pcie-0", "resourceVersion": "9"},
+        "spec": {"pool": {"name": "other", "generation": 1, "resourceSliceCount": 1}},
+    }
+    plan = plan_pool(
+        "fabric-pcie",
+        pools["fabric-pcie"],
+        {},
+        driver=DRIVER,
+        all_slices={squatter["metadata"]["name"]: squatter},
+    )
+    assert plan is not None and plan.deletes_first == [("fabric-dra.io-fabric-pcie-0", "9")]
+
+
+def _valid_slice() -> dict[str, Any]:
+    plan = plan_pool(
+        "fabric-pcie", pool_of(desired_pools(make_inventory(gpus(2)), POLICY)), {}, driver=DRIVER
+    )
+    assert plan is not None
+    return copy.deepcopy(plan.writes[0].obj)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda s: s["metadata"].update(name="Bad_Name"), "metadata.name"),
+        (lambda s: s["spec"].update(driver="x" * 64), "spec.driver"),
+        (lambda s: s["spec"]["pool"].update(resourceSliceCount=0), "spec.pool.resourceSliceCount"),
+        (lambda s: s["spec"].update(allNodes=True), "exactly one of nodeName"),
+        (lambda s: s["spec"]["devices"][0].update(name="GPU"), "spec.devices[0].name"),
+        (lambda s: s["spec"]["devices"][1].update(name=s["spec"]["devices"][0]["name"]), "duplicate"),
+        (
+            lambda s: s["spec"]["devices"][0]["attributes"].update({"fabric-dra.io/bad-name": {"int": 1}}),
+            "C identifier",
+        ),
+        (
+            lambda s: s["spec"]["devices"][0]["attributes"].update({"fabric-dra.io/x": {"string": "v" * 65}}),
+            "64 bytes",
+        ),
+        (
+            lambda s: s["spec"]["devices"][0]["attributes"].update(
+                {"fabric-dra.io/x": {"int": 1, "bool": True}}
+            ),
+            "exactly one",
+        ),
+        (
+            lambda s: s["spec"]["devices"][0].update(capacity={"fabric-dra.io/memory": {"value": "lots"}}),
+            "capacity",
+        ),
+        (
+            lambda s: s["spec"]["devices"][0].update(taints=[{"key": "k", "effect": "PreferNoSchedule"}]),
+            "effect",
+        ),
+        (lambda s: s["spec"]["devices"][0].update(bindingConditions=["a/B"]), "bindsToNode"),
+        (
+            lambda s: s["spec"].update(
+                devices=[{**s["spec"]["devices"][0], "name": f"d{i}"} for i in range(129)]
+            ),
+            "at most 128",
+        ),
+        (
+            lambda s: s["spec"].update(
+                devices=[
+                    {
+                        **s["spec"]["devices"][0],
+                        "name": f"d{i}",
+                        "taints": [{"key": "k", "effect": "NoSchedule"}],
+                    }
+                    for i in range(65)
+                ]
+            ),
+            "at most 64",
+        ),
+    ],
+)
+def test_check_slice_names_the_field_the_api_server_would_reject(mutate: Any, field: str) -> None:
+    obj = _valid_slice()
+    check_slice(obj)
+    mutate(obj)
+    with pytest.raises(SliceInvalid, match=field.replace("[", r"\[").replace("]", r"\]")):
+        check_slice(obj)
+
+
+def test_memory_capacity_is_canonical() -> None:
+    pool = pool_of(desired_pools(make_inventory(gpus(1)), POLICY))
+    assert pool.chunks[0][0]["capacity"][f"{DRIVER}/memory"]["value"] == format_bytes(80 * 2**30)
