@@ -24,7 +24,8 @@ ROLE_MODULES: tuple[str, ...] = (
     "emulator.cli",  # emulator
     "fabric.cli",  # manager, status
     "dra_driver.plugin.cli",  # plugin
-    "dra_driver.controller.cli",  # controller, explain
+    "dra_driver.controller.cli",  # controller
+    "dra_driver.explain",  # explain
     "emulator.demo.cli",  # demo
 )
 

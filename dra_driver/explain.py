@@ -1,0 +1,524 @@
+"""``fabric-dra explain CLAIM.yaml``: why a claim does (or does not) fit the published devices.
+
+Reads a ResourceClaim, a ResourceClaimTemplate, or a workload (Pod, Deployment, StatefulSet,
+Job, …) whose pod spec lists ``resourceClaims``, in ``resource.k8s.io/v1`` or ``v1beta1``;
+reads DeviceClasses, ResourceSlices, Nodes and existing claims from a cluster
+(``--kubeconfig``) or from files (``--slices``/``--classes``, offline); then runs the
+scheduler's allocator (:mod:`dra_driver.selection`) on every node and prints, for each
+request, which devices fit and what rejected the others.
+
+Exit status: 0 when the claims fit on some node, 1 when they fit nowhere, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+from pydantic import ValidationError
+
+from dra_driver.selection import (
+    Allocator,
+    ClaimToAllocate,
+    DeviceClass,
+    Node,
+    NodeReport,
+    ResourceClaimSpec,
+    ResourceSlice,
+    allocated_devices,
+    explain_node,
+)
+from dra_driver.selection.model import NodeSelector
+from dra_driver.selection.report import DeviceVerdict, RequestReport
+
+__all__ = ["ExplainInputError", "Workload", "main_explain", "register"]
+
+EXIT_FITS, EXIT_NO_FIT, EXIT_BAD_INPUT = 0, 1, 2
+_WORKLOAD_KINDS = {"Pod", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob"}
+_DEVICE_LIST_LIMIT = 8
+
+
+class ExplainInputError(Exception):
+    """Input that cannot be explained; the message names the file and field."""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "explain",
+        help="why a claim does (not) fit the published devices",
+        description=(
+            "Evaluate a claim's requests, its DeviceClasses' CEL selectors and its constraints against "
+            "the published ResourceSlices, node by node, the way kube-scheduler allocates devices; show "
+            "which devices fit each request and what rejected the others. Exit status: 0 if the claims "
+            "fit on some node, 1 if on none, 2 on bad input."
+        ),
+    )
+    parser.add_argument(
+        "manifest",
+        metavar="CLAIM.yaml",
+        help="a ResourceClaim, ResourceClaimTemplate, or Pod/Deployment/… with resourceClaims "
+        "(several YAML documents allowed; '-' reads stdin)",
+    )
+    parser.add_argument(
+        "--kubeconfig", help="read DeviceClasses, ResourceSlices, Nodes and claims from this cluster"
+    )
+    parser.add_argument("--context", help="kubeconfig context (default: the current one)")
+    parser.add_argument(
+        "--slices",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="offline: ResourceSlices (YAML/JSON, a List or several documents); repeatable",
+    )
+    parser.add_argument(
+        "--classes", action="append", default=[], metavar="FILE", help="offline: DeviceClasses; repeatable"
+    )
+    parser.add_argument(
+        "--nodes",
+        metavar="FILE",
+        help="offline: Nodes with their labels; without it, one stand-in node per distinct slice "
+        "placement is assumed",
+    )
+    parser.add_argument(
+        "--claims",
+        metavar="FILE",
+        help="offline: existing ResourceClaims whose allocations hold devices",
+    )
+    parser.add_argument("--node", help="explain this node only")
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        help="namespace of the claims in CLAIM.yaml when they name none (default: default)",
+    )
+    parser.add_argument(
+        "-o", "--output", choices=["text", "json"], default="text", help="output format (default: text)"
+    )
+    parser.add_argument(
+        "--all-devices",
+        action="store_true",
+        help=f"list every device (default: at most {_DEVICE_LIST_LIMIT} per reason)",
+    )
+    parser.set_defaults(handler=main_explain)
+
+
+# -- input ------------------------------------------------------------------------------------
+
+
+def _load_documents(path: str) -> list[dict[str, Any]]:
+    label = "stdin" if path == "-" else path
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as err:
+        raise ExplainInputError(f"{label}: cannot read: {err.strerror or err}") from err
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as err:
+        raise ExplainInputError(f"{label}: not valid YAML: {' '.join(str(err).split())}") from err
+    flat: list[dict[str, Any]] = []
+    for index, document in enumerate(documents):
+        if not isinstance(document, dict):
+            raise ExplainInputError(f"{label}: document {index + 1} is not an object")
+        if str(document.get("kind", "")).endswith("List") and isinstance(document.get("items"), list):
+            flat.extend(item for item in document["items"] if isinstance(item, dict))
+        else:
+            flat.append(document)
+    return flat
+
+
+def _where(path: str, doc: dict[str, Any]) -> str:
+    meta = doc.get("metadata") or {}
+    return f"{path}: {doc.get('kind', '?')} {meta.get('name') or meta.get('generateName') or '?'}"
+
+
+def _validation_message(err: ValidationError) -> str:
+    first = err.errors()[0]
+    location = ".".join(str(p) for p in first["loc"])
+    return f"{location}: {first['msg']}" if location else str(first["msg"])
+
+
+def _parse_spec(path: str, doc: dict[str, Any], spec: Any, field_path: str) -> ResourceClaimSpec:
+    if not isinstance(spec, dict):
+        raise ExplainInputError(f"{_where(path, doc)}: {field_path} is missing")
+    try:
+        parsed = ResourceClaimSpec.model_validate(spec)
+    except ValidationError as err:
+        raise ExplainInputError(f"{_where(path, doc)}: {field_path}.{_validation_message(err)}") from err
+    for request in parsed.devices.requests:
+        if request.exactly is None and not request.first_available:
+            raise ExplainInputError(
+                f"{_where(path, doc)}: {field_path}.devices.requests[{request.name}] needs exactly or "
+                "firstAvailable (resource.k8s.io/v1) or deviceClassName (v1beta1)"
+            )
+    return parsed
+
+
+def _check_api(path: str, doc: dict[str, Any]) -> None:
+    api = str(doc.get("apiVersion", ""))
+    if doc.get("kind") in {"ResourceClaim", "ResourceClaimTemplate"} and not api.startswith(
+        "resource.k8s.io/"
+    ):
+        raise ExplainInputError(f"{_where(path, doc)}: apiVersion {api or '(none)'} is not resource.k8s.io/*")
+
+
+def _parse_objects(path: str, documents: Iterable[dict[str, Any]], kind: str, model: type[Any]) -> list[Any]:
+    parsed = []
+    for doc in documents:
+        if doc.get("kind") != kind:
+            continue
+        try:
+            parsed.append(model.model_validate(doc))
+        except ValidationError as err:
+            raise ExplainInputError(f"{_where(path, doc)}: {_validation_message(err)}") from err
+    return parsed
+
+
+@dataclass
+class Workload:
+    """The claims to explain together (one pod's claims), or one standalone claim."""
+
+    title: str
+    claims: list[ClaimToAllocate]
+    #: claims a pod references by name that must be fetched from the cluster
+    missing_claims: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _pod_spec(doc: dict[str, Any]) -> dict[str, Any] | None:
+    spec = doc.get("spec") or {}
+    if doc.get("kind") == "Pod":
+        return spec if isinstance(spec, dict) else None
+    if doc.get("kind") == "CronJob":
+        spec = (spec.get("jobTemplate") or {}).get("spec") or {}
+    template = (spec.get("template") or {}) if isinstance(spec, dict) else {}
+    pod_spec = template.get("spec") if isinstance(template, dict) else None
+    return pod_spec if isinstance(pod_spec, dict) else None
+
+
+def workloads_from(path: str, documents: list[dict[str, Any]], namespace: str | None) -> list[Workload]:
+    """Turn the manifest into claim sets: each workload's claims together, else each claim alone."""
+    default_ns = namespace or "default"
+    for doc in documents:
+        _check_api(path, doc)
+    templates: dict[tuple[str, str], tuple[dict[str, Any], ResourceClaimSpec]] = {}
+    claims: dict[tuple[str, str], tuple[dict[str, Any], ResourceClaimSpec]] = {}
+    for doc in documents:
+        meta = doc.get("metadata") or {}
+        key = (meta.get("namespace") or default_ns, meta.get("name") or "")
+        if doc.get("kind") == "ResourceClaimTemplate":
+            template_spec = (doc.get("spec") or {}).get("spec")
+            templates[key] = (doc, _parse_spec(path, doc, template_spec, "spec.spec"))
+        elif doc.get("kind") == "ResourceClaim":
+            claims[key] = (doc, _parse_spec(path, doc, doc.get("spec"), "spec"))
+
+    result: list[Workload] = []
+    for doc in documents:
+        if doc.get("kind") not in _WORKLOAD_KINDS:
+            continue
+        meta = doc.get("metadata") or {}
+        ns = meta.get("namespace") or default_ns
+        pod_name = meta.get("name") or "pod"
+        pod_spec = _pod_spec(doc)
+        entries = (pod_spec or {}).get("resourceClaims") or []
+        if not entries:
+            raise ExplainInputError(f"{_where(path, doc)}: the pod spec has no resourceClaims to explain")
+        workload = Workload(f"{doc['kind']} {ns}/{pod_name}", [])
+        for index, entry in enumerate(entries):
+            name = entry.get("name") or f"#{index}"
+            if entry.get("resourceClaimTemplateName"):
+                template = templates.get((ns, entry["resourceClaimTemplateName"]))
+                if template is None:
+                    raise ExplainInputError(
+                        f"{_where(path, doc)}: spec.resourceClaims[{name}] uses ResourceClaimTemplate "
+                        f"{entry['resourceClaimTemplateName']}, which is not in {path}"
+                    )
+                workload.claims.append(ClaimToAllocate(ns, f"{pod_name}-{name}", template[1]))
+            elif entry.get("resourceClaimName"):
+                claim = claims.get((ns, entry["resourceClaimName"]))
+                if claim is None:
+                    workload.missing_claims.append((ns, entry["resourceClaimName"]))
+                else:
+                    workload.claims.append(ClaimToAllocate(ns, entry["resourceClaimName"], claim[1]))
+            else:
+                raise ExplainInputError(
+                    f"{_where(path, doc)}: spec.resourceClaims[{name}] names neither resourceClaimName "
+                    "nor resourceClaimTemplateName"
+                )
+        result.append(workload)
+    if result:
+        return result
+    for (ns, name), (_doc, spec) in templates.items():
+        result.append(Workload(f"ResourceClaimTemplate {ns}/{name}", [ClaimToAllocate(ns, name, spec)]))
+    for (ns, name), (_doc, spec) in claims.items():
+        result.append(Workload(f"ResourceClaim {ns}/{name}", [ClaimToAllocate(ns, name, spec)]))
+    if not result:
+        raise ExplainInputError(
+            f"{path}: no ResourceClaim, ResourceClaimTemplate or workload with resourceClaims found"
+        )
+    return result
+
+
+@dataclass
+class Inventory:
+    slices: list[ResourceSlice]
+    classes: dict[str, DeviceClass]
+    nodes: list[Node]
+    claims: list[dict[str, Any]]
+    synthetic_nodes: bool = False
+
+
+def _stand_in_nodes(slices: Sequence[ResourceSlice]) -> list[Node]:
+    """One node per distinct placement the slices name, when no Nodes are known (offline)."""
+    nodes: dict[str, Node] = {}
+
+    def add(name: str, labels: dict[str, str]) -> None:
+        nodes.setdefault(name, Node.model_validate({"metadata": {"name": name, "labels": labels}}))
+
+    def from_selector(selector: NodeSelector) -> None:
+        for term in selector.node_selector_terms:
+            labels: dict[str, str] = {}
+            for req in term.match_expressions:
+                if req.operator == "In" and req.values:
+                    labels[req.key] = req.values[0]
+                elif req.operator == "Exists":
+                    labels[req.key] = ""
+                elif req.operator in {"Gt", "Lt"} and req.values:
+                    bound = int(req.values[0]) if req.values[0].lstrip("-").isdigit() else 0
+                    labels[req.key] = str(bound + 1 if req.operator == "Gt" else bound - 1)
+            names = [f.values[0] for f in term.match_fields if f.key == "metadata.name" and f.values]
+            if names:
+                add(names[0], labels)
+            else:
+                shown = ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or "no labels"
+                add(f"<any node with {shown}>", labels)
+
+    for slice_ in slices:
+        spec = slice_.spec
+        if spec.node_name:
+            add(spec.node_name, {})
+        elif spec.node_selector is not None:
+            from_selector(spec.node_selector)
+        elif spec.per_device_node_selection:
+            for device in spec.devices:
+                if device.node_name:
+                    add(device.node_name, {})
+                elif device.node_selector is not None:
+                    from_selector(device.node_selector)
+    if not nodes or any(s.spec.all_nodes for s in slices):
+        add("<any node>", {})
+    return list(nodes.values())
+
+
+def load_offline(args: argparse.Namespace) -> Inventory:
+    slices: list[ResourceSlice] = []
+    for path in args.slices:
+        slices.extend(_parse_objects(path, _load_documents(path), "ResourceSlice", ResourceSlice))
+    classes: dict[str, DeviceClass] = {}
+    for path in args.classes:
+        for device_class in _parse_objects(path, _load_documents(path), "DeviceClass", DeviceClass):
+            classes[device_class.name] = device_class
+    if not slices:
+        raise ExplainInputError(
+            "no ResourceSlices: pass --kubeconfig to read them from a cluster, or --slices FILE"
+        )
+    nodes: list[Node] = []
+    if args.nodes:
+        nodes = _parse_objects(args.nodes, _load_documents(args.nodes), "Node", Node)
+    claims = (
+        [d for d in _load_documents(args.claims) if d.get("kind") == "ResourceClaim"] if args.claims else []
+    )
+    return Inventory(slices, classes, nodes or _stand_in_nodes(slices), claims, synthetic_nodes=not nodes)
+
+
+async def load_cluster(args: argparse.Namespace, progress: TextIO) -> Inventory:
+    from dra_driver.kube import ApiError, KubeClient, NotFound, load_config
+    from dra_driver.kube.resources import DEVICE_CLASSES, NODES, RESOURCE_CLAIMS, RESOURCE_SLICES
+
+    try:
+        config = load_config(args.kubeconfig, args.context)
+    except Exception as err:  # the kubernetes library raises several types for a bad kubeconfig
+        source = args.kubeconfig or "the default kubeconfig ($KUBECONFIG or ~/.kube/config)"
+        raise ExplainInputError(
+            f"cannot load {source}: {' '.join(str(err).split())} "
+            "(pass --kubeconfig, or --slices/--classes to explain offline)"
+        ) from err
+    async with KubeClient(config, user_agent="fabric-dra-explain") as kube:
+        progress.write(
+            f"reading DeviceClasses, ResourceSlices, Nodes and ResourceClaims from {config.server}\n"
+        )
+        try:
+            version = "v1"
+            try:
+                raw_slices, _ = await kube.list_all(RESOURCE_SLICES)
+            except NotFound:
+                version = "v1beta1"  # clusters before 1.34 serve resource.k8s.io/v1beta1
+                raw_slices, _ = await kube.list_all(RESOURCE_SLICES.with_version(version))
+            raw_classes, _ = await kube.list_all(DEVICE_CLASSES.with_version(version))
+            raw_claims, _ = await kube.list_all(RESOURCE_CLAIMS.with_version(version))
+            raw_nodes, _ = await kube.list_all(NODES)
+        except ApiError as err:
+            raise ExplainInputError(
+                f"cannot read from the cluster at {config.server}: {err} "
+                "(check the kubeconfig and that this user may list resourceslices, deviceclasses, "
+                "resourceclaims and nodes)"
+            ) from err
+    slices = [ResourceSlice.model_validate(s) for s in raw_slices]
+    classes = {c.name: c for c in (DeviceClass.model_validate(c) for c in raw_classes)}
+    nodes = [Node.model_validate(n) for n in raw_nodes]
+    progress.write(
+        f"found {len(slices)} ResourceSlices ({sum(len(s.spec.devices) for s in slices)} devices), "
+        f"{len(classes)} DeviceClasses, {len(nodes)} Nodes, {len(raw_claims)} ResourceClaims\n"
+    )
+    return Inventory(slices, classes, nodes or _stand_in_nodes(slices), raw_claims, synthetic_nodes=not nodes)
+
+
+def _resolve_missing_claims(workloads: list[Workload], inventory: Inventory, path: str) -> None:
+    by_key = {
+        ((c.get("metadata") or {}).get("namespace", ""), (c.get("metadata") or {}).get("name", "")): c
+        for c in inventory.claims
+    }
+    for workload in workloads:
+        for ns, name in workload.missing_claims:
+            found = by_key.get((ns, name))
+            if found is None:
+                raise ExplainInputError(f"{path}: ResourceClaim {ns}/{name} is neither in the file nor known")
+            spec = ResourceClaimSpec.model_validate(found.get("spec") or {})
+            workload.claims.append(ClaimToAllocate(ns, name, spec))
+
+
+# -- evaluation -------------------------------------------------------------------------------
+
+
+@dataclass
+class WorkloadVerdict:
+    title: str
+    claims: list[str]
+    satisfiable_on: list[str]
+    nodes: list[NodeReport]
+
+
+def evaluate(workloads: list[Workload], inventory: Inventory, only_node: str | None) -> list[WorkloadVerdict]:
+    nodes = inventory.nodes
+    if only_node:
+        nodes = [n for n in nodes if n.name == only_node]
+        if not nodes:
+            raise ExplainInputError(f"--node {only_node}: no such node")
+    verdicts = []
+    for workload in workloads:
+        exclude = {c.key for c in workload.claims}
+        allocator = Allocator(
+            inventory.slices, inventory.classes, allocated_devices(inventory.claims, exclude)
+        )
+        reports = [explain_node(allocator, workload.claims, node) for node in nodes]
+        verdicts.append(
+            WorkloadVerdict(
+                workload.title,
+                [c.key for c in workload.claims],
+                [r.node for r in reports if r.satisfiable],
+                reports,
+            )
+        )
+    return verdicts
+
+
+# -- output -----------------------------------------------------------------------------------
+
+
+def _reference_report(verdict: WorkloadVerdict) -> NodeReport:
+    """The node whose device table is shown: a fitting node, else the one with most fitting devices."""
+    fitting = [r for r in verdict.nodes if r.satisfiable]
+    if fitting:
+        return fitting[0]
+    return max(verdict.nodes, key=lambda r: sum(len(q.fitting) for q in r.requests))
+
+
+def _grouped(rejected: list[DeviceVerdict]) -> list[tuple[str, str, list[str]]]:
+    groups: dict[tuple[str, str], list[str]] = {}
+    for verdict in rejected:
+        groups.setdefault((verdict.reason, verdict.detail), []).append(verdict.device)
+    return [(reason, detail, devices) for (reason, detail), devices in groups.items()]
+
+
+def _names(devices: list[str], all_devices: bool) -> str:
+    if all_devices or len(devices) <= _DEVICE_LIST_LIMIT:
+        return ", ".join(devices)
+    return ", ".join(devices[:_DEVICE_LIST_LIMIT]) + f", … ({len(devices) - _DEVICE_LIST_LIMIT} more)"
+
+
+def _request_block(request: RequestReport, all_devices: bool, out: list[str]) -> None:
+    mode = f"{request.count} device(s)" if request.mode == "ExactCount" else "all matching devices"
+    out.append(f"  request {request.request} ({request.claim}): {mode} of class {request.device_class}")
+    if request.chosen:
+        out.append(f"    allocated: {', '.join(request.chosen)}")
+    out.append(f"    fit ({len(request.fitting)}): {_names(request.fitting, all_devices) or 'none'}")
+    for reason, detail, devices in _grouped(request.rejected):
+        out.append(f"    {reason} ({len(devices)}): {detail}")
+        out.append(f"      {_names(devices, all_devices)}")
+
+
+def render_text(verdicts: list[WorkloadVerdict], inventory: Inventory, all_devices: bool) -> str:
+    out: list[str] = []
+    for verdict in verdicts:
+        total = len(verdict.nodes)
+        fits = len(verdict.satisfiable_on)
+        headline = (
+            f"fits on {fits} of {total} node(s): {', '.join(verdict.satisfiable_on)}"
+            if fits
+            else f"does NOT fit on any of {total} node(s)"
+        )
+        out.append(f"{verdict.title}: {headline}")
+        if inventory.synthetic_nodes:
+            out.append(
+                "  (no Nodes known: one stand-in node per slice placement; pass --nodes for real ones)"
+            )
+        out.append("nodes:")
+        for report in verdict.nodes:
+            mark = "fits    " if report.satisfiable else "no fit  "
+            out.append(f"  {mark}{report.node}: {report.summary}")
+        reference = _reference_report(verdict)
+        out.append(f"devices, as seen from node {reference.node}:")
+        for request in reference.requests:
+            _request_block(request, all_devices, out)
+        for constraint in reference.constraints:
+            state = "ok" if constraint.satisfiable else "fails"
+            out.append(
+                f"  constraint {constraint.kind} {constraint.attribute} ({state}): {constraint.message}"
+            )
+        out.append("")
+    return "\n".join(out)
+
+
+def render_json(verdicts: list[WorkloadVerdict]) -> str:
+    return json.dumps({"workloads": [asdict(v) for v in verdicts]}, indent=2, default=str)
+
+
+# -- entry point ------------------------------------------------------------------------------
+
+
+def main_explain(args: argparse.Namespace) -> int:
+    try:
+        documents = _load_documents(args.manifest)
+        workloads = workloads_from(args.manifest, documents, args.namespace)
+        if args.kubeconfig or not (args.slices or args.classes):
+            if args.slices or args.classes or args.nodes or args.claims:
+                raise ExplainInputError(
+                    "--slices/--classes/--nodes/--claims are for offline use, without --kubeconfig"
+                )
+            inventory = asyncio.run(load_cluster(args, sys.stderr))
+        else:
+            inventory = load_offline(args)
+        _resolve_missing_claims(workloads, inventory, args.manifest)
+        verdicts = evaluate(workloads, inventory, args.node)
+    except ExplainInputError as err:
+        sys.stderr.write(f"fabric-dra explain: error: {err}\n")
+        return EXIT_BAD_INPUT
+    if args.output == "json":
+        sys.stdout.write(render_json(verdicts) + "\n")
+    else:
+        sys.stdout.write(render_text(verdicts, inventory, args.all_devices) + "\n")
+    return EXIT_FITS if all(v.satisfiable_on for v in verdicts) else EXIT_NO_FIT

@@ -1,0 +1,178 @@
+"""``fabric-dra explain`` offline: files in, verdict and exit status out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dra_driver.cli import main
+
+GPU_CLASS = 'device.driver == "fabric-dra.io" && device.attributes["fabric-dra.io"].type == "gpu"'
+
+
+def _gpu(name: str, switch: str) -> dict:
+    return {"name": name, "attributes": {"type": {"string": "gpu"}, "switch": {"string": switch}}}
+
+
+@pytest.fixture
+def cluster_files(tmp_path: Path) -> tuple[Path, Path]:
+    slices = tmp_path / "slices.yaml"
+    slices.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "List",
+                "items": [
+                    {
+                        "apiVersion": "resource.k8s.io/v1",
+                        "kind": "ResourceSlice",
+                        "metadata": {"name": "fabric-pcie-0"},
+                        "spec": {
+                            "driver": "fabric-dra.io",
+                            "pool": {"name": "fabric-pcie", "generation": 1, "resourceSliceCount": 1},
+                            "allNodes": True,
+                            "devices": [_gpu("gpu-0", "sw1"), _gpu("gpu-1", "sw1"), _gpu("gpu-2", "sw2")],
+                        },
+                    }
+                ],
+            }
+        )
+    )
+    classes = tmp_path / "classes.yaml"
+    classes.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": "fabric-gpu"},
+                "spec": {"selectors": [{"cel": {"expression": GPU_CLASS}}]},
+            }
+        )
+    )
+    return slices, classes
+
+
+def _claim(tmp_path: Path, count: int, api: str = "resource.k8s.io/v1") -> Path:
+    request: dict = {"name": "gpus"}
+    if api.endswith("/v1"):
+        request["exactly"] = {"deviceClassName": "fabric-gpu", "count": count}
+    else:
+        request.update({"deviceClassName": "fabric-gpu", "count": count})
+    path = tmp_path / f"claim-{count}.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": api,
+                "kind": "ResourceClaim",
+                "metadata": {"name": f"gpus-{count}", "namespace": "team"},
+                "spec": {
+                    "devices": {
+                        "requests": [request],
+                        "constraints": [{"matchAttribute": "fabric-dra.io/switch"}],
+                    }
+                },
+            }
+        )
+    )
+    return path
+
+
+def test_two_on_one_switch_fits(
+    tmp_path: Path, cluster_files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    slices, classes = cluster_files
+    code = main(["explain", str(_claim(tmp_path, 2)), "--slices", str(slices), "--classes", str(classes)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "ResourceClaim team/gpus-2: fits on 1 of 1 node(s)" in out
+    assert "allocated: fabric-pcie/gpu-0, fabric-pcie/gpu-1" in out
+
+
+def test_three_on_two_gpu_switches_does_not(
+    tmp_path: Path, cluster_files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    slices, classes = cluster_files
+    code = main(["explain", str(_claim(tmp_path, 3)), "--slices", str(slices), "--classes", str(classes)])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "does NOT fit" in out
+    assert (
+        "needs 3 devices with equal fabric-dra.io/switch (requests: gpus); switch sw1 has 2, switch sw2 has 1"
+        in out
+    )
+
+
+def test_v1beta1_claim_and_json_output(
+    tmp_path: Path, cluster_files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    slices, classes = cluster_files
+    claim = _claim(tmp_path, 2, api="resource.k8s.io/v1beta1")
+    code = main(["explain", str(claim), "--slices", str(slices), "--classes", str(classes), "-o", "json"])
+    document = json.loads(capsys.readouterr().out)
+    assert code == 0
+    (workload,) = document["workloads"]
+    assert workload["satisfiable_on"] == ["<any node>"]
+    (report,) = workload["nodes"]
+    results = report["allocations"][0]["allocation"]["devices"]["results"]
+    assert [r["device"] for r in results] == ["gpu-0", "gpu-1"]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (
+            "kind: ResourceClaim\napiVersion: v1\nmetadata: {name: x}\n",
+            "apiVersion v1 is not resource.k8s.io/*",
+        ),
+        ("a: [unclosed\n", "not valid YAML"),
+        (
+            "kind: ResourceClaim\napiVersion: resource.k8s.io/v1\nmetadata: {name: x}\n"
+            "spec: {devices: {requests: [{name: r, exactly: {count: many}}]}}\n",
+            "ResourceClaim x: spec.devices.requests.0.exactly.count",
+        ),
+        (
+            "kind: Pod\napiVersion: v1\nmetadata: {name: p}\nspec:\n  resourceClaims: [{name: c, "
+            "resourceClaimTemplateName: missing}]\n  containers: []\n",
+            "uses ResourceClaimTemplate missing, which is not in",
+        ),
+        (
+            "kind: ConfigMap\napiVersion: v1\nmetadata: {name: x}\n",
+            "no ResourceClaim, ResourceClaimTemplate or workload",
+        ),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(
+    tmp_path: Path,
+    cluster_files: tuple[Path, Path],
+    capsys: pytest.CaptureFixture[str],
+    content: str,
+    message: str,
+) -> None:
+    slices, classes = cluster_files
+    path = tmp_path / "in.yaml"
+    path.write_text(content)
+    code = main(["explain", str(path), "--slices", str(slices), "--classes", str(classes)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_help_lists_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["explain", "--help"])
+    out = capsys.readouterr().out
+    for flag in (
+        "--kubeconfig",
+        "--slices",
+        "--classes",
+        "--nodes",
+        "--claims",
+        "--node",
+        "--output",
+        "--all-devices",
+    ):
+        assert flag in out
