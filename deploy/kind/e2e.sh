@@ -1,0 +1,452 @@
+#!/usr/bin/env bash
+# The composable-DRA article's scenario on a real kind cluster, end to end.
+#
+#   deploy/kind/e2e.sh            (or: make kind-e2e)
+#
+# It creates a kind cluster (deploy/kind/cluster.yaml), builds the fabric-dra image and loads it,
+# deploys deploy/overlays/kind (the software fabric, the manager, the controller, a plugin per
+# node), applies the article's manifest (deploy/kind/agent-infrastructure.yaml) and checks the
+# article's four "How to Verify" steps:
+#   1. the manifest applies;
+#   2. the pod's ResourceClaim is allocated;
+#   3. the pod runs and sees its device (the CDI env and mount inside the container), and the
+#      fabric has the device bound to the pod's node;
+#   4. after scaling to 0 the claim is released, the device is unbound in the fabric and back in
+#      the pool.
+# Then the same again with deploy/overlays/binding-conditions, applying the article's manifest as
+# written for resource.k8s.io/v1beta1 when the cluster serves it. Everything it created is removed
+# on exit, also on failure or Ctrl-C (unless FABRIC_DRA_E2E_KEEP=1).
+#
+# Needs: docker (a running engine), kind >= v0.30, kubectl, python3, timeout (coreutils).
+# Settings (environment):
+#   FABRIC_DRA_E2E_CLUSTER     kind cluster name (default: kind — the emulator's default topology
+#                              names its hosts after that cluster's workers: kind-worker, …)
+#   FABRIC_DRA_E2E_NODE_IMAGE  kind node image (default: Kubernetes 1.34.0, pinned by digest)
+#   FABRIC_DRA_E2E_TIMEOUT     seconds allowed for each wait (default: 300)
+#   FABRIC_DRA_E2E_KEEP        1 = keep the cluster afterwards, for a look around
+#   FABRIC_DRA_E2E_ARTIFACTS   directory for diagnostics (pod logs, objects) when a step fails
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+readonly REPO_ROOT
+readonly KIND_DIR="${REPO_ROOT}/deploy/kind"
+readonly OVERLAYS_DIR="${REPO_ROOT}/deploy/overlays"
+
+readonly CLUSTER="${FABRIC_DRA_E2E_CLUSTER:-kind}"
+readonly NODE_IMAGE="${FABRIC_DRA_E2E_NODE_IMAGE:-kindest/node:v1.34.0@sha256:7416a61b42b1662ca6ca89f02028ac133a309a2a30ba309614e8ec94d976dc5a}"
+readonly WAIT="${FABRIC_DRA_E2E_TIMEOUT:-300}"
+readonly KEEP="${FABRIC_DRA_E2E_KEEP:-0}"
+readonly ARTIFACTS="${FABRIC_DRA_E2E_ARTIFACTS:-}"
+
+# The image name the kind overlay deploys (deploy/overlays/kind/kustomization.yaml, images:).
+readonly IMAGE="fabric-dra:kind"
+# The article's workload image: built under a name of our own, served to the cluster as
+# docker.io/library/agent-runner:latest by a registry mirror (the article's pod pulls it).
+readonly RUNNER_BUILD_TAG="fabric-dra-e2e/agent-runner:latest"
+readonly REGISTRY_IMAGE="docker.io/library/registry:2.8.3@sha256:a3d8aaa63ed8681a604f1dea0aa03f100d5895b6a58ace528858a7b332415373"
+readonly REGISTRY_NAME="${CLUSTER}-fabric-dra-registry"
+
+readonly NAMESPACE="fabric-dra"
+readonly APP_NAMESPACE="agent-platform"
+readonly APP_LABEL="app=agent-inference-worker"
+readonly DRIVER="fabric-dra.io"
+readonly EMULATOR_DIR="/var/lib/fabric-dra/emulator"
+readonly CDI_ROOT="/var/run/cdi"
+# The path deploy/kind/cluster.yaml mounts into every node; replaced by a directory of our own.
+readonly CONFIG_STATE_DIR="/tmp/fabric-dra-kind/emulator"
+
+WORK_DIR=""
+CLUSTER_CREATED=0
+REGISTRY_STARTED=0
+
+log() { printf '%s e2e: %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+step() { printf '\n%s e2e: === %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+fail() {
+  printf '%s e2e: FAILED: %s\n' "$(date +%H:%M:%S)" "$*" >&2
+  exit 1
+}
+
+usage() {
+  sed -n '2,/^set -euo pipefail/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'
+}
+
+# kubectl against the e2e cluster only: its own kubeconfig, never the user's current context.
+k() { kubectl --kubeconfig "${WORK_DIR}/kubeconfig" "$@"; }
+
+# wait_until DESCRIPTION COMMAND...: run COMMAND every 2 s until it succeeds, for at most $WAIT s.
+wait_until() {
+  local description="$1"
+  shift
+  local deadline=$((SECONDS + WAIT))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= deadline)); then
+      fail "timed out after ${WAIT}s waiting for ${description}"
+    fi
+    sleep 2
+  done
+}
+
+check_prerequisites() {
+  local tool
+  for tool in docker kind kubectl python3 timeout; do
+    command -v "${tool}" >/dev/null 2>&1 || fail "${tool} is not installed; e2e.sh needs docker, kind (>= v0.30), kubectl, python3 and timeout"
+  done
+  timeout 60 docker info >/dev/null 2>&1 || fail "no Docker engine is reachable (docker info failed): start Docker, or check DOCKER_HOST"
+  local kind_version
+  kind_version="$(kind version | sed -n 's/^kind v\([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p')"
+  [[ -n "${kind_version}" ]] || fail "cannot tell the kind version from '$(kind version)'"
+  if ! python3 -c 'import sys; a, b = sys.argv[1].split("."); sys.exit(0 if (int(a), int(b)) >= (0, 30) else 1)' "${kind_version}"; then
+    fail "kind v${kind_version} is too old: node images for Kubernetes 1.34 need kind >= v0.30"
+  fi
+  if kind get clusters 2>/dev/null | grep -qx "${CLUSTER}"; then
+    fail "a kind cluster named '${CLUSTER}' already exists; e2e.sh only uses clusters it creates: delete it (kind delete cluster --name ${CLUSTER}) or set FABRIC_DRA_E2E_CLUSTER"
+  fi
+  if docker container inspect "${REGISTRY_NAME}" >/dev/null 2>&1; then
+    fail "a container named '${REGISTRY_NAME}' already exists (left by an earlier run?): remove it with docker rm -f ${REGISTRY_NAME}"
+  fi
+  [[ "${WAIT}" =~ ^[1-9][0-9]*$ ]] || fail "FABRIC_DRA_E2E_TIMEOUT must be a whole number of seconds, not '${WAIT}'"
+}
+
+collect_diagnostics() {
+  [[ -n "${WORK_DIR}" && -f "${WORK_DIR}/kubeconfig" ]] || return 0
+  local out="${ARTIFACTS:-${WORK_DIR}/artifacts}"
+  mkdir -p "${out}"
+  log "collecting diagnostics in ${out}"
+  {
+    k get nodes -o wide
+    k get pods -A -o wide
+    k get resourceslices -o yaml
+    k get resourceclaims -A -o yaml
+    k get deviceclasses -o yaml
+    k get events -A --sort-by=.lastTimestamp
+  } >"${out}/cluster.txt" 2>&1 || true
+  k describe pods -n "${APP_NAMESPACE}" >"${out}/agent-platform-pods.txt" 2>&1 || true
+  k describe pods -n "${NAMESPACE}" >"${out}/fabric-dra-pods.txt" 2>&1 || true
+  k logs -n "${NAMESPACE}" -l app.kubernetes.io/name=fabric-dra --all-containers --prefix \
+    --tail=500 --max-log-requests=20 >"${out}/fabric-dra-logs.txt" 2>&1 || true
+  if [[ -z "${ARTIFACTS}" ]]; then
+    # Without an artifacts directory the work dir is removed below: show the essentials here.
+    tail -n 60 "${out}/fabric-dra-logs.txt" >&2 || true
+    grep -E 'Warning|Failed' "${out}/cluster.txt" | tail -n 30 >&2 || true
+  fi
+}
+
+cleanup() {
+  local status=$?
+  trap - EXIT INT TERM
+  set +e
+  if ((status != 0)); then
+    collect_diagnostics
+  fi
+  if [[ "${KEEP}" == "1" && ${CLUSTER_CREATED} -eq 1 ]]; then
+    log "keeping cluster '${CLUSTER}' (FABRIC_DRA_E2E_KEEP=1): kubectl --kubeconfig ${WORK_DIR}/kubeconfig …; remove it with kind delete cluster --name ${CLUSTER} && docker rm -f ${REGISTRY_NAME}"
+  else
+    if ((CLUSTER_CREATED == 1)); then
+      log "deleting kind cluster '${CLUSTER}'"
+      # The emulator wrote its state as another user; remove it from inside a node, as root.
+      timeout 60 docker exec "${CLUSTER}-control-plane" sh -c "rm -rf ${EMULATOR_DIR}/* ${EMULATOR_DIR}/.[!.]*" >/dev/null 2>&1
+      timeout 300 kind delete cluster --name "${CLUSTER}" --kubeconfig "${WORK_DIR}/kubeconfig" >/dev/null 2>&1 ||
+        log "could not delete the kind cluster '${CLUSTER}': run kind delete cluster --name ${CLUSTER}"
+    fi
+    if ((REGISTRY_STARTED == 1)); then
+      timeout 60 docker rm -f "${REGISTRY_NAME}" >/dev/null 2>&1
+    fi
+    if [[ -n "${WORK_DIR}" ]]; then
+      rm -rf "${WORK_DIR}" 2>/dev/null || log "could not remove ${WORK_DIR} completely; remove it by hand"
+    fi
+  fi
+  if ((status == 0)); then
+    log "PASSED: the article's four verification steps held with the kind and binding-conditions overlays"
+  fi
+  exit "${status}"
+}
+
+create_cluster() {
+  step "creating kind cluster '${CLUSTER}' (${NODE_IMAGE%%@*})"
+  mkdir -m 0777 "${WORK_DIR}/emulator"
+  sed "s|${CONFIG_STATE_DIR}|${WORK_DIR}/emulator|g" "${KIND_DIR}/cluster.yaml" >"${WORK_DIR}/cluster.yaml"
+  grep -q "${WORK_DIR}/emulator" "${WORK_DIR}/cluster.yaml" || fail "deploy/kind/cluster.yaml no longer mounts ${CONFIG_STATE_DIR}"
+  CLUSTER_CREATED=1
+  kind create cluster --name "${CLUSTER}" --image "${NODE_IMAGE}" --config "${WORK_DIR}/cluster.yaml" \
+    --kubeconfig "${WORK_DIR}/kubeconfig" --wait "${WAIT}s"
+  local version
+  version="$(k get --raw /version | python3 -c 'import json, sys; v = json.load(sys.stdin); print(v["major"] + "." + v["minor"].rstrip("+"))')"
+  python3 -c 'import sys; a, b = sys.argv[1].split("."); sys.exit(0 if (int(a), int(b)) >= (1, 34) else 1)' "${version}" ||
+    fail "the node image runs Kubernetes ${version}; fabric-dra needs >= 1.34 (resource.k8s.io/v1)"
+  k get --raw /apis/resource.k8s.io/v1 >/dev/null || fail "the cluster does not serve resource.k8s.io/v1"
+  log "Kubernetes ${version}, resource.k8s.io/v1 served"
+}
+
+build_images() {
+  step "building the fabric-dra image and the article's agent-runner stand-in"
+  docker build --tag "${IMAGE}" "${REPO_ROOT}"
+  docker build --tag "${RUNNER_BUILD_TAG}" "${KIND_DIR}/agent-runner"
+  kind load docker-image "${IMAGE}" --name "${CLUSTER}"
+}
+
+# The article's pod pulls agent-runner:latest (":latest" means imagePullPolicy Always), so the
+# image must come from a registry: a local one, set up on every node as a mirror of docker.io.
+serve_runner_image() {
+  step "serving agent-runner:latest to the cluster from a local registry"
+  docker run --detach --name "${REGISTRY_NAME}" --network kind --publish 127.0.0.1::5000 \
+    "${REGISTRY_IMAGE}" >/dev/null
+  REGISTRY_STARTED=1
+  local address
+  address="$(docker port "${REGISTRY_NAME}" 5000/tcp | head -n 1)"
+  [[ -n "${address}" ]] || fail "the local registry publishes no port"
+  wait_until "the local registry at ${address}" python3 -c \
+    'import sys, urllib.request; urllib.request.urlopen("http://" + sys.argv[1] + "/v2/", timeout=5)' "${address}"
+  docker tag "${RUNNER_BUILD_TAG}" "${address}/library/agent-runner:latest"
+  docker push "${address}/library/agent-runner:latest" >/dev/null
+  local node
+  for node in $(kind get nodes --name "${CLUSTER}"); do
+    docker exec -i "${node}" sh -c 'mkdir -p /etc/containerd/certs.d/docker.io && cat >/etc/containerd/certs.d/docker.io/hosts.toml' <<EOF
+server = "https://registry-1.docker.io"
+
+[host."http://${REGISTRY_NAME}:5000"]
+  capabilities = ["pull", "resolve"]
+EOF
+  done
+}
+
+deploy_overlay() {
+  local overlay="$1"
+  step "deploying deploy/overlays/${overlay}"
+  k apply -k "${OVERLAYS_DIR}/${overlay}"
+  k -n "${NAMESPACE}" rollout status deployment/fabric-dra-emulator --timeout="${WAIT}s"
+  k -n "${NAMESPACE}" rollout status deployment/fabric-dra-manager --timeout="${WAIT}s"
+  k -n "${NAMESPACE}" rollout status deployment/fabric-dra-controller --timeout="${WAIT}s"
+  k -n "${NAMESPACE}" rollout status daemonset/fabric-dra-plugin --timeout="${WAIT}s"
+  wait_until "the controller to publish the fabric's pool as ResourceSlices" pool_has_devices
+  log "pool published: $(pool_summary)"
+}
+
+remove_overlay() {
+  local overlay="$1"
+  step "removing deploy/overlays/${overlay}"
+  k delete -k "${OVERLAYS_DIR}/${overlay}" --ignore-not-found --wait=true --timeout="${WAIT}s"
+  # The pool's slices outlive the controller that wrote them; the next deployment starts clean.
+  k delete resourceslices --field-selector "spec.driver=${DRIVER}" --ignore-not-found --timeout="${WAIT}s"
+}
+
+# --- reading the cluster and the fabric ------------------------------------------------------
+
+# JSON of this driver's ResourceSlices.
+slices_json() { k get resourceslices --field-selector "spec.driver=${DRIVER}" -o json; }
+
+pool_has_devices() {
+  slices_json | python3 -c 'import json, sys; sys.exit(0 if any(s["spec"].get("devices") for s in json.load(sys.stdin)["items"]) else 1)'
+}
+
+pool_summary() {
+  slices_json | python3 -c '
+import json, sys
+items = json.load(sys.stdin)["items"]
+pools = sorted({s["spec"]["pool"]["name"] for s in items})
+print(f"{sum(len(s[\"spec\"].get(\"devices\", [])) for s in items)} devices in {len(items)} slices, pools {pools}")'
+}
+
+# pool_has_device POOL DEVICE: the device is published in the pool's slices.
+pool_has_device() {
+  slices_json | python3 -c '
+import json, sys
+pool, device = sys.argv[1:3]
+items = json.load(sys.stdin)["items"]
+sys.exit(0 if any(s["spec"]["pool"]["name"] == pool and any(d["name"] == device for d in s["spec"].get("devices", [])) for s in items) else 1)' "$1" "$2"
+}
+
+# The one ResourceClaim of the article's pod, as JSON (fails unless there is exactly one).
+claim_json() {
+  k -n "${APP_NAMESPACE}" get resourceclaims -o json | python3 -c '
+import json, sys
+items = json.load(sys.stdin)["items"]
+if len(items) != 1:
+    sys.exit(f"expected one ResourceClaim in the namespace, found {len(items)}")
+json.dump(items[0], sys.stdout)'
+}
+
+claim_is_allocated() {
+  claim_json | python3 -c 'import json, sys; c = json.load(sys.stdin); sys.exit(0 if c.get("status", {}).get("allocation") else 1)'
+}
+
+# claim_field EXPR: a Python expression over the claim `c`, printed.
+claim_field() {
+  claim_json | python3 -c 'import json, sys; c = json.load(sys.stdin); print(eval(sys.argv[1]))' "$1"
+}
+
+no_claims_left() {
+  [[ "$(k -n "${APP_NAMESPACE}" get resourceclaims -o name | wc -l)" -eq 0 ]]
+}
+
+# binding_conditions_met: every binding condition of the allocation is True in status.devices.
+binding_conditions_met() {
+  claim_json | python3 -c '
+import json, sys
+c = json.load(sys.stdin)
+results = c["status"]["allocation"]["devices"]["results"]
+statuses = {(d["driver"], d["pool"], d["device"]): d for d in c["status"].get("devices", [])}
+for r in results:
+    wanted = r.get("bindingConditions") or []
+    if not wanted:
+        sys.exit("the allocation carries no binding conditions")
+    conditions = {x["type"]: x["status"] for x in statuses.get((r["driver"], r["pool"], r["device"]), {}).get("conditions", [])}
+    if any(conditions.get(t) != "True" for t in wanted):
+        sys.exit(1)
+'
+}
+
+# fabric_binding DEVICE: the node the fabric has DEVICE bound to ("" when free), as the fabric
+# manager reports it — asked from inside its pod, with a token the manager accepts.
+fabric_binding() {
+  local device="$1" token
+  token="$(k -n "${NAMESPACE}" create token fabric-dra-controller --audience fabric-dra-manager --duration 10m)"
+  timeout 60 kubectl --kubeconfig "${WORK_DIR}/kubeconfig" -n "${NAMESPACE}" exec -i deployment/fabric-dra-manager -c manager -- \
+    python -c '
+import json, sys, urllib.parse, urllib.request
+token, device = sys.stdin.read().strip(), sys.argv[1]
+request = urllib.request.Request(
+    "http://127.0.0.1:8080/api/v1/devices/" + urllib.parse.quote(device),
+    headers={"Authorization": "Bearer " + token},
+)
+body = json.load(urllib.request.urlopen(request, timeout=30))
+print(body.get("node") or "")' "${device}" <<<"${token}"
+}
+
+device_is_free() {
+  local bound_to
+  bound_to="$(fabric_binding "$1")" && [[ -z "${bound_to}" ]]
+}
+
+# node_pci_devices NODE: the PCIe devices (BDFs) in the emulated host NODE's sysfs tree.
+node_pci_devices() {
+  timeout 60 docker exec "$1" sh -c "ls ${EMULATOR_DIR}/hosts/$1/sys/bus/pci/devices 2>/dev/null || true"
+}
+
+node_sees_no_device() {
+  [[ -z "$(node_pci_devices "$1")" ]]
+}
+
+# --- the article's scenario --------------------------------------------------------------------
+
+run_article_scenario() {
+  local manifest="$1" expect_binding_conditions="$2"
+
+  step "How to Verify, step 1 — deploy the manifest ($(basename "${manifest}"), $(sed -n 's/^apiVersion: \(resource.k8s.io\/.*\)/\1/p' "${manifest}" | head -n 1))"
+  k create namespace "${APP_NAMESPACE}"
+  k apply -f "${manifest}"
+
+  step "How to Verify, step 2 — the claim is allocated once the pod is scheduled"
+  wait_until "a ResourceClaim of the pod in ${APP_NAMESPACE}" claim_json
+  wait_until "the ResourceClaim to be allocated" claim_is_allocated
+  k -n "${APP_NAMESPACE}" get resourceclaims
+  local claim claim_uid driver pool device
+  claim="$(claim_field 'c["metadata"]["name"]')"
+  claim_uid="$(claim_field 'c["metadata"]["uid"]')"
+  driver="$(claim_field 'c["status"]["allocation"]["devices"]["results"][0]["driver"]')"
+  pool="$(claim_field 'c["status"]["allocation"]["devices"]["results"][0]["pool"]')"
+  device="$(claim_field 'c["status"]["allocation"]["devices"]["results"][0]["device"]')"
+  [[ "${driver}" == "${DRIVER}" ]] || fail "claim ${claim} was allocated by driver '${driver}', not ${DRIVER}"
+  log "claim ${claim} allocated: device ${device} of pool ${pool}"
+  if [[ "${expect_binding_conditions}" == "yes" ]]; then
+    wait_until "the controller to set the claim's binding conditions True" binding_conditions_met
+    log "binding conditions True in the claim's status.devices"
+  fi
+
+  step "How to Verify, step 3 — the pod runs, sees its device, and the fabric bound it to the pod's node"
+  k -n "${APP_NAMESPACE}" wait --for=condition=Ready pod -l "${APP_LABEL}" --timeout="${WAIT}s"
+  local pod node
+  pod="$(k -n "${APP_NAMESPACE}" get pods -l "${APP_LABEL}" -o jsonpath='{.items[0].metadata.name}')"
+  node="$(k -n "${APP_NAMESPACE}" get pod "${pod}" -o jsonpath='{.spec.nodeName}')"
+  log "pod ${pod} runs on ${node}"
+  k -n "${APP_NAMESPACE}" describe pod "${pod}" | sed -n '/^Events:/,$p'
+
+  # What the plugin asked containerd to inject: the claim's CDI spec on that node.
+  local spec_file="${CDI_ROOT}/k8s.${DRIVER}-claim_${claim_uid}.json"
+  timeout 60 docker exec "${node}" cat "${spec_file}" >"${WORK_DIR}/cdi-spec.json" ||
+    fail "no CDI spec ${spec_file} on node ${node}"
+  python3 - "${WORK_DIR}/cdi-spec.json" >"${WORK_DIR}/cdi-edits.txt" <<'EOF'
+import json, sys
+spec = json.load(open(sys.argv[1]))
+edits = [spec.get("containerEdits") or {}] + [d.get("containerEdits") or {} for d in spec.get("devices", [])]
+for e in edits:
+    for env in e.get("env") or []:
+        print("env", env)
+    for mount in e.get("mounts") or []:
+        print("mount", mount["containerPath"])
+    for node in e.get("deviceNodes") or []:
+        print("device", node["path"])
+EOF
+  grep -q . "${WORK_DIR}/cdi-edits.txt" || fail "the CDI spec ${spec_file} injects nothing"
+  timeout 60 kubectl --kubeconfig "${WORK_DIR}/kubeconfig" -n "${APP_NAMESPACE}" exec "${pod}" -c agent-runner -- env >"${WORK_DIR}/pod-env.txt" ||
+    fail "cannot run env in pod ${pod}"
+  local kind value
+  while read -r kind value; do
+    case "${kind}" in
+      env)
+        grep -qxF -- "${value}" "${WORK_DIR}/pod-env.txt" || fail "the container lacks the CDI env ${value}"
+        log "container env: ${value}"
+        ;;
+      mount | device)
+        timeout 60 kubectl --kubeconfig "${WORK_DIR}/kubeconfig" -n "${APP_NAMESPACE}" exec "${pod}" -c agent-runner -- ls -d "${value}" >/dev/null ||
+          fail "the container lacks the CDI ${kind} ${value}"
+        log "container ${kind}: ${value}"
+        ;;
+    esac
+  done <"${WORK_DIR}/cdi-edits.txt"
+
+  local bound_to
+  bound_to="$(fabric_binding "${device}")" || fail "cannot ask the fabric manager about device ${device}"
+  [[ "${bound_to}" == "${node}" ]] || fail "the fabric manager reports device ${device} bound to '${bound_to}', not to ${node}"
+  log "fabric: ${device} is bound to ${node}"
+  [[ -n "$(node_pci_devices "${node}")" ]] || fail "the emulated host ${node} sees no PCIe device"
+  log "host ${node} sees: $(node_pci_devices "${node}" | tr '\n' ' ')"
+
+  step "How to Verify, step 4 — scaled to 0, the claim is released and the device is back in the pool"
+  k -n "${APP_NAMESPACE}" scale deployment agent-inference-worker --replicas=0
+  k -n "${APP_NAMESPACE}" wait --for=delete pod -l "${APP_LABEL}" --timeout="${WAIT}s"
+  wait_until "the pod's ResourceClaim to be released" no_claims_left
+  k -n "${APP_NAMESPACE}" get resourceclaims
+  wait_until "device ${device} to be detached in the fabric" device_is_free "${device}"
+  log "fabric: ${device} is unbound"
+  wait_until "the emulated host ${node} to lose the device" node_sees_no_device "${node}"
+  if timeout 60 docker exec "${node}" test -e "${spec_file}"; then
+    fail "the CDI spec ${spec_file} is still on ${node}"
+  fi
+  pool_has_device "${pool}" "${device}" || fail "device ${device} is not published in pool ${pool} any more"
+  log "pool ${pool} still offers ${device}: $(pool_summary)"
+
+  k delete namespace "${APP_NAMESPACE}" --wait=true --timeout="${WAIT}s"
+}
+
+main() {
+  if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
+    usage
+    exit 0
+  fi
+  [[ $# -eq 0 ]] || fail "unknown argument '$1' (settings come from the environment; see --help)"
+  check_prerequisites
+  WORK_DIR="$(mktemp -d "${TMPDIR:-/tmp}/fabric-dra-e2e.XXXXXX")"
+  trap cleanup EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+
+  create_cluster
+  build_images
+  serve_runner_image
+
+  deploy_overlay kind
+  run_article_scenario "${KIND_DIR}/agent-infrastructure.yaml" no
+  remove_overlay kind
+
+  local manifest="${KIND_DIR}/agent-infrastructure.yaml"
+  if k get --raw /apis/resource.k8s.io/v1beta1 >/dev/null 2>&1; then
+    manifest="${KIND_DIR}/agent-infrastructure.v1beta1.yaml"
+  else
+    log "the cluster does not serve resource.k8s.io/v1beta1: using the v1 manifest again"
+  fi
+  deploy_overlay binding-conditions
+  run_article_scenario "${manifest}" yes
+  remove_overlay binding-conditions
+}
+
+main "$@"

@@ -1,0 +1,223 @@
+"""Render fabric-dra's kustomize overlays and look inside them (tests/unit/deploy).
+
+Rendering goes through the real ``kubectl kustomize`` (or a standalone ``kustomize``), the same
+tool ``kubectl apply -k`` uses, so what the tests check is what a cluster receives.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+__all__ = [
+    "ARTICLE_MANIFESTS",
+    "DEPLOY_DIR",
+    "DRIVER_NAME",
+    "FABRIC_DRA_IMAGES",
+    "KUBERNETES_VERSIONS",
+    "OVERLAYS_DIR",
+    "REPO_ROOT",
+    "Container",
+    "containers",
+    "expand",
+    "find",
+    "kustomize_command",
+    "load_yaml_documents",
+    "overlay_names",
+    "overlay_params",
+    "pod_templates",
+    "render",
+]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEPLOY_DIR = REPO_ROOT / "deploy"
+OVERLAYS_DIR = DEPLOY_DIR / "overlays"
+#: The Kubernetes minor versions fabric-dra supports (resource.k8s.io/v1 is served from 1.34).
+KUBERNETES_VERSIONS = ("1.34", "1.35", "1.36", "1.37")
+DRIVER_NAME = "fabric-dra.io"
+#: Image repositories of fabric-dra's own image, as the base and the overlays name it.
+FABRIC_DRA_IMAGES = frozenset({"ghcr.io/fabric-dra/fabric-dra", "fabric-dra"})
+#: The composable-DRA article's manifest, brought to each resource.k8s.io version e2e.sh applies.
+ARTICLE_MANIFESTS = {
+    "v1": DEPLOY_DIR / "kind" / "agent-infrastructure.yaml",
+    "v1beta1": DEPLOY_DIR / "kind" / "agent-infrastructure.v1beta1.yaml",
+}
+
+Obj = dict[str, Any]
+
+
+def kustomize_command() -> list[str] | None:
+    """``kubectl kustomize`` when kubectl is installed, else a standalone ``kustomize build``."""
+    if kubectl := shutil.which("kubectl"):
+        return [kubectl, "kustomize"]
+    if kustomize := shutil.which("kustomize"):
+        return [kustomize, "build"]
+    return None
+
+
+def load_yaml_documents(text: str) -> list[Obj]:
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+@cache
+def _render(path: str) -> str:
+    command = kustomize_command()
+    if command is None:
+        raise RuntimeError("neither kubectl nor kustomize is installed")
+    result = subprocess.run([*command, path], capture_output=True, text=True, timeout=120, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} {path} failed:\n{result.stderr.strip()}")
+    return result.stdout
+
+
+def render(path: Path) -> list[Obj]:
+    """The objects a kustomization renders to (a fresh copy each call; rendering is cached)."""
+    return load_yaml_documents(_render(str(path)))
+
+
+def overlay_names() -> list[str]:
+    return sorted(p.parent.name for p in OVERLAYS_DIR.glob("*/kustomization.yaml"))
+
+
+def overlay_params() -> list[Any]:
+    """Overlay names as pytest parameters. The ids are paths, never the bare word "kind": pytest
+    counts parameter ids as keywords, and tests/conftest.py skips anything with the keyword
+    "kind" where Docker is missing."""
+    return [pytest.param(name, id=f"overlays/{name}") for name in overlay_names()]
+
+
+def find(objects: list[Obj], kind: str, name: str | None = None) -> list[Obj]:
+    return [
+        o
+        for o in objects
+        if o.get("kind") == kind and (name is None or o.get("metadata", {}).get("name") == name)
+    ]
+
+
+def pod_templates(objects: list[Obj]) -> Iterator[tuple[Obj, Obj]]:
+    """(workload, pod spec) for every object that runs pods."""
+    for obj in objects:
+        if obj.get("kind") in {"Deployment", "DaemonSet", "StatefulSet", "Job"}:
+            yield obj, obj["spec"]["template"]["spec"]
+        elif obj.get("kind") == "Pod":
+            yield obj, obj["spec"]
+
+
+_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+def expand(value: str, env: Mapping[str, str]) -> str:
+    """Expand ``$(VAR)`` as the kubelet does for args and env values: ``$$`` escapes a dollar,
+    a reference to an undefined variable stays as written."""
+
+    def substitute(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name = match.group(1)
+        return env.get(name, match.group(0))
+
+    return _REFERENCE.sub(substitute, value)
+
+
+def references(value: str) -> set[str]:
+    return {m.group(1) for m in _REFERENCE.finditer(value) if m.group(1)}
+
+
+@dataclass
+class Container:
+    """One container of a rendered workload, with its environment resolved the way the kubelet
+    resolves it (downward-API and Secret values replaced by recognisable stand-ins)."""
+
+    workload_kind: str
+    workload_name: str
+    namespace: str
+    spec: Obj
+    pod_spec: Obj
+    env: dict[str, str] = field(default_factory=dict)
+    #: variables that Kubernetes itself consumes by expanding $(NAME) in args or other env values
+    expanded_by_kubernetes: set[str] = field(default_factory=set)
+
+    @property
+    def name(self) -> str:
+        return str(self.spec["name"])
+
+    @property
+    def id(self) -> str:
+        return f"{self.workload_kind}/{self.workload_name}/{self.name}"
+
+    @property
+    def image_repository(self) -> str:
+        image = str(self.spec["image"]).split("@", 1)[0]
+        repository, _, tag = image.rpartition(":")
+        return repository if repository and "/" not in tag else image
+
+    @property
+    def is_fabric_dra(self) -> bool:
+        return self.image_repository in FABRIC_DRA_IMAGES
+
+    @property
+    def args(self) -> list[str]:
+        """The command line after ``fabric-dra``, with $(VAR) references expanded."""
+        return [expand(str(a), self.env) for a in self.spec.get("args", [])]
+
+    def mount_paths(self) -> list[str]:
+        return [str(m["mountPath"]) for m in self.spec.get("volumeMounts", [])]
+
+    def port_names(self) -> set[str]:
+        return {str(p["name"]) for p in self.spec.get("ports", []) if "name" in p}
+
+    def port_numbers(self) -> set[int]:
+        return {int(p["containerPort"]) for p in self.spec.get("ports", [])}
+
+
+def _stand_in(var: Obj) -> str:
+    source = var["valueFrom"]
+    if "fieldRef" in source:
+        return "downward-" + re.sub(r"[^a-z0-9]+", "-", source["fieldRef"]["fieldPath"].lower())
+    if "secretKeyRef" in source:
+        ref = source["secretKeyRef"]
+        return f"secret-{ref['name']}-{ref['key']}"
+    if "configMapKeyRef" in source:
+        ref = source["configMapKeyRef"]
+        return f"configmap-{ref['name']}-{ref['key']}"
+    if "resourceFieldRef" in source:
+        return "1"
+    raise ValueError(f"unknown env source {json.dumps(source)}")
+
+
+def containers(objects: list[Obj]) -> Iterator[Container]:
+    for workload, pod_spec in pod_templates(objects):
+        meta = workload["metadata"]
+        for spec in [*pod_spec.get("initContainers", []), *pod_spec.get("containers", [])]:
+            env: dict[str, str] = {}
+            expanded: set[str] = set()
+            for var in spec.get("env", []):
+                if "value" in var:
+                    raw = str(var["value"])
+                    expanded |= references(raw) & env.keys()
+                    env[var["name"]] = expand(raw, env)
+                elif "valueFrom" in var:
+                    env[var["name"]] = _stand_in(var)
+                else:
+                    env[var["name"]] = ""
+            for arg in spec.get("args", []):
+                expanded |= references(str(arg)) & env.keys()
+            yield Container(
+                workload_kind=workload["kind"],
+                workload_name=meta["name"],
+                namespace=meta.get("namespace", ""),
+                spec=spec,
+                pod_spec=pod_spec,
+                env=env,
+                expanded_by_kubernetes=expanded,
+            )

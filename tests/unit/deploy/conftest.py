@@ -1,0 +1,23 @@
+"""Fixtures of the deployment tests: each overlay rendered once per session."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.support.deploy import OVERLAYS_DIR, kustomize_command, overlay_names, render
+
+
+@pytest.fixture(scope="session")
+def kustomize() -> list[str]:
+    command = kustomize_command()
+    if command is None:
+        pytest.skip("kubectl (or kustomize) is not installed: cannot render deploy/overlays")
+    return command
+
+
+@pytest.fixture(scope="session")
+def rendered_overlays(kustomize: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Every overlay under deploy/overlays, rendered by the real kustomize."""
+    return {name: render(OVERLAYS_DIR / name) for name in overlay_names()}
