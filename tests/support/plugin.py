@@ -1,0 +1,319 @@
+"""Run the plugin as a real process beside the API test server, and talk to it as the kubelet does.
+
+Shared by tests/integration/plugin and bench/plugin_bench.py::
+
+    with PluginStack(tmp) as stack:                    # API test server + `fabric-dra plugin`
+        ref = asyncio.run(stack.create_claim("c1", [("gpu", "gpu-0")]))
+        response = asyncio.run(stack.prepare([ref]))
+
+Sockets live under a short directory (unix socket paths are limited to 107 bytes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from dra_driver.kube import KubeClient, load_config
+from dra_driver.kube.resources import RESOURCE_CLAIMS
+from dra_driver.proto.dra_v1 import api_pb2 as dra_pb2
+from dra_driver.proto.dra_v1 import api_pb2_grpc as dra_grpc
+from emulator.procs import RoleProcess
+
+__all__ = ["DRIVER", "ClaimRef", "PluginStack", "free_port", "rss_kib", "short_dir"]
+
+DRIVER = "fabric-dra.io"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def short_dir(prefix: str = "fdp-") -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    uid: str
+    namespace: str
+    name: str
+
+    def proto(self) -> dra_pb2.Claim:
+        return dra_pb2.Claim(namespace=self.namespace, name=self.name, uid=self.uid)
+
+
+class _ModuleProcess(RoleProcess):
+    """A RoleProcess for a module's own ``__main__`` (roles not yet wired into ``fabric-dra``)."""
+
+    def __init__(self, module: str, args: Sequence[str], **kw: Any) -> None:
+        super().__init__(args, **kw)
+        self.module = module
+
+    def start(self) -> RoleProcess:
+        if self.module == "dra_driver":
+            return super().start()
+        if self.ready_file is not None and self.ready_file.exists():
+            self.ready_file.unlink()
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_file, "ab") as log:
+            self.proc = subprocess.Popen(  # our own modules
+                [sys.executable, "-m", self.module, *self.args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self.ready_file is not None and self.ready_file.exists():
+                self.address = self.ready_file.read_text().strip()
+                if self.address:
+                    return self
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited early:\n{self.tail()}")
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"{self.name} was not ready:\n{self.tail()}")
+
+
+def apiserver_process(root: Path) -> RoleProcess:
+    args = [
+        "apiserver",
+        "--port",
+        "0",
+        "--ready-file",
+        str(root / "apiserver.ready"),
+        "--write-kubeconfig",
+        str(root / "kubeconfig"),
+    ]
+    if importlib.util.find_spec("emulator.cli") is not None:
+        return RoleProcess(
+            ["emulator", *args],
+            ready_file=root / "apiserver.ready",
+            log_file=root / "apiserver.log",
+            name="apiserver",
+        )
+    return _ModuleProcess(
+        "emulator.kube",
+        args,
+        ready_file=root / "apiserver.ready",
+        log_file=root / "apiserver.log",
+        name="apiserver",
+    )
+
+
+class PluginStack:
+    """API test server + one `fabric-dra plugin` process for node ``node``."""
+
+    def __init__(
+        self,
+        root: Path | None = None,
+        *,
+        node: str = "node-a",
+        backend: str = "noop",
+        manager_url: str | None = None,
+        sysfs_root: Path | None = None,
+        metrics_port: int | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.root = root or short_dir()
+        self._owns_root = root is None
+        self.node = node
+        self.backend = backend
+        self.manager_url = manager_url
+        self.sysfs_root = sysfs_root or self.root / "sys"
+        self.metrics_port = metrics_port
+        self.extra_args = list(extra_args)
+        self.apiserver: RoleProcess | None = None
+        self.plugin: RoleProcess | None = None
+        self.pod_uid: str | None = None
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
+
+    @property
+    def cdi_root(self) -> Path:
+        return self.root / "cdi"
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.root / "plug"
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.root / "reg"
+
+    @property
+    def dra_socket(self) -> Path:
+        return Path(self.plugin.address) if self.plugin else self.plugin_dir / "dra.sock"
+
+    def plugin_args(self) -> list[str]:
+        args = [
+            "plugin",
+            "--node-name",
+            self.node,
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--registry-dir",
+            str(self.registry_dir),
+            "--plugin-dir",
+            str(self.plugin_dir),
+            "--cdi-root",
+            str(self.cdi_root),
+            "--sysfs-root",
+            str(self.sysfs_root),
+            "--device-backend",
+            self.backend,
+            "--ready-file",
+            str(self.root / "plugin.ready"),
+        ]
+        if self.manager_url:
+            args += ["--manager-url", self.manager_url]
+        if self.metrics_port is not None:
+            args += ["--metrics-port", str(self.metrics_port)]
+        return args + self.extra_args
+
+    def start_plugin(self) -> RoleProcess:
+        env = {"POD_UID": self.pod_uid} if self.pod_uid else {"POD_UID": ""}
+        self.plugin = RoleProcess(
+            self.plugin_args(),
+            ready_file=self.root / "plugin.ready",
+            log_file=self.root / "plugin.log",
+            env=env,
+            name="plugin",
+        ).start()
+        return self.plugin
+
+    def kill_plugin(self) -> None:
+        if self.plugin is not None:
+            self.plugin.kill()
+
+    def stop_plugin(self) -> int | None:
+        return self.plugin.stop() if self.plugin is not None else None
+
+    def __enter__(self) -> PluginStack:
+        self.apiserver = apiserver_process(self.root).start()
+        try:
+            self.start_plugin()
+        except BaseException:
+            self.apiserver.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in (self.plugin, self.apiserver):
+            if proc is not None:
+                with contextlib.suppress(Exception):
+                    proc.stop()
+        if self._owns_root:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    # -- the control plane's part ---------------------------------------------------------------
+
+    def kube(self) -> KubeClient:
+        return KubeClient(load_config(str(self.kubeconfig)))
+
+    async def create_claim(
+        self,
+        name: str,
+        devices: Sequence[tuple[str, str]],
+        *,
+        driver: str = DRIVER,
+        pool: str = "fabric-pcie",
+        namespace: str = "default",
+        kube: KubeClient | None = None,
+    ) -> ClaimRef:
+        """A ResourceClaim allocated to ``devices`` ((request, device) pairs) and reserved for a pod,
+        as the scheduler leaves it."""
+        client = kube or self.kube()
+        try:
+            requests = sorted({r for r, _ in devices})
+            created = await client.create(
+                RESOURCE_CLAIMS,
+                {
+                    "metadata": {"name": name, "namespace": namespace},
+                    "spec": {
+                        "devices": {
+                            "requests": [
+                                {"name": r, "exactly": {"deviceClassName": "cohdi-pcie-device"}}
+                                for r in requests
+                            ]
+                        }
+                    },
+                },
+                namespace,
+            )
+            created["status"] = {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {"request": r, "driver": driver, "pool": pool, "device": d} for r, d in devices
+                        ]
+                    },
+                    "nodeSelector": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchFields": [
+                                    {"key": "metadata.name", "operator": "In", "values": [self.node]}
+                                ]
+                            }
+                        ]
+                    },
+                },
+                "reservedFor": [{"resource": "pods", "name": f"{name}-pod", "uid": str(uuid.uuid4())}],
+            }
+            updated = await client.replace(RESOURCE_CLAIMS, created, subresource="status")
+            meta = updated["metadata"]
+            return ClaimRef(meta["uid"], namespace, name)
+        finally:
+            if kube is None:
+                await client.aclose()
+
+    async def delete_claim(self, ref: ClaimRef) -> None:
+        client = self.kube()
+        try:
+            await client.delete(RESOURCE_CLAIMS, ref.name, ref.namespace)
+        finally:
+            await client.aclose()
+
+    # -- the kubelet's part ---------------------------------------------------------------------
+
+    async def prepare(
+        self, refs: Sequence[ClaimRef], call_seconds: float = 45.0
+    ) -> dra_pb2.NodePrepareResourcesResponse:
+        async with grpc.aio.insecure_channel(f"unix://{self.dra_socket}") as channel:
+            stub = dra_grpc.DRAPluginStub(channel)
+            request = dra_pb2.NodePrepareResourcesRequest(claims=[r.proto() for r in refs])
+            return await stub.NodePrepareResources(request, timeout=call_seconds)
+
+    async def unprepare(
+        self, refs: Sequence[ClaimRef], call_seconds: float = 45.0
+    ) -> dra_pb2.NodeUnprepareResourcesResponse:
+        async with grpc.aio.insecure_channel(f"unix://{self.dra_socket}") as channel:
+            stub = dra_grpc.DRAPluginStub(channel)
+            request = dra_pb2.NodeUnprepareResourcesRequest(claims=[r.proto() for r in refs])
+            return await stub.NodeUnprepareResources(request, timeout=call_seconds)
