@@ -33,7 +33,7 @@ from dra_driver.proto.dra_v1 import api_pb2 as dra_pb2
 from dra_driver.proto.dra_v1 import api_pb2_grpc as dra_grpc
 from emulator.procs import RoleProcess
 
-__all__ = ["DRIVER", "ClaimRef", "PluginStack", "free_port", "rss_kib", "short_dir"]
+__all__ = ["DRIVER", "ClaimRef", "DraCaller", "PluginStack", "free_port", "rss_kib", "short_dir"]
 
 DRIVER = "fabric-dra.io"
 
@@ -302,18 +302,54 @@ class PluginStack:
 
     # -- the kubelet's part ---------------------------------------------------------------------
 
+    def caller(self) -> DraCaller:
+        """A kubelet-like client with one long-lived connection (the kubelet keeps its own)."""
+        return DraCaller(self.dra_socket)
+
     async def prepare(
         self, refs: Sequence[ClaimRef], call_seconds: float = 45.0
     ) -> dra_pb2.NodePrepareResourcesResponse:
-        async with grpc.aio.insecure_channel(f"unix://{self.dra_socket}") as channel:
-            stub = dra_grpc.DRAPluginStub(channel)
-            request = dra_pb2.NodePrepareResourcesRequest(claims=[r.proto() for r in refs])
-            return await stub.NodePrepareResources(request, timeout=call_seconds)
+        async with self.caller() as caller:
+            return await caller.prepare(refs, call_seconds)
 
     async def unprepare(
         self, refs: Sequence[ClaimRef], call_seconds: float = 45.0
     ) -> dra_pb2.NodeUnprepareResourcesResponse:
-        async with grpc.aio.insecure_channel(f"unix://{self.dra_socket}") as channel:
-            stub = dra_grpc.DRAPluginStub(channel)
-            request = dra_pb2.NodeUnprepareResourcesRequest(claims=[r.proto() for r in refs])
-            return await stub.NodeUnprepareResources(request, timeout=call_seconds)
+        async with self.caller() as caller:
+            return await caller.unprepare(refs, call_seconds)
+
+
+class DraCaller:
+    """NodePrepareResources / NodeUnprepareResources over one channel to the DRA socket (v1)."""
+
+    def __init__(self, socket_path: Path) -> None:
+        self.socket_path = socket_path
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: Any = None
+
+    async def __aenter__(self) -> DraCaller:
+        self._channel = grpc.aio.insecure_channel(f"unix://{self.socket_path}")
+        self._stub = dra_grpc.DRAPluginStub(self._channel)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+
+    async def prepare(
+        self, refs: Sequence[ClaimRef], call_seconds: float = 45.0
+    ) -> dra_pb2.NodePrepareResourcesResponse:
+        request = dra_pb2.NodePrepareResourcesRequest(claims=[r.proto() for r in refs])
+        response: dra_pb2.NodePrepareResourcesResponse = await self._stub.NodePrepareResources(
+            request, timeout=call_seconds
+        )
+        return response
+
+    async def unprepare(
+        self, refs: Sequence[ClaimRef], call_seconds: float = 45.0
+    ) -> dra_pb2.NodeUnprepareResourcesResponse:
+        request = dra_pb2.NodeUnprepareResourcesRequest(claims=[r.proto() for r in refs])
+        response: dra_pb2.NodeUnprepareResourcesResponse = await self._stub.NodeUnprepareResources(
+            request, timeout=call_seconds
+        )
+        return response
