@@ -1,0 +1,223 @@
+"""The whole attach path with real processes: emulator (instant) → fabric manager → plugin → API test
+server, driven over the DRA socket as the kubelet drives it.
+
+prepare → the device is bound to this node in the fabric, visible in the node's emulated sysfs
+tree, the CDI spec is valid and names it → unprepare → unbound, tree entry and spec gone.
+Also: racing claims for one device, SIGKILL around a prepare and the retry, restart in between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from dra_driver.plugin import cdi
+from dra_driver.plugin.backend import identity_of
+from dra_driver.plugin.hostdev import HostScanner
+from emulator.procs import RoleProcess
+from fabric.api import BindingState, Device, DeviceType, FabricNode
+from fabric.manager_client import ManagerClient
+from tests.support.plugin import DRIVER, ClaimRef, PluginStack, short_dir
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("emulator.cli") is None or importlib.util.find_spec("fabric.cli") is None,
+    reason="needs the emulator and fabric manager roles (emulator.cli, fabric.cli) in this build",
+)
+
+
+@dataclass
+class Fabric:
+    root: Path
+    emulator: RoleProcess
+    manager: RoleProcess
+    node: FabricNode
+    stack: PluginStack
+
+    @property
+    def sysfs_root(self) -> Path:
+        return self.root / "emu" / "hosts" / self.node.host / "sys"
+
+    async def device(self, name: str) -> Device:
+        async with ManagerClient(self.manager.address) as client:
+            return await client.device(name)
+
+    async def free_devices(self, device_type: DeviceType) -> list[Device]:
+        async with ManagerClient(self.manager.address) as client:
+            devices = await client.devices()
+        return [
+            d
+            for d in devices
+            if d.type is device_type
+            and d.state is BindingState.FREE
+            and d.pool in self.node.pools
+            and d.managed
+        ]
+
+
+def _nodes(manager_url: str) -> list[FabricNode]:
+    async def fetch() -> list[FabricNode]:
+        async with ManagerClient(manager_url) as client:
+            return await client.nodes()
+
+    return asyncio.run(fetch())
+
+
+@pytest.fixture(scope="module")
+def fabric() -> Iterator[Fabric]:
+    root = short_dir("fdf-")
+    emulator = RoleProcess(
+        [
+            "emulator",
+            "serve",
+            "--state-dir",
+            str(root / "emu"),
+            "--latency",
+            "instant",
+            "--insecure-no-auth",
+            "--port",
+            "0",
+            "--ready-file",
+            str(root / "emulator.ready"),
+        ],
+        ready_file=root / "emulator.ready",
+        log_file=root / "emulator.log",
+        name="emulator",
+    ).start()
+    manager: RoleProcess | None = None
+    try:
+        manager = RoleProcess(
+            [
+                "manager",
+                "serve",
+                "--redfish-url",
+                emulator.address,
+                "--state-dir",
+                str(root / "manager"),
+                "--insecure-no-auth",
+                "--port",
+                "0",
+                "--ready-file",
+                str(root / "manager.ready"),
+            ],
+            ready_file=root / "manager.ready",
+            log_file=root / "manager.log",
+            name="manager",
+        ).start()
+        nodes = [n for n in _nodes(manager.address) if n.pools]
+        if not nodes:
+            pytest.fail(f"the manager maps no node to a fabric pool:\n{manager.tail()}")
+        node = nodes[0]
+        stack = PluginStack(
+            root / "k",
+            node=node.name,
+            backend="fabric",
+            manager_url=manager.address,
+            sysfs_root=root / "emu" / "hosts" / node.host / "sys",
+        )
+        (root / "k").mkdir()
+        with stack:
+            yield Fabric(root, emulator, manager, node, stack)
+    finally:
+        if manager is not None:
+            manager.stop()
+        emulator.stop()
+
+
+def _spec_names(path: Path) -> list[str]:
+    spec = cdi.CdiSpec.model_validate_json(path.read_text())
+    cdi.validate_spec(spec)
+    return [f"{spec.kind}={d.name}" for d in spec.devices]
+
+
+def test_prepare_binds_and_unprepare_releases(fabric: Fabric) -> None:
+    async def scenario() -> None:
+        (gpu, *_) = await fabric.free_devices(DeviceType.GPU)
+        ref = await fabric.stack.create_claim("flow-gpu", [("gpu", gpu.name)], pool=gpu.pool)
+        result = (await fabric.stack.prepare([ref])).claims[ref.uid]
+        assert result.error == "", result.error
+        (answered,) = result.devices
+        assert (answered.device_name, answered.pool_name) == (gpu.name, gpu.pool)
+
+        bound = await fabric.device(gpu.name)
+        assert (
+            bound.state is BindingState.BOUND
+            and bound.node == fabric.node.name
+            and bound.claim_uid == ref.uid
+        )
+        host = HostScanner(fabric.sysfs_root, real_host=False).find(identity_of(bound))
+        assert host is not None, "the bound GPU is not in the node's sysfs tree"
+        (spec_path,) = cdi.spec_files_of_claim(fabric.stack.cdi_root, DRIVER, ref.uid)
+        assert _spec_names(spec_path) == list(answered.cdi_device_ids)
+        env = json.loads(spec_path.read_text())["devices"][0]["containerEdits"]["env"]
+        assert f"{cdi.env_prefix(gpu.name)}PCI_ADDRESS={host.pci_address}" in env
+
+        assert (await fabric.stack.unprepare([ref])).claims[ref.uid].error == ""
+        assert (await fabric.device(gpu.name)).state is BindingState.FREE
+        assert HostScanner(fabric.sysfs_root, real_host=False).find(identity_of(bound)) is None
+        assert cdi.spec_files_of_claim(fabric.stack.cdi_root, DRIVER, ref.uid) == []
+
+    asyncio.run(scenario())
+
+
+def test_two_claims_racing_for_one_device(fabric: Fabric) -> None:
+    async def scenario() -> None:
+        (gpu, *_) = await fabric.free_devices(DeviceType.GPU)
+        a = await fabric.stack.create_claim("race-a", [("gpu", gpu.name)], pool=gpu.pool)
+        b = await fabric.stack.create_claim("race-b", [("gpu", gpu.name)], pool=gpu.pool)
+        async with fabric.stack.caller() as kubelet:
+            ra, rb = await asyncio.gather(kubelet.prepare([a]), kubelet.prepare([b]))
+        errors = {a.uid: ra.claims[a.uid].error, b.uid: rb.claims[b.uid].error}
+        winners = [uid for uid, error in errors.items() if not error]
+        assert len(winners) == 1, errors
+        winner, loser = (a, b) if winners == [a.uid] else (b, a)
+        assert "in use" in errors[loser.uid]
+        assert (await fabric.device(gpu.name)).claim_uid == winner.uid
+        assert (await fabric.stack.unprepare([winner])).claims[winner.uid].error == ""
+        assert (await fabric.stack.prepare([loser])).claims[loser.uid].error == ""  # the retry wins now
+        assert (await fabric.device(gpu.name)).claim_uid == loser.uid
+        assert (await fabric.stack.unprepare([loser])).claims[loser.uid].error == ""
+
+    asyncio.run(scenario())
+
+
+def test_plugin_killed_around_prepare_and_the_call_retried(fabric: Fabric) -> None:
+    async def start() -> tuple[ClaimRef, Device]:
+        (nvme, *_) = await fabric.free_devices(DeviceType.NVME)
+        ref = await fabric.stack.create_claim("kill-nvme", [("disk", nvme.name)], pool=nvme.pool)
+        caller = fabric.stack.caller()
+        async with caller:
+            call = asyncio.ensure_future(caller.prepare([ref]))
+            await asyncio.sleep(0.02)
+            fabric.stack.kill_plugin()  # SIGKILL wherever the prepare is
+            with contextlib.suppress(grpc.aio.AioRpcError):  # the kubelet sees the call fail and retries
+                await call
+        return ref, nvme
+
+    ref, nvme = asyncio.run(start())
+    fabric.stack.start_plugin()
+
+    async def retry() -> None:
+        result = (await fabric.stack.prepare([ref])).claims[ref.uid]
+        assert result.error == "", result.error
+        bound = await fabric.device(nvme.name)
+        assert bound.node == fabric.node.name and bound.claim_uid == ref.uid
+
+    asyncio.run(retry())
+    # restarted between prepare and unprepare, and the claim deleted meanwhile
+    assert fabric.stack.stop_plugin() == 0
+    fabric.stack.start_plugin()
+
+    async def release() -> None:
+        await fabric.stack.delete_claim(ref)
+        assert (await fabric.stack.unprepare([ref])).claims[ref.uid].error == ""
+        assert (await fabric.device(nvme.name)).state is BindingState.FREE
+
+    asyncio.run(release())
