@@ -22,7 +22,15 @@ import time
 import urllib.request
 from typing import Any
 
-from tests.support.plugin import ClaimRef, PluginStack, free_port, rss_kib
+from tests.support.plugin import (
+    ClaimRef,
+    PluginStack,
+    fabric_roles_present,
+    free_port,
+    rss_kib,
+    short_dir,
+    start_fabric,
+)
 
 __all__ = ["run"]
 
@@ -150,9 +158,98 @@ def _noop(quick: bool) -> dict[str, Any]:
     return result
 
 
+def _fabric_time(port: int) -> float:
+    phases = _phase_sums(port)
+    return sum(phases.get(p, (0.0, 0.0))[1] for p in ("attach", "visible"))
+
+
+def _fabric(quick: bool) -> dict[str, Any]:
+    """Against the instant emulator: overhead = prepare latency - the plugin's attach+visible time."""
+    from fabric.api import BindingState, DeviceType
+    from fabric.manager_client import ManagerClient
+
+    iterations = 30 if quick else 300
+    root = short_dir("fdb-")
+    processes = start_fabric(root)
+    try:
+
+        async def discover() -> tuple[Any, list[Any]]:
+            async with ManagerClient(processes.manager.address) as client:
+                nodes = [n for n in await client.nodes() if n.pools]
+                devices = await client.devices()
+            node = nodes[0]
+            free = [
+                d
+                for d in devices
+                if d.state is BindingState.FREE
+                and d.pool in node.pools
+                and d.managed
+                and d.type is not DeviceType.OTHER
+            ]
+            return node, free
+
+        node, free = asyncio.run(discover())
+        port = free_port()
+        (root / "k").mkdir()
+        with PluginStack(
+            root / "k",
+            node=node.name,
+            backend="fabric",
+            manager_url=processes.manager.address,
+            sysfs_root=processes.sysfs_root(node.host),
+            metrics_port=port,
+        ) as stack:
+            assert stack.plugin is not None
+            idle_rss = rss_kib(stack.plugin.pid)
+            device = free[0]
+
+            async def scenario() -> dict[str, Any]:
+                kube = stack.kube()
+                try:
+                    refs = [
+                        await stack.create_claim(
+                            f"f-{i}", [("dev", device.name)], pool=device.pool, kube=kube
+                        )
+                        for i in range(iterations)
+                    ]
+                    many = [
+                        await stack.create_claim(f"fm-{i}", [("dev", d.name)], pool=d.pool, kube=kube)
+                        for i, d in enumerate(free[:50])
+                    ]
+                finally:
+                    await kube.aclose()
+                latency, overhead = [], []
+                async with stack.caller() as kubelet:
+                    for ref in refs:
+                        before = _fabric_time(port)
+                        t0 = time.perf_counter()
+                        response = await kubelet.prepare([ref])
+                        elapsed = time.perf_counter() - t0
+                        if response.claims[ref.uid].error:
+                            raise RuntimeError(response.claims[ref.uid].error)
+                        latency.append(elapsed)
+                        overhead.append(elapsed - (_fabric_time(port) - before))
+                        await kubelet.unprepare([ref])
+                return {
+                    "prepare": _ms(latency),
+                    "plugin_overhead": _ms(overhead),
+                    "concurrent": await _concurrent(stack, many),
+                    "idle_rss_mib": round(idle_rss / 1024, 1),
+                }
+
+            return asyncio.run(scenario())
+    finally:
+        processes.stop()
+
+
 def run(quick: bool) -> dict[str, Any]:
     """Figures for the top-level bench command."""
-    return {"noop": _noop(quick)}
+    figures: dict[str, Any] = {"noop": _noop(quick)}
+    if fabric_roles_present():
+        figures["fabric_instant"] = _fabric(quick)
+    else:
+        figures["fabric_instant"] = "skipped: the emulator and manager roles are not in this build"
+    return figures
 
 
 def main() -> None:

@@ -33,7 +33,18 @@ from dra_driver.proto.dra_v1 import api_pb2 as dra_pb2
 from dra_driver.proto.dra_v1 import api_pb2_grpc as dra_grpc
 from emulator.procs import RoleProcess
 
-__all__ = ["DRIVER", "ClaimRef", "DraCaller", "PluginStack", "free_port", "rss_kib", "short_dir"]
+__all__ = [
+    "DRIVER",
+    "ClaimRef",
+    "DraCaller",
+    "FabricProcesses",
+    "PluginStack",
+    "fabric_roles_present",
+    "free_port",
+    "rss_kib",
+    "short_dir",
+    "start_fabric",
+]
 
 DRIVER = "fabric-dra.io"
 
@@ -353,3 +364,60 @@ class DraCaller:
             request, timeout=call_seconds
         )
         return response
+
+
+def fabric_roles_present() -> bool:
+    return (
+        importlib.util.find_spec("emulator.cli") is not None
+        and importlib.util.find_spec("fabric.cli") is not None
+    )
+
+
+@dataclass
+class FabricProcesses:
+    """A running emulator (``instant`` latency) and fabric manager; stop() ends both."""
+
+    emulator: RoleProcess
+    manager: RoleProcess
+    state_dir: Path
+
+    def sysfs_root(self, host: str) -> Path:
+        return self.state_dir / "hosts" / host / "sys"
+
+    def stop(self) -> None:
+        self.manager.stop()
+        self.emulator.stop()
+
+
+def start_fabric(root: Path, latency: str = "instant") -> FabricProcesses:
+    state_dir = root / "emu"
+    emulator = RoleProcess(
+        [
+            *("emulator", "serve", "--state-dir", str(state_dir), "--latency", latency),
+            *("--insecure-no-auth", "--port", "0", "--ready-file", str(root / "emulator.ready")),
+        ],
+        ready_file=root / "emulator.ready",
+        log_file=root / "emulator.log",
+        name="emulator",
+    ).start()
+    try:
+        manager = RoleProcess(
+            [
+                *(
+                    "manager",
+                    "serve",
+                    "--redfish-url",
+                    emulator.address,
+                    "--state-dir",
+                    str(root / "manager"),
+                ),
+                *("--insecure-no-auth", "--port", "0", "--ready-file", str(root / "manager.ready")),
+            ],
+            ready_file=root / "manager.ready",
+            log_file=root / "manager.log",
+            name="manager",
+        ).start()
+    except BaseException:
+        emulator.stop()
+        raise
+    return FabricProcesses(emulator, manager, state_dir)

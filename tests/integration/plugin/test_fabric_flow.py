@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,10 +24,10 @@ from dra_driver.plugin.hostdev import HostScanner
 from emulator.procs import RoleProcess
 from fabric.api import BindingState, Device, DeviceType, FabricNode
 from fabric.manager_client import ManagerClient
-from tests.support.plugin import DRIVER, ClaimRef, PluginStack, short_dir
+from tests.support.plugin import DRIVER, ClaimRef, PluginStack, fabric_roles_present, short_dir, start_fabric
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("emulator.cli") is None or importlib.util.find_spec("fabric.cli") is None,
+    not fabric_roles_present(),
     reason="needs the emulator and fabric manager roles (emulator.cli, fabric.cli) in this build",
 )
 
@@ -73,62 +72,24 @@ def _nodes(manager_url: str) -> list[FabricNode]:
 @pytest.fixture(scope="module")
 def fabric() -> Iterator[Fabric]:
     root = short_dir("fdf-")
-    emulator = RoleProcess(
-        [
-            "emulator",
-            "serve",
-            "--state-dir",
-            str(root / "emu"),
-            "--latency",
-            "instant",
-            "--insecure-no-auth",
-            "--port",
-            "0",
-            "--ready-file",
-            str(root / "emulator.ready"),
-        ],
-        ready_file=root / "emulator.ready",
-        log_file=root / "emulator.log",
-        name="emulator",
-    ).start()
-    manager: RoleProcess | None = None
+    processes = start_fabric(root)
     try:
-        manager = RoleProcess(
-            [
-                "manager",
-                "serve",
-                "--redfish-url",
-                emulator.address,
-                "--state-dir",
-                str(root / "manager"),
-                "--insecure-no-auth",
-                "--port",
-                "0",
-                "--ready-file",
-                str(root / "manager.ready"),
-            ],
-            ready_file=root / "manager.ready",
-            log_file=root / "manager.log",
-            name="manager",
-        ).start()
-        nodes = [n for n in _nodes(manager.address) if n.pools]
+        nodes = [n for n in _nodes(processes.manager.address) if n.pools]
         if not nodes:
-            pytest.fail(f"the manager maps no node to a fabric pool:\n{manager.tail()}")
+            pytest.fail(f"the manager maps no node to a fabric pool:\n{processes.manager.tail()}")
         node = nodes[0]
+        (root / "k").mkdir()
         stack = PluginStack(
             root / "k",
             node=node.name,
             backend="fabric",
-            manager_url=manager.address,
-            sysfs_root=root / "emu" / "hosts" / node.host / "sys",
+            manager_url=processes.manager.address,
+            sysfs_root=processes.sysfs_root(node.host),
         )
-        (root / "k").mkdir()
         with stack:
-            yield Fabric(root, emulator, manager, node, stack)
+            yield Fabric(root, processes.emulator, processes.manager, node, stack)
     finally:
-        if manager is not None:
-            manager.stop()
-        emulator.stop()
+        processes.stop()
 
 
 def _spec_names(path: Path) -> list[str]:
