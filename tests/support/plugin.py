@@ -403,15 +403,9 @@ def start_fabric(root: Path, latency: str = "instant") -> FabricProcesses:
     try:
         manager = RoleProcess(
             [
-                *(
-                    "manager",
-                    "serve",
-                    "--redfish-url",
-                    emulator.address,
-                    "--state-dir",
-                    str(root / "manager"),
-                ),
-                *("--insecure-no-auth", "--port", "0", "--ready-file", str(root / "manager.ready")),
+                *("manager", "serve", "--redfish-url", emulator.address, "--redfish-auth", "none"),
+                *("--state-dir", str(root / "manager"), "--insecure-no-auth"),
+                *("--port", "0", "--ready-file", str(root / "manager.ready")),
             ],
             ready_file=root / "manager.ready",
             log_file=root / "manager.log",
