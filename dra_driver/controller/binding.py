@@ -131,6 +131,9 @@ class ClaimBinder:
         #: claim UID → (device, node) → what we did for it
         self._held: dict[str, dict[tuple[str, str], _Held]] = {}
         self._first_seen: dict[tuple[str, str], float] = {}
+        #: claims with a device reported AttachFailed: the pod cannot bind with that allocation,
+        #: so what was attached for it is released without the grace period
+        self._doomed: set[str] = set()
 
     # -- running ------------------------------------------------------------------------------
 
@@ -287,7 +290,7 @@ class ClaimBinder:
                 state.release_at = None
                 continue
             device, node = key
-            if state.attached:
+            if state.attached and uid not in self._doomed:
                 if state.release_at is None:
                     state.release_at = now + self.release_grace
                 if now < state.release_at:
@@ -300,6 +303,7 @@ class ClaimBinder:
             log.info("device released: its allocation is gone", claim=uid, device=device, node=node)
         if not held:
             self._held.pop(uid, None)
+            self._doomed.discard(uid)
 
     def _device_conditions(self, obj: dict[str, Any]) -> dict[tuple[str, str], dict[str, dict[str, Any]]]:
         out: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
@@ -411,6 +415,7 @@ class ClaimBinder:
         self, uid: str, target: Target, reason: str, message: str, *, started: float | None = None
     ) -> None:
         reason = reason if reason.replace("_", "").isalnum() and reason[:1].isalpha() else "AttachFailed"
+        self._doomed.add(uid)
         await self._set(
             uid,
             target,

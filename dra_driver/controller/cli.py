@@ -150,6 +150,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    import logging
+
     from dra_driver.cli import CliError
     from dra_driver.controller.app import Controller, ControllerOptions
     from dra_driver.controller.features import ResourceApiMissing
@@ -192,6 +194,9 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         ready_file=str(args.ready_file) if args.ready_file else None,
     )
+
+    # One line per HTTP request would drown the controller's own events (a pass writes ~80 slices).
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -137,6 +137,7 @@ class InventoryServer:
         self._changed: asyncio.Condition | None = None
         self._thread: threading.Thread | None = None
         self._server: uvicorn.Server | None = None
+        self._closing = False
         self.url = ""
 
     # -- control from the test ------------------------------------------------------------
@@ -197,7 +198,7 @@ class InventoryServer:
             if after is not None:
                 deadline = time.monotonic() + timeoutSeconds
                 async with self._changed:
-                    while self.inventory.version <= after:
+                    while self.inventory.version <= after and not self._closing:
                         remaining = deadline - time.monotonic()
                         if remaining <= 0:
                             break
@@ -272,7 +273,14 @@ class InventoryServer:
 
     def start(self) -> InventoryServer:
         port = _free_port()
-        config = uvicorn.Config(self._app(), host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+        config = uvicorn.Config(
+            self._app(),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            lifespan="off",
+            timeout_graceful_shutdown=1,
+        )
         self._server = uvicorn.Server(config)
         ready = threading.Event()
 
@@ -297,6 +305,10 @@ class InventoryServer:
         return self
 
     def stop(self) -> None:
+        # Long polls in flight answer at once, so shutdown does not wait for their timeout.
+        self._closing = True
+        if self._thread is not None and self._thread.is_alive():
+            self._notify()
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:
