@@ -110,6 +110,9 @@ class Device(_Model):
     health: Health = Health.OK
     state: BindingState = BindingState.FREE
     node: str | None = Field(default=None, description="Kubernetes node it is bound (or being bound) to")
+    host: str | None = Field(
+        default=None, description="Redfish ComputerSystem Id it is bound to (also when that host is no node)"
+    )
     claim_uid: str | None = Field(
         default=None, description="the claim that holds it, when fabric-dra bound it"
     )

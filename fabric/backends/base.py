@@ -1,0 +1,156 @@
+"""What every binding backend offers, and the fabric-endpoint reading that two of them share."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from fabric.backends.describe import DEVICE_ENTITY_TYPES
+from fabric.backends.model import BindingStyle, DeviceRecord, HostRecord
+from fabric.backends.walk import Walk, links, odata_id, path_ids
+from fabric.errors import NodeNotFound
+from fabric.redfish.client import RedfishClient, RedfishResponse
+
+__all__ = [
+    "Backend",
+    "BindContext",
+    "DiscoveryResult",
+    "EndpointView",
+    "action_target",
+    "read_endpoints",
+]
+
+JSON = dict[str, Any]
+
+
+@dataclass(slots=True)
+class BindContext:
+    """What a bind or unbind needs from the operation that runs it."""
+
+    #: ``time.monotonic()`` after which a running Redfish task is left to run (AttachTimeout)
+    deadline: float
+    #: called right before every request that changes the fabric; raises NotLeader when this
+    #: replica lost its Lease, so a deposed leader never touches the fabric
+    fence: Callable[[], None]
+    #: called with the task monitor URI when the fabric answers 202, before waiting for it
+    on_task: Callable[[str], Awaitable[None]] | None = None
+    #: a short human description for errors and logs, e.g. "bind gpu0 to kind-worker"
+    action: str = ""
+
+
+@dataclass(slots=True)
+class DiscoveryResult:
+    devices: list[DeviceRecord] = field(default_factory=list)
+    #: ComputerSystem Id → initiator endpoint URIs on this backend's fabric
+    initiators: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: ComputerSystem Ids this backend can bind devices to
+    hosts: tuple[str, ...] = ()
+
+
+def action_target(resource: Mapping[str, Any] | None, action: str) -> str | None:
+    """The ``target`` URI of ``#<action>`` in a resource's ``Actions``, if the service offers it."""
+    actions = resource.get("Actions") if resource else None
+    if not isinstance(actions, Mapping):
+        return None
+    entry = actions.get(f"#{action}")
+    if isinstance(entry, Mapping) and entry.get("target"):
+        return str(entry["target"])
+    return None
+
+
+@dataclass(slots=True)
+class EndpointView:
+    """A fabric Endpoint classified: an initiator of a host, a device target, or neither."""
+
+    uri: str
+    id: str
+    resource: JSON
+    host: str | None = None  # ComputerSystem Id, for initiators
+    entities: list[tuple[str, str]] = field(default_factory=list)  # device targets: (EntityType, URI)
+    chunks: list[str] = field(default_factory=list)  # MemoryChunk URIs among the entities
+
+    @property
+    def is_initiator(self) -> bool:
+        return self.host is not None
+
+    @property
+    def is_target(self) -> bool:
+        return bool(self.entities)
+
+
+def classify_endpoint(resource: JSON) -> EndpointView | None:
+    uri = odata_id(resource)
+    if not uri:
+        return None
+    view = EndpointView(uri=uri, id=str(resource.get("Id") or uri.rsplit("/", 1)[-1]), resource=resource)
+    for entity in resource.get("ConnectedEntities") or []:
+        if not isinstance(entity, Mapping):
+            continue
+        role = str(entity.get("EntityRole") or "")
+        kind = str(entity.get("EntityType") or "")
+        target = odata_id(entity.get("EntityLink"))
+        if role in ("Initiator", "Both") and target:
+            host = path_ids(target, "Systems")
+            if host and view.host is None:
+                view.host = host
+        if role in ("Target", "Both") and kind in DEVICE_ENTITY_TYPES and target:
+            if path_ids(target, "Systems") and role == "Both":
+                continue  # a host's own resource, not a pooled device
+            view.entities.append((kind, target))
+            if kind == "MemoryChunk":
+                view.chunks.append(target)
+    return view
+
+
+async def read_endpoints(walk: Walk, fabric: Mapping[str, Any]) -> list[EndpointView]:
+    collection = odata_id(fabric.get("Endpoints"))
+    views = [classify_endpoint(r) for r in await walk.members(collection)]
+    return [v for v in views if v is not None]
+
+
+class Backend(ABC):
+    """One binding style on one fabric."""
+
+    style: ClassVar[BindingStyle]
+
+    def __init__(self, client: RedfishClient, fabric_id: str, fabric_uri: str | None) -> None:
+        self.client = client
+        self.fabric_id = fabric_id
+        self.fabric_uri = fabric_uri
+
+    @abstractmethod
+    async def discover(self, walk: Walk, hosts: Mapping[str, HostRecord]) -> DiscoveryResult:
+        """Devices this backend can bind, with their current bindings."""
+
+    @abstractmethod
+    async def read_binding(self, device: DeviceRecord) -> tuple[str, ...]:
+        """The ComputerSystem Ids ``device`` is bound to now, read fresh from the fabric."""
+
+    @abstractmethod
+    async def bind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
+        """Bind ``device`` to ``host``; returns once the fabric reports it done."""
+
+    @abstractmethod
+    async def unbind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
+        """Undo the binding of ``device`` to ``host``; returns once the fabric reports it done."""
+
+    def initiators_of(self, host: HostRecord) -> tuple[str, ...]:
+        found = host.initiators.get(self.fabric_id, ())
+        if not found:
+            raise NodeNotFound(f"host {host.id} has no initiator endpoint on fabric {self.fabric_id}")
+        return found
+
+    async def _finish(self, response: RedfishResponse, ctx: BindContext) -> RedfishResponse:
+        return await self.client.follow(
+            response, action=ctx.action, deadline=ctx.deadline, on_task=ctx.on_task
+        )
+
+    @staticmethod
+    def _link_list(uris: list[str]) -> list[dict[str, str]]:
+        return [{"@odata.id": u} for u in uris]
+
+    @staticmethod
+    def _links(resource: Mapping[str, Any] | None, *path: str) -> list[str]:
+        return links(resource, *path)

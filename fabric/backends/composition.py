@@ -1,0 +1,122 @@
+"""Binding through the CompositionService: ResourceBlocks added to and removed from a system.
+
+Each ResourceBlock that holds a device (ResourceBlockType Processor, Storage, Network, Expansion,
+IndependentResource) is one allocatable device. It is bound to the ComputerSystems in its
+``Links.ComputerSystems`` while its ``CompositionStatus.CompositionState`` is Composed,
+ComposedAndAvailable or Composing. Binding is the expandable-system use case of the Redfish
+Composability white paper (DSP2050): ``#ComputerSystem.AddResourceBlock`` on the host system,
+``#ComputerSystem.RemoveResourceBlock`` to undo it, both with ``ResourceBlockETag`` and
+``ComputerSystemETag`` (ComputerSystem 1.16) so a concurrent change fails instead of winning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from fabric.backends.base import Backend, BindContext, DiscoveryResult, action_target
+from fabric.backends.describe import describe
+from fabric.backends.model import BindingStyle, DeviceRecord, HostRecord
+from fabric.backends.walk import Walk, links, odata_id, path_ids
+from fabric.errors import NodeNotFound
+
+__all__ = ["COMPOSITION_FABRIC", "CompositionBackend", "block_binding"]
+
+JSON = dict[str, Any]
+#: the fabric name of devices that come from resource blocks linked to no Redfish fabric
+COMPOSITION_FABRIC = "Composition"
+_DEVICE_BLOCK_TYPES = frozenset({"Processor", "Storage", "Network", "Expansion", "IndependentResource"})
+_HOST_BLOCK_TYPES = frozenset({"Compute", "ComputerSystem"})
+_BOUND_STATES = frozenset({"Composed", "ComposedAndAvailable", "Composing"})
+_BROKEN_STATES = frozenset({"Failed", "Unavailable"})
+#: ResourceBlock properties that list device resources, with the Endpoint EntityType they correspond to
+_ENTITY_PROPERTIES = (
+    ("Processors", "Processor"),
+    ("Drives", "Drive"),
+    ("NetworkInterfaces", "NetworkController"),
+    ("EthernetInterfaces", "NetworkController"),
+    ("Storage", "StorageSubsystem"),
+    ("SimpleStorage", "StorageSubsystem"),
+    ("PCIeDevices", "PCIeDevice"),
+)
+
+
+def block_binding(block: Mapping[str, Any]) -> tuple[tuple[str, ...], bool]:
+    """(ComputerSystem Ids the block is composed into, whether it can be composed at all)."""
+    status = block.get("CompositionStatus") or {}
+    state = str(status.get("CompositionState") or "")
+    hosts = tuple(
+        sorted(h for h in (path_ids(u, "Systems") for u in links(block, "Links", "ComputerSystems")) if h)
+    )
+    if state in _BOUND_STATES:
+        return (hosts or ("unknown",)), True
+    usable = state not in _BROKEN_STATES and not status.get("Reserved")
+    return (), usable
+
+
+class CompositionBackend(Backend):
+    style = BindingStyle.COMPOSITION
+
+    async def discover(self, walk: Walk, hosts: Mapping[str, HostRecord]) -> DiscoveryResult:
+        service = await walk.get(self.fabric_uri)
+        if service is None or service.get("ServiceEnabled") is False:
+            return DiscoveryResult()
+        systems = await walk.get_all(h.uri for h in hosts.values())
+        expandable = tuple(
+            sorted(
+                str(s.get("Id"))
+                for s in systems
+                if action_target(s, "ComputerSystem.AddResourceBlock") and str(s.get("Id")) in hosts
+            )
+        )
+        result = DiscoveryResult(hosts=expandable)
+        for block in await walk.members(odata_id(service.get("ResourceBlocks"))):
+            kinds = set(block.get("ResourceBlockType") or [])
+            if not kinds & _DEVICE_BLOCK_TYPES or kinds & _HOST_BLOCK_TYPES:
+                continue  # compute, memory and whole-system blocks are not pooled devices
+            entities = [(entity, uri) for prop, entity in _ENTITY_PROPERTIES for uri in links(block, prop)]
+            if not entities:
+                continue
+            attributes = await describe(walk, entities, container=block)
+            bound, usable = block_binding(block)
+            if not usable:
+                attributes = replace(attributes, available=False)
+            result.devices.append(
+                DeviceRecord(
+                    key=str(odata_id(block)),
+                    resource_id=str(block.get("Id") or odata_id(block)),
+                    fabric=self.fabric_id,
+                    style=self.style,
+                    attributes=attributes,
+                    bound_hosts=bound,
+                    reachable_hosts=expandable,
+                    block=odata_id(block),
+                )
+            )
+        return result
+
+    async def read_binding(self, device: DeviceRecord) -> tuple[str, ...]:
+        block = await Walk(self.client).get(device.block)
+        return block_binding(block)[0] if block else ()
+
+    async def _action(self, device: DeviceRecord, host: HostRecord, action: str, ctx: BindContext) -> None:
+        block = await self.client.get(str(device.block))
+        system = await self.client.get(host.uri)
+        target = action_target(system.body, f"ComputerSystem.{action}")
+        if not target:
+            raise NodeNotFound(f"system {host.id} does not offer ComputerSystem.{action}")
+        body: dict[str, Any] = {"ResourceBlock": {"@odata.id": device.block}}
+        if block.etag:
+            body["ResourceBlockETag"] = block.etag
+        if system.etag:
+            body["ComputerSystemETag"] = system.etag
+        ctx.fence()
+        response = await self.client.post(target, body)
+        await self._finish(response, ctx)
+
+    async def bind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
+        await self._action(device, host, "AddResourceBlock", ctx)
+
+    async def unbind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
+        await self._action(device, host, "RemoveResourceBlock", ctx)

@@ -1,0 +1,189 @@
+"""CXL memory binding through fabric Connections.
+
+The unit of binding is a memory chunk (MemoryChunks schema) behind a target endpoint. A chunk is
+bound to a host while a Connection (Connection schema 1.4, ``ConnectionType`` ``Memory``) lists it in
+``MemoryChunkInfo`` with one of the host's initiator endpoints in ``Links.InitiatorEndpoints``.
+Binding POSTs such a Connection to the fabric's Connections collection; unbinding DELETEs it with
+``If-Match``. A Connection that also carries chunks fabric-dra did not ask for is never deleted.
+
+Connections are found through the collection *and* the endpoints' ``Links.Connections``: DMTF's
+public-cxl mockup lists Connection 14 only from endpoint T4, not from its collection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from fabric.backends.base import Backend, BindContext, DiscoveryResult, classify_endpoint, read_endpoints
+from fabric.backends.describe import describe
+from fabric.backends.model import BindingStyle, DeviceRecord, HostRecord
+from fabric.backends.walk import Walk, links, odata_id, path_ids
+from fabric.errors import BindFailed
+
+__all__ = ["ConnectionBackend"]
+
+JSON = dict[str, Any]
+
+
+def _chunks_of(connection: Mapping[str, Any]) -> list[str]:
+    found = []
+    for info in connection.get("MemoryChunkInfo") or []:
+        if isinstance(info, Mapping):
+            uri = odata_id(info.get("MemoryChunk"))
+            if uri:
+                found.append(uri)
+    return found
+
+
+class ConnectionBackend(Backend):
+    style = BindingStyle.CONNECTION
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._initiator_hosts: dict[str, str] = {}
+
+    async def discover(self, walk: Walk, hosts: Mapping[str, HostRecord]) -> DiscoveryResult:
+        fabric = await walk.get(self.fabric_uri)
+        if fabric is None:
+            return DiscoveryResult()
+        endpoints = await read_endpoints(walk, fabric)
+        initiators: dict[str, list[str]] = {}
+        for view in endpoints:
+            if view.is_initiator and view.host in hosts:
+                initiators.setdefault(str(view.host), []).append(view.uri)
+        self._initiator_hosts = {uri: host for host, uris in initiators.items() for uri in uris}
+        connections = await walk.members(odata_id(fabric.get("Connections")))
+        listed = {odata_id(c) for c in connections}
+        extra = [
+            u for view in endpoints for u in links(view.resource, "Links", "Connections") if u not in listed
+        ]
+        connections.extend(await walk.get_all(extra))
+        await self._learn_initiators(walk, connections)
+        result = DiscoveryResult(
+            initiators={h: tuple(sorted(u)) for h, u in initiators.items()},
+            hosts=tuple(sorted(initiators)),
+        )
+        for view in endpoints:
+            if not view.is_target or not view.chunks:
+                continue
+            for chunk_uri in view.chunks:
+                chunk = await walk.get(chunk_uri)
+                if chunk is None:
+                    continue
+                attributes = await describe(walk, view.entities, endpoint=view.resource, chunk=chunk)
+                bound = {
+                    host
+                    for connection in connections
+                    if self._carries(connection, chunk_uri, view.uri)
+                    for host in self._hosts_of(connection)
+                }
+                result.devices.append(
+                    DeviceRecord(
+                        key=chunk_uri,
+                        resource_id=view.id if len(view.chunks) == 1 else _chunk_id(view.id, chunk_uri),
+                        fabric=self.fabric_id,
+                        style=self.style,
+                        attributes=attributes,
+                        bound_hosts=tuple(sorted(bound)),
+                        reachable_hosts=result.hosts,
+                        endpoint=view.uri,
+                        chunk=chunk_uri,
+                    )
+                )
+        return result
+
+    @staticmethod
+    def _carries(connection: Mapping[str, Any], chunk: str, endpoint: str) -> bool:
+        chunks = _chunks_of(connection)
+        if chunks:
+            return chunk in chunks
+        # A memory connection without MemoryChunkInfo grants the whole target endpoint.
+        return endpoint in links(connection, "Links", "TargetEndpoints")
+
+    def _hosts_of(self, connection: Mapping[str, Any]) -> set[str]:
+        hosts = set()
+        for uri in links(connection, "Links", "InitiatorEndpoints"):
+            host = self._initiator_hosts.get(uri)
+            if host:
+                hosts.add(host)
+        return hosts
+
+    async def _learn_initiators(self, walk: Walk, connections: list[JSON]) -> None:
+        """Initiators a connection names but the Endpoints collection does not list (public-cxl's I4)."""
+        for connection in connections:
+            for uri in links(connection, "Links", "InitiatorEndpoints"):
+                if uri not in self._initiator_hosts:
+                    view = classify_endpoint(await walk.get(uri) or {})
+                    if view is not None and view.host:
+                        self._initiator_hosts[uri] = view.host
+
+    async def _fresh_connections(self, walk: Walk, device: DeviceRecord) -> list[JSON]:
+        endpoint = await walk.get(device.endpoint)
+        endpoint_links = (endpoint or {}).get("Links")
+        if isinstance(endpoint_links, Mapping) and "Connections" in endpoint_links:
+            uris = links(endpoint, "Links", "Connections")
+        else:
+            fabric = await walk.get(self.fabric_uri)
+            collection = await walk.get(odata_id((fabric or {}).get("Connections")))
+            uris = [u for u in (odata_id(m) for m in (collection or {}).get("Members") or []) if u]
+        connections = await walk.get_all(uris)
+        await self._learn_initiators(walk, connections)
+        return [c for c in connections if self._carries(c, str(device.chunk), str(device.endpoint))]
+
+    async def read_binding(self, device: DeviceRecord) -> tuple[str, ...]:
+        walk = Walk(self.client)
+        hosts: set[str] = set()
+        for connection in await self._fresh_connections(walk, device):
+            hosts |= self._hosts_of(connection)
+        return tuple(sorted(hosts))
+
+    async def bind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
+        initiators = self.initiators_of(host)
+        walk = Walk(self.client)
+        fabric = await walk.get(self.fabric_uri)
+        collection = odata_id((fabric or {}).get("Connections"))
+        if not collection:
+            raise BindFailed(
+                f"fabric {self.fabric_id} has no Connections collection to bind {device.name} with"
+            )
+        ctx.fence()
+        response = await self.client.post(
+            collection,
+            {
+                "Name": f"fabric-dra {device.name} on {host.id}",
+                "ConnectionType": "Memory",
+                "MemoryChunkInfo": [
+                    {"AccessCapabilities": ["Read", "Write"], "MemoryChunk": {"@odata.id": device.chunk}}
+                ],
+                "Links": {
+                    "InitiatorEndpoints": self._link_list([initiators[0]]),
+                    "TargetEndpoints": self._link_list([str(device.endpoint)]),
+                },
+            },
+        )
+        await self._finish(response, ctx)
+
+    async def unbind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
+        walk = Walk(self.client)
+        for connection in await self._fresh_connections(walk, device):
+            if host.id not in self._hosts_of(connection):
+                continue
+            uri = str(odata_id(connection))
+            others = [c for c in _chunks_of(connection) if c != device.chunk]
+            if others:
+                raise BindFailed(
+                    f"connection {uri} also carries {len(others)} other memory chunk(s); "
+                    f"{device.name} cannot be unbound without unbinding them"
+                )
+            fresh = await self.client.get(uri)
+            ctx.fence()
+            response = await self.client.delete(uri, etag=fresh.etag)
+            await self._finish(response, ctx)
+
+
+def _chunk_id(endpoint_id: str, chunk_uri: str) -> str:
+    """``T1`` + ``…/MemoryDomains/2/MemoryChunks/3`` → ``T1-2-3`` (chunk Ids repeat per domain)."""
+    domain = path_ids(chunk_uri, "MemoryDomains")
+    chunk = chunk_uri.rstrip("/").rsplit("/", 1)[-1]
+    return f"{endpoint_id}-{domain}-{chunk}" if domain else f"{endpoint_id}-{chunk}"

@@ -1,0 +1,187 @@
+"""Which backends a Redfish service needs, and one full discovery pass over it.
+
+Per fabric the binding style comes from the configuration, or — ``auto`` — from what the service
+offers:
+
+* a fabric with a Connections collection (CXL): memory chunks bind through Connections, and its
+  other targets (Type-1/2 devices without chunks) through Zones when it has any;
+* a fabric with Zones only (PCIe): Zones;
+* the CompositionService: ResourceBlocks — in ``auto`` only those whose device is not already
+  reachable through a fabric, so one device never shows up twice (a service may present the same
+  GPU as an endpoint *and* as a resource block).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dra_driver.logs import get_logger
+from fabric.backends.base import Backend
+from fabric.backends.composition import COMPOSITION_FABRIC, CompositionBackend
+from fabric.backends.connections import ConnectionBackend
+from fabric.backends.model import BindingStyle, DeviceRecord, FabricInfo, FabricSnapshot, HostRecord
+from fabric.backends.walk import Walk, odata_id
+from fabric.backends.zones import ZoneBackend
+from fabric.naming import assign_names
+from fabric.redfish.client import SERVICE_ROOT, RedfishClient
+
+__all__ = ["BindingPlan", "Discovery", "StyleChoice"]
+
+log = get_logger(__name__)
+
+StyleChoice = Literal["auto", "zone", "connection", "composition", "none"]
+
+
+class BindingPlan(BaseModel):
+    """``--binding-style`` and ``--fabric-binding FABRIC=STYLE``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    default: StyleChoice = "auto"
+    #: per Redfish Fabric Id (or "Composition" for the CompositionService)
+    fabrics: dict[str, StyleChoice] = Field(default_factory=dict)
+
+    def choice(self, fabric_id: str) -> StyleChoice:
+        return self.fabrics.get(fabric_id, self.default)
+
+
+class Discovery:
+    """Runs discovery passes and keeps the backends they chose, for binding."""
+
+    def __init__(
+        self, client: RedfishClient, plan: BindingPlan | None = None, *, concurrency: int = 16
+    ) -> None:
+        self.client = client
+        self.plan = plan or BindingPlan()
+        self.concurrency = concurrency
+        self.backends: dict[tuple[str, BindingStyle], Backend] = {}
+        self._announced: set[tuple[str, BindingStyle]] = set()
+
+    def backend_for(self, device: DeviceRecord) -> Backend:
+        return self.backends[(device.fabric, device.style)]
+
+    def _backend(self, cls: type[Backend], fabric_id: str, uri: str | None, **kwargs: Any) -> Backend:
+        key = (fabric_id, cls.style)
+        backend = self.backends.get(key)
+        if backend is None or backend.fabric_uri != uri:
+            backend = cls(self.client, fabric_id, uri, **kwargs)
+            self.backends[key] = backend
+        if key not in self._announced:
+            self._announced.add(key)
+            log.info("fabric binding style chosen", fabric=fabric_id, style=str(cls.style))
+        return backend
+
+    def _plan_fabric(self, fabric: Mapping[str, Any]) -> list[Backend]:
+        fabric_id = str(fabric.get("Id"))
+        uri = odata_id(fabric)
+        choice = self.plan.choice(fabric_id)
+        has_zones = odata_id(fabric.get("Zones")) is not None
+        has_connections = odata_id(fabric.get("Connections")) is not None
+        if choice == "auto":
+            if has_connections:
+                chosen: list[Backend] = [self._backend(ConnectionBackend, fabric_id, uri)]
+                if has_zones:
+                    chosen.append(self._backend(ZoneBackend, fabric_id, uri, skip_memory_targets=True))
+                return chosen
+            return [self._backend(ZoneBackend, fabric_id, uri)] if has_zones else []
+        if choice == "zone" and has_zones:
+            return [self._backend(ZoneBackend, fabric_id, uri)]
+        if choice == "connection" and has_connections:
+            return [self._backend(ConnectionBackend, fabric_id, uri)]
+        if choice in ("zone", "connection"):
+            log.warning("fabric does not offer the configured binding style", fabric=fabric_id, style=choice)
+        return []
+
+    async def scan(self) -> FabricSnapshot:
+        """One full pass: hosts, every backend's devices and bindings, unique names."""
+        snapshot = FabricSnapshot()
+        probe = Walk(self.client)
+        root = await probe.get(SERVICE_ROOT) or {}
+        walk = Walk(self.client, concurrency=self.concurrency, expand=_supports_expand(root))
+        walk.seed(root)
+
+        hosts: dict[str, HostRecord] = {}
+        for system in await walk.members(odata_id(root.get("Systems"))):
+            system_id = str(system.get("Id") or "")
+            uri = odata_id(system)
+            if system_id and uri:
+                uuid = system.get("UUID")
+                hosts[system_id] = HostRecord(
+                    id=system_id,
+                    uri=uri,
+                    uuid=str(uuid).lower() if uuid else None,
+                    name=system.get("Name"),
+                    host_name=system.get("HostName"),
+                )
+
+        planned: list[Backend] = []
+        for fabric in await walk.members(odata_id(root.get("Fabrics"))):
+            planned.extend(self._plan_fabric(fabric))
+        composition_uri = odata_id(root.get("CompositionService"))
+        composition_choice = self.plan.choice(COMPOSITION_FABRIC)
+        if composition_uri and composition_choice in ("auto", "composition"):
+            planned.append(self._backend(CompositionBackend, COMPOSITION_FABRIC, composition_uri))
+
+        results = await asyncio.gather(*(b.discover(walk, hosts) for b in planned))
+        devices: list[DeviceRecord] = []
+        initiators: dict[str, dict[str, tuple[str, ...]]] = {}
+        fabric_hosts: dict[str, set[str]] = {}
+        styles: dict[str, list[BindingStyle]] = {}
+        for backend, result in zip(planned, results, strict=True):
+            found = result.devices
+            if backend.style is BindingStyle.COMPOSITION and composition_choice == "auto":
+                found = _without_duplicates(found, devices)
+            devices.extend(found)
+            for host, uris in result.initiators.items():
+                merged = initiators.setdefault(host, {})
+                merged[backend.fabric_id] = tuple(sorted(set(merged.get(backend.fabric_id, ())) | set(uris)))
+            fabric_hosts.setdefault(backend.fabric_id, set()).update(result.hosts)
+            styles.setdefault(backend.fabric_id, []).append(backend.style)
+
+        for host_id, by_fabric in initiators.items():
+            record = hosts[host_id]
+            hosts[host_id] = HostRecord(
+                id=record.id,
+                uri=record.uri,
+                uuid=record.uuid,
+                name=record.name,
+                host_name=record.host_name,
+                initiators=by_fabric,
+            )
+        snapshot.hosts = hosts
+        snapshot.fabrics = {
+            fabric_id: FabricInfo(
+                id=fabric_id,
+                uri=next((b.fabric_uri for b in planned if b.fabric_id == fabric_id), None),
+                styles=tuple(styles[fabric_id]),
+                hosts=tuple(sorted(fabric_hosts[fabric_id])),
+            )
+            for fabric_id in styles
+        }
+        snapshot.devices = assign_names(devices)
+        snapshot.gets = probe.gets + walk.gets
+        return snapshot
+
+
+def _supports_expand(root: Mapping[str, Any]) -> bool:
+    features = root.get("ProtocolFeaturesSupported") or {}
+    expand = features.get("ExpandQuery") if isinstance(features, Mapping) else None
+    return isinstance(expand, Mapping) and bool(expand.get("ExpandAll") or expand.get("NoLinks"))
+
+
+def _without_duplicates(candidates: list[DeviceRecord], known: list[DeviceRecord]) -> list[DeviceRecord]:
+    identities = {uri for d in known for uri in d.attributes.identities} | {d.key for d in known}
+    serials = {d.attributes.serial for d in known if d.attributes.serial}
+    kept = []
+    for device in candidates:
+        if device.attributes.identities & identities or (
+            device.attributes.serial and device.attributes.serial in serials
+        ):
+            log.debug("resource block already reachable through a fabric", block=device.key)
+            continue
+        kept.append(device)
+    return kept

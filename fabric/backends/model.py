@@ -1,0 +1,106 @@
+"""What the backends find on a fabric: devices, hosts and who is bound to what.
+
+These records are internal and richer than :class:`fabric.api.Device`: they keep the Redfish URIs a
+backend needs to bind and unbind. The inventory renders them into the API model.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from fabric.api import DeviceType, Health
+
+__all__ = [
+    "BindingStyle",
+    "DeviceAttributes",
+    "DeviceRecord",
+    "FabricInfo",
+    "FabricSnapshot",
+    "HostRecord",
+]
+
+
+class BindingStyle(StrEnum):
+    """How a fabric binds a device to a host (the three standard Redfish ways)."""
+
+    ZONE = "zone"  # Fabric Zones of Endpoints (PCIe, CXL): initiator and target share a zone
+    COMPOSITION = "composition"  # CompositionService ResourceBlocks added to a ComputerSystem
+    CONNECTION = "connection"  # Fabric Connections with MemoryChunkInfo (CXL memory)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceAttributes:
+    type: DeviceType = DeviceType.OTHER
+    vendor: str | None = None
+    vendor_id: str | None = None
+    device_id: str | None = None
+    model: str | None = None
+    serial: str | None = None
+    uuid: str | None = None
+    memory_bytes: int | None = None
+    pcie_generation: int | None = None
+    pcie_width: int | None = None
+    switch: str | None = None
+    port: str | None = None
+    health: Health = Health.OK
+    #: False when Redfish reports the device Absent, Disabled or offline
+    available: bool = True
+    #: URIs of the resources that make up the device (to recognise it from another binding style)
+    identities: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRecord:
+    """One allocatable device as a backend sees it."""
+
+    key: str  # the Redfish URI that identifies it (target endpoint, resource block or memory chunk)
+    resource_id: str  # the Redfish Id its name is derived from
+    fabric: str  # Redfish Fabric Id ("Composition" for resource blocks outside any fabric)
+    style: BindingStyle
+    attributes: DeviceAttributes
+    #: ComputerSystem Ids the fabric binds it to now (normally zero or one)
+    bound_hosts: tuple[str, ...] = ()
+    #: ComputerSystem Ids it could be bound to
+    reachable_hosts: tuple[str, ...] = ()
+    endpoint: str | None = None  # target endpoint URI (zone, connection)
+    chunk: str | None = None  # memory chunk URI (connection)
+    block: str | None = None  # resource block URI (composition)
+    name: str = ""  # assigned by the inventory (unique DNS label)
+
+    def with_binding(self, hosts: tuple[str, ...]) -> DeviceRecord:
+        return replace(self, bound_hosts=hosts)
+
+
+@dataclass(frozen=True, slots=True)
+class HostRecord:
+    """A Redfish ComputerSystem that a fabric can bind devices to."""
+
+    id: str
+    uri: str
+    uuid: str | None = None
+    name: str | None = None
+    host_name: str | None = None
+    #: Fabric Id → initiator endpoint URIs of this host in that fabric
+    initiators: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class FabricInfo:
+    id: str
+    uri: str | None
+    styles: tuple[BindingStyle, ...]
+    hosts: tuple[str, ...]  # ComputerSystem Ids reachable through it
+
+
+@dataclass(slots=True)
+class FabricSnapshot:
+    """Everything one discovery pass found."""
+
+    devices: list[DeviceRecord] = field(default_factory=list)
+    hosts: dict[str, HostRecord] = field(default_factory=dict)
+    fabrics: dict[str, FabricInfo] = field(default_factory=dict)
+    #: ``time.monotonic()`` when the pass started: later local changes win over it
+    started_at: float = field(default_factory=time.monotonic)
+    gets: int = 0

@@ -1,0 +1,262 @@
+"""PCIe (and CXL) binding through fabric Zones of Endpoints.
+
+A target endpoint is bound to a host when it shares a zone of type ``ZoneOfEndpoints`` with one of
+the host's initiator endpoints (Zone schema 1.6: "the endpoints in a zone can communicate"). To bind:
+
+* if the host already has its own zone that offers ``#Zone.AddEndpoint`` (Zone 1.5), add the target
+  to it, passing ``EndpointETag`` and ``ZoneETag`` so a concurrent change fails with 412/428
+  instead of being overwritten;
+* otherwise create a zone with the host's initiator and the target (POST to the Zones collection),
+  named ``fabric-dra <device> on <host>``.
+
+Unbinding reverses that: ``#Zone.RemoveEndpoint`` on a shared zone, DELETE (with ``If-Match``) of a
+zone fabric-dra created for this one binding. A zone that also binds other devices and cannot remove
+just one endpoint is never deleted: that would unbind devices fabric-dra does not own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fabric.backends.base import (
+    Backend,
+    BindContext,
+    DiscoveryResult,
+    EndpointView,
+    action_target,
+    classify_endpoint,
+    read_endpoints,
+)
+from fabric.backends.describe import describe
+from fabric.backends.model import BindingStyle, DeviceRecord, HostRecord
+from fabric.backends.walk import Walk, links, odata_id
+from fabric.errors import BindFailed
+
+__all__ = ["ZONE_NAME_PREFIX", "ZoneBackend"]
+
+JSON = dict[str, Any]
+ZONE_NAME_PREFIX = "fabric-dra "
+_BINDING_ZONE_TYPES = (None, "ZoneOfEndpoints")
+
+
+@dataclass(slots=True)
+class _Zone:
+    uri: str
+    resource: JSON
+    endpoints: set[str]
+
+    @property
+    def ours(self) -> bool:
+        return str(self.resource.get("Name") or "").startswith(ZONE_NAME_PREFIX)
+
+
+class ZoneBackend(Backend):
+    style = BindingStyle.ZONE
+
+    def __init__(self, *args: Any, skip_memory_targets: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: leave targets with memory chunks to a Connection backend on the same fabric
+        self.skip_memory_targets = skip_memory_targets
+        self._initiator_hosts: dict[str, str] = {}
+
+    async def discover(self, walk: Walk, hosts: Mapping[str, HostRecord]) -> DiscoveryResult:
+        fabric = await walk.get(self.fabric_uri)
+        if fabric is None:
+            return DiscoveryResult()
+        endpoints = await read_endpoints(walk, fabric)
+        initiators: dict[str, list[str]] = {}
+        for view in endpoints:
+            if view.is_initiator and view.host in hosts:
+                initiators.setdefault(str(view.host), []).append(view.uri)
+        self._initiator_hosts = {uri: host for host, uris in initiators.items() for uri in uris}
+        zones = await self._zones(walk, fabric, endpoints)
+        result = DiscoveryResult(
+            initiators={h: tuple(sorted(u)) for h, u in initiators.items()},
+            hosts=tuple(sorted(initiators)),
+        )
+        for view in endpoints:
+            if not view.is_target or (self.skip_memory_targets and view.chunks):
+                continue
+            attributes = await describe(walk, view.entities, endpoint=view.resource)
+            bound = sorted(
+                {
+                    self._initiator_hosts[e]
+                    for zone in zones
+                    if view.uri in zone.endpoints
+                    for e in zone.endpoints
+                    if e in self._initiator_hosts
+                }
+            )
+            result.devices.append(
+                DeviceRecord(
+                    key=view.uri,
+                    resource_id=view.id,
+                    fabric=self.fabric_id,
+                    style=self.style,
+                    attributes=attributes,
+                    bound_hosts=tuple(bound),
+                    reachable_hosts=result.hosts,
+                    endpoint=view.uri,
+                )
+            )
+        return result
+
+    async def _zones(
+        self, walk: Walk, fabric: Mapping[str, Any], endpoints: list[EndpointView]
+    ) -> list[_Zone]:
+        zones: dict[str, _Zone] = {}
+        for resource in await walk.members(odata_id(fabric.get("Zones"))):
+            self._add_zone(zones, resource)
+        # Endpoints may list zones the collection does not (or the other way round): take both.
+        for view in endpoints:
+            for uri in links(view.resource, "Links", "Zones"):
+                if uri not in zones:
+                    self._add_zone(zones, await walk.get(uri))
+                if uri in zones:
+                    zones[uri].endpoints.add(view.uri)
+        return list(zones.values())
+
+    @staticmethod
+    def _add_zone(zones: dict[str, _Zone], resource: JSON | None) -> None:
+        uri = odata_id(resource)
+        if resource is None or uri is None or resource.get("ZoneType") not in _BINDING_ZONE_TYPES:
+            return
+        zones[uri] = _Zone(uri, resource, set(links(resource, "Links", "Endpoints")))
+
+    async def _fresh_zones_of(self, walk: Walk, endpoint: JSON) -> list[_Zone]:
+        """Zones that contain ``endpoint``, read now."""
+        endpoint_links = endpoint.get("Links") if isinstance(endpoint.get("Links"), Mapping) else None
+        zones: dict[str, _Zone] = {}
+        if endpoint_links is not None and "Zones" in endpoint_links:
+            for resource in await walk.get_all(links(endpoint, "Links", "Zones")):
+                self._add_zone(zones, resource)
+        else:
+            fabric = await walk.get(self.fabric_uri)
+            for resource in await walk.members(odata_id((fabric or {}).get("Zones"))):
+                self._add_zone(zones, resource)
+        uri = odata_id(endpoint)
+        listed = set(links(endpoint, "Links", "Zones"))
+        found = []
+        for zone in zones.values():
+            if zone.uri in listed and uri:
+                zone.endpoints.add(uri)
+            if uri in zone.endpoints:
+                found.append(zone)
+        return found
+
+    async def _host_of(self, walk: Walk, endpoint_uri: str) -> str | None:
+        if endpoint_uri in self._initiator_hosts:
+            return self._initiator_hosts[endpoint_uri]
+        resource = await walk.get(endpoint_uri)
+        view = classify_endpoint(resource) if resource else None
+        if view is not None and view.host:
+            self._initiator_hosts[endpoint_uri] = view.host
+            return view.host
+        return None
+
+    async def _zone_hosts(self, walk: Walk, zone: _Zone) -> set[str]:
+        hosts = set()
+        for uri in zone.endpoints:
+            host = await self._host_of(walk, uri)
+            if host:
+                hosts.add(host)
+        return hosts
+
+    async def read_binding(self, device: DeviceRecord) -> tuple[str, ...]:
+        walk = Walk(self.client)
+        endpoint = await walk.get(device.endpoint)
+        if endpoint is None:
+            return ()
+        hosts: set[str] = set()
+        for zone in await self._fresh_zones_of(walk, endpoint):
+            hosts |= await self._zone_hosts(walk, zone)
+        return tuple(sorted(hosts))
+
+    async def bind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
+        initiators = self.initiators_of(host)
+        walk = Walk(self.client)
+        target = await self.client.get(str(device.endpoint))
+        host_zone: _Zone | None = None
+        zone_etag: str | None = None
+        for initiator_uri in initiators:
+            initiator = await walk.get(initiator_uri)
+            for zone in await self._fresh_zones_of(walk, initiator or {}):
+                if action_target(zone.resource, "Zone.AddEndpoint") and await self._zone_hosts(
+                    walk, zone
+                ) == {host.id}:
+                    fresh = await self.client.get(zone.uri)
+                    host_zone, zone_etag = _Zone(zone.uri, fresh.body, zone.endpoints), fresh.etag
+                    break
+            if host_zone is not None:
+                break
+        ctx.fence()
+        if host_zone is not None:
+            body: dict[str, Any] = {"Endpoint": {"@odata.id": device.endpoint}}
+            if target.etag:
+                body["EndpointETag"] = target.etag
+            if zone_etag:
+                body["ZoneETag"] = zone_etag
+            response = await self.client.post(
+                str(action_target(host_zone.resource, "Zone.AddEndpoint")), body
+            )
+        else:
+            fabric = await walk.get(self.fabric_uri)
+            collection = odata_id((fabric or {}).get("Zones"))
+            if not collection:
+                raise BindFailed(
+                    f"fabric {self.fabric_id} has no Zones collection to bind {device.name} with"
+                )
+            response = await self.client.post(
+                collection,
+                {
+                    "Name": f"{ZONE_NAME_PREFIX}{device.name} on {host.id}",
+                    "Description": f"{device.name} bound to {host.id} by fabric-dra",
+                    "ZoneType": "ZoneOfEndpoints",
+                    "Links": {"Endpoints": self._link_list([initiators[0], str(device.endpoint)])},
+                },
+            )
+        await self._finish(response, ctx)
+
+    async def unbind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
+        walk = Walk(self.client)
+        endpoint = await walk.get(device.endpoint)
+        if endpoint is None:
+            return
+        target_etag = (await self.client.get(str(device.endpoint))).etag
+        for zone in await self._fresh_zones_of(walk, endpoint):
+            if host.id not in await self._zone_hosts(walk, zone):
+                continue
+            fresh = await self.client.get(zone.uri)
+            others = [
+                uri
+                for uri in zone.endpoints
+                if uri != device.endpoint
+                and not await self._host_of(walk, uri)
+                and await self._is_device(walk, uri)
+            ]
+            remove = action_target(fresh.body, "Zone.RemoveEndpoint")
+            ctx.fence()
+            if zone.ours and not others:
+                response = await self.client.delete(zone.uri, etag=fresh.etag)
+            elif remove:
+                body: dict[str, Any] = {"Endpoint": {"@odata.id": device.endpoint}}
+                if target_etag:
+                    body["EndpointETag"] = target_etag
+                if fresh.etag:
+                    body["ZoneETag"] = fresh.etag
+                response = await self.client.post(remove, body)
+            elif not others:
+                response = await self.client.delete(zone.uri, etag=fresh.etag)
+            else:
+                raise BindFailed(
+                    f"zone {zone.uri} also binds other devices and offers no Zone.RemoveEndpoint; "
+                    f"{device.name} cannot be unbound without unbinding them"
+                )
+            await self._finish(response, ctx)
+
+    async def _is_device(self, walk: Walk, endpoint_uri: str) -> bool:
+        resource = await walk.get(endpoint_uri)
+        view = classify_endpoint(resource) if resource else None
+        return bool(view and view.is_target)

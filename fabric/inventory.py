@@ -1,0 +1,289 @@
+"""The manager's view of the fabric: devices, hosts → nodes, bindings, and a version that moves.
+
+Discovery passes (:class:`fabric.backends.Discovery`) run at start, whenever the Redfish service
+sends an event (debounced), after the event stream reconnects (it may have missed events, or the
+service restarted), and every ``resync`` seconds — more often while no event stream is up. The
+manager's own binds and unbinds update the view at once (:meth:`Inventory.note_binding`); a pass
+that started before such a change does not undo it.
+
+``version`` grows whenever the rendered inventory changes (a device, a binding, a health, a node);
+it starts from the wall clock in milliseconds so it also grows across restarts and fail-overs,
+which lets ``GET /api/v1/inventory?after=V`` long-polls resume safely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+
+from dra_driver.logs import get_logger
+from fabric import api
+from fabric.backends.discovery import Discovery
+from fabric.backends.model import DeviceRecord, FabricInfo, HostRecord
+from fabric.errors import FabricError, FabricUnavailable
+from fabric.ledger import LedgerEntry, LedgerState
+from fabric.naming import pool_name
+from fabric.nodes import NodeResolver
+from fabric.redfish.events import EventStream
+
+__all__ = ["Inventory"]
+
+log = get_logger(__name__)
+
+_STATE_OF_ENTRY = {
+    LedgerState.ATTACHING: api.BindingState.ATTACHING,
+    LedgerState.BOUND: api.BindingState.BOUND,
+    LedgerState.DETACHING: api.BindingState.DETACHING,
+}
+
+
+class Inventory:
+    def __init__(
+        self,
+        discovery: Discovery,
+        resolver: NodeResolver,
+        *,
+        fabric_name: str = "fabric",
+        resync_seconds: float = 60.0,
+        poll_seconds: float = 10.0,
+        use_events: bool = True,
+        event_debounce: float = 0.2,
+    ) -> None:
+        self.discovery = discovery
+        self.resolver = resolver
+        self.fabric_name = fabric_name
+        self.resync_seconds = resync_seconds
+        self.poll_seconds = poll_seconds
+        self.use_events = use_events
+        self.event_debounce = event_debounce
+        self.version = time.time_ns() // 1_000_000
+        self.loaded = asyncio.Event()
+        #: why the last discovery pass failed (None after a good one)
+        self.last_error: FabricError | None = None
+        self.last_refresh_at: float | None = None
+        self.last_refresh_seconds: float | None = None
+        #: the ledger entry of a device, set by the binder: claim, node and operation state
+        self.overlay: Callable[[str], LedgerEntry | None] = lambda name: None
+        #: called after each discovery pass (the binder reconciles its ledger with it)
+        self.after_refresh: list[Callable[[], Awaitable[None]]] = []
+        self.stream: EventStream | None = None
+        self._records: dict[str, DeviceRecord] = {}
+        self._hosts: dict[str, HostRecord] = {}
+        self._fabrics: dict[str, FabricInfo] = {}
+        self._host_nodes: dict[str, str] = {}
+        self._node_hosts: dict[str, str] = {}
+        self._touched: dict[str, float] = {}
+        self._fingerprint = ""
+        self._rendered = api.Inventory(version=self.version, pools=[], devices=[], nodes=[])
+        self._changed = asyncio.Condition()
+        self._refresh_lock = asyncio.Lock()
+        self._refresh_wanted = asyncio.Event()
+
+    # -- lookups ----------------------------------------------------------------------------------
+
+    def device(self, name: str) -> DeviceRecord | None:
+        return self._records.get(name)
+
+    def devices(self) -> list[DeviceRecord]:
+        return list(self._records.values())
+
+    def host(self, host_id: str) -> HostRecord | None:
+        return self._hosts.get(host_id)
+
+    def host_for_node(self, node: str) -> HostRecord | None:
+        host_id = self._node_hosts.get(node)
+        return self._hosts.get(host_id) if host_id else None
+
+    def node_for_host(self, host_id: str) -> str | None:
+        return self._host_nodes.get(host_id)
+
+    def pool_of(self, record: DeviceRecord) -> str:
+        return pool_name(self.fabric_name, record.fabric)
+
+    # -- discovery ----------------------------------------------------------------------------------
+
+    async def refresh(self) -> None:
+        """One discovery pass; raises :class:`FabricError` when the service cannot be read."""
+        async with self._refresh_lock:
+            started = time.monotonic()
+            try:
+                await self.resolver.refresh()
+                snapshot = await self.discovery.scan()
+            except FabricError as err:
+                self.last_error = err
+                raise
+            self.last_error = None
+            self.last_refresh_at = time.time()
+            self.last_refresh_seconds = time.monotonic() - started
+            records: dict[str, DeviceRecord] = {}
+            for record in snapshot.devices:
+                current = self._records.get(record.name)
+                if current is not None and self._touched.get(record.name, 0.0) > snapshot.started_at:
+                    record = record.with_binding(current.bound_hosts)
+                records[record.name] = record
+            self._records = records
+            self._hosts = snapshot.hosts
+            self._fabrics = snapshot.fabrics
+            self._host_nodes = self.resolver.resolve(snapshot.hosts)
+            self._node_hosts = {node: host for host, node in self._host_nodes.items()}
+            log.debug(
+                "fabric discovered",
+                devices=len(records),
+                hosts=len(snapshot.hosts),
+                gets=snapshot.gets,
+                seconds=round(self.last_refresh_seconds, 3),
+            )
+            self.changed()
+            self.loaded.set()
+        for hook in self.after_refresh:
+            await hook()
+
+    def request_refresh(self) -> None:
+        self._refresh_wanted.set()
+
+    def note_binding(self, name: str, hosts: tuple[str, ...]) -> None:
+        """The manager itself changed a binding: show it now, and keep it over older passes."""
+        record = self._records.get(name)
+        if record is not None:
+            self._records[name] = record.with_binding(hosts)
+        self._touched[name] = time.monotonic()
+        self.changed()
+
+    async def run(self) -> None:
+        """Keep the view current until cancelled: events first, polling as the fallback."""
+        stream_task: asyncio.Task[None] | None = None
+        if self.use_events:
+            self.stream = EventStream(self.discovery.client, self._on_events, on_connect=self.request_refresh)
+            stream_task = asyncio.create_task(self.stream.run(), name="redfish-events")
+        backoff = 0.5
+        try:
+            while True:
+                try:
+                    await self.refresh()
+                    backoff = 0.5
+                except FabricError as err:
+                    log.warning("fabric discovery failed, retrying", error=err.message)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, self.poll_seconds)
+                    continue
+                streaming = self.stream is not None and self.stream.connected
+                interval = self.resync_seconds if streaming else self.poll_seconds
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._refresh_wanted.wait(), interval)
+                if self._refresh_wanted.is_set():
+                    await asyncio.sleep(self.event_debounce)  # let a burst of events arrive
+                self._refresh_wanted.clear()
+        finally:
+            if stream_task is not None:
+                stream_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await stream_task
+
+    def _on_events(self, events: list[dict[str, object]]) -> None:
+        if events:
+            self.request_refresh()
+
+    # -- rendering --------------------------------------------------------------------------------
+
+    def render_device(self, record: DeviceRecord) -> api.Device:
+        a = record.attributes
+        entry = self.overlay(record.name)
+        host = record.bound_hosts[0] if record.bound_hosts else None
+        if entry is not None:
+            state = _STATE_OF_ENTRY[entry.state]
+            node: str | None = entry.node
+            host = entry.host
+            claim: str | None = entry.claim_uid
+            managed = True
+        elif record.bound_hosts:
+            state = api.BindingState.BOUND
+            node = self._host_nodes.get(record.bound_hosts[0])
+            claim = None
+            managed = False
+        else:
+            state = api.BindingState.FREE if a.available else api.BindingState.UNAVAILABLE
+            node = claim = None
+            managed = True
+        return api.Device(
+            name=record.name,
+            pool=self.pool_of(record),
+            fabric=record.fabric,
+            type=a.type,
+            vendor=a.vendor,
+            vendor_id=a.vendor_id,
+            device_id=a.device_id,
+            model=a.model,
+            serial=a.serial,
+            uuid=a.uuid,
+            memory_bytes=a.memory_bytes,
+            pcie_generation=a.pcie_generation,
+            pcie_width=a.pcie_width,
+            switch=a.switch,
+            port=a.port,
+            health=a.health,
+            state=state,
+            node=node,
+            host=host,
+            claim_uid=claim,
+            managed=managed,
+            binding_style=str(record.style),
+            redfish_uri=record.key,
+        )
+
+    def _render(self) -> api.Inventory:
+        nodes: list[api.FabricNode] = []
+        for host_id, node in sorted(self._host_nodes.items(), key=lambda item: item[1]):
+            host = self._hosts.get(host_id)
+            fabrics = sorted(f.id for f in self._fabrics.values() if host_id in f.hosts)
+            nodes.append(
+                api.FabricNode(
+                    name=node,
+                    host=host_id,
+                    system_uuid=host.uuid if host else None,
+                    fabrics=fabrics,
+                    pools=[pool_name(self.fabric_name, f) for f in fabrics],
+                )
+            )
+        pools = [
+            api.FabricPool(
+                pool=pool_name(self.fabric_name, fabric.id),
+                fabric=fabric.id,
+                nodes=sorted(self._host_nodes[h] for h in fabric.hosts if h in self._host_nodes),
+            )
+            for fabric in sorted(self._fabrics.values(), key=lambda f: f.id)
+        ]
+        devices = [self.render_device(r) for r in sorted(self._records.values(), key=lambda r: r.name)]
+        return api.Inventory(version=self.version, pools=pools, devices=devices, nodes=nodes)
+
+    def changed(self) -> None:
+        """Re-render; bump the version and wake long-polls when anything visible changed."""
+        rendered = self._render()
+        fingerprint = rendered.model_dump_json(exclude={"version"})
+        if fingerprint == self._fingerprint:
+            return
+        self._fingerprint = fingerprint
+        self.version += 1
+        self._rendered = rendered.model_copy(update={"version": self.version})
+        asyncio.get_running_loop().create_task(self._notify())
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    def snapshot(self) -> api.Inventory:
+        return self._rendered
+
+    async def wait_newer(self, after: int, wait_seconds: float) -> api.Inventory:
+        """The inventory once its version differs from ``after``, or as it is when ``wait_seconds`` pass.
+
+        A version from another manager incarnation (higher than ours) returns at once, so a client
+        never waits for a number this replica will not reach.
+        """
+        if not self.loaded.is_set():
+            raise FabricUnavailable("the fabric inventory is not loaded yet", retry_after=1.0)
+        async with self._changed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait_for(lambda: self.version != after), wait_seconds)
+        return self._rendered

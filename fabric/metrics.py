@@ -1,0 +1,99 @@
+"""Prometheus metrics of the fabric manager (``GET /metrics``).
+
+Labels stay low-cardinality: device type, model, pool, outcome (an error *class*, never a message),
+Redfish method and resource kind (the collection or action name, never a URI).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
+from prometheus_client import Counter as PromCounter
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from fabric import api
+
+__all__ = ["ManagerMetrics"]
+
+_OP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0)
+_REDFISH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class _PoolCollector(Collector):
+    def __init__(self, snapshot: Callable[[], api.Inventory]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "fabric_dra_pool_devices",
+            "Devices in each fabric pool by model and binding state",
+            labels=["pool", "type", "model", "state"],
+        )
+        counts: Counter[tuple[str, str, str, str]] = Counter()
+        for device in self._snapshot().devices:
+            counts[(device.pool, str(device.type), device.model or "", str(device.state))] += 1
+        for labels, count in sorted(counts.items()):
+            family.add_metric(list(labels), count)
+        yield family
+
+
+class ManagerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.attach_seconds = Histogram(
+            "fabric_dra_attach_duration_seconds",
+            "Time from an attach request to the device bound (or the attach failed)",
+            ["type", "outcome"],
+            buckets=_OP_BUCKETS,
+            registry=self.registry,
+        )
+        self.detach_seconds = Histogram(
+            "fabric_dra_detach_duration_seconds",
+            "Time from a detach request to the device unbound (or the detach failed)",
+            ["type", "outcome"],
+            buckets=_OP_BUCKETS,
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "fabric_dra_operations_in_flight",
+            "Attach and detach operations not finished yet",
+            ["operation"],
+            registry=self.registry,
+        )
+        self.redfish_seconds = Histogram(
+            "fabric_dra_redfish_request_duration_seconds",
+            "Latency of requests to the Redfish service",
+            ["method", "resource"],
+            buckets=_REDFISH_BUCKETS,
+            registry=self.registry,
+        )
+        self.redfish_errors = PromCounter(
+            "fabric_dra_redfish_request_errors_total",
+            "Requests to the Redfish service that failed (HTTP >= 400 or no answer)",
+            ["method", "resource", "outcome"],
+            registry=self.registry,
+        )
+        self.inventory_version = Gauge(
+            "fabric_dra_inventory_version", "Current inventory version", registry=self.registry
+        )
+        self.is_leader = Gauge(
+            "fabric_dra_manager_leader", "1 while this replica is the leader", registry=self.registry
+        )
+        for operation in ("attach", "detach"):
+            self.in_flight.labels(operation).set(0)
+
+    def watch_inventory(self, snapshot: Callable[[], api.Inventory]) -> None:
+        self.registry.register(_PoolCollector(snapshot))
+        self.inventory_version.set_function(lambda: float(snapshot().version))
+
+    def observe_redfish(self, method: str, resource: str, outcome: str, seconds: float) -> None:
+        """A :data:`fabric.redfish.client.RequestObserver`."""
+        self.redfish_seconds.labels(method, resource).observe(seconds)
+        if not outcome.isdigit() or int(outcome) >= 400:
+            self.redfish_errors.labels(method, resource, outcome).inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

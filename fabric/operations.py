@@ -1,0 +1,106 @@
+"""The record of attach and detach operations that ``GET /api/v1/operations`` shows."""
+
+from __future__ import annotations
+
+import uuid
+from collections import OrderedDict
+from datetime import UTC, datetime
+
+from fabric import api
+from fabric.errors import FabricError
+
+__all__ = ["OperationLog", "error_body"]
+
+
+def error_body(err: FabricError) -> api.ErrorBody:
+    return api.ErrorBody(
+        code=err.code,
+        message=err.message,
+        device=err.device,
+        node=err.node,
+        held_by=err.held_by,
+        retry_after_seconds=err.retry_after if err.retriable else None,
+        message_id=err.message_id,
+    )
+
+
+class OperationLog:
+    """Every operation in flight, and the most recent finished ones."""
+
+    def __init__(self, keep_finished: int = 1000) -> None:
+        self.keep_finished = keep_finished
+        self._ops: OrderedDict[str, api.Operation] = OrderedDict()
+
+    def start(self, kind: api.OperationKind, device: str, node: str, claim_uid: str) -> api.Operation:
+        op = api.Operation(
+            id=f"op-{uuid.uuid4().hex[:16]}",
+            kind=kind,
+            device=device,
+            node=node,
+            claim_uid=claim_uid,
+            state=api.OperationState.PENDING,
+            started_at=datetime.now(UTC),
+        )
+        self._ops[op.id] = op
+        self._trim()
+        return op
+
+    def adopt(self, op_id: str, kind: api.OperationKind, device: str, node: str, claim_uid: str) -> None:
+        """Show an operation that an earlier run of the manager started (resumed from the ledger)."""
+        self._ops[op_id] = api.Operation(
+            id=op_id,
+            kind=kind,
+            device=device,
+            node=node,
+            claim_uid=claim_uid,
+            state=api.OperationState.RUNNING,
+            started_at=datetime.now(UTC),
+        )
+
+    def get(self, op_id: str) -> api.Operation | None:
+        return self._ops.get(op_id)
+
+    def all(self) -> list[api.Operation]:
+        return list(self._ops.values())
+
+    def in_flight(self) -> list[api.Operation]:
+        return [
+            op
+            for op in self._ops.values()
+            if op.state in (api.OperationState.PENDING, api.OperationState.RUNNING)
+        ]
+
+    def running(
+        self, op_id: str, *, redfish_task: str | None = None, error: FabricError | None = None
+    ) -> None:
+        op = self._ops.get(op_id)
+        if op is None or op.finished_at is not None:
+            return
+        self._ops[op_id] = op.model_copy(
+            update={
+                "state": api.OperationState.RUNNING,
+                "redfish_task": redfish_task if redfish_task is not None else op.redfish_task,
+                "error": error_body(error) if error is not None else op.error,
+            }
+        )
+
+    def finish(self, op_id: str, error: FabricError | None = None) -> api.Operation | None:
+        op = self._ops.get(op_id)
+        if op is None or op.finished_at is not None:
+            return op
+        finished = op.model_copy(
+            update={
+                "state": api.OperationState.FAILED if error else api.OperationState.SUCCEEDED,
+                "error": error_body(error) if error else None,
+                "finished_at": datetime.now(UTC),
+            }
+        )
+        self._ops[op_id] = finished
+        self._ops.move_to_end(op_id)
+        self._trim()
+        return finished
+
+    def _trim(self) -> None:
+        finished = [k for k, op in self._ops.items() if op.finished_at is not None]
+        for key in finished[: max(0, len(finished) - self.keep_finished)]:
+            del self._ops[key]

@@ -1,0 +1,586 @@
+"""A Redfish client with safe defaults, built on DMTF's ``redfish`` library.
+
+The library (``redfish.rest.v1``) is blocking and its defaults suit scripts, not a service that must
+never bind a device twice. Read in its source (3.4): it retries *every* method, POST included, up to
+10 times on any exception; it turns TLS verification off unless a CA file is given; it has no timeout
+unless one is passed; it never logs in again when a session expires; and at DEBUG it logs request
+headers with ``X-Auth-Token`` unmasked. This module wraps it so that:
+
+* TLS is verified by default (``ca_file``, else the certifi bundle); ``insecure`` turns it off with
+  a warning.
+* Every request has a connect and a read timeout.
+* The library never retries (``max_retry=0``). GETs are retried here with exponential backoff and
+  jitter, honouring ``Retry-After``; POST/PATCH/DELETE are sent exactly once. When a mutation was
+  sent but no answer came back, :class:`OutcomeUnknown` says so, and the caller reads the fabric to
+  find out what happened instead of sending it again.
+* Session login (``SessionService/Sessions``) happens on first use; a 401 triggers one new login
+  and one resend (a 401 means the service did not act on the request, DSP0266 "Authentication").
+* 202 responses are followed through their task monitor (:meth:`RedfishClient.follow`).
+* Mutations carry ``If-Match`` when the caller has an ETag.
+* Errors are :mod:`fabric.errors` classes mapped by :mod:`fabric.redfish.messages`.
+
+Blocking calls run in a dedicated thread pool, never on the event loop; the client is safe to share
+between any number of concurrent tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import email.utils
+import functools
+import json
+import logging
+import random
+import ssl
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+from urllib.parse import urlsplit
+
+import certifi
+import requests
+import requests.adapters
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from redfish.rest.v1 import HttpClient, RetriesExhaustedError, redfish_client
+
+from dra_driver.logs import get_logger
+from fabric.errors import AttachTimeout, FabricError, FabricUnavailable
+from fabric.redfish.messages import error_for_response, error_for_task
+
+__all__ = [
+    "OutcomeUnknown",
+    "RedfishClient",
+    "RedfishResponse",
+    "RedfishSettings",
+    "RequestObserver",
+    "resource_kind",
+]
+
+log = get_logger(__name__)
+
+# The library logs login response bodies at INFO and auth headers at DEBUG: never let them through.
+logging.getLogger("redfish").setLevel(logging.WARNING)
+
+SERVICE_ROOT = "/redfish/v1/"
+_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+_TERMINAL_TASK_STATES = frozenset({"Completed", "Killed", "Exception", "Cancelled"})
+_FAILED_TASK_STATES = frozenset({"Killed", "Exception", "Cancelled"})
+
+T = TypeVar("T")
+#: ``observer(method, resource_kind, outcome, seconds)``: outcome is the HTTP status or an error kind.
+RequestObserver = Callable[[str, str, str, float], None]
+
+
+class OutcomeUnknown(FabricUnavailable):
+    """A mutation was sent but no answer came back (connection lost, read timeout, task monitor gone).
+
+    The service may or may not have acted on it. Never resend blindly: read the fabric and decide.
+    """
+
+
+class RedfishSettings(BaseModel):
+    """How to reach and authenticate to one Redfish service."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base_url: str = Field(description="scheme://host[:port] of the Redfish service")
+    username: str | None = None
+    password: SecretStr | None = None
+    auth: Literal["session", "basic", "none"] = "session"
+    ca_file: str | None = Field(default=None, description="PEM bundle that signs the service certificate")
+    insecure: bool = Field(default=False, description="skip TLS verification (development only)")
+    connect_timeout: float = Field(default=5.0, gt=0)
+    read_timeout: float = Field(default=30.0, gt=0)
+    get_attempts: int = Field(default=4, ge=1, description="tries per GET, counting the first")
+    backoff_initial: float = Field(default=0.2, gt=0)
+    backoff_max: float = Field(default=5.0, gt=0)
+    max_workers: int = Field(default=32, ge=1, description="concurrent Redfish requests")
+
+    @field_validator("base_url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{value!r} is not an http(s)://host[:port] URL")
+        if parts.username or parts.password:
+            raise ValueError("put Redfish credentials in the credentials file, not in the URL")
+        return f"{parts.scheme}://{parts.netloc}"
+
+
+@dataclass(frozen=True, slots=True)
+class RedfishResponse:
+    method: str
+    uri: str
+    status: int
+    headers: Mapping[str, str] = field(default_factory=dict)  # lower-case names
+    body: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def etag(self) -> str | None:
+        tag = self.headers.get("etag") or self.body.get("@odata.etag")
+        return str(tag) if tag else None
+
+    @property
+    def location(self) -> str | None:
+        value = self.headers.get("location")
+        if not value:
+            return None
+        parts = urlsplit(value)
+        return parts.path + (f"?{parts.query}" if parts.query else "") if parts.scheme else value
+
+    @property
+    def retry_after(self) -> float | None:
+        return _parse_retry_after(self.headers.get("retry-after"))
+
+    @property
+    def is_task(self) -> bool:
+        return "TaskState" in self.body or str(self.body.get("@odata.type", "")).startswith("#Task.")
+
+
+def _parse_retry_after(value: str | None) -> float | None:
+    """``Retry-After`` is delay-seconds or an HTTP-date (RFC 9110 §10.2.3)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def resource_kind(uri: str) -> str:
+    """A low-cardinality label for a URI: the collection or action it addresses."""
+    path = urlsplit(uri).path.rstrip("/")
+    segments = [s for s in path.split("/") if s]
+    if "Actions" in segments:
+        index = segments.index("Actions")
+        if index + 1 < len(segments):
+            return segments[index + 1]
+    if len(segments) <= 2:
+        return "ServiceRoot"
+    # /redfish/v1/<Collection>/<Id>/<Collection>/<Id>...: the last collection name
+    tail = segments[2:]
+    return tail[-1] if len(tail) % 2 == 1 else tail[-2]
+
+
+class _Transport(Exception):
+    """One HTTP exchange failed below HTTP; ``sent`` tells whether the request may have arrived."""
+
+    def __init__(self, message: str, *, sent: bool) -> None:
+        super().__init__(message)
+        self.sent = sent
+
+
+def _describe_transport(cause: BaseException | None) -> tuple[str, bool]:
+    """(what went wrong, whether the request may have reached the service)."""
+    if isinstance(cause, requests.exceptions.SSLError):
+        return f"TLS handshake failed ({_root_reason(cause)}); check --redfish-ca-file", False
+    if isinstance(cause, requests.exceptions.ConnectTimeout):
+        return "connection timed out", False
+    if isinstance(cause, requests.exceptions.ReadTimeout):
+        return "no answer within the read timeout", True
+    if isinstance(cause, requests.exceptions.ConnectionError):
+        reason = _root_reason(cause)
+        refused = any(s in reason for s in ("NewConnectionError", "Connection refused", "Name or service"))
+        return (f"cannot connect ({reason})", False) if refused else (f"connection lost ({reason})", True)
+    if cause is None:
+        return "request failed", True
+    return f"{type(cause).__name__}: {cause}", True
+
+
+def _root_reason(err: BaseException) -> str:
+    seen: BaseException = err
+    for _ in range(6):
+        nxt = seen.__cause__ or seen.__context__
+        if nxt is None:
+            break
+        seen = nxt
+    text = str(seen) or type(seen).__name__
+    return text if len(text) < 200 else text[:197] + "..."
+
+
+class RedfishClient:
+    """Shared by every task of the manager. See the module docstring for what it guarantees."""
+
+    def __init__(self, settings: RedfishSettings, *, observer: RequestObserver | None = None) -> None:
+        self.settings = settings
+        self._observer = observer
+        https = settings.base_url.startswith("https://")
+        if https and settings.insecure:
+            log.warning(
+                "TLS verification of the Redfish service is OFF (--redfish-insecure)", url=settings.base_url
+            )
+        if not https and settings.auth != "none" and settings.username:
+            log.warning("Redfish credentials are sent without TLS", url=settings.base_url)
+        cafile: str | None = None
+        if https and not settings.insecure:
+            cafile = settings.ca_file or certifi.where()
+        self._rf: HttpClient = redfish_client(
+            base_url=settings.base_url,
+            cafile=cafile,
+            timeout=(settings.connect_timeout, settings.read_timeout),
+            max_retry=0,
+            check_connectivity=False,
+        )
+        # The library's pool keeps 10 connections; size it to our worker count so concurrent requests
+        # reuse connections instead of opening and discarding them. No transport-level retries either.
+        adapter = requests.adapters.HTTPAdapter(
+            pool_connections=2, pool_maxsize=settings.max_workers, max_retries=0
+        )
+        self._rf._session.mount("https://", adapter)
+        self._rf._session.mount("http://", adapter)
+        self._executor = ThreadPoolExecutor(max_workers=settings.max_workers, thread_name_prefix="redfish")
+        self._auth_lock = threading.Lock()
+        self._auth_generation = 0
+        self._auth_mode = settings.auth if settings.username else "none"
+        self._session_uri: str | None = None
+        self._closed = False
+
+    @property
+    def base_url(self) -> str:
+        return self.settings.base_url
+
+    # -- authentication (worker threads) ------------------------------------------------------
+
+    def _ensure_auth(self) -> int:
+        with self._auth_lock:
+            if self._auth_generation == 0:
+                self._login_locked()
+            return self._auth_generation
+
+    def _reauth(self, failed_generation: int) -> None:
+        with self._auth_lock:
+            if failed_generation == self._auth_generation:  # nobody logged in again meanwhile
+                log.info("Redfish session rejected, logging in again", url=self.base_url)
+                self._login_locked()
+
+    def _login_locked(self) -> None:
+        if self._auth_mode == "none":
+            self._auth_generation += 1
+            return
+        password = self.settings.password.get_secret_value() if self.settings.password else ""
+        if self._auth_mode == "session":
+            self._rf.set_session_key(None)
+            self._rf.set_authorization_key(None)
+            sessions_uri = self._sessions_uri()
+            started = time.perf_counter()
+            try:
+                raw = self._rf.post(
+                    sessions_uri,
+                    body={"UserName": self.settings.username, "Password": password},
+                )
+            except RetriesExhaustedError as err:
+                reason, _ = _describe_transport(err.__cause__)
+                self._observe("POST", sessions_uri, "transport", started)
+                raise FabricUnavailable(f"Redfish service at {self.base_url} unreachable: {reason}") from None
+            self._observe("POST", sessions_uri, str(raw.status), started)
+            token = raw.getheader("x-auth-token")
+            if raw.status in (200, 201) and token:
+                self._rf.set_session_key(token)
+                location = raw.getheader("location") or _json_or_empty(raw.read).get("@odata.id")
+                self._session_uri = urlsplit(str(location)).path if location else None
+                self._auth_generation += 1
+                log.info("Redfish session created", url=self.base_url)
+                return
+            if raw.status in (404, 405, 501):
+                log.warning(
+                    "Redfish service has no session service, using HTTP Basic authentication",
+                    url=self.base_url,
+                    status=raw.status,
+                )
+                self._auth_mode = "basic"
+            elif raw.status in (401, 403):
+                raise FabricUnavailable(
+                    f"Redfish login at {self.base_url} was refused (HTTP {raw.status}): "
+                    "check the credentials file given with --redfish-credentials-file"
+                )
+            else:
+                error = error_for_response(
+                    raw.status, _json_or_empty(raw.read), method="POST", uri=sessions_uri
+                )
+                raise FabricUnavailable(f"Redfish login at {self.base_url} failed: {error.message}")
+        token = base64.b64encode(f"{self.settings.username}:{password}".encode()).decode()
+        self._rf.set_authorization_key(f"Basic {token}")
+        self._auth_generation += 1
+
+    def _sessions_uri(self) -> str:
+        started = time.perf_counter()
+        try:
+            raw = self._rf.get(SERVICE_ROOT)
+        except RetriesExhaustedError as err:
+            reason, _ = _describe_transport(err.__cause__)
+            self._observe("GET", SERVICE_ROOT, "transport", started)
+            raise FabricUnavailable(f"Redfish service at {self.base_url} unreachable: {reason}") from None
+        self._observe("GET", SERVICE_ROOT, str(raw.status), started)
+        root = _json_or_empty(raw.read) if raw.status == 200 else {}
+        links = root.get("Links") if isinstance(root.get("Links"), dict) else {}
+        sessions = (links or {}).get("Sessions")
+        if isinstance(sessions, dict) and sessions.get("@odata.id"):
+            return str(sessions["@odata.id"])
+        return "/redfish/v1/SessionService/Sessions"  # fixed by DSP0266 1.6 when Links is missing
+
+    def auth_headers(self) -> dict[str, str]:
+        """Headers that authenticate a request made outside this client (the SSE stream)."""
+        self._ensure_auth()
+        key = self._rf.get_session_key()
+        if key:
+            return {"X-Auth-Token": key}
+        authorization = self._rf.get_authorization_key()
+        return {"Authorization": authorization} if authorization else {}
+
+    def reauthenticate(self) -> None:
+        """Log in again (e.g. after the SSE stream got 401)."""
+        self._reauth(self._auth_generation)
+
+    # -- one exchange (worker threads) ---------------------------------------------------------
+
+    def _exchange(
+        self,
+        method: str,
+        uri: str,
+        body: Mapping[str, Any] | None,
+        headers: Mapping[str, str] | None,
+        timeout: tuple[float, float] | None,
+    ) -> RedfishResponse:
+        for attempt in (1, 2):
+            generation = self._ensure_auth()
+            started = time.perf_counter()
+            call_headers = dict(headers or {})
+            call_headers.setdefault("Accept", "application/json")
+            try:
+                if method in ("GET", "DELETE"):
+                    send = self._rf.get if method == "GET" else self._rf.delete
+                    raw = send(uri, headers=call_headers, timeout=timeout, max_retry=0)
+                else:
+                    send = self._rf.post if method == "POST" else self._rf.patch
+                    raw = send(
+                        uri,
+                        body=dict(body or {}),
+                        headers=call_headers,
+                        timeout=timeout,
+                        max_retry=0,
+                    )
+            except RetriesExhaustedError as err:
+                reason, sent = _describe_transport(err.__cause__)
+                self._observe(method, uri, "transport", started)
+                raise _Transport(reason, sent=sent) from None
+            self._observe(method, uri, str(raw.status), started)
+            if raw.status == 401 and self._auth_mode != "none" and attempt == 1:
+                self._reauth(generation)
+                continue
+            return RedfishResponse(
+                method=method,
+                uri=uri,
+                status=int(raw.status),
+                headers={k.lower(): v for k, v in raw._http_response.headers.items()},
+                body=_json_or_empty(raw.read),
+            )
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _observe(self, method: str, uri: str, outcome: str, started: float) -> None:
+        if self._observer is not None:
+            self._observer(method, resource_kind(uri), outcome, time.perf_counter() - started)
+
+    # -- async API -----------------------------------------------------------------------------
+
+    async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._closed:
+            raise FabricUnavailable("the Redfish client is closed")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+
+    async def request(
+        self,
+        method: str,
+        uri: str,
+        *,
+        body: Mapping[str, Any] | None = None,
+        etag: str | None = None,
+        http_timeout: tuple[float, float] | None = None,
+    ) -> RedfishResponse:
+        """One request; GETs are retried, mutations are not. Raises on HTTP ≥ 400."""
+        headers = {"If-Match": etag} if etag and method in ("PATCH", "PUT", "DELETE") else None
+        if method == "GET":
+            return await self._get_with_retries(uri, http_timeout)
+        try:
+            response = await self._in_thread(self._exchange, method, uri, body, headers, http_timeout)
+        except _Transport as err:
+            message = f"Redfish {method} {uri} at {self.base_url}: {err}"
+            if err.sent:
+                raise OutcomeUnknown(message + "; the fabric may or may not have acted on it") from None
+            raise FabricUnavailable(message) from None
+        if response.status >= 400:
+            raise error_for_response(
+                response.status, response.body, method=method, uri=uri, retry_after=response.retry_after
+            )
+        return response
+
+    async def _get_with_retries(self, uri: str, http_timeout: tuple[float, float] | None) -> RedfishResponse:
+        attempts = self.settings.get_attempts
+        delay = self.settings.backoff_initial
+        for attempt in range(1, attempts + 1):
+            wait: float | None = None
+            try:
+                response = await self._in_thread(self._exchange, "GET", uri, None, None, http_timeout)
+            except _Transport as err:
+                if attempt == attempts:
+                    raise FabricUnavailable(
+                        f"Redfish service at {self.base_url} unreachable: {err}"
+                    ) from None
+            else:
+                if response.status < 400:
+                    return response
+                if response.status not in _RETRY_STATUSES or attempt == attempts:
+                    raise error_for_response(
+                        response.status,
+                        response.body,
+                        method="GET",
+                        uri=uri,
+                        retry_after=response.retry_after,
+                    )
+                wait = response.retry_after
+            jitter = random.uniform(delay / 2, delay)  # noqa: S311 - spreads retries, not a secret
+            pause = min(wait if wait is not None else jitter, self.settings.backoff_max)
+            await asyncio.sleep(pause)
+            delay = min(delay * 2, self.settings.backoff_max)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def get(self, uri: str) -> RedfishResponse:
+        return await self.request("GET", uri)
+
+    async def get_json(self, uri: str) -> dict[str, Any]:
+        return (await self.request("GET", uri)).body
+
+    async def post(self, uri: str, body: Mapping[str, Any]) -> RedfishResponse:
+        return await self.request("POST", uri, body=body)
+
+    async def patch(self, uri: str, body: Mapping[str, Any], *, etag: str | None) -> RedfishResponse:
+        return await self.request("PATCH", uri, body=body, etag=etag)
+
+    async def delete(self, uri: str, *, etag: str | None = None) -> RedfishResponse:
+        return await self.request("DELETE", uri, etag=etag)
+
+    # -- asynchronous operations ----------------------------------------------------------------
+
+    async def follow(
+        self,
+        response: RedfishResponse,
+        *,
+        action: str,
+        deadline: float,
+        on_task: Callable[[str], Awaitable[None] | None] | None = None,
+        poll_initial: float = 0.1,
+        poll_max: float = 2.0,
+    ) -> RedfishResponse:
+        """Wait for the operation behind a 202 to end and return its final response.
+
+        DSP0266 "Asynchronous operations": the service answers 202 with the task monitor in
+        ``Location`` (and maybe ``Retry-After``); GET on the monitor answers 202 while the task runs
+        and the operation's own response once it is done. Some services answer the Task resource
+        instead; its ``TaskState``/``TaskStatus`` decide then. ``deadline`` is a ``time.monotonic()``
+        value: past it, :class:`AttachTimeout` is raised and the task keeps running on the fabric.
+        """
+        if response.status != 202:
+            return response
+        monitor = response.location or response.body.get("TaskMonitor") or response.body.get("@odata.id")
+        if not monitor:
+            raise OutcomeUnknown(f"Redfish {action}: 202 Accepted without a task monitor")
+        monitor = str(monitor)
+        if on_task is not None:
+            result = on_task(monitor)
+            if result is not None:
+                await result
+        wait = response.retry_after
+        delay = poll_initial
+        while True:
+            pause = min(wait if wait is not None else delay, poll_max)
+            if time.monotonic() + pause > deadline:
+                raise AttachTimeout(
+                    f"the fabric did not finish {action} in time; its task {monitor} is still running",
+                    retry_after=max(1.0, pause),
+                )
+            await asyncio.sleep(pause)
+            delay = min(delay * 2, poll_max)
+            try:
+                polled = await self._in_thread(self._exchange, "GET", monitor, None, None, None)
+            except _Transport as err:
+                log.warning("task monitor unreachable, still waiting", task=monitor, error=str(err))
+                wait = None
+                continue
+            wait = polled.retry_after
+            if polled.status == 202:
+                continue
+            if polled.status in (404, 410):
+                raise OutcomeUnknown(f"Redfish task monitor {monitor} for {action} disappeared")
+            if polled.status in _RETRY_STATUSES:
+                continue
+            if polled.status >= 400:
+                raise error_for_response(polled.status, polled.body, method=response.method, uri=response.uri)
+            if polled.is_task:
+                state = str(polled.body.get("TaskState") or "")
+                if state not in _TERMINAL_TASK_STATES:
+                    continue
+                if state in _FAILED_TASK_STATES or polled.body.get("TaskStatus") == "Critical":
+                    raise error_for_task(polled.body, uri=monitor, action=action)
+            return polled
+
+    async def task_running(self, monitor: str) -> bool:
+        """Whether the task behind ``monitor`` still runs; False once it ended or is gone."""
+        try:
+            polled = await self.request("GET", monitor)
+        except FabricUnavailable:
+            raise
+        except FabricError:
+            return False  # gone (404), or ended with the operation's own error response
+        if polled.status == 202:
+            return True
+        return polled.is_task and str(polled.body.get("TaskState") or "") not in _TERMINAL_TASK_STATES
+
+    async def cancel_task(self, monitor: str) -> None:
+        """Ask the service to stop a task (DELETE on its monitor, DSP0266); best effort."""
+        with contextlib.suppress(FabricError):
+            await self.request("DELETE", monitor)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def ssl_context(self) -> ssl.SSLContext | bool:
+        """The TLS settings of this client, for requests made with another HTTP library."""
+        if not self.base_url.startswith("https://"):
+            return False
+        if self.settings.insecure:
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+            return context
+        return ssl.create_default_context(cafile=self.settings.ca_file or certifi.where())
+
+    async def aclose(self) -> None:
+        """Delete our session on the service and release the thread pool."""
+        if self._closed:
+            return
+        if self._session_uri and self._auth_mode == "session":
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(
+                    self._in_thread(self._exchange, "DELETE", self._session_uri, None, None, (2.0, 2.0)), 5.0
+                )
+        self._closed = True
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._rf._session.close()
+
+
+def _json_or_empty(content: bytes | str | None) -> dict[str, Any]:
+    if not content:
+        return {}
+    try:
+        value = json.loads(content)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}

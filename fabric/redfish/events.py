@@ -1,0 +1,148 @@
+"""Redfish Server-Sent Events: the inventory's fast path to fabric changes.
+
+DSP0266 "Server-sent events": ``EventService.ServerSentEventUri`` streams ``text/event-stream``
+(WHATWG HTML "Server-sent events") whose ``data:`` fields are Event payloads
+(``{"Events": [{"MessageId": ..., "OriginOfCondition": {"@odata.id": ...}}]}``). The stream may end
+at any time (service restart, idle proxies); the reader reconnects with backoff and tells its owner
+so it can re-read everything it may have missed. A service without SSE is fine: the owner polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import httpx
+
+from dra_driver.logs import get_logger
+from fabric.errors import FabricError
+from fabric.redfish.client import RedfishClient
+
+__all__ = ["EventStream", "parse_sse"]
+
+log = get_logger(__name__)
+
+EventHandler = Callable[[list[dict[str, Any]]], Awaitable[None] | None]
+ConnectHandler = Callable[[], Awaitable[None] | None]
+
+
+async def parse_sse(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str | None, str]]:
+    """(id, data) of each event in a ``text/event-stream``; comments and other fields are skipped."""
+    data: list[str] = []
+    event_id: str | None = None
+    async for line in lines:
+        if line == "":
+            if data:
+                yield event_id, "\n".join(data)
+            data = []
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "data":
+            data.append(value)
+        elif name == "id":
+            event_id = value
+    if data:
+        yield event_id, "\n".join(data)
+
+
+class EventStream:
+    """Follows the service's SSE stream until cancelled."""
+
+    def __init__(
+        self,
+        client: RedfishClient,
+        on_events: EventHandler,
+        *,
+        on_connect: ConnectHandler | None = None,
+        backoff_initial: float = 0.5,
+        backoff_max: float = 10.0,
+    ) -> None:
+        self.client = client
+        self.on_events = on_events
+        self.on_connect = on_connect
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.connected = False
+        self.supported: bool | None = None  # None until the EventService was read
+        self._last_id: str | None = None
+
+    async def _stream_uri(self) -> str | None:
+        root = await self.client.get_json("/redfish/v1/")
+        service_uri = (root.get("EventService") or {}).get("@odata.id")
+        if not service_uri:
+            return None
+        service = await self.client.get_json(str(service_uri))
+        if service.get("ServiceEnabled") is False:
+            return None
+        uri = service.get("ServerSentEventUri")
+        return str(uri) if uri else None
+
+    async def run(self) -> None:
+        delay = self.backoff_initial
+        while True:
+            try:
+                uri = await self._stream_uri()
+            except FabricError as err:
+                log.debug("event service unreachable", error=err.message)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.backoff_max)
+                continue
+            if uri is None:
+                if self.supported is not False:
+                    log.info("the Redfish service offers no server-sent events; polling only")
+                self.supported = False
+                await asyncio.sleep(self.backoff_max * 6)
+                continue
+            self.supported = True
+            try:
+                await self._follow(uri)
+                delay = self.backoff_initial  # a clean end: reconnect at once
+            except (httpx.HTTPError, FabricError, ValueError) as err:
+                log.info("event stream interrupted, reconnecting", error=str(err) or type(err).__name__)
+            finally:
+                self.connected = False
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.backoff_max)
+
+    async def _follow(self, uri: str) -> None:
+        headers = await asyncio.to_thread(self.client.auth_headers)
+        headers["Accept"] = "text/event-stream"
+        if self._last_id:
+            headers["Last-Event-ID"] = self._last_id
+        timeout = httpx.Timeout(self.client.settings.connect_timeout, read=None)
+        async with (
+            httpx.AsyncClient(base_url=self.client.base_url, verify=self.client.ssl_context()) as http,
+            http.stream("GET", uri, headers=headers, timeout=timeout) as response,
+        ):
+            if response.status_code == 401:
+                await asyncio.to_thread(self.client.reauthenticate)
+                raise httpx.HTTPError("event stream: session rejected (401), logged in again")
+            if response.status_code >= 400:
+                raise httpx.HTTPError(f"event stream answered HTTP {response.status_code}")
+            self.connected = True
+            log.info("following Redfish server-sent events", uri=uri)
+            if self.on_connect is not None:
+                result = self.on_connect()
+                if result is not None:
+                    await result
+            async for event_id, data in parse_sse(response.aiter_lines()):
+                if event_id:
+                    self._last_id = event_id
+                try:
+                    payload = json.loads(data)
+                except ValueError:
+                    continue
+                events = payload.get("Events") if isinstance(payload, dict) else None
+                if not isinstance(events, list):
+                    continue
+                try:
+                    result = self.on_events([e for e in events if isinstance(e, dict)])
+                    if result is not None:
+                        await result
+                except Exception:
+                    log.exception("handling a Redfish event failed")

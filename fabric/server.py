@@ -1,0 +1,210 @@
+"""The manager's HTTP API (FastAPI): the contract of :mod:`fabric.api`, plus health and metrics.
+
+Every ``/api/v1`` request needs a bearer token (:mod:`fabric.auth`) and a leader: a follower
+answers 503 NotLeader with ``Retry-After`` (its ``/readyz`` fails too, so a Service sends traffic to
+the leader only). Errors are :class:`fabric.api.ErrorBody` with the status of their
+:mod:`fabric.errors` class; a malformed request is 422 InvalidRequest naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Header, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+
+from dra_driver import __version__
+from dra_driver.logs import get_logger
+from fabric import api
+from fabric.auth import Chain, Identity
+from fabric.binder import Binder
+from fabric.errors import (
+    DeviceNotFound,
+    FabricError,
+    FabricUnavailable,
+    InvalidRequest,
+    NotFoundError,
+    NotLeader,
+)
+from fabric.inventory import Inventory
+from fabric.metrics import ManagerMetrics
+from fabric.operations import error_body
+
+__all__ = ["AppContext", "build_app"]
+
+log = get_logger(__name__)
+
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+_NODE = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+
+
+@dataclass
+class AppContext:
+    inventory: Inventory
+    binder: Binder
+    auth: Chain
+    metrics: ManagerMetrics
+    is_leader: Callable[[], bool]
+    #: None when ready to serve, else why not
+    not_ready: Callable[[], str | None]
+
+
+def _error_response(err: FabricError) -> JSONResponse:
+    headers = {}
+    if err.retriable:
+        headers["Retry-After"] = str(max(1, math.ceil(err.retry_after or 1.0)))
+    body = error_body(err).model_dump(mode="json", by_alias=True, exclude_none=True)
+    return JSONResponse(status_code=err.http_status, content=body, headers=headers)
+
+
+def _field(loc: tuple[int | str, ...]) -> str:
+    """``("body", "claimUid")`` → ``body.claimUid``: where the bad value is and what it is called."""
+    return ".".join(str(p) for p in loc) or "request"
+
+
+async def _identity(request: Request, authorization: Annotated[str | None, Header()] = None) -> Identity:
+    ctx: AppContext = request.app.state.ctx
+    return await ctx.auth.require(authorization)
+
+
+async def _leader(request: Request, caller: Annotated[Identity, Depends(_identity)]) -> Identity:
+    ctx: AppContext = request.app.state.ctx
+    if not ctx.is_leader():
+        raise NotLeader(
+            "this fabric manager replica is a follower; retry (the Service routes to the leader)",
+            retry_after=2.0,
+        )
+    return caller
+
+
+# Module level, not inside build_app: FastAPI resolves these annotations by name.
+Caller = Annotated[Identity, Depends(_leader)]
+Wait = Annotated[
+    float,
+    Query(alias="waitSeconds", ge=0, le=api.MAX_WAIT_SECONDS, description="wait this long for the fabric"),
+]
+DeviceName = Annotated[str, Path(pattern=_DNS_LABEL, description="device name")]
+
+
+def build_app(ctx: AppContext) -> FastAPI:
+    app = FastAPI(
+        title="fabric-dra fabric manager",
+        version=__version__,
+        description=(
+            "Binds composable PCIe/CXL devices to Kubernetes nodes over Redfish. Attach and detach "
+            "are idempotent per claim UID + device. Authenticate with a bearer token."
+        ),
+    )
+    app.state.ctx = ctx
+
+    @app.exception_handler(FabricError)
+    async def _fabric_error(request: Request, err: FabricError) -> JSONResponse:
+        return _error_response(err)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:
+        problems = [f"{_field(tuple(e['loc']))}: {e['msg']}" for e in err.errors()]
+        return _error_response(InvalidRequest("malformed request: " + "; ".join(problems)))
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz() -> JSONResponse:
+        reason = ctx.not_ready()
+        if reason:
+            return JSONResponse(status_code=503, content={"status": "not ready", "reason": reason})
+        return JSONResponse(status_code=200, content={"status": "ready"})
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(ctx.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    def _loaded() -> None:
+        if not ctx.inventory.loaded.is_set():
+            err = ctx.inventory.last_error
+            cause = f": {err.message}" if err else ""
+            raise FabricUnavailable(f"the fabric inventory is not loaded yet{cause}", retry_after=2.0)
+
+    @app.get(f"{api.API_PREFIX}/inventory", response_model=api.Inventory, response_model_by_alias=True)
+    async def inventory(
+        caller: Caller,
+        after: Annotated[int | None, Query(description="wait until the version differs from this")] = None,
+        timeout_seconds: Annotated[float, Query(alias="timeoutSeconds", ge=0, le=300)] = 30.0,
+    ) -> api.Inventory:
+        _loaded()
+        if after is None:
+            return ctx.inventory.snapshot()
+        return await ctx.inventory.wait_newer(after, timeout_seconds)
+
+    @app.get(f"{api.API_PREFIX}/devices", response_model=list[api.Device], response_model_by_alias=True)
+    async def devices(caller: Caller) -> list[api.Device]:
+        _loaded()
+        return ctx.inventory.snapshot().devices
+
+    @app.get(f"{api.API_PREFIX}/devices/{{device}}", response_model=api.Device, response_model_by_alias=True)
+    async def device(caller: Caller, device: DeviceName) -> api.Device:
+        _loaded()
+        record = ctx.inventory.device(device)
+        if record is None:
+            raise DeviceNotFound(f"device {device} is not in the fabric inventory", device=device)
+        return ctx.inventory.render_device(record)
+
+    @app.get(f"{api.API_PREFIX}/nodes", response_model=list[api.FabricNode], response_model_by_alias=True)
+    async def nodes(caller: Caller) -> list[api.FabricNode]:
+        _loaded()
+        return ctx.inventory.snapshot().nodes
+
+    @app.post(
+        f"{api.API_PREFIX}/attachments",
+        response_model=api.Attachment,
+        response_model_by_alias=True,
+        responses={202: {"model": api.Attachment, "description": "still attaching: ask again"}},
+    )
+    async def attach(caller: Caller, request: api.AttachRequest, wait: Wait = 0.0) -> JSONResponse:
+        caller.check_bind(request.node)
+        _loaded()
+        attachment, status = await ctx.binder.attach(request, wait)
+        return JSONResponse(status_code=status, content=attachment.model_dump(mode="json", by_alias=True))
+
+    @app.delete(
+        f"{api.API_PREFIX}/attachments/{{device}}",
+        response_model=api.Attachment,
+        response_model_by_alias=True,
+        responses={202: {"model": api.Attachment, "description": "still detaching: ask again"}},
+    )
+    async def detach(
+        caller: Caller,
+        device: DeviceName,
+        claim_uid: Annotated[str, Query(alias="claimUid", min_length=1)],
+        node: Annotated[str, Query(pattern=_NODE)],
+        wait: Wait = 0.0,
+    ) -> JSONResponse:
+        caller.check_bind(node)
+        _loaded()
+        attachment, status = await ctx.binder.detach(device, claim_uid, node, wait)
+        return JSONResponse(status_code=status, content=attachment.model_dump(mode="json", by_alias=True))
+
+    @app.get(f"{api.API_PREFIX}/operations", response_model=list[api.Operation], response_model_by_alias=True)
+    async def operations(caller: Caller) -> list[api.Operation]:
+        return ctx.binder.operations.all()
+
+    @app.get(
+        f"{api.API_PREFIX}/operations/{{operation_id}}",
+        response_model=api.Operation,
+        response_model_by_alias=True,
+    )
+    async def operation(caller: Caller, operation_id: str) -> api.Operation:
+        found = ctx.binder.operations.get(operation_id)
+        if found is None:
+            raise NotFoundError(
+                f"operation {operation_id} is not known (finished long ago, or another replica's)"
+            )
+        return found
+
+    return app

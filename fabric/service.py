@@ -1,0 +1,240 @@
+"""``fabric-dra manager serve``: wires the parts together and runs them until SIGTERM.
+
+Start-up order: HTTP listener (so probes answer at once; ``/readyz`` says why it is not ready yet),
+ready file, then leadership — at once without ``--leader-elect``, else through the Lease. On
+becoming leader the ledger is (re)loaded and a discovery pass reconciles it with the fabric before
+the replica reports ready; on losing the Lease it stops touching the fabric immediately (every
+mutation is fenced). On SIGTERM it stops accepting requests, releases the Lease, and logs out of the
+Redfish service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import ssl
+from collections.abc import Generator
+
+import uvicorn
+
+from dra_driver.fsutil import atomic_write
+from dra_driver.kube.client import KubeClient, load_config
+from dra_driver.kube.leader import LeaderElector
+from dra_driver.logs import get_logger
+from fabric.auth import (
+    AllowAll,
+    Authenticator,
+    Chain,
+    StaticTokens,
+    TokenReviewAuthenticator,
+    load_static_tokens,
+)
+from fabric.backends.discovery import Discovery
+from fabric.binder import Binder
+from fabric.config import ManagerSettings
+from fabric.errors import FabricError
+from fabric.inventory import Inventory
+from fabric.ledger import ConfigMapLedgerStore, FileLedgerStore, Ledger, LedgerStore
+from fabric.metrics import ManagerMetrics
+from fabric.nodes import NodeResolver, load_node_map
+from fabric.redfish.client import RedfishClient
+from fabric.server import AppContext, build_app
+
+__all__ = ["ManagerService"]
+
+log = get_logger(__name__)
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        # The service handles SIGTERM itself: uvicorn would re-raise it after its own shutdown and the
+        # process would die before releasing the Lease and the Redfish session.
+        yield
+
+
+class ManagerService:
+    def __init__(self, settings: ManagerSettings) -> None:
+        self.settings = settings
+        self._leading = False
+        self._ledger_loaded = False
+        self._elector: LeaderElector | None = None
+        self._stop = asyncio.Event()
+        self.url = ""
+
+    def is_leader(self) -> bool:
+        if not self._leading or not self._ledger_loaded:
+            return False
+        return self._elector is None or self._elector.is_leader
+
+    def _not_ready(self, inventory: Inventory) -> str | None:
+        if not self._leading:
+            holder = self._elector.current_holder if self._elector else None
+            return f"not the leader (leader: {holder or 'unknown'})"
+        if not self._ledger_loaded:
+            return "loading the ledger"
+        if not inventory.loaded.is_set():
+            err = inventory.last_error
+            return "reading the fabric" + (f": {err.message}" if err else "")
+        return None
+
+    def _authenticator(self, kube: KubeClient | None, namespace: str) -> Chain:
+        s = self.settings
+        chain: list[Authenticator] = []
+        if s.insecure_no_auth:
+            log.warning("authentication is OFF (--insecure-no-auth): anyone may attach any device")
+            chain.append(AllowAll())
+        if s.static_tokens is not None:
+            chain.append(StaticTokens(load_static_tokens(s.static_tokens)))
+        if kube is not None and not s.insecure_no_auth:
+            chain.append(
+                TokenReviewAuthenticator(
+                    kube,
+                    plugin_accounts=s.plugin_accounts or [f"{namespace}:fabric-dra-plugin"],
+                    controller_accounts=s.controller_accounts or [f"{namespace}:fabric-dra-controller"],
+                    operator_groups=s.operator_groups,
+                    operator_users=s.operator_users,
+                    audiences=s.token_audiences,
+                )
+            )
+        return Chain(chain)
+
+    def _listener(self) -> socket.socket:
+        s = self.settings
+        family = socket.AF_INET6 if ":" in s.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((s.host, s.port))
+        sock.listen(512)
+        sock.set_inheritable(True)
+        return sock
+
+    async def run(self) -> int:
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+
+        kube: KubeClient | None = None
+        namespace = s.namespace or "default"
+        if s.uses_kube:
+            config = load_config(s.kubeconfig)
+            kube = KubeClient(config)
+            namespace = s.namespace or config.namespace
+
+        metrics = ManagerMetrics()
+        redfish = RedfishClient(s.redfish, observer=metrics.observe_redfish)
+        discovery = Discovery(redfish, s.binding)
+        resolver = NodeResolver(load_node_map(s.node_map) if s.node_map else None, kube)
+        inventory = Inventory(
+            discovery,
+            resolver,
+            fabric_name=s.fabric_name,
+            resync_seconds=s.resync_seconds,
+            poll_seconds=s.poll_seconds,
+            use_events=s.events,
+        )
+        store: LedgerStore
+        if s.ledger == "configmap":
+            assert kube is not None
+            store = ConfigMapLedgerStore(kube, name=s.ledger_name, namespace=namespace)
+        else:
+            assert s.state_dir is not None
+            s.state_dir.mkdir(parents=True, exist_ok=True)
+            store = FileLedgerStore(s.state_dir)
+        ledger = Ledger(store)
+        binder = Binder(
+            inventory, ledger, discovery, metrics=metrics, is_leader=self.is_leader, settings=s.binder
+        )
+        metrics.watch_inventory(inventory.snapshot)
+        metrics.is_leader.set_function(lambda: 1.0 if self.is_leader() else 0.0)
+        app = build_app(
+            AppContext(
+                inventory=inventory,
+                binder=binder,
+                auth=self._authenticator(kube, namespace),
+                metrics=metrics,
+                is_leader=self.is_leader,
+                not_ready=lambda: self._not_ready(inventory),
+            )
+        )
+
+        listener = self._listener()
+        host, port = listener.getsockname()[:2]
+        scheme = "https" if s.tls_cert else "http"
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"{scheme}://{shown}:{port}"
+        server = _Server(
+            uvicorn.Config(
+                app,
+                log_config=None,
+                access_log=False,
+                lifespan="off",
+                ssl_certfile=str(s.tls_cert) if s.tls_cert else None,
+                ssl_keyfile=str(s.tls_key) if s.tls_key else None,
+                ssl_cert_reqs=ssl.CERT_NONE,
+                timeout_graceful_shutdown=5,
+            )
+        )
+        tasks = [asyncio.create_task(server.serve(sockets=[listener]), name="http")]
+        while not server.started:
+            if tasks[0].done():
+                await tasks[0]
+                raise RuntimeError("the HTTP server stopped during start-up")
+            await asyncio.sleep(0.01)
+        if s.ready_file is not None:
+            atomic_write(s.ready_file, self.url + "\n", durable=False)
+        log.info(
+            "fabric manager listening", url=self.url, redfish=s.redfish.base_url, ledger=store.describe()
+        )
+
+        async def on_leadership(leading: bool) -> None:
+            if not leading:
+                self._leading = False
+                self._ledger_loaded = False
+                return
+            self._leading = True
+            while self._leading and not self._ledger_loaded:
+                try:
+                    await ledger.load()
+                    self._ledger_loaded = True
+                except FabricError as err:
+                    log.error("cannot load the ledger, retrying", error=err.message)
+                    await asyncio.sleep(2.0)
+            inventory.request_refresh()
+            with contextlib.suppress(FabricError):
+                if inventory.loaded.is_set():
+                    await binder.reconcile()
+
+        tasks.append(asyncio.create_task(inventory.run(), name="inventory"))
+        tasks.append(asyncio.create_task(binder.run(), name="binder"))
+        if s.leader_elect:
+            assert kube is not None
+            self._elector = LeaderElector(
+                kube,
+                name=s.lease_name,
+                namespace=namespace,
+                identity=s.identity or f"{socket.gethostname()}-{os.getpid()}",
+                on_change=on_leadership,
+            )
+            tasks.append(asyncio.create_task(self._elector.run(), name="leader-election"))
+        else:
+            await on_leadership(True)
+
+        stop = asyncio.create_task(self._stop.wait())
+        await asyncio.wait([stop, tasks[0]], return_when=asyncio.FIRST_COMPLETED)
+        log.info("fabric manager stopping")
+        server.should_exit = True
+        for task in tasks[1:]:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        stop.cancel()
+        await redfish.aclose()
+        if kube is not None:
+            await kube.aclose()
+        return 0

@@ -1,0 +1,182 @@
+"""``fabric-dra status``: the pool, the bindings per node and the operations in flight."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from dra_driver.cli import CliError
+from fabric import api
+from fabric.errors import FabricError
+from fabric.manager_client import ManagerClient
+
+__all__ = ["render_json", "render_table", "run_status"]
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+def _summary(inventory: api.Inventory) -> list[dict[str, Any]]:
+    counts: Counter[tuple[str, str, str, str, str]] = Counter()
+    for d in inventory.devices:
+        counts[(d.pool, d.fabric, str(d.type), d.model or "-", str(d.state))] += 1
+    groups: dict[tuple[str, str, str, str], dict[str, int]] = {}
+    for (pool, fabric, kind, model, state), n in counts.items():
+        groups.setdefault((pool, fabric, kind, model), {})[state] = n
+    result = []
+    for (pool, fabric, kind, model), states in sorted(groups.items()):
+        result.append(
+            {
+                "pool": pool,
+                "fabric": fabric,
+                "type": kind,
+                "model": model,
+                "free": states.get("free", 0),
+                "bound": states.get("bound", 0),
+                "busy": states.get("attaching", 0) + states.get("detaching", 0),
+                "unavailable": states.get("unavailable", 0),
+            }
+        )
+    return result
+
+
+def _age(started: datetime) -> str:
+    seconds = int((datetime.now(UTC) - started).total_seconds())
+    return f"{seconds}s" if seconds < 120 else f"{seconds // 60}m"
+
+
+def render_json(inventory: api.Inventory, operations: list[api.Operation]) -> str:
+    bindings = [
+        d.model_dump(
+            mode="json", by_alias=True, include={"name", "node", "host", "claim_uid", "state", "managed"}
+        )
+        for d in inventory.devices
+        if d.state not in (api.BindingState.FREE, api.BindingState.UNAVAILABLE)
+    ]
+    in_flight = [
+        o.model_dump(mode="json", by_alias=True)
+        for o in operations
+        if o.state in (api.OperationState.PENDING, api.OperationState.RUNNING)
+    ]
+    return json.dumps(
+        {
+            "inventoryVersion": inventory.version,
+            "pools": _summary(inventory),
+            "nodes": [n.model_dump(mode="json", by_alias=True) for n in inventory.nodes],
+            "bindings": bindings,
+            "operations": in_flight,
+        },
+        indent=2,
+    )
+
+
+def render_table(inventory: api.Inventory, operations: list[api.Operation]) -> str:
+    parts = ["POOL"]
+    pool_rows = [
+        [
+            row["pool"],
+            row["fabric"],
+            row["type"],
+            row["model"],
+            str(row["free"]),
+            str(row["bound"]),
+            str(row["busy"]),
+            str(row["unavailable"]),
+        ]
+        for row in _summary(inventory)
+    ]
+    parts.append(
+        _table(["POOL", "FABRIC", "TYPE", "MODEL", "FREE", "BOUND", "BUSY", "UNAVAILABLE"], pool_rows)
+        if pool_rows
+        else "(no devices)"
+    )
+    parts.append("")
+    parts.append("BINDINGS")
+    bound = sorted(
+        (
+            d
+            for d in inventory.devices
+            if d.state not in (api.BindingState.FREE, api.BindingState.UNAVAILABLE)
+        ),
+        key=lambda d: (d.node or f"~{d.host or ''}", d.name),
+    )
+    binding_rows = [
+        [
+            d.node or f"(host {d.host})",
+            d.name,
+            str(d.type),
+            d.model or "-",
+            str(d.state),
+            d.claim_uid or "-",
+            "yes" if d.managed else "no (outside fabric-dra)",
+        ]
+        for d in bound
+    ]
+    parts.append(
+        _table(["NODE", "DEVICE", "TYPE", "MODEL", "STATE", "CLAIM", "MANAGED"], binding_rows)
+        if binding_rows
+        else "(no device is bound)"
+    )
+    parts.append("")
+    parts.append("OPERATIONS IN FLIGHT")
+    running = [o for o in operations if o.state in (api.OperationState.PENDING, api.OperationState.RUNNING)]
+    op_rows = [
+        [
+            o.id,
+            str(o.kind),
+            o.device,
+            o.node,
+            o.claim_uid,
+            _age(o.started_at),
+            o.redfish_task or "-",
+            o.error.message if o.error else "-",
+        ]
+        for o in running
+    ]
+    parts.append(
+        _table(["ID", "KIND", "DEVICE", "NODE", "CLAIM", "AGE", "REDFISH TASK", "LAST ERROR"], op_rows)
+        if op_rows
+        else "(none)"
+    )
+    parts.append("")
+    parts.append(f"inventory version {inventory.version}; {len(inventory.nodes)} node(s)")
+    return "\n".join(parts)
+
+
+async def run_status(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    token = os.environ.get("FABRIC_DRA_TOKEN") if args.token_file is None else None
+    if args.token_file is not None and not args.token_file.is_file():
+        raise CliError(f"token file {args.token_file} does not exist")
+    client = ManagerClient(
+        args.manager_url,
+        token=token,
+        token_file=args.token_file,
+        ca_file=args.ca_file,
+        insecure=args.insecure,
+        timeout=args.timeout,
+    )
+    try:
+        inventory = await client.inventory()
+        operations = await client.operations()
+    except FabricError as err:
+        raise CliError(f"cannot read the fabric manager at {args.manager_url}: {err.message}") from None
+    finally:
+        await client.aclose()
+    stream = out or sys.stdout
+    text = (
+        render_json(inventory, operations) if args.output == "json" else render_table(inventory, operations)
+    )
+    print(text, file=stream)
+    return 0

@@ -1,0 +1,161 @@
+"""Small real HTTP(S) servers for the fabric manager's tests.
+
+* :class:`MockupServer` serves a DMTF Redfish mockup directory read-only, the way DMTF's own
+  mockup server does: ``GET /redfish/v1/<path>`` answers ``<dir>/<path>/index.json``.
+* :class:`ScriptedServer` answers each request with a function of the test, and records what
+  it received — for client behaviour that a well-behaved service never shows (hangs, dropped
+  connections, expired sessions at a chosen moment).
+
+Both listen on 127.0.0.1 with a free port, optionally with TLS, in a background thread.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+__all__ = ["MockupServer", "Reply", "Request", "ScriptedServer"]
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    body: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+    #: close the connection without answering (a crash between request and response)
+    drop: bool = False
+
+
+Handler = Callable[[Request], Reply]
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _BaseServer:
+    def __init__(self, handler: Handler, *, ssl_context: ssl.SSLContext | None = None) -> None:
+        self.requests: list[Request] = []
+        self._lock = threading.Lock()
+        outer = self
+
+        class _RequestHandler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def _handle(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                try:
+                    body = json.loads(raw) if raw else None
+                except ValueError:
+                    body = raw.decode(errors="replace")
+                request = Request(
+                    self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body
+                )
+                with outer._lock:
+                    outer.requests.append(request)
+                reply = handler(request)
+                if reply.drop:
+                    self.close_connection = True
+                    self.connection.close()
+                    return
+                payload = b"" if reply.body is None else json.dumps(reply.body).encode()
+                self.send_response(reply.status)
+                for name, value in reply.headers.items():
+                    self.send_header(name, value)
+                if payload:
+                    self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                if payload:
+                    self.wfile.write(payload)
+
+            do_GET = do_POST = do_PATCH = do_DELETE = do_PUT = _handle
+
+        self._httpd = _Server(("127.0.0.1", 0), _RequestHandler)
+        if ssl_context is not None:
+            self._httpd.socket = ssl_context.wrap_socket(self._httpd.socket, server_side=True)
+        self.scheme = "https" if ssl_context is not None else "http"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="test-http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"{self.scheme}://{host!s}:{port}"
+
+    def start(self) -> _BaseServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def count(self, method: str, path_prefix: str = "") -> int:
+        with self._lock:
+            return sum(1 for r in self.requests if r.method == method and r.path.startswith(path_prefix))
+
+    def __enter__(self) -> _BaseServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+class ScriptedServer(_BaseServer):
+    pass
+
+
+class MockupServer(_BaseServer):
+    """A DMTF mockup directory over HTTP, read-only: other methods get 405 with ``Allow: GET``."""
+
+    def __init__(self, root: Path, *, ssl_context: ssl.SSLContext | None = None) -> None:
+        self.root = root
+
+        def serve(request: Request) -> Reply:
+            path = request.path.split("?", 1)[0].rstrip("/")
+            if request.method != "GET":
+                return Reply(405, _error("Base.1.22.1.OperationNotAllowed"), {"Allow": "GET"})
+            if path == "/redfish":
+                return Reply(200, {"v1": "/redfish/v1/"})
+            if not path.startswith("/redfish/v1"):
+                return Reply(404, _error("Base.1.22.1.ResourceMissingAtURI"))
+            relative = path[len("/redfish/v1") :].lstrip("/")
+            target = (root / relative / "index.json") if relative else root / "index.json"
+            if ".." in relative.split("/") or not target.is_file():
+                return Reply(404, _error("Base.1.22.1.ResourceMissingAtURI"))
+            return Reply(200, json.loads(target.read_text()))
+
+        super().__init__(serve, ssl_context=ssl_context)
+
+
+def _error(message_id: str) -> dict[str, Any]:
+    return {
+        "error": {
+            "code": message_id,
+            "message": message_id.rsplit(".", 1)[-1],
+            "@Message.ExtendedInfo": [{"MessageId": message_id, "Message": message_id.rsplit(".", 1)[-1]}],
+        }
+    }
