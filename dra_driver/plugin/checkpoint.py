@@ -162,6 +162,7 @@ class CheckpointStore:
         self._inflight: set[str] = set()
         self._requested = 0
         self._flushed = 0
+        self._want_durable = False
         self._flush_task: asyncio.Future[None] | None = None
         self.writes = 0
 
@@ -259,10 +260,17 @@ class CheckpointStore:
 
     # -- committing ----------------------------------------------------------------------------
 
-    async def commit(self) -> None:
-        """Return once every change made before this call is on disk."""
+    async def commit(self, *, durable: bool = True) -> None:
+        """Return once every change made before this call is on disk.
+
+        ``durable=False`` skips the fsyncs (the rename is still atomic, and visible to the next
+        process after a crash of this one): for records that only guard against a process crash,
+        because after a power loss the fabric's bindings tell reconcile what they said.
+        """
         self._requested += 1
         wanted = self._requested
+        if durable:
+            self._want_durable = True
         while self._flushed < wanted:
             if self._flush_task is None or self._flush_task.done():
                 self._flush_task = asyncio.ensure_future(self._flush())
@@ -281,27 +289,35 @@ class CheckpointStore:
 
     async def _flush(self) -> None:
         target = self._requested
+        durable, self._want_durable = self.durable and self._want_durable, False
         pending, self._dirty = self._dirty, set()
         self._inflight |= pending
         try:
             while True:
                 self.refresh()
                 payload, expected = _encode(self._data), self._sig
-                if await asyncio.to_thread(self._write, payload, expected):
+                # fsync blocks for a disk round trip: off the event loop; a plain rename is cheap.
+                written = (
+                    await asyncio.to_thread(self._write, payload, expected, True)
+                    if durable
+                    else self._write(payload, expected, False)
+                )
+                if written:
                     break
         except BaseException:
+            self._want_durable = self._want_durable or durable
             self._dirty |= pending
             raise
         finally:
             self._inflight -= pending
         self._flushed = max(self._flushed, target)
 
-    def _write(self, payload: bytes, expected: _Signature | None) -> bool:
+    def _write(self, payload: bytes, expected: _Signature | None, durable: bool = True) -> bool:
         """Write if the file is still what we last saw; False means: refresh and try again."""
         with self._flock(fcntl.LOCK_EX):
             if _signature(self.path) != expected:
                 return False
-            atomic_write(self.path, payload, mode=0o600, durable=self.durable)
+            atomic_write(self.path, payload, mode=0o600, durable=durable and self.durable)
             self._sig = _signature(self.path)
             self.writes += 1
             return True
