@@ -90,6 +90,13 @@ class ClaimLocks:
                 del self._locks[uid]
 
 
+def _consume_result(task: asyncio.Task[Any]) -> None:
+    """A background attach may end after the kubelet stopped asking; its outcome is picked up by the
+    next call or dropped with the claim, never reported as an unretrieved task exception."""
+    if not task.cancelled():
+        task.exception()
+
+
 class InflightWork:
     """Background tasks keyed by (claim UID, device): started once, awaited by any later call."""
 
@@ -100,6 +107,7 @@ class InflightWork:
         task = self._tasks.get(key)
         if task is None:
             task = asyncio.ensure_future(start())
+            task.add_done_callback(_consume_result)
             self._tasks[key] = task
         return task
 
