@@ -32,6 +32,7 @@ from dra_driver.kube.resources import RESOURCE_CLAIMS
 from dra_driver.proto.dra_v1 import api_pb2 as dra_pb2
 from dra_driver.proto.dra_v1 import api_pb2_grpc as dra_grpc
 from emulator.procs import RoleProcess
+from tests.support.fabric_manager import start_manager
 
 __all__ = [
     "DRIVER",
@@ -401,16 +402,11 @@ def start_fabric(root: Path, latency: str = "instant") -> FabricProcesses:
         name="emulator",
     ).start()
     try:
-        manager = RoleProcess(
-            [
-                *("manager", "serve", "--redfish-url", emulator.address, "--redfish-auth", "none"),
-                *("--state-dir", str(root / "manager"), "--insecure-no-auth"),
-                *("--port", "0", "--ready-file", str(root / "manager.ready")),
-            ],
-            ready_file=root / "manager.ready",
-            log_file=root / "manager.log",
-            name="manager",
-        ).start()
+        manager = start_manager(
+            root,
+            emulator.address,
+            args=["--redfish-auth", "none", "--state-dir", str(root / "manager"), "--insecure-no-auth"],
+        )
     except BaseException:
         emulator.stop()
         raise
