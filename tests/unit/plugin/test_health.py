@@ -1,0 +1,104 @@
+"""Device health as the kubelet gets it: from the fabric's Status.Health, bindings and the host."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from dra_driver.plugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
+from dra_driver.plugin.health import HealthMonitor
+from dra_driver.plugin.hostdev import HostDevice, HostScanner
+from dra_driver.proto.dra_health_v1alpha1 import api_pb2 as health_pb2
+from fabric.api import BindingState, Device, Health
+
+from .conftest import DRIVER, NODE, ScriptedBackend, fabric_device
+
+
+class InventoryBackend(ScriptedBackend):
+    """Answers the inventory long poll from a queue of snapshots."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.snapshots: asyncio.Queue[dict[str, Device] | Exception] = asyncio.Queue()
+        self.version = 0
+
+    async def watch_devices(
+        self, after: int | None, wait_seconds: float
+    ) -> tuple[int, dict[str, Device]] | None:
+        item = await self.snapshots.get()
+        if isinstance(item, Exception):
+            raise item
+        self.version += 1
+        return self.version, item
+
+
+def prepared(store: CheckpointStore, uid: str, device: str, sysfs: Path) -> None:
+    store.put(
+        ClaimEntry(
+            uid=uid,
+            state=ClaimState.PREPARE_COMPLETED,
+            devices=[
+                PreparedDevice(
+                    device=device,
+                    pool="fabric-pcie",
+                    type="gpu",
+                    attached=True,
+                    host=HostDevice(sysfs_path=str(sysfs)),
+                )
+            ],
+        )
+    )
+
+
+async def test_health_follows_the_fabric_and_the_host(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "checkpoint.json", driver=DRIVER, node=NODE)
+    store.load()
+    for name in ("gpu-ok", "gpu-warn", "gpu-critical", "gpu-stolen", "gpu-missing", "gpu-unplugged"):
+        (tmp_path / name).mkdir()
+    prepared(store, "u1", "gpu-ok", tmp_path / "gpu-ok")
+    prepared(store, "u2", "gpu-warn", tmp_path / "gpu-warn")
+    prepared(store, "u3", "gpu-critical", tmp_path / "gpu-critical")
+    prepared(store, "u4", "gpu-stolen", tmp_path / "gpu-stolen")
+    prepared(store, "u5", "gpu-missing", tmp_path / "gpu-missing")
+    prepared(store, "u6", "gpu-unplugged", tmp_path / "gpu-unplugged")
+    (tmp_path / "gpu-unplugged").rmdir()  # gone from the host's sysfs
+
+    backend = InventoryBackend()
+    monitor = HealthMonitor(
+        backend, store, node=NODE, scanner=HostScanner(tmp_path, real_host=False), resend_seconds=60
+    )
+    assert {d: s for _, d, s in monitor.report()}["gpu-ok"] == health_pb2.UNKNOWN  # no fabric view yet
+
+    bound = {"state": BindingState.BOUND, "node": NODE}
+    await backend.snapshots.put(
+        {
+            "gpu-ok": fabric_device("gpu-ok", claim_uid="u1", **bound),
+            "gpu-warn": fabric_device("gpu-warn", claim_uid="u2", health=Health.WARNING, **bound),
+            "gpu-critical": fabric_device("gpu-critical", claim_uid="u3", health=Health.CRITICAL, **bound),
+            "gpu-stolen": fabric_device(
+                "gpu-stolen", claim_uid="u4", state=BindingState.BOUND, node="node-b"
+            ),
+            "gpu-unplugged": fabric_device("gpu-unplugged", claim_uid="u6", **bound),
+        }
+    )
+    monitor.start()
+    reports = monitor.reports()
+    try:
+        report = await asyncio.wait_for(anext(reports), 5)
+        while {d: s for _, d, s in report}["gpu-ok"] == health_pb2.UNKNOWN:
+            report = await asyncio.wait_for(anext(reports), 5)
+        assert {d: s for _, d, s in report} == {
+            "gpu-ok": health_pb2.HEALTHY,
+            "gpu-warn": health_pb2.HEALTHY,
+            "gpu-critical": health_pb2.UNHEALTHY,
+            "gpu-stolen": health_pb2.UNHEALTHY,
+            "gpu-missing": health_pb2.UNHEALTHY,
+            "gpu-unplugged": health_pb2.UNHEALTHY,
+        }
+        # the manager goes away: nothing can be said any more
+        await backend.snapshots.put(ConnectionError("manager down"))
+        report = await asyncio.wait_for(anext(reports), 5)
+        assert {d: s for _, d, s in report}["gpu-ok"] == health_pb2.UNKNOWN
+    finally:
+        await reports.aclose()
+        await monitor.stop()
