@@ -24,6 +24,7 @@ from dra_driver.controller.naming import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from dra_driver.controller.retry import Backoff
 from dra_driver.controller.slices import (
     DesiredPool,
+    NormalCache,
     PoolPlan,
     SliceInvalid,
     SliceWrite,
@@ -81,6 +82,7 @@ class SlicePublisher:
         self._trigger = asyncio.Event()
         self._desired_key: tuple[int, PublishPolicy] | None = None
         self._desired: dict[str, DesiredPool] = {}
+        self._normal = NormalCache()
         self.last_result: PublishResult | None = None
         self.synced_version: int | None = None
         self.on_synced: Callable[[int], None] | None = None
@@ -249,6 +251,7 @@ class SlicePublisher:
                     by_pool.get(pool, {}),
                     driver=self.policy.driver,
                     all_slices=self._slices,
+                    normal_of=self._normal,
                 )
             )
             is not None
@@ -342,7 +345,8 @@ class SlicePublisher:
         own = self._own[name]
         own.append(str((stored.get("metadata") or {}).get("resourceVersion") or ""))
         del own[:-8]
-        self._check_dropped(write.obj, stored)
+        if self._check_dropped(write.obj, stored) and write.normal is not None:
+            self._normal.remember(stored, write.normal)
 
     async def _delete(self, name: str, resource_version: str) -> None:
         async with self._sem:
@@ -366,27 +370,34 @@ class SlicePublisher:
 
     # -- what the API server keeps ----------------------------------------------------------
 
-    def _check_dropped(self, sent: dict[str, Any], stored: dict[str, Any]) -> None:
-        """A cluster without a feature gate drops the gated fields on write: notice, and adapt."""
+    def _check_dropped(self, sent: dict[str, Any], stored: dict[str, Any]) -> bool:
+        """A cluster without a feature gate drops the gated fields on write: notice, and adapt.
+
+        True when the API server kept every device and every gated field that was sent.
+        """
         sent_devices = (sent.get("spec") or {}).get("devices") or []
         kept = {d.get("name"): d for d in (stored.get("spec") or {}).get("devices") or []}
+        lost_taints = lost_bindings = False
         for device in sent_devices:
             back = kept.get(device["name"]) or {}
-            if device.get("taints") and not back.get("taints") and not self._taints_dropped:
-                self._taints_dropped = True
-                log.warning(
-                    "the API server dropped device taints (feature gate DRADeviceTaints is off): "
-                    "unhealthy devices are withheld from the slices instead",
-                    slice=sent["metadata"]["name"],
-                )
-            if device.get("bindsToNode") and not back.get("bindsToNode") and not self._bindings_dropped:
-                self._bindings_dropped = True
-                log.error(
-                    "the API server dropped bindsToNode and binding conditions: enable the feature gates "
-                    "DRADeviceBindingConditions and DRAResourceClaimDeviceStatus, or run without "
-                    "--binding-conditions; publishing without them (devices attach at prepare time)",
-                    slice=sent["metadata"]["name"],
-                )
+            lost_taints = lost_taints or bool(device.get("taints") and not back.get("taints"))
+            lost_bindings = lost_bindings or bool(device.get("bindsToNode") and not back.get("bindsToNode"))
+        if lost_taints and not self._taints_dropped:
+            self._taints_dropped = True
+            log.warning(
+                "the API server dropped device taints (feature gate DRADeviceTaints is off): "
+                "unhealthy devices are withheld from the slices instead",
+                slice=sent["metadata"]["name"],
+            )
+        if lost_bindings and not self._bindings_dropped:
+            self._bindings_dropped = True
+            log.error(
+                "the API server dropped bindsToNode and binding conditions: enable the feature gates "
+                "DRADeviceBindingConditions and DRAResourceClaimDeviceStatus, or run without "
+                "--binding-conditions; publishing without them (devices attach at prepare time)",
+                slice=sent["metadata"]["name"],
+            )
+        return len(kept) == len(sent_devices) and not lost_taints and not lost_bindings
 
     def _policy_changed_by(self, result: PublishResult) -> bool:
         return self._desired_key is not None and self._desired_key[1] != self.policy

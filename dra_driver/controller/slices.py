@@ -15,7 +15,7 @@ unchanged pool therefore plans no writes at all.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,7 @@ from fabric.api import Inventory
 
 __all__ = [
     "DesiredPool",
+    "NormalCache",
     "PoolPlan",
     "SliceInvalid",
     "SliceWrite",
@@ -139,6 +140,45 @@ def _normal_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     return {**rest, "pool": pool, "devices": devices}
 
 
+class NormalCache:
+    """Normalised specs of stored slices, by (uid, resourceVersion): a resync that re-lists
+    unchanged slices compares them without normalising 10,000 devices again."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._cache: dict[tuple[str, str], dict[str, Any]] = {}
+
+    @staticmethod
+    def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+        meta = obj.get("metadata") or {}
+        return (str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""))
+
+    def _put(self, key: tuple[str, str], normal: dict[str, Any]) -> None:
+        if len(self._cache) >= self._size:
+            self._cache.pop(next(iter(self._cache)))
+        self._cache[key] = normal
+
+    def remember(self, stored: Mapping[str, Any], normal: dict[str, Any]) -> None:
+        """``stored`` is what the API server kept of a write whose spec normalises to ``normal``."""
+        key = self._key(stored)
+        if all(key):
+            self._put(key, normal)
+
+    def __call__(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        key = self._key(obj)
+        if not all(key):
+            return _normal_spec(obj.get("spec") or {})
+        found = self._cache.get(key)
+        if found is None:
+            found = _normal_spec(obj.get("spec") or {})
+            self._put(key, found)
+        return found
+
+
+def _uncached(obj: Mapping[str, Any]) -> dict[str, Any]:
+    return _normal_spec(obj.get("spec") or {})
+
+
 # -- desired state --------------------------------------------------------------------------
 
 
@@ -207,6 +247,8 @@ class SliceWrite:
 
     obj: dict[str, Any]
     resource_version: str | None
+    #: the normalised form of ``obj``'s spec, to remember for what the API server stores
+    normal: dict[str, Any] | None = None
 
     @property
     def name(self) -> str:
@@ -232,7 +274,12 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return obj.get("metadata") or {}
 
 
-def _in_sync(desired: DesiredPool, existing: Mapping[str, dict[str, Any]], driver: str) -> bool:
+def _in_sync(
+    desired: DesiredPool,
+    existing: Mapping[str, dict[str, Any]],
+    driver: str,
+    normal_of: Callable[[Mapping[str, Any]], dict[str, Any]],
+) -> bool:
     count = len(desired.chunks)
     if len(existing) != count:
         return False
@@ -250,7 +297,7 @@ def _in_sync(desired: DesiredPool, existing: Mapping[str, dict[str, Any]], drive
         if any(labels.get(k) != v for k, v in slice_labels().items()):
             return False
         generations.add(_generation(stored))
-        if _normal_spec(spec) != normal[index]:
+        if normal_of(stored) != normal[index]:
             return False
     return len(generations) == 1
 
@@ -298,12 +345,14 @@ def plan_pool(
     *,
     driver: str,
     all_slices: Mapping[str, dict[str, Any]] | None = None,
+    normal_of: Callable[[Mapping[str, Any]], dict[str, Any]] = _uncached,
 ) -> PoolPlan | None:
     """The writes that bring ``existing`` (this pool's stored slices, by name) to ``desired``.
 
     ``None`` when the pool is in sync. ``desired`` None means the pool is gone: delete it all.
     ``all_slices`` (every slice this role owns) lets a write detect a stored slice of the same
     name in another pool; pool names are immutable, so that one is deleted first.
+    ``normal_of`` normalises a stored slice for comparison (a :class:`NormalCache` in the publisher).
     """
     if desired is None:
         if not existing:
@@ -312,7 +361,7 @@ def plan_pool(
             (name, str(_meta(obj).get("resourceVersion") or "")) for name, obj in sorted(existing.items())
         ]
         return PoolPlan(pool=pool, generation=0, writes=[], deletes=deletes)
-    if _in_sync(desired, existing, driver):
+    if _in_sync(desired, existing, driver, normal_of):
         return None
     generation = max((_generation(obj) for obj in existing.values()), default=0) + 1
     times = _taint_times(existing.values())
@@ -338,7 +387,7 @@ def plan_pool(
         rv = str(_meta(stored).get("resourceVersion") or "") if stored is not None else None
         if stored is not None:
             obj["metadata"]["resourceVersion"] = rv
-        writes.append(SliceWrite(obj, rv))
+        writes.append(SliceWrite(obj, rv, desired.normal_specs(driver)[index]))
     deletes = [
         (name, str(_meta(obj).get("resourceVersion") or ""))
         for name, obj in sorted(existing.items())

@@ -9,6 +9,7 @@ from dra_driver.controller.devices import PublishPolicy, WithheldReason
 from dra_driver.controller.quantity import format_bytes
 from dra_driver.controller.slices import (
     DesiredPool,
+    NormalCache,
     SliceInvalid,
     check_slice,
     chunk_devices,
@@ -299,3 +300,32 @@ def test_check_slice_names_the_field_the_api_server_would_reject(mutate: Any, fi
 def test_memory_capacity_is_canonical() -> None:
     pool = pool_of(desired_pools(make_inventory(gpus(1)), POLICY))
     assert pool.chunks[0][0]["capacity"][f"{DRIVER}/memory"]["value"] == format_bytes(80 * 2**30)
+
+
+def test_normal_cache_reuses_unchanged_slices_and_notices_new_versions() -> None:
+    inventory = make_inventory(gpus(3))
+    first = plan_pool("fabric-pcie", pool_of(desired_pools(inventory, POLICY)), {}, driver=DRIVER)
+    assert first is not None
+    stored = store(first.writes)
+    cache = NormalCache()
+    obj = stored["fabric-dra.io-fabric-pcie-0"]
+    assert cache(obj) is cache(copy.deepcopy(obj))  # same uid + resourceVersion: computed once
+    assert (
+        plan_pool(
+            "fabric-pcie", pool_of(desired_pools(inventory, POLICY)), stored, driver=DRIVER, normal_of=cache
+        )
+        is None
+    )
+    # Someone else changes the slice: a new resourceVersion is normalised afresh and differs.
+    edited = copy.deepcopy(obj)
+    edited["spec"]["devices"] = edited["spec"]["devices"][:1]
+    edited["metadata"]["resourceVersion"] = "99"
+    assert cache(edited) != cache(obj)
+    plan = plan_pool(
+        "fabric-pcie",
+        pool_of(desired_pools(inventory, POLICY)),
+        {"fabric-dra.io-fabric-pcie-0": edited},
+        driver=DRIVER,
+        normal_of=cache,
+    )
+    assert plan is not None and plan.generation == 2

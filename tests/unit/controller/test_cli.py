@@ -1,0 +1,99 @@
+"""``fabric-dra controller``: every flag documented, every user error one clear line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dra_driver.cli import build_parser, main
+
+
+def controller_help() -> str:
+    parser = build_parser()
+    subparsers = parser._subparsers._group_actions[0]  # type: ignore[union-attr]
+    return str(subparsers.choices["controller"].format_help())
+
+
+def test_help_explains_every_flag() -> None:
+    text = controller_help()
+    for flag in (
+        "--manager-url",
+        "--manager-token-file",
+        "--manager-ca-file",
+        "--manager-insecure",
+        "--kubeconfig",
+        "--driver-name",
+        "--leader-elect",
+        "--lease-name",
+        "--lease-namespace",
+        "--identity",
+        "--device-taints",
+        "--resync-period",
+        "--binding-conditions",
+        "--bind-timeout",
+        "--busy-timeout",
+        "--release-grace",
+        "--host",
+        "--port",
+        "--ready-file",
+    ):
+        assert flag in text, flag
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "--manager-url is required"),
+        (["--manager-url", "fabric-manager:8080"], "expected an http:// or https:// URL"),
+        (["--manager-url", "http://m", "--driver-name", "Fabric_DRA"], "--driver-name"),
+        (["--manager-url", "http://m", "--manager-token-file", "/nonexistent/token"], "no such file"),
+        (["--manager-url", "http://m", "--kubeconfig", "/nonexistent/kubeconfig"], "cannot load Kubernetes"),
+    ],
+)
+def test_user_errors_are_one_line(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("FABRIC_DRA_MANAGER_URL", raising=False)
+    assert main(["controller", *args]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fabric-dra: error:") and message in err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_bad_numbers_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["controller", "--manager-url", "http://m", "--resync-period", "0"])
+    assert exit_info.value.code == 2
+    assert "--resync-period: must be greater than 0" in capsys.readouterr().err
+
+
+def test_a_port_in_use_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+        "users: [{name: u, user: {}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
+        "current-context: x\n"
+    )
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code = main(
+            [
+                "controller",
+                "--manager-url",
+                "http://127.0.0.1:9",
+                "--kubeconfig",
+                str(kubeconfig),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ]
+        )
+    assert code == 1
+    err = capsys.readouterr().err.strip()
+    assert "cannot listen on 127.0.0.1" in err and len(err.splitlines()) == 1
