@@ -1,0 +1,166 @@
+"""The API test server as a real process, a tiny fake DRA plugin on unix sockets, and the
+stand-in cluster running in the test's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+
+from dra_driver.kube import KubeClient, KubeConfig
+from dra_driver.proto.dra_v1 import api_pb2 as dra_v1
+from dra_driver.proto.dra_v1 import api_pb2_grpc as dra_v1_grpc
+from dra_driver.proto.pluginregistration_v1 import api_pb2 as reg
+from dra_driver.proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
+
+DRIVER = "fabric-dra.io"
+
+_LAUNCH = """
+import asyncio, sys
+from pathlib import Path
+from dra_driver.logs import configure
+from emulator.kube.apiserver import ApiServerConfig
+from emulator.kube.serve import serve_apiserver
+configure(level="warning")
+asyncio.run(serve_apiserver(ApiServerConfig(validate_versions=("1.34",)), ready_file=Path(sys.argv[1])))
+"""
+
+
+@pytest.fixture(scope="session")
+def apiserver_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The API test server (emulator.kube) as a subprocess on a free port."""
+    workdir = tmp_path_factory.mktemp("apiserver")
+    ready = workdir / "ready"
+    log = open(workdir / "apiserver.log", "wb")  # noqa: SIM115 - the child writes it for its lifetime
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _LAUNCH, str(ready)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (ready.exists() and ready.read_text().strip()):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(
+                    f"API test server did not start: {(workdir / 'apiserver.log').read_text()[-2000:]}"
+                )
+            time.sleep(0.05)
+        yield ready.read_text().strip()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture
+async def kube(apiserver_url: str) -> AsyncIterator[KubeClient]:
+    async with KubeClient(KubeConfig(server=apiserver_url)) as client:
+        yield client
+
+
+@dataclass
+class FakePlugin:
+    """A DRA plugin that records calls; ``prepare_error`` makes every prepare fail with it."""
+
+    registry_dir: Path
+    plugin_dir: Path
+    prepared: list[str] = field(default_factory=list)
+    unprepared: list[str] = field(default_factory=list)
+    prepare_error: str = ""
+
+
+class _Registration(reg_grpc.RegistrationServicer):
+    def __init__(self, plugin: FakePlugin) -> None:
+        self.plugin = plugin
+
+    async def GetInfo(self, request: reg.InfoRequest, context: object) -> reg.PluginInfo:
+        return reg.PluginInfo(
+            type="DRAPlugin",
+            name=DRIVER,
+            endpoint=str(self.plugin.plugin_dir / "dra.sock"),
+            supported_versions=["v1.DRAPlugin"],
+        )
+
+    async def NotifyRegistrationStatus(
+        self, request: reg.RegistrationStatus, context: object
+    ) -> reg.RegistrationStatusResponse:
+        return reg.RegistrationStatusResponse()
+
+
+class _Dra(dra_v1_grpc.DRAPluginServicer):
+    def __init__(self, plugin: FakePlugin) -> None:
+        self.plugin = plugin
+
+    async def NodePrepareResources(
+        self, request: dra_v1.NodePrepareResourcesRequest, context: object
+    ) -> dra_v1.NodePrepareResourcesResponse:
+        response = dra_v1.NodePrepareResourcesResponse()
+        for claim in request.claims:
+            if self.plugin.prepare_error:
+                response.claims[claim.uid].error = self.plugin.prepare_error
+                continue
+            self.plugin.prepared.append(claim.uid)
+            response.claims[claim.uid].devices.append(
+                dra_v1.Device(
+                    pool_name="p", device_name="d", cdi_device_ids=[f"k8s.fabric-dra.io/gpu={claim.uid}"]
+                )
+            )
+        return response
+
+    async def NodeUnprepareResources(
+        self, request: dra_v1.NodeUnprepareResourcesRequest, context: object
+    ) -> dra_v1.NodeUnprepareResourcesResponse:
+        response = dra_v1.NodeUnprepareResourcesResponse()
+        for claim in request.claims:
+            self.plugin.unprepared.append(claim.uid)
+            response.claims[claim.uid].error = ""
+        return response
+
+
+@pytest.fixture
+async def fake_plugin(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[FakePlugin]:
+    base = Path(tmp_path_factory.mktemp("node"))
+    plugin = FakePlugin(base / "registry", base / "plugin")
+    plugin.registry_dir.mkdir()
+    plugin.plugin_dir.mkdir()
+    registration = grpc.aio.server()
+    reg_grpc.add_RegistrationServicer_to_server(_Registration(plugin), registration)
+    registration.add_insecure_port(f"unix://{plugin.registry_dir / (DRIVER + '-reg.sock')}")
+    dra = grpc.aio.server()
+    dra_v1_grpc.add_DRAPluginServicer_to_server(_Dra(plugin), dra)
+    dra.add_insecure_port(f"unix://{plugin.plugin_dir / 'dra.sock'}")
+    await registration.start()
+    await dra.start()
+    try:
+        yield plugin
+    finally:
+        await registration.stop(None)
+        await dra.stop(None)
+
+
+async def eventually(check: object, *, within: float = 15.0, what: str = "condition") -> object:
+    """Poll an async predicate until it returns something truthy."""
+    deadline = asyncio.get_running_loop().time() + within
+    last: object = None
+    while asyncio.get_running_loop().time() < deadline:
+        last = await check()  # type: ignore[operator]
+        if last:
+            return last
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{what} not reached within {within}s; last value: {last!r}")

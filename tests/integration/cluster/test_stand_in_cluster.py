@@ -1,0 +1,342 @@
+"""The stand-in control plane against the API test server: Deployment → pods → claims from a
+template → allocation → binding → prepare on the node's plugin → Running; scale to 0 releases."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from dra_driver.kube import KubeClient, NotFound
+from dra_driver.kube.resources import (
+    DEPLOYMENTS,
+    DEVICE_CLASSES,
+    EVENTS,
+    NAMESPACES,
+    NODES,
+    PODS,
+    RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+)
+from emulator.cluster import NodeSpec, SchedulerConfig, StandInCluster
+from tests.integration.cluster.conftest import DRIVER, FakePlugin, eventually
+
+
+@dataclass
+class World:
+    kube: KubeClient
+    ns: str
+    tag: str
+    node: str
+    device_class: str
+
+
+def _gpu(name: str, switch: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "attributes": {"type": {"string": "gpu"}, "switch": {"string": switch}}, **extra}
+
+
+@contextlib.asynccontextmanager
+async def running(kube: KubeClient, plugin: FakePlugin, **scheduler: Any) -> AsyncIterator[World]:
+    tag = uuid.uuid4().hex[:6]
+    world = World(kube, f"team-{tag}", tag, f"node-{tag}", f"fabric-gpu-{tag}")
+    await kube.create(NAMESPACES, {"metadata": {"name": world.ns}})
+    await kube.create(
+        DEVICE_CLASSES,
+        {
+            "metadata": {"name": world.device_class},
+            "spec": {
+                "selectors": [
+                    {
+                        "cel": {
+                            "expression": f'device.driver == "{DRIVER}" && '
+                            'device.attributes["fabric-dra.io"].type == "gpu"'
+                        }
+                    }
+                ]
+            },
+        },
+    )
+    cluster = StandInCluster(
+        kube,
+        [NodeSpec(world.node, {"fabric-dra.io/test": tag}, plugin.registry_dir)],
+        scheduler=SchedulerConfig(**scheduler),
+    )
+    task = asyncio.create_task(cluster.run())
+    try:
+        await asyncio.wait_for(cluster.ready.wait(), 15)
+        yield world
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        # The API server outlives the test: leave no node or pool that another test could use.
+        await kube.delete_ignore_missing(NODES, world.node)
+        await kube.delete_ignore_missing(RESOURCE_SLICES, f"fabric-pcie-{world.tag}")
+        await kube.delete_ignore_missing(DEVICE_CLASSES, world.device_class)
+
+
+async def publish(world: World, devices: list[dict[str, Any]]) -> None:
+    await world.kube.create(
+        RESOURCE_SLICES,
+        {
+            "metadata": {"name": f"fabric-pcie-{world.tag}"},
+            "spec": {
+                "driver": DRIVER,
+                "pool": {"name": f"fabric-pcie-{world.tag}", "generation": 1, "resourceSliceCount": 1},
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "fabric-dra.io/test", "operator": "In", "values": [world.tag]}
+                            ]
+                        }
+                    ]
+                },
+                "devices": devices,
+            },
+        },
+    )
+
+
+async def deploy(world: World, replicas: int, count: int = 2) -> None:
+    await world.kube.create(
+        RESOURCE_CLAIM_TEMPLATES,
+        {
+            "metadata": {"name": "gpus", "namespace": world.ns},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {
+                                "name": "gpus",
+                                "exactly": {"deviceClassName": world.device_class, "count": count},
+                            }
+                        ],
+                        "constraints": [{"matchAttribute": "fabric-dra.io/switch"}],
+                    }
+                }
+            },
+        },
+        world.ns,
+    )
+    await world.kube.create(
+        DEPLOYMENTS,
+        {
+            "metadata": {"name": "trainer", "namespace": world.ns},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": "trainer"}},
+                "template": {
+                    "metadata": {"labels": {"app": "trainer"}},
+                    "spec": {
+                        "resourceClaims": [{"name": "accel", "resourceClaimTemplateName": "gpus"}],
+                        "containers": [
+                            {
+                                "name": "train",
+                                "image": "busybox",
+                                "resources": {"claims": [{"name": "accel"}]},
+                            }
+                        ],
+                    },
+                },
+            },
+        },
+        world.ns,
+    )
+
+
+async def pods(world: World) -> list[dict[str, Any]]:
+    items, _ = await world.kube.list_all(PODS, world.ns)
+    return items
+
+
+async def claims(world: World) -> list[dict[str, Any]]:
+    items, _ = await world.kube.list_all(RESOURCE_CLAIMS, world.ns)
+    return items
+
+
+async def reasons(world: World) -> list[tuple[str, str]]:
+    items, _ = await world.kube.list_all(EVENTS, world.ns)
+    return [(e.get("reason", ""), e.get("note", "")) for e in items]
+
+
+async def test_deployment_claims_are_allocated_prepared_and_released(
+    kube: KubeClient, fake_plugin: FakePlugin
+) -> None:
+    async with running(kube, fake_plugin) as world:
+        await publish(
+            world, [_gpu("gpu-0", "sw1"), _gpu("gpu-1", "sw1"), _gpu("gpu-2", "sw2"), _gpu("gpu-3", "sw2")]
+        )
+        await deploy(world, replicas=2)
+
+        async def all_running() -> list[dict[str, Any]] | None:
+            current = await pods(world)
+            ok = len(current) == 2 and all((p.get("status") or {}).get("phase") == "Running" for p in current)
+            return current if ok else None
+
+        running_pods = await eventually(all_running, what="two Running pods")
+        assert isinstance(running_pods, list)
+        assert {p["spec"]["nodeName"] for p in running_pods} == {world.node}
+        for pod in running_pods:
+            owner = pod["metadata"]["ownerReferences"][0]
+            assert (owner["kind"], owner["name"], owner["controller"]) == ("Deployment", "trainer", True)
+            assert [s["name"] for s in pod["status"]["resourceClaimStatuses"]] == ["accel"]
+            assert {c["type"] for c in pod["status"]["conditions"]} >= {"PodScheduled", "Ready"}
+
+        allocated = await claims(world)
+        assert len(allocated) == 2
+        switches: list[set[str]] = []
+        devices: list[str] = []
+        for claim in allocated:
+            meta, status = claim["metadata"], claim["status"]
+            assert meta["name"].startswith(f"{meta['ownerReferences'][0]['name']}-accel-")
+            assert meta["annotations"]["resource.kubernetes.io/pod-claim-name"] == "accel"
+            assert "resource.kubernetes.io/delete-protection" in meta["finalizers"]
+            assert [r["name"] for r in status["reservedFor"]] == [meta["ownerReferences"][0]["name"]]
+            results = status["allocation"]["devices"]["results"]
+            devices += [r["device"] for r in results]
+            switches.append({"sw1" if r["device"] in ("gpu-0", "gpu-1") else "sw2" for r in results})
+        assert sorted(devices) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]  # no device twice
+        assert all(len(s) == 1 for s in switches)  # matchAttribute held
+        assert sorted(fake_plugin.prepared) == sorted(c["metadata"]["uid"] for c in allocated)
+        assert {"Scheduled", "AllocatedDevices", "Started"} <= {r for r, _ in await reasons(world)}
+
+        await kube.patch(DEPLOYMENTS, "trainer", {"spec": {"replicas": 0}}, world.ns)
+
+        async def released() -> bool:
+            return not await pods(world) and not await claims(world)
+
+        await eventually(released, what="pods and claims gone after scaling to 0")
+        assert sorted(fake_plugin.unprepared) == sorted(fake_plugin.prepared)
+
+
+async def test_a_third_pod_that_cannot_fit_stays_pending_with_a_reason(
+    kube: KubeClient, fake_plugin: FakePlugin
+) -> None:
+    async with running(kube, fake_plugin) as world:
+        await publish(world, [_gpu("gpu-0", "sw1"), _gpu("gpu-1", "sw1"), _gpu("gpu-2", "sw2")])
+        await deploy(world, replicas=2)
+
+        async def one_running_one_refused() -> bool:
+            phases = sorted((p.get("status") or {}).get("phase", "Pending") for p in await pods(world))
+            refused = any(
+                r == "FailedScheduling" and "cannot allocate all claims" in n for r, n in await reasons(world)
+            )
+            return phases == ["Pending", "Running"] and refused
+
+        await eventually(one_running_one_refused, what="one pod Running and one refused by the scheduler")
+
+
+async def test_plugin_errors_become_pod_events(kube: KubeClient, fake_plugin: FakePlugin) -> None:
+    fake_plugin.prepare_error = "attach of fabric-pcie/gpu-0 failed: DeviceBusy"
+    async with running(kube, fake_plugin) as world:
+        await publish(world, [_gpu("gpu-0", "sw1"), _gpu("gpu-1", "sw1")])
+        await deploy(world, replicas=1)
+
+        async def failed_event() -> bool:
+            return any(
+                r == "FailedPrepareDynamicResources" and "DeviceBusy" in n for r, n in await reasons(world)
+            )
+
+        await eventually(failed_event, what="FailedPrepareDynamicResources event")
+        (pod,) = await pods(world)
+        assert (pod.get("status") or {}).get("phase") != "Running"
+        fake_plugin.prepare_error = ""
+
+        async def recovered() -> bool:
+            return [(p.get("status") or {}).get("phase") for p in await pods(world)] == ["Running"]
+
+        await eventually(recovered, what="pod Running after the plugin recovers")
+
+
+async def test_binding_conditions_gate_the_bind_and_failures_reschedule(
+    kube: KubeClient, fake_plugin: FakePlugin
+) -> None:
+    conditions = {
+        "bindsToNode": True,
+        "bindingConditions": ["FabricAttached"],
+        "bindingFailureConditions": ["FabricAttachFailed"],
+    }
+    async with running(kube, fake_plugin) as world:
+        await publish(
+            world,
+            [
+                _gpu("gpu-0", "sw1", **conditions),
+                _gpu("gpu-1", "sw1", **conditions),
+                _gpu("gpu-2", "sw2", **conditions),
+                _gpu("gpu-3", "sw2", **conditions),
+            ],
+        )
+        await deploy(world, replicas=1)
+
+        async def allocated_claim() -> dict[str, Any] | None:
+            found = [c for c in await claims(world) if (c.get("status") or {}).get("allocation")]
+            return found[0] if found else None
+
+        claim = await eventually(allocated_claim, what="claim allocated")
+        assert isinstance(claim, dict)
+        first = [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
+        assert claim["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0][
+            "values"
+        ] == [world.node]
+        (pod,) = await pods(world)
+        assert not pod["spec"].get("nodeName")  # not bound before the conditions hold
+
+        # The fabric reports a failed attach: the scheduler must deallocate and choose other devices.
+        await set_device_conditions(kube, claim, "FabricAttachFailed")
+
+        async def reallocated() -> dict[str, Any] | None:
+            current = await allocated_claim()
+            if current is None:
+                return None
+            devices = [r["device"] for r in current["status"]["allocation"]["devices"]["results"]]
+            return current if not set(devices) & set(first) else None
+
+        claim = await eventually(reallocated, what="claim allocated again on other devices")
+        assert isinstance(claim, dict)
+        assert any(r == "FailedBinding" for r, _ in await reasons(world))
+        await set_device_conditions(kube, claim, "FabricAttached")
+
+        async def bound_and_running() -> bool:
+            return [
+                (p["spec"].get("nodeName"), (p.get("status") or {}).get("phase")) for p in await pods(world)
+            ] == [(world.node, "Running")]
+
+        await eventually(bound_and_running, what="pod bound and Running after the conditions hold")
+
+
+async def set_device_conditions(kube: KubeClient, claim: dict[str, Any], condition: str) -> None:
+    for _ in range(5):
+        fresh = await kube.get(RESOURCE_CLAIMS, claim["metadata"]["name"], claim["metadata"]["namespace"])
+        results = fresh["status"]["allocation"]["devices"]["results"]
+        fresh["status"]["devices"] = [
+            {
+                "driver": r["driver"],
+                "pool": r["pool"],
+                "device": r["device"],
+                "conditions": [
+                    {
+                        "type": condition,
+                        "status": "True",
+                        "reason": "Test",
+                        "message": "set by the test",
+                        "lastTransitionTime": "2025-01-01T00:00:00Z",
+                    }
+                ],
+            }
+            for r in results
+        ]
+        try:
+            await kube.replace(RESOURCE_CLAIMS, fresh, subresource="status")
+            return
+        except NotFound:
+            raise
+        except Exception:  # a conflict with the scheduler's own write: read again
+            await asyncio.sleep(0.1)
+    pytest.fail("could not set device conditions")
