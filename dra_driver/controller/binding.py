@@ -285,12 +285,15 @@ class ClaimBinder:
     async def _release(self, uid: str, wanted: set[tuple[str, str]]) -> None:
         held = self._held.get(uid, {})
         now = time.monotonic()
+        moving = {device for device, _ in wanted}
         for key, state in list(held.items()):
             if key in wanted:
                 state.release_at = None
                 continue
             device, node = key
-            if state.attached and uid not in self._doomed:
+            # No grace when the pod cannot have used it (a failed allocation) or when this same
+            # claim now wants the device on another node.
+            if state.attached and uid not in self._doomed and device not in moving:
                 if state.release_at is None:
                     state.release_at = now + self.release_grace
                 if now < state.release_at:
@@ -304,6 +307,16 @@ class ClaimBinder:
         if not held:
             self._held.pop(uid, None)
             self._doomed.discard(uid)
+
+    def _expedite(self, device: str, *, claim: str) -> None:
+        """``device`` is allocated anew (to ``claim``) but still held for an allocation that is gone:
+        cut that release's grace short — the scheduler has given the device to someone else."""
+        now = time.monotonic()
+        for uid, held in self._held.items():
+            for (held_device, _), state in held.items():
+                if uid != claim and held_device == device and state.release_at is not None:
+                    state.release_at = now
+                    self._schedule(uid)
 
     def _device_conditions(self, obj: dict[str, Any]) -> dict[tuple[str, str], dict[str, dict[str, Any]]]:
         out: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
@@ -351,6 +364,8 @@ class ClaimBinder:
                         target.device, node, uid, wait_seconds=self.attach_wait
                     )
             except DeviceBusy as err:
+                if busy_since is None:
+                    self._expedite(target.device, claim=uid)
                 busy_since = busy_since or time.monotonic()
                 if time.monotonic() - busy_since >= self.busy_timeout or time.monotonic() >= deadline:
                     await self._fail(uid, target, "DeviceBusy", err.message, started=started)
