@@ -1,0 +1,61 @@
+"""What the publisher concludes from what the API server stored (feature gates that drop fields)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from dra_driver.controller.devices import PublishPolicy
+from dra_driver.controller.publisher import SlicePublisher
+from dra_driver.controller.slices import desired_pools, plan_pool
+from dra_driver.kube import KubeClient, KubeConfig
+from fabric.api import Health
+from tests.support.controller import make_device, make_inventory
+
+DRIVER = "fabric-dra.io"
+
+
+def written(policy: PublishPolicy) -> dict[str, Any]:
+    inventory = make_inventory([make_device("gpu-0", health=Health.CRITICAL), make_device("gpu-1")])
+    plan = plan_pool("fabric-pcie", desired_pools(inventory, policy)["fabric-pcie"], {}, driver=DRIVER)
+    assert plan is not None
+    return plan.writes[0].obj
+
+
+def publisher(policy: PublishPolicy) -> SlicePublisher:
+    return SlicePublisher(KubeClient(KubeConfig(server="http://127.0.0.1:9")), policy)
+
+
+def test_dropped_taints_switch_the_publisher_to_withholding() -> None:
+    policy = PublishPolicy(driver=DRIVER, device_taints=True, binding_conditions=False)
+    pub = publisher(policy)
+    sent = written(policy)
+    stored = copy.deepcopy(sent)
+    for device in stored["spec"]["devices"]:
+        device.pop("taints", None)  # what a cluster without DRADeviceTaints keeps
+    assert pub._check_dropped(sent, stored) is False
+    assert pub.policy.device_taints is False
+    assert pub.policy.binding_conditions is False
+
+
+def test_dropped_binding_fields_turn_binding_conditions_off_for_publication() -> None:
+    policy = PublishPolicy(driver=DRIVER, device_taints=True, binding_conditions=True)
+    pub = publisher(policy)
+    sent = written(policy)
+    stored = copy.deepcopy(sent)
+    for device in stored["spec"]["devices"]:
+        for key in ("bindsToNode", "bindingConditions", "bindingFailureConditions"):
+            device.pop(key, None)
+    assert pub._check_dropped(sent, stored) is False
+    assert pub.policy.binding_conditions is False
+    assert pub.policy.device_taints is True
+
+
+def test_a_faithful_store_changes_nothing() -> None:
+    policy = PublishPolicy(driver=DRIVER, device_taints=True, binding_conditions=True)
+    pub = publisher(policy)
+    sent = written(policy)
+    stored = copy.deepcopy(sent)
+    stored["spec"]["devices"][0]["taints"][0]["timeAdded"] = "2026-01-01T00:00:00Z"
+    assert pub._check_dropped(sent, stored) is True
+    assert pub.policy == policy
