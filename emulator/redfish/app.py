@@ -1,0 +1,304 @@
+"""The ASGI application: HTTP details of DSP0266 around the resource tree.
+
+Per request: injected faults (unavailable, slow) except on the OEM admin API; authentication
+(``X-Auth-Token`` or Basic; the service root, ``/redfish``, the OData documents and login are
+open); method dispatch with ``Allow`` on every answer and 405 otherwise; ``If-Match`` (412) on
+changes and ``If-None-Match`` (304) on reads; ETags on every resource; Redfish error bodies;
+Server-Sent Events on the EventService's ``ServerSentEventUri``. Unsupported ``$`` query
+options get 501 (DSP0266 "Query parameters").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+from urllib.parse import parse_qsl
+
+from dra_driver.logs import get_logger
+
+from . import uris
+from .events import EventFilter
+from .http import Reply, Request
+from .latency import LatencyProfile
+from .messages import RedfishError, error_body, message
+from .nodes import ActionNode, Context, Node, not_allowed
+from .views import EventStreamNode, MetadataNode, resolve
+from .views.etags import check_if_match, etag_matches
+from .views.services import ServiceRootNode
+
+__all__ = ["RedfishApp"]
+
+log = get_logger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+MAX_BODY = 1 << 20
+_KEEPALIVE_SECONDS = 15.0
+_JSON = b"application/json; charset=utf-8"
+_COMMON_HEADERS = [
+    (b"odata-version", b"4.0"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"cache-control", b"no-cache"),
+]
+_REDFISH_VERSIONS = json.dumps({"v1": f"{uris.ROOT}/"}).encode()
+
+
+class _Disconnected(Exception):
+    pass
+
+
+class RedfishApp:
+    def __init__(self, ctx: Context, root: ServiceRootNode, latency: LatencyProfile) -> None:
+        self.ctx = ctx
+        self.root = root
+        self.latency = latency
+        self.realm = f'Basic realm="{ctx.product}", charset="UTF-8"'
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        client = scope.get("client")
+        request = Request(
+            method=scope["method"],
+            path=scope["path"],
+            query=dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)),
+            headers=headers,
+            body=b"",
+            client=client[0] if client else None,
+        )
+        try:
+            request.body = await self._read_body(receive)
+            reply = await self._handle(request, receive, send)
+        except RedfishError as err:
+            reply = Reply(err.status, error_body(err), dict(err.headers))
+        except _Disconnected:
+            return
+        except Exception:
+            log.exception("request failed", method=request.method, path=request.path)
+            reply = Reply(500, error_body(RedfishError.of(500, "InternalError")))
+        if reply is not None:
+            await self._send(send, request, reply)
+
+    async def _read_body(self, receive: Receive) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            event = await receive()
+            if event["type"] == "http.disconnect":
+                raise _Disconnected
+            chunk = event.get("body", b"")
+            size += len(chunk)
+            if size > MAX_BODY:
+                raise RedfishError.of(413, "PayloadTooLarge")
+            chunks.append(chunk)
+            if not event.get("more_body", False):
+                return b"".join(chunks)
+
+    # --- dispatch ------------------------------------------------------------------------------
+
+    async def _handle(self, request: Request, receive: Receive, send: Send) -> Reply | None:
+        path = request.path
+        admin = path.startswith(uris.OEM)
+        if not admin:
+            await self._apply_service_faults()
+        if path.rstrip("/") == "/redfish":
+            return Reply(200, json.loads(_REDFISH_VERSIONS))
+        node = resolve(self.root, path)
+        if node is None:
+            segments = path.rstrip("/").split("/")
+            raise RedfishError.of(
+                404,
+                "ResourceNotFound",
+                "Resource",
+                segments[-1] if segments else path,
+                detail=f"{path} is not a resource of this service.",
+            )
+        self._authenticate(request, node)
+        method = request.method
+        if method not in node.allow and not (method == "HEAD" and "GET" in node.allow):
+            raise not_allowed(node, method)
+        if method in ("GET", "HEAD"):
+            return await self._read(request, node, receive, send)
+        self._check_query(request, allowed=())
+        if method == "POST":
+            target = node.owner if isinstance(node, ActionNode) else node
+            if target.is_resource:
+                check_if_match(target, request.header("if-match"))
+            return await node.post(request)
+        if node.is_resource:
+            check_if_match(node, request.header("if-match"))
+        if method == "PATCH":
+            return await node.patch(request)
+        if method == "DELETE":
+            return await node.delete(request)
+        raise not_allowed(node, method)
+
+    async def _apply_service_faults(self) -> None:
+        engine = self.ctx.engine
+        unavailable = engine.unavailable()
+        if unavailable is not None:
+            retry = unavailable.RetryAfterSeconds
+            raise RedfishError.of(
+                503, "ServiceTemporarilyUnavailable", retry, headers={"Retry-After": str(retry)}
+            )
+        slow = engine.slow_seconds()
+        if slow:
+            await asyncio.sleep(slow)
+
+    def _authenticate(self, request: Request, node: Node) -> None:
+        account = self.ctx.account
+        if account is None or node.public:
+            return
+        if request.method == "POST" and request.path.rstrip("/") == uris.SESSIONS:
+            return  # login
+        token = request.header("x-auth-token")
+        if token:
+            info = self.ctx.sessions.authenticate(token)
+            if info is not None:
+                request.username, request.session_id = info.username, info.id
+                return
+        authorization = request.header("authorization")
+        if authorization and account.check_basic(authorization):
+            request.username = account.username
+            return
+        raise RedfishError.of(
+            401,
+            "NoValidSession",
+            detail="Authentication required: log in at the Sessions collection or use Basic authentication.",
+            headers={"WWW-Authenticate": self.realm},
+        )
+
+    def _check_query(self, request: Request, allowed: tuple[str, ...]) -> None:
+        for key in request.query:
+            if key.startswith("$") and key not in allowed:
+                raise RedfishError.of(501, "QueryParameterUnsupported", key)
+
+    async def _read(self, request: Request, node: Node, receive: Receive, send: Send) -> Reply | None:
+        if isinstance(node, EventStreamNode):
+            self._check_query(request, allowed=("$filter",))
+            await self._stream_events(request, receive, send)
+            return None
+        self._check_query(request, allowed=())
+        if isinstance(node, MetadataNode):
+            return Reply(200, raw=node.document, content_type="application/xml")
+        if not node.is_resource:
+            return await node.get(request)
+        delay = self.latency.read.sample(self.ctx.engine.rng)
+        if delay:
+            await asyncio.sleep(delay)
+        body, etag = self.ctx.renderer.render(node)
+        headers = {"ETag": etag, "Allow": ", ".join(node.allow)}
+        none_match = request.header("if-none-match")
+        if none_match and any(etag_matches(t, etag) for t in none_match.split(",")):
+            return Reply(304, None, headers)
+        return Reply(200, None, headers, raw=body)
+
+    # --- responses -----------------------------------------------------------------------------
+
+    async def _send(self, send: Send, request: Request, reply: Reply) -> None:
+        content_type = reply.content_type
+        if reply.raw is not None:
+            body = reply.raw
+        elif reply.body is not None:
+            body = json.dumps(reply.body, separators=(",", ":"), ensure_ascii=False).encode()
+        else:
+            body = b""
+        if reply.status in (204, 304):
+            body = b""
+        headers = list(_COMMON_HEADERS)
+        if body:
+            headers.append((b"content-type", content_type.encode() if content_type else _JSON))
+        for name, value in reply.headers.items():
+            headers.append((name.lower().encode("latin-1"), value.encode("latin-1")))
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+        await send({"type": "http.response.body", "body": b"" if request.method == "HEAD" else body})
+
+    async def _stream_events(self, request: Request, receive: Receive, send: Send) -> None:
+        """Server-Sent Events (DSP0266 "Server-sent events"): ``id:`` is the EventId."""
+        try:
+            event_filter = EventFilter.parse(request.query.get("$filter", ""))
+        except ValueError as err:
+            raise RedfishError.of(
+                400,
+                "PropertyValueFormatError",
+                request.query.get("$filter", ""),
+                "$filter",
+                detail=f"$filter: {err}",
+            ) from None
+        last_id: int | None = None
+        raw_last = request.header("last-event-id")
+        if raw_last and raw_last.strip().isdigit():
+            last_id = int(raw_last.strip())
+        sub, complete = self.ctx.events.subscribe(event_filter, last_id)
+        headers = [*_COMMON_HEADERS, (b"content-type", b"text/event-stream; charset=utf-8")]
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            if not complete:
+                lost = message("EventBufferExceeded")
+                payload = {
+                    "@odata.type": "#Event.v1_13_0.Event",
+                    "Id": str(self.ctx.events.seq),
+                    "Name": "Fabric event",
+                    "Events": [
+                        {
+                            "MemberId": "0",
+                            "EventId": str(self.ctx.events.seq),
+                            "MessageId": lost["MessageId"],
+                            "Message": lost["Message"],
+                            "MessageArgs": [],
+                            "MessageSeverity": lost["MessageSeverity"],
+                        }
+                    ],
+                }
+                await self._send_event(send, self.ctx.events.seq, payload)
+            disconnected = asyncio.ensure_future(self._wait_disconnect(receive))
+            try:
+                while not disconnected.done():
+                    getter = asyncio.ensure_future(sub.queue.get())
+                    done, _ = await asyncio.wait(
+                        {getter, disconnected},
+                        timeout=_KEEPALIVE_SECONDS,
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                    if getter not in done:
+                        getter.cancel()
+                        if not disconnected.done():
+                            await send(
+                                {"type": "http.response.body", "body": b": keep-alive\n\n", "more_body": True}
+                            )
+                        continue
+                    event = getter.result()
+                    if event is None:
+                        break
+                    await self._send_event(send, event.seq, event.payload())
+                    if sub.overflowed:
+                        break  # the client could not keep up; it reconnects with Last-Event-ID
+            finally:
+                disconnected.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await disconnected
+            with contextlib.suppress(OSError):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            sub.close()
+
+    async def _send_event(self, send: Send, seq: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload, separators=(",", ":"))
+        await send(
+            {"type": "http.response.body", "body": f"id: {seq}\ndata: {data}\n\n".encode(), "more_body": True}
+        )
+
+    @staticmethod
+    async def _wait_disconnect(receive: Receive) -> None:
+        while True:
+            event = await receive()
+            if event["type"] == "http.disconnect":
+                return

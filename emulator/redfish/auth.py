@@ -1,0 +1,164 @@
+"""Accounts, sessions and the credentials file of an emulator.
+
+Redfish authentication (DSP0266 "Security details"): ``X-Auth-Token`` from a session created by
+POSTing ``UserName``/``Password`` to the Sessions collection, or HTTP Basic. The service has
+one account. Unless ``--username``/``--password`` are given, its password is random, created
+once and kept 0600 in ``<state-dir>/credentials.json`` (``{"username", "password"}``) so it
+survives restarts and local tools can read it. Passwords and tokens are never logged.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from dra_driver.fsutil import atomic_write
+
+from .state import utcnow
+
+__all__ = [
+    "CREDENTIALS_FILE",
+    "Account",
+    "Credentials",
+    "SessionInfo",
+    "Sessions",
+    "load_or_create_credentials",
+    "read_credentials",
+]
+
+CREDENTIALS_FILE = "credentials.json"
+DEFAULT_USERNAME = "admin"
+
+
+class Credentials(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    username: str
+    password: str
+
+
+def read_credentials(path: Path) -> Credentials:
+    """Read a credentials file; raises ValueError saying what is wrong with it."""
+    try:
+        return Credentials.model_validate_json(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ValueError(f"cannot read {path}: {err.strerror}") from None
+    except ValidationError:
+        raise ValueError(f'{path} is not a credentials file ({{"username": ..., "password": ...}})') from None
+
+
+def load_or_create_credentials(state_dir: Path, username: str | None) -> tuple[Credentials, bool]:
+    """The stored credentials, or new random ones written 0600; the flag says if they were created."""
+    path = state_dir / CREDENTIALS_FILE
+    if path.exists():
+        stored = read_credentials(path)
+        if username is None or username == stored.username:
+            return stored, False
+    creds = Credentials(username=username or DEFAULT_USERNAME, password=secrets.token_urlsafe(24))
+    atomic_write(path, json.dumps(creds.model_dump(), indent=1) + "\n", mode=0o600)
+    return creds, True
+
+
+@dataclass(frozen=True)
+class Account:
+    username: str
+    password: str
+    role: str = "Administrator"
+
+    def check(self, username: str, password: str) -> bool:
+        # compare both in constant time so neither leaks through timing
+        user_ok = hmac.compare_digest(username.encode(), self.username.encode())
+        pass_ok = hmac.compare_digest(password.encode(), self.password.encode())
+        return user_ok and pass_ok
+
+    def check_basic(self, header: str) -> bool:
+        scheme, _, encoded = header.partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        username, sep, password = decoded.partition(":")
+        return bool(sep) and self.check(username, password)
+
+
+@dataclass
+class SessionInfo:
+    id: str
+    token: str
+    username: str
+    created: str
+    origin: str | None
+    last_used: float = field(default_factory=time.monotonic)
+
+
+class Sessions:
+    """Open sessions, in memory: a restart ends them, as a BMC reboot does."""
+
+    def __init__(self, timeout_seconds: int = 1800, limit: int = 256) -> None:
+        self.timeout_seconds = timeout_seconds
+        self.limit = limit
+        self._by_token: dict[str, SessionInfo] = {}
+        self._by_id: dict[str, SessionInfo] = {}
+
+    def _expire_idle(self) -> None:
+        cutoff = time.monotonic() - self.timeout_seconds
+        for info in [s for s in self._by_id.values() if s.last_used < cutoff]:
+            self.delete(info.id)
+
+    def create(self, username: str, origin: str | None) -> SessionInfo | None:
+        """A new session, or None when the session limit is reached."""
+        self._expire_idle()
+        if len(self._by_id) >= self.limit:
+            return None
+        info = SessionInfo(
+            id=secrets.token_hex(8),
+            token=secrets.token_urlsafe(32),
+            username=username,
+            created=utcnow().isoformat(timespec="seconds").replace("+00:00", "Z"),
+            origin=origin,
+        )
+        self._by_token[info.token] = info
+        self._by_id[info.id] = info
+        return info
+
+    def authenticate(self, token: str) -> SessionInfo | None:
+        info = self._by_token.get(token)
+        if info is None:
+            return None
+        now = time.monotonic()
+        if now - info.last_used > self.timeout_seconds:
+            self.delete(info.id)
+            return None
+        info.last_used = now
+        return info
+
+    def get(self, session_id: str) -> SessionInfo | None:
+        self._expire_idle()
+        return self._by_id.get(session_id)
+
+    def ids(self) -> list[str]:
+        self._expire_idle()
+        return sorted(self._by_id)
+
+    def delete(self, session_id: str) -> bool:
+        info = self._by_id.pop(session_id, None)
+        if info is None:
+            return False
+        self._by_token.pop(info.token, None)
+        return True
+
+    def expire_all(self) -> int:
+        count = len(self._by_id)
+        self._by_id.clear()
+        self._by_token.clear()
+        return count

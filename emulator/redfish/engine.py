@@ -1,0 +1,782 @@
+"""The fabric's one state machine: binds, unbinds, tasks and faults, independent of HTTP.
+
+The three Redfish binding styles (zones, composition, CXL connections) all become an
+:class:`Operation` on the same bindings table, so every view agrees. Rules:
+
+* A target (a PCIe device or a CXL memory chunk) is bound to at most one host. A bind of a
+  target that is bound — to any host — or that has an operation in flight fails with Base
+  ``ResourceInUse`` (409). The check and the reservation happen without an ``await`` in
+  between on the single event loop, so concurrent requests cannot both win.
+* With a task-based latency profile (or ``Prefer: respond-async``, or a ``HangTasks`` fault)
+  the request reserves its targets, answers 202, and the binding changes only when the task
+  completes — in one durable commit together with the task's final state. A crash before that
+  leaves the target as it was and the task ``Interrupted`` (see :meth:`Engine.recover`).
+* Every change is on disk before the response that reports it (:class:`StateStore`), and
+  the emulated host views follow the durable state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dra_driver.logs import get_logger
+
+from ..topology import FabricIndex, Target
+from . import uris
+from .events import EventBus, FabricEvent
+from .faults import (
+    DeviceHealth,
+    DropConnections,
+    ExpireSessions,
+    FailOperations,
+    FaultSpec,
+    HangTasks,
+    PortDown,
+    SlowResponses,
+    Unavailable,
+    fault_adapter,
+)
+from .hostview import HostEntry, HostView, allocate_address
+from .latency import LatencyProfile
+from .messages import RedfishError, error_body, message
+from .state import (
+    BindingRecord,
+    BindStyle,
+    ConnectionRecord,
+    FabricState,
+    FaultRecord,
+    OperationKind,
+    StateStore,
+    TaskRecord,
+    TaskResult,
+    ZoneRecord,
+    utcnow,
+)
+
+__all__ = ["Engine", "Operation", "Outcome", "Revision"]
+
+log = get_logger(__name__)
+
+#: HTTP status of a failure injected with a MessageId, when the fault names none.
+_STATUS_OF_MESSAGE = {
+    "ResourceInUse": 409,
+    "ConditionInRelatedResource": 409,
+    "PreconditionFailed": 412,
+    "NoValidSession": 401,
+    "InsufficientPrivilege": 403,
+    "OperationNotAllowed": 405,
+    "ResourceCannotBeDeleted": 405,
+    "OperationTimeout": 504,
+    "ServiceShuttingDown": 503,
+    "InternalError": 500,
+    "GeneralError": 500,
+    "OperationFailed": 500,
+}
+
+
+class Revision:
+    """A counter bumped by every change visible over Redfish; rendered payloads are cached per value."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def bump(self) -> None:
+        self.value += 1
+
+
+@dataclass
+class Operation:
+    """One bind or unbind request, whatever Redfish style it arrived in."""
+
+    kind: OperationKind
+    style: BindStyle
+    fabric: str
+    host: str
+    targets: list[str]
+    method: str
+    uri: str
+    body: str = ""
+    name: str | None = None
+    description: str | None = None
+    #: zone the targets join (bind) or leave; None for CXL connections
+    zone: str | None = None
+    connection: str | None = None
+    access: list[str] = field(default_factory=list)
+    create_zone: bool = False
+    delete_zone: bool = False
+    create_connection: bool = False
+    delete_connection: bool = False
+    #: final response: status, and the resource a 201 points at
+    success_status: int = 204
+    location: str | None = None
+
+
+@dataclass
+class Outcome:
+    status: int
+    location: str | None = None
+    task: TaskRecord | None = None
+
+
+def _fmt_targets(targets: list[str]) -> str:
+    return ", ".join(targets)
+
+
+class Engine:
+    def __init__(
+        self,
+        index: FabricIndex,
+        store: StateStore,
+        hostview: HostView,
+        events: EventBus,
+        latency: LatencyProfile,
+        revision: Revision,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.index = index
+        self.store = store
+        self.hostview = hostview
+        self.events = events
+        self.latency = latency
+        self.revision = revision
+        self.rng = rng or random.Random()  # noqa: S311 - jitter, not security
+        #: target Id → Id of the task that holds it
+        self.inflight: dict[str, str] = {}
+        self.faults: dict[str, FaultSpec] = {}
+        #: renders a resource URI for a task's final response (set by the service)
+        self.render: Callable[[str], dict[str, Any] | None] = lambda _uri: None
+        #: called for an ExpireSessions fault (set by the service)
+        self.expire_sessions: Callable[[], int] = lambda: 0
+        self._runners: dict[str, asyncio.Task[None]] = {}
+        self._unhang = asyncio.Event()
+
+    @property
+    def state(self) -> FabricState:
+        return self.store.state
+
+    # --- queries for the views -------------------------------------------------------------
+
+    def binding(self, target: str) -> BindingRecord | None:
+        return self.state.bindings.get(target)
+
+    def host_bindings(self, host: str) -> list[BindingRecord]:
+        return [b for b in self.state.bindings.values() if b.host == host]
+
+    def zone_targets(self, zone_id: str) -> list[str]:
+        return [b.target for b in self.state.bindings.values() if b.zone == zone_id]
+
+    def health(self, device: str) -> str:
+        worst = "OK"
+        for fault in self.faults.values():
+            if (
+                isinstance(fault, DeviceHealth)
+                and fault.Device == device
+                and (fault.Health == "Critical" or (fault.Health == "Warning" and worst == "OK"))
+            ):
+                worst = fault.Health
+        return worst
+
+    def port_up(self, switch: str, host: str) -> bool:
+        return not any(
+            isinstance(f, PortDown) and f.Host == host and f.Switch in (None, switch)
+            for f in self.faults.values()
+        )
+
+    def fault_of(self, kind: type[Any]) -> Any | None:
+        return next((f for f in self.faults.values() if isinstance(f, kind)), None)
+
+    def slow_seconds(self) -> float:
+        slow = self.fault_of(SlowResponses)
+        return float(slow.Seconds) if slow else 0.0
+
+    def unavailable(self) -> Unavailable | None:
+        fault = self.fault_of(Unavailable)
+        return fault if isinstance(fault, Unavailable) else None
+
+    def take_drop(self) -> bool:
+        """Whether this request's connection is to be dropped (consumes a counted fault)."""
+        for fault_id, fault in self.faults.items():
+            if isinstance(fault, DropConnections):
+                if fault.Count is None:
+                    return True
+                remaining = fault.Count - 1
+                if remaining:
+                    self._replace_fault(fault_id, fault.model_copy(update={"Count": remaining}))
+                else:
+                    self._drop_fault_record(fault_id)
+                # counted drops are best-effort durable: persisted with the next commit
+                return True
+        return False
+
+    # --- start-up --------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Make the loaded state consistent before serving; rebuild every host view from it."""
+        state = self.state
+        now = utcnow()
+        for task in state.tasks.values():
+            if task.finished:
+                continue
+            held = [t for t in task.targets if t in state.bindings]
+            if task.kind == OperationKind.BIND:
+                outcome = f"{_fmt_targets(task.targets)} was not bound to {task.host}"
+            else:
+                outcome = (
+                    f"{_fmt_targets(held)} is still bound to {task.host}" if held else "nothing was unbound"
+                )
+            detail = f"Task {task.id} was interrupted by a restart of the fabric service; {outcome}."
+            task.state = "Interrupted"
+            task.status = "Critical"
+            task.end = now
+            error = RedfishError.of(503, "ServiceShuttingDown", detail=detail)
+            task.messages = [message("TaskAborted", task.id, prefix="TaskEvent"), *error.messages]
+            task.result = TaskResult(status=error.status, body=error_body(error))
+            log.warning("task interrupted by a restart", task=task.id, host=task.host, device=task.targets)
+        for target, binding in list(state.bindings.items()):
+            if target not in self.index.targets or binding.host not in self.index.hosts:
+                log.warning("dropping a binding the topology no longer has", device=target, node=binding.host)
+                del state.bindings[target]
+        for zone_id, zone in list(state.zones.items()):
+            if zone.host not in self.index.hosts:
+                del state.zones[zone_id]
+        for conn_id, conn in list(state.connections.items()):
+            if conn.host not in self.index.hosts or not any(c in state.bindings for c in conn.chunks):
+                del state.connections[conn_id]
+        for fault_id, record in list(state.faults.items()):
+            try:
+                self.faults[fault_id] = fault_adapter.validate_python(record.spec)
+            except ValueError:
+                log.warning("dropping a stored fault this version does not understand", fault=fault_id)
+                del state.faults[fault_id]
+        state.prune_tasks()
+        state.version += 1
+        self.store.write_now()
+        self.hostview.reset({h.name: str(h.uuid) for h in self.index.hosts.values()})
+        for binding in state.bindings.values():
+            if self._visible(binding):
+                self.hostview.add(self._entry(binding))
+        self.revision.bump()
+
+    def close(self) -> None:
+        """Stop running tasks without touching their state: the next start marks them Interrupted."""
+        for runner in self._runners.values():
+            runner.cancel()
+        self._runners.clear()
+
+    # --- operations ------------------------------------------------------------------------
+
+    async def execute(self, op: Operation, *, force_task: bool = False) -> Outcome:
+        """Run ``op``: complete it now, or start a task for it; raises :class:`RedfishError`."""
+        if op.kind == OperationKind.BIND:
+            self._check_bind(op)
+        else:
+            self._check_unbind(op)
+        failure = self._take_failure(op)
+        hang = self._take_hang(op)
+        faults_changed = failure is not None or hang
+        if not (self.latency.tasks or force_task or hang):
+            if failure is not None:
+                if faults_changed:
+                    await self._commit([], [])
+                raise failure
+            effects, events = self._apply(op)
+            await self._commit(effects, events)
+            return Outcome(op.success_status, op.location)
+        task = self._start_task(op)
+        await self._commit(
+            [], [self.events.make("TaskStarted", task.id, prefix="TaskEvent", origin=uris.task(task.id))]
+        )
+        self._runners[task.id] = asyncio.get_running_loop().create_task(
+            self._run_task(task, op, failure, hang)
+        )
+        return Outcome(202, uris.task_monitor(task.id), task)
+
+    def _target(self, target_id: str) -> Target:
+        return self.index.targets[target_id]
+
+    def _check_bind(self, op: Operation) -> None:
+        for t in op.targets:
+            bound = self.state.bindings.get(t)
+            if bound is not None:
+                raise RedfishError.of(
+                    409, "ResourceInUse", detail=f"{t} is bound to {bound.host}; unbind it there first."
+                )
+            task_id = self.inflight.get(t)
+            if task_id is not None:
+                raise RedfishError.of(
+                    409, "ResourceInUse", detail=f"{t} has an operation in progress (task {task_id})."
+                )
+        self._check_ports(op)
+
+    def _check_unbind(self, op: Operation) -> None:
+        for t in op.targets:
+            task_id = self.inflight.get(t)
+            if task_id is not None:
+                raise RedfishError.of(
+                    409, "ResourceInUse", detail=f"{t} has an operation in progress (task {task_id})."
+                )
+
+    def _check_ports(self, op: Operation) -> None:
+        for t in op.targets:
+            switch = self._target(t).device.switch
+            if not self.port_up(switch, op.host):
+                port = self.index.switches[switch].upstream_ports.get(op.host, "?")
+                raise RedfishError.of(
+                    409,
+                    "ConditionInRelatedResource",
+                    detail=f"The host port {port} of {switch} to {op.host} is down; "
+                    f"{t} cannot be bound to it.",
+                )
+
+    def _fault_matches(self, fault_target: str | None, op: Operation) -> bool:
+        if fault_target is None:
+            return True
+        return any(fault_target in (t, self._target(t).device.id) for t in op.targets)
+
+    def _take_failure(self, op: Operation) -> RedfishError | None:
+        for fault_id, fault in list(self.faults.items()):
+            if not isinstance(fault, FailOperations):
+                continue
+            if fault.Operation not in ("any", op.kind.value) or not self._fault_matches(fault.Target, op):
+                continue
+            self._consume(fault_id, fault)
+            status = fault.HttpStatus or _STATUS_OF_MESSAGE.get(fault.MessageId, 400)
+            return RedfishError.of(
+                status,
+                fault.MessageId,
+                detail=f"The fabric refused to {op.kind.value} {_fmt_targets(op.targets)} "
+                f"(injected fault {fault_id}).",
+            )
+        return None
+
+    def _take_hang(self, op: Operation) -> bool:
+        for fault_id, fault in list(self.faults.items()):
+            if isinstance(fault, HangTasks) and self._fault_matches(fault.Target, op):
+                self._consume(fault_id, fault)
+                return True
+        return False
+
+    def _consume(self, fault_id: str, fault: FailOperations | HangTasks) -> None:
+        if fault.Count > 1:
+            self._replace_fault(fault_id, fault.model_copy(update={"Count": fault.Count - 1}))
+        else:
+            self._drop_fault_record(fault_id)
+
+    def _replace_fault(self, fault_id: str, fault: FaultSpec) -> None:
+        self.faults[fault_id] = fault
+        self.state.faults[fault_id].spec = fault.model_dump()
+        self.revision.bump()
+
+    def _drop_fault_record(self, fault_id: str) -> None:
+        self.faults.pop(fault_id, None)
+        self.state.faults.pop(fault_id, None)
+        self.revision.bump()
+
+    def _start_task(self, op: Operation) -> TaskRecord:
+        task = TaskRecord(
+            id=self.state.allocate_id(),
+            kind=op.kind,
+            style=op.style,
+            host=op.host,
+            targets=list(op.targets),
+            zone=op.zone,
+            connection=op.connection,
+            state="Running",
+            start=utcnow(),
+            method=op.method,
+            uri=op.uri,
+            body=op.body,
+            messages=[],
+        )
+        task.messages.append(message("TaskStarted", task.id, prefix="TaskEvent"))
+        self.state.tasks[task.id] = task
+        for t in op.targets:
+            self.inflight[t] = task.id
+        self.revision.bump()
+        log.info(
+            "task started",
+            task=task.id,
+            operation=op.kind.value,
+            device=op.targets,
+            node=op.host,
+            style=op.style.value,
+        )
+        return task
+
+    async def _run_task(
+        self, task: TaskRecord, op: Operation, failure: RedfishError | None, hang: bool
+    ) -> None:
+        try:
+            if hang:
+                log.warning("task hangs (injected fault)", task=task.id, device=op.targets)
+                await self._unhang.wait()
+            types = [self._target(t).device.type for t in op.targets]
+            seconds = self.latency.operation_seconds(op.kind == OperationKind.BIND, types, self.rng)
+            await asyncio.sleep(seconds / 2)
+            if seconds:
+                task.percent = 50
+                self.revision.bump()
+                self.events.publish(
+                    [
+                        self.events.make(
+                            "TaskProgressChanged", task.id, 50, prefix="TaskEvent", origin=uris.task(task.id)
+                        )
+                    ]
+                )
+            await asyncio.sleep(seconds / 2)
+        except asyncio.CancelledError:
+            return
+        self._runners.pop(task.id, None)
+        effects, events = self._finish_task(task, op, failure)
+        with contextlib.suppress(Exception):
+            # a failed write was logged by the store; the task's state is retried with the next commit
+            await self._commit(effects, events)
+
+    def _finish_task(
+        self, task: TaskRecord, op: Operation, failure: RedfishError | None
+    ) -> tuple[list[Callable[[], None]], list[FabricEvent]]:
+        for t in op.targets:
+            self.inflight.pop(t, None)
+        if failure is None and op.kind == OperationKind.BIND:
+            try:
+                self._check_ports(op)
+            except RedfishError as err:
+                failure = err
+        task.end = utcnow()
+        task.percent = 100
+        origin = uris.task(task.id)
+        if failure is not None:
+            task.state = "Exception"
+            task.status = "Critical"
+            task.messages.extend([message("TaskAborted", task.id, prefix="TaskEvent"), *failure.messages])
+            task.result = TaskResult(status=failure.status, body=error_body(failure))
+            log.warning("task failed", task=task.id, device=op.targets, node=op.host, error=failure.summary)
+            self.revision.bump()
+            return [], [self.events.make("TaskAborted", task.id, prefix="TaskEvent", origin=origin)]
+        effects, events = self._apply(op)
+        task.state = "Completed"
+        task.messages.append(message("TaskCompletedOK", task.id, prefix="TaskEvent"))
+        body = self.render(op.location) if op.location else None
+        task.result = TaskResult(status=op.success_status, location=op.location, body=body)
+        self.state.prune_tasks()
+        events.append(self.events.make("TaskCompletedOK", task.id, prefix="TaskEvent", origin=origin))
+        return effects, events
+
+    async def cancel_task(self, task_id: str) -> TaskRecord:
+        task = self.state.tasks[task_id]
+        if task.finished:
+            raise RedfishError.of(
+                409,
+                "ResourceInUse",
+                detail=f"Task {task_id} already ended ({task.state}); it cannot be cancelled.",
+            )
+        runner = self._runners.pop(task_id, None)
+        if runner is not None:
+            runner.cancel()
+        for t in task.targets:
+            self.inflight.pop(t, None)
+        task.state = "Cancelled"
+        task.status = "Warning"
+        task.end = utcnow()
+        cancelled = message("TaskCancelled", task.id, prefix="TaskEvent")
+        task.messages.append(cancelled)
+        task.result = TaskResult(
+            status=409,
+            body={
+                "error": {
+                    "code": cancelled["MessageId"],
+                    "message": cancelled["Message"],
+                    "@Message.ExtendedInfo": [cancelled],
+                }
+            },
+        )
+        self.revision.bump()
+        log.info("task cancelled", task=task.id, device=task.targets, node=task.host)
+        await self._commit(
+            [], [self.events.make("TaskCancelled", task.id, prefix="TaskEvent", origin=uris.task(task.id))]
+        )
+        return task
+
+    def _apply(self, op: Operation) -> tuple[list[Callable[[], None]], list[FabricEvent]]:
+        """Change the bindings (synchronously); returns host-view effects and events to send."""
+        state = self.state
+        effects: list[Callable[[], None]] = []
+        events: list[FabricEvent] = []
+        now = utcnow()
+        fabric = op.fabric
+        if op.kind == OperationKind.BIND:
+            for t in op.targets:
+                target = self._target(t)
+                others = [
+                    (b, self._target(b.target).device.type, self._target(b.target).device.id)
+                    for b in self.host_bindings(op.host)
+                ]
+                binding = BindingRecord(
+                    target=t,
+                    host=op.host,
+                    style=op.style,
+                    zone=op.zone,
+                    connection=op.connection,
+                    since=now,
+                    address=allocate_address(others, target.device.type, target.device.id),
+                )
+                state.bindings[t] = binding
+                if self._visible(binding):
+                    effects.append(functools.partial(self.hostview.add, self._entry(binding)))
+                events.extend(self._target_events(target, op.host))
+            if op.create_zone and op.zone:
+                state.zones[op.zone] = ZoneRecord(
+                    id=op.zone,
+                    fabric=fabric,
+                    host=op.host,
+                    name=op.name,
+                    description=op.description,
+                    created=now,
+                )
+                events.append(
+                    self.events.make(
+                        "ZoneCreated", op.zone, fabric, prefix="Fabric", origin=uris.zone(fabric, op.zone)
+                    )
+                )
+            elif op.zone:
+                events.append(
+                    self.events.make(
+                        "ZoneModified", op.zone, fabric, prefix="Fabric", origin=uris.zone(fabric, op.zone)
+                    )
+                )
+            if op.create_connection and op.connection:
+                state.connections[op.connection] = ConnectionRecord(
+                    id=op.connection,
+                    fabric=fabric,
+                    host=op.host,
+                    chunks=list(op.targets),
+                    access=op.access,
+                    name=op.name,
+                    description=op.description,
+                    created=now,
+                )
+                events.append(
+                    self.events.make(
+                        "ConnectionCreated",
+                        op.connection,
+                        fabric,
+                        prefix="Fabric",
+                        origin=uris.connection(fabric, op.connection),
+                    )
+                )
+        else:
+            for t in op.targets:
+                removed = state.bindings.pop(t, None)
+                if removed is None:
+                    continue
+                if self._visible(removed):
+                    effects.append(functools.partial(self.hostview.remove, self._entry(removed)))
+                events.extend(self._target_events(self._target(t), op.host))
+            if op.delete_zone and op.zone:
+                state.zones.pop(op.zone, None)
+                events.append(
+                    self.events.make(
+                        "ZoneRemoved", op.zone, fabric, prefix="Fabric", origin=uris.zone(fabric, op.zone)
+                    )
+                )
+            elif op.zone:
+                events.append(
+                    self.events.make(
+                        "ZoneModified", op.zone, fabric, prefix="Fabric", origin=uris.zone(fabric, op.zone)
+                    )
+                )
+            if op.delete_connection and op.connection:
+                state.connections.pop(op.connection, None)
+                events.append(
+                    self.events.make(
+                        "ConnectionRemoved",
+                        op.connection,
+                        fabric,
+                        prefix="Fabric",
+                        origin=uris.connection(fabric, op.connection),
+                    )
+                )
+        events.append(
+            self.events.make("ResourceChanged", prefix="ResourceEvent", origin=uris.system(op.host))
+        )
+        self.revision.bump()
+        log.info(
+            "bound" if op.kind == OperationKind.BIND else "unbound",
+            device=op.targets,
+            node=op.host,
+            style=op.style.value,
+        )
+        return effects, events
+
+    def _target_events(self, target: Target, host: str) -> list[FabricEvent]:
+        dev = target.device
+        if target.chunk is not None:
+            origin = uris.chunk(dev.id, target.chunk.index)
+            return [self.events.make("ResourceChanged", prefix="ResourceEvent", origin=origin)]
+        return [
+            self.events.make(
+                "ResourceChanged", prefix="ResourceEvent", origin=uris.endpoint(dev.fabric, dev.id)
+            ),
+            self.events.make(
+                "ResourceBlockCompositionStateChanged",
+                dev.id,
+                prefix="Composition",
+                origin=uris.resource_block(dev.id),
+            ),
+        ]
+
+    async def _commit(self, effects: list[Callable[[], None]], events: list[FabricEvent]) -> None:
+        self.state.event_seq = self.events.seq
+        await self.store.commit(effects)
+        self.events.publish(events)
+
+    # --- host views ------------------------------------------------------------------------
+
+    def _visible(self, binding: BindingRecord) -> bool:
+        return self.port_up(self._target(binding.target).device.switch, binding.host)
+
+    def _entry(self, binding: BindingRecord) -> HostEntry:
+        target = self._target(binding.target)
+        dev = target.device
+        model = dev.model
+        return HostEntry(
+            host=binding.host,
+            target=binding.target,
+            type=dev.type,
+            address=binding.address.model_copy(),
+            vendor_id=model.vendor_id,
+            device_id=model.device_id,
+            class_code=model.class_code,
+            revision_id=model.revision_id,
+            subsystem_vendor_id=dev.subsystem_vendor_id,
+            subsystem_id=model.subsystem_id,
+            pcie_generation=model.pcie_generation,
+            pcie_width=model.pcie_width,
+            serial=dev.serial,
+            model=model.model,
+            numa_node=self.index.hosts[binding.host].numa_node,
+            size_bytes=target.chunk.size_bytes if target.chunk else int(model.memory or 0),
+            device_size_bytes=int(model.memory or 0),
+        )
+
+    # --- faults ----------------------------------------------------------------------------
+
+    async def add_fault(self, fault: FaultSpec) -> tuple[str | None, str]:
+        """Inject ``fault``; returns its Id (None when it acted once) and what it did."""
+        if isinstance(fault, ExpireSessions):
+            count = self.expire_sessions()
+            log.warning("all sessions expired (injected fault)", sessions=count)
+            return None, f"expired {count} session(s)"
+        self._validate_fault(fault)
+        before, health_before, ports_before = self._snapshot_conditions()
+        fault_id = self.state.allocate_id()
+        self.faults[fault_id] = fault
+        self.state.faults[fault_id] = FaultRecord(id=fault_id, spec=fault.model_dump(), created=utcnow())
+        effects, events = self._fault_effects(before, health_before, ports_before)
+        self.revision.bump()
+        log.warning("fault injected", fault=fault_id, kind=fault.Kind, spec=json.dumps(fault.model_dump()))
+        await self._commit(effects, events)
+        return fault_id, "active"
+
+    async def remove_faults(self, fault_id: str | None = None) -> int:
+        """Remove one fault, or all (``None``); hung tasks resume. Returns how many were removed."""
+        ids = [fault_id] if fault_id is not None else list(self.faults)
+        before, health_before, ports_before = self._snapshot_conditions()
+        for ident in ids:
+            self.faults.pop(ident, None)
+            self.state.faults.pop(ident, None)
+        if fault_id is None or not any(isinstance(f, HangTasks) for f in self.faults.values()):
+            self._unhang.set()
+            self._unhang = asyncio.Event()
+        effects, events = self._fault_effects(before, health_before, ports_before)
+        self.revision.bump()
+        log.warning("faults removed", count=len(ids))
+        await self._commit(effects, events)
+        return len(ids)
+
+    def _validate_fault(self, fault: FaultSpec) -> None:
+        def unknown(kind: str, name: str, prop: str) -> RedfishError:
+            return RedfishError.of(
+                400, "PropertyValueNotInList", name, prop, detail=f"There is no {kind} named {name!r}."
+            )
+
+        if (
+            isinstance(fault, FailOperations | HangTasks)
+            and fault.Target is not None
+            and fault.Target not in self.index.targets
+            and fault.Target not in self.index.devices
+        ):
+            raise unknown("device or memory chunk", fault.Target, "Target")
+        if isinstance(fault, DeviceHealth) and fault.Device not in self.index.devices:
+            raise unknown("device", fault.Device, "Device")
+        if isinstance(fault, PortDown):
+            if fault.Host not in self.index.hosts:
+                raise unknown("host", fault.Host, "Host")
+            if fault.Switch is not None and fault.Switch not in self.index.switches:
+                raise unknown("switch", fault.Switch, "Switch")
+
+    def _snapshot_conditions(self) -> tuple[dict[str, bool], dict[str, str], set[tuple[str, str]]]:
+        """What faults change, before a change: host-view visibility, device health, ports down."""
+        visible = {t: self._visible(b) for t, b in self.state.bindings.items()}
+        return visible, {d: self.health(d) for d in self.index.devices}, self._ports_down()
+
+    def _fault_effects(
+        self, before: dict[str, bool], health_before: dict[str, str], ports_before: set[tuple[str, str]]
+    ) -> tuple[list[Callable[[], None]], list[FabricEvent]]:
+        effects: list[Callable[[], None]] = []
+        events: list[FabricEvent] = []
+        for t, binding in self.state.bindings.items():
+            now_visible = self._visible(binding)
+            if now_visible != before.get(t, now_visible):
+                action = self.hostview.add if now_visible else self.hostview.remove
+                effects.append(functools.partial(action, self._entry(binding)))
+        events.extend(self._port_events(ports_before))
+        for device_id, was in health_before.items():
+            now = self.health(device_id)
+            if now != was:
+                dev = self.index.devices[device_id]
+                key = {"OK": "ResourceStatusChangedOK", "Warning": "ResourceStatusChangedWarning"}.get(
+                    now, "ResourceStatusChangedCritical"
+                )
+                events.append(
+                    self.events.make(
+                        key,
+                        device_id,
+                        now,
+                        prefix="ResourceEvent",
+                        origin=uris.pcie_device(dev),
+                    )
+                )
+        return effects, events
+
+    def _port_events(self, down_before: set[tuple[str, str]]) -> list[FabricEvent]:
+        events = []
+        for sw in self.index.switches.values():
+            for host, port in sw.upstream_ports.items():
+                is_down = not self.port_up(sw.id, host)
+                was_down = (sw.id, host) in down_before
+                if is_down != was_down:
+                    key = "UpstreamLinkDropped" if is_down else "UpstreamLinkEstablished"
+                    events.append(
+                        self.events.make(
+                            key, sw.id, port, prefix="Fabric", origin=uris.port(sw.fabric, sw.id, port)
+                        )
+                    )
+        return events
+
+    def _ports_down(self) -> set[tuple[str, str]]:
+        return {
+            (sw.id, host)
+            for sw in self.index.switches.values()
+            for host in sw.upstream_ports
+            if not self.port_up(sw.id, host)
+        }

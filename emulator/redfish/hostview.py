@@ -1,0 +1,282 @@
+"""What each emulated host sees: a sysfs-like tree per host under ``<state-dir>/hosts/<host>/sys``.
+
+A node agent started with ``--sysfs-root <state-dir>/hosts/<host>/sys`` runs the same scanning
+code it runs on real hardware. Entries appear when a target is bound to the host (and its
+host port is up) and disappear when it is unbound. The layout follows Linux: real directories
+under ``devices/``, symlinks from ``bus/*/devices/``; every file is written the way the kernel
+formats it (``0x%04x`` IDs with a newline, decimal link width, ...). docs/emulator.md lists
+every path. At start-up the trees are rebuilt from the durable state, so they always agree
+with it after a crash.
+
+Methods run in the state store's writer thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from fabric.api import DeviceType
+
+from .pciconfig import config_space, dsn_from_serial, link_speed_text
+from .state import BindingRecord, HostAddress
+
+__all__ = ["HOST_BRIDGE", "HostEntry", "HostView", "allocate_address"]
+
+#: The host bridge every fabric-attached PCIe device of an emulated host sits under.
+HOST_BRIDGE = "pci0000:40"
+_FIRST_BUS = 0x41
+_BUSES_PER_DOMAIN = 0xFF - _FIRST_BUS
+_FIRST_IOMMU_GROUP = 32
+_NVME_CHAR_MAJOR = 241
+_VFIO_TYPES = {DeviceType.GPU, DeviceType.NIC, DeviceType.FPGA}
+_MEMDEV_NAMESPACE = uuid.UUID("6c1f1a0e-8d5e-4f55-9a55-2f1c0de5a111")
+
+
+@dataclass(frozen=True)
+class HostEntry:
+    """Everything needed to materialise one bound target on one host (immutable snapshot)."""
+
+    host: str
+    target: str
+    type: DeviceType
+    address: HostAddress
+    vendor_id: int
+    device_id: int
+    class_code: int
+    revision_id: int
+    subsystem_vendor_id: int
+    subsystem_id: int
+    pcie_generation: int
+    pcie_width: int
+    serial: str
+    model: str
+    numa_node: int
+    size_bytes: int = 0
+    device_size_bytes: int = 0
+
+
+def _lowest_free(used: set[int], start: int) -> int:
+    n = start
+    while n in used:
+        n += 1
+    return n
+
+
+def allocate_address(
+    host_bindings: list[tuple[BindingRecord, DeviceType, str]], device_type: DeviceType, device_id: str
+) -> HostAddress:
+    """Pick the sysfs names a newly bound target gets on a host: lowest free, like hot-plug.
+
+    ``host_bindings`` are the host's current bindings with each one's device type and device Id.
+    """
+    if device_type == DeviceType.CXL_MEMORY:
+        regions = {b.address.region for b, _, _ in host_bindings if b.address.region is not None}
+        memdev = next(
+            (
+                b.address.memdev
+                for b, t, d in host_bindings
+                if d == device_id and b.address.memdev is not None
+            ),
+            None,
+        )
+        if memdev is None:
+            memdev = _lowest_free(
+                {b.address.memdev for b, _, _ in host_bindings if b.address.memdev is not None}, 0
+            )
+        return HostAddress(memdev=memdev, region=_lowest_free(regions, 0))
+    slots = set()
+    for b, _, _ in host_bindings:
+        if b.address.bdf is not None:
+            domain, bus = int(b.address.bdf[0:4], 16), int(b.address.bdf[5:7], 16)
+            slots.add(domain * _BUSES_PER_DOMAIN + bus - _FIRST_BUS)
+    slot = _lowest_free(slots, 0)
+    bdf = f"{slot // _BUSES_PER_DOMAIN:04x}:{_FIRST_BUS + slot % _BUSES_PER_DOMAIN:02x}:00.0"
+    address = HostAddress(bdf=bdf)
+    if device_type in _VFIO_TYPES:
+        groups = {b.address.iommu_group for b, _, _ in host_bindings if b.address.iommu_group is not None}
+        address.iommu_group = _lowest_free(groups, _FIRST_IOMMU_GROUP)
+    if device_type == DeviceType.NVME:
+        address.nvme = _lowest_free(
+            {b.address.nvme for b, _, _ in host_bindings if b.address.nvme is not None}, 0
+        )
+    return address
+
+
+def _write(path: Path, text: str) -> None:
+    path.write_text(text, encoding="ascii")
+
+
+def _symlink(link: Path, target: str) -> None:
+    link.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        link.unlink()
+    os.symlink(target, link)
+
+
+def _unlink(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+class HostView:
+    def __init__(self, hosts_dir: Path) -> None:
+        self.hosts_dir = hosts_dir
+
+    def sys_root(self, host: str) -> Path:
+        return self.hosts_dir / host / "sys"
+
+    def prepare_host(self, host: str, system_uuid: str) -> None:
+        """The skeleton a host has with nothing bound (empty bus directories, its DMI UUID)."""
+        sys_root = self.sys_root(host)
+        for sub in (
+            "bus/pci/devices",
+            "bus/cxl/devices",
+            "bus/dax/devices",
+            "kernel/iommu_groups",
+            "class/nvme",
+        ):
+            (sys_root / sub).mkdir(parents=True, exist_ok=True)
+        (sys_root / "devices" / HOST_BRIDGE).mkdir(parents=True, exist_ok=True)
+        (sys_root / "devices" / "cxl").mkdir(parents=True, exist_ok=True)
+        dmi = sys_root / "class" / "dmi" / "id"
+        dmi.mkdir(parents=True, exist_ok=True)
+        _write(dmi / "product_uuid", system_uuid.lower() + "\n")
+
+    def reset(self, hosts: dict[str, str]) -> None:
+        """Remove every host tree and lay out empty skeletons for ``hosts`` (name → UUID)."""
+        if self.hosts_dir.exists():
+            shutil.rmtree(self.hosts_dir)
+        for host, system_uuid in hosts.items():
+            self.prepare_host(host, system_uuid)
+
+    def add(self, entry: HostEntry) -> None:
+        if entry.type == DeviceType.CXL_MEMORY:
+            self._add_cxl(entry)
+        else:
+            self._add_pci(entry)
+
+    def remove(self, entry: HostEntry) -> None:
+        if entry.type == DeviceType.CXL_MEMORY:
+            self._remove_cxl(entry)
+        else:
+            self._remove_pci(entry)
+
+    # --- PCIe ----------------------------------------------------------------------------
+
+    def _add_pci(self, e: HostEntry) -> None:
+        bdf = e.address.bdf
+        assert bdf is not None
+        sys_root = self.sys_root(e.host)
+        dev = sys_root / "devices" / HOST_BRIDGE / bdf
+        dev.mkdir(parents=True, exist_ok=True)
+        _write(dev / "vendor", f"0x{e.vendor_id:04x}\n")
+        _write(dev / "device", f"0x{e.device_id:04x}\n")
+        _write(dev / "class", f"0x{e.class_code:06x}\n")
+        _write(dev / "revision", f"0x{e.revision_id:02x}\n")
+        _write(dev / "subsystem_vendor", f"0x{e.subsystem_vendor_id:04x}\n")
+        _write(dev / "subsystem_device", f"0x{e.subsystem_id:04x}\n")
+        _write(dev / "numa_node", f"{e.numa_node}\n")
+        _write(dev / "current_link_speed", link_speed_text(e.pcie_generation) + "\n")
+        _write(dev / "current_link_width", f"{e.pcie_width}\n")
+        _write(dev / "max_link_speed", link_speed_text(e.pcie_generation) + "\n")
+        _write(dev / "max_link_width", f"{e.pcie_width}\n")
+        _write(dev / "serial", e.serial + "\n")
+        (dev / "config").write_bytes(
+            config_space(
+                vendor_id=e.vendor_id,
+                device_id=e.device_id,
+                class_code=e.class_code,
+                revision_id=e.revision_id,
+                subsystem_vendor_id=e.subsystem_vendor_id,
+                subsystem_id=e.subsystem_id,
+                pcie_generation=e.pcie_generation,
+                pcie_width=e.pcie_width,
+                serial=e.serial,
+            )
+        )
+        if e.address.iommu_group is not None:
+            group = sys_root / "kernel" / "iommu_groups" / str(e.address.iommu_group)
+            (group / "devices").mkdir(parents=True, exist_ok=True)
+            _symlink(group / "devices" / bdf, f"../../../../devices/{HOST_BRIDGE}/{bdf}")
+            _symlink(dev / "iommu_group", f"../../../kernel/iommu_groups/{e.address.iommu_group}")
+        if e.address.nvme is not None:
+            name = f"nvme{e.address.nvme}"
+            ctrl = dev / "nvme" / name
+            ctrl.mkdir(parents=True, exist_ok=True)
+            _write(ctrl / "dev", f"{_NVME_CHAR_MAJOR}:{e.address.nvme}\n")
+            _write(ctrl / "serial", e.serial + "\n")
+            _write(ctrl / "model", e.model + "\n")
+            _symlink(sys_root / "class" / "nvme" / name, f"../../devices/{HOST_BRIDGE}/{bdf}/nvme/{name}")
+        # the bus entry last: a scanner that sees it finds every file already in place
+        _symlink(sys_root / "bus" / "pci" / "devices" / bdf, f"../../../devices/{HOST_BRIDGE}/{bdf}")
+
+    def _remove_pci(self, e: HostEntry) -> None:
+        bdf = e.address.bdf
+        assert bdf is not None
+        sys_root = self.sys_root(e.host)
+        _unlink(sys_root / "bus" / "pci" / "devices" / bdf)
+        if e.address.nvme is not None:
+            _unlink(sys_root / "class" / "nvme" / f"nvme{e.address.nvme}")
+        if e.address.iommu_group is not None:
+            shutil.rmtree(
+                sys_root / "kernel" / "iommu_groups" / str(e.address.iommu_group), ignore_errors=True
+            )
+        shutil.rmtree(sys_root / "devices" / HOST_BRIDGE / bdf, ignore_errors=True)
+
+    # --- CXL -----------------------------------------------------------------------------
+
+    def _add_cxl(self, e: HostEntry) -> None:
+        memdev_n, region_n = e.address.memdev, e.address.region
+        assert memdev_n is not None and region_n is not None
+        sys_root = self.sys_root(e.host)
+        memdev = f"mem{memdev_n}"
+        mem = sys_root / "devices" / "cxl" / memdev
+        (mem / "ram").mkdir(parents=True, exist_ok=True)
+        dsn = dsn_from_serial(e.serial)
+        # Linux prints a memdev's serial as "%#llx"; a non-hex serial is written as it is.
+        _write(mem / "serial", (f"{dsn:#x}" if dsn is not None else e.serial) + "\n")
+        _write(mem / "numa_node", f"{e.numa_node}\n")
+        _write(mem / "ram" / "size", f"{e.device_size_bytes:#x}\n")
+        _symlink(sys_root / "bus" / "cxl" / "devices" / memdev, f"../../../devices/cxl/{memdev}")
+
+        region = f"region{region_n}"
+        reg = sys_root / "devices" / "cxl" / region
+        reg.mkdir(parents=True, exist_ok=True)
+        _write(reg / "size", f"{e.size_bytes:#x}\n")
+        _write(reg / "uuid", str(uuid.uuid5(_MEMDEV_NAMESPACE, f"{e.host}/{e.target}")) + "\n")
+        _write(reg / "mode", "ram\n")
+        _write(reg / "interleave_ways", "1\n")
+        _write(reg / "commit", "1\n")
+        _write(reg / "target0", memdev + "\n")
+        _symlink(sys_root / "bus" / "cxl" / "devices" / region, f"../../../devices/cxl/{region}")
+
+        dax_name = f"dax{region_n}.0"
+        dax = reg / f"dax_region{region_n}" / dax_name
+        dax.mkdir(parents=True, exist_ok=True)
+        _write(dax / "size", f"{e.size_bytes}\n")
+        _write(dax / "target_node", f"{e.numa_node}\n")
+        _symlink(
+            sys_root / "bus" / "dax" / "devices" / dax_name,
+            f"../../../devices/cxl/{region}/dax_region{region_n}/{dax_name}",
+        )
+
+    def _remove_cxl(self, e: HostEntry) -> None:
+        memdev_n, region_n = e.address.memdev, e.address.region
+        assert memdev_n is not None and region_n is not None
+        sys_root = self.sys_root(e.host)
+        memdev = f"mem{memdev_n}"
+        _unlink(sys_root / "bus" / "dax" / "devices" / f"dax{region_n}.0")
+        _unlink(sys_root / "bus" / "cxl" / "devices" / f"region{region_n}")
+        shutil.rmtree(sys_root / "devices" / "cxl" / f"region{region_n}", ignore_errors=True)
+        # The memdev goes once no region of this host targets it any more.
+        for other in (sys_root / "devices" / "cxl").glob("region*/target0"):
+            with contextlib.suppress(FileNotFoundError):
+                if other.read_text().strip() == memdev:
+                    return
+        _unlink(sys_root / "bus" / "cxl" / "devices" / memdev)
+        shutil.rmtree(sys_root / "devices" / "cxl" / memdev, ignore_errors=True)

@@ -1,0 +1,94 @@
+"""Latency profiles: how long the emulated fabric takes, and whether mutations become tasks.
+
+``instant`` (CI): every mutation completes within its request (200/201/204), reads are
+immediate. ``realistic``: binds and unbinds answer ``202 Accepted`` with a task monitor and
+take seconds (a GPU hot-add about 3 s), with jitter; reads take a few milliseconds. A profile
+file (YAML or JSON) has the shape of :class:`LatencyProfile`.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fabric.api import DeviceType
+
+__all__ = ["INSTANT", "REALISTIC", "Delay", "LatencyProfile", "load_latency_profile"]
+
+
+class Delay(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seconds: float = Field(default=0.0, ge=0, le=3600)
+    jitter: float = Field(default=0.0, ge=0, le=3600, description="uniform ± seconds around ``seconds``")
+
+    def sample(self, rng: random.Random) -> float:
+        if not self.jitter:
+            return self.seconds
+        return max(0.0, self.seconds + rng.uniform(-self.jitter, self.jitter))
+
+
+class LatencyProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = "custom"
+    tasks: bool = Field(default=False, description="answer binds/unbinds with 202 and a task monitor")
+    bind: dict[DeviceType, Delay] = Field(default_factory=dict)
+    unbind: dict[DeviceType, Delay] = Field(default_factory=dict)
+    read: Delay = Field(default_factory=Delay)
+    retry_after_seconds: int = Field(default=1, ge=1, le=60, description="Retry-After of task monitors")
+
+    def operation_seconds(self, bind: bool, types: list[DeviceType], rng: random.Random) -> float:
+        """An operation on several targets takes as long as its slowest one."""
+        table = self.bind if bind else self.unbind
+        return max((table.get(t, Delay()).sample(rng) for t in types), default=0.0)
+
+
+INSTANT = LatencyProfile(name="instant")
+
+REALISTIC = LatencyProfile(
+    name="realistic",
+    tasks=True,
+    bind={
+        DeviceType.GPU: Delay(seconds=3.0, jitter=1.0),
+        DeviceType.FPGA: Delay(seconds=2.0, jitter=0.5),
+        DeviceType.NVME: Delay(seconds=1.0, jitter=0.3),
+        DeviceType.NIC: Delay(seconds=1.0, jitter=0.3),
+        DeviceType.CXL_MEMORY: Delay(seconds=0.5, jitter=0.2),
+    },
+    unbind={
+        DeviceType.GPU: Delay(seconds=1.5, jitter=0.5),
+        DeviceType.FPGA: Delay(seconds=1.0, jitter=0.3),
+        DeviceType.NVME: Delay(seconds=0.5, jitter=0.2),
+        DeviceType.NIC: Delay(seconds=0.5, jitter=0.2),
+        DeviceType.CXL_MEMORY: Delay(seconds=0.3, jitter=0.1),
+    },
+    read=Delay(seconds=0.005, jitter=0.003),
+)
+
+_BUILTIN = {"instant": INSTANT, "realistic": REALISTIC}
+
+
+def load_latency_profile(spec: str) -> LatencyProfile:
+    """``instant``, ``realistic`` or the path of a profile file; raises ValueError with the reason."""
+    if spec in _BUILTIN:
+        return _BUILTIN[spec]
+    path = Path(spec)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ValueError(
+            f"latency profile {spec!r} is neither instant, realistic nor a readable file ({err.strerror})"
+        ) from None
+    except yaml.YAMLError as err:
+        raise ValueError(f"latency profile {spec}: not valid YAML/JSON: {err}") from None
+    try:
+        profile = LatencyProfile.model_validate(data)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"latency profile {spec}: {loc}: {first['msg']}") from None
+    return profile if profile.name != "custom" else profile.model_copy(update={"name": path.stem})

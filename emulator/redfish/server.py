@@ -1,0 +1,222 @@
+"""Assemble the emulator and run it on uvicorn: state, engine, tree, HTTP(S) server, ready file.
+
+``serve(config)`` loads the topology and the durable state, rebuilds the host views, binds the
+listening socket (port 0 picks a free one), writes the base URL to the ready file once it
+accepts connections, and runs until SIGTERM/SIGINT. Running tasks are left as they are on
+shutdown: the next start marks them Interrupted, exactly as after ``kill -9``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from dra_driver.fsutil import atomic_write
+from dra_driver.logs import get_logger
+
+from ..topology import FabricIndex
+from . import uris
+from .app import RedfishApp
+from .auth import Account, Credentials, Sessions
+from .engine import Engine, Revision
+from .events import EventBus
+from .hostview import HostView
+from .latency import LatencyProfile
+from .nodes import Context
+from .state import StateStore
+from .views import build_tree, render_uri
+from .views.etags import Renderer
+
+__all__ = ["EmulatorService", "ServeConfig", "build_service", "serve"]
+
+log = get_logger(__name__)
+
+
+@dataclass
+class ServeConfig:
+    index: FabricIndex
+    state_dir: Path
+    latency: LatencyProfile
+    credentials: Credentials | None
+    host: str = "127.0.0.1"
+    port: int = 0
+    ready_file: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+
+
+@dataclass
+class EmulatorService:
+    ctx: Context
+    app: RedfishApp
+    engine: Engine
+    store: StateStore
+
+
+def build_service(config: ServeConfig) -> EmulatorService:
+    """Everything but the socket; also used in-process by tests and benchmarks."""
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    store = StateStore(config.state_dir)
+    try:
+        store.load()
+    except ValueError as err:
+        raise ValueError(
+            f"the state file {store.path} is not valid ({str(err).splitlines()[0]}); "
+            "move it away to start with an unbound fabric"
+        ) from None
+    revision = Revision()
+    events = EventBus(store.state.event_seq)
+    engine = Engine(
+        config.index, store, HostView(config.state_dir / "hosts"), events, config.latency, revision
+    )
+    engine.recover()
+    sessions = Sessions()
+    service = config.index.topology.service
+    account = (
+        Account(config.credentials.username, config.credentials.password) if config.credentials else None
+    )
+    ctx = Context(
+        index=config.index,
+        engine=engine,
+        sessions=sessions,
+        account=account,
+        events=events,
+        revision=revision,
+        renderer=Renderer(),
+        service_uuid=str(service.uuid),
+        service_name=service.name,
+        vendor=service.vendor,
+        product=service.product,
+    )
+    root = build_tree(ctx)
+    engine.render = lambda uri: render_uri(root, uri)
+
+    def expire_sessions() -> int:
+        count = sessions.expire_all()
+        revision.bump()
+        return count
+
+    engine.expire_sessions = expire_sessions
+    return EmulatorService(ctx, RedfishApp(ctx, root, config.latency), engine, store)
+
+
+def _faulty_protocol(engine: Engine) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol, able to drop a request's connection without any response.
+
+    A DropConnections fault must look like a network failure to the client (reset, no HTTP
+    status), which an ASGI application cannot produce; so the check sits where the request
+    line has been parsed. The admin API is never dropped.
+    """
+
+    class FaultyHttpProtocol(HttpToolsProtocol):
+        _dropping = False
+
+        def data_received(self, data: bytes) -> None:
+            if not self._dropping:
+                super().data_received(data)
+
+        def on_headers_complete(self) -> None:
+            path = self.url.split(b"?", 1)[0].decode("latin-1")
+            if not path.startswith(uris.OEM) and engine.take_drop():
+                self._dropping = True
+                self.transport.abort()
+                return
+            super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:
+            if not self._dropping:
+                super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            if not self._dropping:
+                super().on_message_complete()
+
+    return FaultyHttpProtocol
+
+
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, events: EventBus) -> None:
+        super().__init__(config)
+        self._events = events
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        # end Server-Sent Event streams first, or the graceful shutdown waits for them
+        self._events.close()
+        super().handle_exit(sig, frame)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {err.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _base_url(host: str, port: int, tls: bool) -> str:
+    scheme = "https" if tls else "http"
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return f"{scheme}://{host}:{port}"
+    if address.is_unspecified:
+        address = ipaddress.ip_address("::1" if address.version == 6 else "127.0.0.1")
+    shown = f"[{address}]" if address.version == 6 else str(address)
+    return f"{scheme}://{shown}:{port}"
+
+
+async def serve(config: ServeConfig) -> None:
+    service = build_service(config)
+    sock = _listen(config.host, config.port)
+    port = sock.getsockname()[1]
+    tls = config.tls_cert is not None
+    uconfig = uvicorn.Config(
+        service.app,
+        http=_faulty_protocol(service.engine),
+        lifespan="off",
+        log_config=None,
+        access_log=False,
+        server_header=False,
+        ssl_certfile=str(config.tls_cert) if config.tls_cert else None,
+        ssl_keyfile=str(config.tls_key) if config.tls_key else None,
+        timeout_graceful_shutdown=3,
+        backlog=2048,
+    )
+    server = _Server(uconfig, service.ctx.events)
+    url = _base_url(config.host, port, tls)
+    serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            if serving.done():
+                serving.result()  # raises what stopped the server
+                return
+            await asyncio.sleep(0.01)
+        log.info(
+            "emulator serving",
+            url=url,
+            topology_hosts=len(config.index.hosts),
+            devices=len(config.index.devices),
+            latency=config.latency.name,
+            state_dir=str(config.state_dir),
+            auth="required" if config.credentials else "disabled",
+        )
+        if config.ready_file is not None:
+            atomic_write(config.ready_file, url + "\n", durable=False)
+        await serving
+    finally:
+        service.engine.close()
+        await service.store.drain()
+        sock.close()
+        log.info("emulator stopped")

@@ -1,0 +1,245 @@
+"""The emulator's durable state and how it reaches the disk.
+
+The fabric state — which target is bound to which host, through which zone or connection,
+the tasks and the injected faults — is one pydantic document, ``<state-dir>/fabric-state.json``.
+Every mutation is committed by rewriting that file atomically (temp file, fsync, rename,
+fsync of the directory), so after a crash the file holds the state before or after a
+mutation, never half of one. Concurrent mutations share one write (group commit): each waits
+for the first write that starts after its change, so a response is only sent once the change
+it reports is on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dra_driver.fsutil import atomic_write
+from dra_driver.logs import get_logger
+
+__all__ = [
+    "STATE_FILE",
+    "BindStyle",
+    "BindingRecord",
+    "ConnectionRecord",
+    "FabricState",
+    "HostAddress",
+    "OperationKind",
+    "StateStore",
+    "TaskRecord",
+    "TaskResult",
+    "ZoneRecord",
+    "utcnow",
+]
+
+log = get_logger(__name__)
+
+STATE_FILE = "fabric-state.json"
+#: Finished tasks kept for their monitors and the TaskService; older ones are dropped.
+MAX_FINISHED_TASKS = 256
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BindStyle(StrEnum):
+    ZONE = "zone"
+    COMPOSITION = "composition"
+    CONNECTION = "connection"
+
+
+class OperationKind(StrEnum):
+    BIND = "bind"
+    UNBIND = "unbind"
+
+
+class HostAddress(_Model):
+    """Where a bound target shows up inside its host (its emulated sysfs names)."""
+
+    bdf: str | None = None
+    iommu_group: int | None = None
+    nvme: int | None = None
+    memdev: int | None = None
+    region: int | None = None
+
+
+class BindingRecord(_Model):
+    target: str
+    host: str
+    style: BindStyle
+    zone: str | None = None
+    connection: str | None = None
+    since: datetime
+    address: HostAddress = Field(default_factory=HostAddress)
+
+
+class ZoneRecord(_Model):
+    """A zone a client created with POST; each host's own zone is implicit."""
+
+    id: str
+    fabric: str
+    host: str
+    name: str | None = None
+    description: str | None = None
+    created: datetime
+
+
+class ConnectionRecord(_Model):
+    id: str
+    fabric: str
+    host: str
+    chunks: list[str]
+    access: list[str]
+    name: str | None = None
+    description: str | None = None
+    created: datetime
+
+
+class TaskResult(_Model):
+    """The HTTP response the operation ended with, replayed by the task monitor."""
+
+    status: int
+    location: str | None = None
+    body: dict[str, Any] | None = None
+
+
+class TaskRecord(_Model):
+    id: str
+    kind: OperationKind
+    style: BindStyle
+    host: str
+    targets: list[str]
+    zone: str | None = None
+    connection: str | None = None
+    state: Literal["New", "Running", "Completed", "Exception", "Cancelled", "Interrupted"]
+    status: Literal["OK", "Warning", "Critical"] = "OK"
+    percent: int = 0
+    start: datetime
+    end: datetime | None = None
+    method: str
+    uri: str
+    body: str = ""
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    result: TaskResult | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state not in ("New", "Running")
+
+
+class FaultRecord(_Model):
+    id: str
+    spec: dict[str, Any]
+    created: datetime
+
+
+class FabricState(_Model):
+    format: Literal[1] = 1
+    #: increases with every committed change
+    version: int = 0
+    next_id: int = 1
+    event_seq: int = 0
+    bindings: dict[str, BindingRecord] = Field(default_factory=dict)
+    zones: dict[str, ZoneRecord] = Field(default_factory=dict)
+    connections: dict[str, ConnectionRecord] = Field(default_factory=dict)
+    tasks: dict[str, TaskRecord] = Field(default_factory=dict)
+    faults: dict[str, FaultRecord] = Field(default_factory=dict)
+
+    def allocate_id(self) -> str:
+        ident = str(self.next_id)
+        self.next_id += 1
+        return ident
+
+    def prune_tasks(self) -> None:
+        finished = [t for t in self.tasks.values() if t.finished]
+        for task in sorted(finished, key=lambda t: t.end or t.start)[
+            : max(0, len(finished) - MAX_FINISHED_TASKS)
+        ]:
+            del self.tasks[task.id]
+
+
+SideEffect = Callable[[], None]
+
+
+class StateStore:
+    """Owns ``fabric-state.json``: load at start, durable group commits afterwards."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / STATE_FILE
+        self.state = FabricState()
+        self._effects: list[SideEffect] = []
+        self._batch: asyncio.Future[None] | None = None
+        self._writer: asyncio.Task[None] | None = None
+
+    def load(self) -> FabricState:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            self.state = FabricState()
+        else:
+            self.state = FabricState.model_validate_json(text)
+        return self.state
+
+    def write_now(self) -> None:
+        """Synchronous write, for start-up before the event loop serves requests."""
+        atomic_write(self.path, self.state.model_dump_json(indent=1), mode=0o600)
+
+    async def commit(self, effects: list[SideEffect] | None = None) -> None:
+        """Persist the current state and then run ``effects``; return once both are done.
+
+        Callers mutate :attr:`state` synchronously (no ``await`` between check and change),
+        then await this. Effects (host sysfs updates) run in the writer thread after the
+        write, in commit order.
+        """
+        self.state.version += 1
+        if effects:
+            self._effects.extend(effects)
+        loop = asyncio.get_running_loop()
+        if self._batch is None:
+            self._batch = loop.create_future()
+        batch = self._batch
+        if self._writer is None or self._writer.done():
+            self._writer = loop.create_task(self._write_loop())
+        await asyncio.shield(batch)
+
+    async def _write_loop(self) -> None:
+        while self._batch is not None:
+            batch, self._batch = self._batch, None
+            data = self.state.model_dump_json(indent=1)
+            effects, self._effects = self._effects, []
+            try:
+                await asyncio.to_thread(self._write, data, effects)
+            except Exception as err:
+                # The waiters of this batch get the error; the host-view updates stay queued
+                # for the next commit, which writes the whole (newer) state again.
+                log.error("cannot persist the fabric state", path=str(self.path), error=str(err))
+                self._effects[:0] = effects
+                batch.set_exception(err)
+                batch.exception()  # mark retrieved: its waiters may have gone away
+                continue
+            batch.set_result(None)
+
+    def _write(self, data: str, effects: list[SideEffect]) -> None:
+        atomic_write(self.path, data, mode=0o600)
+        while effects:
+            effect = effects.pop(0)
+            try:
+                effect()
+            except OSError as err:
+                log.error("cannot update an emulated host view", error=str(err))
+
+    async def drain(self) -> None:
+        """Wait until every commit so far is written (used at shutdown)."""
+        if self._writer is not None and not self._writer.done():
+            await self._writer

@@ -1,0 +1,75 @@
+"""The emulator's Redfish resource tree, rooted at ``/redfish/v1``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import uris
+from ..nodes import Context, Node
+from .chassis import ChassisCollectionNode
+from .composition import CompositionServiceNode
+from .fabrics import FabricsNode
+from .oem import OemNode
+from .services import (
+    AccountServiceNode,
+    EventServiceNode,
+    EventStreamNode,
+    ManagersNode,
+    MetadataNode,
+    ODataNode,
+    RegistriesNode,
+    ServiceRootNode,
+    SessionServiceNode,
+)
+from .systems import SystemsNode
+from .tasks import TaskServiceNode
+
+__all__ = ["EventStreamNode", "MetadataNode", "build_tree", "resolve"]
+
+
+class _Oem(Node):
+    allow = ()
+    is_resource = False
+
+    def child(self, segment: str) -> Node | None:
+        return OemNode(self.ctx) if segment == "FabricDRA" else None
+
+
+def build_tree(ctx: Context) -> ServiceRootNode:
+    children: dict[str, Node] = {
+        "odata": ODataNode(ctx),
+        "$metadata": MetadataNode(ctx),
+        "Systems": SystemsNode(ctx),
+        "Chassis": ChassisCollectionNode(ctx),
+        "Fabrics": FabricsNode(ctx),
+        "Managers": ManagersNode(ctx),
+        "CompositionService": CompositionServiceNode(ctx),
+        "SessionService": SessionServiceNode(ctx),
+        "AccountService": AccountServiceNode(ctx),
+        "TaskService": TaskServiceNode(ctx),
+        "EventService": EventServiceNode(ctx),
+        "Registries": RegistriesNode(ctx),
+        "Oem": _Oem(ctx, f"{uris.ROOT}/Oem"),
+    }
+    return ServiceRootNode(ctx, children)
+
+
+def resolve(root: ServiceRootNode, path: str) -> Node | None:
+    """The node at ``path`` (``/redfish/v1/...``, trailing slash ignored), or None."""
+    if path.rstrip("/") == uris.ROOT:
+        return root
+    if not path.startswith(uris.ROOT + "/"):
+        return None
+    node: Node | None = root
+    for segment in path[len(uris.ROOT) + 1 :].rstrip("/").split("/"):
+        if node is None or not segment:
+            return None
+        node = node.child(segment)
+    return node
+
+
+def render_uri(root: ServiceRootNode, uri: str) -> dict[str, Any] | None:
+    node = resolve(root, uri)
+    if node is None or not node.is_resource:
+        return None
+    return node.payload()

@@ -1,0 +1,727 @@
+"""``/redfish/v1/Fabrics``: switches, ports, endpoints, zones (PCIe) and connections (CXL).
+
+Binding styles served here:
+
+* PCIe zones of endpoints. Each host has its own zone (``Zones/{host}``: the host's initiator
+  endpoint plus the targets bound to it), which offers ``#Zone.AddEndpoint`` and
+  ``#Zone.RemoveEndpoint`` (Zone v1_5). A client may also POST a zone holding one host
+  initiator and target endpoints; DELETE of such a zone unbinds its targets.
+* CXL memory connections: POST a ``Connection`` with ``MemoryChunkInfo`` and one host initiator
+  (Connection v1_1 ``MemoryChunkInfo``); DELETE of the connection unbinds its chunks.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fabric.api import DeviceType
+
+from ...topology import FABRIC_CXL, FABRIC_PCIE, Device, SwitchInfo
+from .. import uris
+from ..engine import Operation
+from ..http import Reply, Request, parse_body
+from ..messages import RedfishError
+from ..models import (
+    ConnectedEntity,
+    Connection,
+    ConnectionLinks,
+    Endpoint,
+    EndpointLinks,
+    Fabric,
+    FabricLinks,
+    Identifier,
+    MemoryChunkInfo,
+    Port,
+    PortLinks,
+    Status,
+    Switch,
+    SwitchLinks,
+    Zone,
+    ZoneLinks,
+    ref,
+    refs,
+)
+from ..nodes import CollectionNode, Context, Node, actions, not_allowed
+from ..state import BindStyle, OperationKind
+from .common import (
+    LinkIn,
+    device_status,
+    entity_type,
+    pci_id,
+    primary_uri,
+    resolve_endpoint,
+)
+from .etags import check_action_etag
+from .outcome import reply_for
+
+__all__ = ["FabricsNode"]
+
+#: PCIe lane rate in GT/s by generation, for a port's CurrentSpeedGbps (128b/130b from Gen3 on)
+_GT_PER_LANE = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
+
+
+def _lane_gbps(generation: int) -> float:
+    encoding = 0.8 if generation <= 2 else 128 / 130
+    return _GT_PER_LANE[generation] * encoding
+
+
+class FabricsNode(CollectionNode):
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(
+            ctx,
+            f"{uris.ROOT}/Fabrics",
+            "FabricCollection",
+            "Fabrics",
+            ctx.index.fabrics,
+            lambda f: FabricNode(ctx, f) if f in ctx.index.fabrics() else None,
+        )
+
+
+class FabricNode(Node):
+    def __init__(self, ctx: Context, fabric_id: str) -> None:
+        super().__init__(ctx, uris.fabric(fabric_id))
+        self.fabric_id = fabric_id
+
+    def render(self) -> Fabric:
+        pcie = self.fabric_id == FABRIC_PCIE
+        return Fabric(
+            odata_id=self.uri,
+            Id=self.fabric_id,
+            Name=f"{self.fabric_id} fabric",
+            Description="PCIe switch fabric of pooled devices" if pcie else "CXL fabric of pooled memory",
+            FabricType=self.fabric_id,
+            Status=Status(),
+            Switches=ref(f"{self.uri}/Switches"),
+            Endpoints=ref(f"{self.uri}/Endpoints"),
+            Zones=ref(f"{self.uri}/Zones") if pcie else None,
+            Connections=ref(f"{self.uri}/Connections") if not pcie else None,
+            Links=FabricLinks(ManagedBy=[ref(uris.MANAGER)]),
+        )
+
+    def _switches(self) -> dict[str, SwitchInfo]:
+        return {s.id: s for s in self.ctx.index.fabric_switches(self.fabric_id)}
+
+    def host_ids(self) -> list[str]:
+        cabled = {h for s in self._switches().values() for h in s.upstream_ports}
+        return [h for h in self.ctx.index.hosts if h in cabled]
+
+    def child(self, segment: str) -> Node | None:
+        ctx, fabric = self.ctx, self.fabric_id
+        if segment == "Switches":
+            switches = self._switches()
+            return CollectionNode(
+                ctx,
+                f"{self.uri}/Switches",
+                "SwitchCollection",
+                f"{fabric} switches",
+                lambda: list(switches),
+                lambda s: SwitchNode(ctx, switches[s]) if s in switches else None,
+            )
+        if segment == "Endpoints":
+            devices = [d.id for d in ctx.index.fabric_devices(fabric)]
+            hosts = self.host_ids()
+            return CollectionNode(
+                ctx,
+                f"{self.uri}/Endpoints",
+                "EndpointCollection",
+                f"{fabric} endpoints",
+                lambda: hosts + devices,
+                lambda e: (
+                    HostEndpointNode(ctx, fabric, e, self)
+                    if e in hosts
+                    else DeviceEndpointNode(ctx, ctx.index.devices[e])
+                    if e in devices
+                    else None
+                ),
+            )
+        if segment == "Zones" and fabric == FABRIC_PCIE:
+            return ZonesNode(ctx, self)
+        if segment == "Connections" and fabric == FABRIC_CXL:
+            return ConnectionsNode(ctx, self)
+        return None
+
+
+class SwitchNode(Node):
+    def __init__(self, ctx: Context, switch: SwitchInfo) -> None:
+        super().__init__(ctx, uris.switch(switch.fabric, switch.id))
+        self.switch = switch
+
+    def _ports(self) -> dict[str, tuple[str, str | None, Device | None]]:
+        """Port Id → (kind, host, device)."""
+        ports: dict[str, tuple[str, str | None, Device | None]] = {
+            p: ("UpstreamPort", h, None) for h, p in self.switch.upstream_ports.items()
+        }
+        for device_id in self.switch.devices:
+            device = self.ctx.index.devices[device_id]
+            ports[device.port] = ("DownstreamPort", None, device)
+        return ports
+
+    def render(self) -> Switch:
+        sw = self.switch
+        return Switch(
+            odata_id=self.uri,
+            Id=sw.id,
+            Name=f"{sw.fabric} switch {sw.id}",
+            SwitchType=sw.fabric,
+            Manufacturer=sw.manufacturer,
+            Model=sw.model,
+            Status=Status(),
+            Ports=ref(f"{self.uri}/Ports"),
+            Links=SwitchLinks(Chassis=ref(uris.chassis(sw.id)), ManagedBy=[ref(uris.MANAGER)]),
+        )
+
+    def child(self, segment: str) -> Node | None:
+        if segment != "Ports":
+            return None
+        ports = self._ports()
+        return CollectionNode(
+            self.ctx,
+            f"{self.uri}/Ports",
+            "PortCollection",
+            f"Ports of {self.switch.id}",
+            lambda: list(ports),
+            lambda p: PortNode(self.ctx, self.switch, p, *ports[p]) if p in ports else None,
+        )
+
+
+class PortNode(Node):
+    def __init__(
+        self,
+        ctx: Context,
+        switch: SwitchInfo,
+        port_id: str,
+        kind: str,
+        host: str | None,
+        device: Device | None,
+    ) -> None:
+        super().__init__(ctx, uris.port(switch.fabric, switch.id, port_id))
+        self.switch, self.port_id, self.kind, self.host, self.device = switch, port_id, kind, host, device
+
+    def render(self) -> Port:
+        fabric = self.switch.fabric
+        if self.device is not None:
+            generation, width = self.device.model.pcie_generation, self.device.model.pcie_width
+            endpoint = uris.endpoint(fabric, self.device.id)
+            up = True
+            health = "OK"
+        else:
+            assert self.host is not None
+            generation, width = 5, 16
+            endpoint = uris.endpoint(fabric, self.host)
+            up = self.ctx.engine.port_up(self.switch.id, self.host)
+            health = "OK" if up else "Critical"
+        return Port(
+            odata_id=self.uri,
+            Id=self.port_id,
+            Name=f"{self.switch.id} port {self.port_id}",
+            Description=f"to host {self.host}"
+            if self.host
+            else f"to device {self.device.id if self.device else ''}",
+            PortId=self.port_id,
+            PortProtocol=fabric,
+            PortType=self.kind,
+            CurrentSpeedGbps=round(_lane_gbps(generation) * width, 1) if up else 0,
+            Width=width,
+            LinkStatus="LinkUp" if up else "LinkDown",
+            Status=Status(Health=health),
+            Links=PortLinks(AssociatedEndpoints=[ref(endpoint)]),
+        )
+
+
+class HostEndpointNode(Node):
+    """A host's initiator endpoint (its root port into the fabric)."""
+
+    def __init__(self, ctx: Context, fabric_id: str, host: str, fabric: FabricNode) -> None:
+        super().__init__(ctx, uris.endpoint(fabric_id, host))
+        self.fabric_id, self.host, self.fabric = fabric_id, host, fabric
+
+    def render(self) -> Endpoint:
+        info = self.ctx.index.hosts[self.host]
+        ports = [
+            ref(uris.port(s.fabric, s.id, s.upstream_ports[self.host]))
+            for s in self.ctx.index.fabric_switches(self.fabric_id)
+            if self.host in s.upstream_ports
+        ]
+        zones: list[str] = []
+        connections: list[str] = []
+        if self.fabric_id == FABRIC_PCIE:
+            zones = [uris.zone(self.fabric_id, self.host)] + [
+                uris.zone(self.fabric_id, z.id)
+                for z in self.ctx.engine.state.zones.values()
+                if z.host == self.host and z.fabric == self.fabric_id
+            ]
+        else:
+            connections = [
+                uris.connection(self.fabric_id, c.id)
+                for c in self.ctx.engine.state.connections.values()
+                if c.host == self.host and c.fabric == self.fabric_id
+            ]
+        identity = [Identifier(DurableName=str(info.uuid), DurableNameFormat="UUID")]
+        return Endpoint(
+            odata_id=self.uri,
+            Id=self.host,
+            Name=f"{self.host} {self.fabric_id} initiator",
+            Description=f"Host port of {self.host} into the {self.fabric_id} fabric",
+            EndpointProtocol=self.fabric_id,
+            Status=Status(),
+            ConnectedEntities=[
+                ConnectedEntity(
+                    EntityType="RootComplex",
+                    EntityRole="Initiator",
+                    EntityLink=ref(uris.system(self.host)),
+                    Identifiers=identity,
+                )
+            ],
+            Links=EndpointLinks(ConnectedPorts=ports, Zones=refs(zones), Connections=refs(connections)),
+        )
+
+
+class DeviceEndpointNode(Node):
+    """A pooled device's target endpoint; a CXL one lists each memory chunk as an entity."""
+
+    def __init__(self, ctx: Context, device: Device) -> None:
+        super().__init__(ctx, uris.endpoint(device.fabric, device.id))
+        self.device = device
+
+    def render(self) -> Endpoint:
+        dev, engine = self.device, self.ctx.engine
+        entities = [
+            ConnectedEntity(
+                EntityType=entity_type(dev),
+                EntityRole="Target",
+                EntityLink=ref(primary_uri(dev)),
+                EntityPciId=pci_id(dev),
+            )
+        ]
+        zones: list[str] = []
+        connections: list[str] = []
+        if dev.type == DeviceType.CXL_MEMORY:
+            for chunk in dev.chunks:
+                entities.append(
+                    ConnectedEntity(
+                        EntityType="MemoryChunk",
+                        EntityRole="Target",
+                        EntityLink=ref(uris.chunk(dev.id, chunk.index)),
+                    )
+                )
+                binding = engine.binding(chunk.id)
+                if binding is not None and binding.connection is not None:
+                    uri = uris.connection(dev.fabric, binding.connection)
+                    if uri not in connections:
+                        connections.append(uri)
+        else:
+            binding = engine.binding(dev.id)
+            if binding is not None and binding.zone is not None:
+                zones.append(uris.zone(dev.fabric, binding.zone))
+        return Endpoint(
+            odata_id=self.uri,
+            Id=dev.id,
+            Name=f"{dev.id} ({dev.model.model})",
+            Description=f"Target endpoint of {dev.type.value} {dev.id}",
+            EndpointProtocol=dev.fabric,
+            Status=device_status(self.ctx, dev),
+            ConnectedEntities=entities,
+            Links=EndpointLinks(
+                ConnectedPorts=[ref(uris.port(dev.fabric, dev.switch, dev.port))],
+                Zones=refs(zones),
+                Connections=refs(connections),
+            ),
+        )
+
+
+# --- PCIe zones --------------------------------------------------------------------------------
+
+
+class _ZoneLinksIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    Endpoints: list[LinkIn] = Field(min_length=1)
+
+
+class _ZoneCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    Name: str | None = Field(default=None, max_length=255)
+    Description: str | None = Field(default=None, max_length=1024)
+    ZoneType: Literal["ZoneOfEndpoints"] = "ZoneOfEndpoints"
+    Links: _ZoneLinksIn
+
+
+class _EndpointParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    Endpoint: LinkIn
+    EndpointETag: str | None = None
+    ZoneETag: str | None = None
+
+
+def _reachable(ctx: Context, device: Device, host: str, prop: str) -> None:
+    if not ctx.index.host_reaches(host, device):
+        raise RedfishError.of(
+            400,
+            "PropertyValueError",
+            prop,
+            related=[f"/{prop}"],
+            detail=f"{device.id} hangs off {device.switch}, which is not cabled to {host}.",
+        )
+
+
+class ZonesNode(CollectionNode):
+    def __init__(self, ctx: Context, fabric: FabricNode) -> None:
+        self.fabric = fabric
+        super().__init__(
+            ctx,
+            f"{fabric.uri}/Zones",
+            "ZoneCollection",
+            f"{fabric.fabric_id} zones",
+            self._ids,
+            self._make,
+            on_post=self._create,
+        )
+
+    def _client_zones(self) -> list[str]:
+        return sorted(
+            (z.id for z in self.ctx.engine.state.zones.values() if z.fabric == self.fabric.fabric_id),
+            key=lambda z: int(z) if z.isdigit() else 0,
+        )
+
+    def _ids(self) -> list[str]:
+        return self.fabric.host_ids() + self._client_zones()
+
+    def _make(self, zone_id: str) -> Node | None:
+        if zone_id in self.fabric.host_ids():
+            return ZoneNode(self.ctx, self.fabric, zone_id, zone_id, client=False)
+        record = self.ctx.engine.state.zones.get(zone_id)
+        if record is not None and record.fabric == self.fabric.fabric_id:
+            return ZoneNode(self.ctx, self.fabric, zone_id, record.host, client=True)
+        return None
+
+    async def _create(self, request: Request) -> Reply:
+        body = parse_body(_ZoneCreate, request.json())
+        fabric_id = self.fabric.fabric_id
+        hosts: list[str] = []
+        targets: list[Device] = []
+        for i, link in enumerate(body.Links.Endpoints):
+            host, device = resolve_endpoint(self.ctx, fabric_id, link.odata_id, f"Links/Endpoints/{i}")
+            if host is not None:
+                hosts.append(host)
+            elif device is not None:
+                if device in targets:
+                    raise RedfishError.of(
+                        400,
+                        "PropertyValueError",
+                        f"Links/Endpoints/{i}",
+                        detail=f"{device.id} is listed twice in Links/Endpoints.",
+                    )
+                targets.append(device)
+        if len(hosts) != 1:
+            raise RedfishError.of(
+                400,
+                "PropertyValueError",
+                "Links/Endpoints",
+                related=["/Links/Endpoints"],
+                detail=f"A zone needs exactly one host initiator endpoint; got {len(hosts)}.",
+            )
+        host = hosts[0]
+        for device in targets:
+            _reachable(self.ctx, device, host, "Links/Endpoints")
+        zone_id = self.ctx.engine.state.allocate_id()
+        op = Operation(
+            kind=OperationKind.BIND,
+            style=BindStyle.ZONE,
+            fabric=fabric_id,
+            host=host,
+            targets=[d.id for d in targets],
+            method="POST",
+            uri=self.uri,
+            body=request.body.decode("utf-8", "replace"),
+            zone=zone_id,
+            create_zone=True,
+            name=body.Name,
+            description=body.Description,
+            success_status=201,
+            location=uris.zone(fabric_id, zone_id),
+        )
+        return await reply_for(self.ctx, op, request)
+
+
+class ZoneNode(Node):
+    def __init__(self, ctx: Context, fabric: FabricNode, zone_id: str, host: str, *, client: bool) -> None:
+        super().__init__(ctx, uris.zone(fabric.fabric_id, zone_id))
+        self.fabric, self.zone_id, self.host, self.client = fabric, zone_id, host, client
+        self.allow = ("GET", "HEAD", "DELETE") if client else ("GET", "HEAD")
+
+    def render(self) -> Zone:
+        engine = self.ctx.engine
+        members = [uris.endpoint(self.fabric.fabric_id, self.host)] + [
+            uris.endpoint(self.fabric.fabric_id, t) for t in engine.zone_targets(self.zone_id)
+        ]
+        switches = sorted(
+            {self.ctx.index.targets[t].device.switch for t in engine.zone_targets(self.zone_id)}
+        )
+        if self.client:
+            record = engine.state.zones[self.zone_id]
+            name = record.name or f"Zone {self.zone_id} of {self.host}"
+            description = record.description
+        else:
+            name = f"{self.host} zone"
+            description = f"The devices bound to {self.host}; add or remove endpoints to bind or unbind"
+        return Zone(
+            odata_id=self.uri,
+            Id=self.zone_id,
+            Name=name,
+            Description=description,
+            ZoneType="ZoneOfEndpoints",
+            Status=Status(),
+            Links=ZoneLinks(
+                Endpoints=refs(members),
+                InvolvedSwitches=refs([uris.switch(self.fabric.fabric_id, s) for s in switches]),
+            ),
+            Actions=actions(self.uri, "Zone.AddEndpoint", "Zone.RemoveEndpoint"),
+        )
+
+    def child(self, segment: str) -> Node | None:
+        return self.actions_child(segment)
+
+    def action_names(self) -> tuple[str, ...]:
+        return ("Zone.AddEndpoint", "Zone.RemoveEndpoint")
+
+    async def action(self, name: str, request: Request) -> Reply:
+        params = parse_body(_EndpointParams, request.json(), action=name)
+        fabric_id = self.fabric.fabric_id
+        host, device = resolve_endpoint(self.ctx, fabric_id, params.Endpoint.odata_id, "Endpoint")
+        if device is None:
+            raise RedfishError.of(
+                400,
+                "ActionParameterValueError",
+                "Endpoint",
+                name,
+                related=["/Endpoint"],
+                detail=f"{host} is a host initiator; a zone holds exactly one, {self.host}, and it stays.",
+            )
+        check_action_etag(self, params.ZoneETag, "ZoneETag")
+        check_action_etag(DeviceEndpointNode(self.ctx, device), params.EndpointETag, "EndpointETag")
+        adding = name == "Zone.AddEndpoint"
+        if adding:
+            _reachable(self.ctx, device, self.host, "Endpoint")
+        else:
+            binding = self.ctx.engine.binding(device.id)
+            if binding is None or binding.zone != self.zone_id:
+                raise RedfishError.of(
+                    400,
+                    "ActionParameterValueError",
+                    "Endpoint",
+                    name,
+                    related=["/Endpoint"],
+                    detail=f"{device.id} is not in zone {self.zone_id}.",
+                )
+        op = Operation(
+            kind=OperationKind.BIND if adding else OperationKind.UNBIND,
+            style=BindStyle.ZONE,
+            fabric=fabric_id,
+            host=self.host,
+            targets=[device.id],
+            method="POST",
+            uri=f"{self.uri}/Actions/{name}",
+            body=request.body.decode("utf-8", "replace"),
+            zone=self.zone_id,
+        )
+        return await reply_for(self.ctx, op, request)
+
+    async def delete(self, request: Request) -> Reply:
+        if not self.client:
+            raise not_allowed(self, "DELETE")
+        op = Operation(
+            kind=OperationKind.UNBIND,
+            style=BindStyle.ZONE,
+            fabric=self.fabric.fabric_id,
+            host=self.host,
+            targets=self.ctx.engine.zone_targets(self.zone_id),
+            method="DELETE",
+            uri=self.uri,
+            zone=self.zone_id,
+            delete_zone=True,
+        )
+        return await reply_for(self.ctx, op, request)
+
+
+# --- CXL connections ---------------------------------------------------------------------------
+
+
+_Access = Literal["Read", "Write"]
+
+
+def _read_write() -> list[_Access]:
+    return ["Read", "Write"]
+
+
+class _ChunkInfoIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    MemoryChunk: LinkIn
+    AccessCapabilities: list[_Access] = Field(default_factory=_read_write, min_length=1)
+    AccessState: str | None = None
+
+
+class _ConnectionLinksIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    InitiatorEndpoints: list[LinkIn] = Field(min_length=1, max_length=1)
+    TargetEndpoints: list[LinkIn] = Field(default_factory=list)
+
+
+class _ConnectionCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    Name: str | None = Field(default=None, max_length=255)
+    Description: str | None = Field(default=None, max_length=1024)
+    ConnectionType: Literal["Memory"] = "Memory"
+    MemoryChunkInfo: list[_ChunkInfoIn] = Field(min_length=1)
+    Links: _ConnectionLinksIn
+
+
+class ConnectionsNode(CollectionNode):
+    def __init__(self, ctx: Context, fabric: FabricNode) -> None:
+        self.fabric = fabric
+        super().__init__(
+            ctx,
+            f"{fabric.uri}/Connections",
+            "ConnectionCollection",
+            f"{fabric.fabric_id} connections",
+            self._ids,
+            self._make,
+            on_post=self._create,
+        )
+
+    def _ids(self) -> list[str]:
+        return sorted(
+            (c.id for c in self.ctx.engine.state.connections.values() if c.fabric == self.fabric.fabric_id),
+            key=lambda c: int(c) if c.isdigit() else 0,
+        )
+
+    def _make(self, conn_id: str) -> Node | None:
+        record = self.ctx.engine.state.connections.get(conn_id)
+        if record is None or record.fabric != self.fabric.fabric_id:
+            return None
+        return ConnectionNode(self.ctx, self.fabric.fabric_id, conn_id)
+
+    def _chunk_target(self, uri: str, index: int) -> str:
+        """The chunk target Id for a MemoryChunk link; 400 naming the property otherwise."""
+        prop = f"MemoryChunkInfo/{index}/MemoryChunk"
+        clean = uri.rstrip("/")
+        for device in self.ctx.index.fabric_devices(self.fabric.fabric_id):
+            for chunk in device.chunks:
+                if clean == uris.chunk(device.id, chunk.index):
+                    return chunk.id
+        raise RedfishError.of(
+            400,
+            "ResourceNotFound",
+            "MemoryChunks",
+            uri,
+            related=[f"/{prop}"],
+            detail=f"{uri} is not a memory chunk of fabric {self.fabric.fabric_id}.",
+        )
+
+    async def _create(self, request: Request) -> Reply:
+        body = parse_body(_ConnectionCreate, request.json())
+        fabric_id = self.fabric.fabric_id
+        host, _ = resolve_endpoint(
+            self.ctx, fabric_id, body.Links.InitiatorEndpoints[0].odata_id, "Links/InitiatorEndpoints/0"
+        )
+        if host is None:
+            raise RedfishError.of(
+                400,
+                "PropertyValueError",
+                "Links/InitiatorEndpoints",
+                related=["/Links/InitiatorEndpoints/0"],
+                detail="Links/InitiatorEndpoints must name a host initiator endpoint.",
+            )
+        targets: list[str] = []
+        access: set[str] = set()
+        for i, info in enumerate(body.MemoryChunkInfo):
+            target = self._chunk_target(info.MemoryChunk.odata_id, i)
+            if target in targets:
+                raise RedfishError.of(
+                    400,
+                    "PropertyValueError",
+                    f"MemoryChunkInfo/{i}/MemoryChunk",
+                    detail=f"{info.MemoryChunk.odata_id} is listed twice.",
+                )
+            targets.append(target)
+            access.update(info.AccessCapabilities)
+        devices = {self.ctx.index.targets[t].device.id for t in targets}
+        for i, link in enumerate(body.Links.TargetEndpoints):
+            _, target_device = resolve_endpoint(
+                self.ctx, fabric_id, link.odata_id, f"Links/TargetEndpoints/{i}"
+            )
+            if target_device is None or target_device.id not in devices:
+                raise RedfishError.of(
+                    400,
+                    "PropertyValueError",
+                    f"Links/TargetEndpoints/{i}",
+                    related=[f"/Links/TargetEndpoints/{i}"],
+                    detail=f"{link.odata_id} is not the endpoint of a chunk in MemoryChunkInfo.",
+                )
+        for t in targets:
+            _reachable(self.ctx, self.ctx.index.targets[t].device, host, "Links/InitiatorEndpoints/0")
+        conn_id = self.ctx.engine.state.allocate_id()
+        op = Operation(
+            kind=OperationKind.BIND,
+            style=BindStyle.CONNECTION,
+            fabric=fabric_id,
+            host=host,
+            targets=targets,
+            method="POST",
+            uri=self.uri,
+            body=request.body.decode("utf-8", "replace"),
+            connection=conn_id,
+            access=sorted(access),
+            create_connection=True,
+            name=body.Name,
+            description=body.Description,
+            success_status=201,
+            location=uris.connection(fabric_id, conn_id),
+        )
+        return await reply_for(self.ctx, op, request)
+
+
+class ConnectionNode(Node):
+    allow = ("GET", "HEAD", "DELETE")
+
+    def __init__(self, ctx: Context, fabric_id: str, conn_id: str) -> None:
+        super().__init__(ctx, uris.connection(fabric_id, conn_id))
+        self.fabric_id, self.conn_id = fabric_id, conn_id
+
+    def render(self) -> Connection:
+        record = self.ctx.engine.state.connections[self.conn_id]
+        chunks = [self.ctx.index.chunks[c] for c in record.chunks if c in self.ctx.engine.state.bindings]
+        devices = sorted({c.device for c in chunks})
+        return Connection(
+            odata_id=self.uri,
+            Id=self.conn_id,
+            Name=record.name or f"Connection {self.conn_id} to {record.host}",
+            Description=record.description,
+            ConnectionType="Memory",
+            Status=Status(),
+            MemoryChunkInfo=[
+                MemoryChunkInfo(
+                    AccessCapabilities=record.access, MemoryChunk=ref(uris.chunk(c.device, c.index))
+                )
+                for c in chunks
+            ],
+            Links=ConnectionLinks(
+                InitiatorEndpoints=[ref(uris.endpoint(self.fabric_id, record.host))],
+                TargetEndpoints=refs([uris.endpoint(self.fabric_id, d) for d in devices]),
+            ),
+        )
+
+    async def delete(self, request: Request) -> Reply:
+        record = self.ctx.engine.state.connections[self.conn_id]
+        op = Operation(
+            kind=OperationKind.UNBIND,
+            style=BindStyle.CONNECTION,
+            fabric=self.fabric_id,
+            host=record.host,
+            targets=[c for c in record.chunks if c in self.ctx.engine.state.bindings],
+            method="DELETE",
+            uri=self.uri,
+            connection=self.conn_id,
+            delete_connection=True,
+        )
+        return await reply_for(self.ctx, op, request)

@@ -1,0 +1,156 @@
+"""``/redfish/v1/Oem/FabricDRA``: the emulator's own admin resources, for tests and operators.
+
+* ``Bindings`` (GET): every binding — target, host, style, zone/connection, host-side names —
+  and every operation in flight, straight from the durable state. Tests use it to prove that
+  no device is ever bound to two hosts.
+* ``Faults`` (GET lists, POST injects one — see :mod:`emulator.redfish.faults` — DELETE resets
+  all) and ``Faults/{Id}`` (GET, DELETE).
+
+These resources are not linked from the service root (they are not part of any DMTF schema);
+faults such as slow or dropped responses never apply to them, so a test can always reset.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from .. import uris
+from ..faults import fault_adapter
+from ..http import Reply, Request
+from ..messages import RedfishError, message
+from ..nodes import Context, Node
+
+__all__ = ["OemNode"]
+
+
+class OemNode(Node):
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx, uris.OEM)
+
+    def render(self) -> dict[str, Any]:
+        return {
+            "@odata.id": self.uri,
+            "Id": "FabricDRA",
+            "Name": "fabric-dra emulator administration",
+            "Bindings": {"@odata.id": uris.OEM_BINDINGS},
+            "Faults": {"@odata.id": uris.OEM_FAULTS},
+        }
+
+    def child(self, segment: str) -> Node | None:
+        if segment == "Bindings":
+            return BindingsNode(self.ctx)
+        if segment == "Faults":
+            return FaultsNode(self.ctx)
+        return None
+
+
+class BindingsNode(Node):
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx, uris.OEM_BINDINGS)
+
+    def render(self) -> dict[str, Any]:
+        engine, index = self.ctx.engine, self.ctx.index
+        bindings = []
+        for target_id, b in sorted(engine.state.bindings.items()):
+            target = index.targets[target_id]
+            bindings.append(
+                {
+                    "Target": target_id,
+                    "Device": target.device.id,
+                    "Type": target.device.type.value,
+                    "Fabric": target.fabric,
+                    "Host": b.host,
+                    "Style": b.style.value,
+                    "Zone": b.zone,
+                    "Connection": b.connection,
+                    "Since": b.since.isoformat(),
+                    "HostAddress": b.address.model_dump(exclude_none=True),
+                    "VisibleToHost": engine.port_up(target.device.switch, b.host),
+                }
+            )
+        in_flight = []
+        for target_id, task_id in sorted(engine.inflight.items()):
+            task = engine.state.tasks[task_id]
+            in_flight.append(
+                {
+                    "Target": target_id,
+                    "Host": task.host,
+                    "Operation": task.kind.value,
+                    "Task": uris.task(task_id),
+                }
+            )
+        return {
+            "@odata.id": self.uri,
+            "Id": "Bindings",
+            "Name": "Bindings of the emulated fabric",
+            "StateVersion": engine.state.version,
+            "Bindings": bindings,
+            "InFlight": in_flight,
+        }
+
+
+class FaultsNode(Node):
+    allow = ("GET", "HEAD", "POST", "DELETE")
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx, uris.OEM_FAULTS)
+
+    def render(self) -> dict[str, Any]:
+        faults = self.ctx.engine.faults
+        return {
+            "@odata.id": self.uri,
+            "Id": "Faults",
+            "Name": "Injected faults",
+            "Members": [{"@odata.id": f"{self.uri}/{i}"} for i in faults],
+            "Members@odata.count": len(faults),
+            "Faults": [{"Id": i, **f.model_dump()} for i, f in faults.items()],
+        }
+
+    def child(self, segment: str) -> Node | None:
+        if segment in self.ctx.engine.faults:
+            return FaultNode(self.ctx, segment)
+        return None
+
+    async def post(self, request: Request) -> Reply:
+        data = request.json()
+        try:
+            fault = fault_adapter.validate_python(data)
+        except ValidationError as err:
+            errors = err.errors(include_url=False)
+            messages = [
+                message(
+                    "PropertyValueFormatError",
+                    str(e.get("input"))[:80],
+                    "/".join(str(p) for p in e["loc"]) or "Kind",
+                    detail=f"{'/'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}",
+                )
+                for e in errors
+            ] or [message("MalformedJSON")]
+            raise RedfishError(400, messages) from None
+        fault_id, outcome = await self.ctx.engine.add_fault(fault)
+        if fault_id is None:
+            return Reply(200, {"Kind": fault.Kind, "Result": outcome})
+        node = FaultNode(self.ctx, fault_id)
+        return Reply(201, node.payload(), {"Location": node.uri})
+
+    async def delete(self, request: Request) -> Reply:
+        count = await self.ctx.engine.remove_faults()
+        return Reply(200, {"Removed": count})
+
+
+class FaultNode(Node):
+    allow = ("GET", "HEAD", "DELETE")
+
+    def __init__(self, ctx: Context, fault_id: str) -> None:
+        super().__init__(ctx, f"{uris.OEM_FAULTS}/{fault_id}")
+        self.fault_id = fault_id
+
+    def render(self) -> dict[str, Any]:
+        fault = self.ctx.engine.faults[self.fault_id]
+        return {"@odata.id": self.uri, "Id": self.fault_id, **fault.model_dump()}
+
+    async def delete(self, request: Request) -> Reply:
+        await self.ctx.engine.remove_faults(self.fault_id)
+        return Reply(204)

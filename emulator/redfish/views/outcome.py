@@ -1,0 +1,19 @@
+"""The HTTP reply to a bind or unbind: its final response, or 202 with a task monitor."""
+
+from __future__ import annotations
+
+from ..engine import Operation
+from ..http import Reply, Request
+from ..nodes import Context
+from .tasks import task_reply
+
+__all__ = ["reply_for"]
+
+
+async def reply_for(ctx: Context, op: Operation, request: Request) -> Reply:
+    outcome = await ctx.engine.execute(op, force_task=request.prefers_async)
+    if outcome.task is not None:
+        return task_reply(ctx, outcome.task)
+    if outcome.status == 201 and outcome.location:
+        return Reply(201, ctx.engine.render(outcome.location), {"Location": outcome.location})
+    return Reply(outcome.status)

@@ -1,0 +1,506 @@
+"""The service root and the services around the fabric: sessions, accounts, events, registries,
+the manager, and the OData documents (service document and ``$metadata``)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dra_driver import __version__
+
+from .. import uris
+from ..http import Reply, Request, parse_body
+from ..messages import REGISTRIES, RedfishError
+from ..models import (
+    ALL_TYPES,
+    AccountService,
+    EventService,
+    Manager,
+    ManagerAccount,
+    ManagerAccountLinks,
+    ManagerLinks,
+    MessageRegistryFile,
+    ProtocolFeaturesSupported,
+    RegistryLocation,
+    Role,
+    ServiceRoot,
+    ServiceRootLinks,
+    Session,
+    SessionService,
+    SSEFilterPropertiesSupported,
+    Status,
+    ref,
+    refs,
+)
+from ..nodes import CollectionNode, Context, Node
+
+__all__ = [
+    "COLLECTION_TYPES",
+    "AccountServiceNode",
+    "EventServiceNode",
+    "EventStreamNode",
+    "ManagersNode",
+    "MetadataNode",
+    "ODataNode",
+    "RegistriesNode",
+    "ServiceRootNode",
+    "SessionServiceNode",
+    "metadata_document",
+]
+
+#: Every collection type the service serves; ``$metadata`` references their schemas.
+COLLECTION_TYPES = (
+    "ChassisCollection",
+    "ComputerSystemCollection",
+    "ConnectionCollection",
+    "CXLLogicalDeviceCollection",
+    "DriveCollection",
+    "EndpointCollection",
+    "EventDestinationCollection",
+    "FabricCollection",
+    "ManagerAccountCollection",
+    "ManagerCollection",
+    "MemoryChunksCollection",
+    "MemoryDomainCollection",
+    "MessageRegistryFileCollection",
+    "NetworkAdapterCollection",
+    "PCIeDeviceCollection",
+    "PCIeFunctionCollection",
+    "PortCollection",
+    "ProcessorCollection",
+    "ResourceBlockCollection",
+    "RoleCollection",
+    "SessionCollection",
+    "SwitchCollection",
+    "TaskCollection",
+    "ZoneCollection",
+)
+
+_ROLES = {
+    "Administrator": ["Login", "ConfigureManager", "ConfigureUsers", "ConfigureSelf", "ConfigureComponents"],
+    "Operator": ["Login", "ConfigureSelf", "ConfigureComponents"],
+    "ReadOnly": ["Login", "ConfigureSelf"],
+}
+
+_TOP_LEVEL = (
+    ("Systems", "/Systems"),
+    ("Chassis", "/Chassis"),
+    ("Fabrics", "/Fabrics"),
+    ("Managers", "/Managers"),
+    ("CompositionService", "/CompositionService"),
+    ("SessionService", "/SessionService"),
+    ("AccountService", "/AccountService"),
+    ("Tasks", "/TaskService"),
+    ("EventService", "/EventService"),
+    ("Registries", "/Registries"),
+)
+
+
+def _manager_uuid(ctx: Context) -> str:
+    return str(uuid.uuid5(uuid.UUID(ctx.service_uuid), "fabric-manager"))
+
+
+class ServiceRootNode(Node):
+    public = True
+
+    def __init__(self, ctx: Context, children: dict[str, Node]) -> None:
+        super().__init__(ctx, uris.ROOT)
+        self.children = children
+
+    def render(self) -> ServiceRoot:
+        return ServiceRoot(
+            odata_id=f"{uris.ROOT}/",
+            Id="RootService",
+            Name=self.ctx.service_name,
+            RedfishVersion="1.21.0",
+            UUID=self.ctx.service_uuid,
+            Vendor=self.ctx.vendor,
+            Product=self.ctx.product,
+            ProtocolFeaturesSupported=ProtocolFeaturesSupported(),
+            Systems=ref(f"{uris.ROOT}/Systems"),
+            Chassis=ref(f"{uris.ROOT}/Chassis"),
+            Fabrics=ref(f"{uris.ROOT}/Fabrics"),
+            Managers=ref(uris.MANAGERS),
+            CompositionService=ref(uris.COMPOSITION),
+            SessionService=ref(uris.SESSION_SERVICE),
+            AccountService=ref(uris.ACCOUNT_SERVICE),
+            Tasks=ref(uris.TASK_SERVICE),
+            EventService=ref(uris.EVENT_SERVICE),
+            Registries=ref(uris.REGISTRIES),
+            Links=ServiceRootLinks(Sessions=ref(uris.SESSIONS)),
+        )
+
+    def child(self, segment: str) -> Node | None:
+        return self.children.get(segment)
+
+
+class ODataNode(Node):
+    """The OData service document (DSP0266 "OData service document")."""
+
+    public = True
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx, f"{uris.ROOT}/odata")
+
+    def render(self) -> dict[str, Any]:
+        value = [{"name": "Service", "kind": "Singleton", "url": f"{uris.ROOT}/"}]
+        value += [
+            {"name": name, "kind": "Singleton", "url": f"{uris.ROOT}{path}"} for name, path in _TOP_LEVEL
+        ]
+        return {"@odata.context": f"{uris.ROOT}/$metadata", "value": value}
+
+
+def metadata_document() -> str:
+    """``$metadata``: a reference to every schema the payloads use (DSP0266 "Service metadata")."""
+    namespaces: dict[str, set[str]] = {}
+    for model in ALL_TYPES:
+        schema, version, _ = model.ODATA_TYPE.split(".")
+        namespaces.setdefault(schema, {schema}).add(f"{schema}.{version}")
+    for collection in COLLECTION_TYPES:
+        namespaces.setdefault(collection, {collection})
+    for schema in ("Resource", "Message", "Protocol", "PCIeDevice"):
+        namespaces.setdefault(schema, {schema})
+    namespaces["Resource"].add("Resource.v1_0_0")
+    lines = [
+        '<?xml version="1.0" encoding="UTF-8"?>',
+        '<edmx:Edmx xmlns:edmx="http://docs.oasis-open.org/odata/ns/edmx" Version="4.0">',
+    ]
+    for schema in sorted(namespaces):
+        lines.append(f'  <edmx:Reference Uri="http://redfish.dmtf.org/schemas/v1/{schema}_v1.xml">')
+        lines += [f'    <edmx:Include Namespace="{ns}"/>' for ns in sorted(namespaces[schema])]
+        lines.append("  </edmx:Reference>")
+    root_version = next(m for m in ALL_TYPES if m.__name__ == "ServiceRoot").ODATA_TYPE.rsplit(".", 1)[0]
+    lines += [
+        "  <edmx:DataServices>",
+        '    <Schema xmlns="http://docs.oasis-open.org/odata/ns/edm" Namespace="Service">',
+        f'      <EntityContainer Name="Service" Extends="{root_version}.ServiceContainer"/>',
+        "    </Schema>",
+        "  </edmx:DataServices>",
+        "</edmx:Edmx>",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+class MetadataNode(Node):
+    public = True
+    is_resource = False
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx, f"{uris.ROOT}/$metadata")
+        self.document = metadata_document().encode()
+
+    async def get(self, request: Request) -> Reply:
+        raise AssertionError("served by the application as XML")
+
+
+# --- sessions and accounts -------------------------------------------------------------------
+
+
+class _Login(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    UserName: str
+    Password: str
+    Context: str | None = Field(default=None, max_length=256)
+
+
+class _SessionServicePatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    SessionTimeout: int | None = None
+
+
+class SessionServiceNode(Node):
+    allow = ("GET", "HEAD", "PATCH")
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx, uris.SESSION_SERVICE)
+
+    def render(self) -> SessionService:
+        return SessionService(
+            odata_id=self.uri,
+            Id="SessionService",
+            Name="Session Service",
+            Status=Status(),
+            ServiceEnabled=True,
+            SessionTimeout=self.ctx.sessions.timeout_seconds,
+            Sessions=ref(uris.SESSIONS),
+        )
+
+    async def patch(self, request: Request) -> Reply:
+        body = parse_body(_SessionServicePatch, request.json())
+        if body.SessionTimeout is not None:
+            # SessionService v1_0: SessionTimeout is between 30 and 86400 seconds
+            if not 30 <= body.SessionTimeout <= 86400:
+                raise RedfishError.of(
+                    400,
+                    "PropertyValueOutOfRange",
+                    body.SessionTimeout,
+                    "SessionTimeout",
+                    related=["/SessionTimeout"],
+                )
+            self.ctx.sessions.timeout_seconds = body.SessionTimeout
+            self.ctx.revision.bump()
+        return Reply(200, self.payload())
+
+    def child(self, segment: str) -> Node | None:
+        if segment == "Sessions":
+            return SessionsNode(self.ctx)
+        return None
+
+
+class SessionsNode(CollectionNode):
+    public_post = True
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(
+            ctx,
+            uris.SESSIONS,
+            "SessionCollection",
+            "Sessions",
+            ctx.sessions.ids,
+            lambda s: SessionNode(ctx, s) if ctx.sessions.get(s) else None,
+            on_post=self._login,
+        )
+
+    async def _login(self, request: Request) -> Reply:
+        body = parse_body(_Login, request.json())
+        account = self.ctx.account
+        if account is not None and not account.check(body.UserName, body.Password):
+            raise RedfishError.of(401, "NoValidSession", detail="Wrong user name or password.")
+        info = self.ctx.sessions.create(body.UserName, request.client)
+        if info is None:
+            raise RedfishError.of(
+                503, "CreateLimitReachedForResource", detail="Too many open sessions; delete unused ones."
+            )
+        self.ctx.revision.bump()
+        node = SessionNode(self.ctx, info.id)
+        return Reply(201, node.payload(), {"X-Auth-Token": info.token, "Location": node.uri})
+
+
+class SessionNode(Node):
+    allow = ("GET", "HEAD", "DELETE")
+
+    def __init__(self, ctx: Context, session_id: str) -> None:
+        super().__init__(ctx, f"{uris.SESSIONS}/{session_id}")
+        self.session_id = session_id
+
+    def render(self) -> Session:
+        info = self.ctx.sessions.get(self.session_id)
+        if info is None:
+            raise RedfishError.of(404, "ResourceNotFound", "Session", self.session_id)
+        return Session(
+            odata_id=self.uri,
+            Id=info.id,
+            Name=f"Session of {info.username}",
+            UserName=info.username,
+            CreatedTime=info.created,
+            ClientOriginIPAddress=info.origin,
+        )
+
+    async def delete(self, request: Request) -> Reply:
+        self.ctx.sessions.delete(self.session_id)
+        self.ctx.revision.bump()
+        return Reply(204)
+
+
+class AccountServiceNode(Node):
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx, uris.ACCOUNT_SERVICE)
+
+    def render(self) -> AccountService:
+        return AccountService(
+            odata_id=self.uri,
+            Id="AccountService",
+            Name="Account Service",
+            Status=Status(),
+            MinPasswordLength=8,
+            Accounts=ref(uris.ACCOUNTS),
+            Roles=ref(uris.ROLES),
+        )
+
+    def child(self, segment: str) -> Node | None:
+        ctx = self.ctx
+        if segment == "Accounts":
+            ids = ["1"] if ctx.account is not None else []
+            return CollectionNode(
+                ctx,
+                uris.ACCOUNTS,
+                "ManagerAccountCollection",
+                "Accounts",
+                lambda: ids,
+                lambda a: AccountNode(ctx) if a in ids else None,
+            )
+        if segment == "Roles":
+            return CollectionNode(
+                ctx,
+                uris.ROLES,
+                "RoleCollection",
+                "Roles",
+                lambda: list(_ROLES),
+                lambda r: RoleNode(ctx, r) if r in _ROLES else None,
+            )
+        return None
+
+
+class AccountNode(Node):
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx, f"{uris.ACCOUNTS}/1")
+
+    def render(self) -> ManagerAccount:
+        assert self.ctx.account is not None
+        return ManagerAccount(
+            odata_id=self.uri,
+            Id="1",
+            Name="Fabric administrator",
+            UserName=self.ctx.account.username,
+            RoleId=self.ctx.account.role,
+            AccountTypes=["Redfish"],
+            Links=ManagerAccountLinks(Role=ref(f"{uris.ROLES}/{self.ctx.account.role}")),
+        )
+
+
+class RoleNode(Node):
+    def __init__(self, ctx: Context, role: str) -> None:
+        super().__init__(ctx, f"{uris.ROLES}/{role}")
+        self.role = role
+
+    def render(self) -> Role:
+        return Role(
+            odata_id=self.uri,
+            Id=self.role,
+            Name=f"{self.role} role",
+            RoleId=self.role,
+            AssignedPrivileges=_ROLES[self.role],
+        )
+
+
+# --- events, registries, manager --------------------------------------------------------------
+
+
+class EventStreamNode(Node):
+    """``GET /redfish/v1/EventService/SSE``: served as a stream by the application."""
+
+    is_resource = False
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx, uris.SSE)
+
+
+class EventServiceNode(Node):
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx, uris.EVENT_SERVICE)
+
+    def render(self) -> EventService:
+        return EventService(
+            odata_id=self.uri,
+            Id="EventService",
+            Name="Event Service",
+            Description="Fabric events as Server-Sent Events; push subscriptions are not offered",
+            Status=Status(),
+            ServerSentEventUri=uris.SSE,
+            SSEFilterPropertiesSupported=SSEFilterPropertiesSupported(),
+            RegistryPrefixes=sorted(REGISTRIES),
+            ResourceTypes=sorted(
+                {
+                    "Endpoint",
+                    "Zone",
+                    "Connection",
+                    "ComputerSystem",
+                    "ResourceBlock",
+                    "Task",
+                    "Port",
+                    "PCIeDevice",
+                    "MemoryChunks",
+                }
+            ),
+            Subscriptions=ref(f"{self.uri}/Subscriptions"),
+        )
+
+    def child(self, segment: str) -> Node | None:
+        if segment == "SSE":
+            return EventStreamNode(self.ctx)
+        if segment == "Subscriptions":
+            return CollectionNode(
+                self.ctx,
+                f"{self.uri}/Subscriptions",
+                "EventDestinationCollection",
+                "Event subscriptions",
+                lambda: [],
+                lambda _s: None,
+            )
+        return None
+
+
+class RegistriesNode(CollectionNode):
+    def __init__(self, ctx: Context) -> None:
+        files = {f"{prefix}.{version}": prefix for prefix, version in REGISTRIES.items()}
+        super().__init__(
+            ctx,
+            uris.REGISTRIES,
+            "MessageRegistryFileCollection",
+            "Message registries",
+            lambda: sorted(files),
+            lambda r: RegistryFileNode(ctx, r, files[r]) if r in files else None,
+        )
+
+
+class RegistryFileNode(Node):
+    def __init__(self, ctx: Context, file_id: str, prefix: str) -> None:
+        super().__init__(ctx, f"{uris.REGISTRIES}/{file_id}")
+        self.file_id, self.prefix = file_id, prefix
+
+    def render(self) -> MessageRegistryFile:
+        major, minor, _ = REGISTRIES[self.prefix].split(".")
+        return MessageRegistryFile(
+            odata_id=self.uri,
+            Id=self.file_id,
+            Name=f"{self.prefix} message registry",
+            Languages=["en"],
+            Registry=f"{self.prefix}.{major}.{minor}",
+            Location=[
+                RegistryLocation(PublicationUri=f"https://redfish.dmtf.org/registries/{self.file_id}.json")
+            ],
+        )
+
+
+class ManagersNode(CollectionNode):
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(
+            ctx,
+            uris.MANAGERS,
+            "ManagerCollection",
+            "Managers",
+            lambda: ["FabricManager"],
+            lambda m: ManagerNode(ctx) if m == "FabricManager" else None,
+        )
+
+
+class ManagerNode(Node):
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx, uris.MANAGER)
+
+    def render(self) -> Manager:
+        index = self.ctx.index
+        return Manager(
+            odata_id=self.uri,
+            Id="FabricManager",
+            Name="Fabric manager",
+            Description="The emulated fabric's management service",
+            ManagerType="FabricManager",
+            UUID=_manager_uuid(self.ctx),
+            Model="fabric-dra emulator",
+            FirmwareVersion=__version__,
+            ServiceEntryPointUUID=self.ctx.service_uuid,
+            Status=Status(),
+            Links=ManagerLinks(
+                ManagerForChassis=refs(
+                    [
+                        uris.chassis(c)
+                        for c in list(index.switches) + [d.id for d in index.devices.values() if d.chunks]
+                    ]
+                ),
+                ManagerForSwitches=refs([uris.switch(s.fabric, s.id) for s in index.switches.values()]),
+                ManagerForServers=refs([uris.system(h) for h in index.hosts]),
+            ),
+        )

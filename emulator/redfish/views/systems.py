@@ -1,0 +1,291 @@
+"""``/redfish/v1/Systems``: one ComputerSystem per host, showing what is bound to it.
+
+A host's system lists its bound PCIe devices (``PCIeDevices``, ``PCIeFunctions``), its bound
+GPUs and FPGAs as Processors, its CXL memory chunks under ``MemoryDomains/CXL``, and the
+resource blocks composed into it (``Links.ResourceBlocks``) — whichever style bound them.
+``#ComputerSystem.AddResourceBlock`` / ``RemoveResourceBlock`` (the expandable-system use case
+of DSP2050) bind and unbind a pooled device's resource block.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from fabric.api import DeviceType
+
+from ...topology import Device
+from .. import uris
+from ..engine import Operation
+from ..http import Reply, Request, parse_body
+from ..messages import RedfishError
+from ..models import (
+    Composition,
+    ComputerSystem,
+    ComputerSystemLinks,
+    MemoryChunks,
+    MemoryChunksLinks,
+    MemoryDomain,
+    Processor,
+    ProcessorLinks,
+    ProcessorSummary,
+    Status,
+    ref,
+    refs,
+)
+from ..nodes import CollectionNode, Context, Node, actions
+from ..state import BindStyle, OperationKind
+from .chassis import processor_model
+from .common import LinkIn, device_status, function_uri, link_id, logical_device_uri
+from .etags import check_action_etag
+from .outcome import reply_for
+
+__all__ = ["SystemsNode"]
+
+_MIB = 1 << 20
+
+
+class SystemsNode(CollectionNode):
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(
+            ctx,
+            f"{uris.ROOT}/Systems",
+            "ComputerSystemCollection",
+            "Computer systems (fabric hosts)",
+            lambda: list(ctx.index.hosts),
+            lambda h: SystemNode(ctx, h) if h in ctx.index.hosts else None,
+        )
+
+
+class _BlockParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ResourceBlock: LinkIn
+    ResourceBlockETag: str | None = None
+    ComputerSystemETag: str | None = None
+
+
+class SystemNode(Node):
+    def __init__(self, ctx: Context, host: str) -> None:
+        super().__init__(ctx, uris.system(host))
+        self.host = host
+
+    def bound_devices(self) -> list[Device]:
+        """Devices with anything bound to this host (a CXL device counts once per host)."""
+        seen: dict[str, Device] = {}
+        for binding in self.ctx.engine.host_bindings(self.host):
+            device = self.ctx.index.targets[binding.target].device
+            seen.setdefault(device.id, device)
+        return list(seen.values())
+
+    def render(self) -> ComputerSystem:
+        info = self.ctx.index.hosts[self.host]
+        devices = self.bound_devices()
+        pcie = [d for d in devices if d.type != DeviceType.CXL_MEMORY]
+        processors = [d for d in pcie if d.type in (DeviceType.GPU, DeviceType.FPGA)]
+        endpoints = [
+            uris.endpoint(f, self.host)
+            for f in self.ctx.index.fabrics()
+            if any(self.host in s.upstream_ports for s in self.ctx.index.fabric_switches(f))
+        ]
+        return ComputerSystem(
+            odata_id=self.uri,
+            Id=self.host,
+            Name=self.host,
+            Description=f"Fabric host {self.host} (Kubernetes node {self.host})",
+            UUID=str(info.uuid),
+            HostName=self.host,
+            Status=Status(),
+            Composition=Composition(UseCases=["ExpandableSystem"]),
+            ProcessorSummary=ProcessorSummary(Count=1 + len(processors)),
+            Processors=ref(f"{self.uri}/Processors"),
+            MemoryDomains=ref(f"{self.uri}/MemoryDomains"),
+            PCIeDevices=refs([uris.pcie_device(d) for d in devices]),
+            PCIeFunctions=refs([function_uri(d) for d in devices]),
+            Links=ComputerSystemLinks(
+                ResourceBlocks=refs([uris.resource_block(d.id) for d in pcie]),
+                Endpoints=refs(endpoints),
+                ManagedBy=[ref(uris.MANAGER)],
+            ),
+            Actions=actions(
+                self.uri, "ComputerSystem.AddResourceBlock", "ComputerSystem.RemoveResourceBlock"
+            ),
+        )
+
+    def child(self, segment: str) -> Node | None:
+        ctx = self.ctx
+        if segment == "Processors":
+
+            def ids() -> list[str]:
+                return ["CPU0"] + [
+                    d.id for d in self.bound_devices() if d.type in (DeviceType.GPU, DeviceType.FPGA)
+                ]
+
+            return CollectionNode(
+                ctx,
+                f"{self.uri}/Processors",
+                "ProcessorCollection",
+                f"Processors of {self.host}",
+                ids,
+                lambda p: SystemProcessorNode(ctx, self, p) if p in ids() else None,
+            )
+        if segment == "MemoryDomains":
+            return CollectionNode(
+                ctx,
+                f"{self.uri}/MemoryDomains",
+                "MemoryDomainCollection",
+                f"Memory domains of {self.host}",
+                lambda: ["CXL"],
+                lambda m: SystemMemoryDomainNode(ctx, self) if m == "CXL" else None,
+            )
+        return self.actions_child(segment)
+
+    def action_names(self) -> tuple[str, ...]:
+        return ("ComputerSystem.AddResourceBlock", "ComputerSystem.RemoveResourceBlock")
+
+    async def action(self, name: str, request: Request) -> Reply:
+        from .composition import ResourceBlockNode  # the two views link to each other
+
+        params = parse_body(_BlockParams, request.json(), action=name)
+        block_id = link_id(params.ResourceBlock.odata_id, uris.RESOURCE_BLOCKS)
+        device = self.ctx.index.devices.get(block_id or "")
+        if device is None or device.type == DeviceType.CXL_MEMORY:
+            raise RedfishError.of(
+                400,
+                "ResourceNotFound",
+                "ResourceBlock",
+                params.ResourceBlock.odata_id,
+                related=["/ResourceBlock"],
+                detail=f"{params.ResourceBlock.odata_id} is not a resource block of this service.",
+            )
+        check_action_etag(self, params.ComputerSystemETag, "ComputerSystemETag")
+        check_action_etag(ResourceBlockNode(self.ctx, device), params.ResourceBlockETag, "ResourceBlockETag")
+        adding = name == "ComputerSystem.AddResourceBlock"
+        if adding and not self.ctx.index.host_reaches(self.host, device):
+            raise RedfishError.of(
+                400,
+                "ActionParameterValueError",
+                "ResourceBlock",
+                name,
+                related=["/ResourceBlock"],
+                detail=f"{device.id} hangs off {device.switch}, which is not cabled to {self.host}.",
+            )
+        binding = self.ctx.engine.binding(device.id)
+        if not adding and (binding is None or binding.host != self.host):
+            raise RedfishError.of(
+                400,
+                "ActionParameterValueError",
+                "ResourceBlock",
+                name,
+                related=["/ResourceBlock"],
+                detail=f"{device.id} is not composed into {self.host}.",
+            )
+        op = Operation(
+            kind=OperationKind.BIND if adding else OperationKind.UNBIND,
+            style=BindStyle.COMPOSITION,
+            fabric=device.fabric,
+            host=self.host,
+            targets=[device.id],
+            method="POST",
+            uri=f"{self.uri}/Actions/{name}",
+            body=request.body.decode("utf-8", "replace"),
+            # composition binds join the host's own zone, so the zone view agrees
+            zone=self.host if adding else (binding.zone if binding else None),
+        )
+        return await reply_for(self.ctx, op, request)
+
+
+class SystemProcessorNode(Node):
+    def __init__(self, ctx: Context, system: SystemNode, processor_id: str) -> None:
+        super().__init__(ctx, f"{system.uri}/Processors/{processor_id}")
+        self.system, self.processor_id = system, processor_id
+
+    def render(self) -> Processor:
+        if self.processor_id == "CPU0":
+            return Processor(
+                odata_id=self.uri,
+                Id="CPU0",
+                Name="Host CPU",
+                ProcessorType="CPU",
+                Manufacturer="fabric-dra",
+                Model="Emulated host processor",
+                Status=Status(),
+                Links=ProcessorLinks(
+                    Endpoints=refs(
+                        [
+                            uris.endpoint(f, self.system.host)
+                            for f in self.ctx.index.fabrics()
+                            if any(
+                                self.system.host in s.upstream_ports
+                                for s in self.ctx.index.fabric_switches(f)
+                            )
+                        ]
+                    )
+                ),
+            )
+        device = self.ctx.index.devices[self.processor_id]
+        return processor_model(self.ctx, device, self.uri)
+
+
+class SystemMemoryDomainNode(Node):
+    def __init__(self, ctx: Context, system: SystemNode) -> None:
+        super().__init__(ctx, f"{system.uri}/MemoryDomains/CXL")
+        self.system = system
+
+    def _chunks(self) -> dict[str, str]:
+        """Chunk target Id → its Id in this domain (the target Id)."""
+        return {
+            b.target: b.target
+            for b in self.ctx.engine.host_bindings(self.system.host)
+            if self.ctx.index.targets[b.target].chunk is not None
+        }
+
+    def render(self) -> MemoryDomain:
+        size = sum(self.ctx.index.chunks[c].size_bytes for c in self._chunks()) // _MIB
+        return MemoryDomain(
+            odata_id=self.uri,
+            Id="CXL",
+            Name="CXL memory",
+            Description=f"Pooled CXL memory chunks bound to {self.system.host}",
+            Status=Status(),
+            MemoryChunks=ref(f"{self.uri}/MemoryChunks"),
+            MemorySizeMiB=size,
+        )
+
+    def child(self, segment: str) -> Node | None:
+        if segment != "MemoryChunks":
+            return None
+        ctx = self.ctx
+        return CollectionNode(
+            ctx,
+            f"{self.uri}/MemoryChunks",
+            "MemoryChunksCollection",
+            f"CXL memory chunks of {self.system.host}",
+            lambda: sorted(self._chunks()),
+            lambda c: SystemChunkNode(ctx, self, c) if c in self._chunks() else None,
+        )
+
+
+class SystemChunkNode(Node):
+    def __init__(self, ctx: Context, domain: SystemMemoryDomainNode, chunk_id: str) -> None:
+        super().__init__(ctx, f"{domain.uri}/MemoryChunks/{chunk_id}")
+        self.domain, self.chunk_id = domain, chunk_id
+
+    def render(self) -> MemoryChunks:
+        chunk = self.ctx.index.chunks[self.chunk_id]
+        device = self.ctx.index.devices[chunk.device]
+        host_chunks = sorted(self.domain._chunks())
+        offset = sum(
+            self.ctx.index.chunks[c].size_bytes for c in host_chunks[: host_chunks.index(self.chunk_id)]
+        )
+        return MemoryChunks(
+            odata_id=self.uri,
+            Id=self.chunk_id,
+            Name=f"{self.chunk_id} of {device.id}",
+            Status=device_status(self.ctx, device),
+            MemoryChunkSizeMiB=chunk.size_mib,
+            AddressRangeOffsetMiB=offset // _MIB,
+            MediaLocation="Remote",
+            Links=MemoryChunksLinks(
+                CXLLogicalDevices=[ref(logical_device_uri(device))],
+                Endpoints=[ref(uris.endpoint(device.fabric, device.id))],
+            ),
+        )

@@ -1,0 +1,127 @@
+"""``/redfish/v1/TaskService``: tasks and their monitors (DSP0266 "Asynchronous operations").
+
+A mutation that runs as a task answers ``202 Accepted`` with ``Location`` = its task monitor
+and ``Retry-After``. ``GET`` on the monitor answers 202 (with the Task) while the task runs,
+then the operation's own final response — status, ``Location`` and body, or the Redfish
+error. The monitor keeps answering that until the task record is pruned (the newest 256
+finished tasks are kept). ``DELETE`` on the monitor of a running task cancels it.
+"""
+
+from __future__ import annotations
+
+from .. import uris
+from ..http import Reply, Request
+from ..models import Status, Task, TaskPayload, TaskService, ref
+from ..nodes import CollectionNode, Context, Node
+from ..state import TaskRecord
+
+__all__ = ["TaskServiceNode", "task_model"]
+
+
+def _stamp(value: object) -> str | None:
+    if value is None:
+        return None
+    text = value.isoformat(timespec="seconds") if hasattr(value, "isoformat") else str(value)
+    return text.replace("+00:00", "Z")
+
+
+def task_model(task: TaskRecord) -> Task:
+    devices = ", ".join(task.targets) or "(no devices)"
+    direction = "to" if task.kind.value == "bind" else "from"
+    return Task(
+        odata_id=uris.task(task.id),
+        Id=task.id,
+        Name=f"Task {task.id}: {task.kind.value} {devices} {direction} {task.host}",
+        TaskState=task.state,
+        TaskStatus=task.status,
+        StartTime=_stamp(task.start) or "",
+        EndTime=_stamp(task.end),
+        PercentComplete=task.percent,
+        TaskMonitor=uris.task_monitor(task.id),
+        Payload=TaskPayload(
+            HttpOperation=task.method,
+            TargetUri=task.uri,
+            JsonBody=task.body,
+            HttpHeaders=[],
+        ),
+        Messages=task.messages,
+    )
+
+
+def task_reply(ctx: Context, task: TaskRecord) -> Reply:
+    """202 while running; the recorded final response afterwards."""
+    if not task.finished or task.result is None:
+        return Reply(
+            202,
+            task_model(task).payload(),
+            {
+                "Location": uris.task_monitor(task.id),
+                "Retry-After": str(ctx.engine.latency.retry_after_seconds),
+            },
+        )
+    headers = {"Location": task.result.location} if task.result.location else {}
+    return Reply(task.result.status, task.result.body, headers)
+
+
+class TaskNode(Node):
+    def __init__(self, ctx: Context, task_id: str) -> None:
+        super().__init__(ctx, uris.task(task_id))
+        self.task_id = task_id
+
+    def render(self) -> Task:
+        return task_model(self.ctx.engine.state.tasks[self.task_id])
+
+
+class TaskMonitorNode(Node):
+    allow = ("GET", "HEAD", "DELETE")
+    is_resource = False
+
+    def __init__(self, ctx: Context, task_id: str) -> None:
+        super().__init__(ctx, uris.task_monitor(task_id))
+        self.task_id = task_id
+
+    async def get(self, request: Request) -> Reply:
+        return task_reply(self.ctx, self.ctx.engine.state.tasks[self.task_id])
+
+    async def delete(self, request: Request) -> Reply:
+        await self.ctx.engine.cancel_task(self.task_id)
+        return Reply(204)
+
+
+class _MonitorsSegment(Node):
+    allow = ()
+    is_resource = False
+
+    def child(self, segment: str) -> Node | None:
+        if segment in self.ctx.engine.state.tasks:
+            return TaskMonitorNode(self.ctx, segment)
+        return None
+
+
+class TaskServiceNode(Node):
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx, uris.TASK_SERVICE)
+
+    def render(self) -> TaskService:
+        return TaskService(
+            odata_id=self.uri,
+            Id="TaskService",
+            Name="Task Service",
+            Status=Status(),
+            Tasks=ref(uris.TASKS),
+        )
+
+    def child(self, segment: str) -> Node | None:
+        ctx = self.ctx
+        if segment == "Tasks":
+            return CollectionNode(
+                ctx,
+                uris.TASKS,
+                "TaskCollection",
+                "Tasks",
+                lambda: sorted(ctx.engine.state.tasks, key=lambda t: int(t) if t.isdigit() else 0),
+                lambda t: TaskNode(ctx, t) if t in ctx.engine.state.tasks else None,
+            )
+        if segment == "TaskMonitors":
+            return _MonitorsSegment(ctx, uris.TASK_MONITORS)
+        return None

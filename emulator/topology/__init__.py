@@ -1,0 +1,118 @@
+"""Emulated fabric topologies: the file format, its checks, the shipped default and a generator.
+
+>>> index = load_topology(default_topology_path())
+>>> sorted(index.hosts)[:2]
+['kind-worker', 'kind-worker2']
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from .index import (
+    FABRIC_CXL,
+    FABRIC_PCIE,
+    Chunk,
+    Device,
+    FabricIndex,
+    HostInfo,
+    Problem,
+    SwitchInfo,
+    Target,
+    check_references,
+)
+from .model import Topology
+
+__all__ = [
+    "FABRIC_CXL",
+    "FABRIC_PCIE",
+    "Chunk",
+    "Device",
+    "FabricIndex",
+    "HostInfo",
+    "Problem",
+    "SwitchInfo",
+    "Target",
+    "Topology",
+    "TopologyError",
+    "default_topology_path",
+    "load_topology",
+    "parse_topology",
+]
+
+
+class TopologyError(ValueError):
+    """A topology file that cannot be used; ``problems`` name each field and what is wrong."""
+
+    def __init__(self, source: str, problems: list[Problem]) -> None:
+        self.source = source
+        self.problems = problems
+        first = problems[0] if problems else Problem("", "invalid")
+        more = (
+            f" (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''})"
+            if len(problems) > 1
+            else ""
+        )
+        super().__init__(f"topology {source}: {first}{more}")
+
+    def details(self) -> str:
+        return "\n".join(f"  {p}" for p in self.problems)
+
+
+def default_topology_path() -> Path:
+    """The topology shipped with the package: 4 kind-style hosts, 2 PCIe switches, a CXL pool."""
+    return Path(str(resources.files("emulator.topology").joinpath("default.yaml")))
+
+
+def _loc(parts: tuple[int | str, ...]) -> str:
+    text = ""
+    for part in parts:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += f".{part}" if text else str(part)
+    return text
+
+
+def parse_topology(data: Any, source: str = "<data>") -> FabricIndex:
+    """Validate already-decoded YAML/JSON and index it; raises :class:`TopologyError`."""
+    if not isinstance(data, dict):
+        raise TopologyError(
+            source, [Problem("", "the file must hold a mapping (version, service, hosts, ...)")]
+        )
+    try:
+        topology = Topology.model_validate(data)
+    except ValidationError as err:
+        problems = [Problem(_loc(e["loc"]), e["msg"]) for e in err.errors(include_url=False)]
+        raise TopologyError(source, problems) from None
+    problems = check_references(topology)
+    if problems:
+        raise TopologyError(source, problems)
+    return FabricIndex.build(topology)
+
+
+def load_topology(path: str | Path) -> FabricIndex:
+    """Read a topology file (YAML or JSON) and index it; raises :class:`TopologyError`."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise TopologyError(source, [Problem("", f"cannot read the file: {err.strerror or err}")]) from None
+    try:
+        data = json.loads(text) if source.endswith(".json") else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as err:
+        where = ""
+        mark = getattr(err, "problem_mark", None)
+        if mark is not None:
+            where = f"line {mark.line + 1}, column {mark.column + 1}: "
+        elif isinstance(err, json.JSONDecodeError):
+            where = f"line {err.lineno}, column {err.colno}: "
+        reason = getattr(err, "problem", None) or getattr(err, "msg", None) or str(err)
+        raise TopologyError(source, [Problem("", f"not valid YAML/JSON: {where}{reason}")]) from None
+    return parse_topology(data, source)

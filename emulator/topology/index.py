@@ -1,0 +1,278 @@
+"""A checked, indexed view of a :class:`~emulator.topology.model.Topology`.
+
+Everything the Redfish service needs to look up per request — a host by name, a device or a
+CXL memory chunk by Id, the switch port a device hangs off — is computed here once, after the
+cross references of the file were checked.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from fabric.api import DeviceType
+
+from .model import PCIE_DEVICE_TYPES, CxlDevice, DeviceModel, PcieDevice, Topology
+
+__all__ = [
+    "FABRIC_CXL",
+    "FABRIC_PCIE",
+    "Chunk",
+    "Device",
+    "FabricIndex",
+    "HostInfo",
+    "Problem",
+    "SwitchInfo",
+    "Target",
+    "check_references",
+]
+
+#: Redfish Fabric Ids; pools are named after them (``fabric-pcie``, ``fabric-cxl``).
+FABRIC_PCIE = "PCIe"
+FABRIC_CXL = "CXL"
+
+_MIB = 1 << 20
+_FABRIC_OF_SECTION = {"pcie": FABRIC_PCIE, "cxl": FABRIC_CXL}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong in a topology file: where (dotted path) and what."""
+
+    loc: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.loc}: {self.message}" if self.loc else self.message
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    name: str
+    uuid: uuid.UUID
+    numa_node: int
+    index: int
+
+
+@dataclass(frozen=True)
+class SwitchInfo:
+    id: str
+    fabric: str
+    manufacturer: str
+    model: str
+    #: host name → upstream port Id, in host order
+    upstream_ports: dict[str, str]
+    #: device Ids in the order of the file
+    devices: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One allocatable slice of a CXL Type-3 device's memory."""
+
+    id: str
+    device: str
+    index: int
+    size_bytes: int
+    offset_bytes: int
+
+    @property
+    def size_mib(self) -> int:
+        return self.size_bytes // _MIB
+
+
+@dataclass(frozen=True)
+class Device:
+    id: str
+    fabric: str
+    type: DeviceType
+    switch: str
+    port: str
+    model_key: str
+    model: DeviceModel
+    serial: str
+    uuid: uuid.UUID | None
+    chunks: tuple[Chunk, ...] = ()
+
+    @property
+    def subsystem_vendor_id(self) -> int:
+        return (
+            self.model.subsystem_vendor_id
+            if self.model.subsystem_vendor_id is not None
+            else self.model.vendor_id
+        )
+
+
+@dataclass(frozen=True)
+class Target:
+    """What one bind request moves: a whole PCIe device, or one CXL memory chunk."""
+
+    id: str
+    device: Device
+    chunk: Chunk | None = None
+
+    @property
+    def fabric(self) -> str:
+        return self.device.fabric
+
+
+@dataclass
+class FabricIndex:
+    topology: Topology
+    hosts: dict[str, HostInfo] = field(default_factory=dict)
+    switches: dict[str, SwitchInfo] = field(default_factory=dict)
+    devices: dict[str, Device] = field(default_factory=dict)
+    chunks: dict[str, Chunk] = field(default_factory=dict)
+    targets: dict[str, Target] = field(default_factory=dict)
+
+    def fabric_switches(self, fabric: str) -> Iterator[SwitchInfo]:
+        return (s for s in self.switches.values() if s.fabric == fabric)
+
+    def fabric_devices(self, fabric: str) -> Iterator[Device]:
+        return (d for d in self.devices.values() if d.fabric == fabric)
+
+    def fabrics(self) -> list[str]:
+        present = {s.fabric for s in self.switches.values()}
+        return [f for f in (FABRIC_PCIE, FABRIC_CXL) if f in present]
+
+    def host_reaches(self, host: str, device: Device) -> bool:
+        return host in self.switches[device.switch].upstream_ports
+
+    @classmethod
+    def build(cls, topology: Topology) -> FabricIndex:
+        """Index a topology whose references :func:`check_references` found sound."""
+        index = cls(topology=topology)
+        for i, host in enumerate(topology.hosts):
+            index.hosts[host.name] = HostInfo(host.name, host.uuid, host.numa_node, i)
+        all_hosts = [h.name for h in topology.hosts]
+        for section, switches in topology.switch_sections():
+            fabric = _FABRIC_OF_SECTION[section]
+            for sw in switches:
+                cabled = sw.hosts if sw.hosts is not None else all_hosts
+                ids = []
+                for n, dev in enumerate(sw.device_list()):
+                    model = topology.models[dev.model]
+                    chunks: tuple[Chunk, ...] = ()
+                    if isinstance(dev, CxlDevice):
+                        size = int(model.memory or 0) // dev.chunks
+                        chunks = tuple(
+                            Chunk(f"{dev.id}-chunk{c}", dev.id, c, size, c * size) for c in range(dev.chunks)
+                        )
+                    device = Device(
+                        id=dev.id,
+                        fabric=fabric,
+                        type=model.type,
+                        switch=sw.id,
+                        port=dev.port or f"DP{n}",
+                        model_key=dev.model,
+                        model=model,
+                        serial=dev.serial,
+                        uuid=dev.uuid if isinstance(dev, PcieDevice) else None,
+                        chunks=chunks,
+                    )
+                    index.devices[dev.id] = device
+                    ids.append(dev.id)
+                    for chunk in chunks:
+                        index.chunks[chunk.id] = chunk
+                        index.targets[chunk.id] = Target(chunk.id, device, chunk)
+                    if not chunks:
+                        index.targets[dev.id] = Target(dev.id, device)
+                index.switches[sw.id] = SwitchInfo(
+                    id=sw.id,
+                    fabric=fabric,
+                    manufacturer=sw.manufacturer,
+                    model=sw.model,
+                    upstream_ports={h: f"UP{n}" for n, h in enumerate(cabled)},
+                    devices=tuple(ids),
+                )
+        return index
+
+
+def check_references(topology: Topology) -> list[Problem]:
+    """Everything pydantic cannot see: references between sections, uniqueness, sizes."""
+    problems: list[Problem] = []
+    host_names: dict[str, int] = {}
+    host_uuids: set[uuid.UUID] = set()
+    for i, host in enumerate(topology.hosts):
+        if host.name in host_names:
+            problems.append(Problem(f"hosts[{i}].name", f"duplicate host {host.name!r}"))
+        host_names.setdefault(host.name, i)
+        if host.uuid in host_uuids:
+            problems.append(Problem(f"hosts[{i}].uuid", f"UUID {host.uuid} is used by another host"))
+        host_uuids.add(host.uuid)
+
+    for key, model in topology.models.items():
+        if model.type == DeviceType.OTHER:
+            problems.append(Problem(f"models.{key}.type", "must be one of gpu, nvme, nic, fpga, cxl-memory"))
+        if model.type == DeviceType.CXL_MEMORY and not model.memory:
+            problems.append(Problem(f"models.{key}.memory", "a cxl-memory model needs its capacity"))
+
+    # Host names and device/chunk Ids share one namespace: both are Endpoint Ids in a fabric.
+    seen_ids: dict[str, str] = {name: f"hosts[{i}].name" for name, i in host_names.items()}
+    serials: dict[str, str] = {}
+
+    def claim_id(ident: str, loc: str) -> None:
+        if ident in seen_ids:
+            problems.append(Problem(loc, f"Id {ident!r} is already used at {seen_ids[ident]}"))
+        else:
+            seen_ids[ident] = loc
+
+    for section, switches in topology.switch_sections():
+        switch_ids: set[str] = set()
+        for s, sw in enumerate(switches):
+            sw_loc = f"{section}.switches[{s}]"
+            if sw.id in switch_ids:
+                problems.append(Problem(f"{sw_loc}.id", f"duplicate switch {sw.id!r}"))
+            switch_ids.add(sw.id)
+            for h, name in enumerate(sw.hosts or []):
+                if name not in host_names:
+                    problems.append(Problem(f"{sw_loc}.hosts[{h}]", f"unknown host {name!r}"))
+            ports: set[str] = set()
+            for d, dev in enumerate(sw.device_list()):
+                loc = f"{sw_loc}.devices[{d}]"
+                claim_id(dev.id, f"{loc}.id")
+                if dev.port:
+                    if dev.port in ports or dev.port.startswith("UP"):
+                        problems.append(
+                            Problem(f"{loc}.port", f"port {dev.port!r} is taken (UP* are host ports)")
+                        )
+                    ports.add(dev.port)
+                if dev.serial in serials:
+                    problems.append(
+                        Problem(
+                            f"{loc}.serial", f"serial {dev.serial!r} is already used at {serials[dev.serial]}"
+                        )
+                    )
+                serials.setdefault(dev.serial, f"{loc}.serial")
+                device_model = topology.models.get(dev.model)
+                if device_model is None:
+                    known = ", ".join(sorted(topology.models)) or "none defined"
+                    problems.append(Problem(f"{loc}.model", f"unknown model {dev.model!r} (known: {known})"))
+                    continue
+                if isinstance(dev, PcieDevice) and device_model.type not in PCIE_DEVICE_TYPES:
+                    problems.append(
+                        Problem(
+                            f"{loc}.model",
+                            f"model {dev.model!r} is {device_model.type}, not a PCIe device type",
+                        )
+                    )
+                if isinstance(dev, CxlDevice):
+                    if device_model.type != DeviceType.CXL_MEMORY:
+                        problems.append(
+                            Problem(
+                                f"{loc}.model", f"model {dev.model!r} is {device_model.type}, not cxl-memory"
+                            )
+                        )
+                        continue
+                    total = int(device_model.memory or 0)
+                    if total % dev.chunks or (total // dev.chunks) % _MIB:
+                        problems.append(
+                            Problem(
+                                f"{loc}.chunks",
+                                f"{total} bytes do not split into {dev.chunks} chunks of whole MiB",
+                            )
+                        )
+                    for c in range(dev.chunks):
+                        claim_id(f"{dev.id}-chunk{c}", f"{loc} (chunk {c})")
+    return problems

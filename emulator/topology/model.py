@@ -1,0 +1,190 @@
+"""The topology file: which hosts, switches and pooled devices an emulated fabric has.
+
+The file is YAML (or JSON), camelCase keys, format ``version: 1``. It is validated in two
+steps: the shape by pydantic (types, ranges, unknown keys), then the cross references
+(unknown models, duplicate ids, memory that does not split into chunks) by
+:func:`check_references`. Both report the field as a dotted path, e.g.
+``pcie.switches[0].devices[2].model``, so a bad file gets one clear line per problem.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Annotated, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, BeforeValidator, ByteSize, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from fabric.api import DeviceType
+
+__all__ = [
+    "PCIE_DEVICE_TYPES",
+    "CxlDevice",
+    "CxlFabric",
+    "CxlSwitch",
+    "DeviceModel",
+    "Host",
+    "PcieDevice",
+    "PcieFabric",
+    "PcieSwitch",
+    "ServiceInfo",
+    "SwitchBase",
+    "Topology",
+]
+
+#: Device types that hang off a PCIe switch; ``cxl-memory`` lives on the CXL fabric.
+PCIE_DEVICE_TYPES = frozenset({DeviceType.GPU, DeviceType.NVME, DeviceType.NIC, DeviceType.FPGA})
+
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# Kubernetes node names are DNS subdomains (kind uses plain labels, clouds use dotted names).
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+_PORT_ID = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$"
+
+
+def _pci_number(bits: int) -> BeforeValidator:
+    """Accept 4318, "4318", "0x10de" or "10de"-style hex strings for a PCI register of ``bits`` bits."""
+
+    limit = (1 << bits) - 1
+
+    def parse(value: object) -> object:
+        if isinstance(value, str):
+            text = value.strip().lower()
+            try:
+                number = (
+                    int(text, 16)
+                    if text.startswith("0x")
+                    else int(text, 16 if re.search("[a-f]", text) else 10)
+                )
+            except ValueError as err:
+                raise ValueError(f"{value!r} is not a number (write it like 0x10de)") from err
+            value = number
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"expected a {bits}-bit number like 0x10de, got {value!r}")
+        if not 0 <= value <= limit:
+            raise ValueError(f"{value:#x} does not fit in {bits} bits")
+        return value
+
+    return BeforeValidator(parse)
+
+
+def _quoted_text(value: object) -> object:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        raise ValueError("write it in quotes: YAML reads digits as a number and drops leading zeros")
+    return value
+
+
+PciId = Annotated[int, _pci_number(16)]
+PciClass = Annotated[int, _pci_number(24)]
+PciRevision = Annotated[int, _pci_number(8)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+class ServiceInfo(_Model):
+    """What the Redfish service root says about itself."""
+
+    uuid: UUID = Field(description="ServiceRoot UUID; stable across restarts")
+    name: str = "fabric-dra emulated composable fabric"
+    vendor: str = "fabric-dra"
+    product: str = "fabric-dra Redfish fabric emulator"
+
+
+class Host(_Model):
+    """A server with a PCIe/CXL host port into the fabric; a Kubernetes node of the same name."""
+
+    name: str = Field(pattern=_DNS_SUBDOMAIN, max_length=253)
+    uuid: UUID = Field(description="ComputerSystem UUID, as the node's /sys/class/dmi/id/product_uuid")
+    numa_node: int = Field(default=0, ge=-1, le=63, description="NUMA node of the host's fabric root port")
+
+
+class DeviceModel(_Model):
+    """A kind of device (e.g. one GPU SKU); devices refer to it by its key in ``models``."""
+
+    type: DeviceType
+    manufacturer: str = Field(min_length=1)
+    model: str = Field(min_length=1)
+    vendor_id: PciId
+    device_id: PciId
+    subsystem_vendor_id: PciId | None = Field(default=None, description="defaults to vendorId")
+    subsystem_id: PciId = 0
+    class_code: PciClass
+    revision_id: PciRevision = 0
+    memory: ByteSize | None = Field(
+        default=None, description="GPU/FPGA memory, drive capacity or CXL memory capacity, e.g. 80GiB"
+    )
+    pcie_generation: int = Field(default=4, ge=1, le=6)
+    pcie_width: Literal[1, 2, 4, 8, 16, 32] = 16
+    firmware_version: str | None = None
+
+
+class _DeviceBase(_Model):
+    id: str = Field(pattern=_DNS_LABEL, max_length=63)
+    model: str = Field(description="key into the topology's models")
+    serial: Annotated[str, BeforeValidator(_quoted_text)] = Field(
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$",
+        description="SerialNumber; 16 hex digits also become the PCIe Device Serial Number capability",
+    )
+    port: str | None = Field(default=None, pattern=_PORT_ID, description="downstream port Id; default DP<n>")
+
+
+class PcieDevice(_DeviceBase):
+    uuid: UUID | None = None
+
+
+class CxlDevice(_DeviceBase):
+    # chunk Ids are "<id>-chunk<n>" and must stay DNS labels of at most 63 characters
+    id: str = Field(pattern=_DNS_LABEL, max_length=55)
+    chunks: int = Field(default=1, ge=1, le=64, description="equal memory chunks the capacity is split into")
+
+
+class SwitchBase(_Model):
+    id: str = Field(pattern=_DNS_LABEL, max_length=63)
+    manufacturer: str = "fabric-dra"
+    model: str = "Emulated fabric switch"
+    hosts: list[str] | None = Field(default=None, description="hosts cabled to this switch; default: all")
+
+    def device_list(self) -> Sequence[_DeviceBase]:
+        raise NotImplementedError
+
+
+class PcieSwitch(SwitchBase):
+    model: str = "Emulated PCIe Gen5 fabric switch"
+    devices: list[PcieDevice] = Field(default_factory=list)
+
+    def device_list(self) -> Sequence[_DeviceBase]:
+        return self.devices
+
+
+class CxlSwitch(SwitchBase):
+    model: str = "Emulated CXL 2.0 fabric switch"
+    devices: list[CxlDevice] = Field(default_factory=list)
+
+    def device_list(self) -> Sequence[_DeviceBase]:
+        return self.devices
+
+
+class PcieFabric(_Model):
+    switches: list[PcieSwitch] = Field(default_factory=list)
+
+
+class CxlFabric(_Model):
+    switches: list[CxlSwitch] = Field(default_factory=list)
+
+
+class Topology(_Model):
+    version: Literal[1]
+    service: ServiceInfo
+    hosts: list[Host] = Field(min_length=1)
+    models: dict[str, DeviceModel] = Field(default_factory=dict)
+    pcie: PcieFabric = Field(default_factory=PcieFabric)
+    cxl: CxlFabric = Field(default_factory=CxlFabric)
+
+    def switch_sections(self) -> list[tuple[str, Sequence[SwitchBase]]]:
+        """(file section, switches) for each fabric, PCIe first."""
+        return [("pcie", self.pcie.switches), ("cxl", self.cxl.switches)]
