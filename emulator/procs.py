@@ -34,8 +34,11 @@ class RoleProcess:
         env: dict[str, str] | None = None,
         name: str | None = None,
         start_timeout: float = 30.0,
+        module: str = "dra_driver",
     ) -> None:
         self.args = list(args)
+        #: the ``python -m`` entry point; ``dra_driver`` is the ``fabric-dra`` command line.
+        self.module = module
         self.ready_file = ready_file
         self.log_file = log_file
         self.env = {**os.environ, **(env or {})}
@@ -56,7 +59,7 @@ class RoleProcess:
         log = open(self.log_file, "ab")  # noqa: SIM115 - owned by the child for its lifetime
         try:
             self.proc = subprocess.Popen(  # noqa: S603 - our own CLI with our own arguments
-                [sys.executable, "-m", "dra_driver", *self.args],
+                [sys.executable, "-m", self.module, *self.args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self.env,
