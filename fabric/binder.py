@@ -175,49 +175,74 @@ class Binder:
                 device=name,
             )
         slot = self._slot(name)
-        async with slot.lock:
-            entry = self.ledger.get(name)
-            if entry is None:
-                self._check_free(record)
-                op = self.operations.start(api.OperationKind.ATTACH, name, node, claim)
-                entry = LedgerEntry(
-                    device=name,
-                    device_key=record.key,
-                    node=node,
-                    host=host.id,
-                    claim_uid=claim,
-                    state=LedgerState.ATTACHING,
-                    operation_id=op.id,
-                )
-                self.ledger.put(entry)
-                try:
-                    await self.ledger.commit()
-                except FabricError as err:
-                    self.ledger.remove(name)
-                    self.operations.finish(op.id, err)
-                    raise
-                log.info("attach started", device=name, node=node, claim=claim, operation=op.id)
-                slot.error = None
-                if self.metrics:
-                    self.metrics.in_flight.labels("attach").inc()
-                self.inventory.changed()
-                self._kick(name)
-            elif entry.claim_uid == claim and entry.node == node:
+        deadline = time.monotonic() + max(0.0, wait)
+        while True:
+            async with slot.lock:
+                entry = self.ledger.get(name)
+                if entry is None:
+                    await self._start_attach(record, host, node, claim)
+                    break
+                if entry.claim_uid != claim or entry.node != node:
+                    raise self._busy(entry)
                 if entry.state is LedgerState.BOUND:
                     return self._attachment(name, node, claim, api.AttachmentState.ATTACHED), 200
-                if entry.state is LedgerState.DETACHING:
-                    what = "rolling back a failed attach" if entry.rollback else "being detached"
+                if entry.state is LedgerState.ATTACHING:
+                    self._kick(name)
+                    break
+                if not entry.rollback:
                     raise DeviceBusy(
-                        f"device {name} is {what} for claim {claim}; ask again",
+                        f"device {name} is being detached for claim {claim}; attach it again once detached",
                         device=name,
                         node=node,
                         held_by=f"{entry.node}/{entry.claim_uid}",
                         retry_after=1.0,
                     )
                 self._kick(name)
-            else:
-                raise self._busy(entry)
-        return await self._await(name, node, claim, api.OperationKind.ATTACH, wait)
+                event = slot.event
+            # A retry of a failed attach: let its rollback finish, then attach afresh.
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DeviceBusy(
+                    f"device {name} is rolling back a failed attach for claim {claim}; ask again",
+                    device=name,
+                    node=node,
+                    held_by=f"{node}/{claim}",
+                    retry_after=1.0,
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), remaining)
+        return await self._await(
+            name, node, claim, api.OperationKind.ATTACH, max(0.0, deadline - time.monotonic())
+        )
+
+    async def _start_attach(self, record: DeviceRecord, host: HostRecord, node: str, claim: str) -> None:
+        """Record the intent durably, then start the driver. The caller holds the device's lock."""
+        name = record.name
+        self._check_free(record)
+        op = self.operations.start(api.OperationKind.ATTACH, name, node, claim)
+        entry = LedgerEntry(
+            device=name,
+            device_key=record.key,
+            node=node,
+            host=host.id,
+            claim_uid=claim,
+            state=LedgerState.ATTACHING,
+            operation_id=op.id,
+        )
+        self.ledger.put(entry)
+        try:
+            await self.ledger.commit()
+        except FabricError as err:
+            self.ledger.remove(name)
+            self.operations.finish(op.id, err)
+            raise
+        log.info("attach started", device=name, node=node, claim=claim, operation=op.id)
+        slot = self._slot(name)
+        slot.error = None
+        if self.metrics:
+            self.metrics.in_flight.labels("attach").inc()
+        self.inventory.changed()
+        self._kick(name)
 
     @staticmethod
     def _busy(entry: LedgerEntry) -> DeviceBusy:

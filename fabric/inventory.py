@@ -76,6 +76,7 @@ class Inventory:
         self._node_hosts: dict[str, str] = {}
         self._touched: dict[str, float] = {}
         self._fingerprint = ""
+        self._dirty = False
         self._rendered = api.Inventory(version=self.version, pools=[], devices=[], nodes=[])
         self._changed = asyncio.Condition()
         self._refresh_lock = asyncio.Lock()
@@ -258,7 +259,16 @@ class Inventory:
         return api.Inventory(version=self.version, pools=pools, devices=devices, nodes=nodes)
 
     def changed(self) -> None:
+        """Something may have changed: re-render soon (changes of one loop iteration coalesce)."""
+        if not self._dirty:
+            self._dirty = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
         """Re-render; bump the version and wake long-polls when anything visible changed."""
+        if not self._dirty:
+            return
+        self._dirty = False
         rendered = self._render()
         fingerprint = rendered.model_dump_json(exclude={"version"})
         if fingerprint == self._fingerprint:
@@ -273,6 +283,7 @@ class Inventory:
             self._changed.notify_all()
 
     def snapshot(self) -> api.Inventory:
+        self._flush()
         return self._rendered
 
     async def wait_newer(self, after: int, wait_seconds: float) -> api.Inventory:
@@ -283,6 +294,7 @@ class Inventory:
         """
         if not self.loaded.is_set():
             raise FabricUnavailable("the fabric inventory is not loaded yet", retry_after=1.0)
+        self._flush()
         async with self._changed:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait_for(lambda: self.version != after), wait_seconds)

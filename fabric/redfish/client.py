@@ -36,6 +36,7 @@ import random
 import ssl
 import threading
 import time
+import warnings
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from urllib.parse import urlsplit
 import certifi
 import requests
 import requests.adapters
+import urllib3
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from redfish.rest.v1 import HttpClient, RetriesExhaustedError, redfish_client
 
@@ -218,6 +220,8 @@ class RedfishClient:
             log.warning(
                 "TLS verification of the Redfish service is OFF (--redfish-insecure)", url=settings.base_url
             )
+            # said once, above; urllib3 would repeat it on every request
+            warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
         if not https and settings.auth != "none" and settings.username:
             log.warning("Redfish credentials are sent without TLS", url=settings.base_url)
         cafile: str | None = None
