@@ -18,9 +18,10 @@
 # on exit, also on failure or Ctrl-C (unless FABRIC_DRA_E2E_KEEP=1).
 #
 # Needs: docker (a running engine), kind >= v0.30, kubectl, python3, timeout (coreutils).
+# The cluster is always called "kind": the emulator's default topology names its hosts after that
+# cluster's workers (kind-worker, kind-worker2, …), and each node's plugin reads the emulated host
+# of its own name. An existing cluster of that name is never touched: e2e.sh stops instead.
 # Settings (environment):
-#   FABRIC_DRA_E2E_CLUSTER     kind cluster name (default: kind — the emulator's default topology
-#                              names its hosts after that cluster's workers: kind-worker, …)
 #   FABRIC_DRA_E2E_NODE_IMAGE  kind node image (default: Kubernetes 1.34.0, pinned by digest)
 #   FABRIC_DRA_E2E_TIMEOUT     seconds allowed for each wait (default: 300)
 #   FABRIC_DRA_E2E_KEEP        1 = keep the cluster afterwards, for a look around
@@ -32,7 +33,7 @@ readonly REPO_ROOT
 readonly KIND_DIR="${REPO_ROOT}/deploy/kind"
 readonly OVERLAYS_DIR="${REPO_ROOT}/deploy/overlays"
 
-readonly CLUSTER="${FABRIC_DRA_E2E_CLUSTER:-kind}"
+readonly CLUSTER="kind"
 readonly NODE_IMAGE="${FABRIC_DRA_E2E_NODE_IMAGE:-kindest/node:v1.34.0@sha256:7416a61b42b1662ca6ca89f02028ac133a309a2a30ba309614e8ec94d976dc5a}"
 readonly WAIT="${FABRIC_DRA_E2E_TIMEOUT:-300}"
 readonly KEEP="${FABRIC_DRA_E2E_KEEP:-0}"
@@ -99,7 +100,7 @@ check_prerequisites() {
     fail "kind v${kind_version} is too old: node images for Kubernetes 1.34 need kind >= v0.30"
   fi
   if kind get clusters 2>/dev/null | grep -qx "${CLUSTER}"; then
-    fail "a kind cluster named '${CLUSTER}' already exists; e2e.sh only uses clusters it creates: delete it (kind delete cluster --name ${CLUSTER}) or set FABRIC_DRA_E2E_CLUSTER"
+    fail "a kind cluster named '${CLUSTER}' already exists; e2e.sh only uses a cluster it creates, and the emulated hosts are named after that cluster's nodes: delete it (kind delete cluster --name ${CLUSTER}) and run again"
   fi
   if docker container inspect "${REGISTRY_NAME}" >/dev/null 2>&1; then
     fail "a container named '${REGISTRY_NAME}' already exists (left by an earlier run?): remove it with docker rm -f ${REGISTRY_NAME}"
@@ -214,7 +215,9 @@ deploy_overlay() {
   step "deploying deploy/overlays/${overlay}"
   k apply -k "${OVERLAYS_DIR}/${overlay}"
   k -n "${NAMESPACE}" rollout status deployment/fabric-dra-emulator --timeout="${WAIT}s"
-  k -n "${NAMESPACE}" rollout status deployment/fabric-dra-manager --timeout="${WAIT}s"
+  # Only the manager's leader is Ready (followers answer 503), so a rollout "status" never
+  # completes for it: wait for the Deployment to be updated and for one Ready leader.
+  wait_until "the fabric manager to elect a Ready leader" manager_has_leader
   k -n "${NAMESPACE}" rollout status deployment/fabric-dra-controller --timeout="${WAIT}s"
   k -n "${NAMESPACE}" rollout status daemonset/fabric-dra-plugin --timeout="${WAIT}s"
   wait_until "the controller to publish the fabric's pool as ResourceSlices" pool_has_devices
@@ -230,6 +233,13 @@ remove_overlay() {
 }
 
 # --- reading the cluster and the fabric ------------------------------------------------------
+
+manager_has_leader() {
+  k -n "${NAMESPACE}" get deployment fabric-dra-manager -o json | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+sys.exit(0 if d["status"].get("updatedReplicas") == d["spec"]["replicas"] and d["status"].get("readyReplicas") == 1 else 1)'
+}
 
 # JSON of this driver's ResourceSlices.
 slices_json() { k get resourceslices --field-selector "spec.driver=${DRIVER}" -o json; }
@@ -295,8 +305,9 @@ for r in results:
 '
 }
 
-# fabric_binding DEVICE: the node the fabric has DEVICE bound to ("" when free), as the fabric
-# manager reports it — asked from inside its pod, with a token the manager accepts.
+# fabric_binding DEVICE: "<state> <node>" of DEVICE as the fabric manager reports it ("free -"
+# when unbound). Asked from inside a manager pod through the manager's Service (which reaches the
+# leader), with a token the manager accepts: the controller's, minted for the manager's audience.
 fabric_binding() {
   local device="$1" token
   token="$(k -n "${NAMESPACE}" create token fabric-dra-controller --audience fabric-dra-manager --duration 10m)"
@@ -305,16 +316,15 @@ fabric_binding() {
 import json, sys, urllib.parse, urllib.request
 token, device = sys.stdin.read().strip(), sys.argv[1]
 request = urllib.request.Request(
-    "http://127.0.0.1:8080/api/v1/devices/" + urllib.parse.quote(device),
+    "http://fabric-dra-manager.fabric-dra.svc:8080/api/v1/devices/" + urllib.parse.quote(device),
     headers={"Authorization": "Bearer " + token},
 )
 body = json.load(urllib.request.urlopen(request, timeout=30))
-print(body.get("node") or "")' "${device}" <<<"${token}"
+print(body["state"], body.get("node") or "-")' "${device}" <<<"${token}"
 }
 
 device_is_free() {
-  local bound_to
-  bound_to="$(fabric_binding "$1")" && [[ -z "${bound_to}" ]]
+  [[ "$(fabric_binding "$1")" == "free -" ]]
 }
 
 # node_pci_devices NODE: the PCIe devices (BDFs) in the emulated host NODE's sysfs tree.
@@ -394,9 +404,9 @@ EOF
     esac
   done <"${WORK_DIR}/cdi-edits.txt"
 
-  local bound_to
-  bound_to="$(fabric_binding "${device}")" || fail "cannot ask the fabric manager about device ${device}"
-  [[ "${bound_to}" == "${node}" ]] || fail "the fabric manager reports device ${device} bound to '${bound_to}', not to ${node}"
+  local binding
+  binding="$(fabric_binding "${device}")" || fail "cannot ask the fabric manager about device ${device}"
+  [[ "${binding}" == "bound ${node}" ]] || fail "the fabric manager reports device ${device} as '${binding}', not bound to ${node}"
   log "fabric: ${device} is bound to ${node}"
   [[ -n "$(node_pci_devices "${node}")" ]] || fail "the emulated host ${node} sees no PCIe device"
   log "host ${node} sees: $(node_pci_devices "${node}" | tr '\n' ' ')"

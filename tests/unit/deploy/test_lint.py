@@ -169,7 +169,7 @@ def _run_e2e(tmp_path: Path, tools: dict[str, str], *args: str) -> subprocess.Co
 def test_e2e_help_needs_nothing(tmp_path: Path) -> None:
     result = _run_e2e(tmp_path, {}, "--help")
     assert result.returncode == 0, result.stderr
-    for setting in ("FABRIC_DRA_E2E_CLUSTER", "FABRIC_DRA_E2E_TIMEOUT", "FABRIC_DRA_E2E_KEEP"):
+    for setting in ("FABRIC_DRA_E2E_NODE_IMAGE", "FABRIC_DRA_E2E_TIMEOUT", "FABRIC_DRA_E2E_KEEP"):
         assert setting in result.stdout
 
 

@@ -227,18 +227,51 @@ def test_only_the_plugin_mounts_kubelet_or_cdi_paths(objects: list[Obj]) -> None
 # --- the central roles -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["fabric-dra-manager", "fabric-dra-controller"])
-def test_central_roles_are_replicated_and_protected(objects: list[Obj], name: str) -> None:
-    (deployment,) = find(objects, "Deployment", name)
-    assert deployment["spec"]["replicas"] == 2
+def _budgets(objects: list[Obj], deployment: Obj) -> list[Obj]:
     labels = deployment["spec"]["template"]["metadata"]["labels"]
-    budgets = [
+    return [
         p
         for p in find(objects, "PodDisruptionBudget")
         if _labels_match(p["spec"]["selector"]["matchLabels"], labels)
     ]
-    assert len(budgets) == 1, name
-    assert budgets[0]["spec"].get("maxUnavailable") == 1 or budgets[0]["spec"].get("minAvailable") == 1
+
+
+def test_controller_is_replicated_and_protected(objects: list[Obj]) -> None:
+    (deployment,) = find(objects, "Deployment", "fabric-dra-controller")
+    assert deployment["spec"]["replicas"] == 2
+    # Standbys are Ready too, so a new pod can become available before an old one goes.
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    (budget,) = _budgets(objects, deployment)
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert "--leader-elect" in _container(objects, "fabric-dra-controller", "controller").args
+
+
+def test_manager_is_replicated_and_can_roll(objects: list[Obj]) -> None:
+    """Only the manager's leader is Ready. A rollout that had to keep a Ready pod could never stop
+    the old leader, and a disruption budget could never allow evicting it: both would hang."""
+    (deployment,) = find(objects, "Deployment", "fabric-dra-manager")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == "100%"
+    assert _budgets(objects, deployment) == []
+    manager = _container(objects, "fabric-dra-manager", "manager")
+    assert "--leader-elect" in manager.args
+    assert manager.spec["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    (metrics,) = find(objects, "Service", "fabric-dra-metrics")
+    assert metrics["spec"]["publishNotReadyAddresses"] is True, "followers' metrics are scraped too"
+
+
+def test_manager_trusts_the_accounts_that_call_it(objects: list[Obj]) -> None:
+    manager = _container(objects, "fabric-dra-manager", "manager")
+    for role, workload in (("plugin", "fabric-dra-plugin"), ("controller", "fabric-dra-controller")):
+        (obj,) = [w for w, _ in pod_templates(objects) if w["metadata"]["name"] == workload]
+        account = f"{obj['metadata']['namespace']}:{obj['spec']['template']['spec']['serviceAccountName']}"
+        assert _flag(manager.args, f"--{role}-service-account") == account
+    audience = _flag(manager.args, "--token-audience")
+    for workload, pod in pod_templates(objects):
+        for volume in pod.get("volumes", []):
+            for source in volume.get("projected", {}).get("sources", []):
+                if "serviceAccountToken" in source:
+                    assert source["serviceAccountToken"]["audience"] == audience, workload["metadata"]["name"]
 
 
 # --- least privilege ---------------------------------------------------------------------------
@@ -410,3 +443,26 @@ def test_e2e_script_deploys_the_image_the_kind_overlay_names(rendered_overlays: 
     for overlay in ("kind", "binding-conditions"):
         images = {c.spec["image"] for c in containers(rendered_overlays[overlay]) if c.is_fabric_dra}
         assert images == {match.group(1)}, overlay
+
+
+def test_manager_connections_are_verified(objects: list[Obj]) -> None:
+    """Nothing turns certificate checks off; whoever speaks https to the manager can verify it,
+    and the manager serves TLS exactly when its clients expect it to."""
+    manager = _container(objects, "fabric-dra-manager", "manager")
+    serves_tls = _flag(manager.args, "--tls-cert") is not None
+    assert serves_tls == (_flag(manager.args, "--tls-key") is not None)
+    for c in containers(objects):
+        if not c.is_fabric_dra:
+            continue
+        assert not {"--redfish-insecure", "--manager-insecure", "--insecure-no-auth"} & set(c.args), c.id
+        url = _flag(c.args, "--manager-url")
+        if url is None:
+            continue
+        assert url.startswith("https://" if serves_tls else "http://"), (c.id, url)
+        if serves_tls:
+            assert _flag(c.args, "--manager-ca-file"), c.id
+    redfish = _flag(manager.args, "--redfish-url") or manager.env.get("FABRIC_DRA_REDFISH_URL", "")
+    if not redfish.startswith("http://fabric-dra-emulator."):
+        # A real fabric: its credentials and the CA of its certificate come from the cluster.
+        assert _flag(manager.args, "--redfish-credentials-file")
+        assert _flag(manager.args, "--redfish-ca-file")
