@@ -1,0 +1,178 @@
+"""Publish benchmark: 10,000 devices over 4 fabrics as ResourceSlices, then an unchanged resync.
+
+Real processes: the API test server (strict validation of every slice for Kubernetes 1.34 to
+1.37) and ``fabric-dra controller``, fed by the HTTP inventory stand-in of tests/support. The
+controller first publishes the four pools empty; the clock starts when the full inventory is
+served and stops when the controller reports that inventory version synced (every slice
+acknowledged by the API server). Then the slices are checked complete and consistent, the
+server's write counter is reset, and several periodic resyncs run: targets are publish <= 5 s
+and 0 writes on resync.
+
+``python -m bench.publish_bench [--quick]`` prints the figures as JSON; :func:`run` returns them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from emulator.procs import RoleProcess
+from fabric.api import DeviceType
+from tests.support.apiserver import TestHooks, start_apiserver
+from tests.support.controller import InventoryServer, make_device, make_inventory
+
+__all__ = ["run"]
+
+FABRICS = 4
+DRIVER = "fabric-dra.io"
+
+
+def _wait(check: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(0.01)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def _inventory(devices_total: int, version: int) -> Any:
+    per_fabric = devices_total // FABRICS
+    pools = {f"fabric-f{f}": [f"node-{f}-{n}" for n in range(8)] for f in range(FABRICS)}
+    devices = []
+    for f in range(FABRICS):
+        for i in range(per_fabric if devices_total else 0):
+            kind = DeviceType.GPU if i % 4 else DeviceType.NVME
+            devices.append(
+                make_device(
+                    f"f{f}-dev-{i:05d}",
+                    pool=f"fabric-f{f}",
+                    fabric=f"F{f}",
+                    type=kind,
+                    switch=f"Switch{i // 16}",
+                    port=f"P{i % 16}",
+                    uuid=f"00000000-0000-4000-8000-{f:04d}{i:08d}",
+                )
+            )
+    return make_inventory(devices, pools=pools, version=version)
+
+
+def _counts(hooks: TestHooks) -> dict[str, Any]:
+    return hooks.requests()
+
+
+def _reconcile_totals(base_url: str) -> tuple[float, float]:
+    """(passes, seconds) of the controller's slice reconcile histogram."""
+    count = total = 0.0
+    for line in httpx.get(f"{base_url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("fabric_dra_controller_slice_reconcile_seconds_count"):
+            count = float(line.split()[-1])
+        elif line.startswith("fabric_dra_controller_slice_reconcile_seconds_sum"):
+            total = float(line.split()[-1])
+    return count, total
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    devices_total = 2_000 if quick else 10_000
+    root = Path(tempfile.mkdtemp(prefix="fdpub-", dir="/tmp"))
+    controller: RoleProcess | None = None
+    try:
+        with (
+            start_apiserver(root / "apiserver") as server,
+            InventoryServer(_inventory(0, version=1)) as manager,
+        ):
+            hooks = server.hooks
+            api = httpx.Client(
+                base_url=server.url, timeout=60, headers={"Authorization": f"Bearer {server.admin_token}"}
+            )
+            controller = RoleProcess(
+                [
+                    *("--log-level", "warning", "controller", "--manager-url", manager.url),
+                    *("--kubeconfig", str(server.kubeconfig), "--driver-name", DRIVER),
+                    *("--host", "127.0.0.1", "--port", "0", "--ready-file", str(root / "controller.ready")),
+                    *("--resync-period", "1", "--device-taints", "on"),
+                ],
+                ready_file=root / "controller.ready",
+                log_file=root / "controller.log",
+                name="controller",
+            ).start()
+            status_url = f"{controller.address}/status"
+
+            def synced(version: int) -> bool:
+                return bool(httpx.get(status_url, timeout=10).json().get("slicesSyncedVersion") == version)
+
+            _wait(lambda: synced(1), 60, "the empty pools")
+            full = _inventory(devices_total, version=2)
+            hooks.reset_counts()
+            started = time.monotonic()
+            manager.set_inventory(full)
+            _wait(lambda: synced(manager.inventory.version), 120, "the full publication")
+            publish_seconds = time.monotonic() - started
+            publish_writes = hooks.writes("resource.k8s.io/resourceslices")
+
+            slices = api.get(
+                "/apis/resource.k8s.io/v1/resourceslices", params={"fieldSelector": f"spec.driver={DRIVER}"}
+            ).json()["items"]
+            per_pool: dict[str, list[dict[str, Any]]] = {}
+            for obj in slices:
+                per_pool.setdefault(obj["spec"]["pool"]["name"], []).append(obj)
+            published = sum(len(s["spec"].get("devices", [])) for s in slices)
+            consistent = all(
+                len({s["spec"]["pool"]["generation"] for s in group}) == 1
+                and {s["spec"]["pool"]["resourceSliceCount"] for s in group} == {len(group)}
+                for group in per_pool.values()
+            )
+
+            # Unchanged resyncs: each re-lists every slice and compares; none may write.
+            hooks.reset_counts()
+            passes_before, seconds_before = _reconcile_totals(controller.address)
+
+            def resyncs() -> int:
+                lists = _counts(hooks)["requests"].get("resource.k8s.io/resourceslices", {}).get("list", 0)
+                return int(lists) if lists >= 3 else 0
+
+            _wait(resyncs, 60, "three resyncs")
+            resync_writes = hooks.writes("resource.k8s.io/resourceslices")
+            passes_after, seconds_after = _reconcile_totals(controller.address)
+            passes = int(passes_after - passes_before)
+            resync_seconds = (seconds_after - seconds_before) / max(1, passes)
+            controller.stop()
+            api.close()
+        return {
+            "devices": devices_total,
+            "fabrics": FABRICS,
+            "published_devices": published,
+            "slices": len(slices),
+            "pools_consistent": consistent,
+            "publish_seconds": round(publish_seconds, 3),
+            "publish_writes": publish_writes,
+            "devices_per_second": round(devices_total / publish_seconds),
+            "resync_passes": passes,
+            "resync_writes": resync_writes,
+            "resync_pass_seconds": round(resync_seconds, 3),
+            "targets": {"publish_seconds": 5.0, "resync_writes": 0},
+            "meets_targets": publish_seconds <= 5.0 and resync_writes == 0 and published == devices_total,
+        }
+    finally:
+        if controller is not None:
+            controller.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2,000 devices instead of 10,000")
+    args = parser.parse_args()
+    print(json.dumps(run(quick=args.quick), indent=2))
+
+
+if __name__ == "__main__":
+    main()
