@@ -252,8 +252,9 @@ pool_summary() {
   slices_json | python3 -c '
 import json, sys
 items = json.load(sys.stdin)["items"]
+devices = sum(len(s["spec"].get("devices", [])) for s in items)
 pools = sorted({s["spec"]["pool"]["name"] for s in items})
-print(f"{sum(len(s[\"spec\"].get(\"devices\", [])) for s in items)} devices in {len(items)} slices, pools {pools}")'
+print(f"{devices} devices in {len(items)} slices, pools {pools}")'
 }
 
 # pool_has_device POOL DEVICE: the device is published in the pool's slices.
@@ -285,7 +286,7 @@ claim_field() {
 }
 
 no_claims_left() {
-  [[ "$(k -n "${APP_NAMESPACE}" get resourceclaims -o name | wc -l)" -eq 0 ]]
+  k -n "${APP_NAMESPACE}" get resourceclaims -o json | python3 -c 'import json, sys; sys.exit(1 if json.load(sys.stdin)["items"] else 0)'
 }
 
 # binding_conditions_met: every binding condition of the allocation is True in status.devices.
@@ -305,22 +306,24 @@ for r in results:
 '
 }
 
-# fabric_binding DEVICE: "<state> <node>" of DEVICE as the fabric manager reports it ("free -"
-# when unbound). Asked from inside a manager pod through the manager's Service (which reaches the
-# leader), with a token the manager accepts: the controller's, minted for the manager's audience.
-fabric_binding() {
-  local device="$1" token
+# The fabric manager's own view (`fabric-dra status -o json`), asked from inside a manager pod
+# through the manager's Service (which reaches the leader). The token is the controller's, minted
+# for the manager's audience; it goes in on stdin, never on a command line.
+fabric_status_json() {
+  local token
   token="$(k -n "${NAMESPACE}" create token fabric-dra-controller --audience fabric-dra-manager --duration 10m)"
+  # shellcheck disable=SC2016 # $(cat) runs in the pod's shell, reading the token from stdin
   timeout 60 kubectl --kubeconfig "${WORK_DIR}/kubeconfig" -n "${NAMESPACE}" exec -i deployment/fabric-dra-manager -c manager -- \
-    python -c '
-import json, sys, urllib.parse, urllib.request
-token, device = sys.stdin.read().strip(), sys.argv[1]
-request = urllib.request.Request(
-    "http://fabric-dra-manager.fabric-dra.svc:8080/api/v1/devices/" + urllib.parse.quote(device),
-    headers={"Authorization": "Bearer " + token},
-)
-body = json.load(urllib.request.urlopen(request, timeout=30))
-print(body["state"], body.get("node") or "-")' "${device}" <<<"${token}"
+    sh -c 'FABRIC_DRA_TOKEN="$(cat)" exec fabric-dra status --manager-url http://fabric-dra-manager.fabric-dra.svc:8080 --output json' \
+    <<<"${token}"
+}
+
+# fabric_binding DEVICE: "<state> <node>" of DEVICE in the fabric ("free -" when nothing holds it).
+fabric_binding() {
+  fabric_status_json | python3 -c '
+import json, sys
+held = [b for b in json.load(sys.stdin)["bindings"] if b["name"] == sys.argv[1]]
+print(" ".join([held[0]["state"], held[0].get("node") or "-"]) if held else "free -")' "$1"
 }
 
 device_is_free() {
@@ -334,6 +337,31 @@ node_pci_devices() {
 
 node_sees_no_device() {
   [[ -z "$(node_pci_devices "$1")" ]]
+}
+
+# cdi_edits FILE: what CDI specs (one or more JSON documents in FILE) inject into a container, one
+# line each: "env NAME=VALUE", "mount CONTAINER-PATH", "device PATH".
+cdi_edits() {
+  python3 - "$1" <<'EOF'
+import json, sys
+text, decoder, position, specs = open(sys.argv[1]).read(), json.JSONDecoder(), 0, []
+while True:
+    while position < len(text) and text[position].isspace():
+        position += 1
+    if position == len(text):
+        break
+    spec, position = decoder.raw_decode(text, position)
+    specs.append(spec)
+for spec in specs:
+    edits = [spec.get("containerEdits") or {}] + [d.get("containerEdits") or {} for d in spec.get("devices", [])]
+    for e in edits:
+        for env in e.get("env") or []:
+            print("env", env)
+        for mount in e.get("mounts") or []:
+            print("mount", mount["containerPath"])
+        for node in e.get("deviceNodes") or []:
+            print("device", node["path"])
+EOF
 }
 
 # --- the article's scenario --------------------------------------------------------------------
@@ -370,23 +398,13 @@ run_article_scenario() {
   log "pod ${pod} runs on ${node}"
   k -n "${APP_NAMESPACE}" describe pod "${pod}" | sed -n '/^Events:/,$p'
 
-  # What the plugin asked containerd to inject: the claim's CDI spec on that node.
-  local spec_file="${CDI_ROOT}/k8s.${DRIVER}-claim_${claim_uid}.json"
-  timeout 60 docker exec "${node}" cat "${spec_file}" >"${WORK_DIR}/cdi-spec.json" ||
-    fail "no CDI spec ${spec_file} on node ${node}"
-  python3 - "${WORK_DIR}/cdi-spec.json" >"${WORK_DIR}/cdi-edits.txt" <<'EOF'
-import json, sys
-spec = json.load(open(sys.argv[1]))
-edits = [spec.get("containerEdits") or {}] + [d.get("containerEdits") or {} for d in spec.get("devices", [])]
-for e in edits:
-    for env in e.get("env") or []:
-        print("env", env)
-    for mount in e.get("mounts") or []:
-        print("mount", mount["containerPath"])
-    for node in e.get("deviceNodes") or []:
-        print("device", node["path"])
-EOF
-  grep -q . "${WORK_DIR}/cdi-edits.txt" || fail "the CDI spec ${spec_file} injects nothing"
+  # What the plugin asked containerd to inject: the claim's CDI specs on that node, one file per
+  # device type, k8s.<driver>-<type>_<claim uid>.json (docs/plugin.md, "CDI specs").
+  local spec_glob="${CDI_ROOT}/k8s.${DRIVER}-*_${claim_uid}.json"
+  timeout 60 docker exec "${node}" sh -c "cat ${spec_glob}" >"${WORK_DIR}/cdi-specs.json" ||
+    fail "no CDI spec ${spec_glob} on node ${node}"
+  cdi_edits "${WORK_DIR}/cdi-specs.json" >"${WORK_DIR}/cdi-edits.txt"
+  grep -q . "${WORK_DIR}/cdi-edits.txt" || fail "the CDI specs ${spec_glob} inject nothing"
   timeout 60 kubectl --kubeconfig "${WORK_DIR}/kubeconfig" -n "${APP_NAMESPACE}" exec "${pod}" -c agent-runner -- env >"${WORK_DIR}/pod-env.txt" ||
     fail "cannot run env in pod ${pod}"
   local kind value
@@ -419,8 +437,8 @@ EOF
   wait_until "device ${device} to be detached in the fabric" device_is_free "${device}"
   log "fabric: ${device} is unbound"
   wait_until "the emulated host ${node} to lose the device" node_sees_no_device "${node}"
-  if timeout 60 docker exec "${node}" test -e "${spec_file}"; then
-    fail "the CDI spec ${spec_file} is still on ${node}"
+  if timeout 60 docker exec "${node}" sh -c "ls ${spec_glob}" >/dev/null 2>&1; then
+    fail "a CDI spec ${spec_glob} is still on ${node}"
   fi
   pool_has_device "${pool}" "${device}" || fail "device ${device} is not published in pool ${pool} any more"
   log "pool ${pool} still offers ${device}: $(pool_summary)"
@@ -459,4 +477,7 @@ main() {
   remove_overlay binding-conditions
 }
 
-main "$@"
+# Sourced (by tests/unit/deploy), only the functions are defined.
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+  main "$@"
+fi
