@@ -18,7 +18,7 @@ from typing import Any
 from fabric.backends.base import Backend, BindContext, DiscoveryResult, action_target
 from fabric.backends.describe import describe
 from fabric.backends.model import BindingStyle, DeviceRecord, HostRecord
-from fabric.backends.walk import Walk, links, odata_id, path_ids
+from fabric.backends.walk import Walk, link, links, odata_id, path_ids
 from fabric.errors import NodeNotFound
 
 __all__ = ["COMPOSITION_FABRIC", "CompositionBackend", "block_binding"]
@@ -86,7 +86,7 @@ class CompositionBackend(Backend):
                 DeviceRecord(
                     key=str(odata_id(block)),
                     resource_id=str(block.get("Id") or odata_id(block)),
-                    fabric=self.fabric_id,
+                    fabric=await self._fabric_of(walk, block, entities),
                     style=self.style,
                     attributes=attributes,
                     bound_hosts=bound,
@@ -95,6 +95,25 @@ class CompositionBackend(Backend):
                 )
             )
         return result
+
+    async def _fabric_of(self, walk: Walk, block: JSON, entities: list[tuple[str, str]]) -> str:
+        """The Redfish fabric the block's device sits on, so the device keeps its pool whichever
+        style binds it: the device's ``Links.Endpoints``, else the switch of the block's chassis
+        (Chassis ``Links.Switches``); "Composition" when the service says neither."""
+        for _, uri in entities:
+            resource = await walk.get(uri)
+            adapter = await walk.get(link(resource, "Links", "NetworkAdapter"))
+            for holder in (resource, adapter):
+                for endpoint in links(holder, "Links", "Endpoints"):
+                    fabric = path_ids(endpoint, "Fabrics")
+                    if fabric:
+                        return fabric
+        for chassis in await walk.get_all(links(block, "Links", "Chassis")):
+            for switch in links(chassis, "Links", "Switches"):
+                fabric = path_ids(switch, "Fabrics")
+                if fabric:
+                    return fabric
+        return self.fabric_id
 
     async def read_binding(self, device: DeviceRecord) -> tuple[str, ...]:
         block = await Walk(self.client).get(device.block)

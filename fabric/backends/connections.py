@@ -81,7 +81,7 @@ class ConnectionBackend(Backend):
                 result.devices.append(
                     DeviceRecord(
                         key=chunk_uri,
-                        resource_id=view.id if len(view.chunks) == 1 else _chunk_id(view.id, chunk_uri),
+                        resource_id=_chunk_name(view.id, chunk_uri, view.chunks),
                         fabric=self.fabric_id,
                         style=self.style,
                         attributes=attributes,
@@ -182,8 +182,14 @@ class ConnectionBackend(Backend):
             await self._finish(response, ctx)
 
 
-def _chunk_id(endpoint_id: str, chunk_uri: str) -> str:
-    """``T1`` + ``…/MemoryDomains/2/MemoryChunks/3`` → ``T1-2-3`` (chunk Ids repeat per domain)."""
-    domain = path_ids(chunk_uri, "MemoryDomains")
+def _chunk_name(endpoint_id: str, chunk_uri: str, chunks: list[str]) -> str:
+    """The Id a chunk's device name comes from: the endpoint's when it has one chunk (public-cxl's
+    ``T3``), else ``<endpoint>-chunk<n>`` (with the memory domain when there are several)."""
+    if len(chunks) == 1:
+        return endpoint_id
     chunk = chunk_uri.rstrip("/").rsplit("/", 1)[-1]
-    return f"{endpoint_id}-{domain}-{chunk}" if domain else f"{endpoint_id}-{chunk}"
+    domains = {path_ids(c, "MemoryDomains") for c in chunks}
+    domain = path_ids(chunk_uri, "MemoryDomains")
+    if len(domains) > 1 and domain:
+        return f"{endpoint_id}-{domain}-chunk{chunk}"
+    return f"{endpoint_id}-chunk{chunk}"

@@ -104,6 +104,28 @@ def _first(*values: object) -> Any:
     return None
 
 
+def _endpoint_ports(endpoint: Mapping[str, Any] | None) -> list[str]:
+    """Switch ports first (``ConnectedPorts``), then the endpoint's own (``Ports``, ``LocalPorts``)."""
+    found: list[str] = []
+    for name in ("ConnectedPorts", "Ports", "LocalPorts"):
+        found.extend(u for u in links(endpoint, "Links", name) if u not in found)
+    return found
+
+
+def _entity_pci_id(endpoint: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    for entity in (endpoint or {}).get("ConnectedEntities") or []:
+        if isinstance(entity, Mapping) and isinstance(entity.get("EntityPciId"), Mapping):
+            return entity["EntityPciId"]  # type: ignore[no-any-return]
+    return None
+
+
+def _adapter_controller(adapter: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    controllers = (adapter or {}).get("Controllers")
+    if isinstance(controllers, list) and controllers and isinstance(controllers[0], Mapping):
+        return controllers[0]
+    return None
+
+
 async def locate_port(walk: Walk, port_uris: Sequence[str]) -> tuple[str | None, str | None]:
     """(Switch Id, Port Id) the device hangs off, from the endpoint's ports.
 
@@ -145,11 +167,16 @@ async def describe(
     processor = by_kind.get("Processor")
     drive = by_kind.get("Drive")
     network = _first(
-        by_kind.get("NetworkDeviceFunction"),
         by_kind.get("NetworkAdapter"),
+        by_kind.get("NetworkDeviceFunction"),
         by_kind.get("NetworkInterface"),
         by_kind.get("EthernetInterface"),
     )
+    if network is not None and _odata_kind(network) != "NetworkAdapter":
+        # A system's NetworkInterface (composition) stands for a NetworkAdapter: describe that.
+        adapter = await walk.get(link(network, "Links", "NetworkAdapter"))
+        if adapter is not None:
+            network = by_kind["NetworkAdapter"] = adapter
     logical = by_kind.get("CXLLogicalDevice")
     if chunk is None:
         chunk = by_kind.get("MemoryChunks")
@@ -165,9 +192,27 @@ async def describe(
                 if function:
                     break
     pcie_device = by_kind.get("PCIeDevice")
+    controller = _adapter_controller(network)
     if pcie_device is None:
-        uri = link(function, "Links", "PCIeDevice") or link(processor, "Links", "PCIeDevice")
+        uri = (
+            link(function, "Links", "PCIeDevice")
+            or link(processor, "Links", "PCIeDevice")
+            or link(drive, "Links", "PCIeDevice")
+            or link(controller, "Links", "PCIeDevices")
+        )
         pcie_device = await walk.get(uri)
+    if function is None and pcie_device is not None:
+        function = await walk.get(link(pcie_device, "PCIeFunctions"))
+        if function is not None and "Members" in function:  # the collection: its first function
+            function = await walk.get(link(function, "Members"))
+    # Endpoints may carry the PCI IDs themselves (Endpoint 1.x ConnectedEntities[].EntityPciId).
+    pci_id = _entity_pci_id(endpoint)
+    if function is None and pci_id:
+        function = {
+            "VendorId": pci_id.get("VendorId"),
+            "DeviceId": pci_id.get("DeviceId"),
+            "ClassCode": pci_id.get("ClassCode"),
+        }
 
     kind = DeviceType.OTHER
     if processor and str(processor.get("ProcessorType")) in _PROCESSOR_TYPES:
@@ -201,7 +246,7 @@ async def describe(
         memory = _mib(logical.get("MemorySizeMiB"))
 
     primary = _first(processor, drive, network, pcie_device, logical) or {}
-    interface = (pcie_device or {}).get("PCIeInterface") or {}
+    interface = (pcie_device or {}).get("PCIeInterface") or (controller or {}).get("PCIeInterface") or {}
     serial = _first(primary.get("SerialNumber"), (pcie_device or {}).get("SerialNumber"))
     if serial is None and logical is not None:
         for identifier in logical.get("Identifiers") or []:
@@ -221,13 +266,12 @@ async def describe(
 
     switch, port = None, None
     if endpoint is not None:
-        switch, port = await locate_port(walk, links(endpoint, "Links", "Ports"))
+        switch, port = await locate_port(walk, _endpoint_ports(endpoint))
     if switch is None:
         for holder in (processor, drive, network):
             endpoints = links(holder, "Links", "Endpoints")
             if endpoints:
-                endpoint_resource = await walk.get(endpoints[0])
-                switch, port = await locate_port(walk, links(endpoint_resource, "Links", "Ports"))
+                switch, port = await locate_port(walk, _endpoint_ports(await walk.get(endpoints[0])))
                 if switch:
                     break
 

@@ -60,6 +60,7 @@ class Discovery:
         self.concurrency = concurrency
         self.backends: dict[tuple[str, BindingStyle], Backend] = {}
         self._announced: set[tuple[str, BindingStyle]] = set()
+        self._warned: set[tuple[str, str]] = set()
 
     def backend_for(self, device: DeviceRecord) -> Backend:
         return self.backends[(device.fabric, device.style)]
@@ -92,7 +93,8 @@ class Discovery:
             return [self._backend(ZoneBackend, fabric_id, uri)]
         if choice == "connection" and has_connections:
             return [self._backend(ConnectionBackend, fabric_id, uri)]
-        if choice in ("zone", "connection"):
+        if choice in ("zone", "connection") and (fabric_id, choice) not in self._warned:
+            self._warned.add((fabric_id, choice))
             log.warning("fabric does not offer the configured binding style", fabric=fabric_id, style=choice)
         return []
 
@@ -139,8 +141,12 @@ class Discovery:
             for host, uris in result.initiators.items():
                 merged = initiators.setdefault(host, {})
                 merged[backend.fabric_id] = tuple(sorted(set(merged.get(backend.fabric_id, ())) | set(uris)))
-            fabric_hosts.setdefault(backend.fabric_id, set()).update(result.hosts)
-            styles.setdefault(backend.fabric_id, []).append(backend.style)
+            # Resource blocks name the fabric their device sits on: the backend serves those too.
+            for fabric_id in {backend.fabric_id} | {d.fabric for d in found}:
+                self.backends[(fabric_id, backend.style)] = backend
+                fabric_hosts.setdefault(fabric_id, set()).update(result.hosts)
+                if backend.style not in styles.setdefault(fabric_id, []):
+                    styles[fabric_id].append(backend.style)
 
         for host_id, by_fabric in initiators.items():
             record = hosts[host_id]
@@ -153,6 +159,10 @@ class Discovery:
                 initiators=by_fabric,
             )
         snapshot.hosts = hosts
+        used = {d.fabric for d in devices} | {
+            b.fabric_id for b in planned if b.style is not BindingStyle.COMPOSITION
+        }
+        styles = {f: s for f, s in styles.items() if f in used}
         snapshot.fabrics = {
             fabric_id: FabricInfo(
                 id=fabric_id,

@@ -13,6 +13,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -21,6 +22,8 @@ from fabric.errors import FabricError
 from fabric.redfish.client import RedfishClient
 
 __all__ = ["EventStream", "parse_sse"]
+
+_REGISTRIES = ("ResourceEvent", "TaskEvent", "Fabric", "Composition", "Base")
 
 log = get_logger(__name__)
 
@@ -80,10 +83,19 @@ class EventStream:
         if service.get("ServiceEnabled") is False:
             return None
         uri = service.get("ServerSentEventUri")
-        return str(uri) if uri else None
+        if not uri:
+            return None
+        supported = service.get("SSEFilterPropertiesSupported") or {}
+        if isinstance(supported, dict) and supported.get("RegistryPrefix"):
+            # Only the registries that speak of bindings, health and tasks (DSP0266 "Server-sent
+            # events" $filter); Base stays in for EventBufferExceeded (events were lost).
+            terms = " or ".join(f"RegistryPrefix eq '{p}'" for p in _REGISTRIES)
+            return f"{uri}?$filter={quote(terms)}"
+        return str(uri)
 
     async def run(self) -> None:
         delay = self.backoff_initial
+        failures = 0
         while True:
             try:
                 uri = await self._stream_uri()
@@ -102,8 +114,12 @@ class EventStream:
             try:
                 await self._follow(uri)
                 delay = self.backoff_initial  # a clean end: reconnect at once
+                failures = 0
             except (httpx.HTTPError, FabricError, ValueError) as err:
-                log.info("event stream interrupted, reconnecting", error=str(err) or type(err).__name__)
+                failures += 1
+                # Say it once; a stream that keeps failing is polled around, not logged every 10 s.
+                report = log.info if failures == 1 else log.debug
+                report("event stream interrupted, reconnecting", error=str(err) or type(err).__name__)
             finally:
                 self.connected = False
             await asyncio.sleep(delay)
