@@ -230,9 +230,11 @@ def _fabric(quick: bool) -> dict[str, Any]:
                         latency.append(elapsed)
                         overhead.append(elapsed - (_fabric_time(port) - before))
                         await kubelet.unprepare([ref])
+                phases = _phase_sums(port)
                 return {
                     "prepare": _ms(latency),
                     "plugin_overhead": _ms(overhead),
+                    "mean_phase_ms": {k: round(v[1] / max(1.0, v[0]) * 1000, 3) for k, v in phases.items()},
                     "concurrent": await _concurrent(stack, many),
                     "idle_rss_mib": round(idle_rss / 1024, 1),
                 }

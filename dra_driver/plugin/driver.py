@@ -337,8 +337,10 @@ class Driver:
         if updated:
             entry = entry.model_copy(update={"devices": [updated.get(d.device, d) for d in entry.devices]})
             self.store.put(entry)
-            with observe_phase("checkpoint"):
-                await self.store.commit()
+            if failures or still:
+                # The call ends here: keep what did get attached (the completed record covers the rest).
+                with observe_phase("checkpoint"):
+                    await self.store.commit()
         if failures:
             raise PrepareFailed(
                 f"claim {ref.namespace}/{ref.name}: " + "; ".join(failures) + "; the kubelet will retry"
