@@ -289,6 +289,10 @@ no_claims_left() {
   k -n "${APP_NAMESPACE}" get resourceclaims -o json | python3 -c 'import json, sys; sys.exit(1 if json.load(sys.stdin)["items"] else 0)'
 }
 
+no_pods_left() {
+  k -n "${APP_NAMESPACE}" get pods -l "${APP_LABEL}" -o json | python3 -c 'import json, sys; sys.exit(1 if json.load(sys.stdin)["items"] else 0)'
+}
+
 # binding_conditions_met: every binding condition of the allocation is True in status.devices.
 binding_conditions_met() {
   claim_json | python3 -c '
@@ -431,7 +435,7 @@ run_article_scenario() {
 
   step "How to Verify, step 4 — scaled to 0, the claim is released and the device is back in the pool"
   k -n "${APP_NAMESPACE}" scale deployment agent-inference-worker --replicas=0
-  k -n "${APP_NAMESPACE}" wait --for=delete pod -l "${APP_LABEL}" --timeout="${WAIT}s"
+  wait_until "the pod to terminate (the kubelet unprepares its claim on the way)" no_pods_left
   wait_until "the pod's ResourceClaim to be released" no_claims_left
   k -n "${APP_NAMESPACE}" get resourceclaims
   wait_until "device ${device} to be detached in the fabric" device_is_free "${device}"

@@ -160,6 +160,19 @@ def test_claim_helpers(tmp_path: Path) -> None:
     assert run_helper(tmp_path, allocated, "no_claims_left").returncode == 1
 
 
+def test_no_pods_left(tmp_path: Path) -> None:
+    pod = _valid(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "agent-inference-worker-7d9f-x2x9q", "namespace": "agent-platform"},
+            "spec": {"containers": [{"name": "agent-runner", "image": "agent-runner:latest"}]},
+        }
+    )
+    assert run_helper(tmp_path, _list("Pod", [pod]), "no_pods_left").returncode == 1
+    assert run_helper(tmp_path, _list("Pod", []), "no_pods_left").returncode == 0
+
+
 @pytest.mark.parametrize(
     ("binding_conditions", "attached", "met"),
     [(True, "True", True), (True, "False", False), (True, None, False), (False, None, False)],
