@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections import Counter
@@ -156,6 +157,8 @@ def render_table(inventory: api.Inventory, operations: list[api.Operation]) -> s
 
 
 async def run_status(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    # One line per request at INFO would bury the table (and the one-line error) on a terminal.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     token = os.environ.get("FABRIC_DRA_TOKEN") if args.token_file is None else None
     if args.token_file is not None and not args.token_file.is_file():
         raise CliError(f"token file {args.token_file} does not exist")
