@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import io
 import os
 from collections.abc import Iterator
@@ -85,40 +86,34 @@ def _values(namespace: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in vars(namespace).items() if k != "handler"}
 
 
-@pytest.mark.parametrize("container", _fabric_dra_containers())
-def test_command_line_is_accepted_by_the_role(container: Container) -> None:
-    assert "command" not in container.spec, (
-        f"{container.id} overrides the image's entrypoint; fabric-dra containers give only args"
-    )
+def command_line_problems(container: Container) -> list[str]:
+    """Why the container's command line would not start the role it names (empty: it would)."""
+    if "command" in container.spec:
+        return ["overrides the image's entrypoint; fabric-dra containers give only args"]
     args = container.args
-    assert args, f"{container.id} names no role"
-    role = args[0]
-    if role not in _roles():
-        pytest.skip(f"the '{role}' role is not part of this build yet: its flags cannot be checked")
     unresolved = {ref for arg in args for ref in references(arg)}
-    assert not unresolved, f"{container.id}: args reference undefined variables {sorted(unresolved)}"
+    if unresolved:
+        return [f"args reference undefined variables {sorted(unresolved)}"]
     try:
         namespace = _parse(args, container.env)
     except _Rejected as err:
-        pytest.fail(f"{container.id}: fabric-dra {' '.join(args)}\n  is rejected by the parser: {err}")
-    assert callable(getattr(namespace, "handler", None)), (
-        f"{container.id}: 'fabric-dra {' '.join(args[:2])}' selects no command"
-    )
+        return [f"fabric-dra {' '.join(args)}\n  is rejected by the parser: {err}"]
+    if not callable(getattr(namespace, "handler", None)):
+        return [f"'fabric-dra {' '.join(args[:2])}' selects no command"]
+    return []
 
 
-@pytest.mark.parametrize("container", _fabric_dra_containers())
-def test_every_env_var_is_used(container: Container) -> None:
-    """An env var the parser ignores is a setting that silently does nothing. A variable counts as
-    read when changing its value changes what the parser produces (or makes it refuse)."""
+def unread_env(container: Container) -> list[str]:
+    """Env vars that do nothing: neither expanded by Kubernetes into an argument nor read by the
+    role's parser. A variable counts as read when changing its value changes what the parser
+    produces (or makes it refuse)."""
+    problems = [
+        f"env {name} references {sorted(references(value))}, which are not defined before it "
+        "(Kubernetes expands only variables defined earlier in the list)"
+        for name, value in container.env.items()
+        if references(value)
+    ]
     args = container.args
-    if not args or args[0] not in _roles():
-        pytest.skip(f"the '{args[0] if args else '?'}' role is not part of this build yet")
-    for name, value in container.env.items():
-        unresolved = references(value) & container.env.keys()
-        assert not unresolved, (
-            f"{container.id}: env {name} references {sorted(unresolved)}, defined after it "
-            "(Kubernetes expands only variables defined earlier in the list)"
-        )
     baseline = _values(_parse(args, container.env))
     for name in sorted(container.env.keys() - container.expanded_by_kubernetes):
         probe = {**container.env, name: f"probe-{name.lower()}-value"}
@@ -126,7 +121,54 @@ def test_every_env_var_is_used(container: Container) -> None:
             changed = _values(_parse(args, probe)) != baseline
         except _Rejected:
             changed = True
-        assert changed, (
-            f"{container.id}: env {name} is set in the manifest but 'fabric-dra {args[0]}' does not "
-            "read it (and no argument expands it): drop it or pass it as a flag"
-        )
+        if not changed:
+            problems.append(
+                f"env {name} is set but 'fabric-dra {args[0]}' does not read it: drop it or pass a flag"
+            )
+    return problems
+
+
+def _require_role(container: Container) -> None:
+    args = container.args
+    assert args, f"{container.id} names no role"
+    if args[0] not in _roles():
+        pytest.skip(f"the '{args[0]}' role is not part of this build yet: its flags cannot be checked")
+
+
+@pytest.mark.parametrize("container", _fabric_dra_containers())
+def test_command_line_is_accepted_by_the_role(container: Container) -> None:
+    _require_role(container)
+    assert command_line_problems(container) == [], container.id
+
+
+@pytest.mark.parametrize("container", _fabric_dra_containers())
+def test_every_env_var_is_used(container: Container) -> None:
+    _require_role(container)
+    assert unread_env(container) == [], container.id
+
+
+def test_the_checks_notice_drift() -> None:
+    """The two checks above fail on a manifest that drifted from the code."""
+    plugins = [
+        p.values[0] for p in _fabric_dra_containers() if p.values[0].workload_name == "fabric-dra-plugin"
+    ]
+    if not plugins:
+        pytest.skip("no rendered plugin container to mutate")
+    plugin = plugins[0]
+    _require_role(plugin)
+    assert command_line_problems(plugin) == []
+    assert unread_env(plugin) == []
+
+    renamed_flag = copy.deepcopy(plugin)
+    renamed_flag.spec["args"] = [*plugin.spec["args"], "--sysfs-dir=/host/sys"]
+    assert "rejected by the parser" in command_line_problems(renamed_flag)[0]
+
+    dangling = copy.deepcopy(plugin)
+    dangling.spec["args"] = [*plugin.spec["args"], "--cdi-root=$(CDI_DIR)"]
+    assert "undefined variables ['CDI_DIR']" in command_line_problems(dangling)[0]
+
+    ignored_env = copy.deepcopy(plugin)
+    ignored_env.env["FABRIC_DRA_SYSFS"] = "/host/sys"
+    assert unread_env(ignored_env) == [
+        "env FABRIC_DRA_SYSFS is set but 'fabric-dra plugin' does not read it: drop it or pass a flag"
+    ]
