@@ -262,8 +262,8 @@ def test_manager_is_replicated_and_can_roll(objects: list[Obj]) -> None:
 
 def test_manager_trusts_the_accounts_that_call_it(objects: list[Obj]) -> None:
     manager = _container(objects, "fabric-dra-manager", "manager")
-    for role, workload in (("plugin", "fabric-dra-plugin"), ("controller", "fabric-dra-controller")):
-        (obj,) = [w for w, _ in pod_templates(objects) if w["metadata"]["name"] == workload]
+    for role, name in (("plugin", "fabric-dra-plugin"), ("controller", "fabric-dra-controller")):
+        (obj,) = [w for w, _ in pod_templates(objects) if w["metadata"]["name"] == name]
         account = f"{obj['metadata']['namespace']}:{obj['spec']['template']['spec']['serviceAccountName']}"
         assert _flag(manager.args, f"--{role}-service-account") == account
     audience = _flag(manager.args, "--token-audience")
