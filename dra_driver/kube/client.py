@@ -138,6 +138,55 @@ class KubeConfig:
         return self.token
 
 
+def _plain_kubeconfig(path: str, context: str | None) -> KubeConfig | None:
+    """A kubeconfig that names only a server, files and a token, read without the ``kubernetes``
+    library (≈ 12 MiB of memory in every role that would import it just for this). Anything else —
+    exec or auth-provider plugins, embedded ``*-data``, several files in ``$KUBECONFIG`` — returns
+    None and goes through the library."""
+    import yaml
+
+    if os.pathsep in path:
+        return None
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+
+    def named(section: str, name: str | None) -> dict[str, Any] | None:
+        for item in doc.get(section) or []:
+            if isinstance(item, dict) and item.get("name") == name:
+                body = item.get(section.rstrip("s"))
+                return body if isinstance(body, dict) else {}
+        return None
+
+    ctx = named("contexts", context or doc.get("current-context"))
+    if ctx is None:
+        return None
+    cluster = named("clusters", ctx.get("cluster"))
+    user = named("users", ctx.get("user")) or {}
+    simple_cluster = {"server", "certificate-authority", "insecure-skip-tls-verify"}
+    simple_user = {"token", "tokenFile", "client-certificate", "client-key"}
+    if not cluster or not cluster.get("server") or set(cluster) - simple_cluster or set(user) - simple_user:
+        return None
+    base = Path(path).parent
+
+    def resolved(value: Any) -> str | None:
+        return str(base / value) if isinstance(value, str) and value else None
+
+    return KubeConfig(
+        server=str(cluster["server"]).rstrip("/"),
+        ca_file=resolved(cluster.get("certificate-authority")),
+        verify=not cluster.get("insecure-skip-tls-verify", False),
+        token=user.get("token") or None,
+        token_file=resolved(user.get("tokenFile")),
+        cert_file=resolved(user.get("client-certificate")),
+        key_file=resolved(user.get("client-key")),
+        namespace=str(ctx.get("namespace") or "default"),
+    )
+
+
 def load_config(kubeconfig: str | None = None, context: str | None = None) -> KubeConfig:
     """In-cluster configuration when running in a pod (and no kubeconfig is given), else a kubeconfig.
 
@@ -157,11 +206,15 @@ def load_config(kubeconfig: str | None = None, context: str | None = None) -> Ku
             namespace=namespace_file.read_text().strip() if namespace_file.exists() else "default",
         )
 
+    path = kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+    plain = _plain_kubeconfig(path, context)
+    if plain is not None:
+        return plain
+
     from kubernetes import client as k8s_client  # blocking library: only used to parse kubeconfig
     from kubernetes import config as k8s_config
 
     cfg = k8s_client.Configuration()
-    path = kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
     k8s_config.load_kube_config(config_file=path, context=context, client_configuration=cfg)  # type: ignore[no-untyped-call]
     token = None
     auth = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")

@@ -15,10 +15,7 @@ import contextlib
 import importlib.util
 import shutil
 import socket
-import subprocess
-import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,11 +24,12 @@ from typing import Any
 
 import grpc
 
-from dra_driver.kube import KubeClient, load_config
+from dra_driver.kube import KubeClient
 from dra_driver.kube.resources import RESOURCE_CLAIMS
 from dra_driver.proto.dra_v1 import api_pb2 as dra_pb2
 from dra_driver.proto.dra_v1 import api_pb2_grpc as dra_grpc
 from emulator.procs import RoleProcess
+from tests.support.apiserver import ApiServerProcess, start_apiserver
 from tests.support.fabric_manager import start_manager
 
 __all__ = [
@@ -77,66 +75,6 @@ class ClaimRef:
         return dra_pb2.Claim(namespace=self.namespace, name=self.name, uid=self.uid)
 
 
-class _ModuleProcess(RoleProcess):
-    """A RoleProcess for a module's own ``__main__`` (roles not yet wired into ``fabric-dra``)."""
-
-    def __init__(self, module: str, args: Sequence[str], **kw: Any) -> None:
-        super().__init__(args, **kw)
-        self.module = module
-
-    def start(self) -> RoleProcess:
-        if self.module == "dra_driver":
-            return super().start()
-        if self.ready_file is not None and self.ready_file.exists():
-            self.ready_file.unlink()
-        self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_file, "ab") as log:
-            self.proc = subprocess.Popen(  # our own modules
-                [sys.executable, "-m", self.module, *self.args],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + self.start_timeout
-        while time.monotonic() < deadline:
-            if self.ready_file is not None and self.ready_file.exists():
-                self.address = self.ready_file.read_text().strip()
-                if self.address:
-                    return self
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited early:\n{self.tail()}")
-            time.sleep(0.02)
-        self.stop()
-        raise RuntimeError(f"{self.name} was not ready:\n{self.tail()}")
-
-
-def apiserver_process(root: Path) -> RoleProcess:
-    args = [
-        "apiserver",
-        "--port",
-        "0",
-        "--ready-file",
-        str(root / "apiserver.ready"),
-        "--write-kubeconfig",
-        str(root / "kubeconfig"),
-    ]
-    if importlib.util.find_spec("emulator.cli") is not None:
-        return RoleProcess(
-            ["emulator", *args],
-            ready_file=root / "apiserver.ready",
-            log_file=root / "apiserver.log",
-            name="apiserver",
-        )
-    return _ModuleProcess(
-        "emulator.kube",
-        args,
-        ready_file=root / "apiserver.ready",
-        log_file=root / "apiserver.log",
-        name="apiserver",
-    )
-
-
 class PluginStack:
     """API test server + one `fabric-dra plugin` process for node ``node``."""
 
@@ -159,13 +97,15 @@ class PluginStack:
         self.sysfs_root = sysfs_root or self.root / "sys"
         self.metrics_port = metrics_port
         self.extra_args = list(extra_args)
-        self.apiserver: RoleProcess | None = None
+        self.apiserver: ApiServerProcess | None = None
+        self._apiserver_cm: contextlib.AbstractContextManager[ApiServerProcess] | None = None
         self.plugin: RoleProcess | None = None
         self.pod_uid: str | None = None
 
     @property
     def kubeconfig(self) -> Path:
-        return self.root / "kubeconfig"
+        assert self.apiserver is not None, "the stack is not running"
+        return self.apiserver.kubeconfig
 
     @property
     def cdi_root(self) -> Path:
@@ -228,26 +168,30 @@ class PluginStack:
         return self.plugin.stop() if self.plugin is not None else None
 
     def __enter__(self) -> PluginStack:
-        self.apiserver = apiserver_process(self.root).start()
+        self._apiserver_cm = start_apiserver(self.root / "api")
+        self.apiserver = self._apiserver_cm.__enter__()
         try:
             self.start_plugin()
         except BaseException:
-            self.apiserver.stop()
+            self._apiserver_cm.__exit__(None, None, None)
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for proc in (self.plugin, self.apiserver):
-            if proc is not None:
-                with contextlib.suppress(Exception):
-                    proc.stop()
+        if self.plugin is not None:
+            with contextlib.suppress(Exception):
+                self.plugin.stop()
+        if self._apiserver_cm is not None:
+            with contextlib.suppress(Exception):
+                self._apiserver_cm.__exit__(None, None, None)
         if self._owns_root:
             shutil.rmtree(self.root, ignore_errors=True)
 
     # -- the control plane's part ---------------------------------------------------------------
 
     def kube(self) -> KubeClient:
-        return KubeClient(load_config(str(self.kubeconfig)))
+        assert self.apiserver is not None, "the stack is not running"
+        return self.apiserver.client()
 
     async def create_claim(
         self,
