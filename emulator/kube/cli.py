@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from dra_driver.cli import CliError
 
@@ -36,6 +40,7 @@ def _positive(text: str) -> float:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _register_apiserver(subparsers)
+    _register_kubelet(subparsers)
 
 
 def _register_apiserver(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -169,3 +174,251 @@ def _run_apiserver(args: argparse.Namespace) -> int:
     except OSError as err:
         raise CliError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from err
     return 0
+
+
+# -- kubelet ------------------------------------------------------------------------------------
+
+
+def _register_kubelet(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "kubelet",
+        help="talk to DRA plugins exactly as the kubelet does (registration, prepare, unprepare, health)",
+        description=(
+            "The kubelet's side of the DRA plugin protocol, for debugging a plugin on its node: "
+            "find registration sockets, GetInfo, validate, NotifyRegistrationStatus, then call "
+            "NodePrepareResources / NodeUnprepareResources (v1, or v1beta1 if that is what the plugin "
+            "offers first) with the kubelet's 45 s deadline, and follow NodeWatchResources. "
+            "Results are printed as JSON."
+        ),
+    )
+    actions = parser.add_subparsers(title="actions", metavar="ACTION")
+
+    def common(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument(
+            "--registry-dir",
+            type=Path,
+            default=Path("/var/lib/kubelet/plugins_registry"),
+            help="directory the kubelet watches for registration sockets "
+            "(default: /var/lib/kubelet/plugins_registry)",
+        )
+        sub.add_argument(
+            "--wait",
+            type=_positive,
+            default=30.0,
+            metavar="SECONDS",
+            help="how long to wait for the plugin to register (default: 30)",
+        )
+
+    watch = actions.add_parser(
+        "watch",
+        help="register every plugin that appears and log registrations and device health until stopped",
+    )
+    common(watch)
+    watch.add_argument("--no-health", action="store_true", help="do not open NodeWatchResources streams")
+    watch.set_defaults(handler=_kubelet_watch)
+
+    info = actions.add_parser("info", help="call GetInfo on one registration socket (no notification)")
+    info.add_argument("socket", type=Path, help="the plugin's registration socket")
+    info.set_defaults(handler=_kubelet_info)
+
+    for name, helptext in (
+        ("prepare", "NodePrepareResources for claims, as the kubelet does before starting a pod"),
+        ("unprepare", "NodeUnprepareResources for claims, as the kubelet does after a pod is gone"),
+    ):
+        sub = actions.add_parser(name, help=helptext)
+        common(sub)
+        sub.add_argument("--driver", default="fabric-dra.io", help="DRA driver name (default: fabric-dra.io)")
+        sub.add_argument(
+            "--claim",
+            action="append",
+            required=True,
+            metavar="NAMESPACE/NAME[/UID]",
+            help="a claim to send (repeatable); without UID it is read from the API server (--kubeconfig)",
+        )
+        sub.add_argument(
+            "--kubeconfig", help="kubeconfig to look claims up (default: $KUBECONFIG, ~/.kube/config)"
+        )
+        sub.add_argument(
+            "--deadline",
+            type=_positive,
+            default=45.0,
+            metavar="SECONDS",
+            help="deadline of the call (default: 45, the kubelet's)",
+        )
+        sub.set_defaults(handler=_kubelet_prepare if name == "prepare" else _kubelet_unprepare)
+
+    health = actions.add_parser("health", help="print the plugin's NodeWatchResources stream as JSON lines")
+    common(health)
+    health.add_argument("--driver", default="fabric-dra.io", help="DRA driver name (default: fabric-dra.io)")
+    health.add_argument("--count", type=int, default=0, help="stop after this many messages (default: never)")
+    health.set_defaults(handler=_kubelet_health)
+
+    def usage(args: argparse.Namespace) -> int:
+        parser.print_help()
+        return 2
+
+    parser.set_defaults(handler=usage)
+
+
+def _run(coro: Any) -> int:
+    from emulator.kube.kubelet import KubeletError
+
+    try:
+        return int(asyncio.run(coro))
+    except KubeletError as err:
+        raise CliError(str(err)) from err
+
+
+def _kubelet_watch(args: argparse.Namespace) -> int:
+    from emulator.kube.kubelet import PluginManager
+
+    async def main() -> int:
+        manager = PluginManager(args.registry_dir, watch_health=not args.no_health)
+        await manager.run()
+        return 0
+
+    return _run(main())
+
+
+def _kubelet_info(args: argparse.Namespace) -> int:
+    import grpc
+
+    from dra_driver.proto.pluginregistration_v1 import api_pb2 as reg_pb2
+    from dra_driver.proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
+
+    async def main() -> int:
+        target = "unix://" + str(args.socket.resolve())
+        async with grpc.aio.insecure_channel(target) as channel:
+            try:
+                await asyncio.wait_for(channel.channel_ready(), 10)
+                stub: Any = reg_grpc.RegistrationStub(channel)
+                info = await stub.GetInfo(reg_pb2.InfoRequest(), timeout=1)
+            except (TimeoutError, grpc.aio.AioRpcError) as err:
+                raise CliError(f"GetInfo on {args.socket} failed: {err!s}; is the plugin running?") from err
+        out = {
+            "type": info.type,
+            "name": info.name,
+            "endpoint": info.endpoint,
+            "supportedVersions": list(info.supported_versions),
+        }
+        print(json.dumps(out, indent=2))
+        return 0
+
+    return _run(main())
+
+
+async def _claim_refs(args: argparse.Namespace) -> list[Any]:
+    from emulator.kube.kubelet import ClaimRef
+
+    refs: list[ClaimRef] = []
+    lookups: list[tuple[str, str]] = []
+    for text in args.claim:
+        parts = text.split("/")
+        if len(parts) == 3 and all(parts):
+            refs.append(ClaimRef(*parts))
+        elif len(parts) == 2 and all(parts):
+            lookups.append((parts[0], parts[1]))
+        else:
+            raise CliError(f"--claim {text!r}: expected NAMESPACE/NAME or NAMESPACE/NAME/UID")
+    if lookups:
+        from dra_driver.kube import ApiError, KubeClient, load_config
+        from dra_driver.kube.resources import RESOURCE_CLAIMS
+
+        try:
+            config = load_config(args.kubeconfig)
+        except Exception as err:
+            raise CliError(
+                f"cannot load a kubeconfig to look claims up ({err}); give NAMESPACE/NAME/UID"
+            ) from err
+        async with KubeClient(config) as kube:
+            for namespace, name in lookups:
+                try:
+                    claim = await kube.get(RESOURCE_CLAIMS, name, namespace)
+                except ApiError as err:
+                    raise CliError(f"cannot read ResourceClaim {namespace}/{name}: {err}") from err
+                refs.append(ClaimRef.of(claim))
+    return refs
+
+
+@contextlib.asynccontextmanager
+async def _registered_plugin(args: argparse.Namespace) -> AsyncIterator[Any]:
+    """Run the plugin manager on --registry-dir until --driver is registered; yield its client."""
+    from emulator.kube.kubelet import PluginManager
+
+    manager = PluginManager(args.registry_dir, watch_health=False, reconcile_period=0.1)
+    runner = asyncio.create_task(manager.run())
+    try:
+        yield await manager.wait_for_plugin(args.driver, within=args.wait)
+    finally:
+        runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner
+
+
+def _kubelet_prepare(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        refs = await _claim_refs(args)
+        async with _registered_plugin(args) as client:
+            results = await client.node_prepare_resources(refs, deadline=args.deadline)
+        out = {
+            uid: {
+                "error": result.error,
+                "devices": [
+                    {
+                        "requestNames": list(d.request_names),
+                        "pool": d.pool,
+                        "device": d.device,
+                        "cdiDeviceIDs": list(d.cdi_device_ids),
+                    }
+                    for d in result.devices
+                ],
+            }
+            for uid, result in results.items()
+        }
+        print(json.dumps({"service": client.chosen_service, "claims": out}, indent=2))
+        return 0 if all(r.ok for r in results.values()) and len(results) == len(refs) else 1
+
+    return _run(main())
+
+
+def _kubelet_unprepare(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        refs = await _claim_refs(args)
+        async with _registered_plugin(args) as client:
+            errors = await client.node_unprepare_resources(refs, deadline=args.deadline)
+        print(
+            json.dumps(
+                {"service": client.chosen_service, "claims": {k: {"error": v} for k, v in errors.items()}},
+                indent=2,
+            )
+        )
+        return 0 if not any(errors.values()) and len(errors) == len(refs) else 1
+
+    return _run(main())
+
+
+def _kubelet_health(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        seen = 0
+        async with _registered_plugin(args) as client:
+            async for devices in client.watch_resources():
+                print(
+                    json.dumps(
+                        [
+                            {
+                                "pool": d.pool,
+                                "device": d.device,
+                                "health": d.health,
+                                "lastUpdated": d.last_updated,
+                            }
+                            for d in devices
+                        ]
+                    ),
+                    flush=True,
+                )
+                seen += 1
+                if args.count and seen >= args.count:
+                    break
+        return 0
+
+    return _run(main())
