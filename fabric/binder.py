@@ -88,6 +88,8 @@ class _Slot:
     error: FabricError | None = None
     #: ``time.monotonic()`` before which the reconciler does not resume this device
     retry_at: float = 0.0
+    #: when its operation last paused (resumed at once when the fabric comes back after that)
+    paused_at: float = 0.0
 
     def signal(self) -> None:
         self.event.set()
@@ -385,7 +387,8 @@ class Binder:
                         return
                 except _Unresolved as err:
                     slot.error = err.cause
-                    slot.retry_at = time.monotonic() + self.settings.retry_seconds
+                    slot.paused_at = time.monotonic()
+                    slot.retry_at = slot.paused_at + self.settings.retry_seconds
                     self.operations.running(entry.operation_id, error=err.cause)
                     log.warning(
                         "operation paused, will resume",
@@ -628,7 +631,7 @@ class Binder:
             if slot.driver is not None:
                 continue
             if entry.state is not LedgerState.BOUND:
-                if now >= slot.retry_at:
+                if now >= slot.retry_at or self.inventory.recovered_at > slot.paused_at:
                     self._kick(entry.device)
                 continue
             record = self.inventory.device(entry.device)

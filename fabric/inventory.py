@@ -64,6 +64,8 @@ class Inventory:
         self.last_error: FabricError | None = None
         self.last_refresh_at: float | None = None
         self.last_refresh_seconds: float | None = None
+        #: ``time.monotonic()`` of the first good pass after failed ones (the fabric came back)
+        self.recovered_at = 0.0
         #: the ledger entry of a device, set by the binder: claim, node and operation state
         self.overlay: Callable[[str], LedgerEntry | None] = lambda name: None
         #: called after each discovery pass (the binder reconciles its ledger with it)
@@ -115,6 +117,8 @@ class Inventory:
             except FabricError as err:
                 self.last_error = err
                 raise
+            if self.last_error is not None:
+                self.recovered_at = time.monotonic()
             self.last_error = None
             self.last_refresh_at = time.time()
             self.last_refresh_seconds = time.monotonic() - started

@@ -505,13 +505,14 @@ class RedfishClient:
         wait = response.retry_after
         delay = poll_initial
         while True:
-            pause = min(wait if wait is not None else delay, poll_max)
-            if time.monotonic() + pause > deadline:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 raise AttachTimeout(
                     f"the fabric did not finish {action} in time; its task {monitor} is still running",
-                    retry_after=max(1.0, pause),
+                    retry_after=1.0,
                 )
-            await asyncio.sleep(pause)
+            # Poll when the service says (Retry-After), but once more right at the deadline.
+            await asyncio.sleep(min(wait if wait is not None else delay, poll_max, remaining))
             delay = min(delay * 2, poll_max)
             try:
                 polled = await self._in_thread(self._exchange, "GET", monitor, None, None, None)
