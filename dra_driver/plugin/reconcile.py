@@ -207,7 +207,8 @@ async def reconcile(
             lost = [d.device for d in entry.devices if d.device not in held]
             if lost:
                 devices = [
-                    d.model_copy(update={"attached": False}) if d.device in lost else d for d in entry.devices
+                    d.model_copy(update={"attached": False, "host": None}) if d.device in lost else d
+                    for d in entry.devices
                 ]
                 store.put(entry.model_copy(update={"state": ClaimState.PREPARE_STARTED, "devices": devices}))
                 changed = True
