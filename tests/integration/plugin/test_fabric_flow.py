@@ -21,9 +21,11 @@ import pytest
 from dra_driver.plugin import cdi
 from dra_driver.plugin.backend import identity_of
 from dra_driver.plugin.hostdev import HostScanner
+from emulator.kube.kubelet import ClaimRef as KubeletClaim
 from emulator.procs import RoleProcess
 from fabric.api import BindingState, Device, DeviceType, FabricNode
 from fabric.manager_client import ManagerClient
+from tests.support.kubelet import running_kubelet
 from tests.support.plugin import DRIVER, ClaimRef, PluginStack, fabric_roles_present, short_dir, start_fabric
 
 pytestmark = pytest.mark.skipif(
@@ -99,28 +101,38 @@ def _spec_names(path: Path) -> list[str]:
 
 
 def test_prepare_binds_and_unprepare_releases(fabric: Fabric) -> None:
+    """Driven by the kubelet-protocol client: registration, prepare, health stream, unprepare."""
+
     async def scenario() -> None:
         (gpu, *_) = await fabric.free_devices(DeviceType.GPU)
         ref = await fabric.stack.create_claim("flow-gpu", [("gpu", gpu.name)], pool=gpu.pool)
-        result = (await fabric.stack.prepare([ref])).claims[ref.uid]
-        assert result.error == "", result.error
-        (answered,) = result.devices
-        assert (answered.device_name, answered.pool_name) == (gpu.name, gpu.pool)
+        async with running_kubelet(fabric.stack.registry_dir) as kubelet:
+            plugin = await kubelet.wait_for_plugin(DRIVER)
+            attempt = next(a for a in kubelet.attempts if a.driver == DRIVER and a.registered)
+            assert "v1.DRAPlugin" in attempt.supported_versions
+            claim = KubeletClaim(ref.namespace, ref.name, ref.uid)
+            results = await plugin.prepare([claim])
+            (answered,) = results[ref.uid].devices
+            assert (answered.device, answered.pool) == (gpu.name, gpu.pool)
 
-        bound = await fabric.device(gpu.name)
-        assert (
-            bound.state is BindingState.BOUND
-            and bound.node == fabric.node.name
-            and bound.claim_uid == ref.uid
-        )
-        host = HostScanner(fabric.sysfs_root, real_host=False).find(identity_of(bound))
-        assert host is not None, "the bound GPU is not in the node's sysfs tree"
-        (spec_path,) = cdi.spec_files_of_claim(fabric.stack.cdi_root, DRIVER, ref.uid)
-        assert _spec_names(spec_path) == list(answered.cdi_device_ids)
-        env = json.loads(spec_path.read_text())["devices"][0]["containerEdits"]["env"]
-        assert f"{cdi.env_prefix(gpu.name)}PCI_ADDRESS={host.pci_address}" in env
+            bound = await fabric.device(gpu.name)
+            assert bound.state is BindingState.BOUND and bound.node == fabric.node.name
+            assert bound.claim_uid == ref.uid
+            host = HostScanner(fabric.sysfs_root, real_host=False).find(identity_of(bound))
+            assert host is not None, "the bound GPU is not in the node's sysfs tree"
+            (spec_path,) = cdi.spec_files_of_claim(fabric.stack.cdi_root, DRIVER, ref.uid)
+            assert _spec_names(spec_path) == list(answered.cdi_device_ids)
+            env = json.loads(spec_path.read_text())["devices"][0]["containerEdits"]["env"]
+            assert f"{cdi.env_prefix(gpu.name)}PCI_ADDRESS={host.pci_address}" in env
 
-        assert (await fabric.stack.unprepare([ref])).claims[ref.uid].error == ""
+            for _ in range(100):  # the health stream follows the fabric's Status.Health
+                if any(h.device == gpu.name and h.health == "Healthy" for h in kubelet.health.values()):
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError(f"no Healthy report for {gpu.name}: {kubelet.health}")
+
+            await plugin.unprepare([claim])
         assert (await fabric.device(gpu.name)).state is BindingState.FREE
         assert HostScanner(fabric.sysfs_root, real_host=False).find(identity_of(bound)) is None
         assert cdi.spec_files_of_claim(fabric.stack.cdi_root, DRIVER, ref.uid) == []
