@@ -48,6 +48,7 @@ def default_identity() -> str:
 @dataclass
 class ControllerOptions:
     driver: str
+    publisher: str = "default"
     leader_elect: bool = False
     lease_name: str = "fabric-dra-controller"
     lease_namespace: str = "default"
@@ -87,6 +88,7 @@ class Controller:
         return {
             "identity": self.identity,
             "driver": self.options.driver,
+            "publisher": self.options.publisher,
             "leader": self._leader,
             "inventoryVersion": feed.latest.version if feed and feed.latest else None,
             "inventoryError": feed.last_error if feed else None,
@@ -180,7 +182,10 @@ class Controller:
         else:
             taints = opts.device_taints == "on"
         policy = PublishPolicy(
-            driver=opts.driver, device_taints=taints, binding_conditions=opts.binding_conditions
+            driver=opts.driver,
+            device_taints=taints,
+            binding_conditions=opts.binding_conditions,
+            publisher=opts.publisher,
         )
         log.info(
             "leading: publishing resource slices",
@@ -190,7 +195,7 @@ class Controller:
         )
         self.feed = InventoryFeed(self.manager)
         self.publisher = SlicePublisher(self.kube, policy)
-        labeler = NodeLabeler(self.kube, opts.driver)
+        labeler = NodeLabeler(self.kube, opts.driver, publisher=opts.publisher)
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self.feed.run())
             tasks.create_task(self.publisher.run(self.feed, resync_period=opts.resync_period))

@@ -64,6 +64,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         f"(default: {DEFAULT_DRIVER_NAME})",
     )
     kube.add_argument(
+        "--publisher",
+        default="default",
+        help="name of this controller among several that publish one driver (one per fabric manager); "
+        "it owns only the slices and node labels it wrote (default: default)",
+    )
+    kube.add_argument(
         "--leader-elect",
         action="store_true",
         help="elect one writer among replicas through a coordination.k8s.io Lease (use with >1 replica)",
@@ -155,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     from dra_driver.cli import CliError
     from dra_driver.controller.app import Controller, ControllerOptions
     from dra_driver.controller.features import ResourceApiMissing
-    from dra_driver.controller.naming import DRIVER_NAME_MAX, is_dns_subdomain
+    from dra_driver.controller.naming import DRIVER_NAME_MAX, is_dns_subdomain, is_label_value
     from dra_driver.kube import KubeClient, load_config
     from fabric.manager_client import ManagerClient
 
@@ -169,6 +175,10 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(
             f"--driver-name {args.driver_name!r}: must be a lowercase DNS subdomain of at most 63 characters"
         )
+    if not is_label_value(args.publisher) or not args.publisher:
+        raise CliError(
+            f"--publisher {args.publisher!r}: must be a label value (letters, digits, '-', '_', '.'; ≤ 63)"
+        )
     if args.manager_token_file and not Path(args.manager_token_file).is_file():
         raise CliError(f"--manager-token-file {args.manager_token_file}: no such file")
     if not 0 <= args.port <= 65535:
@@ -180,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"cannot load Kubernetes configuration from {where}: {err}") from None
     options = ControllerOptions(
         driver=args.driver_name,
+        publisher=args.publisher,
         leader_elect=args.leader_elect,
         lease_name=args.lease_name,
         lease_namespace=args.lease_namespace or config.namespace,

@@ -69,6 +69,8 @@ class PublishPolicy:
     device_taints: bool
     #: True: devices carry bindsToNode and the binding / binding-failure conditions.
     binding_conditions: bool
+    #: which controller owns the slices: one per fabric manager when several publish one driver
+    publisher: str = "default"
 
 
 @dataclass(frozen=True, slots=True)

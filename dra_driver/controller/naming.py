@@ -32,6 +32,7 @@ __all__ = [
     "is_qualified_name",
     "pool_label_key",
     "pool_label_prefix",
+    "publisher_label",
     "short_hash",
     "slice_name",
     "unhealthy_taint_key",
@@ -125,6 +126,11 @@ def pool_label_prefix(driver: str) -> str:
 def pool_label_key(driver: str, pool: str) -> str:
     """``pool.<driver>/<pool>`` (value ``"true"``) on every node the pool's fabric reaches."""
     return f"{pool_label_prefix(driver)}/{_label_name(pool)}"
+
+
+def publisher_label(driver: str) -> str:
+    """Label naming the controller instance that owns a slice (``--publisher``)."""
+    return f"{driver}/publisher"
 
 
 def unhealthy_taint_key(driver: str) -> str:

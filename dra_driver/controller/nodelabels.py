@@ -4,7 +4,9 @@ exactly those nodes.
 
 The node set comes from the manager's inventory (``FabricPool.nodes``); nodes come and go in
 Kubernetes, so nodes are watched too and a new node gets its labels as soon as it registers.
-Only label keys under ``pool.<driver>/`` are ever touched.
+Only the label keys of pools this controller owns are touched — pools of its inventory, and
+pools of the slices it published (a pool that left the inventory) — so the controllers of
+several fabric managers under one driver never undo each other's labels.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from dra_driver.controller.inventory import InventoryFeed
 from dra_driver.controller.metrics import NODE_LABEL_PATCHES
 from dra_driver.controller.naming import pool_label_key, pool_label_prefix
 from dra_driver.controller.retry import Backoff
+from dra_driver.controller.slices import slice_selector
 from dra_driver.kube import ApiError, Gone, KubeClient, NotFound
-from dra_driver.kube.resources import NODES
+from dra_driver.kube.resources import NODES, RESOURCE_SLICES
 from dra_driver.logs import get_logger
 from fabric.api import Inventory
 
@@ -37,10 +40,16 @@ def desired_node_labels(inventory: Inventory, driver: str) -> dict[str, set[str]
 
 
 class NodeLabeler:
-    def __init__(self, kube: KubeClient, driver: str, *, debounce: float = 0.05) -> None:
+    def __init__(
+        self, kube: KubeClient, driver: str, *, publisher: str = "default", debounce: float = 0.05
+    ) -> None:
         self._kube = kube
         self._driver = driver
+        self._publisher = publisher
         self._prefix = pool_label_prefix(driver) + "/"
+        #: label keys of every pool this controller owns or owned (see the module docstring)
+        self._owned: set[str] = set()
+        self._owned_listed = False
         #: node name → its labels, kept by list + watch
         self._nodes: dict[str, dict[str, str]] = {}
         self._listed = asyncio.Event()
@@ -103,6 +112,20 @@ class NodeLabeler:
     def _ours(self, labels: dict[str, str] | None) -> dict[str, str]:
         return {k: v for k, v in (labels or {}).items() if k.startswith(self._prefix)}
 
+    async def _learn_owned(self, inventory: Inventory) -> None:
+        if not self._owned_listed:
+            items, _ = await self._kube.list_all(
+                RESOURCE_SLICES,
+                label_selector=slice_selector(self._driver, self._publisher),
+                field_selector=f"spec.driver={self._driver}",
+            )
+            for obj in items:
+                pool = ((obj.get("spec") or {}).get("pool") or {}).get("name")
+                if pool:
+                    self._owned.add(pool_label_key(self._driver, str(pool)))
+            self._owned_listed = True
+        self._owned.update(pool_label_key(self._driver, p.pool) for p in inventory.pools)
+
     async def _reconcile_loop(self, feed: InventoryFeed) -> None:
         backoff = Backoff(initial=0.2, maximum=30.0)
         await self._listed.wait()
@@ -125,13 +148,14 @@ class NodeLabeler:
 
     async def sync(self, inventory: Inventory) -> int:
         """Patch every node whose pool labels differ; returns the number of patches."""
+        await self._learn_owned(inventory)
         wanted = desired_node_labels(inventory, self._driver)
         for name in sorted(set(wanted) - set(self._nodes) - self._warned_missing):
             self._warned_missing.add(name)
             log.warning("the fabric reaches a node Kubernetes does not know (yet)", node=name)
         patches = 0
         for name, labels in sorted(self._nodes.items()):
-            have = self._ours(labels)
+            have = {k: v for k, v in self._ours(labels).items() if k in self._owned}
             want = wanted.get(name, set())
             change: dict[str, str | None] = {k: "true" for k in want if have.get(k) != "true"}
             change.update({k: None for k in have if k not in want})

@@ -20,7 +20,6 @@ from typing import Any
 from dra_driver.controller.devices import PublishPolicy, WithheldReason
 from dra_driver.controller.inventory import InventoryFeed
 from dra_driver.controller.metrics import POOL_DEVICES, POOL_GENERATION, SLICE_RECONCILE_SECONDS, SLICE_WRITES
-from dra_driver.controller.naming import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from dra_driver.controller.retry import Backoff
 from dra_driver.controller.slices import (
     DesiredPool,
@@ -31,6 +30,7 @@ from dra_driver.controller.slices import (
     check_slice,
     desired_pools,
     plan_pool,
+    slice_selector,
 )
 from dra_driver.kube import AlreadyExists, ApiError, Conflict, Gone, KubeClient, NotFound
 from dra_driver.kube.resources import RESOURCE_SLICES
@@ -97,11 +97,12 @@ class SlicePublisher:
             driver=p.driver,
             device_taints=p.device_taints and not self._taints_dropped,
             binding_conditions=p.binding_conditions and not self._bindings_dropped,
+            publisher=p.publisher,
         )
 
     @property
     def label_selector(self) -> str:
-        return f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"
+        return slice_selector(self._requested_policy.driver, self._requested_policy.publisher)
 
     @property
     def field_selector(self) -> str:

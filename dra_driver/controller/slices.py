@@ -37,6 +37,7 @@ from dra_driver.controller.naming import (
     is_pool_name,
     is_qualified_name,
     pool_label_key,
+    publisher_label,
     slice_name,
 )
 from dra_driver.controller.quantity import parse_quantity
@@ -54,6 +55,7 @@ __all__ = [
     "node_selector",
     "plan_pool",
     "slice_labels",
+    "slice_selector",
 ]
 
 API_VERSION = "resource.k8s.io/v1"
@@ -63,8 +65,13 @@ class SliceInvalid(ValueError):
     """A slice breaks a rule the API server enforces; writing it would be rejected."""
 
 
-def slice_labels() -> dict[str, str]:
-    return {MANAGED_BY_LABEL: MANAGED_BY_VALUE}
+def slice_labels(driver: str, publisher: str) -> dict[str, str]:
+    """Labels of every slice this role writes; it lists and touches only slices carrying them."""
+    return {MANAGED_BY_LABEL: MANAGED_BY_VALUE, publisher_label(driver): publisher}
+
+
+def slice_selector(driver: str, publisher: str) -> str:
+    return ",".join(f"{k}={v}" for k, v in slice_labels(driver, publisher).items())
 
 
 def node_selector(driver: str, pool: str) -> dict[str, Any]:
@@ -191,6 +198,7 @@ class DesiredPool:
     chunks: list[list[dict[str, Any]]]
     withheld: dict[str, WithheldReason] = field(default_factory=dict)
     nodes: tuple[str, ...] = ()
+    labels: dict[str, str] = field(default_factory=dict)
     _normal: list[dict[str, Any]] | None = field(default=None, repr=False)
 
     @property
@@ -234,6 +242,7 @@ def desired_pools(inventory: Inventory, policy: PublishPolicy) -> dict[str, Desi
             chunks=chunk_devices(published),
             withheld={n: c.withheld for n, c in converted.items() if c.withheld is not None},
             nodes=nodes_by_pool.get(pool, ()),
+            labels=slice_labels(policy.driver, policy.publisher),
         )
     return pools
 
@@ -294,7 +303,7 @@ def _in_sync(
         if int(pool.get("resourceSliceCount") or 0) != count:
             return False
         labels = _meta(stored).get("labels") or {}
-        if any(labels.get(k) != v for k, v in slice_labels().items()):
+        if any(labels.get(k) != v for k, v in desired.labels.items()):
             return False
         generations.add(_generation(stored))
         if normal_of(stored) != normal[index]:
@@ -377,7 +386,7 @@ def plan_pool(
         obj: dict[str, Any] = {
             "apiVersion": API_VERSION,
             "kind": "ResourceSlice",
-            "metadata": {"name": name, "labels": slice_labels()},
+            "metadata": {"name": name, "labels": dict(desired.labels)},
             "spec": spec,
         }
         stored = existing.get(name)

@@ -312,3 +312,31 @@ def test_one_leader_writes_and_a_standby_takes_over(
             lambda p: "gpu-0010" in p["fabric-pcie"].devices,
             "publication by the new leader",
         )
+
+
+def test_two_publishers_share_one_driver_without_undoing_each_other(
+    apiserver: ApiServer, start_controller: ControllerFactory, driver: str
+) -> None:
+    """Two fabric managers (pools rack1-pcie and rack2-pcie), one controller each, one driver."""
+    apiserver.node("tp-1")
+    rack1 = make_inventory([gpu(i, pool="rack1-pcie") for i in range(3)], pools={"rack1-pcie": ["tp-1"]})
+    rack2 = make_inventory([gpu(i, pool="rack2-pcie") for i in range(5)], pools={"rack2-pcie": ["tp-1"]})
+    with InventoryServer(rack1) as one, InventoryServer(rack2) as two:
+        start_controller(one, driver, "--publisher", "rack1", "--resync-period", "0.3")
+        start_controller(two, driver, "--publisher", "rack2", "--resync-period", "0.3")
+        published = wait_pools(
+            apiserver,
+            driver,
+            lambda p: len(p["rack1-pcie"].devices) == 3 and len(p["rack2-pcie"].devices) == 5,
+            "both pools",
+        )
+        keys = {pool_label_key(driver, "rack1-pcie"), pool_label_key(driver, "rack2-pcie")}
+        wait_for(lambda: keys <= set(apiserver.node_labels("tp-1")), what="both pool labels on the node")
+        # Resyncs of both run; neither deletes or rewrites the other's slices or labels.
+        apiserver.reset_counts()
+        wait_for(lambda: apiserver.requests("resource.k8s.io/resourceslices", "list") >= 4, what="resyncs")
+        assert apiserver.writes() == 0
+        assert apiserver.writes("nodes") == 0
+        assert {p: v.generation for p, v in pools(apiserver, driver).items()} == {
+            p: v.generation for p, v in published.items()
+        }

@@ -24,6 +24,7 @@ def test_help_explains_every_flag() -> None:
         "--manager-insecure",
         "--kubeconfig",
         "--driver-name",
+        "--publisher",
         "--leader-elect",
         "--lease-name",
         "--lease-namespace",
@@ -48,6 +49,7 @@ def test_help_explains_every_flag() -> None:
         (["--manager-url", "fabric-manager:8080"], "expected an http:// or https:// URL"),
         (["--manager-url", "http://m", "--driver-name", "Fabric_DRA"], "--driver-name"),
         (["--manager-url", "http://m", "--manager-token-file", "/nonexistent/token"], "no such file"),
+        (["--manager-url", "http://m", "--publisher", "rack 7"], "--publisher"),
         (["--manager-url", "http://m", "--kubeconfig", "/nonexistent/kubeconfig"], "cannot load Kubernetes"),
     ],
 )
