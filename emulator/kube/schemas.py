@@ -116,6 +116,24 @@ def _type_gate(node: Mapping[str, Any], natural: str) -> tuple[bool, Check]:
     return "null" in types, type_error
 
 
+def _plain_types(node: Mapping[str, Any]) -> frozenset[type] | None:
+    """The Python types that certainly satisfy ``node`` when it is nothing but a type check."""
+    if set(node) - {"type", "description", "format"} or node.get("format") not in (None, "double"):
+        return None
+    declared = node.get("type")
+    if not declared:
+        return None
+    names = declared if isinstance(declared, list) else [declared]
+    # Only exact matches: a float for an integer field goes through the full check.
+    exact = {"string": str, "boolean": bool, "null": type(None), "integer": int, "number": float}
+    if any(name not in exact for name in names):
+        return None
+    types = {exact[name] for name in names}
+    if "number" in names:
+        types.add(int)
+    return frozenset(types)
+
+
 def _is_base64(value: str) -> bool:
     try:
         base64.b64decode(value, validate=True)
@@ -211,24 +229,23 @@ class SchemaSet:
         return self._compile_scalar(node)
 
     def _compile_ref(self, name: str) -> Check:
-        existing = self._compiled.get(name)
-        if existing is not None:
-            return existing
-        cell: list[Check] = []
-
-        def check(value: Any, path: Path_, errors: list[FieldError]) -> None:
-            if not cell:
-                cell.append(self.compiled(name))
-            cell[0](value, path, errors)
-
-        return check
+        # Resolved now, so validation calls the definition directly; a definition that is still
+        # being compiled (a recursive one) comes back as its forwarding placeholder.
+        return self.compiled(name)
 
     def _compile_one_of(self, node: Mapping[str, Any]) -> Check:
         options = [self.compile(s) for s in node["oneOf"]]
+        # Quantity is oneOf [string, number]: decided by the value's type alone, without
+        # building the failing option's error.
+        plain = [_plain_types(s) for s in node["oneOf"]]
 
         def check(value: Any, path: Path_, errors: list[FieldError]) -> None:
             matches = 0
-            for option in options:
+            kind = type(value)
+            for option, types in zip(options, plain, strict=True):
+                if types is not None and kind in types:
+                    matches += 1
+                    continue
                 scratch: list[FieldError] = []
                 option(value, path, scratch)
                 if not scratch:
@@ -248,8 +265,16 @@ class SchemaSet:
         accepts_null, type_error = _type_gate(node, "object")
         props_src: Mapping[str, Any] = node.get("properties") or {}
         props: dict[str, Check] = {name: self.compile(sub) for name, sub in props_src.items()}
+        # Plain scalar fields are checked inline: most fields of an object are, and a function
+        # call per field is what validation time is made of. Anything unusual takes the full check.
+        plain: dict[str, frozenset[type]] = {}
+        for name, sub in props_src.items():
+            types = _plain_types(sub)
+            if types is not None:
+                plain[name] = types
         extra = node.get("additionalProperties", True)
         extra_check: Check | None = self.compile(extra) if isinstance(extra, dict) else None
+        extra_plain = _plain_types(extra) if isinstance(extra, dict) else None
         closed = extra is False
         required = tuple(node.get("required") or ())
 
@@ -265,10 +290,15 @@ class SchemaSet:
                         FieldError(format_path((path, key)), "FieldValueRequired", "Required value")
                     )
             for key, item in value.items():
+                fast = plain.get(key)
+                if fast is not None and type(item) in fast:
+                    continue
                 sub = props.get(key)
                 if sub is not None:
                     sub(item, (path, key), errors)
                 elif extra_check is not None:
+                    if extra_plain is not None and type(item) in extra_plain:
+                        continue
                     extra_check(item, (path, f"[{key}]"), errors)
                 elif closed:
                     errors.append(

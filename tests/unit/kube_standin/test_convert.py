@@ -1,0 +1,89 @@
+"""resource.k8s.io v1beta1/v1beta2 <-> v1 conversion, events.k8s.io <-> core Events, defaults."""
+
+from __future__ import annotations
+
+import copy
+
+from emulator.kube.convert import apply_defaults, from_storage, to_storage
+from emulator.kube.registry import find_resource
+from emulator.kube.schemas import SchemaCatalog
+from tests.unit.kube_standin.objects import ARTICLE_TEMPLATE_V1BETA1, resource_slice
+
+TEMPLATES = find_resource("resource.k8s.io", "v1", "resourceclaimtemplates")
+SLICES = find_resource("resource.k8s.io", "v1", "resourceslices")
+CORE_EVENTS = find_resource("", "v1", "events")
+EVENTS = find_resource("events.k8s.io", "v1", "events")
+assert TEMPLATES and SLICES and CORE_EVENTS and EVENTS
+
+
+def test_the_article_template_converts_to_v1_and_back() -> None:
+    stored = to_storage(TEMPLATES, "v1beta1", ARTICLE_TEMPLATE_V1BETA1)
+    apply_defaults(TEMPLATES, stored)
+    assert stored["apiVersion"] == "resource.k8s.io/v1"
+    assert stored["spec"]["spec"]["devices"]["requests"] == [
+        {
+            "name": "dedicated-accelerator",
+            "exactly": {"deviceClassName": "cohdi-pcie-device", "allocationMode": "ExactCount", "count": 1},
+        }
+    ]
+    catalog = SchemaCatalog()
+    assert catalog.validate(stored) == []
+    back = from_storage(TEMPLATES, "v1beta1", stored)
+    assert back["spec"]["spec"]["devices"]["requests"] == [
+        {
+            "name": "dedicated-accelerator",
+            "deviceClassName": "cohdi-pcie-device",
+            "allocationMode": "ExactCount",
+            "count": 1,
+        }
+    ]
+    assert catalog.validate(back) == []
+    assert from_storage(TEMPLATES, "v1beta2", stored)["spec"] == stored["spec"]
+
+
+def test_first_available_requests_are_the_same_in_both_versions() -> None:
+    template = copy.deepcopy(ARTICLE_TEMPLATE_V1BETA1)
+    template["spec"]["spec"]["devices"]["requests"] = [
+        {"name": "any", "firstAvailable": [{"name": "big", "deviceClassName": "fabric-gpu", "count": 2}]}
+    ]
+    stored = to_storage(TEMPLATES, "v1beta1", template)
+    assert (
+        stored["spec"]["spec"]["devices"]["requests"][0] == template["spec"]["spec"]["devices"]["requests"][0]
+    )
+    apply_defaults(TEMPLATES, stored)
+    assert (
+        stored["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"][0]["allocationMode"]
+        == "ExactCount"
+    )
+
+
+def test_slice_devices_wrap_in_basic_for_v1beta1() -> None:
+    v1 = resource_slice(devices=2)
+    beta = from_storage(SLICES, "v1beta1", v1)
+    assert beta["apiVersion"] == "resource.k8s.io/v1beta1"
+    assert set(beta["spec"]["devices"][0]) == {"name", "basic"}
+    assert beta["spec"]["devices"][0]["basic"]["capacity"] == v1["spec"]["devices"][0]["capacity"]
+    assert SchemaCatalog(["1.34"]).validate(beta) == []
+    assert to_storage(SLICES, "v1beta1", beta) == v1
+
+
+def test_events_k8s_io_is_a_view_of_core_events() -> None:
+    event = {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"name": "e1", "namespace": "default"},
+        "eventTime": "2026-01-01T00:00:00.000000Z",
+        "regarding": {"kind": "Pod", "name": "p"},
+        "note": "attached gpu-0",
+        "reason": "Attached",
+        "reportingController": "fabric-dra.io/plugin",
+        "reportingInstance": "node-a",
+        "type": "Normal",
+        "action": "Attach",
+    }
+    core = to_storage(EVENTS, "v1", event)
+    assert core["apiVersion"] == "v1"
+    assert core["involvedObject"] == {"kind": "Pod", "name": "p"}
+    assert core["message"] == "attached gpu-0" and core["reportingComponent"] == "fabric-dra.io/plugin"
+    assert SchemaCatalog(["1.34"]).validate(core) == []
+    assert from_storage(EVENTS, "v1", core) == event
