@@ -586,7 +586,17 @@ class Binder:
                     if after is not None and host.id not in after:
                         raise err from None
                 continue
-            except (OutcomeUnknown, PreconditionFailed, DeviceBusy) as err:
+            except DeviceBusy as err:
+                # The read said "not bound" but the fabric is busy with the device (a task of an
+                # earlier run of ours, or a change in flight): wait for it, do not burn attempts.
+                slot.error = last_error = err
+                attempts -= 1
+                if time.monotonic() + backoff > deadline:
+                    raise
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            except (OutcomeUnknown, PreconditionFailed) as err:
                 slot.error = last_error = err
                 await asyncio.sleep(self.settings.settle_seconds)
                 continue

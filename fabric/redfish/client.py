@@ -504,6 +504,8 @@ class RedfishClient:
                 await result
         wait = response.retry_after
         delay = poll_initial
+        unreachable = 0
+        refusals = 0
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -517,16 +519,26 @@ class RedfishClient:
             try:
                 polled = await self._in_thread(self._exchange, "GET", monitor, None, None, None)
             except _Transport as err:
-                log.warning("task monitor unreachable, still waiting", task=monitor, error=str(err))
+                unreachable += 1
+                if unreachable == 1:
+                    log.warning("task monitor unreachable, still waiting", task=monitor, error=str(err))
                 wait = None
                 continue
+            unreachable = 0
             wait = polled.retry_after
             if polled.status == 202:
+                refusals = 0
                 continue
             if polled.status in (404, 410):
                 raise OutcomeUnknown(f"Redfish task monitor {monitor} for {action} disappeared")
             if polled.status in _RETRY_STATUSES:
-                continue
+                # Busy now (it says when to come back), or the task's own final answer (a task cut
+                # short by a restart of the service ends 503): whether it acted is unknown — read.
+                refusals += 1
+                if polled.retry_after is not None and refusals < 3:
+                    continue
+                cause = error_for_response(polled.status, polled.body, method="GET", uri=monitor)
+                raise OutcomeUnknown(f"Redfish task {monitor} for {action} ended unclear: {cause.message}")
             if polled.status >= 400:
                 raise error_for_response(polled.status, polled.body, method=response.method, uri=response.uri)
             if polled.is_task:
@@ -540,13 +552,15 @@ class RedfishClient:
     async def task_running(self, monitor: str) -> bool:
         """Whether the task behind ``monitor`` still runs; False once it ended or is gone."""
         try:
-            polled = await self.request("GET", monitor)
-        except FabricUnavailable:
-            raise
-        except FabricError:
-            return False  # gone (404), or ended with the operation's own error response
+            polled = await self._in_thread(self._exchange, "GET", monitor, None, None, None)
+        except _Transport as err:
+            raise FabricUnavailable(f"Redfish service at {self.base_url} unreachable: {err}") from None
         if polled.status == 202:
             return True
+        if polled.status in _RETRY_STATUSES and polled.retry_after is not None:
+            raise error_for_response(polled.status, polled.body, method="GET", uri=monitor)
+        if polled.status >= 400:
+            return False  # gone (404), or ended with the operation's own error response
         return polled.is_task and str(polled.body.get("TaskState") or "") not in _TERMINAL_TASK_STATES
 
     async def cancel_task(self, monitor: str) -> None:
