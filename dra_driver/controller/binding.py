@@ -217,9 +217,12 @@ class ClaimBinder:
             self._workers[uid] = asyncio.get_running_loop().create_task(self._work(uid))
 
     def _schedule_later(self, uid: str, delay: float) -> None:
-        if uid in self._retry:
-            return
         loop = asyncio.get_running_loop()
+        pending = self._retry.get(uid)
+        if pending is not None:
+            if pending.when() <= loop.time() + delay:
+                return  # an earlier pass is already due
+            pending.cancel()
 
         def fire() -> None:
             self._retry.pop(uid, None)
@@ -233,14 +236,17 @@ class ClaimBinder:
                 self._dirty.discard(uid)
                 try:
                     await self.reconcile(uid, self._claims.get(uid))
-                except (ApiError, FabricError) as err:
+                except Exception as err:
                     delay = self._backoff.setdefault(uid, Backoff(initial=0.5, maximum=30.0)).next()
-                    log.warning(
-                        "binding-condition work failed; retrying",
-                        claim=uid,
-                        error=str(err).splitlines()[0],
-                        retry_in=round(delay, 2),
-                    )
+                    if isinstance(err, ApiError | FabricError):
+                        log.warning(
+                            "binding-condition work failed; retrying",
+                            claim=uid,
+                            error=str(err).splitlines()[0],
+                            retry_in=round(delay, 2),
+                        )
+                    else:  # a bug or an answer nobody expected: keep the claim in work, loudly
+                        log.exception("binding-condition work failed unexpectedly; retrying", claim=uid)
                     self._schedule_later(uid, delay)
                     return
                 self._backoff.pop(uid, None)
