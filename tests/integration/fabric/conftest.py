@@ -119,7 +119,9 @@ def fabric(tmp_path_factory: pytest.TempPathFactory, tls: Tls) -> Iterator[Fabri
         yield admin
 
 
-def manager_args(fabric: FabricAdmin, work: Path, *extra: str, tokens: bool = True) -> list[str]:
+def manager_args(
+    fabric: FabricAdmin, work: Path, *extra: str, tokens: bool = True, nodes: Sequence[str] = NODES
+) -> list[str]:
     """Flags for a manager in front of ``fabric``: TLS verified with the test CA, a Redfish session
     with the emulator's generated credentials, static tokens for every node's plugin."""
     args = [
@@ -133,7 +135,7 @@ def manager_args(fabric: FabricAdmin, work: Path, *extra: str, tokens: bool = Tr
             {
                 CONTROLLER_TOKEN: ("controller", None),
                 OPERATOR_TOKEN: ("operator", None),
-                **{plugin_token(node): ("plugin", node) for node in NODES},
+                **{plugin_token(node): ("plugin", node) for node in nodes},
             },
         )
         args += ["--static-tokens", str(tokens_file)]
@@ -142,12 +144,16 @@ def manager_args(fabric: FabricAdmin, work: Path, *extra: str, tokens: bool = Tr
 
 @contextlib.contextmanager
 def manager_for(
-    fabric: FabricAdmin, work: Path, *extra: str, name: str = "manager", tokens: bool = True
+    fabric: FabricAdmin,
+    work: Path,
+    *extra: str,
+    name: str = "manager",
+    tokens: bool = True,
+    nodes: Sequence[str] = NODES,
 ) -> Iterator[RoleProcess]:
     work.mkdir(parents=True, exist_ok=True)
-    with running_manager(
-        work, fabric.url, args=manager_args(fabric, work, *extra, tokens=tokens), name=name
-    ) as proc:
+    args = manager_args(fabric, work, *extra, tokens=tokens, nodes=nodes)
+    with running_manager(work, fabric.url, args=args, name=name) as proc:
         yield proc
 
 
