@@ -122,7 +122,16 @@ class LeaderElector:
             }
             try:
                 await self._client.create(LEASES, body, self.namespace)
-            except ApiError:
+            except ApiError as err:
+                # Another candidate may have won the race (AlreadyExists); anything else — a missing
+                # namespace, no RBAC for leases — would otherwise keep every replica a follower silently.
+                if err.status != 409:
+                    log.warning(
+                        "leader election: cannot create the lease",
+                        lease=self.name,
+                        namespace=self.namespace,
+                        error=str(err),
+                    )
                 return False
             self.current_holder = self.identity
             return True
