@@ -247,10 +247,23 @@ class _Admin:
                 raise CliError(f"cannot read --password-file {args.password_file}: {err.strerror}") from None
         if password is not None:
             self.auth = (username or "admin", password)
-        self.verify: Any = False if args.insecure else (str(args.ca_file) if args.ca_file else True)
+        self.verify: Any = True
+        if args.insecure:
+            self.verify = False
+        elif args.ca_file is not None:
+            import ssl
+
+            try:
+                self.verify = ssl.create_default_context(cafile=str(args.ca_file))
+            except (OSError, ssl.SSLError) as err:
+                raise CliError(f"cannot use --ca-file {args.ca_file}: {err}") from None
 
     def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        import logging
+
         import httpx
+
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise here
 
         try:
             response = httpx.request(
@@ -377,7 +390,8 @@ def _reset_faults(args: argparse.Namespace) -> int:
         print(f"fault {args.id} removed")
     else:
         result = admin.request("DELETE", "/redfish/v1/Oem/FabricDRA/Faults")
-        print(f"removed {result.get('Removed', 0)} fault(s)")
+        removed, resumed = result.get("Removed", 0), result.get("ResumedTasks", 0)
+        print(f"removed {removed} fault(s), resumed {resumed} hung task(s)")
     return 0
 
 

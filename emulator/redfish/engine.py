@@ -158,6 +158,8 @@ class Engine:
         self.expire_sessions: Callable[[], int] = lambda: 0
         self._runners: dict[str, asyncio.Task[None]] = {}
         self._unhang = asyncio.Event()
+        #: Ids of tasks held by a HangTasks fault
+        self.hung: set[str] = set()
 
     @property
     def state(self) -> FabricState:
@@ -418,7 +420,11 @@ class Engine:
         try:
             if hang:
                 log.warning("task hangs (injected fault)", task=task.id, device=op.targets)
-                await self._unhang.wait()
+                self.hung.add(task.id)
+                try:
+                    await self._unhang.wait()
+                finally:
+                    self.hung.discard(task.id)
             types = [self._target(t).device.type for t in op.targets]
             seconds = self.latency.operation_seconds(op.kind == OperationKind.BIND, types, self.rng)
             await asyncio.sleep(seconds / 2)
@@ -687,21 +693,23 @@ class Engine:
         await self._commit(effects, events)
         return fault_id, "active"
 
-    async def remove_faults(self, fault_id: str | None = None) -> int:
-        """Remove one fault, or all (``None``); hung tasks resume. Returns how many were removed."""
+    async def remove_faults(self, fault_id: str | None = None) -> tuple[int, int]:
+        """Remove one fault, or all (``None``); hung tasks resume. Returns (faults removed, tasks resumed)."""
         ids = [fault_id] if fault_id is not None else list(self.faults)
+        resumed = 0
         before, health_before, ports_before = self._snapshot_conditions()
         for ident in ids:
             self.faults.pop(ident, None)
             self.state.faults.pop(ident, None)
         if fault_id is None or not any(isinstance(f, HangTasks) for f in self.faults.values()):
+            resumed = len(self.hung)
             self._unhang.set()
             self._unhang = asyncio.Event()
         effects, events = self._fault_effects(before, health_before, ports_before)
         self.revision.bump()
-        log.warning("faults removed", count=len(ids))
+        log.warning("faults removed", count=len(ids), resumed_tasks=resumed)
         await self._commit(effects, events)
-        return len(ids)
+        return len(ids), resumed
 
     def _validate_fault(self, fault: FaultSpec) -> None:
         def unknown(kind: str, name: str, prop: str) -> RedfishError:

@@ -103,6 +103,8 @@ class EventFilter:
     def parse(cls, text: str) -> EventFilter:
         """Parse ``Prop eq 'value' [or Prop eq 'value' ...]``; raises ValueError naming the problem."""
         terms: list[tuple[str, str]] = []
+        if not text.strip():
+            return cls()
         for clause in _split_or(text):
             parts = clause.strip().split(None, 2)
             if len(parts) != 3 or parts[1] != "eq":

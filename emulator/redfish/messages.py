@@ -101,6 +101,7 @@ _MESSAGES: dict[str, dict[str, MessageDef]] = {
                 "'%1' is outside the supported range of %2.",
                 "Use a value in range.",
             ),
+            ("PropertyValueError", "Warning", 1, "The value of %1 is not valid here.", "Correct %1."),
             (
                 "PropertyValueFormatError",
                 "Warning",

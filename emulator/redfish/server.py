@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import signal
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,9 +148,14 @@ class _Server(uvicorn.Server):
         self._events = events
 
     def handle_exit(self, sig: int, frame: Any) -> None:
-        # end Server-Sent Event streams first, or the graceful shutdown waits for them
+        # End Server-Sent Event streams first, or the graceful shutdown waits for them. The
+        # signal is not re-raised after shutdown (uvicorn's default), so our own cleanup runs
+        # and the process exits 0 on SIGTERM.
         self._events.close()
-        super().handle_exit(sig, frame)
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        else:
+            self.should_exit = True
 
 
 def _listen(host: str, port: int) -> socket.socket:

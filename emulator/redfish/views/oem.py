@@ -136,8 +136,8 @@ class FaultsNode(Node):
         return Reply(201, node.payload(), {"Location": node.uri})
 
     async def delete(self, request: Request) -> Reply:
-        count = await self.ctx.engine.remove_faults()
-        return Reply(200, {"Removed": count})
+        removed, resumed = await self.ctx.engine.remove_faults()
+        return Reply(200, {"Removed": removed, "ResumedTasks": resumed})
 
 
 class FaultNode(Node):

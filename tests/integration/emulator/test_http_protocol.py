@@ -1,0 +1,272 @@
+"""The HTTP side of DSP0266 on a running emulator: authentication, ETags and preconditions,
+methods and ``Allow``, error bodies, query options, OData documents, tasks."""
+
+from __future__ import annotations
+
+import stat
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.emulator import (
+    BLOCKS,
+    ENDPOINTS,
+    ZONES,
+    RunningEmulator,
+    block_action,
+    run_emulator,
+    zone_add,
+    zone_remove,
+)
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningEmulator]:
+    with run_emulator(tmp_path_factory.mktemp("http")) as running:
+        yield running
+
+
+@pytest.fixture
+def client(emu: RunningEmulator) -> httpx.Client:
+    return emu.client()
+
+
+def _message_id(response: httpx.Response) -> str:
+    body = response.json()
+    info = body["error"]["@Message.ExtendedInfo"]
+    assert body["error"]["code"] == info[0]["MessageId"]
+    return str(info[0]["MessageId"])
+
+
+# --- authentication -----------------------------------------------------------------------------
+
+
+def test_credentials_are_generated_once_and_private(emu: RunningEmulator) -> None:
+    path = emu.state_dir / "credentials.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert emu.password and emu.password not in emu.log(), "the password must never be logged"
+
+
+def test_everything_but_the_entry_points_needs_authentication(emu: RunningEmulator) -> None:
+    anonymous = httpx.Client(base_url=emu.url)
+    for open_uri in ("/redfish", "/redfish/v1/", "/redfish/v1", "/redfish/v1/odata", "/redfish/v1/$metadata"):
+        assert anonymous.get(open_uri).status_code == 200, open_uri
+    denied = anonymous.get("/redfish/v1/Systems")
+    assert denied.status_code == 401
+    assert denied.headers["WWW-Authenticate"].startswith("Basic")
+    assert _message_id(denied) == "Base.1.22.NoValidSession"
+    assert anonymous.get("/redfish/v1/Systems", headers={"X-Auth-Token": "forged"}).status_code == 401
+    assert anonymous.get("/redfish/v1/Systems", auth=(emu.username, "wrong")).status_code == 401
+    assert anonymous.get("/redfish/v1/Oem/FabricDRA/Bindings").status_code == 401
+    uri, body = zone_add("kind-worker", "gpu0")
+    assert anonymous.post(uri, json=body).status_code == 401
+    assert emu.bound_hosts() == {}
+
+
+def test_session_token_authenticates_until_deleted(emu: RunningEmulator) -> None:
+    anonymous = httpx.Client(base_url=emu.url)
+    login = anonymous.post(
+        "/redfish/v1/SessionService/Sessions", json={"UserName": emu.username, "Password": emu.password}
+    )
+    assert login.status_code == 201
+    token, location = login.headers["X-Auth-Token"], login.headers["Location"]
+    assert login.json()["@odata.id"] == location
+    assert "Password" not in login.json()
+    headers = {"X-Auth-Token": token}
+    assert anonymous.get("/redfish/v1/Systems", headers=headers).status_code == 200
+    assert anonymous.delete(location, headers=headers).status_code == 204
+    assert anonymous.get("/redfish/v1/Systems", headers=headers).status_code == 401
+    bad = anonymous.post(
+        "/redfish/v1/SessionService/Sessions", json={"UserName": emu.username, "Password": "x"}
+    )
+    assert bad.status_code == 401
+
+
+# --- resources, ETags, preconditions -------------------------------------------------------------
+
+
+def test_every_resource_has_an_etag(client: httpx.Client) -> None:
+    for uri in (
+        "/redfish/v1/",
+        "/redfish/v1/Systems",
+        "/redfish/v1/Systems/kind-worker",
+        f"{ENDPOINTS}/gpu0",
+    ):
+        response = client.get(uri)
+        assert response.status_code == 200
+        etag = response.headers["ETag"]
+        assert etag.startswith('W/"')
+        assert response.json()["@odata.etag"] == etag
+        assert "GET" in response.headers["Allow"]
+        assert response.headers["OData-Version"] == "4.0"
+        assert response.headers["Content-Type"].startswith("application/json")
+        assert client.get(uri, headers={"If-None-Match": etag}).status_code == 304
+
+
+def test_etag_changes_only_with_the_resource(client: httpx.Client) -> None:
+    zone_before = client.get(f"{ZONES}/kind-worker2").headers["ETag"]
+    other_before = client.get(f"{ZONES}/kind-worker3").headers["ETag"]
+    uri, body = zone_add("kind-worker2", "gpu2")
+    assert client.post(uri, json=body).status_code == 204
+    assert client.get(f"{ZONES}/kind-worker2").headers["ETag"] != zone_before
+    assert client.get(f"{ZONES}/kind-worker3").headers["ETag"] == other_before
+    uri, body = zone_remove("kind-worker2", "gpu2")
+    assert client.post(uri, json=body).status_code == 204
+    assert client.get(f"{ZONES}/kind-worker2").headers["ETag"] == zone_before
+
+
+def test_if_match_and_action_etags(client: httpx.Client, emu: RunningEmulator) -> None:
+    zone = client.post(
+        ZONES,
+        json={
+            "Links": {
+                "Endpoints": [{"@odata.id": f"{ENDPOINTS}/kind-worker4"}, {"@odata.id": f"{ENDPOINTS}/gpu3"}]
+            }
+        },
+    )
+    assert zone.status_code == 201
+    location = zone.headers["Location"]
+    etag = client.get(location).headers["ETag"]
+    stale = client.delete(location, headers={"If-Match": 'W/"0000000000000000"'})
+    assert stale.status_code == 412
+    assert _message_id(stale) == "Base.1.22.PreconditionFailed"
+    assert emu.bound_hosts().get("gpu3") == "kind-worker4"
+    assert client.delete(location, headers={"If-Match": etag}).status_code == 204
+    assert "gpu3" not in emu.bound_hosts()
+
+    # action ETag parameters: a mismatch is 428 (Zone v1_5 / ComputerSystem v1_16 CSDL)
+    uri, body = zone_add("kind-worker", "nic0")
+    stale_zone = client.post(uri, json={**body, "ZoneETag": 'W/"0000000000000000"'})
+    assert stale_zone.status_code == 428
+    assert _message_id(stale_zone) == "Base.1.22.PreconditionFailed"
+    endpoint_etag = client.get(f"{ENDPOINTS}/nic0").headers["ETag"]
+    zone_etag = client.get(f"{ZONES}/kind-worker").headers["ETag"]
+    fresh = client.post(uri, json={**body, "ZoneETag": zone_etag, "EndpointETag": endpoint_etag})
+    assert fresh.status_code == 204
+    uri, body = block_action("kind-worker", "nic0", "RemoveResourceBlock")
+    stale_block = client.post(uri, json={**body, "ResourceBlockETag": 'W/"1"'})
+    assert stale_block.status_code == 428
+    block_etag = client.get(f"{BLOCKS}/nic0").headers["ETag"]
+    assert client.post(uri, json={**body, "ResourceBlockETag": block_etag}).status_code == 204
+
+
+# --- methods, errors, queries ----------------------------------------------------------------------
+
+
+def test_wrong_methods_get_405_with_allow(client: httpx.Client) -> None:
+    cases = {
+        ("PUT", "/redfish/v1/Systems/kind-worker"): "GET, HEAD",
+        ("DELETE", f"{ZONES}/kind-worker"): "GET, HEAD",
+        ("PATCH", f"{ENDPOINTS}/gpu0"): "GET, HEAD",
+        ("GET", f"{ZONES}/kind-worker/Actions/Zone.AddEndpoint"): "POST",
+        ("POST", "/redfish/v1/Systems"): "GET, HEAD",
+    }
+    for (method, uri), allow in cases.items():
+        response = client.request(method, uri, json={})
+        assert response.status_code == 405, (method, uri)
+        assert response.headers["Allow"] == allow, (method, uri)
+        assert _message_id(response) == "Base.1.22.OperationNotAllowed"
+    assert "POST" in client.get(ZONES).headers["Allow"]
+
+
+def test_bad_requests_name_the_property(client: httpx.Client) -> None:
+    uri, _ = zone_add("kind-worker", "gpu0")
+    malformed = client.post(uri, content=b"{not json", headers={"Content-Type": "application/json"})
+    assert malformed.status_code == 400 and _message_id(malformed) == "Base.1.22.MalformedJSON"
+    missing = client.post(uri, json={})
+    assert missing.status_code == 400 and _message_id(missing) == "Base.1.22.ActionParameterMissing"
+    assert missing.json()["error"]["@Message.ExtendedInfo"][0]["MessageArgs"] == [
+        "Zone.AddEndpoint",
+        "Endpoint",
+    ]
+    unknown = client.post(uri, json={"Endpoint": {"@odata.id": f"{ENDPOINTS}/gpu0"}, "Force": True})
+    assert unknown.status_code == 400 and _message_id(unknown) == "Base.1.22.ActionParameterUnknown"
+    nowhere = client.post(uri, json={"Endpoint": {"@odata.id": f"{ENDPOINTS}/gpu99"}})
+    assert nowhere.status_code == 400 and _message_id(nowhere) == "Base.1.22.ResourceNotFound"
+    bad_zone = client.post(
+        ZONES, json={"Links": {"Endpoints": [{"@odata.id": f"{ENDPOINTS}/gpu0"}]}, "Color": "red"}
+    )
+    assert bad_zone.status_code == 400
+    ids = {m["MessageId"] for m in bad_zone.json()["error"]["@Message.ExtendedInfo"]}
+    assert ids == {"Base.1.22.PropertyUnknown"}
+    no_host = client.post(ZONES, json={"Links": {"Endpoints": [{"@odata.id": f"{ENDPOINTS}/gpu0"}]}})
+    assert no_host.status_code == 400 and "exactly one host" in no_host.json()["error"]["message"]
+    missing_resource = client.get("/redfish/v1/Systems/kind-worker99")
+    assert (
+        missing_resource.status_code == 404 and _message_id(missing_resource) == "Base.1.22.ResourceNotFound"
+    )
+    assert client.get("/redfish/v1/Systems?$expand=.").status_code == 501
+
+
+def test_odata_documents(client: httpx.Client, redfish_dir: Path) -> None:
+    service = client.get("/redfish/v1/odata").json()
+    urls = {v["url"] for v in service["value"]}
+    assert {"/redfish/v1/", "/redfish/v1/Fabrics", "/redfish/v1/CompositionService"} <= urls
+    metadata = client.get("/redfish/v1/$metadata")
+    assert metadata.headers["Content-Type"].startswith("application/xml")
+    root = ET.fromstring(metadata.content)
+    edmx = "{http://docs.oasis-open.org/odata/ns/edmx}"
+    references = root.findall(f"{edmx}Reference")
+    assert len(references) > 30
+    for reference in references:
+        schema_file = reference.attrib["Uri"].rsplit("/", 1)[-1]
+        text = (redfish_dir / "csdl" / schema_file).read_text()
+        for include in reference.findall(f"{edmx}Include"):
+            assert f'Namespace="{include.attrib["Namespace"]}"' in text, (schema_file, include.attrib)
+    assert client.get("/redfish").json() == {"v1": "/redfish/v1/"}
+
+
+def test_session_timeout_is_patchable_within_range(client: httpx.Client) -> None:
+    ok = client.patch("/redfish/v1/SessionService", json={"SessionTimeout": 600})
+    assert ok.status_code == 200 and ok.json()["SessionTimeout"] == 600
+    low = client.patch("/redfish/v1/SessionService", json={"SessionTimeout": 5})
+    assert low.status_code == 400 and _message_id(low) == "Base.1.22.PropertyValueOutOfRange"
+    unknown = client.patch("/redfish/v1/SessionService", json={"ServiceEnabled": False})
+    assert unknown.status_code == 400
+
+
+# --- tasks -----------------------------------------------------------------------------------------
+
+
+def test_prefer_respond_async_runs_a_task(client: httpx.Client, emu: RunningEmulator) -> None:
+    uri, body = block_action("kind-worker3", "gpu5")
+    accepted = client.post(uri, json=body, headers={"Prefer": "respond-async"})
+    assert accepted.status_code == 202
+    monitor = accepted.headers["Location"]
+    assert monitor.startswith("/redfish/v1/TaskService/TaskMonitors/")
+    assert accepted.json()["TaskMonitor"] == monitor
+    final = client.get(monitor)
+    while final.status_code == 202:
+        final = client.get(monitor)
+    assert final.status_code == 204
+    task = client.get(accepted.json()["@odata.id"]).json()
+    assert task["TaskState"] == "Completed" and task["PercentComplete"] == 100
+    assert task["Payload"]["TargetUri"] == uri and task["Payload"]["HttpOperation"] == "POST"
+    assert {m["MessageId"] for m in task["Messages"]} >= {
+        "TaskEvent.1.0.TaskStarted",
+        "TaskEvent.1.0.TaskCompletedOK",
+    }
+    assert emu.bound_hosts()["gpu5"] == "kind-worker3"
+    assert client.delete(monitor).status_code == 409, "a finished task cannot be cancelled"
+    uri, body = block_action("kind-worker3", "gpu5", "RemoveResourceBlock")
+    assert client.post(uri, json=body).status_code == 204
+
+
+def test_cancelling_a_hung_task_releases_the_device(client: httpx.Client, emu: RunningEmulator) -> None:
+    emu.inject({"Kind": "HangTasks", "Target": "fpga0"})
+    uri, body = block_action("kind-worker2", "fpga0")
+    accepted = client.post(uri, json=body)
+    assert accepted.status_code == 202
+    monitor = accepted.headers["Location"]
+    assert client.get(monitor).status_code == 202
+    assert client.post(*block_action("kind-worker4", "fpga0")[:1], json=body).status_code == 409
+    assert client.delete(monitor).status_code == 204
+    cancelled = client.get(monitor)
+    assert cancelled.status_code == 409
+    assert _message_id(cancelled) == "TaskEvent.1.0.TaskCancelled"
+    assert client.get(accepted.json()["@odata.id"]).json()["TaskState"] == "Cancelled"
+    assert emu.bindings()["InFlight"] == [] and "fpga0" not in emu.bound_hosts()
+    emu.reset_faults()

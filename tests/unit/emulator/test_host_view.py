@@ -1,0 +1,196 @@
+"""What a host sees: the sysfs tree entries and the PCI configuration space the emulator writes."""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+from emulator.redfish.hostview import HOST_BRIDGE, HostEntry, HostView, allocate_address
+from emulator.redfish.pciconfig import CONFIG_SIZE, config_space, dsn_from_serial
+from emulator.redfish.state import BindingRecord, BindStyle, HostAddress, utcnow
+from fabric.api import DeviceType
+
+
+def _gpu(serial: str = "48b02d0000a1f000", **address: int | str) -> HostEntry:
+    return HostEntry(
+        host="h1",
+        target="gpu0",
+        type=DeviceType.GPU,
+        address=HostAddress(bdf="0000:41:00.0", iommu_group=32, **address),  # type: ignore[arg-type]
+        vendor_id=0x10DE,
+        device_id=0x2331,
+        class_code=0x030200,
+        revision_id=0xA1,
+        subsystem_vendor_id=0x10DE,
+        subsystem_id=0x1626,
+        pcie_generation=5,
+        pcie_width=16,
+        serial=serial,
+        model="NVIDIA H100 PCIe",
+        numa_node=1,
+    )
+
+
+def _find_capability(cfg: bytes, cap_id: int) -> int | None:
+    pointer = cfg[0x34]
+    while pointer:
+        if cfg[pointer] == cap_id:
+            return pointer
+        pointer = cfg[pointer + 1]
+    return None
+
+
+def test_config_space_reads_like_real_hardware() -> None:
+    cfg = config_space(
+        vendor_id=0x10DE,
+        device_id=0x2331,
+        class_code=0x030200,
+        revision_id=0xA1,
+        subsystem_vendor_id=0x10DE,
+        subsystem_id=0x1626,
+        pcie_generation=5,
+        pcie_width=16,
+        serial="48b02d0000a1f000",
+    )
+    assert len(cfg) == CONFIG_SIZE
+    vendor, device, _command, status = struct.unpack_from("<HHHH", cfg, 0)
+    assert (vendor, device) == (0x10DE, 0x2331)
+    assert status & 0x10, "capabilities list bit"
+    assert cfg[0x08] == 0xA1 and int.from_bytes(cfg[0x09:0x0C], "little") == 0x030200
+    assert cfg[0x0E] & 0x7F == 0, "type-0 header"
+    assert struct.unpack_from("<HH", cfg, 0x2C) == (0x10DE, 0x1626)
+    pcie = _find_capability(cfg, 0x10)
+    assert pcie is not None
+    link_status = struct.unpack_from("<H", cfg, pcie + 0x12)[0]
+    assert link_status & 0xF == 5 and (link_status >> 4) & 0x3F == 16
+    header = struct.unpack_from("<I", cfg, 0x100)[0]
+    assert header & 0xFFFF == 0x0003 and (header >> 16) & 0xF == 1 and header >> 20 == 0
+    low, high = struct.unpack_from("<II", cfg, 0x104)
+    assert (high << 32) | low == 0x48B02D0000A1F000
+
+
+def test_no_serial_capability_without_a_hex_serial() -> None:
+    assert dsn_from_serial("S6EUNG0T500001") is None
+    assert dsn_from_serial("1322023040501") is None
+    cfg = config_space(
+        vendor_id=0x144D,
+        device_id=0xA826,
+        class_code=0x010802,
+        revision_id=0,
+        subsystem_vendor_id=0x144D,
+        subsystem_id=0,
+        pcie_generation=5,
+        pcie_width=4,
+        serial="S6EUNG0T500001",
+    )
+    assert cfg[0x100:0x10C] == bytes(12)
+
+
+def test_pci_device_appears_and_disappears(tmp_path: Path) -> None:
+    view = HostView(tmp_path)
+    view.reset({"h1": "256EBD99-678F-4F37-B1B6-3B826CE5E7A8"})
+    sys_root = view.sys_root("h1")
+    assert (
+        sys_root / "class" / "dmi" / "id" / "product_uuid"
+    ).read_text() == "256ebd99-678f-4f37-b1b6-3b826ce5e7a8\n"
+    entry = _gpu()
+    view.add(entry)
+    link = sys_root / "bus" / "pci" / "devices" / "0000:41:00.0"
+    assert link.is_symlink() and not os.readlink(link).startswith("/"), (
+        "relative links keep the tree relocatable"
+    )
+    device = link.resolve()
+    assert device == (sys_root / "devices" / HOST_BRIDGE / "0000:41:00.0").resolve()
+    files = {p.name: p.read_bytes() for p in device.iterdir() if p.is_file() and not p.is_symlink()}
+    assert files["vendor"] == b"0x10de\n" and files["device"] == b"0x2331\n"
+    assert files["class"] == b"0x030200\n" and files["subsystem_vendor"] == b"0x10de\n"
+    assert files["subsystem_device"] == b"0x1626\n" and files["numa_node"] == b"1\n"
+    assert files["current_link_speed"] == b"32.0 GT/s PCIe\n" and files["current_link_width"] == b"16\n"
+    assert files["serial"] == b"48b02d0000a1f000\n"
+    assert len(files["config"]) == CONFIG_SIZE
+    group = (link / "iommu_group").resolve()
+    assert group == (sys_root / "kernel" / "iommu_groups" / "32").resolve()
+    assert (group / "devices" / "0000:41:00.0").resolve() == device
+
+    view.remove(entry)
+    assert not link.exists() and not link.is_symlink()
+    assert not (sys_root / "kernel" / "iommu_groups" / "32").exists()
+    assert list((sys_root / "devices" / HOST_BRIDGE).iterdir()) == []
+
+
+def test_nvme_controller(tmp_path: Path) -> None:
+    view = HostView(tmp_path)
+    view.reset({"h1": "256ebd99-678f-4f37-b1b6-3b826ce5e7a8"})
+    entry = HostEntry(
+        **{
+            **_gpu().__dict__,
+            "type": DeviceType.NVME,
+            "serial": "S6EUNG0T500001",
+            "model": "PM1743",
+            "address": HostAddress(bdf="0000:42:00.0", nvme=0),
+        }
+    )
+    view.add(entry)
+    sys_root = view.sys_root("h1")
+    controller = sys_root / "bus" / "pci" / "devices" / "0000:42:00.0" / "nvme" / "nvme0"
+    assert (controller / "serial").read_text() == "S6EUNG0T500001\n"
+    assert (controller / "dev").read_text().endswith(":0\n")
+    assert (sys_root / "class" / "nvme" / "nvme0").resolve() == controller.resolve()
+    assert not (sys_root / "bus" / "pci" / "devices" / "0000:42:00.0" / "iommu_group").exists()
+    view.remove(entry)
+    assert not (sys_root / "class" / "nvme" / "nvme0").exists()
+
+
+def test_cxl_memdev_is_shared_by_the_chunks_of_one_device(tmp_path: Path) -> None:
+    view = HostView(tmp_path)
+    view.reset({"h1": "256ebd99-678f-4f37-b1b6-3b826ce5e7a8"})
+    base = {
+        **_gpu().__dict__,
+        "type": DeviceType.CXL_MEMORY,
+        "serial": "0000c0ffee000001",
+        "size_bytes": 16 << 30,
+        "device_size_bytes": 64 << 30,
+    }
+    first = HostEntry(**{**base, "target": "cxl-c0", "address": HostAddress(memdev=0, region=0)})
+    second = HostEntry(**{**base, "target": "cxl-c1", "address": HostAddress(memdev=0, region=1)})
+    view.add(first)
+    view.add(second)
+    cxl = view.sys_root("h1") / "bus" / "cxl" / "devices"
+    assert sorted(p.name for p in cxl.iterdir()) == ["mem0", "region0", "region1"]
+    assert (cxl / "mem0" / "serial").read_text() == "0xc0ffee000001\n"
+    assert (cxl / "region1" / "size").read_text() == "0x400000000\n"
+    assert (cxl / "region1" / "mode").read_text() == "ram\n"
+    assert (cxl / "region1" / "target0").read_text() == "mem0\n"
+    assert (
+        view.sys_root("h1") / "bus" / "dax" / "devices" / "dax1.0" / "size"
+    ).read_text() == f"{16 << 30}\n"
+    view.remove(first)
+    assert sorted(p.name for p in cxl.iterdir()) == ["mem0", "region1"], "mem0 stays while region1 uses it"
+    view.remove(second)
+    assert list(cxl.iterdir()) == []
+
+
+def _binding(target: str, address: HostAddress) -> BindingRecord:
+    return BindingRecord(target=target, host="h1", style=BindStyle.ZONE, since=utcnow(), address=address)
+
+
+def test_addresses_are_lowest_free_like_hot_plug() -> None:
+    first = allocate_address([], DeviceType.GPU, "gpu0")
+    assert first == HostAddress(bdf="0000:41:00.0", iommu_group=32)
+    taken = [
+        (_binding("gpu0", first), DeviceType.GPU, "gpu0"),
+        (_binding("gpu1", HostAddress(bdf="0000:43:00.0", iommu_group=34)), DeviceType.GPU, "gpu1"),
+    ]
+    assert allocate_address(taken, DeviceType.NIC, "nic0") == HostAddress(bdf="0000:42:00.0", iommu_group=33)
+    assert allocate_address(taken, DeviceType.NVME, "nvme0") == HostAddress(bdf="0000:42:00.0", nvme=0)
+    chunks = [(_binding("c0", HostAddress(memdev=0, region=0)), DeviceType.CXL_MEMORY, "cxl0")]
+    assert allocate_address(chunks, DeviceType.CXL_MEMORY, "cxl0") == HostAddress(memdev=0, region=1)
+    assert allocate_address(chunks, DeviceType.CXL_MEMORY, "cxl1") == HostAddress(memdev=1, region=1)
+    # past the last bus of a domain, hot-plugged devices continue in the next PCI domain
+    full: list[tuple[BindingRecord, DeviceType, str]] = []
+    for i in range(0xFF - 0x41):
+        address = allocate_address(full, DeviceType.NVME, f"n{i}")
+        full.append((_binding(f"n{i}", address), DeviceType.NVME, f"n{i}"))
+    assert full[-1][0].address.bdf == "0000:fe:00.0"
+    assert allocate_address(full, DeviceType.NVME, "last").bdf == "0001:41:00.0"

@@ -1,0 +1,194 @@
+"""Topology files: the packaged default, validation that names the field, and the generator."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from emulator.topology import (
+    FABRIC_CXL,
+    FABRIC_PCIE,
+    TopologyError,
+    default_topology_path,
+    load_topology,
+    parse_topology,
+)
+from emulator.topology.generate import GenerateSpec, generate_topology, generate_topology_yaml
+from fabric.api import DeviceType
+
+
+def _base() -> dict[str, Any]:
+    return yaml.safe_load(default_topology_path().read_text())
+
+
+def _problems(data: dict[str, Any]) -> list[str]:
+    with pytest.raises(TopologyError) as info:
+        parse_topology(data, "test.yaml")
+    return [str(p) for p in info.value.problems]
+
+
+def test_default_topology_has_what_the_issue_asks_for() -> None:
+    index = load_topology(default_topology_path())
+    assert list(index.hosts) == ["kind-worker", "kind-worker2", "kind-worker3", "kind-worker4"]
+    assert len({h.uuid for h in index.hosts.values()}) == 4
+    pcie_switches = list(index.fabric_switches(FABRIC_PCIE))
+    assert len(pcie_switches) >= 2
+    types = {d.type for d in index.devices.values()}
+    assert {DeviceType.GPU, DeviceType.NVME, DeviceType.NIC, DeviceType.FPGA, DeviceType.CXL_MEMORY} <= types
+    gpu_models = {d.model.model for d in index.devices.values() if d.type == DeviceType.GPU}
+    assert len(gpu_models) == 2
+    cxl = list(index.fabric_devices(FABRIC_CXL))
+    assert cxl and all(len(d.chunks) > 1 for d in cxl)
+    assert sum(c.size_bytes for c in cxl[0].chunks) == int(cxl[0].model.memory or 0)
+    # some serials are 16 hex digits (they get a Device Serial Number capability), some are not
+    assert any(len(d.serial) == 16 for d in index.devices.values())
+    assert any(len(d.serial) != 16 for d in index.devices.values())
+
+
+def test_ports_and_reachability() -> None:
+    data = _base()
+    data["pcie"]["switches"][1]["hosts"] = ["kind-worker3", "kind-worker4"]
+    index = parse_topology(data)
+    assert index.switches["switch1"].upstream_ports == {"kind-worker3": "UP0", "kind-worker4": "UP1"}
+    assert index.devices["gpu4"].port == "DP0"
+    assert not index.host_reaches("kind-worker", index.devices["gpu4"])
+    assert index.host_reaches("kind-worker", index.devices["gpu0"])
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            lambda d: d["pcie"]["switches"][0]["devices"][2].update(model="h200"),
+            "pcie.switches[0].devices[2].model: unknown model 'h200'",
+        ),
+        (
+            lambda d: d["pcie"]["switches"][0]["devices"][1].update(id="gpu0"),
+            "pcie.switches[0].devices[1].id: Id 'gpu0' is already used",
+        ),
+        (
+            lambda d: d["pcie"]["switches"][0]["devices"][0].update(serial=1234),
+            "pcie.switches[0].devices[0].serial: Value error, write it in quotes",
+        ),
+        (
+            lambda d: d["models"]["h100"].update(vendorId="0x1ffff"),
+            "models.h100.vendorId: Value error, 0x1ffff does not fit in 16 bits",
+        ),
+        (
+            lambda d: d["models"]["h100"].update(colour="green"),
+            "models.h100.colour: Extra inputs are not permitted",
+        ),
+        (lambda d: d["hosts"][1].update(name="kind-worker"), "hosts[1].name: duplicate host 'kind-worker'"),
+        (lambda d: d["hosts"][0].update(name="Kind_Worker"), "hosts[0].name: String should match pattern"),
+        (
+            lambda d: d["cxl"]["switches"][0]["devices"][0].update(chunks=3),
+            "cxl.switches[0].devices[0].chunks: 68719476736 bytes do not split into 3 chunks",
+        ),
+        (
+            lambda d: d["cxl"]["switches"][0]["devices"][0].update(model="h100"),
+            "cxl.switches[0].devices[0].model: model 'h100' is gpu, not cxl-memory",
+        ),
+        (
+            lambda d: d["pcie"]["switches"][0].update(hosts=["kind-worker9"]),
+            "pcie.switches[0].hosts[0]: unknown host 'kind-worker9'",
+        ),
+        (lambda d: d.update(version=2), "version: Input should be 1"),
+    ],
+)
+def test_problems_name_the_field(change: Any, expected: str) -> None:
+    data = _base()
+    change(data)
+    problems = _problems(data)
+    assert any(p.startswith(expected) for p in problems), problems
+
+
+def test_error_message_is_one_line_with_the_count(tmp_path: Path) -> None:
+    data = _base()
+    data["pcie"]["switches"][0]["devices"][0]["model"] = "nope"
+    data["pcie"]["switches"][0]["devices"][1]["model"] = "nope"
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(TopologyError) as info:
+        load_topology(path)
+    text = str(info.value)
+    assert "\n" not in text and "(and 1 more problem)" in text and str(path) in text
+
+
+def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(TopologyError, match="cannot read the file"):
+        load_topology(tmp_path / "missing.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("hosts: [\n")
+    with pytest.raises(TopologyError, match=r"not valid YAML/JSON: line \d+"):
+        load_topology(broken)
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- 1\n")
+    with pytest.raises(TopologyError, match="must hold a mapping"):
+        load_topology(listing)
+
+
+def test_generator_is_deterministic_and_valid_at_load_test_size() -> None:
+    spec = GenerateSpec(hosts=50, gpus=150, nvme=30, nics=10, fpgas=10, cxl_devices=4, chunks=4)
+    assert generate_topology_yaml(spec) == generate_topology_yaml(spec)
+    index = parse_topology(generate_topology(spec))
+    assert len(index.hosts) == 50
+    assert len(index.devices) == 204
+    assert len(index.targets) == 200 + 16
+    assert "kind-worker50" in index.hosts and "kind-worker" in index.hosts
+    # every switch gets a mix of device kinds, at most devices_per_switch devices each
+    for sw in index.fabric_switches(FABRIC_PCIE):
+        assert len(sw.devices) <= spec.devices_per_switch
+    assert len({d.type for d in index.devices.values() if d.switch == "switch0"}) == 4
+    other_seed = generate_topology(spec.model_copy(update={"seed": "other"}))
+    assert other_seed["hosts"][0]["uuid"] != generate_topology(spec)["hosts"][0]["uuid"]
+
+
+def test_generator_refuses_nonsense() -> None:
+    with pytest.raises(ValueError, match="at least one device"):
+        GenerateSpec(gpus=0, nvme=0, nics=0, fpgas=0, cxl_devices=0)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dra_driver", "emulator", "topology", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_topology_cli(tmp_path: Path) -> None:
+    out = tmp_path / "big.yaml"
+    generated = _cli(
+        "generate",
+        "--hosts",
+        "50",
+        "--gpus",
+        "150",
+        "--nvme",
+        "30",
+        "--nics",
+        "10",
+        "--fpgas",
+        "10",
+        "-o",
+        str(out),
+    )
+    assert generated.returncode == 0, generated.stderr
+    checked = _cli("validate", str(out))
+    assert checked.returncode == 0 and "50 hosts, 202 devices" in checked.stdout
+    bad = tmp_path / "bad.yaml"
+    data = _base()
+    data["models"]["h100"]["pcieWidth"] = 3
+    data["hosts"][0]["uuid"] = "not-a-uuid"
+    bad.write_text(yaml.safe_dump(data))
+    refused = _cli("validate", str(bad))
+    assert refused.returncode == 1
+    assert "2 problem(s)" in refused.stderr and "hosts[0].uuid" in refused.stderr
+    assert "Traceback" not in refused.stderr
