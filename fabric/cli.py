@@ -159,7 +159,21 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
     st.add_argument("--namespace", help="namespace of the Lease and ledger ConfigMap (default: the pod's)")
     st.add_argument("--leader-elect", action="store_true", help="run as one of several replicas (Lease)")
     st.add_argument("--lease-name", default="fabric-dra-manager", help="coordination.k8s.io Lease name")
-    st.add_argument("--identity", help="this replica's identity in the Lease (default: hostname-pid)")
+    st.add_argument(
+        "--identity", help="this replica's identity in the Lease (default: $POD_NAME, else hostname-pid)"
+    )
+    st.add_argument(
+        "--lease-duration", type=float, default=15.0, help="seconds a Lease holds without renewal"
+    )
+    st.add_argument(
+        "--renew-deadline",
+        type=float,
+        default=10.0,
+        help="seconds the leader may fail renewing before it steps down",
+    )
+    st.add_argument(
+        "--retry-period", type=float, default=2.0, help="seconds between Lease renewals and attempts"
+    )
 
     auth = p.add_argument_group("authentication")
     auth.add_argument(
@@ -267,7 +281,10 @@ def _settings(args: argparse.Namespace) -> Any:
             token_audiences=args.token_audience,
             leader_elect=args.leader_elect,
             lease_name=args.lease_name,
-            identity=args.identity,
+            identity=args.identity or os.environ.get("POD_NAME") or None,
+            lease_duration=args.lease_duration,
+            renew_deadline=args.renew_deadline,
+            retry_period=args.retry_period,
             host=args.host,
             port=args.port,
             ready_file=args.ready_file,

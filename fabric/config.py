@@ -92,6 +92,9 @@ class ManagerSettings(BaseModel):
     leader_elect: bool = False
     lease_name: str = "fabric-dra-manager"
     identity: str | None = None
+    lease_duration: float = Field(default=15.0, gt=0)
+    renew_deadline: float = Field(default=10.0, gt=0)
+    retry_period: float = Field(default=2.0, gt=0)
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     ready_file: Path | None = None
@@ -120,6 +123,8 @@ class ManagerSettings(BaseModel):
                 "access for TokenReview (--kubeconfig, or run in a pod), or --insecure-no-auth for local "
                 "development"
             )
+        if self.leader_elect and not self.retry_period < self.renew_deadline < self.lease_duration:
+            found.append("need --retry-period < --renew-deadline < --lease-duration")
         if (self.tls_cert is None) != (self.tls_key is None):
             found.append("--tls-cert and --tls-key go together")
         return found

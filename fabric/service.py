@@ -218,6 +218,9 @@ class ManagerService:
                 name=s.lease_name,
                 namespace=namespace,
                 identity=s.identity or f"{socket.gethostname()}-{os.getpid()}",
+                lease_duration=s.lease_duration,
+                renew_deadline=s.renew_deadline,
+                retry_period=s.retry_period,
                 on_change=on_leadership,
             )
             tasks.append(asyncio.create_task(self._elector.run(), name="leader-election"))

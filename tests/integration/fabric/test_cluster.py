@@ -1,0 +1,210 @@
+"""The manager in a cluster: TokenReview-based authorisation, nodes matched by system UUID, two
+replicas with a Lease-elected leader and a ConfigMap ledger, and fail-over after kill -9.
+
+The Kubernetes API is the API test server (a real process); the fabric is the TLS emulator.
+Node objects get names that differ from the Redfish hosts, so the match must come from
+``status.nodeInfo.systemUUID`` = ComputerSystem ``UUID``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dra_driver.kube.client import KubeClient
+from dra_driver.kube.resources import CONFIGMAPS, LEASES, NAMESPACES, NODES
+from emulator.kube.auth import TokenUser
+from emulator.procs import RoleProcess
+from fabric.api import AttachmentState, BindingState
+from fabric.errors import DeviceBusy, NotLeader, PermissionDenied, Unauthenticated
+from fabric.manager_client import ManagerClient
+from tests.integration.fabric.conftest import FabricAdmin, assert_no_secrets, manager_args
+from tests.support.apiserver import ApiServerProcess, start_apiserver
+from tests.support.fabric_manager import start_manager
+
+NAMESPACE = "fabric-dra"
+AUDIENCE = "fabric-dra-manager"
+#: Kubernetes node name → the Redfish host (ComputerSystem) whose UUID it carries
+NODE_HOSTS = {"node-a": "kind-worker", "node-b": "kind-worker2", "node-c": "kind-worker3"}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, fabric: FabricAdmin) -> Iterator[ApiServerProcess]:
+    with start_apiserver(tmp_path_factory.mktemp("apiserver")) as server:
+        asyncio.run(_populate(server, fabric))
+        yield server
+
+
+async def _populate(server: ApiServerProcess, fabric: FabricAdmin) -> None:
+    async with server.client() as kube:
+        await kube.create(NAMESPACES, {"metadata": {"name": NAMESPACE}})
+        for node, host in NODE_HOSTS.items():
+            uuid = fabric.get(f"/redfish/v1/Systems/{host}")["UUID"]
+            created = await kube.create(NODES, {"metadata": {"name": node}})
+            created["status"] = {"nodeInfo": _node_info(uuid.upper())}
+            await kube.replace(NODES, created, subresource="status")
+
+
+def _node_info(system_uuid: str) -> dict[str, str]:
+    return {
+        "machineID": "0" * 32,
+        "systemUUID": system_uuid,
+        "bootID": "1" * 32,
+        "kernelVersion": "6.8.0",
+        "osImage": "Debian GNU/Linux 12",
+        "containerRuntimeVersion": "containerd://1.7.0",
+        "kubeletVersion": "v1.34.0",
+        "kubeProxyVersion": "",
+        "operatingSystem": "linux",
+        "architecture": "amd64",
+    }
+
+
+def cluster_args(fabric: FabricAdmin, work: Path, cluster: ApiServerProcess, identity: str) -> list[str]:
+    return manager_args(
+        fabric,
+        work,
+        *("--kubeconfig", str(cluster.kubeconfig), "--namespace", NAMESPACE),
+        *("--leader-elect", "--identity", identity, "--ledger", "configmap"),
+        *("--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5"),
+        *("--token-audience", AUDIENCE),
+        tokens=False,
+    )
+
+
+async def leader_of(managers: dict[str, RoleProcess], within: float = 20) -> str:
+    """The replica whose /readyz says ready (only the leader is)."""
+    deadline = time.monotonic() + within
+    async with httpx.AsyncClient(timeout=5) as http:
+        while True:
+            for name, process in managers.items():
+                if process.alive() and (await http.get(f"{process.address}/readyz")).status_code == 200:
+                    return name
+            assert time.monotonic() < deadline, "no manager became leader"
+            await asyncio.sleep(0.1)
+
+
+async def test_tokenreview_roles_and_failover(
+    cluster: ApiServerProcess, fabric: FabricAdmin, tmp_path: Path
+) -> None:
+    plugin_a = cluster.service_account_token(
+        NAMESPACE, "fabric-dra-plugin", node="node-a", audiences=[AUDIENCE]
+    )
+    plugin_b = cluster.service_account_token(
+        NAMESPACE, "fabric-dra-plugin", node="node-b", audiences=[AUDIENCE]
+    )
+    unbound = cluster.service_account_token(NAMESPACE, "fabric-dra-plugin", audiences=[AUDIENCE])
+    controller = cluster.service_account_token(NAMESPACE, "fabric-dra-controller", audiences=[AUDIENCE])
+    stranger = cluster.service_account_token("default", "default", node="node-a", audiences=[AUDIENCE])
+    wrong_audience = cluster.service_account_token(
+        NAMESPACE, "fabric-dra-plugin", node="node-a", audiences=["other"]
+    )
+    operator = cluster.add_token(TokenUser(username="ops@example.com", groups=["fabric-dra:operators"]))
+
+    managers: dict[str, RoleProcess] = {}
+    for name in ("replica-1", "replica-2"):
+        work = tmp_path / name
+        work.mkdir()
+        managers[name] = start_manager(
+            work, fabric.url, args=cluster_args(fabric, work, cluster, name), name=name, ready=False
+        )
+    try:
+        leader = await leader_of(managers)
+        follower = next(n for n in managers if n != leader)
+        url = managers[leader].address
+
+        async with ManagerClient(managers[follower].address, token=controller) as on_follower:
+            with pytest.raises(NotLeader) as not_leader:
+                await on_follower.inventory()
+            assert not_leader.value.retry_after
+        async with httpx.AsyncClient(timeout=5) as http:
+            ready = await http.get(f"{managers[follower].address}/readyz")
+        assert ready.status_code == 503 and "not the leader" in ready.json()["reason"]
+
+        async with (
+            ManagerClient(url, token=plugin_a) as a,
+            ManagerClient(url, token=plugin_b) as b,
+            ManagerClient(url, token=operator) as ops,
+        ):
+            nodes = {n.name: n.host for n in await a.nodes()}
+            assert nodes == NODE_HOSTS  # matched by system UUID, not by name
+            attachment = await a.attach("gpu3", "node-a", "claim-x", wait_seconds=20)
+            assert attachment.state == AttachmentState.ATTACHED
+            assert fabric.bound_hosts() == {"gpu3": "kind-worker"}
+            # node B's plugin cannot attach or detach for node A
+            with pytest.raises(PermissionDenied, match=r"node node-b .* not for node node-a"):
+                await b.attach("gpu2", "node-a", "claim-y")
+            with pytest.raises(PermissionDenied):
+                await b.detach("gpu3", "node-a", "claim-x")
+            # operators read, but do not attach
+            assert any(d.name == "gpu3" for d in await ops.devices())
+            with pytest.raises(PermissionDenied, match="read access only"):
+                await ops.attach("gpu2", "node-a", "claim-z")
+        for token, error, text in (
+            (unbound, PermissionDenied, "not bound to a pod on a node"),
+            (stranger, PermissionDenied, "no fabric-dra role"),
+            (wrong_audience, Unauthenticated, "not valid"),
+            ("not-a-token", Unauthenticated, "not valid"),
+        ):
+            async with ManagerClient(url, token=token) as caller:
+                with pytest.raises(error, match=text):
+                    await caller.attach("gpu2", "node-a", "claim-q")
+        assert fabric.bound_hosts() == {"gpu3": "kind-worker"}
+
+        # The leader dies without releasing its Lease; the follower takes over with the same ledger.
+        managers[leader].kill()
+        assert await leader_of({follower: managers[follower]}) == follower
+        async with ManagerClient(managers[follower].address, token=plugin_a) as a:
+            device = await a.device("gpu3")
+            assert (device.state, device.claim_uid, device.node) == (BindingState.BOUND, "claim-x", "node-a")
+            async with ManagerClient(managers[follower].address, token=controller) as ctl:
+                with pytest.raises(DeviceBusy, match="claim-x"):
+                    await ctl.attach("gpu3", "node-b", "claim-other")
+            detached = await a.detach("gpu3", "node-a", "claim-x", wait_seconds=20)
+            assert detached.state == AttachmentState.DETACHED
+        assert fabric.bound_hosts() == {}
+
+        async with cluster.client() as kube:
+            await _check_cluster_objects(kube, follower)
+    finally:
+        for process in managers.values():
+            process.stop()
+    assert_no_secrets(
+        [tmp_path / n / f"{n}.log" for n in managers],
+        fabric.emulator.password,
+        plugin_a,
+        controller,
+        operator,
+    )
+
+
+async def _check_cluster_objects(kube: KubeClient, leader: str) -> None:
+    lease = await kube.get(LEASES, "fabric-dra-manager", NAMESPACE)
+    assert lease["spec"]["holderIdentity"] == leader
+    ledger = await kube.get(CONFIGMAPS, "fabric-dra-manager-ledger", NAMESPACE)
+    assert '"entries": {}' in ledger["data"]["ledger.json"]
+
+
+def test_refuses_to_start_without_authentication(fabric: FabricAdmin, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "dra_driver", "manager", "serve", "--redfish-url", fabric.url),
+            *manager_args(fabric, tmp_path, tokens=False),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "fabric-dra: error: refusing to start without authentication: give --static-tokens FILE, or "
+        "Kubernetes API access for TokenReview (--kubeconfig, or run in a pod), or --insecure-no-auth "
+        "for local development"
+    ]
