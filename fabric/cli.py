@@ -158,6 +158,15 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
     st.add_argument("--kubeconfig", help="kubeconfig of the cluster (default: in-cluster when run in a pod)")
     st.add_argument("--namespace", help="namespace of the Lease and ledger ConfigMap (default: the pod's)")
     st.add_argument("--leader-elect", action="store_true", help="run as one of several replicas (Lease)")
+    st.add_argument(
+        "--orphan-grace-seconds",
+        type=float,
+        default=300.0,
+        help="detach devices whose ResourceClaim has been gone (and bound) this long; 0 turns it off",
+    )
+    st.add_argument(
+        "--orphan-interval-seconds", type=float, default=60.0, help="how often ResourceClaims are checked"
+    )
     st.add_argument("--lease-name", default="fabric-dra-manager", help="coordination.k8s.io Lease name")
     st.add_argument(
         "--identity", help="this replica's identity in the Lease (default: $POD_NAME, else hostname-pid)"
@@ -280,6 +289,8 @@ def _settings(args: argparse.Namespace) -> Any:
             operator_users=args.operator_user,
             token_audiences=args.token_audience,
             leader_elect=args.leader_elect,
+            orphan_grace_seconds=args.orphan_grace_seconds,
+            orphan_interval_seconds=args.orphan_interval_seconds,
             lease_name=args.lease_name,
             identity=args.identity or os.environ.get("POD_NAME") or None,
             lease_duration=args.lease_duration,

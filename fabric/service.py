@@ -40,6 +40,7 @@ from fabric.inventory import Inventory
 from fabric.ledger import ConfigMapLedgerStore, FileLedgerStore, Ledger, LedgerStore
 from fabric.metrics import ManagerMetrics
 from fabric.nodes import NodeResolver, load_node_map
+from fabric.orphans import OrphanReconciler
 from fabric.redfish.client import RedfishClient
 from fabric.server import AppContext, build_app
 
@@ -211,6 +212,11 @@ class ManagerService:
 
         tasks.append(asyncio.create_task(inventory.run(), name="inventory"))
         tasks.append(asyncio.create_task(binder.run(), name="binder"))
+        if kube is not None and s.orphan_grace_seconds > 0:
+            orphans = OrphanReconciler(
+                kube, binder, grace_seconds=s.orphan_grace_seconds, interval=s.orphan_interval_seconds
+            )
+            tasks.append(asyncio.create_task(orphans.run(), name="orphans"))
         if s.leader_elect:
             assert kube is not None
             self._elector = LeaderElector(

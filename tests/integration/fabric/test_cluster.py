@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from dra_driver.kube.client import KubeClient
-from dra_driver.kube.resources import CONFIGMAPS, LEASES, NAMESPACES, NODES
+from dra_driver.kube.resources import CONFIGMAPS, LEASES, NAMESPACES, NODES, RESOURCE_CLAIMS
 from emulator.kube.auth import TokenUser
 from emulator.procs import RoleProcess
 from fabric.api import AttachmentState, BindingState
@@ -208,3 +208,43 @@ def test_refuses_to_start_without_authentication(fabric: FabricAdmin, tmp_path: 
         "Kubernetes API access for TokenReview (--kubeconfig, or run in a pod), or --insecure-no-auth "
         "for local development"
     ]
+
+
+async def test_devices_of_deleted_claims_are_detached(
+    cluster: ApiServerProcess, fabric: FabricAdmin, tmp_path: Path
+) -> None:
+    controller = cluster.service_account_token(NAMESPACE, "fabric-dra-controller", audiences=[AUDIENCE])
+    async with cluster.client() as kube:
+        claim = await kube.create(
+            RESOURCE_CLAIMS,
+            {
+                "metadata": {"name": "training", "namespace": "default"},
+                "spec": {
+                    "devices": {"requests": [{"name": "nvme", "exactly": {"deviceClassName": "fabric-nvme"}}]}
+                },
+            },
+            "default",
+        )
+    live_uid = claim["metadata"]["uid"]
+    args = manager_args(
+        fabric,
+        tmp_path,
+        *("--kubeconfig", str(cluster.kubeconfig), "--namespace", NAMESPACE, "--token-audience", AUDIENCE),
+        *("--orphan-grace-seconds", "0.5", "--orphan-interval-seconds", "0.5"),
+        tokens=False,
+    )
+    manager = start_manager(tmp_path, fabric.url, args=args)
+    try:
+        async with ManagerClient(manager.address, token=controller) as client:
+            await client.attach("nvme0", "node-c", live_uid, wait_seconds=20)
+            await client.attach("nvme1", "node-c", "a-claim-that-was-deleted", wait_seconds=20)
+            assert fabric.bound_hosts() == {"nvme0": "kind-worker3", "nvme1": "kind-worker3"}
+            deadline = time.monotonic() + 20
+            while (await client.device("nvme1")).state != BindingState.FREE:
+                assert time.monotonic() < deadline, "the orphaned device was not detached"
+                await asyncio.sleep(0.2)
+            assert fabric.bound_hosts() == {"nvme0": "kind-worker3"}  # its claim exists: kept
+            await client.detach("nvme0", "node-c", live_uid, wait_seconds=20)
+        assert "claim no longer exists; detaching its device" in manager.log_file.read_text()
+    finally:
+        manager.stop()
