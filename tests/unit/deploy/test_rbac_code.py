@@ -1,0 +1,119 @@
+"""RBAC follows the code: every Kubernetes API call a role's code makes is granted to that role's
+ServiceAccount in the rendered overlays.
+
+The calls are found in the source (``<client>.get/list/list_all/watch/create/replace/patch/delete``
+with a resource constant of :mod:`dra_driver.kube.resources` as first argument), so a new call
+without its RBAC rule fails here rather than as a 403 in a cluster. The converse — no rule that no
+code needs — is checked by the exact expectations of test_workloads.py.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_driver.kube import resources
+from tests.support.deploy import REPO_ROOT, find
+
+Obj = dict[str, Any]
+
+_VERBS = {
+    "get": "get",
+    "list": "list",
+    "list_all": "list",
+    "watch": "watch",
+    "create": "create",
+    "replace": "update",
+    "patch": "patch",
+    "delete": "delete",
+}
+_RESOURCES = {name: value for name, value in vars(resources).items() if isinstance(value, resources.Resource)}
+
+#: Which source each role runs, and the overlay whose RBAC must cover it.
+ROLES: dict[str, tuple[str, str, list[str]]] = {
+    "plugin": ("fabric-dra-plugin", "kind", ["dra_driver/plugin"]),
+    "controller": (
+        "fabric-dra-controller",
+        "kind",
+        ["dra_driver/controller", "dra_driver/kube/leader.py"],
+    ),
+    "controller-binding-conditions": (
+        "fabric-dra-controller",
+        "binding-conditions",
+        ["dra_driver/controller", "dra_driver/kube/leader.py"],
+    ),
+    "manager": ("fabric-dra-manager", "kind", ["fabric", "dra_driver/kube/leader.py"]),
+}
+
+
+def api_calls(paths: list[str]) -> Iterator[tuple[str, str, str, str]]:
+    """(file:line, API group, resource[/subresource], verb) for every API call in the sources."""
+    files: list[Path] = []
+    for rel in paths:
+        path = REPO_ROOT / rel
+        files.extend(sorted(path.rglob("*.py")) if path.is_dir() else [path])
+    for file in files:
+        tree = ast.parse(file.read_text(), str(file))
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args):
+                continue
+            verb = _VERBS.get(node.func.attr)
+            if verb is None:
+                continue
+            first = node.args[0]
+            if isinstance(first, ast.Call) and isinstance(first.func, ast.Attribute):
+                first = first.func.value  # RESOURCE_CLAIMS.with_version(...)
+            if not (isinstance(first, ast.Name) and first.id in _RESOURCES):
+                continue
+            resource = _RESOURCES[first.id]
+            plural = resource.plural
+            for keyword in node.keywords:
+                if keyword.arg == "subresource" and isinstance(keyword.value, ast.Constant):
+                    plural = f"{plural}/{keyword.value.value}"
+            where = f"{file.relative_to(REPO_ROOT)}:{node.lineno}"
+            yield where, resource.group, plural, verb
+
+
+def granted(objects: list[Obj], account: str, group: str, resource: str, verb: str) -> bool:
+    for binding in find(objects, "RoleBinding") + find(objects, "ClusterRoleBinding"):
+        if not any(s["kind"] == "ServiceAccount" and s["name"] == account for s in binding["subjects"]):
+            continue
+        (role,) = find(objects, binding["roleRef"]["kind"], binding["roleRef"]["name"])
+        for rule in role["rules"]:
+            if (
+                group in rule.get("apiGroups", [])
+                and resource in rule.get("resources", [])
+                and verb in rule["verbs"]
+            ):
+                return True
+    return False
+
+
+def test_calls_are_found() -> None:
+    """The scan sees the calls it is meant to see (a refactor of the client API would blind it)."""
+    calls = {(g, r, v) for _, g, r, v in api_calls(["dra_driver/controller", "dra_driver/kube/leader.py"])}
+    assert ("resource.k8s.io", "resourceslices", "create") in calls
+    assert ("coordination.k8s.io", "leases", "update") in calls
+    assert ("resource.k8s.io", "resourceclaims/status", "update") in calls
+
+
+@pytest.mark.parametrize("role", sorted(ROLES))
+def test_every_api_call_is_granted(role: str, rendered_overlays: dict[str, list[Obj]]) -> None:
+    account, overlay, paths = ROLES[role]
+    objects = rendered_overlays[overlay]
+    calls = list(api_calls(paths))
+    assert calls, f"no API call found for {role}"
+    if role == "controller":
+        # Claims are read and their status written only by the binding-condition flow, whose
+        # rights come with that component (checked by the next parameter).
+        calls = [c for c in calls if not c[0].startswith("dra_driver/controller/binding.py")]
+    missing = [
+        f"{where}: {verb} {group or 'core'}/{resource}"
+        for where, group, resource, verb in calls
+        if not granted(objects, account, group, resource, verb)
+    ]
+    assert missing == [], f"{account} in overlays/{overlay} lacks rights its code uses"
