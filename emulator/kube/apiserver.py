@@ -597,7 +597,7 @@ class ApiServer:
             backlog,
             error,
             bookmarks=bookmarks,
-            send_initial=send_initial,
+            mark_initial_end=send_initial and send_initial_text is not None,
             duration=timeout,
         )
         return StreamingResponse(stream, media_type="application/json")
@@ -644,7 +644,7 @@ class ApiServer:
         error: StatusError | None,
         *,
         bookmarks: bool,
-        send_initial: bool,
+        mark_initial_end: bool,
         duration: float,
     ) -> AsyncIterator[bytes]:
         try:
@@ -657,9 +657,10 @@ class ApiServer:
                 kind = self._translate(change, match)
                 if kind:
                     chunk += self._event_line(target, kind, change.obj)
-            if send_initial and bookmarks and watcher.queue.empty():
+            # Only an explicit sendInitialEvents=true watch (a "watch list") gets the marker.
+            if mark_initial_end and bookmarks and watcher.queue.empty():
                 chunk += self._bookmark_line(target, initial_end=True)
-                send_initial = False
+                mark_initial_end = False
             if chunk:
                 yield chunk
             deadline = time.monotonic() + duration
@@ -690,9 +691,9 @@ class ApiServer:
                     kind = self._translate(queued, match)
                     if kind:
                         out += self._event_line(target, kind, queued.obj)
-                if send_initial and bookmarks and watcher.queue.empty() and not closed:
+                if mark_initial_end and bookmarks and watcher.queue.empty() and not closed:
                     out += self._bookmark_line(target, initial_end=True)
-                    send_initial = False
+                    mark_initial_end = False
                 if out:
                     yield out
                 if closed:
