@@ -73,7 +73,7 @@ def api_calls(paths: list[str]) -> Iterator[tuple[str, str, str, str]]:
             plural = resource.plural
             for keyword in node.keywords:
                 if keyword.arg == "subresource" and isinstance(keyword.value, ast.Constant):
-                    plural = f"{plural}/{keyword.value.value}"
+                    plural = f"{plural}/{keyword.value.value!s}"
             where = f"{file.relative_to(REPO_ROOT)}:{node.lineno}"
             yield where, resource.group, plural, verb
 
