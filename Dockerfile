@@ -1,5 +1,3 @@
-# syntax=docker/dockerfile:1
-#
 # One image for every fabric-dra role: `fabric-dra emulator serve`, `fabric-dra manager serve`,
 # `fabric-dra controller`, `fabric-dra plugin` (the role is the first argument).
 #
