@@ -13,7 +13,6 @@ import asyncio
 import base64
 import binascii
 import contextlib
-import copy
 import json
 import random
 import time
@@ -33,6 +32,7 @@ from dra_driver.logs import get_logger
 from emulator.kube import discovery, rules
 from emulator.kube.auth import TokenAuthenticator
 from emulator.kube.convert import apply_defaults, from_storage, to_storage
+from emulator.kube.jsonobj import clone
 from emulator.kube.patch import (
     PatchError,
     SchemaNode,
@@ -810,7 +810,7 @@ class ApiServer:
         if target.subresource == "scale":
             base: Obj = self._scale_of(current)
         else:
-            base = copy.deepcopy(self._present(target, current))
+            base = self._present(target, current)
         try:
             if patch_type == "merge":
                 patched = apply_merge_patch(base, patch)
@@ -822,6 +822,9 @@ class ApiServer:
                 patched = apply_strategic_merge_patch(base, patch, self._patch_schema(base))
         except PatchError as err:
             raise StatusError(422, "Invalid", f"the patch could not be applied: {err}") from err
+        # The patch result may share unpatched parts with the stored object; what follows
+        # (defaults, server fields) writes into it, so it gets a document of its own.
+        patched = clone(patched)
         if target.subresource == "scale":
             return self._write_scale(target, patched, dry_run=dry_run)
         if not isinstance(patched, dict):
@@ -963,10 +966,13 @@ class ApiServer:
                 ],
             )
         current = self.store.get(target.res, target.namespace, target.name)
-        updated_obj = copy.deepcopy(current)
-        updated_obj.setdefault("spec", {})["replicas"] = replicas
+        updated_obj = dict(current)
+        updated_obj["spec"] = {**(current.get("spec") or {}), "replicas": replicas}
         want_rv = (body.get("metadata") or {}).get("resourceVersion")
-        updated_obj["metadata"]["resourceVersion"] = want_rv or current["metadata"]["resourceVersion"]
+        updated_obj["metadata"] = {
+            **current["metadata"],
+            "resourceVersion": want_rv or current["metadata"]["resourceVersion"],
+        }
         updated = self.store.update(target.res, updated_obj, dry_run=dry_run)
         return _json_response(self._scale_of(updated))
 

@@ -15,7 +15,6 @@ Kubernetes 1.34):
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -37,16 +36,29 @@ _EXACT_FIELDS = (
 )
 
 
+_REQUEST_PATHS = {
+    "ResourceClaim": ("spec", "devices", "requests"),
+    "ResourceClaimTemplate": ("spec", "spec", "devices", "requests"),
+}
+
+
 def _requests_of(obj: Obj, kind: str) -> list[Any] | None:
-    if kind == "ResourceClaim":
-        spec = obj.get("spec")
-    elif kind == "ResourceClaimTemplate":
-        spec = (obj.get("spec") or {}).get("spec")
-    else:
-        return None
-    devices = (spec or {}).get("devices") if isinstance(spec, dict) else None
-    requests = devices.get("requests") if isinstance(devices, dict) else None
-    return requests if isinstance(requests, list) else None
+    node: Any = obj
+    for key in _REQUEST_PATHS.get(kind, ("-",)):
+        node = node.get(key) if isinstance(node, dict) else None
+    return node if isinstance(node, list) else None
+
+
+def _map_list_at(node: Any, path: tuple[str, ...], fn: Callable[[Any], Any]) -> Any:
+    """``node`` with the list at ``path`` mapped through ``fn``; only the dicts on the way are
+    copied, so the (stored, shared) original is left alone."""
+    if not path:
+        return [fn(item) for item in node] if isinstance(node, list) else node
+    if not isinstance(node, dict) or path[0] not in node:
+        return node
+    out = dict(node)
+    out[path[0]] = _map_list_at(node[path[0]], path[1:], fn)
+    return out
 
 
 def _request_v1beta1_to_v1(request: Any) -> Any:
@@ -84,14 +96,14 @@ def _device_v1_to_v1beta1(device: Any) -> Any:
     return out
 
 
-def _map_dra(obj: Obj, kind: str, request_fn: Callable[[Any], Any], device_fn: Callable[[Any], Any]) -> None:
-    requests = _requests_of(obj, kind)
-    if requests is not None:
-        requests[:] = [request_fn(r) for r in requests]
+def _map_dra(obj: Obj, kind: str, request_fn: Callable[[Any], Any], device_fn: Callable[[Any], Any]) -> Obj:
+    if kind in _REQUEST_PATHS:
+        out: Obj = _map_list_at(obj, _REQUEST_PATHS[kind], request_fn)
+        return out
     if kind == "ResourceSlice":
-        spec = obj.get("spec")
-        if isinstance(spec, dict) and isinstance(spec.get("devices"), list):
-            spec["devices"] = [device_fn(d) for d in spec["devices"]]
+        sliced: Obj = _map_list_at(obj, ("spec", "devices"), device_fn)
+        return sliced
+    return obj
 
 
 _CORE_TO_EVENTS = {
@@ -111,21 +123,23 @@ def _rename(obj: Obj, mapping: dict[str, str]) -> Obj:
 
 
 def to_storage(res: ResourceType, version: str, obj: Obj) -> Obj:
-    """A copy of ``obj`` (as sent in ``version``) in the storage version."""
-    out = copy.deepcopy(obj)
+    """``obj`` (as sent in ``version``) in the storage version; ``obj`` itself is not modified,
+    and parts that need no conversion are shared with it."""
     if res.group == "events.k8s.io":
-        out = _rename(out, _EVENTS_TO_CORE)
+        out = _rename(obj, _EVENTS_TO_CORE)
         out.setdefault("involvedObject", {})
         out["apiVersion"] = "v1"
         return out
+    out = obj
     if res.group == "resource.k8s.io" and version == "v1beta1":
-        _map_dra(out, res.kind, _request_v1beta1_to_v1, _device_v1beta1_to_v1)
+        out = _map_dra(obj, res.kind, _request_v1beta1_to_v1, _device_v1beta1_to_v1)
+    out = dict(out)
     out["apiVersion"] = res.api_version(res.storage_version)
     return out
 
 
 def from_storage(res: ResourceType, version: str, obj: Obj) -> Obj:
-    """A copy of the stored ``obj`` as ``version`` of ``res`` presents it."""
+    """The stored ``obj`` as ``version`` of ``res`` presents it (sharing what needs no change)."""
     if res.group == "events.k8s.io":
         out = _rename(obj, _CORE_TO_EVENTS)
         out.setdefault("eventTime", None)
@@ -133,9 +147,10 @@ def from_storage(res: ResourceType, version: str, obj: Obj) -> Obj:
         return out
     if version == res.storage_version and res.storage_group is None:
         return obj
-    out = copy.deepcopy(obj)
+    out = obj
     if res.group == "resource.k8s.io" and version == "v1beta1":
-        _map_dra(out, res.kind, _request_v1_to_v1beta1, _device_v1_to_v1beta1)
+        out = _map_dra(obj, res.kind, _request_v1_to_v1beta1, _device_v1_to_v1beta1)
+    out = dict(out)
     out["apiVersion"] = res.api_version(version)
     return out
 
@@ -151,7 +166,8 @@ def _default_exact(request: Obj) -> None:
 
 
 def apply_defaults(res: ResourceType, obj: Obj) -> None:
-    """The defaults the real server fills in on write, for the fields fabric-dra reads (storage version)."""
+    """The defaults the real server fills in on write, for the fields fabric-dra reads (storage
+    version). Modifies ``obj`` in place: give it a document of your own."""
     if res.group == "resource.k8s.io":
         for request in _requests_of(obj, res.kind) or ():
             if not isinstance(request, dict):

@@ -11,6 +11,7 @@ the client wrote, as the real server reports them.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -226,8 +227,30 @@ def _attribute_name(errs: _Errors, path: str, key: str) -> None:
         )
 
 
+@functools.lru_cache(maxsize=4096)
+def _attribute_name_causes(key: str) -> tuple[Cause, ...]:
+    # Every device of a slice repeats the same few attribute names: check each name once.
+    errs = _Errors()
+    _attribute_name(errs, "", key)
+    return tuple(errs.causes)
+
+
+def _check_attribute_name(errs: _Errors, path: str, key: str) -> None:
+    errs.causes.extend(Cause(path, c.reason, c.message) for c in _attribute_name_causes(key))
+
+
 _SCALAR_ATTRIBUTE_KINDS = ("bool", "int", "string", "version")
 _LIST_ATTRIBUTE_KINDS = ("bools", "ints", "strings", "versions")
+
+
+def _plainly_valid_attribute(value: Any) -> bool:
+    """The common case, decided without building a field path: one bool, int or short string."""
+    if type(value) is not dict or len(value) != 1:
+        return False
+    kind, item = next(iter(value.items()))
+    if kind in ("bool", "int"):
+        return item is not None
+    return kind == "string" and type(item) is str and len(item) <= ATTRIBUTE_MAX_VALUE_LENGTH
 
 
 def _attribute_value(errs: _Errors, path: str, value: Any) -> None:
@@ -292,10 +315,13 @@ def _validate_device(errs: _Errors, path: str, device: Obj, per_device: bool) ->
             f"the total number of attributes and capacities must not exceed {MAX_ATTRIBUTES_AND_CAPACITIES}",
         )
     for key, value in attributes.items():
-        _attribute_name(errs, f"{path}.attributes[{key}]", key)
-        _attribute_value(errs, f"{path}.attributes[{key}]", value)
+        if _attribute_name_causes(key) or not _plainly_valid_attribute(value):
+            where = f"{path}.attributes[{key}]"
+            _check_attribute_name(errs, where, key)
+            _attribute_value(errs, where, value)
     for key in capacity:
-        _attribute_name(errs, f"{path}.capacity[{key}]", key)
+        if _attribute_name_causes(key):
+            _check_attribute_name(errs, f"{path}.capacity[{key}]", key)
     if per_device:
         chosen = _node_selection(errs, path, device, per_device_field=True)
         if len(chosen) != 1:
@@ -322,6 +348,26 @@ def _validate_device(errs: _Errors, path: str, device: Obj, per_device: bool) ->
         errs.too_many(f"{path}.bindingConditions", len(conditions), 4)
     if len(failures) > 4:
         errs.too_many(f"{path}.bindingFailureConditions", len(failures), 4)
+
+
+def _uses_advanced_features(devices: list[Any]) -> bool:
+    """Taints, counters or list-valued attributes halve the device limit
+    (ResourceSliceMaxDevicesWithAdvancedFeatures)."""
+    for device in devices:
+        if not isinstance(device, Mapping):
+            continue
+        if device.get("taints") or device.get("consumesCounters"):
+            return True
+        for value in (device.get("attributes") or {}).values():
+            if (
+                isinstance(value, Mapping)
+                and len(value) == 1
+                and next(iter(value)) in _SCALAR_ATTRIBUTE_KINDS
+            ):
+                continue
+            if isinstance(value, Mapping) and any(value.get(k) is not None for k in _LIST_ATTRIBUTE_KINDS):
+                return True
+    return False
 
 
 def _validate_resource_slice(errs: _Errors, obj: Obj) -> None:
@@ -351,19 +397,11 @@ def _validate_resource_slice(errs: _Errors, obj: Obj) -> None:
         errs.invalid("spec", "", "only one of `sharedCounters` or `devices` is allowed")
     if not isinstance(devices, list):
         return
-    advanced = any(
-        isinstance(d, Mapping)
-        and (
-            d.get("taints")
-            or d.get("consumesCounters")
-            or any(
-                isinstance(a, Mapping) and any(a.get(k) is not None for k in _LIST_ATTRIBUTE_KINDS)
-                for a in (d.get("attributes") or {}).values()
-            )
-        )
-        for d in devices
+    limit = (
+        RESOURCE_SLICE_MAX_DEVICES_ADVANCED
+        if _uses_advanced_features(devices)
+        else RESOURCE_SLICE_MAX_DEVICES
     )
-    limit = RESOURCE_SLICE_MAX_DEVICES_ADVANCED if advanced else RESOURCE_SLICE_MAX_DEVICES
     if len(devices) > limit:
         errs.too_many("spec.devices", len(devices), limit)
     seen: set[str] = set()

@@ -243,8 +243,10 @@ class SchemaSet:
             matches = 0
             kind = type(value)
             for option, types in zip(options, plain, strict=True):
-                if types is not None and kind in types:
-                    matches += 1
+                if types is not None:
+                    # A plain option is a type check and nothing else (a whole float is an integer).
+                    if kind in types or (kind is float and int in types and value.is_integer()):
+                        matches += 1
                     continue
                 scratch: list[FieldError] = []
                 option(value, path, scratch)

@@ -16,7 +16,6 @@ strategies; see :mod:`emulator.kube.registry`.
 from __future__ import annotations
 
 import asyncio
-import copy
 import secrets
 import time
 import uuid
@@ -116,12 +115,13 @@ class StoreState(BaseModel):
     objects: dict[str, list[dict[str, Any]]]
 
 
-def _meta(obj: Obj) -> Obj:
-    meta = obj.get("metadata")
-    if not isinstance(meta, dict):
-        meta = {}
-        obj["metadata"] = meta
-    return meta
+def _own(obj: Obj) -> Obj:
+    """A copy of ``obj``'s top level and metadata, the parts a write changes; deeper parts are
+    shared, which is safe because stored objects are never modified."""
+    out = dict(obj)
+    meta = out.get("metadata")
+    out["metadata"] = dict(meta) if isinstance(meta, dict) else {}
+    return out
 
 
 def _spec_part(obj: Obj) -> Obj:
@@ -305,9 +305,10 @@ class Store:
         dry_run: bool = False,
         admit: Callable[[Obj], None] | None = None,
     ) -> Obj:
-        """Store a new object (storage version); server fields are filled in here."""
-        new = copy.deepcopy(obj)
-        meta = _meta(new)
+        """Store a new object (storage version); server fields are filled in here. ``obj`` must not
+        be modified by the caller afterwards: the store keeps (parts of) it."""
+        new = _own(obj)
+        meta = new["metadata"]
         namespace = meta.get("namespace") or "" if res.namespaced else ""
         if not res.namespaced:
             meta.pop("namespace", None)
@@ -347,9 +348,9 @@ class Store:
             else:
                 new["status"] = status
         if res.plural == "namespaces":
-            spec = new.setdefault("spec", {})
-            if isinstance(spec, dict):
-                spec.setdefault("finalizers", ["kubernetes"])
+            spec = new.get("spec") or {}
+            if isinstance(spec, dict) and "finalizers" not in spec:
+                new["spec"] = {**spec, "finalizers": ["kubernetes"]}
         if admit is not None:
             admit(new)
         if dry_run:
@@ -370,7 +371,8 @@ class Store:
     ) -> Obj:
         """Replace an object (storage version). ``metadata.resourceVersion``/``uid``, when set,
         are preconditions; ``admit(new, old)`` may reject the final object by raising.
-        Returns the stored object (unchanged on a no-op)."""
+        Returns the stored object (unchanged on a no-op). As with :meth:`create`, the store
+        keeps parts of ``obj``."""
         meta_in = obj.get("metadata") or {}
         namespace = (meta_in.get("namespace") or "") if res.namespaced else ""
         name = meta_in.get("name") or ""
@@ -391,17 +393,17 @@ class Store:
                 _uid_mismatch(want_uid, old_meta["uid"]),
             )
         if subresource == "status":
-            new = copy.deepcopy(old)
+            new = _own(old)
             if "status" in obj:
-                new["status"] = copy.deepcopy(obj["status"])
+                new["status"] = obj["status"]
             else:
                 new.pop("status", None)
         else:
-            new = copy.deepcopy(obj)
-            meta = _meta(new)
+            new = _own(obj)
+            meta = new["metadata"]
             if res.status_subresource:
                 if "status" in old:
-                    new["status"] = copy.deepcopy(old["status"])
+                    new["status"] = old["status"]
                 else:
                     new.pop("status", None)
             for key in _SERVER_METADATA:
@@ -480,7 +482,7 @@ class Store:
         if old_meta.get("finalizers"):
             if old_meta.get("deletionTimestamp"):
                 return old, False
-            new = copy.deepcopy(old)
+            new = _own(old)
             meta = new["metadata"]
             meta["deletionTimestamp"] = now_rfc3339()
             meta["deletionGracePeriodSeconds"] = 0
@@ -493,7 +495,7 @@ class Store:
             return new, False
         if dry_run:
             return old, True
-        gone_obj = copy.deepcopy(old)
+        gone_obj = _own(old)
         # etcd reports a deleted object at the revision of the delete.
         gone_obj["metadata"]["resourceVersion"] = self._next_rv()
         self._commit(res, "DELETED", obj_key, gone_obj, old)
@@ -540,10 +542,10 @@ class Store:
                 self.delete(res, name, meta["name"])
         current = self.get(_NAMESPACES, None, name)
         if not current["metadata"].get("deletionTimestamp"):
-            new = copy.deepcopy(current)
+            new = _own(current)
             new["metadata"]["deletionTimestamp"] = now_rfc3339()
             new["metadata"]["deletionGracePeriodSeconds"] = 0
-            new.setdefault("status", {})["phase"] = "Terminating"
+            new["status"] = {**(current.get("status") or {}), "phase": "Terminating"}
             new["metadata"]["resourceVersion"] = self._next_rv()
             self._commit(_NAMESPACES, "MODIFIED", ("", name), new, current)
             current = new
@@ -560,8 +562,8 @@ class Store:
                 return None
         if current["metadata"].get("finalizers"):
             return None  # someone else's finalizer on the namespace itself
-        gone_obj = copy.deepcopy(current)
-        gone_obj.setdefault("spec", {})["finalizers"] = []
+        gone_obj = _own(current)
+        gone_obj["spec"] = {**(current.get("spec") or {}), "finalizers": []}
         gone_obj["metadata"]["resourceVersion"] = self._next_rv()
         self._commit(_NAMESPACES, "DELETED", ("", name), gone_obj, current)
         return gone_obj
