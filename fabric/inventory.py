@@ -27,6 +27,7 @@ from fabric.ledger import LedgerEntry, LedgerState
 from fabric.naming import pool_name
 from fabric.nodes import NodeResolver
 from fabric.redfish.events import EventStream
+from fabric.redfish.messages import message_key
 
 __all__ = ["Inventory"]
 
@@ -83,6 +84,7 @@ class Inventory:
         self._changed = asyncio.Condition()
         self._refresh_lock = asyncio.Lock()
         self._refresh_wanted = asyncio.Event()
+        self._full_wanted = True
 
     # -- lookups ----------------------------------------------------------------------------------
 
@@ -107,45 +109,76 @@ class Inventory:
 
     # -- discovery ----------------------------------------------------------------------------------
 
-    async def refresh(self) -> None:
-        """One discovery pass; raises :class:`FabricError` when the service cannot be read."""
+    async def refresh(self, *, bindings_only: bool = False) -> None:
+        """One discovery pass; raises :class:`FabricError` when the service cannot be read.
+
+        ``bindings_only`` re-reads just who is bound (zones, connections, resource blocks) — the
+        cheap pass that follows binding events — once a full pass has run.
+        """
         async with self._refresh_lock:
-            started = time.monotonic()
-            try:
-                await self.resolver.refresh()
-                snapshot = await self.discovery.scan()
-            except FabricError as err:
-                self.last_error = err
-                raise
-            if self.last_error is not None:
-                self.recovered_at = time.monotonic()
-            self.last_error = None
-            self.last_refresh_at = time.time()
-            self.last_refresh_seconds = time.monotonic() - started
-            records: dict[str, DeviceRecord] = {}
-            for record in snapshot.devices:
-                current = self._records.get(record.name)
-                if current is not None and self._touched.get(record.name, 0.0) > snapshot.started_at:
-                    record = record.with_binding(current.bound_hosts)
-                records[record.name] = record
-            self._records = records
-            self._hosts = snapshot.hosts
-            self._fabrics = snapshot.fabrics
-            self._host_nodes = self.resolver.resolve(snapshot.hosts)
-            self._node_hosts = {node: host for host, node in self._host_nodes.items()}
-            log.debug(
-                "fabric discovered",
-                devices=len(records),
-                hosts=len(snapshot.hosts),
-                gets=snapshot.gets,
-                seconds=round(self.last_refresh_seconds, 3),
-            )
-            self.changed()
-            self.loaded.set()
+            if bindings_only and self.loaded.is_set():
+                await self._refresh_bindings()
+            else:
+                await self._refresh_all()
         for hook in self.after_refresh:
             await hook()
 
-    def request_refresh(self) -> None:
+    def _refreshed(self, started: float) -> None:
+        if self.last_error is not None:
+            self.recovered_at = time.monotonic()
+        self.last_error = None
+        self.last_refresh_at = time.time()
+        self.last_refresh_seconds = time.monotonic() - started
+
+    async def _refresh_bindings(self) -> None:
+        try:
+            bindings, gets, started = await self.discovery.scan_bindings()
+        except FabricError as err:
+            self.last_error = err
+            raise
+        self._refreshed(started)
+        for name, record in list(self._records.items()):
+            hosts = bindings.get(record.key)
+            if hosts is None or hosts == record.bound_hosts or self._touched.get(name, 0.0) > started:
+                continue
+            self._records[name] = record.with_binding(hosts)
+        log.debug("fabric bindings read", gets=gets, seconds=round(time.monotonic() - started, 3))
+        self.changed()
+
+    async def _refresh_all(self) -> None:
+        started = time.monotonic()
+        try:
+            await self.resolver.refresh()
+            snapshot = await self.discovery.scan()
+        except FabricError as err:
+            self.last_error = err
+            raise
+        self._refreshed(started)
+        records: dict[str, DeviceRecord] = {}
+        for record in snapshot.devices:
+            current = self._records.get(record.name)
+            if current is not None and self._touched.get(record.name, 0.0) > snapshot.started_at:
+                record = record.with_binding(current.bound_hosts)
+            records[record.name] = record
+        self._records = records
+        self._hosts = snapshot.hosts
+        self._fabrics = snapshot.fabrics
+        self._host_nodes = self.resolver.resolve(snapshot.hosts)
+        self._node_hosts = {node: host for host, node in self._host_nodes.items()}
+        log.debug(
+            "fabric discovered",
+            devices=len(records),
+            hosts=len(snapshot.hosts),
+            gets=snapshot.gets,
+            seconds=round(time.monotonic() - started, 3),
+        )
+        self.changed()
+        self.loaded.set()
+
+    def request_refresh(self, *, bindings_only: bool = False) -> None:
+        """Ask the run loop for a pass soon; any request for a full pass wins."""
+        if not bindings_only:
+            self._full_wanted = True
         self._refresh_wanted.set()
 
     def note_binding(self, name: str, hosts: tuple[str, ...]) -> None:
@@ -160,24 +193,29 @@ class Inventory:
         """Keep the view current until cancelled: events first, polling as the fallback."""
         stream_task: asyncio.Task[None] | None = None
         if self.use_events:
+            # A (re)connected stream may have missed events, or the service restarted: read everything.
             self.stream = EventStream(self.discovery.client, self._on_events, on_connect=self.request_refresh)
             stream_task = asyncio.create_task(self.stream.run(), name="redfish-events")
         backoff = 0.5
         try:
             while True:
+                bindings_only, self._full_wanted = not self._full_wanted, False
                 try:
-                    await self.refresh()
+                    await self.refresh(bindings_only=bindings_only)
                     backoff = 0.5
                 except FabricError as err:
                     log.warning("fabric discovery failed, retrying", error=err.message)
+                    self._full_wanted = True  # the service may have restarted: read everything
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, self.poll_seconds)
                     continue
                 streaming = self.stream is not None and self.stream.connected
                 interval = self.resync_seconds if streaming else self.poll_seconds
-                with contextlib.suppress(TimeoutError):
+                try:
                     await asyncio.wait_for(self._refresh_wanted.wait(), interval)
-                if self._refresh_wanted.is_set():
+                except TimeoutError:
+                    self._full_wanted = True  # the periodic resync reads everything
+                else:
                     await asyncio.sleep(self.event_debounce)  # let a burst of events arrive
                 self._refresh_wanted.clear()
         finally:
@@ -188,7 +226,7 @@ class Inventory:
 
     def _on_events(self, events: list[dict[str, object]]) -> None:
         if events:
-            self.request_refresh()
+            self.request_refresh(bindings_only=all(_is_binding_event(e) for e in events))
 
     # -- rendering --------------------------------------------------------------------------------
 
@@ -303,3 +341,23 @@ class Inventory:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait_for(lambda: self.version != after), wait_seconds)
         return self._rendered
+
+
+#: resources whose changes are bindings, not device attributes or health
+_BINDING_COLLECTIONS = ("Endpoints", "Zones", "Connections", "Systems", "TaskService")
+
+
+def _is_binding_event(event: dict[str, object]) -> bool:
+    """Whether an event only says who is bound to what (a bindings-only pass covers it)."""
+    prefix, key = message_key(str(event.get("MessageId") or ""))
+    if prefix == "TaskEvent":
+        return True
+    if prefix == "Fabric":
+        return key.startswith(("Connection", "Zone"))
+    if prefix == "Composition":
+        return key == "ResourceBlockCompositionStateChanged"
+    if prefix == "ResourceEvent" and key in ("ResourceChanged", "ResourceCreated", "ResourceRemoved"):
+        origin = event.get("OriginOfCondition")
+        uri = str(origin.get("@odata.id") or "") if isinstance(origin, dict) else ""
+        return any(f"/{c}/" in uri or uri.endswith(f"/{c}") for c in _BINDING_COLLECTIONS)
+    return False

@@ -129,6 +129,12 @@ class Backend(ABC):
         """The ComputerSystem Ids ``device`` is bound to now, read fresh from the fabric."""
 
     @abstractmethod
+    async def read_bindings(self, walk: Walk) -> dict[str, tuple[str, ...]]:
+        """Device key → bound ComputerSystem Ids for every device of the last :meth:`discover`,
+        reading only the resources that say who is bound (zones, connections, resource blocks):
+        the cheap pass that follows binding events."""
+
+    @abstractmethod
     async def bind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
         """Bind ``device`` to ``host``; returns once the fabric reports it done."""
 

@@ -115,6 +115,13 @@ class CompositionBackend(Backend):
                     return fabric
         return self.fabric_id
 
+    async def read_bindings(self, walk: Walk) -> dict[str, tuple[str, ...]]:
+        service = await walk.get(self.fabric_uri)
+        return {
+            str(odata_id(block)): block_binding(block)[0]
+            for block in await walk.members(odata_id((service or {}).get("ResourceBlocks")))
+        }
+
     async def read_binding(self, device: DeviceRecord) -> tuple[str, ...]:
         block = await Walk(self.client).get(device.block)
         return block_binding(block)[0] if block else ()

@@ -42,6 +42,10 @@ class ConnectionBackend(Backend):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._initiator_hosts: dict[str, str] = {}
+        #: (chunk, endpoint) of every device found by the last discover
+        self._devices: list[tuple[str, str]] = []
+        #: connections only endpoints link to (public-cxl's Connection 14)
+        self._unlisted: list[str] = []
 
     async def discover(self, walk: Walk, hosts: Mapping[str, HostRecord]) -> DiscoveryResult:
         fabric = await walk.get(self.fabric_uri)
@@ -58,16 +62,19 @@ class ConnectionBackend(Backend):
         extra = [
             u for view in endpoints for u in links(view.resource, "Links", "Connections") if u not in listed
         ]
+        self._unlisted = list(dict.fromkeys(extra))
         connections.extend(await walk.get_all(extra))
         await self._learn_initiators(walk, connections)
         result = DiscoveryResult(
             initiators={h: tuple(sorted(u)) for h, u in initiators.items()},
             hosts=tuple(sorted(initiators)),
         )
+        self._devices = []
         for view in endpoints:
             if not view.is_target or not view.chunks:
                 continue
             for chunk_uri in view.chunks:
+                self._devices.append((chunk_uri, view.uri))
                 chunk = await walk.get(chunk_uri)
                 if chunk is None:
                     continue
@@ -92,6 +99,21 @@ class ConnectionBackend(Backend):
                     )
                 )
         return result
+
+    async def read_bindings(self, walk: Walk) -> dict[str, tuple[str, ...]]:
+        fabric = await walk.get(self.fabric_uri)
+        connections = await walk.members(odata_id((fabric or {}).get("Connections")))
+        listed = {odata_id(c) for c in connections}
+        connections.extend(await walk.get_all(u for u in self._unlisted if u not in listed))
+        await self._learn_initiators(walk, connections)
+        return {
+            chunk: tuple(
+                sorted(
+                    {h for c in connections if self._carries(c, chunk, endpoint) for h in self._hosts_of(c)}
+                )
+            )
+            for chunk, endpoint in self._devices
+        }
 
     @staticmethod
     def _carries(connection: Mapping[str, Any], chunk: str, endpoint: str) -> bool:

@@ -14,6 +14,7 @@ offers:
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -61,6 +62,7 @@ class Discovery:
         self.backends: dict[tuple[str, BindingStyle], Backend] = {}
         self._announced: set[tuple[str, BindingStyle]] = set()
         self._warned: set[tuple[str, str]] = set()
+        self._expand = False
 
     def backend_for(self, device: DeviceRecord) -> Backend:
         return self.backends[(device.fabric, device.style)]
@@ -98,12 +100,24 @@ class Discovery:
             log.warning("fabric does not offer the configured binding style", fabric=fabric_id, style=choice)
         return []
 
+    async def scan_bindings(self) -> tuple[dict[str, tuple[str, ...]], int, float]:
+        """(device key → bound hosts, GETs, monotonic start) from the binding resources only —
+        zones, connections, resource blocks; the backends must have run a full :meth:`scan`."""
+        started = time.monotonic()
+        walk = Walk(self.client, concurrency=self.concurrency, expand=self._expand)
+        found: dict[str, tuple[str, ...]] = {}
+        backends = list({id(b): b for b in self.backends.values()}.values())
+        for result in await asyncio.gather(*(b.read_bindings(walk) for b in backends)):
+            found.update(result)
+        return found, walk.gets, started
+
     async def scan(self) -> FabricSnapshot:
         """One full pass: hosts, every backend's devices and bindings, unique names."""
         snapshot = FabricSnapshot()
         probe = Walk(self.client)
         root = await probe.get(SERVICE_ROOT) or {}
-        walk = Walk(self.client, concurrency=self.concurrency, expand=_supports_expand(root))
+        self._expand = _supports_expand(root)
+        walk = Walk(self.client, concurrency=self.concurrency, expand=self._expand)
         walk.seed(root)
 
         hosts: dict[str, HostRecord] = {}

@@ -60,6 +60,7 @@ class ZoneBackend(Backend):
         #: leave targets with memory chunks to a Connection backend on the same fabric
         self.skip_memory_targets = skip_memory_targets
         self._initiator_hosts: dict[str, str] = {}
+        self._targets: list[str] = []
 
     async def discover(self, walk: Walk, hosts: Mapping[str, HostRecord]) -> DiscoveryResult:
         fabric = await walk.get(self.fabric_uri)
@@ -76,19 +77,13 @@ class ZoneBackend(Backend):
             initiators={h: tuple(sorted(u)) for h, u in initiators.items()},
             hosts=tuple(sorted(initiators)),
         )
+        self._targets = []
         for view in endpoints:
             if not view.is_target or (self.skip_memory_targets and view.chunks):
                 continue
+            self._targets.append(view.uri)
             attributes = await describe(walk, view.entities, endpoint=view.resource)
-            bound = sorted(
-                {
-                    self._initiator_hosts[e]
-                    for zone in zones
-                    if view.uri in zone.endpoints
-                    for e in zone.endpoints
-                    if e in self._initiator_hosts
-                }
-            )
+            bound = self._bound_in(view.uri, zones)
             result.devices.append(
                 DeviceRecord(
                     key=view.uri,
@@ -102,6 +97,24 @@ class ZoneBackend(Backend):
                 )
             )
         return result
+
+    def _bound_in(self, target: str, zones: list[_Zone]) -> list[str]:
+        return sorted(
+            {
+                self._initiator_hosts[e]
+                for zone in zones
+                if target in zone.endpoints
+                for e in zone.endpoints
+                if e in self._initiator_hosts
+            }
+        )
+
+    async def read_bindings(self, walk: Walk) -> dict[str, tuple[str, ...]]:
+        fabric = await walk.get(self.fabric_uri)
+        zones: dict[str, _Zone] = {}
+        for resource in await walk.members(odata_id((fabric or {}).get("Zones"))):
+            self._add_zone(zones, resource)
+        return {t: tuple(self._bound_in(t, list(zones.values()))) for t in self._targets}
 
     async def _zones(
         self, walk: Walk, fabric: Mapping[str, Any], endpoints: list[EndpointView]

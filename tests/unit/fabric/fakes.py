@@ -89,6 +89,10 @@ class FakeBackend(Backend):
     async def discover(self, walk: Walk, hosts: Any) -> DiscoveryResult:  # pragma: no cover - not used
         raise NotImplementedError
 
+    async def read_bindings(self, walk: Walk) -> dict[str, tuple[str, ...]]:
+        self.fabric.check_reachable()
+        return {f"/redfish/v1/Fabrics/{FABRIC}/Endpoints/{d}": (h,) for d, h in self.fabric.bound.items()}
+
     async def read_binding(self, device: DeviceRecord) -> tuple[str, ...]:
         self.fabric.check_reachable()
         await asyncio.sleep(self.fabric.read_delay)
