@@ -29,7 +29,7 @@ from starlette.routing import Route
 
 from dra_driver.fsutil import atomic_write
 from dra_driver.logs import get_logger
-from emulator.kube import discovery, rules
+from emulator.kube import discovery, openapi, rules
 from emulator.kube.auth import TokenAuthenticator
 from emulator.kube.convert import apply_defaults, from_storage, to_storage
 from emulator.kube.jsonobj import clone
@@ -63,6 +63,7 @@ from emulator.kube.status import (
     unsupported_media_type,
 )
 from emulator.kube.store import Change, Store, StoreState, Watcher
+from emulator.kube.tables import table, wants_table
 from emulator.kube.testhooks import FaultInjector, FaultRule, RequestCounter, RequestInfo
 
 __all__ = ["ApiServer", "ApiServerConfig"]
@@ -104,6 +105,8 @@ class _Target:
     name: str | None
     subresource: str | None
     legacy_watch: bool = False
+    #: a watch asked for Tables (``kubectl get -w``): the ``includeObject`` of its rows.
+    table: str | None = None
 
     def info(self, verb: str) -> RequestInfo:
         return RequestInfo(
@@ -244,6 +247,13 @@ class ApiServer:
     async def _route(self, request: Request, path: str) -> Response:
         if path in ("/healthz", "/livez", "/readyz"):
             return Response("ok", media_type="text/plain")
+        if path == "/openapi/v2":
+            # Not served, as on servers without the v2 document; kubectl falls back to v3 or to its
+            # compiled-in types.
+            raise StatusError(404, "NotFound", "the server could not find the requested resource")
+        if path == "/openapi/v3" or path.startswith("/openapi/v3/"):
+            self._authenticate(request)
+            return self._openapi(path)
         if path == "/version":
             return _json_response(discovery.version_info(self.server_version))
         if path.startswith(TESTING_PREFIX + "/"):
@@ -272,6 +282,17 @@ class ApiServer:
             return _json_response(listing)
         target = self._resolve(group, version, rest)
         return await self._resource_request(request, target)
+
+    def _openapi(self, path: str) -> Response:
+        if path == "/openapi/v3":
+            return _json_response(openapi.openapi_index(self.server_version))
+        segments = path.removeprefix("/openapi/v3/").split("/")
+        group, version = ("", segments[1]) if segments[0] == "api" else (segments[1], segments[-1])
+        if (segments[0] == "api" and len(segments) == 2) or (segments[0] == "apis" and len(segments) == 3):
+            document = openapi.group_version_document(group, version, self.server_version)
+            if document is not None:
+                return _json_response(document)
+        raise StatusError(404, "NotFound", "the server could not find the requested resource")
 
     def _resolve(self, group: str, version: str, rest: list[str]) -> _Target:
         legacy_watch = False
@@ -476,6 +497,12 @@ class ApiServer:
         obj = self.store.get(target.res, target.namespace, target.name)
         if target.subresource == "scale":
             return _json_response(self._scale_of(obj))
+        if wants_table(request.headers.get("accept", "")):
+            include = request.query_params.get("includeObject", "Metadata")
+            rv = obj["metadata"]["resourceVersion"]
+            return _json_response(
+                table(target.res, [self._present(target, obj)], resource_version=rv, include=include)
+            )
         return _json_response(self._present(target, obj))
 
     async def _list(self, request: Request, target: _Target) -> Response:
@@ -518,6 +545,18 @@ class ApiServer:
             after=after,
             at_rv=at_rv,
         )
+        continue_token = (
+            _encode_continue(page.resource_version, page.continue_key)
+            if page.continue_key is not None
+            else None
+        )
+        if wants_table(request.headers.get("accept", "")):
+            rows = [self._present(target, obj) for obj in page.items]
+            include = request.query_params.get("includeObject", "Metadata")
+            rv = str(page.resource_version)
+            return _json_response(
+                table(target.res, rows, resource_version=rv, include=include, continue_token=continue_token)
+            )
         items = []
         for obj in page.items:
             shown = dict(self._present(target, obj))
@@ -526,8 +565,8 @@ class ApiServer:
             shown.pop("kind", None)
             items.append(shown)
         meta: Obj = {"resourceVersion": str(page.resource_version)}
-        if page.continue_key is not None:
-            meta["continue"] = _encode_continue(page.resource_version, page.continue_key)
+        if continue_token is not None:
+            meta["continue"] = continue_token
             meta["remainingItemCount"] = page.remaining
         kind, api_version = self._list_kind(target)
         return _json_response({"kind": kind, "apiVersion": api_version, "metadata": meta, "items": items})
@@ -589,6 +628,8 @@ class ApiServer:
             if target.namespace is not None:
                 backlog = [c for c in backlog if c.key[0] == target.namespace]
         watcher = self.store.subscribe(res, target.namespace) if error is None else None
+        if wants_table(request.headers.get("accept", "")):
+            target.table = params.get("includeObject", "Metadata")
         stream = self._watch_stream(
             target,
             watcher,
@@ -603,7 +644,11 @@ class ApiServer:
         return StreamingResponse(stream, media_type="application/json")
 
     def _event_line(self, target: _Target, event_type: str, obj: Obj) -> bytes:
-        body = {"type": event_type, "object": self._present(target, obj)}
+        shown = self._present(target, obj)
+        if target.table is not None:
+            rv = str(obj["metadata"].get("resourceVersion", ""))
+            shown = table(target.res, [shown], resource_version=rv, include=target.table)
+        body = {"type": event_type, "object": shown}
         return json.dumps(body, separators=(",", ":")).encode() + b"\n"
 
     def _bookmark_line(self, target: _Target, *, initial_end: bool = False) -> bytes:

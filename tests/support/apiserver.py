@@ -23,6 +23,7 @@ import functools
 import importlib.util
 import io
 import secrets
+import ssl
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -73,8 +74,9 @@ class TestHooks:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, url: str) -> None:
-        self._http = httpx.Client(base_url=url + "/testing/v1", timeout=10.0)
+    def __init__(self, url: str, ca_file: Path | None = None) -> None:
+        verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(ca_file)) if ca_file else True
+        self._http = httpx.Client(base_url=url + "/testing/v1", timeout=10.0, verify=verify)
 
     def close(self) -> None:
         self._http.close()
@@ -150,17 +152,30 @@ class TestHooks:
 class ApiServerProcess:
     """A running API test server: its URL, kubeconfig, admin token, tokens file and hooks."""
 
-    def __init__(self, process: RoleProcess, root: Path, tokens_file: Path, admin_token: str) -> None:
+    def __init__(
+        self,
+        process: RoleProcess,
+        root: Path,
+        tokens_file: Path,
+        admin_token: str,
+        ca_file: Path | None = None,
+    ) -> None:
         self.process = process
         self.root = root
         self.url = process.address
         self.tokens_file = tokens_file
         self.admin_token = admin_token
-        self.kubeconfig = write_kubeconfig(root / "kubeconfig", self.url, token=admin_token)
-        self.hooks = TestHooks(self.url)
+        #: the CA that signed the server's certificate, when it serves HTTPS (``tls=True``).
+        self.ca_file = ca_file
+        self.kubeconfig = write_kubeconfig(root / "kubeconfig", self.url, token=admin_token, ca_file=ca_file)
+        self.hooks = TestHooks(self.url, ca_file)
 
     def config(self, token: str | None = None) -> KubeConfig:
-        return KubeConfig(server=self.url, token=token or self.admin_token)
+        return KubeConfig(
+            server=self.url,
+            token=token or self.admin_token,
+            ca_file=str(self.ca_file) if self.ca_file else None,
+        )
 
     def client(self, token: str | None = None) -> KubeClient:
         """A new :class:`KubeClient` (admin unless ``token``); the caller closes it."""
@@ -200,6 +215,20 @@ def _write_tokens(path: Path, tokens: TokensFile) -> None:
     atomic_write(path, yaml.safe_dump(tokens.model_dump(), sort_keys=True), mode=0o600, durable=False)
 
 
+def _certificates(root: Path) -> tuple[Path, Path, Path]:
+    """A throw-away CA and a server certificate for 127.0.0.1/localhost: (ca, cert, key)."""
+    import trustme
+
+    authority = trustme.CA()
+    issued = authority.issue_cert("127.0.0.1", "localhost")
+    ca_file, cert_file, key_file = root / "ca.pem", root / "apiserver.pem", root / "apiserver-key.pem"
+    authority.cert_pem.write_to_path(str(ca_file))
+    issued.cert_chain_pems[0].write_to_path(str(cert_file))
+    issued.private_key_pem.write_to_path(str(key_file))
+    key_file.chmod(0o600)
+    return ca_file, cert_file, key_file
+
+
 @contextlib.contextmanager
 def start_apiserver(
     root: Path,
@@ -207,8 +236,14 @@ def start_apiserver(
     extra_args: Sequence[str] = (),
     validate_versions: str | None = None,
     state_file: Path | None = None,
+    tls: bool = False,
 ) -> Iterator[ApiServerProcess]:
-    """Start an API test server in ``root`` (its log: ``root/apiserver.log``); always stops it."""
+    """Start an API test server in ``root`` (its log: ``root/apiserver.log``); always stops it.
+
+    With ``tls`` it serves HTTPS with a certificate from a throw-away CA (``server.ca_file``,
+    also in the kubeconfig). kubectl needs that to send the token: client-go applies a
+    kubeconfig's credentials only over TLS.
+    """
     root.mkdir(parents=True, exist_ok=True)
     tokens_file = root / "tokens.yaml"
     admin_token = secrets.token_urlsafe(24)
@@ -224,6 +259,10 @@ def start_apiserver(
         args += ["--validate-versions", validate_versions]
     if state_file is not None:
         args += ["--state-file", str(state_file)]
+    ca_file = None
+    if tls:
+        ca_file, cert_file, key_file = _certificates(root)
+        args += ["--tls-cert-file", str(cert_file), "--tls-private-key-file", str(key_file)]
     args += list(extra_args)
     process = RoleProcess(
         args,
@@ -233,7 +272,7 @@ def start_apiserver(
         name="apiserver",
     )
     process.start()
-    server = ApiServerProcess(process, root, tokens_file, admin_token)
+    server = ApiServerProcess(process, root, tokens_file, admin_token, ca_file)
     try:
         yield server
     finally:

@@ -1,0 +1,151 @@
+"""kubectl against the API test server: the article's manifest applies as written for
+v1beta1 clusters, kubectl get prints the server's columns, and validation errors reach the user."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dra_driver.kube.resources import NAMESPACES
+from tests.support.apiserver import ApiServerProcess, start_apiserver
+from tests.unit.kube_standin.objects import resource_slice
+
+pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+
+ARTICLE_MANIFEST = """\
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: agent-platform
+---
+apiVersion: resource.k8s.io/v1beta1
+kind: ResourceClaimTemplate
+metadata:
+  name: cohdi-accelerator-template
+  namespace: agent-platform
+spec:
+  spec:
+    devices:
+      requests:
+        - name: dedicated-accelerator
+          deviceClassName: cohdi-pcie-device
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: agent-inference-worker
+  namespace: agent-platform
+spec:
+  selector:
+    matchLabels:
+      app: agent-inference-worker
+  template:
+    metadata:
+      labels:
+        app: agent-inference-worker
+    spec:
+      containers:
+        - name: agent-runner
+          image: agent-runner:latest
+          command: ["/bin/sh", "-c", "tail -f /dev/null"]
+          resources:
+            claims:
+              - name: accelerator-claim
+      resourceClaims:
+        - name: accelerator-claim
+          resourceClaimTemplateName: cohdi-accelerator-template
+"""
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServerProcess]:
+    # kubectl (client-go) sends a kubeconfig's token only over TLS.
+    with start_apiserver(tmp_path_factory.mktemp("tls-apiserver"), tls=True) as server:
+        yield server
+
+
+def kubectl(
+    server: ApiServerProcess, tmp_path: Path, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["kubectl", "--kubeconfig", str(server.kubeconfig), "--cache-dir", str(tmp_path / "cache"), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_article_manifest_applies_and_scales(tls_server: ApiServerProcess, tmp_path: Path) -> None:
+    apiserver = tls_server
+    applied = kubectl(apiserver, tmp_path, "apply", "-f", "-", stdin=ARTICLE_MANIFEST)
+    assert applied.returncode == 0, applied.stderr
+    assert "resourceclaimtemplate.resource.k8s.io/cohdi-accelerator-template created" in applied.stdout
+    template = kubectl(
+        apiserver,
+        tmp_path,
+        "get",
+        "resourceclaimtemplates.v1.resource.k8s.io",
+        "-n",
+        "agent-platform",
+        "cohdi-accelerator-template",
+        "-o",
+        "json",
+    )
+    requests = json.loads(template.stdout)["spec"]["spec"]["devices"]["requests"]
+    assert requests[0]["exactly"]["deviceClassName"] == "cohdi-pcie-device"
+    scaled = kubectl(
+        apiserver,
+        tmp_path,
+        "scale",
+        "deployment",
+        "agent-inference-worker",
+        "--replicas=0",
+        "-n",
+        "agent-platform",
+    )
+    assert scaled.returncode == 0, scaled.stderr
+    replicas = kubectl(
+        apiserver,
+        tmp_path,
+        "get",
+        "deployment",
+        "agent-inference-worker",
+        "-n",
+        "agent-platform",
+        "-o",
+        "jsonpath={.spec.replicas}",
+    )
+    assert replicas.stdout == "0"
+
+
+def test_get_prints_the_servers_columns_and_create_reports_the_bad_field(
+    tls_server: ApiServerProcess, tmp_path: Path
+) -> None:
+    apiserver = tls_server
+    created = kubectl(
+        apiserver, tmp_path, "create", "-f", "-", stdin=json.dumps(resource_slice("pool-0", devices=2))
+    )
+    assert created.returncode == 0, created.stderr
+    listed = kubectl(apiserver, tmp_path, "get", "resourceslices")
+    header, row = listed.stdout.splitlines()[:2]
+    assert header.split() == ["NAME", "NODE", "DRIVER", "POOL", "AGE"]
+    assert row.split()[:3] == ["pool-0", "fabric-dra.io", "fabric-pcie"]
+    bad = resource_slice("pool-1", devices=2)
+    bad["spec"]["devices"][1]["attributes"]["fabric-dra.io/model"] = {"str": "H100"}
+    rejected = kubectl(apiserver, tmp_path, "create", "-f", "-", stdin=json.dumps(bad))
+    assert rejected.returncode != 0
+    assert "spec.devices[1].attributes[fabric-dra.io/model].str: unknown field" in rejected.stderr
+
+
+async def test_the_shared_client_and_hooks_speak_tls_too(tls_server: ApiServerProcess) -> None:
+    assert tls_server.url.startswith("https://127.0.0.1:")
+    async with tls_server.client() as kube:
+        assert (await kube.get(NAMESPACES, "default"))["status"]["phase"] == "Active"
+    assert "namespaces" in tls_server.hooks.requests()["requests"]
