@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import shutil
+import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,8 +109,13 @@ def allocate_address(
     return address
 
 
-def _write(path: Path, text: str) -> None:
-    path.write_text(text, encoding="ascii")
+def _write(path: Path, text: str | bytes) -> None:
+    # plain os calls: these files are new, and Path.write_text's layers cost more than the write
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, text.encode("ascii") if isinstance(text, str) else text)
+    finally:
+        os.close(fd)
 
 
 def _symlink(link: Path, target: str) -> None:
@@ -124,8 +131,41 @@ def _unlink(path: Path) -> None:
 
 
 class HostView:
+    """The host trees under ``hosts_dir``, with two siblings on the same filesystem.
+
+    ``<hosts_dir>.stage`` holds unbound PCIe devices (see :meth:`_stage`); ``<hosts_dir>.trash``
+    receives removed CXL directories by rename (a scanner sees them vanish at once), and a
+    daemon thread empties it afterwards.
+    """
+
     def __init__(self, hosts_dir: Path) -> None:
         self.hosts_dir = hosts_dir
+        #: unbound PCIe devices, ready to be renamed into a host's tree (same filesystem)
+        self.stage_dir = hosts_dir.with_name(hosts_dir.name + ".stage")
+        self.trash_dir = hosts_dir.with_name(hosts_dir.name + ".trash")
+        self._purge: queue.SimpleQueue[Path] = queue.SimpleQueue()
+        self._purger: threading.Thread | None = None
+
+    def _discard(self, path: Path) -> None:
+        """Make ``path`` (a directory) disappear now; delete its contents in the background."""
+        self.trash_dir.mkdir(parents=True, exist_ok=True)
+        parked = self.trash_dir / uuid.uuid4().hex
+        try:
+            os.rename(path, parked)
+        except FileNotFoundError:
+            return
+        self._purge.put(parked)
+        if self._purger is None or not self._purger.is_alive():
+            self._purger = threading.Thread(target=self._empty_trash, name="hostview-trash", daemon=True)
+            self._purger.start()
+
+    def _empty_trash(self) -> None:
+        while True:
+            try:
+                parked = self._purge.get(timeout=5)
+            except queue.Empty:
+                return
+            shutil.rmtree(parked, ignore_errors=True)
 
     def sys_root(self, host: str) -> Path:
         return self.hosts_dir / host / "sys"
@@ -149,8 +189,9 @@ class HostView:
 
     def reset(self, hosts: dict[str, str]) -> None:
         """Remove every host tree and lay out empty skeletons for ``hosts`` (name → UUID)."""
-        if self.hosts_dir.exists():
-            shutil.rmtree(self.hosts_dir)
+        for stale in (self.hosts_dir, self.stage_dir, self.trash_dir):
+            if stale.exists():
+                shutil.rmtree(stale)
         for host, system_uuid in hosts.items():
             self.prepare_host(host, system_uuid)
 
@@ -168,11 +209,17 @@ class HostView:
 
     # --- PCIe ----------------------------------------------------------------------------
 
-    def _add_pci(self, e: HostEntry) -> None:
-        bdf = e.address.bdf
-        assert bdf is not None
-        sys_root = self.sys_root(e.host)
-        dev = sys_root / "devices" / HOST_BRIDGE / bdf
+    def _stage(self, e: HostEntry) -> Path:
+        """The unbound device's directory, with every file that does not depend on a host.
+
+        A device moves into a host's tree and back out of it by ``rename``: binding costs a few
+        metadata operations instead of creating a dozen files, and a scanner sees the device
+        appear (its bus symlink last) or vanish at once, never half-built.
+        """
+        stage = self.stage_dir / e.target
+        if (stage / "dev").is_dir():
+            return stage
+        dev = stage / "dev"
         dev.mkdir(parents=True, exist_ok=True)
         _write(dev / "vendor", f"0x{e.vendor_id:04x}\n")
         _write(dev / "device", f"0x{e.device_id:04x}\n")
@@ -180,13 +227,13 @@ class HostView:
         _write(dev / "revision", f"0x{e.revision_id:02x}\n")
         _write(dev / "subsystem_vendor", f"0x{e.subsystem_vendor_id:04x}\n")
         _write(dev / "subsystem_device", f"0x{e.subsystem_id:04x}\n")
-        _write(dev / "numa_node", f"{e.numa_node}\n")
         _write(dev / "current_link_speed", link_speed_text(e.pcie_generation) + "\n")
         _write(dev / "current_link_width", f"{e.pcie_width}\n")
         _write(dev / "max_link_speed", link_speed_text(e.pcie_generation) + "\n")
         _write(dev / "max_link_width", f"{e.pcie_width}\n")
         _write(dev / "serial", e.serial + "\n")
-        (dev / "config").write_bytes(
+        _write(
+            dev / "config",
             config_space(
                 vendor_id=e.vendor_id,
                 device_id=e.device_id,
@@ -197,20 +244,35 @@ class HostView:
                 pcie_generation=e.pcie_generation,
                 pcie_width=e.pcie_width,
                 serial=e.serial,
-            )
+            ),
         )
+        if e.type in _VFIO_TYPES:
+            (stage / "group" / "devices").mkdir(parents=True, exist_ok=True)
+        if e.type == DeviceType.NVME:
+            ctrl = dev / "nvme" / "ctrl"
+            ctrl.mkdir(parents=True, exist_ok=True)
+            _write(ctrl / "serial", e.serial + "\n")
+            _write(ctrl / "model", e.model + "\n")
+        return stage
+
+    def _add_pci(self, e: HostEntry) -> None:
+        bdf = e.address.bdf
+        assert bdf is not None
+        sys_root = self.sys_root(e.host)
+        stage = self._stage(e)
+        dev = sys_root / "devices" / HOST_BRIDGE / bdf
+        os.rename(stage / "dev", dev)
+        _write(dev / "numa_node", f"{e.numa_node}\n")
         if e.address.iommu_group is not None:
             group = sys_root / "kernel" / "iommu_groups" / str(e.address.iommu_group)
-            (group / "devices").mkdir(parents=True, exist_ok=True)
-            _symlink(group / "devices" / bdf, f"../../../../devices/{HOST_BRIDGE}/{bdf}")
-            _symlink(dev / "iommu_group", f"../../../kernel/iommu_groups/{e.address.iommu_group}")
+            os.rename(stage / "group", group)
+            os.symlink(f"../../../../devices/{HOST_BRIDGE}/{bdf}", group / "devices" / bdf)
+            os.symlink(f"../../../kernel/iommu_groups/{e.address.iommu_group}", dev / "iommu_group")
         if e.address.nvme is not None:
             name = f"nvme{e.address.nvme}"
             ctrl = dev / "nvme" / name
-            ctrl.mkdir(parents=True, exist_ok=True)
+            os.rename(dev / "nvme" / "ctrl", ctrl)
             _write(ctrl / "dev", f"{_NVME_CHAR_MAJOR}:{e.address.nvme}\n")
-            _write(ctrl / "serial", e.serial + "\n")
-            _write(ctrl / "model", e.model + "\n")
             _symlink(sys_root / "class" / "nvme" / name, f"../../devices/{HOST_BRIDGE}/{bdf}/nvme/{name}")
         # the bus entry last: a scanner that sees it finds every file already in place
         _symlink(sys_root / "bus" / "pci" / "devices" / bdf, f"../../../devices/{HOST_BRIDGE}/{bdf}")
@@ -219,14 +281,28 @@ class HostView:
         bdf = e.address.bdf
         assert bdf is not None
         sys_root = self.sys_root(e.host)
-        _unlink(sys_root / "bus" / "pci" / "devices" / bdf)
+        _unlink(sys_root / "bus" / "pci" / "devices" / bdf)  # first: the device is gone for scanners
+        dev = sys_root / "devices" / HOST_BRIDGE / bdf
+        if not dev.is_dir():
+            return
+        stage = self.stage_dir / e.target
+        if (stage / "dev").exists():  # cannot happen unless a tree was edited by hand
+            self._discard(stage)
+        stage.mkdir(parents=True, exist_ok=True)
         if e.address.nvme is not None:
-            _unlink(sys_root / "class" / "nvme" / f"nvme{e.address.nvme}")
+            name = f"nvme{e.address.nvme}"
+            _unlink(sys_root / "class" / "nvme" / name)
+            _unlink(dev / "nvme" / name / "dev")
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(dev / "nvme" / name, dev / "nvme" / "ctrl")
         if e.address.iommu_group is not None:
-            shutil.rmtree(
-                sys_root / "kernel" / "iommu_groups" / str(e.address.iommu_group), ignore_errors=True
-            )
-        shutil.rmtree(sys_root / "devices" / HOST_BRIDGE / bdf, ignore_errors=True)
+            group = sys_root / "kernel" / "iommu_groups" / str(e.address.iommu_group)
+            _unlink(dev / "iommu_group")
+            _unlink(group / "devices" / bdf)
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(group, stage / "group")
+        _unlink(dev / "numa_node")
+        os.rename(dev, stage / "dev")
 
     # --- CXL -----------------------------------------------------------------------------
 
@@ -272,11 +348,11 @@ class HostView:
         memdev = f"mem{memdev_n}"
         _unlink(sys_root / "bus" / "dax" / "devices" / f"dax{region_n}.0")
         _unlink(sys_root / "bus" / "cxl" / "devices" / f"region{region_n}")
-        shutil.rmtree(sys_root / "devices" / "cxl" / f"region{region_n}", ignore_errors=True)
+        self._discard(sys_root / "devices" / "cxl" / f"region{region_n}")
         # The memdev goes once no region of this host targets it any more.
         for other in (sys_root / "devices" / "cxl").glob("region*/target0"):
             with contextlib.suppress(FileNotFoundError):
                 if other.read_text().strip() == memdev:
                     return
         _unlink(sys_root / "bus" / "cxl" / "devices" / memdev)
-        shutil.rmtree(sys_root / "devices" / "cxl" / memdev, ignore_errors=True)
+        self._discard(sys_root / "devices" / "cxl" / memdev)

@@ -199,7 +199,7 @@ class StateStore:
         """Persist the current state and then run ``effects``; return once both are done.
 
         Callers mutate :attr:`state` synchronously (no ``await`` between check and change),
-        then await this. Effects (host sysfs updates) run in the writer thread after the
+        then await this. Effects (host sysfs updates) run in a worker thread alongside the
         write, in commit order.
         """
         self.state.version += 1
@@ -218,20 +218,29 @@ class StateStore:
             batch, self._batch = self._batch, None
             data = self.state.model_dump_json(indent=1)
             effects, self._effects = self._effects, []
-            try:
-                await asyncio.to_thread(self._write, data, effects)
-            except Exception as err:
-                # The waiters of this batch get the error; the host-view updates stay queued
-                # for the next commit, which writes the whole (newer) state again.
-                log.error("cannot persist the fabric state", path=str(self.path), error=str(err))
+            # The host views follow the state: both are rebuilt from the state file at start, so
+            # the two writes may overlap; the response waits for both.
+            outcomes = await asyncio.gather(
+                asyncio.to_thread(self._write, data),
+                asyncio.to_thread(self._run_effects, effects),
+                return_exceptions=True,
+            )
+            failure = next((o for o in outcomes if isinstance(o, BaseException)), None)
+            if failure is not None:
+                # The waiters of this batch get the error; host-view updates that did not run stay
+                # queued for the next commit, which writes the whole (newer) state again.
+                log.error("cannot persist the fabric state", path=str(self.path), error=str(failure))
                 self._effects[:0] = effects
-                batch.set_exception(err)
+                batch.set_exception(failure)
                 batch.exception()  # mark retrieved: its waiters may have gone away
                 continue
             batch.set_result(None)
 
-    def _write(self, data: str, effects: list[SideEffect]) -> None:
+    def _write(self, data: str) -> None:
         atomic_write(self.path, data, mode=0o600)
+
+    @staticmethod
+    def _run_effects(effects: list[SideEffect]) -> None:
         while effects:
             effect = effects.pop(0)
             try:

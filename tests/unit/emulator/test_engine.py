@@ -107,10 +107,10 @@ def test_group_commit_shares_writes(tmp_path: Path) -> None:
     writes = 0
     original = store._write
 
-    def counting(data: str, effects: list) -> None:  # type: ignore[type-arg]
+    def counting(data: str) -> None:
         nonlocal writes
         writes += 1
-        original(data, effects)
+        original(data)
 
     store._write = counting  # type: ignore[method-assign]
     effects: list[int] = []
@@ -131,7 +131,7 @@ def test_group_commit_shares_writes(tmp_path: Path) -> None:
 def test_a_failed_write_reaches_its_waiters(tmp_path: Path) -> None:
     store = StateStore(tmp_path)
 
-    def broken(data: str, effects: list) -> None:  # type: ignore[type-arg]
+    def broken(data: str) -> None:
         raise OSError(28, "No space left on device")
 
     store._write = broken  # type: ignore[method-assign]
