@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from fabric.errors import NotFoundError
+from fabric.errors import FabricError, FabricUnavailable, NotFoundError
 from fabric.redfish.client import RedfishClient
 
 __all__ = ["Walk", "link", "links", "odata_id", "path_ids"]
@@ -155,5 +155,13 @@ class Walk:
                 body: JSON | None = await self.client.get_json(key)
             except NotFoundError:
                 body = None
+            except FabricUnavailable:
+                raise
+            except FabricError:
+                # Advertised but refused (QueryParameterUnsupported...): read without it from now on.
+                self.expand = False
+                body = None
+        if body is None and not self.expand:
+            return await self.get(uri)
         self._cache[key] = body
         return body
