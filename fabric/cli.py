@@ -320,6 +320,13 @@ def _serve(args: argparse.Namespace) -> int:
     for path in (settings.node_map, settings.static_tokens):
         if path is not None and not path.is_file():
             raise CliError(f"{path} does not exist")
+    for secret in (settings.static_tokens, args.redfish_credentials_file):
+        if secret is not None and secret.is_file() and secret.stat().st_mode & 0o077:
+            from dra_driver.logs import get_logger
+
+            get_logger("fabric.cli").warning(
+                "a file with secrets is readable by other users; chmod 600 it", path=str(secret)
+            )
 
     from fabric.service import ManagerService
 

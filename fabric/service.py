@@ -108,7 +108,13 @@ class ManagerService:
         family = socket.AF_INET6 if ":" in s.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((s.host, s.port))
+        try:
+            sock.bind((s.host, s.port))
+        except OSError as err:
+            sock.close()
+            raise OSError(
+                f"cannot listen on {s.host}:{s.port}: {err.strerror}; pick another --port"
+            ) from None
         sock.listen(512)
         sock.set_inheritable(True)
         return sock

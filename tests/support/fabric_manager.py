@@ -59,8 +59,9 @@ def running_manager(
     name: str = "manager",
     ready: bool = True,
     env: dict[str, str] | None = None,
+    ca_file: str | None = None,
 ) -> Iterator[RoleProcess]:
-    process = start_manager(work, redfish_url, args=args, name=name, ready=ready, env=env)
+    process = start_manager(work, redfish_url, args=args, name=name, ready=ready, env=env, ca_file=ca_file)
     try:
         yield process
     finally:
@@ -75,9 +76,10 @@ def start_manager(
     name: str = "manager",
     ready: bool = True,
     env: dict[str, str] | None = None,
+    ca_file: str | None = None,
 ) -> RoleProcess:
     """Start a manager logging to ``work/<name>.log``; ``args`` add flags (auth, ledger, ...).
-    The caller stops it (prefer :func:`running_manager`)."""
+    The caller stops it (prefer :func:`running_manager`). ``ca_file`` verifies a TLS listener."""
     ready_file = work / f"{name}.ready"
     process = RoleProcess(
         [
@@ -92,7 +94,7 @@ def start_manager(
     ).start()
     if ready:
         try:
-            wait_ready(process.address)
+            wait_ready(process.address, ca_file=ca_file)
         except BaseException:
             process.stop()
             raise

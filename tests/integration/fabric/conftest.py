@@ -153,7 +153,7 @@ def manager_for(
 ) -> Iterator[RoleProcess]:
     work.mkdir(parents=True, exist_ok=True)
     args = manager_args(fabric, work, *extra, tokens=tokens, nodes=nodes)
-    with running_manager(work, fabric.url, args=args, name=name) as proc:
+    with running_manager(work, fabric.url, args=args, name=name, ca_file=str(fabric.tls.ca)) as proc:
         yield proc
 
 

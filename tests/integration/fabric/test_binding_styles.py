@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from fabric.api import AttachmentState, BindingState
-from fabric.errors import DeviceBusy, PermissionDenied
+from fabric.errors import DeviceBusy, FabricUnavailable, PermissionDenied
 from fabric.manager_client import ManagerClient
 from tests.integration.fabric.conftest import (
     CONTROLLER_TOKEN,
@@ -166,3 +166,15 @@ def test_status_command(fabric: FabricAdmin, tmp_path: Path) -> None:
                 headers={"Authorization": f"Bearer {CONTROLLER_TOKEN}"},
             ).raise_for_status()
     assert fabric.bound_hosts() == {}
+
+
+async def test_manager_listener_over_tls(fabric: FabricAdmin, tmp_path: Path) -> None:
+    """The manager's own listener over HTTPS (the same test CA), as plugins would reach it."""
+    tls = fabric.tls
+    with manager_for(fabric, tmp_path, "--tls-cert", str(tls.cert), "--tls-key", str(tls.key)) as manager:
+        assert manager.address.startswith("https://")
+        async with ManagerClient(manager.address, token=OPERATOR_TOKEN, ca_file=str(tls.ca)) as client:
+            assert len((await client.inventory()).devices) == 18
+        async with ManagerClient(manager.address, token=OPERATOR_TOKEN) as untrusting:
+            with pytest.raises(FabricUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
+                await untrusting.devices()
