@@ -9,6 +9,7 @@ log line.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -55,7 +56,17 @@ async def test_attach_and_detach(
             assert {d.binding_style for d in inventory.devices} == {style}
             assert found[device].state == BindingState.FREE
 
+            # a long poll on the current version wakes up when the binding changes
+            poll = asyncio.create_task(plugin.inventory(after=inventory.version, timeout_seconds=30))
+            await asyncio.sleep(0.2)
+            assert not poll.done()
             attachment = await plugin.attach(device, node, "claim-1", wait_seconds=20)
+            changed = await asyncio.wait_for(poll, 10)
+            assert changed.version > inventory.version
+            assert {d.name: d for d in changed.devices}[device].state in (
+                BindingState.ATTACHING,
+                BindingState.BOUND,
+            )
             assert attachment.state == AttachmentState.ATTACHED
             assert (attachment.device.node, attachment.device.claim_uid) == (node, "claim-1")
             binding = fabric.binding(target)
