@@ -914,16 +914,20 @@ class ApiServer:
 
     async def _delete(self, request: Request, target: _Target) -> Response:
         assert target.name is not None
-        uid, rv, dry_run = await self._delete_options(request)
+        uid, rv, dry_run, orphan = await self._delete_options(request)
         obj, deleted = self.store.delete(
             target.res, target.namespace, target.name, uid=uid, resource_version=rv, dry_run=dry_run
         )
-        return _json_response(self._present(target, obj), 200 if deleted else 202)
+        # handlers/delete.go: 202 only when the deletion is pending and the client asked for
+        # orphanDependents=false; everything else is 200 (changing that would break clients).
+        return _json_response(self._present(target, obj), 202 if not deleted and orphan is False else 200)
 
-    async def _delete_options(self, request: Request) -> tuple[str | None, str | None, bool]:
+    async def _delete_options(self, request: Request) -> tuple[str | None, str | None, bool, bool | None]:
+        """(uid precondition, resourceVersion precondition, dry run, orphanDependents)."""
         dry_run = self._dry_run(request)
         raw = await request.body()
         uid = rv = None
+        orphan: bool | None = None
         if raw.strip():
             try:
                 options = json.loads(raw)
@@ -935,11 +939,13 @@ class ApiServer:
             uid, rv = pre.get("uid"), pre.get("resourceVersion")
             if "All" in (options.get("dryRun") or []):
                 dry_run = True
-        return uid, rv, dry_run
+            if isinstance(options.get("orphanDependents"), bool):
+                orphan = options["orphanDependents"]
+        return uid, rv, dry_run, orphan
 
     async def _delete_collection(self, request: Request, target: _Target) -> Response:
         labels, fields = self._selectors(request, target.res)
-        _, _, dry_run = await self._delete_options(request)
+        _, _, dry_run, _ = await self._delete_options(request)
         match = self._matcher(labels, fields)
         deleted = []
         for obj in list(self.store.objects(target.res, target.namespace)):
