@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import time
 import urllib.request
@@ -242,6 +243,7 @@ def _fabric(quick: bool) -> dict[str, Any]:
             return asyncio.run(scenario())
     finally:
         processes.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def run(quick: bool) -> dict[str, Any]:

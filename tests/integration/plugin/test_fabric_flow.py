@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +93,7 @@ def fabric() -> Iterator[Fabric]:
             yield Fabric(root, processes.emulator, processes.manager, node, stack)
     finally:
         processes.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _spec_names(path: Path) -> list[str]:
