@@ -15,6 +15,7 @@ import hmac
 import json
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,9 +105,13 @@ class SessionInfo:
 class Sessions:
     """Open sessions, in memory: a restart ends them, as a BMC reboot does."""
 
-    def __init__(self, timeout_seconds: int = 1800, limit: int = 256) -> None:
+    def __init__(
+        self, timeout_seconds: int = 1800, limit: int = 256, on_change: Callable[[], None] | None = None
+    ) -> None:
         self.timeout_seconds = timeout_seconds
         self.limit = limit
+        #: called whenever the set of sessions changes (rendered collections are cached)
+        self.on_change = on_change or (lambda: None)
         self._by_token: dict[str, SessionInfo] = {}
         self._by_id: dict[str, SessionInfo] = {}
 
@@ -129,6 +134,7 @@ class Sessions:
         )
         self._by_token[info.token] = info
         self._by_id[info.id] = info
+        self.on_change()
         return info
 
     def authenticate(self, token: str) -> SessionInfo | None:
@@ -155,10 +161,12 @@ class Sessions:
         if info is None:
             return False
         self._by_token.pop(info.token, None)
+        self.on_change()
         return True
 
     def expire_all(self) -> int:
         count = len(self._by_id)
         self._by_id.clear()
         self._by_token.clear()
+        self.on_change()
         return count

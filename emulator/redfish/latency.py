@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
 
 from fabric.api import DeviceType
 
@@ -32,7 +33,8 @@ class Delay(BaseModel):
 
 
 class LatencyProfile(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # camelCase in files, like topology files (snake_case is accepted too)
+    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True)
 
     name: str = "custom"
     tasks: bool = Field(default=False, description="answer binds/unbinds with 202 and a task monitor")

@@ -78,7 +78,7 @@ def build_service(config: ServeConfig) -> EmulatorService:
         config.index, store, HostView(config.state_dir / "hosts"), events, config.latency, revision
     )
     engine.recover()
-    sessions = Sessions()
+    sessions = Sessions(on_change=revision.bump)
     service = config.index.topology.service
     account = (
         Account(config.credentials.username, config.credentials.password) if config.credentials else None
@@ -99,12 +99,7 @@ def build_service(config: ServeConfig) -> EmulatorService:
     root = build_tree(ctx)
     engine.render = lambda uri: render_uri(root, uri)
 
-    def expire_sessions() -> int:
-        count = sessions.expire_all()
-        revision.bump()
-        return count
-
-    engine.expire_sessions = expire_sessions
+    engine.expire_sessions = sessions.expire_all
     return EmulatorService(ctx, RedfishApp(ctx, root, config.latency), engine, store)
 
 

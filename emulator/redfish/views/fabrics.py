@@ -58,6 +58,9 @@ from .outcome import reply_for
 
 __all__ = ["FabricsNode"]
 
+#: Zones a client may create; each binds at least a host, so more means a leak on the client side.
+MAX_CLIENT_ZONES = 4096
+
 #: PCIe lane rate in GT/s by generation, for a port's CurrentSpeedGbps (128b/130b from Gen3 on)
 _GT_PER_LANE = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
 
@@ -424,6 +427,12 @@ class ZonesNode(CollectionNode):
         host = hosts[0]
         for device in targets:
             _reachable(self.ctx, device, host, "Links/Endpoints")
+        if len(self._client_zones()) >= MAX_CLIENT_ZONES:
+            raise RedfishError.of(
+                503,
+                "CreateLimitReachedForResource",
+                detail=f"There are {MAX_CLIENT_ZONES} client zones already; delete unused ones.",
+            )
         zone_id = self.ctx.engine.state.allocate_id()
         op = Operation(
             kind=OperationKind.BIND,

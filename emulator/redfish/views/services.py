@@ -273,7 +273,6 @@ class SessionsNode(CollectionNode):
             raise RedfishError.of(
                 503, "CreateLimitReachedForResource", detail="Too many open sessions; delete unused ones."
             )
-        self.ctx.revision.bump()
         node = SessionNode(self.ctx, info.id)
         return Reply(201, node.payload(), {"X-Auth-Token": info.token, "Location": node.uri})
 
@@ -300,7 +299,6 @@ class SessionNode(Node):
 
     async def delete(self, request: Request) -> Reply:
         self.ctx.sessions.delete(self.session_id)
-        self.ctx.revision.bump()
         return Reply(204)
 
 
