@@ -80,6 +80,8 @@ _PATCH_TYPES = {
     "application/apply-patch+cbor": "apply-cbor",
 }
 TESTING_PREFIX = "/testing/v1"
+#: the real server's request body limit (k8s.io/apiserver DefaultMaxRequestSizeBytes, 3 MiB).
+MAX_REQUEST_BYTES = 3 * 1024 * 1024
 
 
 @dataclass
@@ -389,8 +391,17 @@ class ApiServer:
         return bool(values)
 
     @staticmethod
-    async def _body(request: Request) -> Any:
+    async def _raw_body(request: Request) -> bytes:
         raw = await request.body()
+        if len(raw) > MAX_REQUEST_BYTES:
+            raise StatusError(
+                413, "RequestEntityTooLarge", f"Request entity too large: limit is {MAX_REQUEST_BYTES}"
+            )
+        return raw
+
+    @classmethod
+    async def _body(cls, request: Request) -> Any:
+        raw = await cls._raw_body(request)
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type not in _JSON_TYPES and content_type not in ("application/yaml", "*/*"):
             raise unsupported_media_type(content_type)
@@ -836,7 +847,7 @@ class ApiServer:
         patch_type = _PATCH_TYPES.get(content_type)
         if patch_type is None or patch_type == "apply-cbor":
             raise unsupported_media_type(content_type)
-        raw = await request.body()
+        raw = await self._raw_body(request)
         try:
             patch = yaml.safe_load(raw) if patch_type == "apply" else json.loads(raw)
         except (ValueError, yaml.YAMLError) as err:

@@ -287,14 +287,26 @@ def _kubelet_info(args: argparse.Namespace) -> int:
     from dra_driver.proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
 
     async def main() -> int:
+        if not args.socket.is_socket():
+            raise CliError(
+                f"{args.socket} is not a unix socket; registration sockets are in the registry dir"
+            )
         target = "unix://" + str(args.socket.resolve())
         async with grpc.aio.insecure_channel(target) as channel:
             try:
                 await asyncio.wait_for(channel.channel_ready(), 10)
                 stub: Any = reg_grpc.RegistrationStub(channel)
                 info = await stub.GetInfo(reg_pb2.InfoRequest(), timeout=1)
-            except (TimeoutError, grpc.aio.AioRpcError) as err:
-                raise CliError(f"GetInfo on {args.socket} failed: {err!s}; is the plugin running?") from err
+            except TimeoutError as err:
+                raise CliError(
+                    f"nothing answers on {args.socket} (no connection within 10 s): "
+                    "is the plugin running, and is this its registration socket?"
+                ) from err
+            except grpc.aio.AioRpcError as err:
+                raise CliError(
+                    f"GetInfo on {args.socket} failed: {err.code().name} {err.details()}; "
+                    "is this a kubelet plugin registration socket?"
+                ) from err
         out = {
             "type": info.type,
             "name": info.name,

@@ -528,7 +528,12 @@ class PluginManager:
             return await asyncio.wait_for(ready(), within)
         except TimeoutError as err:
             tried = [a for a in self.attempts if a.driver == driver or not a.driver]
-            last = f"; last attempt: {tried[-1].error}" if tried else ""
+            if tried:
+                last = f"; last attempt: {tried[-1].error}"
+            elif not find_plugin_sockets(self.registry_dir):
+                last = "; no registration socket is there: is the plugin running with this --registry-dir?"
+            else:
+                last = "; a plugin registered, but for another driver"
             raise KubeletError(
                 f"DRA driver {driver} did not register within {within:.0f}s in {self.registry_dir}{last}"
             ) from err

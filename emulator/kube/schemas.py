@@ -449,9 +449,13 @@ class SchemaCatalog:
                 raise SchemasUnavailable(f"Kubernetes version {version!r} is not of the form 1.NN")
             directory = base / f"v{version}.0-local-strict"
             if not (directory / "_definitions.json").is_file():
-                have = sorted(p.name.split("-")[0][1:] for p in base.glob("v*-local-strict"))
+                have = sorted(
+                    (p.name.split("-")[0][1:].rsplit(".", 1)[0] for p in base.glob("v*-local-strict")),
+                    key=lambda v: tuple(int(x) for x in v.split(".")),
+                )
                 raise SchemasUnavailable(
-                    f"no strict schemas for Kubernetes {version} in {base} (available: {', '.join(have)})"
+                    f"kubernetes-validate has no strict schemas for Kubernetes {version}; choose from "
+                    f"{', '.join(have)} or install a newer kubernetes-validate"
                 )
             self.sets.append(SchemaSet(version, directory))
         # (apiVersion, kind) -> [(versions sharing the schema, schema)]
