@@ -206,7 +206,7 @@ class Engine:
 
     def take_drop(self) -> bool:
         """Whether this request's connection is to be dropped (consumes a counted fault)."""
-        for fault_id, fault in self.faults.items():
+        for fault_id, fault in list(self.faults.items()):
             if isinstance(fault, DropConnections):
                 if fault.Count is None:
                     return True
@@ -242,7 +242,7 @@ class Engine:
             error = RedfishError.of(503, "ServiceShuttingDown", detail=detail)
             task.messages = [message("TaskAborted", task.id, prefix="TaskEvent"), *error.messages]
             task.result = TaskResult(status=error.status, body=error_body(error))
-            log.warning("task interrupted by a restart", task=task.id, host=task.host, device=task.targets)
+            log.warning("task interrupted by a restart", task=task.id, node=task.host, device=task.targets)
         for target, binding in list(state.bindings.items()):
             if target not in self.index.targets or binding.host not in self.index.hosts:
                 log.warning("dropping a binding the topology no longer has", device=target, node=binding.host)
@@ -284,11 +284,9 @@ class Engine:
             self._check_unbind(op)
         failure = self._take_failure(op)
         hang = self._take_hang(op)
-        faults_changed = failure is not None or hang
         if not (self.latency.tasks or force_task or hang):
             if failure is not None:
-                if faults_changed:
-                    await self._commit([], [])
+                await self._commit([], [])  # the fault's count went down
                 raise failure
             effects, events = self._apply(op)
             await self._commit(effects, events)

@@ -357,15 +357,15 @@ class _EndpointParams(BaseModel):
     ZoneETag: str | None = None
 
 
-def _reachable(ctx: Context, device: Device, host: str, prop: str) -> None:
-    if not ctx.index.host_reaches(host, device):
+def _reachable(ctx: Context, device: Device, host: str, prop: str, action: str | None = None) -> None:
+    if ctx.index.host_reaches(host, device):
+        return
+    detail = f"{device.id} hangs off {device.switch}, which is not cabled to {host}."
+    if action is not None:
         raise RedfishError.of(
-            400,
-            "PropertyValueError",
-            prop,
-            related=[f"/{prop}"],
-            detail=f"{device.id} hangs off {device.switch}, which is not cabled to {host}.",
+            400, "ActionParameterValueError", prop, action, related=[f"/{prop}"], detail=detail
         )
+    raise RedfishError.of(400, "PropertyValueError", prop, related=[f"/{prop}"], detail=detail)
 
 
 class ZonesNode(CollectionNode):
@@ -511,7 +511,7 @@ class ZoneNode(Node):
         check_action_etag(DeviceEndpointNode(self.ctx, device), params.EndpointETag, "EndpointETag")
         adding = name == "Zone.AddEndpoint"
         if adding:
-            _reachable(self.ctx, device, self.host, "Endpoint")
+            _reachable(self.ctx, device, self.host, "Endpoint", name)
         else:
             binding = self.ctx.engine.binding(device.id)
             if binding is None or binding.zone != self.zone_id:

@@ -1,0 +1,220 @@
+"""The resource views and binding rules, driven in process through the ASGI application (the same
+code the server runs, without a socket): every view agrees with the binding table, requests that
+can never work are refused with the property named."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from emulator.redfish.auth import Credentials
+from emulator.redfish.latency import INSTANT
+from emulator.redfish.server import ServeConfig, build_service
+from emulator.topology import default_topology_path, parse_topology
+from tests.support.emulator import (
+    BLOCKS,
+    CONNECTIONS,
+    ENDPOINTS,
+    ZONES,
+    block_action,
+    connection_body,
+    zone_add,
+)
+
+Client = httpx.AsyncClient
+
+
+def _topology(cabling: dict[str, list[str]] | None = None) -> Any:
+    data = yaml.safe_load(default_topology_path().read_text())
+    for switch in data["pcie"]["switches"] + data["cxl"]["switches"]:
+        if cabling and switch["id"] in cabling:
+            switch["hosts"] = cabling[switch["id"]]
+    return parse_topology(data)
+
+
+def _run(
+    tmp_path: Path, body: Callable[[Client], Awaitable[None]], cabling: dict[str, list[str]] | None = None
+) -> None:
+    async def main() -> None:
+        service = build_service(
+            ServeConfig(
+                index=_topology(cabling),
+                state_dir=tmp_path / "state",
+                latency=INSTANT,
+                credentials=Credentials(username="admin", password="secret-password"),
+            )
+        )
+        transport = httpx.ASGITransport(app=service.app)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://emulator", auth=("admin", "secret-password")
+        ) as client:
+            await body(client)
+        service.engine.close()
+
+    asyncio.run(main())
+
+
+async def _json(client: Client, uri: str) -> dict[str, Any]:
+    response = await client.get(uri)
+    assert response.status_code == 200, (uri, response.text)
+    data: dict[str, Any] = response.json()
+    return data
+
+
+def _error(response: httpx.Response) -> tuple[str, str]:
+    error = response.json()["error"]
+    return error["code"], error["message"]
+
+
+def test_every_view_agrees_with_one_binding(tmp_path: Path) -> None:
+    async def body(client: Client) -> None:
+        uri, request = zone_add("kind-worker2", "gpu4")
+        assert (await client.post(uri, json=request)).status_code == 204
+        block = await _json(client, f"{BLOCKS}/gpu4")
+        assert block["CompositionStatus"]["CompositionState"] == "Composed"
+        assert block["Links"]["ComputerSystems"] == [{"@odata.id": "/redfish/v1/Systems/kind-worker2"}]
+        system = await _json(client, "/redfish/v1/Systems/kind-worker2")
+        assert {"@odata.id": f"{BLOCKS}/gpu4"} in system["Links"]["ResourceBlocks"]
+        assert {"@odata.id": "/redfish/v1/Chassis/switch1/PCIeDevices/gpu4"} in system["PCIeDevices"]
+        assert system["ProcessorSummary"]["Count"] == 2
+        processor = await _json(client, "/redfish/v1/Systems/kind-worker2/Processors/gpu4")
+        assert processor["ProcessorType"] == "GPU" and processor["Model"] == "NVIDIA L40S"
+        endpoint = await _json(client, f"{ENDPOINTS}/gpu4")
+        assert endpoint["Links"]["Zones"] == [{"@odata.id": f"{ZONES}/kind-worker2"}]
+        zone = await _json(client, f"{ZONES}/kind-worker2")
+        assert zone["Links"]["InvolvedSwitches"] == [
+            {"@odata.id": "/redfish/v1/Fabrics/PCIe/Switches/switch1"}
+        ]
+        # unbinding through the other style empties every view again
+        uri, request = block_action("kind-worker2", "gpu4", "RemoveResourceBlock")
+        assert (await client.post(uri, json=request)).status_code == 204
+        assert (await _json(client, f"{ENDPOINTS}/gpu4"))["Links"]["Zones"] == []
+        assert (await client.get("/redfish/v1/Systems/kind-worker2/Processors/gpu4")).status_code == 404
+
+    _run(tmp_path, body)
+
+
+def test_chunks_of_one_device_go_to_different_hosts(tmp_path: Path) -> None:
+    async def body(client: Client) -> None:
+        first = await client.post(CONNECTIONS, json=connection_body("kind-worker", "cxlmem1", 0, 1))
+        second = await client.post(CONNECTIONS, json=connection_body("kind-worker3", "cxlmem1", 2))
+        assert first.status_code == second.status_code == 201
+        again = await client.post(CONNECTIONS, json=connection_body("kind-worker4", "cxlmem1", 1))
+        assert again.status_code == 409 and _error(again)[0] == "Base.1.22.ResourceInUse"
+        endpoint = await _json(client, "/redfish/v1/Fabrics/CXL/Endpoints/cxlmem1")
+        assert len(endpoint["Links"]["Connections"]) == 2
+        domain = await _json(client, "/redfish/v1/Systems/kind-worker/MemoryDomains/CXL")
+        assert domain["MemorySizeMiB"] == 2 * 16 * 1024
+        chunks = await _json(client, "/redfish/v1/Systems/kind-worker/MemoryDomains/CXL/MemoryChunks")
+        assert [m["@odata.id"].rsplit("/", 1)[-1] for m in chunks["Members"]] == [
+            "cxlmem1-chunk0",
+            "cxlmem1-chunk1",
+        ]
+        host_initiator = await _json(client, "/redfish/v1/Fabrics/CXL/Endpoints/kind-worker3")
+        assert host_initiator["Links"]["Connections"] == [{"@odata.id": second.headers["Location"]}]
+        assert (await client.delete(first.headers["Location"])).status_code == 204
+        assert (await _json(client, "/redfish/v1/Systems/kind-worker/MemoryDomains/CXL"))[
+            "MemorySizeMiB"
+        ] == 0
+
+    _run(tmp_path, body)
+
+
+def test_unreachable_hosts_and_bad_links_are_refused(tmp_path: Path) -> None:
+    async def body(client: Client) -> None:
+        uri, request = zone_add("kind-worker", "gpu4")
+        refused = await client.post(uri, json=request)
+        assert refused.status_code == 400
+        assert _error(refused) == (
+            "Base.1.22.ActionParameterValueError",
+            "gpu4 hangs off switch1, which is not cabled to kind-worker.",
+        )
+        uri, request = block_action("kind-worker", "gpu4")
+        assert (await client.post(uri, json=request)).status_code == 400
+        zones = await _json(client, ZONES)
+        assert f"{ZONES}/kind-worker" in {m["@odata.id"] for m in zones["Members"]}
+        # a zone whose endpoints are two hosts, or a target of the other fabric
+        two_hosts = {
+            "Links": {
+                "Endpoints": [
+                    {"@odata.id": f"{ENDPOINTS}/kind-worker3"},
+                    {"@odata.id": f"{ENDPOINTS}/kind-worker4"},
+                ]
+            }
+        }
+        assert (await client.post(ZONES, json=two_hosts)).status_code == 400
+        cxl_target = {
+            "Links": {
+                "Endpoints": [
+                    {"@odata.id": f"{ENDPOINTS}/kind-worker3"},
+                    {"@odata.id": "/redfish/v1/Fabrics/CXL/Endpoints/cxlmem0"},
+                ]
+            }
+        }
+        wrong_fabric = await client.post(ZONES, json=cxl_target)
+        assert wrong_fabric.status_code == 400 and _error(wrong_fabric)[0] == "Base.1.22.ResourceNotFound"
+        # connections: the initiator must be a host, the chunk must exist, no chunk twice
+        as_target = connection_body("kind-worker", "cxlmem0", 0)
+        as_target["Links"]["InitiatorEndpoints"] = [
+            {"@odata.id": "/redfish/v1/Fabrics/CXL/Endpoints/cxlmem0"}
+        ]
+        assert (await client.post(CONNECTIONS, json=as_target)).status_code == 400
+        no_chunk = connection_body("kind-worker", "cxlmem0", 9)
+        assert _error(await client.post(CONNECTIONS, json=no_chunk))[0] == "Base.1.22.ResourceNotFound"
+        twice = connection_body("kind-worker", "cxlmem0", 1, 1)
+        assert "listed twice" in _error(await client.post(CONNECTIONS, json=twice))[1]
+        bad_access = connection_body("kind-worker", "cxlmem0", 1)
+        bad_access["MemoryChunkInfo"][0]["AccessCapabilities"] = ["Execute"]
+        assert (
+            _error(await client.post(CONNECTIONS, json=bad_access))[0] == "Base.1.22.PropertyValueNotInList"
+        )
+        # removing what is not there
+        uri, request = block_action("kind-worker3", "gpu0", "RemoveResourceBlock")
+        assert "not composed into kind-worker3" in _error(await client.post(uri, json=request))[1]
+        remove = await client.post(
+            f"{ZONES}/kind-worker3/Actions/Zone.RemoveEndpoint",
+            json={"Endpoint": {"@odata.id": f"{ENDPOINTS}/gpu0"}},
+        )
+        assert "not in zone kind-worker3" in _error(remove)[1]
+        as_host = await client.post(
+            f"{ZONES}/kind-worker3/Actions/Zone.AddEndpoint",
+            json={"Endpoint": {"@odata.id": f"{ENDPOINTS}/kind-worker4"}},
+        )
+        assert as_host.status_code == 400 and "host initiator" in _error(as_host)[1]
+
+    _run(tmp_path, body, cabling={"switch1": ["kind-worker3", "kind-worker4"]})
+
+
+def test_client_zones_lifecycle(tmp_path: Path) -> None:
+    async def body(client: Client) -> None:
+        empty = await client.post(
+            ZONES,
+            json={"Name": "staging", "Links": {"Endpoints": [{"@odata.id": f"{ENDPOINTS}/kind-worker"}]}},
+        )
+        assert empty.status_code == 201
+        location = empty.headers["Location"]
+        zone_id = location.rsplit("/", 1)[-1]
+        assert empty.json()["Name"] == "staging"
+        add = f"{location}/Actions/Zone.AddEndpoint"
+        for device in ("gpu0", "gpu1"):
+            assert (
+                await client.post(add, json={"Endpoint": {"@odata.id": f"{ENDPOINTS}/{device}"}})
+            ).status_code == 204
+        for device in ("gpu0", "gpu1"):
+            zones = (await _json(client, f"{ENDPOINTS}/{device}"))["Links"]["Zones"]
+            assert zones == [{"@odata.id": location}]
+        host = await _json(client, f"{ENDPOINTS}/kind-worker")
+        assert {"@odata.id": location} in host["Links"]["Zones"]
+        assert (await client.delete(location)).status_code == 204
+        assert (await client.get(location)).status_code == 404
+        assert (await _json(client, f"{ENDPOINTS}/gpu0"))["Links"]["Zones"] == []
+        assert zone_id not in {
+            m["@odata.id"].rsplit("/", 1)[-1] for m in (await _json(client, ZONES))["Members"]
+        }
+
+    _run(tmp_path, body)
