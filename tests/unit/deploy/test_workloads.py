@@ -468,3 +468,19 @@ def test_manager_connections_are_verified(objects: list[Obj]) -> None:
         # A real fabric: its credentials and the CA of its certificate come from the cluster.
         assert _flag(manager.args, "--redfish-credentials-file")
         assert _flag(manager.args, "--redfish-ca-file")
+
+
+def test_mounted_secrets_are_readable_and_private(objects: list[Obj]) -> None:
+    """A Secret's files belong to root; a non-root container reads them through the pod's fsGroup,
+    and nobody else may."""
+    for workload, pod in pod_templates(objects):
+        security = pod.get("securityContext", {})
+        for volume in pod.get("volumes", []):
+            if "secret" not in volume:
+                continue
+            mode = volume["secret"].get("defaultMode", 0o644)
+            who = (workload["metadata"]["name"], volume["name"])
+            assert mode & 0o007 == 0, who
+            if security.get("runAsUser", 0) != 0:
+                assert security.get("fsGroup") == security.get("runAsGroup"), who
+                assert mode & 0o040, who
