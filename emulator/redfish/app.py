@@ -111,7 +111,7 @@ class RedfishApp:
         if path.rstrip("/") == "/redfish":
             return Reply(200, json.loads(_REDFISH_VERSIONS))
         node = resolve(self.root, path)
-        if node is None:
+        if node is None or not node.allow:  # no node, or a path segment that is no resource
             segments = path.rstrip("/").split("/")
             raise RedfishError.of(
                 404,
@@ -183,6 +183,8 @@ class RedfishApp:
     async def _read(self, request: Request, node: Node, receive: Receive, send: Send) -> Reply | None:
         if isinstance(node, EventStreamNode):
             self._check_query(request, allowed=("$filter",))
+            if request.method == "HEAD":
+                return Reply(200, content_type="text/event-stream; charset=utf-8")
             await self._stream_events(request, receive, send)
             return None
         self._check_query(request, allowed=())

@@ -218,3 +218,22 @@ def test_client_zones_lifecycle(tmp_path: Path) -> None:
         }
 
     _run(tmp_path, body)
+
+
+def test_path_segments_that_are_no_resources_are_not_found(tmp_path: Path) -> None:
+    async def body(client: Client) -> None:
+        for uri in (
+            "/redfish/v1/TaskService/TaskMonitors",
+            "/redfish/v1/Oem",
+            "/redfish/v1/Systems/kind-worker/Actions",
+            "/redfish/v1/CompositionService/ResourceBlocks/nic0/NetworkInterfaces",
+            "/redfish/v1/Fabrics/PCIe/Connections",
+            "/redfish/v1/Fabrics/CXL/Zones",
+        ):
+            response = await client.get(uri)
+            assert response.status_code == 404, uri
+            assert _error(response)[0] == "Base.1.22.ResourceNotFound"
+        stream = await client.head("/redfish/v1/EventService/SSE")
+        assert stream.status_code == 200 and stream.content == b""
+
+    _run(tmp_path, body)
