@@ -242,7 +242,12 @@ class Engine:
             error = RedfishError.of(503, "ServiceShuttingDown", detail=detail)
             task.messages = [message("TaskAborted", task.id, prefix="TaskEvent"), *error.messages]
             task.result = TaskResult(status=error.status, body=error_body(error))
-            log.warning("task interrupted by a restart", task=task.id, node=task.host, device=task.targets)
+            log.warning(
+                "task interrupted by a restart",
+                task=task.id,
+                node=task.host,
+                device=_fmt_targets(task.targets),
+            )
         for target, binding in list(state.bindings.items()):
             if target not in self.index.targets or binding.host not in self.index.hosts:
                 log.warning("dropping a binding the topology no longer has", device=target, node=binding.host)
@@ -318,6 +323,17 @@ class Engine:
         self._check_ports(op)
 
     def _check_unbind(self, op: Operation) -> None:
+        if op.delete_zone and op.zone is not None:
+            busy = sorted(
+                t for t, task_id in self.inflight.items() if self.state.tasks[task_id].zone == op.zone
+            )
+            if busy:
+                raise RedfishError.of(
+                    409,
+                    "ResourceInUse",
+                    detail=f"Zone {op.zone} has operations in progress ({_fmt_targets(busy)}); "
+                    "retry when they end.",
+                )
         for t in op.targets:
             task_id = self.inflight.get(t)
             if task_id is not None:
@@ -406,7 +422,7 @@ class Engine:
             "task started",
             task=task.id,
             operation=op.kind.value,
-            device=op.targets,
+            device=_fmt_targets(op.targets),
             node=op.host,
             style=op.style.value,
         )
@@ -417,7 +433,7 @@ class Engine:
     ) -> None:
         try:
             if hang:
-                log.warning("task hangs (injected fault)", task=task.id, device=op.targets)
+                log.warning("task hangs (injected fault)", task=task.id, device=_fmt_targets(op.targets))
                 self.hung.add(task.id)
                 try:
                     await self._unhang.wait()
@@ -463,7 +479,13 @@ class Engine:
             task.status = "Critical"
             task.messages.extend([message("TaskAborted", task.id, prefix="TaskEvent"), *failure.messages])
             task.result = TaskResult(status=failure.status, body=error_body(failure))
-            log.warning("task failed", task=task.id, device=op.targets, node=op.host, error=failure.summary)
+            log.warning(
+                "task failed",
+                task=task.id,
+                device=_fmt_targets(op.targets),
+                node=op.host,
+                error=failure.summary,
+            )
             self.revision.bump()
             return [], [self.events.make("TaskAborted", task.id, prefix="TaskEvent", origin=origin)]
         effects, events = self._apply(op)
@@ -504,7 +526,7 @@ class Engine:
             },
         )
         self.revision.bump()
-        log.info("task cancelled", task=task.id, device=task.targets, node=task.host)
+        log.info("task cancelled", task=task.id, device=_fmt_targets(task.targets), node=task.host)
         await self._commit(
             [], [self.events.make("TaskCancelled", task.id, prefix="TaskEvent", origin=uris.task(task.id))]
         )
@@ -615,7 +637,7 @@ class Engine:
         self.revision.bump()
         log.info(
             "bound" if op.kind == OperationKind.BIND else "unbound",
-            device=op.targets,
+            device=_fmt_targets(op.targets),
             node=op.host,
             style=op.style.value,
         )

@@ -237,3 +237,34 @@ def test_path_segments_that_are_no_resources_are_not_found(tmp_path: Path) -> No
         assert stream.status_code == 200 and stream.content == b""
 
     _run(tmp_path, body)
+
+
+def test_a_zone_with_an_operation_in_flight_is_not_deleted(tmp_path: Path) -> None:
+    async def body(client: Client) -> None:
+        zone = await client.post(
+            ZONES, json={"Links": {"Endpoints": [{"@odata.id": f"{ENDPOINTS}/kind-worker"}]}}
+        )
+        location = zone.headers["Location"]
+        fault = await client.post(
+            "/redfish/v1/Oem/FabricDRA/Faults", json={"Kind": "HangTasks", "Target": "gpu2"}
+        )
+        assert fault.status_code == 201
+        adding = await client.post(
+            f"{location}/Actions/Zone.AddEndpoint", json={"Endpoint": {"@odata.id": f"{ENDPOINTS}/gpu2"}}
+        )
+        assert adding.status_code == 202
+        refused = await client.delete(location)
+        assert refused.status_code == 409 and "operations in progress (gpu2)" in _error(refused)[1]
+        resumed = await client.delete("/redfish/v1/Oem/FabricDRA/Faults")
+        assert resumed.json() == {"Removed": 0, "ResumedTasks": 1}
+        monitor = adding.headers["Location"]
+        final = await client.get(monitor)
+        while final.status_code == 202:
+            await asyncio.sleep(0.01)
+            final = await client.get(monitor)
+        assert final.status_code == 204
+        assert (await client.delete(location)).status_code == 204
+        bindings = await _json(client, "/redfish/v1/Oem/FabricDRA/Bindings")
+        assert bindings["Bindings"] == [] and bindings["InFlight"] == []
+
+    _run(tmp_path, body)
