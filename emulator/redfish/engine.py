@@ -297,11 +297,18 @@ class Engine:
             await self._commit(effects, events)
             return Outcome(op.success_status, op.location)
         task = self._start_task(op)
+        # A hung task waits on the gate of the moment it started: a reset that comes before the
+        # runner first runs still releases it.
+        gate = None
+        if hang:
+            gate = self._unhang
+            self.hung.add(task.id)
+            log.warning("task hangs (injected fault)", task=task.id, device=_fmt_targets(op.targets))
         await self._commit(
             [], [self.events.make("TaskStarted", task.id, prefix="TaskEvent", origin=uris.task(task.id))]
         )
         self._runners[task.id] = asyncio.get_running_loop().create_task(
-            self._run_task(task, op, failure, hang)
+            self._run_task(task, op, failure, gate)
         )
         return Outcome(202, uris.task_monitor(task.id), task)
 
@@ -429,14 +436,12 @@ class Engine:
         return task
 
     async def _run_task(
-        self, task: TaskRecord, op: Operation, failure: RedfishError | None, hang: bool
+        self, task: TaskRecord, op: Operation, failure: RedfishError | None, gate: asyncio.Event | None
     ) -> None:
         try:
-            if hang:
-                log.warning("task hangs (injected fault)", task=task.id, device=_fmt_targets(op.targets))
-                self.hung.add(task.id)
+            if gate is not None:
                 try:
-                    await self._unhang.wait()
+                    await gate.wait()
                 finally:
                     self.hung.discard(task.id)
             types = [self._target(t).device.type for t in op.targets]
