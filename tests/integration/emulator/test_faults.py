@@ -66,6 +66,26 @@ def test_fail_binds_with_a_chosen_message_id(emu: RunningEmulator) -> None:
     assert client.post(other_uri, json=other_body).status_code == 204, "other devices are not affected"
     assert client.post(uri, json=body).status_code == 204, "the third bind goes through"
     assert "no active faults" in _cli(emu, "list").stdout
+    table = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dra_driver",
+            "emulator",
+            "bindings",
+            "--url",
+            emu.url,
+            "--state-dir",
+            str(emu.state_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert table.returncode == 0, table.stderr
+    rows = {line.split()[0]: line.split()[1] for line in table.stdout.splitlines()[1:]}
+    assert rows == {"gpu0": "kind-worker", "gpu1": "kind-worker"}
 
 
 def test_fail_unbind_with_a_status(emu: RunningEmulator) -> None:
