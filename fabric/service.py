@@ -225,6 +225,12 @@ class ManagerService:
             tasks.append(asyncio.create_task(orphans.run(), name="orphans"))
         if s.leader_elect:
             assert kube is not None
+            if s.ledger == "file":
+                log.warning(
+                    "--leader-elect with a ledger file: replicas share it only if --state-dir is shared "
+                    "storage; use --ledger configmap",
+                    ledger=store.describe(),
+                )
             self._elector = LeaderElector(
                 kube,
                 name=s.lease_name,

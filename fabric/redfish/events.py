@@ -73,6 +73,7 @@ class EventStream:
         self.connected = False
         self.supported: bool | None = None  # None until the EventService was read
         self._last_id: str | None = None
+        self._filter = True
 
     async def _stream_uri(self) -> str | None:
         root = await self.client.get_json("/redfish/v1/")
@@ -86,7 +87,7 @@ class EventStream:
         if not uri:
             return None
         supported = service.get("SSEFilterPropertiesSupported") or {}
-        if isinstance(supported, dict) and supported.get("RegistryPrefix"):
+        if self._filter and isinstance(supported, dict) and supported.get("RegistryPrefix"):
             # Only the registries that speak of bindings, health and tasks (DSP0266 "Server-sent
             # events" $filter); Base stays in for EventBufferExceeded (events were lost).
             terms = " or ".join(f"RegistryPrefix eq '{p}'" for p in _REGISTRIES)
@@ -138,6 +139,9 @@ class EventStream:
             if response.status_code == 401:
                 await asyncio.to_thread(self.client.reauthenticate)
                 raise httpx.HTTPError("event stream: session rejected (401), logged in again")
+            if response.status_code == 400 and "$filter" in uri:
+                self._filter = False  # the service advertises filters it then refuses: take everything
+                raise httpx.HTTPError("event stream refused its $filter (HTTP 400); reconnecting without")
             if response.status_code >= 400:
                 raise httpx.HTTPError(f"event stream answered HTTP {response.status_code}")
             self.connected = True

@@ -78,11 +78,14 @@ class _BaseServer:
                     self.close_connection = True
                     self.connection.close()
                     return
-                payload = b"" if reply.body is None else json.dumps(reply.body).encode()
+                if isinstance(reply.body, str):
+                    payload = reply.body.encode()  # raw text, e.g. an event stream
+                else:
+                    payload = b"" if reply.body is None else json.dumps(reply.body).encode()
                 self.send_response(reply.status)
                 for name, value in reply.headers.items():
                     self.send_header(name, value)
-                if payload:
+                if payload and "Content-Type" not in reply.headers:
                     self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
