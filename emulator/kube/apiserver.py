@@ -15,8 +15,7 @@ import binascii
 import contextlib
 import json
 import random
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,8 @@ from emulator.kube.patch import (
     apply_merge_patch,
     apply_strategic_merge_patch,
 )
-from emulator.kube.registry import ResourceType, find_resource
+from emulator.kube.registry import RESOURCES, ResourceType, find_resource
+from emulator.kube.responses import json_response, status_response
 from emulator.kube.schemas import DEFAULT_VERSIONS, SchemaCatalog
 from emulator.kube.selectors import (
     FieldSelector,
@@ -53,7 +53,6 @@ from emulator.kube.status import (
     Cause,
     StatusError,
     bad_request,
-    gone,
     internal_error,
     invalid,
     method_not_supported,
@@ -62,11 +61,18 @@ from emulator.kube.status import (
     unauthorized,
     unsupported_media_type,
 )
-from emulator.kube.store import Change, Store, StoreState, Watcher
+from emulator.kube.store import Change, Store, StoreState
 from emulator.kube.tables import table, wants_table
-from emulator.kube.testhooks import FaultInjector, FaultRule, RequestCounter, RequestInfo
+from emulator.kube.testhooks import (
+    TESTING_PREFIX,
+    FaultInjector,
+    RequestCounter,
+    RequestInfo,
+    TestHookEndpoints,
+)
+from emulator.kube.watch import WatchOptions, open_watch
 
-__all__ = ["ApiServer", "ApiServerConfig"]
+__all__ = ["ApiServer", "ApiServerConfig", "StateFileError"]
 
 log = get_logger(__name__)
 
@@ -79,9 +85,12 @@ _PATCH_TYPES = {
     "application/apply-patch+yaml": "apply",
     "application/apply-patch+cbor": "apply-cbor",
 }
-TESTING_PREFIX = "/testing/v1"
 #: the real server's request body limit (k8s.io/apiserver DefaultMaxRequestSizeBytes, 3 MiB).
 MAX_REQUEST_BYTES = 3 * 1024 * 1024
+
+
+class StateFileError(RuntimeError):
+    """The --state-file exists but is not a state this server wrote."""
 
 
 @dataclass
@@ -107,8 +116,6 @@ class _Target:
     name: str | None
     subresource: str | None
     legacy_watch: bool = False
-    #: a watch asked for Tables (``kubectl get -w``): the ``includeObject`` of its rows.
-    table: str | None = None
 
     def info(self, verb: str) -> RequestInfo:
         return RequestInfo(
@@ -119,19 +126,6 @@ class _Target:
             self.namespace or "",
             self.name or "",
         )
-
-
-def _json_response(body: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
-    return Response(
-        json.dumps(body, separators=(",", ":")),
-        status_code=status,
-        media_type="application/json",
-        headers=dict(headers or {}),
-    )
-
-
-def _status_response(err: StatusError, headers: Mapping[str, str] | None = None) -> Response:
-    return _json_response(err.to_status(), err.code, headers)
 
 
 def _name_mismatch(body_name: Any, url_name: str | None) -> StatusError:
@@ -165,16 +159,21 @@ class ApiServer:
         self.auth = TokenAuthenticator(self.config.tokens_file)
         self.faults = FaultInjector()
         self.counter = RequestCounter()
-        self.server_version = self.config.server_version or (
-            f"{max(self.config.validate_versions, key=lambda v: tuple(int(p) for p in v.split('.')))}.0"
-            if self.config.validate_versions
-            else "1.34.0"
-        )
+        self.hooks = TestHookEndpoints(self.faults, self.counter, self.store)
+        newest = max(self.config.validate_versions or ("1.34",), key=lambda v: tuple(map(int, v.split("."))))
+        self.server_version = self.config.server_version or f"{newest}.0"
         self._dirty = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
         self.store.on_commit = self._on_commit
         if self.config.state_file is not None and self.config.state_file.exists():
-            self.store.load(StoreState.model_validate_json(self.config.state_file.read_bytes()))
+            try:
+                state = StoreState.model_validate_json(self.config.state_file.read_bytes())
+            except (OSError, ValueError) as err:
+                raise StateFileError(
+                    f"state file {self.config.state_file} cannot be loaded ({str(err).splitlines()[0]}); "
+                    "move it away to start with an empty server"
+                ) from err
+            self.store.load(state)
             log.info("state loaded", path=str(self.config.state_file), resourceVersion=self.store.rv)
         methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"]
         self.app = Starlette(
@@ -185,8 +184,6 @@ class ApiServer:
 
     def warm(self) -> None:
         """Compile every served kind's validators now, so the first write is as fast as the rest."""
-        from emulator.kube.registry import RESOURCES
-
         self.catalog.warm(
             (res.api_version(version), res.kind) for res in RESOURCES for version in res.versions
         )
@@ -231,10 +228,10 @@ class ApiServer:
                 log.error(
                     "request failed", method=request.method, path=path, code=err.code, error=err.message
                 )
-            return _status_response(err)
+            return status_response(err)
         except Exception as err:
             log.exception("request failed unexpectedly", method=request.method, path=path)
-            return _status_response(internal_error(f"{type(err).__name__}: {err}"))
+            return status_response(internal_error(f"{type(err).__name__}: {err}"))
 
     def _authenticate(self, request: Request) -> None:
         if not self.auth.required:
@@ -257,43 +254,43 @@ class ApiServer:
             self._authenticate(request)
             return self._openapi(path)
         if path == "/version":
-            return _json_response(discovery.version_info(self.server_version))
+            return json_response(discovery.version_info(self.server_version))
         if path.startswith(TESTING_PREFIX + "/"):
-            return await self._testing(request, path[len(TESTING_PREFIX) + 1 :])
+            return await self.hooks.handle(request, path[len(TESTING_PREFIX) + 1 :])
         self._authenticate(request)
         segments = [s for s in path.split("/") if s]
         if not segments or segments[0] not in ("api", "apis"):
             raise StatusError(404, "NotFound", "the server could not find the requested resource")
         if segments[0] == "api":
             if len(segments) == 1:
-                return _json_response(discovery.api_versions(request.url.netloc))
+                return json_response(discovery.api_versions(request.url.netloc))
             group, version, rest = "", segments[1], segments[2:]
         else:
             if len(segments) == 1:
-                return _json_response(discovery.api_group_list())
+                return json_response(discovery.api_group_list())
             if len(segments) == 2:
                 doc = discovery.api_group(segments[1])
                 if doc is None:
                     raise StatusError(404, "NotFound", "the server could not find the requested resource")
-                return _json_response(doc)
+                return json_response(doc)
             group, version, rest = segments[1], segments[2], segments[3:]
         if not rest:
             listing = discovery.api_resource_list(group, version)
             if listing is None:
                 raise StatusError(404, "NotFound", "the server could not find the requested resource")
-            return _json_response(listing)
+            return json_response(listing)
         target = self._resolve(group, version, rest)
         return await self._resource_request(request, target)
 
     def _openapi(self, path: str) -> Response:
         if path == "/openapi/v3":
-            return _json_response(openapi.openapi_index(self.server_version))
+            return json_response(openapi.openapi_index(self.server_version))
         segments = path.removeprefix("/openapi/v3/").split("/")
         group, version = ("", segments[1]) if segments[0] == "api" else (segments[1], segments[-1])
         if (segments[0] == "api" and len(segments) == 2) or (segments[0] == "apis" and len(segments) == 3):
             document = openapi.group_version_document(group, version, self.server_version)
             if document is not None:
-                return _json_response(document)
+                return json_response(document)
         raise StatusError(404, "NotFound", "the server could not find the requested resource")
 
     def _resolve(self, group: str, version: str, rest: list[str]) -> _Target:
@@ -362,7 +359,7 @@ class ApiServer:
                     else None
                 )
                 message = rule.message or f"injected failure for {verb} {info.resource_key}"
-                return _json_response(
+                return json_response(
                     status_object(rule.code, rule.default_reason, message), rule.code, headers
                 )
         handler: Callable[[Request, _Target], Awaitable[Response]] = {
@@ -507,14 +504,14 @@ class ApiServer:
         assert target.name is not None
         obj = self.store.get(target.res, target.namespace, target.name)
         if target.subresource == "scale":
-            return _json_response(self._scale_of(obj))
+            return json_response(self._scale_of(obj))
         if wants_table(request.headers.get("accept", "")):
             include = request.query_params.get("includeObject", "Metadata")
             rv = obj["metadata"]["resourceVersion"]
-            return _json_response(
+            return json_response(
                 table(target.res, [self._present(target, obj)], resource_version=rv, include=include)
             )
-        return _json_response(self._present(target, obj))
+        return json_response(self._present(target, obj))
 
     async def _list(self, request: Request, target: _Target) -> Response:
         params = request.query_params
@@ -565,7 +562,7 @@ class ApiServer:
             rows = [self._present(target, obj) for obj in page.items]
             include = request.query_params.get("includeObject", "Metadata")
             rv = str(page.resource_version)
-            return _json_response(
+            return json_response(
                 table(target.res, rows, resource_version=rv, include=include, continue_token=continue_token)
             )
         items = []
@@ -580,7 +577,7 @@ class ApiServer:
             meta["continue"] = continue_token
             meta["remainingItemCount"] = page.remaining
         kind, api_version = self._list_kind(target)
-        return _json_response({"kind": kind, "apiVersion": api_version, "metadata": meta, "items": items})
+        return json_response({"kind": kind, "apiVersion": api_version, "metadata": meta, "items": items})
 
     # -- watch ---------------------------------------------------------------------------------
 
@@ -615,148 +612,37 @@ class ApiServer:
                 )
         else:
             send_initial = rv_text in ("", "0")
-        initial: list[Change] = []
-        backlog: list[Change] = []
-        error: StatusError | None = None
-        res = target.res
-        # Everything between reading the state and subscribing runs without an await, so the
-        # stream neither misses nor repeats a change.
-        if send_initial:
-            for obj in sorted(
-                self.store.objects(res, target.namespace),
-                key=lambda o: ((o["metadata"].get("namespace") or ""), o["metadata"]["name"]),
-            ):
-                initial.append(Change(self.store.rv, "ADDED", res.storage_key, ("", ""), obj, None))
-        elif rv_text not in ("", "0"):
-            try:
-                since = int(rv_text)
-            except ValueError as err:
-                raise bad_request(f"resourceVersion {rv_text!r} is not valid") from err
-            try:
-                backlog = self.store.changes_since(res.storage_key, since)
-            except StatusError as err:
-                error = err
-            if target.namespace is not None:
-                backlog = [c for c in backlog if c.key[0] == target.namespace]
-        watcher = self.store.subscribe(res, target.namespace) if error is None else None
-        if wants_table(request.headers.get("accept", "")):
-            target.table = params.get("includeObject", "Metadata")
-        stream = self._watch_stream(
-            target,
-            watcher,
-            match,
-            initial,
-            backlog,
-            error,
-            bookmarks=bookmarks,
+        table_include = (
+            params.get("includeObject", "Metadata")
+            if wants_table(request.headers.get("accept", ""))
+            else None
+        )
+
+        def present(obj: Obj) -> Obj:
+            shown = self._present(target, obj)
+            if table_include is None:
+                return shown
+            rv = str(obj["metadata"].get("resourceVersion", ""))
+            return table(target.res, [shown], resource_version=rv, include=table_include)
+
+        options = WatchOptions(
+            resource_version=rv_text,
+            send_initial=send_initial,
             mark_initial_end=send_initial and send_initial_text is not None,
+            bookmarks=bookmarks,
             duration=timeout,
+            bookmark_interval=self.config.bookmark_interval,
+        )
+        stream = open_watch(
+            self.store,
+            target.res,
+            target.namespace,
+            api_version=target.res.api_version(target.version),
+            present=present,
+            match=match,
+            options=options,
         )
         return StreamingResponse(stream, media_type="application/json")
-
-    def _event_line(self, target: _Target, event_type: str, obj: Obj) -> bytes:
-        shown = self._present(target, obj)
-        if target.table is not None:
-            rv = str(obj["metadata"].get("resourceVersion", ""))
-            shown = table(target.res, [shown], resource_version=rv, include=target.table)
-        body = {"type": event_type, "object": shown}
-        return json.dumps(body, separators=(",", ":")).encode() + b"\n"
-
-    def _bookmark_line(self, target: _Target, *, initial_end: bool = False) -> bytes:
-        meta: Obj = {"resourceVersion": str(self.store.rv), "creationTimestamp": None}
-        if initial_end:
-            meta["annotations"] = {"k8s.io/initial-events-end": "true"}
-        obj = {
-            "kind": target.res.kind,
-            "apiVersion": target.res.api_version(target.version),
-            "metadata": meta,
-        }
-        return json.dumps({"type": "BOOKMARK", "object": obj}, separators=(",", ":")).encode() + b"\n"
-
-    @staticmethod
-    def _translate(change: Change, match: Callable[[Obj], bool]) -> str | None:
-        """The event a filtered watch sees: a change into or out of the selection is an ADDED or DELETED."""
-        now = match(change.obj)
-        if change.type == "ADDED":
-            return "ADDED" if now else None
-        before = change.prev is not None and match(change.prev)
-        if change.type == "DELETED":
-            return "DELETED" if before else None
-        if before and now:
-            return "MODIFIED"
-        if now:
-            return "ADDED"
-        if before:
-            return "DELETED"
-        return None
-
-    async def _watch_stream(
-        self,
-        target: _Target,
-        watcher: Watcher | None,
-        match: Callable[[Obj], bool],
-        initial: list[Change],
-        backlog: list[Change],
-        error: StatusError | None,
-        *,
-        bookmarks: bool,
-        mark_initial_end: bool,
-        duration: float,
-    ) -> AsyncIterator[bytes]:
-        try:
-            if error is not None or watcher is None:
-                status = (error or gone("watch closed")).to_status()
-                yield json.dumps({"type": "ERROR", "object": status}, separators=(",", ":")).encode() + b"\n"
-                return
-            chunk = b"".join(self._event_line(target, "ADDED", c.obj) for c in initial if match(c.obj))
-            for change in backlog:
-                kind = self._translate(change, match)
-                if kind:
-                    chunk += self._event_line(target, kind, change.obj)
-            # Only an explicit sendInitialEvents=true watch (a "watch list") gets the marker.
-            if mark_initial_end and bookmarks and watcher.queue.empty():
-                chunk += self._bookmark_line(target, initial_end=True)
-                mark_initial_end = False
-            if chunk:
-                yield chunk
-            deadline = time.monotonic() + duration
-            next_bookmark = time.monotonic() + self.config.bookmark_interval
-            while True:
-                now = time.monotonic()
-                if now >= deadline:
-                    if bookmarks and watcher.queue.empty():
-                        yield self._bookmark_line(target)
-                    return
-                wait = min(deadline, next_bookmark if bookmarks else deadline) - now
-                try:
-                    item = await asyncio.wait_for(watcher.queue.get(), timeout=max(wait, 0.0))
-                except TimeoutError:
-                    if bookmarks and watcher.queue.empty() and time.monotonic() >= next_bookmark:
-                        yield self._bookmark_line(target)
-                        next_bookmark = time.monotonic() + self.config.bookmark_interval
-                    continue
-                items = [item]
-                while not watcher.queue.empty():
-                    items.append(watcher.queue.get_nowait())
-                out = b""
-                closed = False
-                for queued in items:
-                    if queued is None:
-                        closed = True
-                        break
-                    kind = self._translate(queued, match)
-                    if kind:
-                        out += self._event_line(target, kind, queued.obj)
-                if mark_initial_end and bookmarks and watcher.queue.empty() and not closed:
-                    out += self._bookmark_line(target, initial_end=True)
-                    mark_initial_end = False
-                if out:
-                    yield out
-                if closed:
-                    return
-        finally:
-            if watcher is not None:
-                self.store.unsubscribe(watcher)
 
     # -- writes --------------------------------------------------------------------------------
 
@@ -785,7 +671,7 @@ class ApiServer:
         self._finalize_secret(res, stored)
         created = self.store.create(res, stored, dry_run=dry_run, admit=self._admit_create(res))
         log.debug("created", resource=res.group_resource, name=created["metadata"]["name"])
-        return _json_response(self._present(target, created), 201)
+        return json_response(self._present(target, created), 201)
 
     def _token_review(self, obj: Obj) -> Response:
         spec = obj.get("spec") or {}
@@ -796,7 +682,7 @@ class ApiServer:
             "spec": spec,
             "status": self.auth.review(spec),
         }
-        return _json_response(review, 201)
+        return json_response(review, 201)
 
     @staticmethod
     def _finalize_secret(res: ResourceType, obj: Obj) -> None:
@@ -830,7 +716,7 @@ class ApiServer:
                 raise not_found(res, target.name)
             stored["metadata"].pop("resourceVersion", None)
             created = self.store.create(res, stored, dry_run=dry_run, admit=self._admit_create(res))
-            return _json_response(self._present(target, created), 201)
+            return json_response(self._present(target, created), 201)
         updated = self.store.update(
             res,
             stored,
@@ -838,7 +724,7 @@ class ApiServer:
             dry_run=dry_run,
             admit=self._admit_update(res, target.subresource),
         )
-        return _json_response(self._present(target, updated))
+        return json_response(self._present(target, updated))
 
     async def _patch(self, request: Request, target: _Target) -> Response:
         assert target.name is not None
@@ -900,7 +786,7 @@ class ApiServer:
             dry_run=dry_run,
             admit=self._admit_update(res, target.subresource),
         )
-        return _json_response(self._present(target, updated))
+        return json_response(self._present(target, updated))
 
     def _patch_schema(self, obj: Obj) -> SchemaNode | None:
         if not self.catalog.sets:
@@ -921,7 +807,7 @@ class ApiServer:
         apply_defaults(res, stored)
         self._finalize_secret(res, stored)
         created = self.store.create(res, stored, dry_run=dry_run, admit=self._admit_create(res))
-        return _json_response(self._present(target, created), 201)
+        return json_response(self._present(target, created), 201)
 
     async def _delete(self, request: Request, target: _Target) -> Response:
         assert target.name is not None
@@ -931,7 +817,7 @@ class ApiServer:
         )
         # handlers/delete.go: 202 only when the deletion is pending and the client asked for
         # orphanDependents=false; everything else is 200 (changing that would break clients).
-        return _json_response(self._present(target, obj), 202 if not deleted and orphan is False else 200)
+        return json_response(self._present(target, obj), 202 if not deleted and orphan is False else 200)
 
     async def _delete_options(self, request: Request) -> tuple[str | None, str | None, bool, bool | None]:
         """(uid precondition, resourceVersion precondition, dry run, orphanDependents)."""
@@ -969,7 +855,7 @@ class ApiServer:
             shown.pop("kind", None)
             deleted.append(shown)
         kind, api_version = self._list_kind(target)
-        return _json_response(
+        return json_response(
             {
                 "kind": kind,
                 "apiVersion": api_version,
@@ -1036,45 +922,4 @@ class ApiServer:
             "resourceVersion": want_rv or current["metadata"]["resourceVersion"],
         }
         updated = self.store.update(target.res, updated_obj, dry_run=dry_run)
-        return _json_response(self._scale_of(updated))
-
-    # -- test hooks ----------------------------------------------------------------------------
-
-    async def _testing(self, request: Request, path: str) -> Response:
-        method = request.method
-        if path == "requests":
-            if method == "GET":
-                return _json_response(self.counter.snapshot())
-            if method == "DELETE":
-                self.counter.reset()
-                return _json_response({"reset": True})
-        elif path == "faults":
-            if method == "GET":
-                return _json_response({"faults": [r.model_dump(by_alias=True) for r in self.faults.rules()]})
-            if method == "POST":
-                try:
-                    rule = FaultRule.model_validate_json(await request.body())
-                except ValueError as err:
-                    raise bad_request(f"invalid fault rule: {err}") from err
-                armed = self.faults.add(rule)
-                log.info(
-                    "fault armed", resource=rule.resource, verbs=rule.verbs, count=rule.count, code=rule.code
-                )
-                return _json_response(armed.model_dump(by_alias=True), 201)
-            if method == "DELETE":
-                return _json_response({"cleared": self.faults.clear()})
-        elif path == "compact" and method == "POST":
-            raw = await request.body()
-            target_rv = None
-            if raw.strip():
-                try:
-                    target_rv = json.loads(raw).get("resourceVersion")
-                except (ValueError, AttributeError) as err:
-                    raise bad_request(f"invalid compact request: {err}") from err
-            compacted = self.store.compact(int(target_rv) if target_rv is not None else None)
-            return _json_response(
-                {"compactedResourceVersion": str(compacted), "resourceVersion": str(self.store.rv)}
-            )
-        elif path == "close-watches" and method == "POST":
-            return _json_response({"closed": self.store.close_watchers()})
-        raise StatusError(404, "NotFound", f"no test hook {method} {TESTING_PREFIX}/{path}")
+        return json_response(self._scale_of(updated))

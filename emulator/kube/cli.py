@@ -126,7 +126,7 @@ def _register_apiserver(subparsers: argparse._SubParsersAction[argparse.Argument
 
 
 def _run_apiserver(args: argparse.Namespace) -> int:
-    from emulator.kube.apiserver import ApiServerConfig
+    from emulator.kube.apiserver import ApiServerConfig, StateFileError
     from emulator.kube.auth import TokensFileError
     from emulator.kube.kubeconfig import write_kubeconfig
     from emulator.kube.schemas import SchemasUnavailable
@@ -169,7 +169,7 @@ def _run_apiserver(args: argparse.Namespace) -> int:
 
     try:
         asyncio.run(main())
-    except (SchemasUnavailable, TokensFileError) as err:
+    except (SchemasUnavailable, TokensFileError, StateFileError) as err:
         raise CliError(str(err)) from err
     except OSError as err:
         raise CliError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from err

@@ -7,13 +7,33 @@ the server process the same way the code under test does.
 from __future__ import annotations
 
 import itertools
+import json
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
+from starlette.responses import Response
 
-__all__ = ["WRITE_VERBS", "FaultInjector", "FaultRule", "RequestCounter", "RequestInfo"]
+from dra_driver.logs import get_logger
+from emulator.kube.responses import json_response
+from emulator.kube.status import StatusError, bad_request
+from emulator.kube.store import Store
+
+__all__ = [
+    "TESTING_PREFIX",
+    "WRITE_VERBS",
+    "FaultInjector",
+    "FaultRule",
+    "RequestCounter",
+    "RequestInfo",
+    "TestHookEndpoints",
+]
+
+TESTING_PREFIX = "/testing/v1"
+
+log = get_logger(__name__)
 
 Verb = Literal["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"]
 WRITE_VERBS: frozenset[str] = frozenset({"create", "update", "patch", "delete", "deletecollection"})
@@ -146,3 +166,53 @@ class RequestCounter:
     def reset(self) -> None:
         self.requests.clear()
         self.changes.clear()
+
+
+class TestHookEndpoints:
+    """The HTTP side of the hooks, under ``/testing/v1/`` (no authentication)."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, faults: FaultInjector, counter: RequestCounter, store: Store) -> None:
+        self.faults = faults
+        self.counter = counter
+        self.store = store
+
+    async def handle(self, request: Request, path: str) -> Response:
+        method = request.method
+        if path == "requests":
+            if method == "GET":
+                return json_response(self.counter.snapshot())
+            if method == "DELETE":
+                self.counter.reset()
+                return json_response({"reset": True})
+        elif path == "faults":
+            if method == "GET":
+                return json_response({"faults": [r.model_dump(by_alias=True) for r in self.faults.rules()]})
+            if method == "POST":
+                try:
+                    rule = FaultRule.model_validate_json(await request.body())
+                except ValueError as err:
+                    raise bad_request(f"invalid fault rule: {err}") from err
+                armed = self.faults.add(rule)
+                log.info(
+                    "fault armed", resource=rule.resource, verbs=rule.verbs, count=rule.count, code=rule.code
+                )
+                return json_response(armed.model_dump(by_alias=True), 201)
+            if method == "DELETE":
+                return json_response({"cleared": self.faults.clear()})
+        elif path == "compact" and method == "POST":
+            raw = await request.body()
+            target_rv = None
+            if raw.strip():
+                try:
+                    target_rv = json.loads(raw).get("resourceVersion")
+                except (ValueError, AttributeError) as err:
+                    raise bad_request(f"invalid compact request: {err}") from err
+            compacted = self.store.compact(int(target_rv) if target_rv is not None else None)
+            return json_response(
+                {"compactedResourceVersion": str(compacted), "resourceVersion": str(self.store.rv)}
+            )
+        elif path == "close-watches" and method == "POST":
+            return json_response({"closed": self.store.close_watchers()})
+        raise StatusError(404, "NotFound", f"no test hook {method} {TESTING_PREFIX}/{path}")
