@@ -25,7 +25,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dra_driver.fsutil import atomic_write
-from dra_driver.kube.client import ApiError, Conflict, KubeClient, NotFound
+from dra_driver.kube.client import AlreadyExists, ApiError, Conflict, KubeClient, NotFound
 from dra_driver.kube.resources import CONFIGMAPS
 from dra_driver.logs import get_logger
 from fabric.errors import FabricUnavailable, NotLeader
@@ -154,22 +154,41 @@ class ConfigMapLedgerStore(LedgerStore):
             "namespace": self.namespace,
             "labels": {"app.kubernetes.io/name": "fabric-dra", "app.kubernetes.io/component": "manager"},
         }
+        for attempt in (1, 2):
+            try:
+                if self._resource_version is None:
+                    saved = await self.client.create(
+                        CONFIGMAPS, {"metadata": metadata, "data": data}, self.namespace
+                    )
+                else:
+                    metadata["resourceVersion"] = self._resource_version
+                    saved = await self.client.replace(CONFIGMAPS, {"metadata": metadata, "data": data})
+            except (Conflict, AlreadyExists):
+                # Written by someone else since we read it: a deposed leader's last write landing
+                # after we took over. This replica's view wins (the fabric decides what is bound);
+                # a second conflict means another replica is writing now, so step back.
+                if attempt == 2:
+                    raise NotLeader(
+                        f"the ledger {self.describe()} is being changed by another manager replica",
+                        retry_after=2.0,
+                    ) from None
+                log.warning("ledger changed by another replica; overwriting it", ledger=self.describe())
+                await self._refresh_version()
+                continue
+            except ApiError as err:
+                raise LedgerError(f"cannot write the ledger {self.describe()}: {err}") from None
+            self._resource_version = str((saved.get("metadata") or {}).get("resourceVersion") or "")
+            return
+
+    async def _refresh_version(self) -> None:
         try:
-            if self._resource_version is None:
-                created = await self.client.create(
-                    CONFIGMAPS, {"metadata": metadata, "data": data}, self.namespace
-                )
-            else:
-                metadata["resourceVersion"] = self._resource_version
-                created = await self.client.replace(CONFIGMAPS, {"metadata": metadata, "data": data})
-        except Conflict:
-            raise NotLeader(
-                f"the ledger {self.describe()} was changed by another manager replica; this one steps back",
-                retry_after=2.0,
-            ) from None
+            current = await self.client.get(CONFIGMAPS, self.name, self.namespace)
+        except NotFound:
+            self._resource_version = None
+            return
         except ApiError as err:
-            raise LedgerError(f"cannot write the ledger {self.describe()}: {err}") from None
-        self._resource_version = str((created.get("metadata") or {}).get("resourceVersion") or "")
+            raise LedgerError(f"cannot read the ledger {self.describe()}: {err}") from None
+        self._resource_version = str((current.get("metadata") or {}).get("resourceVersion") or "")
 
 
 class Ledger:

@@ -24,6 +24,7 @@ from emulator.kube.auth import TokenUser
 from emulator.procs import RoleProcess
 from fabric.api import AttachmentState, BindingState
 from fabric.errors import DeviceBusy, NotLeader, PermissionDenied, Unauthenticated
+from fabric.ledger import ConfigMapLedgerStore, Ledger, LedgerEntry, LedgerState
 from fabric.manager_client import ManagerClient
 from tests.integration.fabric.conftest import FabricAdmin, assert_no_secrets, manager_args
 from tests.support.apiserver import ApiServerProcess, start_apiserver
@@ -248,3 +249,33 @@ async def test_devices_of_deleted_claims_are_detached(
         assert "claim no longer exists; detaching its device" in manager.log_file.read_text()
     finally:
         manager.stop()
+
+
+async def test_configmap_ledger_survives_a_deposed_leaders_late_write(cluster: ApiServerProcess) -> None:
+    async with cluster.client() as kube:
+        mine = ConfigMapLedgerStore(kube, name="ledger-conflict", namespace=NAMESPACE)
+        ledger = Ledger(mine)
+        await ledger.load()
+        ledger.put(_entry("gpu0", "claim-1"))
+        await ledger.commit()
+        # the previous leader's last write lands after this replica took over
+        late = ConfigMapLedgerStore(kube, name="ledger-conflict", namespace=NAMESPACE)
+        stale = await late.load()
+        stale.entries["gpu9"] = _entry("gpu9", "stale")
+        await late.save(stale)
+        ledger.put(_entry("gpu1", "claim-2"))
+        await ledger.commit()  # conflicts once, then this replica's view wins
+        reread = await ConfigMapLedgerStore(kube, name="ledger-conflict", namespace=NAMESPACE).load()
+        assert sorted(reread.entries) == ["gpu0", "gpu1"]
+
+
+def _entry(device: str, claim: str) -> LedgerEntry:
+    return LedgerEntry(
+        device=device,
+        device_key=f"/redfish/v1/Fabrics/PCIe/Endpoints/{device}",
+        node="node-a",
+        host="kind-worker",
+        claim_uid=claim,
+        state=LedgerState.BOUND,
+        operation_id="op-1",
+    )
