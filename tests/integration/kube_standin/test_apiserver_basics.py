@@ -46,11 +46,11 @@ async def test_create_get_update_delete(mkube: KubeClient, ns: str) -> None:
     assert missing.value.message == 'configmaps "one" not found'
 
 
-async def test_requests_need_a_known_token(module_server: ApiServerProcess) -> None:
-    async with module_server.client(token="not-a-token") as stranger:
+async def test_requests_need_a_known_token(shared_apiserver: ApiServerProcess) -> None:
+    async with shared_apiserver.client(token="not-a-token") as stranger:
         with pytest.raises(Unauthorized):
             await stranger.list(NAMESPACES)
-    async with module_server.client() as admin:
+    async with shared_apiserver.client() as admin:
         names = {ns["metadata"]["name"] for ns in (await admin.list(NAMESPACES))["items"]}
     assert {"default", "kube-system", "kube-public", "kube-node-lease"} <= names
 
@@ -179,9 +179,9 @@ async def test_namespaces_secrets_scale_and_dry_run(apiserver: ApiServerProcess,
         await kube.get(NAMESPACES, "team")
 
 
-async def test_discovery_and_error_shapes(module_server: ApiServerProcess) -> None:
-    auth = {"Authorization": f"Bearer {module_server.admin_token}"}
-    async with httpx.AsyncClient(base_url=module_server.url, headers=auth) as http:
+async def test_discovery_and_error_shapes(shared_apiserver: ApiServerProcess) -> None:
+    auth = {"Authorization": f"Bearer {shared_apiserver.admin_token}"}
+    async with httpx.AsyncClient(base_url=shared_apiserver.url, headers=auth) as http:
         assert (await http.get("/version")).json()["gitVersion"] == "v1.37.0"
         assert (await http.get("/api")).json()["versions"] == ["v1"]
         groups = {g["name"]: g for g in (await http.get("/apis")).json()["groups"]}

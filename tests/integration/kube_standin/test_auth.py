@@ -23,9 +23,9 @@ async def review(kube: KubeClient, token: str, audiences: list[str] | None = Non
 
 
 async def test_token_review_of_a_node_bound_service_account_token(
-    module_server: ApiServerProcess, mkube: KubeClient
+    shared_apiserver: ApiServerProcess, mkube: KubeClient
 ) -> None:
-    token = module_server.service_account_token(
+    token = shared_apiserver.service_account_token(
         "fabric-dra", "fabric-dra-plugin", node="node-a", pod="plugin-x7k2p"
     )
     status = await review(mkube, token)
@@ -36,12 +36,12 @@ async def test_token_review_of_a_node_bound_service_account_token(
     assert user["extra"][NODE_NAME_KEY] == ["node-a"]
     assert (await review(mkube, "forged"))["authenticated"] is False
     # The token itself authenticates requests too.
-    async with module_server.client(token) as plugin:
+    async with shared_apiserver.client(token) as plugin:
         assert (await plugin.get(NAMESPACES, "default"))["metadata"]["name"] == "default"
 
 
-async def test_audiences(module_server: ApiServerProcess, mkube: KubeClient) -> None:
-    token = module_server.service_account_token(
+async def test_audiences(shared_apiserver: ApiServerProcess, mkube: KubeClient) -> None:
+    token = shared_apiserver.service_account_token(
         "fabric-dra", "p", node="node-b", audiences=["fabric-manager"]
     )
     assert (await review(mkube, token, ["fabric-manager"]))["audiences"] == ["fabric-manager"]

@@ -169,7 +169,7 @@ async def test_send_initial_events_ends_with_a_marked_bookmark(bookmarking_serve
 
 
 async def test_the_server_can_end_every_watch(
-    module_server: ApiServerProcess, mkube: KubeClient, ns: str
+    shared_apiserver: ApiServerProcess, mkube: KubeClient, ns: str
 ) -> None:
     stream = mkube.watch(CONFIGMAPS, ns, timeout_seconds=30)
 
@@ -181,5 +181,5 @@ async def test_the_server_can_end_every_watch(
 
     task = asyncio.create_task(drain())
     await asyncio.sleep(0.3)
-    assert module_server.hooks.close_watches() >= 1
+    assert shared_apiserver.hooks.close_watches() >= 1
     assert await asyncio.wait_for(task, 5) == 0  # ended cleanly, as a dropped connection would
