@@ -90,6 +90,8 @@ class _Slot:
     retry_at: float = 0.0
     #: when its operation last paused (resumed at once when the fabric comes back after that)
     paused_at: float = 0.0
+    #: unbinds the fabric refused in a row (the pause before the next try doubles)
+    failures: int = 0
 
     def signal(self) -> None:
         self.event.set()
@@ -403,12 +405,22 @@ class Binder:
                     if entry.state is LedgerState.ATTACHING:
                         await self._attach_failed(entry, record, err)
                         continue  # drive the rollback
+                    # The device stays held (never lost, never given to another node) and the
+                    # unbind is retried with growing pauses; the operation shows the error.
                     slot.error = err
-                    slot.retry_at = time.monotonic() + self.settings.retry_seconds
+                    slot.failures += 1
+                    pause = min(self.settings.retry_seconds * 2 ** (slot.failures - 1), 300.0)
+                    slot.retry_at = time.monotonic() + pause
                     entry.error = err.message
-                    if not entry.rollback:
-                        self._finish(entry, record, api.OperationKind.DETACH, err)
-                    log.error("detach failed, will retry", device=device, node=entry.node, error=err.message)
+                    self.operations.running(entry.operation_id, error=err)
+                    log.error(
+                        "unbind failed, will retry",
+                        device=device,
+                        node=entry.node,
+                        claim=entry.claim_uid,
+                        retry_in=round(pause, 1),
+                        error=err.message,
+                    )
                     return
                 finally:
                     slot.signal()
@@ -460,6 +472,7 @@ class Binder:
 
     async def _detached(self, entry: LedgerEntry, record: DeviceRecord) -> None:
         slot = self._slot(entry.device)
+        slot.failures = 0
         async with slot.lock:
             self.ledger.remove(entry.device)
             self.inventory.note_binding(entry.device, ())

@@ -223,3 +223,23 @@ async def _settled(h: Harness) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("drivers still running")
+
+
+async def test_refused_unbind_keeps_the_device_held_and_is_retried(tmp_path: Path) -> None:
+    h = await make_harness(tmp_path)
+    await h.binder.attach(attach_request("gpu0", "node-0", "c1"), wait=5)
+    h.fabric.faults["gpu0"] = [Fault(BindFailed("Redfish POST failed: the switch refused"))]
+    with pytest.raises(BindFailed, match="switch refused"):
+        await h.binder.detach("gpu0", "c1", "node-0", wait=5)
+    # still bound on the fabric, so nobody else gets it
+    assert h.fabric.bound == {"gpu0": "node-0"}
+    with pytest.raises(DeviceBusy, match="being detached from node node-0"):
+        await h.binder.attach(attach_request("gpu0", "node-1", "c2"), wait=1)
+    entry = h.ledger.get("gpu0")
+    assert entry is not None and entry.state is LedgerState.DETACHING
+    await asyncio.sleep(0.06)  # past the retry pause
+    await h.binder.reconcile()
+    await _settled(h)
+    assert h.fabric.bound == {} and h.ledger.get("gpu0") is None
+    operation = h.binder.operations.get(entry.operation_id)
+    assert operation is not None and operation.state == api.OperationState.SUCCEEDED
