@@ -69,18 +69,28 @@ def _register_serve(commands: _SubParsers) -> None:
     p.add_argument(
         "--topology",
         type=Path,
+        metavar="FILE",
         help="topology file (YAML or JSON, docs/emulator.md); default: the packaged 4-host topology",
     )
-    p.add_argument("--state-dir", type=Path, required=True, help="directory for durable state and host views")
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="directory for durable state and host views",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="TCP port; 0 picks a free one (default: 0)")
     p.add_argument(
         "--ready-file",
         type=Path,
+        metavar="PATH",
         help="once serving, write the base URL (e.g. https://127.0.0.1:40123) to this file atomically",
     )
-    p.add_argument("--tls-cert", type=Path, help="serve HTTPS with this PEM certificate (chain)")
-    p.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
+    p.add_argument(
+        "--tls-cert", type=Path, metavar="PEM", help="serve HTTPS with this PEM certificate (chain)"
+    )
+    p.add_argument("--tls-key", type=Path, metavar="PEM", help="PEM private key of --tls-cert")
     p.add_argument(
         "--username",
         help="account user name (default: the one in <state-dir>/credentials.json, or 'admin')",
@@ -90,7 +100,9 @@ def _register_serve(commands: _SubParsers) -> None:
         help="account password; visible in the process list, prefer --password-file. Without either, a "
         "random password is created once and kept 0600 in <state-dir>/credentials.json",
     )
-    p.add_argument("--password-file", type=Path, help="read the account password from this file")
+    p.add_argument(
+        "--password-file", type=Path, metavar="FILE", help="read the account password from this file"
+    )
     p.add_argument(
         "--insecure-no-auth",
         action="store_true",
