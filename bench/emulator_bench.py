@@ -22,6 +22,7 @@ import asyncio
 import base64
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -90,6 +91,10 @@ class _LeanConnection:
 
     def close(self) -> None:
         self.writer.close()
+
+
+def _progress(step: str) -> None:
+    print(f"emulator bench: {step} ...", file=sys.stderr, flush=True)
 
 
 def _host(i: int) -> str:
@@ -220,16 +225,16 @@ def run(quick: bool = False) -> dict[str, Any]:
         with run_emulator(tmp_dir, topology=topology) as emu:
             assert emu.process is not None
             rss_idle = _rss_kib(emu.process.pid)
-            pairs = [
-                asyncio.run(_pairs(emu, workers, seconds, lean))
-                for lean in (True, False)
-                for workers in (1, 8, 32)
-            ]
-            gets = [
-                asyncio.run(_gets(emu, workers, get_count, lean))
-                for lean in (True, False)
-                for workers in (1, 8)
-            ]
+            pairs = []
+            for lean in (True, False):
+                for workers in (1, 8, 32):
+                    _progress(f"bind+unbind pairs, {'lean' if lean else 'httpx'} client, {workers} worker(s)")
+                    pairs.append(asyncio.run(_pairs(emu, workers, seconds, lean)))
+            gets = []
+            for lean in (True, False):
+                for workers in (1, 8):
+                    _progress(f"GETs, {'lean' if lean else 'httpx'} client, {workers} worker(s)")
+                    gets.append(asyncio.run(_gets(emu, workers, get_count, lean)))
             rss_after = _rss_kib(emu.process.pid)
             state_bytes = (emu.state_dir / "fabric-state.json").stat().st_size
     best = max(p["pairs_per_s"] for p in pairs if p["client"] == "lean")
