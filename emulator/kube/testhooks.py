@@ -72,12 +72,13 @@ class FaultRule(BaseModel):
     namespace: str | None = None
     name: str | None = None
     count: int = Field(default=1, ge=1)
+    #: with a code below 400 only the delay applies, then the request proceeds normally.
     code: int = Field(default=500, ge=100, le=599)
     reason: str | None = None
     message: str | None = None
     delay_seconds: float = Field(default=0.0, ge=0.0, le=600.0, alias="delaySeconds")
     retry_after_seconds: int | None = Field(default=None, ge=0, alias="retryAfterSeconds")
-    #: with code < 400, only the delay applies and the request then proceeds normally.
+    #: set by the server when the rule is armed (ignored in requests).
     id: int = 0
     remaining: int = 0
 

@@ -47,3 +47,14 @@ async def test_requests_are_counted_per_resource_and_verb(
     assert counts["changes"][key] == 1
     apiserver.hooks.reset_counts()
     assert apiserver.hooks.writes(key) == 0
+
+
+async def test_a_delay_only_fault_lets_the_request_through(
+    apiserver: ApiServerProcess, kube: KubeClient
+) -> None:
+    await kube.create(CONFIGMAPS, {"metadata": {"name": "slow", "namespace": "default"}})
+    armed = apiserver.hooks.fail("configmaps", verbs=["get"], code=200, delay_seconds=0.2, name="slow")
+    assert armed["remaining"] == 1 and armed["id"] >= 1
+    fetched = await kube.get(CONFIGMAPS, "slow", "default")
+    assert fetched["metadata"]["name"] == "slow"
+    assert apiserver.hooks.faults() == []
