@@ -82,6 +82,7 @@ class Inventory:
         self._dirty = False
         self._rendered = api.Inventory(version=self.version, pools=[], devices=[], nodes=[])
         self._changed = asyncio.Condition()
+        self._closing = False
         self._refresh_lock = asyncio.Lock()
         self._refresh_wanted = asyncio.Event()
         self._full_wanted = True
@@ -339,8 +340,17 @@ class Inventory:
         self._flush()
         async with self._changed:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait_for(lambda: self.version != after), wait_seconds)
+                await asyncio.wait_for(
+                    self._changed.wait_for(lambda: self.version != after or self._closing), wait_seconds
+                )
         return self._rendered
+
+    async def release_waiters(self) -> None:
+        """Answer every long poll now, with the inventory as it is: the service is shutting down and
+        must not hold its clients (or its own exit) until their timeouts pass."""
+        self._closing = True
+        async with self._changed:
+            self._changed.notify_all()
 
 
 #: resources whose changes are bindings, not device attributes or health

@@ -248,6 +248,7 @@ class ManagerService:
         stop = asyncio.create_task(self._stop.wait())
         await asyncio.wait([stop, tasks[0]], return_when=asyncio.FIRST_COMPLETED)
         log.info("fabric manager stopping")
+        await inventory.release_waiters()
         server.should_exit = True
         for task in tasks[1:]:
             task.cancel()
