@@ -176,6 +176,17 @@ class Inventory:
         self.changed()
         self.loaded.set()
 
+    def remap_nodes(self) -> None:
+        """The cluster's Nodes changed: map the known hosts to nodes again (no fabric re-read)."""
+        if not self.loaded.is_set():
+            return
+        host_nodes = self.resolver.resolve(self._hosts)
+        if host_nodes != self._host_nodes:
+            log.info("hosts mapped to nodes again", nodes=sorted(host_nodes.values()))
+            self._host_nodes = host_nodes
+            self._node_hosts = {node: host for host, node in host_nodes.items()}
+            self.changed()
+
     def request_refresh(self, *, bindings_only: bool = False) -> None:
         """Ask the run loop for a pass soon; any request for a full pass wins."""
         if not bindings_only:

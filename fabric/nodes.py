@@ -15,14 +15,16 @@ Two hosts claiming one node is a configuration error: neither is mapped, and it 
 
 from __future__ import annotations
 
+import asyncio
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dra_driver.kube.client import ApiError, KubeClient
+from dra_driver.kube.client import ApiError, Gone, KubeClient
 from dra_driver.kube.resources import NODES
 from dra_driver.logs import get_logger
 from fabric.backends.model import HostRecord
@@ -60,6 +62,13 @@ def load_node_map(path: Path) -> dict[str, str]:
     return {k.lower(): v for k, v in parsed.hosts.items()}
 
 
+def _node_entry(item: Mapping[str, Any]) -> tuple[str, str | None]:
+    """(node name, lower-case SMBIOS system UUID or None) of a Node object."""
+    name = str((item.get("metadata") or {}).get("name") or "")
+    uuid = ((item.get("status") or {}).get("nodeInfo") or {}).get("systemUUID")
+    return name, (str(uuid).lower() if uuid else None)
+
+
 class NodeResolver:
     def __init__(self, explicit: Mapping[str, str] | None = None, kube: KubeClient | None = None) -> None:
         self.explicit = {k.lower(): v for k, v in (explicit or {}).items()}
@@ -80,13 +89,42 @@ class NodeResolver:
         except ApiError as err:
             log.warning("cannot list nodes, keeping the last node list", error=str(err))
             return
-        nodes: dict[str, str | None] = {}
-        for item in items:
-            name = (item.get("metadata") or {}).get("name")
-            uuid = ((item.get("status") or {}).get("nodeInfo") or {}).get("systemUUID")
-            if name:
-                nodes[str(name)] = str(uuid).lower() if uuid else None
-        self._nodes = nodes
+        self._nodes = dict(entry for entry in map(_node_entry, items) if entry[0])
+
+    async def watch(self, on_change: Callable[[], None], *, retry_seconds: float = 2.0) -> None:
+        """Follow the cluster's Nodes until cancelled; call ``on_change`` when one registers, goes
+        away or reports another system UUID, so a joining node's host gets its devices at once
+        rather than at the next full resync."""
+        if self.kube is None:
+            return
+        while True:
+            try:
+                items, version = await self.kube.list_all(NODES)
+                nodes = dict(entry for entry in map(_node_entry, items) if entry[0])
+                if nodes != self._nodes:
+                    self._nodes = nodes
+                    on_change()
+                while True:
+                    async for event in self.kube.watch(NODES, resource_version=version):
+                        version = (event.object.get("metadata") or {}).get("resourceVersion") or version
+                        if event.type == "BOOKMARK":
+                            continue
+                        name, uuid = _node_entry(event.object)
+                        if not name:
+                            continue
+                        current = dict(self._nodes or {})
+                        if event.type == "DELETED":
+                            current.pop(name, None)
+                        else:
+                            current[name] = uuid
+                        if current != self._nodes:
+                            self._nodes = current
+                            on_change()
+            except Gone:
+                continue  # too old a resourceVersion: list again
+            except ApiError as err:
+                log.warning("node watch interrupted, retrying", error=str(err))
+                await asyncio.sleep(retry_seconds)
 
     def system_uuid(self, node: str) -> str | None:
         return (self._nodes or {}).get(node)

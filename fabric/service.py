@@ -217,6 +217,8 @@ class ManagerService:
                     await binder.reconcile()
 
         tasks.append(asyncio.create_task(inventory.run(), name="inventory"))
+        if kube is not None:
+            tasks.append(asyncio.create_task(resolver.watch(inventory.remap_nodes), name="node-watch"))
         tasks.append(asyncio.create_task(binder.run(), name="binder"))
         if kube is not None and s.orphan_grace_seconds > 0:
             orphans = OrphanReconciler(
