@@ -8,7 +8,7 @@ their unix sockets. Start it in-process with :class:`StandInCluster`, or as a pr
 ``python -m emulator.cluster``.
 """
 
-from emulator.cluster.kubelet import KUBELET_FINALIZER, ClaimRef, DraNodeClient, RegistryDraClient
+from emulator.cluster.kubelet import KUBELET_FINALIZER, ClaimRef, DraNodeClient, PluginManagerClient
 from emulator.cluster.runner import NodeSpec, StandInCluster
 from emulator.cluster.scheduler import SchedulerConfig
 
@@ -17,7 +17,7 @@ __all__ = [
     "ClaimRef",
     "DraNodeClient",
     "NodeSpec",
-    "RegistryDraClient",
+    "PluginManagerClient",
     "SchedulerConfig",
     "StandInCluster",
 ]

@@ -18,6 +18,7 @@ supported versions (``v1.DRAPlugin`` preferred over ``v1beta1.DRAPlugin``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,35 +26,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-import grpc
-
 from dra_driver.kube import ApiError, Conflict, KubeClient, NotFound
 from dra_driver.kube.resources import PODS
 from dra_driver.logs import get_logger
-from dra_driver.proto.dra_v1 import api_pb2 as dra_v1
-from dra_driver.proto.dra_v1 import api_pb2_grpc as dra_v1_grpc
-from dra_driver.proto.dra_v1beta1 import api_pb2 as dra_v1beta1
-from dra_driver.proto.dra_v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
-from dra_driver.proto.pluginregistration_v1 import api_pb2 as reg
-from dra_driver.proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
 from emulator.cluster.claims import pod_claim_names
 from emulator.cluster.events import EventRecorder
 from emulator.cluster.informer import Informer, wait_any
+from emulator.kube.kubelet import ClaimRef, DRAPluginClient, KubeletError, PluginManager
 
-__all__ = ["KUBELET_FINALIZER", "ClaimRef", "DraNodeClient", "KubeletLoop", "RegistryDraClient"]
+__all__ = ["KUBELET_FINALIZER", "ClaimRef", "DraNodeClient", "KubeletLoop", "PluginManagerClient"]
 
 log = get_logger(__name__)
 
 KUBELET_FINALIZER = "fabric-dra.io/stand-in-kubelet"
-#: the kubelet's timeout for one DRA call
-CALL_TIMEOUT = 45.0
-
-
-@dataclass(frozen=True)
-class ClaimRef:
-    namespace: str
-    name: str
-    uid: str
 
 
 class DraNodeClient(Protocol):
@@ -66,100 +51,48 @@ class DraNodeClient(Protocol):
     async def close(self) -> None: ...
 
 
-class PluginNotRegistered(Exception):
+class PluginNotRegistered(KubeletError):
     pass
 
 
-@dataclass
-class _Plugin:
-    endpoint: str
-    versions: list[str]
-    channel: grpc.aio.Channel
+class PluginManagerClient:
+    """A node's DRA plugins reached through the kubelet-protocol client (:mod:`emulator.kube.kubelet`):
+    registration from the node's registry dir, service-version choice and the calls themselves
+    happen there exactly as the kubelet makes them; this adapter only groups answers per claim."""
 
+    def __init__(self, registry_dir: Path, *, register_within: float = 5.0) -> None:
+        self.manager = PluginManager(registry_dir, watch_health=False)
+        self.register_within = register_within
+        self._task: asyncio.Task[None] | None = None
 
-class RegistryDraClient:
-    """Finds plugins through the node's registry dir and calls them over their unix sockets."""
-
-    def __init__(self, registry_dir: Path) -> None:
-        self.registry_dir = registry_dir
-        self._plugins: dict[str, _Plugin] = {}
-        self._stale: list[grpc.aio.Channel] = []
-
-    async def _plugin(self, driver: str) -> _Plugin:
-        plugin = self._plugins.get(driver)
-        if plugin is not None:
-            return plugin
-        for socket_path in sorted(self.registry_dir.glob("*.sock")):
-            async with grpc.aio.insecure_channel(f"unix://{socket_path}") as channel:
-                try:
-                    info = await reg_grpc.RegistrationStub(channel).GetInfo(reg.InfoRequest(), timeout=5)
-                except grpc.aio.AioRpcError:
-                    continue
-                if info.type != "DRAPlugin" or info.name != driver:
-                    continue
-                await reg_grpc.RegistrationStub(channel).NotifyRegistrationStatus(
-                    reg.RegistrationStatus(plugin_registered=True), timeout=5
-                )
-            plugin = _Plugin(
-                info.endpoint,
-                list(info.supported_versions),
-                grpc.aio.insecure_channel(f"unix://{info.endpoint}"),
-            )
-            self._plugins[driver] = plugin
-            log.info("DRA plugin registered", driver=driver, endpoint=info.endpoint, versions=plugin.versions)
-            return plugin
-        raise PluginNotRegistered(
-            f"driver name {driver} not found in the list of registered DRA drivers "
-            f"(registry {self.registry_dir})"
-        )
+    async def _client(self, driver: str) -> DRAPluginClient:
+        if self._task is None:
+            self._task = asyncio.create_task(self.manager.run(), name=f"plugins:{self.manager.registry_dir}")
+        client = self.manager.plugin(driver)
+        if client is not None:
+            return client
+        try:
+            return await self.manager.wait_for_plugin(driver, within=self.register_within)
+        except KubeletError as err:
+            # The kubelet's own words for a claim whose driver has no plugin on the node.
+            raise PluginNotRegistered(
+                f"driver name {driver} not found in the list of registered DRA drivers: {err}"
+            ) from err
 
     async def prepare(self, driver: str, claims: Sequence[ClaimRef]) -> dict[str, str]:
-        plugin = await self._plugin(driver)
-        if "v1.DRAPlugin" in plugin.versions:
-            response = await dra_v1_grpc.DRAPluginStub(plugin.channel).NodePrepareResources(
-                dra_v1.NodePrepareResourcesRequest(
-                    claims=[dra_v1.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
-                ),
-                timeout=CALL_TIMEOUT,
-            )
-            return _errors(claims, {uid: r.error for uid, r in response.claims.items()})
-        response_b = await dra_v1beta1_grpc.DRAPluginStub(plugin.channel).NodePrepareResources(
-            dra_v1beta1.NodePrepareResourcesRequest(
-                claims=[dra_v1beta1.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
-            ),
-            timeout=CALL_TIMEOUT,
-        )
-        return _errors(claims, {uid: r.error for uid, r in response_b.claims.items()})
+        results = await (await self._client(driver)).node_prepare_resources(claims)
+        return _errors(claims, {uid: result.error for uid, result in results.items()})
 
     async def unprepare(self, driver: str, claims: Sequence[ClaimRef]) -> dict[str, str]:
-        plugin = await self._plugin(driver)
-        if "v1.DRAPlugin" in plugin.versions:
-            response = await dra_v1_grpc.DRAPluginStub(plugin.channel).NodeUnprepareResources(
-                dra_v1.NodeUnprepareResourcesRequest(
-                    claims=[dra_v1.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
-                ),
-                timeout=CALL_TIMEOUT,
-            )
-            return _errors(claims, {uid: r.error for uid, r in response.claims.items()})
-        response_b = await dra_v1beta1_grpc.DRAPluginStub(plugin.channel).NodeUnprepareResources(
-            dra_v1beta1.NodeUnprepareResourcesRequest(
-                claims=[dra_v1beta1.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
-            ),
-            timeout=CALL_TIMEOUT,
-        )
-        return _errors(claims, {uid: r.error for uid, r in response_b.claims.items()})
-
-    def forget(self, driver: str) -> None:
-        """Drop a plugin whose socket failed, so the next call registers it again (plugin restart)."""
-        plugin = self._plugins.pop(driver, None)
-        if plugin is not None:
-            self._stale.append(plugin.channel)
+        errors = await (await self._client(driver)).node_unprepare_resources(claims)
+        return _errors(claims, errors)
 
     async def close(self) -> None:
-        for channel in [*(p.channel for p in self._plugins.values()), *self._stale]:
-            await channel.close(None)
-        self._plugins.clear()
-        self._stale.clear()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
 
 
 @dataclass
@@ -279,9 +212,8 @@ class KubeletLoop:
         for driver, refs in by_driver.items():
             try:
                 errors = await self.client.prepare(driver, refs)
-            except (grpc.aio.AioRpcError, PluginNotRegistered, OSError) as err:
-                _forget(self.client, driver)
-                return f"prepare dynamic resources: NodePrepareResources for {driver}: {_grpc_message(err)}"
+            except (KubeletError, OSError) as err:
+                return f"prepare dynamic resources: NodePrepareResources for {driver}: {err}"
             for ref in refs:
                 if (driver, ref) not in progress.prepared:
                     progress.prepared.append((driver, ref))  # unprepare even a partial prepare
@@ -339,10 +271,9 @@ class KubeletLoop:
         for driver, refs in by_driver.items():
             try:
                 errors = await self.client.unprepare(driver, refs)
-            except (grpc.aio.AioRpcError, PluginNotRegistered, OSError) as err:
-                _forget(self.client, driver)
+            except (KubeletError, OSError) as err:
                 await self._unprepare_failed(
-                    pod, progress, f"NodeUnprepareResources for driver {driver}: {_grpc_message(err)}"
+                    pod, progress, f"NodeUnprepareResources for driver {driver}: {err}"
                 )
                 return
             failed = [e for e in errors.values() if e]
@@ -369,17 +300,5 @@ class KubeletLoop:
         progress.backoff = min(progress.backoff * 2, 10.0)
 
 
-def _forget(client: DraNodeClient, driver: str) -> None:
-    forget = getattr(client, "forget", None)
-    if forget is not None:
-        forget(driver)
-
-
 def _errors(claims: Sequence[ClaimRef], answered: dict[str, str]) -> dict[str, str]:
     return {c.uid: answered.get(c.uid, "the plugin returned no result for this claim") for c in claims}
-
-
-def _grpc_message(err: BaseException) -> str:
-    if isinstance(err, grpc.aio.AioRpcError):
-        return f"{err.code().name}: {err.details()}"
-    return str(err)

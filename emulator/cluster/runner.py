@@ -24,7 +24,7 @@ from emulator.cluster.claims import ClaimController
 from emulator.cluster.deployments import DeploymentController
 from emulator.cluster.events import EventRecorder
 from emulator.cluster.informer import Informer
-from emulator.cluster.kubelet import DraNodeClient, KubeletLoop, RegistryDraClient
+from emulator.cluster.kubelet import DraNodeClient, KubeletLoop, PluginManagerClient
 from emulator.cluster.scheduler import Scheduler, SchedulerConfig
 
 __all__ = ["NodeSpec", "StandInCluster"]
@@ -151,4 +151,4 @@ class _NoPlugins:
 def _registry_client(spec: NodeSpec) -> DraNodeClient:
     if spec.registry_dir is None:
         return _NoPlugins()
-    return RegistryDraClient(spec.registry_dir)
+    return PluginManagerClient(spec.registry_dir)
