@@ -18,7 +18,7 @@ from dra_driver.controller.naming import (
     is_dns_label,
     unhealthy_taint_key,
 )
-from dra_driver.controller.quantity import format_bytes
+from dra_driver.selection.quantity import format_bytes
 from fabric.api import BindingState, Device, Health
 
 __all__ = [

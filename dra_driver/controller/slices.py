@@ -40,7 +40,7 @@ from dra_driver.controller.naming import (
     publisher_label,
     slice_name,
 )
-from dra_driver.controller.quantity import parse_quantity
+from dra_driver.selection.quantity import parse_quantity
 from fabric.api import Inventory
 
 __all__ = [
@@ -125,7 +125,8 @@ def _normal_device(device: Mapping[str, Any]) -> dict[str, Any]:
     capacity = out.get("capacity")
     if isinstance(capacity, dict):
         out["capacity"] = {
-            name: {**entry, "value": str(parse_quantity(entry.get("value", "0")))}
+            # The API server re-serialises quantities canonically: compare values, not spellings.
+            name: {**entry, "value": str(parse_quantity(str(entry.get("value", "0"))).value)}
             for name, entry in capacity.items()
         }
     taints = out.get("taints")

@@ -13,7 +13,7 @@ import re
 from fractions import Fraction
 from functools import total_ordering
 
-__all__ = ["Quantity", "QuantityError", "parse_quantity"]
+__all__ = ["Quantity", "QuantityError", "format_bytes", "parse_quantity"]
 
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
@@ -114,6 +114,18 @@ def parse_quantity(text: str) -> Quantity:
     if match["sign"] == "-":
         value = -value
     return Quantity(value, text)
+
+
+def format_bytes(count: int) -> str:
+    """A byte count with the largest binary suffix that keeps it whole (``80Gi``), else plain —
+    the form the API server stores, so published capacities read back as written."""
+    if count < 0:
+        raise ValueError("a byte count cannot be negative")
+    for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
+        unit = _BINARY[suffix]
+        if count >= unit and count % unit == 0:
+            return f"{count // unit}{suffix}"
+    return str(count)
 
 
 def _format(value: Fraction) -> str:

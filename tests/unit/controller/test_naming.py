@@ -15,7 +15,7 @@ from dra_driver.controller.naming import (
     pool_label_key,
     slice_name,
 )
-from dra_driver.controller.quantity import format_bytes, parse_quantity
+from dra_driver.selection.quantity import format_bytes, parse_quantity
 
 
 def test_attribute_names_obey_the_api_identifier_rules() -> None:
@@ -93,17 +93,17 @@ def test_condition_types_are_qualified_names() -> None:
     ],
 )
 def test_parse_quantity(text: str, value: int) -> None:
-    assert parse_quantity(text) == value
+    assert parse_quantity(text).value == value
 
 
 def test_parse_quantity_rejects_garbage() -> None:
-    with pytest.raises(ValueError, match="not a Kubernetes quantity"):
+    with pytest.raises(ValueError, match="is not a quantity"):
         parse_quantity("12 GB")
 
 
 @pytest.mark.parametrize("count", [0, 1, 1000, 80 * 2**30, 3 * 2**29, 3840 * 10**9, 2**60 * 3])
 def test_format_bytes_round_trips(count: int) -> None:
-    assert parse_quantity(format_bytes(count)) == count
+    assert parse_quantity(format_bytes(count)).value == count
 
 
 def test_format_bytes_uses_the_largest_whole_binary_unit() -> None:

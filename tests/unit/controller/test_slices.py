@@ -6,7 +6,6 @@ from typing import Any
 import pytest
 
 from dra_driver.controller.devices import PublishPolicy, WithheldReason
-from dra_driver.controller.quantity import format_bytes
 from dra_driver.controller.slices import (
     DesiredPool,
     NormalCache,
@@ -16,6 +15,7 @@ from dra_driver.controller.slices import (
     desired_pools,
     plan_pool,
 )
+from dra_driver.selection.quantity import format_bytes
 from fabric.api import Health
 from tests.support.controller import make_device, make_inventory
 
