@@ -24,6 +24,7 @@ from dra_driver.fsutil import atomic_write
 from dra_driver.kube.client import KubeClient, load_config
 from dra_driver.kube.leader import LeaderElector
 from dra_driver.logs import get_logger
+from dra_driver.netutil import listen_tcp
 from fabric.auth import (
     AllowAll,
     Authenticator,
@@ -104,20 +105,7 @@ class ManagerService:
         return Chain(chain)
 
     def _listener(self) -> socket.socket:
-        s = self.settings
-        family = socket.AF_INET6 if ":" in s.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((s.host, s.port))
-        except OSError as err:
-            sock.close()
-            raise OSError(
-                f"cannot listen on {s.host}:{s.port}: {err.strerror}; pick another --port"
-            ) from None
-        sock.listen(512)
-        sock.set_inheritable(True)
-        return sock
+        return listen_tcp(self.settings.host, self.settings.port, backlog=512)
 
     async def run(self) -> int:
         s = self.settings

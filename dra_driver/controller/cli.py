@@ -163,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
     from dra_driver.controller.features import ResourceApiMissing
     from dra_driver.controller.naming import DRIVER_NAME_MAX, is_dns_subdomain, is_label_value
     from dra_driver.kube import KubeClient, load_config
+    from dra_driver.netutil import ListenError
     from fabric.manager_client import ManagerClient
 
     if not args.manager_url:
@@ -228,6 +229,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         asyncio.run(main())
     except ResourceApiMissing as err:
+        raise CliError(str(err)) from None
+    except ListenError as err:
         raise CliError(str(err)) from None
     except OSError as err:
         raise CliError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from None

@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from dra_driver.controller.metrics import REGISTRY
 from dra_driver.logs import get_logger
+from dra_driver.netutil import listen_tcp
 
 __all__ = ["HealthServer"]
 
@@ -32,7 +33,7 @@ class HealthServer:
 
     async def start(self, host: str, port: int) -> str:
         """Listen; returns the base URL (with the real port when ``port`` is 0)."""
-        self._server = await asyncio.start_server(self._handle, host, port)
+        self._server = await asyncio.start_server(self._handle, sock=listen_tcp(host, port))
         sock = self._server.sockets[0].getsockname()
         shown = f"[{sock[0]}]" if ":" in sock[0] else sock[0]
         return f"http://{shown}:{sock[1]}"

@@ -9,10 +9,17 @@ plugin's own overhead. ``--metrics-port`` serves them; :func:`phase_totals` read
 from __future__ import annotations
 
 import contextlib
+import socket
+import threading
 import time
 from collections.abc import Iterator
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+
+from dra_driver.netutil import listen_tcp
 
 __all__ = ["CLAIM_RESULTS", "PHASE_SECONDS", "REGISTRY", "observe_phase", "phase_totals", "serve_metrics"]
 
@@ -58,7 +65,33 @@ def phase_totals() -> dict[str, tuple[float, float]]:
     return {k: (v[0], v[1]) for k, v in totals.items()}
 
 
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes are not events worth a log line."""
+
+
+class _MetricsServer(ThreadingWSGIServer):
+    """prometheus_client's threading WSGI server on a socket from :func:`listen_tcp`."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._listener = sock
+        self.address_family = sock.family
+        super().__init__(sock.getsockname()[:2], _QuietHandler)
+
+    def server_bind(self) -> None:
+        self.socket.close()
+        self.socket = self._listener
+        self.server_address = self.socket.getsockname()[:2]
+        self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
+        self.setup_environ()
+
+    def server_activate(self) -> None:
+        """Already listening."""
+
+
 def serve_metrics(host: str, port: int) -> int:
     """Serve ``/metrics`` from a background thread; returns the bound port."""
-    server, _thread = start_http_server(port, addr=host, registry=REGISTRY)
-    return int(server.server_port)
+    server = _MetricsServer(listen_tcp(host, port, backlog=64, hint="pick another --metrics-port"))
+    server.set_app(make_wsgi_app(REGISTRY))
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server.server_port

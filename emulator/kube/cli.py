@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.cli import CliError
+from dra_driver.netutil import ListenError
 
 __all__ = ["register"]
 
@@ -171,6 +172,8 @@ def _run_apiserver(args: argparse.Namespace) -> int:
         asyncio.run(main())
     except (SchemasUnavailable, TokensFileError, StateFileError) as err:
         raise CliError(str(err)) from err
+    except ListenError as err:
+        raise CliError(str(err)) from None
     except OSError as err:
         raise CliError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from err
     return 0

@@ -4,7 +4,6 @@ file once connections are accepted, stop cleanly on SIGTERM/SIGINT."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import ssl
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +13,7 @@ import uvicorn
 
 from dra_driver.fsutil import atomic_write
 from dra_driver.logs import get_logger
+from dra_driver.netutil import listen_tcp
 from emulator.kube.apiserver import ApiServer, ApiServerConfig
 
 __all__ = ["serve_apiserver"]
@@ -51,11 +51,7 @@ async def serve_apiserver(
     then the base URL is written to ``ready_file``."""
     api = ApiServer(config)
     api.warm()
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(1024)
+    sock = listen_tcp(host, port)
     sock.setblocking(False)
     bound_port = sock.getsockname()[1]
     scheme = "https" if tls_cert_file else "http"

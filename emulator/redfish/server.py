@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import signal
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from dra_driver.fsutil import atomic_write
 from dra_driver.logs import get_logger
+from dra_driver.netutil import listen_tcp
 
 from ..topology import FabricIndex
 from . import uris
@@ -153,19 +153,6 @@ class _Server(uvicorn.Server):
             self.should_exit = True
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as err:
-        sock.close()
-        raise OSError(f"cannot listen on {host}:{port}: {err.strerror}") from None
-    sock.set_inheritable(True)
-    return sock
-
-
 def _base_url(host: str, port: int, tls: bool) -> str:
     scheme = "https" if tls else "http"
     try:
@@ -180,7 +167,7 @@ def _base_url(host: str, port: int, tls: bool) -> str:
 
 async def serve(config: ServeConfig) -> None:
     service = build_service(config)
-    sock = _listen(config.host, config.port)
+    sock = listen_tcp(config.host, config.port, backlog=2048)
     port = sock.getsockname()[1]
     tls = config.tls_cert is not None
     uconfig = uvicorn.Config(
