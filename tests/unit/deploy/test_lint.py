@@ -148,10 +148,13 @@ def _run_e2e(tmp_path: Path, tools: dict[str, str], *args: str) -> subprocess.Co
     """e2e.sh with PATH holding only the named tools: real ones by path, or stub scripts."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name in ("date", "dirname", "sed", "grep", "python3", "mktemp", "rm", "mkdir", "head", "tail"):
+    for name in ("date", "dirname", "sed", "grep", "mktemp", "rm", "mkdir", "head", "tail"):
         real = shutil.which(name)
         assert real, name
         (bin_dir / name).symlink_to(real)
+    # The running interpreter, not whatever "python3" PATH finds: that may be a version manager's
+    # shell shim, which needs tools this PATH deliberately lacks.
+    (bin_dir / "python3").symlink_to(sys.executable)
     for name, body in tools.items():
         stub = bin_dir / name
         stub.write_text(f"#!/bin/sh\n{body}\n")
