@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from dra_driver.crashpoints import crash_point
 from dra_driver.logs import get_logger
 from fabric import api
 from fabric.backends.base import Backend, BindContext
@@ -234,12 +235,14 @@ class Binder:
             operation_id=op.id,
         )
         self.ledger.put(entry)
+        crash_point("manager.attach.before-intent")
         try:
             await self.ledger.commit()
         except FabricError as err:
             self.ledger.remove(name)
             self.operations.finish(op.id, err)
             raise
+        crash_point("manager.attach.after-intent")
         log.info("attach started", device=name, node=node, claim=claim, operation=op.id)
         slot = self._slot(name)
         slot.error = None
@@ -299,12 +302,14 @@ class Binder:
                 entry.rollback = False
                 entry.operation_id = op.id
                 self.ledger.put(entry)
+                crash_point("manager.detach.before-intent")
                 try:
                     await self.ledger.commit()
                 except FabricError as err:
                     self.ledger.put(previous)
                     self.operations.finish(op.id, err)
                     raise
+                crash_point("manager.detach.after-intent")
                 log.info("detach started", device=device, node=node, claim=claim, operation=op.id)
                 slot.error = None
                 if self.metrics:
@@ -466,6 +471,7 @@ class Binder:
             self.inventory.note_binding(entry.device, (entry.host,))
             with contextlib.suppress(FabricError):  # a crash now is resolved from the fabric's state
                 await self.ledger.commit()
+            crash_point("manager.attach.after-result")
         slot.error = None
         self._finish(entry, record, api.OperationKind.ATTACH, None)
         log.info("attached", device=entry.device, node=entry.node, claim=entry.claim_uid)
@@ -478,6 +484,8 @@ class Binder:
             self.inventory.note_binding(entry.device, ())
             with contextlib.suppress(FabricError):
                 await self.ledger.commit()
+            if not entry.rollback:
+                crash_point("manager.detach.after-result")
         if not entry.rollback:
             slot.error = None
             self._finish(entry, record, api.OperationKind.DETACH, None)
@@ -531,10 +539,13 @@ class Binder:
         verb = "bind" if bound else "unbind"
 
         async def record_task(monitor: str) -> None:
+            if bound:
+                crash_point("manager.attach.task-accepted")
             entry.task_monitor = monitor
             self.ledger.put(entry)
             self.operations.running(entry.operation_id, redfish_task=monitor)
             await self.ledger.commit()
+            crash_point("manager.attach.task-recorded" if bound else "manager.detach.task-recorded")
 
         last_error: FabricError | None = None
         while True:
@@ -621,6 +632,7 @@ class Binder:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
+            crash_point("manager.attach.after-fabric-call" if bound else "manager.detach.after-fabric-call")
             entry.task_monitor = None
             return
 

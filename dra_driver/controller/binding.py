@@ -37,6 +37,7 @@ from dra_driver.controller.inventory import InventoryFeed
 from dra_driver.controller.metrics import BIND_SECONDS, BIND_TOTAL
 from dra_driver.controller.naming import BindingConditionNames
 from dra_driver.controller.retry import Backoff
+from dra_driver.crashpoints import crash_point
 from dra_driver.kube import ApiError, Conflict, Gone, KubeClient, NotFound
 from dra_driver.kube.dra import ResourceClaim
 from dra_driver.kube.resources import RESOURCE_CLAIMS
@@ -305,7 +306,9 @@ class ClaimBinder:
                 if now < state.release_at:
                     self._schedule_later(uid, state.release_at - now)
                     continue
+            crash_point("controller.release.before-detach")
             await self._manager.detach(device, node, uid, wait_seconds=self.attach_wait)
+            crash_point("controller.release.after-detach")
             del held[key]
             self._first_seen.pop((uid, device), None)
             BIND_TOTAL.labels(result="detached", reason="deallocated").inc()
@@ -364,6 +367,7 @@ class ClaimBinder:
         said_attaching = False
         log.info("attaching for binding condition", claim=uid, device=target.device, node=node)
         while True:
+            crash_point("controller.attach.before-request")
             try:
                 async with self._sem:
                     attachment = await self._manager.attach(
@@ -397,6 +401,7 @@ class ClaimBinder:
             if attachment.state is AttachmentState.ATTACHED:
                 held.attached = True
                 held.release_at = None
+                crash_point("controller.attach.after-request")
                 await self._set(
                     uid,
                     target,
@@ -405,6 +410,7 @@ class ClaimBinder:
                         self.names.failed: ("False", "Attached", ""),
                     },
                 )
+                crash_point("controller.attach.after-status")
                 BIND_TOTAL.labels(result="attached", reason="").inc()
                 BIND_SECONDS.labels(result="attached").observe(time.monotonic() - started)
                 log.info("device attached; binding condition set", claim=uid, device=target.device, node=node)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Protocol
 
+from dra_driver.crashpoints import crash_point
 from dra_driver.logs import get_logger
 from dra_driver.plugin.checkpoint import PreparedDevice
 from dra_driver.plugin.hostdev import DeviceIdentity, HostDevice, HostScanner
@@ -112,6 +113,7 @@ class FabricBackend:
         started = time.monotonic()
         delay = 0.1
         while True:
+            crash_point("plugin.prepare.before-attach")
             try:
                 attachment = await self.client.attach(
                     device, self.node, claim_uid, wait_seconds=MAX_WAIT_SECONDS
@@ -142,10 +144,12 @@ class FabricBackend:
     ) -> AttachedDevice:
         with observe_phase("attach"):
             info = await self._bind(claim_uid, device)
+        crash_point("plugin.prepare.after-attach")
         with observe_phase("visible"):
             host = await self.scanner.wait_visible(
                 identity_of(info), within=self.visible_timeout, exclude=exclude
             )
+        crash_point("plugin.prepare.after-visible")
         log.info(
             "device attached and visible",
             claim=claim_uid,
@@ -163,6 +167,7 @@ class FabricBackend:
         with observe_phase("detach"):
             while True:
                 wait = max(0.0, min(MAX_WAIT_SECONDS, deadline - time.monotonic()))
+                crash_point("plugin.unprepare.before-detach")
                 try:
                     attachment = await self.client.detach(
                         prepared.device, self.node, claim_uid, wait_seconds=wait
@@ -176,6 +181,7 @@ class FabricBackend:
                     )
                     return
                 if attachment.state is AttachmentState.DETACHED:
+                    crash_point("plugin.unprepare.after-detach")
                     return
                 if time.monotonic() >= deadline:
                     raise StillDetaching(

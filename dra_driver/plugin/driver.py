@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import grpc
 
+from dra_driver.crashpoints import crash_point
 from dra_driver.kube import ApiError
 from dra_driver.logs import get_logger
 from dra_driver.plugin import cdi
@@ -238,10 +239,12 @@ class Driver:
             devices=devices,
         )
         self.store.put(entry)
+        crash_point("plugin.prepare.before-checkpoint-started")
         with observe_phase("checkpoint"):
             # Guards against a crash of this process mid-attach; after a power loss the fabric's
             # bindings to this node (reconcile) say the same, so no fsync is needed here.
             await self.store.commit(durable=False)
+        crash_point("plugin.prepare.after-checkpoint-started")
 
         entry = await self._attach_all(ref, entry, deadline)
 
@@ -251,7 +254,9 @@ class Driver:
                 [self._spec_device(ref.uid, d) for d in entry.devices],
                 real_host=self._real_host,
             )
+            crash_point("plugin.prepare.before-cdi-write")
             paths = cdi.write_specs(self.config.cdi_root, self.driver_name, ref.uid, specs)
+            crash_point("plugin.prepare.after-cdi-write")
         completed = entry.model_copy(
             update={
                 "state": ClaimState.PREPARE_COMPLETED,
@@ -267,8 +272,10 @@ class Driver:
             }
         )
         self.store.put(completed)
+        crash_point("plugin.prepare.before-checkpoint-completed")
         with observe_phase("checkpoint"):
             await self.store.commit()
+        crash_point("plugin.prepare.after-checkpoint-completed")
         self._drop_reservations(ref.uid)
         log.info(
             "claim prepared",
@@ -429,9 +436,11 @@ class Driver:
             paths = {Path(p) for p in entry.cdi_spec_files}
             paths.update(cdi.spec_files_of_claim(self.config.cdi_root, self.driver_name, ref.uid))
             cdi.remove_spec_files(paths)
+        crash_point("plugin.unprepare.after-cdi-remove")
         self.store.delete(ref.uid)
         with observe_phase("checkpoint"):
             await self.store.commit()
+        crash_point("plugin.unprepare.after-checkpoint")
         self._drop_reservations(ref.uid)
         log.info(
             "claim unprepared",

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dra_driver.crashpoints import crash_point
 from dra_driver.logs import get_logger
 
 from ..topology import FabricIndex, Target
@@ -293,8 +294,11 @@ class Engine:
             if failure is not None:
                 await self._commit([], [])  # the fault's count went down
                 raise failure
+            bind = op.kind == OperationKind.BIND
+            crash_point("emulator.bind.before-commit" if bind else "emulator.unbind.before-commit")
             effects, events = self._apply(op)
             await self._commit(effects, events)
+            crash_point("emulator.bind.after-commit" if bind else "emulator.unbind.after-commit")
             return Outcome(op.success_status, op.location)
         task = self._start_task(op)
         # A hung task waits on the gate of the moment it started: a reset that comes before the
@@ -461,10 +465,12 @@ class Engine:
         except asyncio.CancelledError:
             return
         self._runners.pop(task.id, None)
+        crash_point("emulator.task.before-complete")
         effects, events = self._finish_task(task, op, failure)
         with contextlib.suppress(Exception):
             # a failed write was logged by the store; the task's state is retried with the next commit
             await self._commit(effects, events)
+        crash_point("emulator.task.after-complete")
 
     def _finish_task(
         self, task: TaskRecord, op: Operation, failure: RedfishError | None
