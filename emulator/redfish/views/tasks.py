@@ -19,9 +19,11 @@ __all__ = ["TaskServiceNode", "task_model"]
 
 
 def _stamp(value: object) -> str | None:
+    """Edm.DateTimeOffset with milliseconds: a task's duration is worth more than whole seconds
+    to whoever measures what the fabric took (DSP0266 allows fractional seconds)."""
     if value is None:
         return None
-    text = value.isoformat(timespec="seconds") if hasattr(value, "isoformat") else str(value)
+    text = value.isoformat(timespec="milliseconds") if hasattr(value, "isoformat") else str(value)
     return text.replace("+00:00", "Z")
 
 

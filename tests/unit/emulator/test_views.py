@@ -268,3 +268,37 @@ def test_a_zone_with_an_operation_in_flight_is_not_deleted(tmp_path: Path) -> No
         assert bindings["Bindings"] == [] and bindings["InFlight"] == []
 
     _run(tmp_path, body)
+
+
+def test_task_times_have_milliseconds(tmp_path: Path) -> None:
+    """StartTime/EndTime of a task say when it ran to the millisecond (benchmarks subtract the
+    fabric's own time from attach-to-ready with them)."""
+    from datetime import datetime
+
+    from emulator.redfish.latency import Delay, LatencyProfile
+
+    profile = LatencyProfile(name="tasks", tasks=True, bind={"gpu": Delay(seconds=0.02)})
+
+    async def main() -> None:
+        service = build_service(
+            ServeConfig(index=_topology(), state_dir=tmp_path / "state", latency=profile, credentials=None)
+        )
+        transport = httpx.ASGITransport(app=service.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://emulator") as client:
+            uri, body = zone_add("kind-worker", "gpu0")
+            accepted = await client.post(uri, json=body)
+            assert accepted.status_code == 202
+            task_uri = accepted.json()["@odata.id"]
+            for _ in range(500):  # until the monitor gives the final answer
+                if (await client.get(accepted.headers["Location"])).status_code != 202:
+                    break
+                await asyncio.sleep(0.01)
+            task = await _json(client, task_uri)
+        service.engine.close()
+        assert task["TaskState"] == "Completed"
+        start, end = task["StartTime"], task["EndTime"]
+        assert start.endswith("Z") and end.endswith("Z")
+        assert len(start.split(".")[1]) == len("123Z"), start  # whole milliseconds
+        assert datetime.fromisoformat(end) >= datetime.fromisoformat(start)
+
+    asyncio.run(main())
