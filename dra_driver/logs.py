@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from collections.abc import Mapping
@@ -23,9 +24,12 @@ LogFormat = Literal["logfmt", "json"]
 _FIELDS = "fabric_dra_fields"
 
 
+_NEEDS_QUOTES = re.compile(r'[ ="\n\t]')
+
+
 def _logfmt_value(value: object) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
-    if text == "" or any(c in text for c in ' ="\n\t'):
+    if text == "" or _NEEDS_QUOTES.search(text):
         return json.dumps(text)
     return text
 
@@ -69,8 +73,21 @@ class StructLogger:
         return self._logger.isEnabledFor(level)
 
     def _log(self, level: int, msg: str, exc_info: bool, fields: dict[str, Any]) -> None:
-        if self._logger.isEnabledFor(level):
-            self._logger.log(level, msg, exc_info=exc_info, extra={_FIELDS: fields}, stacklevel=3)
+        logger = self._logger
+        if logger.isEnabledFor(level):
+            # makeRecord + handle, not log(): log() walks the stack to find the caller's file and
+            # line (findCaller), which no line we write shows — a third of a record's cost.
+            record = logger.makeRecord(
+                logger.name,
+                level,
+                "",
+                0,
+                msg,
+                (),
+                sys.exc_info() if exc_info else None,
+                extra={_FIELDS: fields},
+            )
+            logger.handle(record)
 
     def debug(self, msg: str, **fields: Any) -> None:
         self._log(logging.DEBUG, msg, False, fields)
