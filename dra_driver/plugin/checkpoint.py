@@ -102,13 +102,45 @@ def _canonical(data: dict[str, Any]) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _encode(data: CheckpointData) -> bytes:
-    body = data.model_dump(mode="json", by_alias=True)
-    checksum = hashlib.sha256(_canonical(body)).hexdigest()
-    return json.dumps(
-        {"kind": _KIND, "version": CHECKPOINT_VERSION, "checksum": f"sha256:{checksum}", "data": body},
-        separators=(",", ":"),
-    ).encode()
+def _entry_json(entry: ClaimEntry) -> str:
+    return json.dumps(entry.model_dump(mode="json", by_alias=True), sort_keys=True, separators=(",", ":"))
+
+
+class _EncodedEntries:
+    """The canonical JSON of each claim entry, kept while the entry object is the same one.
+
+    Entries are replaced, never changed in place (``put`` stores a copy), so a commit encodes only
+    the entries changed since the last one: with many claims prepared on a node a commit stays
+    cheap instead of growing with every claim.
+    """
+
+    def __init__(self) -> None:
+        self._cache: dict[str, tuple[ClaimEntry, str]] = {}
+
+    def canonical(self, data: CheckpointData) -> str:
+        """``_canonical(data.model_dump(...))``, built from the cached pieces."""
+        parts = []
+        fresh: dict[str, tuple[ClaimEntry, str]] = {}
+        for uid in sorted(data.claims):
+            entry = data.claims[uid]
+            cached = self._cache.get(uid)
+            text = cached[1] if cached is not None and cached[0] is entry else _entry_json(entry)
+            fresh[uid] = (entry, text)
+            parts.append(f"{json.dumps(uid)}:{text}")
+        self._cache = fresh
+        return (
+            f'{{"claims":{{{",".join(parts)}}},"driver":{json.dumps(data.driver)},'
+            f'"node":{json.dumps(data.node)},"version":{data.version}}}'
+        )
+
+    def encode(self, data: CheckpointData) -> bytes:
+        """The file's bytes: kind, version, checksum over the canonical data, the data itself."""
+        canonical = self.canonical(data)
+        checksum = hashlib.sha256(canonical.encode()).hexdigest()
+        return (
+            f'{{"kind":"{_KIND}","version":{CHECKPOINT_VERSION},"checksum":"sha256:{checksum}",'
+            f'"data":{canonical}}}'
+        ).encode()
 
 
 def _decode(raw: bytes, path: Path) -> CheckpointData:
@@ -164,6 +196,7 @@ class CheckpointStore:
         self._flushed = 0
         self._want_durable = False
         self._flush_task: asyncio.Future[None] | None = None
+        self._encoded = _EncodedEntries()
         self.writes = 0
 
     # -- loading -------------------------------------------------------------------------------
@@ -281,7 +314,7 @@ class CheckpointStore:
         target = self._requested = self._requested + 1
         while True:
             self.refresh()
-            payload, sig = _encode(self._data), self._sig
+            payload, sig = self._encoded.encode(self._data), self._sig
             if self._write(payload, sig):
                 break
         self._dirty.clear()
@@ -295,7 +328,7 @@ class CheckpointStore:
         try:
             while True:
                 self.refresh()
-                payload, expected = _encode(self._data), self._sig
+                payload, expected = self._encoded.encode(self._data), self._sig
                 # fsync blocks for a disk round trip: off the event loop; a plain rename is cheap.
                 written = (
                     await asyncio.to_thread(self._write, payload, expected, True)
