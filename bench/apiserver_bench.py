@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.common import BenchContext
 from dra_driver.kube import KubeClient
 from dra_driver.kube.resources import RESOURCE_SLICES
 from emulator.kube.schemas import DEFAULT_VERSIONS, SchemaCatalog
@@ -96,7 +97,7 @@ async def _through_http(url: str, token: str) -> dict[str, float]:
     }
 
 
-def run(quick: bool = False) -> dict[str, Any]:
+def measure(quick: bool = False) -> dict[str, Any]:
     results: dict[str, Any] = {"validate_128_device_slice_cpu_ms": _validation_cost(10 if quick else 100)}
     root = Path(tempfile.mkdtemp(prefix="apiserver-bench-"))
     try:
@@ -107,11 +108,16 @@ def run(quick: bool = False) -> dict[str, Any]:
     return results
 
 
+def run(ctx: BenchContext) -> dict[str, Any]:
+    """Extra section ``apiserver`` of ``python -m bench`` (figures only, no targets of its own)."""
+    return {"figures": measure(ctx.quick), "checks": []}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer validation rounds")
     args = parser.parse_args()
-    print(json.dumps(run(quick=args.quick), indent=2))
+    print(json.dumps(measure(quick=args.quick), indent=2))
 
 
 if __name__ == "__main__":

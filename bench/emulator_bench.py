@@ -21,8 +21,6 @@ import argparse
 import asyncio
 import base64
 import json
-import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from bench.common import BenchContext, check, progress, rss_mib, summary_ms
 from emulator.topology.generate import GenerateSpec, generate_topology_yaml
 from tests.support.emulator import RunningEmulator, run_emulator, zone_add, zone_remove
 
@@ -37,20 +36,6 @@ __all__ = ["run"]
 
 _HOSTS = 8
 _GPUS = 64
-
-
-def _percentile(values: list[float], pct: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(pct / 100 * (len(ordered) - 1))))]
-
-
-def _latency(values: list[float]) -> dict[str, float]:
-    return {
-        "p50_ms": round(_percentile(values, 50) * 1000, 3),
-        "p99_ms": round(_percentile(values, 99) * 1000, 3),
-        "mean_ms": round(statistics.fmean(values) * 1000, 3),
-        "n": len(values),
-    }
 
 
 class _LeanConnection:
@@ -94,18 +79,11 @@ class _LeanConnection:
 
 
 def _progress(step: str) -> None:
-    print(f"emulator bench: {step} ...", file=sys.stderr, flush=True)
+    progress("emulator", step)
 
 
 def _host(i: int) -> str:
     return "kind-worker" if i == 0 else f"kind-worker{i + 1}"
-
-
-def _rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
 
 
 async def _pairs(emu: RunningEmulator, workers: int, seconds: float, lean: bool) -> dict[str, Any]:
@@ -154,7 +132,7 @@ async def _pairs(emu: RunningEmulator, workers: int, seconds: float, lean: bool)
         "workers": workers,
         "pairs": len(durations),
         "pairs_per_s": round(len(durations) / elapsed, 1),
-        "pair_latency": _latency(durations),
+        "pair_latency": summary_ms(durations),
     }
 
 
@@ -207,11 +185,11 @@ async def _gets(emu: RunningEmulator, workers: int, count: int, lean: bool) -> d
         "client": "lean" if lean else "httpx",
         "workers": workers,
         "gets_per_s": round(len(latencies) / elapsed, 1),
-        **_latency(latencies),
+        **summary_ms(latencies),
     }
 
 
-def run(quick: bool = False) -> dict[str, Any]:
+def measure(quick: bool = False) -> dict[str, Any]:
     seconds = 2.0 if quick else 6.0
     get_count = 800 if quick else 4000
     with tempfile.TemporaryDirectory(prefix="emulator-bench-") as tmp:
@@ -224,7 +202,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         )
         with run_emulator(tmp_dir, topology=topology) as emu:
             assert emu.process is not None
-            rss_idle = _rss_kib(emu.process.pid)
+            rss_idle = rss_mib(emu.process.pid)
             pairs = []
             for lean in (True, False):
                 for workers in (1, 8, 32):
@@ -235,7 +213,7 @@ def run(quick: bool = False) -> dict[str, Any]:
                 for workers in (1, 8):
                     _progress(f"GETs, {'lean' if lean else 'httpx'} client, {workers} worker(s)")
                     gets.append(asyncio.run(_gets(emu, workers, get_count, lean)))
-            rss_after = _rss_kib(emu.process.pid)
+            rss_after = rss_mib(emu.process.pid)
             state_bytes = (emu.state_dir / "fabric-state.json").stat().st_size
     best = max(p["pairs_per_s"] for p in pairs if p["client"] == "lean")
     sequential_get = next(g for g in gets if g["client"] == "lean" and g["workers"] == 1)
@@ -251,8 +229,26 @@ def run(quick: bool = False) -> dict[str, Any]:
             "pairs_per_s>=300": best >= 300,
             "get_p99_ms<=10": sequential_get["p99_ms"] <= 10,
         },
-        "emulator_rss_kib": {"idle": rss_idle, "after": rss_after},
+        "emulator_rss_mib": {"idle": rss_idle, "after": rss_after},
         "state_file_bytes": state_bytes,
+    }
+
+
+def run(ctx: BenchContext) -> dict[str, Any]:
+    """The emulator's section of ``python -m bench`` (issue 3's speed acceptance)."""
+    figures = measure(ctx.quick)
+    return {
+        "figures": figures,
+        "checks": [
+            check(
+                "emulator bind+unbind pairs/s (instant)",
+                figures["best_pairs_per_s"],
+                300,
+                "/s",
+                at_most=False,
+            ),
+            check("emulator GET p99 (sequential)", figures["get_p99_ms_sequential"], 10, "ms"),
+        ],
     }
 
 
@@ -274,8 +270,8 @@ def _print_table(result: dict[str, Any]) -> None:
         )
     targets = ", ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in result["targets"].items())
     print(f"targets: {targets}")
-    rss = result["emulator_rss_kib"]
-    print(f"emulator RSS: {rss['idle'] // 1024} MiB idle, {rss['after'] // 1024} MiB after the runs")
+    rss = result["emulator_rss_mib"]
+    print(f"emulator RSS: {rss['idle']} MiB idle, {rss['after']} MiB after the runs")
 
 
 def main() -> None:
@@ -283,7 +279,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="shorter runs (CI smoke)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON only")
     args = parser.parse_args()
-    result = run(quick=args.quick)
+    result = measure(quick=args.quick)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.common import BenchContext, summary_ms
 from fabric.backends.discovery import Discovery
 from fabric.config import load_credentials
 from fabric.manager_client import ManagerClient
@@ -33,20 +34,6 @@ from tests.support.emulator import run_emulator
 from tests.support.fabric_manager import running_manager
 
 __all__ = ["run"]
-
-
-def _ms(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-
-    def pct(p: float) -> float:
-        return ordered[min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))]
-
-    return {
-        "p50_ms": round(pct(50) * 1000, 2),
-        "p99_ms": round(pct(99) * 1000, 2),
-        "mean_ms": round(statistics.fmean(values) * 1000, 2),
-        "n": len(values),
-    }
 
 
 async def _latency(url: str, pairs: int) -> dict[str, Any]:
@@ -59,7 +46,7 @@ async def _latency(url: str, pairs: int) -> dict[str, Any]:
             started = time.perf_counter()
             await client.detach("gpu0", "kind-worker", f"bench-{i}", wait_seconds=30)
             detach.append(time.perf_counter() - started)
-    return {"attach": _ms(attach), "detach": _ms(detach)}
+    return {"attach": summary_ms(attach), "detach": summary_ms(detach)}
 
 
 async def _parallel(url: str, rounds: int) -> dict[str, Any]:
@@ -99,10 +86,10 @@ async def _discovery(url: str, state_dir: Path, passes: int) -> dict[str, Any]:
             gets, devices = snapshot.gets, len(snapshot.devices)
     finally:
         await client.aclose()
-    return {"devices": devices, "gets": gets, **_ms(seconds)}
+    return {"devices": devices, "gets": gets, **summary_ms(seconds)}
 
 
-def run(quick: bool = False) -> dict[str, Any]:
+def measure(quick: bool = False) -> dict[str, Any]:
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="manager-bench-") as tmp:
         root = Path(tmp)
@@ -139,10 +126,15 @@ def run(quick: bool = False) -> dict[str, Any]:
     return results
 
 
+def run(ctx: BenchContext) -> dict[str, Any]:
+    """Extra section ``manager`` of ``python -m bench`` (figures only, no targets of its own)."""
+    return {"figures": measure(ctx.quick), "checks": []}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations")
-    print(json.dumps(run(parser.parse_args().quick), indent=2))
+    print(json.dumps(measure(parser.parse_args().quick), indent=2))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Run the plugin as a real process beside the API test server, and talk to it as the kubelet does.
 
-Shared by tests/integration/plugin and bench/plugin_bench.py::
+Shared by tests/integration/plugin and the benchmarks in bench/::
 
     with PluginStack(tmp) as stack:                    # API test server + `fabric-dra plugin`
         ref = asyncio.run(stack.create_claim("c1", [("gpu", "gpu-0")]))

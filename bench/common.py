@@ -1,0 +1,408 @@
+"""What every benchmark section shares: statistics, checks against targets, process memory, the
+plugin's phase metrics, the machine, and the real processes a section runs against.
+
+Everything here starts *real* processes on real sockets (``emulator.procs.RoleProcess``): the API
+test server, ``fabric-dra emulator serve``, ``fabric-dra manager serve`` and one ``fabric-dra
+plugin`` per node, driven through the kubelet-protocol client of :mod:`emulator.kube.kubelet` the
+way the kubelet drives them. Figures come from here, never from timed tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import urllib.request
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dra_driver.kube import KubeClient
+from dra_driver.kube.resources import RESOURCE_CLAIMS
+from emulator.kube.kubelet import DRAPluginClient, register_plugin
+from emulator.procs import RoleProcess
+from tests.support.apiserver import ApiServerProcess, start_apiserver
+from tests.support.fabric_manager import start_manager, wait_ready
+
+__all__ = [
+    "DRIVER",
+    "REPO_ROOT",
+    "BenchContext",
+    "ClaimSpec",
+    "FabricStack",
+    "PluginProcess",
+    "check",
+    "cpu_seconds",
+    "create_claims",
+    "free_port",
+    "generate_topology",
+    "host_name",
+    "machine",
+    "percentile",
+    "phase_delta",
+    "phase_sums",
+    "progress",
+    "rss_mib",
+    "summary_ms",
+    "work_dir",
+]
+
+DRIVER = "fabric-dra.io"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+POOL = "fabric-pcie"
+
+# -- statistics ------------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    """Nearest-rank percentile of ``values`` (not interpolated: every figure was really measured)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(pct / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def summary_ms(values: Sequence[float]) -> dict[str, float]:
+    """p50/p90/p99/mean/max in milliseconds of durations given in seconds."""
+    if not values:
+        return {"n": 0}
+    return {
+        "p50_ms": round(percentile(values, 50) * 1000, 3),
+        "p90_ms": round(percentile(values, 90) * 1000, 3),
+        "p99_ms": round(percentile(values, 99) * 1000, 3),
+        "mean_ms": round(statistics.fmean(values) * 1000, 3),
+        "max_ms": round(max(values) * 1000, 3),
+        "n": len(values),
+    }
+
+
+def check(name: str, measured: float, target: float, unit: str, *, at_most: bool = True) -> dict[str, Any]:
+    """One row of the results table: ``measured`` against ``target`` (an upper bound unless
+    ``at_most`` is False)."""
+    passed = measured <= target if at_most else measured >= target
+    return {
+        "name": name,
+        "target": f"{'<=' if at_most else '>='} {target:g} {unit}".strip(),
+        "measured": round(measured, 3),
+        "unit": unit,
+        "pass": bool(passed),
+    }
+
+
+def progress(section: str, step: str) -> None:
+    print(f"bench {section}: {step}", file=sys.stderr, flush=True)
+
+
+# -- the machine and its processes ---------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    mem_kib = 0
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_kib = int(line.split()[1])
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": model,
+        "ram_gib": round(mem_kib / 1024 / 1024, 1),
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "load_average": [round(v, 2) for v in os.getloadavg()],
+    }
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of ``pid`` (``VmRSS``), MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def work_dir(prefix: str) -> Iterator[Path]:
+    """A short directory under /tmp (unix socket paths are limited to 107 bytes); removed after."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def generate_topology(path: Path, *, hosts: int, gpus: int, nvme: int = 0, cxl_devices: int = 0) -> Path:
+    """A topology file from ``fabric-dra emulator topology generate`` (deterministic)."""
+    subprocess.run(
+        [
+            *(sys.executable, "-m", "dra_driver", "emulator", "topology", "generate"),
+            *("--hosts", str(hosts), "--gpus", str(gpus), "--nvme", str(nvme), "--nics", "0"),
+            *("--fpgas", "0", "--cxl-devices", str(cxl_devices), "-o", str(path)),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    return path
+
+
+def host_name(index: int) -> str:
+    """The generated topology's hosts: kind-worker, kind-worker2, ..."""
+    return "kind-worker" if index == 0 else f"kind-worker{index + 1}"
+
+
+# -- the plugin's phase histograms ---------------------------------------------------------------
+
+
+def phase_sums(port: int) -> dict[str, tuple[float, float]]:
+    """``{phase: (count, seconds)}`` of ``fabric_dra_plugin_phase_seconds`` from the plugin's /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    out: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        if not line.startswith("fabric_dra_plugin_phase_seconds_"):
+            continue
+        name, _, value = line.rpartition(" ")
+        phase = name.split('phase="', 1)[1].split('"', 1)[0]
+        entry = out.setdefault(phase, [0.0, 0.0])
+        if name.startswith("fabric_dra_plugin_phase_seconds_count"):
+            entry[0] = float(value)
+        elif name.startswith("fabric_dra_plugin_phase_seconds_sum"):
+            entry[1] = float(value)
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def phase_delta(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]
+) -> dict[str, float]:
+    """Seconds spent in each phase between two scrapes."""
+    return {k: v[1] - before.get(k, (0.0, 0.0))[1] for k, v in after.items()}
+
+
+# -- claims ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimSpec:
+    name: str
+    node: str
+    device: str
+    pool: str = POOL
+    namespace: str = "default"
+
+
+async def create_claims(kube: KubeClient, specs: Sequence[ClaimSpec], *, concurrency: int = 8) -> list[str]:
+    """Create one-device ResourceClaims allocated and reserved as the scheduler leaves them;
+    returns their UIDs in order."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(spec: ClaimSpec) -> str:
+        async with gate:
+            created = await kube.create(
+                RESOURCE_CLAIMS,
+                {
+                    "metadata": {"name": spec.name, "namespace": spec.namespace},
+                    "spec": {
+                        "devices": {
+                            "requests": [{"name": "dev", "exactly": {"deviceClassName": "cohdi-pcie-device"}}]
+                        }
+                    },
+                },
+                spec.namespace,
+            )
+            created["status"] = {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {"request": "dev", "driver": DRIVER, "pool": spec.pool, "device": spec.device}
+                        ]
+                    },
+                    "nodeSelector": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchFields": [
+                                    {"key": "metadata.name", "operator": "In", "values": [spec.node]}
+                                ]
+                            }
+                        ]
+                    },
+                },
+                "reservedFor": [{"resource": "pods", "name": f"{spec.name}-pod", "uid": str(uuid.uuid4())}],
+            }
+            updated = await kube.replace(RESOURCE_CLAIMS, created, subresource="status")
+            return str(updated["metadata"]["uid"])
+
+    return list(await asyncio.gather(*(one(s) for s in specs)))
+
+
+# -- processes -------------------------------------------------------------------------------------
+
+
+@dataclass
+class PluginProcess:
+    """One ``fabric-dra plugin`` for one node, with its metrics port and registry directory."""
+
+    node: str
+    process: RoleProcess
+    metrics_port: int
+    registry_dir: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    async def kubelet(self) -> DRAPluginClient:
+        """Register the plugin as the kubelet does and return the kubelet's DRA client for it."""
+        attempt = await register_plugin(self.registry_dir / f"{DRIVER}-reg.sock")
+        return DRAPluginClient(attempt.driver, attempt.endpoint, attempt.chosen_service)
+
+    def phases(self) -> dict[str, tuple[float, float]]:
+        return phase_sums(self.metrics_port)
+
+
+@dataclass
+class FabricStack:
+    """API test server + emulator (``latency`` profile, generated topology) + fabric manager;
+    plugins are started per node with :meth:`plugin`. Use as a context manager: everything it
+    started is stopped (SIGTERM, then SIGKILL) on exit."""
+
+    root: Path
+    hosts: int = 11
+    gpus: int = 72
+    latency: str = "instant"
+    api: ApiServerProcess | None = None
+    emulator: RoleProcess | None = None
+    manager: RoleProcess | None = None
+    plugins: dict[str, PluginProcess] = field(default_factory=dict)
+    _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "emu"
+
+    def sysfs_root(self, host: str) -> Path:
+        return self.state_dir / "hosts" / host / "sys"
+
+    def __enter__(self) -> FabricStack:
+        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            topology = generate_topology(self.root / "topology.yaml", hosts=self.hosts, gpus=self.gpus)
+            self.api = self._stack.enter_context(start_apiserver(self.root / "api"))
+            self.emulator = self._stop_later(
+                RoleProcess(
+                    [
+                        *("emulator", "serve", "--state-dir", str(self.state_dir)),
+                        *("--topology", str(topology)),
+                        *("--latency", self.latency, "--insecure-no-auth", "--port", "0"),
+                        *("--ready-file", str(self.root / "emulator.ready")),
+                    ],
+                    ready_file=self.root / "emulator.ready",
+                    log_file=self.root / "emulator.log",
+                    name="emulator",
+                ).start()
+            )
+            self.manager = self._stop_later(
+                start_manager(
+                    self.root,
+                    self.emulator.address,
+                    args=[
+                        *("--redfish-auth", "none", "--state-dir", str(self.root / "manager")),
+                        "--insecure-no-auth",
+                    ],
+                    ready=False,
+                )
+            )
+            wait_ready(self.manager.address, timeout=120)
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def _stop_later(self, process: RoleProcess) -> RoleProcess:
+        self._stack.callback(process.stop)
+        return process
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def plugin(self, host: str, *, backend: str = "fabric", extra: Sequence[str] = ()) -> PluginProcess:
+        """Start the plugin of node ``host`` (the manager maps a host to the node of its name)."""
+        assert self.api is not None and self.manager is not None
+        base = self.root / f"p-{host}"
+        port = free_port()
+        process = RoleProcess(
+            [
+                *("plugin", "--node-name", host),
+                *("--kubeconfig", str(self.api.kubeconfig), "--registry-dir", str(base / "reg")),
+                *("--plugin-dir", str(base / "plug"), "--cdi-root", str(base / "cdi")),
+                *("--sysfs-root", str(self.sysfs_root(host)), "--device-backend", backend),
+                *("--manager-url", self.manager.address, "--metrics-port", str(port)),
+                *("--ready-file", str(base / "ready"), *extra),
+            ],
+            ready_file=base / "ready",
+            log_file=base / "plugin.log",
+            env={"POD_UID": ""},
+            name=f"plugin-{host}",
+        ).start()
+        self._stop_later(process)
+        handle = PluginProcess(host, process, port, base / "reg")
+        self.plugins[host] = handle
+        return handle
+
+
+# -- one run of the bench ------------------------------------------------------------------------
+
+
+@dataclass
+class BenchContext:
+    """Shared by the sections of one run: ``quick`` mode, and the instant-profile fabric stack that
+    the latency, throughput and memory sections use (started on first use, stopped by close())."""
+
+    quick: bool
+    root: Path
+    _fabric: FabricStack | None = None
+
+    def fabric(self) -> FabricStack:
+        if self._fabric is None:
+            progress("setup", "starting the API test server, the instant emulator and the fabric manager")
+            self._fabric = FabricStack(self.root / "fabric").__enter__()
+        return self._fabric
+
+    def plugin(self, host: str) -> PluginProcess:
+        stack = self.fabric()
+        return stack.plugins.get(host) or stack.plugin(host)
+
+    def close(self) -> None:
+        if self._fabric is not None:
+            self._fabric.__exit__(None, None, None)
+            self._fabric = None
