@@ -124,6 +124,10 @@ class Backend(ABC):
     async def discover(self, walk: Walk, hosts: Mapping[str, HostRecord]) -> DiscoveryResult:
         """Devices this backend can bind, with their current bindings."""
 
+    def serving(self, keys: list[str]) -> None:  # noqa: B027 - optional, most backends need nothing
+        """The devices of the last :meth:`discover` that the inventory kept (duplicates of devices
+        another backend offers are dropped); a backend may read less for the others."""
+
     @abstractmethod
     async def read_binding(self, device: DeviceRecord) -> tuple[str, ...]:
         """The ComputerSystem Ids ``device`` is bound to now, read fresh from the fabric."""

@@ -57,6 +57,8 @@ def block_binding(block: Mapping[str, Any]) -> tuple[tuple[str, ...], bool]:
 
 class CompositionBackend(Backend):
     style = BindingStyle.COMPOSITION
+    #: devices the inventory kept from the last discovery (-1: not told yet, read every block)
+    _serving = -1
 
     async def discover(self, walk: Walk, hosts: Mapping[str, HostRecord]) -> DiscoveryResult:
         service = await walk.get(self.fabric_uri)
@@ -115,7 +117,14 @@ class CompositionBackend(Backend):
                     return fabric
         return self.fabric_id
 
+    def serving(self, keys: list[str]) -> None:
+        self._serving = len(keys)
+
     async def read_bindings(self, walk: Walk) -> dict[str, tuple[str, ...]]:
+        if self._serving == 0:
+            # Every block's device is bound through a fabric (zones, connections) and that
+            # backend reads its bindings: reading each block here would find nothing to report.
+            return {}
         service = await walk.get(self.fabric_uri)
         return {
             str(odata_id(block)): block_binding(block)[0]

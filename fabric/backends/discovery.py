@@ -151,6 +151,7 @@ class Discovery:
             found = result.devices
             if backend.style is BindingStyle.COMPOSITION and composition_choice == "auto":
                 found = _without_duplicates(found, devices)
+            backend.serving([d.key for d in found])
             devices.extend(found)
             for host, uris in result.initiators.items():
                 merged = initiators.setdefault(host, {})

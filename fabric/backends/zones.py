@@ -16,6 +16,8 @@ just one endpoint is never deleted: that would unbind devices fabric-dra does no
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,13 +34,16 @@ from fabric.backends.base import (
 from fabric.backends.describe import describe
 from fabric.backends.model import BindingStyle, DeviceRecord, HostRecord
 from fabric.backends.walk import Walk, links, odata_id
-from fabric.errors import BindFailed
+from fabric.errors import BindFailed, NotFoundError
+from fabric.redfish.client import RedfishResponse
 
 __all__ = ["ZONE_NAME_PREFIX", "ZoneBackend"]
 
 JSON = dict[str, Any]
 ZONE_NAME_PREFIX = "fabric-dra "
 _BINDING_ZONE_TYPES = (None, "ZoneOfEndpoints")
+#: how long the read before a bind or unbind may stand in for the read the action needs
+_SNAPSHOT_SECONDS = 2.0
 
 
 @dataclass(slots=True)
@@ -52,6 +57,18 @@ class _Zone:
         return str(self.resource.get("Name") or "").startswith(ZONE_NAME_PREFIX)
 
 
+@dataclass(slots=True)
+class _Snapshot:
+    """What :meth:`ZoneBackend.read_binding` just read of one device: its endpoint and the zones
+    that hold it, each with its ETag. The bind or unbind that follows the read acts on these
+    (the ETags make the service refuse with 412 if anything changed since) instead of reading
+    them again."""
+
+    at: float
+    endpoint: RedfishResponse
+    zones: list[tuple[_Zone, str | None]]
+
+
 class ZoneBackend(Backend):
     style = BindingStyle.ZONE
 
@@ -61,6 +78,10 @@ class ZoneBackend(Backend):
         self.skip_memory_targets = skip_memory_targets
         self._initiator_hosts: dict[str, str] = {}
         self._targets: list[str] = []
+        self._target_set: frozenset[str] = frozenset()
+        #: host → the zone of that host alone that offers Zone.AddEndpoint (from discovery)
+        self._host_zones: dict[str, str] = {}
+        self._snapshots: dict[str, _Snapshot] = {}
 
     async def discover(self, walk: Walk, hosts: Mapping[str, HostRecord]) -> DiscoveryResult:
         fabric = await walk.get(self.fabric_uri)
@@ -78,6 +99,8 @@ class ZoneBackend(Backend):
             hosts=tuple(sorted(initiators)),
         )
         self._targets = []
+        self._target_set = frozenset(v.uri for v in endpoints if v.is_target)
+        self._host_zones = self._own_zones(zones)
         for view in endpoints:
             if not view.is_target or (self.skip_memory_targets and view.chunks):
                 continue
@@ -97,6 +120,15 @@ class ZoneBackend(Backend):
                 )
             )
         return result
+
+    def _own_zones(self, zones: list[_Zone]) -> dict[str, str]:
+        """host → a zone whose initiators are that host's alone and that offers AddEndpoint."""
+        own: dict[str, str] = {}
+        for zone in sorted(zones, key=lambda z: z.uri):
+            hosts = {self._initiator_hosts[e] for e in zone.endpoints if e in self._initiator_hosts}
+            if len(hosts) == 1 and action_target(zone.resource, "Zone.AddEndpoint"):
+                own.setdefault(hosts.pop(), zone.uri)
+        return own
 
     def _bound_in(self, target: str, zones: list[_Zone]) -> list[str]:
         return sorted(
@@ -162,6 +194,8 @@ class ZoneBackend(Backend):
     async def _host_of(self, walk: Walk, endpoint_uri: str) -> str | None:
         if endpoint_uri in self._initiator_hosts:
             return self._initiator_hosts[endpoint_uri]
+        if endpoint_uri in self._target_set:
+            return None  # a device target of the last discovery, no host's initiator
         resource = await walk.get(endpoint_uri)
         view = classify_endpoint(resource) if resource else None
         if view is not None and view.host:
@@ -177,35 +211,99 @@ class ZoneBackend(Backend):
                 hosts.add(host)
         return hosts
 
-    async def read_binding(self, device: DeviceRecord) -> tuple[str, ...]:
-        walk = Walk(self.client)
-        endpoint = await walk.get(device.endpoint)
+    async def _get_or_none(self, uri: str) -> RedfishResponse | None:
+        try:
+            return await self.client.get(uri)
+        except NotFoundError:
+            return None
+
+    async def _zones_with_etags(self, endpoint: JSON) -> list[tuple[_Zone, str | None]]:
+        """Zones that contain ``endpoint``, read now, each with its ETag."""
+        uri = odata_id(endpoint)
+        listed = links(endpoint, "Links", "Zones")
+        endpoint_links = endpoint.get("Links") if isinstance(endpoint.get("Links"), Mapping) else None
+        if endpoint_links is not None and "Zones" in endpoint_links:
+            uris = listed
+        else:  # the endpoint does not say: every zone of the fabric
+            walk = Walk(self.client)
+            fabric = await walk.get(self.fabric_uri)
+            collection = await walk.get(odata_id((fabric or {}).get("Zones")))
+            uris = [u for u in (odata_id(m) for m in (collection or {}).get("Members") or []) if u]
+        found = []
+        for response in await asyncio.gather(*(self._get_or_none(u) for u in dict.fromkeys(uris))):
+            zones: dict[str, _Zone] = {}
+            self._add_zone(zones, response.body if response else None)
+            for zone in zones.values():
+                if zone.uri in listed and uri:
+                    zone.endpoints.add(uri)
+                if uri in zone.endpoints:
+                    found.append((zone, response.etag if response else None))
+        return found
+
+    async def _snapshot(self, device: DeviceRecord) -> _Snapshot | None:
+        endpoint = await self._get_or_none(str(device.endpoint))
         if endpoint is None:
+            self._snapshots.pop(device.key, None)
+            return None
+        snapshot = _Snapshot(time.monotonic(), endpoint, await self._zones_with_etags(endpoint.body))
+        self._snapshots[device.key] = snapshot
+        return snapshot
+
+    def _take_snapshot(self, device: DeviceRecord) -> _Snapshot | None:
+        """The read that came right before this action, if there was one (each is used once)."""
+        snapshot = self._snapshots.pop(device.key, None)
+        if snapshot is None or time.monotonic() - snapshot.at > _SNAPSHOT_SECONDS:
+            return None
+        return snapshot
+
+    async def read_binding(self, device: DeviceRecord) -> tuple[str, ...]:
+        snapshot = await self._snapshot(device)
+        if snapshot is None:
             return ()
+        walk = Walk(self.client)
         hosts: set[str] = set()
-        for zone in await self._fresh_zones_of(walk, endpoint):
+        for zone, _etag in snapshot.zones:
             hosts |= await self._zone_hosts(walk, zone)
         return tuple(sorted(hosts))
 
-    async def bind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
-        initiators = self.initiators_of(host)
-        walk = Walk(self.client)
-        target = await self.client.get(str(device.endpoint))
-        host_zone: _Zone | None = None
-        zone_etag: str | None = None
-        for initiator_uri in initiators:
+    async def _own_zone(self, walk: Walk, host: HostRecord) -> tuple[_Zone, str | None] | None:
+        """The host's own zone with AddEndpoint, read now (with its ETag); None when it has none."""
+        known = self._host_zones.get(host.id)
+        if known is not None:
+            fresh = await self._get_or_none(known)
+            if fresh is not None:
+                zone = _Zone(known, fresh.body, set(links(fresh.body, "Links", "Endpoints")))
+                if (
+                    fresh.body.get("ZoneType") in _BINDING_ZONE_TYPES
+                    and action_target(zone.resource, "Zone.AddEndpoint")
+                    and await self._zone_hosts(walk, zone) == {host.id}
+                ):
+                    return zone, fresh.etag
+            self._host_zones.pop(host.id, None)
+        for initiator_uri in self.initiators_of(host):  # not known (or changed): look for one
             initiator = await walk.get(initiator_uri)
             for zone in await self._fresh_zones_of(walk, initiator or {}):
                 if action_target(zone.resource, "Zone.AddEndpoint") and await self._zone_hosts(
                     walk, zone
                 ) == {host.id}:
                     fresh = await self.client.get(zone.uri)
-                    host_zone, zone_etag = _Zone(zone.uri, fresh.body, zone.endpoints), fresh.etag
-                    break
-            if host_zone is not None:
-                break
+                    self._host_zones[host.id] = zone.uri
+                    return _Zone(zone.uri, fresh.body, zone.endpoints), fresh.etag
+        return None
+
+    async def bind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
+        initiators = self.initiators_of(host)
+        walk = Walk(self.client)
+        snapshot = self._take_snapshot(device)
+        if snapshot is not None:
+            target, own = snapshot.endpoint, await self._own_zone(walk, host)
+        else:
+            target, own = await asyncio.gather(
+                self.client.get(str(device.endpoint)), self._own_zone(walk, host)
+            )
         ctx.fence()
-        if host_zone is not None:
+        if own is not None:
+            host_zone, zone_etag = own
             body: dict[str, Any] = {"Endpoint": {"@odata.id": device.endpoint}}
             if target.etag:
                 body["EndpointETag"] = target.etag
@@ -234,14 +332,14 @@ class ZoneBackend(Backend):
 
     async def unbind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
         walk = Walk(self.client)
-        endpoint = await walk.get(device.endpoint)
-        if endpoint is None:
-            return
-        target_etag = (await self.client.get(str(device.endpoint))).etag
-        for zone in await self._fresh_zones_of(walk, endpoint):
+        snapshot = self._take_snapshot(device) or await self._snapshot(device)
+        if snapshot is None:
+            return  # the endpoint is gone: nothing is bound
+        self._snapshots.pop(device.key, None)
+        target_etag = snapshot.endpoint.etag
+        for zone, zone_etag in snapshot.zones:
             if host.id not in await self._zone_hosts(walk, zone):
                 continue
-            fresh = await self.client.get(zone.uri)
             others = [
                 uri
                 for uri in zone.endpoints
@@ -249,19 +347,19 @@ class ZoneBackend(Backend):
                 and not await self._host_of(walk, uri)
                 and await self._is_device(walk, uri)
             ]
-            remove = action_target(fresh.body, "Zone.RemoveEndpoint")
+            remove = action_target(zone.resource, "Zone.RemoveEndpoint")
             ctx.fence()
             if zone.ours and not others:
-                response = await self.client.delete(zone.uri, etag=fresh.etag)
+                response = await self.client.delete(zone.uri, etag=zone_etag)
             elif remove:
                 body: dict[str, Any] = {"Endpoint": {"@odata.id": device.endpoint}}
                 if target_etag:
                     body["EndpointETag"] = target_etag
-                if fresh.etag:
-                    body["ZoneETag"] = fresh.etag
+                if zone_etag:
+                    body["ZoneETag"] = zone_etag
                 response = await self.client.post(remove, body)
             elif not others:
-                response = await self.client.delete(zone.uri, etag=fresh.etag)
+                response = await self.client.delete(zone.uri, etag=zone_etag)
             else:
                 raise BindFailed(
                     f"zone {zone.uri} also binds other devices and offers no Zone.RemoveEndpoint; "
@@ -270,6 +368,8 @@ class ZoneBackend(Backend):
             await self._finish(response, ctx)
 
     async def _is_device(self, walk: Walk, endpoint_uri: str) -> bool:
+        if endpoint_uri in self._target_set:
+            return True
         resource = await walk.get(endpoint_uri)
         view = classify_endpoint(resource) if resource else None
         return bool(view and view.is_target)
