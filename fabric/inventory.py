@@ -18,6 +18,8 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
+from pydantic import TypeAdapter
+
 from dra_driver.logs import get_logger
 from fabric import api
 from fabric.backends.discovery import Discovery
@@ -30,6 +32,9 @@ from fabric.redfish.events import EventStream
 from fabric.redfish.messages import message_key
 
 __all__ = ["Inventory"]
+
+_POOLS = TypeAdapter(list[api.FabricPool])
+_NODES = TypeAdapter(list[api.FabricNode])
 
 log = get_logger(__name__)
 
@@ -81,6 +86,9 @@ class Inventory:
         self._fingerprint = ""
         self._dirty = False
         self._rendered = api.Inventory(version=self.version, pools=[], devices=[], nodes=[])
+        self._rendered_json = self._rendered.model_dump_json(by_alias=True).encode()
+        #: device name → (record, overlay key, rendered device, its JSON)
+        self._views: dict[str, tuple[DeviceRecord, object, api.Device, str]] = {}
         self._changed = asyncio.Condition()
         self._closing = False
         self._refresh_lock = asyncio.Lock()
@@ -287,7 +295,23 @@ class Inventory:
             redfish_uri=record.key,
         )
 
-    def _render(self) -> api.Inventory:
+    def _device_view(self, record: DeviceRecord) -> tuple[api.Device, str]:
+        """The rendered device and its JSON, re-rendered only when its record, its ledger entry or
+        the node of its host changed (a pass re-reads every device; most come back unchanged)."""
+        entry = self.overlay(record.name)
+        overlay = (entry.state, entry.node, entry.host, entry.claim_uid) if entry is not None else None
+        bound_node = self._host_nodes.get(record.bound_hosts[0]) if record.bound_hosts else None
+        key = (overlay, bound_node)
+        cached = self._views.get(record.name)
+        if cached is not None and cached[1] == key and (cached[0] is record or cached[0] == record):
+            return cached[2], cached[3]
+        device = self.render_device(record)
+        text = device.model_dump_json(by_alias=True)
+        self._views[record.name] = (record, key, device, text)
+        return device, text
+
+    def _render(self) -> tuple[api.Inventory, str]:
+        """The inventory (its version not set yet) and its JSON after ``"version":``."""
         nodes: list[api.FabricNode] = []
         for host_id, node in sorted(self._host_nodes.items(), key=lambda item: item[1]):
             host = self._hosts.get(host_id)
@@ -309,8 +333,18 @@ class Inventory:
             )
             for fabric in sorted(self._fabrics.values(), key=lambda f: f.id)
         ]
-        devices = [self.render_device(r) for r in sorted(self._records.values(), key=lambda r: r.name)]
-        return api.Inventory(version=self.version, pools=pools, devices=devices, nodes=nodes)
+        views = [self._device_view(r) for r in sorted(self._records.values(), key=lambda r: r.name)]
+        if len(self._views) > len(self._records):
+            self._views = {k: v for k, v in self._views.items() if k in self._records}
+        inventory = api.Inventory.model_construct(
+            version=self.version, pools=pools, devices=[device for device, _ in views], nodes=nodes
+        )
+        body = (
+            f'"pools":{_POOLS.dump_json(pools, by_alias=True).decode()},'
+            f'"devices":[{",".join(text for _, text in views)}],'
+            f'"nodes":{_NODES.dump_json(nodes, by_alias=True).decode()}}}'
+        )
+        return inventory, body
 
     def changed(self) -> None:
         """Something may have changed: re-render soon (changes of one loop iteration coalesce)."""
@@ -323,13 +357,14 @@ class Inventory:
         if not self._dirty:
             return
         self._dirty = False
-        rendered = self._render()
-        fingerprint = rendered.model_dump_json(exclude={"version"})
-        if fingerprint == self._fingerprint:
+        rendered, body = self._render()
+        if body == self._fingerprint:
             return
-        self._fingerprint = fingerprint
+        self._fingerprint = body
         self.version += 1
-        self._rendered = rendered.model_copy(update={"version": self.version})
+        rendered.version = self.version
+        self._rendered = rendered
+        self._rendered_json = f'{{"version":{self.version},{body}'.encode()
         asyncio.get_running_loop().create_task(self._notify())
 
     async def _notify(self) -> None:
@@ -339,6 +374,12 @@ class Inventory:
     def snapshot(self) -> api.Inventory:
         self._flush()
         return self._rendered
+
+    def snapshot_json(self) -> bytes:
+        """:meth:`snapshot` as the JSON the API serves (camelCase), encoded once per version: every
+        long poll woken by a change gets the same bytes."""
+        self._flush()
+        return self._rendered_json
 
     async def wait_newer(self, after: int, wait_seconds: float) -> api.Inventory:
         """The inventory once its version differs from ``after``, or as it is when ``wait_seconds`` pass.
