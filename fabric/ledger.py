@@ -15,7 +15,6 @@ concurrent operations that change the ledger at the same time share one write.
 from __future__ import annotations
 
 import asyncio
-import copy
 from abc import ABC, abstractmethod
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -86,7 +85,8 @@ class LedgerStore(ABC):
     async def load(self) -> LedgerDocument: ...
 
     @abstractmethod
-    async def save(self, document: LedgerDocument) -> None: ...
+    async def save(self, document: LedgerDocument) -> None:
+        """Write ``document``; it is encoded before the first ``await`` (its entries are live)."""
 
     @abstractmethod
     def describe(self) -> str: ...
@@ -229,7 +229,10 @@ class Ledger:
             if self._saved >= wanted:
                 return
             covered = self._changes
-            document = LedgerDocument(entries=copy.deepcopy(self._entries))
+            # No deep copy of every entry: both stores encode the document before their first
+            # await, so no change can slip in half-way (and a later change in the same write
+            # would only be saved early).
+            document = LedgerDocument.model_construct(entries=dict(self._entries))
             await self.store.save(document)
             self._saved = covered
 
