@@ -9,6 +9,10 @@ carries every device's Redfish ``Status.Health`` and binding. A prepared device 
   from the host;
 - UNKNOWN while the fabric manager cannot be reached (or with the no-op backend).
 
+The inventory is read at most once per ``min_poll_interval`` (1 s): every attach on any node
+moves its version, and a read per change on every node would cost the manager and each plugin
+far more than the health reports are worth.
+
 Each report lists every prepared device; it is re-sent every ``resend_seconds`` because the
 kubelet treats a device it has not heard about within its health timeout (30 s) as unknown.
 """
@@ -52,6 +56,7 @@ class HealthMonitor:
         scanner: HostScanner | None = None,
         resend_seconds: float = 10.0,
         poll_timeout: float = 30.0,
+        min_poll_interval: float = 1.0,
     ) -> None:
         self.backend = backend
         self.store = store
@@ -59,6 +64,7 @@ class HealthMonitor:
         self.scanner = scanner
         self.resend_seconds = resend_seconds
         self.poll_timeout = poll_timeout
+        self.min_poll_interval = min_poll_interval
         self._fabric: dict[str, Device] | None = None
         self._version: int | None = None
         self._changed = asyncio.Event()
@@ -97,8 +103,14 @@ class HealthMonitor:
             if result is None:
                 return  # this backend has no fabric to follow
             delay = 0.5
+            changed = self._version is not None and result[0] != self._version
             self._version, self._fabric = result
             self.notify()
+            if changed:
+                # Every attach anywhere moves the inventory version; under churn that would be an
+                # inventory read per change on every node. At most one per interval: a health
+                # change reaches the kubelet within it (its own health timeout is 30 s).
+                await asyncio.sleep(self.min_poll_interval)
 
     def _status(self, uid: str, device: str, host_path: str | None) -> int:
         if self.scanner is not None and host_path is not None and not self.scanner.present_path(host_path):

@@ -102,3 +102,49 @@ async def test_health_follows_the_fabric_and_the_host(tmp_path: Path) -> None:
     finally:
         await reports.aclose()
         await monitor.stop()
+
+
+class CountingBackend(ScriptedBackend):
+    """Answers every long poll at once, with a new version when ``moving``."""
+
+    def __init__(self, moving: bool) -> None:
+        super().__init__()
+        self.moving = moving
+        self.calls = 0
+        self.second_call = asyncio.Event()
+
+    async def watch_devices(
+        self, after: int | None, wait_seconds: float
+    ) -> tuple[int, dict[str, Device]] | None:
+        self.calls += 1
+        if self.calls >= 2:
+            self.second_call.set()
+        await asyncio.sleep(0)
+        return (self.calls if self.moving else 1), {}
+
+
+async def test_inventory_is_read_at_most_once_per_interval_while_it_moves(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "checkpoint.json", driver=DRIVER, node=NODE)
+    store.load()
+    moving = CountingBackend(moving=True)
+    monitor = HealthMonitor(moving, store, node=NODE, min_poll_interval=3600)
+    monitor.start()
+    try:
+        await asyncio.wait_for(moving.second_call.wait(), 5)  # the first read never waits
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert moving.calls == 2  # the version moved: the next read waits for the interval
+    finally:
+        await monitor.stop()
+
+    steady = CountingBackend(moving=False)
+    monitor = HealthMonitor(steady, store, node=NODE, min_poll_interval=3600)
+    monitor.start()
+    try:
+        # an unchanged version (the long poll timed out): the next long poll follows at once
+        await asyncio.wait_for(steady.second_call.wait(), 5)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert steady.calls > 2
+    finally:
+        await monitor.stop()
