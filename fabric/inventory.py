@@ -1,10 +1,11 @@
 """The manager's view of the fabric: devices, hosts → nodes, bindings, and a version that moves.
 
 Discovery passes (:class:`fabric.backends.Discovery`) run at start, whenever the Redfish service
-sends an event (debounced), after the event stream reconnects (it may have missed events, or the
-service restarted), and every ``resync`` seconds — more often while no event stream is up. The
-manager's own binds and unbinds update the view at once (:meth:`Inventory.note_binding`); a pass
-that started before such a change does not undo it.
+sends an event (debounced; binding events cause at most one pass per ``bindings_interval``), after
+the event stream reconnects (it may have missed events, or the service restarted), and every
+``resync`` seconds — more often while no event stream is up. The manager's own binds and unbinds
+update the view at once (:meth:`Inventory.note_binding`); a pass that started before such a change
+does not undo it.
 
 ``version`` grows whenever the rendered inventory changes (a device, a binding, a health, a node);
 it starts from the wall clock in milliseconds so it also grows across restarts and fail-overs,
@@ -56,6 +57,7 @@ class Inventory:
         poll_seconds: float = 10.0,
         use_events: bool = True,
         event_debounce: float = 0.2,
+        bindings_interval: float = 1.0,
     ) -> None:
         self.discovery = discovery
         self.resolver = resolver
@@ -64,6 +66,9 @@ class Inventory:
         self.poll_seconds = poll_seconds
         self.use_events = use_events
         self.event_debounce = event_debounce
+        #: at least this long between the starts of two bindings-only passes (events come with
+        #: every bind; under load one pass a second reads them all)
+        self.bindings_interval = bindings_interval
         self.version = time.time_ns() // 1_000_000
         self.loaded = asyncio.Event()
         #: why the last discovery pass failed (None after a good one)
@@ -220,6 +225,7 @@ class Inventory:
         try:
             while True:
                 bindings_only, self._full_wanted = not self._full_wanted, False
+                started = time.monotonic()
                 try:
                     await self.refresh(bindings_only=bindings_only)
                     backoff = 0.5
@@ -237,6 +243,11 @@ class Inventory:
                     self._full_wanted = True  # the periodic resync reads everything
                 else:
                     await asyncio.sleep(self.event_debounce)  # let a burst of events arrive
+                    pause = self.bindings_interval - (time.monotonic() - started)
+                    if not self._full_wanted and pause > 0:
+                        # The manager's own binds are in the view already; events of others'
+                        # changes wait for the next pass, at most this interval away.
+                        await asyncio.sleep(pause)
                 self._refresh_wanted.clear()
         finally:
             if stream_task is not None:

@@ -66,7 +66,8 @@ class _Snapshot:
 
     at: float
     endpoint: RedfishResponse
-    zones: list[tuple[_Zone, str | None]]
+    #: each zone with its ETag and how many of our own actions had changed it when it was read
+    zones: list[tuple[_Zone, str | None, int]]
 
 
 class ZoneBackend(Backend):
@@ -82,6 +83,11 @@ class ZoneBackend(Backend):
         #: host → the zone of that host alone that offers Zone.AddEndpoint (from discovery)
         self._host_zones: dict[str, str] = {}
         self._snapshots: dict[str, _Snapshot] = {}
+        #: actions on one host's zone go one at a time: each reads the zone's ETag after the last
+        #: one changed it, instead of failing with 412 against a concurrent bind of our own
+        self._host_locks: dict[str, asyncio.Lock] = {}
+        #: zone URI → how many of our actions changed it (a snapshot older than that is stale)
+        self._zone_changes: dict[str, int] = {}
 
     async def discover(self, walk: Walk, hosts: Mapping[str, HostRecord]) -> DiscoveryResult:
         fabric = await walk.get(self.fabric_uri)
@@ -240,12 +246,25 @@ class ZoneBackend(Backend):
                     found.append((zone, response.etag if response else None))
         return found
 
+    def _host_lock(self, host: str) -> asyncio.Lock:
+        lock = self._host_locks.get(host)
+        if lock is None:
+            lock = self._host_locks[host] = asyncio.Lock()
+        return lock
+
+    def _changed_by_us(self, zone_uri: str) -> None:
+        self._zone_changes[zone_uri] = self._zone_changes.get(zone_uri, 0) + 1
+
     async def _snapshot(self, device: DeviceRecord) -> _Snapshot | None:
         endpoint = await self._get_or_none(str(device.endpoint))
         if endpoint is None:
             self._snapshots.pop(device.key, None)
             return None
-        snapshot = _Snapshot(time.monotonic(), endpoint, await self._zones_with_etags(endpoint.body))
+        zones = [
+            (zone, etag, self._zone_changes.get(zone.uri, 0))
+            for zone, etag in await self._zones_with_etags(endpoint.body)
+        ]
+        snapshot = _Snapshot(time.monotonic(), endpoint, zones)
         self._snapshots[device.key] = snapshot
         return snapshot
 
@@ -262,7 +281,7 @@ class ZoneBackend(Backend):
             return ()
         walk = Walk(self.client)
         hosts: set[str] = set()
-        for zone, _etag in snapshot.zones:
+        for zone, _etag, _seen in snapshot.zones:
             hosts |= await self._zone_hosts(walk, zone)
         return tuple(sorted(hosts))
 
@@ -295,40 +314,48 @@ class ZoneBackend(Backend):
         initiators = self.initiators_of(host)
         walk = Walk(self.client)
         snapshot = self._take_snapshot(device)
-        if snapshot is not None:
-            target, own = snapshot.endpoint, await self._own_zone(walk, host)
-        else:
-            target, own = await asyncio.gather(
-                self.client.get(str(device.endpoint)), self._own_zone(walk, host)
-            )
-        ctx.fence()
-        if own is not None:
-            host_zone, zone_etag = own
-            body: dict[str, Any] = {"Endpoint": {"@odata.id": device.endpoint}}
-            if target.etag:
-                body["EndpointETag"] = target.etag
-            if zone_etag:
-                body["ZoneETag"] = zone_etag
-            response = await self.client.post(
-                str(action_target(host_zone.resource, "Zone.AddEndpoint")), body
-            )
-        else:
-            fabric = await walk.get(self.fabric_uri)
-            collection = odata_id((fabric or {}).get("Zones"))
-            if not collection:
-                raise BindFailed(
-                    f"fabric {self.fabric_id} has no Zones collection to bind {device.name} with"
+        async with self._host_lock(host.id):
+            if snapshot is not None:
+                target, own = snapshot.endpoint, await self._own_zone(walk, host)
+            else:
+                target, own = await asyncio.gather(
+                    self.client.get(str(device.endpoint)), self._own_zone(walk, host)
                 )
-            response = await self.client.post(
-                collection,
-                {
-                    "Name": f"{ZONE_NAME_PREFIX}{device.name} on {host.id}",
-                    "Description": f"{device.name} bound to {host.id} by fabric-dra",
-                    "ZoneType": "ZoneOfEndpoints",
-                    "Links": {"Endpoints": self._link_list([initiators[0], str(device.endpoint)])},
-                },
-            )
-        await self._finish(response, ctx)
+            ctx.fence()
+            if own is not None:
+                host_zone, zone_etag = own
+                body: dict[str, Any] = {"Endpoint": {"@odata.id": device.endpoint}}
+                if target.etag:
+                    body["EndpointETag"] = target.etag
+                if zone_etag:
+                    body["ZoneETag"] = zone_etag
+                try:
+                    response = await self.client.post(
+                        str(action_target(host_zone.resource, "Zone.AddEndpoint")), body
+                    )
+                finally:
+                    self._changed_by_us(host_zone.uri)
+            else:
+                fabric = await walk.get(self.fabric_uri)
+                collection = odata_id((fabric or {}).get("Zones"))
+                if not collection:
+                    raise BindFailed(
+                        f"fabric {self.fabric_id} has no Zones collection to bind {device.name} with"
+                    )
+                response = await self.client.post(
+                    collection,
+                    {
+                        "Name": f"{ZONE_NAME_PREFIX}{device.name} on {host.id}",
+                        "Description": f"{device.name} bound to {host.id} by fabric-dra",
+                        "ZoneType": "ZoneOfEndpoints",
+                        "Links": {"Endpoints": self._link_list([initiators[0], str(device.endpoint)])},
+                    },
+                )
+        try:
+            await self._finish(response, ctx)
+        finally:
+            if own is not None:  # a task changes the zone when it ends, after the answer above
+                self._changed_by_us(own[0].uri)
 
     async def unbind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
         walk = Walk(self.client)
@@ -337,35 +364,52 @@ class ZoneBackend(Backend):
             return  # the endpoint is gone: nothing is bound
         self._snapshots.pop(device.key, None)
         target_etag = snapshot.endpoint.etag
-        for zone, zone_etag in snapshot.zones:
+        listed = set(links(snapshot.endpoint.body, "Links", "Zones"))
+        for zone, zone_etag, seen in snapshot.zones:
             if host.id not in await self._zone_hosts(walk, zone):
                 continue
-            others = [
-                uri
-                for uri in zone.endpoints
-                if uri != device.endpoint
-                and not await self._host_of(walk, uri)
-                and await self._is_device(walk, uri)
-            ]
-            remove = action_target(zone.resource, "Zone.RemoveEndpoint")
-            ctx.fence()
-            if zone.ours and not others:
-                response = await self.client.delete(zone.uri, etag=zone_etag)
-            elif remove:
-                body: dict[str, Any] = {"Endpoint": {"@odata.id": device.endpoint}}
-                if target_etag:
-                    body["EndpointETag"] = target_etag
-                if zone_etag:
-                    body["ZoneETag"] = zone_etag
-                response = await self.client.post(remove, body)
-            elif not others:
-                response = await self.client.delete(zone.uri, etag=zone_etag)
-            else:
-                raise BindFailed(
-                    f"zone {zone.uri} also binds other devices and offers no Zone.RemoveEndpoint; "
-                    f"{device.name} cannot be unbound without unbinding them"
-                )
-            await self._finish(response, ctx)
+            async with self._host_lock(host.id):
+                if self._zone_changes.get(zone.uri, 0) != seen:
+                    # One of our own actions changed the zone since the read: its ETag is stale.
+                    fresh = await self._get_or_none(zone.uri)
+                    if fresh is None:
+                        continue  # the zone is gone, and the binding with it
+                    zone = _Zone(zone.uri, fresh.body, set(links(fresh.body, "Links", "Endpoints")))
+                    zone_etag = fresh.etag
+                    if zone.uri in listed:
+                        zone.endpoints.add(str(device.endpoint))
+                    if device.endpoint not in zone.endpoints:
+                        continue
+                others = [
+                    uri
+                    for uri in zone.endpoints
+                    if uri != device.endpoint
+                    and not await self._host_of(walk, uri)
+                    and await self._is_device(walk, uri)
+                ]
+                remove = action_target(zone.resource, "Zone.RemoveEndpoint")
+                if not (zone.ours and not others) and not remove and others:
+                    raise BindFailed(
+                        f"zone {zone.uri} also binds other devices and offers no Zone.RemoveEndpoint; "
+                        f"{device.name} cannot be unbound without unbinding them"
+                    )
+                ctx.fence()
+                try:
+                    if remove and not (zone.ours and not others):
+                        body: dict[str, Any] = {"Endpoint": {"@odata.id": device.endpoint}}
+                        if target_etag:
+                            body["EndpointETag"] = target_etag
+                        if zone_etag:
+                            body["ZoneETag"] = zone_etag
+                        response = await self.client.post(remove, body)
+                    else:  # our own zone for this binding alone, or a zone without RemoveEndpoint
+                        response = await self.client.delete(zone.uri, etag=zone_etag)
+                finally:
+                    self._changed_by_us(zone.uri)
+            try:
+                await self._finish(response, ctx)
+            finally:
+                self._changed_by_us(zone.uri)
 
     async def _is_device(self, walk: Walk, endpoint_uri: str) -> bool:
         if endpoint_uri in self._target_set:
