@@ -83,9 +83,10 @@ class ZoneBackend(Backend):
         #: host → the zone of that host alone that offers Zone.AddEndpoint (from discovery)
         self._host_zones: dict[str, str] = {}
         self._snapshots: dict[str, _Snapshot] = {}
-        #: actions on one host's zone go one at a time: each reads the zone's ETag after the last
-        #: one changed it, instead of failing with 412 against a concurrent bind of our own
-        self._host_locks: dict[str, asyncio.Lock] = {}
+        #: actions on one shared zone go one at a time from reading its ETag to sending the action
+        #: (not while a task runs): each reads the ETag the last one left, instead of failing
+        #: with 412 against a concurrent action of our own on the same zone
+        self._zone_locks: dict[str, asyncio.Lock] = {}
         #: zone URI → how many of our actions changed it (a snapshot older than that is stale)
         self._zone_changes: dict[str, int] = {}
 
@@ -246,10 +247,12 @@ class ZoneBackend(Backend):
                     found.append((zone, response.etag if response else None))
         return found
 
-    def _host_lock(self, host: str) -> asyncio.Lock:
-        lock = self._host_locks.get(host)
+    def _zone_lock(self, zone_uri: str | None) -> asyncio.Lock:
+        if zone_uri is None:
+            return asyncio.Lock()  # no shared zone known: nothing to take turns on
+        lock = self._zone_locks.get(zone_uri)
         if lock is None:
-            lock = self._host_locks[host] = asyncio.Lock()
+            lock = self._zone_locks[zone_uri] = asyncio.Lock()
         return lock
 
     def _changed_by_us(self, zone_uri: str) -> None:
@@ -314,7 +317,7 @@ class ZoneBackend(Backend):
         initiators = self.initiators_of(host)
         walk = Walk(self.client)
         snapshot = self._take_snapshot(device)
-        async with self._host_lock(host.id):
+        async with self._zone_lock(self._host_zones.get(host.id)):
             if snapshot is not None:
                 target, own = snapshot.endpoint, await self._own_zone(walk, host)
             else:
@@ -368,7 +371,7 @@ class ZoneBackend(Backend):
         for zone, zone_etag, seen in snapshot.zones:
             if host.id not in await self._zone_hosts(walk, zone):
                 continue
-            async with self._host_lock(host.id):
+            async with self._zone_lock(zone.uri):
                 if self._zone_changes.get(zone.uri, 0) != seen:
                     # One of our own actions changed the zone since the read: its ETag is stale.
                     fresh = await self._get_or_none(zone.uri)
