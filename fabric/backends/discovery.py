@@ -14,8 +14,9 @@ offers:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -27,8 +28,10 @@ from fabric.backends.connections import ConnectionBackend
 from fabric.backends.model import BindingStyle, DeviceRecord, FabricInfo, FabricSnapshot, HostRecord
 from fabric.backends.walk import Walk, odata_id
 from fabric.backends.zones import ZoneBackend
+from fabric.errors import FabricError, FabricUnavailable
 from fabric.naming import assign_names
 from fabric.redfish.client import SERVICE_ROOT, RedfishClient
+from fabric.redfish.messages import one_line
 
 __all__ = ["BindingPlan", "Discovery", "StyleChoice"]
 
@@ -103,6 +106,10 @@ class Discovery:
     async def scan_bindings(self) -> tuple[dict[str, tuple[str, ...]], int, float]:
         """(device key → bound hosts, GETs, monotonic start) from the binding resources only —
         zones, connections, resource blocks; the backends must have run a full :meth:`scan`."""
+        with unreadable_payloads("a bindings pass"):
+            return await self._scan_bindings()
+
+    async def _scan_bindings(self) -> tuple[dict[str, tuple[str, ...]], int, float]:
         started = time.monotonic()
         walk = Walk(self.client, concurrency=self.concurrency, expand=self._expand)
         found: dict[str, tuple[str, ...]] = {}
@@ -113,6 +120,10 @@ class Discovery:
 
     async def scan(self) -> FabricSnapshot:
         """One full pass: hosts, every backend's devices and bindings, unique names."""
+        with unreadable_payloads("a discovery pass"):
+            return await self._scan()
+
+    async def _scan(self) -> FabricSnapshot:
         snapshot = FabricSnapshot()
         probe = Walk(self.client)
         root = await probe.get(SERVICE_ROOT) or {}
@@ -190,6 +201,24 @@ class Discovery:
         snapshot.devices = assign_names(devices)
         snapshot.gets = probe.gets + walk.gets
         return snapshot
+
+
+@contextlib.contextmanager
+def unreadable_payloads(what: str) -> Iterator[None]:
+    """A payload of the wrong shape (a string where an object belongs, a value pydantic refuses,
+    JSON nested too deeply) ends the pass as a FabricError: the view stays as it was and the
+    next pass tries again — nothing is concluded from an answer that cannot be read."""
+    try:
+        yield
+    except FabricError:
+        raise
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, RecursionError) as err:
+        detail = one_line(f"{type(err).__name__}: {err}", 300)
+        log.warning("the Redfish service sent a payload fabric-dra cannot read", during=what, error=detail)
+        raise FabricUnavailable(
+            f"{what} stopped: the Redfish service sent a payload fabric-dra cannot read ({detail}); "
+            "check the service's answers (fabric-dra logs what it was) or report it"
+        ) from err
 
 
 def _supports_expand(root: Mapping[str, Any]) -> bool:

@@ -22,10 +22,12 @@ JSON = dict[str, Any]
 
 
 def odata_id(value: object) -> str | None:
-    """The ``@odata.id`` of a navigation link object, or None."""
+    """The ``@odata.id`` of a navigation link object, or None — also when it is no URI path
+    (DSP0266: a resource identifier is the path of its URI)."""
     if isinstance(value, Mapping):
         target = value.get("@odata.id")
-        return str(target).rstrip("/") if target else None
+        if isinstance(target, str) and target.startswith("/") and target.isprintable():
+            return target.rstrip("/") or "/"
     return None
 
 
@@ -125,8 +127,15 @@ class Walk:
             return []
         page_uri: str | None = collection
         member_uris: list[str] = []
+        seen: set[str] = set()
         first = True
         while page_uri:
+            if page_uri in seen:
+                raise FabricUnavailable(
+                    f"the Redfish collection {collection} pages in a circle (back to {page_uri}); "
+                    "the service's Members@odata.nextLink is wrong"
+                )
+            seen.add(page_uri)
             if first and self.expand:
                 page = await self._get_expanded(page_uri)
             else:
@@ -134,7 +143,14 @@ class Walk:
             first = False
             if page is None:
                 return []
-            for member in page.get("Members") or []:
+            members = page.get("Members", [])
+            if not isinstance(members, list):
+                # Not "no members": an empty reading of Zones or Connections would say nothing is bound.
+                raise FabricUnavailable(
+                    f"the Redfish collection {page_uri} has Members that is no list "
+                    f"({type(members).__name__}); the service's answer cannot be read"
+                )
+            for member in members:
                 uri = odata_id(member)
                 if not uri:
                     continue
@@ -142,7 +158,7 @@ class Walk:
                     self.seed(member)
                 member_uris.append(uri)
             next_link = page.get("Members@odata.nextLink")
-            page_uri = str(next_link) if next_link else None
+            page_uri = next_link if isinstance(next_link, str) and next_link.startswith("/") else None
         return await self.get_all(member_uris)
 
     async def _get_expanded(self, uri: str) -> JSON | None:

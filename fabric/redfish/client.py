@@ -52,7 +52,7 @@ from redfish.rest.v1 import HttpClient, RetriesExhaustedError, redfish_client
 
 from dra_driver.logs import get_logger
 from fabric.errors import AttachTimeout, FabricError, FabricUnavailable
-from fabric.redfish.messages import error_for_response, error_for_task
+from fabric.redfish.messages import error_for_response, error_for_task, one_line
 
 __all__ = [
     "OutcomeUnknown",
@@ -102,6 +102,12 @@ class RedfishSettings(BaseModel):
     backoff_initial: float = Field(default=0.2, gt=0)
     backoff_max: float = Field(default=5.0, gt=0)
     max_workers: int = Field(default=32, ge=1, description="concurrent Redfish requests")
+    max_response_bytes: int = Field(default=64 << 20, ge=1024, description="largest answer accepted")
+    response_deadline: float | None = Field(
+        default=None,
+        gt=0,
+        description="longest a whole answer may take to arrive (default: 4 times read_timeout)",
+    )
 
     @field_validator("base_url")
     @classmethod
@@ -121,6 +127,9 @@ class RedfishResponse:
     status: int
     headers: Mapping[str, str] = field(default_factory=dict)  # lower-case names
     body: dict[str, Any] = field(default_factory=dict)
+    #: why ``body`` is empty although a resource was expected: the answer had no body, or one
+    #: that is no JSON object (``{}`` stands in for it)
+    unreadable: str | None = None
 
     @property
     def etag(self) -> str | None:
@@ -174,15 +183,72 @@ def resource_kind(uri: str) -> str:
 
 
 class _Transport(Exception):
-    """One HTTP exchange failed below HTTP; ``sent`` tells whether the request may have arrived."""
+    """One HTTP exchange failed below HTTP (or its answer was unusable); ``sent`` tells whether
+    the request may have arrived, ``answered`` whether the service answered at all."""
 
-    def __init__(self, message: str, *, sent: bool) -> None:
+    def __init__(self, message: str, *, sent: bool, answered: bool = False) -> None:
         super().__init__(message)
         self.sent = sent
+        self.answered = answered
+
+
+class _AnswerRefused(requests.exceptions.RequestException):
+    """The service answered, but not with something this client accepts (too large, too slow)."""
+
+
+class _BoundedAdapter(requests.adapters.HTTPAdapter):
+    """Reads every answer itself, with a size limit and a deadline for the whole body.
+
+    A read timeout bounds each read, not the answer: a service that trickles a byte a second
+    would otherwise hold a worker thread for ever, and one that sends gigabytes would exhaust
+    memory."""
+
+    def __init__(self, *, max_bytes: int, deadline: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.max_bytes = max_bytes
+        self.deadline = deadline
+
+    def send(
+        self,
+        request: requests.PreparedRequest,
+        stream: bool = False,
+        timeout: Any = None,
+        verify: Any = True,
+        cert: Any = None,
+        proxies: dict[str, str] | None = None,
+    ) -> requests.Response:
+        response = super().send(
+            request, stream=True, timeout=timeout, verify=verify, cert=cert, proxies=proxies
+        )
+        if stream:
+            return response
+        limit = f"{self.max_bytes >> 20} MiB" if self.max_bytes >= 1 << 20 else f"{self.max_bytes} bytes"
+        try:
+            declared = response.headers.get("Content-Length", "")
+            if declared.isdigit() and int(declared) > self.max_bytes:
+                raise _AnswerRefused(f"the answer is larger than {limit} (Content-Length {declared})")
+            give_up = time.monotonic() + self.deadline
+            chunks: list[bytes] = []
+            size = 0
+            while chunk := response.raw.read1(64 << 10, decode_content=True):  # what has arrived
+                size += len(chunk)
+                if size > self.max_bytes:
+                    raise _AnswerRefused(f"the answer is larger than {limit}")
+                if time.monotonic() > give_up:
+                    raise _AnswerRefused(f"the answer did not arrive within {self.deadline:.0f} s")
+                chunks.append(chunk)
+        except BaseException:
+            response.close()
+            raise
+        response._content = b"".join(chunks)
+        response._content_consumed = True
+        return response
 
 
 def _describe_transport(cause: BaseException | None) -> tuple[str, bool]:
     """(what went wrong, whether the request may have reached the service)."""
+    if isinstance(cause, _AnswerRefused):
+        return str(cause), True
     if isinstance(cause, requests.exceptions.SSLError):
         return f"TLS handshake failed ({_root_reason(cause)}); check --redfish-ca-file", False
     if isinstance(cause, requests.exceptions.ConnectTimeout):
@@ -195,7 +261,7 @@ def _describe_transport(cause: BaseException | None) -> tuple[str, bool]:
         return (f"cannot connect ({reason})", False) if refused else (f"connection lost ({reason})", True)
     if cause is None:
         return "request failed", True
-    return f"{type(cause).__name__}: {cause}", True
+    return one_line(f"{type(cause).__name__}: {cause}", 300), True
 
 
 def _root_reason(err: BaseException) -> str:
@@ -205,8 +271,7 @@ def _root_reason(err: BaseException) -> str:
         if nxt is None:
             break
         seen = nxt
-    text = str(seen) or type(seen).__name__
-    return text if len(text) < 200 else text[:197] + "..."
+    return one_line(str(seen) or type(seen).__name__, 200)
 
 
 class RedfishClient:
@@ -236,8 +301,12 @@ class RedfishClient:
         )
         # The library's pool keeps 10 connections; size it to our worker count so concurrent requests
         # reuse connections instead of opening and discarding them. No transport-level retries either.
-        adapter = requests.adapters.HTTPAdapter(
-            pool_connections=2, pool_maxsize=settings.max_workers, max_retries=0
+        adapter = _BoundedAdapter(
+            max_bytes=settings.max_response_bytes,
+            deadline=settings.response_deadline or 4 * settings.read_timeout,
+            pool_connections=2,
+            pool_maxsize=settings.max_workers,
+            max_retries=0,
         )
         self._rf._session.mount("https://", adapter)
         self._rf._session.mount("http://", adapter)
@@ -277,9 +346,8 @@ class RedfishClient:
             sessions_uri = self._sessions_uri()
             started = time.perf_counter()
             try:
-                raw = self._rf.post(
-                    sessions_uri,
-                    body={"UserName": self.settings.username, "Password": password},
+                raw = self._send(
+                    "POST", sessions_uri, body={"UserName": self.settings.username, "Password": password}
                 )
             except RetriesExhaustedError as err:
                 reason, _ = _describe_transport(err.__cause__)
@@ -289,8 +357,8 @@ class RedfishClient:
             token = raw.getheader("x-auth-token")
             if raw.status in (200, 201) and token:
                 self._rf.set_session_key(token)
-                location = raw.getheader("location") or _json_or_empty(raw.read).get("@odata.id")
-                self._session_uri = urlsplit(str(location)).path if location else None
+                location = raw.getheader("location") or (_json_object(raw.read) or {}).get("@odata.id")
+                self._session_uri = urlsplit(str(location)).path if isinstance(location, str) else None
                 self._auth_generation += 1
                 log.info("Redfish session created", url=self.base_url)
                 return
@@ -308,7 +376,7 @@ class RedfishClient:
                 )
             else:
                 error = error_for_response(
-                    raw.status, _json_or_empty(raw.read), method="POST", uri=sessions_uri
+                    raw.status, _json_object(raw.read) or {}, method="POST", uri=sessions_uri
                 )
                 raise FabricUnavailable(f"Redfish login at {self.base_url} failed: {error.message}")
         token = base64.b64encode(f"{self.settings.username}:{password}".encode()).decode()
@@ -318,13 +386,13 @@ class RedfishClient:
     def _sessions_uri(self) -> str:
         started = time.perf_counter()
         try:
-            raw = self._rf.get(SERVICE_ROOT)
+            raw = self._send("GET", SERVICE_ROOT)
         except RetriesExhaustedError as err:
             reason, _ = _describe_transport(err.__cause__)
             self._observe("GET", SERVICE_ROOT, "transport", started)
             raise FabricUnavailable(f"Redfish service at {self.base_url} unreachable: {reason}") from None
         self._observe("GET", SERVICE_ROOT, str(raw.status), started)
-        root = _json_or_empty(raw.read) if raw.status == 200 else {}
+        root = (_json_object(raw.read) or {}) if raw.status == 200 else {}
         links = root.get("Links") if isinstance(root.get("Links"), dict) else {}
         sessions = (links or {}).get("Sessions")
         if isinstance(sessions, dict) and sessions.get("@odata.id"):
@@ -360,34 +428,57 @@ class RedfishClient:
             call_headers = dict(headers or {})
             call_headers.setdefault("Accept", "application/json")
             try:
-                if method in ("GET", "DELETE"):
-                    send = self._rf.get if method == "GET" else self._rf.delete
-                    raw = send(uri, headers=call_headers, timeout=timeout, max_retry=0)
-                else:
-                    send = self._rf.post if method == "POST" else self._rf.patch
-                    raw = send(
-                        uri,
-                        body=dict(body or {}),
-                        headers=call_headers,
-                        timeout=timeout,
-                        max_retry=0,
-                    )
+                raw = self._send(
+                    method,
+                    uri,
+                    body=None if method in ("GET", "DELETE") else dict(body or {}),
+                    headers=call_headers,
+                    timeout=timeout,
+                )
             except RetriesExhaustedError as err:
                 reason, sent = _describe_transport(err.__cause__)
                 self._observe(method, uri, "transport", started)
-                raise _Transport(reason, sent=sent) from None
+                raise _Transport(
+                    reason, sent=sent, answered=isinstance(err.__cause__, _AnswerRefused)
+                ) from None
             self._observe(method, uri, str(raw.status), started)
             if raw.status == 401 and self._auth_mode != "none" and attempt == 1:
                 self._reauth(generation)
                 continue
+            status = int(raw.status)
+            headers = {k.lower(): v for k, v in raw._http_response.headers.items()}
+            content = raw._http_response.content
+            body = _json_object(content)
             return RedfishResponse(
                 method=method,
                 uri=uri,
-                status=int(raw.status),
-                headers={k.lower(): v for k, v in raw._http_response.headers.items()},
-                body=_json_or_empty(raw.read),
+                status=status,
+                headers=headers,
+                body=body if body is not None else {},
+                unreadable=None if body is not None else _what_body(content, headers),
             )
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _send(
+        self,
+        method: str,
+        uri: str,
+        *,
+        body: dict[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: tuple[float, float] | None = None,
+    ) -> Any:
+        """One request through the library, never following a redirect: a redirect to another
+        host would carry the session token (``X-Auth-Token``) there."""
+        return self._rf._rest_request(
+            uri,
+            method=method,
+            body=body,
+            headers=dict(headers) if headers else None,
+            allow_redirects=False,
+            timeout=timeout,
+            max_retry=0,
+        )
 
     def _observe(self, method: str, uri: str, outcome: str, started: float) -> None:
         if self._observer is not None:
@@ -421,28 +512,48 @@ class RedfishClient:
             if err.sent:
                 raise OutcomeUnknown(message + "; the fabric may or may not have acted on it") from None
             raise FabricUnavailable(message) from None
+        if 300 <= response.status < 400:
+            raise self._refuse_redirect(response)
         if response.status >= 400:
             raise error_for_response(
                 response.status, response.body, method=method, uri=uri, retry_after=response.retry_after
             )
         return response
 
+    def _refuse_redirect(self, response: RedfishResponse) -> FabricError:
+        where = one_line(response.headers.get("location") or "nowhere", 200)
+        return FabricUnavailable(
+            f"Redfish {response.method} {response.uri} at {self.base_url} answered {response.status}, a "
+            f"redirect to {where}; fabric-dra follows no redirects (the session token would go along): "
+            "point --redfish-url at the service itself"
+        )
+
     async def _get_with_retries(self, uri: str, http_timeout: tuple[float, float] | None) -> RedfishResponse:
         attempts = self.settings.get_attempts
         delay = self.settings.backoff_initial
         for attempt in range(1, attempts + 1):
             wait: float | None = None
+            last = attempt == attempts
             try:
                 response = await self._in_thread(self._exchange, "GET", uri, None, None, http_timeout)
             except _Transport as err:
-                if attempt == attempts:
-                    raise FabricUnavailable(
-                        f"Redfish service at {self.base_url} unreachable: {err}"
-                    ) from None
+                if last:
+                    what = "answered badly" if err.answered else "unreachable"
+                    raise FabricUnavailable(f"Redfish service at {self.base_url} {what}: {err}") from None
             else:
-                if response.status < 400:
+                if response.status < 300 and response.unreadable is None:
                     return response
-                if response.status not in _RETRY_STATUSES or attempt == attempts:
+                if response.status < 300:
+                    # An empty or unreadable resource must not read as an empty one (an empty
+                    # Zones collection would say that nothing is bound): a failed read.
+                    if last:
+                        raise FabricUnavailable(
+                            f"Redfish service at {self.base_url} answered badly: GET {uri} answered "
+                            f"{response.status} with {response.unreadable}, not a JSON object"
+                        )
+                elif response.status < 400:
+                    raise self._refuse_redirect(response)
+                elif response.status not in _RETRY_STATUSES or last:
                     raise error_for_response(
                         response.status,
                         response.body,
@@ -531,6 +642,11 @@ class RedfishClient:
                 continue
             if polled.status in (404, 410):
                 raise OutcomeUnknown(f"Redfish task monitor {monitor} for {action} disappeared")
+            if 300 <= polled.status < 400:
+                raise OutcomeUnknown(
+                    f"Redfish task monitor {monitor} for {action} answered {polled.status}, a redirect, "
+                    "which fabric-dra does not follow"
+                )
             if polled.status in _RETRY_STATUSES:
                 # Busy now (it says when to come back), or the task's own final answer (a task cut
                 # short by a restart of the service ends 503): whether it acted is unknown — read.
@@ -595,11 +711,20 @@ class RedfishClient:
         self._rf._session.close()
 
 
-def _json_or_empty(content: bytes | str | None) -> dict[str, Any]:
+def _json_object(content: bytes | str | None) -> dict[str, Any] | None:
+    """The JSON object ``content`` holds; None when it is empty, not JSON, nested too deeply to
+    decode, or another JSON value."""
     if not content:
-        return {}
+        return None
     try:
         value = json.loads(content)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _what_body(content: bytes | None, headers: Mapping[str, str]) -> str:
+    if not content:
+        return "an empty body"
+    kind = headers.get("content-type") or "no Content-Type"
+    return f"{len(content)} bytes of {one_line(kind, 60)}"

@@ -13,7 +13,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
 
@@ -21,7 +21,7 @@ from dra_driver.logs import get_logger
 from fabric.errors import FabricError
 from fabric.redfish.client import RedfishClient
 
-__all__ = ["EventStream", "parse_sse"]
+__all__ = ["MAX_LINE", "EventStream", "bounded_lines", "parse_sse"]
 
 _REGISTRIES = ("ResourceEvent", "TaskEvent", "Fabric", "Composition", "Base")
 
@@ -29,6 +29,31 @@ log = get_logger(__name__)
 
 EventHandler = Callable[[list[dict[str, Any]]], Awaitable[None] | None]
 ConnectHandler = Callable[[], Awaitable[None] | None]
+
+
+#: the longest line of an event stream this reader keeps; a longer one ends the connection
+MAX_LINE = 1 << 20
+
+
+async def bounded_lines(chunks: AsyncIterator[str], max_line: int = MAX_LINE) -> AsyncIterator[str]:
+    """The lines of a text stream (``\n``, ``\r\n`` or ``\r`` end one, as the event-stream
+    format says); a line longer than ``max_line`` raises ValueError instead of growing for ever."""
+    buffer = ""
+    async for chunk in chunks:
+        buffer += chunk
+        while True:
+            cut = min((i for i in (buffer.find("\n"), buffer.find("\r")) if i >= 0), default=-1)
+            if cut < 0 or (cut == len(buffer) - 1 and buffer[cut] == "\r"):
+                break  # no end yet, or a "\r" whose "\n" may still come
+            line, rest = buffer[:cut], buffer[cut + 1 :]
+            if buffer[cut] == "\r" and rest.startswith("\n"):
+                rest = rest[1:]
+            yield line
+            buffer = rest
+        if len(buffer) > max_line:
+            raise ValueError(f"event stream line longer than {max_line} characters")
+    if buffer:
+        yield buffer.rstrip("\r")
 
 
 async def parse_sse(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str | None, str]]:
@@ -77,14 +102,15 @@ class EventStream:
 
     async def _stream_uri(self) -> str | None:
         root = await self.client.get_json("/redfish/v1/")
-        service_uri = (root.get("EventService") or {}).get("@odata.id")
-        if not service_uri:
+        link = root.get("EventService")
+        service_uri = link.get("@odata.id") if isinstance(link, dict) else None
+        if not isinstance(service_uri, str) or not service_uri.startswith("/"):
             return None
-        service = await self.client.get_json(str(service_uri))
+        service = await self.client.get_json(service_uri)
         if service.get("ServiceEnabled") is False:
             return None
-        uri = service.get("ServerSentEventUri")
-        if not uri:
+        uri = self._same_service(service.get("ServerSentEventUri"))
+        if uri is None:
             return None
         supported = service.get("SSEFilterPropertiesSupported") or {}
         if self._filter and isinstance(supported, dict) and supported.get("RegistryPrefix"):
@@ -92,7 +118,22 @@ class EventStream:
             # events" $filter); Base stays in for EventBufferExceeded (events were lost).
             terms = " or ".join(f"RegistryPrefix eq '{p}'" for p in _REGISTRIES)
             return f"{uri}?$filter={quote(terms)}"
-        return str(uri)
+        return uri
+
+    def _same_service(self, uri: object) -> str | None:
+        """The stream's path on this service; None for anything else — the request carries the
+        session token, which must not go to another host."""
+        if not isinstance(uri, str) or not uri or any(not c.isprintable() or c.isspace() for c in uri):
+            return None
+        parts = urlsplit(uri)
+        if parts.scheme or parts.netloc:
+            base = urlsplit(self.client.base_url)
+            if (parts.scheme, parts.netloc) != (base.scheme, base.netloc):
+                if self.supported is not False:
+                    log.warning("the event stream is on another host; not following it", uri=uri[:200])
+                return None
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        return path if path.startswith("/") else None
 
     async def run(self) -> None:
         delay = self.backoff_initial
@@ -104,6 +145,10 @@ class EventStream:
                 log.debug("event service unreachable", error=err.message)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.backoff_max)
+                continue
+            except Exception as err:  # whatever the service sent, the stream must not die
+                log.warning("cannot read the event service", error=f"{type(err).__name__}: {err}"[:300])
+                await asyncio.sleep(self.backoff_max)
                 continue
             if uri is None:
                 if self.supported is not False:
@@ -120,7 +165,10 @@ class EventStream:
                 failures += 1
                 # Say it once; a stream that keeps failing is polled around, not logged every 10 s.
                 report = log.info if failures == 1 else log.debug
-                report("event stream interrupted, reconnecting", error=str(err) or type(err).__name__)
+                report("event stream interrupted, reconnecting", error=(str(err) or type(err).__name__)[:300])
+            except Exception as err:  # whatever the service sent, the stream must not die
+                failures += 1
+                log.warning("event stream failed, reconnecting", error=f"{type(err).__name__}: {err}"[:300])
             finally:
                 self.connected = False
             await asyncio.sleep(delay)
@@ -150,12 +198,12 @@ class EventStream:
                 result = self.on_connect()
                 if result is not None:
                     await result
-            async for event_id, data in parse_sse(response.aiter_lines()):
-                if event_id:
-                    self._last_id = event_id
+            async for event_id, data in parse_sse(bounded_lines(response.aiter_text())):
+                if event_id and event_id.isprintable() and len(event_id) <= 256:
+                    self._last_id = event_id  # sent back as Last-Event-ID: a header value
                 try:
                     payload = json.loads(data)
-                except ValueError:
+                except (ValueError, RecursionError):
                     continue
                 events = payload.get("Events") if isinstance(payload, dict) else None
                 if not isinstance(events, list):

@@ -31,6 +31,7 @@ __all__ = [
     "error_for_task",
     "message_key",
     "messages_of",
+    "one_line",
 ]
 
 
@@ -130,12 +131,19 @@ def _classify(messages: list[RedfishMessage]) -> tuple[type[FabricError] | None,
     return None, None
 
 
+def one_line(text: str, limit: int) -> str:
+    """What a service said, fit for an error message, a log line and a Kubernetes Event: control
+    characters (line breaks included) replaced, cut at ``limit`` characters."""
+    clean = "".join(c if c.isprintable() else " " for c in text).strip()
+    return clean if len(clean) <= limit else clean[: limit - 3] + "..."
+
+
 def _describe(message: RedfishMessage | None) -> str:
     if message is None:
         return ""
-    text = str(message.get("Message") or "").strip()
-    resolution = str(message.get("Resolution") or "").strip()
-    mid = str(message.get("MessageId"))
+    text = one_line(str(message.get("Message") or ""), 400)
+    resolution = one_line(str(message.get("Resolution") or ""), 300)
+    mid = one_line(str(message.get("MessageId")), 100)
     detail = f"{text} ({mid})" if text else mid
     return f"{detail}; {resolution}" if resolution and resolution.lower() != "none." else detail
 
@@ -162,7 +170,7 @@ def error_for_response(
     return cls(
         text,
         retry_after=retry_after,
-        message_id=str(message["MessageId"]) if message is not None else None,
+        message_id=one_line(str(message["MessageId"]), 100) if message is not None else None,
     )
 
 
@@ -174,8 +182,9 @@ def error_for_task(task: Mapping[str, Any], *, uri: str, action: str) -> FabricE
     state = str(task.get("TaskState") or "Exception")
     if cls is None:
         cls = BindFailed
-    detail = _describe(message) or f"TaskState {state}, TaskStatus {task.get('TaskStatus') or 'unknown'}"
+    status = one_line(str(task.get("TaskStatus") or "unknown"), 40)
+    detail = _describe(message) or f"TaskState {one_line(state, 40)}, TaskStatus {status}"
     return cls(
-        f"Redfish task {uri} for {action} ended {state}: {detail}",
-        message_id=str(message["MessageId"]) if message is not None else None,
+        f"Redfish task {uri} for {action} ended {one_line(state, 40)}: {detail}",
+        message_id=one_line(str(message["MessageId"]), 100) if message is not None else None,
     )

@@ -12,8 +12,10 @@ Both listen on 127.0.0.1 with a free port, optionally with TLS, in a background 
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -39,6 +41,9 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     #: close the connection without answering (a crash between request and response)
     drop: bool = False
+    #: send the body in pieces of ``chunk_size`` bytes, ``chunk_delay`` seconds apart (a slow service)
+    chunk_delay: float = 0.0
+    chunk_size: int = 1
 
 
 Handler = Callable[[Request], Reply]
@@ -61,6 +66,12 @@ class _BaseServer:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
+            def setup(self) -> None:
+                super().setup()
+                # Headers and body go out in separate writes: without this each answer on a
+                # kept-alive connection waits for the client's delayed ACK (about 40 ms).
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
@@ -78,7 +89,9 @@ class _BaseServer:
                     self.close_connection = True
                     self.connection.close()
                     return
-                if isinstance(reply.body, str):
+                if isinstance(reply.body, bytes):
+                    payload = reply.body  # anything at all, e.g. truncated or invalid JSON
+                elif isinstance(reply.body, str):
                     payload = reply.body.encode()  # raw text, e.g. an event stream
                 else:
                     payload = b"" if reply.body is None else json.dumps(reply.body).encode()
@@ -87,10 +100,19 @@ class _BaseServer:
                     self.send_header(name, value)
                 if payload and "Content-Type" not in reply.headers:
                     self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
+                if "Content-Length" not in reply.headers:  # a test may declare a wrong length
+                    self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
-                if payload:
-                    self.wfile.write(payload)
+                try:
+                    if reply.chunk_delay:
+                        for start in range(0, len(payload), reply.chunk_size):
+                            self.wfile.write(payload[start : start + reply.chunk_size])
+                            self.wfile.flush()
+                            time.sleep(reply.chunk_delay)
+                    elif payload:
+                        self.wfile.write(payload)
+                except OSError:
+                    self.close_connection = True  # the client gave up
 
             do_GET = do_POST = do_PATCH = do_DELETE = do_PUT = _handle
 
