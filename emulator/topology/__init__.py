@@ -104,6 +104,10 @@ def load_topology(path: str | Path) -> FabricIndex:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as err:
         raise TopologyError(source, [Problem("", f"cannot read the file: {err.strerror or err}")]) from None
+    except UnicodeDecodeError as err:
+        raise TopologyError(
+            source, [Problem("", f"not UTF-8 text: byte {err.object[err.start]:#04x} at offset {err.start}")]
+        ) from None
     try:
         data = json.loads(text) if source.endswith(".json") else yaml.safe_load(text)
     except (yaml.YAMLError, json.JSONDecodeError) as err:
@@ -115,4 +119,9 @@ def load_topology(path: str | Path) -> FabricIndex:
             where = f"line {err.lineno}, column {err.colno}: "
         reason = getattr(err, "problem", None) or getattr(err, "msg", None) or str(err)
         raise TopologyError(source, [Problem("", f"not valid YAML/JSON: {where}{reason}")]) from None
+    except RecursionError:
+        too_deep = Problem("", "not a topology: lists or mappings nested too deeply")
+        raise TopologyError(source, [too_deep]) from None
+    except ValueError as err:  # e.g. a number of more digits than Python converts
+        raise TopologyError(source, [Problem("", f"not a topology: {err}")]) from None
     return parse_topology(data, source)

@@ -44,7 +44,14 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.loc}: {self.message}" if self.loc else self.message
+        # A file can hold anything: keys and values with line breaks, values of 100,000 digits.
+        loc, message = _one_line(self.loc, 160), _one_line(self.message, 300)
+        return f"{loc}: {message}" if loc else message
+
+
+def _one_line(text: str, limit: int) -> str:
+    clean = "".join(c if c.isprintable() else "?" for c in text)
+    return clean if len(clean) <= limit else clean[: limit - 3] + "..."
 
 
 @dataclass(frozen=True)
