@@ -256,6 +256,11 @@ class Inventory:
                     await stream_task
 
     def _on_events(self, events: list[dict[str, object]]) -> None:
+        for event in events:
+            if message_key(str(event.get("MessageId") or ""))[0] == "TaskEvent":
+                origin = event.get("OriginOfCondition")
+                uri = origin.get("@odata.id") if isinstance(origin, dict) else None
+                self.discovery.client.tasks.changed(str(uri) if uri else None)
         if events:
             self.request_refresh(bindings_only=all(_is_binding_event(e) for e in events))
 

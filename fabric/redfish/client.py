@@ -53,6 +53,7 @@ from redfish.rest.v1 import HttpClient, RetriesExhaustedError, redfish_client
 from dra_driver.logs import get_logger
 from fabric.errors import AttachTimeout, FabricError, FabricUnavailable
 from fabric.redfish.messages import error_for_response, error_for_task, one_line
+from fabric.redfish.tasks import TaskWatch
 
 __all__ = [
     "OutcomeUnknown",
@@ -310,7 +311,14 @@ class RedfishClient:
         )
         self._rf._session.mount("https://", adapter)
         self._rf._session.mount("http://", adapter)
+        # requests reads the environment on every request (proxy variables, ~/.netrc, CA bundle
+        # variables) — a tenth of a request's CPU. The process environment does not change: take
+        # the proxies for this service once; verification is always set explicitly above.
+        self._rf._session.proxies.update(requests.utils.get_environ_proxies(settings.base_url))
+        self._rf._session.trust_env = False
         self._executor = ThreadPoolExecutor(max_workers=settings.max_workers, thread_name_prefix="redfish")
+        #: task followers wait here; the event stream wakes them (see :meth:`follow`)
+        self.tasks = TaskWatch()
         self._auth_lock = threading.Lock()
         self._auth_generation = 0
         self._auth_mode = settings.auth if settings.username else "none"
@@ -609,6 +617,11 @@ class RedfishClient:
         if not monitor:
             raise OutcomeUnknown(f"Redfish {action}: 202 Accepted without a task monitor")
         monitor = str(monitor)
+        # The service's task events wake the wait below (TaskWatch); polls stay the fallback.
+        since = time.monotonic()
+        watched = [monitor]
+        if response.is_task and response.body.get("@odata.id"):
+            watched.append(str(response.body["@odata.id"]))
         if on_task is not None:
             result = on_task(monitor)
             if result is not None:
@@ -624,9 +637,13 @@ class RedfishClient:
                     f"the fabric did not finish {action} in time; its task {monitor} is still running",
                     retry_after=1.0,
                 )
-            # Poll when the service says (Retry-After), but once more right at the deadline.
-            await asyncio.sleep(min(wait if wait is not None else delay, poll_max, remaining))
+            # Poll when the service says (Retry-After), but once more right at the deadline, and at
+            # once when the service sends an event about the task.
+            await self.tasks.pause(
+                watched, min(wait if wait is not None else delay, poll_max, remaining), since=since
+            )
             delay = min(delay * 2, poll_max)
+            since = time.monotonic()
             try:
                 polled = await self._in_thread(self._exchange, "GET", monitor, None, None, None)
             except _Transport as err:
