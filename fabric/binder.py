@@ -555,7 +555,13 @@ class Binder:
                 self._fence()
                 if entry.task_monitor:
                     await self._settle_task(entry, deadline)
-                current = await backend.read_binding(record)
+                if bound:
+                    # What the bind will need (a zone's ETag...) is read alongside, not after.
+                    current, _ = await asyncio.gather(
+                        backend.read_binding(record), backend.prepare_bind(record, host)
+                    )
+                else:
+                    current = await backend.read_binding(record)
             except NotLeader as err:
                 raise _Unresolved(err) from None
             except FabricUnavailable as err:

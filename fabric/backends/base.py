@@ -128,6 +128,10 @@ class Backend(ABC):
         """The devices of the last :meth:`discover` that the inventory kept (duplicates of devices
         another backend offers are dropped); a backend may read less for the others."""
 
+    async def prepare_bind(self, device: DeviceRecord, host: HostRecord) -> None:  # noqa: B027
+        """Read what a bind of ``device`` to ``host`` will need, while the binding itself is read
+        (:meth:`read_binding`): one round trip instead of two. Optional; nothing is changed."""
+
     @abstractmethod
     async def read_binding(self, device: DeviceRecord) -> tuple[str, ...]:
         """The ComputerSystem Ids ``device`` is bound to now, read fresh from the fabric."""

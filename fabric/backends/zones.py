@@ -89,6 +89,8 @@ class ZoneBackend(Backend):
         self._zone_locks: dict[str, asyncio.Lock] = {}
         #: zone URI → how many of our actions changed it (a snapshot older than that is stale)
         self._zone_changes: dict[str, int] = {}
+        #: host → its own zone read by :meth:`prepare_bind` (zone, ETag, our changes then, when)
+        self._prefetched: dict[str, tuple[_Zone, str | None, int, float]] = {}
 
     async def discover(self, walk: Walk, hosts: Mapping[str, HostRecord]) -> DiscoveryResult:
         fabric = await walk.get(self.fabric_uri)
@@ -288,18 +290,43 @@ class ZoneBackend(Backend):
             hosts |= await self._zone_hosts(walk, zone)
         return tuple(sorted(hosts))
 
+    async def _is_own_zone(self, walk: Walk, zone: _Zone, host: HostRecord) -> bool:
+        return (
+            zone.resource.get("ZoneType") in _BINDING_ZONE_TYPES
+            and action_target(zone.resource, "Zone.AddEndpoint") is not None
+            and await self._zone_hosts(walk, zone) == {host.id}
+        )
+
+    async def prepare_bind(self, device: DeviceRecord, host: HostRecord) -> None:
+        known = self._host_zones.get(host.id)
+        if known is None:
+            return
+        seen = self._zone_changes.get(known, 0)
+        fresh = await self._get_or_none(known)
+        if fresh is not None:
+            zone = _Zone(known, fresh.body, set(links(fresh.body, "Links", "Endpoints")))
+            self._prefetched[host.id] = (zone, fresh.etag, seen, time.monotonic())
+
     async def _own_zone(self, walk: Walk, host: HostRecord) -> tuple[_Zone, str | None] | None:
-        """The host's own zone with AddEndpoint, read now (with its ETag); None when it has none."""
+        """The host's own zone with AddEndpoint, read now (with its ETag); None when it has none.
+        A read by :meth:`prepare_bind` counts as now unless one of our actions changed the zone
+        since."""
+        prefetched = self._prefetched.pop(host.id, None)
+        if prefetched is not None:
+            zone, etag, seen, at = prefetched
+            fresh_enough = time.monotonic() - at <= _SNAPSHOT_SECONDS
+            if (
+                fresh_enough
+                and self._zone_changes.get(zone.uri, 0) == seen
+                and await self._is_own_zone(walk, zone, host)
+            ):
+                return zone, etag
         known = self._host_zones.get(host.id)
         if known is not None:
             fresh = await self._get_or_none(known)
             if fresh is not None:
                 zone = _Zone(known, fresh.body, set(links(fresh.body, "Links", "Endpoints")))
-                if (
-                    fresh.body.get("ZoneType") in _BINDING_ZONE_TYPES
-                    and action_target(zone.resource, "Zone.AddEndpoint")
-                    and await self._zone_hosts(walk, zone) == {host.id}
-                ):
+                if await self._is_own_zone(walk, zone, host):
                     return zone, fresh.etag
             self._host_zones.pop(host.id, None)
         for initiator_uri in self.initiators_of(host):  # not known (or changed): look for one
