@@ -16,6 +16,7 @@ from typing import Annotated
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dra_driver import __version__
 from dra_driver.logs import get_logger
@@ -32,6 +33,7 @@ from fabric.errors import (
 )
 from fabric.inventory import Inventory
 from fabric.metrics import ManagerMetrics
+from fabric.openapi import install_openapi
 from fabric.operations import error_body
 
 __all__ = ["AppContext", "build_app"]
@@ -100,6 +102,7 @@ def build_app(ctx: AppContext) -> FastAPI:
         ),
     )
     app.state.ctx = ctx
+    install_openapi(app)
 
     @app.exception_handler(FabricError)
     async def _fabric_error(request: Request, err: FabricError) -> JSONResponse:
@@ -109,6 +112,20 @@ def build_app(ctx: AppContext) -> FastAPI:
     async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:
         problems = [f"{_field(tuple(e['loc']))}: {e['msg']}" for e in err.errors()]
         return _error_response(InvalidRequest("malformed request: " + "; ".join(problems)))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _refused(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        # The framework's own refusals (a body that is not JSON, an unknown path, a method the
+        # path does not take) get the same ErrorBody as every other error.
+        if err.status_code == 400:
+            return _error_response(InvalidRequest(f"malformed request: {err.detail}; send a JSON body"))
+        code = {404: "NotFound", 405: "MethodNotAllowed"}.get(err.status_code, "HTTPError")
+        body = api.ErrorBody(code=code, message=f"{request.method} {request.url.path}: {err.detail}")
+        return JSONResponse(
+            status_code=err.status_code,
+            content=body.model_dump(mode="json", by_alias=True, exclude_none=True),
+            headers=err.headers,
+        )
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:
