@@ -148,6 +148,10 @@ class AttachRequest(_Model):
     device: str
     node: str
     claim_uid: str = Field(min_length=1)
+    pool: str | None = Field(
+        default=None,
+        description="the DRA pool the claim's allocation names for the device; another pool is 404",
+    )
 
 
 class AttachmentState(StrEnum):

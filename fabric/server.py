@@ -186,6 +186,14 @@ def build_app(ctx: AppContext) -> FastAPI:
     async def attach(caller: Caller, request: api.AttachRequest, wait: Wait = 0.0) -> JSONResponse:
         caller.check_bind(request.node)
         _loaded()
+        record = ctx.inventory.device(request.device)
+        if request.pool is not None and record is not None and ctx.inventory.pool_of(record) != request.pool:
+            # (pool, device) names a DRA device: the same name in another pool is another device.
+            raise DeviceNotFound(
+                f"device {request.device} is in pool {ctx.inventory.pool_of(record)}, not in pool "
+                f"{request.pool} that the claim's allocation names; this fabric has no such device",
+                device=request.device,
+            )
         attachment, status = await ctx.binder.attach(request, wait)
         return JSONResponse(status_code=status, content=attachment.model_dump(mode="json", by_alias=True))
 

@@ -53,9 +53,10 @@ class DeviceBackend(Protocol):
     name: str
 
     async def attach(
-        self, claim_uid: str, device: str, *, exclude: Callable[[], Collection[str]]
+        self, claim_uid: str, device: str, *, exclude: Callable[[], Collection[str]], pool: str | None = None
     ) -> AttachedDevice:
-        """Bind ``device`` to this node for the claim and wait until the host sees it."""
+        """Bind ``device`` (of ``pool``, when the claim names one) to this node for the claim and
+        wait until the host sees it."""
         ...
 
     async def release(self, claim_uid: str, prepared: PreparedDevice, *, within: float) -> None:
@@ -108,7 +109,7 @@ class FabricBackend:
         self.retry_budget = retry_budget
         self.attach_give_up = attach_give_up
 
-    async def _bind(self, claim_uid: str, device: str) -> Device:
+    async def _bind(self, claim_uid: str, device: str, pool: str | None = None) -> Device:
         """POST the attachment until the fabric says attached; transient failures are retried."""
         started = time.monotonic()
         delay = 0.1
@@ -116,7 +117,7 @@ class FabricBackend:
             crash_point("plugin.prepare.before-attach")
             try:
                 attachment = await self.client.attach(
-                    device, self.node, claim_uid, wait_seconds=MAX_WAIT_SECONDS
+                    device, self.node, claim_uid, wait_seconds=MAX_WAIT_SECONDS, pool=pool
                 )
             except DeviceBusy:
                 raise  # held by another claim or node: only the kubelet's retry can help
@@ -140,10 +141,10 @@ class FabricBackend:
             # 202 attaching: the same request is a long poll on the same operation (no second bind).
 
     async def attach(
-        self, claim_uid: str, device: str, *, exclude: Callable[[], Collection[str]]
+        self, claim_uid: str, device: str, *, exclude: Callable[[], Collection[str]], pool: str | None = None
     ) -> AttachedDevice:
         with observe_phase("attach"):
-            info = await self._bind(claim_uid, device)
+            info = await self._bind(claim_uid, device, pool)
         crash_point("plugin.prepare.after-attach")
         with observe_phase("visible"):
             host = await self.scanner.wait_visible(
@@ -218,7 +219,7 @@ class NoopBackend:
         self.node = node
 
     async def attach(
-        self, claim_uid: str, device: str, *, exclude: Callable[[], Collection[str]]
+        self, claim_uid: str, device: str, *, exclude: Callable[[], Collection[str]], pool: str | None = None
     ) -> AttachedDevice:
         info = Device(
             name=device,

@@ -206,6 +206,12 @@ class Driver:
                 )
             key = (result.pool, result.device)
             request = base_request_name(result.request)
+            other_pool = next((p for p, d in devices if d == result.device and p != result.pool), None)
+            if other_pool is not None:
+                raise PrepareFailed(
+                    f"{what} names device {result.device} in two pools ({other_pool}, {result.pool}); "
+                    "a device of this driver is in one pool only: the allocation is wrong"
+                )
             if key in devices:
                 if request not in devices[key].request_names:
                     devices[key].request_names.append(request)
@@ -295,15 +301,17 @@ class Driver:
         def exclude() -> Collection[str]:
             return self.held_paths(ref.uid)
 
-        def start(device: str) -> Callable[[], Any]:
+        def start(device: str, pool: str) -> Callable[[], Any]:
             async def run() -> AttachedDevice:
-                attached = await self.backend.attach(ref.uid, device, exclude=exclude)
+                attached = await self.backend.attach(ref.uid, device, exclude=exclude, pool=pool)
                 self._reserve(ref.uid, attached.host)  # before any await: no other claim may take it
                 return attached
 
             return run
 
-        tasks = {d.device: self.inflight.get_or_start((ref.uid, d.device), start(d.device)) for d in todo}
+        tasks = {
+            d.device: self.inflight.get_or_start((ref.uid, d.device), start(d.device, d.pool)) for d in todo
+        }
         budget = max(0.0, deadline - self._clock())
         done, _pending = await asyncio.wait(tasks.values(), timeout=budget)
 

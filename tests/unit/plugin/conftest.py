@@ -137,13 +137,15 @@ class ScriptedBackend:
         self.busy: dict[str, str] = {}
         self.attached: dict[str, str] = {}
         self.attach_calls: list[tuple[str, str]] = []
+        self.attach_pools: dict[str, str | None] = {}
         self.release_calls: list[tuple[str, str]] = []
         self.root = Path("/nonexistent")
 
     async def attach(
-        self, claim_uid: str, device: str, *, exclude: Callable[[], Collection[str]]
+        self, claim_uid: str, device: str, *, exclude: Callable[[], Collection[str]], pool: str | None = None
     ) -> AttachedDevice:
         self.attach_calls.append((claim_uid, device))
+        self.attach_pools[device] = pool
         if device in self.gates:
             await self.gates[device].wait()
         holder = self.attached.get(device)

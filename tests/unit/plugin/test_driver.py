@@ -190,3 +190,23 @@ async def test_failed_attach_keeps_the_entry_for_cleanup(tmp_path: Path) -> None
 def test_subrequest_names_are_reduced_to_the_request() -> None:
     assert base_request_name("gpus/large") == "gpus"
     assert base_request_name("gpus") == "gpus"
+
+
+async def test_the_pool_the_claim_names_goes_with_the_attach(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    ref = h.add("c1", [("gpu", "gpu-0")], pool="fabric-pcie")
+    assert isinstance((await h.prepare(ref))[ref.uid], list)
+    assert h.backend.attach_pools == {"gpu-0": "fabric-pcie"}
+    assert await h.unprepare(ref) == {ref.uid: ""}
+
+
+async def test_one_device_in_two_pools_is_refused_before_any_attach(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    claim = claim_object("c1", devices=[("a", "gpu-0"), ("b", "gpu-0")])
+    claim["status"]["allocation"]["devices"]["results"][1]["pool"] = "other-pool"
+    uid, namespace, name = h.claims.add(claim)
+    ref = ClaimRef(uid, namespace, name)
+    (error,) = (await h.prepare(ref)).values()
+    assert isinstance(error, str) and "two pools (fabric-pcie, other-pool)" in error
+    assert h.backend.attach_calls == []
+    assert await h.unprepare(ref) == {ref.uid: ""}
