@@ -153,11 +153,13 @@ def build_app(ctx: AppContext) -> FastAPI:
         caller: Caller,
         after: Annotated[int | None, Query(description="wait until the version differs from this")] = None,
         timeout_seconds: Annotated[float, Query(alias="timeoutSeconds", ge=0, le=300)] = 30.0,
-    ) -> api.Inventory:
+    ) -> Response:
         _loaded()
-        if after is None:
-            return ctx.inventory.snapshot()
-        return await ctx.inventory.wait_newer(after, timeout_seconds)
+        if after is not None:
+            await ctx.inventory.wait_newer(after, timeout_seconds)
+        # The JSON of each version is encoded once (the model above documents it): every plugin's
+        # long poll that a change wakes gets the same bytes.
+        return Response(ctx.inventory.snapshot_json(), media_type="application/json")
 
     @app.get(f"{api.API_PREFIX}/devices", response_model=list[api.Device], response_model_by_alias=True)
     async def devices(caller: Caller) -> list[api.Device]:
