@@ -511,6 +511,13 @@ class RedfishClient:
     ) -> RedfishResponse:
         """One request; GETs are retried, mutations are not. Raises on HTTP ≥ 400."""
         headers = {"If-Match": etag} if etag and method in ("PATCH", "PUT", "DELETE") else None
+        if headers is not None and not _valid_etag(etag or ""):
+            # A header value with line breaks or control characters: never sent (it could smuggle
+            # headers); nothing happened, so the caller reads again and decides.
+            raise FabricUnavailable(
+                f"Redfish {method} {uri} at {self.base_url}: the service's ETag "
+                f"{one_line(repr(etag), 80)} is no valid entity-tag; not sent"
+            )
         if method == "GET":
             return await self._get_with_retries(uri, http_timeout)
         try:
@@ -726,6 +733,12 @@ class RedfishClient:
         self._closed = True
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._rf._session.close()
+
+
+def _valid_etag(value: str) -> bool:
+    """An ETag fit to go back in ``If-Match``: visible ASCII or obs-text (RFC 9110 §8.8.3, also
+    unquoted ones, which services send), of sane length."""
+    return 0 < len(value) <= 1024 and all(0x21 <= ord(c) <= 0x7E or 0x80 <= ord(c) <= 0xFF for c in value)
 
 
 def _json_object(content: bytes | str | None) -> dict[str, Any] | None:

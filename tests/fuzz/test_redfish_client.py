@@ -205,7 +205,11 @@ def replies(draw: st.DrawFn, *, self_uri: str = "/redfish/v1/Fabrics") -> Reply:
 # -- requests ----------------------------------------------------------------------------------
 
 
-@given(reply=replies(), method=st.sampled_from(["GET", "POST", "PATCH", "DELETE"]), etag=optional_header)
+@given(
+    reply=replies(),
+    method=st.sampled_from(["GET", "POST", "PATCH", "DELETE"]),
+    etag=st.one_of(optional_header, hostile_text),  # ETags come back from bodies (@odata.etag) too
+)
 @fuzz_settings(150)
 def test_any_answer_to_any_request_ends_in_a_result_or_a_fabric_error(
     server: ScriptedServer, script: Script, reply: Reply, method: str, etag: str | None
@@ -483,3 +487,20 @@ def test_an_event_stream_line_longer_than_the_limit_ends_the_stream() -> None:
 
     with pytest.raises(ValueError, match="longer than 150"):
         asyncio.run(split())
+
+
+def test_an_etag_that_is_no_header_value_is_never_sent(server: ScriptedServer, script: Script) -> None:
+    script.handler = lambda _request: Reply(204, b"")
+    client = _client(server.url)
+    before = server.count("DELETE")
+    try:
+        error = _ends_well(
+            lambda: client.delete("/redfish/v1/Fabrics/PCIe/Zones/7", etag='W/"1"\r\nX-Evil: 1')
+        )
+        assert isinstance(error, FabricError) and "no valid entity-tag" in error.message
+        assert server.count("DELETE") == before
+        assert (
+            _ends_well(lambda: client.delete("/redfish/v1/Fabrics/PCIe/Zones/7", etag='W/"1"')).status == 204
+        )
+    finally:
+        asyncio.run(client.aclose())
