@@ -21,6 +21,9 @@ DELETE   /api/v1/attachments/{device}?claimUid=C&node=N&waitSeconds=W
                                                       no-op success (idempotent)
 GET      /api/v1/operations/{id}                      :class:`Operation`
 GET      /api/v1/operations                           ``list[Operation]`` in flight and recent
+PUT      /api/v1/nodes/{node}/claims                  body :class:`NodeClaims`: the claims the node's plugin
+                                                      has prepared (204); the orphan reconciler never
+                                                      detaches what a plugin reports
 =======  ==========================================  =====================================================
 
 Errors are :class:`ErrorBody` with the status of :mod:`fabric.errors`.
@@ -48,9 +51,11 @@ __all__ = [
     "FabricPool",
     "Health",
     "Inventory",
+    "NodeClaims",
     "Operation",
     "OperationKind",
     "OperationState",
+    "PreparedClaim",
 ]
 
 API_PREFIX = "/api/v1"
@@ -152,6 +157,17 @@ class AttachRequest(_Model):
         default=None,
         description="the DRA pool the claim's allocation names for the device; another pool is 404",
     )
+
+
+class PreparedClaim(_Model):
+    claim_uid: str = Field(min_length=1, max_length=128)
+    devices: list[str] = Field(max_length=256, description="names of the claim's devices on this node")
+
+
+class NodeClaims(_Model):
+    """What a node's plugin has prepared (its checkpoint's PrepareCompleted claims)."""
+
+    claims: list[PreparedClaim] = Field(max_length=8192)
 
 
 class AttachmentState(StrEnum):

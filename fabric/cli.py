@@ -161,11 +161,21 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
     st.add_argument(
         "--orphan-grace-seconds",
         type=float,
-        default=300.0,
-        help="detach devices whose ResourceClaim has been gone (and bound) this long; 0 turns it off",
+        default=600.0,
+        help=(
+            "detach a device fabric-dra bound once no claim (existing, allocating it, reserved or "
+            "waiting on binding conditions) and no plugin report has explained it for this long; "
+            "0 turns orphan detaching off"
+        ),
     )
     st.add_argument(
-        "--orphan-interval-seconds", type=float, default=60.0, help="how often ResourceClaims are checked"
+        "--orphan-interval-seconds", type=float, default=60.0, help="how often bindings are checked"
+    )
+    st.add_argument(
+        "--plugin-report-ttl-seconds",
+        type=float,
+        default=90.0,
+        help="a plugin's report of its prepared claims counts this long (plugins report every 30 s)",
     )
     st.add_argument("--lease-name", default="fabric-dra-manager", help="coordination.k8s.io Lease name")
     st.add_argument(
@@ -291,6 +301,7 @@ def _settings(args: argparse.Namespace) -> Any:
             leader_elect=args.leader_elect,
             orphan_grace_seconds=args.orphan_grace_seconds,
             orphan_interval_seconds=args.orphan_interval_seconds,
+            plugin_report_ttl_seconds=args.plugin_report_ttl_seconds,
             lease_name=args.lease_name,
             identity=args.identity or os.environ.get("POD_NAME") or None,
             lease_duration=args.lease_duration,

@@ -90,8 +90,9 @@ class ManagerSettings(BaseModel):
     operator_users: list[str] = Field(default_factory=list)
     token_audiences: list[str] = Field(default_factory=list)
     leader_elect: bool = False
-    orphan_grace_seconds: float = Field(default=300.0, ge=0)
+    orphan_grace_seconds: float = Field(default=600.0, ge=0)
     orphan_interval_seconds: float = Field(default=60.0, gt=0)
+    plugin_report_ttl_seconds: float = Field(default=90.0, gt=0)
     lease_name: str = "fabric-dra-manager"
     identity: str | None = None
     lease_duration: float = Field(default=15.0, gt=0)

@@ -19,7 +19,9 @@ from fabric.api import (
     ErrorBody,
     FabricNode,
     Inventory,
+    NodeClaims,
     Operation,
+    PreparedClaim,
 )
 from fabric.errors import FabricError, FabricUnavailable, error_class
 
@@ -163,6 +165,14 @@ class ManagerClient:
             wait_seconds=wait_seconds,
         )
         return Attachment.model_validate_json(response.content)
+
+    async def report_claims(self, node: str, claims: dict[str, list[str]]) -> None:
+        """Tell the manager which claims (UID → devices) ``node`` has prepared; the orphan
+        reconciler never detaches what a plugin reports."""
+        body = NodeClaims(
+            claims=[PreparedClaim(claim_uid=uid, devices=devices) for uid, devices in sorted(claims.items())]
+        )
+        await self._request("PUT", f"/nodes/{node}/claims", json_body=body.model_dump(by_alias=True))
 
     async def operation(self, operation_id: str) -> Operation:
         return Operation.model_validate_json(

@@ -33,11 +33,22 @@ class _PoolCollector(Collector):
             labels=["pool", "type", "model", "state"],
         )
         counts: Counter[tuple[str, str, str, str]] = Counter()
+        foreign: Counter[str] = Counter()
         for device in self._snapshot().devices:
             counts[(device.pool, str(device.type), device.model or "", str(device.state))] += 1
+            if not device.managed and device.state is api.BindingState.BOUND:
+                foreign[device.pool] += 1
         for labels, count in sorted(counts.items()):
             family.add_metric(list(labels), count)
         yield family
+        unmanaged = GaugeMetricFamily(
+            "fabric_dra_unmanaged_bindings",
+            "Bindings made outside fabric-dra (reported, never touched)",
+            labels=["pool"],
+        )
+        for pool, count in sorted(foreign.items()):
+            unmanaged.add_metric([pool], count)
+        yield unmanaged
 
 
 class ManagerMetrics:
@@ -81,6 +92,17 @@ class ManagerMetrics:
         )
         self.is_leader = Gauge(
             "fabric_dra_manager_leader", "1 while this replica is the leader", registry=self.registry
+        )
+        self.orphan_bindings = Gauge(
+            "fabric_dra_orphan_bindings",
+            "Bindings made by fabric-dra that nothing explains now (detached after the grace period)",
+            registry=self.registry,
+        )
+        self.orphans_detached = PromCounter(
+            "fabric_dra_orphans_detached_total",
+            "Orphaned bindings detached, by why nothing explained them",
+            ["reason"],
+            registry=self.registry,
         )
         for operation in ("attach", "detach"):
             self.in_flight.labels(operation).set(0)

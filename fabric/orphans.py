@@ -1,44 +1,123 @@
-"""The orphan reconciler: devices still bound for ResourceClaims that no longer exist.
+"""Bindings nothing explains any more, and bindings fabric-dra did not make.
 
-Normally the kubelet's NodeUnprepareResources makes the plugin detach a claim's devices. When that
-never happens — the node died, the plugin was removed, the claim was force-deleted — the device
-would stay bound for nothing. The leader lists the cluster's ResourceClaims every ``interval``
-seconds and detaches (as the claim's own holder would) every bound device whose claim UID is
-gone, once its binding is older than ``grace`` seconds (a claim being created, or a list from a
-lagging cache, must not cost a pod its device). Without API access, or when claims cannot be
-listed, it does nothing.
+**Orphans.** Normally the kubelet's NodeUnprepareResources makes the plugin detach a claim's
+devices. When that never happens — the claim was deleted while its node was down, the node is
+gone, the plugin lost its checkpoint — the device would stay bound for nothing. The leader's
+:class:`OrphanReconciler` looks at every binding fabric-dra made (a ``bound`` ledger entry) every
+``interval`` seconds. The binding is *in use*, and never touched, while any of these holds:
+
+* its ResourceClaim (same UID) exists, its allocation includes the device, and it is reserved
+  for a pod (``status.reservedFor``) — the pod may run or be about to;
+* its ResourceClaim exists and allocates the device with binding conditions (the binding-condition
+  flow: the controller attached it and the scheduler waits in PreBind before it reserves);
+* the plugin of the bound node reported the claim prepared with this device within the last
+  ``report_ttl`` seconds (``PUT /api/v1/nodes/{node}/claims``): a container may be using it, whatever
+  the API server says (a claim force-deleted under a running pod).
+
+A binding that is none of these for ``grace`` seconds without a break is detached as its holder
+would detach it, with a Warning Event (``events.k8s.io/v1``) and the counter
+``fabric_dra_orphans_detached_total{reason}``; when first found it gets an Event saying when it
+will be released. A new leader judges a node's plugin silent only after ``report_ttl`` seconds of
+its own, so a fail-over never costs a pod its device. Without API access, or while claims cannot
+be listed, nothing is judged (so nothing is detached).
+
+**Bindings made outside fabric-dra** (on the fabric, with no ledger entry) are never touched by
+anything here or in the binder: :class:`ForeignBindings` logs each once when it appears and when
+it goes, and counts them in ``fabric_dra_unmanaged_bindings{pool}``; the inventory and
+``fabric-dra status`` show them ``managed: false``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from datetime import UTC, datetime
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from dra_driver.kube.client import ApiError, KubeClient, NotFound
+from dra_driver.kube.events import EventRecorder, ObjectRef
 from dra_driver.kube.resources import RESOURCE_CLAIMS
 from dra_driver.logs import get_logger
+from fabric import api
 from fabric.binder import Binder
 from fabric.errors import FabricError
-from fabric.ledger import LedgerState
+from fabric.ledger import LedgerEntry, LedgerState
+from fabric.metrics import ManagerMetrics
+from fabric.reports import PluginReports
 
-__all__ = ["OrphanReconciler"]
+__all__ = ["ForeignBindings", "OrphanReconciler"]
 
 log = get_logger(__name__)
 #: resource.k8s.io versions that serve ResourceClaims, newest first (v1 from Kubernetes 1.34)
 _VERSIONS = ("v1", "v1beta2", "v1beta1")
 
+#: why a binding is an orphan → how the Event and the log say it
+_REASONS = {
+    "claim-deleted": "its ResourceClaim {claim} no longer exists",
+    "not-allocated": "its ResourceClaim {claim} no longer allocates it",
+    "not-reserved": "its ResourceClaim {claim} allocates it but is reserved for no pod",
+}
+
+
+@dataclass
+class _Candidate:
+    claim_uid: str
+    reason: str
+    since: float
+    announced: bool = False
+
+
+@dataclass
+class _Claims:
+    """The cluster's ResourceClaims, by UID."""
+
+    by_uid: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _allocated_result(claim: Mapping[str, Any], device: str) -> Mapping[str, Any] | None:
+    status = claim.get("status") or {}
+    results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+    for result in results:
+        if isinstance(result, Mapping) and result.get("device") == device:
+            return result
+    return None
+
+
+def _claim_name(claim: Mapping[str, Any] | None, uid: str) -> str:
+    meta = (claim or {}).get("metadata") or {}
+    if meta.get("name"):
+        return f"{meta.get('namespace')}/{meta.get('name')} ({uid})"
+    return uid
+
 
 class OrphanReconciler:
-    def __init__(self, kube: KubeClient, binder: Binder, *, grace_seconds: float, interval: float) -> None:
+    def __init__(
+        self,
+        kube: KubeClient,
+        binder: Binder,
+        *,
+        grace_seconds: float,
+        interval: float,
+        reports: PluginReports,
+        metrics: ManagerMetrics | None = None,
+        events: EventRecorder | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.kube = kube
         self.binder = binder
         self.grace_seconds = grace_seconds
         self.interval = interval
+        self.reports = reports
+        self.metrics = metrics
+        self.events = events
+        self._clock = clock
         self._version: str | None = None
+        self._candidates: dict[str, _Candidate] = {}
+        self._leading_since: float | None = None
 
-    async def claim_uids(self) -> set[str] | None:
-        """UIDs of every ResourceClaim in the cluster; None when they cannot be listed."""
+    async def claims(self) -> _Claims | None:
+        """Every ResourceClaim in the cluster; None when they cannot be listed."""
         versions = [self._version] if self._version else list(_VERSIONS)
         for version in versions:
             try:
@@ -49,40 +128,188 @@ class OrphanReconciler:
                 log.warning("cannot list ResourceClaims; orphan check skipped", error=str(err))
                 return None
             self._version = version
-            return {str((i.get("metadata") or {}).get("uid")) for i in items}
+            found = _Claims()
+            for item in items:
+                uid = str((item.get("metadata") or {}).get("uid") or "")
+                if uid:
+                    found.by_uid[uid] = item
+            return found
         log.warning("the API server serves no resource.k8s.io ResourceClaims; orphan check skipped")
         return None
 
+    def why_orphan(self, entry: LedgerEntry, claims: _Claims) -> str | None:
+        """None while something explains the binding; else the reason it is an orphan."""
+        if self.reports.holds(entry.node, entry.claim_uid, entry.device):
+            return None
+        claim = claims.by_uid.get(entry.claim_uid)
+        if claim is None:
+            return "claim-deleted"
+        result = _allocated_result(claim, entry.device)
+        if result is None:
+            return "not-allocated"
+        if (claim.get("status") or {}).get("reservedFor") or result.get("bindingConditions"):
+            return None
+        return "not-reserved"
+
+    def _forget(self) -> None:
+        self._candidates.clear()
+        self._leading_since = None
+        if self.metrics is not None:
+            self.metrics.orphan_bindings.set(0)
+
     async def sweep(self) -> list[str]:
-        """Detach devices of claims that are gone; returns the devices it detached."""
+        """One pass; returns the devices whose detach it started."""
         if not self.binder.is_leader():
+            self._forget()
             return []
-        uids = await self.claim_uids()
-        if uids is None:
+        now = self._clock()
+        if self._leading_since is None:
+            self._leading_since = now
+        claims = await self.claims()
+        if claims is None:
             return []
-        now = datetime.now(UTC)
-        detached = []
-        for entry in self.binder.ledger.entries():
-            if entry.state is not LedgerState.BOUND or entry.claim_uid in uids:
+        bound = {e.device: e for e in self.binder.ledger.entries() if e.state is LedgerState.BOUND}
+        for device in set(self._candidates) - set(bound):
+            del self._candidates[device]
+        detached: list[str] = []
+        for device, entry in bound.items():
+            reason = self.why_orphan(entry, claims)
+            previous = self._candidates.get(device)
+            if reason is None:
+                if previous is not None:
+                    log.info("binding explained again; not an orphan", device=device, claim=entry.claim_uid)
+                    del self._candidates[device]
                 continue
-            if (now - entry.updated_at).total_seconds() < self.grace_seconds:
+            if previous is None or previous.claim_uid != entry.claim_uid:
+                previous = self._candidates[device] = _Candidate(entry.claim_uid, reason, now)
+            previous.reason = reason
+            claim = claims.by_uid.get(entry.claim_uid)
+            if not previous.announced:
+                previous.announced = True
+                await self._announce(entry, claim, previous)
+            # A node's plugin counts as silent only once this leader has waited a report period.
+            if now - previous.since < self.grace_seconds or now - self._leading_since < self.reports.ttl:
                 continue
-            log.warning(
-                "claim no longer exists; detaching its device",
-                device=entry.device,
-                node=entry.node,
-                claim=entry.claim_uid,
-            )
-            try:
-                await self.binder.detach(entry.device, entry.claim_uid, entry.node, wait=0)
-            except FabricError as err:
-                log.warning("orphan detach not started", device=entry.device, error=err.message)
-                continue
-            detached.append(entry.device)
+            if await self._detach(entry, claim, previous):
+                detached.append(device)
+        if self.metrics is not None:
+            self.metrics.orphan_bindings.set(len(self._candidates))
         return detached
+
+    def _describe(self, entry: LedgerEntry, claim: Mapping[str, Any] | None, candidate: _Candidate) -> str:
+        return _REASONS[candidate.reason].format(claim=_claim_name(claim, entry.claim_uid))
+
+    def _refs(
+        self, entry: LedgerEntry, claim: Mapping[str, Any] | None
+    ) -> tuple[ObjectRef, ObjectRef | None]:
+        node = ObjectRef(kind="Node", name=entry.node)
+        if claim is None:
+            return node, None
+        meta = claim.get("metadata") or {}
+        ref = ObjectRef(
+            kind="ResourceClaim",
+            api_version=f"resource.k8s.io/{self._version or 'v1'}",
+            name=str(meta.get("name") or ""),
+            namespace=str(meta.get("namespace") or ""),
+            uid=entry.claim_uid,
+        )
+        return ref, node
+
+    async def _announce(
+        self, entry: LedgerEntry, claim: Mapping[str, Any] | None, candidate: _Candidate
+    ) -> None:
+        why = self._describe(entry, claim, candidate)
+        log.warning(
+            "orphaned binding found; it is detached unless something uses it again",
+            device=entry.device,
+            node=entry.node,
+            claim=entry.claim_uid,
+            reason=candidate.reason,
+            grace_seconds=self.grace_seconds,
+        )
+        if self.events is not None:
+            regarding, related = self._refs(entry, claim)
+            await self.events.record(
+                regarding,
+                reason="OrphanedBinding",
+                action="Found",
+                event_type="Warning",
+                related=related,
+                note=(
+                    f"device {entry.device} is bound to node {entry.node} for claim {entry.claim_uid}, "
+                    f"but {why} and the node's plugin does not report it prepared; it will be detached in "
+                    f"{self.grace_seconds:.0f}s unless a claim or the plugin explains it again"
+                ),
+            )
+
+    async def _detach(
+        self, entry: LedgerEntry, claim: Mapping[str, Any] | None, candidate: _Candidate
+    ) -> bool:
+        why = self._describe(entry, claim, candidate)
+        try:
+            await self.binder.detach(entry.device, entry.claim_uid, entry.node, wait=0)
+        except FabricError as err:
+            log.warning("orphan detach not started; will retry", device=entry.device, error=err.message)
+            return False
+        del self._candidates[entry.device]
+        unexplained = self._clock() - candidate.since
+        log.warning(
+            "detaching an orphaned binding",
+            device=entry.device,
+            node=entry.node,
+            claim=entry.claim_uid,
+            reason=candidate.reason,
+            unexplained_seconds=round(unexplained, 1),
+        )
+        if self.metrics is not None:
+            self.metrics.orphans_detached.labels(candidate.reason).inc()
+        if self.events is not None:
+            regarding, related = self._refs(entry, claim)
+            await self.events.record(
+                regarding,
+                reason="OrphanDetached",
+                action="Detach",
+                event_type="Warning",
+                related=related,
+                note=(
+                    f"detached device {entry.device} from node {entry.node}: it was bound for claim "
+                    f"{entry.claim_uid}, but {why} and the node's plugin has not reported it prepared "
+                    f"for {unexplained:.0f}s; the device returns to the free pool"
+                ),
+            )
+        return True
 
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
-            with contextlib.suppress(FabricError):
+            try:
                 await self.sweep()
+            except FabricError as err:
+                log.warning("orphan check failed; retrying", error=err.message)
+            except Exception:
+                log.exception("orphan check crashed; retrying")
+
+
+class ForeignBindings:
+    """Logs bindings made outside fabric-dra as they appear and go (never touches them)."""
+
+    def __init__(self, snapshot: Callable[[], api.Inventory]) -> None:
+        self._snapshot = snapshot
+        self._known: dict[str, str] = {}
+
+    async def check(self) -> None:
+        seen = {
+            d.name: (d.node or f"host {d.host}")
+            for d in self._snapshot().devices
+            if not d.managed and d.state is api.BindingState.BOUND
+        }
+        for device, where in sorted(seen.items()):
+            if self._known.get(device) != where:
+                log.warning(
+                    "device bound outside fabric-dra; reported, never touched",
+                    device=device,
+                    node=where,
+                )
+        for device in sorted(set(self._known) - set(seen)):
+            log.info("binding made outside fabric-dra is gone", device=device, node=self._known[device])
+        self._known = seen

@@ -22,6 +22,7 @@ import uvicorn
 
 from dra_driver.fsutil import atomic_write
 from dra_driver.kube.client import KubeClient, load_config
+from dra_driver.kube.events import EventRecorder
 from dra_driver.kube.leader import LeaderElector
 from dra_driver.logs import get_logger
 from dra_driver.netutil import listen_tcp
@@ -41,8 +42,9 @@ from fabric.inventory import Inventory
 from fabric.ledger import ConfigMapLedgerStore, FileLedgerStore, Ledger, LedgerStore
 from fabric.metrics import ManagerMetrics
 from fabric.nodes import NodeResolver, load_node_map
-from fabric.orphans import OrphanReconciler
+from fabric.orphans import ForeignBindings, OrphanReconciler
 from fabric.redfish.client import RedfishClient
+from fabric.reports import PluginReports, install_report_route
 from fabric.server import AppContext, build_app
 
 __all__ = ["ManagerService"]
@@ -146,6 +148,8 @@ class ManagerService:
         )
         metrics.watch_inventory(inventory.snapshot)
         metrics.is_leader.set_function(lambda: 1.0 if self.is_leader() else 0.0)
+        inventory.after_refresh.append(ForeignBindings(inventory.snapshot).check)
+        reports = PluginReports(ttl=s.plugin_report_ttl_seconds)
         app = build_app(
             AppContext(
                 inventory=inventory,
@@ -156,6 +160,7 @@ class ManagerService:
                 not_ready=lambda: self._not_ready(inventory),
             )
         )
+        install_report_route(app, reports)
 
         listener = self._listener()
         host, port = listener.getsockname()[:2]
@@ -209,10 +214,19 @@ class ManagerService:
             tasks.append(asyncio.create_task(resolver.watch(inventory.remap_nodes), name="node-watch"))
         tasks.append(asyncio.create_task(binder.run(), name="binder"))
         if kube is not None and s.orphan_grace_seconds > 0:
+            identity = s.identity or f"{socket.gethostname()}-{os.getpid()}"
             orphans = OrphanReconciler(
-                kube, binder, grace_seconds=s.orphan_grace_seconds, interval=s.orphan_interval_seconds
+                kube,
+                binder,
+                grace_seconds=s.orphan_grace_seconds,
+                interval=s.orphan_interval_seconds,
+                reports=reports,
+                metrics=metrics,
+                events=EventRecorder(kube, controller="fabric-dra.io/manager", instance=identity),
             )
             tasks.append(asyncio.create_task(orphans.run(), name="orphans"))
+        elif s.orphan_grace_seconds > 0:
+            log.info("no Kubernetes API access: orphaned bindings are not detached (claims cannot be read)")
         if s.leader_elect:
             assert kube is not None
             if s.ledger == "file":

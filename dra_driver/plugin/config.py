@@ -79,6 +79,10 @@ class PluginConfig(BaseModel):
     registration_timeout: float = Field(default=300.0, gt=0)
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
+    #: how often the manager is told which claims this node has prepared (orphan protection)
+    report_seconds: float = Field(default=30.0, gt=0)
+    #: how long one attach keeps retrying while the manager or the fabric is unavailable
+    attach_retry_seconds: float = Field(default=60.0, gt=0)
 
     @field_validator("driver_name")
     @classmethod
@@ -216,6 +220,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=_env("FABRIC_DRA_MANAGER_CA_FILE"),
         help="CA bundle that signed the manager's TLS certificate (env FABRIC_DRA_MANAGER_CA_FILE)",
     )
+    fabric.add_argument(
+        "--attach-retry-seconds",
+        type=float,
+        default=60.0,
+        help="seconds an attach keeps retrying while the manager or the fabric is unavailable before the "
+        "claim gets the error (the manager keeps the attach; the kubelet's retry picks it up; default 60)",
+    )
+    fabric.add_argument(
+        "--report-seconds",
+        type=float,
+        default=30.0,
+        help="how often the manager is told which claims this node has prepared, so its orphan "
+        "reconciler never releases them (default 30)",
+    )
     kube = parser.add_argument_group("kubernetes")
     kube.add_argument(
         "--kubeconfig",
@@ -289,4 +307,6 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         registration_timeout=args.registration_timeout,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        report_seconds=args.report_seconds,
+        attach_retry_seconds=args.attach_retry_seconds,
     )

@@ -28,6 +28,7 @@ from dra_driver.plugin.hostdev import HostScanner, SysfsChanges
 from dra_driver.plugin.metrics import serve_metrics
 from dra_driver.plugin.reconcile import reconcile
 from dra_driver.plugin.registration import RegistrationServicer, add_registration_servicer
+from dra_driver.plugin.report import PreparedReporter
 from dra_driver.plugin.state import ClaimLocks
 
 __all__ = ["PluginError", "PluginServer", "serve"]
@@ -77,6 +78,7 @@ class PluginServer:
         self.driver: Driver | None = None
         self.health: HealthMonitor | None = None
         self._watchdog: asyncio.Task[None] | None = None
+        self._reporter: asyncio.Task[None] | None = None
         self._kube: object | None = None
         self.backend: DeviceBackend | None = None
         self.store: CheckpointStore | None = None
@@ -107,6 +109,7 @@ class PluginServer:
             node=cfg.node_name,
             visible_timeout=cfg.visible_timeout,
             host_removal=cfg.host_removal,
+            retry_budget=cfg.attach_retry_seconds,
         )
         return backend, scanner
 
@@ -184,6 +187,11 @@ class PluginServer:
         if cfg.ready_file is not None:
             atomic_write(cfg.ready_file, f"{cfg.dra_socket}\n", durable=False)
         self._watchdog = asyncio.create_task(self._watch(), name="registration-watchdog")
+        if isinstance(backend, FabricBackend):
+            reporter = PreparedReporter(
+                backend.client, store, node=cfg.node_name, interval=cfg.report_seconds
+            )
+            self._reporter = asyncio.create_task(reporter.run(), name="prepared-claims-report")
         log.info(
             "plugin serving",
             driver=cfg.driver_name,
@@ -230,10 +238,11 @@ class PluginServer:
 
     async def stop(self) -> None:
         cfg = self.config
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watchdog
+        for task in (self._watchdog, self._reporter):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self.reg_server is not None:
             await self.reg_server.stop(None)
         _remove_socket(cfg.registration_socket)

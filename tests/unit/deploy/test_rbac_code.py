@@ -46,7 +46,11 @@ ROLES: dict[str, tuple[str, str, list[str]]] = {
         "binding-conditions",
         ["dra_driver/controller", "dra_driver/kube/leader.py"],
     ),
-    "manager": ("fabric-dra-manager", "kind", ["fabric", "dra_driver/kube/leader.py"]),
+    "manager": (
+        "fabric-dra-manager",
+        "kind",
+        ["fabric", "dra_driver/kube/leader.py", "dra_driver/kube/events.py"],
+    ),
 }
 
 

@@ -1,0 +1,740 @@
+"""The whole path as real processes, each of which a test may kill and restart.
+
+    API test server ── plugin (node kind-worker) ── manager ── emulator (Redfish)
+                   └── controller (binding conditions) ─┘
+
+The emulator serves the packaged topology with authentication (the manager logs in with the
+emulator's generated credentials) and the instant latency profile; tests that need a fabric task
+inject ``HangTasks`` for one device, so a task exists exactly as long as the test wants. The
+manager has API access (TokenReview, claims for the orphan reconciler, Events) and a static token
+file for the plugin and controller. Every role keeps its port and state across restarts.
+
+:class:`BindingMonitor` polls the emulator's own binding table the whole time and records every
+binding it ever saw: a device bound to two hosts, or bound twice for one prepare, is caught even if
+every process later agrees on a clean state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import ssl
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from dra_driver.crashpoints import ENV as CRASH_ENV
+from dra_driver.plugin import cdi
+from dra_driver.plugin.backend import identity_of
+from dra_driver.plugin.hostdev import HostScanner
+from emulator.kube.kubelet import ClaimRef, DraCallError, DRAPluginClient, PluginManager
+from emulator.procs import RoleProcess
+from fabric.api import BindingState, Device, DeviceType, Inventory
+from tests.support.apiserver import ApiServerProcess, start_apiserver
+from tests.support.fabric_manager import static_tokens_file, wait_ready
+from tests.support.kubelet import running_kubelet
+from tests.support.plugin import free_port, short_dir
+
+__all__ = [
+    "DRIVER",
+    "NODE",
+    "BindingMonitor",
+    "Role",
+    "Stack",
+    "running_stack",
+    "wait_until",
+]
+
+DRIVER = "fabric-dra.io"
+NODE = "kind-worker"
+NAMESPACE = "reliability"
+PLUGIN_TOKEN = "plugin-token-kind-worker-0001"
+CONTROLLER_TOKEN = "controller-token-reliability-01"
+OPERATOR_TOKEN = "operator-token-reliability-001"
+ROOT = "/redfish/v1"
+CLAIMS = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
+
+T = TypeVar("T")
+
+
+def wait_until(check: Callable[[], T], *, timeout: float = 30.0, what: str = "condition") -> T:
+    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except (AssertionError, httpx.HTTPError, OSError) as err:
+            last = err
+        else:
+            if last:
+                return last
+        time.sleep(0.03)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+
+
+class Role:
+    """One role process that can be started (armed with crash points or not), killed and restarted
+    on the same port, with one log file across all its lives."""
+
+    def __init__(self, name: str, root: Path, args: Callable[[], list[str]], *, ready: str = "file") -> None:
+        self.name = name
+        self.root = root
+        self._args = args
+        self.ready = ready
+        self.log_file = root / f"{name}.log"
+        self.process: RoleProcess | None = None
+        self.lives = 0
+        self._log_offset = 0
+
+    @property
+    def address(self) -> str:
+        assert self.process is not None
+        return self.process.address
+
+    def start(self, crash_at: Sequence[str] = (), *, kill_previous: bool = False) -> Role:
+        """Start a new life; a running one is stopped first (SIGTERM), or with ``kill_previous``
+        killed (SIGKILL: quicker, and one more crash, of an idle process)."""
+        if self.process is not None and self.process.alive():
+            if kill_previous:
+                self.process.kill()
+            else:
+                self.process.stop()
+        self._log_offset = self.log_file.stat().st_size if self.log_file.exists() else 0
+        ready_file = self.root / f"{self.name}.ready"
+        self.process = RoleProcess(
+            self._args(),
+            ready_file=ready_file,
+            log_file=self.log_file,
+            env={CRASH_ENV: ",".join(crash_at)},
+            name=self.name,
+            start_timeout=60.0,
+        ).start()
+        self.lives += 1
+        return self
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.alive()
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.kill()
+
+    def stop(self) -> int | None:
+        return self.process.stop() if self.process is not None else None
+
+    def log_since_start(self) -> str:
+        if not self.log_file.exists():
+            return ""
+        with self.log_file.open("rb") as handle:
+            handle.seek(self._log_offset)
+            return handle.read().decode(errors="replace")
+
+    def wait_crashed(self, point: str, timeout: float = 60.0) -> None:
+        """Wait until this life ended at crash point ``point``: killed by SIGKILL, after saying so."""
+        assert self.process is not None and self.process.proc is not None
+        try:
+            code = self.process.proc.wait(timeout=timeout)
+        except Exception as err:
+            raise AssertionError(
+                f"{self.name} did not reach crash point {point} within {timeout:.0f}s; log:\n"
+                + "\n".join(self.log_since_start().splitlines()[-25:])
+            ) from err
+        assert code == -9, f"{self.name} exited with {code}, not SIGKILL:\n{self.process.tail(25)}"
+        assert f"point={point}" in self.log_since_start(), (
+            f"{self.name} died elsewhere:\n{self.process.tail()}"
+        )
+
+
+@dataclass
+class Episode:
+    target: str
+    host: str
+    since: str
+
+
+@dataclass
+class BindingMonitor:
+    """Polls the emulator's binding table (``Oem/FabricDRA/Bindings``) until stopped."""
+
+    url: Callable[[], str]
+    auth: Callable[[], tuple[str, str] | None]
+    verify: Callable[[], bool] = lambda: True
+    period: float = 0.05
+    episodes: list[Episode] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    polls: int = 0
+    _seen: set[tuple[str, str, str]] = field(default_factory=set)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> BindingMonitor:
+        self._thread = threading.Thread(target=self._run, name="binding-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            try:
+                answer = httpx.get(
+                    f"{self.url()}{ROOT}/Oem/FabricDRA/Bindings",
+                    auth=self.auth(),
+                    verify=self.verify(),
+                    timeout=5,
+                )
+                answer.raise_for_status()
+                table = answer.json()
+            except (httpx.HTTPError, ValueError):
+                continue  # the emulator is down (a crash test): nothing to see
+            self.observe(table.get("Bindings") or [])
+
+    def observe(self, bindings: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self.polls += 1
+            hosts: dict[str, set[str]] = {}
+            for b in bindings:
+                target, host, since = str(b["Target"]), str(b["Host"]), str(b.get("Since"))
+                hosts.setdefault(target, set()).add(host)
+                if (target, host, since) not in self._seen:
+                    self._seen.add((target, host, since))
+                    self.episodes.append(Episode(target, host, since))
+            for target, held in hosts.items():
+                count = sum(1 for b in bindings if b["Target"] == target)
+                if count > 1:
+                    self.violations.append(f"{target} appears {count} times: bound to {sorted(held)}")
+
+    def mark(self) -> int:
+        with self._lock:
+            return len(self.episodes)
+
+    def episodes_of(self, target: str, since_mark: int = 0) -> list[Episode]:
+        with self._lock:
+            return [e for e in self.episodes[since_mark:] if e.target == target]
+
+    def wait_for_poll(self) -> None:
+        """Return after one more complete poll (so a change just made is seen)."""
+        start = self.polls
+        wait_until(lambda: self.polls >= start + 2, timeout=10, what="a poll of the binding table")
+
+
+class Stack:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        orphan_grace: float = 2.0,
+        manager_args: Sequence[str] = (),
+        plugin_args: Sequence[str] = (),
+    ) -> None:
+        self.root = root
+        self.orphan_grace = orphan_grace
+        self.manager_args = list(manager_args)
+        self.plugin_extra = list(plugin_args)
+        #: (certificate, key) the emulator serves HTTPS with; None: plain HTTP
+        self.emulator_tls: tuple[Path, Path] | None = None
+        #: extra manager flags for the Redfish connection (CA file, --redfish-insecure)
+        self.redfish_args: list[str] = []
+        #: (certificate, key) the manager serves HTTPS with; None: plain HTTP
+        self.manager_tls: tuple[Path, Path] | None = None
+        #: the CA the plugin, the controller and the test trust for the manager (--manager-ca-file)
+        self.manager_ca: Path | None = None
+        self.plugin_metrics_port = free_port()
+        self.emu_state = root / "emu"
+        self.emu_port = free_port()
+        self.manager_port = free_port()
+        self.controller_port = free_port()
+        self.apiserver: ApiServerProcess | None = None
+        self._apiserver_cm: contextlib.AbstractContextManager[ApiServerProcess] | None = None
+        self.http: httpx.Client | None = None
+        self.emulator = Role("emulator", root, self._emulator_args)
+        self.manager = Role("manager", root, self._manager_args)
+        self.plugin = Role("plugin", root, self._plugin_args)
+        self.controller = Role("controller", root, self._controller_args)
+        self.monitor = BindingMonitor(
+            url=lambda: self.emulator_url, auth=self.emu_auth, verify=self.emu_verify
+        )
+        self.tokens = static_tokens_file(
+            root / "tokens.json",
+            {
+                PLUGIN_TOKEN: ("plugin", NODE),
+                CONTROLLER_TOKEN: ("controller", None),
+                OPERATOR_TOKEN: ("operator", None),
+            },
+        )
+        (root / "plugin.token").write_text(PLUGIN_TOKEN + "\n")
+        (root / "controller.token").write_text(CONTROLLER_TOKEN + "\n")
+
+    # -- paths and arguments ---------------------------------------------------------------------
+
+    @property
+    def emulator_url(self) -> str:
+        scheme = "https" if self.emulator_tls else "http"
+        return f"{scheme}://127.0.0.1:{self.emu_port}"
+
+    @property
+    def manager_url(self) -> str:
+        scheme = "https" if self.manager_tls else "http"
+        return f"{scheme}://127.0.0.1:{self.manager_port}"
+
+    def manager_verify(self) -> ssl.SSLContext | bool:
+        return ssl.create_default_context(cafile=str(self.manager_ca)) if self.manager_ca else True
+
+    def _manager_ca_args(self) -> list[str]:
+        return ["--manager-ca-file", str(self.manager_ca)] if self.manager_ca else []
+
+    @property
+    def kubeconfig(self) -> Path:
+        assert self.apiserver is not None
+        return self.apiserver.kubeconfig
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.root / "plug"
+
+    @property
+    def cdi_root(self) -> Path:
+        return self.root / "cdi"
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.root / "reg"
+
+    def sysfs(self, host: str = NODE) -> Path:
+        return self.emu_state / "hosts" / host / "sys"
+
+    def emu_verify(self) -> bool:
+        return self.emulator_tls is None  # the monitor and the test's own calls trust the emulator
+
+    def emu_auth(self) -> tuple[str, str] | None:
+        path = self.emu_state / "credentials.json"
+        if not path.exists():
+            return None
+        creds = json.loads(path.read_text())
+        return str(creds["username"]), str(creds["password"])
+
+    def _emulator_args(self) -> list[str]:
+        tls = []
+        if self.emulator_tls is not None:
+            tls = ["--tls-cert", str(self.emulator_tls[0]), "--tls-key", str(self.emulator_tls[1])]
+        return [
+            *("emulator", "serve", "--state-dir", str(self.emu_state), "--latency", "instant"),
+            *("--port", str(self.emu_port), "--ready-file", str(self.root / "emulator.ready")),
+            *tls,
+        ]
+
+    def _manager_args(self) -> list[str]:
+        return [
+            *("manager", "serve", "--redfish-url", self.emulator_url),
+            *("--redfish-credentials-file", str(self.emu_state / "credentials.json")),
+            *("--state-dir", str(self.root / "manager"), "--kubeconfig", str(self.kubeconfig)),
+            *("--namespace", NAMESPACE, "--static-tokens", str(self.tokens)),
+            *("--orphan-grace-seconds", str(self.orphan_grace), "--orphan-interval-seconds", "0.5"),
+            *("--plugin-report-ttl-seconds", "2"),
+            *("--port", str(self.manager_port), "--ready-file", str(self.root / "manager.ready")),
+            *self.manager_args,
+            *self.redfish_args,
+            *(
+                ["--tls-cert", str(self.manager_tls[0]), "--tls-key", str(self.manager_tls[1])]
+                if self.manager_tls
+                else []
+            ),
+        ]
+
+    def _plugin_args(self) -> list[str]:
+        return [
+            *("plugin", "--node-name", NODE, "--kubeconfig", str(self.kubeconfig)),
+            *("--registry-dir", str(self.registry_dir), "--plugin-dir", str(self.plugin_dir)),
+            *("--cdi-root", str(self.cdi_root), "--sysfs-root", str(self.sysfs())),
+            *("--device-backend", "fabric", "--manager-url", self.manager_url),
+            *("--manager-token-file", str(self.root / "plugin.token"), "--report-seconds", "0.5"),
+            *("--ready-file", str(self.root / "plugin.ready")),
+            *("--metrics-port", str(self.plugin_metrics_port)),
+            *self._manager_ca_args(),
+            *self.plugin_extra,
+        ]
+
+    def _controller_args(self) -> list[str]:
+        return [
+            *("controller", "--manager-url", self.manager_url, "--kubeconfig", str(self.kubeconfig)),
+            *("--manager-token-file", str(self.root / "controller.token"), "--driver-name", DRIVER),
+            *("--binding-conditions", "--release-grace", "0.5", "--busy-timeout", "20"),
+            *("--host", "127.0.0.1", "--port", str(self.controller_port)),
+            *("--ready-file", str(self.root / "controller.ready")),
+            *self._manager_ca_args(),
+        ]
+
+    # -- life cycle ------------------------------------------------------------------------------
+
+    def __enter__(self) -> Stack:
+        try:
+            self._apiserver_cm = start_apiserver(self.root / "api")
+            self.apiserver = self._apiserver_cm.__enter__()
+            self.http = httpx.Client(
+                base_url=self.apiserver.url,
+                timeout=30,
+                headers={"Authorization": f"Bearer {self.apiserver.admin_token}"},
+            )
+            self._kube_objects()
+            self.emulator.start()
+            self.monitor.start()
+            self.start_manager()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.monitor.stop()
+        for role in (self.controller, self.plugin, self.manager, self.emulator):
+            with contextlib.suppress(Exception):
+                role.stop()
+        if self.http is not None:
+            self.http.close()
+        if self._apiserver_cm is not None:
+            with contextlib.suppress(Exception):
+                self._apiserver_cm.__exit__(None, None, None)
+
+    def _kube_objects(self) -> None:
+        assert self.http is not None
+        answer = self.http.post(
+            "/api/v1/namespaces",
+            json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+        )
+        assert answer.status_code in (201, 409), answer.text
+        for host in ("kind-worker", "kind-worker2", "kind-worker3", "kind-worker4"):
+            self.add_node(host)
+
+    def add_node(self, name: str) -> None:
+        assert self.http is not None
+        answer = self.http.post(
+            "/api/v1/nodes", json={"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+        )
+        assert answer.status_code in (201, 409), answer.text
+
+    def start_manager(self, crash_at: Sequence[str] = (), *, kill_previous: bool = False) -> None:
+        self.manager.start(crash_at, kill_previous=kill_previous)
+        wait_ready(self.manager_url, timeout=60, ca_file=str(self.manager_ca) if self.manager_ca else None)
+
+    # -- the fabric, through the manager and the emulator's own table ----------------------------
+
+    def inventory(self) -> Inventory:
+        answer = httpx.get(
+            f"{self.manager_url}/api/v1/inventory",
+            headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"},
+            timeout=30,
+            verify=self.manager_verify(),
+        )
+        answer.raise_for_status()
+        return Inventory.model_validate_json(answer.content)
+
+    def device(self, name: str) -> Device:
+        return next(d for d in self.inventory().devices if d.name == name)
+
+    def emulator_table(self) -> dict[str, Any]:
+        answer = httpx.get(
+            f"{self.emulator_url}{ROOT}/Oem/FabricDRA/Bindings",
+            auth=self.emu_auth(),
+            verify=self.emu_verify(),
+            timeout=10,
+        )
+        answer.raise_for_status()
+        table: dict[str, Any] = answer.json()
+        return table
+
+    def bound_hosts(self) -> dict[str, str]:
+        return {b["Target"]: b["Host"] for b in self.emulator_table()["Bindings"]}
+
+    def inject(self, spec: dict[str, Any]) -> None:
+        answer = httpx.post(
+            f"{self.emulator_url}{ROOT}/Oem/FabricDRA/Faults",
+            json=spec,
+            auth=self.emu_auth(),
+            verify=self.emu_verify(),
+            timeout=10,
+        )
+        answer.raise_for_status()
+
+    def reset_faults(self) -> None:
+        httpx.delete(
+            f"{self.emulator_url}{ROOT}/Oem/FabricDRA/Faults",
+            auth=self.emu_auth(),
+            verify=self.emu_verify(),
+            timeout=10,
+        ).raise_for_status()
+
+    def in_flight(self, target: str) -> bool:
+        return any(f["Target"] == target for f in self.emulator_table().get("InFlight") or [])
+
+    def free_devices(self, kind: DeviceType = DeviceType.GPU, node: str = NODE) -> list[Device]:
+        inventory = self.inventory()
+        pools = {p.pool for p in inventory.pools if node in p.nodes}
+        bound = self.bound_hosts()
+        return [
+            d
+            for d in inventory.devices
+            if d.type is kind
+            and d.pool in pools
+            and d.state is BindingState.FREE
+            and d.managed
+            and _target(d) not in bound
+        ]
+
+    def emulator_binds(self, device: Device, offset: int = 0) -> int:
+        """How many times the emulator logged binding ``device`` (after byte ``offset`` of its log)."""
+        return self._log_count(f"msg=bound device={_target(device)} ", offset)
+
+    def emulator_log_size(self) -> int:
+        return self.emulator.log_file.stat().st_size if self.emulator.log_file.exists() else 0
+
+    def _log_count(self, needle: str, offset: int) -> int:
+        with self.emulator.log_file.open("rb") as handle:
+            handle.seek(offset)
+            return handle.read().decode(errors="replace").count(needle)
+
+    # -- the control plane's part ----------------------------------------------------------------
+
+    def create_claim(
+        self,
+        device: Device,
+        *,
+        node: str = NODE,
+        binding_conditions: bool = False,
+        reserved: bool = True,
+        name: str | None = None,
+    ) -> dict[str, Any]:
+        """A ResourceClaim allocated to ``device`` on ``node`` (and reserved for a pod), as the
+        scheduler leaves it; with ``binding_conditions`` the allocation waits for the controller."""
+        assert self.http is not None
+        name = name or f"c-{uuid.uuid4().hex[:10]}"
+        created = self.http.post(
+            CLAIMS,
+            json={
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": NAMESPACE},
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "dev", "exactly": {"deviceClassName": "cohdi-pcie-device"}}]
+                    }
+                },
+            },
+        )
+        assert created.status_code == 201, created.text
+        obj = created.json()
+        result: dict[str, Any] = {
+            "request": "dev",
+            "driver": DRIVER,
+            "pool": device.pool,
+            "device": device.name,
+        }
+        if binding_conditions:
+            result["bindingConditions"] = [f"{DRIVER}/Attached"]
+            result["bindingFailureConditions"] = [f"{DRIVER}/AttachFailed"]
+        obj["status"] = {
+            "allocation": {
+                "devices": {"results": [result]},
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                    ]
+                },
+                "allocationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            },
+        }
+        if reserved:
+            obj["status"]["reservedFor"] = [
+                {"resource": "pods", "name": f"{name}-pod", "uid": str(uuid.uuid4())}
+            ]
+        updated = self.http.put(f"{CLAIMS}/{name}/status", json=obj)
+        assert updated.status_code == 200, updated.text
+        return dict(updated.json())
+
+    def claim(self, claim: dict[str, Any]) -> dict[str, Any] | None:
+        assert self.http is not None
+        answer = self.http.get(f"{CLAIMS}/{claim['metadata']['name']}")
+        if answer.status_code == 404:
+            return None
+        answer.raise_for_status()
+        return dict(answer.json())
+
+    def set_status(self, claim: dict[str, Any], status: dict[str, Any]) -> None:
+        assert self.http is not None
+        current = self.claim(claim)
+        assert current is not None
+        current["status"] = status
+        answer = self.http.put(f"{CLAIMS}/{claim['metadata']['name']}/status", json=current)
+        assert answer.status_code == 200, answer.text
+
+    def deallocate(self, claim: dict[str, Any]) -> None:
+        """What the control plane does once no pod uses the claim any more."""
+        self.set_status(claim, {})
+
+    def delete_claim(self, claim: dict[str, Any]) -> None:
+        assert self.http is not None
+        answer = self.http.delete(f"{CLAIMS}/{claim['metadata']['name']}")
+        assert answer.status_code in (200, 404), answer.text
+
+    def condition(self, claim: dict[str, Any], device: Device, kind: str) -> dict[str, Any] | None:
+        current = self.claim(claim)
+        for entry in ((current or {}).get("status") or {}).get("devices") or []:
+            if entry.get("device") == device.name:
+                for c in entry.get("conditions") or []:
+                    if c.get("type") == f"{DRIVER}/{kind}":
+                        return dict(c)
+        return None
+
+    def events(self, field_selector: str = "") -> list[dict[str, Any]]:
+        assert self.http is not None
+        params = {"fieldSelector": field_selector} if field_selector else {}
+        answer = self.http.get("/apis/events.k8s.io/v1/events", params=params)
+        answer.raise_for_status()
+        return list(answer.json()["items"])
+
+    # -- the node's part: what the plugin left on disk --------------------------------------------
+
+    def checkpoint_claims(self) -> dict[str, Any]:
+        path = self.plugin_dir / "checkpoint.json"
+        if not path.exists():
+            return {}
+        return dict(json.loads(path.read_text())["data"]["claims"])
+
+    def visible(self, device: Device, host: str = NODE) -> bool:
+        return HostScanner(self.sysfs(host), real_host=False).find(identity_of(device)) is not None
+
+    def spec_files(self, uid: str) -> list[Path]:
+        return cdi.spec_files_of_claim(self.cdi_root, DRIVER, uid)
+
+    # -- convergence checks ----------------------------------------------------------------------
+
+    def assert_prepared(self, claim: dict[str, Any], device: Device, answer: Any = None) -> None:
+        """Prepared exactly as one clean prepare leaves it: in every record, once."""
+        uid = claim["metadata"]["uid"]
+        assert self.bound_hosts().get(_target(device)) == NODE, self.emulator_table()
+        held = self.device(device.name)
+        assert (held.state, held.node, held.claim_uid) == (BindingState.BOUND, NODE, uid), held
+        assert self.visible(device), f"{device.name} is not in {NODE}'s sysfs tree"
+        entry = self.checkpoint_claims().get(uid)
+        assert entry is not None and entry["state"] == "PrepareCompleted", entry
+        assert [d["device"] for d in entry["devices"]] == [device.name]
+        (spec,) = self.spec_files(uid)
+        names = [
+            f"{s.kind}={d.name}"
+            for s in [cdi.CdiSpec.model_validate_json(spec.read_text())]
+            for d in s.devices
+        ]
+        assert names == entry["devices"][0]["cdi_device_ids"], (names, entry)
+        if answer is not None:
+            (prepared,) = answer.devices
+            assert (prepared.device, prepared.pool) == (device.name, device.pool)
+            assert list(prepared.cdi_device_ids) == names
+
+    def assert_released(self, claim: dict[str, Any], device: Device) -> None:
+        uid = claim["metadata"]["uid"]
+        assert _target(device) not in self.bound_hosts(), self.emulator_table()
+        freed = self.device(device.name)
+        assert (freed.state, freed.claim_uid) == (BindingState.FREE, None), freed
+        assert not self.visible(device), f"{device.name} is still in {NODE}'s sysfs tree"
+        assert uid not in self.checkpoint_claims()
+        assert self.spec_files(uid) == []
+
+    def assert_bound_once(self, device: Device, mark: int, log_offset: int, *, expected: int = 1) -> None:
+        """The emulator bound ``device`` exactly ``expected`` times since the mark, to one host
+        each time, and never to two hosts at once."""
+        self.monitor.wait_for_poll()
+        assert self.monitor.violations == [], self.monitor.violations
+        assert self.emulator_binds(device, log_offset) == expected, self.emulator.log_since_start()[-3000:]
+        episodes = self.monitor.episodes_of(_target(device), mark)
+        assert len(episodes) <= expected, episodes
+        assert {e.host for e in episodes} <= {NODE}, episodes
+
+
+def _target(device: Device) -> str:
+    return device.redfish_uri.rstrip("/").rsplit("/", 1)[-1]
+
+
+# -- the kubelet -------------------------------------------------------------------------------------
+
+
+class Kubelet:
+    """The kubelet-protocol client on the stack's registry directory; follows plugin restarts."""
+
+    def __init__(self, manager: PluginManager) -> None:
+        self.manager = manager
+
+    async def plugin(self, *, newer_than: int = -1) -> DRAPluginClient:
+        """The plugin's client once it registered after registration attempt number ``newer_than``."""
+        import asyncio
+
+        deadline = time.monotonic() + 60
+        while not any(a.registered and a.driver == DRIVER for a in self.manager.attempts[newer_than + 1 :]):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the plugin did not register again: {self.manager.attempts}")
+            await asyncio.sleep(0.02)
+        return await self.manager.wait_for_plugin(DRIVER, within=60)
+
+    def attempts(self) -> int:
+        return len(self.manager.attempts) - 1
+
+    async def prepare_until_done(self, ref: ClaimRef, *, tries: int = 10, pause: float = 0.3) -> Any:
+        """The kubelet's retries of NodePrepareResources until it succeeds; the errors it saw."""
+        import asyncio
+
+        errors: list[str] = []
+        for _ in range(tries):
+            try:
+                plugin = await self.plugin()
+                results = await plugin.prepare([ref])
+            except DraCallError as err:
+                errors.append(str(err))
+                await asyncio.sleep(pause)
+                continue
+            return results[ref.uid]
+        raise AssertionError(f"the claim was never prepared; the kubelet saw: {errors}")
+
+    async def unprepare_until_done(self, ref: ClaimRef, *, tries: int = 10, pause: float = 0.3) -> None:
+        import asyncio
+
+        errors: list[str] = []
+        for _ in range(tries):
+            try:
+                plugin = await self.plugin()
+                await plugin.unprepare([ref])
+            except DraCallError as err:
+                errors.append(str(err))
+                await asyncio.sleep(pause)
+                continue
+            return
+        raise AssertionError(f"the claim was never unprepared; the kubelet saw: {errors}")
+
+
+@contextlib.asynccontextmanager
+async def kubelet_on(stack: Stack, *, watch_health: bool = False) -> AsyncIterator[Kubelet]:
+    async with running_kubelet(stack.registry_dir, watch_health=watch_health) as manager:
+        yield Kubelet(manager)
+
+
+def ref_of(claim: dict[str, Any]) -> ClaimRef:
+    return ClaimRef.of(claim)
+
+
+@contextlib.contextmanager
+def running_stack(**kwargs: Any) -> Iterator[Stack]:
+    root = short_dir("fdrel-")
+    try:
+        with Stack(root, **kwargs) as stack:
+            yield stack
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
