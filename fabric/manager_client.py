@@ -32,6 +32,21 @@ _NODES = TypeAdapter(list[FabricNode])
 _OPERATIONS = TypeAdapter(list[Operation])
 
 
+def _transport_reason(err: BaseException) -> str:
+    """Why a request got no answer, in words: a refused TLS certificate says so and why."""
+    seen: BaseException | None = err
+    for _ in range(8):
+        if seen is None:
+            break
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return f"its TLS certificate was not accepted ({seen.verify_message or seen.reason})"
+        if isinstance(seen, ssl.SSLError):
+            return f"TLS failed ({seen.reason or seen})"
+        seen = seen.__cause__ or seen.__context__
+    text = str(err).strip() or "no answer"
+    return f"{type(err).__name__}: {text}"
+
+
 class ManagerClient:
     """Talks to one fabric manager URL. The bearer token is a string or a file re-read every minute
     (projected service-account tokens rotate)."""
@@ -98,7 +113,9 @@ class ManagerClient:
                 timeout=httpx.Timeout(self._timeout + wait_seconds, connect=5.0),
             )
         except httpx.HTTPError as err:
-            raise FabricUnavailable(f"fabric manager unreachable at {self._http.base_url}: {err!r}") from err
+            raise FabricUnavailable(
+                f"fabric manager unreachable at {self._http.base_url}: {_transport_reason(err)}"
+            ) from err
         if response.status_code >= 400:
             raise self._error(response)
         return response

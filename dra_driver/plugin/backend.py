@@ -67,6 +67,10 @@ class DeviceBackend(Protocol):
         """Devices the fabric has bound (or is binding) to this node; None when it cannot say."""
         ...
 
+    def pending_error(self, claim_uid: str, device: str) -> FabricError | None:
+        """Why an attach still running has not finished yet (the last transient error), if known."""
+        ...
+
     async def watch_devices(
         self, after: int | None, wait_seconds: float
     ) -> tuple[int, dict[str, Device]] | None:
@@ -108,9 +112,30 @@ class FabricBackend:
         self.host_removal = host_removal and scanner.real_host
         self.retry_budget = retry_budget
         self.attach_give_up = attach_give_up
+        #: (claim UID, device) → the last transient error of an attach that is still retrying
+        self._pending: dict[tuple[str, str], FabricError] = {}
+        #: (claim UID, device) → when its attach started (``time.monotonic()``)
+        self._started: dict[tuple[str, str], float] = {}
+
+    def pending_error(self, claim_uid: str, device: str) -> FabricError | None:
+        key = (claim_uid, device)
+        if key in self._pending:
+            return self._pending[key]
+        if key in self._started:
+            waited = time.monotonic() - self._started[key]
+            return FabricError(f"the fabric manager has been attaching it for {waited:.0f}s", device=device)
+        return None
 
     async def _bind(self, claim_uid: str, device: str, pool: str | None = None) -> Device:
         """POST the attachment until the fabric says attached; transient failures are retried."""
+        self._started[(claim_uid, device)] = time.monotonic()
+        try:
+            return await self._bind_retrying(claim_uid, device, pool)
+        finally:
+            self._pending.pop((claim_uid, device), None)
+            self._started.pop((claim_uid, device), None)
+
+    async def _bind_retrying(self, claim_uid: str, device: str, pool: str | None) -> Device:
         started = time.monotonic()
         delay = 0.1
         while True:
@@ -124,6 +149,7 @@ class FabricBackend:
             except FabricError as err:
                 if not err.retriable or time.monotonic() - started > self.retry_budget:
                     raise
+                self._pending[(claim_uid, device)] = err
                 log.warning(
                     "attach failed, retrying", claim=claim_uid, device=device, node=self.node, error=str(err)
                 )
@@ -139,6 +165,12 @@ class FabricBackend:
                     node=self.node,
                 )
             # 202 attaching: the same request is a long poll on the same operation (no second bind).
+            self._pending[(claim_uid, device)] = FabricError(
+                f"the fabric has been working on it for {time.monotonic() - started:.0f}s "
+                f"(operation {attachment.operation_id or 'unknown'})",
+                device=device,
+                node=self.node,
+            )
 
     async def attach(
         self, claim_uid: str, device: str, *, exclude: Callable[[], Collection[str]], pool: str | None = None
@@ -238,6 +270,9 @@ class NoopBackend:
         return None
 
     async def bindings(self) -> list[Device] | None:
+        return None
+
+    def pending_error(self, claim_uid: str, device: str) -> FabricError | None:
         return None
 
     async def watch_devices(

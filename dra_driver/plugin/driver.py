@@ -29,7 +29,7 @@ import grpc
 from dra_driver.crashpoints import crash_point
 from dra_driver.kube import ApiError
 from dra_driver.logs import get_logger
-from dra_driver.plugin import cdi
+from dra_driver.plugin import cdi, messages
 from dra_driver.plugin.backend import AttachedDevice, DeviceBackend
 from dra_driver.plugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
 from dra_driver.plugin.claims import ClaimNotFound, ClaimSource
@@ -41,7 +41,7 @@ from dra_driver.proto.dra_v1 import api_pb2 as v1_pb2
 from dra_driver.proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver.proto.dra_v1beta1 import api_pb2 as v1beta1_pb2
 from dra_driver.proto.dra_v1beta1 import api_pb2_grpc as v1beta1_grpc
-from fabric.errors import DeviceBusy, FabricError
+from fabric.errors import FabricError
 
 __all__ = [
     "ClaimOutcome",
@@ -325,15 +325,12 @@ class Driver:
             self.inflight.finished((ref.uid, device))
             try:
                 attached = task.result()
-            except DeviceBusy as err:
-                held = f" (held by {err.held_by})" if err.held_by else ""
-                failures.append(f"device {device} is in use{held}: {err.message}")
-            except FabricError as err:
-                failures.append(f"attaching device {device} failed: {err.message}")
-            except DeviceNotVisible as err:
-                failures.append(str(err))
+            except (FabricError, DeviceNotVisible) as err:
+                failures.append(messages.attach_failure(err, device, self.node))
             except asyncio.CancelledError:
-                failures.append(f"attaching device {device} was cancelled")
+                failures.append(
+                    f"attaching device {device} to node {self.node} was cancelled; the kubelet retries"
+                )
             else:
                 info = attached.device
                 updated[device] = PreparedDevice(
@@ -356,15 +353,12 @@ class Driver:
                 # The call ends here: keep what did get attached (the completed record covers the rest).
                 with observe_phase("checkpoint"):
                     await self.store.commit()
-        if failures:
-            raise PrepareFailed(
-                f"claim {ref.namespace}/{ref.name}: " + "; ".join(failures) + "; the kubelet will retry"
-            )
-        if still:
-            raise PrepareFailed(
-                f"claim {ref.namespace}/{ref.name}: the fabric is still attaching "
-                f"{', '.join(sorted(still))}; it goes on and the kubelet's next call picks up the result"
-            )
+        if failures or still:
+            waiting = [
+                messages.still_attaching(d, self.node, self.backend.pending_error(ref.uid, d))
+                for d in sorted(still)
+            ]
+            raise PrepareFailed(f"claim {ref.namespace}/{ref.name}: " + " | ".join(failures + waiting))
         return entry
 
     def _in_place(self, device: PreparedDevice) -> bool:
@@ -413,7 +407,7 @@ class Driver:
         except FabricError as err:
             CLAIM_RESULTS.labels("unprepare", "error").inc()
             log.warning("claim not unprepared", claim=ref.uid, error=err.message)
-            return f"unpreparing claim {ref.namespace}/{ref.name}: {err.message}; the kubelet will retry"
+            return f"unpreparing claim {ref.namespace}/{ref.name}: {messages.detach_failure(err, self.node)}"
         except Exception as err:
             CLAIM_RESULTS.labels("unprepare", "error").inc()
             log.exception("claim unprepare failed unexpectedly", claim=ref.uid)

@@ -20,7 +20,7 @@ from dra_driver.plugin.claims import ClaimNotFound
 from dra_driver.plugin.config import DeviceBackendKind, HostMode, PluginConfig
 from dra_driver.plugin.hostdev import HostDevice
 from fabric.api import BindingState, Device, DeviceType
-from fabric.errors import DeviceBusy
+from fabric.errors import DeviceBusy, FabricError
 
 DRIVER = "fabric-dra.io"
 NODE = "node-a"
@@ -167,6 +167,9 @@ class ScriptedBackend:
             fabric_device(d, state=BindingState.BOUND, node=self.node, claim_uid=c)
             for d, c in self.attached.items()
         ]
+
+    def pending_error(self, claim_uid: str, device: str) -> FabricError | None:
+        return None
 
     async def watch_devices(
         self, after: int | None, wait_seconds: float
