@@ -1,0 +1,245 @@
+"""The crash-point matrix: every role killed with SIGKILL at every step of prepare and unprepare.
+
+For each point (``dra_driver.crashpoints.POINTS``, plus "during the fabric task" for the roles that
+wait on one) the role is started with ``FABRIC_DRA_CRASH_AT=<point>``, the kubelet-protocol client
+prepares (or unprepares) a claim, the role dies at that point, it is restarted, and the kubelet
+retries as it would. Then the system must have converged:
+
+* the claim is prepared, once: bound to the node in the emulator's own table, the manager's
+  inventory, the node's sysfs tree, the CDI spec and the checkpoint (PrepareCompleted);
+* after unprepare nothing is left anywhere: no binding, no sysfs entry, no CDI file, no entry;
+* the emulator bound the device exactly once, and the binding monitor (polling the emulator's table
+  the whole time) never saw it bound twice or to another host.
+
+The stack lives for the whole module (only the killed role restarts). A fabric task exists only
+where the point needs one: a ``HangTasks`` fault holds it until the test lets it finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from dra_driver.crashpoints import POINTS
+from emulator.kube.kubelet import DraCallError
+from fabric.api import BindingState, Device, DeviceType
+from tests.integration.reliability.stack import Kubelet, Stack, _target, kubelet_on, ref_of, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@dataclass(frozen=True)
+class Case:
+    point: str
+    #: the fabric task is held open by a HangTasks fault until the test releases it
+    task: bool = False
+    #: killed by the test (SIGKILL) while the fabric task runs, instead of at a named point
+    external: bool = False
+
+    @property
+    def role(self) -> str:
+        return self.point.split(".", 1)[0]
+
+    @property
+    def phase(self) -> str:
+        return self.point.split(".")[1]
+
+    def __str__(self) -> str:
+        return self.point
+
+
+DURING_TASK = (
+    "plugin.prepare.during-fabric-task",
+    "plugin.unprepare.during-fabric-task",
+    "controller.attach.during-fabric-task",
+)
+_TASK_POINTS = {
+    "manager.attach.task-accepted",
+    "manager.attach.task-recorded",
+    "manager.detach.task-recorded",
+    "emulator.task.before-complete",
+    "emulator.task.after-complete",
+}
+CASES = [
+    *(Case(p, task=p in _TASK_POINTS) for p in POINTS if p.startswith("plugin.")),
+    Case(DURING_TASK[0], task=True, external=True),
+    Case(DURING_TASK[1], task=True, external=True),
+    *(Case(p, task=p in _TASK_POINTS) for p in POINTS if p.startswith("manager.")),
+    *(Case(p) for p in POINTS if p.startswith("controller.")),
+    Case(DURING_TASK[2], task=True, external=True),
+    *(Case(p, task=p in _TASK_POINTS) for p in POINTS if p.startswith("emulator.")),
+]
+
+
+async def until(check: Callable[[], Any], *, within: float = 30.0, what: str = "condition") -> Any:
+    return await asyncio.to_thread(wait_until, check, timeout=within, what=what)
+
+
+def _pick(stack: Stack, case: Case) -> Device:
+    """A free device for this case; NVMe drives and GPUs in turn, so one leak does not spread."""
+    kinds = [DeviceType.GPU, DeviceType.NVME]
+    kind = kinds[sum(map(ord, case.point)) % 2]
+    free = stack.free_devices(kind) or stack.free_devices(kinds[1 - kinds.index(kind)])
+    assert free, f"no free device left: {stack.bound_hosts()}"
+    return free[0]
+
+
+async def _kill(stack: Stack, case: Case, target: str) -> None:
+    """Wait for the role to die at the case's point, or kill it while the fabric task runs."""
+    role = getattr(stack, case.role)
+    if case.external:
+        await until(lambda: stack.in_flight(target), what=f"the fabric task of {target}")
+        role.kill()
+        return
+    await asyncio.to_thread(role.wait_crashed, case.point)
+
+
+def _restart(stack: Stack, case: Case) -> None:
+    if case.role == "manager":
+        stack.start_manager()
+    else:
+        getattr(stack, case.role).start()
+
+
+async def _settle(call: asyncio.Task[Any]) -> Any:
+    """The kubelet's first call: it may succeed (the role came back in time) or fail."""
+    with contextlib.suppress(DraCallError):
+        return await call
+    return None
+
+
+@pytest.fixture(scope="module")
+def running(stack: Stack) -> Stack:
+    stack.plugin.start()
+    stack.controller.start()
+    return stack
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_crash_point(running: Stack, case: Case) -> None:
+    stack = running
+    asyncio.run(_scenario(stack, case))
+
+
+async def _scenario(stack: Stack, case: Case) -> None:
+    armed = [] if case.external else [case.point]
+    # The role is idle between cases: SIGKILL it rather than wait for a graceful stop.
+    if case.role == "manager":
+        await asyncio.to_thread(stack.start_manager, armed, kill_previous=True)
+    else:
+        await asyncio.to_thread(getattr(stack, case.role).start, armed, kill_previous=True)
+    async with kubelet_on(stack) as kubelet:
+        await kubelet.plugin()
+        device = _pick(stack, case)
+        target = _target(device)
+        mark, offset = stack.monitor.mark(), stack.emulator_log_size()
+        if case.task and case.phase in ("prepare", "attach", "task"):
+            stack.inject({"Kind": "HangTasks", "Target": _target(device), "Count": 1})
+        claim = stack.create_claim(device, binding_conditions=case.role == "controller")
+        ref = ref_of(claim)
+        if case.role == "controller":
+            await _controller_case(stack, kubelet, case, device, claim)
+        else:
+            if case.phase in ("prepare", "attach", "bind", "task"):
+                await _crash_in_prepare(stack, kubelet, case, device, claim)
+            else:
+                await _crash_in_unprepare(stack, kubelet, case, device, claim)
+            await kubelet.unprepare_until_done(ref)
+            stack.deallocate(claim)
+        stack.assert_released(claim, device)
+        stack.assert_bound_once(device, mark, offset)
+        assert not stack.in_flight(target)
+
+
+async def _crash_in_prepare(
+    stack: Stack, kubelet: Kubelet, case: Case, device: Device, claim: dict[str, Any]
+) -> None:
+    target, ref = _target(device), ref_of(claim)
+    plugin = await kubelet.plugin()
+    call = asyncio.create_task(plugin.prepare([ref]))
+    if case.role == "emulator" and case.task:
+        await until(lambda: stack.in_flight(target), what=f"the fabric task of {target}")
+        with contextlib.suppress(httpx.HTTPError):  # the emulator may die before it answers
+            stack.reset_faults()  # the task finishes now, and the emulator dies around its result
+    await _kill(stack, case, target)
+    attempts = kubelet.attempts()
+    await asyncio.to_thread(_restart, stack, case)
+    if case.task and case.role != "emulator":
+        stack.reset_faults()
+    if case.role == "plugin":
+        with pytest.raises(DraCallError):
+            await call
+        await kubelet.plugin(newer_than=attempts)
+        answer = await kubelet.prepare_until_done(ref)
+    else:
+        answer = await _settle(call)
+        if answer is None:
+            answer = await kubelet.prepare_until_done(ref)
+        else:
+            answer = answer[ref.uid]
+    stack.assert_prepared(claim, device, answer)
+
+
+async def _crash_in_unprepare(
+    stack: Stack, kubelet: Kubelet, case: Case, device: Device, claim: dict[str, Any]
+) -> None:
+    target, ref = _target(device), ref_of(claim)
+    answer = await kubelet.prepare_until_done(ref)
+    stack.assert_prepared(claim, device, answer)
+    if case.task:
+        stack.inject({"Kind": "HangTasks", "Target": target, "Count": 1})
+    plugin = await kubelet.plugin()
+    call = asyncio.create_task(plugin.unprepare([ref]))
+    await _kill(stack, case, target)
+    attempts = kubelet.attempts()
+    await asyncio.to_thread(_restart, stack, case)
+    if case.task:
+        stack.reset_faults()
+    if case.role == "plugin":
+        with pytest.raises(DraCallError):
+            await call
+        await kubelet.plugin(newer_than=attempts)
+    else:
+        with contextlib.suppress(DraCallError):
+            await call
+
+
+async def _controller_case(
+    stack: Stack, kubelet: Kubelet, case: Case, device: Device, claim: dict[str, Any]
+) -> None:
+    """The binding-condition flow: the controller attaches for the allocation before the pod is
+    bound; the plugin's prepare then finds the device attached."""
+    target, ref, uid = _target(device), ref_of(claim), claim["metadata"]["uid"]
+
+    def attached() -> bool:
+        c = stack.condition(claim, device, "Attached")
+        return c is not None and c["status"] == "True"
+
+    if case.phase == "attach":
+        await _kill(stack, case, target)
+        await asyncio.to_thread(stack.controller.start)
+        if case.task:
+            stack.reset_faults()
+        await until(attached, what="Attached=True after the controller restarted")
+        held = stack.device(device.name)
+        assert (held.state, held.node, held.claim_uid) == (BindingState.BOUND, "kind-worker", uid)
+        answer = await kubelet.prepare_until_done(ref)
+        stack.assert_prepared(claim, device, answer)
+        await kubelet.unprepare_until_done(ref)
+        stack.deallocate(claim)
+        return
+    # release: the scheduler gives the allocation up before any pod used the device
+    await until(attached, what="Attached=True")
+    stack.deallocate(claim)
+    await _kill(stack, case, target)
+    await asyncio.to_thread(stack.controller.start)
+    # The restarted controller no longer knows it attached the device; the manager's orphan
+    # reconciler releases it (no claim allocates it any more) after its grace period.
+    await until(lambda: target not in stack.bound_hosts(), what=f"{target} released", within=30)
+    await until(lambda: stack.device(device.name).state is BindingState.FREE, what="the manager's view")
