@@ -167,6 +167,11 @@ def _serve(args: argparse.Namespace) -> int:
                 raise CliError(f"cannot read --password-file {args.password_file}: {err.strerror}") from None
             if not password:
                 raise CliError(f"--password-file {args.password_file} is empty")
+        elif password is not None and not password.strip():
+            raise CliError(
+                "--password is empty: give a password, or leave it out to have one generated "
+                "(--insecure-no-auth serves without authentication, for development only)"
+            )
         if password is not None:
             credentials = Credentials(username=args.username or "admin", password=password)
         else:
