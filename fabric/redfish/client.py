@@ -251,7 +251,7 @@ def _describe_transport(cause: BaseException | None) -> tuple[str, bool]:
     if isinstance(cause, _AnswerRefused):
         return str(cause), True
     if isinstance(cause, requests.exceptions.SSLError):
-        return f"TLS handshake failed ({_root_reason(cause)}); check --redfish-ca-file", False
+        return _tls_reason(_root_reason(cause)), False
     if isinstance(cause, requests.exceptions.ConnectTimeout):
         return "connection timed out", False
     if isinstance(cause, requests.exceptions.ReadTimeout):
@@ -263,6 +263,20 @@ def _describe_transport(cause: BaseException | None) -> tuple[str, bool]:
     if cause is None:
         return "request failed", True
     return one_line(f"{type(cause).__name__}: {cause}", 300), True
+
+
+def _tls_reason(reason: str) -> str:
+    """A refused TLS handshake, with what to change: the name, the CA, or the service."""
+    if "mismatch" in reason:
+        step = (
+            "the service's certificate does not name the host of --redfish-url: give it a certificate "
+            "for that name, or use a name the certificate has"
+        )
+    elif "certificate verify failed" in reason:
+        step = "give the CA that signed the service's certificate with --redfish-ca-file"
+    else:
+        step = "check the service's TLS setup and --redfish-ca-file"
+    return f"TLS handshake failed ({reason}); {step}"
 
 
 def _root_reason(err: BaseException) -> str:

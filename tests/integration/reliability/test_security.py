@@ -311,7 +311,10 @@ def test_tls_is_verified_and_a_certificate_for_another_host_is_refused(stack: St
         stack.emulator.start()
         stack.manager.start()
         reason = refused_by_manager("certificate verify failed")
-        assert "TLS" in reason and "--redfish-ca-file" in reason
+        assert (
+            "TLS" in reason
+            and "give the CA that signed the service's certificate with --redfish-ca-file" in reason
+        )
         stack.redfish_args = ["--redfish-ca-file", str(tmp_path / "other.pem")]
         stack.manager.start()
         refused_by_manager("certificate verify failed")
@@ -319,6 +322,7 @@ def test_tls_is_verified_and_a_certificate_for_another_host_is_refused(stack: St
         stack.manager.start()
         reason = refused_by_manager("mismatch")
         assert "TLS" in reason and stack.emulator_url in reason and "not valid for '127.0.0.1'" in reason
+        assert "certificate does not name the host of --redfish-url" in reason
 
         async def mismatch() -> None:  # what the pod's event says
             async with kubelet_on(stack) as kubelet:
@@ -328,6 +332,7 @@ def test_tls_is_verified_and_a_certificate_for_another_host_is_refused(stack: St
                 for part in (
                     f"device {device.name} could not be attached to node {NODE}",
                     "certificate is not valid for '127.0.0.1'",
+                    "does not name the host of --redfish-url",
                     "the fabric manager keeps the attach",
                 ):
                     assert part in error, error
