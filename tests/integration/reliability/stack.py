@@ -235,7 +235,7 @@ class Stack:
         self,
         root: Path,
         *,
-        orphan_grace: float = 2.0,
+        orphan_grace: float = 1.0,
         manager_args: Sequence[str] = (),
         plugin_args: Sequence[str] = (),
     ) -> None:

@@ -1,4 +1,4 @@
-"""Orphan reconciliation through the real processes (grace 2 s, plugin reports every 0.5 s).
+"""Orphan reconciliation through the real processes (grace 1 s, plugin reports every 0.5 s).
 
 One timeline over one stack, each device a different story:
 
