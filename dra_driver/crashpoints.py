@@ -48,13 +48,13 @@ POINTS: dict[str, str] = {
     "manager.attach.task-accepted": "the fabric answered 202 (a task runs); its monitor is not recorded",
     "manager.attach.task-recorded": "the task monitor is recorded durably; the task is still running",
     "manager.attach.after-fabric-call": "the fabric bound the device; the ledger still says 'attaching'",
-    "manager.attach.after-result": "ledger entry 'bound' durable; the caller has no answer",
+    "manager.attach.after-result": "ledger entry 'bound', its write not waited for; no answer yet",
     # -- manager: detach -------------------------------------------------------------------------
     "manager.detach.before-intent": "detach request accepted; the ledger still says 'bound'",
     "manager.detach.after-intent": "ledger entry 'detaching' durable; nothing sent to the fabric",
     "manager.detach.task-recorded": "the unbind task monitor is recorded; the task is still running",
     "manager.detach.after-fabric-call": "the fabric unbound the device; the ledger entry is still there",
-    "manager.detach.after-result": "ledger entry removed durably; the caller has no answer",
+    "manager.detach.after-result": "ledger entry removed, its write not waited for; no answer yet",
     # -- controller: binding-condition flow ------------------------------------------------------
     "controller.attach.before-request": "about to ask the manager to attach for a binding condition",
     "controller.attach.after-request": "the manager answered attached; Attached=True not yet written",

@@ -6,6 +6,10 @@ entry to ``detaching`` durably before unbinding, so after a crash at any point t
 what it was doing and finishes or rolls it back (:mod:`fabric.binder`), instead of forgetting a
 binding or making it twice.
 
+The outcome of an operation (``bound``, or the entry removed after an unbind) is written without
+anyone waiting for it (:meth:`Ledger.commit_soon`): its intent is durable already, and a restart
+that finds ``attaching`` or ``detaching`` finishes the record from the fabric's state.
+
 Two stores: a JSON file in ``--state-dir`` (written with :func:`dra_driver.fsutil.atomic_write`:
 temp file, fsync, rename) and, in a cluster, a ConfigMap replaced with its ``resourceVersion`` so a
 deposed leader's stale write fails instead of overwriting the new leader's. Writes are group-committed:
@@ -200,6 +204,7 @@ class Ledger:
         self._changes = 0
         self._saved = 0
         self._write_lock = asyncio.Lock()
+        self._background: asyncio.Task[None] | None = None
 
     async def load(self) -> None:
         document = await self.store.load()
@@ -235,6 +240,21 @@ class Ledger:
             document = LedgerDocument.model_construct(entries=dict(self._entries))
             await self.store.save(document)
             self._saved = covered
+
+    def commit_soon(self) -> None:
+        """Write the changes made so far without anyone waiting for it: for the outcome of an
+        operation whose intent is already durable (a restart finishes the record from the
+        fabric's state). It joins the next write; every later :meth:`commit` covers it too."""
+        if self._background is None or self._background.done():
+            self._background = asyncio.get_running_loop().create_task(self._commit_in_background())
+
+    async def _commit_in_background(self) -> None:
+        while self._saved < self._changes:
+            try:
+                await self.commit()
+            except FabricUnavailable as err:
+                log.warning("ledger write failed; the next write carries the change", error=err.message)
+                return
 
 
 def _first_line(err: BaseException) -> str:

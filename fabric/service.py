@@ -253,6 +253,10 @@ class ManagerService:
         await asyncio.wait([stop, tasks[0]], return_when=asyncio.FIRST_COMPLETED)
         log.info("fabric manager stopping")
         await inventory.release_waiters()
+        if self._ledger_loaded:
+            # Outcomes written in the background reach the disk before the Lease is given up.
+            with contextlib.suppress(FabricError):
+                await ledger.commit()
         server.should_exit = True
         for task in tasks[1:]:
             task.cancel()

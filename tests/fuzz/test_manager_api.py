@@ -19,6 +19,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,5 +182,11 @@ def test_zz_after_fuzzing_fabric_and_manager_agree_and_everything_detaches(fabri
         assert table["Bindings"] == [] and table["InFlight"] == []
 
     asyncio.run(scenario())
-    ledger = json.loads((Path(fabric.emulator.state_dir).parent / "manager" / "ledger.json").read_text())
+    # The last detach's outcome is written after its answer (its intent was durable before).
+    ledger_file = Path(fabric.emulator.state_dir).parent / "manager" / "ledger.json"
+    for _ in range(100):
+        ledger = json.loads(ledger_file.read_text())
+        if ledger["entries"] == {}:
+            break
+        time.sleep(0.05)
     assert ledger["entries"] == {}

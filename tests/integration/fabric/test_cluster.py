@@ -189,7 +189,12 @@ async def test_tokenreview_roles_and_failover(
 async def _check_cluster_objects(kube: KubeClient, leader: str) -> None:
     lease = await kube.get(LEASES, "fabric-dra-manager", NAMESPACE)
     assert lease["spec"]["holderIdentity"] == leader
-    ledger = await kube.get(CONFIGMAPS, "fabric-dra-manager-ledger", NAMESPACE)
+    # The last detach's outcome is written after its answer (its intent was durable before).
+    for _ in range(100):
+        ledger = await kube.get(CONFIGMAPS, "fabric-dra-manager-ledger", NAMESPACE)
+        if '"entries": {}' in ledger["data"]["ledger.json"]:
+            break
+        await asyncio.sleep(0.05)
     assert '"entries": {}' in ledger["data"]["ledger.json"]
 
 

@@ -37,7 +37,8 @@ async def test_attach_is_idempotent_per_claim_and_device(tmp_path: Path) -> None
     assert first.state == again.state == api.AttachmentState.ATTACHED
     assert h.fabric.binds == [("gpu0", "node-0")]
     assert first.device.claim_uid == "c1" and first.device.node == "node-0"
-    # The intent and its outcome are on disk.
+    # The intent is on disk, and the outcome once its write (not waited for by the answer) is done.
+    await h.ledger.commit()
     saved = json.loads((tmp_path / "ledger.json").read_text())
     assert saved["entries"]["gpu0"]["state"] == "bound"
 
@@ -135,6 +136,7 @@ async def test_restart_completes_half_done_operations(tmp_path: Path) -> None:
     h = await make_harness(tmp_path, hosts=2, devices=3)
     await h.binder.attach(attach_request("gpu0", "node-0", "c0"), wait=5)
     await h.binder.attach(attach_request("gpu2", "node-1", "c2"), wait=5)
+    await h.ledger.commit()  # the outcomes' writes are done
     document = json.loads((tmp_path / "ledger.json").read_text())
     entries = document["entries"]
     # Crashed right after recording the intent to attach gpu1 (nothing sent to the fabric yet),
