@@ -144,6 +144,8 @@ class Driver:
 
     async def prepare(self, refs: Sequence[ClaimRef], deadline: float) -> dict[str, ClaimOutcome]:
         unique = list({ref.uid: ref for ref in refs}.values())
+        if len(unique) == 1:  # the usual call: no task to run one claim
+            return {unique[0].uid: await self._prepare_claim(unique[0], deadline)}
         outcomes = await asyncio.gather(*(self._prepare_claim(ref, deadline) for ref in unique))
         return {ref.uid: outcome for ref, outcome in zip(unique, outcomes, strict=True)}
 
@@ -180,14 +182,17 @@ class Driver:
 
     async def _read_claim(self, ref: ClaimRef) -> list[PreparedDevice]:
         """The devices of this driver in the claim's allocation, after checking it is the claim asked for."""
+        with observe_phase("claim_read"):  # the GET and what the claim says
+            return await self._claim_devices(ref)
+
+    async def _claim_devices(self, ref: ClaimRef) -> list[PreparedDevice]:
         what = f"ResourceClaim {ref.namespace}/{ref.name}"
-        with observe_phase("claim_read"):
-            try:
-                claim = await self.claims.get(ref.namespace, ref.name)
-            except ClaimNotFound as err:
-                raise PrepareFailed(f"{err}; it was deleted before the kubelet prepared it") from err
-            except ApiError as err:
-                raise PrepareFailed(f"reading {what} failed: {err}; the kubelet will retry") from err
+        try:
+            claim = await self.claims.get(ref.namespace, ref.name)
+        except ClaimNotFound as err:
+            raise PrepareFailed(f"{err}; it was deleted before the kubelet prepared it") from err
+        except ApiError as err:
+            raise PrepareFailed(f"reading {what} failed: {err}; the kubelet will retry") from err
         if claim.metadata.uid != ref.uid:
             raise PrepareFailed(
                 f"{what} has UID {claim.metadata.uid}, the kubelet asked for {ref.uid}: the claim was "
@@ -244,9 +249,9 @@ class Driver:
             state=ClaimState.PREPARE_STARTED,
             devices=devices,
         )
-        self.store.put(entry)
-        crash_point("plugin.prepare.before-checkpoint-started")
         with observe_phase("checkpoint"):
+            self.store.put(entry)
+            crash_point("plugin.prepare.before-checkpoint-started")
             # Guards against a crash of this process mid-attach; after a power loss the fabric's
             # bindings to this node (reconcile) say the same, so no fsync is needed here.
             await self.store.commit(durable=False)
@@ -263,23 +268,25 @@ class Driver:
             crash_point("plugin.prepare.before-cdi-write")
             paths = cdi.write_specs(self.config.cdi_root, self.driver_name, ref.uid, specs)
             crash_point("plugin.prepare.after-cdi-write")
-        completed = entry.model_copy(
-            update={
-                "state": ClaimState.PREPARE_COMPLETED,
-                "cdi_spec_files": [str(p) for p in paths],
-                "devices": [
-                    d.model_copy(
-                        update={
-                            "cdi_device_ids": [cdi.cdi_device_id(self.driver_name, d.type, ref.uid, d.device)]
-                        }
-                    )
-                    for d in entry.devices
-                ],
-            }
-        )
-        self.store.put(completed)
-        crash_point("plugin.prepare.before-checkpoint-completed")
-        with observe_phase("checkpoint"):
+        with observe_phase("checkpoint"):  # the completed record, written durably
+            completed = entry.model_copy(
+                update={
+                    "state": ClaimState.PREPARE_COMPLETED,
+                    "cdi_spec_files": [str(p) for p in paths],
+                    "devices": [
+                        d.model_copy(
+                            update={
+                                "cdi_device_ids": [
+                                    cdi.cdi_device_id(self.driver_name, d.type, ref.uid, d.device)
+                                ]
+                            }
+                        )
+                        for d in entry.devices
+                    ],
+                }
+            )
+            self.store.put(completed)
+            crash_point("plugin.prepare.before-checkpoint-completed")
             await self.store.commit()
         crash_point("plugin.prepare.after-checkpoint-completed")
         self._drop_reservations(ref.uid)
@@ -396,6 +403,8 @@ class Driver:
 
     async def unprepare(self, refs: Sequence[ClaimRef], deadline: float) -> dict[str, str]:
         unique = list({ref.uid: ref for ref in refs}.values())
+        if len(unique) == 1:
+            return {unique[0].uid: await self._unprepare_claim(unique[0], deadline)}
         errors = await asyncio.gather(*(self._unprepare_claim(ref, deadline) for ref in unique))
         return {ref.uid: error for ref, error in zip(unique, errors, strict=True)}
 
@@ -428,19 +437,23 @@ class Driver:
             log.info("claim was not prepared on this node; nothing to do", claim=ref.uid)
             return
         budget = max(0.0, deadline - self._clock())
-        results = await asyncio.gather(
-            *(self.backend.release(ref.uid, d, within=budget) for d in entry.devices), return_exceptions=True
-        )
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if failed:
-            raise failed[0]  # the entry stays: the kubelet's retry releases what is left
+        if len(entry.devices) == 1:
+            await self.backend.release(ref.uid, entry.devices[0], within=budget)
+        else:
+            results = await asyncio.gather(
+                *(self.backend.release(ref.uid, d, within=budget) for d in entry.devices),
+                return_exceptions=True,
+            )
+            failed = [r for r in results if isinstance(r, BaseException)]
+            if failed:
+                raise failed[0]  # the entry stays: the kubelet's retry releases what is left
         with observe_phase("cdi_remove"):
             paths = {Path(p) for p in entry.cdi_spec_files}
             paths.update(cdi.spec_files_of_claim(self.config.cdi_root, self.driver_name, ref.uid))
             cdi.remove_spec_files(paths)
         crash_point("plugin.unprepare.after-cdi-remove")
-        self.store.delete(ref.uid)
         with observe_phase("checkpoint"):
+            self.store.delete(ref.uid)
             await self.store.commit()
         crash_point("plugin.unprepare.after-checkpoint")
         self._drop_reservations(ref.uid)
