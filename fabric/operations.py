@@ -30,6 +30,8 @@ class OperationLog:
     def __init__(self, keep_finished: int = 1000) -> None:
         self.keep_finished = keep_finished
         self._ops: OrderedDict[str, api.Operation] = OrderedDict()
+        #: finished operations in the order they finished (the oldest go first)
+        self._finished: OrderedDict[str, None] = OrderedDict()
 
     def start(self, kind: api.OperationKind, device: str, node: str, claim_uid: str) -> api.Operation:
         op = api.Operation(
@@ -42,7 +44,6 @@ class OperationLog:
             started_at=datetime.now(UTC),
         )
         self._ops[op.id] = op
-        self._trim()
         return op
 
     def adopt(self, op_id: str, kind: api.OperationKind, device: str, node: str, claim_uid: str) -> None:
@@ -97,10 +98,8 @@ class OperationLog:
         )
         self._ops[op_id] = finished
         self._ops.move_to_end(op_id)
-        self._trim()
+        self._finished[op_id] = None
+        while len(self._finished) > self.keep_finished:  # no scan of every operation per finish
+            oldest, _ = self._finished.popitem(last=False)
+            self._ops.pop(oldest, None)
         return finished
-
-    def _trim(self) -> None:
-        finished = [k for k, op in self._ops.items() if op.finished_at is not None]
-        for key in finished[: max(0, len(finished) - self.keep_finished)]:
-            del self._ops[key]
