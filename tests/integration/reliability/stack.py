@@ -342,7 +342,7 @@ class Stack:
             *("--state-dir", str(self.root / "manager"), "--kubeconfig", str(self.kubeconfig)),
             *("--namespace", NAMESPACE, "--static-tokens", str(self.tokens)),
             *("--orphan-grace-seconds", str(self.orphan_grace), "--orphan-interval-seconds", "0.5"),
-            *("--plugin-report-ttl-seconds", "2"),
+            *("--plugin-report-ttl-seconds", "3"),
             *("--port", str(self.manager_port), "--ready-file", str(self.root / "manager.ready")),
             *self.manager_args,
             *self.redfish_args,
