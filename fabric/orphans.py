@@ -55,7 +55,7 @@ _VERSIONS = ("v1", "v1beta2", "v1beta1")
 #: why a binding is an orphan → how the Event and the log say it
 _REASONS = {
     "claim-deleted": "its ResourceClaim {claim} no longer exists",
-    "not-allocated": "its ResourceClaim {claim} no longer allocates it",
+    "not-allocated": "its ResourceClaim {claim} no longer allocates it to this node",
     "not-reserved": "its ResourceClaim {claim} allocates it but is reserved for no pod",
 }
 
@@ -82,6 +82,22 @@ def _allocated_result(claim: Mapping[str, Any], device: str) -> Mapping[str, Any
         if isinstance(result, Mapping) and result.get("device") == device:
             return result
     return None
+
+
+def _allocated_node(claim: Mapping[str, Any]) -> str | None:
+    """The one node an allocation names (binding-condition flow: one ``matchFields`` term on
+    ``metadata.name``); None when it selects nodes by labels (the plain flow)."""
+    selector = ((claim.get("status") or {}).get("allocation") or {}).get("nodeSelector") or {}
+    terms = selector.get("nodeSelectorTerms") or []
+    if len(terms) != 1 or terms[0].get("matchExpressions"):
+        return None
+    fields = terms[0].get("matchFields") or []
+    if len(fields) != 1:
+        return None
+    values = fields[0].get("values") or []
+    if fields[0].get("key") != "metadata.name" or fields[0].get("operator") != "In" or len(values) != 1:
+        return None
+    return str(values[0])
 
 
 def _claim_name(claim: Mapping[str, Any] | None, uid: str) -> str:
@@ -145,8 +161,9 @@ class OrphanReconciler:
         if claim is None:
             return "claim-deleted"
         result = _allocated_result(claim, entry.device)
-        if result is None:
-            return "not-allocated"
+        node = _allocated_node(claim)
+        if result is None or (node is not None and node != entry.node):
+            return "not-allocated"  # deallocated, or allocated anew on another node
         if (claim.get("status") or {}).get("reservedFor") or result.get("bindingConditions"):
             return None
         return "not-reserved"

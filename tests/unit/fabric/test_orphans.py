@@ -33,7 +33,9 @@ def _entry(device: str = "gpu0", claim: str = "uid-1", node: str = "node-a") -> 
     )
 
 
-def _claim(uid: str, device: str | None, *, reserved: bool, conditions: bool = False) -> dict[str, Any]:
+def _claim(
+    uid: str, device: str | None, *, reserved: bool, conditions: bool = False, node: str | None = None
+) -> dict[str, Any]:
     result: dict[str, Any] = {
         "request": "r",
         "driver": "fabric-dra.io",
@@ -45,6 +47,12 @@ def _claim(uid: str, device: str | None, *, reserved: bool, conditions: bool = F
     status: dict[str, Any] = {}
     if device is not None:
         status["allocation"] = {"devices": {"results": [result]}}
+        if node is not None:
+            status["allocation"]["nodeSelector"] = {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                ]
+            }
     if reserved:
         status["reservedFor"] = [{"resource": "pods", "name": "p", "uid": "pod-1"}]
     return {"metadata": {"uid": uid, "name": "c", "namespace": "ns"}, "status": status}
@@ -67,6 +75,11 @@ def test_what_explains_a_binding() -> None:
         "allocated, reserved for nobody": (_claim("uid-1", "gpu0", reserved=False), "not-reserved"),
         "allocates another device": (_claim("uid-1", "gpu1", reserved=True), "not-allocated"),
         "deallocated": (_claim("uid-1", None, reserved=False), "not-allocated"),
+        "allocated to this node by name": (_claim("uid-1", "gpu0", reserved=True, node="node-a"), None),
+        "allocated anew on another node": (
+            _claim("uid-1", "gpu0", reserved=False, conditions=True, node="node-b"),
+            "not-allocated",
+        ),
         "another claim with the same name": (_claim("uid-2", "gpu0", reserved=True), "claim-deleted"),
     }
     for what, (claim, expected) in cases.items():
