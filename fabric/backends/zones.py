@@ -299,8 +299,8 @@ class ZoneBackend(Backend):
 
     async def prepare_bind(self, device: DeviceRecord, host: HostRecord) -> None:
         known = self._host_zones.get(host.id)
-        if known is None:
-            return
+        if known is None or self._zone_lock(known).locked():
+            return  # another action of ours is on the zone: the bind reads it after that one
         seen = self._zone_changes.get(known, 0)
         fresh = await self._get_or_none(known)
         if fresh is not None:
