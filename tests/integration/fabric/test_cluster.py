@@ -231,12 +231,30 @@ async def test_devices_of_deleted_claims_are_detached(
             },
             "default",
         )
+        # allocated to nvme0 and reserved for a pod: the claim explains that binding
+        claim["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "nvme",
+                            "driver": "fabric-dra.io",
+                            "pool": "fabric-pcie",
+                            "device": "nvme0",
+                        }
+                    ]
+                }
+            },
+            "reservedFor": [{"resource": "pods", "name": "training-0", "uid": "6f1d1f0e-pod"}],
+        }
+        await kube.replace(RESOURCE_CLAIMS, claim, subresource="status")
     live_uid = claim["metadata"]["uid"]
     args = manager_args(
         fabric,
         tmp_path,
         *("--kubeconfig", str(cluster.kubeconfig), "--namespace", NAMESPACE, "--token-audience", AUDIENCE),
         *("--orphan-grace-seconds", "0.5", "--orphan-interval-seconds", "0.5"),
+        *("--plugin-report-ttl-seconds", "0.5"),
         tokens=False,
     )
     manager = start_manager(tmp_path, fabric.url, args=args)
@@ -249,9 +267,9 @@ async def test_devices_of_deleted_claims_are_detached(
             while (await client.device("nvme1")).state != BindingState.FREE:
                 assert time.monotonic() < deadline, "the orphaned device was not detached"
                 await asyncio.sleep(0.2)
-            assert fabric.bound_hosts() == {"nvme0": "kind-worker3"}  # its claim exists: kept
+            assert fabric.bound_hosts() == {"nvme0": "kind-worker3"}  # its claim uses it: kept
             await client.detach("nvme0", "node-c", live_uid, wait_seconds=20)
-        assert "claim no longer exists; detaching its device" in manager.log_file.read_text()
+        assert "detaching an orphaned binding" in manager.log_file.read_text()
     finally:
         manager.stop()
 
