@@ -97,6 +97,9 @@ def test_concurrent_binds_with_tasks_have_one_winner(tmp_path: Path) -> None:
     profile = tmp_path / "slow-binds.json"
     profile.write_text(json.dumps({"name": "slow-binds", "tasks": True, "bind": {"gpu": {"seconds": 0.5}}}))
     with run_emulator(tmp_path, latency=str(profile)) as emu:
+        # The winner's task is held until the table is read: on a loaded machine the 60 requests
+        # can take longer than the task's 0.5 s.
+        emu.inject({"Kind": "HangTasks", "Target": "gpu4", "Count": 1})
         results = asyncio.run(_race(emu, "gpu4", 60))
         accepted = [(r, h) for r, h in results if r.status_code == 202]
         assert len(accepted) == 1, Counter(r.status_code for r, _ in results)
@@ -105,6 +108,7 @@ def test_concurrent_binds_with_tasks_have_one_winner(tmp_path: Path) -> None:
         table = emu.bindings()
         assert table["Bindings"] == []
         assert [(op["Target"], op["Operation"]) for op in table["InFlight"]] == [("gpu4", "bind")]
+        emu.reset_faults()  # the held task resumes
         monitor = accepted[0][0].headers["Location"]
         client = emu.client()
         final = client.get(monitor)
