@@ -168,8 +168,25 @@ def _parse_retry_after(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
+# Resources of the service root that are singletons, not collections: the segment after one is
+# a property or collection name, never a member id (Redfish Specification DSP0266 1.20, 6.1).
+_SINGLETONS = frozenset(
+    {
+        "AccountService",
+        "CertificateService",
+        "CompositionService",
+        "EventService",
+        "SessionService",
+        "TaskService",
+        "TelemetryService",
+        "UpdateService",
+    }
+)
+
+
 def resource_kind(uri: str) -> str:
-    """A low-cardinality label for a URI: the collection or action it addresses."""
+    """A low-cardinality label for a URI: the collection or action it addresses, never a
+    member's id (ids are unbounded: one label value per device would grow without end)."""
     path = urlsplit(uri).path.rstrip("/")
     segments = [s for s in path.split("/") if s]
     if "Actions" in segments:
@@ -178,8 +195,17 @@ def resource_kind(uri: str) -> str:
             return segments[index + 1]
     if len(segments) <= 2:
         return "ServiceRoot"
-    # /redfish/v1/<Collection>/<Id>/<Collection>/<Id>...: the last collection name
     tail = segments[2:]
+    if tail[0] in _SINGLETONS:
+        if len(tail) == 1:
+            return tail[0]
+        tail = tail[1:]
+    elif tail[0] == "Oem":
+        # /redfish/v1/Oem/<Vendor>/<Collection>[/<Id>...]
+        if len(tail) <= 2:
+            return "Oem"
+        tail = tail[2:]
+    # <Collection>/<Id>/<Collection>/<Id>...: the last collection name
     return tail[-1] if len(tail) % 2 == 1 else tail[-2]
 
 

@@ -17,6 +17,7 @@ import trustme
 from dra_driver.logs import configure
 from fabric.errors import AttachTimeout, BindFailed, DeviceBusy, FabricUnavailable
 from fabric.redfish import OutcomeUnknown, PreconditionFailed, RedfishClient, RedfishSettings
+from fabric.redfish.client import resource_kind
 from tests.support.fabric_http import Reply, Request, ScriptedServer
 
 PASSWORD = "s3cret-Pa55word-for-tests"
@@ -337,3 +338,26 @@ def test_settings_refuse_credentials_in_the_url() -> None:
         RedfishSettings(base_url="https://fabric.example:8443/redfish/v1/").base_url
         == "https://fabric.example:8443"
     )
+
+
+@pytest.mark.parametrize(
+    ("uri", "kind"),
+    [
+        ("/redfish/v1/", "ServiceRoot"),
+        ("/redfish/v1/Systems", "Systems"),
+        ("/redfish/v1/Systems/kind-worker", "Systems"),
+        ("/redfish/v1/Chassis/sw0/NetworkAdapters/nic0", "NetworkAdapters"),
+        ("/redfish/v1/Chassis/sw0/PCIeDevices/gpu0/PCIeFunctions/0", "PCIeFunctions"),
+        ("https://bmc:8443/redfish/v1/Fabrics/PCIe/Zones/3?$expand=.", "Zones"),
+        ("/redfish/v1/Fabrics/PCIe/Zones/3/Actions/Zone.AddEndpoint", "Zone.AddEndpoint"),
+        ("/redfish/v1/CompositionService", "CompositionService"),
+        ("/redfish/v1/CompositionService/ResourceBlocks", "ResourceBlocks"),
+        ("/redfish/v1/CompositionService/ResourceBlocks/gpu0", "ResourceBlocks"),
+        ("/redfish/v1/TaskService/Tasks/17", "Tasks"),
+        ("/redfish/v1/SessionService/Sessions/abc", "Sessions"),
+        ("/redfish/v1/Oem/FabricDRA/Bindings", "Bindings"),
+        ("/redfish/v1/Oem/FabricDRA", "Oem"),
+    ],
+)
+def test_request_metric_labels_never_carry_a_member_id(uri: str, kind: str) -> None:
+    assert resource_kind(uri) == kind
