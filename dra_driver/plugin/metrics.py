@@ -14,14 +14,21 @@ import threading
 import time
 from collections.abc import Iterator
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer
 
 from dra_driver.netutil import listen_tcp
 
-__all__ = ["CLAIM_RESULTS", "PHASE_SECONDS", "REGISTRY", "observe_phase", "phase_totals", "serve_metrics"]
+__all__ = [
+    "CLAIM_RESULTS",
+    "PHASE_SECONDS",
+    "REGISTRY",
+    "MetricsServer",
+    "observe_phase",
+    "phase_totals",
+    "serve_metrics",
+]
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -66,12 +73,20 @@ def phase_totals() -> dict[str, tuple[float, float]]:
 
 
 class _QuietHandler(WSGIRequestHandler):
+    #: a client that stops sending or reading is cut off after this long (socket timeout)
+    timeout = 5.0
+
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes are not events worth a log line."""
 
 
-class _MetricsServer(ThreadingWSGIServer):
-    """prometheus_client's threading WSGI server on a socket from :func:`listen_tcp`."""
+class _MetricsServer(WSGIServer):
+    """A WSGI server on a socket from :func:`listen_tcp`, answering one scrape at a time on its
+    own thread.
+
+    Not a thread per request: starting a thread costs more than rendering the plugin's metrics,
+    and its teardown would run into the next kubelet call. A scrape is a few hundred
+    microseconds; a client that stalls is cut off by the handler's socket timeout."""
 
     def __init__(self, sock: socket.socket) -> None:
         self._listener = sock
@@ -89,9 +104,25 @@ class _MetricsServer(ThreadingWSGIServer):
         """Already listening."""
 
 
-def serve_metrics(host: str, port: int) -> int:
-    """Serve ``/metrics`` from a background thread; returns the bound port."""
+class MetricsServer:
+    """A running ``/metrics`` server: its port, and :meth:`close` to stop it."""
+
+    def __init__(self, server: _MetricsServer, thread: threading.Thread) -> None:
+        self._server = server
+        self._thread = thread
+        self.port = server.server_port
+
+    def close(self) -> None:
+        """Stop answering, wait for the server thread, close the listening socket."""
+        self._server.shutdown()
+        self._thread.join(timeout=10)
+        self._server.server_close()
+
+
+def serve_metrics(host: str, port: int) -> MetricsServer:
+    """Serve ``/metrics`` from a background thread (port 0: any free port)."""
     server = _MetricsServer(listen_tcp(host, port, backlog=64, hint="pick another --metrics-port"))
     server.set_app(make_wsgi_app(REGISTRY))
-    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
-    return server.server_port
+    thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
+    thread.start()
+    return MetricsServer(server, thread)

@@ -25,7 +25,7 @@ from dra_driver.plugin.config import DeviceBackendKind, HostMode, PluginConfig
 from dra_driver.plugin.driver import Driver, dra_servicers
 from dra_driver.plugin.health import HealthMonitor, health_servicer
 from dra_driver.plugin.hostdev import HostScanner, SysfsChanges
-from dra_driver.plugin.metrics import serve_metrics
+from dra_driver.plugin.metrics import MetricsServer, serve_metrics
 from dra_driver.plugin.reconcile import reconcile
 from dra_driver.plugin.registration import RegistrationServicer, add_registration_servicer
 from dra_driver.plugin.report import PreparedReporter
@@ -79,6 +79,7 @@ class PluginServer:
         self.health: HealthMonitor | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._reporter: asyncio.Task[None] | None = None
+        self._metrics: MetricsServer | None = None
         self._kube: object | None = None
         self.backend: DeviceBackend | None = None
         self.store: CheckpointStore | None = None
@@ -182,8 +183,8 @@ class PluginServer:
         await self._start_registration()
 
         if cfg.metrics_port is not None:
-            port = serve_metrics(cfg.metrics_host, cfg.metrics_port)
-            log.info("serving metrics", address=f"http://{cfg.metrics_host}:{port}/metrics")
+            self._metrics = serve_metrics(cfg.metrics_host, cfg.metrics_port)
+            log.info("serving metrics", address=f"http://{cfg.metrics_host}:{self._metrics.port}/metrics")
         if cfg.ready_file is not None:
             atomic_write(cfg.ready_file, f"{cfg.dra_socket}\n", durable=False)
         self._watchdog = asyncio.create_task(self._watch(), name="registration-watchdog")
@@ -263,6 +264,8 @@ class PluginServer:
                 await self._kube.aclose()  # type: ignore[attr-defined]
         if self.locks is not None:
             self.locks.close()
+        if self._metrics is not None:
+            await asyncio.to_thread(self._metrics.close)
         if cfg.ready_file is not None:
             with contextlib.suppress(FileNotFoundError):
                 cfg.ready_file.unlink()
