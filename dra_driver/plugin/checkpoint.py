@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dra_driver.fsutil import atomic_write
 from dra_driver.logs import get_logger
+from dra_driver.plugin import cdi
 from dra_driver.plugin.hostdev import HostDevice
 
 __all__ = [
@@ -79,6 +80,21 @@ class PreparedDevice(_Record):
     attached: bool = False
     host: HostDevice | None = None
     cdi_device_ids: list[str] = Field(default_factory=list)
+
+    def spec_device(self, claim_uid: str) -> cdi.SpecDevice:
+        """What the claim's CDI spec says of this device."""
+        return cdi.SpecDevice(
+            claim_uid=claim_uid,
+            device=self.device,
+            pool=self.pool,
+            type=self.type,
+            request_names=tuple(self.request_names),
+            model=self.model,
+            serial=self.serial,
+            vendor_id=self.vendor_id,
+            device_id=self.device_id,
+            host=self.host,
+        )
 
 
 class ClaimEntry(_Record):

@@ -262,7 +262,7 @@ class Driver:
         with observe_phase("cdi_write"):
             specs = cdi.build_specs(
                 self.driver_name,
-                [self._spec_device(ref.uid, d) for d in entry.devices],
+                [d.spec_device(ref.uid) for d in entry.devices],
                 real_host=self._real_host,
             )
             crash_point("plugin.prepare.before-cdi-write")
@@ -372,27 +372,13 @@ class Driver:
         """Attached, and (unless the backend has no host side) seen by the host."""
         return device.attached and (device.host is not None or self.backend.name == "noop")
 
-    def _spec_device(self, uid: str, device: PreparedDevice) -> cdi.SpecDevice:
-        return cdi.SpecDevice(
-            claim_uid=uid,
-            device=device.device,
-            pool=device.pool,
-            type=device.type,
-            request_names=tuple(device.request_names),
-            model=device.model,
-            serial=device.serial,
-            vendor_id=device.vendor_id,
-            device_id=device.device_id,
-            host=device.host,
-        )
-
     def _ensure_specs(self, entry: ClaimEntry) -> bool:
         """Rewrite the claim's CDI specs if any is missing (e.g. /var/run was cleared by a reboot)."""
         if all(Path(p).exists() for p in entry.cdi_spec_files) and entry.cdi_spec_files:
             return False
         specs = cdi.build_specs(
             self.driver_name,
-            [self._spec_device(entry.uid, d) for d in entry.devices],
+            [d.spec_device(entry.uid) for d in entry.devices],
             real_host=self._real_host,
         )
         cdi.write_specs(self.config.cdi_root, self.driver_name, entry.uid, specs)

@@ -179,21 +179,7 @@ async def reconcile(
         if missing or not entry.cdi_spec_files:
             specs = cdi.build_specs(
                 driver,
-                [
-                    cdi.SpecDevice(
-                        claim_uid=uid,
-                        device=d.device,
-                        pool=d.pool,
-                        type=d.type,
-                        request_names=tuple(d.request_names),
-                        model=d.model,
-                        serial=d.serial,
-                        vendor_id=d.vendor_id,
-                        device_id=d.device_id,
-                        host=d.host,
-                    )
-                    for d in entry.devices
-                ],
+                [d.spec_device(uid) for d in entry.devices],
                 real_host=real_host,
             )
             paths = cdi.write_specs(cdi_root, driver, uid, specs)

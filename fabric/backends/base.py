@@ -19,6 +19,7 @@ __all__ = [
     "DiscoveryResult",
     "EndpointView",
     "action_target",
+    "host_initiators",
     "read_endpoints",
 ]
 
@@ -108,6 +109,19 @@ async def read_endpoints(walk: Walk, fabric: Mapping[str, Any]) -> list[Endpoint
     collection = odata_id(fabric.get("Endpoints"))
     views = [classify_endpoint(r) for r in await walk.members(collection)]
     return [v for v in views if v is not None]
+
+
+def host_initiators(endpoints: list[EndpointView], hosts: Mapping[str, HostRecord]) -> DiscoveryResult:
+    """A discovery result naming, for each known host, its initiator endpoints on the fabric
+    (initiators of hosts this manager does not know are left out); no devices yet."""
+    initiators: dict[str, list[str]] = {}
+    for view in endpoints:
+        if view.is_initiator and view.host in hosts:
+            initiators.setdefault(str(view.host), []).append(view.uri)
+    return DiscoveryResult(
+        initiators={h: tuple(sorted(u)) for h, u in initiators.items()},
+        hosts=tuple(sorted(initiators)),
+    )
 
 
 class Backend(ABC):

@@ -15,7 +15,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fabric.backends.base import Backend, BindContext, DiscoveryResult, classify_endpoint, read_endpoints
+from fabric.backends.base import (
+    Backend,
+    BindContext,
+    DiscoveryResult,
+    classify_endpoint,
+    host_initiators,
+    read_endpoints,
+)
 from fabric.backends.describe import describe
 from fabric.backends.model import BindingStyle, DeviceRecord, HostRecord
 from fabric.backends.walk import Walk, links, odata_id, path_ids
@@ -52,11 +59,8 @@ class ConnectionBackend(Backend):
         if fabric is None:
             return DiscoveryResult()
         endpoints = await read_endpoints(walk, fabric)
-        initiators: dict[str, list[str]] = {}
-        for view in endpoints:
-            if view.is_initiator and view.host in hosts:
-                initiators.setdefault(str(view.host), []).append(view.uri)
-        self._initiator_hosts = {uri: host for host, uris in initiators.items() for uri in uris}
+        result = host_initiators(endpoints, hosts)
+        self._initiator_hosts = {uri: host for host, uris in result.initiators.items() for uri in uris}
         connections = await walk.members(odata_id(fabric.get("Connections")))
         listed = {odata_id(c) for c in connections}
         extra = [
@@ -65,10 +69,6 @@ class ConnectionBackend(Backend):
         self._unlisted = list(dict.fromkeys(extra))
         connections.extend(await walk.get_all(extra))
         await self._learn_initiators(walk, connections)
-        result = DiscoveryResult(
-            initiators={h: tuple(sorted(u)) for h, u in initiators.items()},
-            hosts=tuple(sorted(initiators)),
-        )
         self._devices = []
         for view in endpoints:
             if not view.is_target or not view.chunks:

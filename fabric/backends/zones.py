@@ -29,6 +29,7 @@ from fabric.backends.base import (
     EndpointView,
     action_target,
     classify_endpoint,
+    host_initiators,
     read_endpoints,
 )
 from fabric.backends.describe import describe
@@ -97,16 +98,9 @@ class ZoneBackend(Backend):
         if fabric is None:
             return DiscoveryResult()
         endpoints = await read_endpoints(walk, fabric)
-        initiators: dict[str, list[str]] = {}
-        for view in endpoints:
-            if view.is_initiator and view.host in hosts:
-                initiators.setdefault(str(view.host), []).append(view.uri)
-        self._initiator_hosts = {uri: host for host, uris in initiators.items() for uri in uris}
+        result = host_initiators(endpoints, hosts)
+        self._initiator_hosts = {uri: host for host, uris in result.initiators.items() for uri in uris}
         zones = await self._zones(walk, fabric, endpoints)
-        result = DiscoveryResult(
-            initiators={h: tuple(sorted(u)) for h, u in initiators.items()},
-            hosts=tuple(sorted(initiators)),
-        )
         self._targets = []
         self._target_set = frozenset(v.uri for v in endpoints if v.is_target)
         self._host_zones = self._own_zones(zones)
