@@ -1,6 +1,6 @@
 """``python -m bench [--quick] [--json FILE] [--only SECTION ...]`` (also ``make bench``).
 
-Runs the benchmark sections of issue 9 on this machine — plus the emulator's own figures (issue 3)
+Runs every benchmark section on this machine — plus the emulator's own figures
 — prints one table (target, measured, pass/miss) and writes every figure as JSON (default
 ``bench/results/latest.json``). Real processes on real sockets throughout; see docs/performance.md.
 """
@@ -27,7 +27,7 @@ SECTIONS: dict[str, tuple[str, str]] = {
     "publish": ("bench.publish_bench", "4. ResourceSlice publishing, 128 / 1,280 / 10,000 devices"),
     "memory": ("bench.memory", "5. RSS of plugin (idle, after 1,000 cycles), manager, emulator"),
     "realistic": ("bench.realistic", "6. attach-to-ready, realistic emulator, fabric-dra's share"),
-    "emulator": ("bench.emulator_bench", "issue 3: emulator bind+unbind pairs/s and GET p99, instant"),
+    "emulator": ("bench.emulator_bench", "emulator bind+unbind pairs/s and GET p99, instant"),
 }
 #: run only when named with --only
 EXTRA_SECTIONS: dict[str, tuple[str, str]] = {

@@ -235,7 +235,7 @@ def measure(quick: bool = False) -> dict[str, Any]:
 
 
 def run(ctx: BenchContext) -> dict[str, Any]:
-    """The emulator's section of ``python -m bench`` (issue 3's speed acceptance)."""
+    """The emulator's section of ``python -m bench`` (its speed target)."""
     figures = measure(ctx.quick)
     return {
         "figures": figures,

@@ -9,7 +9,7 @@ which binds over Redfish), visibility wait (until the node's emulated sysfs show
 write; for unprepare: detach request, CDI removal, checkpoint.
 
 Plugin overhead = prepare latency seen by the kubelet - attach request - visibility wait (the
-fabric's part); targets (issues 5 and 9): p50 <= 10 ms, p99 <= 50 ms.
+fabric's part); targets: p50 <= 10 ms, p99 <= 50 ms.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ The plugin measured is a fresh ``fabric-dra plugin`` (fabric backend) for its ow
 kubelet-protocol client, nothing prepared yet. Then 1,000 one-device claims (each its own
 ResourceClaim) go through prepare and unprepare one after another, and the RSS is read again.
 The manager's and emulator's RSS are read at the same two moments; when the throughput section
-ran before, they have served that load too. Targets (issue 9): idle plugin <= 80 MiB, growth
+ran before, they have served that load too. Targets: idle plugin <= 80 MiB, growth
 <= 5 MiB after 1,000 cycles.
 """
 

@@ -7,7 +7,7 @@ tests/support. The controller first publishes the four pools empty; the clock st
 full inventory is served and stops when the controller reports that inventory version synced
 (every slice acknowledged by the API server). Then the slices are checked complete and
 consistent, the server's write counter is reset, and three periodic resyncs run (period 1 s).
-Targets (issue 9): 10,000 devices in <= 5 s, 0 writes on an unchanged resync.
+Targets: 10,000 devices in <= 5 s, 0 writes on an unchanged resync.
 
 ``python -m bench --only publish``; ``python -m bench.publish_bench [--quick]`` prints JSON.
 """

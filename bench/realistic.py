@@ -10,7 +10,7 @@ resource, found through the manager's operation record). Everything else is fabr
 claim read, REST to the manager, ledger writes, the Redfish reads before the bind, noticing the
 task ended, the visibility check, CDI and checkpoint.
 
-    share = (attach-to-ready - bind task) / attach-to-ready        target (issue 9): < 1 %
+    share = (attach-to-ready - bind task) / attach-to-ready        target: < 1 %
 
 Claims are prepared one after another (each on its own GPU, the nodes taking turns), as one
 pod's start would see it; each claim's unprepare runs while the next one is prepared.

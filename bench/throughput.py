@@ -6,7 +6,7 @@ the manager, wait until the node's sysfs shows it, CDI spec, checkpoint) and the
 NodeUnprepareResources (detach, CDI removal, checkpoint). ``C`` workers run at once, each on its
 own GPU and its own pre-created claims, for a fixed time; claims/s = completed lives / seconds.
 On 10 nodes worker ``w`` runs on node ``w mod 10``, each node's plugin called through its own
-kubelet connection. Target (issue 9): >= 100 claims/s across 10 nodes at concurrency 32.
+kubelet connection. Target: >= 100 claims/s across 10 nodes at concurrency 32.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``fabric-dra explain --kubeconfig`` against the API test server (issue 6 acceptance)."""
+"""``fabric-dra explain --kubeconfig`` against the API test server."""
 
 from __future__ import annotations
 
