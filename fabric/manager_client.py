@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import socket
 import ssl
 import time
 from pathlib import Path
@@ -42,6 +43,10 @@ def _transport_reason(err: BaseException) -> str:
             return f"its TLS certificate was not accepted ({seen.verify_message or seen.reason})"
         if isinstance(seen, ssl.SSLError):
             return f"TLS failed ({seen.reason or seen})"
+        if isinstance(seen, ConnectionRefusedError):
+            return "nothing listens there (connection refused)"
+        if isinstance(seen, socket.gaierror):
+            return f"the host name does not resolve ({seen.strerror or seen})"
         seen = seen.__cause__ or seen.__context__
     text = str(err).strip() or "no answer"
     return f"{type(err).__name__}: {text}"

@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 from dra_driver.cli import CliError
 from fabric import api
-from fabric.errors import FabricError
+from fabric.errors import FabricError, FabricUnavailable
 from fabric.manager_client import ManagerClient
 
 __all__ = ["render_json", "render_table", "run_status"]
@@ -174,7 +174,12 @@ async def run_status(args: argparse.Namespace, out: TextIO | None = None) -> int
         inventory = await client.inventory()
         operations = await client.operations()
     except FabricError as err:
-        raise CliError(f"cannot read the fabric manager at {args.manager_url}: {err.message}") from None
+        hint = (
+            "; check --manager-url (or FABRIC_DRA_MANAGER_URL) and that the fabric manager runs"
+            if isinstance(err, FabricUnavailable)
+            else ""
+        )
+        raise CliError(f"cannot read the fabric manager's pool: {err.message}{hint}") from None
     finally:
         await client.aclose()
     stream = out or sys.stdout

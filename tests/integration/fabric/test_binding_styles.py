@@ -168,7 +168,7 @@ def test_status_command(fabric: FabricAdmin, tmp_path: Path) -> None:
         assert (l40s["free"], l40s["bound"]) == (1, 1)
         denied = subprocess.run(command, capture_output=True, text=True, timeout=60)
         assert denied.returncode == 1
-        assert denied.stderr.strip().startswith("fabric-dra: error: cannot read the fabric manager")
+        assert denied.stderr.strip().startswith("fabric-dra: error: cannot read the fabric manager's pool")
         assert "Traceback" not in denied.stderr
         with httpx.Client(base_url=manager.address) as http:
             http.delete(

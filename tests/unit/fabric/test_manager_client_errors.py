@@ -1,0 +1,44 @@
+"""What the manager client says when the manager cannot be reached: the cause in words, on real
+sockets (a port nothing listens on, a name that does not resolve)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from fabric.errors import FabricUnavailable
+from fabric.manager_client import ManagerClient
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def _inventory(url: str) -> None:
+    client = ManagerClient(url, token="t")
+    try:
+        await client.inventory()
+    finally:
+        await client.aclose()
+
+
+def test_a_port_nothing_listens_on_is_connection_refused() -> None:
+    url = f"http://127.0.0.1:{_closed_port()}"
+    with pytest.raises(FabricUnavailable) as caught:
+        asyncio.run(_inventory(url))
+    assert (
+        caught.value.message
+        == f"fabric manager unreachable at {url}: nothing listens there (connection refused)"
+    )
+
+
+def test_a_name_that_does_not_resolve_says_so() -> None:
+    with pytest.raises(
+        FabricUnavailable,
+        match=r"unreachable at http://fabric-manager\.invalid: the host name does not resolve",
+    ):
+        asyncio.run(_inventory("http://fabric-manager.invalid"))
