@@ -31,6 +31,7 @@ from fabric.naming import pool_name
 from fabric.nodes import NodeResolver
 from fabric.redfish.events import EventStream
 from fabric.redfish.messages import message_key
+from fabric.redfish.tasks import FINAL_TASK_EVENTS
 
 __all__ = ["Inventory"]
 
@@ -219,7 +220,12 @@ class Inventory:
         stream_task: asyncio.Task[None] | None = None
         if self.use_events:
             # A (re)connected stream may have missed events, or the service restarted: read everything.
-            self.stream = EventStream(self.discovery.client, self._on_events, on_connect=self.request_refresh)
+            self.stream = EventStream(
+                self.discovery.client,
+                self._on_events,
+                on_connect=self._stream_connected,
+                on_disconnect=self.discovery.client.tasks.stream_changed,
+            )
             stream_task = asyncio.create_task(self.stream.run(), name="redfish-events")
         backoff = 0.5
         try:
@@ -255,12 +261,18 @@ class Inventory:
                 with contextlib.suppress(asyncio.CancelledError):
                     await stream_task
 
+    def _stream_connected(self) -> None:
+        self.discovery.client.tasks.stream_changed()
+        self.request_refresh()
+
     def _on_events(self, events: list[dict[str, object]]) -> None:
         for event in events:
-            if message_key(str(event.get("MessageId") or ""))[0] == "TaskEvent":
+            registry, name = message_key(str(event.get("MessageId") or ""))
+            if registry == "TaskEvent":
                 origin = event.get("OriginOfCondition")
                 uri = origin.get("@odata.id") if isinstance(origin, dict) else None
-                self.discovery.client.tasks.changed(str(uri) if uri else None)
+                final = name in FINAL_TASK_EVENTS
+                self.discovery.client.tasks.changed(str(uri) if uri else None, final=final)
         if events:
             self.request_refresh(bindings_only=all(_is_binding_event(e) for e in events))
 

@@ -53,7 +53,7 @@ from redfish.rest.v1 import HttpClient, RetriesExhaustedError, redfish_client
 from dra_driver.logs import get_logger
 from fabric.errors import AttachTimeout, FabricError, FabricUnavailable
 from fabric.redfish.messages import error_for_response, error_for_task, one_line
-from fabric.redfish.tasks import TaskWatch
+from fabric.redfish.tasks import EVENTED_POLL_SECONDS, TaskWatch
 
 __all__ = [
     "OutcomeUnknown",
@@ -673,6 +673,34 @@ class RedfishClient:
             result = on_task(monitor)
             if result is not None:
                 await result
+        self.tasks.follow(watched)
+        try:
+            return await self._poll_task(
+                response,
+                monitor,
+                watched,
+                action=action,
+                deadline=deadline,
+                since=since,
+                poll_initial=poll_initial,
+                poll_max=poll_max,
+            )
+        finally:
+            self.tasks.unfollow(watched)
+
+    async def _poll_task(
+        self,
+        response: RedfishResponse,
+        monitor: str,
+        watched: list[str],
+        *,
+        action: str,
+        deadline: float,
+        since: float,
+        poll_initial: float,
+        poll_max: float,
+    ) -> RedfishResponse:
+        """The polling loop of :meth:`follow`."""
         wait = response.retry_after
         delay = poll_initial
         unreachable = 0
@@ -685,10 +713,13 @@ class RedfishClient:
                     retry_after=1.0,
                 )
             # Poll when the service says (Retry-After), but once more right at the deadline, and at
-            # once when the service sends an event about the task.
-            await self.tasks.pause(
-                watched, min(wait if wait is not None else delay, poll_max, remaining), since=since
-            )
+            # once when the service sends an event about the task. While its task events are known
+            # to arrive, the poll only covers a lost event: every EVENTED_POLL_SECONDS.
+            if self.tasks.evented:
+                interval = EVENTED_POLL_SECONDS
+            else:
+                interval = min(wait if wait is not None else delay, poll_max)
+            await self.tasks.pause(watched, min(interval, remaining), since=since)
             delay = min(delay * 2, poll_max)
             since = time.monotonic()
             try:

@@ -87,12 +87,14 @@ class EventStream:
         on_events: EventHandler,
         *,
         on_connect: ConnectHandler | None = None,
+        on_disconnect: Callable[[], None] | None = None,
         backoff_initial: float = 0.5,
         backoff_max: float = 10.0,
     ) -> None:
         self.client = client
         self.on_events = on_events
         self.on_connect = on_connect
+        self.on_disconnect = on_disconnect
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self.connected = False
@@ -170,7 +172,9 @@ class EventStream:
                 failures += 1
                 log.warning("event stream failed, reconnecting", error=f"{type(err).__name__}: {err}"[:300])
             finally:
-                self.connected = False
+                was_connected, self.connected = self.connected, False
+                if was_connected and self.on_disconnect is not None:
+                    self.on_disconnect()
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.backoff_max)
 

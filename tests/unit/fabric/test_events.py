@@ -42,10 +42,12 @@ async def test_refused_filter_falls_back_and_events_flow() -> None:
         client = RedfishClient(RedfishSettings(base_url=server.url, auth="none"))
         received: list[str] = []
         connects: list[int] = []
+        drops: list[int] = []
         stream = EventStream(
             client,
             lambda events: received.extend(str(e["OriginOfCondition"]["@odata.id"]) for e in events),
             on_connect=lambda: connects.append(1),
+            on_disconnect=lambda: drops.append(1),
             backoff_initial=0.01,
             backoff_max=0.05,
         )
@@ -63,3 +65,5 @@ async def test_refused_filter_falls_back_and_events_flow() -> None:
     assert all("$filter" not in path for path in service.streams[1:])
     assert received[:2] == ["/z/2", "/z/102"]
     assert len(connects) >= 2  # every (re)connect asks the owner to read everything again
+    # each stream that was up and ended was reported (the refused one never connected)
+    assert len(connects) - 1 <= len(drops) <= len(connects)

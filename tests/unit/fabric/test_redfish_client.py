@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import itertools
 import logging
@@ -296,6 +297,40 @@ async def test_hung_task_times_out_and_says_it_goes_on(service: tuple[FakeServic
         accepted = await client.post("/x", {})
         with pytest.raises(AttachTimeout, match="still running"):
             await client.follow(accepted, action="bind", deadline=time.monotonic() + 0.5)
+    finally:
+        await client.aclose()
+
+
+async def test_while_task_events_arrive_the_monitor_is_read_on_the_event(
+    service: tuple[FakeService, ScriptedServer],
+) -> None:
+    """Retry-After 0 would mean a read after every answer; once the service is known to send task
+    events, the follower reads only when the event comes (or every EVENTED_POLL_SECONDS)."""
+    fake, server = service
+    fake.routes[("POST", "/y")] = Reply(202, None, {"Location": "/tasks/5", "Retry-After": "0"})
+    fake.routes[("GET", "/tasks/5")] = Reply(202, {"TaskState": "Running"}, {"Retry-After": "0"})
+    client = RedfishClient(settings(server.url))
+    try:
+        accepted = await client.post("/y", {})
+        follower = asyncio.create_task(client.follow(accepted, action="bind", deadline=time.monotonic() + 60))
+        for _ in range(500):
+            if server.count("GET", "/tasks/5") >= 3:
+                break
+            await asyncio.sleep(0.01)
+        assert server.count("GET", "/tasks/5") >= 3  # no events known yet: Retry-After rules
+        client.tasks.changed("/tasks/5", final=False)  # TaskProgressChanged for the followed task
+        assert client.tasks.evented
+        reads = -1
+        while reads != server.count("GET", "/tasks/5"):  # a read in flight ends, then it waits
+            reads = server.count("GET", "/tasks/5")
+            await asyncio.sleep(0.3)
+        await asyncio.sleep(1.0)
+        assert server.count("GET", "/tasks/5") == reads
+        fake.routes[("GET", "/tasks/5")] = Reply(200, {"Id": "done"})
+        client.tasks.changed("/tasks/5")  # TaskCompletedOK
+        done = await asyncio.wait_for(follower, 4)
+        assert done.status == 200 and done.body["Id"] == "done"
+        assert server.count("GET", "/tasks/5") == reads + 1
     finally:
         await client.aclose()
 

@@ -41,3 +41,26 @@ async def test_without_events_the_pause_lasts_its_time() -> None:
     watch = TaskWatch()
     await asyncio.wait_for(watch.pause([TASK], 0.01, since=time.monotonic()), 5)
     assert watch._waiters == {}  # nothing left registered
+
+
+async def test_a_task_event_for_a_waited_task_shows_the_service_sends_them() -> None:
+    watch = TaskWatch()
+    watch.changed("/redfish/v1/TaskService/Tasks/99")  # nobody waited for it: no evidence
+    assert not watch.evented
+    watch.follow([TASK, MONITOR])
+    since = time.monotonic()
+    waiting = asyncio.create_task(watch.pause([TASK, MONITOR], 3600, since=since))
+    await asyncio.sleep(0)
+    watch.changed(TASK, final=False)  # progress: evidence, but the task goes on
+    assert watch.evented
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    watch.changed(None, final=False)  # progress of a task it does not name: wakes nobody either
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    watch.stream_changed()  # the stream dropped or reconnected: no longer known, everyone reads
+    assert not watch.evented
+    await asyncio.wait_for(waiting, 5)
+    watch.unfollow([TASK, MONITOR])
+    watch.changed(TASK, final=False)  # a task nobody follows any more is no evidence
+    assert not watch.evented
