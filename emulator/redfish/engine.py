@@ -526,16 +526,7 @@ class Engine:
         task.end = utcnow()
         cancelled = message("TaskCancelled", task.id, prefix="TaskEvent")
         task.messages.append(cancelled)
-        task.result = TaskResult(
-            status=409,
-            body={
-                "error": {
-                    "code": cancelled["MessageId"],
-                    "message": cancelled["Message"],
-                    "@Message.ExtendedInfo": [cancelled],
-                }
-            },
-        )
+        task.result = TaskResult(status=409, body=error_body(RedfishError(409, [cancelled])))
         self.revision.bump()
         log.info("task cancelled", task=task.id, device=_fmt_targets(task.targets), node=task.host)
         await self._commit(
