@@ -35,6 +35,7 @@ __all__ = [
     "TaskRecord",
     "TaskResult",
     "ZoneRecord",
+    "id_order",
     "utcnow",
 ]
 
@@ -47,6 +48,11 @@ MAX_FINISHED_TASKS = 256
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def id_order(ident: str) -> int:
+    """Sort key of an Id from :meth:`FabricState.allocate_id`: in order of allocation, not as text."""
+    return int(ident) if ident.isdigit() else 0
 
 
 class _Model(BaseModel):

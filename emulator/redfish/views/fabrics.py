@@ -44,7 +44,7 @@ from ..models import (
     refs,
 )
 from ..nodes import CollectionNode, Context, Node, actions, not_allowed
-from ..state import BindStyle, OperationKind
+from ..state import BindStyle, OperationKind, id_order
 from .common import (
     LinkIn,
     device_status,
@@ -384,7 +384,7 @@ class ZonesNode(CollectionNode):
     def _client_zones(self) -> list[str]:
         return sorted(
             (z.id for z in self.ctx.engine.state.zones.values() if z.fabric == self.fabric.fabric_id),
-            key=lambda z: int(z) if z.isdigit() else 0,
+            key=id_order,
         )
 
     def _ids(self) -> list[str]:
@@ -601,7 +601,7 @@ class ConnectionsNode(CollectionNode):
     def _ids(self) -> list[str]:
         return sorted(
             (c.id for c in self.ctx.engine.state.connections.values() if c.fabric == self.fabric.fabric_id),
-            key=lambda c: int(c) if c.isdigit() else 0,
+            key=id_order,
         )
 
     def _make(self, conn_id: str) -> Node | None:

@@ -13,7 +13,7 @@ from .. import uris
 from ..http import Reply, Request
 from ..models import Status, Task, TaskPayload, TaskService, ref
 from ..nodes import CollectionNode, Context, Node
-from ..state import TaskRecord
+from ..state import TaskRecord, id_order
 
 __all__ = ["TaskServiceNode", "task_model"]
 
@@ -121,7 +121,7 @@ class TaskServiceNode(Node):
                 uris.TASKS,
                 "TaskCollection",
                 "Tasks",
-                lambda: sorted(ctx.engine.state.tasks, key=lambda t: int(t) if t.isdigit() else 0),
+                lambda: sorted(ctx.engine.state.tasks, key=id_order),
                 lambda t: TaskNode(ctx, t) if t in ctx.engine.state.tasks else None,
             )
         if segment == "TaskMonitors":
