@@ -461,12 +461,11 @@ class ZoneNode(Node):
 
     def render(self) -> Zone:
         engine = self.ctx.engine
+        targets = engine.zone_targets(self.zone_id)
         members = [uris.endpoint(self.fabric.fabric_id, self.host)] + [
-            uris.endpoint(self.fabric.fabric_id, t) for t in engine.zone_targets(self.zone_id)
+            uris.endpoint(self.fabric.fabric_id, t) for t in targets
         ]
-        switches = sorted(
-            {self.ctx.index.targets[t].device.switch for t in engine.zone_targets(self.zone_id)}
-        )
+        switches = sorted({self.ctx.index.targets[t].device.switch for t in targets})
         if self.client:
             record = engine.state.zones[self.zone_id]
             name = record.name or f"Zone {self.zone_id} of {self.host}"
