@@ -46,7 +46,7 @@ _COMMON_HEADERS = [
     (b"x-content-type-options", b"nosniff"),
     (b"cache-control", b"no-cache"),
 ]
-_REDFISH_VERSIONS = json.dumps({"v1": f"{uris.ROOT}/"}).encode()
+_REDFISH_VERSIONS = json.dumps({"v1": f"{uris.ROOT}/"}, separators=(",", ":")).encode()
 
 
 class _Disconnected(Exception):
@@ -109,7 +109,7 @@ class RedfishApp:
         if not admin:
             await self._apply_service_faults()
         if path.rstrip("/") == "/redfish":
-            return Reply(200, json.loads(_REDFISH_VERSIONS))
+            return Reply(200, raw=_REDFISH_VERSIONS)
         node = resolve(self.root, path)
         if node is None or not node.allow:  # no node, or a path segment that is no resource
             segments = path.rstrip("/").split("/")
