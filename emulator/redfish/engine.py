@@ -544,10 +544,7 @@ class Engine:
         if op.kind == OperationKind.BIND:
             for t in op.targets:
                 target = self._target(t)
-                others = [
-                    (b, self._target(b.target).device.type, self._target(b.target).device.id)
-                    for b in self.host_bindings(op.host)
-                ]
+                others = [(b, self._target(b.target).device.id) for b in self.host_bindings(op.host)]
                 binding = BindingRecord(
                     target=t,
                     host=op.host,

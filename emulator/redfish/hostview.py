@@ -70,29 +70,25 @@ def _lowest_free(used: set[int], start: int) -> int:
 
 
 def allocate_address(
-    host_bindings: list[tuple[BindingRecord, DeviceType, str]], device_type: DeviceType, device_id: str
+    host_bindings: list[tuple[BindingRecord, str]], device_type: DeviceType, device_id: str
 ) -> HostAddress:
     """Pick the sysfs names a newly bound target gets on a host: lowest free, like hot-plug.
 
-    ``host_bindings`` are the host's current bindings with each one's device type and device Id.
+    ``host_bindings`` are the host's current bindings, each with the Id of its device.
     """
     if device_type == DeviceType.CXL_MEMORY:
-        regions = {b.address.region for b, _, _ in host_bindings if b.address.region is not None}
+        regions = {b.address.region for b, _ in host_bindings if b.address.region is not None}
         memdev = next(
-            (
-                b.address.memdev
-                for b, t, d in host_bindings
-                if d == device_id and b.address.memdev is not None
-            ),
+            (b.address.memdev for b, d in host_bindings if d == device_id and b.address.memdev is not None),
             None,
         )
         if memdev is None:
             memdev = _lowest_free(
-                {b.address.memdev for b, _, _ in host_bindings if b.address.memdev is not None}, 0
+                {b.address.memdev for b, _ in host_bindings if b.address.memdev is not None}, 0
             )
         return HostAddress(memdev=memdev, region=_lowest_free(regions, 0))
     slots = set()
-    for b, _, _ in host_bindings:
+    for b, _ in host_bindings:
         if b.address.bdf is not None:
             domain, bus = int(b.address.bdf[0:4], 16), int(b.address.bdf[5:7], 16)
             slots.add(domain * _BUSES_PER_DOMAIN + bus - _FIRST_BUS)
@@ -100,11 +96,11 @@ def allocate_address(
     bdf = f"{slot // _BUSES_PER_DOMAIN:04x}:{_FIRST_BUS + slot % _BUSES_PER_DOMAIN:02x}:00.0"
     address = HostAddress(bdf=bdf)
     if device_type in _VFIO_TYPES:
-        groups = {b.address.iommu_group for b, _, _ in host_bindings if b.address.iommu_group is not None}
+        groups = {b.address.iommu_group for b, _ in host_bindings if b.address.iommu_group is not None}
         address.iommu_group = _lowest_free(groups, _FIRST_IOMMU_GROUP)
     if device_type == DeviceType.NVME:
         address.nvme = _lowest_free(
-            {b.address.nvme for b, _, _ in host_bindings if b.address.nvme is not None}, 0
+            {b.address.nvme for b, _ in host_bindings if b.address.nvme is not None}, 0
         )
     return address
 

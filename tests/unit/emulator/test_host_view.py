@@ -179,18 +179,18 @@ def test_addresses_are_lowest_free_like_hot_plug() -> None:
     first = allocate_address([], DeviceType.GPU, "gpu0")
     assert first == HostAddress(bdf="0000:41:00.0", iommu_group=32)
     taken = [
-        (_binding("gpu0", first), DeviceType.GPU, "gpu0"),
-        (_binding("gpu1", HostAddress(bdf="0000:43:00.0", iommu_group=34)), DeviceType.GPU, "gpu1"),
+        (_binding("gpu0", first), "gpu0"),
+        (_binding("gpu1", HostAddress(bdf="0000:43:00.0", iommu_group=34)), "gpu1"),
     ]
     assert allocate_address(taken, DeviceType.NIC, "nic0") == HostAddress(bdf="0000:42:00.0", iommu_group=33)
     assert allocate_address(taken, DeviceType.NVME, "nvme0") == HostAddress(bdf="0000:42:00.0", nvme=0)
-    chunks = [(_binding("c0", HostAddress(memdev=0, region=0)), DeviceType.CXL_MEMORY, "cxl0")]
+    chunks = [(_binding("c0", HostAddress(memdev=0, region=0)), "cxl0")]
     assert allocate_address(chunks, DeviceType.CXL_MEMORY, "cxl0") == HostAddress(memdev=0, region=1)
     assert allocate_address(chunks, DeviceType.CXL_MEMORY, "cxl1") == HostAddress(memdev=1, region=1)
     # past the last bus of a domain, hot-plugged devices continue in the next PCI domain
-    full: list[tuple[BindingRecord, DeviceType, str]] = []
+    full: list[tuple[BindingRecord, str]] = []
     for i in range(0xFF - 0x41):
         address = allocate_address(full, DeviceType.NVME, f"n{i}")
-        full.append((_binding(f"n{i}", address), DeviceType.NVME, f"n{i}"))
+        full.append((_binding(f"n{i}", address), f"n{i}"))
     assert full[-1][0].address.bdf == "0000:fe:00.0"
     assert allocate_address(full, DeviceType.NVME, "last").bdf == "0001:41:00.0"
