@@ -379,6 +379,20 @@ class ApiServer:
     def _present(self, target: _Target, obj: Obj) -> Obj:
         return from_storage(target.res, target.version, obj)
 
+    def _list_item(self, target: _Target, obj: Obj) -> Obj:
+        shown = dict(self._present(target, obj))
+        # A list's items carry no apiVersion/kind of their own, as on a real server.
+        shown.pop("apiVersion", None)
+        shown.pop("kind", None)
+        return shown
+
+    def _storage_form(self, target: _Target, obj: Obj) -> Obj:
+        """A written object (checked, in the requested version) as the store keeps it."""
+        stored = to_storage(target.res, target.version, obj)
+        apply_defaults(target.res, stored)
+        self._finalize_secret(target.res, stored)
+        return stored
+
     @staticmethod
     def _dry_run(request: Request) -> bool:
         values = request.query_params.getlist("dryRun")
@@ -565,13 +579,7 @@ class ApiServer:
             return json_response(
                 table(target.res, rows, resource_version=rv, include=include, continue_token=continue_token)
             )
-        items = []
-        for obj in page.items:
-            shown = dict(self._present(target, obj))
-            # A list's items carry no apiVersion/kind of their own, as on a real server.
-            shown.pop("apiVersion", None)
-            shown.pop("kind", None)
-            items.append(shown)
+        items = [self._list_item(target, obj) for obj in page.items]
         meta: Obj = {"resourceVersion": str(page.resource_version)}
         if continue_token is not None:
             meta["continue"] = continue_token
@@ -666,9 +674,7 @@ class ApiServer:
         res = target.res
         if res.kind == "TokenReview":
             return self._token_review(obj)
-        stored = to_storage(res, target.version, obj)
-        apply_defaults(res, stored)
-        self._finalize_secret(res, stored)
+        stored = self._storage_form(target, obj)
         created = self.store.create(res, stored, dry_run=dry_run, admit=self._admit_create(res))
         log.debug("created", resource=res.group_resource, name=created["metadata"]["name"])
         return json_response(self._present(target, created), 201)
@@ -708,9 +714,7 @@ class ApiServer:
             raise _name_mismatch(body_name, target.name)
         self._schema_check(target, obj, target.name)
         res = target.res
-        stored = to_storage(res, target.version, obj)
-        apply_defaults(res, stored)
-        self._finalize_secret(res, stored)
+        stored = self._storage_form(target, obj)
         if self.store.find(res, target.namespace, target.name) is None:
             if not res.create_on_update or target.subresource:
                 raise not_found(res, target.name)
@@ -776,9 +780,7 @@ class ApiServer:
             raise _name_mismatch(meta.get("name"), target.name)
         obj = self._check_type(target, patched)
         self._schema_check(target, obj, target.name)
-        stored = to_storage(res, target.version, obj)
-        apply_defaults(res, stored)
-        self._finalize_secret(res, stored)
+        stored = self._storage_form(target, obj)
         updated = self.store.update(
             res,
             stored,
@@ -803,9 +805,7 @@ class ApiServer:
             raise _name_mismatch(obj["metadata"].get("name"), target.name)
         self._schema_check(target, obj, target.name or "")
         res = target.res
-        stored = to_storage(res, target.version, obj)
-        apply_defaults(res, stored)
-        self._finalize_secret(res, stored)
+        stored = self._storage_form(target, obj)
         created = self.store.create(res, stored, dry_run=dry_run, admit=self._admit_create(res))
         return json_response(self._present(target, created), 201)
 
@@ -850,10 +850,7 @@ class ApiServer:
                 continue
             meta = obj["metadata"]
             gone_obj, _ = self.store.delete(target.res, meta.get("namespace"), meta["name"], dry_run=dry_run)
-            shown = dict(self._present(target, gone_obj))
-            shown.pop("apiVersion", None)
-            shown.pop("kind", None)
-            deleted.append(shown)
+            deleted.append(self._list_item(target, gone_obj))
         kind, api_version = self._list_kind(target)
         return json_response(
             {
