@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dra_driver import __version__
 from dra_driver.logs import configure
 
-__all__ = ["ROLE_MODULES", "CliError", "Handler", "build_parser", "main"]
+__all__ = ["ROLE_MODULES", "CliError", "Handler", "build_parser", "main", "positive_seconds"]
 
 #: Modules that each define ``register(subparsers: argparse._SubParsersAction) -> None``,
 #: in the order their roles are listed by ``--help``.
@@ -34,6 +34,17 @@ Handler = Callable[[argparse.Namespace], int]
 
 class CliError(Exception):
     """A failure the user can act on: printed as one line, without a traceback."""
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse ``type`` for a duration option: a number of seconds greater than 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be greater than 0")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,18 +9,9 @@ import signal
 from pathlib import Path
 
 from dra_driver import DEFAULT_DRIVER_NAME
+from dra_driver.cli import positive_seconds
 
 __all__ = ["register"]
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be greater than 0")
-    return value
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -99,7 +90,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     publish.add_argument(
         "--resync-period",
-        type=_positive,
+        type=positive_seconds,
         default=300.0,
         metavar="SECONDS",
         help="re-read every slice from the API server this often and repair drift; an unchanged "
@@ -116,7 +107,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     binding.add_argument(
         "--bind-timeout",
-        type=_positive,
+        type=positive_seconds,
         default=300.0,
         metavar="SECONDS",
         help="after this long without a finished attach, report AttachFailed so the scheduler "
@@ -124,7 +115,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     binding.add_argument(
         "--busy-timeout",
-        type=_positive,
+        type=positive_seconds,
         default=30.0,
         metavar="SECONDS",
         help="how long a device may stay busy (held by another claim or node) before AttachFailed "
@@ -132,7 +123,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     binding.add_argument(
         "--release-grace",
-        type=_positive,
+        type=positive_seconds,
         default=30.0,
         metavar="SECONDS",
         help="after an attached device's allocation is gone, wait this long for the node plugin's own "

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from dra_driver.cli import CliError
+from dra_driver.cli import CliError, positive_seconds
 from dra_driver.netutil import ListenError
 
 __all__ = ["register"]
@@ -30,13 +30,6 @@ def _versions(text: str) -> tuple[str, ...]:
         if len(parts) != 2 or not all(p.isdigit() for p in parts):
             raise argparse.ArgumentTypeError(f"{version!r} is not a Kubernetes minor version like 1.34")
     return versions
-
-
-def _positive(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be greater than zero")
-    return value
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -105,7 +98,7 @@ def _register_apiserver(subparsers: argparse._SubParsersAction[argparse.Argument
     )
     parser.add_argument(
         "--bookmark-interval",
-        type=_positive,
+        type=positive_seconds,
         default=60.0,
         metavar="SECONDS",
         help="how often an idle watch that allows bookmarks receives one (default: 60, as a real server)",
@@ -206,7 +199,7 @@ def _register_kubelet(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         )
         sub.add_argument(
             "--wait",
-            type=_positive,
+            type=positive_seconds,
             default=30.0,
             metavar="SECONDS",
             help="how long to wait for the plugin to register (default: 30)",
@@ -243,7 +236,7 @@ def _register_kubelet(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         )
         sub.add_argument(
             "--deadline",
-            type=_positive,
+            type=positive_seconds,
             default=45.0,
             metavar="SECONDS",
             help="deadline of the call (default: 45, the kubelet's)",
