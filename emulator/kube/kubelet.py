@@ -166,6 +166,22 @@ def _claims(claims: Iterable[ClaimRef]) -> list[v1_pb2.Claim]:
     return [v1_pb2.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
 
 
+def _beta_claims(claims: Iterable[ClaimRef]) -> list[v1beta1_pb2.Claim]:
+    return [v1beta1_pb2.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
+
+
+def _require_success(method: str, claims: Sequence[ClaimRef], errors: Mapping[str, str]) -> None:
+    """As the kubelet's DRA manager: every claim must be answered, and without an error."""
+    missing = [c for c in claims if c.uid not in errors]
+    if missing:
+        raise DraCallError(f"{method} left out {len(missing)} claims")
+    for claim in claims:
+        if errors[claim.uid]:
+            raise DraCallError(
+                f"{method} failed for claim {claim.namespace}/{claim.name}: {errors[claim.uid]}"
+            )
+
+
 def _is_socket(path: Path) -> bool:
     try:
         return stat.S_ISSOCK(os.stat(path).st_mode)
@@ -348,11 +364,8 @@ class DRAPluginClient:
                     v1_pb2.NodePrepareResourcesRequest(claims=_claims(claims)), timeout=seconds
                 )
             else:
-                beta_claims = [
-                    v1beta1_pb2.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims
-                ]
                 response = await self._v1beta1.NodePrepareResources(
-                    v1beta1_pb2.NodePrepareResourcesRequest(claims=beta_claims), timeout=seconds
+                    v1beta1_pb2.NodePrepareResourcesRequest(claims=_beta_claims(claims)), timeout=seconds
                 )
         except grpc.aio.AioRpcError as err:
             raise self._fail("NodePrepareResources", err) from err
@@ -376,11 +389,8 @@ class DRAPluginClient:
                     v1_pb2.NodeUnprepareResourcesRequest(claims=_claims(claims)), timeout=seconds
                 )
             else:
-                beta_claims = [
-                    v1beta1_pb2.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims
-                ]
                 response = await self._v1beta1.NodeUnprepareResources(
-                    v1beta1_pb2.NodeUnprepareResourcesRequest(claims=beta_claims), timeout=seconds
+                    v1beta1_pb2.NodeUnprepareResourcesRequest(claims=_beta_claims(claims)), timeout=seconds
                 )
         except grpc.aio.AioRpcError as err:
             raise self._fail("NodeUnprepareResources", err) from err
@@ -391,29 +401,13 @@ class DRAPluginClient:
     ) -> dict[str, PrepareResult]:
         """As the kubelet's DRA manager: every claim must be answered, and without an error."""
         results = await self.node_prepare_resources(claims, deadline=deadline)
-        missing = [c for c in claims if c.uid not in results]
-        if missing:
-            raise DraCallError(f"NodePrepareResources left out {len(missing)} claims")
-        for claim in claims:
-            if results[claim.uid].error:
-                raise DraCallError(
-                    f"NodePrepareResources failed for claim {claim.namespace}/{claim.name}: "
-                    f"{results[claim.uid].error}"
-                )
+        _require_success("NodePrepareResources", claims, {uid: r.error for uid, r in results.items()})
         return results
 
     async def unprepare(self, claims: Sequence[ClaimRef], *, deadline: float | None = None) -> None:
         """As the kubelet's DRA manager: every claim must be answered, and without an error."""
         errors = await self.node_unprepare_resources(claims, deadline=deadline)
-        missing = [c for c in claims if c.uid not in errors]
-        if missing:
-            raise DraCallError(f"NodeUnprepareResources left out {len(missing)} claims")
-        for claim in claims:
-            if errors[claim.uid]:
-                raise DraCallError(
-                    f"NodeUnprepareResources failed for claim {claim.namespace}/{claim.name}: "
-                    f"{errors[claim.uid]}"
-                )
+        _require_success("NodeUnprepareResources", claims, errors)
 
     async def watch_resources(self) -> AsyncIterator[list[DeviceHealth]]:
         """The NodeWatchResources stream: one list of device health per message."""
