@@ -28,6 +28,7 @@ import yaml
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.fsutil import atomic_write
+from emulator.kube.kubeconfig import write_kubeconfig
 from emulator.procs import RoleProcess
 
 __all__ = ["DemoStack", "NodeDirs", "StackOptions"]
@@ -214,8 +215,8 @@ class DemoStack:
         )
         response.raise_for_status()
         for node in self.nodes:
-            self._write_kubeconfig(node.kubeconfig, node.token_file.read_text())
-        self._write_kubeconfig(self.kube_dir / "controller.kubeconfig", controller_token)
+            write_kubeconfig(node.kubeconfig, self.apiserver_url, token=node.token_file.read_text())
+        write_kubeconfig(self.kube_dir / "controller.kubeconfig", self.apiserver_url, token=controller_token)
         self.progress(
             f"apiserver   {self.apiserver_url}  Kubernetes API test server (strict schemas 1.34-1.37)"
         )
@@ -267,12 +268,6 @@ class DemoStack:
             return root
         self._short_root = Path(tempfile.mkdtemp(prefix="fdra-", dir="/tmp"))
         return self._short_root
-
-    def _write_kubeconfig(self, path: Path, token: str) -> None:
-        config = yaml.safe_load(self.admin_kubeconfig.read_text())
-        for user in config.get("users", []):
-            user["user"] = {"token": token}
-        atomic_write(path, yaml.safe_dump(config), mode=0o600, durable=False)
 
     def start_manager(self) -> None:
         proc = self._start(
