@@ -53,6 +53,11 @@ class _Zone:
     resource: JSON
     endpoints: set[str]
 
+    @classmethod
+    def of(cls, uri: str, resource: JSON) -> _Zone:
+        """The zone at ``uri`` as ``resource`` describes it, with the endpoints it links."""
+        return cls(uri, resource, set(links(resource, "Links", "Endpoints")))
+
     @property
     def ours(self) -> bool:
         return str(self.resource.get("Name") or "").startswith(ZONE_NAME_PREFIX)
@@ -171,7 +176,7 @@ class ZoneBackend(Backend):
         uri = odata_id(resource)
         if resource is None or uri is None or resource.get("ZoneType") not in _BINDING_ZONE_TYPES:
             return
-        zones[uri] = _Zone(uri, resource, set(links(resource, "Links", "Endpoints")))
+        zones[uri] = _Zone.of(uri, resource)
 
     async def _fresh_zones_of(self, walk: Walk, endpoint: JSON) -> list[_Zone]:
         """Zones that contain ``endpoint``, read now."""
@@ -298,7 +303,7 @@ class ZoneBackend(Backend):
         seen = self._zone_changes.get(known, 0)
         fresh = await self._get_or_none(known)
         if fresh is not None:
-            zone = _Zone(known, fresh.body, set(links(fresh.body, "Links", "Endpoints")))
+            zone = _Zone.of(known, fresh.body)
             self._prefetched[host.id] = (zone, fresh.etag, seen, time.monotonic())
 
     async def _own_zone(self, walk: Walk, host: HostRecord) -> tuple[_Zone, str | None] | None:
@@ -319,16 +324,14 @@ class ZoneBackend(Backend):
         if known is not None:
             fresh = await self._get_or_none(known)
             if fresh is not None:
-                zone = _Zone(known, fresh.body, set(links(fresh.body, "Links", "Endpoints")))
+                zone = _Zone.of(known, fresh.body)
                 if await self._is_own_zone(walk, zone, host):
                     return zone, fresh.etag
             self._host_zones.pop(host.id, None)
         for initiator_uri in self.initiators_of(host):  # not known (or changed): look for one
             initiator = await walk.get(initiator_uri)
             for zone in await self._fresh_zones_of(walk, initiator or {}):
-                if action_target(zone.resource, "Zone.AddEndpoint") and await self._zone_hosts(
-                    walk, zone
-                ) == {host.id}:
+                if await self._is_own_zone(walk, zone, host):
                     fresh = await self.client.get(zone.uri)
                     self._host_zones[host.id] = zone.uri
                     return _Zone(zone.uri, fresh.body, zone.endpoints), fresh.etag
@@ -348,11 +351,7 @@ class ZoneBackend(Backend):
             ctx.fence()
             if own is not None:
                 host_zone, zone_etag = own
-                body: dict[str, Any] = {"Endpoint": {"@odata.id": device.endpoint}}
-                if target.etag:
-                    body["EndpointETag"] = target.etag
-                if zone_etag:
-                    body["ZoneETag"] = zone_etag
+                body = _endpoint_action(device, target.etag, zone_etag)
                 try:
                     response = await self.client.post(
                         str(action_target(host_zone.resource, "Zone.AddEndpoint")), body
@@ -398,7 +397,7 @@ class ZoneBackend(Backend):
                     fresh = await self._get_or_none(zone.uri)
                     if fresh is None:
                         continue  # the zone is gone, and the binding with it
-                    zone = _Zone(zone.uri, fresh.body, set(links(fresh.body, "Links", "Endpoints")))
+                    zone = _Zone.of(zone.uri, fresh.body)
                     zone_etag = fresh.etag
                     if zone.uri in listed:
                         zone.endpoints.add(str(device.endpoint))
@@ -420,12 +419,9 @@ class ZoneBackend(Backend):
                 ctx.fence()
                 try:
                     if remove and not (zone.ours and not others):
-                        body: dict[str, Any] = {"Endpoint": {"@odata.id": device.endpoint}}
-                        if target_etag:
-                            body["EndpointETag"] = target_etag
-                        if zone_etag:
-                            body["ZoneETag"] = zone_etag
-                        response = await self.client.post(remove, body)
+                        response = await self.client.post(
+                            remove, _endpoint_action(device, target_etag, zone_etag)
+                        )
                     else:  # our own zone for this binding alone, or a zone without RemoveEndpoint
                         response = await self.client.delete(zone.uri, etag=zone_etag)
                 finally:
@@ -441,3 +437,14 @@ class ZoneBackend(Backend):
         resource = await walk.get(endpoint_uri)
         view = classify_endpoint(resource) if resource else None
         return bool(view and view.is_target)
+
+
+def _endpoint_action(device: DeviceRecord, endpoint_etag: str | None, zone_etag: str | None) -> JSON:
+    """The body of ``#Zone.AddEndpoint`` / ``#Zone.RemoveEndpoint`` for ``device``'s endpoint, with
+    the ETags read before it (Zone 1.5) so the service refuses with 412 if either changed since."""
+    body: JSON = {"Endpoint": {"@odata.id": device.endpoint}}
+    if endpoint_etag:
+        body["EndpointETag"] = endpoint_etag
+    if zone_etag:
+        body["ZoneETag"] = zone_etag
+    return body
