@@ -69,6 +69,11 @@ def _node_entry(item: Mapping[str, Any]) -> tuple[str, str | None]:
     return name, (str(uuid).lower() if uuid else None)
 
 
+def _node_table(items: list[dict[str, Any]]) -> dict[str, str | None]:
+    """Node name → lower-case SMBIOS system UUID (or None) of listed Node objects."""
+    return dict(entry for entry in map(_node_entry, items) if entry[0])
+
+
 class NodeResolver:
     def __init__(self, explicit: Mapping[str, str] | None = None, kube: KubeClient | None = None) -> None:
         self.explicit = {k.lower(): v for k, v in (explicit or {}).items()}
@@ -89,7 +94,7 @@ class NodeResolver:
         except ApiError as err:
             log.warning("cannot list nodes, keeping the last node list", error=str(err))
             return
-        self._nodes = dict(entry for entry in map(_node_entry, items) if entry[0])
+        self._nodes = _node_table(items)
 
     async def watch(self, on_change: Callable[[], None], *, retry_seconds: float = 2.0) -> None:
         """Follow the cluster's Nodes until cancelled; call ``on_change`` when one registers, goes
@@ -100,7 +105,7 @@ class NodeResolver:
         while True:
             try:
                 items, version = await self.kube.list_all(NODES)
-                nodes = dict(entry for entry in map(_node_entry, items) if entry[0])
+                nodes = _node_table(items)
                 if nodes != self._nodes:
                     self._nodes = nodes
                     on_change()
