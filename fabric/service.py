@@ -213,8 +213,9 @@ class ManagerService:
         if kube is not None:
             tasks.append(asyncio.create_task(resolver.watch(inventory.remap_nodes), name="node-watch"))
         tasks.append(asyncio.create_task(binder.run(), name="binder"))
+        # One name for this replica in the Lease and in the Events it records.
+        identity = s.identity or f"{socket.gethostname()}-{os.getpid()}"
         if kube is not None and s.orphan_grace_seconds > 0:
-            identity = s.identity or f"{socket.gethostname()}-{os.getpid()}"
             orphans = OrphanReconciler(
                 kube,
                 binder,
@@ -239,7 +240,7 @@ class ManagerService:
                 kube,
                 name=s.lease_name,
                 namespace=namespace,
-                identity=s.identity or f"{socket.gethostname()}-{os.getpid()}",
+                identity=identity,
                 lease_duration=s.lease_duration,
                 renew_deadline=s.renew_deadline,
                 retry_period=s.retry_period,
