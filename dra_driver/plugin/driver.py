@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
@@ -90,6 +90,20 @@ def base_request_name(request: str) -> str:
     return request.partition("/")[0]
 
 
+_Result = TypeVar("_Result")
+
+
+async def _each_claim(
+    refs: Sequence[ClaimRef], work: Callable[[ClaimRef], Awaitable[_Result]]
+) -> dict[str, _Result]:
+    """``work`` for every distinct claim of one kubelet call, concurrently; results by claim UID."""
+    unique = list({ref.uid: ref for ref in refs}.values())
+    if len(unique) == 1:  # the usual call: no task to run one claim
+        return {unique[0].uid: await work(unique[0])}
+    results = await asyncio.gather(*(work(ref) for ref in unique))
+    return {ref.uid: result for ref, result in zip(unique, results, strict=True)}
+
+
 class Driver:
     def __init__(
         self,
@@ -143,11 +157,7 @@ class Driver:
     # -- prepare -------------------------------------------------------------------------------
 
     async def prepare(self, refs: Sequence[ClaimRef], deadline: float) -> dict[str, ClaimOutcome]:
-        unique = list({ref.uid: ref for ref in refs}.values())
-        if len(unique) == 1:  # the usual call: no task to run one claim
-            return {unique[0].uid: await self._prepare_claim(unique[0], deadline)}
-        outcomes = await asyncio.gather(*(self._prepare_claim(ref, deadline) for ref in unique))
-        return {ref.uid: outcome for ref, outcome in zip(unique, outcomes, strict=True)}
+        return await _each_claim(refs, lambda ref: self._prepare_claim(ref, deadline))
 
     async def _prepare_claim(self, ref: ClaimRef, deadline: float) -> ClaimOutcome:
         try:
@@ -388,11 +398,7 @@ class Driver:
     # -- unprepare -----------------------------------------------------------------------------
 
     async def unprepare(self, refs: Sequence[ClaimRef], deadline: float) -> dict[str, str]:
-        unique = list({ref.uid: ref for ref in refs}.values())
-        if len(unique) == 1:
-            return {unique[0].uid: await self._unprepare_claim(unique[0], deadline)}
-        errors = await asyncio.gather(*(self._unprepare_claim(ref, deadline) for ref in unique))
-        return {ref.uid: error for ref, error in zip(unique, errors, strict=True)}
+        return await _each_claim(refs, lambda ref: self._unprepare_claim(ref, deadline))
 
     async def _unprepare_claim(self, ref: ClaimRef, deadline: float) -> str:
         try:
