@@ -114,12 +114,17 @@ class CheckpointData(_Record):
     claims: dict[str, ClaimEntry] = Field(default_factory=dict)
 
 
+def _canonical_text(data: dict[str, Any]) -> str:
+    """The form the checksum is computed over: sorted keys, no spaces."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
 def _canonical(data: dict[str, Any]) -> bytes:
-    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+    return _canonical_text(data).encode()
 
 
 def _entry_json(entry: ClaimEntry) -> str:
-    return json.dumps(entry.model_dump(mode="json", by_alias=True), sort_keys=True, separators=(",", ":"))
+    return _canonical_text(entry.model_dump(mode="json", by_alias=True))
 
 
 class _EncodedEntries:
