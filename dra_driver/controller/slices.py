@@ -148,6 +148,11 @@ def _normal_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     return {**rest, "pool": pool, "devices": devices}
 
 
+def _normal_slice(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The normalised spec of a stored slice, computed afresh."""
+    return _normal_spec(obj.get("spec") or {})
+
+
 class NormalCache:
     """Normalised specs of stored slices, by (uid, resourceVersion): a resync that re-lists
     unchanged slices compares them without normalising 10,000 devices again."""
@@ -175,16 +180,12 @@ class NormalCache:
     def __call__(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         key = self._key(obj)
         if not all(key):
-            return _normal_spec(obj.get("spec") or {})
+            return _normal_slice(obj)
         found = self._cache.get(key)
         if found is None:
-            found = _normal_spec(obj.get("spec") or {})
+            found = _normal_slice(obj)
             self._put(key, found)
         return found
-
-
-def _uncached(obj: Mapping[str, Any]) -> dict[str, Any]:
-    return _normal_spec(obj.get("spec") or {})
 
 
 # -- desired state --------------------------------------------------------------------------
@@ -355,7 +356,7 @@ def plan_pool(
     *,
     driver: str,
     all_slices: Mapping[str, dict[str, Any]] | None = None,
-    normal_of: Callable[[Mapping[str, Any]], dict[str, Any]] = _uncached,
+    normal_of: Callable[[Mapping[str, Any]], dict[str, Any]] = _normal_slice,
 ) -> PoolPlan | None:
     """The writes that bring ``existing`` (this pool's stored slices, by name) to ``desired``.
 
