@@ -219,9 +219,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         asyncio.run(main())
-    except ResourceApiMissing as err:
-        raise CliError(str(err)) from None
-    except ListenError as err:
+    except (ResourceApiMissing, ListenError) as err:  # their message is the whole line
         raise CliError(str(err)) from None
     except OSError as err:
         raise CliError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from None
