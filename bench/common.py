@@ -31,7 +31,7 @@ from dra_driver.kube.resources import RESOURCE_CLAIMS
 from emulator.kube.kubelet import DRAPluginClient, register_plugin
 from emulator.procs import RoleProcess
 from tests.support.apiserver import ApiServerProcess, start_apiserver
-from tests.support.fabric_manager import start_manager, wait_ready
+from tests.support.plugin import start_fabric
 
 __all__ = [
     "DRIVER",
@@ -323,31 +323,9 @@ class FabricStack:
         try:
             topology = generate_topology(self.root / "topology.yaml", hosts=self.hosts, gpus=self.gpus)
             self.api = self._stack.enter_context(start_apiserver(self.root / "api"))
-            self.emulator = self._stop_later(
-                RoleProcess(
-                    [
-                        *("emulator", "serve", "--state-dir", str(self.state_dir)),
-                        *("--topology", str(topology)),
-                        *("--latency", self.latency, "--insecure-no-auth", "--port", "0"),
-                        *("--ready-file", str(self.root / "emulator.ready")),
-                    ],
-                    ready_file=self.root / "emulator.ready",
-                    log_file=self.root / "emulator.log",
-                    name="emulator",
-                ).start()
-            )
-            self.manager = self._stop_later(
-                start_manager(
-                    self.root,
-                    self.emulator.address,
-                    args=[
-                        *("--redfish-auth", "none", "--state-dir", str(self.root / "manager")),
-                        "--insecure-no-auth",
-                    ],
-                    ready=False,
-                )
-            )
-            wait_ready(self.manager.address, timeout=120)
+            fabric = start_fabric(self.root, self.latency, topology=topology)
+            self._stack.callback(fabric.stop)
+            self.emulator, self.manager = fabric.emulator, fabric.manager
         except BaseException:
             self._stack.close()
             raise

@@ -36,9 +36,8 @@ from emulator.procs import RoleProcess
 from fabric.api import BindingState, Device, DeviceType
 from fabric.manager_client import ManagerClient
 from tests.fuzz.budget import fuzz_settings
-from tests.support.fabric_manager import start_manager, wait_ready
 from tests.support.kubelet import running_kubelet
-from tests.support.plugin import DRIVER, PluginStack, fabric_roles_present, short_dir
+from tests.support.plugin import DRIVER, PluginStack, fabric_roles_present, short_dir, start_fabric
 
 pytestmark = pytest.mark.skipif(not fabric_roles_present(), reason="needs the emulator and manager roles")
 
@@ -79,52 +78,34 @@ def odd() -> Iterator[Odd]:
         check=True,
         capture_output=True,
     )
-    emulator = RoleProcess(
-        [
-            *("emulator", "serve", "--state-dir", str(root / "emu"), "--topology", str(topology)),
-            *("--insecure-no-auth", "--port", "0", "--ready-file", str(root / "emulator.ready")),
-        ],
-        ready_file=root / "emulator.ready",
-        log_file=root / "emulator.log",
-        name="emulator",
-    ).start()
+    fabric = start_fabric(root, topology=topology)
     try:
-        manager = start_manager(
-            root,
-            emulator.address,
-            args=["--redfish-auth", "none", "--state-dir", str(root / "manager"), "--insecure-no-auth"],
-            ready=False,
+
+        async def discover() -> tuple[str, str, list[Device]]:
+            async with ManagerClient(fabric.manager.address) as client:
+                node = next(n for n in await client.nodes() if n.pools)
+                devices = [
+                    d
+                    for d in await client.devices()
+                    if d.pool in node.pools
+                    and d.state is BindingState.FREE
+                    and d.type is not DeviceType.OTHER
+                ]
+            return node.name, node.host, devices
+
+        node, host, devices = asyncio.run(discover())
+        (root / "k").mkdir()
+        stack = PluginStack(
+            root / "k",
+            node=node,
+            backend="fabric",
+            manager_url=fabric.manager.address,
+            sysfs_root=fabric.sysfs_root(host),
         )
-        try:
-            wait_ready(manager.address, timeout=120)
-
-            async def discover() -> tuple[str, str, list[Device]]:
-                async with ManagerClient(manager.address) as client:
-                    node = next(n for n in await client.nodes() if n.pools)
-                    devices = [
-                        d
-                        for d in await client.devices()
-                        if d.pool in node.pools
-                        and d.state is BindingState.FREE
-                        and d.type is not DeviceType.OTHER
-                    ]
-                return node.name, node.host, devices
-
-            node, host, devices = asyncio.run(discover())
-            (root / "k").mkdir()
-            stack = PluginStack(
-                root / "k",
-                node=node,
-                backend="fabric",
-                manager_url=manager.address,
-                sysfs_root=root / "emu" / "hosts" / host / "sys",
-            )
-            with stack:
-                yield Odd(root, emulator, manager, stack, devices)
-        finally:
-            manager.stop()
+        with stack:
+            yield Odd(root, fabric.emulator, fabric.manager, stack, devices)
     finally:
-        emulator.stop()
+        fabric.stop()
         shutil.rmtree(root, ignore_errors=True)
 
 

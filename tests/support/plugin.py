@@ -334,12 +334,15 @@ class FabricProcesses:
         self.emulator.stop()
 
 
-def start_fabric(root: Path, latency: str = "instant") -> FabricProcesses:
+def start_fabric(root: Path, latency: str = "instant", *, topology: Path | None = None) -> FabricProcesses:
+    """The emulator (without authentication; the packaged topology unless ``topology``) and a
+    manager on it, both under ``root``; the caller stops them (:meth:`FabricProcesses.stop`)."""
     state_dir = root / "emu"
     emulator = RoleProcess(
         [
             *("emulator", "serve", "--state-dir", str(state_dir), "--latency", latency),
             *("--insecure-no-auth", "--port", "0", "--ready-file", str(root / "emulator.ready")),
+            *(["--topology", str(topology)] if topology is not None else []),
         ],
         ready_file=root / "emulator.ready",
         log_file=root / "emulator.log",
