@@ -72,7 +72,7 @@ from emulator.procs import RoleProcess
 from fabric.api import BindingState, Device, DeviceType
 from fabric.manager_client import ManagerClient
 from tests.support.apiserver import ApiServerProcess, start_apiserver
-from tests.support.fabric_manager import start_manager, static_tokens_file, wait_ready
+from tests.support.fabric_manager import start_manager, static_tokens_file
 
 __all__ = ["ChurnConfig", "ChurnReport", "run_churn", "topology_counts"]
 
@@ -277,9 +277,8 @@ class ChurnStack:
                 *("--redfish-ca-file", str(self.ca_file)),
                 *("--state-dir", str(self.manager_state), "--static-tokens", str(self.root / "tokens.json")),
             ],
-            ready=False,
+            ready_timeout=180,
         )
-        wait_ready(self.manager.address, timeout=180)
 
     def _plugin(self, node: NodeDirs) -> RoleProcess:
         assert self.apiserver is not None and self.manager is not None

@@ -60,8 +60,18 @@ def running_manager(
     ready: bool = True,
     env: dict[str, str] | None = None,
     ca_file: str | None = None,
+    ready_timeout: float = 30.0,
 ) -> Iterator[RoleProcess]:
-    process = start_manager(work, redfish_url, args=args, name=name, ready=ready, env=env, ca_file=ca_file)
+    process = start_manager(
+        work,
+        redfish_url,
+        args=args,
+        name=name,
+        ready=ready,
+        env=env,
+        ca_file=ca_file,
+        ready_timeout=ready_timeout,
+    )
     try:
         yield process
     finally:
@@ -77,9 +87,12 @@ def start_manager(
     ready: bool = True,
     env: dict[str, str] | None = None,
     ca_file: str | None = None,
+    ready_timeout: float = 30.0,
 ) -> RoleProcess:
     """Start a manager logging to ``work/<name>.log``; ``args`` add flags (auth, ledger, ...).
-    The caller stops it (prefer :func:`running_manager`). ``ca_file`` verifies a TLS listener."""
+    The caller stops it (prefer :func:`running_manager`). ``ca_file`` verifies a TLS listener;
+    with ``ready`` it waits up to ``ready_timeout`` seconds for ``/readyz`` (a big topology or a
+    loaded machine needs longer than the default)."""
     ready_file = work / f"{name}.ready"
     process = RoleProcess(
         [
@@ -94,7 +107,7 @@ def start_manager(
     ).start()
     if ready:
         try:
-            wait_ready(process.address, ca_file=ca_file)
+            wait_ready(process.address, timeout=ready_timeout, ca_file=ca_file)
         except BaseException:
             process.stop()
             raise

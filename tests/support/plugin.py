@@ -30,7 +30,7 @@ from dra_driver.proto.dra_v1 import api_pb2 as dra_pb2
 from dra_driver.proto.dra_v1 import api_pb2_grpc as dra_grpc
 from emulator.procs import RoleProcess
 from tests.support.apiserver import ApiServerProcess, start_apiserver
-from tests.support.fabric_manager import start_manager, wait_ready
+from tests.support.fabric_manager import start_manager
 
 __all__ = [
     "DRIVER",
@@ -349,20 +349,14 @@ def start_fabric(root: Path, latency: str = "instant", *, topology: Path | None 
         name="emulator",
     ).start()
     try:
+        # A loaded CI machine (the whole suite on two cores) can take longer than the helper's 30 s.
         manager = start_manager(
             root,
             emulator.address,
             args=["--redfish-auth", "none", "--state-dir", str(root / "manager"), "--insecure-no-auth"],
-            ready=False,
+            ready_timeout=120,
         )
     except BaseException:
-        emulator.stop()
-        raise
-    try:
-        # A loaded CI machine (the whole suite on two cores) can take longer than the helper's 30 s.
-        wait_ready(manager.address, timeout=120)
-    except BaseException:
-        manager.stop()
         emulator.stop()
         raise
     return FabricProcesses(emulator, manager, state_dir)
