@@ -54,10 +54,10 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -67,7 +67,7 @@ from dra_driver.plugin import cdi
 from dra_driver.plugin.backend import identity_of
 from dra_driver.plugin.checkpoint import CheckpointStore
 from dra_driver.plugin.hostdev import HostScanner, normalize_serial
-from emulator.kube.kubelet import ClaimRef, DraCallError, PluginManager, PrepareResult
+from emulator.kube.kubelet import ClaimRef, DraCallError, DRAPluginClient, PluginManager, PrepareResult
 from emulator.procs import RoleProcess
 from fabric.api import BindingState, Device, DeviceType
 from fabric.manager_client import ManagerClient
@@ -78,6 +78,8 @@ __all__ = ["ChurnConfig", "ChurnReport", "run_churn", "topology_counts"]
 
 DRIVER = "fabric-dra.io"
 NAMESPACE = "churn"
+
+_T = TypeVar("_T")
 
 #: Per-claim errors that no retry can cure: the kubelet stops (the pod cannot start).
 _PERMANENT = ("deleted before the kubelet prepared it", "the claim was replaced", "is not allocated")
@@ -615,39 +617,45 @@ class Churn:
 
     # the kubelet ---------------------------------------------------------------------------
 
-    async def _prepare_call(self, node: str, refs: list[ClaimRef]) -> dict[str, PrepareResult] | None:
+    async def _dra_call(
+        self,
+        rpc: str,
+        call: Callable[[DRAPluginClient, Sequence[ClaimRef]], Awaitable[dict[str, _T]]],
+        node: str,
+        refs: list[ClaimRef],
+        durations: list[float],
+    ) -> dict[str, _T] | None:
+        """One ``rpc`` to the plugin of ``node``, timed into ``durations``; None when the call
+        itself failed (counted), and an answer that leaves out a claim is a violation."""
         client = self.kubelets[node].plugin(DRIVER)
         if client is None:
             self.call_errors["plugin not registered"] += 1
             return None
         started = time.monotonic()
         try:
-            results = await client.node_prepare_resources(refs)
+            answers = await call(client, refs)
         except DraCallError as err:
-            self.call_errors[f"NodePrepareResources {err.code.name if err.code else 'failed'}"] += 1
+            self.call_errors[f"{rpc} {err.code.name if err.code else 'failed'}"] += 1
             return None
-        self.prepare_calls.append(time.monotonic() - started)
+        durations.append(time.monotonic() - started)
         for ref in refs:
-            if ref.uid not in results:
-                self.violation("answer", f"NodePrepareResources on {node} left out claim {ref.name}")
-        return results
+            if ref.uid not in answers:
+                self.violation("answer", f"{rpc} on {node} left out claim {ref.name}")
+        return answers
+
+    async def _prepare_call(self, node: str, refs: list[ClaimRef]) -> dict[str, PrepareResult] | None:
+        return await self._dra_call(
+            "NodePrepareResources", DRAPluginClient.node_prepare_resources, node, refs, self.prepare_calls
+        )
 
     async def _unprepare_call(self, node: str, refs: list[ClaimRef]) -> dict[str, str] | None:
-        client = self.kubelets[node].plugin(DRIVER)
-        if client is None:
-            self.call_errors["plugin not registered"] += 1
-            return None
-        started = time.monotonic()
-        try:
-            errors = await client.node_unprepare_resources(refs)
-        except DraCallError as err:
-            self.call_errors[f"NodeUnprepareResources {err.code.name if err.code else 'failed'}"] += 1
-            return None
-        self.unprepare_calls.append(time.monotonic() - started)
-        for ref in refs:
-            if ref.uid not in errors:
-                self.violation("answer", f"NodeUnprepareResources on {node} left out claim {ref.name}")
-        return errors
+        return await self._dra_call(
+            "NodeUnprepareResources",
+            DRAPluginClient.node_unprepare_resources,
+            node,
+            refs,
+            self.unprepare_calls,
+        )
 
     def _check_prepared(self, record: ClaimRecord, result: PrepareResult) -> None:
         """The answer names exactly the allocated devices, each with one CDI device ID, a spec
