@@ -30,7 +30,6 @@ import pytest
 import trustme
 
 from emulator.kube.kubelet import DraCallError
-from emulator.procs import RoleProcess
 from fabric.api import BindingState, DeviceType
 from fabric.errors import PermissionDenied, Unauthenticated
 from fabric.manager_client import ManagerClient
@@ -48,7 +47,8 @@ from tests.integration.reliability.stack import (
     running_stack,
     wait_until,
 )
-from tests.support.plugin import free_port
+from tests.support.emulator import run_emulator
+from tests.support.fabric_manager import running_manager
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -417,47 +417,20 @@ def test_emulator_and_manager_refuse_to_run_without_authentication(stack: Stack,
     # --insecure-no-auth serves without them, and says so.
     assert httpx.get(f"{stack.emulator_url}{ROOT}/Systems", timeout=10).status_code == 401
     assert "authentication is disabled" not in stack.emulator.log_file.read_text()
-    emulator = RoleProcess(
-        [
-            *("emulator", "serve", "--state-dir", str(tmp_path / "open"), "--port", "0"),
-            *("--ready-file", str(tmp_path / "open.ready"), "--insecure-no-auth"),
-        ],
-        ready_file=tmp_path / "open.ready",
-        log_file=tmp_path / "open.log",
-        name="emulator-open",
-    ).start()
-    try:
-        answer = httpx.get(f"{emulator.address}{ROOT}/Systems", timeout=10)
+    with run_emulator(tmp_path, extra_args=["--insecure-no-auth"], name="emulator-open") as emulator:
+        answer = httpx.get(f"{emulator.url}{ROOT}/Systems", timeout=10)
         assert answer.status_code == 200, answer.text
-        assert "authentication is disabled" in emulator.tail(50)
-    finally:
-        emulator.stop()
+        assert emulator.process is not None
+        assert "authentication is disabled" in emulator.process.tail(50)
 
     # The manager with --insecure-no-auth runs, says so, and serves callers without a token.
-    port = free_port()
-    manager = RoleProcess(
-        [
-            "manager",
-            "serve",
-            "--redfish-url",
-            "http://127.0.0.1:9",
-            "--redfish-auth",
-            "none",
-            "--state-dir",
-            str(tmp_path / "m"),
-            "--insecure-no-auth",
-            "--port",
-            str(port),
-            "--ready-file",
-            str(tmp_path / "m.ready"),
-        ],
-        ready_file=tmp_path / "m.ready",
-        log_file=tmp_path / "m.log",
+    with running_manager(
+        tmp_path,
+        "http://127.0.0.1:9",
+        args=["--redfish-auth", "none", "--state-dir", str(tmp_path / "m"), "--insecure-no-auth"],
         name="manager-open",
-    ).start()
-    try:
+        ready=False,
+    ) as manager:
         answer = httpx.get(f"{manager.address}/api/v1/operations", timeout=10)
         assert answer.status_code == 200, answer.text
         assert "authentication is OFF (--insecure-no-auth)" in manager.tail(50)
-    finally:
-        manager.stop()
