@@ -14,7 +14,6 @@ import contextlib
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from dra_driver.kube.resources import RESOURCE_CLAIMS
 from emulator.kube.kubelet import DRAPluginClient, register_plugin
 from emulator.procs import RoleProcess
 from tests.support.apiserver import ApiServerProcess, start_apiserver
-from tests.support.plugin import start_fabric
+from tests.support.plugin import free_port, start_fabric
 
 __all__ = [
     "DRIVER",
@@ -143,12 +142,6 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process ``pid`` (all its threads) so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextlib.contextmanager
