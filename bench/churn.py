@@ -871,7 +871,7 @@ class Churn:
         pci: dict[str, set[str]] = defaultdict(set)
         cxl: Counter[str] = Counter()
         for host in self.stack.hosts:
-            found = host_tree_contents(self.stack.sysfs(host))
+            found = host_tree_contents(self.stack.sysfs(host), identified_only=True)
             for serial in found["pci"]:
                 pci[serial].add(host)
             cxl.update(found["cxl-regions"])
@@ -954,9 +954,13 @@ def classify_error(error: str) -> str:
     return "other"
 
 
-def host_tree_contents(sys_root: Path) -> dict[str, list[str]]:
+def host_tree_contents(sys_root: Path, *, identified_only: bool = False) -> dict[str, list[str]]:
     """What a host's emulated sysfs holds: PCIe serials, CXL regions (by memdev serial), DAX
-    devices, memdevs, IOMMU groups and NVMe controllers."""
+    devices, memdevs, IOMMU groups and NVMe controllers.
+
+    An entry whose serial cannot be read is named by its own directory; ``identified_only``
+    leaves such entries out instead — a device being added or removed at that moment, which the
+    live double-binding check must not mistake for a device no claim holds."""
 
     def names(*parts: str) -> list[str]:
         with contextlib.suppress(OSError):
@@ -968,15 +972,18 @@ def host_tree_contents(sys_root: Path) -> dict[str, list[str]]:
             return path.read_text().strip()
         return ""
 
-    pci = [
-        normalize_serial(read(sys_root / "bus/pci/devices" / bdf / "serial")) or bdf
-        for bdf in names("bus/pci/devices")
-    ]
+    pci = []
+    for bdf in names("bus/pci/devices"):
+        serial = normalize_serial(read(sys_root / "bus/pci/devices" / bdf / "serial"))
+        if serial or not identified_only:
+            pci.append(serial or bdf)
     cxl = names("bus", "cxl", "devices")
     regions = []
     for region in (n for n in cxl if n.startswith("region")):
         memdev = read(sys_root / "bus/cxl/devices" / region / "target0")
-        regions.append(normalize_serial(read(sys_root / "bus/cxl/devices" / memdev / "serial")) or region)
+        serial = normalize_serial(read(sys_root / "bus/cxl/devices" / memdev / "serial"))
+        if serial or not identified_only:
+            regions.append(serial or region)
     return {
         "pci": pci,
         "cxl-regions": regions,

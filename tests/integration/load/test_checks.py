@@ -132,3 +132,15 @@ def test_topology_counts_and_waves() -> None:
     assert small["cxl-devices"] == 1 and small["gpus"] + small["nvme"] + small["nics"] + small["fpgas"] == 20
     assert waves(["a", "b", "c"], 0) == [["a", "b", "c"]]
     assert waves(["a", "b", "c"], 2) == [["a", "b"], ["c"]]
+
+
+def test_the_live_check_leaves_out_entries_still_being_created(tmp_path: Path) -> None:
+    """A region whose memdev serial cannot be read yet (being added or removed) is not a device
+    in a host's tree for the double-binding check; the leak check at the end still sees it."""
+    sys_root = tmp_path / "sys"
+    (sys_root / "bus/cxl/devices/region0").mkdir(parents=True)
+    (sys_root / "bus/pci/devices/0000:41:00.0").mkdir(parents=True)
+    live = host_tree_contents(sys_root, identified_only=True)
+    assert live["cxl-regions"] == [] and live["pci"] == []
+    final = host_tree_contents(sys_root)
+    assert final["cxl-regions"] == ["region0"] and final["pci"] == ["0000:41:00.0"]
