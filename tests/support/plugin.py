@@ -12,7 +12,6 @@ Sockets live under a short directory (unix socket paths are limited to 107 bytes
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import shutil
 import socket
 import tempfile
@@ -38,7 +37,6 @@ __all__ = [
     "DraCaller",
     "FabricProcesses",
     "PluginStack",
-    "fabric_roles_present",
     "free_port",
     "rss_kib",
     "short_dir",
@@ -309,13 +307,6 @@ class DraCaller:
             request, timeout=call_seconds
         )
         return response
-
-
-def fabric_roles_present() -> bool:
-    return (
-        importlib.util.find_spec("emulator.cli") is not None
-        and importlib.util.find_spec("fabric.cli") is not None
-    )
 
 
 @dataclass

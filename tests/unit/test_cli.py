@@ -32,7 +32,7 @@ def test_help_lists_every_registered_role() -> None:
     result = run_cli("--help")
     assert result.returncode == 0, result.stderr
     roles = registered_roles()
-    assert roles <= EXPECTED_ROLES
+    assert roles == EXPECTED_ROLES
     for role in roles:
         assert f"    {role}" in result.stdout, role
 

@@ -24,12 +24,7 @@ from fabric.manager_client import ManagerClient
 from tests.integration.controller.conftest import ApiServer, ControllerFactory, wait_for
 from tests.integration.controller.test_binding import allocate, condition, create_claim, deallocate
 from tests.support.fabric_manager import start_manager, static_tokens_file
-from tests.support.plugin import fabric_roles_present, short_dir
-
-pytestmark = pytest.mark.skipif(
-    not fabric_roles_present(),
-    reason="needs the emulator and fabric manager roles (emulator.cli, fabric.cli) in this build",
-)
+from tests.support.plugin import short_dir
 
 CONTROLLER_TOKEN = "controller-token-for-tests-0001"
 

@@ -4,17 +4,10 @@ prepare, unprepare and the health stream, over the plugin's own sockets."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import shutil
-
-import pytest
 
 from emulator.kube.kubelet import ClaimRef
 from tests.support.kubelet import running_kubelet
-
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("dra_driver.plugin") is None, reason="the DRA plugin is not in this build"
-)
 
 
 async def test_the_plugin_registers_prepares_and_reports_health() -> None:

@@ -12,12 +12,8 @@ from __future__ import annotations
 import pytest
 
 from bench.churn import POD_KINDS, ChurnConfig, ChurnReport, PodPlan, run_churn
-from tests.support.plugin import fabric_roles_present
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not fabric_roles_present(), reason="needs the emulator and manager roles"),
-]
+pytestmark = pytest.mark.slow
 
 CI = ChurnConfig(
     claims=60,

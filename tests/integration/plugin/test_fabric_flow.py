@@ -27,12 +27,7 @@ from emulator.procs import RoleProcess
 from fabric.api import BindingState, Device, DeviceType, FabricNode
 from fabric.manager_client import ManagerClient
 from tests.support.kubelet import running_kubelet
-from tests.support.plugin import DRIVER, ClaimRef, PluginStack, fabric_roles_present, short_dir, start_fabric
-
-pytestmark = pytest.mark.skipif(
-    not fabric_roles_present(),
-    reason="needs the emulator and fabric manager roles (emulator.cli, fabric.cli) in this build",
-)
+from tests.support.plugin import DRIVER, ClaimRef, PluginStack, short_dir, start_fabric
 
 
 @dataclass

@@ -18,9 +18,6 @@ from tests.support.plugin import DRIVER, PluginStack
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[PluginStack]:
-    pytest.importorskip(
-        "emulator.kube.serve", reason="the API test server (emulator.kube) is not in this build"
-    )
     with PluginStack() as running:
         yield running
 
