@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import ssl
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,19 +27,35 @@ from fabric.api import (
 )
 from fabric.errors import FabricError, FabricUnavailable, error_class
 
-__all__ = ["ManagerClient"]
+__all__ = ["ManagerClient", "ManagerUnreachable"]
 
 _DEVICES = TypeAdapter(list[Device])
 _NODES = TypeAdapter(list[FabricNode])
 _OPERATIONS = TypeAdapter(list[Operation])
 
 
-def _transport_reason(err: BaseException) -> str:
-    """Why a request got no answer, in words: a refused TLS certificate says so and why."""
+class ManagerUnreachable(FabricUnavailable):
+    """The fabric manager itself did not answer (down, unreachable, or its TLS certificate was
+    refused) — as opposed to a manager that answered that the fabric is unavailable."""
+
+    def __init__(self, message: str, *, certificate_refused: bool = False) -> None:
+        super().__init__(message)
+        #: the TLS handshake failed: the manager's certificate, not its availability, is the problem
+        self.certificate_refused = certificate_refused
+
+
+def _causes(err: BaseException) -> Iterator[BaseException]:
     seen: BaseException | None = err
     for _ in range(8):
         if seen is None:
-            break
+            return
+        yield seen
+        seen = seen.__cause__ or seen.__context__
+
+
+def _transport_reason(err: BaseException) -> str:
+    """Why a request got no answer, in words: a refused TLS certificate says so and why."""
+    for seen in _causes(err):
         if isinstance(seen, ssl.SSLCertVerificationError):
             return f"its TLS certificate was not accepted ({seen.verify_message or seen.reason})"
         if isinstance(seen, ssl.SSLError):
@@ -47,7 +64,6 @@ def _transport_reason(err: BaseException) -> str:
             return "nothing listens there (connection refused)"
         if isinstance(seen, socket.gaierror):
             return f"the host name does not resolve ({seen.strerror or seen})"
-        seen = seen.__cause__ or seen.__context__
     text = str(err).strip() or "no answer"
     return f"{type(err).__name__}: {text}"
 
@@ -118,8 +134,9 @@ class ManagerClient:
                 timeout=httpx.Timeout(self._timeout + wait_seconds, connect=5.0),
             )
         except httpx.HTTPError as err:
-            raise FabricUnavailable(
-                f"fabric manager unreachable at {self._http.base_url}: {_transport_reason(err)}"
+            raise ManagerUnreachable(
+                f"fabric manager unreachable at {self._http.base_url}: {_transport_reason(err)}",
+                certificate_refused=any(isinstance(e, ssl.SSLError) for e in _causes(err)),
             ) from err
         if response.status_code >= 400:
             raise self._error(response)

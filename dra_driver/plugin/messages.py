@@ -24,10 +24,9 @@ from fabric.errors import (
     NodeNotFound,
     NotLeader,
 )
+from fabric.manager_client import ManagerUnreachable
 
 __all__ = ["attach_failure", "detach_failure", "still_attaching"]
-
-_MANAGER_DOWN = "fabric manager unreachable"
 
 
 def _cause(err: FabricError) -> str:
@@ -70,8 +69,8 @@ def _next_step(err: BaseException, device: str, node: str) -> str:
     if isinstance(err, NotLeader):
         return "no fabric manager replica leads right now; the kubelet retries"
     if isinstance(err, FabricUnavailable):
-        if _MANAGER_DOWN in err.message:
-            if "TLS" in err.message:
+        if isinstance(err, ManagerUnreachable):
+            if err.certificate_refused:
                 return (
                     "the fabric manager's TLS certificate was not accepted: check --manager-ca-file and "
                     "that the certificate names the manager's address; the kubelet retries"
@@ -114,7 +113,7 @@ def still_attaching(device: str, node: str, last_error: FabricError | None) -> s
 def detach_failure(err: FabricError, node: str) -> str:
     """One line for an unprepare that could not detach (the claim stays recorded until it can)."""
     device = f"device {err.device}" if err.device else "a device"
-    if isinstance(err, FabricUnavailable) and _MANAGER_DOWN in err.message:
+    if isinstance(err, ManagerUnreachable):
         step = "check the fabric-dra-manager pods and Service"
     elif isinstance(err, AuthError):
         step = "check the plugin's token (--manager-token-file)"

@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from fabric.errors import FabricUnavailable
-from fabric.manager_client import ManagerClient
+from fabric.manager_client import ManagerClient, ManagerUnreachable
 
 
 def _closed_port() -> int:
@@ -42,3 +42,12 @@ def test_a_name_that_does_not_resolve_says_so() -> None:
         match=r"unreachable at http://fabric-manager\.invalid: the host name does not resolve",
     ):
         asyncio.run(_inventory("http://fabric-manager.invalid"))
+
+
+def test_an_unreachable_manager_is_its_own_error_type() -> None:
+    """Callers tell "the manager did not answer" from "the manager says the fabric is down" by
+    type, not by the wording of the message."""
+    with pytest.raises(ManagerUnreachable) as caught:
+        asyncio.run(_inventory(f"http://127.0.0.1:{_closed_port()}"))
+    assert isinstance(caught.value, FabricUnavailable)
+    assert not caught.value.certificate_refused
