@@ -37,7 +37,7 @@ from typing import Any
 
 from dra_driver.kube.client import ApiError, KubeClient, NotFound
 from dra_driver.kube.events import EventRecorder, ObjectRef
-from dra_driver.kube.resources import RESOURCE_CLAIMS
+from dra_driver.kube.resources import RESOURCE_API_VERSIONS, RESOURCE_CLAIMS
 from dra_driver.logs import get_logger
 from fabric import api
 from fabric.binder import Binder
@@ -49,8 +49,6 @@ from fabric.reports import PluginReports
 __all__ = ["ForeignBindings", "OrphanReconciler"]
 
 log = get_logger(__name__)
-#: resource.k8s.io versions that serve ResourceClaims, newest first (v1 from Kubernetes 1.34)
-_VERSIONS = ("v1", "v1beta2", "v1beta1")
 
 #: why a binding is an orphan → how the Event and the log say it
 _REASONS = {
@@ -134,7 +132,7 @@ class OrphanReconciler:
 
     async def claims(self) -> _Claims | None:
         """Every ResourceClaim in the cluster; None when they cannot be listed."""
-        versions = [self._version] if self._version else list(_VERSIONS)
+        versions = [self._version] if self._version else list(RESOURCE_API_VERSIONS)
         for version in versions:
             try:
                 items, _ = await self.kube.list_all(RESOURCE_CLAIMS.with_version(str(version)))

@@ -13,6 +13,7 @@ __all__ = [
     "NAMESPACES",
     "NODES",
     "PODS",
+    "RESOURCE_API_VERSIONS",
     "RESOURCE_CLAIMS",
     "RESOURCE_CLAIM_TEMPLATES",
     "RESOURCE_SLICES",
@@ -66,6 +67,8 @@ TOKEN_REVIEWS = Resource("authentication.k8s.io", "v1", "tokenreviews", "TokenRe
 DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment", True)
 
 # resource.k8s.io is served as v1 from Kubernetes 1.34; older clusters serve v1beta1/v1beta2.
+#: the versions of resource.k8s.io to try, newest first (the first one served is kept)
+RESOURCE_API_VERSIONS = ("v1", "v1beta2", "v1beta1")
 RESOURCE_CLAIMS = Resource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True)
 RESOURCE_CLAIM_TEMPLATES = Resource(
     "resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True

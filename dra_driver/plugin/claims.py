@@ -10,12 +10,12 @@ from typing import Protocol
 
 from dra_driver.kube import KubeClient, NotFound
 from dra_driver.kube.dra import ResourceClaim
-from dra_driver.kube.resources import RESOURCE_CLAIMS
+from dra_driver.kube.resources import RESOURCE_API_VERSIONS, RESOURCE_CLAIMS
 
 __all__ = ["RESOURCE_VERSIONS", "ClaimNotFound", "ClaimReader", "ClaimSource"]
 
 #: Tried in this order; the first one the API server serves is remembered.
-RESOURCE_VERSIONS = ("v1", "v1beta2", "v1beta1")
+RESOURCE_VERSIONS = RESOURCE_API_VERSIONS
 
 
 class ClaimNotFound(Exception):
