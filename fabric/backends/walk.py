@@ -123,6 +123,11 @@ class Walk:
         parameters"); members that come back as bare links are read one by one, so a service that
         ignores the query still works.
         """
+        return await self.get_all(await self.member_uris(collection))
+
+    async def member_uris(self, collection: str | None) -> list[str]:
+        """The URIs of every member of a collection, following ``Members@odata.nextLink`` pages
+        (members the pages carry in full are kept for :meth:`get`)."""
         if not collection:
             return []
         page_uri: str | None = collection
@@ -159,7 +164,7 @@ class Walk:
                 member_uris.append(uri)
             next_link = page.get("Members@odata.nextLink")
             page_uri = next_link if isinstance(next_link, str) and next_link.startswith("/") else None
-        return await self.get_all(member_uris)
+        return member_uris
 
     async def _get_expanded(self, uri: str) -> JSON | None:
         key = f"{uri}?$expand=.($levels=1)"

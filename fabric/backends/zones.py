@@ -235,8 +235,7 @@ class ZoneBackend(Backend):
         else:  # the endpoint does not say: every zone of the fabric
             walk = Walk(self.client)
             fabric = await walk.get(self.fabric_uri)
-            collection = await walk.get(odata_id((fabric or {}).get("Zones")))
-            uris = [u for u in (odata_id(m) for m in (collection or {}).get("Members") or []) if u]
+            uris = await walk.member_uris(odata_id((fabric or {}).get("Zones")))
         found = []
         for response in await asyncio.gather(*(self._get_or_none(u) for u in dict.fromkeys(uris))):
             zones: dict[str, _Zone] = {}

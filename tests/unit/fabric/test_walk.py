@@ -63,3 +63,14 @@ async def test_refused_expand_falls_back_to_pages_and_members() -> None:
         finally:
             await client.aclose()
         assert server.count("GET", "/redfish/v1/Things/") == 4
+
+
+async def test_member_uris_follow_the_pages_without_reading_the_members() -> None:
+    with service("ok") as server:
+        client = RedfishClient(RedfishSettings(base_url=server.url, auth="none"))
+        try:
+            uris = await Walk(client).member_uris("/redfish/v1/Things")
+        finally:
+            await client.aclose()
+        assert uris == [*(m["@odata.id"] for m in MEMBERS), "/redfish/v1/Things/9"]
+        assert server.count("GET", "/redfish/v1/Things/") == 0
