@@ -18,10 +18,8 @@ WORKDIR /src
 # Every runtime dependency ships as a binary wheel for CPython 3.11 on glibc, so the build stage
 # needs no compiler; the virtualenv is what the runtime stage copies.
 RUN python -m venv /opt/fabric-dra
-COPY pyproject.toml README.md ./
-COPY dra_driver/ dra_driver/
-COPY fabric/ fabric/
-COPY emulator/ emulator/
+# .dockerignore admits exactly pyproject.toml, README.md and the packages pyproject.toml lists.
+COPY . ./
 # pip byte-compiles what it installs: the runtime root filesystem is read-only, so imports must
 # find their .pyc files already there.
 RUN /opt/fabric-dra/bin/python -m pip install --no-cache-dir /src

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import BenchContext
-from dra_driver.kube import KubeClient
-from dra_driver.kube.resources import RESOURCE_SLICES
-from emulator.kube.schemas import DEFAULT_VERSIONS, SchemaCatalog
+from kube_standin.apiserver.schemas import DEFAULT_VERSIONS, SchemaCatalog
+from plumbing.kube import KubeClient
+from plumbing.kube.resources import RESOURCE_SLICES
 from tests.support.apiserver import start_apiserver
 from tests.unit.kube_standin.objects import resource_slice
 
@@ -74,7 +74,7 @@ async def _create(kube: KubeClient, slices: list[dict[str, Any]], concurrency: i
 
 
 async def _through_http(url: str, token: str) -> dict[str, float]:
-    from dra_driver.kube import KubeConfig
+    from plumbing.kube import KubeConfig
 
     async with KubeClient(KubeConfig(server=url, token=token)) as kube:
         sequential = await _create(kube, _slices("seq"), 1)

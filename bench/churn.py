@@ -5,11 +5,11 @@ What runs (all real processes on real sockets):
 - ``fabric-dra emulator serve`` on a topology made by ``fabric-dra emulator topology generate``
   (``--nodes`` hosts, ``--devices`` targets: PCIe GPUs, NVMe drives, NICs, FPGAs and CXL memory
   chunks), with authentication;
-- the API test server (``fabric-dra emulator apiserver``), holding the ResourceClaims;
+- the API test server (``fabric-dra standin apiserver``), holding the ResourceClaims;
 - ``fabric-dra manager serve`` (file ledger, static bearer tokens: one plugin token per node);
 - one ``fabric-dra plugin`` per node, each with its own registry, plugin and CDI directories and
   the node's emulated sysfs tree; ``--plugins-per-wave`` runs the nodes in waves instead;
-- in this process, per node, the kubelet-protocol client (:class:`emulator.kube.kubelet.PluginManager`:
+- in this process, per node, the kubelet-protocol client (:class:`kube_standin.kubelet_client.PluginManager`:
   registration, health stream, NodePrepareResources/NodeUnprepareResources with the kubelet's
   45 s deadline) — the kubelet — and a small scheduler that allocates free devices.
 
@@ -61,16 +61,16 @@ from typing import Any, TypeVar
 
 import httpx
 
-from dra_driver.kube import ApiError, KubeClient, NotFound
-from dra_driver.kube.resources import NAMESPACES, RESOURCE_CLAIMS
 from dra_driver.plugin import cdi
 from dra_driver.plugin.backend import identity_of
 from dra_driver.plugin.checkpoint import CheckpointStore
 from dra_driver.plugin.hostdev import HostScanner, normalize_serial
-from emulator.kube.kubelet import ClaimRef, DraCallError, DRAPluginClient, PluginManager, PrepareResult
-from emulator.procs import RoleProcess
-from fabric.api import BindingState, Device, DeviceType
-from fabric.manager_client import ManagerClient
+from kube_standin.kubelet_client import ClaimRef, DraCallError, DRAPluginClient, PluginManager, PrepareResult
+from manager_api.client import ManagerClient
+from manager_api.models import BindingState, Device, DeviceType
+from plumbing.kube import ApiError, KubeClient, NotFound
+from plumbing.kube.resources import NAMESPACES, RESOURCE_CLAIMS
+from plumbing.procs import RoleProcess
 from tests.support.apiserver import ApiServerProcess, start_apiserver
 from tests.support.fabric_manager import start_manager, static_tokens_file
 
@@ -212,7 +212,7 @@ class ChurnStack:
     def generate_topology(self) -> Path:
         path = self.root / "topology.yaml"
         counts = topology_counts(self.config.devices)
-        args = [sys.executable, "-m", "dra_driver", "emulator", "topology", "generate"]
+        args = [sys.executable, "-m", "fabric_dra", "emulator", "topology", "generate"]
         args += ["--hosts", str(self.config.nodes)]
         for flag, value in counts.items():
             args += [f"--{flag}", str(value)]

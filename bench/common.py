@@ -1,9 +1,9 @@
 """What every benchmark section shares: statistics, checks against targets, process memory, the
 plugin's phase metrics, the machine, and the real processes a section runs against.
 
-Everything here starts *real* processes on real sockets (``emulator.procs.RoleProcess``): the API
+Everything here starts *real* processes on real sockets (``plumbing.procs.RoleProcess``): the API
 test server, ``fabric-dra emulator serve``, ``fabric-dra manager serve`` and one ``fabric-dra
-plugin`` per node, driven through the kubelet-protocol client of :mod:`emulator.kube.kubelet` the
+plugin`` per node, driven through the kubelet-protocol client of :mod:`kube_standin.kubelet_client` the
 way the kubelet drives them. Figures come from here, never from timed tests.
 """
 
@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dra_driver.kube import KubeClient
-from dra_driver.kube.resources import RESOURCE_CLAIMS
-from emulator.kube.kubelet import DRAPluginClient, register_plugin
-from emulator.procs import RoleProcess
+from kube_standin.kubelet_client import DRAPluginClient, register_plugin
+from plumbing.kube import KubeClient
+from plumbing.kube.resources import RESOURCE_CLAIMS
+from plumbing.procs import RoleProcess
 from tests.support.apiserver import ApiServerProcess, start_apiserver
 from tests.support.plugin import free_port, start_fabric
 
@@ -158,7 +158,7 @@ def generate_topology(path: Path, *, hosts: int, gpus: int, nvme: int = 0, cxl_d
     """A topology file from ``fabric-dra emulator topology generate`` (deterministic)."""
     subprocess.run(
         [
-            *(sys.executable, "-m", "dra_driver", "emulator", "topology", "generate"),
+            *(sys.executable, "-m", "fabric_dra", "emulator", "topology", "generate"),
             *("--hosts", str(hosts), "--gpus", str(gpus), "--nvme", str(nvme), "--nics", "0"),
             *("--fpgas", "0", "--cxl-devices", str(cxl_devices), "-o", str(path)),
         ],

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from bench.common import BenchContext, ClaimSpec, check, create_claims, phase_delta, progress, summary_ms
-from emulator.kube.kubelet import ClaimRef
+from kube_standin.kubelet_client import ClaimRef
 
 __all__ = ["run"]
 

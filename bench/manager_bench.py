@@ -28,8 +28,8 @@ from typing import Any
 from bench.common import BenchContext, summary_ms
 from fabric.backends.discovery import Discovery
 from fabric.config import load_credentials
-from fabric.manager_client import ManagerClient
 from fabric.redfish.client import RedfishClient, RedfishSettings
+from manager_api.client import ManagerClient
 from tests.support.emulator import run_emulator
 from tests.support.fabric_manager import running_manager
 
@@ -111,7 +111,7 @@ def measure(quick: bool = False) -> dict[str, Any]:
         topology = root / "big.yaml"
         subprocess.run(
             [
-                *(sys.executable, "-m", "dra_driver", "emulator", "topology", "generate"),
+                *(sys.executable, "-m", "fabric_dra", "emulator", "topology", "generate"),
                 *("--hosts", "50", "--gpus", "150", "--nvme", "20", "--nics", "10", "--fpgas", "4"),
                 *("--cxl-devices", "4", "--chunks", "4", "-o", str(topology)),
             ],

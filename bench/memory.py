@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from bench.common import BenchContext, ClaimSpec, check, create_claims, host_name, progress, rss_mib
-from emulator.kube.kubelet import ClaimRef
+from kube_standin.kubelet_client import ClaimRef
 
 __all__ = ["run"]
 

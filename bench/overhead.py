@@ -1,7 +1,7 @@
 """Section 3 — framework overhead, side by side in the same run: fabric-dra's plugin with
 ``--device-backend noop`` against the ``kubernetes-pydra`` baseline (:mod:`bench.pydra_baseline`),
 both real processes on unix sockets, both registered and called by the same kubelet-protocol
-client (:mod:`emulator.kube.kubelet`), one claim per call, concurrency 1.
+client (:mod:`kube_standin.kubelet_client`), one claim per call, concurrency 1.
 
 The two are run in alternating blocks, so a change of load on the machine hits both alike. A
 *pair* is NodePrepareResources + NodeUnprepareResources of one claim. fabric-dra's plugin also
@@ -35,8 +35,8 @@ from bench.common import (
     rss_mib,
     summary_ms,
 )
-from emulator.kube.kubelet import ClaimRef, DRAPluginClient, register_plugin
-from emulator.procs import RoleProcess
+from kube_standin.kubelet_client import ClaimRef, DRAPluginClient, register_plugin
+from plumbing.procs import RoleProcess
 from tests.support.apiserver import start_apiserver
 
 __all__ = ["run"]

@@ -25,8 +25,8 @@ from typing import Any
 import httpx
 
 from bench.common import BenchContext, check, progress
-from emulator.procs import RoleProcess
-from fabric.api import DeviceType
+from manager_api.models import DeviceType
+from plumbing.procs import RoleProcess
 from tests.support.apiserver import TestHooks, start_apiserver
 from tests.support.controller import InventoryServer, make_device, make_inventory
 

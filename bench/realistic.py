@@ -36,7 +36,7 @@ from bench.common import (
     progress,
     summary_ms,
 )
-from emulator.kube.kubelet import ClaimRef
+from kube_standin.kubelet_client import ClaimRef
 
 __all__ = ["run"]
 

@@ -25,7 +25,7 @@ from bench.common import (
     progress,
     summary_ms,
 )
-from emulator.kube.kubelet import ClaimRef, DRAPluginClient
+from kube_standin.kubelet_client import ClaimRef, DRAPluginClient
 
 __all__ = ["run"]
 

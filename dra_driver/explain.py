@@ -37,6 +37,7 @@ from dra_driver.selection import (
 )
 from dra_driver.selection.model import NodeSelector
 from dra_driver.selection.report import DeviceVerdict, RequestReport
+from plumbing.cli import SubParsers
 
 __all__ = ["ExplainInputError", "Workload", "main_explain", "register"]
 
@@ -49,7 +50,7 @@ class ExplainInputError(Exception):
     """Input that cannot be explained; the message names the file and field."""
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: SubParsers) -> None:
     parser = subparsers.add_parser(
         "explain",
         help="why a claim does (not) fit the published devices",
@@ -336,8 +337,8 @@ def load_offline(args: argparse.Namespace) -> Inventory:
 
 
 async def load_cluster(args: argparse.Namespace, progress: TextIO) -> Inventory:
-    from dra_driver.kube import ApiError, KubeClient, NotFound, load_config
-    from dra_driver.kube.resources import DEVICE_CLASSES, NODES, RESOURCE_CLAIMS, RESOURCE_SLICES
+    from plumbing.kube import ApiError, KubeClient, NotFound, load_config
+    from plumbing.kube.resources import DEVICE_CLASSES, NODES, RESOURCE_CLAIMS, RESOURCE_SLICES
 
     try:
         config = load_config(args.kubeconfig, args.context)

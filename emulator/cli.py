@@ -1,30 +1,24 @@
 """``fabric-dra emulator``: the Redfish fabric emulator and its tools.
 
 Subcommands: ``serve`` (run the emulator), ``fault`` (inject and reset faults in a running
-one), ``bindings`` (print its binding table), ``topology validate|show|generate``. When the
-control-plane stand-ins are part of the build, ``emulator.kube.cli`` adds ``apiserver`` and
-``kubelet`` here too.
+one), ``bindings`` (print its binding table), ``topology validate|show|generate``.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any
 
-from dra_driver.cli import CliError
+from plumbing.cli import CliError, SubParsers, usage
 
 __all__ = ["register"]
 
-_SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
-
-def register(subparsers: _SubParsers) -> None:
+def register(subparsers: SubParsers) -> None:
     parser = subparsers.add_parser(
         "emulator",
         help="a Redfish composable PCIe/CXL fabric in software, and its tools",
@@ -39,24 +33,13 @@ def register(subparsers: _SubParsers) -> None:
     _register_fault(commands)
     _register_bindings(commands)
     _register_topology(commands)
-    parser.set_defaults(handler=lambda _args: _usage(parser))
-    try:
-        present = importlib.util.find_spec("emulator.kube.cli") is not None
-    except ModuleNotFoundError:
-        present = False
-    if present:
-        importlib.import_module("emulator.kube.cli").register(commands)
-
-
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return 2
+    parser.set_defaults(handler=usage(parser))
 
 
 # --- serve ------------------------------------------------------------------------------------
 
 
-def _register_serve(commands: _SubParsers) -> None:
+def _register_serve(commands: SubParsers) -> None:
     p = commands.add_parser(
         "serve",
         help="run the emulated Redfish fabric service",
@@ -119,12 +102,11 @@ def _register_serve(commands: _SubParsers) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from dra_driver.logs import get_logger
-
-    from .redfish.auth import Credentials, load_or_create_credentials
-    from .redfish.latency import load_latency_profile
-    from .redfish.server import ServeConfig, serve
-    from .topology import TopologyError, default_topology_path, load_topology
+    from emulator.redfish.auth import Credentials, load_or_create_credentials
+    from emulator.redfish.latency import load_latency_profile
+    from emulator.redfish.server import ServeConfig, serve
+    from emulator.topology import TopologyError, default_topology_path, load_topology
+    from plumbing.logs import get_logger
 
     log = get_logger("emulator.cli")
     try:
@@ -248,7 +230,7 @@ class _Admin:
         username = args.username
         password = None
         if args.state_dir is not None:
-            from .redfish.auth import CREDENTIALS_FILE, read_credentials
+            from emulator.redfish.auth import CREDENTIALS_FILE, read_credentials
 
             path = args.state_dir / CREDENTIALS_FILE
             if path.exists():
@@ -303,7 +285,7 @@ class _Admin:
 # --- fault ------------------------------------------------------------------------------------
 
 
-def _register_fault(commands: _SubParsers) -> None:
+def _register_fault(commands: SubParsers) -> None:
     p = commands.add_parser(
         "fault",
         help="inject, list and reset faults in a running emulator",
@@ -373,7 +355,7 @@ def _register_fault(commands: _SubParsers) -> None:
     sub = kind("reset", "remove every fault (hung tasks resume, ports come up, health returns to OK)")
     sub.add_argument("--id", help="remove only this fault")
     sub.set_defaults(handler=_reset_faults)
-    p.set_defaults(handler=lambda _a: _usage(p))
+    p.set_defaults(handler=usage(p))
 
 
 def _inject(args: argparse.Namespace, spec: dict[str, Any]) -> int:
@@ -415,7 +397,7 @@ def _reset_faults(args: argparse.Namespace) -> int:
 # --- bindings ---------------------------------------------------------------------------------
 
 
-def _register_bindings(commands: _SubParsers) -> None:
+def _register_bindings(commands: SubParsers) -> None:
     p = commands.add_parser(
         "bindings",
         help="print which device is bound to which host in a running emulator",
@@ -452,7 +434,7 @@ def _bindings(args: argparse.Namespace) -> int:
 # --- topology ---------------------------------------------------------------------------------
 
 
-def _register_topology(commands: _SubParsers) -> None:
+def _register_topology(commands: SubParsers) -> None:
     p = commands.add_parser(
         "topology",
         help="check, summarise and generate topology files",
@@ -486,11 +468,11 @@ def _register_topology(commands: _SubParsers) -> None:
     g.add_argument("--seed", default="fabric-dra", help="seed of serials and UUIDs (default: fabric-dra)")
     g.add_argument("-o", "--output", type=Path, help="write here instead of standard output")
     g.set_defaults(handler=_generate)
-    p.set_defaults(handler=lambda _a: _usage(p))
+    p.set_defaults(handler=usage(p))
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from .topology import TopologyError, load_topology
+    from emulator.topology import TopologyError, load_topology
 
     try:
         index = load_topology(args.file)
@@ -506,7 +488,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from .topology import TopologyError, default_topology_path, load_topology
+    from emulator.topology import TopologyError, default_topology_path, load_topology
 
     path = args.file or default_topology_path()
     try:
@@ -525,7 +507,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .topology.generate import GenerateSpec, generate_topology_yaml
+    from emulator.topology.generate import GenerateSpec, generate_topology_yaml
 
     try:
         spec = GenerateSpec(

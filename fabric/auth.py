@@ -33,10 +33,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from dra_driver.kube.client import ApiError, KubeClient
-from dra_driver.kube.resources import TOKEN_REVIEWS
-from dra_driver.logs import get_logger
-from fabric.errors import FabricUnavailable, PermissionDenied, Unauthenticated
+from manager_api.errors import FabricUnavailable, PermissionDenied, Unauthenticated
+from plumbing.kube.client import ApiError, KubeClient
+from plumbing.kube.resources import TOKEN_REVIEWS
+from plumbing.logs import get_logger
 
 __all__ = [
     "NODE_NAME_EXTRA",

@@ -17,7 +17,7 @@
   ``rollback``): the driver makes sure the device is not bound, then drops the entry.
 * **Crash-safe.** At start-up (and after every discovery pass) :meth:`Binder.reconcile` resumes
   every unfinished entry from the fabric's state; bindings the fabric lost are dropped and logged.
-* **Leader only.** Every fabric mutation is fenced by the Lease (:class:`fabric.errors.NotLeader`).
+* **Leader only.** Every fabric mutation is fenced by the Lease (:class:`manager_api.errors.NotLeader`).
 """
 
 from __future__ import annotations
@@ -28,13 +28,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dra_driver.crashpoints import crash_point
-from dra_driver.logs import get_logger
-from fabric import api
 from fabric.backends.base import Backend, BindContext
 from fabric.backends.discovery import Discovery
 from fabric.backends.model import DeviceRecord, HostRecord
-from fabric.errors import (
+from fabric.inventory import Inventory
+from fabric.ledger import Ledger, LedgerEntry, LedgerState
+from fabric.metrics import ManagerMetrics
+from fabric.operations import OperationLog
+from fabric.redfish.client import OutcomeUnknown
+from fabric.redfish.error_mapping import PreconditionFailed
+from manager_api import models as api
+from manager_api.errors import (
     AttachTimeout,
     BindFailed,
     DeviceBusy,
@@ -45,12 +49,8 @@ from fabric.errors import (
     NodeNotFound,
     NotLeader,
 )
-from fabric.inventory import Inventory
-from fabric.ledger import Ledger, LedgerEntry, LedgerState
-from fabric.metrics import ManagerMetrics
-from fabric.operations import OperationLog
-from fabric.redfish.client import OutcomeUnknown
-from fabric.redfish.messages import PreconditionFailed
+from plumbing.crashpoints import crash_point
+from plumbing.logs import get_logger
 
 __all__ = ["Binder", "BinderSettings"]
 

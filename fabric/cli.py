@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dra_driver.cli import CliError
+from plumbing.cli import CliError, SubParsers, usage
 
 __all__ = ["register"]
 
@@ -19,7 +19,7 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name) or default
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: SubParsers) -> None:
     manager = subparsers.add_parser(
         "manager",
         help="the fabric manager: the one holder of Redfish credentials, binding devices to nodes",
@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     _serve_flags(serve)
     serve.set_defaults(handler=_serve)
-    manager.set_defaults(handler=lambda args: _usage(manager))
+    manager.set_defaults(handler=usage(manager))
 
     status = subparsers.add_parser(
         "status",
@@ -63,11 +63,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     status.add_argument("--output", "-o", choices=["table", "json"], default="table", help="output format")
     status.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the manager")
     status.set_defaults(handler=_status)
-
-
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return 2
 
 
 def _serve_flags(p: argparse.ArgumentParser) -> None:
@@ -333,7 +328,7 @@ def _serve(args: argparse.Namespace) -> int:
             raise CliError(f"{path} does not exist")
     for secret in (settings.static_tokens, args.redfish_credentials_file):
         if secret is not None and secret.is_file() and secret.stat().st_mode & 0o077:
-            from dra_driver.logs import get_logger
+            from plumbing.logs import get_logger
 
             get_logger("fabric.cli").warning(
                 "a file with secrets is readable by other users; chmod 600 it", path=str(secret)

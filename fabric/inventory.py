@@ -21,17 +21,17 @@ from collections.abc import Awaitable, Callable
 
 from pydantic import TypeAdapter
 
-from dra_driver.logs import get_logger
-from fabric import api
 from fabric.backends.discovery import Discovery
 from fabric.backends.model import DeviceRecord, FabricInfo, HostRecord
-from fabric.errors import FabricError, FabricUnavailable
+from fabric.device_names import pool_name
 from fabric.ledger import LedgerEntry, LedgerState
-from fabric.naming import pool_name
 from fabric.nodes import NodeResolver
+from fabric.redfish.error_mapping import message_key
 from fabric.redfish.events import EventStream
-from fabric.redfish.messages import message_key
 from fabric.redfish.tasks import FINAL_TASK_EVENTS
+from manager_api import models as api
+from manager_api.errors import FabricError, FabricUnavailable
+from plumbing.logs import get_logger
 
 __all__ = ["Inventory"]
 

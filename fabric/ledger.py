@@ -10,7 +10,7 @@ The outcome of an operation (``bound``, or the entry removed after an unbind) is
 anyone waiting for it (:meth:`Ledger.commit_soon`): its intent is durable already, and a restart
 that finds ``attaching`` or ``detaching`` finishes the record from the fabric's state.
 
-Two stores: a JSON file in ``--state-dir`` (written with :func:`dra_driver.fsutil.atomic_write`:
+Two stores: a JSON file in ``--state-dir`` (written with :func:`plumbing.fsutil.atomic_write`:
 temp file, fsync, rename) and, in a cluster, a ConfigMap replaced with its ``resourceVersion`` so a
 deposed leader's stale write fails instead of overwriting the new leader's. Writes are group-committed:
 concurrent operations that change the ledger at the same time share one write.
@@ -27,11 +27,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dra_driver.fsutil import atomic_write
-from dra_driver.kube.client import AlreadyExists, ApiError, Conflict, KubeClient, NotFound
-from dra_driver.kube.resources import CONFIGMAPS
-from dra_driver.logs import get_logger
-from fabric.errors import FabricUnavailable, NotLeader
+from manager_api.errors import FabricUnavailable, NotLeader
+from plumbing.fsutil import atomic_write
+from plumbing.kube.client import AlreadyExists, ApiError, Conflict, KubeClient, NotFound
+from plumbing.kube.resources import CONFIGMAPS
+from plumbing.logs import get_logger
 
 __all__ = [
     "ConfigMapLedgerStore",

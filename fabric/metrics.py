@@ -14,7 +14,7 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from fabric import api
+from manager_api import models as api
 
 __all__ = ["ManagerMetrics"]
 

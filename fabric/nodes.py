@@ -24,10 +24,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dra_driver.kube.client import ApiError, Gone, KubeClient
-from dra_driver.kube.resources import NODES
-from dra_driver.logs import get_logger
 from fabric.backends.model import HostRecord
+from plumbing.kube.client import ApiError, Gone, KubeClient
+from plumbing.kube.resources import NODES
+from plumbing.logs import get_logger
 
 __all__ = ["NodeMapFile", "NodeResolver", "load_node_map"]
 

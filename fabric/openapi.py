@@ -4,7 +4,7 @@ client (and a schema-driven fuzzer) must know to use the API correctly.
 - Authentication is the ``bearerAuth`` HTTP bearer scheme on every ``/api/v1`` operation, not a
   free-form ``Authorization`` header parameter (the routes read the header themselves).
 - Every error an operation can answer is documented with its status and the
-  :class:`fabric.api.ErrorBody` shape the manager really sends — including ``422``, which
+  :class:`manager_api.models.ErrorBody` shape the manager really sends — including ``422``, which
   FastAPI would otherwise describe with its own ``HTTPValidationError`` body.
 """
 
@@ -15,13 +15,13 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from fabric import api
+from manager_api import models as api
 
 __all__ = ["ERRORS", "complete_openapi", "install_openapi"]
 
 SECURITY_SCHEME = "bearerAuth"
 
-#: status → when the manager answers it (the ``code`` values of :mod:`fabric.errors`)
+#: status → when the manager answers it (the ``code`` values of :mod:`manager_api.errors`)
 ERRORS: dict[int, str] = {
     401: "Unauthenticated: no, unknown, expired or wrong-audience bearer token",
     403: "PermissionDenied: a plugin acting for another node, an operator attaching, a caller without a role",

@@ -6,8 +6,8 @@ import uuid
 from collections import OrderedDict
 from datetime import UTC, datetime
 
-from fabric import api
-from fabric.errors import FabricError
+from manager_api import models as api
+from manager_api.errors import FabricError
 
 __all__ = ["OperationLog", "error_body"]
 

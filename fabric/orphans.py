@@ -35,16 +35,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dra_driver.kube.client import ApiError, KubeClient, NotFound
-from dra_driver.kube.events import EventRecorder, ObjectRef
-from dra_driver.kube.resources import RESOURCE_API_VERSIONS, RESOURCE_CLAIMS
-from dra_driver.logs import get_logger
-from fabric import api
 from fabric.binder import Binder
-from fabric.errors import FabricError
 from fabric.ledger import LedgerEntry, LedgerState
 from fabric.metrics import ManagerMetrics
 from fabric.reports import PluginReports
+from manager_api import models as api
+from manager_api.errors import FabricError
+from plumbing.kube.client import ApiError, KubeClient, NotFound
+from plumbing.kube.events import EventRecorder, ObjectRef
+from plumbing.kube.resources import RESOURCE_API_VERSIONS, RESOURCE_CLAIMS
+from plumbing.logs import get_logger
 
 __all__ = ["ForeignBindings", "OrphanReconciler"]
 

@@ -16,8 +16,8 @@ from typing import Annotated
 from fastapi import FastAPI, Path
 from fastapi.responses import Response
 
-from fabric import api
 from fabric.server import _NODE, Caller
+from manager_api import models as api
 
 __all__ = ["PluginReports", "install_report_route"]
 

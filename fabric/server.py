@@ -1,9 +1,9 @@
-"""The manager's HTTP API (FastAPI): the contract of :mod:`fabric.api`, plus health and metrics.
+"""The manager's HTTP API (FastAPI): the contract of :mod:`manager_api.models`, plus health and metrics.
 
 Every ``/api/v1`` request needs a bearer token (:mod:`fabric.auth`) and a leader: a follower
 answers 503 NotLeader with ``Retry-After`` (its ``/readyz`` fails too, so a Service sends traffic to
-the leader only). Errors are :class:`fabric.api.ErrorBody` with the status of their
-:mod:`fabric.errors` class; a malformed request is 422 InvalidRequest naming the field.
+the leader only). Errors are :class:`manager_api.models.ErrorBody` with the status of their
+:mod:`manager_api.errors` class; a malformed request is 422 InvalidRequest naming the field.
 """
 
 from __future__ import annotations
@@ -18,12 +18,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from dra_driver import __version__
-from dra_driver.logs import get_logger
-from fabric import api
 from fabric.auth import Chain, Identity
 from fabric.binder import Binder
-from fabric.errors import (
+from fabric.inventory import Inventory
+from fabric.metrics import ManagerMetrics
+from fabric.openapi import install_openapi
+from fabric.operations import error_body
+from manager_api import models as api
+from manager_api.errors import (
     DeviceNotFound,
     FabricError,
     FabricUnavailable,
@@ -31,10 +33,8 @@ from fabric.errors import (
     NotFoundError,
     NotLeader,
 )
-from fabric.inventory import Inventory
-from fabric.metrics import ManagerMetrics
-from fabric.openapi import install_openapi
-from fabric.operations import error_body
+from plumbing import __version__
+from plumbing.logs import get_logger
 
 __all__ = ["AppContext", "build_app"]
 

@@ -20,12 +20,6 @@ from collections.abc import Generator
 
 import uvicorn
 
-from dra_driver.fsutil import atomic_write
-from dra_driver.kube.client import KubeClient, load_config
-from dra_driver.kube.events import EventRecorder
-from dra_driver.kube.leader import LeaderElector
-from dra_driver.logs import get_logger
-from dra_driver.netutil import listen_tcp
 from fabric.auth import (
     AllowAll,
     Authenticator,
@@ -37,7 +31,6 @@ from fabric.auth import (
 from fabric.backends.discovery import Discovery
 from fabric.binder import Binder
 from fabric.config import ManagerSettings
-from fabric.errors import FabricError
 from fabric.inventory import Inventory
 from fabric.ledger import ConfigMapLedgerStore, FileLedgerStore, Ledger, LedgerStore
 from fabric.metrics import ManagerMetrics
@@ -46,6 +39,13 @@ from fabric.orphans import ForeignBindings, OrphanReconciler
 from fabric.redfish.client import RedfishClient
 from fabric.reports import PluginReports, install_report_route
 from fabric.server import AppContext, build_app
+from manager_api.errors import FabricError
+from plumbing.fsutil import atomic_write
+from plumbing.kube.client import KubeClient, load_config
+from plumbing.kube.events import EventRecorder
+from plumbing.kube.leader import LeaderElector
+from plumbing.logs import get_logger
+from plumbing.netutil import listen_tcp
 
 __all__ = ["ManagerService"]
 

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from dra_driver.cli import CliError
-from fabric import api
-from fabric.errors import FabricError, FabricUnavailable
-from fabric.manager_client import ManagerClient
+from manager_api import models as api
+from manager_api.client import ManagerClient
+from manager_api.errors import FabricError, FabricUnavailable
+from plumbing.cli import CliError
 
 __all__ = ["render_json", "render_table", "run_status"]
 

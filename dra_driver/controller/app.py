@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from dra_driver.controller.binding import ClaimBinder
+from dra_driver.controller.binding_conditions import ClaimBinder
 from dra_driver.controller.devices import PublishPolicy
 from dra_driver.controller.features import (
     ResourceApiMissing,
@@ -24,16 +24,16 @@ from dra_driver.controller.features import (
     require_resource_v1,
 )
 from dra_driver.controller.health import HealthServer
-from dra_driver.controller.inventory import InventoryFeed
+from dra_driver.controller.inventory_feed import InventoryFeed
 from dra_driver.controller.metrics import IS_LEADER
 from dra_driver.controller.nodelabels import NodeLabeler
 from dra_driver.controller.publisher import SlicePublisher
-from dra_driver.controller.retry import Backoff
-from dra_driver.fsutil import atomic_write
-from dra_driver.kube import ApiError, KubeClient
-from dra_driver.kube.leader import LeaderElector
-from dra_driver.logs import get_logger
-from fabric.manager_client import ManagerClient
+from manager_api.client import ManagerClient
+from plumbing.backoff import Backoff
+from plumbing.fsutil import atomic_write
+from plumbing.kube import ApiError, KubeClient
+from plumbing.kube.leader import LeaderElector
+from plumbing.logs import get_logger
 
 __all__ = ["Controller", "ControllerOptions", "default_identity"]
 

@@ -8,13 +8,13 @@ import os
 import signal
 from pathlib import Path
 
-from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.cli import positive_seconds
+from plumbing import DEFAULT_DRIVER_NAME
+from plumbing.cli import SubParsers, positive_seconds
 
 __all__ = ["register"]
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: SubParsers) -> None:
     parser = subparsers.add_parser(
         "controller",
         help="publish fabric pools as ResourceSlices; drive the binding-condition flow",
@@ -149,13 +149,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     import logging
 
-    from dra_driver.cli import CliError
     from dra_driver.controller.app import Controller, ControllerOptions
     from dra_driver.controller.features import ResourceApiMissing
-    from dra_driver.controller.naming import DRIVER_NAME_MAX, is_dns_subdomain, is_label_value
-    from dra_driver.kube import KubeClient, load_config
-    from dra_driver.netutil import ListenError
-    from fabric.manager_client import ManagerClient
+    from dra_driver.controller.resourcenames import DRIVER_NAME_MAX, is_dns_subdomain, is_label_value
+    from manager_api.client import ManagerClient
+    from plumbing.cli import CliError
+    from plumbing.kube import KubeClient, load_config
+    from plumbing.netutil import ListenError
 
     if not args.manager_url:
         raise CliError(

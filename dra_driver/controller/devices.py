@@ -1,8 +1,8 @@
-"""One inventory device (:class:`fabric.api.Device`) → one ``resource.k8s.io/v1`` ``Device``.
+"""One inventory device (:class:`manager_api.models.Device`) → one ``resource.k8s.io/v1`` ``Device``.
 
 Attributes and capacity are those pinned in docs/architecture.md, qualified with the driver
 name (``fabric-dra.io/type``). Values that break the API's rules are made to fit
-(:func:`~dra_driver.controller.naming.fit_value`), never sent as they are: one bad value
+(:func:`~dra_driver.controller.resourcenames.fit_value`), never sent as they are: one bad value
 would make the API server reject the whole slice, and with it every device of the slice.
 """
 
@@ -12,14 +12,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from dra_driver.controller.naming import (
+from dra_driver.controller.resourcenames import (
     BindingConditionNames,
     fit_value,
     is_dns_label,
     unhealthy_taint_key,
 )
 from dra_driver.selection.quantity import format_bytes
-from fabric.api import BindingState, Device, Health
+from manager_api.models import BindingState, Device, Health
 
 __all__ = [
     "ATTRIBUTE_NAMES",

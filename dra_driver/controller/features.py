@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from dra_driver.kube import ApiError, KubeClient, NotFound
-from dra_driver.logs import get_logger
+from plumbing.kube import ApiError, KubeClient, NotFound
+from plumbing.logs import get_logger
 
 __all__ = ["ResourceApiMissing", "TaintsMode", "device_taints_served", "require_resource_v1"]
 

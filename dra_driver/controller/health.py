@@ -15,8 +15,8 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from dra_driver.controller.metrics import REGISTRY
-from dra_driver.logs import get_logger
-from dra_driver.netutil import listen_tcp
+from plumbing.logs import get_logger
+from plumbing.netutil import listen_tcp
 
 __all__ = ["HealthServer"]
 

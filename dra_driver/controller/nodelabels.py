@@ -14,15 +14,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from dra_driver.controller.inventory import InventoryFeed
+from dra_driver.controller.inventory_feed import InventoryFeed
 from dra_driver.controller.metrics import NODE_LABEL_PATCHES
-from dra_driver.controller.naming import pool_label_key, pool_label_prefix
-from dra_driver.controller.retry import Backoff
+from dra_driver.controller.resourcenames import pool_label_key, pool_label_prefix
 from dra_driver.controller.slices import slice_selector
-from dra_driver.kube import ApiError, Gone, KubeClient, NotFound
-from dra_driver.kube.resources import NODES, RESOURCE_SLICES
-from dra_driver.logs import get_logger
-from fabric.api import Inventory
+from manager_api.models import Inventory
+from plumbing.backoff import Backoff
+from plumbing.kube import ApiError, Gone, KubeClient, NotFound
+from plumbing.kube.resources import NODES, RESOURCE_SLICES
+from plumbing.logs import get_logger
 
 __all__ = ["NodeLabeler", "desired_node_labels"]
 

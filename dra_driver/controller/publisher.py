@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dra_driver.controller.devices import PublishPolicy, WithheldReason
-from dra_driver.controller.inventory import InventoryFeed
+from dra_driver.controller.inventory_feed import InventoryFeed
 from dra_driver.controller.metrics import POOL_DEVICES, POOL_GENERATION, SLICE_RECONCILE_SECONDS, SLICE_WRITES
-from dra_driver.controller.retry import Backoff
 from dra_driver.controller.slices import (
     DesiredPool,
     NormalCache,
@@ -32,10 +31,11 @@ from dra_driver.controller.slices import (
     plan_pool,
     slice_selector,
 )
-from dra_driver.kube import AlreadyExists, ApiError, Conflict, Gone, KubeClient, NotFound
-from dra_driver.kube.resources import RESOURCE_SLICES
-from dra_driver.logs import get_logger
-from fabric.api import Inventory
+from manager_api.models import Inventory
+from plumbing.backoff import Backoff
+from plumbing.kube import AlreadyExists, ApiError, Conflict, Gone, KubeClient, NotFound
+from plumbing.kube.resources import RESOURCE_SLICES
+from plumbing.logs import get_logger
 
 __all__ = ["PublishResult", "SlicePublisher"]
 

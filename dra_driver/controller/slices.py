@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dra_driver.controller.devices import Conversion, PublishPolicy, WithheldReason, to_dra_device
-from dra_driver.controller.naming import (
+from dra_driver.controller.resourcenames import (
     ATTRIBUTE_VALUE_MAX_BYTES,
     BINDING_CONDITIONS_MAX,
     DEVICE_ATTRIBUTES_AND_CAPACITIES_MAX,
@@ -41,7 +41,7 @@ from dra_driver.controller.naming import (
     slice_name,
 )
 from dra_driver.selection.quantity import parse_quantity
-from fabric.api import Inventory
+from manager_api.models import Inventory
 
 __all__ = [
     "DesiredPool",

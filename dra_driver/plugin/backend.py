@@ -14,14 +14,14 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Protocol
 
-from dra_driver.crashpoints import crash_point
-from dra_driver.logs import get_logger
 from dra_driver.plugin.checkpoint import PreparedDevice
 from dra_driver.plugin.hostdev import DeviceIdentity, HostDevice, HostScanner
 from dra_driver.plugin.metrics import observe_phase
-from fabric.api import MAX_WAIT_SECONDS, AttachmentState, BindingState, Device, DeviceType
-from fabric.errors import DeviceBusy, DeviceNotFound, FabricError
-from fabric.manager_client import ManagerClient
+from manager_api.client import ManagerClient
+from manager_api.errors import DeviceBusy, DeviceNotFound, FabricError
+from manager_api.models import MAX_WAIT_SECONDS, AttachmentState, BindingState, Device, DeviceType
+from plumbing.crashpoints import crash_point
+from plumbing.logs import get_logger
 
 __all__ = [
     "AttachedDevice",

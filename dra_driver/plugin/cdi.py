@@ -24,8 +24,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dra_driver.fsutil import atomic_write
 from dra_driver.plugin.hostdev import HostDevice
+from plumbing.fsutil import atomic_write
 
 __all__ = [
     "CDI_VERSIONS",

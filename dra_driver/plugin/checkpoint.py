@@ -1,6 +1,6 @@
 """The plugin's on-disk record of prepared claims: one versioned, checksummed JSON file.
 
-Written atomically (temp file, fsync, rename, fsync dir) through :func:`dra_driver.fsutil.atomic_write`.
+Written atomically (temp file, fsync, rename, fsync dir) through :func:`plumbing.fsutil.atomic_write`.
 Concurrent changes are *group-committed*: every caller of :meth:`CheckpointStore.commit` returns
 once a write that contains its change is durable, and changes made while a write is in flight
 go into the next one — 50 claims prepared at once cost a handful of fsyncs, not 100.
@@ -30,10 +30,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dra_driver.fsutil import atomic_write
-from dra_driver.logs import get_logger
 from dra_driver.plugin import cdi
 from dra_driver.plugin.hostdev import HostDevice
+from plumbing.fsutil import atomic_write
+from plumbing.logs import get_logger
 
 __all__ = [
     "CHECKPOINT_VERSION",

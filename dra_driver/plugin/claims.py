@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from dra_driver.kube import KubeClient, NotFound
-from dra_driver.kube.dra import ResourceClaim
-from dra_driver.kube.resources import RESOURCE_API_VERSIONS, RESOURCE_CLAIMS
+from plumbing.kube import KubeClient, NotFound
+from plumbing.kube.dra import ResourceClaim
+from plumbing.kube.resources import RESOURCE_API_VERSIONS, RESOURCE_CLAIMS
 
 __all__ = ["RESOURCE_VERSIONS", "ClaimNotFound", "ClaimReader", "ClaimSource"]
 

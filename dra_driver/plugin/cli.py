@@ -6,14 +6,15 @@ import argparse
 import asyncio
 
 from dra_driver.plugin.config import add_arguments
+from plumbing.cli import SubParsers
 
 __all__ = ["register"]
 
 
 def _run(args: argparse.Namespace) -> int:
-    from dra_driver.cli import CliError
     from dra_driver.plugin.config import config_from_args
     from dra_driver.plugin.server import PluginError, serve
+    from plumbing.cli import CliError
 
     try:
         config = config_from_args(args)
@@ -34,7 +35,7 @@ def _pydantic_line(err: ValueError) -> str:
     return str(err).splitlines()[0]
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: SubParsers) -> None:
     parser = subparsers.add_parser(
         "plugin",
         help="run the DRA kubelet plugin on this node (DaemonSet)",

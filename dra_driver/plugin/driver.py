@@ -26,10 +26,7 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 
-from dra_driver.crashpoints import crash_point
-from dra_driver.kube import ApiError
-from dra_driver.logs import get_logger
-from dra_driver.plugin import cdi, messages
+from dra_driver.plugin import cdi, prepare_errors
 from dra_driver.plugin.backend import AttachedDevice, DeviceBackend
 from dra_driver.plugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
 from dra_driver.plugin.claims import ClaimNotFound, ClaimSource
@@ -41,7 +38,10 @@ from dra_driver.proto.dra_v1 import api_pb2 as v1_pb2
 from dra_driver.proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver.proto.dra_v1beta1 import api_pb2 as v1beta1_pb2
 from dra_driver.proto.dra_v1beta1 import api_pb2_grpc as v1beta1_grpc
-from fabric.errors import FabricError
+from manager_api.errors import FabricError
+from plumbing.crashpoints import crash_point
+from plumbing.kube import ApiError
+from plumbing.logs import get_logger
 
 __all__ = [
     "ClaimOutcome",
@@ -343,7 +343,7 @@ class Driver:
             try:
                 attached = task.result()
             except (FabricError, DeviceNotVisible) as err:
-                failures.append(messages.attach_failure(err, device, self.node))
+                failures.append(prepare_errors.attach_failure(err, device, self.node))
             except asyncio.CancelledError:
                 failures.append(
                     f"attaching device {device} to node {self.node} was cancelled; the kubelet retries"
@@ -372,7 +372,7 @@ class Driver:
                     await self.store.commit()
         if failures or still:
             waiting = [
-                messages.still_attaching(d, self.node, self.backend.pending_error(ref.uid, d))
+                prepare_errors.still_attaching(d, self.node, self.backend.pending_error(ref.uid, d))
                 for d in sorted(still)
             ]
             raise PrepareFailed(f"claim {ref.namespace}/{ref.name}: " + " | ".join(failures + waiting))
@@ -408,7 +408,8 @@ class Driver:
         except FabricError as err:
             CLAIM_RESULTS.labels("unprepare", "error").inc()
             log.warning("claim not unprepared", claim=ref.uid, error=err.message)
-            return f"unpreparing claim {ref.namespace}/{ref.name}: {messages.detach_failure(err, self.node)}"
+            reason = prepare_errors.detach_failure(err, self.node)
+            return f"unpreparing claim {ref.namespace}/{ref.name}: {reason}"
         except Exception as err:
             CLAIM_RESULTS.labels("unprepare", "error").inc()
             log.exception("claim unprepare failed unexpectedly", claim=ref.uid)

@@ -27,13 +27,13 @@ from typing import Any
 
 import grpc
 
-from dra_driver.logs import get_logger
 from dra_driver.plugin.backend import DeviceBackend
 from dra_driver.plugin.checkpoint import CheckpointStore, ClaimState
 from dra_driver.plugin.hostdev import HostScanner
 from dra_driver.proto.dra_health_v1alpha1 import api_pb2 as health_pb2
 from dra_driver.proto.dra_health_v1alpha1 import api_pb2_grpc as health_grpc
-from fabric.api import BindingState, Device, Health
+from manager_api.models import BindingState, Device, Health
+from plumbing.logs import get_logger
 
 __all__ = ["HEALTH_SERVICE", "DeviceHealthReport", "HealthMonitor", "health_servicer"]
 

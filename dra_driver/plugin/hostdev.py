@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dra_driver.logs import get_logger
+from plumbing.logs import get_logger
 
 __all__ = [
     "DeviceIdentity",

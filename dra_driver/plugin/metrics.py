@@ -18,7 +18,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
 
-from dra_driver.netutil import listen_tcp
+from plumbing.netutil import listen_tcp
 
 __all__ = [
     "CLAIM_RESULTS",

@@ -20,12 +20,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dra_driver.logs import get_logger
 from dra_driver.plugin import cdi
 from dra_driver.plugin.backend import DeviceBackend
 from dra_driver.plugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
 from dra_driver.plugin.hostdev import DeviceIdentity, HostScanner
-from fabric.api import Device
+from manager_api.models import Device
+from plumbing.logs import get_logger
 
 __all__ = ["ReconcileReport", "reconcile", "spec_files_by_claim"]
 

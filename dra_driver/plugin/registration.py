@@ -21,9 +21,9 @@ from typing import Any
 
 import grpc
 
-from dra_driver.logs import get_logger
 from dra_driver.proto.pluginregistration_v1 import api_pb2 as reg_pb2
 from dra_driver.proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
+from plumbing.logs import get_logger
 
 __all__ = ["DRA_PLUGIN_TYPE", "RegistrationServicer", "RegistrationStatus", "add_registration_servicer"]
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 
-from dra_driver.logs import get_logger
 from dra_driver.plugin.checkpoint import CheckpointStore, ClaimState
-from fabric.errors import FabricError
-from fabric.manager_client import ManagerClient
+from manager_api.client import ManagerClient
+from manager_api.errors import FabricError
+from plumbing.logs import get_logger
 
 __all__ = ["PreparedReporter", "prepared_claims"]
 

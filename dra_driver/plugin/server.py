@@ -16,8 +16,6 @@ from pathlib import Path
 
 import grpc
 
-from dra_driver.fsutil import atomic_write
-from dra_driver.logs import get_logger
 from dra_driver.plugin.backend import DeviceBackend, FabricBackend, NoopBackend
 from dra_driver.plugin.checkpoint import CheckpointCorrupt, CheckpointStore
 from dra_driver.plugin.claims import ClaimReader, ClaimSource
@@ -30,6 +28,8 @@ from dra_driver.plugin.reconcile import reconcile
 from dra_driver.plugin.registration import RegistrationServicer, add_registration_servicer
 from dra_driver.plugin.report import PreparedReporter
 from dra_driver.plugin.state import ClaimLocks
+from plumbing.fsutil import atomic_write
+from plumbing.logs import get_logger
 
 __all__ = ["PluginError", "PluginServer", "serve"]
 
@@ -91,7 +91,7 @@ class PluginServer:
             return self._backend_override, None
         if cfg.device_backend is DeviceBackendKind.NOOP:
             return NoopBackend(cfg.node_name), None
-        from fabric.manager_client import ManagerClient
+        from manager_api.client import ManagerClient
 
         assert cfg.manager_url is not None
         real = cfg.host_mode is HostMode.REAL
@@ -117,7 +117,7 @@ class PluginServer:
     async def _claims(self) -> ClaimSource:
         if self._claims_override is not None:
             return self._claims_override
-        from dra_driver.kube import KubeClient, load_config
+        from plumbing.kube import KubeClient, load_config
 
         try:
             kube_config = await asyncio.to_thread(load_config, self.config.kubeconfig)

@@ -8,6 +8,6 @@ faults, and a per-host sysfs view of what is bound. See docs/emulator.md.
 
 from __future__ import annotations
 
-from .server import EmulatorService, ServeConfig, build_service, serve
+from emulator.redfish.server import EmulatorService, ServeConfig, build_service, serve
 
 __all__ = ["EmulatorService", "ServeConfig", "build_service", "serve"]

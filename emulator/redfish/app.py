@@ -17,17 +17,16 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qsl
 
-from dra_driver.logs import get_logger
-
-from . import uris
-from .events import EventFilter
-from .http import Reply, Request
-from .latency import LatencyProfile
-from .messages import RedfishError, error_body, message
-from .nodes import ActionNode, Context, Node, not_allowed
-from .views import EventStreamNode, MetadataNode, resolve
-from .views.etags import check_if_match, etag_matches
-from .views.services import ServiceRootNode
+from emulator.redfish import uris
+from emulator.redfish.events import EventFilter
+from emulator.redfish.http import Reply, Request
+from emulator.redfish.latency import LatencyProfile
+from emulator.redfish.nodes import ActionNode, Context, Node, not_allowed
+from emulator.redfish.registries import RedfishError, error_body, message
+from emulator.redfish.views import EventStreamNode, MetadataNode, resolve
+from emulator.redfish.views.etags import check_if_match, etag_matches
+from emulator.redfish.views.services import ServiceRootNode
+from plumbing.logs import get_logger
 
 __all__ = ["RedfishApp"]
 

@@ -21,9 +21,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from dra_driver.fsutil import atomic_write
-
-from .state import utcnow
+from emulator.redfish.state import utcnow
+from plumbing.fsutil import atomic_write
 
 __all__ = [
     "CREDENTIALS_FILE",

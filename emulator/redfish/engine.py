@@ -26,13 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dra_driver.crashpoints import crash_point
-from dra_driver.logs import get_logger
-
-from ..topology import FabricIndex, Target
-from . import uris
-from .events import EventBus, FabricEvent
-from .faults import (
+from emulator.redfish import uris
+from emulator.redfish.events import EventBus, FabricEvent
+from emulator.redfish.faults import (
     DeviceHealth,
     DropConnections,
     ExpireSessions,
@@ -44,10 +40,10 @@ from .faults import (
     Unavailable,
     fault_adapter,
 )
-from .hostview import HostEntry, HostView, allocate_address
-from .latency import LatencyProfile
-from .messages import RedfishError, error_body, message
-from .state import (
+from emulator.redfish.hostview import HostEntry, HostView, allocate_address
+from emulator.redfish.latency import LatencyProfile
+from emulator.redfish.registries import RedfishError, error_body, message
+from emulator.redfish.state import (
     BindingRecord,
     BindStyle,
     ConnectionRecord,
@@ -60,6 +56,9 @@ from .state import (
     ZoneRecord,
     utcnow,
 )
+from emulator.topology import FabricIndex, Target
+from plumbing.crashpoints import crash_point
+from plumbing.logs import get_logger
 
 __all__ = ["Engine", "Operation", "Outcome", "Revision"]
 

@@ -15,9 +15,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .messages import message, message_def
-from .models import Event, EventRecord, ref
-from .state import utcnow
+from emulator.redfish.models import Event, EventRecord, ref
+from emulator.redfish.registries import message, message_def
+from emulator.redfish.state import utcnow
 
 __all__ = ["EventBus", "EventFilter", "FabricEvent", "Subscription"]
 

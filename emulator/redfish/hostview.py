@@ -22,10 +22,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from fabric.api import DeviceType
-
-from .pciconfig import config_space, dsn_from_serial, link_speed_text
-from .state import BindingRecord, HostAddress
+from emulator.redfish.pciconfig import config_space, dsn_from_serial, link_speed_text
+from emulator.redfish.state import BindingRecord, HostAddress
+from manager_api.models import DeviceType
 
 __all__ = ["HOST_BRIDGE", "HostEntry", "HostView", "allocate_address"]
 

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from .messages import RedfishError, message
+from emulator.redfish.registries import RedfishError, message
 
 __all__ = ["Reply", "Request", "parse_body"]
 

@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from fabric.api import DeviceType
+from manager_api.models import DeviceType
 
 __all__ = ["INSTANT", "REALISTIC", "Delay", "LatencyProfile", "load_latency_profile"]
 

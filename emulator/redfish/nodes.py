@@ -13,16 +13,16 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .http import Reply, Request
-from .messages import RedfishError
-from .models import Action, Collection, Ref, Typed
+from emulator.redfish.http import Reply, Request
+from emulator.redfish.models import Action, Collection, Ref, Typed
+from emulator.redfish.registries import RedfishError
 
 if TYPE_CHECKING:
-    from ..topology import FabricIndex
-    from .auth import Account, Sessions
-    from .engine import Engine, Revision
-    from .events import EventBus
-    from .views.etags import Renderer
+    from emulator.redfish.auth import Account, Sessions
+    from emulator.redfish.engine import Engine, Revision
+    from emulator.redfish.events import EventBus
+    from emulator.redfish.views.etags import Renderer
+    from emulator.topology import FabricIndex
 
 __all__ = ["ActionNode", "CollectionNode", "Context", "Node", "actions", "not_allowed"]
 

@@ -18,22 +18,21 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from dra_driver.fsutil import atomic_write
-from dra_driver.logs import get_logger
-from dra_driver.netutil import listen_tcp
-
-from ..topology import FabricIndex
-from . import uris
-from .app import RedfishApp
-from .auth import Account, Credentials, Sessions
-from .engine import Engine, Revision
-from .events import EventBus
-from .hostview import HostView
-from .latency import LatencyProfile
-from .nodes import Context
-from .state import StateStore
-from .views import build_tree, render_uri
-from .views.etags import Renderer
+from emulator.redfish import uris
+from emulator.redfish.app import RedfishApp
+from emulator.redfish.auth import Account, Credentials, Sessions
+from emulator.redfish.engine import Engine, Revision
+from emulator.redfish.events import EventBus
+from emulator.redfish.hostview import HostView
+from emulator.redfish.latency import LatencyProfile
+from emulator.redfish.nodes import Context
+from emulator.redfish.state import StateStore
+from emulator.redfish.views import build_tree, render_uri
+from emulator.redfish.views.etags import Renderer
+from emulator.topology import FabricIndex
+from plumbing.fsutil import atomic_write
+from plumbing.logs import get_logger
+from plumbing.netutil import listen_tcp
 
 __all__ = ["EmulatorService", "ServeConfig", "build_service", "serve"]
 

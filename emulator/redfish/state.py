@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dra_driver.fsutil import atomic_write
-from dra_driver.logs import get_logger
+from plumbing.fsutil import atomic_write
+from plumbing.logs import get_logger
 
 __all__ = [
     "STATE_FILE",

@@ -23,7 +23,7 @@ Layout (ids from the topology; ``{n}`` are service-assigned numbers)::
 
 from __future__ import annotations
 
-from ..topology import FABRIC_CXL, Device
+from emulator.topology import FABRIC_CXL, Device
 
 __all__ = [
     "ACCOUNTS",

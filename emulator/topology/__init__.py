@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from .index import (
+from emulator.topology.index import (
     FABRIC_CXL,
     FABRIC_PCIE,
     Chunk,
@@ -27,7 +27,7 @@ from .index import (
     Target,
     check_references,
 )
-from .model import Topology
+from emulator.topology.model import Topology
 
 __all__ = [
     "FABRIC_CXL",

@@ -11,9 +11,8 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from fabric.api import DeviceType
-
-from .model import PCIE_DEVICE_TYPES, CxlDevice, DeviceModel, PcieDevice, Topology
+from emulator.topology.model import PCIE_DEVICE_TYPES, CxlDevice, DeviceModel, PcieDevice, Topology
+from manager_api.models import DeviceType
 
 __all__ = [
     "FABRIC_CXL",

@@ -10,8 +10,8 @@ from typing import Any, ClassVar
 from fabric.backends.describe import DEVICE_ENTITY_TYPES
 from fabric.backends.model import BindingStyle, DeviceRecord, HostRecord
 from fabric.backends.walk import Walk, links, odata_id, path_ids
-from fabric.errors import NodeNotFound
 from fabric.redfish.client import RedfishClient, RedfishResponse
+from manager_api.errors import NodeNotFound
 
 __all__ = [
     "Backend",

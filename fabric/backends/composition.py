@@ -19,7 +19,7 @@ from fabric.backends.base import Backend, BindContext, DiscoveryResult, action_t
 from fabric.backends.describe import describe
 from fabric.backends.model import BindingStyle, DeviceRecord, HostRecord
 from fabric.backends.walk import Walk, link, links, odata_id, path_ids
-from fabric.errors import NodeNotFound
+from manager_api.errors import NodeNotFound
 
 __all__ = ["COMPOSITION_FABRIC", "CompositionBackend", "block_binding"]
 

@@ -26,7 +26,7 @@ from fabric.backends.base import (
 from fabric.backends.describe import describe
 from fabric.backends.model import BindingStyle, DeviceRecord, HostRecord
 from fabric.backends.walk import Walk, links, odata_id, path_ids
-from fabric.errors import BindFailed
+from manager_api.errors import BindFailed
 
 __all__ = ["ConnectionBackend"]
 

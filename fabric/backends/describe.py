@@ -14,9 +14,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fabric.api import DeviceType, Health
 from fabric.backends.model import DeviceAttributes
 from fabric.backends.walk import Walk, link, links, path_ids
+from manager_api.models import DeviceType, Health
 
 __all__ = ["DEVICE_ENTITY_TYPES", "describe", "locate_port", "status_of"]
 

@@ -21,17 +21,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dra_driver.logs import get_logger
 from fabric.backends.base import Backend
 from fabric.backends.composition import COMPOSITION_FABRIC, CompositionBackend
 from fabric.backends.connections import ConnectionBackend
 from fabric.backends.model import BindingStyle, DeviceRecord, FabricInfo, FabricSnapshot, HostRecord
 from fabric.backends.walk import Walk, odata_id
 from fabric.backends.zones import ZoneBackend
-from fabric.errors import FabricError, FabricUnavailable
-from fabric.naming import assign_names
+from fabric.device_names import assign_names
 from fabric.redfish.client import SERVICE_ROOT, RedfishClient
-from fabric.redfish.messages import one_line
+from fabric.redfish.error_mapping import one_line
+from manager_api.errors import FabricError, FabricUnavailable
+from plumbing.logs import get_logger
 
 __all__ = ["BindingPlan", "Discovery", "StyleChoice"]
 

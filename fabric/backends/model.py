@@ -1,6 +1,6 @@
 """What the backends find on a fabric: devices, hosts and who is bound to what.
 
-These records are internal and richer than :class:`fabric.api.Device`: they keep the Redfish URIs a
+These records are internal and richer than :class:`manager_api.models.Device`: they keep the Redfish URIs a
 backend needs to bind and unbind. The inventory renders them into the API model.
 """
 
@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from fabric.api import DeviceType, Health
+from manager_api.models import DeviceType, Health
 
 __all__ = [
     "BindingStyle",

@@ -13,8 +13,8 @@ import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from fabric.errors import FabricError, FabricUnavailable, NotFoundError
 from fabric.redfish.client import RedfishClient
+from manager_api.errors import FabricError, FabricUnavailable, NotFoundError
 
 __all__ = ["Walk", "link", "links", "odata_id", "path_ids"]
 

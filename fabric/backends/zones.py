@@ -35,8 +35,8 @@ from fabric.backends.base import (
 from fabric.backends.describe import describe
 from fabric.backends.model import BindingStyle, DeviceRecord, HostRecord
 from fabric.backends.walk import Walk, links, odata_id
-from fabric.errors import BindFailed, NotFoundError
 from fabric.redfish.client import RedfishResponse
+from manager_api.errors import BindFailed, NotFoundError
 
 __all__ = ["ZONE_NAME_PREFIX", "ZoneBackend"]
 

@@ -7,7 +7,7 @@ from fabric.redfish.client import (
     RedfishSettings,
     RequestObserver,
 )
-from fabric.redfish.messages import PreconditionFailed
+from fabric.redfish.error_mapping import PreconditionFailed
 
 __all__ = [
     "OutcomeUnknown",

@@ -17,7 +17,7 @@ headers with ``X-Auth-Token`` unmasked. This module wraps it so that:
   and one resend (a 401 means the service did not act on the request, DSP0266 "Authentication").
 * 202 responses are followed through their task monitor (:meth:`RedfishClient.follow`).
 * Mutations carry ``If-Match`` when the caller has an ETag.
-* Errors are :mod:`fabric.errors` classes mapped by :mod:`fabric.redfish.messages`.
+* Errors are :mod:`manager_api.errors` classes mapped by :mod:`fabric.redfish.error_mapping`.
 
 Blocking calls run in a dedicated thread pool, never on the event loop; the client is safe to share
 between any number of concurrent tasks.
@@ -50,10 +50,10 @@ import urllib3
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from redfish.rest.v1 import HttpClient, RetriesExhaustedError, redfish_client
 
-from dra_driver.logs import get_logger
-from fabric.errors import AttachTimeout, FabricError, FabricUnavailable
-from fabric.redfish.messages import error_for_response, error_for_task, one_line
+from fabric.redfish.error_mapping import error_for_response, error_for_task, one_line
 from fabric.redfish.tasks import EVENTED_POLL_SECONDS, TaskWatch
+from manager_api.errors import AttachTimeout, FabricError, FabricUnavailable
+from plumbing.logs import get_logger
 
 __all__ = [
     "OutcomeUnknown",

@@ -17,9 +17,9 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
-from dra_driver.logs import get_logger
-from fabric.errors import FabricError
 from fabric.redfish.client import RedfishClient
+from manager_api.errors import FabricError
+from plumbing.logs import get_logger
 
 __all__ = ["MAX_LINE", "EventStream", "bounded_lines", "parse_sse"]
 

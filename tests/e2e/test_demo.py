@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 def run_demo(*args: str, timeout: float = 170) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "dra_driver", "demo", *args],
+        [sys.executable, "-m", "fabric_dra", "demo", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -27,8 +27,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fabric.api import BindingState
-from fabric.manager_client import ManagerClient
+from manager_api.client import ManagerClient
+from manager_api.models import BindingState
 from tests.fuzz.budget import examples
 from tests.support.emulator import RunningEmulator, run_emulator
 from tests.support.fabric_manager import running_manager, static_tokens_file

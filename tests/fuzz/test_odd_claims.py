@@ -28,13 +28,13 @@ import pytest_asyncio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dra_driver.kube import KubeClient
-from dra_driver.kube.resources import RESOURCE_CLAIMS
 from dra_driver.plugin import cdi
-from emulator.kube.kubelet import ClaimRef, DRAPluginClient, PrepareResult
-from emulator.procs import RoleProcess
-from fabric.api import BindingState, Device, DeviceType
-from fabric.manager_client import ManagerClient
+from kube_standin.kubelet_client import ClaimRef, DRAPluginClient, PrepareResult
+from manager_api.client import ManagerClient
+from manager_api.models import BindingState, Device, DeviceType
+from plumbing.kube import KubeClient
+from plumbing.kube.resources import RESOURCE_CLAIMS
+from plumbing.procs import RoleProcess
 from tests.fuzz.budget import fuzz_settings
 from tests.support.kubelet import running_kubelet
 from tests.support.plugin import DRIVER, PluginStack, short_dir, start_fabric
@@ -69,7 +69,7 @@ def odd() -> Iterator[Odd]:
     topology = root / "topology.yaml"
     subprocess.run(
         [
-            *(sys.executable, "-m", "dra_driver", "emulator", "topology", "generate", "--hosts", "2"),
+            *(sys.executable, "-m", "fabric_dra", "emulator", "topology", "generate", "--hosts", "2"),
             *("--gpus", "24", "--nvme", "6", "--nics", "2", "--fpgas", "2", "--cxl-devices", "1"),
             *("--chunks", "4", "-o", str(topology)),
         ],

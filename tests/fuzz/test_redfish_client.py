@@ -23,9 +23,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fabric.errors import FabricError
 from fabric.redfish.client import RedfishClient, RedfishResponse, RedfishSettings
 from fabric.redfish.events import EventStream, bounded_lines
+from manager_api.errors import FabricError
 from tests.fuzz.budget import fuzz_settings
 from tests.fuzz.strategies import header_text, hostile_text, json_values
 from tests.support.fabric_http import Reply, Request, ScriptedServer

@@ -22,8 +22,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fabric.backends.discovery import Discovery
-from fabric.errors import FabricError
 from fabric.redfish.client import RedfishClient, RedfishSettings
+from manager_api.errors import FabricError
 from tests.fuzz.budget import fuzz_settings
 from tests.fuzz.strategies import hostile_text, json_values
 from tests.support.fabric_http import Reply, Request, ScriptedServer

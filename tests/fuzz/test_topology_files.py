@@ -196,7 +196,7 @@ def test_validate_and_serve_refuse_a_bad_topology_without_a_traceback(
         ],
     ):
         done = subprocess.run(
-            [sys.executable, "-m", "dra_driver", *args],
+            [sys.executable, "-m", "fabric_dra", *args],
             capture_output=True,
             text=True,
             timeout=60,
@@ -217,7 +217,7 @@ def test_serve_refuses_raw_bad_files_with_one_error_line(tmp_path: Path, name: s
     path = _write(tmp_path, RAW[name])
     done = subprocess.run(
         [
-            *(sys.executable, "-m", "dra_driver", "emulator", "serve", "--topology", str(path)),
+            *(sys.executable, "-m", "fabric_dra", "emulator", "serve", "--topology", str(path)),
             *("--state-dir", str(tmp_path / "state"), "--insecure-no-auth"),
         ],
         capture_output=True,

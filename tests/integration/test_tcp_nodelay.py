@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from dra_driver.netutil import ListenError, listen_tcp
-from emulator.procs import RoleProcess
+from plumbing.netutil import ListenError, listen_tcp
+from plumbing.procs import RoleProcess
 from tests.support.apiserver import ApiServerProcess, shared_apiserver  # noqa: F401 - fixture
 from tests.support.fabric_manager import start_manager, wait_ready
 from tests.support.plugin import free_port, short_dir

@@ -19,9 +19,6 @@ compaction, dropping watches. See docs/testing.md.
 from __future__ import annotations
 
 import contextlib
-import functools
-import importlib.util
-import io
 import secrets
 import ssl
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -33,10 +30,10 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from dra_driver.kube import KubeClient, KubeConfig
-from emulator.kube.auth import TokensFile, TokenUser, service_account_user
-from emulator.kube.kubeconfig import write_kubeconfig
-from emulator.procs import RoleProcess
+from kube_standin.apiserver.auth import TokensFile, TokenUser, service_account_user
+from kube_standin.apiserver.kubeconfig import write_kubeconfig
+from plumbing.kube import KubeClient, KubeConfig
+from plumbing.procs import RoleProcess
 
 __all__ = [
     "ApiServerProcess",
@@ -51,22 +48,9 @@ __all__ = [
 ADMIN_USER = TokenUser(username="kubernetes-admin", groups=["system:masters"])
 
 
-@functools.cache
 def apiserver_command() -> tuple[str, tuple[str, ...]]:
-    """(module, leading args) that start the server: ``fabric-dra emulator apiserver`` once the
-    emulator's command line includes it, else ``python -m emulator.kube apiserver``."""
-    if importlib.util.find_spec("emulator.cli") is not None:
-        from dra_driver.cli import build_parser
-
-        parser = build_parser()
-        try:
-            with contextlib.redirect_stderr(io.StringIO()):
-                parser.parse_args(["emulator", "apiserver", "--port", "0"])
-        except SystemExit:
-            pass
-        else:
-            return "dra_driver", ("emulator", "apiserver")
-    return "emulator.kube", ("apiserver",)
+    """(module, leading args) that start the server: ``fabric-dra standin apiserver``."""
+    return "fabric_dra", ("standin", "apiserver")
 
 
 class TestHooks:
@@ -210,7 +194,7 @@ class ApiServerProcess:
 
 
 def _write_tokens(path: Path, tokens: TokensFile) -> None:
-    from dra_driver.fsutil import atomic_write
+    from plumbing.fsutil import atomic_write
 
     atomic_write(path, yaml.safe_dump(tokens.model_dump(), sort_keys=True), mode=0o600, durable=False)
 

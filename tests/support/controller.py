@@ -1,8 +1,8 @@
 """Test support for the controller: inventory factories and a small real HTTP stand-in for the
-fabric manager's inventory and attachment endpoints (``fabric.api``), run in a background thread.
+fabric manager's inventory and attachment endpoints (``manager_api.models``), run in a background thread.
 
 The stand-in speaks the manager's REST contract exactly (same paths, bodies and error bodies),
-so the controller under test uses the real :class:`fabric.manager_client.ManagerClient`. Tests
+so the controller under test uses the real :class:`manager_api.client.ManagerClient`. Tests
 that need the real manager and emulator start them as processes instead.
 """
 
@@ -21,7 +21,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from fabric.api import (
+from manager_api.models import (
     API_PREFIX,
     Attachment,
     AttachmentState,

@@ -10,6 +10,7 @@ import json
 import re
 import shutil
 import subprocess
+import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -26,6 +27,7 @@ __all__ = [
     "FABRIC_DRA_IMAGES",
     "KUBERNETES_VERSIONS",
     "OVERLAYS_DIR",
+    "PACKAGES",
     "REPO_ROOT",
     "Container",
     "containers",
@@ -41,6 +43,15 @@ __all__ = [
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEPLOY_DIR = REPO_ROOT / "deploy"
+#: The product's top-level packages, as pyproject.toml lists them for setuptools.
+PACKAGES: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        pattern.split(".")[0].rstrip("*")
+        for pattern in tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+            "packages"
+        ]["find"]["include"]
+    )
+)
 OVERLAYS_DIR = DEPLOY_DIR / "overlays"
 #: The Kubernetes minor versions fabric-dra supports (resource.k8s.io/v1 is served from 1.34).
 KUBERNETES_VERSIONS = ("1.34", "1.35", "1.36", "1.37")

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from emulator.procs import RoleProcess
+from plumbing.procs import RoleProcess
 
 __all__ = [
     "BLOCKS",

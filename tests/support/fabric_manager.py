@@ -1,7 +1,7 @@
 """Start ``fabric-dra manager serve`` as a real process for tests.
 
 Other areas may use these too: :func:`running_manager` yields a started
-:class:`emulator.procs.RoleProcess` whose ``address`` is the manager's base URL, once its
+:class:`plumbing.procs.RoleProcess` whose ``address`` is the manager's base URL, once its
 ``/readyz`` answered 200 (leader, ledger loaded, first inventory read), and stops it afterwards.
 """
 
@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from emulator.procs import RoleProcess
+from plumbing.procs import RoleProcess
 
 __all__ = ["running_manager", "start_manager", "static_tokens_file", "wait_ready"]
 

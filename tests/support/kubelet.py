@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from emulator.kube.kubelet import PluginManager
+from kube_standin.kubelet_client import PluginManager
 
 __all__ = ["kubelet", "running_kubelet", "short_socket_dir", "socket_dir"]
 

@@ -23,11 +23,11 @@ from typing import Any
 
 import grpc
 
-from dra_driver.kube import KubeClient
-from dra_driver.kube.resources import RESOURCE_CLAIMS
 from dra_driver.proto.dra_v1 import api_pb2 as dra_pb2
 from dra_driver.proto.dra_v1 import api_pb2_grpc as dra_grpc
-from emulator.procs import RoleProcess
+from plumbing.kube import KubeClient
+from plumbing.kube.resources import RESOURCE_CLAIMS
+from plumbing.procs import RoleProcess
 from tests.support.apiserver import ApiServerProcess, start_apiserver
 from tests.support.fabric_manager import start_manager
 

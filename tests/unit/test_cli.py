@@ -3,13 +3,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from dra_driver import __version__
-from dra_driver.cli import build_parser
+from fabric_dra.cli import build_parser
+from plumbing import __version__
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "dra_driver", *args], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-m", "fabric_dra", *args], capture_output=True, text=True, timeout=60, check=False
     )
 
 
@@ -19,7 +19,7 @@ def test_version() -> None:
     assert result.stdout.strip() == f"fabric-dra {__version__}"
 
 
-EXPECTED_ROLES = {"emulator", "manager", "status", "plugin", "controller", "explain", "demo"}
+EXPECTED_ROLES = {"emulator", "manager", "status", "plugin", "controller", "explain", "demo", "standin"}
 
 
 def registered_roles() -> set[str]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.fsutil import atomic_write
+from plumbing.fsutil import atomic_write
 
 
 def test_atomic_write_creates_parents_and_sets_mode_despite_umask(tmp_path: Path) -> None:

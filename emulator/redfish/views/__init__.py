@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import uris
-from ..nodes import Context, Node
-from .chassis import ChassisCollectionNode
-from .composition import CompositionServiceNode
-from .fabrics import FabricsNode
-from .oem import OemNode
-from .services import (
+from emulator.redfish import uris
+from emulator.redfish.nodes import Context, Node
+from emulator.redfish.views.chassis import ChassisCollectionNode
+from emulator.redfish.views.composition import CompositionServiceNode
+from emulator.redfish.views.fabrics import FabricsNode
+from emulator.redfish.views.oem import OemNode
+from emulator.redfish.views.services import (
     AccountServiceNode,
     EventServiceNode,
     EventStreamNode,
@@ -21,8 +21,8 @@ from .services import (
     ServiceRootNode,
     SessionServiceNode,
 )
-from .systems import SystemsNode
-from .tasks import TaskServiceNode
+from emulator.redfish.views.systems import SystemsNode
+from emulator.redfish.views.tasks import TaskServiceNode
 
 __all__ = ["EventStreamNode", "MetadataNode", "build_tree", "resolve"]
 

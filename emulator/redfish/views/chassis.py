@@ -12,11 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fabric.api import DeviceType
-
-from ...topology import FABRIC_CXL, Device, SwitchInfo
-from .. import uris
-from ..models import (
+from emulator.redfish import uris
+from emulator.redfish.models import (
     Chassis,
     ChassisLinks,
     Controller,
@@ -44,9 +41,18 @@ from ..models import (
     ref,
     refs,
 )
-from ..nodes import CollectionNode, Context, Node
-from ..pciconfig import dsn_from_serial
-from .common import device_class, device_status, function_uri, hex16, logical_device_uri, primary_uri
+from emulator.redfish.nodes import CollectionNode, Context, Node
+from emulator.redfish.pciconfig import dsn_from_serial
+from emulator.redfish.views.common import (
+    device_class,
+    device_status,
+    function_uri,
+    hex16,
+    logical_device_uri,
+    primary_uri,
+)
+from emulator.topology import FABRIC_CXL, Device, SwitchInfo
+from manager_api.models import DeviceType
 
 __all__ = ["ChassisCollectionNode", "processor_model"]
 

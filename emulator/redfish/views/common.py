@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fabric.api import DeviceType
-
-from ...topology import Device
-from .. import uris
-from ..messages import RedfishError
-from ..models import PciId, Status
-from ..nodes import Context, Node
+from emulator.redfish import uris
+from emulator.redfish.models import PciId, Status
+from emulator.redfish.nodes import Context, Node
+from emulator.redfish.registries import RedfishError
+from emulator.topology import Device
+from manager_api.models import DeviceType
 
 __all__ = [
     "LinkIn",

@@ -7,11 +7,8 @@ behind one switch (blocks of one zone can be composed together).
 
 from __future__ import annotations
 
-from fabric.api import DeviceType
-
-from ...topology import FABRIC_PCIE, Device
-from .. import uris
-from ..models import (
+from emulator.redfish import uris
+from emulator.redfish.models import (
     CompositionService,
     CompositionStatus,
     NetworkInterface,
@@ -24,9 +21,11 @@ from ..models import (
     ref,
     refs,
 )
-from ..nodes import CollectionNode, Context, Node
-from ..state import OperationKind
-from .common import Segment, device_status, primary_uri
+from emulator.redfish.nodes import CollectionNode, Context, Node
+from emulator.redfish.state import OperationKind
+from emulator.redfish.views.common import Segment, device_status, primary_uri
+from emulator.topology import FABRIC_PCIE, Device
+from manager_api.models import DeviceType
 
 __all__ = ["CompositionServiceNode", "ResourceBlockNode"]
 

@@ -11,10 +11,10 @@ import hashlib
 import json
 from typing import TYPE_CHECKING
 
-from ..messages import RedfishError
+from emulator.redfish.registries import RedfishError
 
 if TYPE_CHECKING:
-    from ..nodes import Node
+    from emulator.redfish.nodes import Node
 
 __all__ = ["Renderer", "check_action_etag", "check_if_match", "etag_matches"]
 

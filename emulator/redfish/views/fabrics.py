@@ -16,14 +16,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fabric.api import DeviceType
-
-from ...topology import FABRIC_CXL, FABRIC_PCIE, Device, SwitchInfo
-from .. import uris
-from ..engine import Operation
-from ..http import Reply, Request, parse_body
-from ..messages import RedfishError
-from ..models import (
+from emulator.redfish import uris
+from emulator.redfish.engine import Operation
+from emulator.redfish.http import Reply, Request, parse_body
+from emulator.redfish.models import (
     ConnectedEntity,
     Connection,
     ConnectionLinks,
@@ -43,9 +39,10 @@ from ..models import (
     ref,
     refs,
 )
-from ..nodes import CollectionNode, Context, Node, actions, not_allowed
-from ..state import BindStyle, OperationKind, id_order
-from .common import (
+from emulator.redfish.nodes import CollectionNode, Context, Node, actions, not_allowed
+from emulator.redfish.registries import RedfishError
+from emulator.redfish.state import BindStyle, OperationKind, id_order
+from emulator.redfish.views.common import (
     LinkIn,
     device_status,
     entity_type,
@@ -53,8 +50,10 @@ from .common import (
     primary_uri,
     resolve_endpoint,
 )
-from .etags import check_action_etag
-from .outcome import reply_for
+from emulator.redfish.views.etags import check_action_etag
+from emulator.redfish.views.outcome import reply_for
+from emulator.topology import FABRIC_CXL, FABRIC_PCIE, Device, SwitchInfo
+from manager_api.models import DeviceType
 
 __all__ = ["FabricsNode"]
 

@@ -16,11 +16,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .. import uris
-from ..faults import fault_adapter
-from ..http import Reply, Request
-from ..messages import RedfishError, message
-from ..nodes import Context, Node
+from emulator.redfish import uris
+from emulator.redfish.faults import fault_adapter
+from emulator.redfish.http import Reply, Request
+from emulator.redfish.nodes import Context, Node
+from emulator.redfish.registries import RedfishError, message
 
 __all__ = ["OemNode"]
 

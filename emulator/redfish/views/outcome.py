@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ..engine import Operation
-from ..http import Reply, Request
-from ..nodes import Context
-from .tasks import task_reply
+from emulator.redfish.engine import Operation
+from emulator.redfish.http import Reply, Request
+from emulator.redfish.nodes import Context
+from emulator.redfish.views.tasks import task_reply
 
 __all__ = ["reply_for"]
 

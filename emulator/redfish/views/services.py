@@ -8,12 +8,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dra_driver import __version__
-
-from .. import uris
-from ..http import Reply, Request, parse_body
-from ..messages import REGISTRIES, RedfishError
-from ..models import (
+from emulator.redfish import uris
+from emulator.redfish.http import Reply, Request, parse_body
+from emulator.redfish.models import (
     ALL_TYPES,
     AccountService,
     EventService,
@@ -34,7 +31,9 @@ from ..models import (
     ref,
     refs,
 )
-from ..nodes import CollectionNode, Context, Node
+from emulator.redfish.nodes import CollectionNode, Context, Node
+from emulator.redfish.registries import REGISTRIES, RedfishError
+from plumbing import __version__
 
 __all__ = [
     "COLLECTION_TYPES",

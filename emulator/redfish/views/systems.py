@@ -11,14 +11,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from fabric.api import DeviceType
-
-from ...topology import Device
-from .. import uris
-from ..engine import Operation
-from ..http import Reply, Request, parse_body
-from ..messages import RedfishError
-from ..models import (
+from emulator.redfish import uris
+from emulator.redfish.engine import Operation
+from emulator.redfish.http import Reply, Request, parse_body
+from emulator.redfish.models import (
     Composition,
     ComputerSystem,
     ComputerSystemLinks,
@@ -32,12 +28,15 @@ from ..models import (
     ref,
     refs,
 )
-from ..nodes import CollectionNode, Context, Node, actions
-from ..state import BindStyle, OperationKind
-from .chassis import processor_model
-from .common import LinkIn, device_status, function_uri, link_id, logical_device_uri
-from .etags import check_action_etag
-from .outcome import reply_for
+from emulator.redfish.nodes import CollectionNode, Context, Node, actions
+from emulator.redfish.registries import RedfishError
+from emulator.redfish.state import BindStyle, OperationKind
+from emulator.redfish.views.chassis import processor_model
+from emulator.redfish.views.common import LinkIn, device_status, function_uri, link_id, logical_device_uri
+from emulator.redfish.views.etags import check_action_etag
+from emulator.redfish.views.outcome import reply_for
+from emulator.topology import Device
+from manager_api.models import DeviceType
 
 __all__ = ["SystemsNode"]
 
@@ -142,7 +141,7 @@ class SystemNode(Node):
         return ("ComputerSystem.AddResourceBlock", "ComputerSystem.RemoveResourceBlock")
 
     async def action(self, name: str, request: Request) -> Reply:
-        from .composition import ResourceBlockNode  # the two views link to each other
+        from emulator.redfish.views.composition import ResourceBlockNode  # the two views link to each other
 
         params = parse_body(_BlockParams, request.json(), action=name)
         block_id = link_id(params.ResourceBlock.odata_id, uris.RESOURCE_BLOCKS)

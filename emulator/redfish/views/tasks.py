@@ -9,11 +9,11 @@ finished tasks are kept). ``DELETE`` on the monitor of a running task cancels it
 
 from __future__ import annotations
 
-from .. import uris
-from ..http import Reply, Request
-from ..models import Status, Task, TaskPayload, TaskService, ref
-from ..nodes import CollectionNode, Context, Node
-from ..state import TaskRecord, id_order
+from emulator.redfish import uris
+from emulator.redfish.http import Reply, Request
+from emulator.redfish.models import Status, Task, TaskPayload, TaskService, ref
+from emulator.redfish.nodes import CollectionNode, Context, Node
+from emulator.redfish.state import TaskRecord, id_order
 
 __all__ = ["TaskServiceNode", "task_model"]
 

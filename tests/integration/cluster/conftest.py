@@ -17,20 +17,20 @@ from pathlib import Path
 import grpc
 import pytest
 
-from dra_driver.kube import KubeClient, KubeConfig
 from dra_driver.proto.dra_v1 import api_pb2 as dra_v1
 from dra_driver.proto.dra_v1 import api_pb2_grpc as dra_v1_grpc
 from dra_driver.proto.pluginregistration_v1 import api_pb2 as reg
 from dra_driver.proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
+from plumbing.kube import KubeClient, KubeConfig
 
 DRIVER = "fabric-dra.io"
 
 _LAUNCH = """
 import asyncio, sys
 from pathlib import Path
-from dra_driver.logs import configure
-from emulator.kube.apiserver import ApiServerConfig
-from emulator.kube.serve import serve_apiserver
+from plumbing.logs import configure
+from kube_standin.apiserver.apiserver import ApiServerConfig
+from kube_standin.apiserver.serve import serve_apiserver
 configure(level="warning")
 asyncio.run(serve_apiserver(ApiServerConfig(validate_versions=("1.34",)), ready_file=Path(sys.argv[1])))
 """
@@ -38,7 +38,7 @@ asyncio.run(serve_apiserver(ApiServerConfig(validate_versions=("1.34",)), ready_
 
 @pytest.fixture(scope="session")
 def apiserver_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The API test server (emulator.kube) as a subprocess on a free port."""
+    """The API test server (kube_standin.apiserver) as a subprocess on a free port."""
     workdir = tmp_path_factory.mktemp("apiserver")
     ready = workdir / "ready"
     log = open(workdir / "apiserver.log", "wb")  # noqa: SIM115 - the child writes it for its lifetime

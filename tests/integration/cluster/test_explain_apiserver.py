@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from dra_driver.kube import KubeClient
-from dra_driver.kube.resources import DEVICE_CLASSES, NODES, RESOURCE_SLICES
+from plumbing.kube import KubeClient
+from plumbing.kube.resources import DEVICE_CLASSES, NODES, RESOURCE_SLICES
 from tests.integration.cluster.conftest import DRIVER
 
 
@@ -101,7 +101,7 @@ async def test_explain_against_the_api_server(kube: KubeClient, apiserver_url: s
                 [
                     sys.executable,
                     "-m",
-                    "dra_driver",
+                    "fabric_dra",
                     "explain",
                     str(claim),
                     "--kubeconfig",

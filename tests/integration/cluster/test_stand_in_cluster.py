@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from dra_driver.kube import KubeClient, NotFound
-from dra_driver.kube.resources import (
+from kube_standin.cluster import NodeSpec, SchedulerConfig, StandInCluster
+from plumbing.kube import KubeClient, NotFound
+from plumbing.kube.resources import (
     DEPLOYMENTS,
     DEVICE_CLASSES,
     EVENTS,
@@ -24,7 +25,6 @@ from dra_driver.kube.resources import (
     RESOURCE_CLAIMS,
     RESOURCE_SLICES,
 )
-from emulator.cluster import NodeSpec, SchedulerConfig, StandInCluster
 from tests.integration.cluster.conftest import DRIVER, FakePlugin, eventually
 
 

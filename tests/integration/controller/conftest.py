@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from emulator.procs import RoleProcess
+from plumbing.procs import RoleProcess
 from tests.support.apiserver import ApiServerProcess, start_apiserver
 from tests.support.controller import InventoryServer
 

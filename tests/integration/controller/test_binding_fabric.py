@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
-from emulator.procs import RoleProcess
-from fabric.api import BindingState, Device, DeviceType, Inventory
-from fabric.manager_client import ManagerClient
+from manager_api.client import ManagerClient
+from manager_api.models import BindingState, Device, DeviceType, Inventory
+from plumbing.procs import RoleProcess
 from tests.integration.controller.conftest import ApiServer, ControllerFactory, wait_for
 from tests.integration.controller.test_binding import allocate, condition, create_claim, deallocate
 from tests.support.fabric_manager import start_manager, static_tokens_file

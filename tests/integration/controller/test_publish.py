@@ -8,8 +8,8 @@ from typing import Any
 
 import httpx
 
-from dra_driver.controller.naming import pool_label_key
-from fabric.api import DeviceType, Health
+from dra_driver.controller.resourcenames import pool_label_key
+from manager_api.models import DeviceType, Health
 from tests.integration.controller.conftest import ApiServer, ControllerFactory, wait_for
 from tests.support.controller import InventoryServer, make_device, make_inventory
 

@@ -34,7 +34,7 @@ def _cli(emu: RunningEmulator, *args: str) -> subprocess.CompletedProcess[str]:
         [
             sys.executable,
             "-m",
-            "dra_driver",
+            "fabric_dra",
             "emulator",
             "fault",
             *args,
@@ -70,7 +70,7 @@ def test_fail_binds_with_a_chosen_message_id(emu: RunningEmulator) -> None:
         [
             sys.executable,
             "-m",
-            "dra_driver",
+            "fabric_dra",
             "emulator",
             "bindings",
             "--url",
@@ -198,7 +198,7 @@ def test_bad_fault_requests(emu: RunningEmulator) -> None:
     message_id = response.json()["error"]["@Message.ExtendedInfo"][0]["MessageId"]
     assert message_id == "Base.1.22.PropertyValueFormatError"
     nowhere = subprocess.run(
-        [sys.executable, "-m", "dra_driver", "emulator", "fault", "list", "--url", "http://127.0.0.1:9"],
+        [sys.executable, "-m", "fabric_dra", "emulator", "fault", "list", "--url", "http://127.0.0.1:9"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -18,7 +18,7 @@ from tests.support.emulator import run_emulator
 
 def _serve(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "dra_driver", "emulator", "serve", *args],
+        [sys.executable, "-m", "fabric_dra", "emulator", "serve", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import trustme
 
-from emulator.procs import RoleProcess
+from plumbing.procs import RoleProcess
 from tests.support.emulator import RunningEmulator, run_emulator
 from tests.support.fabric_manager import running_manager, static_tokens_file
 

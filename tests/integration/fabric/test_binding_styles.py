@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fabric.api import AttachmentState, BindingState
-from fabric.errors import DeviceBusy, FabricUnavailable, PermissionDenied
-from fabric.manager_client import ManagerClient
+from manager_api.client import ManagerClient
+from manager_api.errors import DeviceBusy, FabricUnavailable, PermissionDenied
+from manager_api.models import AttachmentState, BindingState
 from tests.integration.fabric.conftest import (
     CONTROLLER_TOKEN,
     NODES,
@@ -149,7 +149,7 @@ def test_status_command(fabric: FabricAdmin, tmp_path: Path) -> None:
                 headers={"Authorization": f"Bearer {CONTROLLER_TOKEN}"},
             )
             assert response.status_code == 200, response.text
-        command = [sys.executable, "-m", "dra_driver", "status", "--manager-url", manager.address]
+        command = [sys.executable, "-m", "fabric_dra", "status", "--manager-url", manager.address]
         table = subprocess.run(
             [*command, "--token-file", str(token_file)], capture_output=True, text=True, timeout=60
         )

@@ -18,14 +18,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dra_driver.kube.client import KubeClient
-from dra_driver.kube.resources import CONFIGMAPS, LEASES, NAMESPACES, NODES, RESOURCE_CLAIMS
-from emulator.kube.auth import TokenUser
-from emulator.procs import RoleProcess
-from fabric.api import AttachmentState, BindingState
-from fabric.errors import DeviceBusy, NotLeader, PermissionDenied, Unauthenticated
 from fabric.ledger import ConfigMapLedgerStore, Ledger, LedgerEntry, LedgerState
-from fabric.manager_client import ManagerClient
+from kube_standin.apiserver.auth import TokenUser
+from manager_api.client import ManagerClient
+from manager_api.errors import DeviceBusy, NotLeader, PermissionDenied, Unauthenticated
+from manager_api.models import AttachmentState, BindingState
+from plumbing.kube.client import KubeClient
+from plumbing.kube.resources import CONFIGMAPS, LEASES, NAMESPACES, NODES, RESOURCE_CLAIMS
+from plumbing.procs import RoleProcess
 from tests.integration.fabric.conftest import FabricAdmin, assert_no_secrets, manager_args
 from tests.support.apiserver import ApiServerProcess, start_apiserver
 from tests.support.fabric_manager import start_manager
@@ -201,7 +201,7 @@ async def _check_cluster_objects(kube: KubeClient, leader: str) -> None:
 def test_refuses_to_start_without_authentication(fabric: FabricAdmin, tmp_path: Path) -> None:
     result = subprocess.run(
         [
-            *(sys.executable, "-m", "dra_driver", "manager", "serve", "--redfish-url", fabric.url),
+            *(sys.executable, "-m", "fabric_dra", "manager", "serve", "--redfish-url", fabric.url),
             *manager_args(fabric, tmp_path, tokens=False),
         ],
         capture_output=True,

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from fabric.api import AttachmentState
-from fabric.errors import DeviceBusy
-from fabric.manager_client import ManagerClient
+from manager_api.client import ManagerClient
+from manager_api.errors import DeviceBusy
+from manager_api.models import AttachmentState
 from tests.integration.fabric.conftest import FabricAdmin, Tls, manager_for, plugin_token, tls_emulator
 
 HOSTS = 10
@@ -36,7 +36,7 @@ def big_fabric(tmp_path_factory: pytest.TempPathFactory, tls: Tls) -> Iterator[F
     topology = root / "topology.yaml"
     subprocess.run(
         [
-            *(sys.executable, "-m", "dra_driver", "emulator", "topology", "generate", "--hosts", str(HOSTS)),
+            *(sys.executable, "-m", "fabric_dra", "emulator", "topology", "generate", "--hosts", str(HOSTS)),
             *("--gpus", str(DEVICES), "--nvme", "0", "--nics", "0", "--fpgas", "0", "--cxl-devices", "0"),
             *("-o", str(topology)),
         ],

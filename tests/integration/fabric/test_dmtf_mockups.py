@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import trustme
 
-from emulator.procs import RoleProcess
-from fabric.api import BindingState, Device, DeviceType, Inventory
-from fabric.errors import PermissionDenied
-from fabric.manager_client import ManagerClient
+from manager_api.client import ManagerClient
+from manager_api.errors import PermissionDenied
+from manager_api.models import BindingState, Device, DeviceType, Inventory
+from plumbing.procs import RoleProcess
 from tests.support.fabric_http import MockupServer
 from tests.support.fabric_manager import running_manager, static_tokens_file
 

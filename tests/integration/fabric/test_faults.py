@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from emulator.procs import RoleProcess
-from fabric.api import AttachmentState, BindingState, Health
-from fabric.errors import AttachTimeout, BindFailed, DeviceUnhealthy, FabricUnavailable
-from fabric.manager_client import ManagerClient
+from manager_api.client import ManagerClient
+from manager_api.errors import AttachTimeout, BindFailed, DeviceUnhealthy, FabricUnavailable
+from manager_api.models import AttachmentState, BindingState, Health
+from plumbing.procs import RoleProcess
 from tests.integration.fabric.conftest import CONTROLLER_TOKEN, FabricAdmin, assert_no_secrets, manager_for
 
 NODE = "kind-worker"

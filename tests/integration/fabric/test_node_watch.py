@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from dra_driver.kube.resources import NODES
+from plumbing.kube.resources import NODES
 from tests.support.apiserver import start_apiserver
 from tests.support.emulator import run_emulator
 from tests.support.fabric_manager import running_manager

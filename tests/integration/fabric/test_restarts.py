@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from fabric.api import AttachmentState, BindingState
-from fabric.manager_client import ManagerClient
+from manager_api.client import ManagerClient
+from manager_api.models import AttachmentState, BindingState
 from tests.integration.fabric.conftest import (
     CONTROLLER_TOKEN,
     FabricAdmin,

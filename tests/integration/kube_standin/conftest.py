@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator
 
 import pytest_asyncio
 
-from dra_driver.kube import KubeClient
-from dra_driver.kube.resources import NAMESPACES
+from plumbing.kube import KubeClient
+from plumbing.kube.resources import NAMESPACES
 from tests.support.apiserver import ApiServerProcess, apiserver, kube, shared_apiserver
 
 __all__ = ["apiserver", "kube", "mkube", "ns", "shared_apiserver"]

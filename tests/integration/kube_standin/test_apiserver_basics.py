@@ -9,8 +9,8 @@ import copy
 import httpx
 import pytest
 
-from dra_driver.kube import AlreadyExists, ApiError, Conflict, Forbidden, KubeClient, NotFound, Unauthorized
-from dra_driver.kube.resources import (
+from plumbing.kube import AlreadyExists, ApiError, Conflict, Forbidden, KubeClient, NotFound, Unauthorized
+from plumbing.kube.resources import (
     CONFIGMAPS,
     DEPLOYMENTS,
     NAMESPACES,

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import httpx
 
-from dra_driver.kube import KubeClient
-from dra_driver.kube.resources import NAMESPACES, TOKEN_REVIEWS
-from emulator.kube.auth import NODE_NAME_KEY
+from kube_standin.apiserver.auth import NODE_NAME_KEY
+from plumbing.kube import KubeClient
+from plumbing.kube.resources import NAMESPACES, TOKEN_REVIEWS
 from tests.support.apiserver import ApiServerProcess, start_apiserver
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import copy
 
-from dra_driver.kube import KubeClient
-from dra_driver.kube.resources import (
+from plumbing.kube import KubeClient
+from plumbing.kube.resources import (
     EVENTS,
     RESOURCE_CLAIM_TEMPLATES,
     RESOURCE_CLAIMS,

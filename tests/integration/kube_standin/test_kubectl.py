@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.kube.resources import NAMESPACES
+from plumbing.kube.resources import NAMESPACES
 from tests.support.apiserver import ApiServerProcess, start_apiserver
 from tests.unit.kube_standin.objects import resource_slice
 

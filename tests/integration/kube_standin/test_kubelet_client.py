@@ -22,7 +22,7 @@ from dra_driver.proto.dra_v1beta1 import api_pb2 as v1beta1_pb2
 from dra_driver.proto.dra_v1beta1 import api_pb2_grpc as v1beta1_grpc
 from dra_driver.proto.pluginregistration_v1 import api_pb2 as reg_pb2
 from dra_driver.proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
-from emulator.kube.kubelet import ClaimRef, DraCallError, PluginManager
+from kube_standin.kubelet_client import ClaimRef, DraCallError, PluginManager
 from tests.support.kubelet import kubelet, running_kubelet, socket_dir
 
 __all__ = ["kubelet", "socket_dir"]
@@ -321,7 +321,7 @@ async def test_claims_go_only_to_the_drivers_they_are_allocated_to(socket_dir: P
 
 async def test_command_line_prepares_and_unprepares(socket_dir: Path) -> None:
     plugin = await TinyPlugin(socket_dir).start()
-    base = [sys.executable, "-m", "emulator.kube", "kubelet"]
+    base = [sys.executable, "-m", "kube_standin", "kubelet"]
     registry = ["--registry-dir", str(socket_dir / "plugins_registry"), "--driver", plugin.driver]
     claim = f"{CLAIM_A.namespace}/{CLAIM_A.name}/{CLAIM_A.uid}"
 

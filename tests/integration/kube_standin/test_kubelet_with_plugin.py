@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 
-from emulator.kube.kubelet import ClaimRef
+from kube_standin.kubelet_client import ClaimRef
 from tests.support.kubelet import running_kubelet
 
 

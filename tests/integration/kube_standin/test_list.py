@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dra_driver.kube import ApiError, KubeClient
-from dra_driver.kube.resources import CONFIGMAPS, PODS, RESOURCE_SLICES
+from plumbing.kube import ApiError, KubeClient
+from plumbing.kube.resources import CONFIGMAPS, PODS, RESOURCE_SLICES
 from tests.unit.kube_standin.objects import resource_slice
 
 

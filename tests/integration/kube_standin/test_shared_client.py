@@ -1,4 +1,4 @@
-"""The roles' own Kubernetes code (dra_driver.kube) against the server: Lease leader election,
+"""The roles' own Kubernetes code (plumbing.kube) against the server: Lease leader election,
 server-side apply as supported here, and collection deletes."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import contextlib
 
 import pytest
 
-from dra_driver.kube import ApiError, KubeClient
-from dra_driver.kube.leader import LeaderElector
-from dra_driver.kube.resources import CONFIGMAPS, LEASES, RESOURCE_SLICES
+from plumbing.kube import ApiError, KubeClient
+from plumbing.kube.leader import LeaderElector
+from plumbing.kube.resources import CONFIGMAPS, LEASES, RESOURCE_SLICES
 from tests.unit.kube_standin.objects import resource_slice
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.kube import Gone
-from dra_driver.kube.resources import CONFIGMAPS, RESOURCE_SLICES
+from plumbing.kube import Gone
+from plumbing.kube.resources import CONFIGMAPS, RESOURCE_SLICES
 from tests.support.apiserver import start_apiserver
 from tests.unit.kube_standin.objects import resource_slice
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dra_driver.kube import ApiUnavailable, Conflict, KubeClient
-from dra_driver.kube.resources import CONFIGMAPS, RESOURCE_SLICES
+from plumbing.kube import ApiUnavailable, Conflict, KubeClient
+from plumbing.kube.resources import CONFIGMAPS, RESOURCE_SLICES
 from tests.support.apiserver import ApiServerProcess
 from tests.unit.kube_standin.objects import resource_slice
 

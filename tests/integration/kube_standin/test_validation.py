@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from dra_driver.kube import Invalid, KubeClient
-from dra_driver.kube.resources import DEVICE_CLASSES, RESOURCE_CLAIMS, RESOURCE_SLICES
-from emulator.kube.schemas import DEFAULT_VERSIONS
+from kube_standin.apiserver.schemas import DEFAULT_VERSIONS
+from plumbing.kube import Invalid, KubeClient
+from plumbing.kube.resources import DEVICE_CLASSES, RESOURCE_CLAIMS, RESOURCE_SLICES
 from tests.support.apiserver import ApiServerProcess, start_apiserver
 from tests.unit.kube_standin.objects import resource_claim, resource_slice
 

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from dra_driver.kube import Gone, KubeClient, WatchEvent
-from dra_driver.kube.resources import CONFIGMAPS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS
+from plumbing.kube import Gone, KubeClient, WatchEvent
+from plumbing.kube.resources import CONFIGMAPS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS
 from tests.support.apiserver import ApiServerProcess, start_apiserver
 from tests.unit.kube_standin.objects import ARTICLE_TEMPLATE_V1BETA1, resource_claim
 

@@ -19,7 +19,7 @@ from bench.churn import (
     topology_counts,
     waves,
 )
-from fabric.api import Device, DeviceType
+from manager_api.models import Device, DeviceType
 
 
 def _binding(target: str, host: str) -> dict[str, Any]:

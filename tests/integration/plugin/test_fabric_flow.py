@@ -22,10 +22,10 @@ import pytest
 from dra_driver.plugin import cdi
 from dra_driver.plugin.backend import identity_of
 from dra_driver.plugin.hostdev import HostScanner
-from emulator.kube.kubelet import ClaimRef as KubeletClaim
-from emulator.procs import RoleProcess
-from fabric.api import BindingState, Device, DeviceType, FabricNode
-from fabric.manager_client import ManagerClient
+from kube_standin.kubelet_client import ClaimRef as KubeletClaim
+from manager_api.client import ManagerClient
+from manager_api.models import BindingState, Device, DeviceType, FabricNode
+from plumbing.procs import RoleProcess
 from tests.support.kubelet import running_kubelet
 from tests.support.plugin import DRIVER, ClaimRef, PluginStack, short_dir, start_fabric
 

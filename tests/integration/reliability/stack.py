@@ -30,13 +30,13 @@ from typing import Any, TypeVar
 
 import httpx
 
-from dra_driver.crashpoints import ENV as CRASH_ENV
 from dra_driver.plugin import cdi
 from dra_driver.plugin.backend import identity_of
 from dra_driver.plugin.hostdev import HostScanner
-from emulator.kube.kubelet import ClaimRef, DraCallError, DRAPluginClient, PluginManager
-from emulator.procs import RoleProcess
-from fabric.api import BindingState, Device, DeviceType, Inventory
+from kube_standin.kubelet_client import ClaimRef, DraCallError, DRAPluginClient, PluginManager
+from manager_api.models import BindingState, Device, DeviceType, Inventory
+from plumbing.crashpoints import ENV as CRASH_ENV
+from plumbing.procs import RoleProcess
 from tests.support.apiserver import ApiServerProcess, start_apiserver
 from tests.support.fabric_manager import static_tokens_file, wait_ready
 from tests.support.kubelet import running_kubelet

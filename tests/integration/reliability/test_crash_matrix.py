@@ -1,6 +1,6 @@
 """The crash-point matrix: every role killed with SIGKILL at every step of prepare and unprepare.
 
-For each point (``dra_driver.crashpoints.POINTS``, plus "during the fabric task" for the roles that
+For each point (``plumbing.crashpoints.POINTS``, plus "during the fabric task" for the roles that
 wait on one) the role is started with ``FABRIC_DRA_CRASH_AT=<point>``, the kubelet-protocol client
 prepares (or unprepares) a claim, the role dies at that point, it is restarted, and the kubelet
 retries as it would. Then the system must have converged:
@@ -26,9 +26,9 @@ from typing import Any
 import httpx
 import pytest
 
-from dra_driver.crashpoints import POINTS
-from emulator.kube.kubelet import DraCallError
-from fabric.api import BindingState, Device, DeviceType
+from kube_standin.kubelet_client import DraCallError
+from manager_api.models import BindingState, Device, DeviceType
+from plumbing.crashpoints import POINTS
 from tests.integration.reliability.stack import Kubelet, Stack, _target, kubelet_on, ref_of, wait_until
 
 pytestmark = pytest.mark.timeout(120)

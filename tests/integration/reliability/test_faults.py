@@ -19,8 +19,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from emulator.kube.kubelet import ClaimRef, DraCallError, DRAPluginClient
-from fabric.api import BindingState, Device, DeviceType, Health
+from kube_standin.kubelet_client import ClaimRef, DraCallError, DRAPluginClient
+from manager_api.models import BindingState, Device, DeviceType, Health
 from tests.integration.reliability.stack import (
     NODE,
     Kubelet,

@@ -30,8 +30,8 @@ from typing import Any
 import httpx
 import pytest
 
-from fabric.api import BindingState, Device, DeviceType
-from fabric.manager_client import ManagerClient
+from manager_api.client import ManagerClient
+from manager_api.models import BindingState, Device, DeviceType
 from tests.integration.reliability.stack import (
     CONTROLLER_TOKEN,
     NODE,

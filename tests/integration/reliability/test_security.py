@@ -29,10 +29,10 @@ import httpx
 import pytest
 import trustme
 
-from emulator.kube.kubelet import DraCallError
-from fabric.api import BindingState, DeviceType
-from fabric.errors import PermissionDenied, Unauthenticated
-from fabric.manager_client import ManagerClient
+from kube_standin.kubelet_client import DraCallError
+from manager_api.client import ManagerClient
+from manager_api.errors import PermissionDenied, Unauthenticated
+from manager_api.models import BindingState, DeviceType
 from tests.integration.reliability.stack import (
     CONTROLLER_TOKEN,
     NAMESPACE,
@@ -192,7 +192,7 @@ def test_credentials_never_in_logs_metrics_or_errors(stack: Stack, tmp_path: Pat
         [
             sys.executable,
             "-m",
-            "dra_driver",
+            "fabric_dra",
             "status",
             "--manager-url",
             stack.manager_url,
@@ -386,7 +386,7 @@ def test_tls_is_verified_and_a_certificate_for_another_host_is_refused(stack: St
 def test_emulator_and_manager_refuse_to_run_without_authentication(stack: Stack, tmp_path: Path) -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "dra_driver", *args],
+            [sys.executable, "-m", "fabric_dra", *args],
             capture_output=True,
             text=True,
             timeout=60,

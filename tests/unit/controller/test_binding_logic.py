@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.controller.binding import ClaimBinder, allocated_node
+from dra_driver.controller.binding_conditions import ClaimBinder, allocated_node
 
 
 def selector(*terms: dict[str, Any]) -> dict[str, Any]:

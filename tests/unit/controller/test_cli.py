@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.cli import build_parser, main
+from fabric_dra.cli import build_parser, main
 
 
 def controller_help() -> str:

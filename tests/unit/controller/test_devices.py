@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from dra_driver.controller.devices import PublishPolicy, WithheldReason, to_dra_device
-from fabric.api import BindingState, DeviceType, Health
+from manager_api.models import BindingState, DeviceType, Health
 from tests.support.controller import make_device
 
 DRIVER = "fabric-dra.io"

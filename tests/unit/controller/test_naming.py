@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from dra_driver.controller.devices import ATTRIBUTE_NAMES, CAPACITY_MEMORY
-from dra_driver.controller.naming import (
+from dra_driver.controller.resourcenames import (
     DEVICE_ATTRIBUTES_AND_CAPACITIES_MAX,
     BindingConditionNames,
     fit_value,

@@ -8,8 +8,8 @@ from typing import Any
 from dra_driver.controller.devices import PublishPolicy
 from dra_driver.controller.publisher import SlicePublisher
 from dra_driver.controller.slices import desired_pools, plan_pool
-from dra_driver.kube import KubeClient, KubeConfig
-from fabric.api import Health
+from manager_api.models import Health
+from plumbing.kube import KubeClient, KubeConfig
 from tests.support.controller import make_device, make_inventory
 
 DRIVER = "fabric-dra.io"

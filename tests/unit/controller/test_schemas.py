@@ -13,7 +13,7 @@ import yaml
 
 from dra_driver.controller.devices import PublishPolicy
 from dra_driver.controller.slices import check_slice, desired_pools, plan_pool
-from fabric.api import DeviceType, Health
+from manager_api.models import DeviceType, Health
 from tests.conftest import REPO_ROOT
 from tests.support.controller import make_device, make_inventory
 

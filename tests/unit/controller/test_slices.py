@@ -16,7 +16,7 @@ from dra_driver.controller.slices import (
     plan_pool,
 )
 from dra_driver.selection.quantity import format_bytes
-from fabric.api import Health
+from manager_api.models import Health
 from tests.support.controller import make_device, make_inventory
 
 DRIVER = "fabric-dra.io"

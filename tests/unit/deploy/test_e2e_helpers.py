@@ -16,8 +16,8 @@ import pytest
 
 from dra_driver.plugin.cdi import SpecDevice, build_specs, write_specs
 from dra_driver.plugin.hostdev import HostDevice
-from fabric import api
 from fabric.status import render_json
+from manager_api import models as api
 from tests.support.deploy import DEPLOY_DIR, DRIVER_NAME, KUBERNETES_VERSIONS
 
 E2E_SCRIPT = DEPLOY_DIR / "kind" / "e2e.sh"

@@ -16,9 +16,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from tests.support.deploy import REPO_ROOT
-
-PACKAGES = ("dra_driver", "fabric", "emulator")
+from tests.support.deploy import PACKAGES, REPO_ROOT
 
 
 def _dockerignore() -> tuple[list[str], list[str]]:
@@ -92,4 +90,4 @@ def test_the_build_context_builds_the_whole_program(tmp_path: Path) -> None:
     missing = sorted(_source_files() - names)
     assert missing == [], "files the image would lack (pyproject.toml package-data?)"
     assert "emulator/topology/default.yaml" in names
-    assert "fabric-dra = dra_driver.cli:main" in scripts
+    assert "fabric-dra = fabric_dra.cli:main" in scripts

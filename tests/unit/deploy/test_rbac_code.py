@@ -2,7 +2,7 @@
 ServiceAccount in the rendered overlays.
 
 The calls are found in the source (``<client>.get/list/list_all/watch/create/replace/patch/delete``
-with a resource constant of :mod:`dra_driver.kube.resources` as first argument), so a new call
+with a resource constant of :mod:`plumbing.kube.resources` as first argument), so a new call
 without its RBAC rule fails here rather than as a 403 in a cluster. The converse — no rule that no
 code needs — is checked by the exact expectations of test_workloads.py.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.kube import resources
+from plumbing.kube import resources
 from tests.support.deploy import REPO_ROOT, find
 
 Obj = dict[str, Any]
@@ -39,17 +39,17 @@ ROLES: dict[str, tuple[str, str, list[str]]] = {
     "controller": (
         "fabric-dra-controller",
         "kind",
-        ["dra_driver/controller", "dra_driver/kube/leader.py"],
+        ["dra_driver/controller", "plumbing/kube/leader.py"],
     ),
     "controller-binding-conditions": (
         "fabric-dra-controller",
         "binding-conditions",
-        ["dra_driver/controller", "dra_driver/kube/leader.py"],
+        ["dra_driver/controller", "plumbing/kube/leader.py"],
     ),
     "manager": (
         "fabric-dra-manager",
         "kind",
-        ["fabric", "dra_driver/kube/leader.py", "dra_driver/kube/events.py"],
+        ["fabric", "plumbing/kube/leader.py", "plumbing/kube/events.py"],
     ),
 }
 
@@ -99,7 +99,7 @@ def granted(objects: list[Obj], account: str, group: str, resource: str, verb: s
 
 def test_calls_are_found() -> None:
     """The scan sees the calls it is meant to see (a refactor of the client API would blind it)."""
-    calls = {(g, r, v) for _, g, r, v in api_calls(["dra_driver/controller", "dra_driver/kube/leader.py"])}
+    calls = {(g, r, v) for _, g, r, v in api_calls(["dra_driver/controller", "plumbing/kube/leader.py"])}
     assert ("resource.k8s.io", "resourceslices", "create") in calls
     assert ("coordination.k8s.io", "leases", "update") in calls
     assert ("resource.k8s.io", "resourceclaims/status", "update") in calls
@@ -114,7 +114,7 @@ def test_every_api_call_is_granted(role: str, rendered_overlays: dict[str, list[
     if role == "controller":
         # Claims are read and their status written only by the binding-condition flow, whose
         # rights come with that component (checked by the next parameter).
-        calls = [c for c in calls if not c[0].startswith("dra_driver/controller/binding.py")]
+        calls = [c for c in calls if not c[0].startswith("dra_driver/controller/binding_conditions.py")]
     missing = [
         f"{where}: {verb} {group or 'core'}/{resource}"
         for where, group, resource, verb in calls

@@ -1,5 +1,5 @@
 """The manifests and the code cannot drift: every ``fabric-dra`` command line in every rendered
-overlay is accepted by that role's own argparse parser (``dra_driver.cli.build_parser()``), and
+overlay is accepted by that role's own argparse parser (``fabric_dra.cli.build_parser()``), and
 every environment variable the manifests give a fabric-dra container is either consumed by
 Kubernetes itself (``$(VAR)`` in args) or read by the role's parser.
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.cli import build_parser
+from fabric_dra.cli import build_parser
 from tests.support.deploy import (
     OVERLAYS_DIR,
     Container,

@@ -27,7 +27,7 @@ from emulator.redfish.state import (
     utcnow,
 )
 from emulator.topology import default_topology_path, load_topology
-from fabric.api import DeviceType
+from manager_api.models import DeviceType
 
 
 def _config(state_dir: Path, latency: LatencyProfile = INSTANT) -> ServeConfig:

@@ -9,7 +9,7 @@ from pathlib import Path
 from emulator.redfish.hostview import HOST_BRIDGE, HostEntry, HostView, allocate_address
 from emulator.redfish.pciconfig import CONFIG_SIZE, config_space, dsn_from_serial
 from emulator.redfish.state import BindingRecord, BindStyle, HostAddress, utcnow
-from fabric.api import DeviceType
+from manager_api.models import DeviceType
 
 
 def _gpu(serial: str = "48b02d0000a1f000", **address: int | str) -> HostEntry:

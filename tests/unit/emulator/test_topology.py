@@ -19,7 +19,7 @@ from emulator.topology import (
     parse_topology,
 )
 from emulator.topology.generate import GenerateSpec, generate_topology, generate_topology_yaml
-from fabric.api import DeviceType
+from manager_api.models import DeviceType
 
 
 def _base() -> dict[str, Any]:
@@ -155,7 +155,7 @@ def test_generator_refuses_nonsense() -> None:
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "dra_driver", "emulator", "topology", *args],
+        [sys.executable, "-m", "fabric_dra", "emulator", "topology", *args],
         capture_output=True,
         text=True,
         timeout=60,

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fabric.api import DeviceType
 from fabric.backends.base import Backend, BindContext, DiscoveryResult
 from fabric.backends.model import (
     BindingStyle,
@@ -23,10 +22,11 @@ from fabric.backends.model import (
 )
 from fabric.backends.walk import Walk
 from fabric.binder import Binder, BinderSettings
-from fabric.errors import FabricError, FabricUnavailable
 from fabric.inventory import Inventory
 from fabric.ledger import FileLedgerStore, Ledger
 from fabric.nodes import NodeResolver
+from manager_api.errors import FabricError, FabricUnavailable
+from manager_api.models import DeviceType
 
 FABRIC = "PCIe"
 
@@ -116,7 +116,7 @@ class FakeBackend(Backend):
             self.fabric.hung_tasks.add(monitor)
             if ctx.on_task:
                 await ctx.on_task(monitor)
-            from fabric.errors import AttachTimeout
+            from manager_api.errors import AttachTimeout
 
             raise AttachTimeout(
                 f"the fabric did not finish bind in time; its task {monitor} is still running"

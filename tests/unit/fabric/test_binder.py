@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from fabric import api
 from fabric.binder import BinderSettings
-from fabric.errors import (
+from fabric.ledger import LedgerState
+from fabric.redfish.client import OutcomeUnknown
+from manager_api import models as api
+from manager_api.errors import (
     AttachTimeout,
     BindFailed,
     DeviceBusy,
@@ -20,8 +22,6 @@ from fabric.errors import (
     NodeNotFound,
     NotLeader,
 )
-from fabric.ledger import LedgerState
-from fabric.redfish.client import OutcomeUnknown
 from tests.unit.fabric.fakes import Fault, Harness, make_harness
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fabric import api
 from fabric.inventory import Inventory
+from manager_api import models as api
 from tests.unit.fabric.fakes import make_harness
 
 

@@ -8,8 +8,8 @@ import socket
 
 import pytest
 
-from fabric.errors import FabricUnavailable
-from fabric.manager_client import ManagerClient, ManagerUnreachable
+from manager_api.client import ManagerClient, ManagerUnreachable
+from manager_api.errors import FabricUnavailable
 
 
 def _closed_port() -> int:

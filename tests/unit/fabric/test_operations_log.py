@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from fabric import api
-from fabric.errors import BindFailed
 from fabric.operations import OperationLog
+from manager_api import models as api
+from manager_api.errors import BindFailed
 
 
 def test_keeps_in_flight_and_the_newest_finished() -> None:

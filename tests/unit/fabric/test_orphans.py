@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from dra_driver.cli import build_parser
 from fabric.config import ManagerSettings
 from fabric.ledger import LedgerEntry, LedgerState
 from fabric.orphans import OrphanReconciler, _Claims
 from fabric.redfish.client import RedfishSettings
 from fabric.reports import PluginReports
+from fabric_dra.cli import build_parser
 
 
 class _Clock:

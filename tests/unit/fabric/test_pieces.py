@@ -11,7 +11,11 @@ import pytest
 from fabric.auth import Identity, Role, StaticTokens, load_static_tokens
 from fabric.backends.model import BindingStyle, DeviceAttributes, DeviceRecord, HostRecord
 from fabric.config import load_credentials
-from fabric.errors import (
+from fabric.device_names import assign_names, dns_label, pool_name
+from fabric.nodes import NodeResolver, load_node_map
+from fabric.redfish.error_mapping import PreconditionFailed, error_for_response, error_for_task, message_key
+from fabric.redfish.events import parse_sse
+from manager_api.errors import (
     AttachTimeout,
     BindFailed,
     DeviceBusy,
@@ -19,10 +23,6 @@ from fabric.errors import (
     FabricUnavailable,
     PermissionDenied,
 )
-from fabric.naming import assign_names, dns_label, pool_name
-from fabric.nodes import NodeResolver, load_node_map
-from fabric.redfish.events import parse_sse
-from fabric.redfish.messages import PreconditionFailed, error_for_response, error_for_task, message_key
 
 
 def record(resource_id: str, fabric: str = "PCIe") -> DeviceRecord:

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import trustme
 
-from dra_driver.logs import configure
-from fabric.errors import AttachTimeout, BindFailed, DeviceBusy, FabricUnavailable
 from fabric.redfish import OutcomeUnknown, PreconditionFailed, RedfishClient, RedfishSettings
 from fabric.redfish.client import resource_kind
+from manager_api.errors import AttachTimeout, BindFailed, DeviceBusy, FabricUnavailable
+from plumbing.logs import configure
 from tests.support.fabric_http import Reply, Request, ScriptedServer
 
 PASSWORD = "s3cret-Pa55word-for-tests"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import copy
 
-from emulator.kube.convert import apply_defaults, from_storage, to_storage
-from emulator.kube.registry import find_resource
-from emulator.kube.schemas import SchemaCatalog
+from kube_standin.apiserver.convert import apply_defaults, from_storage, to_storage
+from kube_standin.apiserver.registry import find_resource
+from kube_standin.apiserver.schemas import SchemaCatalog
 from tests.unit.kube_standin.objects import ARTICLE_TEMPLATE_V1BETA1, resource_slice
 
 TEMPLATES = find_resource("resource.k8s.io", "v1", "resourceclaimtemplates")

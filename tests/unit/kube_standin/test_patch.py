@@ -6,14 +6,14 @@ from typing import Any
 
 import pytest
 
-from emulator.kube.patch import (
+from kube_standin.apiserver.patch import (
     PatchError,
     SchemaNode,
     apply_json_patch,
     apply_merge_patch,
     apply_strategic_merge_patch,
 )
-from emulator.kube.schemas import SchemaCatalog
+from kube_standin.apiserver.schemas import SchemaCatalog
 
 
 def test_merge_patch_rfc7386_examples() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import copy
 
-from emulator.kube.registry import find_resource
-from emulator.kube.rules import validate_object, validate_update
+from kube_standin.apiserver.registry import find_resource
+from kube_standin.apiserver.rules import validate_object, validate_update
 from tests.unit.kube_standin.objects import allocation, resource_claim, resource_slice
 
 SLICES = find_resource("resource.k8s.io", "v1", "resourceslices")

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from emulator.kube.schemas import DEFAULT_VERSIONS, SchemaCatalog, SchemasUnavailable
+from kube_standin.apiserver.schemas import DEFAULT_VERSIONS, SchemaCatalog, SchemasUnavailable
 from tests.unit.kube_standin.objects import resource_slice
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from emulator.kube.registry import find_resource
-from emulator.kube.selectors import SelectorError, parse_field_selector, parse_label_selector
+from kube_standin.apiserver.registry import find_resource
+from kube_standin.apiserver.selectors import SelectorError, parse_field_selector, parse_label_selector
 
 LABELS = {"app": "worker", "tier": "gpu", "gen": "5"}
 

@@ -6,9 +6,9 @@ import copy
 
 import pytest
 
-from emulator.kube.registry import find_resource
-from emulator.kube.status import StatusError
-from emulator.kube.store import Store
+from kube_standin.apiserver.registry import find_resource
+from kube_standin.apiserver.status import StatusError
+from kube_standin.apiserver.store import Store
 from tests.unit.kube_standin.objects import allocation, resource_claim
 
 CLAIMS = find_resource("resource.k8s.io", "v1", "resourceclaims")

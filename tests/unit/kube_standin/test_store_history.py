@@ -10,8 +10,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emulator.kube.registry import find_resource
-from emulator.kube.store import Store
+from kube_standin.apiserver.registry import find_resource
+from kube_standin.apiserver.store import Store
 
 CONFIGMAPS = find_resource("", "v1", "configmaps")
 assert CONFIGMAPS is not None

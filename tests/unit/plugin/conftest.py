@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from dra_driver.kube.dra import ResourceClaim
 from dra_driver.plugin.backend import AttachedDevice
 from dra_driver.plugin.checkpoint import PreparedDevice
 from dra_driver.plugin.claims import ClaimNotFound
 from dra_driver.plugin.config import DeviceBackendKind, HostMode, PluginConfig
 from dra_driver.plugin.hostdev import HostDevice
-from fabric.api import BindingState, Device, DeviceType
-from fabric.errors import DeviceBusy, FabricError
+from manager_api.errors import DeviceBusy, FabricError
+from manager_api.models import BindingState, Device, DeviceType
+from plumbing.kube.dra import ResourceClaim
 
 DRIVER = "fabric-dra.io"
 NODE = "node-a"

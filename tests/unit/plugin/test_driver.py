@@ -12,8 +12,7 @@ from dra_driver.plugin import cdi
 from dra_driver.plugin.checkpoint import CheckpointStore, ClaimState
 from dra_driver.plugin.driver import ClaimRef, Driver, base_request_name
 from dra_driver.plugin.state import ClaimLocks
-
-from .conftest import DRIVER, FakeClaims, ScriptedBackend, claim_object, make_config
+from tests.unit.plugin.conftest import DRIVER, FakeClaims, ScriptedBackend, claim_object, make_config
 
 
 class Harness:

@@ -9,9 +9,8 @@ from dra_driver.plugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState
 from dra_driver.plugin.health import HealthMonitor
 from dra_driver.plugin.hostdev import HostDevice, HostScanner
 from dra_driver.proto.dra_health_v1alpha1 import api_pb2 as health_pb2
-from fabric.api import BindingState, Device, Health
-
-from .conftest import DRIVER, NODE, ScriptedBackend, fabric_device
+from manager_api.models import BindingState, Device, Health
+from tests.unit.plugin.conftest import DRIVER, NODE, ScriptedBackend, fabric_device
 
 
 class InventoryBackend(ScriptedBackend):

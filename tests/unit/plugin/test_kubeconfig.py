@@ -33,7 +33,7 @@ def test_plain_kubeconfig_matches_the_library_without_importing_it(tmp_path: Pat
     (tmp_path / "ca.crt").write_text("unused")
     probe = (
         "import sys\n"
-        "from dra_driver.kube.client import load_config\n"
+        "from plumbing.kube.client import load_config\n"
         f"c = load_config({str(path)!r})\n"
         "print(c.server, c.ca_file, c.verify, c.token, c.namespace, 'kubernetes' in sys.modules)\n"
     )
@@ -51,7 +51,7 @@ def test_plain_kubeconfig_matches_the_library_without_importing_it(tmp_path: Pat
 
 
 def test_exec_plugins_still_go_through_the_library(tmp_path: Path) -> None:
-    from dra_driver.kube.client import _plain_kubeconfig
+    from plumbing.kube.client import _plain_kubeconfig
 
     path = tmp_path / "kubeconfig"
     path.write_text(KUBECONFIG)

@@ -9,9 +9,8 @@ from dra_driver.plugin import cdi
 from dra_driver.plugin.checkpoint import ClaimState
 from dra_driver.plugin.reconcile import reconcile
 from dra_driver.plugin.server import PluginServer
-
-from .conftest import DRIVER, claim_object
-from .test_driver import Harness
+from tests.unit.plugin.conftest import DRIVER, claim_object
+from tests.unit.plugin.test_driver import Harness
 
 
 async def run_reconcile(h: Harness, *, rebuild: bool = False) -> list[str]:

@@ -21,8 +21,7 @@ from dra_driver.proto.dra_v1beta1 import api_pb2 as v1beta1_pb2
 from dra_driver.proto.dra_v1beta1 import api_pb2_grpc as v1beta1_grpc
 from dra_driver.proto.pluginregistration_v1 import api_pb2 as reg_pb2
 from dra_driver.proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
-
-from .conftest import DRIVER, FakeClaims, ScriptedBackend, claim_object, make_config
+from tests.unit.plugin.conftest import DRIVER, FakeClaims, ScriptedBackend, claim_object, make_config
 
 
 @pytest.fixture

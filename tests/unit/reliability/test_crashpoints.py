@@ -11,13 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dra_driver import crashpoints
+from plumbing import crashpoints
+from tests.support.deploy import PACKAGES
 
 ROOT = Path(__file__).resolve().parents[3]
 _PROGRAM = """
-from dra_driver.logs import configure
+from plumbing.logs import configure
 configure()
-from dra_driver.crashpoints import crash_point
+from plumbing.crashpoints import crash_point
 crash_point("plugin.prepare.before-attach")
 print("passed the first point", flush=True)
 crash_point("plugin.prepare.after-attach")
@@ -59,7 +60,7 @@ def test_an_unknown_point_is_reported_and_ignored() -> None:
 def _placed_points() -> set[str]:
     placed: set[str] = set()
     pattern = re.compile(r'"((?:plugin|manager|controller|emulator)\.[a-z]+\.[a-z-]+)"')
-    for package in ("dra_driver", "fabric", "emulator"):
+    for package in PACKAGES:
         for path in (ROOT / package).rglob("*.py"):
             if path.name == "crashpoints.py":
                 continue

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dra_driver.cli import main
+from fabric_dra.cli import main
 
 GPU_CLASS = 'device.driver == "fabric-dra.io" && device.attributes["fabric-dra.io"].type == "gpu"'
 

@@ -1,5 +1,0 @@
-import sys
-
-from dra_driver.cli import main
-
-sys.exit(main())

@@ -1,0 +1,567 @@
+"""The binding-condition flow (KEP-5007; resource.k8s.io/v1 ``bindsToNode`` / ``bindingConditions``).
+
+With ``--binding-conditions`` every published device carries ``bindsToNode: true``, the binding
+condition ``<driver>/Attached`` and the failure condition ``<driver>/AttachFailed``. The
+scheduler allocates such a device, records the chosen node in ``status.allocation.nodeSelector``
+(one ``matchFields`` term on ``metadata.name``) and then waits in PreBind until every binding
+condition of the claim's devices is True — or a failure condition is True, when it gives the
+allocation up and schedules the pod again (kube-scheduler ``dynamicresources`` plugin,
+``isClaimReadyForBinding``; the API server drops ``status.devices`` entries of deallocated
+devices, ``dropDeallocatedStatusDevices``).
+
+This controller is the other half: it watches ResourceClaims, and for each allocated device of
+this driver that carries the binding condition it asks the fabric manager to attach the device
+to the allocated node (idempotent per claim UID + device), then sets ``Attached=True`` in the
+claim's ``status.devices`` — or ``AttachFailed=True`` with the manager's reason when the fabric
+refuses, the device stays busy, or the attach does not finish within ``--bind-timeout``.
+
+When an allocation it attached for goes away (the scheduler gave up, the claim was deallocated
+or deleted) it detaches again. A device that reached ``Attached=True`` may be in a pod's hands;
+its release waits ``release_grace`` so the kubelet plugin's unprepare (host-side removal, then
+detach) normally runs first — the detach here is then a no-op, as the manager only detaches for
+the holder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from dra_driver.controller.inventory_feed import InventoryFeed
+from dra_driver.controller.metrics import BIND_SECONDS, BIND_TOTAL
+from dra_driver.controller.resourcenames import BindingConditionNames
+from manager_api.client import ManagerClient
+from manager_api.errors import DeviceBusy, FabricError
+from manager_api.models import MAX_WAIT_SECONDS, AttachmentState
+from plumbing.backoff import Backoff
+from plumbing.crashpoints import crash_point
+from plumbing.kube import ApiError, Conflict, Gone, KubeClient, NotFound
+from plumbing.kube.dra import ResourceClaim
+from plumbing.kube.resources import RESOURCE_CLAIMS
+from plumbing.logs import get_logger
+
+__all__ = ["ClaimBinder", "Target", "allocated_node"]
+
+log = get_logger(__name__)
+
+_STATUS_RETRIES = 8
+
+
+def allocated_node(selector: dict[str, Any] | None) -> str | None:
+    """The node of a ``bindsToNode`` allocation: one term, one ``metadata.name In [node]`` field."""
+    terms = (selector or {}).get("nodeSelectorTerms") or []
+    if len(terms) != 1:
+        return None
+    fields = terms[0].get("matchFields") or []
+    if len(fields) != 1 or terms[0].get("matchExpressions"):
+        return None
+    field = fields[0]
+    values = field.get("values") or []
+    if field.get("key") != "metadata.name" or field.get("operator") != "In" or len(values) != 1:
+        return None
+    return str(values[0])
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_time(value: str | None) -> float | None:
+    """A metav1.Time as a wall-clock timestamp."""
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One allocated device that waits for its binding condition."""
+
+    pool: str
+    device: str
+    node: str | None
+
+
+@dataclass
+class _Held:
+    """A device this controller attached (or tried to) for a claim."""
+
+    attached: bool = False
+    release_at: float | None = None
+
+
+class ClaimBinder:
+    def __init__(
+        self,
+        kube: KubeClient,
+        manager: ManagerClient,
+        feed: InventoryFeed,
+        *,
+        driver: str,
+        bind_timeout: float = 300.0,
+        busy_timeout: float = 30.0,
+        release_grace: float = 30.0,
+        attach_wait: float = 20.0,
+        concurrency: int = 32,
+    ) -> None:
+        self._kube = kube
+        self._manager = manager
+        self._feed = feed
+        self.driver = driver
+        self.names = BindingConditionNames(driver)
+        self.bind_timeout = bind_timeout
+        self.busy_timeout = busy_timeout
+        self.release_grace = release_grace
+        self.attach_wait = min(attach_wait, MAX_WAIT_SECONDS)
+        self._sem = asyncio.Semaphore(concurrency)
+        #: claim UID → latest object seen (raw JSON)
+        self._claims: dict[str, dict[str, Any]] = {}
+        self._dirty: set[str] = set()
+        self._workers: dict[str, asyncio.Task[None]] = {}
+        self._retry: dict[str, asyncio.TimerHandle] = {}
+        self._backoff: dict[str, Backoff] = {}
+        #: claim UID → (device, node) → what we did for it
+        self._held: dict[str, dict[tuple[str, str], _Held]] = {}
+        self._first_seen: dict[tuple[str, str], float] = {}
+        #: claims with a device reported AttachFailed: the pod cannot bind with that allocation,
+        #: so what was attached for it is released without the grace period
+        self._doomed: set[str] = set()
+
+    # -- running ------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        await self._feed.wait_newer(None)  # pools are needed to know which results are ours
+        try:
+            await self._watch_claims()
+        finally:
+            for task in list(self._workers.values()):
+                task.cancel()
+            for handle in self._retry.values():
+                handle.cancel()
+
+    async def _watch_claims(self) -> None:
+        backoff = Backoff(initial=0.5, maximum=30.0)
+        version: str | None = None
+        while True:
+            try:
+                if version is None:
+                    items, version = await self._kube.list_all(RESOURCE_CLAIMS)
+                    seen = set()
+                    for obj in items:
+                        uid = self._uid(obj)
+                        seen.add(uid)
+                        self._observe(uid, obj)
+                    for uid in set(self._claims) - seen:
+                        self._forget(uid)
+                async for event in self._kube.watch(RESOURCE_CLAIMS, resource_version=version):
+                    meta = event.object.get("metadata") or {}
+                    version = str(meta.get("resourceVersion") or version)
+                    if event.type == "BOOKMARK":
+                        continue
+                    uid = self._uid(event.object)
+                    if event.type == "DELETED":
+                        self._forget(uid)
+                    else:
+                        self._observe(uid, event.object)
+                backoff.reset()
+            except Gone:
+                version = None
+            except ApiError as err:
+                log.debug("resource claim watch interrupted", error=str(err))
+                version = None
+                await asyncio.sleep(backoff.next())
+
+    @staticmethod
+    def _uid(obj: dict[str, Any]) -> str:
+        return str((obj.get("metadata") or {}).get("uid") or "")
+
+    def _observe(self, uid: str, obj: dict[str, Any]) -> None:
+        previous = self._claims.get(uid)
+        self._claims[uid] = obj
+        targets = self.targets(obj)
+        if not targets and uid not in self._held:
+            return
+        if previous is not None and self._wanted(previous) != self._wanted(obj):
+            self._cancel(uid)  # an attach for an allocation that changed must not go on
+        self._schedule(uid)
+
+    def _forget(self, uid: str) -> None:
+        self._claims.pop(uid, None)
+        if uid in self._held:
+            self._cancel(uid)
+            self._schedule(uid)
+
+    def _wanted(self, obj: dict[str, Any]) -> set[tuple[str, str | None]]:
+        return {(t.device, t.node) for t in self.targets(obj)}
+
+    def _cancel(self, uid: str) -> None:
+        task = self._workers.pop(uid, None)
+        if task is not None and not task.done():
+            task.cancel()
+
+    def _schedule(self, uid: str) -> None:
+        self._dirty.add(uid)
+        handle = self._retry.pop(uid, None)
+        if handle is not None:
+            handle.cancel()
+        task = self._workers.get(uid)
+        if task is None or task.done():
+            self._workers[uid] = asyncio.get_running_loop().create_task(self._work(uid))
+
+    def _schedule_later(self, uid: str, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        pending = self._retry.get(uid)
+        if pending is not None:
+            if pending.when() <= loop.time() + delay:
+                return  # an earlier pass is already due
+            pending.cancel()
+
+        def fire() -> None:
+            self._retry.pop(uid, None)
+            self._schedule(uid)
+
+        self._retry[uid] = loop.call_later(delay, fire)
+
+    async def _work(self, uid: str) -> None:
+        try:
+            while uid in self._dirty:
+                self._dirty.discard(uid)
+                try:
+                    await self.reconcile(uid, self._claims.get(uid))
+                except Exception as err:
+                    delay = self._backoff.setdefault(uid, Backoff(initial=0.5, maximum=30.0)).next()
+                    if isinstance(err, ApiError | FabricError):
+                        log.warning(
+                            "binding-condition work failed; retrying",
+                            claim=uid,
+                            error=str(err).splitlines()[0],
+                            retry_in=round(delay, 2),
+                        )
+                    else:  # a bug or an answer nobody expected: keep the claim in work, loudly
+                        log.exception("binding-condition work failed unexpectedly; retrying", claim=uid)
+                    self._schedule_later(uid, delay)
+                    return
+                self._backoff.pop(uid, None)
+        finally:
+            if self._workers.get(uid) is asyncio.current_task():
+                del self._workers[uid]
+
+    # -- one claim ----------------------------------------------------------------------------
+
+    def targets(self, obj: dict[str, Any] | None) -> list[Target]:
+        """The allocated devices of ``obj`` that wait for this driver's binding condition."""
+        if obj is None:
+            return []
+        try:
+            claim = ResourceClaim.model_validate(obj)
+        except ValidationError:
+            return []
+        allocation = claim.status.allocation
+        if allocation is None:
+            return []
+        pools = {p.pool for p in self._feed.latest.pools} if self._feed.latest is not None else set()
+        node = allocated_node(allocation.node_selector)
+        return [
+            Target(r.pool, r.device, node)
+            for r in claim.results_for(self.driver)
+            if self.names.attached in r.binding_conditions and r.pool in pools
+        ]
+
+    async def reconcile(self, uid: str, obj: dict[str, Any] | None) -> None:
+        targets = self.targets(obj)
+        wanted = {(t.device, t.node) for t in targets if t.node is not None}
+        await self._release(uid, wanted)
+        if obj is None or not targets:
+            return
+        if (obj.get("metadata") or {}).get("deletionTimestamp"):
+            return  # being deleted: attach nothing new
+        statuses = self._device_conditions(obj)
+        await asyncio.gather(
+            *(self._bind(uid, obj, t, statuses.get((t.pool, t.device), {})) for t in targets)
+        )
+
+    async def _release(self, uid: str, wanted: set[tuple[str, str]]) -> None:
+        held = self._held.get(uid, {})
+        now = time.monotonic()
+        moving = {device for device, _ in wanted}
+        for key, state in list(held.items()):
+            if key in wanted:
+                state.release_at = None
+                continue
+            device, node = key
+            # No grace when the pod cannot have used it (a failed allocation) or when this same
+            # claim now wants the device on another node.
+            if state.attached and uid not in self._doomed and device not in moving:
+                if state.release_at is None:
+                    state.release_at = now + self.release_grace
+                if now < state.release_at:
+                    self._schedule_later(uid, state.release_at - now)
+                    continue
+            crash_point("controller.release.before-detach")
+            await self._manager.detach(device, node, uid, wait_seconds=self.attach_wait)
+            crash_point("controller.release.after-detach")
+            del held[key]
+            self._first_seen.pop((uid, device), None)
+            BIND_TOTAL.labels(result="detached", reason="deallocated").inc()
+            log.info("device released: its allocation is gone", claim=uid, device=device, node=node)
+        if not held:
+            self._held.pop(uid, None)
+            self._doomed.discard(uid)
+
+    def _expedite(self, device: str, *, claim: str) -> None:
+        """``device`` is allocated anew (to ``claim``) but still held for an allocation that is gone:
+        cut that release's grace short — the scheduler has given the device to someone else."""
+        now = time.monotonic()
+        for uid, held in self._held.items():
+            for (held_device, _), state in held.items():
+                if uid != claim and held_device == device and state.release_at is not None:
+                    state.release_at = now
+                    self._schedule(uid)
+
+    def _device_conditions(self, obj: dict[str, Any]) -> dict[tuple[str, str], dict[str, dict[str, Any]]]:
+        out: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+        for entry in (obj.get("status") or {}).get("devices") or []:
+            if entry.get("driver") != self.driver or entry.get("shareID"):
+                continue
+            conditions = {str(c.get("type")): c for c in entry.get("conditions") or []}
+            out[(str(entry.get("pool")), str(entry.get("device")))] = conditions
+        return out
+
+    async def _bind(self, uid: str, obj: dict[str, Any], target: Target, conditions: dict[str, Any]) -> None:
+        attached = conditions.get(self.names.attached, {}).get("status") == "True"
+        failed = conditions.get(self.names.failed, {}).get("status") == "True"
+        if attached and target.node:
+            self._held.setdefault(uid, {}).setdefault((target.device, target.node), _Held()).attached = True
+        if attached or failed:
+            return
+        if target.node is None:
+            await self._fail(
+                uid,
+                target,
+                "NoNode",
+                "the allocation does not name exactly one node (nodeSelector with one matchFields "
+                "term on metadata.name), so there is no node to attach the device to",
+            )
+            return
+        node = target.node
+        started = self._first_seen.setdefault((uid, target.device), time.monotonic())
+        allocated_at = _parse_time(
+            ((obj.get("status") or {}).get("allocation") or {}).get("allocationTimestamp")
+        )
+        deadline = started + self.bind_timeout
+        if allocated_at is not None:
+            deadline = min(deadline, time.monotonic() + (allocated_at + self.bind_timeout - time.time()))
+        # Recorded before the call: an attach interrupted here may still complete in the manager.
+        held = self._held.setdefault(uid, {}).setdefault((target.device, node), _Held())
+        backoff = Backoff(initial=0.5, maximum=5.0)
+        busy_since: float | None = None
+        said_attaching = False
+        log.info("attaching for binding condition", claim=uid, device=target.device, node=node)
+        while True:
+            crash_point("controller.attach.before-request")
+            try:
+                async with self._sem:
+                    attachment = await self._manager.attach(
+                        target.device, node, uid, wait_seconds=self.attach_wait
+                    )
+            except DeviceBusy as err:
+                if busy_since is None:
+                    self._expedite(target.device, claim=uid)
+                busy_since = busy_since or time.monotonic()
+                if time.monotonic() - busy_since >= self.busy_timeout or time.monotonic() >= deadline:
+                    await self._fail(uid, target, "DeviceBusy", err.message, started=started)
+                    return
+                await asyncio.sleep(backoff.next())
+                continue
+            except FabricError as err:
+                if not err.retriable:
+                    await self._fail(uid, target, err.code, err.message, started=started)
+                    return
+                if time.monotonic() >= deadline:
+                    await self._fail(
+                        uid,
+                        target,
+                        "Timeout",
+                        f"the attach did not finish within {self.bind_timeout:.0f}s: {err.message}",
+                        started=started,
+                    )
+                    return
+                await asyncio.sleep(err.retry_after or backoff.next())
+                continue
+            busy_since = None
+            if attachment.state is AttachmentState.ATTACHED:
+                held.attached = True
+                held.release_at = None
+                crash_point("controller.attach.after-request")
+                await self._set(
+                    uid,
+                    target,
+                    {
+                        self.names.attached: ("True", "Attached", f"attached to node {node} by the fabric"),
+                        self.names.failed: ("False", "Attached", ""),
+                    },
+                )
+                crash_point("controller.attach.after-status")
+                BIND_TOTAL.labels(result="attached", reason="").inc()
+                BIND_SECONDS.labels(result="attached").observe(time.monotonic() - started)
+                log.info("device attached; binding condition set", claim=uid, device=target.device, node=node)
+                return
+            if time.monotonic() >= deadline:
+                await self._fail(
+                    uid,
+                    target,
+                    "Timeout",
+                    f"the fabric did not finish attaching within {self.bind_timeout:.0f}s",
+                    started=started,
+                )
+                return
+            if not said_attaching:
+                said_attaching = True
+                await self._set(
+                    uid,
+                    target,
+                    {
+                        self.names.attached: (
+                            "False",
+                            "Attaching",
+                            f"the fabric is attaching the device to {node}",
+                        )
+                    },
+                )
+
+    async def _fail(
+        self, uid: str, target: Target, reason: str, message: str, *, started: float | None = None
+    ) -> None:
+        reason = reason if reason.replace("_", "").isalnum() and reason[:1].isalpha() else "AttachFailed"
+        self._doomed.add(uid)
+        await self._set(
+            uid,
+            target,
+            {
+                self.names.failed: ("True", reason, message),
+                self.names.attached: ("False", reason, message),
+            },
+        )
+        BIND_TOTAL.labels(result="failed", reason=reason).inc()
+        if started is not None:
+            BIND_SECONDS.labels(result="failed").observe(time.monotonic() - started)
+        log.warning(
+            "binding failed; the scheduler will pick again",
+            claim=uid,
+            device=target.device,
+            node=target.node,
+            reason=reason,
+            error=message,
+        )
+
+    # -- status -------------------------------------------------------------------------------
+
+    async def _set(self, uid: str, target: Target, changes: dict[str, tuple[str, str, str]]) -> bool:
+        """Merge conditions into the claim's ``status.devices`` entry of ``target``.
+
+        A compare-and-swap PUT on ``/status``, retried on conflict; only this driver's entry is
+        touched. False when the claim no longer allocates the device (nothing to report then).
+        """
+        obj = self._claims.get(uid)
+        for _ in range(_STATUS_RETRIES):
+            if obj is None:
+                return False
+            meta = obj.get("metadata") or {}
+            if not self._allocates(obj, target):
+                return False
+            status = dict(obj.get("status") or {})
+            devices = [dict(d) for d in status.get("devices") or []]
+            entry = next(
+                (
+                    d
+                    for d in devices
+                    if d.get("driver") == self.driver
+                    and d.get("pool") == target.pool
+                    and d.get("device") == target.device
+                    and not d.get("shareID")
+                ),
+                None,
+            )
+            if entry is None:
+                entry = {"driver": self.driver, "pool": target.pool, "device": target.device}
+                devices.append(entry)
+            merged = self._merge(entry.get("conditions") or [], changes, meta.get("generation"))
+            if merged == (entry.get("conditions") or []):
+                return True
+            entry["conditions"] = merged
+            status["devices"] = devices
+            try:
+                stored = await self._kube.replace(
+                    RESOURCE_CLAIMS, {**obj, "status": status}, subresource="status"
+                )
+            except Conflict:
+                obj = await self._get(obj)
+                continue
+            except NotFound:
+                return False
+            if self._uid(stored) == uid:
+                self._claims[uid] = stored
+            return True
+        raise Conflict(409, "Conflict", f"claim {uid}: status kept changing under {_STATUS_RETRIES} updates")
+
+    async def _get(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        meta = obj.get("metadata") or {}
+        try:
+            fresh = await self._kube.get(RESOURCE_CLAIMS, str(meta.get("name")), str(meta.get("namespace")))
+        except NotFound:
+            return None
+        return fresh if self._uid(fresh) == self._uid(obj) else None
+
+    def _allocates(self, obj: dict[str, Any], target: Target) -> bool:
+        return any(t.pool == target.pool and t.device == target.device for t in self.targets(obj))
+
+    @staticmethod
+    def _merge(
+        current: list[dict[str, Any]], changes: dict[str, tuple[str, str, str]], generation: Any
+    ) -> list[dict[str, Any]]:
+        """``current`` with ``changes`` (type → status, reason, message) applied, as metav1
+        conditions: lastTransitionTime moves only when the status does; an unchanged condition
+        keeps its stored form exactly, so a no-op makes no write."""
+        merged = [dict(c) for c in current]
+        now = _now()
+        for kind, (status, reason, message) in changes.items():
+            index = next((i for i, c in enumerate(merged) if c.get("type") == kind), None)
+            old = merged[index] if index is not None else None
+            condition: dict[str, Any] = {
+                "type": kind,
+                "status": status,
+                "reason": reason,
+                "message": message[:32768],
+                "lastTransitionTime": old["lastTransitionTime"]
+                if old and old.get("status") == status and old.get("lastTransitionTime")
+                else now,
+            }
+            if isinstance(generation, int):
+                condition["observedGeneration"] = generation
+            if old is not None and all(old.get(k) == v for k, v in condition.items()):
+                continue
+            if index is None:
+                merged.append(condition)
+            else:
+                merged[index] = condition
+        return merged
+
+    # -- test / status hooks --------------------------------------------------------------------
+
+    def held(self) -> dict[str, set[tuple[str, str]]]:
+        return {uid: set(held) for uid, held in self._held.items()}
+
+    async def drain(self) -> None:
+        """Wait until no claim work is queued or running (for tests and shutdown)."""
+        while self._workers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(*list(self._workers.values()), return_exceptions=True)

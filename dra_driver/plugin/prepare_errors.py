@@ -1,0 +1,125 @@
+"""What the kubelet shows an operator when a device cannot be prepared.
+
+The error a plugin returns for a claim becomes the pod's ``FailedPrepareDynamicResources`` event,
+often the only thing an operator reads. Every message names the device, the node, the cause (the
+fabric manager's or the fabric's own words) and the next step — what happens by itself and what a
+person should do — in one line::
+
+    device gpu0 could not be attached to node kind-worker: device gpu0 is unhealthy: the fabric
+    reports it Critical; it cannot be attached until gpu0 is repaired; delete the pod so the
+    scheduler allocates another device
+"""
+
+from __future__ import annotations
+
+from manager_api.client import ManagerUnreachable
+from manager_api.errors import (
+    AttachTimeout,
+    AuthError,
+    BindFailed,
+    DeviceBusy,
+    DeviceNotFound,
+    DeviceUnhealthy,
+    FabricError,
+    FabricUnavailable,
+    NodeNotFound,
+    NotLeader,
+)
+
+__all__ = ["attach_failure", "detach_failure", "still_attaching"]
+
+
+def _cause(err: FabricError) -> str:
+    return err.message.rstrip(". ")
+
+
+def _next_step(err: BaseException, device: str, node: str) -> str:
+    if isinstance(err, DeviceBusy):
+        return (
+            "the kubelet retries and gets it once the holder releases it; if it stays busy, "
+            "'fabric-dra status' shows who holds it"
+        )
+    if isinstance(err, DeviceUnhealthy):
+        return (
+            f"it cannot be attached until {device} is repaired; delete the pod so the scheduler "
+            "allocates another device"
+        )
+    if isinstance(err, BindFailed):
+        return (
+            "nothing was left bound and the kubelet retries; if it keeps failing, look up the "
+            "fabric's MessageId in the Redfish service's log"
+        )
+    if isinstance(err, AttachTimeout):
+        return "the fabric task was cancelled and rolled back; the kubelet retries"
+    if isinstance(err, DeviceNotFound):
+        return (
+            "the device left the fabric; the controller withdraws it from its ResourceSlice — delete "
+            "the pod so the scheduler allocates another device"
+        )
+    if isinstance(err, NodeNotFound):
+        return (
+            f"node {node} has no port on the device's fabric; check the node's pool labels and "
+            "the fabric's cabling, then delete the pod so the scheduler allocates again"
+        )
+    if isinstance(err, AuthError):
+        return (
+            "the fabric manager refused this plugin; check the plugin's token (--manager-token-file, "
+            "service account fabric-dra-plugin) and the manager's --plugin-service-account"
+        )
+    if isinstance(err, NotLeader):
+        return "no fabric manager replica leads right now; the kubelet retries"
+    if isinstance(err, FabricUnavailable):
+        if isinstance(err, ManagerUnreachable):
+            if err.certificate_refused:
+                return (
+                    "the fabric manager's TLS certificate was not accepted: check --manager-ca-file and "
+                    "that the certificate names the manager's address; the kubelet retries"
+                )
+            return "check the fabric-dra-manager pods and Service; the kubelet retries"
+        return (
+            "the fabric manager keeps the attach and finishes it when the fabric answers again; "
+            "the kubelet retries — check the Redfish service and the manager's /readyz"
+        )
+    return "the kubelet retries"
+
+
+def attach_failure(err: BaseException, device: str, node: str) -> str:
+    """One line for a device that could not be attached (or seen) on ``node``."""
+    cause = _cause(err) if isinstance(err, FabricError) else str(err).rstrip(". ")
+    if isinstance(err, DeviceBusy):
+        held = f" (held by {err.held_by})" if err.held_by else ""
+        return (
+            f"device {device} is in use{held} and could not be attached to node {node}: {cause}; "
+            f"{_next_step(err, device, node)}"
+        )
+    if not isinstance(err, FabricError):  # DeviceNotVisible and other host-side failures
+        return (
+            f"device {device} was bound to node {node} by the fabric but the node does not see it: "
+            f"{cause}; check the node's PCIe hot-plug (or run the plugin with --pci-rescan); the "
+            "kubelet retries"
+        )
+    return f"device {device} could not be attached to node {node}: {cause}; {_next_step(err, device, node)}"
+
+
+def still_attaching(device: str, node: str, last_error: FabricError | None) -> str:
+    """One line for an attach that outlived the kubelet's call (it goes on in the background)."""
+    why = f" (waiting for the fabric: {_cause(last_error)})" if last_error is not None else ""
+    return (
+        f"the fabric is still attaching {device} to node {node}{why}; this goes on in the background "
+        "and the kubelet's next call picks up the result"
+    )
+
+
+def detach_failure(err: FabricError, node: str) -> str:
+    """One line for an unprepare that could not detach (the claim stays recorded until it can)."""
+    device = f"device {err.device}" if err.device else "a device"
+    if isinstance(err, ManagerUnreachable):
+        step = "check the fabric-dra-manager pods and Service"
+    elif isinstance(err, AuthError):
+        step = "check the plugin's token (--manager-token-file)"
+    else:
+        step = "the fabric manager keeps the detach and finishes it when the fabric answers"
+    return (
+        f"{device} could not be detached from node {node} yet: {_cause(err)}; it stays recorded "
+        f"on this node, {step}, and the kubelet retries"
+    )

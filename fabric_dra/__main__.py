@@ -1,0 +1,5 @@
+import sys
+
+from fabric_dra.cli import main
+
+sys.exit(main())

@@ -1,0 +1,154 @@
+"""The stand-in control plane and kubelets as one asyncio component."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kube_standin.cluster.claims import ClaimController
+from kube_standin.cluster.deployments import DeploymentController
+from kube_standin.cluster.events import EventRecorder
+from kube_standin.cluster.kubelet import DraNodeClient, KubeletLoop, PluginManagerClient
+from kube_standin.cluster.scheduler import Scheduler, SchedulerConfig
+from plumbing.kube import AlreadyExists, KubeClient
+from plumbing.kube.informer import Informer
+from plumbing.kube.resources import (
+    DEPLOYMENTS,
+    DEVICE_CLASSES,
+    NODES,
+    PODS,
+    RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+)
+from plumbing.logs import get_logger
+
+__all__ = ["NodeSpec", "StandInCluster"]
+
+log = get_logger(__name__)
+
+
+@dataclass
+class NodeSpec:
+    """A node the stand-in kubelet runs: registered as a Node object if missing."""
+
+    name: str
+    labels: dict[str, str] = field(default_factory=dict)
+    #: the kubelet's plugin registry dir (``<driver>-reg.sock`` sockets); None: no DRA plugins
+    registry_dir: Path | None = None
+
+
+class StandInCluster:
+    """Deployment and ResourceClaim controllers, the scheduler, and one kubelet per node."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        nodes: list[NodeSpec],
+        *,
+        scheduler: SchedulerConfig | None = None,
+        client_factory: Callable[[NodeSpec], DraNodeClient] | None = None,
+    ) -> None:
+        self.kube = kube
+        self.node_specs = nodes
+        host = socket.gethostname()
+        self.pods = Informer(kube, PODS)
+        self.nodes = Informer(kube, NODES)
+        self.claims = Informer(kube, RESOURCE_CLAIMS)
+        self.templates = Informer(kube, RESOURCE_CLAIM_TEMPLATES)
+        self.slices = Informer(kube, RESOURCE_SLICES)
+        self.classes = Informer(kube, DEVICE_CLASSES)
+        self.deployments = Informer(kube, DEPLOYMENTS)
+        self._informers = [
+            self.pods,
+            self.nodes,
+            self.claims,
+            self.templates,
+            self.slices,
+            self.classes,
+            self.deployments,
+        ]
+        self.deployment_controller = DeploymentController(
+            kube, self.deployments, self.pods, EventRecorder(kube, "deployment-controller", host)
+        )
+        self.claim_controller = ClaimController(
+            kube,
+            self.pods,
+            self.claims,
+            self.templates,
+            EventRecorder(kube, "resource-claim-controller", host),
+        )
+        self.scheduler = Scheduler(
+            kube,
+            pods=self.pods,
+            nodes=self.nodes,
+            claims=self.claims,
+            slices=self.slices,
+            classes=self.classes,
+            events=EventRecorder(kube, "default-scheduler", host),
+            config=scheduler,
+        )
+        make_client = client_factory or _registry_client
+        self.kubelets = [
+            KubeletLoop(
+                kube,
+                spec.name,
+                self.pods,
+                self.claims,
+                make_client(spec),
+                EventRecorder(kube, "kubelet", spec.name),
+            )
+            for spec in nodes
+        ]
+        self.ready = asyncio.Event()
+
+    async def register_nodes(self) -> None:
+        for spec in self.node_specs:
+            node = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": spec.name,
+                    "labels": {"kubernetes.io/hostname": spec.name, **spec.labels},
+                },
+                "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]},
+            }
+            with contextlib.suppress(AlreadyExists):
+                await self.kube.create(NODES, node)
+                log.info("node registered", node=spec.name)
+
+    async def run(self) -> None:
+        await self.register_nodes()
+        async with asyncio.TaskGroup() as group:
+            for informer in self._informers:
+                group.create_task(informer.run())
+            for informer in self._informers:
+                await informer.synced.wait()
+            group.create_task(self.deployment_controller.run())
+            group.create_task(self.claim_controller.run())
+            group.create_task(self.scheduler.run())
+            for kubelet in self.kubelets:
+                group.create_task(kubelet.run())
+            self.ready.set()
+            log.info("stand-in control plane running", nodes=[s.name for s in self.node_specs])
+
+
+class _NoPlugins:
+    async def prepare(self, driver: str, claims: object) -> dict[str, str]:
+        raise OSError(f"no plugin registry dir configured; cannot reach driver {driver}")
+
+    async def unprepare(self, driver: str, claims: object) -> dict[str, str]:
+        raise OSError(f"no plugin registry dir configured; cannot reach driver {driver}")
+
+    async def close(self) -> None:
+        return None
+
+
+def _registry_client(spec: NodeSpec) -> DraNodeClient:
+    if spec.registry_dir is None:
+        return _NoPlugins()
+    return PluginManagerClient(spec.registry_dir)

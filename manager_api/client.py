@@ -1,0 +1,222 @@
+"""An asyncio client for the fabric manager's REST API, used by the plugin, the controller and
+``fabric-dra status``. Errors come back as the :mod:`manager_api.errors` classes the manager raised."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import TypeAdapter, ValidationError
+
+from manager_api.errors import FabricError, FabricUnavailable, error_class
+from manager_api.models import (
+    API_PREFIX,
+    Attachment,
+    AttachRequest,
+    Device,
+    ErrorBody,
+    FabricNode,
+    Inventory,
+    NodeClaims,
+    Operation,
+    PreparedClaim,
+)
+
+__all__ = ["ManagerClient", "ManagerUnreachable"]
+
+_DEVICES = TypeAdapter(list[Device])
+_NODES = TypeAdapter(list[FabricNode])
+_OPERATIONS = TypeAdapter(list[Operation])
+
+
+class ManagerUnreachable(FabricUnavailable):
+    """The fabric manager itself did not answer (down, unreachable, or its TLS certificate was
+    refused) — as opposed to a manager that answered that the fabric is unavailable."""
+
+    def __init__(self, message: str, *, certificate_refused: bool = False) -> None:
+        super().__init__(message)
+        #: the TLS handshake failed: the manager's certificate, not its availability, is the problem
+        self.certificate_refused = certificate_refused
+
+
+def _causes(err: BaseException) -> Iterator[BaseException]:
+    seen: BaseException | None = err
+    for _ in range(8):
+        if seen is None:
+            return
+        yield seen
+        seen = seen.__cause__ or seen.__context__
+
+
+def _transport_reason(err: BaseException) -> str:
+    """Why a request got no answer, in words: a refused TLS certificate says so and why."""
+    for seen in _causes(err):
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return f"its TLS certificate was not accepted ({seen.verify_message or seen.reason})"
+        if isinstance(seen, ssl.SSLError):
+            return f"TLS failed ({seen.reason or seen})"
+        if isinstance(seen, ConnectionRefusedError):
+            return "nothing listens there (connection refused)"
+        if isinstance(seen, socket.gaierror):
+            return f"the host name does not resolve ({seen.strerror or seen})"
+    text = str(err).strip() or "no answer"
+    return f"{type(err).__name__}: {text}"
+
+
+class ManagerClient:
+    """Talks to one fabric manager URL. The bearer token is a string or a file re-read every minute
+    (projected service-account tokens rotate)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        token_file: str | Path | None = None,
+        ca_file: str | None = None,
+        insecure: bool = False,
+        timeout: float = 10.0,
+    ) -> None:
+        self._token = token
+        self._token_file = Path(token_file) if token_file else None
+        self._token_read_at = 0.0
+        verify: ssl.SSLContext | bool = True
+        if base_url.startswith("https"):
+            if insecure:
+                verify = False
+            else:
+                verify = ssl.create_default_context(cafile=ca_file)
+        self._timeout = timeout
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            verify=verify,
+            timeout=httpx.Timeout(timeout, connect=5.0),
+            headers={"Accept": "application/json", "User-Agent": "fabric-dra"},
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> ManagerClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def _auth(self) -> dict[str, str]:
+        if self._token_file and time.monotonic() - self._token_read_at > 60.0:
+            self._token = self._token_file.read_text().strip()
+            self._token_read_at = time.monotonic()
+        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        json_body: Any = None,
+        wait_seconds: float = 0.0,
+    ) -> httpx.Response:
+        clean = {k: v for k, v in (params or {}).items() if v is not None}
+        try:
+            response = await self._http.request(
+                method,
+                f"{API_PREFIX}{path}",
+                params=clean,
+                json=json_body,
+                headers=self._auth(),
+                timeout=httpx.Timeout(self._timeout + wait_seconds, connect=5.0),
+            )
+        except httpx.HTTPError as err:
+            raise ManagerUnreachable(
+                f"fabric manager unreachable at {self._http.base_url}: {_transport_reason(err)}",
+                certificate_refused=any(isinstance(e, ssl.SSLError) for e in _causes(err)),
+            ) from err
+        if response.status_code >= 400:
+            raise self._error(response)
+        return response
+
+    @staticmethod
+    def _error(response: httpx.Response) -> FabricError:
+        try:
+            body = ErrorBody.model_validate(response.json())
+        except (ValueError, ValidationError):
+            return FabricError(f"fabric manager answered {response.status_code}: {response.text[:300]}")
+        retry_after = body.retry_after_seconds
+        if retry_after is None and response.headers.get("Retry-After", "").isdigit():
+            retry_after = float(response.headers["Retry-After"])
+        return error_class(body.code)(
+            body.message,
+            device=body.device,
+            node=body.node,
+            held_by=body.held_by,
+            retry_after=retry_after,
+            message_id=body.message_id,
+        )
+
+    async def inventory(self, *, after: int | None = None, timeout_seconds: float = 30.0) -> Inventory:
+        """The whole inventory; with ``after``, waits until its version is newer (long poll)."""
+        params = {"after": after, "timeoutSeconds": timeout_seconds if after is not None else None}
+        wait = timeout_seconds if after is not None else 0.0
+        response = await self._request("GET", "/inventory", params=params, wait_seconds=wait)
+        return Inventory.model_validate_json(response.content)
+
+    async def devices(self) -> list[Device]:
+        return _DEVICES.validate_json((await self._request("GET", "/devices")).content)
+
+    async def device(self, name: str) -> Device:
+        return Device.model_validate_json((await self._request("GET", f"/devices/{name}")).content)
+
+    async def nodes(self) -> list[FabricNode]:
+        return _NODES.validate_json((await self._request("GET", "/nodes")).content)
+
+    async def attach(
+        self, device: str, node: str, claim_uid: str, *, wait_seconds: float = 0.0, pool: str | None = None
+    ) -> Attachment:
+        """Bind ``device`` to ``node`` for ``claim_uid``; idempotent. State ``attaching`` means: ask again.
+        With ``pool``, a device that is not in that pool is refused (404) rather than bound."""
+        body = AttachRequest(device=device, node=node, claim_uid=claim_uid, pool=pool).model_dump(
+            by_alias=True, exclude_none=True
+        )
+        response = await self._request(
+            "POST",
+            "/attachments",
+            params={"waitSeconds": wait_seconds},
+            json_body=body,
+            wait_seconds=wait_seconds,
+        )
+        return Attachment.model_validate_json(response.content)
+
+    async def detach(
+        self, device: str, node: str, claim_uid: str, *, wait_seconds: float = 0.0
+    ) -> Attachment:
+        """Unbind ``device`` if ``claim_uid`` holds it on ``node``; a no-op success otherwise."""
+        response = await self._request(
+            "DELETE",
+            f"/attachments/{device}",
+            params={"claimUid": claim_uid, "node": node, "waitSeconds": wait_seconds},
+            wait_seconds=wait_seconds,
+        )
+        return Attachment.model_validate_json(response.content)
+
+    async def report_claims(self, node: str, claims: dict[str, list[str]]) -> None:
+        """Tell the manager which claims (UID → devices) ``node`` has prepared; the orphan
+        reconciler never detaches what a plugin reports."""
+        body = NodeClaims(
+            claims=[PreparedClaim(claim_uid=uid, devices=devices) for uid, devices in sorted(claims.items())]
+        )
+        await self._request("PUT", f"/nodes/{node}/claims", json_body=body.model_dump(by_alias=True))
+
+    async def operation(self, operation_id: str) -> Operation:
+        return Operation.model_validate_json(
+            (await self._request("GET", f"/operations/{operation_id}")).content
+        )
+
+    async def operations(self) -> list[Operation]:
+        return _OPERATIONS.validate_json((await self._request("GET", "/operations")).content)

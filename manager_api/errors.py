@@ -1,0 +1,155 @@
+"""One exception family for everything that can go wrong binding a device.
+
+The Redfish client maps ``@Message.ExtendedInfo`` MessageIds to these classes in one place
+(:mod:`fabric.redfish`), the manager's REST API turns them into :class:`manager_api.models.ErrorBody`
+with an HTTP status, and :class:`manager_api.client.ManagerClient` turns those bodies back
+into the same classes — so callers on every side catch the same types, never strings.
+
+    FabricError
+    ├── InvalidRequest          422  a request that can never succeed as written
+    ├── NotFoundError
+    │   ├── DeviceNotFound      404
+    │   └── NodeNotFound        404
+    ├── DeviceBusy              409  held by another node or claim, or an operation is running (retriable)
+    ├── DeviceUnhealthy         409  the fabric reports the device Critical
+    ├── AuthError
+    │   ├── Unauthenticated     401
+    │   └── PermissionDenied    403
+    ├── NotLeader               503  this manager replica is a follower (retriable)
+    ├── FabricUnavailable       503  the Redfish service is unreachable or failing (retriable)
+    ├── AttachTimeout           504  the fabric did not finish in time; the operation goes on (retriable)
+    └── BindFailed              502  the fabric refused or failed the bind/unbind
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = [
+    "AttachTimeout",
+    "AuthError",
+    "BindFailed",
+    "DeviceBusy",
+    "DeviceNotFound",
+    "DeviceUnhealthy",
+    "FabricError",
+    "FabricUnavailable",
+    "InvalidRequest",
+    "NodeNotFound",
+    "NotFoundError",
+    "NotLeader",
+    "PermissionDenied",
+    "Unauthenticated",
+    "error_class",
+]
+
+
+class FabricError(Exception):
+    """Base of every fabric-dra error; ``code`` names it on the wire, ``http_status`` maps it."""
+
+    code: ClassVar[str] = "FabricError"
+    http_status: ClassVar[int] = 500
+    retriable: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        device: str | None = None,
+        node: str | None = None,
+        held_by: str | None = None,
+        retry_after: float | None = None,
+        message_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.device = device
+        self.node = node
+        self.held_by = held_by
+        self.retry_after = retry_after
+        #: the Redfish MessageId this error was mapped from, when it came from the fabric
+        self.message_id = message_id
+
+
+class InvalidRequest(FabricError):
+    code = "InvalidRequest"
+    http_status = 422
+
+
+class NotFoundError(FabricError):
+    code = "NotFound"
+    http_status = 404
+
+
+class DeviceNotFound(NotFoundError):
+    code = "DeviceNotFound"
+
+
+class NodeNotFound(NotFoundError):
+    code = "NodeNotFound"
+
+
+class DeviceBusy(FabricError):
+    code = "DeviceBusy"
+    http_status = 409
+    retriable = True
+
+
+class DeviceUnhealthy(FabricError):
+    code = "DeviceUnhealthy"
+    http_status = 409
+
+
+class AuthError(FabricError):
+    code = "AuthError"
+    http_status = 401
+
+
+class Unauthenticated(AuthError):
+    code = "Unauthenticated"
+    http_status = 401
+
+
+class PermissionDenied(AuthError):
+    code = "PermissionDenied"
+    http_status = 403
+
+
+class NotLeader(FabricError):
+    code = "NotLeader"
+    http_status = 503
+    retriable = True
+
+
+class FabricUnavailable(FabricError):
+    code = "FabricUnavailable"
+    http_status = 503
+    retriable = True
+
+
+class AttachTimeout(FabricError):
+    code = "AttachTimeout"
+    http_status = 504
+    retriable = True
+
+
+class BindFailed(FabricError):
+    code = "BindFailed"
+    http_status = 502
+
+
+_BY_CODE: dict[str, type[FabricError]] = {}
+
+
+def _index(cls: type[FabricError]) -> None:
+    _BY_CODE[cls.code] = cls
+    for sub in cls.__subclasses__():
+        _index(sub)
+
+
+_index(FabricError)
+
+
+def error_class(code: str) -> type[FabricError]:
+    """The class for a wire ``code``; unknown codes map to the base class."""
+    return _BY_CODE.get(code, FabricError)

@@ -1,0 +1,220 @@
+"""The fabric manager's REST API (``/api/v1``): request and response bodies.
+
+These models are the contract between the manager (:mod:`fabric.manager`) and its clients —
+the kubelet plugin, the ResourceSlice publisher and ``fabric-dra status``. JSON uses
+camelCase, as Kubernetes does.
+
+Endpoints (all JSON; ``Authorization: Bearer <token>``):
+
+=======  ==========================================  =====================================================
+GET      /api/v1/inventory?after=V&timeoutSeconds=T   :class:`Inventory`; with ``after``, waits (long poll)
+                                                      until the inventory version exceeds V or T passes
+GET      /api/v1/devices                              ``list[Device]``
+GET      /api/v1/devices/{device}                     :class:`Device` (404 DeviceNotFound)
+GET      /api/v1/nodes                                ``list[FabricNode]``
+POST     /api/v1/attachments?waitSeconds=W            body :class:`AttachRequest` → :class:`Attachment`;
+                                                      200 when attached, 202 while attaching (poll the
+                                                      operation or POST again: idempotent per claim+device)
+DELETE   /api/v1/attachments/{device}?claimUid=C&node=N&waitSeconds=W
+                                                      → :class:`Attachment` with state ``detached`` (200)
+                                                      or ``detaching`` (202); a device not held by C is a
+                                                      no-op success (idempotent)
+GET      /api/v1/operations/{id}                      :class:`Operation`
+GET      /api/v1/operations                           ``list[Operation]`` in flight and recent
+PUT      /api/v1/nodes/{node}/claims                  body :class:`NodeClaims`: the claims the node's plugin
+                                                      has prepared (204); the orphan reconciler never
+                                                      detaches what a plugin reports
+=======  ==========================================  =====================================================
+
+Errors are :class:`ErrorBody` with the status of :mod:`manager_api.errors`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+__all__ = [
+    "API_PREFIX",
+    "MAX_WAIT_SECONDS",
+    "AttachRequest",
+    "Attachment",
+    "AttachmentState",
+    "BindingState",
+    "Device",
+    "DeviceType",
+    "ErrorBody",
+    "FabricNode",
+    "FabricPool",
+    "Health",
+    "Inventory",
+    "NodeClaims",
+    "Operation",
+    "OperationKind",
+    "OperationState",
+    "PreparedClaim",
+]
+
+API_PREFIX = "/api/v1"
+#: The longest a request may wait for a fabric operation before getting 202; below the
+#: kubelet's 45 s gRPC deadline so a plugin can always answer in time.
+MAX_WAIT_SECONDS = 40.0
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class DeviceType(StrEnum):
+    GPU = "gpu"
+    NVME = "nvme"
+    NIC = "nic"
+    FPGA = "fpga"
+    CXL_MEMORY = "cxl-memory"
+    OTHER = "other"
+
+
+class Health(StrEnum):
+    """Redfish ``Status.Health`` (Resource schema)."""
+
+    OK = "OK"
+    WARNING = "Warning"
+    CRITICAL = "Critical"
+
+
+class BindingState(StrEnum):
+    FREE = "free"
+    ATTACHING = "attaching"
+    BOUND = "bound"
+    DETACHING = "detaching"
+    #: the fabric reports the device absent/disabled, or it is bound in a way fabric-dra cannot undo
+    UNAVAILABLE = "unavailable"
+
+
+class Device(_Model):
+    """One allocatable unit of a fabric: a PCIe device, or one memory chunk of a CXL device."""
+
+    name: str = Field(description="DRA device name: a DNS label derived from fabric identities, stable")
+    pool: str = Field(description="DRA pool name: one pool per fabric")
+    fabric: str = Field(description="Redfish Fabric Id, e.g. PCIe or CXL")
+    type: DeviceType
+    vendor: str | None = None
+    vendor_id: str | None = Field(default=None, description="PCI vendor ID, e.g. 0x10de")
+    device_id: str | None = Field(default=None, description="PCI device ID, e.g. 0x2330")
+    model: str | None = None
+    serial: str | None = None
+    uuid: str | None = None
+    memory_bytes: int | None = Field(default=None, description="device memory, drive capacity or chunk size")
+    pcie_generation: int | None = None
+    pcie_width: int | None = None
+    switch: str | None = Field(default=None, description="Redfish Switch Id the device hangs off")
+    port: str | None = Field(default=None, description="Redfish Port Id on that switch")
+    health: Health = Health.OK
+    state: BindingState = BindingState.FREE
+    node: str | None = Field(default=None, description="Kubernetes node it is bound (or being bound) to")
+    host: str | None = Field(
+        default=None, description="Redfish ComputerSystem Id it is bound to (also when that host is no node)"
+    )
+    claim_uid: str | None = Field(
+        default=None, description="the claim that holds it, when fabric-dra bound it"
+    )
+    managed: bool = Field(default=True, description="False when bound outside fabric-dra: never touched")
+    binding_style: str = Field(description="zone, composition or connection")
+    redfish_uri: str = Field(description="@odata.id of the fabric resource that represents the device")
+
+
+class FabricNode(_Model):
+    """A Kubernetes node that a fabric can reach, and the Redfish host behind it."""
+
+    name: str
+    host: str = Field(description="Redfish ComputerSystem Id")
+    system_uuid: str | None = None
+    fabrics: list[str] = Field(default_factory=list)
+    pools: list[str] = Field(default_factory=list)
+
+
+class FabricPool(_Model):
+    pool: str
+    fabric: str
+    nodes: list[str] = Field(description="Kubernetes nodes the fabric can reach")
+
+
+class Inventory(_Model):
+    version: int = Field(description="increases whenever a device, binding, health or node changes")
+    pools: list[FabricPool]
+    devices: list[Device]
+    nodes: list[FabricNode]
+
+
+class AttachRequest(_Model):
+    device: str
+    node: str
+    claim_uid: str = Field(min_length=1)
+    pool: str | None = Field(
+        default=None,
+        description="the DRA pool the claim's allocation names for the device; another pool is 404",
+    )
+
+
+class PreparedClaim(_Model):
+    claim_uid: str = Field(min_length=1, max_length=128)
+    devices: list[str] = Field(max_length=256, description="names of the claim's devices on this node")
+
+
+class NodeClaims(_Model):
+    """What a node's plugin has prepared (its checkpoint's PrepareCompleted claims)."""
+
+    claims: list[PreparedClaim] = Field(max_length=8192)
+
+
+class AttachmentState(StrEnum):
+    ATTACHING = "attaching"
+    ATTACHED = "attached"
+    DETACHING = "detaching"
+    DETACHED = "detached"
+
+
+class Attachment(_Model):
+    device: Device
+    node: str
+    claim_uid: str
+    state: AttachmentState
+    operation_id: str | None = None
+
+
+class OperationKind(StrEnum):
+    ATTACH = "attach"
+    DETACH = "detach"
+
+
+class OperationState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class ErrorBody(_Model):
+    code: str = Field(description="the manager_api.errors class name, e.g. DeviceBusy")
+    message: str
+    device: str | None = None
+    node: str | None = None
+    held_by: str | None = Field(default=None, description="who holds a busy device (node / claim)")
+    retry_after_seconds: float | None = None
+    message_id: str | None = Field(default=None, description="Redfish MessageId, when the fabric said so")
+
+
+class Operation(_Model):
+    id: str
+    kind: OperationKind
+    device: str
+    node: str
+    claim_uid: str
+    state: OperationState
+    error: ErrorBody | None = None
+    started_at: datetime
+    finished_at: datetime | None = None
+    redfish_task: str | None = Field(default=None, description="task monitor URI while the fabric works")

@@ -1,0 +1,76 @@
+"""What every role's command line shares: the error a user can act on, argparse types, the global
+logging options and the one way a parsed command is run.
+
+Each role module defines ``register(subparsers)``; :mod:`fabric_dra.cli` puts them together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import TypeAlias
+
+from plumbing.logs import configure
+
+__all__ = ["CliError", "Handler", "SubParsers", "add_log_options", "positive_seconds", "run", "usage"]
+
+SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+Handler = Callable[[argparse.Namespace], int]
+
+
+class CliError(Exception):
+    """A failure the user can act on: printed as one line, without a traceback."""
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse ``type`` for a duration option: a number of seconds greater than 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be greater than 0")
+    return value
+
+
+def add_log_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="minimum level of log events written to stderr (default: info)",
+    )
+    parser.add_argument(
+        "--log-format",
+        default="logfmt",
+        choices=["logfmt", "json"],
+        help="one event per line as key=value pairs or as JSON (default: logfmt)",
+    )
+
+
+def usage(parser: argparse.ArgumentParser) -> Handler:
+    """The handler of a command that only groups subcommands: print its help, exit 2."""
+
+    def handler(_args: argparse.Namespace) -> int:
+        parser.print_help()
+        return 2
+
+    return handler
+
+
+def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` and run the chosen handler: a :class:`CliError` is one line on stderr, exit 1."""
+    args = parser.parse_args(argv)
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    configure(level=args.log_level, fmt=args.log_format)
+    try:
+        return int(handler(args))
+    except CliError as err:
+        print(f"fabric-dra: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

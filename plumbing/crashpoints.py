@@ -1,0 +1,96 @@
+"""Named crash points — a test facility: kill this process with SIGKILL at a chosen step.
+
+``FABRIC_DRA_CRASH_AT=<point>[,<point>...]`` is read once, when this module is first imported
+(every role imports it before it serves). When the process reaches an armed point it writes one
+log line (``crash point reached``, ``point=<name>``) and sends itself SIGKILL: no ``finally``
+block runs, nothing is flushed or closed — as after a power cut of the container or an OOM kill.
+Unset (every real deployment), :func:`crash_point` is one truth test of an empty set.
+
+Points are named ``<role>.<operation>.<step>``; :data:`POINTS` lists each with what has and has
+not happened when it fires. The crash-point matrix (``tests/integration/reliability/``) kills
+every role at every point, restarts it, and checks that the system converges: the claim is
+prepared exactly once or fails cleanly, no binding leaks, no device is ever bound twice.
+docs/reliability.md has the results.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from plumbing.logs import get_logger
+
+__all__ = ["ENV", "POINTS", "armed", "crash_point"]
+
+ENV = "FABRIC_DRA_CRASH_AT"
+
+#: every crash point, with what is (not) done when it fires
+POINTS: dict[str, str] = {
+    # -- plugin: NodePrepareResources ------------------------------------------------------------
+    "plugin.prepare.before-checkpoint-started": "claim read; PrepareStarted not yet written",
+    "plugin.prepare.after-checkpoint-started": "PrepareStarted written; no attach request sent",
+    "plugin.prepare.before-attach": "about to send POST /attachments to the manager",
+    "plugin.prepare.after-attach": "the manager answered attached; the host has not been checked",
+    "plugin.prepare.after-visible": "the device is visible on the host; no CDI spec yet",
+    "plugin.prepare.before-cdi-write": "about to write the CDI spec files",
+    "plugin.prepare.after-cdi-write": "CDI specs written; the checkpoint still says PrepareStarted",
+    "plugin.prepare.before-checkpoint-completed": "about to record PrepareCompleted",
+    "plugin.prepare.after-checkpoint-completed": "PrepareCompleted durable; the kubelet has no answer",
+    # -- plugin: NodeUnprepareResources ----------------------------------------------------------
+    "plugin.unprepare.before-detach": "about to send DELETE /attachments to the manager",
+    "plugin.unprepare.after-detach": "the manager answered detached; CDI specs and entry still there",
+    "plugin.unprepare.after-cdi-remove": "CDI specs removed; the checkpoint entry still there",
+    "plugin.unprepare.after-checkpoint": "entry removed durably; the kubelet has no answer",
+    # -- manager: attach -------------------------------------------------------------------------
+    "manager.attach.before-intent": "attach request accepted; the ledger has no entry yet",
+    "manager.attach.after-intent": "ledger entry 'attaching' durable; nothing sent to the fabric",
+    "manager.attach.task-accepted": "the fabric answered 202 (a task runs); its monitor is not recorded",
+    "manager.attach.task-recorded": "the task monitor is recorded durably; the task is still running",
+    "manager.attach.after-fabric-call": "the fabric bound the device; the ledger still says 'attaching'",
+    "manager.attach.after-result": "ledger entry 'bound', its write not waited for; no answer yet",
+    # -- manager: detach -------------------------------------------------------------------------
+    "manager.detach.before-intent": "detach request accepted; the ledger still says 'bound'",
+    "manager.detach.after-intent": "ledger entry 'detaching' durable; nothing sent to the fabric",
+    "manager.detach.task-recorded": "the unbind task monitor is recorded; the task is still running",
+    "manager.detach.after-fabric-call": "the fabric unbound the device; the ledger entry is still there",
+    "manager.detach.after-result": "ledger entry removed, its write not waited for; no answer yet",
+    # -- controller: binding-condition flow ------------------------------------------------------
+    "controller.attach.before-request": "about to ask the manager to attach for a binding condition",
+    "controller.attach.after-request": "the manager answered attached; Attached=True not yet written",
+    "controller.attach.after-status": "Attached=True written to the claim's status",
+    "controller.release.before-detach": "the allocation is gone; about to ask the manager to detach",
+    "controller.release.after-detach": "the manager answered detached; still held in the controller's memory",
+    # -- emulator (the Redfish service) ----------------------------------------------------------
+    "emulator.bind.before-commit": "a bind request was checked; nothing is durable, no answer sent",
+    "emulator.bind.after-commit": "the binding is durable; the client has no answer",
+    "emulator.unbind.before-commit": "an unbind request was checked; nothing is durable",
+    "emulator.unbind.after-commit": "the unbinding is durable; the client has no answer",
+    "emulator.task.before-complete": "a task's work is done; its result is not durable",
+    "emulator.task.after-complete": "a task's result is durable; clients polling it have not seen it",
+}
+
+log = get_logger(__name__)
+
+
+def _read_env() -> frozenset[str]:
+    names = frozenset(n.strip() for n in os.environ.get(ENV, "").split(",") if n.strip())
+    unknown = sorted(names - POINTS.keys())
+    if unknown:
+        sys.stderr.write(f"fabric-dra: warning: {ENV} names unknown crash points: {', '.join(unknown)}\n")
+    return names
+
+
+_ARMED: frozenset[str] = _read_env()
+
+
+def armed() -> frozenset[str]:
+    """The crash points this process was started with."""
+    return _ARMED
+
+
+def crash_point(name: str) -> None:
+    """SIGKILL this process if ``name`` is armed; otherwise do nothing."""
+    if _ARMED and name in _ARMED:
+        log.warning("crash point reached; killing this process with SIGKILL", point=name, pid=os.getpid())
+        os.kill(os.getpid(), signal.SIGKILL)
