@@ -133,11 +133,12 @@ def _register_apiserver(subparsers: SubParsers) -> None:
 
 
 def _run_apiserver(args: argparse.Namespace) -> int:
-    from kube_standin.apiserver.apiserver import ApiServerConfig, StateFileError
+    from kube_standin.apiserver.app import ApiServerConfig
     from kube_standin.apiserver.auth import TokensFileError
     from kube_standin.apiserver.kubeconfig import write_kubeconfig
     from kube_standin.apiserver.schemas import SchemasUnavailable
     from kube_standin.apiserver.serve import serve_apiserver
+    from kube_standin.apiserver.statefile import StateFileError
 
     if bool(args.tls_cert_file) != bool(args.tls_private_key_file):
         raise CliError("--tls-cert-file and --tls-private-key-file go together; give both or neither")

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["clone"]
+__all__ = ["Obj", "clone"]
+
+#: a Kubernetes object (or any JSON object) as decoded from the wire.
+Obj = dict[str, Any]
 
 
 def clone(value: Any) -> Any:

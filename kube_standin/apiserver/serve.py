@@ -11,7 +11,7 @@ from types import FrameType
 
 import uvicorn
 
-from kube_standin.apiserver.apiserver import ApiServer, ApiServerConfig
+from kube_standin.apiserver.app import ApiServer, ApiServerConfig
 from plumbing.fsutil import atomic_write
 from plumbing.logs import get_logger
 from plumbing.netutil import listen_tcp

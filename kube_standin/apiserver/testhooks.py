@@ -9,13 +9,13 @@ from __future__ import annotations
 import itertools
 import json
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
+from kube_standin.apiserver.requestinfo import RequestInfo
 from kube_standin.apiserver.responses import json_response
 from kube_standin.apiserver.status import StatusError, bad_request
 from kube_standin.apiserver.store import Store
@@ -27,7 +27,6 @@ __all__ = [
     "FaultInjector",
     "FaultRule",
     "RequestCounter",
-    "RequestInfo",
     "TestHookEndpoints",
 ]
 
@@ -37,24 +36,6 @@ log = get_logger(__name__)
 
 Verb = Literal["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"]
 WRITE_VERBS: frozenset[str] = frozenset({"create", "update", "patch", "delete", "deletecollection"})
-
-
-@dataclass(frozen=True, slots=True)
-class RequestInfo:
-    """What a request is, in the API server's own terms (as in its audit log)."""
-
-    verb: str
-    group: str
-    resource: str
-    subresource: str
-    namespace: str
-    name: str
-
-    @property
-    def resource_key(self) -> str:
-        """``group/resource[/subresource]``; the core group is empty (``pods/status``)."""
-        base = f"{self.group}/{self.resource}" if self.group else self.resource
-        return f"{base}/{self.subresource}" if self.subresource else base
 
 
 class FaultRule(BaseModel):
@@ -87,11 +68,12 @@ class FaultRule(BaseModel):
             return False
         if self.group is not None and self.group != info.group:
             return False
-        if self.subresource is not None and self.subresource != info.subresource:
+        # '' in a rule means "none": the main resource, or a cluster-scoped object.
+        if self.subresource is not None and self.subresource != (info.subresource or ""):
             return False
-        if self.namespace is not None and self.namespace != info.namespace:
+        if self.namespace is not None and self.namespace != (info.namespace or ""):
             return False
-        if self.name is not None and self.name != info.name:
+        if self.name is not None and self.name != (info.name or ""):
             return False
         verbs = set(self.verbs)
         if "*" in verbs:

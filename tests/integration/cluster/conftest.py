@@ -29,7 +29,7 @@ _LAUNCH = """
 import asyncio, sys
 from pathlib import Path
 from plumbing.logs import configure
-from kube_standin.apiserver.apiserver import ApiServerConfig
+from kube_standin.apiserver.app import ApiServerConfig
 from kube_standin.apiserver.serve import serve_apiserver
 configure(level="warning")
 asyncio.run(serve_apiserver(ApiServerConfig(validate_versions=("1.34",)), ready_file=Path(sys.argv[1])))

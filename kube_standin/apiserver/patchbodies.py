@@ -109,34 +109,33 @@ def _parent(doc: Any, parts: list[str], path: str) -> Any:
     return node
 
 
-def _get(doc: Any, path: str) -> Any:
-    parts = _pointer(path)
-    if not parts:
-        return doc
+def _member(doc: Any, parts: list[str], path: str) -> tuple[Any, Any]:
+    """(container, key or index) of the existing member ``parts`` points to."""
     parent = _parent(doc, parts, path)
     token = parts[-1]
     if isinstance(parent, dict):
         if token not in parent:
             raise PatchError(f"path {path!r} does not exist")
-        return parent[token]
+        return parent, token
     if isinstance(parent, list):
-        return parent[_index(parent, token, allow_end=False)]
+        return parent, _index(parent, token, allow_end=False)
     raise PatchError(f"path {path!r} does not exist")
+
+
+def _get(doc: Any, path: str) -> Any:
+    parts = _pointer(path)
+    if not parts:
+        return doc
+    parent, key = _member(doc, parts, path)
+    return parent[key]
 
 
 def _remove(doc: Any, path: str) -> Any:
     parts = _pointer(path)
     if not parts:
         raise PatchError("cannot remove the whole document")
-    parent = _parent(doc, parts, path)
-    token = parts[-1]
-    if isinstance(parent, dict):
-        if token not in parent:
-            raise PatchError(f"path {path!r} does not exist")
-        return parent.pop(token)
-    if isinstance(parent, list):
-        return parent.pop(_index(parent, token, allow_end=False))
-    raise PatchError(f"path {path!r} does not exist")
+    parent, key = _member(doc, parts, path)
+    return parent.pop(key)
 
 
 def _add(doc: Any, path: str, value: Any) -> Any:

@@ -1,5 +1,11 @@
-"""Watch streams: what a client sees after ``?watch=true``, as the API server's watch cache
-delivers it.
+"""Watch: what a client sees after ``?watch=true`` (or under the legacy ``/watch/`` prefix),
+as the API server's watch cache delivers it.
+
+As ``k8s.io/apiserver/pkg/endpoints/handlers``: ``ListResource`` in get.go turns a list with
+``watch=true`` into a watch ending after ``timeoutSeconds`` (or a random 1-2x
+``--min-request-timeout``), and ``serveWatch``/``WatchServer`` in watch.go stream one JSON
+event per line; the events themselves are what ``k8s.io/apiserver/pkg/storage/cacher``
+delivers (initial events, bookmarks, resuming from a resourceVersion).
 
 The state read (initial objects or the history since a resourceVersion) and the subscription
 to new changes happen in one synchronous step, so a stream neither misses nor repeats a
@@ -11,19 +17,25 @@ sent only when the stream has delivered every change up to it.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
 
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from kube_standin.apiserver.handlers.rest import RequestScope, present, selection
+from kube_standin.apiserver.jsonobj import Obj
+from kube_standin.apiserver.negotiation import table_include
 from kube_standin.apiserver.registry import ResourceType
+from kube_standin.apiserver.requestinfo import RequestInfo
 from kube_standin.apiserver.responses import json_line
-from kube_standin.apiserver.status import StatusError, bad_request
+from kube_standin.apiserver.status import Cause, StatusError, bad_request, invalid
 from kube_standin.apiserver.store import Change, Store, Watcher
+from kube_standin.apiserver.tables import table
 
-__all__ = ["WatchOptions", "open_watch", "translate"]
-
-Obj = dict[str, Any]
+__all__ = ["WatchOptions", "open_watch", "translate", "watch_resource"]
 
 
 @dataclass(frozen=True)
@@ -55,15 +67,14 @@ def translate(change: Change, match: Callable[[Obj], bool]) -> str | None:
 
 def open_watch(
     store: Store,
-    res: ResourceType,
-    namespace: str | None,
+    info: RequestInfo,
     *,
-    api_version: str,
     present: Callable[[Obj], Obj],
     match: Callable[[Obj], bool],
     options: WatchOptions,
 ) -> AsyncIterator[bytes]:
     """Subscribe now and return the stream of JSON lines (``present`` shapes each object)."""
+    res, namespace = info.res, info.namespace
     initial: list[Obj] = []
     backlog: list[Change] = []
     error: StatusError | None = None
@@ -84,7 +95,7 @@ def open_watch(
         if namespace is not None:
             backlog = [c for c in backlog if c.key[0] == namespace]
     watcher = store.subscribe(res, namespace) if error is None else None
-    return _stream(store, res, api_version, present, match, options, watcher, initial, backlog, error)
+    return _stream(store, res, info.api_version, present, match, options, watcher, initial, backlog, error)
 
 
 def _event(present: Callable[[Obj], Obj], event_type: str, obj: Obj) -> bytes:
@@ -168,3 +179,57 @@ async def _stream(
     finally:
         if watcher is not None:
             store.unsubscribe(watcher)
+
+
+def _watch_options(scope: RequestScope, request: Request, info: RequestInfo) -> WatchOptions:
+    params = request.query_params
+    bookmarks = params.get("allowWatchBookmarks") in ("true", "1")
+    send_initial_text = params.get("sendInitialEvents")
+    rv_text = params.get("resourceVersion") or ""
+    timeout_text = params.get("timeoutSeconds")
+    try:
+        if timeout_text:
+            timeout = float(timeout_text)
+        else:
+            timeout = scope.min_request_timeout * (1 + random.random())  # noqa: S311 - not a secret
+    except ValueError as err:
+        raise bad_request(f"timeoutSeconds {timeout_text!r} is not a number") from err
+    if send_initial_text is not None:
+        send_initial = send_initial_text in ("true", "1")
+        if send_initial and params.get("resourceVersionMatch") != "NotOlderThan":
+            raise invalid(
+                info.res,
+                "",
+                [
+                    Cause(
+                        "resourceVersionMatch",
+                        "FieldValueForbidden",
+                        "Forbidden: sendInitialEvents requires resourceVersionMatch=NotOlderThan",
+                    )
+                ],
+            )
+    else:
+        send_initial = rv_text in ("", "0")
+    return WatchOptions(
+        resource_version=rv_text,
+        send_initial=send_initial,
+        mark_initial_end=send_initial and send_initial_text is not None,
+        bookmarks=bookmarks,
+        duration=timeout,
+        bookmark_interval=scope.bookmark_interval,
+    )
+
+
+async def watch_resource(scope: RequestScope, request: Request, info: RequestInfo) -> Response:
+    match = selection(request, info.res)
+    options = _watch_options(scope, request, info)
+    include = table_include(request)
+
+    def shown(obj: Obj) -> Obj:
+        if include is None:
+            return present(info, obj)
+        rv = str(obj["metadata"].get("resourceVersion", ""))
+        return table(info.res, [present(info, obj)], resource_version=rv, include=include)
+
+    stream = open_watch(scope.store, info, present=shown, match=match, options=options)
+    return StreamingResponse(stream, media_type="application/json")

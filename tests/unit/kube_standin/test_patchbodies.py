@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from kube_standin.apiserver.patch import (
+from kube_standin.apiserver.patchbodies import (
     PatchError,
     SchemaNode,
     apply_json_patch,

@@ -1,0 +1,83 @@
+"""DELETE of one object and of a collection (deletecollection).
+
+As ``k8s.io/apiserver/pkg/endpoints/handlers/delete.go`` (``DeleteResource``,
+``DeleteCollection``): an optional ``DeleteOptions`` body carries preconditions (``uid``,
+``resourceVersion``), ``dryRun`` and ``orphanDependents``; the answer is the object as it was
+deleted (or as it now waits for its finalizers), 200 — 202 only where delete.go answers 202.
+A deletecollection deletes what the selectors select and answers with the list of it.
+"""
+
+from __future__ import annotations
+
+import json
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from kube_standin.apiserver.handlers.rest import (
+    RequestScope,
+    dry_run,
+    list_item,
+    list_kind,
+    present,
+    selection,
+)
+from kube_standin.apiserver.requestinfo import RequestInfo
+from kube_standin.apiserver.responses import json_response
+from kube_standin.apiserver.status import bad_request
+
+__all__ = ["delete_collection", "delete_resource"]
+
+
+async def _delete_options(request: Request) -> tuple[str | None, str | None, bool, bool | None]:
+    """(uid precondition, resourceVersion precondition, dry run, orphanDependents)."""
+    is_dry_run = dry_run(request)
+    raw = await request.body()
+    uid = rv = None
+    orphan: bool | None = None
+    if raw.strip():
+        try:
+            options = json.loads(raw)
+        except ValueError as err:
+            raise bad_request(f"DeleteOptions are not valid JSON: {err}") from err
+        if not isinstance(options, dict):
+            raise bad_request("DeleteOptions must be a JSON object")
+        pre = options.get("preconditions") or {}
+        uid, rv = pre.get("uid"), pre.get("resourceVersion")
+        if "All" in (options.get("dryRun") or []):
+            is_dry_run = True
+        if isinstance(options.get("orphanDependents"), bool):
+            orphan = options["orphanDependents"]
+    return uid, rv, is_dry_run, orphan
+
+
+async def delete_resource(scope: RequestScope, request: Request, info: RequestInfo) -> Response:
+    assert info.name is not None
+    uid, rv, is_dry_run, orphan = await _delete_options(request)
+    obj, deleted = scope.store.delete(
+        info.res, info.namespace, info.name, uid=uid, resource_version=rv, dry_run=is_dry_run
+    )
+    # delete.go: 202 only when the deletion is pending and the client asked for
+    # orphanDependents=false; everything else is 200 (changing that would break clients).
+    return json_response(present(info, obj), 202 if not deleted and orphan is False else 200)
+
+
+async def delete_collection(scope: RequestScope, request: Request, info: RequestInfo) -> Response:
+    match = selection(request, info.res)
+    _, _, is_dry_run, _ = await _delete_options(request)
+    deleted = []
+    for obj in list(scope.store.objects(info.res, info.namespace)):
+        if not match(obj):
+            continue
+        meta = obj["metadata"]
+        gone_obj, _ = scope.store.delete(info.res, meta.get("namespace"), meta["name"], dry_run=is_dry_run)
+        deleted.append(list_item(info, gone_obj))
+    kind, api_version = list_kind(info)
+    return json_response(
+        {
+            "kind": kind,
+            "apiVersion": api_version,
+            "metadata": {"resourceVersion": str(scope.store.rv)},
+            "items": deleted,
+        }
+    )
