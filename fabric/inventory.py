@@ -30,11 +30,14 @@ from fabric.redfish.error_mapping import message_key
 from fabric.redfish.events import EventStream
 from fabric.redfish.tasks import FINAL_TASK_EVENTS
 from manager_api import models as api
+from manager_api.devices import DeviceAttributes
 from manager_api.errors import FabricError, FabricUnavailable
 from plumbing.logs import get_logger
 
 __all__ = ["Inventory"]
 
+#: the table of device attributes: what discovery found of a device is what the API shows of it
+_ATTRIBUTE_FIELDS = tuple(DeviceAttributes.model_fields)
 _POOLS = TypeAdapter(list[api.FabricPool])
 _NODES = TypeAdapter(list[api.FabricNode])
 
@@ -301,25 +304,13 @@ class Inventory:
             name=record.name,
             pool=self.pool_of(record),
             fabric=record.fabric,
-            type=a.type,
-            vendor=a.vendor,
-            vendor_id=a.vendor_id,
-            device_id=a.device_id,
-            model=a.model,
-            serial=a.serial,
-            uuid=a.uuid,
-            memory_bytes=a.memory_bytes,
-            pcie_generation=a.pcie_generation,
-            pcie_width=a.pcie_width,
-            switch=a.switch,
-            port=a.port,
-            health=a.health,
+            **{field: getattr(a, field) for field in _ATTRIBUTE_FIELDS},
             state=state,
             node=node,
             host=host,
             claim_uid=claim,
             managed=managed,
-            binding_style=str(record.style),
+            binding_style=record.style,
             redfish_uri=record.key,
         )
 

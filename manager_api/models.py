@@ -33,9 +33,20 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
+from typing import TYPE_CHECKING, Annotated, Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, WithJsonSchema
 from pydantic.alias_generators import to_camel
+from pydantic_core import CoreSchema, core_schema
+
+from manager_api.devices import (
+    BindingStyle,
+    DeviceAttributes,
+    DeviceIdentity,
+    DeviceType,
+    Health,
+    spoken_list,
+)
 
 __all__ = [
     "API_PREFIX",
@@ -44,6 +55,7 @@ __all__ = [
     "Attachment",
     "AttachmentState",
     "BindingState",
+    "BindingStyle",
     "Device",
     "DeviceType",
     "ErrorBody",
@@ -68,23 +80,6 @@ class _Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
-class DeviceType(StrEnum):
-    GPU = "gpu"
-    NVME = "nvme"
-    NIC = "nic"
-    FPGA = "fpga"
-    CXL_MEMORY = "cxl-memory"
-    OTHER = "other"
-
-
-class Health(StrEnum):
-    """Redfish ``Status.Health`` (Resource schema)."""
-
-    OK = "OK"
-    WARNING = "Warning"
-    CRITICAL = "Critical"
-
-
 class BindingState(StrEnum):
     FREE = "free"
     ATTACHING = "attaching"
@@ -94,25 +89,46 @@ class BindingState(StrEnum):
     UNAVAILABLE = "unavailable"
 
 
-class Device(_Model):
+class _WireString:
+    """A binding style as the API has always carried it: a plain string (no enum in the OpenAPI
+    document that a generated client would hold every answer to), read into :class:`BindingStyle`;
+    "" is a device that left the fabric."""
+
+    @staticmethod
+    def _read(value: object) -> BindingStyle | Literal[""]:
+        if value == "":
+            return ""
+        if not isinstance(value, str):
+            raise ValueError(f"a binding style is a string, not {type(value).__name__}")
+        return BindingStyle(value)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: object, handler: GetCoreSchemaHandler) -> CoreSchema:
+        # The enum's own schema is not asked for (``handler`` unused): it would add a component.
+        return core_schema.no_info_plain_validator_function(
+            cls._read,
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                str, return_schema=core_schema.str_schema()
+            ),
+        )
+
+
+if TYPE_CHECKING:
+    WireBindingStyle: TypeAlias = BindingStyle | Literal[""]
+else:
+    # At run time the annotation names no enum: FastAPI makes a component schema of every enum a
+    # field's annotation names, and the API's document has always had none for binding styles.
+    WireBindingStyle = Annotated[str, _WireString, WithJsonSchema({"type": "string"})]
+
+
+class Device(DeviceAttributes, DeviceIdentity):
     """One allocatable unit of a fabric: a PCIe device, or one memory chunk of a CXL device."""
 
-    name: str = Field(description="DRA device name: a DNS label derived from fabric identities, stable")
-    pool: str = Field(description="DRA pool name: one pool per fabric")
-    fabric: str = Field(description="Redfish Fabric Id, e.g. PCIe or CXL")
-    type: DeviceType
-    vendor: str | None = None
-    vendor_id: str | None = Field(default=None, description="PCI vendor ID, e.g. 0x10de")
-    device_id: str | None = Field(default=None, description="PCI device ID, e.g. 0x2330")
-    model: str | None = None
-    serial: str | None = None
-    uuid: str | None = None
-    memory_bytes: int | None = Field(default=None, description="device memory, drive capacity or chunk size")
-    pcie_generation: int | None = None
-    pcie_width: int | None = None
-    switch: str | None = Field(default=None, description="Redfish Switch Id the device hangs off")
-    port: str | None = Field(default=None, description="Redfish Port Id on that switch")
-    health: Health = Health.OK
+    # Its fields are DeviceIdentity's, then the table of device attributes (DeviceAttributes),
+    # then these: who holds it and how it is bound. (The docstring is the OpenAPI description.)
+    # The API model stays mutable, as it always was; discovery's records of attributes are frozen.
+    model_config = ConfigDict(frozen=False)
+
     state: BindingState = BindingState.FREE
     node: str | None = Field(default=None, description="Kubernetes node it is bound (or being bound) to")
     host: str | None = Field(
@@ -122,7 +138,7 @@ class Device(_Model):
         default=None, description="the claim that holds it, when fabric-dra bound it"
     )
     managed: bool = Field(default=True, description="False when bound outside fabric-dra: never touched")
-    binding_style: str = Field(description="zone, composition or connection")
+    binding_style: WireBindingStyle = Field(description=spoken_list([s.value for s in BindingStyle]))
     redfish_uri: str = Field(description="@odata.id of the fabric resource that represents the device")
 
 

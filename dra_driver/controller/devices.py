@@ -1,9 +1,11 @@
 """One inventory device (:class:`manager_api.models.Device`) → one ``resource.k8s.io/v1`` ``Device``.
 
 Attributes and capacity are those pinned in docs/architecture.md, qualified with the driver
-name (``fabric-dra.io/type``). Values that break the API's rules are made to fit
-(:func:`~dra_driver.controller.resourcenames.fit_value`), never sent as they are: one bad value
-would make the API server reject the whole slice, and with it every device of the slice.
+name (``fabric-dra.io/type``): every field of the API model that the table of device attributes
+(:mod:`manager_api.devices`) marks with a ``SliceAttribute`` or ``SliceCapacity``. Values that
+break the API's rules are made to fit (:func:`~dra_driver.controller.resourcenames.fit_value`),
+never sent as they are: one bad value would make the API server reject the whole slice, and with it
+every device of the slice.
 """
 
 from __future__ import annotations
@@ -19,34 +21,40 @@ from dra_driver.controller.resourcenames import (
     unhealthy_taint_key,
 )
 from dra_driver.selection.quantity import format_bytes
+from manager_api.devices import SliceAttribute, SliceCapacity, SliceForm
 from manager_api.models import BindingState, Device, Health
 
 __all__ = [
     "ATTRIBUTE_NAMES",
-    "CAPACITY_MEMORY",
+    "CAPACITY_NAMES",
+    "SLICE_ATTRIBUTES",
+    "SLICE_CAPACITIES",
     "Conversion",
     "PublishPolicy",
     "WithheldReason",
     "to_dra_device",
 ]
 
-#: Attribute identifiers, in the order docs/architecture.md lists them.
-ATTRIBUTE_NAMES: tuple[str, ...] = (
-    "type",
-    "vendor",
-    "vendorID",
-    "deviceID",
-    "model",
-    "serial",
-    "uuid",
-    "fabric",
-    "switch",
-    "port",
-    "pcieGen",
-    "pcieWidth",
-    "health",
+
+def _published(kind: type[SliceAttribute] | type[SliceCapacity]) -> list[tuple[str, Any]]:
+    """(Device field, its slice marker) for every field of the API model that carries ``kind``."""
+    return [
+        (field, marker)
+        for field, info in Device.model_fields.items()
+        for marker in info.metadata
+        if isinstance(marker, kind)
+    ]
+
+
+#: (Device field, attribute), in the order docs/architecture.md lists them
+SLICE_ATTRIBUTES: tuple[tuple[str, SliceAttribute], ...] = tuple(
+    sorted(_published(SliceAttribute), key=lambda item: int(item[1].rank))
 )
-CAPACITY_MEMORY = "memory"
+#: (Device field, capacity)
+SLICE_CAPACITIES: tuple[tuple[str, SliceCapacity], ...] = tuple(_published(SliceCapacity))
+#: attribute and capacity identifiers (unqualified)
+ATTRIBUTE_NAMES: tuple[str, ...] = tuple(a.name for _, a in SLICE_ATTRIBUTES)
+CAPACITY_NAMES: tuple[str, ...] = tuple(c.name for _, c in SLICE_CAPACITIES)
 
 
 class WithheldReason(StrEnum):
@@ -96,35 +104,35 @@ def _hex_id(value: str | None) -> str | None:
     return text
 
 
+def _attribute(device: Device, value: object, form: SliceForm) -> dict[str, Any] | None:
+    """One ``DeviceAttribute`` value of ``device``, or None when it has none."""
+    if value is None or value == "":
+        return None
+    if form is SliceForm.INT:
+        return {"int": value}
+    text = str(value)
+    if form is SliceForm.PCI_ID:
+        text = _hex_id(text) or ""
+    elif form is SliceForm.PER_POOL:
+        text = f"{device.pool}/{text}"
+    return {"string": fit_value(text)} if text else None
+
+
 def _attributes(device: Device, driver: str) -> dict[str, dict[str, Any]]:
-    # A Redfish Switch Id is unique only within its fabric; qualifying it with the pool keeps
-    # `matchAttribute: fabric-dra.io/switch` from joining devices of two fabrics.
-    switch = f"{device.pool}/{device.switch}" if device.switch else None
-    strings: dict[str, str | None] = {
-        "type": device.type.value,
-        "vendor": device.vendor,
-        "vendorID": _hex_id(device.vendor_id),
-        "deviceID": _hex_id(device.device_id),
-        "model": device.model,
-        "serial": device.serial,
-        "uuid": device.uuid,
-        "fabric": device.fabric,
-        "switch": switch,
-        "port": device.port,
-        "health": device.health.value,
-    }
-    ints: dict[str, int | None] = {"pcieGen": device.pcie_generation, "pcieWidth": device.pcie_width}
     attributes: dict[str, dict[str, Any]] = {}
-    for name in ATTRIBUTE_NAMES:
-        if name in ints:
-            number = ints[name]
-            if number is not None:
-                attributes[f"{driver}/{name}"] = {"int": number}
-            continue
-        text = strings[name]
-        if text:
-            attributes[f"{driver}/{name}"] = {"string": fit_value(text)}
+    for field, attribute in SLICE_ATTRIBUTES:
+        value = _attribute(device, getattr(device, field), attribute.form)
+        if value is not None:
+            attributes[f"{driver}/{attribute.name}"] = value
     return attributes
+
+
+def _capacity(device: Device, driver: str) -> dict[str, dict[str, str]]:
+    return {
+        f"{driver}/{capacity.name}": {"value": format_bytes(amount)}
+        for field, capacity in SLICE_CAPACITIES
+        if (amount := getattr(device, field))
+    }
 
 
 def to_dra_device(device: Device, policy: PublishPolicy) -> Conversion:
@@ -140,8 +148,9 @@ def to_dra_device(device: Device, policy: PublishPolicy) -> Conversion:
         return Conversion(device.name, None, WithheldReason.UNHEALTHY)
 
     out: dict[str, Any] = {"name": device.name, "attributes": _attributes(device, policy.driver)}
-    if device.memory_bytes:
-        out["capacity"] = {f"{policy.driver}/{CAPACITY_MEMORY}": {"value": format_bytes(device.memory_bytes)}}
+    capacity = _capacity(device, policy.driver)
+    if capacity:
+        out["capacity"] = capacity
     if unhealthy:
         # Value = the Redfish Health, so a claim may tolerate "Warning" but not "Critical".
         out["taints"] = [

@@ -261,7 +261,7 @@ class NoopBackend:
             state=BindingState.BOUND,
             node=self.node,
             claim_uid=claim_uid,
-            binding_style="none",
+            binding_style="",
             redfish_uri="",
         )
         return AttachedDevice(device=info, host=None)

@@ -45,7 +45,6 @@ from emulator.redfish.latency import LatencyProfile
 from emulator.redfish.registries import RedfishError, error_body, message
 from emulator.redfish.state import (
     BindingRecord,
-    BindStyle,
     ConnectionRecord,
     FabricState,
     FaultRecord,
@@ -57,6 +56,7 @@ from emulator.redfish.state import (
     utcnow,
 )
 from emulator.topology import FabricIndex, Target
+from manager_api.devices import BindingStyle
 from plumbing.crashpoints import crash_point
 from plumbing.logs import get_logger
 
@@ -98,7 +98,7 @@ class Operation:
     """One bind or unbind request, whatever Redfish style it arrived in."""
 
     kind: OperationKind
-    style: BindStyle
+    style: BindingStyle
     fabric: str
     host: str
     targets: list[str]

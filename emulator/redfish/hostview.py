@@ -24,7 +24,7 @@ from pathlib import Path
 
 from emulator.redfish.pciconfig import config_space, dsn_from_serial, link_speed_text
 from emulator.redfish.state import BindingRecord, HostAddress
-from manager_api.models import DeviceType
+from manager_api.devices import DeviceType
 
 __all__ = ["HOST_BRIDGE", "HostEntry", "HostView", "allocate_address"]
 

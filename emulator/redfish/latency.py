@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from manager_api.models import DeviceType
+from manager_api.devices import DeviceType
 
 __all__ = ["INSTANT", "REALISTIC", "Delay", "LatencyProfile", "load_latency_profile"]
 

@@ -20,12 +20,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from manager_api.devices import BindingStyle
 from plumbing.fsutil import atomic_write
 from plumbing.logs import get_logger
 
 __all__ = [
     "STATE_FILE",
-    "BindStyle",
     "BindingRecord",
     "ConnectionRecord",
     "FabricState",
@@ -59,12 +59,6 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class BindStyle(StrEnum):
-    ZONE = "zone"
-    COMPOSITION = "composition"
-    CONNECTION = "connection"
-
-
 class OperationKind(StrEnum):
     BIND = "bind"
     UNBIND = "unbind"
@@ -83,7 +77,7 @@ class HostAddress(_Model):
 class BindingRecord(_Model):
     target: str
     host: str
-    style: BindStyle
+    style: BindingStyle
     zone: str | None = None
     connection: str | None = None
     since: datetime
@@ -123,7 +117,7 @@ class TaskResult(_Model):
 class TaskRecord(_Model):
     id: str
     kind: OperationKind
-    style: BindStyle
+    style: BindingStyle
     host: str
     targets: list[str]
     zone: str | None = None

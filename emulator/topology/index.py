@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from emulator.topology.model import PCIE_DEVICE_TYPES, CxlDevice, DeviceModel, PcieDevice, Topology
-from manager_api.models import DeviceType
+from manager_api.devices import DeviceType
 
 __all__ = [
     "FABRIC_CXL",

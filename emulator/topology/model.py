@@ -17,7 +17,7 @@ from uuid import UUID
 from pydantic import BaseModel, BeforeValidator, ByteSize, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from manager_api.models import DeviceType
+from manager_api.devices import DeviceType
 
 __all__ = [
     "PCIE_DEVICE_TYPES",

@@ -3,9 +3,8 @@
 from fabric.backends.base import Backend, BindContext
 from fabric.backends.discovery import BindingPlan, Discovery, StyleChoice
 from fabric.backends.model import (
-    BindingStyle,
-    DeviceAttributes,
     DeviceRecord,
+    DiscoveredAttributes,
     FabricInfo,
     FabricSnapshot,
     HostRecord,
@@ -15,9 +14,8 @@ __all__ = [
     "Backend",
     "BindContext",
     "BindingPlan",
-    "BindingStyle",
-    "DeviceAttributes",
     "DeviceRecord",
+    "DiscoveredAttributes",
     "Discovery",
     "FabricInfo",
     "FabricSnapshot",

@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from fabric.backends.describe import DEVICE_ENTITY_TYPES
-from fabric.backends.model import BindingStyle, DeviceRecord, HostRecord
+from fabric.backends.model import DeviceRecord, HostRecord
 from fabric.backends.walk import Walk, links, odata_id, path_ids
 from fabric.redfish.client import RedfishClient, RedfishResponse
+from manager_api.devices import BindingStyle
 from manager_api.errors import NodeNotFound
 
 __all__ = [

@@ -12,13 +12,13 @@ Composability white paper (DSP2050): ``#ComputerSystem.AddResourceBlock`` on the
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from fabric.backends.base import Backend, BindContext, DiscoveryResult, action_target
 from fabric.backends.describe import describe
-from fabric.backends.model import BindingStyle, DeviceRecord, HostRecord
+from fabric.backends.model import DeviceRecord, HostRecord
 from fabric.backends.walk import Walk, link, links, odata_id, path_ids
+from manager_api.devices import BindingStyle
 from manager_api.errors import NodeNotFound
 
 __all__ = ["COMPOSITION_FABRIC", "CompositionBackend", "block_binding"]
@@ -83,7 +83,7 @@ class CompositionBackend(Backend):
             attributes = await describe(walk, entities, container=block)
             bound, usable = block_binding(block)
             if not usable:
-                attributes = replace(attributes, available=False)
+                attributes = attributes.model_copy(update={"available": False})
             result.devices.append(
                 DeviceRecord(
                     key=str(odata_id(block)),

@@ -24,8 +24,9 @@ from fabric.backends.base import (
     read_endpoints,
 )
 from fabric.backends.describe import describe
-from fabric.backends.model import BindingStyle, DeviceRecord, HostRecord
+from fabric.backends.model import DeviceRecord, HostRecord
 from fabric.backends.walk import Walk, links, odata_id, path_ids
+from manager_api.devices import BindingStyle
 from manager_api.errors import BindFailed
 
 __all__ = ["ConnectionBackend"]

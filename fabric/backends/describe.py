@@ -14,9 +14,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fabric.backends.model import DeviceAttributes
+from fabric.backends.model import DiscoveredAttributes
 from fabric.backends.walk import Walk, link, links, path_ids
-from manager_api.models import DeviceType, Health
+from manager_api.devices import DeviceType, Health
 
 __all__ = ["DEVICE_ENTITY_TYPES", "describe", "locate_port", "status_of"]
 
@@ -154,7 +154,7 @@ async def describe(
     endpoint: Mapping[str, Any] | None = None,
     container: Mapping[str, Any] | None = None,
     chunk: Mapping[str, Any] | None = None,
-) -> DeviceAttributes:
+) -> DiscoveredAttributes:
     """Attributes of the device made of ``entities`` ((EntityType, URI) pairs).
 
     ``endpoint`` is its target endpoint (zone and connection styles), ``container`` its resource
@@ -279,7 +279,7 @@ async def describe(
     for linked in (function, pcie_device, logical, chunk):
         if linked and linked.get("@odata.id"):
             identities.add(str(linked["@odata.id"]).rstrip("/"))
-    return DeviceAttributes(
+    return DiscoveredAttributes(
         type=kind,
         vendor=_first(primary.get("Manufacturer"), (pcie_device or {}).get("Manufacturer")),
         vendor_id=_pci_id((function or {}).get("VendorId"))

@@ -24,12 +24,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from fabric.backends.base import Backend
 from fabric.backends.composition import COMPOSITION_FABRIC, CompositionBackend
 from fabric.backends.connections import ConnectionBackend
-from fabric.backends.model import BindingStyle, DeviceRecord, FabricInfo, FabricSnapshot, HostRecord
+from fabric.backends.model import DeviceRecord, FabricInfo, FabricSnapshot, HostRecord
 from fabric.backends.walk import Walk, odata_id
 from fabric.backends.zones import ZoneBackend
 from fabric.device_names import assign_names
 from fabric.redfish.client import SERVICE_ROOT, RedfishClient
 from fabric.redfish.error_mapping import one_line
+from manager_api.devices import BindingStyle
 from manager_api.errors import FabricError, FabricUnavailable
 from plumbing.logs import get_logger
 
@@ -37,7 +38,8 @@ __all__ = ["BindingPlan", "Discovery", "StyleChoice"]
 
 log = get_logger(__name__)
 
-StyleChoice = Literal["auto", "zone", "connection", "composition", "none"]
+#: ``auto``: per fabric, from what the service offers; ``none``: leave the fabric alone
+StyleChoice = BindingStyle | Literal["auto", "none"]
 
 
 class BindingPlan(BaseModel):

@@ -1,50 +1,29 @@
 """What the backends find on a fabric: devices, hosts and who is bound to what.
 
 These records are internal and richer than :class:`manager_api.models.Device`: they keep the Redfish URIs a
-backend needs to bind and unbind. The inventory renders them into the API model.
+backend needs to bind and unbind. The inventory renders them into the API model. The device vocabulary
+(types, health, binding styles, the table of attributes) is :mod:`manager_api.devices`.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 
-from manager_api.models import DeviceType, Health
+from manager_api.devices import BindingStyle, DeviceAttributes
 
 __all__ = [
-    "BindingStyle",
-    "DeviceAttributes",
     "DeviceRecord",
+    "DiscoveredAttributes",
     "FabricInfo",
     "FabricSnapshot",
     "HostRecord",
 ]
 
 
-class BindingStyle(StrEnum):
-    """How a fabric binds a device to a host (the three standard Redfish ways)."""
+class DiscoveredAttributes(DeviceAttributes):
+    """The table of device attributes, and what only discovery needs besides."""
 
-    ZONE = "zone"  # Fabric Zones of Endpoints (PCIe, CXL): initiator and target share a zone
-    COMPOSITION = "composition"  # CompositionService ResourceBlocks added to a ComputerSystem
-    CONNECTION = "connection"  # Fabric Connections with MemoryChunkInfo (CXL memory)
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceAttributes:
-    type: DeviceType = DeviceType.OTHER
-    vendor: str | None = None
-    vendor_id: str | None = None
-    device_id: str | None = None
-    model: str | None = None
-    serial: str | None = None
-    uuid: str | None = None
-    memory_bytes: int | None = None
-    pcie_generation: int | None = None
-    pcie_width: int | None = None
-    switch: str | None = None
-    port: str | None = None
-    health: Health = Health.OK
     #: False when Redfish reports the device Absent, Disabled or offline
     available: bool = True
     #: URIs of the resources that make up the device (to recognise it from another binding style)
@@ -59,7 +38,7 @@ class DeviceRecord:
     resource_id: str  # the Redfish Id its name is derived from
     fabric: str  # Redfish Fabric Id ("Composition" for resource blocks outside any fabric)
     style: BindingStyle
-    attributes: DeviceAttributes
+    attributes: DiscoveredAttributes
     #: ComputerSystem Ids the fabric binds it to now (normally zero or one)
     bound_hosts: tuple[str, ...] = ()
     #: ComputerSystem Ids it could be bound to

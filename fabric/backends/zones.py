@@ -33,9 +33,10 @@ from fabric.backends.base import (
     read_endpoints,
 )
 from fabric.backends.describe import describe
-from fabric.backends.model import BindingStyle, DeviceRecord, HostRecord
+from fabric.backends.model import DeviceRecord, HostRecord
 from fabric.backends.walk import Walk, links, odata_id
 from fabric.redfish.client import RedfishResponse
+from manager_api.devices import BindingStyle
 from manager_api.errors import BindFailed, NotFoundError
 
 __all__ = ["ZONE_NAME_PREFIX", "ZoneBackend"]

@@ -52,7 +52,7 @@ from emulator.redfish.views.common import (
     primary_uri,
 )
 from emulator.topology import FABRIC_CXL, Device, SwitchInfo
-from manager_api.models import DeviceType
+from manager_api.devices import DeviceType
 
 __all__ = ["ChassisCollectionNode", "processor_model"]
 

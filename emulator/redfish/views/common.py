@@ -9,7 +9,7 @@ from emulator.redfish.models import PciId, Status
 from emulator.redfish.nodes import Context, Node
 from emulator.redfish.registries import RedfishError
 from emulator.topology import Device
-from manager_api.models import DeviceType
+from manager_api.devices import DeviceType
 
 __all__ = [
     "LinkIn",

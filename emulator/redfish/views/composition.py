@@ -25,7 +25,7 @@ from emulator.redfish.nodes import CollectionNode, Context, Node
 from emulator.redfish.state import OperationKind
 from emulator.redfish.views.common import Segment, device_status, primary_uri
 from emulator.topology import FABRIC_PCIE, Device
-from manager_api.models import DeviceType
+from manager_api.devices import DeviceType
 
 __all__ = ["CompositionServiceNode", "ResourceBlockNode"]
 

@@ -41,7 +41,7 @@ from emulator.redfish.models import (
 )
 from emulator.redfish.nodes import CollectionNode, Context, Node, actions, not_allowed
 from emulator.redfish.registries import RedfishError
-from emulator.redfish.state import BindStyle, OperationKind, id_order
+from emulator.redfish.state import OperationKind, id_order
 from emulator.redfish.views.common import (
     LinkIn,
     device_status,
@@ -53,7 +53,7 @@ from emulator.redfish.views.common import (
 from emulator.redfish.views.etags import check_action_etag
 from emulator.redfish.views.outcome import reply_for
 from emulator.topology import FABRIC_CXL, FABRIC_PCIE, Device, SwitchInfo
-from manager_api.models import DeviceType
+from manager_api.devices import BindingStyle, DeviceType
 
 __all__ = ["FabricsNode"]
 
@@ -435,7 +435,7 @@ class ZonesNode(CollectionNode):
         zone_id = self.ctx.engine.state.allocate_id()
         op = Operation(
             kind=OperationKind.BIND,
-            style=BindStyle.ZONE,
+            style=BindingStyle.ZONE,
             fabric=fabric_id,
             host=host,
             targets=[d.id for d in targets],
@@ -523,7 +523,7 @@ class ZoneNode(Node):
                 )
         op = Operation(
             kind=OperationKind.BIND if adding else OperationKind.UNBIND,
-            style=BindStyle.ZONE,
+            style=BindingStyle.ZONE,
             fabric=fabric_id,
             host=self.host,
             targets=[device.id],
@@ -539,7 +539,7 @@ class ZoneNode(Node):
             raise not_allowed(self, "DELETE")
         op = Operation(
             kind=OperationKind.UNBIND,
-            style=BindStyle.ZONE,
+            style=BindingStyle.ZONE,
             fabric=self.fabric.fabric_id,
             host=self.host,
             targets=self.ctx.engine.zone_targets(self.zone_id),
@@ -670,7 +670,7 @@ class ConnectionsNode(CollectionNode):
         conn_id = self.ctx.engine.state.allocate_id()
         op = Operation(
             kind=OperationKind.BIND,
-            style=BindStyle.CONNECTION,
+            style=BindingStyle.CONNECTION,
             fabric=fabric_id,
             host=host,
             targets=targets,
@@ -722,7 +722,7 @@ class ConnectionNode(Node):
         record = self.ctx.engine.state.connections[self.conn_id]
         op = Operation(
             kind=OperationKind.UNBIND,
-            style=BindStyle.CONNECTION,
+            style=BindingStyle.CONNECTION,
             fabric=self.fabric_id,
             host=record.host,
             targets=[c for c in record.chunks if c in self.ctx.engine.state.bindings],

@@ -30,13 +30,13 @@ from emulator.redfish.models import (
 )
 from emulator.redfish.nodes import CollectionNode, Context, Node, actions
 from emulator.redfish.registries import RedfishError
-from emulator.redfish.state import BindStyle, OperationKind
+from emulator.redfish.state import OperationKind
 from emulator.redfish.views.chassis import processor_model
 from emulator.redfish.views.common import LinkIn, device_status, function_uri, link_id, logical_device_uri
 from emulator.redfish.views.etags import check_action_etag
 from emulator.redfish.views.outcome import reply_for
 from emulator.topology import Device
-from manager_api.models import DeviceType
+from manager_api.devices import BindingStyle, DeviceType
 
 __all__ = ["SystemsNode"]
 
@@ -179,7 +179,7 @@ class SystemNode(Node):
             )
         op = Operation(
             kind=OperationKind.BIND if adding else OperationKind.UNBIND,
-            style=BindStyle.COMPOSITION,
+            style=BindingStyle.COMPOSITION,
             fabric=device.fabric,
             host=self.host,
             targets=[device.id],

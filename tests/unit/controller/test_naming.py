@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from dra_driver.controller.devices import ATTRIBUTE_NAMES, CAPACITY_MEMORY
+from dra_driver.controller.devices import ATTRIBUTE_NAMES, CAPACITY_NAMES
 from dra_driver.controller.resourcenames import (
     DEVICE_ATTRIBUTES_AND_CAPACITIES_MAX,
     BindingConditionNames,
@@ -19,8 +19,8 @@ from dra_driver.selection.quantity import format_bytes, parse_quantity
 
 
 def test_attribute_names_obey_the_api_identifier_rules() -> None:
-    assert all(is_c_identifier(name) for name in (*ATTRIBUTE_NAMES, CAPACITY_MEMORY))
-    assert len(ATTRIBUTE_NAMES) + 1 <= DEVICE_ATTRIBUTES_AND_CAPACITIES_MAX
+    assert all(is_c_identifier(name) for name in (*ATTRIBUTE_NAMES, *CAPACITY_NAMES))
+    assert len(ATTRIBUTE_NAMES) + len(CAPACITY_NAMES) <= DEVICE_ATTRIBUTES_AND_CAPACITIES_MAX
     assert not is_c_identifier("pcie-gen")
     assert not is_c_identifier("x" * 33)
 

@@ -18,7 +18,6 @@ from emulator.redfish.latency import INSTANT, REALISTIC, LatencyProfile, load_la
 from emulator.redfish.server import ServeConfig, build_service
 from emulator.redfish.state import (
     BindingRecord,
-    BindStyle,
     FabricState,
     HostAddress,
     OperationKind,
@@ -27,6 +26,7 @@ from emulator.redfish.state import (
     utcnow,
 )
 from emulator.topology import default_topology_path, load_topology
+from manager_api.devices import BindingStyle
 from manager_api.models import DeviceType
 
 
@@ -50,19 +50,19 @@ def test_recovery_interrupts_running_tasks_and_rebuilds_host_views(tmp_path: Pat
     state.bindings["gpu0"] = BindingRecord(
         target="gpu0",
         host="kind-worker",
-        style=BindStyle.ZONE,
+        style=BindingStyle.ZONE,
         zone="kind-worker",
         since=now,
         address=HostAddress(bdf="0000:41:00.0", iommu_group=32),
     )
     state.bindings["gpu-gone"] = BindingRecord(
-        target="gpu-gone", host="kind-worker", style=BindStyle.ZONE, since=now
+        target="gpu-gone", host="kind-worker", style=BindingStyle.ZONE, since=now
     )
     for task_id, kind, target in (("7", OperationKind.BIND, "gpu1"), ("8", OperationKind.UNBIND, "gpu0")):
         state.tasks[task_id] = TaskRecord(
             id=task_id,
             kind=kind,
-            style=BindStyle.ZONE,
+            style=BindingStyle.ZONE,
             host="kind-worker",
             targets=[target],
             state="Running",

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from emulator.redfish.hostview import HOST_BRIDGE, HostEntry, HostView, allocate_address
 from emulator.redfish.pciconfig import CONFIG_SIZE, config_space, dsn_from_serial
-from emulator.redfish.state import BindingRecord, BindStyle, HostAddress, utcnow
+from emulator.redfish.state import BindingRecord, HostAddress, utcnow
+from manager_api.devices import BindingStyle
 from manager_api.models import DeviceType
 
 
@@ -172,7 +173,7 @@ def test_cxl_memdev_is_shared_by_the_chunks_of_one_device(tmp_path: Path) -> Non
 
 
 def _binding(target: str, address: HostAddress) -> BindingRecord:
-    return BindingRecord(target=target, host="h1", style=BindStyle.ZONE, since=utcnow(), address=address)
+    return BindingRecord(target=target, host="h1", style=BindingStyle.ZONE, since=utcnow(), address=address)
 
 
 def test_addresses_are_lowest_free_like_hot_plug() -> None:

@@ -13,9 +13,8 @@ from typing import Any
 
 from fabric.backends.base import Backend, BindContext, DiscoveryResult
 from fabric.backends.model import (
-    BindingStyle,
-    DeviceAttributes,
     DeviceRecord,
+    DiscoveredAttributes,
     FabricInfo,
     FabricSnapshot,
     HostRecord,
@@ -25,8 +24,8 @@ from fabric.binder import Binder, BinderSettings
 from fabric.inventory import Inventory
 from fabric.ledger import FileLedgerStore, Ledger
 from fabric.nodes import NodeResolver
+from manager_api.devices import BindingStyle, DeviceType
 from manager_api.errors import FabricError, FabricUnavailable
-from manager_api.models import DeviceType
 
 FABRIC = "PCIe"
 
@@ -163,7 +162,7 @@ class FakeDiscovery:
                 resource_id=d,
                 fabric=FABRIC,
                 style=BindingStyle.ZONE,
-                attributes=DeviceAttributes(type=DeviceType.GPU, model="H100"),
+                attributes=DiscoveredAttributes(type=DeviceType.GPU, model="H100"),
                 bound_hosts=(self.fabric.bound[d],) if d in self.fabric.bound else (),
                 reachable_hosts=tuple(self.fabric.hosts),
                 endpoint=f"/redfish/v1/Fabrics/{FABRIC}/Endpoints/{d}",

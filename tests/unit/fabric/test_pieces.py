@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 
 from fabric.auth import Identity, Role, StaticTokens, load_static_tokens
-from fabric.backends.model import BindingStyle, DeviceAttributes, DeviceRecord, HostRecord
+from fabric.backends.model import DeviceRecord, DiscoveredAttributes, HostRecord
 from fabric.config import load_credentials
 from fabric.device_names import assign_names, dns_label, pool_name
 from fabric.nodes import NodeResolver, load_node_map
 from fabric.redfish.error_mapping import PreconditionFailed, error_for_response, error_for_task, message_key
 from fabric.redfish.events import parse_sse
+from manager_api.devices import BindingStyle, DeviceType
 from manager_api.errors import (
     AttachTimeout,
     BindFailed,
@@ -31,7 +32,7 @@ def record(resource_id: str, fabric: str = "PCIe") -> DeviceRecord:
         resource_id=resource_id,
         fabric=fabric,
         style=BindingStyle.ZONE,
-        attributes=DeviceAttributes(),
+        attributes=DiscoveredAttributes(type=DeviceType.OTHER),
     )
 
 
