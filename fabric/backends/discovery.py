@@ -38,8 +38,10 @@ __all__ = ["BindingPlan", "Discovery", "StyleChoice"]
 
 log = get_logger(__name__)
 
-#: ``auto``: per fabric, from what the service offers; ``none``: leave the fabric alone
-StyleChoice = BindingStyle | Literal["auto", "none"]
+#: how one fabric is bound: ``auto`` (per fabric, from what the service offers), a style, or
+#: ``none`` (leave the fabric alone)
+DefaultChoice = Literal["auto"] | BindingStyle
+StyleChoice = DefaultChoice | Literal["none"]
 
 
 class BindingPlan(BaseModel):
@@ -47,7 +49,7 @@ class BindingPlan(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    default: StyleChoice = "auto"
+    default: DefaultChoice = "auto"
     #: per Redfish Fabric Id (or "Composition" for the CompositionService)
     fabrics: dict[str, StyleChoice] = Field(default_factory=dict)
 
