@@ -5,11 +5,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from fabric.backends.describe import DEVICE_ENTITY_TYPES
 from fabric.backends.model import DeviceRecord, HostRecord
-from fabric.backends.walk import Walk, links, odata_id, path_ids
+from fabric.backends.views import Endpoint, Fabric
+from fabric.backends.walk import Walk, path_ids
 from fabric.redfish.client import RedfishClient, RedfishResponse
 from manager_api.devices import BindingStyle
 from manager_api.errors import NodeNotFound
@@ -19,12 +20,9 @@ __all__ = [
     "BindContext",
     "DiscoveryResult",
     "EndpointView",
-    "action_target",
     "host_initiators",
     "read_endpoints",
 ]
-
-JSON = dict[str, Any]
 
 
 @dataclass(slots=True)
@@ -51,24 +49,13 @@ class DiscoveryResult:
     hosts: tuple[str, ...] = ()
 
 
-def action_target(resource: Mapping[str, Any] | None, action: str) -> str | None:
-    """The ``target`` URI of ``#<action>`` in a resource's ``Actions``, if the service offers it."""
-    actions = resource.get("Actions") if resource else None
-    if not isinstance(actions, Mapping):
-        return None
-    entry = actions.get(f"#{action}")
-    if isinstance(entry, Mapping) and entry.get("target"):
-        return str(entry["target"])
-    return None
-
-
 @dataclass(slots=True)
 class EndpointView:
     """A fabric Endpoint classified: an initiator of a host, a device target, or neither."""
 
     uri: str
     id: str
-    resource: JSON
+    endpoint: Endpoint
     host: str | None = None  # ComputerSystem Id, for initiators
     entities: list[tuple[str, str]] = field(default_factory=list)  # device targets: (EntityType, URI)
     chunks: list[str] = field(default_factory=list)  # MemoryChunk URIs among the entities
@@ -82,17 +69,15 @@ class EndpointView:
         return bool(self.entities)
 
 
-def classify_endpoint(resource: JSON) -> EndpointView | None:
-    uri = odata_id(resource)
-    if not uri:
+def classify_endpoint(endpoint: Endpoint | None) -> EndpointView | None:
+    uri = endpoint.uri if endpoint else None
+    if endpoint is None or not uri:
         return None
-    view = EndpointView(uri=uri, id=str(resource.get("Id") or uri.rsplit("/", 1)[-1]), resource=resource)
-    for entity in resource.get("ConnectedEntities") or []:
-        if not isinstance(entity, Mapping):
-            continue
-        role = str(entity.get("EntityRole") or "")
-        kind = str(entity.get("EntityType") or "")
-        target = odata_id(entity.get("EntityLink"))
+    view = EndpointView(uri=uri, id=endpoint.id or uri.rsplit("/", 1)[-1], endpoint=endpoint)
+    for entity in endpoint.connected_entities or ():
+        role = entity.entity_role or ""
+        kind = entity.entity_type or ""
+        target = entity.entity_link
         if role in ("Initiator", "Both") and target:
             host = path_ids(target, "Systems")
             if host and view.host is None:
@@ -106,9 +91,8 @@ def classify_endpoint(resource: JSON) -> EndpointView | None:
     return view
 
 
-async def read_endpoints(walk: Walk, fabric: Mapping[str, Any]) -> list[EndpointView]:
-    collection = odata_id(fabric.get("Endpoints"))
-    views = [classify_endpoint(r) for r in await walk.members(collection)]
+async def read_endpoints(walk: Walk, fabric: Fabric) -> list[EndpointView]:
+    views = [classify_endpoint(e) for e in await walk.members(fabric.endpoints, Endpoint)]
     return [v for v in views if v is not None]
 
 
@@ -179,7 +163,3 @@ class Backend(ABC):
     @staticmethod
     def _link_list(uris: list[str]) -> list[dict[str, str]]:
         return [{"@odata.id": u} for u in uris]
-
-    @staticmethod
-    def _links(resource: Mapping[str, Any] | None, *path: str) -> list[str]:
-        return links(resource, *path)

@@ -12,46 +12,52 @@ Composability white paper (DSP2050): ``#ComputerSystem.AddResourceBlock`` on the
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
-from fabric.backends.base import Backend, BindContext, DiscoveryResult, action_target
+from fabric.backends.base import Backend, BindContext, DiscoveryResult
 from fabric.backends.describe import describe
 from fabric.backends.model import DeviceRecord, HostRecord
-from fabric.backends.walk import Walk, link, links, odata_id, path_ids
+from fabric.backends.views import (
+    JSON,
+    Chassis,
+    CompositionService,
+    ComputerSystem,
+    DeviceResource,
+    NetworkAdapter,
+    ResourceBlock,
+)
+from fabric.backends.walk import Walk, path_ids
 from manager_api.devices import BindingStyle
 from manager_api.errors import NodeNotFound
 
 __all__ = ["COMPOSITION_FABRIC", "CompositionBackend", "block_binding"]
 
-JSON = dict[str, Any]
 #: the fabric name of devices that come from resource blocks linked to no Redfish fabric
 COMPOSITION_FABRIC = "Composition"
 _DEVICE_BLOCK_TYPES = frozenset({"Processor", "Storage", "Network", "Expansion", "IndependentResource"})
 _HOST_BLOCK_TYPES = frozenset({"Compute", "ComputerSystem"})
 _BOUND_STATES = frozenset({"Composed", "ComposedAndAvailable", "Composing"})
 _BROKEN_STATES = frozenset({"Failed", "Unavailable"})
-#: ResourceBlock properties that list device resources, with the Endpoint EntityType they correspond to
-_ENTITY_PROPERTIES = (
-    ("Processors", "Processor"),
-    ("Drives", "Drive"),
-    ("NetworkInterfaces", "NetworkController"),
-    ("EthernetInterfaces", "NetworkController"),
-    ("Storage", "StorageSubsystem"),
-    ("SimpleStorage", "StorageSubsystem"),
-    ("PCIeDevices", "PCIeDevice"),
-)
 
 
-def block_binding(block: Mapping[str, Any]) -> tuple[tuple[str, ...], bool]:
+def _entities(block: ResourceBlock) -> list[tuple[str, str]]:
+    """(Endpoint EntityType, URI) of the device resources a block lists."""
+    return [
+        *(("Processor", u) for u in block.processors),
+        *(("Drive", u) for u in block.drives),
+        *(("NetworkController", u) for u in (*block.network_interfaces, *block.ethernet_interfaces)),
+        *(("StorageSubsystem", u) for u in (*block.storage, *block.simple_storage)),
+        *(("PCIeDevice", u) for u in block.pcie_devices),
+    ]
+
+
+def block_binding(block: ResourceBlock) -> tuple[tuple[str, ...], bool]:
     """(ComputerSystem Ids the block is composed into, whether it can be composed at all)."""
-    status = block.get("CompositionStatus") or {}
-    state = str(status.get("CompositionState") or "")
-    hosts = tuple(
-        sorted(h for h in (path_ids(u, "Systems") for u in links(block, "Links", "ComputerSystems")) if h)
-    )
+    status = block.composition_status
+    state = status.composition_state or ""
+    hosts = tuple(sorted(h for h in (path_ids(u, "Systems") for u in block.links.computer_systems) if h))
     if state in _BOUND_STATES:
         return (hosts or ("unknown",)), True
-    usable = state not in _BROKEN_STATES and not status.get("Reserved")
+    usable = state not in _BROKEN_STATES and not status.reserved
     return (), usable
 
 
@@ -61,23 +67,23 @@ class CompositionBackend(Backend):
     _serving = -1
 
     async def discover(self, walk: Walk, hosts: Mapping[str, HostRecord]) -> DiscoveryResult:
-        service = await walk.get(self.fabric_uri)
-        if service is None or service.get("ServiceEnabled") is False:
+        service = await walk.read(self.fabric_uri, CompositionService)
+        if service is None or service.service_enabled is False:
             return DiscoveryResult()
-        systems = await walk.get_all(h.uri for h in hosts.values())
+        systems = await walk.read_all((h.uri for h in hosts.values()), ComputerSystem)
         expandable = tuple(
             sorted(
-                str(s.get("Id"))
+                str(s.id)
                 for s in systems
-                if action_target(s, "ComputerSystem.AddResourceBlock") and str(s.get("Id")) in hosts
+                if s.actions.target("ComputerSystem.AddResourceBlock") and str(s.id) in hosts
             )
         )
         result = DiscoveryResult(hosts=expandable)
-        for block in await walk.members(odata_id(service.get("ResourceBlocks"))):
-            kinds = set(block.get("ResourceBlockType") or [])
+        for block in await walk.members(service.resource_blocks, ResourceBlock):
+            kinds = set(block.resource_block_type or ())
             if not kinds & _DEVICE_BLOCK_TYPES or kinds & _HOST_BLOCK_TYPES:
                 continue  # compute, memory and whole-system blocks are not pooled devices
-            entities = [(entity, uri) for prop, entity in _ENTITY_PROPERTIES for uri in links(block, prop)]
+            entities = _entities(block)
             if not entities:
                 continue
             attributes = await describe(walk, entities, container=block)
@@ -86,32 +92,32 @@ class CompositionBackend(Backend):
                 attributes = attributes.model_copy(update={"available": False})
             result.devices.append(
                 DeviceRecord(
-                    key=str(odata_id(block)),
-                    resource_id=str(block.get("Id") or odata_id(block)),
+                    key=str(block.uri),
+                    resource_id=str(block.id or block.uri),
                     fabric=await self._fabric_of(walk, block, entities),
                     style=self.style,
                     attributes=attributes,
                     bound_hosts=bound,
                     reachable_hosts=expandable,
-                    block=odata_id(block),
+                    block=block.uri,
                 )
             )
         return result
 
-    async def _fabric_of(self, walk: Walk, block: JSON, entities: list[tuple[str, str]]) -> str:
+    async def _fabric_of(self, walk: Walk, block: ResourceBlock, entities: list[tuple[str, str]]) -> str:
         """The Redfish fabric the block's device sits on, so the device keeps its pool whichever
         style binds it: the device's ``Links.Endpoints``, else the switch of the block's chassis
         (Chassis ``Links.Switches``); "Composition" when the service says neither."""
         for _, uri in entities:
-            resource = await walk.get(uri)
-            adapter = await walk.get(link(resource, "Links", "NetworkAdapter"))
+            resource = await walk.read(uri, DeviceResource)
+            adapter = await walk.read(resource.links.network_adapter if resource else None, NetworkAdapter)
             for holder in (resource, adapter):
-                for endpoint in links(holder, "Links", "Endpoints"):
+                for endpoint in holder.links.endpoints if holder else ():
                     fabric = path_ids(endpoint, "Fabrics")
                     if fabric:
                         return fabric
-        for chassis in await walk.get_all(links(block, "Links", "Chassis")):
-            for switch in links(chassis, "Links", "Switches"):
+        for chassis in await walk.read_all(block.links.chassis, Chassis):
+            for switch in chassis.links.switches:
                 fabric = path_ids(switch, "Fabrics")
                 if fabric:
                     return fabric
@@ -125,23 +131,23 @@ class CompositionBackend(Backend):
             # Every block's device is bound through a fabric (zones, connections) and that
             # backend reads its bindings: reading each block here would find nothing to report.
             return {}
-        service = await walk.get(self.fabric_uri)
+        service = await walk.read(self.fabric_uri, CompositionService)
         return {
-            str(odata_id(block)): block_binding(block)[0]
-            for block in await walk.members(odata_id((service or {}).get("ResourceBlocks")))
+            str(block.uri): block_binding(block)[0]
+            for block in await walk.members(service.resource_blocks if service else None, ResourceBlock)
         }
 
     async def read_binding(self, device: DeviceRecord) -> tuple[str, ...]:
-        block = await Walk(self.client).get(device.block)
+        block = await Walk(self.client).read(device.block, ResourceBlock)
         return block_binding(block)[0] if block else ()
 
     async def _action(self, device: DeviceRecord, host: HostRecord, action: str, ctx: BindContext) -> None:
         block = await self.client.get(str(device.block))
         system = await self.client.get(host.uri)
-        target = action_target(system.body, f"ComputerSystem.{action}")
+        target = ComputerSystem.model_validate(system.body).actions.target(f"ComputerSystem.{action}")
         if not target:
             raise NodeNotFound(f"system {host.id} does not offer ComputerSystem.{action}")
-        body: dict[str, Any] = {"ResourceBlock": {"@odata.id": device.block}}
+        body: JSON = {"ResourceBlock": {"@odata.id": device.block}}
         if block.etag:
             body["ResourceBlockETag"] = block.etag
         if system.etag:

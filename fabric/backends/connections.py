@@ -25,23 +25,12 @@ from fabric.backends.base import (
 )
 from fabric.backends.describe import describe
 from fabric.backends.model import DeviceRecord, HostRecord
-from fabric.backends.walk import Walk, links, odata_id, path_ids
+from fabric.backends.views import Collection, Connection, Endpoint, Fabric, MemoryChunks, odata_id
+from fabric.backends.walk import Walk, path_ids
 from manager_api.devices import BindingStyle
 from manager_api.errors import BindFailed
 
 __all__ = ["ConnectionBackend"]
-
-JSON = dict[str, Any]
-
-
-def _chunks_of(connection: Mapping[str, Any]) -> list[str]:
-    found = []
-    for info in connection.get("MemoryChunkInfo") or []:
-        if isinstance(info, Mapping):
-            uri = odata_id(info.get("MemoryChunk"))
-            if uri:
-                found.append(uri)
-    return found
 
 
 class ConnectionBackend(Backend):
@@ -56,19 +45,17 @@ class ConnectionBackend(Backend):
         self._unlisted: list[str] = []
 
     async def discover(self, walk: Walk, hosts: Mapping[str, HostRecord]) -> DiscoveryResult:
-        fabric = await walk.get(self.fabric_uri)
+        fabric = await walk.read(self.fabric_uri, Fabric)
         if fabric is None:
             return DiscoveryResult()
         endpoints = await read_endpoints(walk, fabric)
         result = host_initiators(endpoints, hosts)
         self._initiator_hosts = {uri: host for host, uris in result.initiators.items() for uri in uris}
-        connections = await walk.members(odata_id(fabric.get("Connections")))
-        listed = {odata_id(c) for c in connections}
-        extra = [
-            u for view in endpoints for u in links(view.resource, "Links", "Connections") if u not in listed
-        ]
+        connections = await walk.members(fabric.connections, Connection)
+        listed = {c.uri for c in connections}
+        extra = [u for view in endpoints for u in view.endpoint.links.connections or () if u not in listed]
         self._unlisted = list(dict.fromkeys(extra))
-        connections.extend(await walk.get_all(extra))
+        connections.extend(await walk.read_all(extra, Connection))
         await self._learn_initiators(walk, connections)
         self._devices = []
         for view in endpoints:
@@ -76,10 +63,10 @@ class ConnectionBackend(Backend):
                 continue
             for chunk_uri in view.chunks:
                 self._devices.append((chunk_uri, view.uri))
-                chunk = await walk.get(chunk_uri)
+                chunk = await walk.read(chunk_uri, MemoryChunks)
                 if chunk is None:
                     continue
-                attributes = await describe(walk, view.entities, endpoint=view.resource, chunk=chunk)
+                attributes = await describe(walk, view.entities, endpoint=view.endpoint, chunk=chunk)
                 bound = {
                     host
                     for connection in connections
@@ -102,10 +89,10 @@ class ConnectionBackend(Backend):
         return result
 
     async def read_bindings(self, walk: Walk) -> dict[str, tuple[str, ...]]:
-        fabric = await walk.get(self.fabric_uri)
-        connections = await walk.members(odata_id((fabric or {}).get("Connections")))
-        listed = {odata_id(c) for c in connections}
-        connections.extend(await walk.get_all(u for u in self._unlisted if u not in listed))
+        fabric = await walk.read(self.fabric_uri, Fabric)
+        connections = await walk.members(fabric.connections if fabric else None, Connection)
+        listed = {c.uri for c in connections}
+        connections.extend(await walk.read_all((u for u in self._unlisted if u not in listed), Connection))
         await self._learn_initiators(walk, connections)
         return {
             chunk: tuple(
@@ -117,40 +104,41 @@ class ConnectionBackend(Backend):
         }
 
     @staticmethod
-    def _carries(connection: Mapping[str, Any], chunk: str, endpoint: str) -> bool:
-        chunks = _chunks_of(connection)
+    def _carries(connection: Connection, chunk: str, endpoint: str) -> bool:
+        chunks = connection.chunks
         if chunks:
             return chunk in chunks
         # A memory connection without MemoryChunkInfo grants the whole target endpoint.
-        return endpoint in links(connection, "Links", "TargetEndpoints")
+        return endpoint in connection.links.target_endpoints
 
-    def _hosts_of(self, connection: Mapping[str, Any]) -> set[str]:
+    def _hosts_of(self, connection: Connection) -> set[str]:
         hosts = set()
-        for uri in links(connection, "Links", "InitiatorEndpoints"):
+        for uri in connection.links.initiator_endpoints:
             host = self._initiator_hosts.get(uri)
             if host:
                 hosts.add(host)
         return hosts
 
-    async def _learn_initiators(self, walk: Walk, connections: list[JSON]) -> None:
+    async def _learn_initiators(self, walk: Walk, connections: list[Connection]) -> None:
         """Initiators a connection names but the Endpoints collection does not list (public-cxl's I4)."""
         for connection in connections:
-            for uri in links(connection, "Links", "InitiatorEndpoints"):
+            for uri in connection.links.initiator_endpoints:
                 if uri not in self._initiator_hosts:
-                    view = classify_endpoint(await walk.get(uri) or {})
+                    view = classify_endpoint(await walk.read(uri, Endpoint))
                     if view is not None and view.host:
                         self._initiator_hosts[uri] = view.host
 
-    async def _fresh_connections(self, walk: Walk, device: DeviceRecord) -> list[JSON]:
-        endpoint = await walk.get(device.endpoint)
-        endpoint_links = (endpoint or {}).get("Links")
-        if isinstance(endpoint_links, Mapping) and "Connections" in endpoint_links:
-            uris = links(endpoint, "Links", "Connections")
+    async def _fresh_connections(self, walk: Walk, device: DeviceRecord) -> list[Connection]:
+        endpoint = await walk.read(device.endpoint, Endpoint)
+        listed = endpoint.links.connections if endpoint else None
+        if listed is not None:
+            uris: list[str] = list(listed)
         else:
-            fabric = await walk.get(self.fabric_uri)
-            collection = await walk.get(odata_id((fabric or {}).get("Connections")))
-            uris = [u for u in (odata_id(m) for m in (collection or {}).get("Members") or []) if u]
-        connections = await walk.get_all(uris)
+            fabric = await walk.read(self.fabric_uri, Fabric)
+            collection = await walk.read(fabric.connections if fabric else None, Collection)
+            members = collection.members if collection else []
+            uris = [u for u in (odata_id(m) for m in members if isinstance(members, list)) if u]
+        connections = await walk.read_all(uris, Connection)
         await self._learn_initiators(walk, connections)
         return [c for c in connections if self._carries(c, str(device.chunk), str(device.endpoint))]
 
@@ -164,8 +152,8 @@ class ConnectionBackend(Backend):
     async def bind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
         initiators = self.initiators_of(host)
         walk = Walk(self.client)
-        fabric = await walk.get(self.fabric_uri)
-        collection = odata_id((fabric or {}).get("Connections"))
+        fabric = await walk.read(self.fabric_uri, Fabric)
+        collection = fabric.connections if fabric else None
         if not collection:
             raise BindFailed(
                 f"fabric {self.fabric_id} has no Connections collection to bind {device.name} with"
@@ -192,8 +180,8 @@ class ConnectionBackend(Backend):
         for connection in await self._fresh_connections(walk, device):
             if host.id not in self._hosts_of(connection):
                 continue
-            uri = str(odata_id(connection))
-            others = [c for c in _chunks_of(connection) if c != device.chunk]
+            uri = str(connection.uri)
+            others = [c for c in connection.chunks if c != device.chunk]
             if others:
                 raise BindFailed(
                     f"connection {uri} also carries {len(others)} other memory chunk(s); "

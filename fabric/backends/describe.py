@@ -10,17 +10,33 @@ from the most specific resource that has it.
 
 from __future__ import annotations
 
+import asyncio
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import TypeVar
 
 from fabric.backends.model import DiscoveredAttributes
-from fabric.backends.walk import Walk, link, links, path_ids
+from fabric.backends.views import (
+    CXLLogicalDevice,
+    DeviceResource,
+    Drive,
+    Endpoint,
+    MemoryChunks,
+    NetworkAdapter,
+    PCIeDevice,
+    PCIeFunction,
+    PCIeInterface,
+    Port,
+    Processor,
+    Resource,
+    view_of_kind,
+)
+from fabric.backends.walk import Walk, path_ids
 from manager_api.devices import DeviceType, Health
 
 __all__ = ["DEVICE_ENTITY_TYPES", "describe", "locate_port", "status_of"]
 
-JSON = dict[str, Any]
+D = TypeVar("D", bound=DeviceResource)
 
 #: Endpoint ``ConnectedEntities[].EntityType`` values that are devices (not switches, bridges, managers)
 DEVICE_ENTITY_TYPES = frozenset(
@@ -45,44 +61,34 @@ _UNAVAILABLE_STATES = frozenset({"Absent", "Disabled", "UnavailableOffline", "St
 _HEALTH_ORDER = {Health.OK: 0, Health.WARNING: 1, Health.CRITICAL: 2}
 
 
-def status_of(resource: Mapping[str, Any] | None) -> tuple[Health | None, str | None]:
+def status_of(resource: Resource | None) -> tuple[Health | None, str | None]:
     """(Status.Health, Status.State) of a resource, either possibly None."""
-    status = resource.get("Status") if resource else None
-    if not isinstance(status, Mapping):
+    if resource is None:
         return None, None
-    health_text = status.get("Health")
-    health = None
-    if health_text in ("OK", "Warning", "Critical"):
-        health = Health(health_text)
-    state = status.get("State")
-    return health, str(state) if state else None
+    status = resource.status
+    health = Health(status.health) if status.health in ("OK", "Warning", "Critical") else None
+    return health, status.state or None
 
 
-def _odata_kind(resource: Mapping[str, Any]) -> str:
-    """``#PCIeFunction.v1_7_0.PCIeFunction`` → ``PCIeFunction``."""
-    text = str(resource.get("@odata.type") or "")
-    return text.lstrip("#").split(".", 1)[0]
-
-
-def _pci_id(value: object) -> str | None:
-    if not isinstance(value, str) or not re.fullmatch(r"0[xX][0-9a-fA-F]{4}", value.strip()):
+def _pci_id(value: str | None) -> str | None:
+    if value is None or not re.fullmatch(r"0[xX][0-9a-fA-F]{4}", value.strip()):
         return None
     return value.strip().lower()
 
 
-def _mib(value: object) -> int | None:
-    return int(value) * 1024 * 1024 if isinstance(value, int | float) and value > 0 else None
+def _mib(value: float | None) -> int | None:
+    return int(value) * 1024 * 1024 if value is not None and value > 0 else None
 
 
-def _generation(pcie_type: object) -> int | None:
-    match = re.fullmatch(r"Gen(\d+)", str(pcie_type or ""))
+def _generation(pcie_type: str | None) -> int | None:
+    match = re.fullmatch(r"Gen(\d+)", pcie_type or "")
     return int(match.group(1)) if match else None
 
 
-def _type_from_class(function: Mapping[str, Any] | None) -> DeviceType | None:
-    if not function:
+def _type_from_class(function: PCIeFunction | None) -> DeviceType | None:
+    if function is None:
         return None
-    code = str(function.get("ClassCode") or "").lower()
+    code = (function.class_code or "").lower()
     if re.fullmatch(r"0x[0-9a-f]{6}", code):
         if code.startswith("0x03"):
             return DeviceType.GPU
@@ -90,40 +96,24 @@ def _type_from_class(function: Mapping[str, Any] | None) -> DeviceType | None:
             return DeviceType.NVME
         if code.startswith("0x02"):
             return DeviceType.NIC
-    device_class = function.get("DeviceClass")
     return {
         "DisplayController": DeviceType.GPU,
         "NetworkController": DeviceType.NIC,
-    }.get(str(device_class))
+    }.get(str(function.device_class))
 
 
-def _first(*values: object) -> Any:
-    for value in values:
-        if value not in (None, "", [], {}):
-            return value
-    return None
+def _first(*values: str | None) -> str | None:
+    return next((v for v in values if v), None)
 
 
-def _endpoint_ports(endpoint: Mapping[str, Any] | None) -> list[str]:
+def _endpoint_ports(endpoint: Endpoint | None) -> list[str]:
     """Switch ports first (``ConnectedPorts``), then the endpoint's own (``Ports``, ``LocalPorts``)."""
+    if endpoint is None:
+        return []
     found: list[str] = []
-    for name in ("ConnectedPorts", "Ports", "LocalPorts"):
-        found.extend(u for u in links(endpoint, "Links", name) if u not in found)
+    for uris in (endpoint.links.connected_ports, endpoint.links.ports, endpoint.links.local_ports):
+        found.extend(u for u in uris if u not in found)
     return found
-
-
-def _entity_pci_id(endpoint: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-    for entity in (endpoint or {}).get("ConnectedEntities") or []:
-        if isinstance(entity, Mapping) and isinstance(entity.get("EntityPciId"), Mapping):
-            return entity["EntityPciId"]  # type: ignore[no-any-return]
-    return None
-
-
-def _adapter_controller(adapter: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-    controllers = (adapter or {}).get("Controllers")
-    if isinstance(controllers, list) and controllers and isinstance(controllers[0], Mapping):
-        return controllers[0]
-    return None
 
 
 async def locate_port(walk: Walk, port_uris: Sequence[str]) -> tuple[str | None, str | None]:
@@ -137,123 +127,131 @@ async def locate_port(walk: Walk, port_uris: Sequence[str]) -> tuple[str | None,
         if switch:
             return switch, path_ids(uri, "Ports")
     for uri in port_uris:
-        port = await walk.get(uri)
-        switch_ports = links(port, "Links", "ConnectedSwitchPorts")
+        port = await walk.read(uri, Port)
+        if port is None:
+            continue
+        switch_ports = port.links.connected_switch_ports
         if switch_ports:
             return path_ids(switch_ports[0], "Switches"), path_ids(switch_ports[0], "Ports")
-        switches = links(port, "Links", "ConnectedSwitches")
+        switches = port.links.connected_switches
         if switches:
             return path_ids(switches[0], "Switches"), None
     return None, None
+
+
+def _as(resource: DeviceResource | None, view: type[D]) -> D | None:
+    """``resource`` when it was read as ``view`` (its ``@odata.type`` says it is one)."""
+    return resource if isinstance(resource, view) else None
 
 
 async def describe(
     walk: Walk,
     entities: Sequence[tuple[str, str]],
     *,
-    endpoint: Mapping[str, Any] | None = None,
-    container: Mapping[str, Any] | None = None,
-    chunk: Mapping[str, Any] | None = None,
+    endpoint: Endpoint | None = None,
+    container: Resource | None = None,
+    chunk: MemoryChunks | None = None,
 ) -> DiscoveredAttributes:
     """Attributes of the device made of ``entities`` ((EntityType, URI) pairs).
 
     ``endpoint`` is its target endpoint (zone and connection styles), ``container`` its resource
     block (composition), ``chunk`` the memory chunk that is the unit of binding (connection style).
     """
-    resources = await walk.get_all(uri for _, uri in entities)
-    by_kind: dict[str, JSON] = {}
-    for resource in resources:
-        by_kind.setdefault(_odata_kind(resource), resource)
-    processor = by_kind.get("Processor")
-    drive = by_kind.get("Drive")
-    network = _first(
-        by_kind.get("NetworkAdapter"),
-        by_kind.get("NetworkDeviceFunction"),
-        by_kind.get("NetworkInterface"),
-        by_kind.get("EthernetInterface"),
+    by_kind: dict[str, DeviceResource] = {}
+    for body in await asyncio.gather(*(walk.get(uri) for uri in dict.fromkeys(uri for _, uri in entities))):
+        if body is not None:
+            resource = view_of_kind(body)
+            by_kind.setdefault(resource.kind, resource)
+    processor = _as(by_kind.get("Processor"), Processor)
+    drive = _as(by_kind.get("Drive"), Drive)
+    network: DeviceResource | None = next(
+        (
+            by_kind[kind]
+            for kind in ("NetworkAdapter", "NetworkDeviceFunction", "NetworkInterface", "EthernetInterface")
+            if kind in by_kind
+        ),
+        None,
     )
-    if network is not None and _odata_kind(network) != "NetworkAdapter":
+    if network is not None and not isinstance(network, NetworkAdapter):
         # A system's NetworkInterface (composition) stands for a NetworkAdapter: describe that.
-        adapter = await walk.get(link(network, "Links", "NetworkAdapter"))
+        adapter = await walk.read(network.links.network_adapter, NetworkAdapter)
         if adapter is not None:
             network = by_kind["NetworkAdapter"] = adapter
-    logical = by_kind.get("CXLLogicalDevice")
+    logical = _as(by_kind.get("CXLLogicalDevice"), CXLLogicalDevice)
     if chunk is None:
-        chunk = by_kind.get("MemoryChunks")
+        chunk = _as(by_kind.get("MemoryChunks"), MemoryChunks)
     if logical is None and chunk is not None:
-        logical = await walk.get(link(chunk, "Links", "CXLLogicalDevices"))
+        logical = await walk.read(chunk.links.cxl_logical_devices, CXLLogicalDevice)
 
-    function = by_kind.get("PCIeFunction")
+    function = _as(by_kind.get("PCIeFunction"), PCIeFunction)
     if function is None:
         for holder in (processor, drive, network, logical):
-            uri = link(holder, "Links", "PCIeFunctions") or link(holder, "Links", "PCIeFunction")
+            uri = (holder.links.pcie_functions or holder.links.pcie_function) if holder else None
             if uri:
-                function = await walk.get(uri)
+                function = await walk.read(uri, PCIeFunction)
                 if function:
                     break
-    pcie_device = by_kind.get("PCIeDevice")
-    controller = _adapter_controller(network)
+    pcie_device = _as(by_kind.get("PCIeDevice"), PCIeDevice)
+    controller = network.controller if isinstance(network, NetworkAdapter) else None
     if pcie_device is None:
         uri = (
-            link(function, "Links", "PCIeDevice")
-            or link(processor, "Links", "PCIeDevice")
-            or link(drive, "Links", "PCIeDevice")
-            or link(controller, "Links", "PCIeDevices")
+            (function.links.pcie_device if function else None)
+            or (processor.links.pcie_device if processor else None)
+            or (drive.links.pcie_device if drive else None)
+            or (controller.links.pcie_devices if controller else None)
         )
-        pcie_device = await walk.get(uri)
+        pcie_device = await walk.read(uri, PCIeDevice)
     if function is None and pcie_device is not None:
-        function = await walk.get(link(pcie_device, "PCIeFunctions"))
-        if function is not None and "Members" in function:  # the collection: its first function
-            function = await walk.get(link(function, "Members"))
+        function = await walk.read(pcie_device.pcie_functions, PCIeFunction)
+        if function is not None and "members" in function.model_fields_set:
+            function = await walk.read(function.members, PCIeFunction)  # the collection: its first
     # Endpoints may carry the PCI IDs themselves (Endpoint 1.x ConnectedEntities[].EntityPciId).
-    pci_id = _entity_pci_id(endpoint)
+    pci_id = endpoint.entity_pci_id if endpoint else None
     if function is None and pci_id:
-        function = {
-            "VendorId": pci_id.get("VendorId"),
-            "DeviceId": pci_id.get("DeviceId"),
-            "ClassCode": pci_id.get("ClassCode"),
-        }
+        function = PCIeFunction.model_validate(
+            {"VendorId": pci_id.vendor_id, "DeviceId": pci_id.device_id, "ClassCode": pci_id.class_code}
+        )
 
     kind = DeviceType.OTHER
-    if processor and str(processor.get("ProcessorType")) in _PROCESSOR_TYPES:
-        kind = _PROCESSOR_TYPES[str(processor.get("ProcessorType"))]
-    elif drive and str(drive.get("Protocol")) in ("NVMe", "NVMeOverFabrics"):
+    if processor and processor.processor_type in _PROCESSOR_TYPES:
+        kind = _PROCESSOR_TYPES[processor.processor_type]
+    elif drive and drive.protocol in ("NVMe", "NVMeOverFabrics"):
         kind = DeviceType.NVME
     elif network is not None:
         kind = DeviceType.NIC
     elif (guess := _type_from_class(function)) is not None:
         kind = guess
-    elif chunk is not None or (logical and "CXLmem" in (logical.get("SemanticsSupported") or [])):
+    elif chunk is not None or (logical and "CXLmem" in (logical.semantics_supported or ())):
         kind = DeviceType.CXL_MEMORY
 
     memory: int | None = None
     if kind in (DeviceType.GPU, DeviceType.FPGA) and processor:
-        summary = processor.get("MemorySummary") or {}
-        memory = _mib(summary.get("TotalMemorySizeMiB"))
+        memory = _mib(processor.memory_summary.total_memory_size_mib)
         if memory is None:
             total = sum(
-                int(m.get("CapacityMiB") or 0)
-                for m in processor.get("ProcessorMemory") or []
-                if isinstance(m, Mapping) and not m.get("IntegratedMemory")
+                m.capacity_mib or 0 for m in processor.processor_memory or () if not m.integrated_memory
             )
             memory = _mib(total)
     elif drive is not None:
-        capacity = drive.get("CapacityBytes")
-        memory = int(capacity) if isinstance(capacity, int) and capacity > 0 else None
+        capacity = drive.capacity_bytes
+        memory = capacity if capacity is not None and capacity > 0 else None
     if memory is None and chunk is not None:
-        memory = _mib(chunk.get("MemoryChunkSizeMiB"))
+        memory = _mib(chunk.memory_chunk_size_mib)
     if memory is None and logical is not None:
-        memory = _mib(logical.get("MemorySizeMiB"))
+        memory = _mib(logical.memory_size_mib)
 
-    primary = _first(processor, drive, network, pcie_device, logical) or {}
-    interface = (pcie_device or {}).get("PCIeInterface") or (controller or {}).get("PCIeInterface") or {}
-    serial = _first(primary.get("SerialNumber"), (pcie_device or {}).get("SerialNumber"))
+    primary: DeviceResource | None = processor or drive or network or pcie_device or logical
+    interface = (
+        (pcie_device.pcie_interface if pcie_device else None)
+        or (controller.pcie_interface if controller else None)
+        or PCIeInterface()
+    )
+    serial = _first(
+        primary.serial_number if primary else None, pcie_device.serial_number if pcie_device else None
+    )
     if serial is None and logical is not None:
-        for identifier in logical.get("Identifiers") or []:
-            if isinstance(identifier, Mapping) and identifier.get("DurableName"):
-                serial = identifier["DurableName"]
-                break
-    uuid = _first(primary.get("UUID"), (pcie_device or {}).get("UUID"))
+        serial = next((i.durable_name for i in logical.identifiers or () if i.durable_name), None)
+    uuid = _first(primary.uuid if primary else None, pcie_device.uuid if pcie_device else None)
 
     health: Health = Health.OK
     available = True
@@ -269,28 +267,32 @@ async def describe(
         switch, port = await locate_port(walk, _endpoint_ports(endpoint))
     if switch is None:
         for holder in (processor, drive, network):
-            endpoints = links(holder, "Links", "Endpoints")
+            endpoints = holder.links.endpoints if holder else ()
             if endpoints:
-                switch, port = await locate_port(walk, _endpoint_ports(await walk.get(endpoints[0])))
+                switch, port = await locate_port(
+                    walk, _endpoint_ports(await walk.read(endpoints[0], Endpoint))
+                )
                 if switch:
                     break
 
     identities = {uri for _, uri in entities}
     for linked in (function, pcie_device, logical, chunk):
-        if linked and linked.get("@odata.id"):
-            identities.add(str(linked["@odata.id"]).rstrip("/"))
+        if linked and linked.uri:
+            identities.add(linked.uri)
     return DiscoveredAttributes(
         type=kind,
-        vendor=_first(primary.get("Manufacturer"), (pcie_device or {}).get("Manufacturer")),
-        vendor_id=_pci_id((function or {}).get("VendorId"))
-        or _pci_id(((processor or {}).get("ProcessorId") or {}).get("VendorId")),
-        device_id=_pci_id((function or {}).get("DeviceId")),
-        model=_first(primary.get("Model"), (pcie_device or {}).get("Model")),
-        serial=str(serial) if serial else None,
-        uuid=str(uuid).lower() if uuid else None,
+        vendor=_first(
+            primary.manufacturer if primary else None, pcie_device.manufacturer if pcie_device else None
+        ),
+        vendor_id=_pci_id(function.vendor_id if function else None)
+        or _pci_id(processor.processor_id.vendor_id if processor else None),
+        device_id=_pci_id(function.device_id if function else None),
+        model=_first(primary.model if primary else None, pcie_device.model if pcie_device else None),
+        serial=serial,
+        uuid=uuid.lower() if uuid else None,
         memory_bytes=memory,
-        pcie_generation=_generation(_first(interface.get("PCIeType"), interface.get("MaxPCIeType"))),
-        pcie_width=_first(interface.get("LanesInUse"), interface.get("MaxLanes")),
+        pcie_generation=_generation(_first(interface.pcie_type, interface.max_pcie_type)),
+        pcie_width=interface.max_lanes if interface.lanes_in_use is None else interface.lanes_in_use,
         switch=switch,
         port=port,
         health=health,

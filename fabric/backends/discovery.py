@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,7 +25,8 @@ from fabric.backends.base import Backend
 from fabric.backends.composition import COMPOSITION_FABRIC, CompositionBackend
 from fabric.backends.connections import ConnectionBackend
 from fabric.backends.model import DeviceRecord, FabricInfo, FabricSnapshot, HostRecord
-from fabric.backends.walk import Walk, odata_id
+from fabric.backends.views import ComputerSystem, Fabric, ServiceRoot
+from fabric.backends.walk import Walk
 from fabric.backends.zones import ZoneBackend
 from fabric.device_names import assign_names
 from fabric.redfish.client import SERVICE_ROOT, RedfishClient
@@ -85,12 +86,12 @@ class Discovery:
             log.info("fabric binding style chosen", fabric=fabric_id, style=str(cls.style))
         return backend
 
-    def _plan_fabric(self, fabric: Mapping[str, Any]) -> list[Backend]:
-        fabric_id = str(fabric.get("Id"))
-        uri = odata_id(fabric)
+    def _plan_fabric(self, fabric: Fabric) -> list[Backend]:
+        fabric_id = str(fabric.id)
+        uri = fabric.uri
         choice = self.plan.choice(fabric_id)
-        has_zones = odata_id(fabric.get("Zones")) is not None
-        has_connections = odata_id(fabric.get("Connections")) is not None
+        has_zones = fabric.zones is not None
+        has_connections = fabric.connections is not None
         if choice == "auto":
             if has_connections:
                 chosen: list[Backend] = [self._backend(ConnectionBackend, fabric_id, uri)]
@@ -130,29 +131,29 @@ class Discovery:
     async def _scan(self) -> FabricSnapshot:
         snapshot = FabricSnapshot()
         probe = Walk(self.client)
-        root = await probe.get(SERVICE_ROOT) or {}
-        self._expand = _supports_expand(root)
+        body = await probe.get(SERVICE_ROOT) or {}
+        root = ServiceRoot.model_validate(body)
+        self._expand = root.supports_expand
         walk = Walk(self.client, concurrency=self.concurrency, expand=self._expand)
-        walk.seed(root)
+        walk.seed(body)
 
         hosts: dict[str, HostRecord] = {}
-        for system in await walk.members(odata_id(root.get("Systems"))):
-            system_id = str(system.get("Id") or "")
-            uri = odata_id(system)
+        for system in await walk.members(root.systems, ComputerSystem):
+            system_id = system.id or ""
+            uri = system.uri
             if system_id and uri:
-                uuid = system.get("UUID")
                 hosts[system_id] = HostRecord(
                     id=system_id,
                     uri=uri,
-                    uuid=str(uuid).lower() if uuid else None,
-                    name=system.get("Name"),
-                    host_name=system.get("HostName"),
+                    uuid=system.uuid.lower() if system.uuid else None,
+                    name=system.name,
+                    host_name=system.host_name,
                 )
 
         planned: list[Backend] = []
-        for fabric in await walk.members(odata_id(root.get("Fabrics"))):
+        for fabric in await walk.members(root.fabrics, Fabric):
             planned.extend(self._plan_fabric(fabric))
-        composition_uri = odata_id(root.get("CompositionService"))
+        composition_uri = root.composition_service
         composition_choice = self.plan.choice(COMPOSITION_FABRIC)
         if composition_uri and composition_choice in ("auto", "composition"):
             planned.append(self._backend(CompositionBackend, COMPOSITION_FABRIC, composition_uri))
@@ -223,12 +224,6 @@ def unreadable_payloads(what: str) -> Iterator[None]:
             f"{what} stopped: the Redfish service sent a payload fabric-dra cannot read ({detail}); "
             "check the service's answers (fabric-dra logs what it was) or report it"
         ) from err
-
-
-def _supports_expand(root: Mapping[str, Any]) -> bool:
-    features = root.get("ProtocolFeaturesSupported") or {}
-    expand = features.get("ExpandQuery") if isinstance(features, Mapping) else None
-    return isinstance(expand, Mapping) and bool(expand.get("ExpandAll") or expand.get("NoLinks"))
 
 
 def _without_duplicates(candidates: list[DeviceRecord], known: list[DeviceRecord]) -> list[DeviceRecord]:

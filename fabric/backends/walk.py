@@ -11,49 +11,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar, cast
 
+from fabric.backends.views import JSON, Collection, View, odata_id
 from fabric.redfish.client import RedfishClient
 from manager_api.errors import FabricError, FabricUnavailable, NotFoundError
 
-__all__ = ["Walk", "link", "links", "odata_id", "path_ids"]
+__all__ = ["Walk", "path_ids"]
 
-JSON = dict[str, Any]
-
-
-def odata_id(value: object) -> str | None:
-    """The ``@odata.id`` of a navigation link object, or None — also when it is no URI path
-    (DSP0266: a resource identifier is the path of its URI)."""
-    if isinstance(value, Mapping):
-        target = value.get("@odata.id")
-        if isinstance(target, str) and target.startswith("/") and target.isprintable():
-            return target.rstrip("/") or "/"
-    return None
-
-
-def link(resource: Mapping[str, Any] | None, *path: str) -> str | None:
-    """``link(r, "Links", "PCIeDevice")`` → the URI that property points to (single link)."""
-    value: object = resource
-    for key in path:
-        if not isinstance(value, Mapping):
-            return None
-        value = value.get(key)
-    if isinstance(value, list):
-        return odata_id(value[0]) if value else None
-    return odata_id(value)
-
-
-def links(resource: Mapping[str, Any] | None, *path: str) -> list[str]:
-    """All URIs of a link array (or a single link) at ``path``."""
-    value: object = resource
-    for key in path:
-        if not isinstance(value, Mapping):
-            return []
-        value = value.get(key)
-    if isinstance(value, list):
-        return [u for u in (odata_id(v) for v in value) if u]
-    single = odata_id(value)
-    return [single] if single else []
+V = TypeVar("V", bound=View)
 
 
 def path_ids(uri: str, collection: str) -> str | None:
@@ -74,6 +40,7 @@ class Walk:
         self.expand = expand
         self._cache: dict[str, JSON | None] = {}
         self._inflight: dict[str, asyncio.Future[JSON | None]] = {}
+        self._views: dict[tuple[str, type[View]], View] = {}
         self._limit = asyncio.Semaphore(concurrency)
         self.gets = 0
 
@@ -112,18 +79,29 @@ class Walk:
         finally:
             del self._inflight[uri]
 
-    async def get_all(self, uris: Iterable[str]) -> list[JSON]:
-        found = await asyncio.gather(*(self.get(u) for u in dict.fromkeys(uris)))
+    async def read(self, uri: str | None, view: type[V]) -> V | None:
+        """The resource at ``uri`` read as ``view`` (each resource is read once per view per pass)."""
+        body = await self.get(uri)
+        if body is None or uri is None:
+            return None
+        key = (uri.rstrip("/") or "/", view)
+        found = self._views.get(key)
+        if found is None:
+            found = self._views[key] = view.model_validate(body)
+        return cast(V, found)
+
+    async def read_all(self, uris: Iterable[str], view: type[V]) -> list[V]:
+        found = await asyncio.gather(*(self.read(u, view) for u in dict.fromkeys(uris)))
         return [r for r in found if r is not None]
 
-    async def members(self, collection: str | None) -> list[JSON]:
-        """Every member of a collection, following ``Members@odata.nextLink`` pages.
+    async def members(self, collection: str | None, view: type[V]) -> list[V]:
+        """Every member of a collection as ``view``, following ``Members@odata.nextLink`` pages.
 
         With ``expand`` the collection is read with ``$expand=.($levels=1)`` (DSP0266 "Query
         parameters"); members that come back as bare links are read one by one, so a service that
         ignores the query still works.
         """
-        return await self.get_all(await self.member_uris(collection))
+        return await self.read_all(await self.member_uris(collection), view)
 
     async def member_uris(self, collection: str | None) -> list[str]:
         """The URIs of every member of a collection, following ``Members@odata.nextLink`` pages
@@ -148,7 +126,8 @@ class Walk:
             first = False
             if page is None:
                 return []
-            members = page.get("Members", [])
+            listing = Collection.model_validate(page)
+            members = listing.members
             if not isinstance(members, list):
                 # Not "no members": an empty reading of Zones or Connections would say nothing is bound.
                 raise FabricUnavailable(
@@ -162,8 +141,8 @@ class Walk:
                 if isinstance(member, Mapping) and len(member) > 1 and "Id" in member:
                     self.seed(member)
                 member_uris.append(uri)
-            next_link = page.get("Members@odata.nextLink")
-            page_uri = next_link if isinstance(next_link, str) and next_link.startswith("/") else None
+            next_link = listing.next_link
+            page_uri = next_link if next_link and next_link.startswith("/") else None
         return member_uris
 
     async def _get_expanded(self, uri: str) -> JSON | None:

@@ -27,21 +27,20 @@ from fabric.backends.base import (
     BindContext,
     DiscoveryResult,
     EndpointView,
-    action_target,
     classify_endpoint,
     host_initiators,
     read_endpoints,
 )
 from fabric.backends.describe import describe
 from fabric.backends.model import DeviceRecord, HostRecord
-from fabric.backends.walk import Walk, links, odata_id
+from fabric.backends.views import JSON, Endpoint, Fabric, Zone
+from fabric.backends.walk import Walk
 from fabric.redfish.client import RedfishResponse
 from manager_api.devices import BindingStyle
 from manager_api.errors import BindFailed, NotFoundError
 
 __all__ = ["ZONE_NAME_PREFIX", "ZoneBackend"]
 
-JSON = dict[str, Any]
 ZONE_NAME_PREFIX = "fabric-dra "
 _BINDING_ZONE_TYPES = (None, "ZoneOfEndpoints")
 #: how long the read before a bind or unbind may stand in for the read the action needs
@@ -51,17 +50,20 @@ _SNAPSHOT_SECONDS = 2.0
 @dataclass(slots=True)
 class _Zone:
     uri: str
-    resource: JSON
+    zone: Zone
     endpoints: set[str]
 
     @classmethod
-    def of(cls, uri: str, resource: JSON) -> _Zone:
-        """The zone at ``uri`` as ``resource`` describes it, with the endpoints it links."""
-        return cls(uri, resource, set(links(resource, "Links", "Endpoints")))
+    def of(cls, uri: str, zone: Zone) -> _Zone:
+        """The zone at ``uri`` as ``zone`` describes it, with the endpoints it links."""
+        return cls(uri, zone, set(zone.links.endpoints))
 
     @property
     def ours(self) -> bool:
-        return str(self.resource.get("Name") or "").startswith(ZONE_NAME_PREFIX)
+        return (self.zone.name or "").startswith(ZONE_NAME_PREFIX)
+
+    def action(self, action: str) -> str | None:
+        return self.zone.actions.target(action)
 
 
 @dataclass(slots=True)
@@ -100,7 +102,7 @@ class ZoneBackend(Backend):
         self._prefetched: dict[str, tuple[_Zone, str | None, int, float]] = {}
 
     async def discover(self, walk: Walk, hosts: Mapping[str, HostRecord]) -> DiscoveryResult:
-        fabric = await walk.get(self.fabric_uri)
+        fabric = await walk.read(self.fabric_uri, Fabric)
         if fabric is None:
             return DiscoveryResult()
         endpoints = await read_endpoints(walk, fabric)
@@ -114,7 +116,7 @@ class ZoneBackend(Backend):
             if not view.is_target or (self.skip_memory_targets and view.chunks):
                 continue
             self._targets.append(view.uri)
-            attributes = await describe(walk, view.entities, endpoint=view.resource)
+            attributes = await describe(walk, view.entities, endpoint=view.endpoint)
             bound = self._bound_in(view.uri, zones)
             result.devices.append(
                 DeviceRecord(
@@ -135,7 +137,7 @@ class ZoneBackend(Backend):
         own: dict[str, str] = {}
         for zone in sorted(zones, key=lambda z: z.uri):
             hosts = {self._initiator_hosts[e] for e in zone.endpoints if e in self._initiator_hosts}
-            if len(hosts) == 1 and action_target(zone.resource, "Zone.AddEndpoint"):
+            if len(hosts) == 1 and zone.action("Zone.AddEndpoint"):
                 own.setdefault(hosts.pop(), zone.uri)
         return own
 
@@ -151,47 +153,44 @@ class ZoneBackend(Backend):
         )
 
     async def read_bindings(self, walk: Walk) -> dict[str, tuple[str, ...]]:
-        fabric = await walk.get(self.fabric_uri)
+        fabric = await walk.read(self.fabric_uri, Fabric)
         zones: dict[str, _Zone] = {}
-        for resource in await walk.members(odata_id((fabric or {}).get("Zones"))):
-            self._add_zone(zones, resource)
+        for zone in await walk.members(fabric.zones if fabric else None, Zone):
+            self._add_zone(zones, zone)
         return {t: tuple(self._bound_in(t, list(zones.values()))) for t in self._targets}
 
-    async def _zones(
-        self, walk: Walk, fabric: Mapping[str, Any], endpoints: list[EndpointView]
-    ) -> list[_Zone]:
+    async def _zones(self, walk: Walk, fabric: Fabric, endpoints: list[EndpointView]) -> list[_Zone]:
         zones: dict[str, _Zone] = {}
-        for resource in await walk.members(odata_id(fabric.get("Zones"))):
-            self._add_zone(zones, resource)
+        for zone in await walk.members(fabric.zones, Zone):
+            self._add_zone(zones, zone)
         # Endpoints may list zones the collection does not (or the other way round): take both.
         for view in endpoints:
-            for uri in links(view.resource, "Links", "Zones"):
+            for uri in view.endpoint.links.zones or ():
                 if uri not in zones:
-                    self._add_zone(zones, await walk.get(uri))
+                    self._add_zone(zones, await walk.read(uri, Zone))
                 if uri in zones:
                     zones[uri].endpoints.add(view.uri)
         return list(zones.values())
 
     @staticmethod
-    def _add_zone(zones: dict[str, _Zone], resource: JSON | None) -> None:
-        uri = odata_id(resource)
-        if resource is None or uri is None or resource.get("ZoneType") not in _BINDING_ZONE_TYPES:
+    def _add_zone(zones: dict[str, _Zone], zone: Zone | None) -> None:
+        uri = zone.uri if zone else None
+        if zone is None or uri is None or zone.zone_type not in _BINDING_ZONE_TYPES:
             return
-        zones[uri] = _Zone.of(uri, resource)
+        zones[uri] = _Zone.of(uri, zone)
 
-    async def _fresh_zones_of(self, walk: Walk, endpoint: JSON) -> list[_Zone]:
+    async def _fresh_zones_of(self, walk: Walk, endpoint: Endpoint) -> list[_Zone]:
         """Zones that contain ``endpoint``, read now."""
-        endpoint_links = endpoint.get("Links") if isinstance(endpoint.get("Links"), Mapping) else None
         zones: dict[str, _Zone] = {}
-        if endpoint_links is not None and "Zones" in endpoint_links:
-            for resource in await walk.get_all(links(endpoint, "Links", "Zones")):
-                self._add_zone(zones, resource)
+        if endpoint.links.zones is not None:
+            for read in await walk.read_all(endpoint.links.zones, Zone):
+                self._add_zone(zones, read)
         else:
-            fabric = await walk.get(self.fabric_uri)
-            for resource in await walk.members(odata_id((fabric or {}).get("Zones"))):
-                self._add_zone(zones, resource)
-        uri = odata_id(endpoint)
-        listed = set(links(endpoint, "Links", "Zones"))
+            fabric = await walk.read(self.fabric_uri, Fabric)
+            for read in await walk.members(fabric.zones if fabric else None, Zone):
+                self._add_zone(zones, read)
+        uri = endpoint.uri
+        listed = set(endpoint.links.zones or ())
         found = []
         for zone in zones.values():
             if zone.uri in listed and uri:
@@ -205,8 +204,7 @@ class ZoneBackend(Backend):
             return self._initiator_hosts[endpoint_uri]
         if endpoint_uri in self._target_set:
             return None  # a device target of the last discovery, no host's initiator
-        resource = await walk.get(endpoint_uri)
-        view = classify_endpoint(resource) if resource else None
+        view = classify_endpoint(await walk.read(endpoint_uri, Endpoint))
         if view is not None and view.host:
             self._initiator_hosts[endpoint_uri] = view.host
             return view.host
@@ -226,21 +224,20 @@ class ZoneBackend(Backend):
         except NotFoundError:
             return None
 
-    async def _zones_with_etags(self, endpoint: JSON) -> list[tuple[_Zone, str | None]]:
+    async def _zones_with_etags(self, endpoint: Endpoint) -> list[tuple[_Zone, str | None]]:
         """Zones that contain ``endpoint``, read now, each with its ETag."""
-        uri = odata_id(endpoint)
-        listed = links(endpoint, "Links", "Zones")
-        endpoint_links = endpoint.get("Links") if isinstance(endpoint.get("Links"), Mapping) else None
-        if endpoint_links is not None and "Zones" in endpoint_links:
-            uris = listed
+        uri = endpoint.uri
+        listed = endpoint.links.zones or ()
+        if endpoint.links.zones is not None:
+            uris = list(listed)
         else:  # the endpoint does not say: every zone of the fabric
             walk = Walk(self.client)
-            fabric = await walk.get(self.fabric_uri)
-            uris = await walk.member_uris(odata_id((fabric or {}).get("Zones")))
+            fabric = await walk.read(self.fabric_uri, Fabric)
+            uris = await walk.member_uris(fabric.zones if fabric else None)
         found = []
         for response in await asyncio.gather(*(self._get_or_none(u) for u in dict.fromkeys(uris))):
             zones: dict[str, _Zone] = {}
-            self._add_zone(zones, response.body if response else None)
+            self._add_zone(zones, Zone.of(response.body) if response else None)
             for zone in zones.values():
                 if zone.uri in listed and uri:
                     zone.endpoints.add(uri)
@@ -266,7 +263,7 @@ class ZoneBackend(Backend):
             return None
         zones = [
             (zone, etag, self._zone_changes.get(zone.uri, 0))
-            for zone, etag in await self._zones_with_etags(endpoint.body)
+            for zone, etag in await self._zones_with_etags(Endpoint.model_validate(endpoint.body))
         ]
         snapshot = _Snapshot(time.monotonic(), endpoint, zones)
         self._snapshots[device.key] = snapshot
@@ -291,8 +288,8 @@ class ZoneBackend(Backend):
 
     async def _is_own_zone(self, walk: Walk, zone: _Zone, host: HostRecord) -> bool:
         return (
-            zone.resource.get("ZoneType") in _BINDING_ZONE_TYPES
-            and action_target(zone.resource, "Zone.AddEndpoint") is not None
+            zone.zone.zone_type in _BINDING_ZONE_TYPES
+            and zone.action("Zone.AddEndpoint") is not None
             and await self._zone_hosts(walk, zone) == {host.id}
         )
 
@@ -303,7 +300,7 @@ class ZoneBackend(Backend):
         seen = self._zone_changes.get(known, 0)
         fresh = await self._get_or_none(known)
         if fresh is not None:
-            zone = _Zone.of(known, fresh.body)
+            zone = _Zone.of(known, Zone.model_validate(fresh.body))
             self._prefetched[host.id] = (zone, fresh.etag, seen, time.monotonic())
 
     async def _own_zone(self, walk: Walk, host: HostRecord) -> tuple[_Zone, str | None] | None:
@@ -324,17 +321,17 @@ class ZoneBackend(Backend):
         if known is not None:
             fresh = await self._get_or_none(known)
             if fresh is not None:
-                zone = _Zone.of(known, fresh.body)
+                zone = _Zone.of(known, Zone.model_validate(fresh.body))
                 if await self._is_own_zone(walk, zone, host):
                     return zone, fresh.etag
             self._host_zones.pop(host.id, None)
         for initiator_uri in self.initiators_of(host):  # not known (or changed): look for one
-            initiator = await walk.get(initiator_uri)
-            for zone in await self._fresh_zones_of(walk, initiator or {}):
+            initiator = await walk.read(initiator_uri, Endpoint) or Endpoint()
+            for zone in await self._fresh_zones_of(walk, initiator):
                 if await self._is_own_zone(walk, zone, host):
                     fresh = await self.client.get(zone.uri)
                     self._host_zones[host.id] = zone.uri
-                    return _Zone(zone.uri, fresh.body, zone.endpoints), fresh.etag
+                    return _Zone(zone.uri, Zone.model_validate(fresh.body), zone.endpoints), fresh.etag
         return None
 
     async def bind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
@@ -353,14 +350,12 @@ class ZoneBackend(Backend):
                 host_zone, zone_etag = own
                 body = _endpoint_action(device, target.etag, zone_etag)
                 try:
-                    response = await self.client.post(
-                        str(action_target(host_zone.resource, "Zone.AddEndpoint")), body
-                    )
+                    response = await self.client.post(str(host_zone.action("Zone.AddEndpoint")), body)
                 finally:
                     self._changed_by_us(host_zone.uri)
             else:
-                fabric = await walk.get(self.fabric_uri)
-                collection = odata_id((fabric or {}).get("Zones"))
+                fabric = await walk.read(self.fabric_uri, Fabric)
+                collection = fabric.zones if fabric else None
                 if not collection:
                     raise BindFailed(
                         f"fabric {self.fabric_id} has no Zones collection to bind {device.name} with"
@@ -387,7 +382,7 @@ class ZoneBackend(Backend):
             return  # the endpoint is gone: nothing is bound
         self._snapshots.pop(device.key, None)
         target_etag = snapshot.endpoint.etag
-        listed = set(links(snapshot.endpoint.body, "Links", "Zones"))
+        listed = set(Endpoint.model_validate(snapshot.endpoint.body).links.zones or ())
         for zone, zone_etag, seen in snapshot.zones:
             if host.id not in await self._zone_hosts(walk, zone):
                 continue
@@ -397,7 +392,7 @@ class ZoneBackend(Backend):
                     fresh = await self._get_or_none(zone.uri)
                     if fresh is None:
                         continue  # the zone is gone, and the binding with it
-                    zone = _Zone.of(zone.uri, fresh.body)
+                    zone = _Zone.of(zone.uri, Zone.model_validate(fresh.body))
                     zone_etag = fresh.etag
                     if zone.uri in listed:
                         zone.endpoints.add(str(device.endpoint))
@@ -410,7 +405,7 @@ class ZoneBackend(Backend):
                     and not await self._host_of(walk, uri)
                     and await self._is_device(walk, uri)
                 ]
-                remove = action_target(zone.resource, "Zone.RemoveEndpoint")
+                remove = zone.action("Zone.RemoveEndpoint")
                 if not (zone.ours and not others) and not remove and others:
                     raise BindFailed(
                         f"zone {zone.uri} also binds other devices and offers no Zone.RemoveEndpoint; "
@@ -434,8 +429,7 @@ class ZoneBackend(Backend):
     async def _is_device(self, walk: Walk, endpoint_uri: str) -> bool:
         if endpoint_uri in self._target_set:
             return True
-        resource = await walk.get(endpoint_uri)
-        view = classify_endpoint(resource) if resource else None
+        view = classify_endpoint(await walk.read(endpoint_uri, Endpoint))
         return bool(view and view.is_target)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fabric.backends.views import Resource
 from fabric.backends.walk import Walk
 from fabric.redfish import RedfishClient, RedfishSettings
 from tests.support.fabric_http import Reply, Request, ScriptedServer
@@ -46,7 +47,7 @@ async def test_expanded_collection_needs_one_read() -> None:
         client = RedfishClient(RedfishSettings(base_url=server.url, auth="none"))
         try:
             walk = Walk(client, expand=True)
-            assert [m["Id"] for m in await walk.members("/redfish/v1/Things")] == ["0", "1", "2"]
+            assert [m.id for m in await walk.members("/redfish/v1/Things", Resource)] == ["0", "1", "2"]
         finally:
             await client.aclose()
         assert server.count("GET") == 1
@@ -58,7 +59,7 @@ async def test_refused_expand_falls_back_to_pages_and_members() -> None:
         try:
             walk = Walk(client, expand=True)
             # pages are followed; a member that does not exist is skipped, not fatal
-            assert [m["Id"] for m in await walk.members("/redfish/v1/Things")] == ["0", "1", "2"]
+            assert [m.id for m in await walk.members("/redfish/v1/Things", Resource)] == ["0", "1", "2"]
             assert walk.expand is False
         finally:
             await client.aclose()
