@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,22 @@ from manager_api.models import Device
 from tests.unit.fabric.fakes import make_harness
 
 DRIVER = "fabric-dra.io"
+#: a value for every field of the table of device attributes
+SAMPLE: dict[str, Any] = {
+    "type": DeviceType.NVME,
+    "vendor": "Samsung",
+    "vendor_id": "0x144d",
+    "device_id": "0xa80a",
+    "model": "PM1733",
+    "serial": "S1",
+    "uuid": "u-1",
+    "memory_bytes": 2**40,
+    "pcie_generation": 4,
+    "pcie_width": 4,
+    "switch": "Switch1",
+    "port": "P1",
+    "health": Health.WARNING,
+}
 
 
 def test_the_api_device_is_identity_then_the_attribute_table_then_who_holds_it() -> None:
@@ -46,22 +63,7 @@ def test_slice_attributes_come_in_the_documented_order() -> None:
 async def test_the_inventory_shows_every_attribute_discovery_found(tmp_path: Path) -> None:
     h = await make_harness(tmp_path, hosts=1, devices=1)
     record = h.inventory.devices()[0]
-    found = DiscoveredAttributes(
-        type=DeviceType.NVME,
-        vendor="Samsung",
-        vendor_id="0x144d",
-        device_id="0xa80a",
-        model="PM1733",
-        serial="S1",
-        uuid="u-1",
-        memory_bytes=2**40,
-        pcie_generation=4,
-        pcie_width=4,
-        switch="Switch1",
-        port="P1",
-        health=Health.WARNING,
-        identities=frozenset({"/redfish/v1/x"}),
-    )
+    found = DiscoveredAttributes(**SAMPLE, identities=frozenset({"/redfish/v1/x"}))
     values = {f.name: getattr(record, f.name) for f in fields(DeviceRecord)}
     rendered = h.inventory.render_device(DeviceRecord(**{**values, "attributes": found}))
     for name in DeviceAttributes.model_fields:
@@ -85,25 +87,13 @@ def test_an_unknown_binding_style_is_refused() -> None:
         )
 
 
+def test_the_sample_names_every_attribute() -> None:
+    assert set(SAMPLE) == set(DeviceAttributes.model_fields)
+
+
 def test_every_marked_field_is_published() -> None:
     device = Device(
-        name="d",
-        pool="fabric-pcie",
-        fabric="PCIe",
-        type=DeviceType.GPU,
-        vendor="V",
-        vendor_id="10de",
-        device_id="2330",
-        model="M",
-        serial="S",
-        uuid="U",
-        memory_bytes=2**30,
-        pcie_generation=5,
-        pcie_width=16,
-        switch="Sw",
-        port="P",
-        binding_style=BindingStyle.ZONE,
-        redfish_uri="/r",
+        name="d", pool="fabric-pcie", fabric="PCIe", **SAMPLE, binding_style="zone", redfish_uri="/r"
     )
     published = to_dra_device(device, PublishPolicy(DRIVER, device_taints=True, binding_conditions=False))
     assert published.device is not None
