@@ -99,11 +99,11 @@ class Discovery:
                     chosen.append(self._backend(ZoneBackend, fabric_id, uri, skip_memory_targets=True))
                 return chosen
             return [self._backend(ZoneBackend, fabric_id, uri)] if has_zones else []
-        if choice == "zone" and has_zones:
+        if choice == BindingStyle.ZONE and has_zones:
             return [self._backend(ZoneBackend, fabric_id, uri)]
-        if choice == "connection" and has_connections:
+        if choice == BindingStyle.CONNECTION and has_connections:
             return [self._backend(ConnectionBackend, fabric_id, uri)]
-        if choice in ("zone", "connection") and (fabric_id, choice) not in self._warned:
+        if choice in (BindingStyle.ZONE, BindingStyle.CONNECTION) and (fabric_id, choice) not in self._warned:
             self._warned.add((fabric_id, choice))
             log.warning("fabric does not offer the configured binding style", fabric=fabric_id, style=choice)
         return []
@@ -155,7 +155,7 @@ class Discovery:
             planned.extend(self._plan_fabric(fabric))
         composition_uri = root.composition_service
         composition_choice = self.plan.choice(COMPOSITION_FABRIC)
-        if composition_uri and composition_choice in ("auto", "composition"):
+        if composition_uri and composition_choice in ("auto", BindingStyle.COMPOSITION):
             planned.append(self._backend(CompositionBackend, COMPOSITION_FABRIC, composition_uri))
 
         results = await asyncio.gather(*(b.discover(walk, hosts) for b in planned))
