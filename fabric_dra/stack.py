@@ -71,10 +71,14 @@ __all__ = [
     "RoleStartError",
     "Stack",
     "StackOptions",
+    "block_action",
+    "connection_body",
     "free_port",
     "short_dir",
     "static_tokens_file",
     "wait_ready",
+    "zone_add",
+    "zone_remove",
 ]
 
 ADMIN_USER = TokenUser(username="kubernetes-admin", groups=["system:masters"])
@@ -351,21 +355,15 @@ class ApiServer:
     def __init__(
         self, role: Role, root: Path, tokens_file: Path, admin_token: str, ca_file: Path | None
     ) -> None:
+        """``role`` has started: its address is known."""
         self.role = role
         self.root = root
         self.tokens_file = tokens_file
         self.admin_token = admin_token
         #: the CA that signed the server's certificate, when it serves HTTPS
         self.ca_file = ca_file
-        self.kubeconfig = root / "kubeconfig"
-        self.hooks: ApiServerHooks | None = None
-
-    def _started(self) -> ApiServer:
-        write_kubeconfig(self.kubeconfig, self.url, token=self.admin_token, ca_file=self.ca_file)
-        if self.hooks is not None:
-            self.hooks.close()
-        self.hooks = ApiServerHooks(self.url, self.ca_file)
-        return self
+        self.kubeconfig = write_kubeconfig(root / "kubeconfig", self.url, token=admin_token, ca_file=ca_file)
+        self.hooks = ApiServerHooks(self.url, ca_file)
 
     @property
     def process(self) -> Role:
@@ -418,8 +416,7 @@ class ApiServer:
         return self.role.tail(lines)
 
     def stop(self) -> int | None:
-        if self.hooks is not None:
-            self.hooks.close()
+        self.hooks.close()
         return self.role.stop()
 
 
@@ -564,6 +561,46 @@ class Emulator:
         httpx.delete(
             f"{self.url}{REDFISH_ROOT}/Oem/FabricDRA/Faults", auth=self.auth, verify=self.verify, timeout=30.0
         ).raise_for_status()
+
+
+# requests that bind a device the way the fabric manager's backends do (tests and benchmarks)
+
+ZONES = f"{REDFISH_ROOT}/Fabrics/PCIe/Zones"
+ENDPOINTS = f"{REDFISH_ROOT}/Fabrics/PCIe/Endpoints"
+BLOCKS = f"{REDFISH_ROOT}/CompositionService/ResourceBlocks"
+CONNECTIONS = f"{REDFISH_ROOT}/Fabrics/CXL/Connections"
+
+
+def zone_add(host: str, device: str) -> tuple[str, dict[str, Any]]:
+    """The request that binds ``device`` to ``host`` through the host's zone."""
+    return f"{ZONES}/{host}/Actions/Zone.AddEndpoint", {"Endpoint": {"@odata.id": f"{ENDPOINTS}/{device}"}}
+
+
+def zone_remove(host: str, device: str) -> tuple[str, dict[str, Any]]:
+    return f"{ZONES}/{host}/Actions/Zone.RemoveEndpoint", {"Endpoint": {"@odata.id": f"{ENDPOINTS}/{device}"}}
+
+
+def block_action(host: str, device: str, action: str = "AddResourceBlock") -> tuple[str, dict[str, Any]]:
+    return (
+        f"{REDFISH_ROOT}/Systems/{host}/Actions/ComputerSystem.{action}",
+        {"ResourceBlock": {"@odata.id": f"{BLOCKS}/{device}"}},
+    )
+
+
+def connection_body(host: str, device: str, *chunks: int) -> dict[str, Any]:
+    return {
+        "ConnectionType": "Memory",
+        "MemoryChunkInfo": [
+            {
+                "AccessCapabilities": ["Read", "Write"],
+                "MemoryChunk": {
+                    "@odata.id": f"{REDFISH_ROOT}/Chassis/{device}/MemoryDomains/0/MemoryChunks/{n}"
+                },
+            }
+            for n in chunks
+        ],
+        "Links": {"InitiatorEndpoints": [{"@odata.id": f"{REDFISH_ROOT}/Fabrics/CXL/Endpoints/{host}"}]},
+    }
 
 
 # -- the fabric manager, the controller and the plugins --------------------------------------------
@@ -717,12 +754,15 @@ class Stack:
         root: Path,
         *,
         owns_root: bool = False,
+        logs_dir: Path | None = None,
         log_format: str | None = None,
         driver_name: str = DEFAULT_DRIVER_NAME,
         start_timeout: float = 120.0,
     ) -> None:
         self.root = root
         self.owns_root = owns_root
+        #: where the processes log (default ``<root>/logs``)
+        self.logs_dir = logs_dir or root / "logs"
         self.log_format = log_format
         self.driver_name = driver_name
         #: a loaded CI machine (the whole suite on two cores) is slow to import a role
@@ -739,10 +779,6 @@ class Stack:
         return cls(short_dir(prefix), owns_root=True, **kwargs)
 
     # -- layout -----------------------------------------------------------------------------------
-
-    @property
-    def logs_dir(self) -> Path:
-        return self.root / "logs"
 
     def log_file(self, name: str) -> Path:
         return self.logs_dir / f"{name}.log"
@@ -880,11 +916,10 @@ class Stack:
             args += ["--tls-cert-file", str(cert), "--tls-private-key-file", str(key)]
         args += list(extra_args)
         role = self.role(name, lambda: list(args), port_flag=True)
-        server = ApiServer(role, root, tokens_file, admin_token, ca_file)
-        # The hooks' client closes before the process stops.
-        self.callback(lambda: server.hooks.close() if server.hooks is not None else None)
         role.start()
-        return server._started()
+        server = ApiServer(role, root, tokens_file, admin_token, ca_file)
+        self.callback(server.hooks.close)  # before the process stops
+        return server
 
     def emulator(
         self,
@@ -927,7 +962,7 @@ class Stack:
         kube: ApiServer | Path | None = None,
         namespace: str | None = None,
         state_dir: Path | None = None,
-        ledger: str = "file",
+        ledger: str | None = "file",
         static_tokens: Mapping[str, tuple[str, str | None]] | None = None,
         insecure_no_auth: bool = False,
         redfish_args: Sequence[str] | None = None,
@@ -944,7 +979,8 @@ class Stack:
         when it serves without authentication; or a URL, ``redfish_args`` saying how to log in).
         ``kube`` gives it API access (TokenReview, claims, Events, Leases; an API server or a
         kubeconfig); ``static_tokens`` (token → role, node) its own bearer tokens; the ledger is a
-        file under ``state_dir`` (default ``<root>/<name>``) unless ``ledger="configmap"``."""
+        file under ``state_dir`` (default ``<root>/<name>``) unless ``ledger="configmap"``;
+        ``ledger=None`` passes no ledger flags (``args`` has them)."""
         if redfish_args is None:
             if isinstance(redfish, Emulator) and not redfish.auth_enabled:
                 redfish_args = ["--redfish-auth", "none"]
@@ -952,7 +988,7 @@ class Stack:
                 redfish_args = ["--redfish-credentials-file", str(redfish.credentials_file)]
             else:
                 redfish_args = []
-        fixed: list[str] = ["--ledger", ledger]
+        fixed: list[str] = ["--ledger", ledger] if ledger else []
         if ledger == "file":
             fixed += ["--state-dir", str(state_dir or self.root / name)]
         if kube is not None:

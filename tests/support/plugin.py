@@ -11,10 +11,7 @@ Sockets live under a short directory (unix socket paths are limited to 107 bytes
 
 from __future__ import annotations
 
-import contextlib
 import shutil
-import socket
-import tempfile
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,11 +22,10 @@ import grpc
 
 from dra_driver.proto.dra_v1 import api_pb2 as dra_pb2
 from dra_driver.proto.dra_v1 import api_pb2_grpc as dra_grpc
+from fabric_dra.stack import ApiServer as ApiServerProcess
+from fabric_dra.stack import Emulator, Manager, NodeDirs, Plugin, Role, Stack, free_port, short_dir
 from plumbing.kube import KubeClient
 from plumbing.kube.resources import RESOURCE_CLAIMS
-from plumbing.procs import RoleProcess
-from tests.support.apiserver import ApiServerProcess, start_apiserver
-from tests.support.fabric_manager import start_manager
 
 __all__ = [
     "DRIVER",
@@ -44,16 +40,6 @@ __all__ = [
 ]
 
 DRIVER = "fabric-dra.io"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def short_dir(prefix: str = "fdp-") -> Path:
-    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
 
 
 def rss_kib(pid: int) -> int:
@@ -74,7 +60,9 @@ class ClaimRef:
 
 
 class PluginStack:
-    """API test server + one `fabric-dra plugin` process for node ``node``."""
+    """API test server + one `fabric-dra plugin` process for node ``node`` (a
+    :class:`fabric_dra.stack.Stack` under ``root``); the plugin can be stopped, killed and started
+    again on the same directories."""
 
     def __init__(
         self,
@@ -87,7 +75,7 @@ class PluginStack:
         metrics_port: int | None = None,
         extra_args: Sequence[str] = (),
     ) -> None:
-        self.root = root or short_dir()
+        self.root = root or short_dir("fdp-")
         self._owns_root = root is None
         self.node = node
         self.backend = backend
@@ -95,9 +83,9 @@ class PluginStack:
         self.sysfs_root = sysfs_root or self.root / "sys"
         self.metrics_port = metrics_port
         self.extra_args = list(extra_args)
+        self.stack = Stack(self.root, logs_dir=self.root)
         self.apiserver: ApiServerProcess | None = None
-        self._apiserver_cm: contextlib.AbstractContextManager[ApiServerProcess] | None = None
-        self.plugin: RoleProcess | None = None
+        self._plugin: Plugin | None = None
         self.pod_uid: str | None = None
 
     @property
@@ -106,57 +94,44 @@ class PluginStack:
         return self.apiserver.kubeconfig
 
     @property
+    def dirs(self) -> NodeDirs:
+        return self.stack.node_dirs(self.node)
+
+    @property
     def cdi_root(self) -> Path:
-        return self.root / "cdi"
+        return self.dirs.cdi_root
 
     @property
     def plugin_dir(self) -> Path:
-        return self.root / "plug"
+        return self.dirs.plugin_dir
 
     @property
     def registry_dir(self) -> Path:
-        return self.root / "reg"
+        return self.dirs.registry_dir
+
+    @property
+    def plugin(self) -> Role | None:
+        return self._plugin.role if self._plugin is not None and self._plugin.role.lives else None
 
     @property
     def dra_socket(self) -> Path:
         return Path(self.plugin.address) if self.plugin else self.plugin_dir / "dra.sock"
 
-    def plugin_args(self) -> list[str]:
-        args = [
-            "plugin",
-            "--node-name",
-            self.node,
-            "--kubeconfig",
-            str(self.kubeconfig),
-            "--registry-dir",
-            str(self.registry_dir),
-            "--plugin-dir",
-            str(self.plugin_dir),
-            "--cdi-root",
-            str(self.cdi_root),
-            "--sysfs-root",
-            str(self.sysfs_root),
-            "--device-backend",
-            self.backend,
-            "--ready-file",
-            str(self.root / "plugin.ready"),
-        ]
-        if self.manager_url:
-            args += ["--manager-url", self.manager_url]
-        if self.metrics_port is not None:
-            args += ["--metrics-port", str(self.metrics_port)]
-        return args + self.extra_args
-
-    def start_plugin(self) -> RoleProcess:
-        env = {"POD_UID": self.pod_uid} if self.pod_uid else {"POD_UID": ""}
-        self.plugin = RoleProcess(
-            self.plugin_args(),
-            ready_file=self.root / "plugin.ready",
-            log_file=self.root / "plugin.log",
-            env=env,
-            name="plugin",
-        ).start()
-        return self.plugin
+    def start_plugin(self) -> Role:
+        if self._plugin is None:
+            self._plugin = self.stack.plugin(
+                self.node,
+                None,
+                self.kubeconfig,
+                name="plugin",
+                sysfs_root=self.sysfs_root,
+                backend=self.backend,
+                metrics_port=self.metrics_port,
+                args=[*(["--manager-url", self.manager_url] if self.manager_url else []), *self.extra_args],
+                start=False,
+            )
+        self._plugin.role.env["POD_UID"] = self.pod_uid or ""
+        return self._plugin.role.start()
 
     def kill_plugin(self) -> None:
         if self.plugin is not None:
@@ -166,24 +141,20 @@ class PluginStack:
         return self.plugin.stop() if self.plugin is not None else None
 
     def __enter__(self) -> PluginStack:
-        self._apiserver_cm = start_apiserver(self.root / "api")
-        self.apiserver = self._apiserver_cm.__enter__()
         try:
+            self.apiserver = self.stack.apiserver(root=self.root / "api")
             self.start_plugin()
         except BaseException:
-            self._apiserver_cm.__exit__(None, None, None)
+            self.__exit__(None, None, None)
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.plugin is not None:
-            with contextlib.suppress(Exception):
-                self.plugin.stop()
-        if self._apiserver_cm is not None:
-            with contextlib.suppress(Exception):
-                self._apiserver_cm.__exit__(None, None, None)
-        if self._owns_root:
-            shutil.rmtree(self.root, ignore_errors=True)
+        try:
+            self.stack.stop()
+        finally:
+            if self._owns_root:
+                shutil.rmtree(self.root, ignore_errors=True)
 
     # -- the control plane's part ---------------------------------------------------------------
 
@@ -311,43 +282,41 @@ class DraCaller:
 
 @dataclass
 class FabricProcesses:
-    """A running emulator (``instant`` latency) and fabric manager; stop() ends both."""
+    """A running emulator (without authentication) and fabric manager; stop() ends both."""
 
-    emulator: RoleProcess
-    manager: RoleProcess
-    state_dir: Path
+    stack: Stack
+    emulator_handle: Emulator
+    manager_handle: Manager
+
+    @property
+    def emulator(self) -> Role:
+        return self.emulator_handle.role
+
+    @property
+    def manager(self) -> Role:
+        return self.manager_handle.role
+
+    @property
+    def state_dir(self) -> Path:
+        return self.emulator_handle.state_dir
 
     def sysfs_root(self, host: str) -> Path:
-        return self.state_dir / "hosts" / host / "sys"
+        return self.emulator_handle.sysfs(host)
 
     def stop(self) -> None:
-        self.manager.stop()
-        self.emulator.stop()
+        self.stack.stop()
 
 
 def start_fabric(root: Path, latency: str = "instant", *, topology: Path | None = None) -> FabricProcesses:
     """The emulator (without authentication; the packaged topology unless ``topology``) and a
     manager on it, both under ``root``; the caller stops them (:meth:`FabricProcesses.stop`)."""
-    state_dir = root / "emu"
-    emulator = RoleProcess(
-        [
-            *("emulator", "serve", "--state-dir", str(state_dir), "--latency", latency),
-            *("--insecure-no-auth", "--port", "0", "--ready-file", str(root / "emulator.ready")),
-            *(["--topology", str(topology)] if topology is not None else []),
-        ],
-        ready_file=root / "emulator.ready",
-        log_file=root / "emulator.log",
-        name="emulator",
-    ).start()
+    stack = Stack(root, logs_dir=root)
     try:
-        # A loaded CI machine (the whole suite on two cores) can take longer than the helper's 30 s.
-        manager = start_manager(
-            root,
-            emulator.address,
-            args=["--redfish-auth", "none", "--state-dir", str(root / "manager"), "--insecure-no-auth"],
-            ready_timeout=120,
+        emulator = stack.emulator(
+            name="emulator", state_dir=root / "emu", topology=topology, latency=latency, auth=False
         )
+        manager = stack.manager(emulator, state_dir=root / "manager", insecure_no_auth=True)
     except BaseException:
-        emulator.stop()
+        stack.stop()
         raise
-    return FabricProcesses(emulator, manager, state_dir)
+    return FabricProcesses(stack, emulator, manager)
