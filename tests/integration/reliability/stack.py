@@ -33,14 +33,11 @@ import httpx
 from dra_driver.plugin import cdi
 from dra_driver.plugin.backend import identity_of
 from dra_driver.plugin.hostdev import HostScanner
+from fabric_dra.stack import ApiServer, Controller, Emulator, Manager, Plugin, Role, free_port, short_dir
+from fabric_dra.stack import Stack as Builder
 from kube_standin.kubelet_client import ClaimRef, DraCallError, DRAPluginClient, PluginManager
 from manager_api.models import BindingState, Device, DeviceType, Inventory
-from plumbing.crashpoints import ENV as CRASH_ENV
-from plumbing.procs import RoleProcess
-from tests.support.apiserver import ApiServerProcess, start_apiserver
-from tests.support.fabric_manager import static_tokens_file, wait_ready
 from tests.support.kubelet import running_kubelet
-from tests.support.plugin import free_port, short_dir
 
 __all__ = [
     "DRIVER",
@@ -78,79 +75,6 @@ def wait_until(check: Callable[[], T], *, timeout: float = 30.0, what: str = "co
                 return last
         time.sleep(0.03)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
-
-
-class Role:
-    """One role process that can be started (armed with crash points or not), killed and restarted
-    on the same port, with one log file across all its lives."""
-
-    def __init__(self, name: str, root: Path, args: Callable[[], list[str]], *, ready: str = "file") -> None:
-        self.name = name
-        self.root = root
-        self._args = args
-        self.ready = ready
-        self.log_file = root / f"{name}.log"
-        self.process: RoleProcess | None = None
-        self.lives = 0
-        self._log_offset = 0
-
-    @property
-    def address(self) -> str:
-        assert self.process is not None
-        return self.process.address
-
-    def start(self, crash_at: Sequence[str] = (), *, kill_previous: bool = False) -> Role:
-        """Start a new life; a running one is stopped first (SIGTERM), or with ``kill_previous``
-        killed (SIGKILL: quicker, and one more crash, of an idle process)."""
-        if self.process is not None and self.process.alive():
-            if kill_previous:
-                self.process.kill()
-            else:
-                self.process.stop()
-        self._log_offset = self.log_file.stat().st_size if self.log_file.exists() else 0
-        ready_file = self.root / f"{self.name}.ready"
-        self.process = RoleProcess(
-            self._args(),
-            ready_file=ready_file,
-            log_file=self.log_file,
-            env={CRASH_ENV: ",".join(crash_at)},
-            name=self.name,
-            start_timeout=60.0,
-        ).start()
-        self.lives += 1
-        return self
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.alive()
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.kill()
-
-    def stop(self) -> int | None:
-        return self.process.stop() if self.process is not None else None
-
-    def log_since_start(self) -> str:
-        if not self.log_file.exists():
-            return ""
-        with self.log_file.open("rb") as handle:
-            handle.seek(self._log_offset)
-            return handle.read().decode(errors="replace")
-
-    def wait_crashed(self, point: str, timeout: float = 60.0) -> None:
-        """Wait until this life ended at crash point ``point``: killed by SIGKILL, after saying so."""
-        assert self.process is not None and self.process.proc is not None
-        try:
-            code = self.process.proc.wait(timeout=timeout)
-        except Exception as err:
-            raise AssertionError(
-                f"{self.name} did not reach crash point {point} within {timeout:.0f}s; log:\n"
-                + "\n".join(self.log_since_start().splitlines()[-25:])
-            ) from err
-        assert code == -9, f"{self.name} exited with {code}, not SIGKILL:\n{self.process.tail(25)}"
-        assert f"point={point}" in self.log_since_start(), (
-            f"{self.name} died elsewhere:\n{self.process.tail()}"
-        )
 
 
 @dataclass
@@ -231,6 +155,9 @@ class BindingMonitor:
 
 
 class Stack:
+    """The processes (from :class:`fabric_dra.stack.Stack`, logging to ``root/<role>.log``) and what
+    a reliability test asks of them. The TLS and Redfish attributes are read when a role (re)starts."""
+
     def __init__(
         self,
         root: Path,
@@ -243,57 +170,124 @@ class Stack:
         self.orphan_grace = orphan_grace
         self.manager_args = list(manager_args)
         self.plugin_extra = list(plugin_args)
-        #: (certificate, key) the emulator serves HTTPS with; None: plain HTTP
-        self.emulator_tls: tuple[Path, Path] | None = None
-        #: extra manager flags for the Redfish connection (CA file, --redfish-insecure)
-        self.redfish_args: list[str] = []
-        #: (certificate, key) the manager serves HTTPS with; None: plain HTTP
-        self.manager_tls: tuple[Path, Path] | None = None
-        #: the CA the plugin, the controller and the test trust for the manager (--manager-ca-file)
-        self.manager_ca: Path | None = None
-        self.plugin_metrics_port = free_port()
-        self.emu_state = root / "emu"
-        self.emu_port = free_port()
-        self.manager_port = free_port()
-        self.controller_port = free_port()
-        self.apiserver: ApiServerProcess | None = None
-        self._apiserver_cm: contextlib.AbstractContextManager[ApiServerProcess] | None = None
+        self.builder = Builder(root, logs_dir=root, driver_name=DRIVER)
+        self.apiserver: ApiServer | None = None
         self.http: httpx.Client | None = None
-        self.emulator = Role("emulator", root, self._emulator_args)
-        self.manager = Role("manager", root, self._manager_args)
-        self.plugin = Role("plugin", root, self._plugin_args)
-        self.controller = Role("controller", root, self._controller_args)
+        self._emulator: Emulator | None = None
+        self._manager: Manager | None = None
+        self._plugin: Plugin | None = None
+        self._controller: Controller | None = None
         self.monitor = BindingMonitor(
             url=lambda: self.emulator_url, auth=self.emu_auth, verify=self.emu_verify
         )
-        self.tokens = static_tokens_file(
-            root / "tokens.json",
-            {
-                PLUGIN_TOKEN: ("plugin", NODE),
-                CONTROLLER_TOKEN: ("controller", None),
-                OPERATOR_TOKEN: ("operator", None),
-            },
-        )
+        self.tokens = {
+            PLUGIN_TOKEN: ("plugin", NODE),
+            CONTROLLER_TOKEN: ("controller", None),
+            OPERATOR_TOKEN: ("operator", None),
+        }
         (root / "plugin.token").write_text(PLUGIN_TOKEN + "\n")
         (root / "controller.token").write_text(CONTROLLER_TOKEN + "\n")
 
-    # -- paths and arguments ---------------------------------------------------------------------
+    # -- the roles, each of which a test may kill and restart ----------------------------------------
+
+    @property
+    def emulator(self) -> Role:
+        assert self._emulator is not None
+        return self._emulator.role
+
+    @property
+    def manager(self) -> Role:
+        assert self._manager is not None
+        return self._manager.role
+
+    @property
+    def plugin(self) -> Role:
+        assert self._plugin is not None
+        return self._plugin.role
+
+    @property
+    def controller(self) -> Role:
+        assert self._controller is not None
+        return self._controller.role
+
+    # -- what a test may change between two lives of a role -----------------------------------------
+
+    @property
+    def emulator_tls(self) -> tuple[Path, Path] | None:
+        """(certificate, key) the emulator serves HTTPS with; None: plain HTTP."""
+        assert self._emulator is not None
+        return self._emulator.tls
+
+    @emulator_tls.setter
+    def emulator_tls(self, value: tuple[Path, Path] | None) -> None:
+        assert self._emulator is not None
+        self._emulator.tls = value
+
+    @property
+    def redfish_args(self) -> list[str]:
+        """Manager flags for the Redfish connection (CA file, --redfish-insecure, credentials)."""
+        assert self._manager is not None
+        return self._manager.redfish_args[len(self._redfish_login()) :]
+
+    @redfish_args.setter
+    def redfish_args(self, value: list[str]) -> None:
+        assert self._manager is not None
+        self._manager.redfish_args = [*self._redfish_login(), *value]
+
+    def _redfish_login(self) -> list[str]:
+        return ["--redfish-credentials-file", str(self.emu_state / "credentials.json")]
+
+    @property
+    def manager_tls(self) -> tuple[Path, Path] | None:
+        """(certificate, key) the manager serves HTTPS with; None: plain HTTP."""
+        assert self._manager is not None
+        return self._manager.tls
+
+    @manager_tls.setter
+    def manager_tls(self, value: tuple[Path, Path] | None) -> None:
+        assert self._manager is not None
+        self._manager.tls = value
+
+    @property
+    def manager_ca(self) -> Path | None:
+        """The CA the plugin, the controller and the test trust for the manager (--manager-ca-file)."""
+        assert self._manager is not None
+        return self._manager.ca_file
+
+    @manager_ca.setter
+    def manager_ca(self, value: Path | None) -> None:
+        assert self._manager is not None
+        self._manager.ca_file = value
+
+    # -- paths and addresses -----------------------------------------------------------------------
+
+    @property
+    def emu_state(self) -> Path:
+        return self.root / "emu"
 
     @property
     def emulator_url(self) -> str:
-        scheme = "https" if self.emulator_tls else "http"
-        return f"{scheme}://127.0.0.1:{self.emu_port}"
+        assert self._emulator is not None
+        return self._emulator.url
 
     @property
     def manager_url(self) -> str:
-        scheme = "https" if self.manager_tls else "http"
-        return f"{scheme}://127.0.0.1:{self.manager_port}"
+        assert self._manager is not None
+        return self._manager.url
 
     def manager_verify(self) -> ssl.SSLContext | bool:
-        return ssl.create_default_context(cafile=str(self.manager_ca)) if self.manager_ca else True
+        assert self._manager is not None
+        return self._manager.verify()
 
-    def _manager_ca_args(self) -> list[str]:
-        return ["--manager-ca-file", str(self.manager_ca)] if self.manager_ca else []
+    @property
+    def plugin_metrics_port(self) -> int:
+        assert self._plugin is not None and self._plugin.metrics_port is not None
+        return self._plugin.metrics_port
+
+    @property
+    def controller_port(self) -> int:
+        assert self._controller is not None
+        return self._controller.port
 
     @property
     def kubeconfig(self) -> Path:
@@ -302,15 +296,15 @@ class Stack:
 
     @property
     def plugin_dir(self) -> Path:
-        return self.root / "plug"
+        return self.builder.node_dirs(NODE).plugin_dir
 
     @property
     def cdi_root(self) -> Path:
-        return self.root / "cdi"
+        return self.builder.node_dirs(NODE).cdi_root
 
     @property
     def registry_dir(self) -> Path:
-        return self.root / "reg"
+        return self.builder.node_dirs(NODE).registry_dir
 
     def sysfs(self, host: str = NODE) -> Path:
         return self.emu_state / "hosts" / host / "sys"
@@ -325,87 +319,57 @@ class Stack:
         creds = json.loads(path.read_text())
         return str(creds["username"]), str(creds["password"])
 
-    def _emulator_args(self) -> list[str]:
-        tls = []
-        if self.emulator_tls is not None:
-            tls = ["--tls-cert", str(self.emulator_tls[0]), "--tls-key", str(self.emulator_tls[1])]
-        return [
-            *("emulator", "serve", "--state-dir", str(self.emu_state), "--latency", "instant"),
-            *("--port", str(self.emu_port), "--ready-file", str(self.root / "emulator.ready")),
-            *tls,
-        ]
-
-    def _manager_args(self) -> list[str]:
-        return [
-            *("manager", "serve", "--redfish-url", self.emulator_url),
-            *("--redfish-credentials-file", str(self.emu_state / "credentials.json")),
-            *("--state-dir", str(self.root / "manager"), "--kubeconfig", str(self.kubeconfig)),
-            *("--namespace", NAMESPACE, "--static-tokens", str(self.tokens)),
-            *("--orphan-grace-seconds", str(self.orphan_grace), "--orphan-interval-seconds", "0.5"),
-            *("--plugin-report-ttl-seconds", "3"),
-            *("--port", str(self.manager_port), "--ready-file", str(self.root / "manager.ready")),
-            *self.manager_args,
-            *self.redfish_args,
-            *(
-                ["--tls-cert", str(self.manager_tls[0]), "--tls-key", str(self.manager_tls[1])]
-                if self.manager_tls
-                else []
-            ),
-        ]
-
-    def _plugin_args(self) -> list[str]:
-        return [
-            *("plugin", "--node-name", NODE, "--kubeconfig", str(self.kubeconfig)),
-            *("--registry-dir", str(self.registry_dir), "--plugin-dir", str(self.plugin_dir)),
-            *("--cdi-root", str(self.cdi_root), "--sysfs-root", str(self.sysfs())),
-            *("--device-backend", "fabric", "--manager-url", self.manager_url),
-            *("--manager-token-file", str(self.root / "plugin.token"), "--report-seconds", "0.5"),
-            *("--ready-file", str(self.root / "plugin.ready")),
-            *("--metrics-port", str(self.plugin_metrics_port)),
-            *self._manager_ca_args(),
-            *self.plugin_extra,
-        ]
-
-    def _controller_args(self) -> list[str]:
-        return [
-            *("controller", "--manager-url", self.manager_url, "--kubeconfig", str(self.kubeconfig)),
-            *("--manager-token-file", str(self.root / "controller.token"), "--driver-name", DRIVER),
-            *("--binding-conditions", "--release-grace", "0.5", "--busy-timeout", "20"),
-            *("--host", "127.0.0.1", "--port", str(self.controller_port)),
-            *("--ready-file", str(self.root / "controller.ready")),
-            *self._manager_ca_args(),
-        ]
-
     # -- life cycle ------------------------------------------------------------------------------
 
     def __enter__(self) -> Stack:
+        builder = self.builder
         try:
-            self._apiserver_cm = start_apiserver(self.root / "api")
-            self.apiserver = self._apiserver_cm.__enter__()
-            self.http = httpx.Client(
-                base_url=self.apiserver.url,
-                timeout=30,
-                headers={"Authorization": f"Bearer {self.apiserver.admin_token}"},
-            )
+            self.apiserver = builder.apiserver(root=self.root / "api")
+            self.http = self.apiserver.http()
+            builder.callback(self.http.close)
             self._kube_objects()
-            self.emulator.start()
+            self._emulator = builder.emulator(state_dir=self.emu_state)
             self.monitor.start()
-            self.start_manager()
+            builder.callback(self.monitor.stop)
+            self._manager = builder.manager(
+                self._emulator,
+                kube=self.apiserver,
+                namespace=NAMESPACE,
+                static_tokens=self.tokens,
+                state_dir=self.root / "manager",
+                redfish_args=self._redfish_login(),
+                args=[
+                    *("--orphan-grace-seconds", str(self.orphan_grace), "--orphan-interval-seconds", "0.5"),
+                    *("--plugin-report-ttl-seconds", "3"),
+                    *self.manager_args,
+                ],
+            )
+            self._plugin = builder.plugin(
+                NODE,
+                self._manager,
+                self.apiserver,
+                name="plugin",
+                sysfs_root=self.sysfs(),
+                token_file=self.root / "plugin.token",
+                metrics_port=free_port(),
+                args=["--report-seconds", "0.5", *self.plugin_extra],
+                start=False,
+            )
+            self._controller = builder.controller(
+                self._manager,
+                self.apiserver,
+                token_file=self.root / "controller.token",
+                binding_conditions=True,
+                args=["--release-grace", "0.5", "--busy-timeout", "20"],
+                start=False,
+            )
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.monitor.stop()
-        for role in (self.controller, self.plugin, self.manager, self.emulator):
-            with contextlib.suppress(Exception):
-                role.stop()
-        if self.http is not None:
-            self.http.close()
-        if self._apiserver_cm is not None:
-            with contextlib.suppress(Exception):
-                self._apiserver_cm.__exit__(None, None, None)
+        self.builder.stop()
 
     def _kube_objects(self) -> None:
         assert self.http is not None
@@ -425,8 +389,9 @@ class Stack:
         assert answer.status_code in (201, 409), answer.text
 
     def start_manager(self, crash_at: Sequence[str] = (), *, kill_previous: bool = False) -> None:
-        self.manager.start(crash_at, kill_previous=kill_previous)
-        wait_ready(self.manager_url, timeout=60, ca_file=str(self.manager_ca) if self.manager_ca else None)
+        """A new life of the manager, once it is ready (``/readyz``)."""
+        assert self._manager is not None
+        self._manager.start(crash_at, kill_previous=kill_previous)
 
     # -- the fabric, through the manager and the emulator's own table ----------------------------
 
