@@ -1,40 +1,51 @@
 """The ``fabric-dra`` command line: one subcommand per role, one image runs them all.
 
 Each role module contributes its subcommand through ``register(subparsers)``; heavy imports happen
-inside the handlers, so ``--help`` is fast.
+inside the handlers, so ``--help`` is fast. A command that names its role imports only that role's
+module: starting the emulator does not pay for the scheduler's CEL environment that ``explain``
+loads (every process of a local stack starts through here).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from dra_driver import explain
-from dra_driver.controller import cli as controller_cli
-from dra_driver.plugin import cli as plugin_cli
-from emulator import cli as emulator_cli
-from fabric import cli as manager_cli
-from fabric_dra.demo import cli as demo_cli
-from kube_standin import cli as standin_cli
 from plumbing import __version__
 from plumbing.cli import SubParsers, add_log_options, run
 
 __all__ = ["ROLES", "build_parser", "main"]
 
-#: ``register(subparsers)`` of each role, in the order ``--help`` lists them.
-ROLES = (
-    emulator_cli.register,  # emulator
-    manager_cli.register,  # manager, status
-    plugin_cli.register,  # plugin
-    controller_cli.register,  # controller
-    explain.register,  # explain
-    demo_cli.register,  # demo
-    standin_cli.register_role,  # standin
+#: (module, its ``register(subparsers)``, the subcommands it adds), in the order ``--help`` lists them.
+ROLES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("emulator.cli", "register", ("emulator",)),
+    ("fabric.cli", "register", ("manager", "status")),
+    ("dra_driver.plugin.cli", "register", ("plugin",)),
+    ("dra_driver.controller.cli", "register", ("controller",)),
+    ("dra_driver.explain", "register", ("explain",)),
+    ("fabric_dra.demo.cli", "register", ("demo",)),
+    ("kube_standin.cli", "register_role", ("standin",)),
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: the options before the role that take a separate value (add_log_options)
+_GLOBAL_WITH_VALUE = ("--log-level", "--log-format")
+
+
+def _registers(argv: Sequence[str] | None) -> list[Callable[[SubParsers], None]]:
+    """Every role's ``register``; only the named role's when ``argv`` names one."""
+    words = list(argv or ())
+    while words and words[0].startswith("-"):  # the global options, with their values
+        option = words.pop(0)
+        if option in _GLOBAL_WITH_VALUE and words:
+            words.pop(0)
+    named = [r for r in ROLES if words and words[0] in r[2]]
+    return [getattr(importlib.import_module(module), name) for module, name, _ in named or ROLES]
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fabric-dra",
         description=(
@@ -47,13 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fabric-dra {__version__}")
     add_log_options(parser)
     subparsers: SubParsers = parser.add_subparsers(title="roles", metavar="ROLE")
-    for register in ROLES:
+    for register in _registers(argv):
         register(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run(build_parser(), argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    return run(build_parser(args), args)
 
 
 if __name__ == "__main__":
