@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import BenchContext
+from fabric_dra.stack import Stack
+from fabric_dra.standins import resource_slice
 from kube_standin.apiserver.schemas import DEFAULT_VERSIONS, SchemaCatalog
 from plumbing.kube import KubeClient
 from plumbing.kube.resources import RESOURCE_SLICES
-from tests.support.apiserver import start_apiserver
-from tests.unit.kube_standin.objects import resource_slice
 
 __all__ = ["run"]
 
@@ -101,7 +101,8 @@ def measure(quick: bool = False) -> dict[str, Any]:
     results: dict[str, Any] = {"validate_128_device_slice_cpu_ms": _validation_cost(10 if quick else 100)}
     root = Path(tempfile.mkdtemp(prefix="apiserver-bench-"))
     try:
-        with start_apiserver(root) as server:
+        with Stack(root) as stack:
+            server = stack.apiserver()
             results.update(asyncio.run(_through_http(server.url, server.admin_token)))
     finally:
         shutil.rmtree(root, ignore_errors=True)

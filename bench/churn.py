@@ -65,14 +65,12 @@ from dra_driver.plugin import cdi
 from dra_driver.plugin.backend import identity_of
 from dra_driver.plugin.checkpoint import CheckpointStore
 from dra_driver.plugin.hostdev import HostScanner, normalize_serial
+from fabric_dra.stack import ApiServer, Emulator, Manager, NodeDirs, Plugin, Role, Stack
 from kube_standin.kubelet_client import ClaimRef, DraCallError, DRAPluginClient, PluginManager, PrepareResult
 from manager_api.client import ManagerClient
 from manager_api.models import BindingState, Device, DeviceType
 from plumbing.kube import ApiError, KubeClient, NotFound
 from plumbing.kube.resources import NAMESPACES, RESOURCE_CLAIMS
-from plumbing.procs import RoleProcess
-from tests.support.apiserver import ApiServerProcess, start_apiserver
-from tests.support.fabric_manager import start_manager, static_tokens_file
 
 __all__ = ["ChurnConfig", "ChurnReport", "run_churn", "topology_counts"]
 
@@ -163,49 +161,36 @@ def _rss_mib(pid: int) -> float:
     return 0.0
 
 
-@dataclass
-class NodeDirs:
-    name: str
-    root: Path
-
-    @property
-    def registry(self) -> Path:
-        return self.root / "reg"
-
-    @property
-    def plugin_dir(self) -> Path:
-        return self.root / "plug"
-
-    @property
-    def cdi_root(self) -> Path:
-        return self.root / "cdi"
-
-    @property
-    def token_file(self) -> Path:
-        return self.root / "token"
-
-
 class ChurnStack:
-    """Emulator, API test server, manager; plugins started and stopped per wave. Always stopped."""
+    """Emulator (HTTPS, authentication), API test server, manager (static tokens: one per node);
+    plugins started and stopped per wave. Built with :class:`fabric_dra.stack.Stack`; always stopped."""
 
     def __init__(self, config: ChurnConfig) -> None:
         self.config = config
         # Unix socket paths are limited to 107 bytes: a short root under /tmp.
         self.root = Path(tempfile.mkdtemp(prefix="fdc-", dir=str(config.work_dir or "/tmp")))
-        self.state_dir = self.root / "emu"
+        self.builder = Stack(self.root)
         self.manager_state = self.root / "mgr"
         self.ca_file = self.root / "ca.pem"
-        self.emulator: RoleProcess | None = None
-        self.manager: RoleProcess | None = None
-        self.apiserver: ApiServerProcess | None = None
-        self._apiserver_cm: contextlib.AbstractContextManager[ApiServerProcess] | None = None
+        self.emulator_handle: Emulator | None = None
+        self.manager_handle: Manager | None = None
+        self.apiserver: ApiServer | None = None
         self.hosts: list[str] = []
         self.nodes: dict[str, NodeDirs] = {}
-        self.plugins: dict[str, RoleProcess] = {}
+        self._plugins: dict[str, Plugin] = {}
+        self.plugins: dict[str, Role] = {}
         self.operator_token = secrets.token_urlsafe(24)
         self.emulator_auth: tuple[str, str] = ("", "")
         self.cpu: dict[str, float] = defaultdict(float)
         self.peak_rss: dict[str, float] = defaultdict(float)
+
+    @property
+    def emulator(self) -> Role | None:
+        return self.emulator_handle.role if self.emulator_handle is not None else None
+
+    @property
+    def manager(self) -> Role | None:
+        return self.manager_handle.role if self.manager_handle is not None else None
 
     # topology and core processes
 
@@ -228,89 +213,57 @@ class ChurnStack:
             raise
         return self
 
-    def _certificates(self) -> tuple[Path, Path]:
-        """A throw-away CA and the emulator's certificate: the manager talks verified HTTPS."""
-        import trustme
-
-        authority = trustme.CA()
-        leaf = authority.issue_cert("127.0.0.1", "localhost")
-        authority.cert_pem.write_to_path(str(self.ca_file))
-        cert, key = self.root / "emulator.pem", self.root / "emulator-key.pem"
-        leaf.private_key_pem.write_to_path(str(key))
-        key.chmod(0o600)
-        for index, blob in enumerate(leaf.cert_chain_pems):
-            blob.write_to_path(str(cert), append=index > 0)
-        return cert, key
-
     def _start(self) -> None:
         topology = self.generate_topology()
-        cert, key = self._certificates()
-        ready = self.root / "emulator.ready"
-        self.emulator = RoleProcess(
-            [
-                *("emulator", "serve", "--state-dir", str(self.state_dir), "--topology", str(topology)),
-                *("--latency", self.config.latency, "--port", "0", "--ready-file", str(ready)),
-                *("--tls-cert", str(cert), "--tls-key", str(key)),
-            ],
-            ready_file=ready,
-            log_file=self.root / "emulator.log",
-            name="emulator",
-            start_timeout=60,
-        ).start()
-        creds = json.loads((self.state_dir / "credentials.json").read_text())
-        self.emulator_auth = (creds["username"], creds["password"])
-        self.hosts = sorted(p.name for p in (self.state_dir / "hosts").iterdir())
-        self._apiserver_cm = start_apiserver(self.root / "api", validate_versions="1.34")
-        self.apiserver = self._apiserver_cm.__enter__()
+        # A throw-away CA and the emulator's certificate: the manager talks verified HTTPS.
+        ca, cert, key = self.builder.certificates("emulator")
+        shutil.copyfile(ca, self.ca_file)
+        emulator = self.builder.emulator(topology=topology, latency=self.config.latency, tls=(cert, key))
+        self.emulator_handle = emulator
+        self.emulator_auth = emulator.credentials or ("", "")
+        self.hosts = emulator.hosts()
+        self.apiserver = self.builder.apiserver(validate_versions="1.34")
         tokens: dict[str, tuple[str, str | None]] = {self.operator_token: ("operator", None)}
-        for index, host in enumerate(self.hosts):
-            node = NodeDirs(host, self.root / f"n{index}")
-            node.root.mkdir()
+        for host in self.hosts:
+            node = self.builder.node_dirs(host).make()
             token = secrets.token_urlsafe(24)
             node.token_file.write_text(token)
             tokens[token] = ("plugin", host)
             self.nodes[host] = node
-        static_tokens_file(self.root / "tokens.json", tokens).chmod(0o600)
-        self.manager = start_manager(
-            self.root,
-            self.emulator.address,
-            args=[
-                *("--redfish-credentials-file", str(self.state_dir / "credentials.json")),
+        self.manager_handle = self.builder.manager(
+            emulator,
+            state_dir=self.manager_state,
+            static_tokens=tokens,
+            redfish_args=[
+                *("--redfish-credentials-file", str(emulator.credentials_file)),
                 *("--redfish-ca-file", str(self.ca_file)),
-                *("--state-dir", str(self.manager_state), "--static-tokens", str(self.root / "tokens.json")),
             ],
             ready_timeout=180,
         )
 
-    def _plugin(self, node: NodeDirs) -> RoleProcess:
-        assert self.apiserver is not None and self.manager is not None
-        ready = node.root / "plugin.ready"
-        return RoleProcess(
-            [
-                *("plugin", "--node-name", node.name, "--kubeconfig", str(self.apiserver.kubeconfig)),
-                *("--registry-dir", str(node.registry), "--plugin-dir", str(node.plugin_dir)),
-                *("--cdi-root", str(node.cdi_root), "--sysfs-root", str(self.sysfs(node.name))),
-                *("--manager-url", self.manager.address, "--manager-token-file", str(node.token_file)),
-                *("--ready-file", str(ready)),
-            ],
-            ready_file=ready,
-            log_file=node.root / "plugin.log",
-            env={"POD_UID": ""},
-            name=f"plugin-{node.name}",
-            start_timeout=180,
-        )
-
     def start_plugins(self, nodes: Sequence[str]) -> None:
         """Start the plugins of ``nodes`` side by side (each waits for its ready file)."""
-        processes = {name: self._plugin(self.nodes[name]) for name in nodes}
+        assert self.apiserver is not None and self.manager_handle is not None
+        for name in nodes:
+            if name not in self._plugins:
+                self._plugins[name] = self.builder.plugin(
+                    name,
+                    self.manager_handle,
+                    self.apiserver,
+                    dirs=self.nodes[name],
+                    sysfs_root=self.sysfs(name),
+                    token_file=self.nodes[name].token_file,
+                    start=False,
+                )
+                self._plugins[name].role.start_timeout = 180
         with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
-            futures = {pool.submit(p.start): name for name, p in processes.items()}
+            futures = {pool.submit(self._plugins[name].role.start): name for name in nodes}
             errors = []
             for future in concurrent.futures.as_completed(futures):
                 name = futures[future]
                 try:
                     future.result()
-                    self.plugins[name] = processes[name]
+                    self.plugins[name] = self._plugins[name].role
                 except Exception as err:
                     errors.append(f"{name}: {err}")
         if errors:
@@ -337,7 +290,7 @@ class ChurnStack:
         out["bench (kubelets, checks)"] = usage.ru_utime + usage.ru_stime
         return out
 
-    def _account(self, role: str, process: RoleProcess) -> None:
+    def _account(self, role: str, process: Role) -> None:
         if process.alive():
             self.cpu[role] += _cpu_seconds(process.pid)
 
@@ -347,14 +300,15 @@ class ChurnStack:
         total = sum(_rss_mib(p.pid) for p in self.plugins.values())
         self.peak_rss["plugins"] = max(self.peak_rss["plugins"], total)
 
-    def _core(self) -> list[tuple[str, RoleProcess]]:
+    def _core(self) -> list[tuple[str, Role]]:
         out = [("emulator", self.emulator), ("manager", self.manager)]
         if self.apiserver is not None:
-            out.append(("apiserver", self.apiserver.process))
+            out.append(("apiserver", self.apiserver.role))
         return [(role, p) for role, p in out if p is not None and p.alive()]
 
     def sysfs(self, host: str) -> Path:
-        return self.state_dir / "hosts" / host / "sys"
+        assert self.emulator_handle is not None
+        return self.emulator_handle.sysfs(host)
 
     def tls(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.ca_file))
@@ -363,16 +317,11 @@ class ChurnStack:
         self.stop_plugins(list(self.plugins))
         for role, process in self._core():
             self._account(role, process)
-        if self.manager is not None:
-            self.manager.stop()
-        if self._apiserver_cm is not None:
-            with contextlib.suppress(Exception):
-                self._apiserver_cm.__exit__(None, None, None)
-            self._apiserver_cm = None
-        if self.emulator is not None:
-            self.emulator.stop()
-        if not self.config.keep:
-            shutil.rmtree(self.root, ignore_errors=True)
+        try:
+            self.builder.stop()
+        finally:
+            if not self.config.keep:
+                shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> ChurnStack:
         return self.start()
@@ -890,7 +839,7 @@ class Churn:
         claims were created and every pod ended."""
         tasks = []
         for node in nodes:
-            kubelet = PluginManager(self.stack.nodes[node].registry, watch_health=True)
+            kubelet = PluginManager(self.stack.nodes[node].registry_dir, watch_health=True)
             self.kubelets[node] = kubelet
             tasks.append(asyncio.create_task(kubelet.run()))
         try:

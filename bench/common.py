@@ -1,10 +1,11 @@
 """What every benchmark section shares: statistics, checks against targets, process memory, the
 plugin's phase metrics, the machine, and the real processes a section runs against.
 
-Everything here starts *real* processes on real sockets (``plumbing.procs.RoleProcess``): the API
-test server, ``fabric-dra emulator serve``, ``fabric-dra manager serve`` and one ``fabric-dra
-plugin`` per node, driven through the kubelet-protocol client of :mod:`kube_standin.kubelet_client` the
-way the kubelet drives them. Figures come from here, never from timed tests.
+Everything here starts *real* processes on real sockets through the one stack builder
+(:mod:`fabric_dra.stack`): the API test server, ``fabric-dra emulator serve``, ``fabric-dra manager
+serve`` and one ``fabric-dra plugin`` per node, driven through the kubelet-protocol client of
+:mod:`kube_standin.kubelet_client` the way the kubelet drives them. Figures come from here, never
+from timed tests.
 """
 
 from __future__ import annotations
@@ -25,12 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fabric_dra.stack import ApiServer, Emulator, Manager, Plugin, Role, Stack, free_port
 from kube_standin.kubelet_client import DRAPluginClient, register_plugin
 from plumbing.kube import KubeClient
 from plumbing.kube.resources import RESOURCE_CLAIMS
-from plumbing.procs import RoleProcess
-from tests.support.apiserver import ApiServerProcess, start_apiserver
-from tests.support.plugin import free_port, start_fabric
 
 __all__ = [
     "DRIVER",
@@ -271,17 +270,24 @@ class PluginProcess:
     """One ``fabric-dra plugin`` for one node, with its metrics port and registry directory."""
 
     node: str
-    process: RoleProcess
+    plugin: Plugin
     metrics_port: int
-    registry_dir: Path
+
+    @property
+    def process(self) -> Role:
+        return self.plugin.role
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.plugin.registry_dir
 
     @property
     def pid(self) -> int:
-        return self.process.pid
+        return self.plugin.pid
 
     async def kubelet(self) -> DRAPluginClient:
         """Register the plugin as the kubelet does and return the kubelet's DRA client for it."""
-        attempt = await register_plugin(self.registry_dir / f"{DRIVER}-reg.sock")
+        attempt = await register_plugin(self.plugin.registration_socket)
         return DRAPluginClient(attempt.driver, attempt.endpoint, attempt.chosen_service)
 
     def phases(self) -> dict[str, tuple[float, float]]:
@@ -290,68 +296,62 @@ class PluginProcess:
 
 @dataclass
 class FabricStack:
-    """API test server + emulator (``latency`` profile, generated topology) + fabric manager;
-    plugins are started per node with :meth:`plugin`. Use as a context manager: everything it
-    started is stopped (SIGTERM, then SIGKILL) on exit."""
+    """API test server + emulator (``latency`` profile, generated topology, no authentication) +
+    fabric manager, from :class:`fabric_dra.stack.Stack`; plugins are started per node with
+    :meth:`plugin`. Use as a context manager: everything it started is stopped on exit."""
 
     root: Path
     hosts: int = 11
     gpus: int = 72
     latency: str = "instant"
-    api: ApiServerProcess | None = None
-    emulator: RoleProcess | None = None
-    manager: RoleProcess | None = None
+    api: ApiServer | None = None
+    emulator_handle: Emulator | None = None
+    manager_handle: Manager | None = None
     plugins: dict[str, PluginProcess] = field(default_factory=dict)
-    _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    stack: Stack | None = None
 
     @property
-    def state_dir(self) -> Path:
-        return self.root / "emu"
+    def emulator(self) -> Role | None:
+        return self.emulator_handle.role if self.emulator_handle is not None else None
+
+    @property
+    def manager(self) -> Role | None:
+        return self.manager_handle.role if self.manager_handle is not None else None
 
     def sysfs_root(self, host: str) -> Path:
-        return self.state_dir / "hosts" / host / "sys"
+        assert self.emulator_handle is not None
+        return self.emulator_handle.sysfs(host)
 
     def __enter__(self) -> FabricStack:
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.stack = stack = Stack(self.root)
         try:
             topology = generate_topology(self.root / "topology.yaml", hosts=self.hosts, gpus=self.gpus)
-            self.api = self._stack.enter_context(start_apiserver(self.root / "api"))
-            fabric = start_fabric(self.root, self.latency, topology=topology)
-            self._stack.callback(fabric.stop)
-            self.emulator, self.manager = fabric.emulator, fabric.manager
+            self.api = stack.apiserver()
+            self.emulator_handle = stack.emulator(topology=topology, latency=self.latency, auth=False)
+            self.manager_handle = stack.manager(self.emulator_handle, insecure_no_auth=True)
         except BaseException:
-            self._stack.close()
+            stack.stop()
             raise
         return self
 
-    def _stop_later(self, process: RoleProcess) -> RoleProcess:
-        self._stack.callback(process.stop)
-        return process
-
     def __exit__(self, *exc: object) -> None:
-        self._stack.close()
+        if self.stack is not None:
+            self.stack.stop()
 
     def plugin(self, host: str, *, backend: str = "fabric", extra: Sequence[str] = ()) -> PluginProcess:
         """Start the plugin of node ``host`` (the manager maps a host to the node of its name)."""
-        assert self.api is not None and self.manager is not None
-        base = self.root / f"p-{host}"
+        assert self.stack is not None and self.api is not None and self.manager_handle is not None
         port = free_port()
-        process = RoleProcess(
-            [
-                *("plugin", "--node-name", host),
-                *("--kubeconfig", str(self.api.kubeconfig), "--registry-dir", str(base / "reg")),
-                *("--plugin-dir", str(base / "plug"), "--cdi-root", str(base / "cdi")),
-                *("--sysfs-root", str(self.sysfs_root(host)), "--device-backend", backend),
-                *("--manager-url", self.manager.address, "--metrics-port", str(port)),
-                *("--ready-file", str(base / "ready"), *extra),
-            ],
-            ready_file=base / "ready",
-            log_file=base / "plugin.log",
-            env={"POD_UID": ""},
-            name=f"plugin-{host}",
-        ).start()
-        self._stop_later(process)
-        handle = PluginProcess(host, process, port, base / "reg")
+        plugin = self.stack.plugin(
+            host,
+            self.manager_handle,
+            self.api,
+            sysfs_root=self.sysfs_root(host),
+            backend=backend,
+            metrics_port=port,
+            args=extra,
+        )
+        handle = PluginProcess(host, plugin, port)
         self.plugins[host] = handle
         return handle
 

@@ -30,7 +30,8 @@ import httpx
 
 from bench.common import BenchContext, check, progress, rss_mib, summary_ms
 from emulator.topology.generate import GenerateSpec, generate_topology_yaml
-from tests.support.emulator import RunningEmulator, run_emulator, zone_add, zone_remove
+from fabric_dra.stack import Emulator as RunningEmulator
+from fabric_dra.stack import Stack, zone_add, zone_remove
 
 __all__ = ["run"]
 
@@ -200,7 +201,8 @@ def measure(quick: bool = False) -> dict[str, Any]:
                 GenerateSpec(hosts=_HOSTS, gpus=_GPUS, nvme=0, nics=0, fpgas=0, cxl_devices=2)
             )
         )
-        with run_emulator(tmp_dir, topology=topology) as emu:
+        with Stack(tmp_dir) as stack:
+            emu = stack.emulator(topology=topology)
             assert emu.process is not None
             rss_idle = rss_mib(emu.process.pid)
             pairs = []

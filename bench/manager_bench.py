@@ -29,9 +29,8 @@ from bench.common import BenchContext, summary_ms
 from fabric.backends.discovery import Discovery
 from fabric.config import load_credentials
 from fabric.redfish.client import RedfishClient, RedfishSettings
+from fabric_dra.stack import Stack
 from manager_api.client import ManagerClient
-from tests.support.emulator import run_emulator
-from tests.support.fabric_manager import running_manager
 
 __all__ = ["run"]
 
@@ -93,18 +92,12 @@ def measure(quick: bool = False) -> dict[str, Any]:
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="manager-bench-") as tmp:
         root = Path(tmp)
-        with run_emulator(root, latency="instant") as emulator:
-            credentials = str(emulator.state_dir / "credentials.json")
-            args = [
-                "--redfish-credentials-file",
-                credentials,
-                "--state-dir",
-                str(root / "m"),
-                "--insecure-no-auth",
-            ]
-            with running_manager(root, emulator.url, args=args) as manager:
-                results["latency"] = asyncio.run(_latency(manager.address, 20 if quick else 100))
-                results["parallel"] = asyncio.run(_parallel(manager.address, 1 if quick else 5))
+        with Stack(root) as stack:
+            emulator = stack.emulator(latency="instant")
+            manager = stack.manager(emulator, state_dir=root / "m", insecure_no_auth=True)
+            results["latency"] = asyncio.run(_latency(manager.url, 20 if quick else 100))
+            results["parallel"] = asyncio.run(_parallel(manager.url, 1 if quick else 5))
+            manager.stop()
             results["discovery_default"] = asyncio.run(
                 _discovery(emulator.url, emulator.state_dir, 3 if quick else 10)
             )
@@ -119,7 +112,8 @@ def measure(quick: bool = False) -> dict[str, Any]:
             capture_output=True,
             timeout=120,
         )
-        with run_emulator(root, latency="instant", topology=topology, name="big") as emulator:
+        with Stack(root) as stack:
+            emulator = stack.emulator(latency="instant", topology=topology, name="big")
             results["discovery_50_hosts"] = asyncio.run(
                 _discovery(emulator.url, emulator.state_dir, 2 if quick else 5)
             )

@@ -28,16 +28,14 @@ from bench.common import (
     ClaimSpec,
     check,
     create_claims,
-    free_port,
     phase_delta,
     phase_sums,
     progress,
     rss_mib,
     summary_ms,
 )
+from fabric_dra.stack import Role, Stack, free_port
 from kube_standin.kubelet_client import ClaimRef, DRAPluginClient, register_plugin
-from plumbing.procs import RoleProcess
-from tests.support.apiserver import start_apiserver
 
 __all__ = ["run"]
 
@@ -45,7 +43,7 @@ _STORAGE_PHASES = ("claim_read", "checkpoint", "cdi_write", "cdi_remove")
 _NODE = "node-overhead"
 
 
-def _wait_for(path: Path, process: RoleProcess, timeout: float = 30.0) -> None:
+def _wait_for(path: Path, process: Role, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
         if not process.alive():
@@ -93,29 +91,22 @@ async def _measure(root: Path, quick: bool) -> dict[str, Any]:
     total = 100 if quick else 1000
     block = 25 if quick else 50
     results: dict[str, Any] = {}
-    with start_apiserver(root / "api") as api:
+    with Stack(root) as stack:
+        api = stack.apiserver()
         metrics_port = free_port()
-        fabric = RoleProcess(
-            [
-                *("plugin", "--node-name", _NODE, "--kubeconfig", str(api.kubeconfig)),
-                *("--registry-dir", str(root / "reg"), "--plugin-dir", str(root / "plug")),
-                *("--cdi-root", str(root / "cdi"), "--device-backend", "noop"),
-                *("--metrics-port", str(metrics_port), "--ready-file", str(root / "plugin.ready")),
-            ],
-            ready_file=root / "plugin.ready",
-            log_file=root / "plugin.log",
-            env={"POD_UID": ""},
-            name="fabric-dra plugin (noop)",
-        ).start()
-        baseline = RoleProcess(
-            [
-                *("--socket", str(root / "pydra" / "dra.sock")),
-                *("--registration-socket", str(root / "pydra" / "reg.sock")),
-            ],
-            ready_file=None,
-            log_file=root / "pydra.log",
+        plugin = stack.plugin(_NODE, None, api, backend="noop", metrics_port=metrics_port)
+        fabric = plugin.role
+        pydra = [
+            "--socket",
+            str(root / "pydra" / "dra.sock"),
+            "--registration-socket",
+            str(root / "pydra" / "reg.sock"),
+        ]
+        baseline = stack.role(
+            "pydra",
+            lambda: pydra,
+            ready=False,
             env={"PYTHONPATH": str(REPO_ROOT)},
-            name="kubernetes-pydra baseline",
             module="bench.pydra_baseline",
         ).start()
         try:
@@ -124,7 +115,7 @@ async def _measure(root: Path, quick: bool) -> dict[str, Any]:
                 specs = [ClaimSpec(f"ovh-{i}", _NODE, f"dev-{i}") for i in range(total + 20)]
                 uids = await create_claims(kube, specs, concurrency=16)
             refs = [ClaimRef("default", s.name, uid) for s, uid in zip(specs, uids, strict=True)]
-            ours = await _kubelet(root / "reg" / "fabric-dra.io-reg.sock")
+            ours = await _kubelet(plugin.registration_socket)
             theirs = await _kubelet(root / "pydra" / "reg.sock")
             try:
                 await _pairs(ours, refs[:20], metrics_port)  # warm: connections, first-use imports
@@ -147,8 +138,8 @@ async def _measure(root: Path, quick: bool) -> dict[str, Any]:
                 await ours.close()
                 await theirs.close()
         finally:
-            fabric.stop()
             baseline.stop()
+            fabric.stop()
     framework = [p - s for p, s in zip(our_pairs, our_storage, strict=True)]
     results["baseline_pair"] = summary_ms(base_pairs)
     results["fabric_dra_pair"] = summary_ms(our_pairs)

@@ -3,7 +3,7 @@ unchanged resyncs.
 
 Real processes, fresh for each size: the API test server (strict validation of every slice for
 Kubernetes 1.34 to 1.37) and ``fabric-dra controller``, fed by the HTTP inventory stand-in of
-tests/support. The controller first publishes the four pools empty; the clock starts when the
+:mod:`fabric_dra.standins`. The controller first publishes the four pools empty; the clock starts when the
 full inventory is served and stops when the controller reports that inventory version synced
 (every slice acknowledged by the API server). Then the slices are checked complete and
 consistent, the server's write counter is reset, and three periodic resyncs run (period 1 s).
@@ -25,10 +25,10 @@ from typing import Any
 import httpx
 
 from bench.common import BenchContext, check, progress
+from fabric_dra.stack import ApiServerHooks as TestHooks
+from fabric_dra.stack import Stack
+from fabric_dra.standins import InventoryServer, make_device, make_inventory
 from manager_api.models import DeviceType
-from plumbing.procs import RoleProcess
-from tests.support.apiserver import TestHooks, start_apiserver
-from tests.support.controller import InventoryServer, make_device, make_inventory
 
 __all__ = ["run"]
 
@@ -85,27 +85,17 @@ def _reconcile_totals(base_url: str) -> tuple[float, float]:
 def publish(devices_total: int) -> dict[str, Any]:
     """Publish ``devices_total`` devices once, then let three unchanged resyncs run."""
     root = Path(tempfile.mkdtemp(prefix="fdpub-", dir="/tmp"))
-    controller: RoleProcess | None = None
     try:
-        with (
-            start_apiserver(root / "apiserver") as server,
-            InventoryServer(_inventory(0, version=1)) as manager,
-        ):
+        with Stack(root) as stack, InventoryServer(_inventory(0, version=1)) as manager:
+            server = stack.apiserver()
             hooks = server.hooks
-            api = httpx.Client(
-                base_url=server.url, timeout=60, headers={"Authorization": f"Bearer {server.admin_token}"}
-            )
-            controller = RoleProcess(
-                [
-                    *("--log-level", "warning", "controller", "--manager-url", manager.url),
-                    *("--kubeconfig", str(server.kubeconfig), "--driver-name", DRIVER),
-                    *("--host", "127.0.0.1", "--port", "0", "--ready-file", str(root / "controller.ready")),
-                    *("--resync-period", "1", "--device-taints", "on"),
-                ],
-                ready_file=root / "controller.ready",
-                log_file=root / "controller.log",
-                name="controller",
-            ).start()
+            api = server.http(timeout=60)
+            controller = stack.controller(
+                None,
+                server,
+                args=["--manager-url", manager.url, "--resync-period", "1", "--device-taints", "on"],
+                log_level="warning",
+            ).role
             status_url = f"{controller.address}/status"
 
             def synced(version: int) -> bool:
@@ -162,8 +152,6 @@ def publish(devices_total: int) -> dict[str, Any]:
             "resync_pass_seconds": round(resync_seconds, 3),
         }
     finally:
-        if controller is not None:
-            controller.stop()
         shutil.rmtree(root, ignore_errors=True)
 
 

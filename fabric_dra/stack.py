@@ -156,6 +156,7 @@ class Role:
         start_timeout: float = 60.0,
         module: str = "fabric_dra",
         log_format: str | None = None,
+        log_level: str | None = None,
     ) -> None:
         self.name = name
         self._args = args
@@ -167,12 +168,17 @@ class Role:
         self.start_timeout = start_timeout
         self.module = module
         self.log_format = log_format
+        self.log_level = log_level
         self.process: RoleProcess | None = None
         self.lives = 0
         self._log_offset = 0
 
     def command(self) -> list[str]:
-        args = [*(["--log-format", self.log_format] if self.log_format else []), *self._args()]
+        args = [
+            *(["--log-format", self.log_format] if self.log_format else []),
+            *(["--log-level", self.log_level] if self.log_level else []),
+            *self._args(),
+        ]
         if self.port_flag:
             args += ["--port", str(self.port)]
         if self.ready_file is not None:
@@ -390,7 +396,8 @@ class ApiServer:
             ssl.create_default_context(cafile=str(self.ca_file)) if self.ca_file else True
         )
         headers = {"Authorization": f"Bearer {token or self.admin_token}"}
-        return httpx.Client(base_url=self.url, headers=headers, verify=verify, timeout=30.0, **kwargs)
+        kwargs.setdefault("timeout", 30.0)
+        return httpx.Client(base_url=self.url, headers=headers, verify=verify, **kwargs)
 
     def add_token(self, user: TokenUser, token: str | None = None) -> str:
         """Make ``token`` (random when omitted) authenticate as ``user``; returns the token."""
@@ -810,6 +817,7 @@ class Stack:
         env: Mapping[str, str] | None = None,
         module: str = "fabric_dra",
         start_timeout: float | None = None,
+        log_level: str | None = None,
     ) -> Role:
         """A role of this stack, not started yet; stopped with the stack."""
         if name in self.roles:
@@ -824,6 +832,7 @@ class Stack:
             start_timeout=start_timeout or self.start_timeout,
             module=module,
             log_format=self.log_format if module == "fabric_dra" else None,
+            log_level=log_level,
         )
         self.roles[name] = role
         self._closers.append(role.stop)
@@ -1042,6 +1051,7 @@ class Stack:
         token_file: Path | None = None,
         binding_conditions: bool = False,
         args: Sequence[str] = (),
+        log_level: str | None = None,
         start: bool = True,
         crash_at: Sequence[str] = (),
     ) -> Controller:
@@ -1060,7 +1070,9 @@ class Stack:
                 out.append("--binding-conditions")
             return [*out, *args]
 
-        controller = Controller(self.role(name, command, port_flag=True), binding_conditions)
+        controller = Controller(
+            self.role(name, command, port_flag=True, log_level=log_level), binding_conditions
+        )
         if start:
             controller.role.start(crash_at)
         return controller

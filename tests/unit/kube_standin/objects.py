@@ -5,20 +5,23 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-DRIVER = "fabric-dra.io"
-ATTRIBUTES = (
-    "type",
-    "vendor",
-    "vendorID",
-    "deviceID",
-    "model",
-    "serial",
-    "uuid",
-    "fabric",
-    "switch",
-    "port",
-    "health",
-)
+from fabric_dra.standins import SLICE_ATTRIBUTES as ATTRIBUTES
+from fabric_dra.standins import pool_device as device
+from fabric_dra.standins import resource_slice
+from plumbing import DEFAULT_DRIVER_NAME
+
+__all__ = [
+    "ARTICLE_TEMPLATE_V1BETA1",
+    "ATTRIBUTES",
+    "DRIVER",
+    "allocation",
+    "device",
+    "resource_claim",
+    "resource_slice",
+    "without",
+]
+
+DRIVER = DEFAULT_DRIVER_NAME
 
 # The seed article's template as written for clusters that serve resource.k8s.io/v1beta1:
 # only its apiVersion changes (it was written for v1alpha3).
@@ -34,40 +37,6 @@ ARTICLE_TEMPLATE_V1BETA1: dict[str, Any] = {
         }
     },
 }
-
-
-def device(index: int) -> dict[str, Any]:
-    attributes: dict[str, Any] = {f"{DRIVER}/{name}": {"string": f"{name}-{index}"} for name in ATTRIBUTES}
-    attributes[f"{DRIVER}/pcieGen"] = {"int": 5}
-    attributes[f"{DRIVER}/pcieWidth"] = {"int": 16}
-    return {
-        "name": f"gpu-{index}",
-        "attributes": attributes,
-        "capacity": {f"{DRIVER}/memory": {"value": "80Gi"}},
-    }
-
-
-def resource_slice(name: str = "fabric-pcie-0", devices: int = 128, generation: int = 1) -> dict[str, Any]:
-    """A pool ResourceSlice as the publisher writes it (node selector, up to 128 devices)."""
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": name, "labels": {"fabric-dra.io/pool": "fabric-pcie"}},
-        "spec": {
-            "driver": DRIVER,
-            "pool": {"name": "fabric-pcie", "generation": generation, "resourceSliceCount": 1},
-            "nodeSelector": {
-                "nodeSelectorTerms": [
-                    {
-                        "matchExpressions": [
-                            {"key": "fabric-dra.io/fabric", "operator": "In", "values": ["pcie"]}
-                        ]
-                    }
-                ]
-            },
-            "devices": [device(i) for i in range(devices)],
-        },
-    }
 
 
 def resource_claim(name: str = "claim-0", namespace: str = "default") -> dict[str, Any]:
