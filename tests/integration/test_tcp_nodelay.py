@@ -21,11 +21,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from fabric_dra.stack import Role, Stack, free_port, short_dir, wait_ready
 from plumbing.netutil import ListenError, listen_tcp
-from plumbing.procs import RoleProcess
 from tests.support.apiserver import ApiServerProcess, shared_apiserver  # noqa: F401 - fixture
-from tests.support.fabric_manager import start_manager, wait_ready
-from tests.support.plugin import free_port, short_dir
 
 _SYS_PIDFD_GETFD = 438  # the same number on every architecture (Linux 5.6+)
 
@@ -109,58 +107,21 @@ def work() -> Iterator[Path]:
 
 def test_every_server_role_sets_nodelay(work: Path, shared_apiserver: ApiServerProcess) -> None:  # noqa: F811
     api = shared_apiserver
-    emulator = RoleProcess(
-        [
-            *("emulator", "serve", "--state-dir", str(work / "emu"), "--insecure-no-auth"),
-            *("--port", "0", "--ready-file", str(work / "emu.ready")),
-        ],
-        ready_file=work / "emu.ready",
-        log_file=work / "emu.log",
-        name="emulator",
-    )
-    metrics_port = free_port()
-    plugin = RoleProcess(
-        [
-            *("plugin", "--node-name", "node-nodelay", "--kubeconfig", str(api.kubeconfig)),
-            *("--registry-dir", str(work / "reg"), "--plugin-dir", str(work / "plug")),
-            *("--cdi-root", str(work / "cdi"), "--device-backend", "noop"),
-            *("--metrics-port", str(metrics_port), "--ready-file", str(work / "plugin.ready")),
-        ],
-        ready_file=work / "plugin.ready",
-        log_file=work / "plugin.log",
-        name="plugin",
-    )
-    started: list[RoleProcess] = []
-    try:
-        with ThreadPoolExecutor(2) as pool:
-            for role in pool.map(RoleProcess.start, (emulator, plugin)):
-                started.append(role)
-        manager = start_manager(
-            work,
-            emulator.address,
-            args=["--redfish-auth", "none", "--state-dir", str(work / "mgr"), "--insecure-no-auth"],
-            ready=False,
+    with Stack(work, logs_dir=work) as stack:
+        emulator = stack.emulator(auth=False, start=False)
+        metrics_port = free_port()
+        plugin = stack.plugin(
+            "node-nodelay", None, api, backend="noop", metrics_port=metrics_port, start=False
         )
-        started.append(manager)
-        controller = RoleProcess(
-            [
-                *("controller", "--manager-url", manager.address, "--kubeconfig", str(api.kubeconfig)),
-                *("--driver-name", "nodelay.fabric-dra.io", "--port", "0"),
-                *("--ready-file", str(work / "ctl.ready")),
-            ],
-            ready_file=work / "ctl.ready",
-            log_file=work / "ctl.log",
-            name="controller",
-        ).start()
-        started.append(controller)
-        wait_ready(manager.address, timeout=120)
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(Role.start, (emulator.role, plugin.role)))
+        manager = stack.manager(emulator, state_dir=work / "mgr", insecure_no_auth=True, ready=False)
+        controller = stack.controller(manager, api, args=["--driver-name", "nodelay.fabric-dra.io"]).role
+        wait_ready(manager.url, timeout=120)
 
         assert api.process.proc is not None
-        _check_role("emulator", emulator.pid, emulator.address)
+        _check_role("emulator", emulator.role.pid, emulator.url)
         _check_role("API test server", api.process.pid, api.url)
-        _check_role("manager", manager.pid, manager.address)
+        _check_role("manager", manager.role.pid, manager.url)
         _check_role("controller", controller.pid, controller.address)
-        _check_role("plugin metrics", plugin.pid, f"http://127.0.0.1:{metrics_port}")
-    finally:
-        for role in reversed(started):
-            role.stop()
+        _check_role("plugin metrics", plugin.role.pid, f"http://127.0.0.1:{metrics_port}")

@@ -4,12 +4,6 @@ stand-in cluster running in the test's event loop."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,51 +15,20 @@ from dra_driver.proto.dra_v1 import api_pb2 as dra_v1
 from dra_driver.proto.dra_v1 import api_pb2_grpc as dra_v1_grpc
 from dra_driver.proto.pluginregistration_v1 import api_pb2 as reg
 from dra_driver.proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
+from fabric_dra.stack import Stack
 from plumbing.kube import KubeClient, KubeConfig
 
 DRIVER = "fabric-dra.io"
 
-_LAUNCH = """
-import asyncio, sys
-from pathlib import Path
-from plumbing.logs import configure
-from kube_standin.apiserver.app import ApiServerConfig
-from kube_standin.apiserver.serve import serve_apiserver
-configure(level="warning")
-asyncio.run(serve_apiserver(ApiServerConfig(validate_versions=("1.34",)), ready_file=Path(sys.argv[1])))
-"""
-
 
 @pytest.fixture(scope="session")
 def apiserver_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The API test server (kube_standin.apiserver) as a subprocess on a free port."""
-    workdir = tmp_path_factory.mktemp("apiserver")
-    ready = workdir / "ready"
-    log = open(workdir / "apiserver.log", "wb")  # noqa: SIM115 - the child writes it for its lifetime
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _LAUNCH, str(ready)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while not (ready.exists() and ready.read_text().strip()):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(
-                    f"API test server did not start: {(workdir / 'apiserver.log').read_text()[-2000:]}"
-                )
-            time.sleep(0.05)
-        yield ready.read_text().strip()
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
+    """The API test server (kube_standin.apiserver), schemas of Kubernetes 1.34, answering requests
+    without a token too (the stand-in cluster and ``explain`` here connect without one)."""
+    root = tmp_path_factory.mktemp("apiserver")
+    with Stack(root, logs_dir=root) as stack:
+        server = stack.apiserver(root=root, validate_versions="1.34", extra_args=["--allow-anonymous"])
+        yield server.url
 
 
 @pytest.fixture

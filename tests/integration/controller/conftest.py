@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from plumbing.procs import RoleProcess
+from fabric_dra.stack import Role, Stack
 from tests.support.apiserver import ApiServerProcess, start_apiserver
 from tests.support.controller import InventoryServer
 
@@ -108,46 +108,25 @@ def driver() -> str:
     return f"t{next(_drivers)}.fabric-dra.io"
 
 
-ControllerFactory = Callable[..., RoleProcess]
+ControllerFactory = Callable[..., Role]
 
 
 @pytest.fixture
 def start_controller(tmp_path: Path, apiserver: ApiServer) -> Iterator[ControllerFactory]:
-    started: list[RoleProcess] = []
     counter = itertools.count()
+    with Stack(tmp_path, logs_dir=tmp_path) as stack:
 
-    def start(
-        manager: InventoryServer | str, driver: str, *extra: str, kubeconfig: Path | None = None
-    ) -> RoleProcess:
-        """``fabric-dra controller`` for ``driver`` against ``manager`` (the stand-in or a URL)."""
-        n = next(counter)
-        ready = tmp_path / f"controller-{n}.url"
-        proc = RoleProcess(
-            [
-                "--log-level",
-                "debug",
-                "controller",
-                "--manager-url",
-                manager if isinstance(manager, str) else manager.url,
-                "--kubeconfig",
-                str(kubeconfig or apiserver.kubeconfig),
-                "--driver-name",
-                driver,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--ready-file",
-                str(ready),
-                *extra,
-            ],
-            ready_file=ready,
-            log_file=tmp_path / f"controller-{n}.log",
-            name=f"controller-{n}",
-        ).start()
-        started.append(proc)
-        return proc
+        def start(
+            manager: InventoryServer | str, driver: str, *extra: str, kubeconfig: Path | None = None
+        ) -> Role:
+            """``fabric-dra controller`` for ``driver`` against ``manager`` (the stand-in or a URL)."""
+            url = manager if isinstance(manager, str) else manager.url
+            return stack.controller(
+                None,
+                kubeconfig or apiserver.kubeconfig,
+                name=f"controller-{next(counter)}",
+                args=["--manager-url", url, "--driver-name", driver, *extra],
+                log_level="debug",
+            ).role
 
-    yield start
-    for proc in started:
-        proc.stop()
+        yield start

@@ -18,13 +18,11 @@ from typing import Any
 import httpx
 import pytest
 
+from fabric_dra.stack import Role, Stack, short_dir
 from manager_api.client import ManagerClient
 from manager_api.models import BindingState, Device, DeviceType, Inventory
-from plumbing.procs import RoleProcess
 from tests.integration.controller.conftest import ApiServer, ControllerFactory, wait_for
 from tests.integration.controller.test_binding import allocate, condition, create_claim, deallocate
-from tests.support.fabric_manager import start_manager, static_tokens_file
-from tests.support.plugin import short_dir
 
 CONTROLLER_TOKEN = "controller-token-for-tests-0001"
 
@@ -32,8 +30,8 @@ CONTROLLER_TOKEN = "controller-token-for-tests-0001"
 @dataclass
 class Fabric:
     root: Path
-    emulator: RoleProcess
-    manager: RoleProcess
+    emulator: Role
+    manager: Role
     token_file: Path
 
     def inventory(self) -> Inventory:
@@ -63,37 +61,16 @@ class Fabric:
 @pytest.fixture(scope="module")
 def fabric() -> Iterator[Fabric]:
     root = short_dir("fdcb-")
-    emulator = RoleProcess(
-        [
-            *("emulator", "serve", "--state-dir", str(root / "emu"), "--latency", "instant"),
-            *("--insecure-no-auth", "--port", "0", "--ready-file", str(root / "emulator.ready")),
-        ],
-        ready_file=root / "emulator.ready",
-        log_file=root / "emulator.log",
-        name="emulator",
-    ).start()
     try:
-        tokens = static_tokens_file(root / "tokens.json", {CONTROLLER_TOKEN: ("controller", None)})
-        manager = start_manager(
-            root,
-            emulator.address,
-            args=[
-                "--redfish-auth",
-                "none",
-                "--state-dir",
-                str(root / "manager"),
-                "--static-tokens",
-                str(tokens),
-            ],
-        )
-        token_file = root / "controller.token"
-        token_file.write_text(CONTROLLER_TOKEN + "\n")
-        try:
-            yield Fabric(root, emulator, manager, token_file)
-        finally:
-            manager.stop()
+        with Stack(root, logs_dir=root) as stack:
+            emulator = stack.emulator(state_dir=root / "emu", auth=False)
+            manager = stack.manager(
+                emulator, state_dir=root / "manager", static_tokens={CONTROLLER_TOKEN: ("controller", None)}
+            )
+            token_file = root / "controller.token"
+            token_file.write_text(CONTROLLER_TOKEN + "\n")
+            yield Fabric(root, emulator.role, manager.role, token_file)
     finally:
-        emulator.stop()
         shutil.rmtree(root, ignore_errors=True)
 
 
