@@ -21,6 +21,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from dra_driver.controller.devices import ATTRIBUTE_NAMES
 from fabric_dra.stack import free_port
 from manager_api.models import (
     API_PREFIX,
@@ -335,20 +336,8 @@ def inventory_server(inventory: Inventory, *, token: str | None = None) -> Itera
 
 # -- pool ResourceSlices -------------------------------------------------------------------------
 
-#: the string attributes of :func:`pool_device`
-SLICE_ATTRIBUTES = (
-    "type",
-    "vendor",
-    "vendorID",
-    "deviceID",
-    "model",
-    "serial",
-    "uuid",
-    "fabric",
-    "switch",
-    "port",
-    "health",
-)
+#: the string attributes of :func:`pool_device`: the driver's own, less its two integers
+SLICE_ATTRIBUTES = tuple(name for name in ATTRIBUTE_NAMES if name not in ("pcieGen", "pcieWidth"))
 
 
 def pool_device(index: int) -> dict[str, Any]:
