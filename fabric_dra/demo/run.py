@@ -136,6 +136,9 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     # The processes log to their own files; this process's own components log to demo.log.
     (workdir / "logs").mkdir(parents=True, exist_ok=True)
     log_stream = open(workdir / "logs" / "demo.log", "a")  # noqa: SIM115 - closed below
+    # Run in-process (the tests do), the caller's logging comes back once the file is closed.
+    root_logger = logging.getLogger()
+    saved_handlers, saved_level = root_logger.handlers[:], root_logger.level
     configure(level="info", stream=log_stream)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     printer.line(
@@ -145,6 +148,8 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     try:
         ok = asyncio.run(_run(options, workdir, printer))
     finally:
+        root_logger.handlers[:] = saved_handlers
+        root_logger.setLevel(saved_level)
         log_stream.close()
     elapsed = time.monotonic() - printer.start
     if ok:
