@@ -32,6 +32,7 @@ from fabric.redfish.tasks import FINAL_TASK_EVENTS
 from manager_api import models as api
 from manager_api.devices import DeviceAttributes
 from manager_api.errors import FabricError, FabricUnavailable
+from plumbing.backoff import Backoff
 from plumbing.logs import get_logger
 
 __all__ = ["Inventory"]
@@ -230,19 +231,18 @@ class Inventory:
                 on_disconnect=self.discovery.client.tasks.stream_changed,
             )
             stream_task = asyncio.create_task(self.stream.run(), name="redfish-events")
-        backoff = 0.5
+        backoff = Backoff(initial=0.5, maximum=self.poll_seconds)
         try:
             while True:
                 bindings_only, self._full_wanted = not self._full_wanted, False
                 started = time.monotonic()
                 try:
                     await self.refresh(bindings_only=bindings_only)
-                    backoff = 0.5
+                    backoff.reset()
                 except FabricError as err:
                     log.warning("fabric discovery failed, retrying", error=err.message)
                     self._full_wanted = True  # the service may have restarted: read everything
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, self.poll_seconds)
+                    await backoff.sleep()
                     continue
                 streaming = self.stream is not None and self.stream.connected
                 interval = self.resync_seconds if streaming else self.poll_seconds

@@ -48,6 +48,7 @@ from dra_driver.proto.dra_v1beta1 import api_pb2 as v1beta1_pb2
 from dra_driver.proto.dra_v1beta1 import api_pb2_grpc as v1beta1_grpc
 from dra_driver.proto.pluginregistration_v1 import api_pb2 as reg_pb2
 from dra_driver.proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
+from plumbing.backoff import Backoff
 from plumbing.logs import get_logger
 
 __all__ = [
@@ -457,8 +458,8 @@ class _Registered:
 @dataclass
 class _Pending:
     identity: tuple[int, int]
+    backoff: Backoff
     next_try: float = 0.0
-    delay: float = 0.0
 
 
 class PluginManager:
@@ -624,7 +625,9 @@ class PluginManager:
                 continue
             pending = self._pending.get(path)
             if pending is None or pending.identity != identity:
-                pending = self._pending[path] = _Pending(identity)
+                # goroutinemap's exponential backoff has no jitter.
+                backoff = Backoff(self.backoff_initial, self.backoff_max, jitter=0)
+                pending = self._pending[path] = _Pending(identity, backoff)
             if now < pending.next_try:
                 continue
             # Registrations run side by side (the kubelet's pending operations): a socket
@@ -644,13 +647,11 @@ class PluginManager:
         try:
             attempt = await register_plugin(path, registered_endpoints=endpoints)
         except RegistrationFailed as err:
-            pending.delay = min(
-                self.backoff_max, pending.delay * 2 if pending.delay else self.backoff_initial
-            )
-            pending.next_try = time.monotonic() + pending.delay
+            delay = pending.backoff.next()
+            pending.next_try = time.monotonic() + delay
             detail = err.notified or str(err)
             self.attempts.append(RegistrationAttempt(path, "", "", (), False, detail))
-            log.warning("plugin registration failed", socket=str(path), error=detail, retry_in=pending.delay)
+            log.warning("plugin registration failed", socket=str(path), error=detail, retry_in=delay)
             await self._notify_change()
             return
         self._pending.pop(path, None)

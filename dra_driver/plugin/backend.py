@@ -20,6 +20,7 @@ from dra_driver.plugin.metrics import observe_phase
 from manager_api.client import ManagerClient
 from manager_api.errors import DeviceBusy, DeviceNotFound, FabricError
 from manager_api.models import MAX_WAIT_SECONDS, AttachmentState, BindingState, Device, DeviceType
+from plumbing.backoff import Backoff
 from plumbing.crashpoints import crash_point
 from plumbing.logs import get_logger
 
@@ -137,7 +138,7 @@ class FabricBackend:
 
     async def _bind_retrying(self, claim_uid: str, device: str, pool: str | None) -> Device:
         started = time.monotonic()
-        delay = 0.1
+        backoff = Backoff(initial=0.1, maximum=5.0)
         while True:
             crash_point("plugin.prepare.before-attach")
             try:
@@ -153,8 +154,8 @@ class FabricBackend:
                 log.warning(
                     "attach failed, retrying", claim=claim_uid, device=device, node=self.node, error=str(err)
                 )
+                delay = backoff.next()  # grows even while the manager names its own Retry-After
                 await asyncio.sleep(err.retry_after or delay)
-                delay = min(delay * 2, 5.0)
                 continue
             if attachment.state is AttachmentState.ATTACHED:
                 return attachment.device

@@ -33,6 +33,7 @@ from dra_driver.plugin.hostdev import HostScanner
 from dra_driver.proto.dra_health_v1alpha1 import api_pb2 as health_pb2
 from dra_driver.proto.dra_health_v1alpha1 import api_pb2_grpc as health_grpc
 from manager_api.models import BindingState, Device, Health
+from plumbing.backoff import Backoff
 from plumbing.logs import get_logger
 
 __all__ = ["HEALTH_SERVICE", "DeviceHealthReport", "HealthMonitor", "health_servicer"]
@@ -86,7 +87,7 @@ class HealthMonitor:
         changed.set()
 
     async def _follow_fabric(self) -> None:
-        delay = 0.5
+        backoff = Backoff(initial=0.5, maximum=10.0)
         while True:
             try:
                 result = await self.backend.watch_devices(self._version, self.poll_timeout)
@@ -97,12 +98,11 @@ class HealthMonitor:
                     log.warning("lost the fabric manager; device health is unknown", error=str(err))
                 self._fabric, self._version = None, None
                 self.notify()
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
+                await backoff.sleep()
                 continue
             if result is None:
                 return  # this backend has no fabric to follow
-            delay = 0.5
+            backoff.reset()
             changed = self._version is not None and result[0] != self._version
             self._version, self._fabric = result
             self.notify()

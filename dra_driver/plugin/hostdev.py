@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from plumbing.backoff import Backoff
 from plumbing.logs import get_logger
 
 __all__ = [
@@ -356,7 +357,8 @@ class HostScanner:
     ) -> HostDevice:
         """Scan until the device shows up; udev events (real hosts) or back-off polling wake the scan."""
         deadline = self._clock() + within
-        delay = 0.002
+        # A local poll woken early by udev: no jitter, nobody else to desynchronise from.
+        backoff = Backoff(initial=0.002, maximum=0.25, jitter=0)
         rescanned_at: float | None = None
         while True:
             found = self.find(identity, exclude())
@@ -377,8 +379,7 @@ class HostScanner:
                 rescanned_at = now
                 await asyncio.to_thread(self._rescan)
                 continue
-            await self.changes.wait(min(delay, deadline - now))
-            delay = min(delay * 2, 0.25)
+            await self.changes.wait(min(backoff.next(), deadline - now))
 
     def _rescan(self) -> None:
         rescan = self.root / "bus" / "pci" / "rescan"

@@ -24,6 +24,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from plumbing.backoff import Backoff
+
 __all__ = ["ClaimLocks", "InflightWork"]
 
 _SLOTS = 1 << 20
@@ -57,10 +59,10 @@ class ClaimLocks:
 
     async def _acquire_slot(self, slot: int) -> None:
         if self._slot_holders.get(slot, 0) == 0:
-            delay = 0.002
+            # A local poll of a file lock: no jitter, nobody else to desynchronise from.
+            backoff = Backoff(initial=0.002, maximum=0.1, jitter=0)
             while not self._try_lock_slot(slot):
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.1)
+                await backoff.sleep()
         self._slot_holders[slot] = self._slot_holders.get(slot, 0) + 1
 
     def _release_slot(self, slot: int) -> None:

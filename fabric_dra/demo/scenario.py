@@ -31,6 +31,7 @@ from fabric_dra.stack import DemoStack
 from kube_standin.cluster import NodeSpec, StandInCluster
 from manager_api.client import ManagerClient
 from manager_api.models import BindingState, Device
+from plumbing.backoff import Backoff
 from plumbing.kube import AlreadyExists, KubeClient, NotFound, load_config
 from plumbing.kube.resources import (
     DEPLOYMENTS,
@@ -74,15 +75,15 @@ def load_manifest(path: Path) -> list[dict[str, Any]]:
 async def wait_for(what: str, probe: Callable[[], Awaitable[T | None]], within: float) -> T:
     """Poll ``probe`` until it returns a value; fail with ``what`` after ``within`` seconds."""
     deadline = time.monotonic() + within
-    delay = 0.05
+    # A local poll for the demo's own output: no jitter.
+    backoff = Backoff(initial=0.05, maximum=0.5, factor=1.5, jitter=0)
     while True:
         value = await probe()
         if value is not None:
             return value
         if time.monotonic() > deadline:
             raise DemoFailure(f"timed out after {within:.0f}s waiting for {what}")
-        await asyncio.sleep(delay)
-        delay = min(delay * 1.5, 0.5)
+        await backoff.sleep()
 
 
 class Scenario:

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from kube_standin.cluster.claims import pod_claim_names
 from kube_standin.cluster.events import EventRecorder
 from kube_standin.kubelet_client import ClaimRef, DRAPluginClient, KubeletError, PluginManager
+from plumbing.backoff import Backoff
 from plumbing.kube import ApiError, Conflict, KubeClient, NotFound
 from plumbing.kube.informer import Informer, wait_any
 from plumbing.kube.resources import PODS
@@ -99,7 +100,8 @@ class PluginManagerClient:
 class _PodProgress:
     prepared: list[tuple[str, ClaimRef]] = field(default_factory=list)
     next_try: float = 0.0
-    backoff: float = 0.5
+    #: the kubelet retries a pod's failed prepare (and unprepare) with growing pauses
+    backoff: Backoff = field(default_factory=lambda: Backoff(initial=0.5, maximum=10.0, jitter=0))
     last_error: str = ""
 
 
@@ -178,8 +180,7 @@ class KubeletLoop:
         if problem is None:
             problem = await self._prepare(claims, progress)
         if problem is not None:
-            progress.next_try = time.monotonic() + progress.backoff
-            progress.backoff = min(progress.backoff * 2, 10.0)
+            progress.next_try = time.monotonic() + progress.backoff.next()
             if problem != progress.last_error:
                 progress.last_error = problem
                 await self.events.record(pod, "FailedPrepareDynamicResources", problem, type="Warning")
@@ -296,8 +297,7 @@ class KubeletLoop:
         if problem != progress.last_error:
             progress.last_error = problem
             await self.events.record(pod, "FailedUnprepareDynamicResources", problem, type="Warning")
-        await asyncio.sleep(min(progress.backoff, 2.0))
-        progress.backoff = min(progress.backoff * 2, 10.0)
+        await progress.backoff.sleep(at_most=2.0)
 
 
 def _errors(claims: Sequence[ClaimRef], answered: dict[str, str]) -> dict[str, str]:
