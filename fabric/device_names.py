@@ -17,10 +17,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from fabric.backends.model import DeviceRecord
+from plumbing.names import DNS1123_LABEL_MAX_LENGTH, DNS1123_SUBDOMAIN_MAX_LENGTH
 
 __all__ = ["assign_names", "dns_label", "pool_name"]
 
-_MAX_LABEL = 63
+_MAX_LABEL = DNS1123_LABEL_MAX_LENGTH
 _HASH_LEN = 8
 
 
@@ -42,7 +43,7 @@ def dns_label(text: str, identity: str | None = None) -> str:
 def pool_name(service: str, fabric_id: str) -> str:
     """``<fabric-service>-<fabric id>``, a DNS subdomain, e.g. ``fabric-pcie``."""
     parts = [dns_label(p) for p in f"{service}-{fabric_id}".split(".")]
-    return ".".join(p for p in parts if p)[:253]
+    return ".".join(p for p in parts if p)[:DNS1123_SUBDOMAIN_MAX_LENGTH]
 
 
 def assign_names(devices: Sequence[DeviceRecord]) -> list[DeviceRecord]:

@@ -16,7 +16,6 @@ Two hosts claiming one node is a configuration error: neither is mapped, and it 
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -28,11 +27,11 @@ from fabric.backends.model import HostRecord
 from plumbing.kube.client import ApiError, Gone, KubeClient
 from plumbing.kube.resources import NODES
 from plumbing.logs import get_logger
+from plumbing.names import is_dns1123_subdomain
 
 __all__ = ["NodeMapFile", "NodeResolver", "load_node_map"]
 
 log = get_logger(__name__)
-_NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
 class NodeMapFile(BaseModel):
@@ -57,7 +56,7 @@ def load_node_map(path: Path) -> dict[str, str]:
         where = ".".join(str(p) for p in first["loc"])
         raise ValueError(f"node map {path}: {where}: {first['msg']}") from None
     for key, node in parsed.hosts.items():
-        if not _NODE_NAME.match(node):
+        if not is_dns1123_subdomain(node):
             raise ValueError(f"node map {path}: hosts.{key}: {node!r} is not a valid node name")
     return {k.lower(): v for k, v in parsed.hosts.items()}
 
@@ -169,6 +168,6 @@ class NodeResolver:
         if self.kube is not None:
             return None  # API access configured but no node list yet: do not guess
         for name in names:
-            if _NODE_NAME.match(name):
+            if is_dns1123_subdomain(name):
                 return name
         return None

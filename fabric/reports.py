@@ -16,8 +16,9 @@ from typing import Annotated
 from fastapi import FastAPI, Path
 from fastapi.responses import Response
 
-from fabric.server import _NODE, Caller
+from fabric.server import Caller
 from manager_api import models as api
+from plumbing.names import DNS1123_SUBDOMAIN_MAX_LENGTH, DNS1123_SUBDOMAIN_PATTERN
 
 __all__ = ["PluginReports", "install_report_route"]
 
@@ -41,7 +42,14 @@ class PluginReports:
         return device in report[1].get(claim_uid, frozenset())
 
 
-NodeName = Annotated[str, Path(pattern=_NODE, description="Kubernetes node name")]
+NodeName = Annotated[
+    str,
+    Path(
+        pattern=DNS1123_SUBDOMAIN_PATTERN,
+        max_length=DNS1123_SUBDOMAIN_MAX_LENGTH,
+        description="Kubernetes node name",
+    ),
+]
 
 
 def install_report_route(app: FastAPI, reports: PluginReports) -> None:

@@ -35,13 +35,16 @@ from manager_api.errors import (
 )
 from plumbing import __version__
 from plumbing.logs import get_logger
+from plumbing.names import (
+    DNS1123_LABEL_MAX_LENGTH,
+    DNS1123_LABEL_PATTERN,
+    DNS1123_SUBDOMAIN_MAX_LENGTH,
+    DNS1123_SUBDOMAIN_PATTERN,
+)
 
 __all__ = ["AppContext", "build_app"]
 
 log = get_logger(__name__)
-
-_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
-_NODE = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 
 
 @dataclass
@@ -89,7 +92,13 @@ Wait = Annotated[
     float,
     Query(alias="waitSeconds", ge=0, le=api.MAX_WAIT_SECONDS, description="wait this long for the fabric"),
 ]
-DeviceName = Annotated[str, Path(pattern=_DNS_LABEL, description="device name")]
+DeviceName = Annotated[
+    str, Path(pattern=DNS1123_LABEL_PATTERN, max_length=DNS1123_LABEL_MAX_LENGTH, description="device name")
+]
+NodeName = Annotated[
+    str,
+    Query(pattern=DNS1123_SUBDOMAIN_PATTERN, max_length=DNS1123_SUBDOMAIN_MAX_LENGTH),
+]
 
 
 def build_app(ctx: AppContext) -> FastAPI:
@@ -209,7 +218,7 @@ def build_app(ctx: AppContext) -> FastAPI:
         caller: Caller,
         device: DeviceName,
         claim_uid: Annotated[str, Query(alias="claimUid", min_length=1)],
-        node: Annotated[str, Query(pattern=_NODE)],
+        node: NodeName,
         wait: Wait = 0.0,
     ) -> JSONResponse:
         caller.check_bind(node)

@@ -151,10 +151,11 @@ def run(args: argparse.Namespace) -> int:
 
     from dra_driver.controller.app import Controller, ControllerOptions
     from dra_driver.controller.features import ResourceApiMissing
-    from dra_driver.controller.resourcenames import DRIVER_NAME_MAX, is_dns_subdomain, is_label_value
+    from dra_driver.controller.resourcenames import is_driver_name
     from manager_api.client import ManagerClient
     from plumbing.cli import CliError
     from plumbing.kube import KubeClient, load_config
+    from plumbing.names import is_label_value
     from plumbing.netutil import ListenError
 
     if not args.manager_url:
@@ -163,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if not args.manager_url.startswith(("http://", "https://")):
         raise CliError(f"--manager-url {args.manager_url!r}: expected an http:// or https:// URL")
-    if not is_dns_subdomain(args.driver_name, DRIVER_NAME_MAX):
+    if not is_driver_name(args.driver_name):
         raise CliError(
             f"--driver-name {args.driver_name!r}: must be a lowercase DNS subdomain of at most 63 characters"
         )

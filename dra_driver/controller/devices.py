@@ -17,12 +17,12 @@ from typing import Any
 from dra_driver.controller.resourcenames import (
     BindingConditionNames,
     fit_value,
-    is_dns_label,
     unhealthy_taint_key,
 )
 from dra_driver.selection.quantity import format_bytes
 from manager_api.devices import SliceAttribute, SliceCapacity, SliceForm
 from manager_api.models import BindingState, Device, Health
+from plumbing.names import is_dns1123_label
 
 __all__ = [
     "ATTRIBUTE_NAMES",
@@ -137,7 +137,7 @@ def _capacity(device: Device, driver: str) -> dict[str, dict[str, str]]:
 
 def to_dra_device(device: Device, policy: PublishPolicy) -> Conversion:
     """The ``Device`` entry of a ResourceSlice for ``device``, or why it is withheld."""
-    if not is_dns_label(device.name):
+    if not is_dns1123_label(device.name):
         return Conversion(device.name, None, WithheldReason.INVALID_NAME)
     if not device.managed:
         return Conversion(device.name, None, WithheldReason.UNMANAGED)

@@ -1,14 +1,17 @@
-"""Names this role writes, and the syntax rules of the Kubernetes API they must obey.
+"""Names this role writes, and the resource.k8s.io limits they must obey.
 
-The rules are those of ``k8s.io/apimachinery/pkg/util/validation`` and
-``k8s.io/kubernetes/pkg/apis/resource/validation`` (resource.k8s.io/v1, Kubernetes 1.34 to 1.37):
-the JSON schemas that ``kubernetes-validate`` checks do not carry them, the API server does.
+The general name rules are :mod:`plumbing.names` (``k8s.io/apimachinery/pkg/util/validation``);
+what resource.k8s.io adds to them is here, from ``k8s.io/kubernetes/pkg/apis/resource/validation``
+(resource.k8s.io/v1, Kubernetes 1.34 to 1.37): the JSON schemas that ``kubernetes-validate``
+checks do not carry these rules, the API server does.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+
+from plumbing.names import is_c_identifier, is_dns1123_subdomain, is_qualified_name_part
 
 __all__ = [
     "ATTRIBUTE_VALUE_MAX_BYTES",
@@ -24,12 +27,9 @@ __all__ = [
     "SLICE_MAX_DEVICES_WITH_TAINTS",
     "BindingConditionNames",
     "fit_value",
-    "is_c_identifier",
-    "is_dns_label",
-    "is_dns_subdomain",
-    "is_label_value",
+    "is_attribute_id",
+    "is_driver_name",
     "is_pool_name",
-    "is_qualified_name",
     "pool_label_key",
     "pool_label_prefix",
     "publisher_label",
@@ -54,10 +54,6 @@ BINDING_CONDITIONS_MAX = 4
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "fabric-dra-controller"
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_QUALIFIED_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _NOT_LABEL_CHARS = re.compile(r"[^a-z0-9.-]+")
 
 
@@ -65,33 +61,19 @@ def short_hash(text: str, length: int = 8) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
-def is_dns_label(value: str) -> bool:
-    return len(value) <= 63 and bool(_DNS_LABEL.match(value))
+def is_driver_name(value: str) -> bool:
+    """A DRA driver name, or the domain of a qualified attribute: a DNS subdomain of ≤ 63."""
+    return len(value) <= DRIVER_NAME_MAX and is_dns1123_subdomain(value)
 
 
-def is_dns_subdomain(value: str, max_length: int = 253) -> bool:
-    return 0 < len(value) <= max_length and all(is_dns_label(part) for part in value.split("."))
-
-
-def is_c_identifier(value: str) -> bool:
-    return len(value) <= C_IDENTIFIER_MAX and bool(_C_IDENTIFIER.match(value))
-
-
-def is_qualified_name(value: str) -> bool:
-    """A label key / condition type: ``[prefix/]name``, prefix a DNS subdomain, name ≤ 63."""
-    prefix, sep, name = value.rpartition("/")
-    if sep and not is_dns_subdomain(prefix):
-        return False
-    return 0 < len(name) <= 63 and bool(_QUALIFIED_NAME_PART.match(name))
-
-
-def is_label_value(value: str) -> bool:
-    return len(value) <= 63 and bool(_LABEL_VALUE.match(value))
+def is_attribute_id(value: str) -> bool:
+    """The identifier of a device attribute or capacity: a C identifier of ≤ 32."""
+    return len(value) <= C_IDENTIFIER_MAX and is_c_identifier(value)
 
 
 def is_pool_name(value: str) -> bool:
     """≤ 253 characters, one or more DNS subdomains separated by slashes (ResourcePool.Name)."""
-    return 0 < len(value) <= POOL_NAME_MAX and all(is_dns_subdomain(part) for part in value.split("/"))
+    return 0 < len(value) <= POOL_NAME_MAX and all(is_dns1123_subdomain(part) for part in value.split("/"))
 
 
 def fit_value(value: str, max_bytes: int = ATTRIBUTE_VALUE_MAX_BYTES) -> str:
@@ -111,7 +93,7 @@ def fit_value(value: str, max_bytes: int = ATTRIBUTE_VALUE_MAX_BYTES) -> str:
 def _label_name(text: str, max_length: int = 63) -> str:
     """A label-name part made from free text: lowercased, invalid runs → '-', cut with a hash."""
     cleaned = _NOT_LABEL_CHARS.sub("-", text.lower()).strip("-.") or "pool"
-    if len(cleaned) <= max_length and _QUALIFIED_NAME_PART.match(cleaned) and cleaned == text:
+    if len(cleaned) <= max_length and is_qualified_name_part(cleaned) and cleaned == text:
         return cleaned
     # The text was altered or is too long: a hash of the original keeps two pools apart.
     suffix = "-" + short_hash(text)
@@ -144,7 +126,8 @@ def slice_name(driver: str, pool: str, index: int) -> str:
     label within 63 characters.
     """
     name = f"{driver}-{pool.replace('/', '.')}-{index}"
-    if is_dns_subdomain(name):
+    # Kubernetes bounds only the whole name; a label over 63 would still not be a DNS name.
+    if is_dns1123_subdomain(name) and all(len(label) <= 63 for label in name.split(".")):
         return name
     tail = f"-{short_hash(pool)}-{index}"
     head = _NOT_LABEL_CHARS.sub("-", pool.lower()).replace(".", "-").strip("-")

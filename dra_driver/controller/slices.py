@@ -25,23 +25,20 @@ from dra_driver.controller.resourcenames import (
     BINDING_CONDITIONS_MAX,
     DEVICE_ATTRIBUTES_AND_CAPACITIES_MAX,
     DEVICE_TAINTS_MAX,
-    DRIVER_NAME_MAX,
     MANAGED_BY_LABEL,
     MANAGED_BY_VALUE,
     SLICE_MAX_DEVICES,
     SLICE_MAX_DEVICES_WITH_TAINTS,
-    is_c_identifier,
-    is_dns_label,
-    is_dns_subdomain,
-    is_label_value,
+    is_attribute_id,
+    is_driver_name,
     is_pool_name,
-    is_qualified_name,
     pool_label_key,
     publisher_label,
     slice_name,
 )
 from dra_driver.selection.quantity import parse_quantity
 from manager_api.models import Inventory
+from plumbing.names import is_dns1123_label, is_dns1123_subdomain, is_label_value, is_qualified_name
 
 __all__ = [
     "DesiredPool",
@@ -412,15 +409,15 @@ def plan_pool(
 
 def _check_qualified_attribute(name: str, where: str) -> None:
     domain, sep, ident = name.rpartition("/")
-    if sep and not is_dns_subdomain(domain, DRIVER_NAME_MAX):
+    if sep and not is_driver_name(domain):
         raise SliceInvalid(f"{where}: domain {domain!r} is not a DNS subdomain of at most 63 characters")
-    if not is_c_identifier(ident):
+    if not is_attribute_id(ident):
         raise SliceInvalid(f"{where}: {ident!r} is not a C identifier of at most 32 characters")
 
 
 def _check_device(device: Mapping[str, Any], where: str) -> None:
     name = str(device.get("name") or "")
-    if not is_dns_label(name):
+    if not is_dns1123_label(name):
         raise SliceInvalid(f"{where}.name: {name!r} is not a DNS label")
     attributes = device.get("attributes") or {}
     capacity = device.get("capacity") or {}
@@ -473,11 +470,11 @@ def check_slice(obj: Mapping[str, Any]) -> None:
     not express (names, lengths, counts); the schemas themselves are checked in tests.
     """
     name = str(_meta(obj).get("name") or "")
-    if not is_dns_subdomain(name):
+    if not is_dns1123_subdomain(name):
         raise SliceInvalid(f"metadata.name: {name!r} is not a DNS subdomain")
     spec = obj.get("spec") or {}
     driver = str(spec.get("driver") or "")
-    if not is_dns_subdomain(driver, DRIVER_NAME_MAX):
+    if not is_driver_name(driver):
         raise SliceInvalid(f"spec.driver: {driver!r} is not a DNS subdomain of at most 63 characters")
     pool = spec.get("pool") or {}
     if not is_pool_name(str(pool.get("name") or "")):

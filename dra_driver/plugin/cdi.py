@@ -26,6 +26,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dra_driver.plugin.hostdev import HostDevice
 from plumbing.fsutil import atomic_write
+from plumbing.names import (
+    QUALIFIED_NAME_PART_PATTERN,
+    is_c_identifier,
+    is_dns1123_subdomain,
+    is_qualified_name_part,
+)
 
 __all__ = [
     "CDI_VERSIONS",
@@ -56,9 +62,9 @@ CDI_VERSIONS = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0")
 #: Where an emulated device's sysfs directory appears inside the container.
 CONTAINER_DEVICE_DIR = "/run/fabric-dra/devices"
 
-_NAME = re.compile(r"^[a-zA-Z0-9]([a-zA-Z0-9_.-]*[a-zA-Z0-9])?$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# CDI's own name rule ([a-zA-Z0-9], then [a-zA-Z0-9_.-], alphanumeric at the end) is the character
+# set of a Kubernetes qualified-name part; a class is also at most 63 long, a device name is not.
+_NAME = re.compile(QUALIFIED_NAME_PART_PATTERN)
 
 
 class CdiSpecError(ValueError):
@@ -202,9 +208,9 @@ def validate_spec(spec: CdiSpec) -> None:
     vendor, slash, cls = spec.kind.partition("/")
     if not slash or "/" in cls:
         raise CdiSpecError(f"kind {spec.kind!r} must be <vendor>/<class>")
-    if len(vendor) > 253 or not all(_DNS_LABEL.match(label) for label in vendor.split(".")):
+    if not is_dns1123_subdomain(vendor):
         raise CdiSpecError(f"kind vendor {vendor!r} is not a DNS subdomain")
-    if len(cls) > 63 or not _NAME.match(cls):
+    if not is_qualified_name_part(cls):
         raise CdiSpecError(f"kind class {cls!r} is not a valid CDI name")
     if not spec.devices:
         raise CdiSpecError("a CDI spec must define at least one device")
@@ -218,7 +224,7 @@ def validate_spec(spec: CdiSpec) -> None:
     for edits in _all_edits(spec):
         for entry in edits.env:
             key, eq, _ = entry.partition("=")
-            if not eq or not _ENV_NAME.match(key):
+            if not eq or not is_c_identifier(key):
                 raise CdiSpecError(f"env entry {entry!r} is not NAME=VALUE")
         for node in edits.device_nodes:
             if not node.path.startswith("/") or (node.host_path and not node.host_path.startswith("/")):

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from enum import StrEnum
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from plumbing import DEFAULT_DRIVER_NAME
+from plumbing.names import is_dns1123_subdomain
 
 __all__ = [
     "DEFAULT_CDI_ROOT",
@@ -26,14 +28,11 @@ __all__ = [
     "config_from_args",
 ]
 
-DEFAULT_DRIVER_NAME = "fabric-dra.io"
 # The kubelet's defaults; k8s.io/dynamic-resource-allocation/kubeletplugin uses the same
 # (KubeletRegistryDir, KubeletPluginsDir in draplugin.go).
 DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 DEFAULT_CDI_ROOT = "/var/run/cdi"
-
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class DeviceBackendKind(StrEnum):
@@ -87,7 +86,7 @@ class PluginConfig(BaseModel):
     @field_validator("driver_name")
     @classmethod
     def _driver_is_dns_subdomain(cls, value: str) -> str:
-        if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
+        if not is_dns1123_subdomain(value):
             raise ValueError(f"driver name {value!r} is not a DNS subdomain (e.g. fabric-dra.io)")
         return value
 

@@ -18,6 +18,12 @@ from pydantic import BaseModel, BeforeValidator, ByteSize, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from manager_api.devices import DeviceType
+from plumbing.names import (
+    DNS1123_LABEL_MAX_LENGTH,
+    DNS1123_LABEL_PATTERN,
+    DNS1123_SUBDOMAIN_MAX_LENGTH,
+    DNS1123_SUBDOMAIN_PATTERN,
+)
 
 __all__ = [
     "PCIE_DEVICE_TYPES",
@@ -37,9 +43,6 @@ __all__ = [
 #: Device types that hang off a PCIe switch; ``cxl-memory`` lives on the CXL fabric.
 PCIE_DEVICE_TYPES = frozenset({DeviceType.GPU, DeviceType.NVME, DeviceType.NIC, DeviceType.FPGA})
 
-_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-# Kubernetes node names are DNS subdomains (kind uses plain labels, clouds use dotted names).
-_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 _PORT_ID = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$"
 
 
@@ -96,7 +99,8 @@ class ServiceInfo(_Model):
 class Host(_Model):
     """A server with a PCIe/CXL host port into the fabric; a Kubernetes node of the same name."""
 
-    name: str = Field(pattern=_DNS_SUBDOMAIN, max_length=253)
+    # Kubernetes node names are DNS subdomains (kind uses plain labels, clouds use dotted names).
+    name: str = Field(pattern=DNS1123_SUBDOMAIN_PATTERN, max_length=DNS1123_SUBDOMAIN_MAX_LENGTH)
     uuid: UUID = Field(description="ComputerSystem UUID, as the node's /sys/class/dmi/id/product_uuid")
     numa_node: int = Field(default=0, ge=-1, le=63, description="NUMA node of the host's fabric root port")
 
@@ -122,7 +126,7 @@ class DeviceModel(_Model):
 
 
 class _DeviceBase(_Model):
-    id: str = Field(pattern=_DNS_LABEL, max_length=63)
+    id: str = Field(pattern=DNS1123_LABEL_PATTERN, max_length=DNS1123_LABEL_MAX_LENGTH)
     model: str = Field(description="key into the topology's models")
     serial: Annotated[str, BeforeValidator(_quoted_text)] = Field(
         min_length=1,
@@ -139,12 +143,12 @@ class PcieDevice(_DeviceBase):
 
 class CxlDevice(_DeviceBase):
     # chunk Ids are "<id>-chunk<n>" and must stay DNS labels of at most 63 characters
-    id: str = Field(pattern=_DNS_LABEL, max_length=55)
+    id: str = Field(pattern=DNS1123_LABEL_PATTERN, max_length=55)
     chunks: int = Field(default=1, ge=1, le=64, description="equal memory chunks the capacity is split into")
 
 
 class SwitchBase(_Model):
-    id: str = Field(pattern=_DNS_LABEL, max_length=63)
+    id: str = Field(pattern=DNS1123_LABEL_PATTERN, max_length=DNS1123_LABEL_MAX_LENGTH)
     manufacturer: str = "fabric-dra"
     model: str = "Emulated fabric switch"
     hosts: list[str] | None = Field(default=None, description="hosts cabled to this switch; default: all")
