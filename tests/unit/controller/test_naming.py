@@ -7,22 +7,22 @@ from dra_driver.controller.resourcenames import (
     DEVICE_ATTRIBUTES_AND_CAPACITIES_MAX,
     BindingConditionNames,
     fit_value,
-    is_c_identifier,
-    is_dns_label,
-    is_dns_subdomain,
+    is_attribute_id,
     is_pool_name,
-    is_qualified_name,
     pool_label_key,
     slice_name,
 )
 from dra_driver.selection.quantity import format_bytes, parse_quantity
+from plumbing.names import is_dns1123_label as is_dns_label
+from plumbing.names import is_dns1123_subdomain as is_dns_subdomain
+from plumbing.names import is_qualified_name
 
 
 def test_attribute_names_obey_the_api_identifier_rules() -> None:
-    assert all(is_c_identifier(name) for name in (*ATTRIBUTE_NAMES, *CAPACITY_NAMES))
+    assert all(is_attribute_id(name) for name in (*ATTRIBUTE_NAMES, *CAPACITY_NAMES))
     assert len(ATTRIBUTE_NAMES) + len(CAPACITY_NAMES) <= DEVICE_ATTRIBUTES_AND_CAPACITIES_MAX
-    assert not is_c_identifier("pcie-gen")
-    assert not is_c_identifier("x" * 33)
+    assert not is_attribute_id("pcie-gen")
+    assert not is_attribute_id("x" * 33)
 
 
 @pytest.mark.parametrize(
