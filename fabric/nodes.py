@@ -15,8 +15,7 @@ Two hosts claiming one node is a configuration error: neither is mapped, and it 
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fabric.backends.model import HostRecord
-from plumbing.kube.client import ApiError, Gone, KubeClient
+from plumbing.backoff import Backoff
+from plumbing.kube.client import ApiError, KubeClient
+from plumbing.kube.informer import Change, Informer, Origin
 from plumbing.kube.resources import NODES
 from plumbing.logs import get_logger
 from plumbing.names import is_dns1123_subdomain
@@ -101,34 +102,25 @@ class NodeResolver:
         rather than at the next full resync."""
         if self.kube is None:
             return
-        while True:
-            try:
-                items, version = await self.kube.list_all(NODES)
-                nodes = _node_table(items)
-                if nodes != self._nodes:
-                    self._nodes = nodes
-                    on_change()
-                while True:
-                    async for event in self.kube.watch(NODES, resource_version=version):
-                        version = (event.object.get("metadata") or {}).get("resourceVersion") or version
-                        if event.type == "BOOKMARK":
-                            continue
-                        name, uuid = _node_entry(event.object)
-                        if not name:
-                            continue
-                        current = dict(self._nodes or {})
-                        if event.type == "DELETED":
-                            current.pop(name, None)
-                        else:
-                            current[name] = uuid
-                        if current != self._nodes:
-                            self._nodes = current
-                            on_change()
-            except Gone:
-                continue  # too old a resourceVersion: list again
-            except ApiError as err:
-                log.warning("node watch interrupted, retrying", error=str(err))
-                await asyncio.sleep(retry_seconds)
+
+        def changed(changes: Sequence[Change], origin: Origin) -> None:
+            # A list is the whole table; a watch event changes one entry of it.
+            current = dict(self._nodes or {}) if origin == "watch" else {}
+            for change in changes:
+                name, uuid = _node_entry(change.object)
+                if not name:
+                    continue
+                if change.type == "DELETED":
+                    current.pop(name, None)
+                else:
+                    current[name] = uuid
+            if current != self._nodes:
+                self._nodes = current
+                on_change()
+
+        # A steady retry, not a growing one: the node list is one request, and a host waits on it.
+        steady = Backoff(initial=retry_seconds, maximum=retry_seconds)
+        await Informer(self.kube, NODES, on_changes=changed, backoff=steady).run()
 
     def system_uuid(self, node: str) -> str | None:
         return (self._nodes or {}).get(node)

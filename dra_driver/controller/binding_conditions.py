@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -41,8 +42,9 @@ from manager_api.errors import DeviceBusy, FabricError
 from manager_api.models import MAX_WAIT_SECONDS, AttachmentState
 from plumbing.backoff import Backoff
 from plumbing.crashpoints import crash_point
-from plumbing.kube import ApiError, Conflict, Gone, KubeClient, NotFound
+from plumbing.kube import ApiError, Conflict, KubeClient, NotFound
 from plumbing.kube.dra import ResourceClaim
+from plumbing.kube.informer import Change, Informer, Origin, object_uid
 from plumbing.kube.resources import RESOURCE_CLAIMS
 from plumbing.logs import get_logger
 
@@ -141,48 +143,24 @@ class ClaimBinder:
     async def run(self) -> None:
         await self._feed.wait_newer(None)  # pools are needed to know which results are ours
         try:
-            await self._watch_claims()
+            await Informer(self._kube, RESOURCE_CLAIMS, on_changes=self._on_changes).run()
         finally:
             for task in list(self._workers.values()):
                 task.cancel()
             for handle in self._retry.values():
                 handle.cancel()
 
-    async def _watch_claims(self) -> None:
-        backoff = Backoff(initial=0.5, maximum=30.0)
-        version: str | None = None
-        while True:
-            try:
-                if version is None:
-                    items, version = await self._kube.list_all(RESOURCE_CLAIMS)
-                    seen = set()
-                    for obj in items:
-                        uid = self._uid(obj)
-                        seen.add(uid)
-                        self._observe(uid, obj)
-                    for uid in set(self._claims) - seen:
-                        self._forget(uid)
-                async for event in self._kube.watch(RESOURCE_CLAIMS, resource_version=version):
-                    meta = event.object.get("metadata") or {}
-                    version = str(meta.get("resourceVersion") or version)
-                    if event.type == "BOOKMARK":
-                        continue
-                    uid = self._uid(event.object)
-                    if event.type == "DELETED":
-                        self._forget(uid)
-                    else:
-                        self._observe(uid, event.object)
-                backoff.reset()
-            except Gone:
-                version = None
-            except ApiError as err:
-                log.debug("resource claim watch interrupted", error=str(err))
-                version = None
-                await asyncio.sleep(backoff.next())
+    def _on_changes(self, changes: Sequence[Change], origin: Origin) -> None:
+        for change in changes:
+            uid = self._uid(change.object)
+            if change.type == "DELETED":
+                self._forget(uid)
+            else:
+                self._observe(uid, change.object)
 
     @staticmethod
     def _uid(obj: dict[str, Any]) -> str:
-        return str((obj.get("metadata") or {}).get("uid") or "")
+        return object_uid(obj)
 
     def _observe(self, uid: str, obj: dict[str, Any]) -> None:
         previous = self._claims.get(uid)

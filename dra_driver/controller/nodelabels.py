@@ -12,6 +12,7 @@ several fabric managers under one driver never undo each other's labels.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from dra_driver.controller.inventory_feed import InventoryFeed
@@ -20,7 +21,8 @@ from dra_driver.controller.resourcenames import pool_label_key, pool_label_prefi
 from dra_driver.controller.slices import slice_selector
 from manager_api.models import Inventory
 from plumbing.backoff import Backoff
-from plumbing.kube import ApiError, Gone, KubeClient, NotFound
+from plumbing.kube import ApiError, KubeClient, NotFound
+from plumbing.kube.informer import Change, Informer, Origin
 from plumbing.kube.resources import NODES, RESOURCE_SLICES
 from plumbing.logs import get_logger
 
@@ -52,14 +54,14 @@ class NodeLabeler:
         self._owned_listed = False
         #: node name → its labels, kept by list + watch
         self._nodes: dict[str, dict[str, str]] = {}
-        self._listed = asyncio.Event()
+        self._informer = Informer(kube, NODES, on_changes=self._on_changes)
         self._trigger = asyncio.Event()
         self._debounce = debounce
         self._warned_missing: set[str] = set()
 
     async def run(self, feed: InventoryFeed) -> None:
         async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(self._watch_nodes())
+            tasks.create_task(self._informer.run())
             tasks.create_task(self._follow(feed))
             tasks.create_task(self._reconcile_loop(feed))
 
@@ -70,36 +72,18 @@ class NodeLabeler:
             version = inventory.version
             self._trigger.set()
 
-    async def _watch_nodes(self) -> None:
-        backoff = Backoff(initial=0.5, maximum=30.0)
-        version: str | None = None
-        while True:
-            try:
-                if version is None:
-                    items, version = await self._kube.list_all(NODES)
-                    self._nodes = {self._name(n): self._labels(n) for n in items}
-                    self._listed.set()
-                    self._trigger.set()
-                async for event in self._kube.watch(NODES, resource_version=version):
-                    meta = event.object.get("metadata") or {}
-                    version = str(meta.get("resourceVersion") or version)
-                    if event.type == "BOOKMARK":
-                        continue
-                    name = self._name(event.object)
-                    if event.type == "DELETED":
-                        self._nodes.pop(name, None)
-                        continue
-                    labels = self._labels(event.object)
-                    if self._ours(self._nodes.get(name)) != self._ours(labels) or name not in self._nodes:
-                        self._trigger.set()
-                    self._nodes[name] = labels
-                backoff.reset()
-            except Gone:
-                version = None
-            except ApiError as err:
-                log.debug("node watch interrupted", error=str(err))
-                version = None
-                await asyncio.sleep(backoff.next())
+    def _on_changes(self, changes: Sequence[Change], origin: Origin) -> None:
+        for change in changes:
+            name = self._name(change.object)
+            if change.type == "DELETED":
+                self._nodes.pop(name, None)
+                continue
+            labels = self._labels(change.object)
+            if name not in self._nodes or self._ours(self._nodes[name]) != self._ours(labels):
+                self._trigger.set()
+            self._nodes[name] = labels
+        if origin != "watch":
+            self._trigger.set()  # a (re)list: reconcile everything once
 
     @staticmethod
     def _name(node: dict[str, Any]) -> str:
@@ -128,7 +112,7 @@ class NodeLabeler:
 
     async def _reconcile_loop(self, feed: InventoryFeed) -> None:
         backoff = Backoff(initial=0.2, maximum=30.0)
-        await self._listed.wait()
+        await self._informer.synced.wait()
         while True:
             await self._trigger.wait()
             self._trigger.clear()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +33,8 @@ from dra_driver.controller.slices import (
 )
 from manager_api.models import Inventory
 from plumbing.backoff import Backoff
-from plumbing.kube import AlreadyExists, ApiError, Conflict, Gone, KubeClient, NotFound
+from plumbing.kube import AlreadyExists, ApiError, Conflict, KubeClient, NotFound
+from plumbing.kube.informer import Change, Informer, Origin
 from plumbing.kube.resources import RESOURCE_SLICES
 from plumbing.logs import get_logger
 
@@ -119,7 +120,7 @@ class SlicePublisher:
         """Publish until cancelled (leadership lost or shutdown)."""
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._follow(feed))
-            tasks.create_task(self._watch())
+            tasks.create_task(self._watcher().run())
             tasks.create_task(self._resync(resync_period))
             tasks.create_task(self._reconcile_loop(feed))
 
@@ -167,43 +168,32 @@ class SlicePublisher:
             else:
                 backoff.reset()
 
-    async def _watch(self) -> None:
-        """Notice changes to our slices made by anyone else (a deletion, an edit)."""
-        backoff = Backoff(initial=0.5, maximum=30.0)
-        version: str | None = None
-        while True:
-            try:
-                if version is None:
-                    page = await self._kube.list(
-                        RESOURCE_SLICES,
-                        limit=1,
-                        label_selector=self.label_selector,
-                        field_selector=self.field_selector,
-                    )
-                    version = str((page.get("metadata") or {}).get("resourceVersion") or "") or None
-                async for event in self._kube.watch(
-                    RESOURCE_SLICES,
-                    resource_version=version,
-                    label_selector=self.label_selector,
-                    field_selector=self.field_selector,
-                ):
-                    meta = event.object.get("metadata") or {}
-                    version = str(meta.get("resourceVersion") or version)
-                    if event.type != "BOOKMARK" and self._foreign(event.type, meta):
-                        log.info(
-                            "resource slice changed by another writer; reconciling",
-                            slice=meta.get("name"),
-                            event=event.type,
-                        )
-                        self.trigger(relist=True)
-                backoff.reset()
-            except Gone:
-                version = None
+    def _watcher(self) -> Informer:
+        """Our slices, listed and watched only to notice what other writers change."""
+        return Informer(
+            self._kube,
+            RESOURCE_SLICES,
+            label_selector=self.label_selector,
+            field_selector=self.field_selector,
+            on_changes=self._on_changes,
+        )
+
+    def _on_changes(self, changes: Sequence[Change], origin: Origin) -> None:
+        if origin == "list":
+            return  # the first pass lists anyway
+        if origin == "relist":
+            # The watch broke: what happened meanwhile is unknown, so plan again from a fresh list.
+            self.trigger(relist=True)
+            return
+        for change in changes:
+            meta = change.object.get("metadata") or {}
+            if self._foreign(change.type, meta):
+                log.info(
+                    "resource slice changed by another writer; reconciling",
+                    slice=meta.get("name"),
+                    event=change.type,
+                )
                 self.trigger(relist=True)
-            except ApiError as err:
-                log.debug("resource slice watch interrupted", error=str(err))
-                version = None
-                await asyncio.sleep(backoff.next())
 
     def _foreign(self, kind: str, meta: dict[str, Any]) -> bool:
         name = str(meta.get("name") or "")

@@ -14,6 +14,7 @@ from kube_standin.cluster.deployments import DeploymentController
 from kube_standin.cluster.events import EventRecorder
 from kube_standin.cluster.kubelet import DraNodeClient, KubeletLoop, PluginManagerClient
 from kube_standin.cluster.scheduler import Scheduler, SchedulerConfig
+from plumbing.backoff import Backoff
 from plumbing.kube import AlreadyExists, KubeClient
 from plumbing.kube.informer import Informer
 from plumbing.kube.resources import (
@@ -24,6 +25,7 @@ from plumbing.kube.resources import (
     RESOURCE_CLAIM_TEMPLATES,
     RESOURCE_CLAIMS,
     RESOURCE_SLICES,
+    Resource,
 )
 from plumbing.logs import get_logger
 
@@ -56,13 +58,18 @@ class StandInCluster:
         self.kube = kube
         self.node_specs = nodes
         host = socket.gethostname()
-        self.pods = Informer(kube, PODS)
-        self.nodes = Informer(kube, NODES)
-        self.claims = Informer(kube, RESOURCE_CLAIMS)
-        self.templates = Informer(kube, RESOURCE_CLAIM_TEMPLATES)
-        self.slices = Informer(kube, RESOURCE_SLICES)
-        self.classes = Informer(kube, DEVICE_CLASSES)
-        self.deployments = Informer(kube, DEPLOYMENTS)
+
+        def informer(resource: Resource) -> Informer:
+            # A test control plane: after an API error, list again soon rather than back off far.
+            return Informer(kube, resource, backoff=Backoff(initial=0.2, maximum=5.0))
+
+        self.pods = informer(PODS)
+        self.nodes = informer(NODES)
+        self.claims = informer(RESOURCE_CLAIMS)
+        self.templates = informer(RESOURCE_CLAIM_TEMPLATES)
+        self.slices = informer(RESOURCE_SLICES)
+        self.classes = informer(DEVICE_CLASSES)
+        self.deployments = informer(DEPLOYMENTS)
         self._informers = [
             self.pods,
             self.nodes,
