@@ -16,9 +16,6 @@ import os
 import signal
 import socket
 import ssl
-from collections.abc import Generator
-
-import uvicorn
 
 from fabric.auth import (
     AllowAll,
@@ -40,24 +37,15 @@ from fabric.redfish.client import RedfishClient
 from fabric.reports import PluginReports, install_report_route
 from fabric.server import AppContext, build_app
 from manager_api.errors import FabricError
-from plumbing.fsutil import atomic_write
+from plumbing.httpserve import HttpServer
 from plumbing.kube.client import KubeClient, load_config
 from plumbing.kube.events import EventRecorder
 from plumbing.kube.leader import LeaderElector
 from plumbing.logs import get_logger
-from plumbing.netutil import listen_tcp
 
 __all__ = ["ManagerService"]
 
 log = get_logger(__name__)
-
-
-class _Server(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        # The service handles SIGTERM itself: uvicorn would re-raise it after its own shutdown and the
-        # process would die before releasing the Lease and the Redfish session.
-        yield
 
 
 class ManagerService:
@@ -105,9 +93,6 @@ class ManagerService:
                 )
             )
         return Chain(chain)
-
-    def _listener(self) -> socket.socket:
-        return listen_tcp(self.settings.host, self.settings.port, backlog=512)
 
     async def run(self) -> int:
         s = self.settings
@@ -162,31 +147,23 @@ class ManagerService:
         )
         install_report_route(app, reports)
 
-        listener = self._listener()
-        host, port = listener.getsockname()[:2]
-        scheme = "https" if s.tls_cert else "http"
-        shown = f"[{host}]" if ":" in host else host
-        self.url = f"{scheme}://{shown}:{port}"
-        server = _Server(
-            uvicorn.Config(
-                app,
-                log_config=None,
-                access_log=False,
-                lifespan="off",
-                ssl_certfile=str(s.tls_cert) if s.tls_cert else None,
-                ssl_keyfile=str(s.tls_key) if s.tls_key else None,
-                ssl_cert_reqs=ssl.CERT_NONE,
-                timeout_graceful_shutdown=5,
-            )
+        server = HttpServer(
+            app,
+            host=s.host,
+            port=s.port,
+            backlog=512,
+            tls_cert=s.tls_cert,
+            tls_key=s.tls_key,
+            # The service handles SIGTERM itself: it must release the Lease and the Redfish
+            # session before the process ends.
+            handle_signals=False,
+            lifespan="off",
+            ssl_cert_reqs=ssl.CERT_NONE,
+            timeout_graceful_shutdown=5,
         )
-        tasks = [asyncio.create_task(server.serve(sockets=[listener]), name="http")]
-        while not server.started:
-            if tasks[0].done():
-                await tasks[0]
-                raise RuntimeError("the HTTP server stopped during start-up")
-            await asyncio.sleep(0.01)
-        if s.ready_file is not None:
-            atomic_write(s.ready_file, self.url + "\n", durable=False)
+        self.url = server.url
+        await server.start(s.ready_file)
+        tasks = [server.serving]
         log.info(
             "fabric manager listening", url=self.url, redfish=s.redfish.base_url, ledger=store.describe()
         )
@@ -258,12 +235,13 @@ class ManagerService:
             # Outcomes written in the background reach the disk before the Lease is given up.
             with contextlib.suppress(FabricError):
                 await ledger.commit()
-        server.should_exit = True
+        server.stop()
         for task in tasks[1:]:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        server.listener.close()
         stop.cancel()
         await redfish.aclose()
         if kube is not None:

@@ -9,13 +9,9 @@ shutdown: the next start marks them Interrupted, exactly as after ``kill -9``.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
-import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from emulator.redfish import uris
@@ -30,9 +26,8 @@ from emulator.redfish.state import StateStore
 from emulator.redfish.views import build_tree, render_uri
 from emulator.redfish.views.etags import Renderer
 from emulator.topology import FabricIndex
-from plumbing.fsutil import atomic_write
+from plumbing.httpserve import HttpServer
 from plumbing.logs import get_logger
-from plumbing.netutil import listen_tcp
 
 __all__ = ["EmulatorService", "ServeConfig", "build_service", "serve"]
 
@@ -136,60 +131,24 @@ def _faulty_protocol(engine: Engine) -> type[asyncio.Protocol]:
     return FaultyHttpProtocol
 
 
-class _Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, events: EventBus) -> None:
-        super().__init__(config)
-        self._events = events
-
-    def handle_exit(self, sig: int, frame: Any) -> None:
-        # End Server-Sent Event streams first, or the graceful shutdown waits for them. The
-        # signal is not re-raised after shutdown (uvicorn's default), so our own cleanup runs
-        # and the process exits 0 on SIGTERM.
-        self._events.close()
-        if self.should_exit and sig == signal.SIGINT:
-            self.force_exit = True
-        else:
-            self.should_exit = True
-
-
-def _base_url(host: str, port: int, tls: bool) -> str:
-    scheme = "https" if tls else "http"
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return f"{scheme}://{host}:{port}"
-    if address.is_unspecified:
-        address = ipaddress.ip_address("::1" if address.version == 6 else "127.0.0.1")
-    shown = f"[{address}]" if address.version == 6 else str(address)
-    return f"{scheme}://{shown}:{port}"
-
-
 async def serve(config: ServeConfig) -> None:
     service = build_service(config)
-    sock = listen_tcp(config.host, config.port, backlog=2048)
-    port = sock.getsockname()[1]
-    tls = config.tls_cert is not None
-    uconfig = uvicorn.Config(
+    server = HttpServer(
         service.app,
+        host=config.host,
+        port=config.port,
+        backlog=2048,
+        tls_cert=config.tls_cert,
+        tls_key=config.tls_key,
+        # End Server-Sent Event streams first, or the graceful shutdown waits for them.
+        on_exit=service.ctx.events.close,
         http=_faulty_protocol(service.engine),
         lifespan="off",
-        log_config=None,
-        access_log=False,
         server_header=False,
-        ssl_certfile=str(config.tls_cert) if config.tls_cert else None,
-        ssl_keyfile=str(config.tls_key) if config.tls_key else None,
         timeout_graceful_shutdown=3,
-        backlog=2048,
     )
-    server = _Server(uconfig, service.ctx.events)
-    url = _base_url(config.host, port, tls)
-    serving = asyncio.ensure_future(server.serve(sockets=[sock]))
-    try:
-        while not server.started:
-            if serving.done():
-                serving.result()  # raises what stopped the server
-                return
-            await asyncio.sleep(0.01)
+
+    def announce(url: str) -> None:
         log.info(
             "emulator serving",
             url=url,
@@ -199,11 +158,10 @@ async def serve(config: ServeConfig) -> None:
             state_dir=str(config.state_dir),
             auth="required" if config.credentials else "disabled",
         )
-        if config.ready_file is not None:
-            atomic_write(config.ready_file, url + "\n", durable=False)
-        await serving
+
+    try:
+        await server.serve(config.ready_file, on_ready=announce)
     finally:
         service.engine.close()
         await service.store.drain()
-        sock.close()
         log.info("emulator stopped")
