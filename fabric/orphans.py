@@ -42,6 +42,7 @@ from fabric.reports import PluginReports
 from manager_api import models as api
 from manager_api.errors import FabricError
 from plumbing.kube.client import ApiError, KubeClient, NotFound
+from plumbing.kube.dra import ResourceClaim
 from plumbing.kube.events import EventRecorder, ObjectRef
 from plumbing.kube.resources import RESOURCE_API_VERSIONS, RESOURCE_CLAIMS
 from plumbing.logs import get_logger
@@ -71,31 +72,6 @@ class _Claims:
     """The cluster's ResourceClaims, by UID."""
 
     by_uid: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-
-def _allocated_result(claim: Mapping[str, Any], device: str) -> Mapping[str, Any] | None:
-    status = claim.get("status") or {}
-    results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
-    for result in results:
-        if isinstance(result, Mapping) and result.get("device") == device:
-            return result
-    return None
-
-
-def _allocated_node(claim: Mapping[str, Any]) -> str | None:
-    """The one node an allocation names (binding-condition flow: one ``matchFields`` term on
-    ``metadata.name``); None when it selects nodes by labels (the plain flow)."""
-    selector = ((claim.get("status") or {}).get("allocation") or {}).get("nodeSelector") or {}
-    terms = selector.get("nodeSelectorTerms") or []
-    if len(terms) != 1 or terms[0].get("matchExpressions"):
-        return None
-    fields = terms[0].get("matchFields") or []
-    if len(fields) != 1:
-        return None
-    values = fields[0].get("values") or []
-    if fields[0].get("key") != "metadata.name" or fields[0].get("operator") != "In" or len(values) != 1:
-        return None
-    return str(values[0])
 
 
 def _claim_name(claim: Mapping[str, Any] | None, uid: str) -> str:
@@ -158,11 +134,15 @@ class OrphanReconciler:
         claim = claims.by_uid.get(entry.claim_uid)
         if claim is None:
             return "claim-deleted"
-        result = _allocated_result(claim, entry.device)
-        node = _allocated_node(claim)
+        view = ResourceClaim.read(claim)
+        if view is None:
+            return None  # not readable as a claim: nothing proves the binding is an orphan
+        result = next((r for r in view.results if r.device == entry.device), None)
+        allocation = view.status.allocation
+        node = allocation.node if allocation is not None else None
         if result is None or (node is not None and node != entry.node):
             return "not-allocated"  # deallocated, or allocated anew on another node
-        if (claim.get("status") or {}).get("reservedFor") or result.get("bindingConditions"):
+        if view.status.reserved_for or result.binding_conditions:
             return None
         return "not-reserved"
 

@@ -49,6 +49,7 @@ from dra_driver.proto.dra_v1beta1 import api_pb2_grpc as v1beta1_grpc
 from dra_driver.proto.pluginregistration_v1 import api_pb2 as reg_pb2
 from dra_driver.proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
 from plumbing.backoff import Backoff
+from plumbing.kube.dra import ResourceClaim
 from plumbing.logs import get_logger
 
 __all__ = [
@@ -437,14 +438,8 @@ class DRAPluginClient:
 
 def claim_drivers(claim: Mapping[str, Any]) -> list[str]:
     """The drivers the kubelet calls for an allocated claim, in order of first appearance."""
-    status = claim.get("status") or {}
-    results = (((status.get("allocation") or {}).get("devices") or {}).get("results")) or []
-    seen: list[str] = []
-    for result in results:
-        driver = result.get("driver") if isinstance(result, Mapping) else None
-        if driver and driver not in seen:
-            seen.append(driver)
-    return seen
+    view = ResourceClaim.read(claim)
+    return view.drivers() if view is not None else []
 
 
 @dataclass

@@ -32,8 +32,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import ValidationError
-
 from dra_driver.controller.inventory_feed import InventoryFeed
 from dra_driver.controller.metrics import BIND_SECONDS, BIND_TOTAL
 from dra_driver.controller.resourcenames import BindingConditionNames
@@ -43,31 +41,16 @@ from manager_api.models import MAX_WAIT_SECONDS, AttachmentState
 from plumbing.backoff import Backoff
 from plumbing.crashpoints import crash_point
 from plumbing.kube import ApiError, Conflict, KubeClient, NotFound
-from plumbing.kube.dra import ResourceClaim
+from plumbing.kube.dra import AllocatedDeviceStatus, ResourceClaim
 from plumbing.kube.informer import Change, Informer, Origin, object_uid
 from plumbing.kube.resources import RESOURCE_CLAIMS
 from plumbing.logs import get_logger
 
-__all__ = ["ClaimBinder", "Target", "allocated_node"]
+__all__ = ["ClaimBinder", "Target"]
 
 log = get_logger(__name__)
 
 _STATUS_RETRIES = 8
-
-
-def allocated_node(selector: dict[str, Any] | None) -> str | None:
-    """The node of a ``bindsToNode`` allocation: one term, one ``metadata.name In [node]`` field."""
-    terms = (selector or {}).get("nodeSelectorTerms") or []
-    if len(terms) != 1:
-        return None
-    fields = terms[0].get("matchFields") or []
-    if len(fields) != 1 or terms[0].get("matchExpressions"):
-        return None
-    field = fields[0]
-    values = field.get("values") or []
-    if field.get("key") != "metadata.name" or field.get("operator") != "In" or len(values) != 1:
-        return None
-    return str(values[0])
 
 
 def _now() -> str:
@@ -237,17 +220,11 @@ class ClaimBinder:
 
     def targets(self, obj: dict[str, Any] | None) -> list[Target]:
         """The allocated devices of ``obj`` that wait for this driver's binding condition."""
-        if obj is None:
-            return []
-        try:
-            claim = ResourceClaim.model_validate(obj)
-        except ValidationError:
-            return []
-        allocation = claim.status.allocation
-        if allocation is None:
+        claim = ResourceClaim.read(obj) if obj is not None else None
+        if claim is None or claim.status.allocation is None:
             return []
         pools = {p.pool for p in self._feed.latest.pools} if self._feed.latest is not None else set()
-        node = allocated_node(allocation.node_selector)
+        node = claim.status.allocation.node
         return [
             Target(r.pool, r.device, node)
             for r in claim.results_for(self.driver)
@@ -258,14 +235,15 @@ class ClaimBinder:
         targets = self.targets(obj)
         wanted = {(t.device, t.node) for t in targets if t.node is not None}
         await self._release(uid, wanted)
-        if obj is None or not targets:
+        claim = ResourceClaim.read(obj) if obj is not None else None
+        if claim is None or not targets:
             return
-        if (obj.get("metadata") or {}).get("deletionTimestamp"):
+        if claim.metadata.deletion_timestamp:
             return  # being deleted: attach nothing new
-        statuses = self._device_conditions(obj)
-        await asyncio.gather(
-            *(self._bind(uid, obj, t, statuses.get((t.pool, t.device), {})) for t in targets)
-        )
+        statuses = {
+            (d.pool, d.device): d for d in claim.status.devices if d.driver == self.driver and not d.share_id
+        }
+        await asyncio.gather(*(self._bind(uid, claim, t, statuses.get((t.pool, t.device))) for t in targets))
 
     async def _release(self, uid: str, wanted: set[tuple[str, str]]) -> None:
         held = self._held.get(uid, {})
@@ -305,18 +283,11 @@ class ClaimBinder:
                     state.release_at = now
                     self._schedule(uid)
 
-    def _device_conditions(self, obj: dict[str, Any]) -> dict[tuple[str, str], dict[str, dict[str, Any]]]:
-        out: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
-        for entry in (obj.get("status") or {}).get("devices") or []:
-            if entry.get("driver") != self.driver or entry.get("shareID"):
-                continue
-            conditions = {str(c.get("type")): c for c in entry.get("conditions") or []}
-            out[(str(entry.get("pool")), str(entry.get("device")))] = conditions
-        return out
-
-    async def _bind(self, uid: str, obj: dict[str, Any], target: Target, conditions: dict[str, Any]) -> None:
-        attached = conditions.get(self.names.attached, {}).get("status") == "True"
-        failed = conditions.get(self.names.failed, {}).get("status") == "True"
+    async def _bind(
+        self, uid: str, claim: ResourceClaim, target: Target, status: AllocatedDeviceStatus | None
+    ) -> None:
+        attached = status is not None and status.is_true(self.names.attached)
+        failed = status is not None and status.is_true(self.names.failed)
         if attached and target.node:
             self._held.setdefault(uid, {}).setdefault((target.device, target.node), _Held()).attached = True
         if attached or failed:
@@ -332,9 +303,8 @@ class ClaimBinder:
             return
         node = target.node
         started = self._first_seen.setdefault((uid, target.device), time.monotonic())
-        allocated_at = _parse_time(
-            ((obj.get("status") or {}).get("allocation") or {}).get("allocationTimestamp")
-        )
+        allocation = claim.status.allocation
+        allocated_at = _parse_time(allocation.allocation_timestamp if allocation is not None else None)
         deadline = started + self.bind_timeout
         if allocated_at is not None:
             deadline = min(deadline, time.monotonic() + (allocated_at + self.bind_timeout - time.time()))

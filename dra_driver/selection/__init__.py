@@ -18,6 +18,7 @@ from dra_driver.selection.model import DeviceClass, Node, ResourceClaimSpec, Res
 from dra_driver.selection.pools import DeviceID
 from dra_driver.selection.quantity import Quantity, parse_quantity
 from dra_driver.selection.report import NodeReport, explain_node
+from plumbing.kube.dra import ResourceClaim
 
 __all__ = [
     "AllocationError",
@@ -50,18 +51,15 @@ def allocated_devices(
     e.g. the claim being explained.
     """
     held: dict[DeviceID, str] = {}
-    for claim in claims:
-        meta = claim.get("metadata") or {}
-        assert isinstance(meta, dict)
-        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    for obj in claims:
+        claim = ResourceClaim.read(obj)
+        if claim is None:
+            continue
+        key = f"{claim.metadata.namespace or ''}/{claim.metadata.name}"
         if exclude and key in exclude:
             continue
-        status = claim.get("status") or {}
-        assert isinstance(status, dict)
-        allocation = status.get("allocation") or {}
-        results = ((allocation.get("devices") or {}).get("results")) or []
-        for result in results:
-            if result.get("adminAccess") or result.get("shareID"):
+        for result in claim.results:
+            if result.admin_access or result.share_id:
                 continue
-            held[(result["driver"], result["pool"], result["device"])] = key
+            held[(result.driver, result.pool, result.device)] = key
     return held

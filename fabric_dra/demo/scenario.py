@@ -33,6 +33,7 @@ from manager_api.client import ManagerClient
 from manager_api.models import BindingState, Device
 from plumbing.backoff import Backoff
 from plumbing.kube import AlreadyExists, KubeClient, NotFound, load_config
+from plumbing.kube.dra import ResourceClaim
 from plumbing.kube.resources import (
     DEPLOYMENTS,
     EVENTS,
@@ -181,42 +182,34 @@ class Scenario:
         step.ok = True
         return step
 
-    async def step_claim(self) -> tuple[Step, dict[str, Any]]:
+    async def step_claim(self) -> tuple[Step, ResourceClaim]:
         step = Step(f"Verify claim creation: kubectl get resourceclaims -n {NAMESPACE}")
 
-        async def allocated() -> dict[str, Any] | None:
+        async def allocated() -> ResourceClaim | None:
             items, _ = await self.kube.list_all(RESOURCE_CLAIMS, NAMESPACE)
-            for claim in items:
-                status = claim.get("status") or {}
-                if status.get("allocation") and status.get("reservedFor"):
+            for obj in items:
+                claim = ResourceClaim.read(obj)
+                if claim is not None and claim.allocated and claim.status.reserved_for:
                     return claim
             return None
 
         claim = await wait_for("the generated ResourceClaim to be allocated", allocated, self.step_timeout)
-        results = claim["status"]["allocation"]["devices"]["results"]
-        name = claim["metadata"]["name"]
+        name = claim.metadata.name
         width = max(len(name), 4) + 2
         step.observed.append(f"{'NAME':<{width}}{'STATE':<20}DEVICE")
-        for result in results:
+        for result in claim.results:
             step.observed.append(
-                f"{name:<{width}}{'allocated,reserved':<20}{result['driver']}/{result['pool']}/{result['device']}"
+                f"{name:<{width}}{'allocated,reserved':<20}{result.driver}/{result.pool}/{result.device}"
             )
-        mine = [r for r in results if r["driver"] == self.stack.options.driver_name]
-        if not mine:
-            raise DemoFailure(
-                f"claim {claim['metadata']['name']} has no device of {self.stack.options.driver_name}"
-            )
+        if not claim.results_for(self.stack.options.driver_name):
+            raise DemoFailure(f"claim {name} has no device of {self.stack.options.driver_name}")
         step.ok = True
         return step, claim
 
-    async def step_attach(self, claim: dict[str, Any]) -> tuple[Step, Device, str]:
+    async def step_attach(self, claim: ResourceClaim) -> tuple[Step, Device, str]:
         step = Step(f"Check host device attachment: kubectl describe pod -l {APP_LABEL} -n {NAMESPACE}")
-        uid = claim["metadata"]["uid"]
-        result = next(
-            r
-            for r in claim["status"]["allocation"]["devices"]["results"]
-            if r["driver"] == self.stack.options.driver_name
-        )
+        uid = claim.metadata.uid
+        result = claim.results_for(self.stack.options.driver_name)[0]
 
         async def running() -> dict[str, Any] | None:
             items, _ = await self.kube.list_all(PODS, NAMESPACE, label_selector=APP_LABEL)
@@ -233,7 +226,7 @@ class Scenario:
             if (event.get("regarding") or {}).get("name") == pod["metadata"]["name"]:
                 step.observed.append(f"  Event  {event.get('reason', ''):<24} {event.get('note', '')}")
 
-        device = await self.manager.device(result["device"])
+        device = await self.manager.device(result.device)
         if device.state != BindingState.BOUND or device.node != node or device.claim_uid != uid:
             raise DemoFailure(
                 f"fabric manager shows {device.name} as {device.state} on {device.node} for claim "
@@ -242,22 +235,19 @@ class Scenario:
         step.observed.append(
             f"fabric manager: {device.name} ({device.type} {device.model}) bound to {node} for claim {uid}"
         )
-        if result.get("bindingConditions"):
+        if result.binding_conditions:
             # The scheduler binds the pod only once every binding condition is True (KEP-5007), so
             # a True condition here means the controller attached the device before the pod was bound.
-            current = await self.kube.get(RESOURCE_CLAIMS, claim["metadata"]["name"], NAMESPACE)
-            conditions = {
-                c["type"]: c
-                for d in (current.get("status") or {}).get("devices") or []
-                if d.get("device") == device.name
-                for c in d.get("conditions") or []
-            }
-            for wanted in result["bindingConditions"]:
-                condition = conditions.get(wanted)
-                if condition is None or condition.get("status") != "True":
+            current = ResourceClaim.model_validate(
+                await self.kube.get(RESOURCE_CLAIMS, claim.metadata.name, NAMESPACE)
+            )
+            entry = current.status.device_status(result)
+            for wanted in result.binding_conditions:
+                condition = entry.condition(wanted) if entry is not None else None
+                if condition is None or condition.status != "True":
                     raise DemoFailure(f"binding condition {wanted} of {device.name} is not True: {condition}")
                 step.observed.append(
-                    f"claim status.devices[{device.name}]: {wanted}=True ({condition.get('reason', '')}), "
+                    f"claim status.devices[{device.name}]: {wanted}=True ({condition.reason}), "
                     "set by the controller before the pod was bound"
                 )
         binding = self._emulator_binding(device)
@@ -283,7 +273,7 @@ class Scenario:
         step.ok = True
         return step, device, node
 
-    async def step_detach(self, claim: dict[str, Any], device: Device, node: str) -> Step:
+    async def step_detach(self, claim: ResourceClaim, device: Device, node: str) -> Step:
         step = Step(
             f"Test dynamic detachment: kubectl scale deployment {DEPLOYMENT} --replicas=0 -n {NAMESPACE}"
         )
@@ -291,17 +281,18 @@ class Scenario:
             DEPLOYMENTS, DEPLOYMENT, {"spec": {"replicas": 0}}, NAMESPACE, subresource="scale"
         )
         step.observed.append(f"deployment.apps/{DEPLOYMENT} scaled")
-        uid = claim["metadata"]["uid"]
+        uid = claim.metadata.uid
 
         async def released() -> bool | None:
             try:
-                current = await self.kube.get(RESOURCE_CLAIMS, claim["metadata"]["name"], NAMESPACE)
+                current = await self.kube.get(RESOURCE_CLAIMS, claim.metadata.name, NAMESPACE)
             except NotFound:
                 return True  # a claim generated from a template goes with its pod
-            return True if not (current.get("status") or {}).get("reservedFor") else None
+            view = ResourceClaim.read(current)
+            return True if view is None or not view.status.reserved_for else None
 
         await wait_for("the claim to be released", released, self.step_timeout)
-        step.observed.append(f"resourceclaim {claim['metadata']['name']}: released and deleted with its pod")
+        step.observed.append(f"resourceclaim {claim.metadata.name}: released and deleted with its pod")
 
         async def free() -> Device | None:
             current = await self.manager.device(device.name)

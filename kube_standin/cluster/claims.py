@@ -23,6 +23,7 @@ from typing import Any
 
 from kube_standin.cluster.events import EventRecorder
 from plumbing.kube import ApiError, Conflict, KubeClient, NotFound
+from plumbing.kube.dra import is_allocated
 from plumbing.kube.informer import Informer, wait_any
 from plumbing.kube.resources import PODS, RESOURCE_CLAIMS
 from plumbing.logs import get_logger
@@ -197,7 +198,7 @@ class ClaimController:
         )
         deallocated = False
         try:
-            if len(valid) != len(reserved) or (not valid and status.get("allocation")):
+            if len(valid) != len(reserved) or (not valid and is_allocated(claim)):
                 deallocated = not valid
                 new_status = {k: v for k, v in status.items() if k != "reservedFor"}
                 if valid:
@@ -212,7 +213,7 @@ class ClaimController:
                     log.info("claim deallocated", claim=meta["name"], namespace=namespace)
             # Only a claim that is no longer allocated loses the finalizer, and only when it was just
             # deallocated or is going away: the scheduler adds it right before allocating.
-            releasable = not (claim.get("status") or {}).get("allocation") and (
+            releasable = not is_allocated(claim) and (
                 deallocated or owner_gone or claim["metadata"].get("deletionTimestamp")
             )
             if releasable and DELETE_PROTECTION in (claim["metadata"].get("finalizers") or []):

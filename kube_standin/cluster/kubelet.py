@@ -31,6 +31,7 @@ from kube_standin.cluster.events import EventRecorder
 from kube_standin.kubelet_client import ClaimRef, DRAPluginClient, KubeletError, PluginManager
 from plumbing.backoff import Backoff
 from plumbing.kube import ApiError, Conflict, KubeClient, NotFound
+from plumbing.kube.dra import ResourceClaim
 from plumbing.kube.informer import Informer, wait_any
 from plumbing.kube.resources import PODS
 from plumbing.logs import get_logger
@@ -192,17 +193,14 @@ class KubeletLoop:
         namespace = meta.get("namespace") or "default"
         found: list[tuple[str, ClaimRef]] = []
         for entry, name in pod_claim_names(pod).items():
-            claim = self.claims.get(namespace, name) if name else None
+            obj = self.claims.get(namespace, name) if name else None
+            claim = ResourceClaim.read(obj) if obj is not None else None
             if claim is None:
                 return [], f"claim for entry {entry} not found"
-            status = claim.get("status") or {}
-            if not any(r.get("uid") == meta["uid"] for r in status.get("reservedFor") or []):
+            if not claim.reserved_for_uid(meta["uid"]):
                 return [], f"pod {meta['name']} is not reserved for claim {name}"
-            allocation = status.get("allocation") or {}
-            ref = ClaimRef(namespace, claim["metadata"]["name"], claim["metadata"]["uid"])
-            for driver in sorted(
-                {r["driver"] for r in (allocation.get("devices") or {}).get("results") or []}
-            ):
+            ref = ClaimRef(namespace, claim.metadata.name, claim.metadata.uid)
+            for driver in sorted(claim.drivers()):
                 found.append((driver, ref))
         return found, None
 

@@ -43,6 +43,7 @@ from dra_driver.selection.nodes import selector_matches
 from kube_standin.cluster.claims import DELETE_PROTECTION, pod_claim_names
 from kube_standin.cluster.events import EventRecorder
 from plumbing.kube import ApiError, Conflict, KubeClient, NotFound
+from plumbing.kube.dra import ResourceClaim, is_allocated
 from plumbing.kube.informer import Informer, wait_any
 from plumbing.kube.resources import PODS, RESOURCE_CLAIMS
 from plumbing.logs import get_logger
@@ -191,7 +192,7 @@ class Scheduler:
                 c["metadata"].get("uid", ""),
             )
             for c in claims
-            if not (c.get("status") or {}).get("allocation")
+            if not is_allocated(c)
         ]
         pod_selector = (pod.get("spec") or {}).get("nodeSelector") or {}
         reasons: dict[str, str] = {}
@@ -237,7 +238,7 @@ class Scheduler:
             )
             claim_meta = claim["metadata"]
             allocation = allocations.get(claim_meta["name"])
-            if allocation is not None and (claim.get("status") or {}).get("allocation"):
+            if allocation is not None and is_allocated(claim):
                 raise Conflict(409, "Conflict", f"claim {claim_meta['name']} was allocated meanwhile")
             if allocation is not None and DELETE_PROTECTION not in (claim_meta.get("finalizers") or []):
                 finalizers = [*(claim_meta.get("finalizers") or []), DELETE_PROTECTION]
@@ -276,8 +277,9 @@ class Scheduler:
         failure: str | None = None
         ready = True
         for namespace, name in binding.claims:
-            claim = self.claims.get(namespace, name)
-            if claim is None or not (claim.get("status") or {}).get("allocation"):
+            obj = self.claims.get(namespace, name)
+            claim = ResourceClaim.read(obj) if obj is not None else None
+            if claim is None or not claim.allocated:
                 failure = f"claim {name} lost its allocation"
                 break
             verdict = _binding_verdict(claim)
@@ -285,11 +287,9 @@ class Scheduler:
                 ready = False
             elif isinstance(verdict, str):
                 failure = verdict
-                for result in claim["status"]["allocation"]["devices"]["results"]:
-                    if result.get("bindingConditions"):
-                        state.failed_devices[(result["driver"], result["pool"], result["device"])] = (
-                            time.monotonic()
-                        )
+                for result in claim.results:
+                    if result.binding_conditions:
+                        state.failed_devices[(result.driver, result.pool, result.device)] = time.monotonic()
                 break
         if failure is None and not ready and time.monotonic() - binding.started > self.config.binding_timeout:
             failure = f"binding conditions not met within {self.config.binding_timeout:.0f}s"
@@ -364,47 +364,38 @@ def _now() -> str:
 
 
 def _allocation_allows(claim: dict[str, Any], node: Node) -> bool:
-    allocation = (claim.get("status") or {}).get("allocation")
-    if not allocation or not allocation.get("nodeSelector"):
+    view = ResourceClaim.read(claim)
+    allocation = view.status.allocation if view is not None else None
+    if allocation is None or not allocation.node_selector:
         return True
-    return selector_matches(NodeSelector.model_validate(allocation["nodeSelector"]), node)
+    return selector_matches(NodeSelector.model_validate(allocation.node_selector), node)
 
 
 def _has_binding_conditions(claim: dict[str, Any]) -> bool:
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    return any(r.get("bindingConditions") for r in (allocation.get("devices") or {}).get("results") or [])
+    view = ResourceClaim.read(claim)
+    allocation = view.status.allocation if view is not None else None
+    return allocation is not None and allocation.has_binding_conditions
 
 
-def _binding_verdict(claim: dict[str, Any]) -> bool | str:
+def _binding_verdict(claim: ResourceClaim) -> bool | str:
     """True when every binding condition is met, False while waiting, a message on failure.
 
     ``isClaimReadyForBinding`` in the scheduler plugin: a device's status entry is matched by
-    driver/pool/device; any failure condition that is True fails the binding.
+    driver/pool/device (and share ID); any failure condition that is True fails the binding.
     """
-    status = claim.get("status") or {}
-    devices = status.get("devices") or []
-    for result in status["allocation"]["devices"]["results"]:
-        if not result.get("bindingConditions"):
+    for result in claim.results:
+        if not result.binding_conditions:
             continue
-        entry = next(
-            (
-                d
-                for d in devices
-                if (d.get("driver"), d.get("pool"), d.get("device"))
-                == (result["driver"], result["pool"], result["device"])
-            ),
-            None,
-        )
+        entry = claim.status.device_status(result)
         if entry is None:
             return False
-        conditions = {c.get("type"): c for c in entry.get("conditions") or []}
-        for failure in result.get("bindingFailureConditions") or []:
-            condition = conditions.get(failure)
-            if condition is not None and condition.get("status") == "True":
-                name = claim["metadata"]["name"]
-                reason, message = condition.get("reason", ""), condition.get("message", "")
-                return f"claim {name} binding failed: reason={reason}, message={message!r}"
-        for wanted in result["bindingConditions"]:
-            if (conditions.get(wanted) or {}).get("status") != "True":
-                return False
+        for failure in result.binding_failure_conditions:
+            condition = entry.condition(failure)
+            if condition is not None and condition.status == "True":
+                return (
+                    f"claim {claim.metadata.name} binding failed: "
+                    f"reason={condition.reason}, message={condition.message!r}"
+                )
+        if not all(entry.is_true(wanted) for wanted in result.binding_conditions):
+            return False
     return True

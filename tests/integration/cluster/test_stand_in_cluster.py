@@ -14,6 +14,7 @@ import pytest
 
 from kube_standin.cluster import NodeSpec, SchedulerConfig, StandInCluster
 from plumbing.kube import KubeClient, NotFound
+from plumbing.kube.dra import is_allocated
 from plumbing.kube.resources import (
     DEPLOYMENTS,
     DEVICE_CLASSES,
@@ -276,7 +277,7 @@ async def test_binding_conditions_gate_the_bind_and_failures_reschedule(
         await deploy(world, replicas=1)
 
         async def allocated_claim() -> dict[str, Any] | None:
-            found = [c for c in await claims(world) if (c.get("status") or {}).get("allocation")]
+            found = [c for c in await claims(world) if is_allocated(c)]
             return found[0] if found else None
 
         claim = await eventually(allocated_claim, what="claim allocated")

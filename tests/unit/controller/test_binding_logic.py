@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver.controller.binding_conditions import ClaimBinder, allocated_node
+from dra_driver.controller.binding_conditions import ClaimBinder
+from plumbing.kube.dra import allocated_node
 
 
 def selector(*terms: dict[str, Any]) -> dict[str, Any]:
