@@ -144,14 +144,8 @@ class Informer:
                     field_selector=self.field_selector,
                 )
             except ApiError as err:
-                delay = self.backoff.next()
-                log.warning(
-                    "cannot list; retrying",
-                    resource=self.resource.plural,
-                    error=str(err).splitlines()[0],
-                    retry_in=round(delay, 2),
-                )
-                await asyncio.sleep(delay)
+                # Without a list there is no cache to serve: worth a warning.
+                await self._pause("cannot list; retrying", err, loud=True)
                 continue
             self.backoff.reset()
             self._replace(items, "relist" if listed_once else "list")
@@ -163,14 +157,14 @@ class Informer:
             except Gone:
                 log.debug("watch expired; listing again", resource=self.resource.plural)
             except ApiError as err:
-                delay = self.backoff.next()
-                log.debug(
-                    "watch interrupted; listing again",
-                    resource=self.resource.plural,
-                    error=str(err).splitlines()[0],
-                    retry_in=round(delay, 2),
-                )
-                await asyncio.sleep(delay)
+                await self._pause("watch interrupted; listing again", err, loud=False)
+
+    async def _pause(self, message: str, err: ApiError, *, loud: bool) -> None:
+        delay = self.backoff.next()
+        (log.warning if loud else log.debug)(
+            message, resource=self.resource.plural, error=str(err).splitlines()[0], retry_in=round(delay, 2)
+        )
+        await asyncio.sleep(delay)
 
     async def _watch(self) -> None:
         """Watch from ``resource_version``, resuming each stream the server ends, until an error."""
