@@ -15,6 +15,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from plumbing.names import DNS1123_LABEL_PATTERN
+
 __all__ = ["GenerateSpec", "generate_topology", "generate_topology_yaml"]
 
 _MODELS: dict[str, dict[str, Any]] = {
@@ -100,7 +102,7 @@ class GenerateSpec(BaseModel):
     cxl_devices: int = Field(default=2, ge=0, le=1000)
     chunks: int = Field(default=4, ge=1, le=64)
     devices_per_switch: int = Field(default=16, ge=1, le=1000)
-    host_prefix: str = Field(default="kind-worker", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=40)
+    host_prefix: str = Field(default="kind-worker", pattern=DNS1123_LABEL_PATTERN, max_length=40)
     seed: str = "fabric-dra"
 
     @model_validator(mode="after")
