@@ -5,6 +5,8 @@ A Redfish service explains a failure with ``@Message.ExtendedInfo``: a list of M
 (DSP0266 1.20, "Error responses"; DSP0228 Message schema). Only the prefix and the key carry meaning
 for us; the version in between varies between services and releases, so it is dropped before lookup.
 Call sites never look at MessageIds or status codes: they catch the classes this module returns.
+The two errors only a Redfish conversation has (:class:`PreconditionFailed`, :class:`OutcomeUnknown`)
+are declared here too, so that code above the Redfish client catches them without importing it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from manager_api.errors import (
 )
 
 __all__ = [
+    "OutcomeUnknown",
     "PreconditionFailed",
     "RedfishMessage",
     "error_for_response",
@@ -39,6 +42,13 @@ class PreconditionFailed(DeviceBusy):
     """The resource changed between our read and our write (HTTP 412/428 or a stale ETag parameter).
 
     Nothing was done: the caller re-reads and decides again. On the wire it is a retriable DeviceBusy.
+    """
+
+
+class OutcomeUnknown(FabricUnavailable):
+    """A mutation was sent but no answer came back (connection lost, read timeout, task monitor gone).
+
+    The service may or may not have acted on it. Never resend blindly: read the fabric and decide.
     """
 
 

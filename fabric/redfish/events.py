@@ -19,6 +19,7 @@ import httpx
 
 from fabric.redfish.client import RedfishClient
 from manager_api.errors import FabricError
+from plumbing.backoff import Backoff
 from plumbing.logs import get_logger
 
 __all__ = ["MAX_LINE", "EventStream", "bounded_lines", "parse_sse"]
@@ -138,15 +139,14 @@ class EventStream:
         return path if path.startswith("/") else None
 
     async def run(self) -> None:
-        delay = self.backoff_initial
+        backoff = Backoff(self.backoff_initial, self.backoff_max)
         failures = 0
         while True:
             try:
                 uri = await self._stream_uri()
             except FabricError as err:
                 log.debug("event service unreachable", error=err.message)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.backoff_max)
+                await asyncio.sleep(backoff.next())
                 continue
             except Exception as err:  # whatever the service sent, the stream must not die
                 log.warning("cannot read the event service", error=f"{type(err).__name__}: {err}"[:300])
@@ -161,7 +161,7 @@ class EventStream:
             self.supported = True
             try:
                 await self._follow(uri)
-                delay = self.backoff_initial  # a clean end: reconnect at once
+                backoff.reset()  # a clean end: reconnect at once
                 failures = 0
             except (httpx.HTTPError, FabricError, ValueError) as err:
                 failures += 1
@@ -175,8 +175,7 @@ class EventStream:
                 was_connected, self.connected = self.connected, False
                 if was_connected and self.on_disconnect is not None:
                     self.on_disconnect()
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self.backoff_max)
+            await asyncio.sleep(backoff.next())
 
     async def _follow(self, uri: str) -> None:
         headers = await asyncio.to_thread(self.client.auth_headers)

@@ -1,6 +1,12 @@
-"""Waking task followers when the service says a task changed.
+"""Following Redfish tasks: task monitors, and the task events that wake their followers.
 
-A client following a task (DSP0266 "Asynchronous operations") polls its monitor when the
+**Task monitors.** DSP0266 "Asynchronous operations": a service answers a long operation with 202
+and the task monitor in ``Location`` (and maybe ``Retry-After``); GET on the monitor answers 202
+while the task runs and the operation's own response once it is done. Some services answer the
+Task resource instead; its ``TaskState``/``TaskStatus`` decide then. :class:`TaskMonitor` follows
+one to its end, asks whether a recorded one still runs, and cancels one (DELETE on the monitor).
+
+**Task events.** A client following a task (DSP0266 "Asynchronous operations") polls its monitor when the
 service's ``Retry-After`` says — a second at a time, typically. A GPU hot-add of three seconds
 would then be seen done up to a second late. The service also sends a ``TaskEvent`` on its event
 stream when a task ends (``TaskCompletedOK``, ``TaskAborted``...) with the task as
@@ -23,9 +29,17 @@ import asyncio
 import contextlib
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
-__all__ = ["EVENTED_POLL_SECONDS", "FINAL_TASK_EVENTS", "TaskWatch"]
+from fabric.redfish.error_mapping import OutcomeUnknown, error_for_response, error_for_task
+from fabric.redfish.transport import RETRY_STATUSES, RedfishResponse, Transport, TransportError
+from manager_api.errors import AttachTimeout, FabricError, FabricUnavailable
+from plumbing.backoff import Backoff
+from plumbing.logs import get_logger
+
+__all__ = ["EVENTED_POLL_SECONDS", "FINAL_TASK_EVENTS", "TaskMonitor", "TaskWatch"]
+
+log = get_logger(__name__)
 
 #: between polls of a task monitor while the service is known to send task events
 EVENTED_POLL_SECONDS = 5.0
@@ -34,6 +48,9 @@ EVENTED_POLL_SECONDS = 5.0
 FINAL_TASK_EVENTS = frozenset(
     {"TaskAborted", "TaskCancelled", "TaskCompletedOK", "TaskCompletedWarning", "TaskRemoved"}
 )
+
+_TERMINAL_TASK_STATES = frozenset({"Completed", "Killed", "Exception", "Cancelled"})
+_FAILED_TASK_STATES = frozenset({"Killed", "Exception", "Cancelled"})
 
 #: how long a task change is remembered for a follower that starts waiting only after it
 _REMEMBER_SECONDS = 30.0
@@ -120,3 +137,146 @@ class TaskWatch:
                     waiting.discard(event)
                     if not waiting:
                         del self._waiters[key]
+
+
+class TaskMonitor:
+    """Follows the tasks of one service through its :class:`Transport`; ``watch`` is woken by the
+    service's task events (:meth:`TaskWatch.changed`)."""
+
+    def __init__(self, transport: Transport, watch: TaskWatch) -> None:
+        self.transport = transport
+        self.watch = watch
+
+    async def follow(
+        self,
+        response: RedfishResponse,
+        *,
+        action: str,
+        deadline: float,
+        on_task: Callable[[str], Awaitable[None] | None] | None = None,
+        poll_initial: float = 0.1,
+        poll_max: float = 2.0,
+    ) -> RedfishResponse:
+        """Wait for the operation behind a 202 to end and return its final response.
+
+        ``deadline`` is a ``time.monotonic()`` value: past it, :class:`AttachTimeout` is raised and
+        the task keeps running on the fabric. ``on_task`` hears the monitor's URI before the wait.
+        """
+        if response.status != 202:
+            return response
+        monitor = response.location or response.body.get("TaskMonitor") or response.body.get("@odata.id")
+        if not monitor:
+            raise OutcomeUnknown(f"Redfish {action}: 202 Accepted without a task monitor")
+        monitor = str(monitor)
+        # The service's task events wake the wait below (TaskWatch); polls stay the fallback.
+        since = time.monotonic()
+        watched = [monitor]
+        if response.is_task and response.body.get("@odata.id"):
+            watched.append(str(response.body["@odata.id"]))
+        if on_task is not None:
+            result = on_task(monitor)
+            if result is not None:
+                await result
+        self.watch.follow(watched)
+        try:
+            return await self._poll(
+                response,
+                monitor,
+                watched,
+                action=action,
+                deadline=deadline,
+                since=since,
+                polls=Backoff(poll_initial, poll_max),
+            )
+        finally:
+            self.watch.unfollow(watched)
+
+    async def _poll(
+        self,
+        response: RedfishResponse,
+        monitor: str,
+        watched: list[str],
+        *,
+        action: str,
+        deadline: float,
+        since: float,
+        polls: Backoff,
+    ) -> RedfishResponse:
+        """The polling loop of :meth:`follow`."""
+        wait = response.retry_after
+        unreachable = 0
+        refusals = 0
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AttachTimeout(
+                    f"the fabric did not finish {action} in time; its task {monitor} is still running",
+                    retry_after=1.0,
+                )
+            # Poll when the service says (Retry-After), but once more right at the deadline, and at
+            # once when the service sends an event about the task. While its task events are known
+            # to arrive, the poll only covers a lost event: every EVENTED_POLL_SECONDS.
+            delay = polls.next()
+            if self.watch.evented:
+                interval = EVENTED_POLL_SECONDS
+            else:
+                interval = min(wait if wait is not None else delay, polls.maximum)
+            await self.watch.pause(watched, min(interval, remaining), since=since)
+            since = time.monotonic()
+            try:
+                polled = await self.transport.fetch(monitor)
+            except TransportError as err:
+                unreachable += 1
+                if unreachable == 1:
+                    log.warning("task monitor unreachable, still waiting", task=monitor, error=str(err))
+                wait = None
+                continue
+            unreachable = 0
+            wait = polled.retry_after
+            if polled.status == 202:
+                refusals = 0
+                continue
+            if polled.status in (404, 410):
+                raise OutcomeUnknown(f"Redfish task monitor {monitor} for {action} disappeared")
+            if 300 <= polled.status < 400:
+                raise OutcomeUnknown(
+                    f"Redfish task monitor {monitor} for {action} answered {polled.status}, a redirect, "
+                    "which fabric-dra does not follow"
+                )
+            if polled.status in RETRY_STATUSES:
+                # Busy now (it says when to come back), or the task's own final answer (a task cut
+                # short by a restart of the service ends 503): whether it acted is unknown — read.
+                refusals += 1
+                if polled.retry_after is not None and refusals < 3:
+                    continue
+                cause = error_for_response(polled.status, polled.body, method="GET", uri=monitor)
+                raise OutcomeUnknown(f"Redfish task {monitor} for {action} ended unclear: {cause.message}")
+            if polled.status >= 400:
+                raise error_for_response(polled.status, polled.body, method=response.method, uri=response.uri)
+            if polled.is_task:
+                state = str(polled.body.get("TaskState") or "")
+                if state not in _TERMINAL_TASK_STATES:
+                    continue
+                if state in _FAILED_TASK_STATES or polled.body.get("TaskStatus") == "Critical":
+                    raise error_for_task(polled.body, uri=monitor, action=action)
+            return polled
+
+    async def running(self, monitor: str) -> bool:
+        """Whether the task behind ``monitor`` still runs; False once it ended or is gone."""
+        try:
+            polled = await self.transport.fetch(monitor)
+        except TransportError as err:
+            where = self.transport.base_url
+            raise FabricUnavailable(f"Redfish service at {where} unreachable: {err}") from None
+        if polled.status == 202:
+            return True
+        if polled.status in RETRY_STATUSES and polled.retry_after is not None:
+            raise error_for_response(polled.status, polled.body, method="GET", uri=monitor)
+        if polled.status >= 400:
+            return False  # gone (404), or ended with the operation's own error response
+        return polled.is_task and str(polled.body.get("TaskState") or "") not in _TERMINAL_TASK_STATES
+
+    async def cancel(self, monitor: str) -> None:
+        """Ask the service to stop a task (DELETE on its monitor, DSP0266); best effort."""
+        with contextlib.suppress(FabricError):
+            await self.transport.request("DELETE", monitor)

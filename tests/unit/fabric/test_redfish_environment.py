@@ -17,6 +17,6 @@ def test_proxies_taken_once_from_the_environment(
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
     monkeypatch.setenv("NO_PROXY", no_proxy)
     client = RedfishClient(RedfishSettings(base_url="https://fabric.example:8443", auth="none"))
-    session = client._rf._session
+    session = client.transport._rf._session
     assert session.trust_env is False  # no per-request look at the environment
     assert {k: v for k, v in session.proxies.items() if k == "https"} == expected

@@ -1,0 +1,142 @@
+"""Authentication to a Redfish service: a session on first use, a new one after a 401, Basic as fallback.
+
+DSP0266 "Authentication": a client creates a session with ``POST`` to the service's Sessions
+collection (``Links.Sessions`` of the service root) and sends the ``X-Auth-Token`` it gets back;
+a 401 means the session expired and the service did not act on the request, so one new login and
+one resend are safe. A service without a session service (404/405/501 on the login) gets HTTP
+Basic authentication instead. Credentials never appear in a log line or an error.
+
+:class:`Sessions` is the :class:`fabric.redfish.transport.Authentication` of a
+:class:`~fabric.redfish.transport.Transport`: logins run in its worker threads, one at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import threading
+from urllib.parse import urlsplit
+
+from fabric.redfish.error_mapping import error_for_response
+from fabric.redfish.settings import RedfishSettings
+from fabric.redfish.transport import SERVICE_ROOT, RedfishResponse, Transport, TransportError
+from manager_api.errors import FabricUnavailable
+from plumbing.logs import get_logger
+
+__all__ = ["Sessions"]
+
+log = get_logger(__name__)
+
+
+class Sessions:
+    """The credentials a :class:`Transport` sends, and the login that gets them."""
+
+    def __init__(self, settings: RedfishSettings, transport: Transport) -> None:
+        self.settings = settings
+        self.transport = transport
+        self._lock = threading.Lock()
+        #: how many logins have happened; a request that got 401 names the one it used
+        self._generation = 0
+        self._mode = settings.auth if settings.username else "none"
+        self._session_uri: str | None = None
+
+    @property
+    def base_url(self) -> str:
+        return self.settings.base_url
+
+    # -- Authentication (worker threads) ---------------------------------------------------------
+
+    def ensure(self) -> int:
+        with self._lock:
+            if self._generation == 0:
+                self._login_locked()
+            return self._generation
+
+    def rejected(self, generation: int) -> bool:
+        if self._mode == "none":
+            return False
+        self._relogin(generation)
+        return True
+
+    def _relogin(self, failed_generation: int) -> None:
+        with self._lock:
+            if failed_generation == self._generation:  # nobody logged in again meanwhile
+                log.info("Redfish session rejected, logging in again", url=self.base_url)
+                self._login_locked()
+
+    def _login_locked(self) -> None:
+        if self._mode == "none":
+            self._generation += 1
+            return
+        password = self.settings.password.get_secret_value() if self.settings.password else ""
+        if self._mode == "session":
+            self.transport.use_credentials()
+            sessions_uri = self._sessions_uri()
+            answer = self._send(
+                "POST", sessions_uri, body={"UserName": self.settings.username, "Password": password}
+            )
+            token = answer.headers.get("x-auth-token")
+            if answer.status in (200, 201) and token:
+                self.transport.use_credentials(session_key=token)
+                location = answer.headers.get("location") or answer.body.get("@odata.id")
+                self._session_uri = urlsplit(str(location)).path if isinstance(location, str) else None
+                self._generation += 1
+                log.info("Redfish session created", url=self.base_url)
+                return
+            if answer.status in (404, 405, 501):
+                log.warning(
+                    "Redfish service has no session service, using HTTP Basic authentication",
+                    url=self.base_url,
+                    status=answer.status,
+                )
+                self._mode = "basic"
+            elif answer.status in (401, 403):
+                raise FabricUnavailable(
+                    f"Redfish login at {self.base_url} was refused (HTTP {answer.status}): "
+                    "check the credentials file given with --redfish-credentials-file"
+                )
+            else:
+                error = error_for_response(answer.status, answer.body, method="POST", uri=sessions_uri)
+                raise FabricUnavailable(f"Redfish login at {self.base_url} failed: {error.message}")
+        token = base64.b64encode(f"{self.settings.username}:{password}".encode()).decode()
+        self.transport.use_credentials(authorization=f"Basic {token}")
+        self._generation += 1
+
+    def _send(self, method: str, uri: str, *, body: dict[str, str | None] | None = None) -> RedfishResponse:
+        """A request of the login itself: unauthenticated, never resent."""
+        try:
+            return self.transport.send(method, uri, body=body)
+        except TransportError as err:
+            raise FabricUnavailable(f"Redfish service at {self.base_url} unreachable: {err}") from None
+
+    def _sessions_uri(self) -> str:
+        answer = self._send("GET", SERVICE_ROOT)
+        root = answer.body if answer.status == 200 else {}
+        links = root.get("Links") if isinstance(root.get("Links"), dict) else {}
+        sessions = (links or {}).get("Sessions")
+        if isinstance(sessions, dict) and sessions.get("@odata.id"):
+            return str(sessions["@odata.id"])
+        return "/redfish/v1/SessionService/Sessions"  # fixed by DSP0266 1.6 when Links is missing
+
+    # -- for requests made outside the transport (the SSE stream) --------------------------------
+
+    def auth_headers(self) -> dict[str, str]:
+        """Headers that authenticate a request made outside this client (the SSE stream)."""
+        self.ensure()
+        return self.transport.credential_headers()
+
+    def reauthenticate(self) -> None:
+        """Log in again (e.g. after the SSE stream got 401)."""
+        self._relogin(self._generation)
+
+    async def logout(self) -> None:
+        """Delete our session on the service; best effort, bounded."""
+        if self._session_uri and self._mode == "session":
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(
+                    self.transport.in_thread(
+                        self.transport.exchange, "DELETE", self._session_uri, None, None, (2.0, 2.0)
+                    ),
+                    5.0,
+                )
