@@ -30,7 +30,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from fabric.backends.discovery import BindingPlan
-from fabric.binder import BinderSettings
+from fabric.operations import OperationSettings
 from fabric.redfish.client import RedfishSettings
 from manager_api.devices import BindingStyle, spoken_list
 
@@ -241,7 +241,7 @@ class ManagerSettings(BaseModel):
     )
     events: Annotated[bool, Flag(FABRIC, help="do not follow Redfish server-sent events; poll only")] = True
     binder: Annotated[
-        BinderSettings,
+        OperationSettings,
         Section(
             {
                 "operation_timeout": Flag(
@@ -253,7 +253,7 @@ class ManagerSettings(BaseModel):
                 ),
             }
         ),
-    ] = Field(default_factory=BinderSettings)
+    ] = Field(default_factory=OperationSettings)
     state_dir: Annotated[Path | None, Flag(STATE)] = Field(
         default=None, description="directory of the ledger file (ledger.json)"
     )

@@ -14,12 +14,35 @@ import hashlib
 import re
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import Field, replace
+from typing import Any, ClassVar, Protocol, TypeVar
 
-from fabric.backends.model import DeviceRecord
 from plumbing.names import DNS1123_LABEL_MAX_LENGTH, DNS1123_SUBDOMAIN_MAX_LENGTH
 
-__all__ = ["assign_names", "dns_label", "pool_name"]
+__all__ = ["NamedDevice", "assign_names", "dns_label", "pool_name"]
+
+
+class NamedDevice(Protocol):
+    """What naming reads of a device (a :class:`fabric.backends.model.DeviceRecord`): a dataclass
+    whose ``name`` is set from its Redfish Id, fabric and URI. Structural, so that this module
+    sits below the backends that name their devices with it."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def resource_id(self) -> str: ...
+
+    @property
+    def fabric(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+
+D = TypeVar("D", bound=NamedDevice)
 
 _MAX_LABEL = DNS1123_LABEL_MAX_LENGTH
 _HASH_LEN = 8
@@ -46,17 +69,17 @@ def pool_name(service: str, fabric_id: str) -> str:
     return ".".join(p for p in parts if p)[:DNS1123_SUBDOMAIN_MAX_LENGTH]
 
 
-def assign_names(devices: Sequence[DeviceRecord]) -> list[DeviceRecord]:
+def assign_names(devices: Sequence[D]) -> list[D]:
     """Give every device its unique name; deterministic for a given set of devices."""
-    by_base: dict[str, list[DeviceRecord]] = defaultdict(list)
+    by_base: dict[str, list[D]] = defaultdict(list)
     for device in devices:
         by_base[dns_label(device.resource_id, device.key)].append(device)
-    named: dict[str, list[DeviceRecord]] = defaultdict(list)
+    named: dict[str, list[D]] = defaultdict(list)
     for base, group in by_base.items():
         for device in group:
             name = base if len(group) == 1 else dns_label(f"{device.fabric}-{device.resource_id}", device.key)
             named[name].append(device)
-    result: list[DeviceRecord] = []
+    result: list[D] = []
     for name, group in named.items():
         for device in group:
             unique = name

@@ -3,7 +3,7 @@
 The fabric is the truth for what is bound where; the ledger records intent. An attach writes its
 entry (state ``attaching``) durably *before* the first request to the fabric, and a detach moves the
 entry to ``detaching`` durably before unbinding, so after a crash at any point the manager knows
-what it was doing and finishes or rolls it back (:mod:`fabric.binder`), instead of forgetting a
+what it was doing and finishes or rolls it back (:mod:`fabric.reconcile`), instead of forgetting a
 binding or making it twice.
 
 The outcome of an operation (``bound``, or the entry removed after an unbind) is written without

@@ -1,4 +1,4 @@
-"""Bindings nothing explains any more, and bindings fabric-dra did not make.
+"""Bindings fabric-dra made that nothing explains any more.
 
 **Orphans.** Normally the kubelet's NodeUnprepareResources makes the plugin detach a claim's
 devices. When that never happens — the claim was deleted while its node was down, the node is
@@ -22,9 +22,8 @@ its own, so a fail-over never costs a pod its device. Without API access, or whi
 be listed, nothing is judged (so nothing is detached).
 
 **Bindings made outside fabric-dra** (on the fabric, with no ledger entry) are never touched by
-anything here or in the binder: :class:`ForeignBindings` logs each once when it appears and when
-it goes, and counts them in ``fabric_dra_unmanaged_bindings{pool}``; the inventory and
-``fabric-dra status`` show them ``managed: false``.
+anything here: they have no claim to explain them, and :class:`fabric.reconcile.ForeignBindings`
+reports them.
 """
 
 from __future__ import annotations
@@ -35,11 +34,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fabric.binder import Binder
+from fabric.attachments import Attachments
 from fabric.ledger import LedgerEntry, LedgerState
 from fabric.metrics import ManagerMetrics
 from fabric.reports import PluginReports
-from manager_api import models as api
 from manager_api.errors import FabricError
 from plumbing.kube.client import ApiError, KubeClient, NotFound
 from plumbing.kube.dra import ResourceClaim
@@ -47,7 +45,7 @@ from plumbing.kube.events import EventRecorder, ObjectRef
 from plumbing.kube.resources import RESOURCE_API_VERSIONS, RESOURCE_CLAIMS
 from plumbing.logs import get_logger
 
-__all__ = ["ForeignBindings", "OrphanReconciler"]
+__all__ = ["OrphanReconciler"]
 
 log = get_logger(__name__)
 
@@ -85,7 +83,7 @@ class OrphanReconciler:
     def __init__(
         self,
         kube: KubeClient,
-        binder: Binder,
+        attachments: Attachments,
         *,
         grace_seconds: float,
         interval: float,
@@ -95,7 +93,7 @@ class OrphanReconciler:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.kube = kube
-        self.binder = binder
+        self.attachments = attachments
         self.grace_seconds = grace_seconds
         self.interval = interval
         self.reports = reports
@@ -154,7 +152,7 @@ class OrphanReconciler:
 
     async def sweep(self) -> list[str]:
         """One pass; returns the devices whose detach it started."""
-        if not self.binder.is_leader():
+        if not self.attachments.is_leader():
             self._forget()
             return []
         now = self._clock()
@@ -163,7 +161,7 @@ class OrphanReconciler:
         claims = await self.claims()
         if claims is None:
             return []
-        bound = {e.device: e for e in self.binder.ledger.entries() if e.state is LedgerState.BOUND}
+        bound = {e.device: e for e in self.attachments.ledger.entries() if e.state is LedgerState.BOUND}
         for device in set(self._candidates) - set(bound):
             del self._candidates[device]
         detached: list[str] = []
@@ -242,7 +240,7 @@ class OrphanReconciler:
     ) -> bool:
         why = self._describe(entry, claim, candidate)
         try:
-            await self.binder.detach(entry.device, entry.claim_uid, entry.node, wait=0)
+            await self.attachments.detach(entry.device, entry.claim_uid, entry.node, wait=0)
         except FabricError as err:
             log.warning("orphan detach not started; will retry", device=entry.device, error=err.message)
             return False
@@ -283,28 +281,3 @@ class OrphanReconciler:
                 log.warning("orphan check failed; retrying", error=err.message)
             except Exception:
                 log.exception("orphan check crashed; retrying")
-
-
-class ForeignBindings:
-    """Logs bindings made outside fabric-dra as they appear and go (never touches them)."""
-
-    def __init__(self, snapshot: Callable[[], api.Inventory]) -> None:
-        self._snapshot = snapshot
-        self._known: dict[str, str] = {}
-
-    async def check(self) -> None:
-        seen = {
-            d.name: (d.node or f"host {d.host}")
-            for d in self._snapshot().devices
-            if not d.managed and d.state is api.BindingState.BOUND
-        }
-        for device, where in sorted(seen.items()):
-            if self._known.get(device) != where:
-                log.warning(
-                    "device bound outside fabric-dra; reported, never touched",
-                    device=device,
-                    node=where,
-                )
-        for device in sorted(set(self._known) - set(seen)):
-            log.info("binding made outside fabric-dra is gone", device=device, node=self._known[device])
-        self._known = seen

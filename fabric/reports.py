@@ -1,4 +1,5 @@
-"""What each node's plugin says it has prepared: ``PUT /api/v1/nodes/{node}/claims``.
+"""What each node's plugin says it has prepared: ``PUT /api/v1/nodes/{node}/claims`` (the route is
+in :mod:`fabric.server`).
 
 A plugin sends the claims its checkpoint records as *PrepareCompleted* (every 30 s, see
 :mod:`dra_driver.plugin.report`); only that node's plugin (or a controller) may report for a node.
@@ -11,16 +12,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Annotated
 
-from fastapi import FastAPI, Path
-from fastapi.responses import Response
-
-from fabric.server import Caller
-from manager_api import models as api
-from plumbing.names import DNS1123_SUBDOMAIN_MAX_LENGTH, DNS1123_SUBDOMAIN_PATTERN
-
-__all__ = ["PluginReports", "install_report_route"]
+__all__ = ["PluginReports"]
 
 
 class PluginReports:
@@ -40,28 +33,3 @@ class PluginReports:
         if report is None or self._clock() - report[0] > self.ttl:
             return False
         return device in report[1].get(claim_uid, frozenset())
-
-
-NodeName = Annotated[
-    str,
-    Path(
-        pattern=DNS1123_SUBDOMAIN_PATTERN,
-        max_length=DNS1123_SUBDOMAIN_MAX_LENGTH,
-        description="Kubernetes node name",
-    ),
-]
-
-
-def install_report_route(app: FastAPI, reports: PluginReports) -> None:
-    """Add ``PUT /api/v1/nodes/{node}/claims`` to the manager's app."""
-
-    @app.put(
-        f"{api.API_PREFIX}/nodes/{{node}}/claims",
-        status_code=204,
-        responses={204: {"description": "recorded"}},
-        summary="the claims a node's plugin has prepared",
-    )
-    async def node_claims(caller: Caller, node: NodeName, report: api.NodeClaims) -> Response:
-        caller.check_bind(node)
-        reports.record(node, {c.claim_uid: c.devices for c in report.claims})
-        return Response(status_code=204)

@@ -18,12 +18,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from fabric.attachments import Attachments
 from fabric.auth import Chain, Identity
-from fabric.binder import Binder
 from fabric.inventory import Inventory
 from fabric.metrics import ManagerMetrics
 from fabric.openapi import install_openapi
-from fabric.operations import error_body
+from fabric.operations import OperationLog, error_body
+from fabric.reports import PluginReports
 from manager_api import models as api
 from manager_api.errors import (
     DeviceNotFound,
@@ -50,7 +51,10 @@ log = get_logger(__name__)
 @dataclass
 class AppContext:
     inventory: Inventory
-    binder: Binder
+    attachments: Attachments
+    operations: OperationLog
+    #: what each node's plugin reports as prepared (``PUT /api/v1/nodes/{node}/claims``)
+    reports: PluginReports
     auth: Chain
     metrics: ManagerMetrics
     is_leader: Callable[[], bool]
@@ -96,6 +100,14 @@ DeviceName = Annotated[
     str, Path(pattern=DNS1123_LABEL_PATTERN, max_length=DNS1123_LABEL_MAX_LENGTH, description="device name")
 ]
 NodeName = Annotated[
+    str,
+    Path(
+        pattern=DNS1123_SUBDOMAIN_PATTERN,
+        max_length=DNS1123_SUBDOMAIN_MAX_LENGTH,
+        description="Kubernetes node name",
+    ),
+]
+NodeQuery = Annotated[
     str,
     Query(pattern=DNS1123_SUBDOMAIN_PATTERN, max_length=DNS1123_SUBDOMAIN_MAX_LENGTH),
 ]
@@ -205,7 +217,7 @@ def build_app(ctx: AppContext) -> FastAPI:
                 f"{request.pool} that the claim's allocation names; this fabric has no such device",
                 device=request.device,
             )
-        attachment, status = await ctx.binder.attach(request, wait)
+        attachment, status = await ctx.attachments.attach(request, wait)
         return JSONResponse(status_code=status, content=attachment.model_dump(mode="json", by_alias=True))
 
     @app.delete(
@@ -218,17 +230,17 @@ def build_app(ctx: AppContext) -> FastAPI:
         caller: Caller,
         device: DeviceName,
         claim_uid: Annotated[str, Query(alias="claimUid", min_length=1)],
-        node: NodeName,
+        node: NodeQuery,
         wait: Wait = 0.0,
     ) -> JSONResponse:
         caller.check_bind(node)
         _loaded()
-        attachment, status = await ctx.binder.detach(device, claim_uid, node, wait)
+        attachment, status = await ctx.attachments.detach(device, claim_uid, node, wait)
         return JSONResponse(status_code=status, content=attachment.model_dump(mode="json", by_alias=True))
 
     @app.get(f"{api.API_PREFIX}/operations", response_model=list[api.Operation], response_model_by_alias=True)
     async def operations(caller: Caller) -> list[api.Operation]:
-        return ctx.binder.operations.all()
+        return ctx.operations.all()
 
     @app.get(
         f"{api.API_PREFIX}/operations/{{operation_id}}",
@@ -236,11 +248,22 @@ def build_app(ctx: AppContext) -> FastAPI:
         response_model_by_alias=True,
     )
     async def operation(caller: Caller, operation_id: str) -> api.Operation:
-        found = ctx.binder.operations.get(operation_id)
+        found = ctx.operations.get(operation_id)
         if found is None:
             raise NotFoundError(
                 f"operation {operation_id} is not known (finished long ago, or another replica's)"
             )
         return found
+
+    @app.put(
+        f"{api.API_PREFIX}/nodes/{{node}}/claims",
+        status_code=204,
+        responses={204: {"description": "recorded"}},
+        summary="the claims a node's plugin has prepared",
+    )
+    async def node_claims(caller: Caller, node: NodeName, report: api.NodeClaims) -> Response:
+        caller.check_bind(node)
+        ctx.reports.record(node, {c.claim_uid: c.devices for c in report.claims})
+        return Response(status_code=204)
 
     return app

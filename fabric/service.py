@@ -17,6 +17,7 @@ import signal
 import socket
 import ssl
 
+from fabric.attachments import Attachments
 from fabric.auth import (
     AllowAll,
     Authenticator,
@@ -26,15 +27,16 @@ from fabric.auth import (
     load_static_tokens,
 )
 from fabric.backends.discovery import Discovery
-from fabric.binder import Binder
 from fabric.config import ManagerSettings
 from fabric.inventory import Inventory
 from fabric.ledger import ConfigMapLedgerStore, FileLedgerStore, Ledger, LedgerStore
 from fabric.metrics import ManagerMetrics
 from fabric.nodes import NodeResolver, load_node_map
-from fabric.orphans import ForeignBindings, OrphanReconciler
+from fabric.operations_driver import OperationDriver
+from fabric.orphans import OrphanReconciler
+from fabric.reconcile import ForeignBindings, Reconciler
 from fabric.redfish.client import RedfishClient
-from fabric.reports import PluginReports, install_report_route
+from fabric.reports import PluginReports
 from fabric.server import AppContext, build_app
 from manager_api.errors import FabricError
 from plumbing.httpserve import HttpServer
@@ -128,9 +130,17 @@ class ManagerService:
             s.state_dir.mkdir(parents=True, exist_ok=True)
             store = FileLedgerStore(s.state_dir)
         ledger = Ledger(store)
-        binder = Binder(
-            inventory, ledger, discovery, metrics=metrics, is_leader=self.is_leader, settings=s.binder
+        driver = OperationDriver(
+            inventory,
+            ledger,
+            discovery.backend_for,
+            redfish,
+            metrics=metrics,
+            is_leader=self.is_leader,
+            settings=s.binder,
         )
+        attachments = Attachments(inventory, ledger, driver)
+        reconciler = Reconciler(inventory, ledger, driver, discovery.backend_for)
         metrics.watch_inventory(inventory.snapshot)
         metrics.is_leader.set_function(lambda: 1.0 if self.is_leader() else 0.0)
         inventory.after_refresh.append(ForeignBindings(inventory.snapshot).check)
@@ -138,14 +148,15 @@ class ManagerService:
         app = build_app(
             AppContext(
                 inventory=inventory,
-                binder=binder,
+                attachments=attachments,
+                operations=driver.operations,
+                reports=reports,
                 auth=self._authenticator(kube, namespace),
                 metrics=metrics,
                 is_leader=self.is_leader,
                 not_ready=lambda: self._not_ready(inventory),
             )
         )
-        install_report_route(app, reports)
 
         server = HttpServer(
             app,
@@ -184,18 +195,18 @@ class ManagerService:
             inventory.request_refresh()
             with contextlib.suppress(FabricError):
                 if inventory.loaded.is_set():
-                    await binder.reconcile()
+                    await reconciler.reconcile()
 
         tasks.append(asyncio.create_task(inventory.run(), name="inventory"))
         if kube is not None:
             tasks.append(asyncio.create_task(resolver.watch(inventory.remap_nodes), name="node-watch"))
-        tasks.append(asyncio.create_task(binder.run(), name="binder"))
+        tasks.append(asyncio.create_task(reconciler.run(), name="reconciler"))
         # One name for this replica in the Lease and in the Events it records.
         identity = s.identity or f"{socket.gethostname()}-{os.getpid()}"
         if kube is not None and s.orphan_grace_seconds > 0:
             orphans = OrphanReconciler(
                 kube,
-                binder,
+                attachments,
                 grace_seconds=s.orphan_grace_seconds,
                 interval=s.orphan_interval_seconds,
                 reports=reports,

@@ -28,6 +28,24 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "fabric_dra": frozenset({"plumbing", "manager_api", "dra_driver", "fabric", "emulator", "kube_standin"}),
 }
 
+# The fabric manager inside ``fabric``, floor by floor from the top (docs/architecture.md, "Inside
+# fabric"): what stands above each floor, which it must never import.
+_FABRIC_CLI = ("fabric.cli", "fabric.status")
+_FABRIC_SERVICE = ("fabric.service", "fabric.config", *_FABRIC_CLI)
+_FABRIC_HTTP = ("fabric.server", "fabric.orphans", "fabric.auth", "fabric.openapi", *_FABRIC_SERVICE)
+_FABRIC_FRONT = ("fabric.attachments", "fabric.reconcile", *_FABRIC_HTTP)
+_FABRIC_DRIVER = ("fabric.operations_driver", *_FABRIC_FRONT)
+_FABRIC_ATTEMPTS = ("fabric.fabric_attempts", *_FABRIC_DRIVER)
+_FABRIC_STATE = ("fabric.inventory", "fabric.ledger", "fabric.nodes", "fabric.operations", *_FABRIC_ATTEMPTS)
+_FABRIC_BACKENDS = ("fabric.backends", *_FABRIC_STATE)
+# Inside the Redfish client: transport, then sessions and task monitors, then the facade and events.
+_REDFISH_FACADE = ("fabric.redfish.client", "fabric.redfish.events")
+_REDFISH_ABOVE_TRANSPORT = ("fabric.redfish.sessions", "fabric.redfish.tasks", *_REDFISH_FACADE)
+_REDFISH_CONVERSATION = ("fabric.redfish.transport", *_REDFISH_ABOVE_TRANSPORT)
+#: the Redfish conversation and the discovery that holds the client: the operation driver is handed
+#: the backends and the task control it needs instead (the error types are fine)
+_FABRIC_REACH = (*_REDFISH_CONVERSATION, "fabric.backends.discovery")
+
 #: Inside a package: module prefix → prefixes of the same package it must never import.
 NEVER: dict[str, tuple[str, ...]] = {
     "dra_driver.selection": ("dra_driver.plugin", "dra_driver.controller", "dra_driver.explain"),
@@ -39,15 +57,45 @@ NEVER: dict[str, tuple[str, ...]] = {
     "kube_standin.apiserver": ("kube_standin.cluster", "kube_standin.kubelet_client", "kube_standin.cli"),
     "kube_standin.kubelet_client": ("kube_standin.cluster", "kube_standin.apiserver", "kube_standin.cli"),
     "kube_standin.cluster": ("kube_standin.apiserver", "kube_standin.cli"),
-    "fabric.redfish": (
-        "fabric.backends",
-        "fabric.binder",
-        "fabric.inventory",
-        "fabric.service",
-        "fabric.server",
-        "fabric.cli",
+    "fabric.redfish": ("fabric.device_names", "fabric.metrics", "fabric.reports", *_FABRIC_BACKENDS),
+    "fabric.redfish.error_mapping": ("fabric.redfish.settings", *_REDFISH_CONVERSATION),
+    "fabric.redfish.settings": ("fabric.redfish.error_mapping", *_REDFISH_CONVERSATION),
+    "fabric.redfish.transport": _REDFISH_ABOVE_TRANSPORT,
+    "fabric.redfish.sessions": ("fabric.redfish.tasks", *_REDFISH_FACADE),
+    "fabric.redfish.tasks": ("fabric.redfish.sessions", *_REDFISH_FACADE),
+    "fabric.redfish.client": ("fabric.redfish.events",),
+    "fabric.device_names": _FABRIC_BACKENDS,
+    "fabric.metrics": _FABRIC_BACKENDS,
+    "fabric.reports": _FABRIC_BACKENDS,
+    "fabric.backends": _FABRIC_STATE,
+    "fabric.nodes": ("fabric.inventory", *_FABRIC_ATTEMPTS),
+    "fabric.ledger": ("fabric.inventory", "fabric.operations", *_FABRIC_ATTEMPTS),
+    "fabric.operations": ("fabric.inventory", "fabric.ledger", *_FABRIC_ATTEMPTS),
+    "fabric.inventory": _FABRIC_ATTEMPTS,
+    "fabric.fabric_attempts": (*_FABRIC_DRIVER, *_FABRIC_REACH),
+    "fabric.operations_driver": (*_FABRIC_FRONT, *_FABRIC_REACH),
+    # The request front and reconciliation reach the fabric only through the operation driver.
+    "fabric.attachments": (
+        "fabric.reconcile",
+        "fabric.fabric_attempts",
+        "fabric.redfish",
+        "fabric.backends.base",
+        "fabric.backends.discovery",
+        *_FABRIC_HTTP,
     ),
-    "fabric.backends": ("fabric.binder", "fabric.inventory", "fabric.service", "fabric.server", "fabric.cli"),
+    "fabric.reconcile": (
+        "fabric.attachments",
+        "fabric.fabric_attempts",
+        "fabric.redfish",
+        *_FABRIC_REACH,
+        *_FABRIC_HTTP,
+    ),
+    "fabric.orphans": ("fabric.server", *_FABRIC_SERVICE),
+    "fabric.server": ("fabric.orphans", *_FABRIC_SERVICE),
+    "fabric.auth": ("fabric.server", "fabric.orphans", *_FABRIC_SERVICE),
+    "fabric.openapi": ("fabric.server", "fabric.orphans", *_FABRIC_SERVICE),
+    "fabric.config": ("fabric.service", *_FABRIC_CLI),
+    "fabric.service": _FABRIC_CLI,
 }
 
 

@@ -1,4 +1,4 @@
-"""An in-memory fabric for the binder's unit tests: it binds, fails and hangs on command.
+"""An in-memory fabric for the attach/detach unit tests: it binds, fails and hangs on command.
 
 It stands in for a Redfish service only in these state-machine tests; the integration tests run
 the same flows against the real emulator over HTTP.
@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fabric.attachments import Attachments
 from fabric.backends.base import Backend, BindContext, DiscoveryResult
 from fabric.backends.model import (
     DeviceRecord,
@@ -20,10 +21,12 @@ from fabric.backends.model import (
     HostRecord,
 )
 from fabric.backends.walk import Walk
-from fabric.binder import Binder, BinderSettings
 from fabric.inventory import Inventory
 from fabric.ledger import FileLedgerStore, Ledger
 from fabric.nodes import NodeResolver
+from fabric.operations import OperationSettings
+from fabric.operations_driver import OperationDriver
+from fabric.reconcile import Reconciler
 from manager_api.devices import BindingStyle, DeviceType
 from manager_api.errors import FabricError, FabricUnavailable
 
@@ -64,7 +67,9 @@ class FakeFabric:
             raise FabricUnavailable("Redfish service at https://fabric unreachable: cannot connect (refused)")
 
 
-class FakeClient:
+class FakeTasks:
+    """The Redfish tasks the fake fabric runs: hung ones never end until cancelled."""
+
     def __init__(self, fabric: FakeFabric) -> None:
         self.fabric = fabric
 
@@ -145,7 +150,6 @@ class FakeDiscovery:
     def __init__(self, fabric: FakeFabric) -> None:
         self.fabric = fabric
         self.backend = FakeBackend(fabric)
-        self.client = FakeClient(fabric)
 
     def backend_for(self, device: DeviceRecord) -> Backend:
         return self.backend
@@ -182,7 +186,9 @@ class Harness:
     fabric: FakeFabric
     inventory: Inventory
     ledger: Ledger
-    binder: Binder
+    attachments: Attachments
+    driver: OperationDriver
+    reconciler: Reconciler
     leader: list[bool]
 
 
@@ -192,7 +198,7 @@ async def make_harness(
     hosts: int = 2,
     devices: int = 2,
     fabric: FakeFabric | None = None,
-    settings: BinderSettings | None = None,
+    settings: OperationSettings | None = None,
 ) -> Harness:
     fake = fabric or FakeFabric(
         hosts=[f"node-{i}" for i in range(hosts)], devices=[f"gpu{i}" for i in range(devices)]
@@ -202,13 +208,18 @@ async def make_harness(
     ledger = Ledger(FileLedgerStore(tmp))
     await ledger.load()
     leader = [True]
-    binder = Binder(
+    driver = OperationDriver(
         inventory,
         ledger,
-        discovery,  # type: ignore[arg-type]
+        discovery.backend_for,
+        FakeTasks(fake),
         is_leader=lambda: leader[0],
         settings=settings
-        or BinderSettings(operation_timeout=2.0, task_timeout=0.5, settle_seconds=0.01, retry_seconds=0.05),
+        or OperationSettings(
+            operation_timeout=2.0, task_timeout=0.5, settle_seconds=0.01, retry_seconds=0.05
+        ),
     )
+    attachments = Attachments(inventory, ledger, driver)
+    reconciler = Reconciler(inventory, ledger, driver, discovery.backend_for)
     await inventory.refresh()
-    return Harness(fake, inventory, ledger, binder, leader)
+    return Harness(fake, inventory, ledger, attachments, driver, reconciler, leader)

@@ -29,13 +29,13 @@ async def test_served_json_is_the_whole_inventory_after_every_change(tmp_path: P
     first = check()
     assert [d.state for d in first.devices] == [api.BindingState.FREE] * 3
 
-    await h.binder.attach(api.AttachRequest(device="gpu1", node="node-0", claim_uid="c1"), wait=5)
+    await h.attachments.attach(api.AttachRequest(device="gpu1", node="node-0", claim_uid="c1"), wait=5)
     bound = check()
     assert bound.version > first.version
     gpu1 = next(d for d in bound.devices if d.name == "gpu1")
     assert (gpu1.state, gpu1.node, gpu1.claim_uid) == (api.BindingState.BOUND, "node-0", "c1")
 
-    await h.binder.detach("gpu1", "c1", "node-0", wait=5)
+    await h.attachments.detach("gpu1", "c1", "node-0", wait=5)
     freed = check()
     assert next(d for d in freed.devices if d.name == "gpu1").state is api.BindingState.FREE
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from fabric.binder import BinderSettings
 from fabric.cli import _settings
 from fabric.config import FlagKind, ManagerSettings, manager_flags
+from fabric.operations import OperationSettings
 from fabric.redfish.client import RedfishSettings
 from fabric_dra.cli import build_parser
 from manager_api.devices import BindingStyle
@@ -59,7 +59,7 @@ def test_a_command_line_becomes_the_settings_it_says(monkeypatch: pytest.MonkeyP
     assert settings.binding.default is BindingStyle.COMPOSITION
     assert settings.binding.fabrics == {"CXL": "none", "PCIe": BindingStyle.ZONE}
     assert settings.events is False and settings.port == 0
-    assert settings.binder == BinderSettings(task_timeout=9.0)
+    assert settings.binder == OperationSettings(task_timeout=9.0)
     assert settings.operator_groups == ["ops", "sre"]
     assert settings.identity == "manager-0"
 

@@ -1,0 +1,223 @@
+"""Attach and detach requests: the rules that keep a device from ever being bound to two nodes.
+
+This is the request front of ``POST /api/v1/attachments`` and ``DELETE /api/v1/attachments/{device}``:
+it checks a request, decides from the ledger what it means, has the operation driver
+(:mod:`fabric.operations_driver`) record the intent and run the operation, and answers attached
+(200), still attaching or detaching (202), or why not. It never touches the fabric itself.
+
+* **Idempotent per claim UID + device.** A repeated attach joins or returns the existing binding;
+  a detach by anyone but the holder (claim UID *and* node) is a no-op success.
+* **Exclusive.** A device held by another claim or node, bound outside fabric-dra, or still being
+  detached is 409 DeviceBusy with who holds it; the new holder gets it only after the fabric
+  confirmed the unbind.
+* **Leader only.** A follower refuses every request (:class:`manager_api.errors.NotLeader`).
+
+How the operation runs (one at a time per device, intent before action, never blind, rolled back
+when it fails) is :mod:`fabric.operations_driver` and :mod:`fabric.fabric_attempts`; how unfinished
+ones are resumed after a restart is :mod:`fabric.reconcile`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from fabric.backends.model import DeviceRecord
+from fabric.inventory import Inventory
+from fabric.ledger import Ledger, LedgerEntry, LedgerState
+from fabric.operations_driver import OperationDriver
+from manager_api import models as api
+from manager_api.errors import (
+    AttachTimeout,
+    BindFailed,
+    DeviceBusy,
+    DeviceNotFound,
+    DeviceUnhealthy,
+    FabricUnavailable,
+    NodeNotFound,
+    NotLeader,
+)
+
+__all__ = ["Attachments"]
+
+
+class Attachments:
+    def __init__(self, inventory: Inventory, ledger: Ledger, driver: OperationDriver) -> None:
+        self.inventory = inventory
+        self.ledger = ledger
+        self.driver = driver
+        self.is_leader = driver.is_leader
+
+    def _require_leader(self) -> None:
+        if not self.is_leader():
+            raise NotLeader("this fabric manager replica is not the leader; ask the leader", retry_after=2.0)
+
+    def _attachment(
+        self, device: str, node: str, claim_uid: str, state: api.AttachmentState
+    ) -> api.Attachment:
+        record = self.inventory.device(device)
+        entry = self.ledger.get(device)
+        if record is not None:
+            rendered = self.inventory.render_device(record)
+        else:  # the device left the fabric; describe what is known
+            rendered = api.Device(
+                name=device,
+                pool="",
+                fabric="",
+                type=api.DeviceType.OTHER,
+                state=api.BindingState.UNAVAILABLE,
+                binding_style="",
+                redfish_uri=entry.device_key if entry else "",
+            )
+        return api.Attachment(
+            device=rendered,
+            node=node,
+            claim_uid=claim_uid,
+            state=state,
+            operation_id=entry.operation_id if entry and entry.claim_uid == claim_uid else None,
+        )
+
+    async def attach(self, request: api.AttachRequest, wait: float) -> tuple[api.Attachment, int]:
+        """Bind ``request.device`` to ``request.node`` for the claim; (attachment, HTTP status)."""
+        self._require_leader()
+        name, node, claim = request.device, request.node, request.claim_uid
+        record = self.inventory.device(name)
+        if record is None:
+            raise DeviceNotFound(f"device {name} is not in the fabric inventory", device=name)
+        host = self.inventory.host_for_node(node)
+        if host is None:
+            raise NodeNotFound(f"node {node} is not a host of any fabric this manager knows", node=node)
+        if host.id not in record.reachable_hosts:
+            raise NodeNotFound(
+                f"node {node} (host {host.id}) has no port on fabric {record.fabric} of device {name}",
+                node=node,
+                device=name,
+            )
+        slot = self.driver.slot(name)
+        deadline = time.monotonic() + max(0.0, wait)
+        while True:
+            async with slot.lock:
+                entry = self.ledger.get(name)
+                if entry is None:
+                    self._check_free(record)
+                    await self.driver.start_attach(record, host, node, claim)
+                    break
+                if entry.claim_uid != claim or entry.node != node:
+                    raise self._busy(entry)
+                if entry.state is LedgerState.BOUND:
+                    return self._attachment(name, node, claim, api.AttachmentState.ATTACHED), 200
+                if entry.state is LedgerState.ATTACHING:
+                    self.driver.kick(name)
+                    break
+                if not entry.rollback:
+                    raise DeviceBusy(
+                        f"device {name} is being detached for claim {claim}; attach it again once detached",
+                        device=name,
+                        node=node,
+                        held_by=f"{entry.node}/{entry.claim_uid}",
+                        retry_after=1.0,
+                    )
+                self.driver.kick(name)
+                event = slot.event
+            # A retry of a failed attach: let its rollback finish, then attach afresh.
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DeviceBusy(
+                    f"device {name} is rolling back a failed attach for claim {claim}; ask again",
+                    device=name,
+                    node=node,
+                    held_by=f"{node}/{claim}",
+                    retry_after=1.0,
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), remaining)
+        return await self._answer(
+            name, node, claim, api.OperationKind.ATTACH, max(0.0, deadline - time.monotonic())
+        )
+
+    @staticmethod
+    def _busy(entry: LedgerEntry) -> DeviceBusy:
+        doing = {
+            LedgerState.ATTACHING: "being attached to",
+            LedgerState.BOUND: "bound to",
+            LedgerState.DETACHING: "being detached from",
+        }[entry.state]
+        return DeviceBusy(
+            f"device {entry.device} is {doing} node {entry.node} for claim {entry.claim_uid}",
+            device=entry.device,
+            held_by=f"{entry.node}/{entry.claim_uid}",
+            retry_after=2.0,
+        )
+
+    def _check_free(self, record: DeviceRecord) -> None:
+        if record.bound_hosts:
+            host = record.bound_hosts[0]
+            node = self.inventory.node_for_host(host)
+            held = f"{node or 'host ' + host} (bound outside fabric-dra)"
+            raise DeviceBusy(
+                f"device {record.name} is bound to {held}; fabric-dra never touches bindings it did not make",
+                device=record.name,
+                held_by=held,
+            )
+        if not record.attributes.available:
+            raise DeviceUnhealthy(
+                f"device {record.name} is not available: the fabric reports it absent, disabled or unusable",
+                device=record.name,
+            )
+        if record.attributes.health is api.Health.CRITICAL:
+            raise DeviceUnhealthy(
+                f"device {record.name} is unhealthy: the fabric reports it Critical", device=record.name
+            )
+
+    async def detach(self, device: str, claim: str, node: str, wait: float) -> tuple[api.Attachment, int]:
+        """Unbind ``device`` if ``claim`` holds it on ``node``; anything else is a no-op success."""
+        self._require_leader()
+        slot = self.driver.slot(device)
+        async with slot.lock:
+            entry = self.ledger.get(device)
+            if entry is None and self.inventory.device(device) is None:
+                raise DeviceNotFound(f"device {device} is not in the fabric inventory", device=device)
+            if entry is None or entry.claim_uid != claim or entry.node != node:
+                return self._attachment(device, node, claim, api.AttachmentState.DETACHED), 200
+            if entry.state is not LedgerState.DETACHING or entry.rollback:
+                await self.driver.start_detach(entry)
+            self.driver.kick(device)
+        return await self._answer(device, node, claim, api.OperationKind.DETACH, wait)
+
+    async def _answer(
+        self, device: str, node: str, claim: str, kind: api.OperationKind, wait: float
+    ) -> tuple[api.Attachment, int]:
+        """Wait up to ``wait`` seconds for the device's operation, then say where it stands."""
+        slot = self.driver.slot(device)
+        deadline = time.monotonic() + max(0.0, wait)
+        while True:
+            entry = self.ledger.get(device)
+            mine = entry is not None and entry.claim_uid == claim and entry.node == node
+            if kind is api.OperationKind.ATTACH:
+                if mine and entry is not None and entry.state is LedgerState.BOUND:
+                    return self._attachment(device, node, claim, api.AttachmentState.ATTACHED), 200
+                if not mine or (entry is not None and entry.rollback):
+                    raise slot.error or BindFailed(
+                        f"attaching {device} to {node} failed", device=device, node=node
+                    )
+            else:
+                if not mine:
+                    return self._attachment(device, node, claim, api.AttachmentState.DETACHED), 200
+                if entry is not None and entry.state is not LedgerState.DETACHING:
+                    raise slot.error or BindFailed(f"detaching {device} from {node} failed", device=device)
+            if not slot.running and slot.error is not None:
+                raise slot.error  # the operation paused (fabric unreachable, task still running) or failed
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                if isinstance(slot.error, FabricUnavailable | AttachTimeout):
+                    raise slot.error
+                state = (
+                    api.AttachmentState.ATTACHING
+                    if kind is api.OperationKind.ATTACH
+                    else api.AttachmentState.DETACHING
+                )
+                return self._attachment(device, node, claim, state), 202
+            event = slot.event
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), remaining)

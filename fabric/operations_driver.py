@@ -1,0 +1,351 @@
+"""The operation driver: at most one operation at a time per device, from durable intent to result.
+
+* **One operation at a time per device.** Each device has at most one *driver* task that moves its
+  ledger entry to where it should be (``attaching`` → bound, ``detaching`` → gone). Requests
+  (:mod:`fabric.attachments`) never touch the fabric themselves: they record intent here, start
+  (or join) the driver, and wait for it.
+* **Intent before action.** An attach writes its ledger entry durably before the first Redfish
+  request; a detach moves the entry to ``detaching`` durably before unbinding.
+* **Nothing half-done.** An attach that fails for good turns into a rollback (``detaching`` with
+  ``rollback``): the driver makes sure the device is not bound, then drops the entry.
+* **Held until the fabric lets go.** An unbind the fabric refuses keeps the device held and is
+  tried again after growing pauses.
+* **Leader only.** Every fabric mutation is fenced by the Lease (:class:`manager_api.errors.NotLeader`).
+
+What one operation does on the fabric, reading before every change, is
+:class:`fabric.fabric_attempts.FabricAttempts`; resuming what was left unfinished is
+:mod:`fabric.reconcile`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fabric.backends.base import Backend
+from fabric.backends.model import DeviceRecord, HostRecord
+from fabric.fabric_attempts import FabricAttempts, TaskControl, Unresolved
+from fabric.inventory import Inventory
+from fabric.ledger import Ledger, LedgerEntry, LedgerState
+from fabric.metrics import ManagerMetrics
+from fabric.operations import OperationLog, OperationSettings
+from manager_api import models as api
+from manager_api.errors import DeviceNotFound, FabricError, NotLeader
+from plumbing.backoff import Backoff
+from plumbing.crashpoints import crash_point
+from plumbing.logs import get_logger
+
+__all__ = ["DeviceSlot", "OperationDriver"]
+
+log = get_logger(__name__)
+
+
+@dataclass(slots=True)
+class DeviceSlot:
+    """One device's operation: its lock, its driver task, and how it went."""
+
+    #: pauses before retrying an unbind the fabric refused; they grow while it keeps refusing
+    refused: Backoff
+    #: held while a request checks the device's entry and records an intent, and while the
+    #: driver records a result
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: set (and replaced) whenever the operation moves on: requests wait on it
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    driver: asyncio.Task[None] | None = None
+    #: the last error of the device's current or last operation
+    error: FabricError | None = None
+    #: ``time.monotonic()`` before which the reconciler does not resume this device
+    retry_at: float = 0.0
+    #: when its operation last paused (resumed at once when the fabric comes back after that)
+    paused_at: float = 0.0
+
+    @property
+    def running(self) -> bool:
+        return self.driver is not None
+
+    def signal(self) -> None:
+        self.event.set()
+        self.event = asyncio.Event()
+
+
+class OperationDriver:
+    def __init__(
+        self,
+        inventory: Inventory,
+        ledger: Ledger,
+        backend_for: Callable[[DeviceRecord], Backend],
+        tasks: TaskControl,
+        *,
+        operations: OperationLog | None = None,
+        metrics: ManagerMetrics | None = None,
+        is_leader: Callable[[], bool] = lambda: True,
+        settings: OperationSettings | None = None,
+    ) -> None:
+        self.inventory = inventory
+        self.ledger = ledger
+        self.backend_for = backend_for
+        self.operations = operations or OperationLog()
+        self.metrics = metrics
+        self.is_leader = is_leader
+        self.settings = settings or OperationSettings()
+        self.attempts = FabricAttempts(
+            ledger,
+            self.operations,
+            tasks,
+            node_for_host=inventory.node_for_host,
+            fence=self.fence,
+            settings=self.settings,
+        )
+        self._slots: dict[str, DeviceSlot] = {}
+        # The inventory shows each device's claim, node and operation state from the ledger.
+        inventory.overlay = ledger.get
+
+    def fence(self) -> None:
+        if not self.is_leader():
+            raise NotLeader("this fabric manager replica lost its leadership", retry_after=2.0)
+
+    def slot(self, device: str) -> DeviceSlot:
+        slot = self._slots.get(device)
+        if slot is None:
+            slot = self._slots[device] = DeviceSlot(refused=Backoff(self.settings.retry_seconds, 300.0))
+        return slot
+
+    # -- intents (the caller holds the device's lock) --------------------------------------------
+
+    async def start_attach(self, record: DeviceRecord, host: HostRecord, node: str, claim: str) -> None:
+        """Record the intent to bind durably, then start the driver."""
+        op = self.operations.start(api.OperationKind.ATTACH, record.name, node, claim)
+        entry = LedgerEntry(
+            device=record.name,
+            device_key=record.key,
+            node=node,
+            host=host.id,
+            claim_uid=claim,
+            state=LedgerState.ATTACHING,
+            operation_id=op.id,
+        )
+        self.ledger.put(entry)
+        crash_point("manager.attach.before-intent")
+        await self._commit_intent(op, undo=lambda: self.ledger.remove(record.name))
+        crash_point("manager.attach.after-intent")
+        log.info("attach started", device=record.name, node=node, claim=claim, operation=op.id)
+        self._started(record.name, api.OperationKind.ATTACH)
+        self.kick(record.name)
+
+    async def start_detach(self, entry: LedgerEntry) -> None:
+        """Record the intent to unbind (``entry`` moves to ``detaching``) durably; the caller kicks
+        the driver."""
+        op = self.operations.start(api.OperationKind.DETACH, entry.device, entry.node, entry.claim_uid)
+        previous = entry.model_copy()
+        entry.state = LedgerState.DETACHING
+        entry.rollback = False
+        entry.operation_id = op.id
+        self.ledger.put(entry)
+        crash_point("manager.detach.before-intent")
+        await self._commit_intent(op, undo=lambda: self.ledger.put(previous))
+        crash_point("manager.detach.after-intent")
+        log.info(
+            "detach started", device=entry.device, node=entry.node, claim=entry.claim_uid, operation=op.id
+        )
+        self._started(entry.device, api.OperationKind.DETACH)
+
+    async def _commit_intent(self, op: api.Operation, *, undo: Callable[[], None]) -> None:
+        """Write the intent durably before anything is sent to the fabric; when the write fails,
+        ``undo`` puts the ledger back and the operation fails with it (nothing was done)."""
+        try:
+            await self.ledger.commit()
+        except FabricError as err:
+            undo()
+            self.operations.finish(op.id, err)
+            raise
+
+    def _started(self, device: str, kind: api.OperationKind) -> None:
+        self.slot(device).error = None
+        if self.metrics:
+            self.metrics.in_flight.labels(str(kind)).inc()
+        self.inventory.changed()
+
+    # -- the driver ------------------------------------------------------------------------------
+
+    def kick(self, device: str) -> None:
+        slot = self.slot(device)
+        if slot.driver is None or slot.driver.done():
+            slot.driver = asyncio.create_task(self._drive(device), name=f"drive-{device}")
+
+    def resume(self, device: str, *, now: float, fabric_back_at: float) -> None:
+        """Start the driver of an unfinished entry once its pause is over, or at once when the
+        fabric came back (``fabric_back_at``) after the operation paused."""
+        slot = self.slot(device)
+        if now >= slot.retry_at or fabric_back_at > slot.paused_at:
+            self.kick(device)
+
+    async def _drive(self, device: str) -> None:
+        slot = self.slot(device)
+        try:
+            while True:
+                entry = self.ledger.get(device)
+                if entry is None or entry.state is LedgerState.BOUND:
+                    return
+                if self.operations.get(entry.operation_id) is None and not entry.rollback:
+                    kind = (
+                        api.OperationKind.ATTACH
+                        if entry.state is LedgerState.ATTACHING
+                        else api.OperationKind.DETACH
+                    )
+                    self.operations.adopt(entry.operation_id, kind, device, entry.node, entry.claim_uid)
+                    if self.metrics:
+                        self.metrics.in_flight.labels(str(kind)).inc()
+                self.operations.running(entry.operation_id)
+                record = self.inventory.device(device)
+                host = self.inventory.host(entry.host)
+                if record is None or host is None:
+                    await self._vanished(entry, record is None)
+                    return
+                backend = self.backend_for(record)
+                try:
+                    if entry.state is LedgerState.ATTACHING:
+                        await self.attempts.ensure(entry, record, host, backend, slot, bound=True)
+                        await self._attached(entry, record)
+                    else:
+                        await self.attempts.ensure(entry, record, host, backend, slot, bound=False)
+                        await self._detached(entry, record)
+                        return
+                except Unresolved as err:
+                    slot.error = err.cause
+                    slot.paused_at = time.monotonic()
+                    slot.retry_at = slot.paused_at + self.settings.retry_seconds
+                    self.operations.running(entry.operation_id, error=err.cause)
+                    log.warning(
+                        "operation paused, will resume",
+                        device=device,
+                        node=entry.node,
+                        claim=entry.claim_uid,
+                        state=str(entry.state),
+                        error=err.cause.message,
+                    )
+                    return
+                except FabricError as err:
+                    if entry.state is LedgerState.ATTACHING:
+                        await self._attach_failed(entry, record, err)
+                        continue  # drive the rollback
+                    # The device stays held (never lost, never given to another node) and the
+                    # unbind is retried with growing pauses; the operation shows the error.
+                    slot.error = err
+                    pause = slot.refused.next()
+                    slot.retry_at = time.monotonic() + pause
+                    entry.error = err.message
+                    self.operations.running(entry.operation_id, error=err)
+                    log.error(
+                        "unbind failed, will retry",
+                        device=device,
+                        node=entry.node,
+                        claim=entry.claim_uid,
+                        retry_in=round(pause, 1),
+                        error=err.message,
+                    )
+                    return
+                finally:
+                    slot.signal()
+        except Exception:
+            log.exception("device driver crashed", device=device)
+            slot.retry_at = time.monotonic() + self.settings.retry_seconds
+        finally:
+            slot.driver = None
+            slot.signal()
+
+    # -- results ---------------------------------------------------------------------------------
+
+    def _finish(
+        self,
+        entry: LedgerEntry,
+        record: DeviceRecord | None,
+        kind: api.OperationKind,
+        error: FabricError | None,
+    ) -> None:
+        op = self.operations.get(entry.operation_id)
+        if op is None or op.finished_at is not None or op.kind is not kind:
+            return
+        finished = self.operations.finish(op.id, error)
+        if self.metrics is None or finished is None:
+            return
+        seconds = (
+            (finished.finished_at - finished.started_at).total_seconds() if finished.finished_at else 0.0
+        )
+        device_type = str(record.attributes.type) if record else "unknown"
+        outcome = "success" if error is None else error.code
+        histogram = (
+            self.metrics.attach_seconds if kind is api.OperationKind.ATTACH else self.metrics.detach_seconds
+        )
+        histogram.labels(device_type, outcome).observe(seconds)
+        self.metrics.in_flight.labels(str(kind)).dec()
+
+    async def _attached(self, entry: LedgerEntry, record: DeviceRecord) -> None:
+        slot = self.slot(entry.device)
+        async with slot.lock:
+            entry.task_monitor = None
+            entry.error = None
+            if entry.state is LedgerState.ATTACHING:
+                entry.state = LedgerState.BOUND
+            self.ledger.put(entry)
+            self.inventory.note_binding(entry.device, (entry.host,))
+            # Written, not waited for: the intent is durable, and a restart that finds "attaching"
+            # marks it bound from the fabric's state. The caller's answer is one fsync sooner.
+            self.ledger.commit_soon()
+            crash_point("manager.attach.after-result")
+        slot.error = None
+        self._finish(entry, record, api.OperationKind.ATTACH, None)
+        log.info("attached", device=entry.device, node=entry.node, claim=entry.claim_uid)
+
+    async def _detached(self, entry: LedgerEntry, record: DeviceRecord) -> None:
+        slot = self.slot(entry.device)
+        slot.refused.reset()
+        async with slot.lock:
+            self.ledger.remove(entry.device)
+            self.inventory.note_binding(entry.device, ())
+            self.ledger.commit_soon()  # a restart that finds "detaching" and no binding drops it
+            if not entry.rollback:
+                crash_point("manager.detach.after-result")
+        if not entry.rollback:
+            slot.error = None
+            self._finish(entry, record, api.OperationKind.DETACH, None)
+            log.info("detached", device=entry.device, node=entry.node, claim=entry.claim_uid)
+        else:
+            log.info("failed attach rolled back", device=entry.device, node=entry.node, claim=entry.claim_uid)
+
+    async def _attach_failed(self, entry: LedgerEntry, record: DeviceRecord, err: FabricError) -> None:
+        slot = self.slot(entry.device)
+        err.device = err.device or entry.device
+        err.node = err.node or entry.node
+        async with slot.lock:
+            entry.state = LedgerState.DETACHING
+            entry.rollback = True
+            entry.error = err.message
+            self.ledger.put(entry)
+            with contextlib.suppress(FabricError):
+                await self.ledger.commit()
+        slot.error = err
+        self._finish(entry, record, api.OperationKind.ATTACH, err)
+        log.warning(
+            "attach failed, rolling back",
+            device=entry.device,
+            node=entry.node,
+            claim=entry.claim_uid,
+            error=err.message,
+        )
+
+    async def _vanished(self, entry: LedgerEntry, device_gone: bool) -> None:
+        what = f"device {entry.device}" if device_gone else f"host {entry.host} of node {entry.node}"
+        err = DeviceNotFound(f"{what} is no longer on the fabric", device=entry.device, node=entry.node)
+        slot = self.slot(entry.device)
+        async with slot.lock:
+            self.ledger.remove(entry.device)
+            with contextlib.suppress(FabricError):
+                await self.ledger.commit()
+        slot.error = err
+        kind = api.OperationKind.ATTACH if entry.state is LedgerState.ATTACHING else api.OperationKind.DETACH
+        self._finish(entry, None, kind, None if kind is api.OperationKind.DETACH else err)
+        log.warning("dropped ledger entry: " + err.message, device=entry.device, claim=entry.claim_uid)
+        self.inventory.changed()
