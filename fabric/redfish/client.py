@@ -17,7 +17,7 @@ Built like sushy's ``connector`` / ``auth`` / ``taskmonitor``, each job in its m
 from __future__ import annotations
 
 import ssl
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from fabric.redfish.error_mapping import OutcomeUnknown
@@ -51,27 +51,20 @@ class RedfishClient:
         self.transport = Transport(settings, observer=observer)
         self.sessions = Sessions(settings, self.transport)
         self.transport.auth = self.sessions
-        #: task followers wait here; the event stream wakes them (see :meth:`follow`)
+        #: task followers wait here; the event stream wakes them (see :attr:`follow`)
         self.tasks = TaskWatch()
         self.monitor = TaskMonitor(self.transport, self.tasks)
+        #: one request; GETs are retried, mutations are not; raises on HTTP ≥ 300
+        #: (:meth:`Transport.request`)
+        self.request = self.transport.request
+        #: wait for the operation behind a 202 to end (:meth:`TaskMonitor.follow`)
+        self.follow = self.monitor.follow
 
     @property
     def base_url(self) -> str:
         return self.settings.base_url
 
     # -- requests --------------------------------------------------------------------------------
-
-    async def request(
-        self,
-        method: str,
-        uri: str,
-        *,
-        body: Mapping[str, Any] | None = None,
-        etag: str | None = None,
-        http_timeout: tuple[float, float] | None = None,
-    ) -> RedfishResponse:
-        """One request; GETs are retried, mutations are not. Raises on HTTP ≥ 300."""
-        return await self.transport.request(method, uri, body=body, etag=etag, http_timeout=http_timeout)
 
     async def get(self, uri: str) -> RedfishResponse:
         return await self.request("GET", uri)
@@ -88,27 +81,7 @@ class RedfishClient:
     async def delete(self, uri: str, *, etag: str | None = None) -> RedfishResponse:
         return await self.request("DELETE", uri, etag=etag)
 
-    # -- asynchronous operations (fabric.redfish.tasks) ------------------------------------------
-
-    async def follow(
-        self,
-        response: RedfishResponse,
-        *,
-        action: str,
-        deadline: float,
-        on_task: Callable[[str], Awaitable[None] | None] | None = None,
-        poll_initial: float = 0.1,
-        poll_max: float = 2.0,
-    ) -> RedfishResponse:
-        """Wait for the operation behind a 202 to end (:meth:`TaskMonitor.follow`)."""
-        return await self.monitor.follow(
-            response,
-            action=action,
-            deadline=deadline,
-            on_task=on_task,
-            poll_initial=poll_initial,
-            poll_max=poll_max,
-        )
+    # -- tasks recorded before (fabric.redfish.tasks) -------------------------------------------
 
     async def task_running(self, monitor: str) -> bool:
         """Whether the task behind ``monitor`` still runs; False once it ended or is gone."""
