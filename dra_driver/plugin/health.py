@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import grpc
@@ -134,7 +134,7 @@ class HealthMonitor:
                 out.append((d.pool, d.device, self._status(uid, d.device, path)))
         return out
 
-    async def reports(self) -> AsyncIterator[DeviceHealthReport]:
+    async def reports(self) -> AsyncGenerator[DeviceHealthReport, None]:
         """A report now, then on every change and at least every ``resend_seconds``."""
         while True:
             changed = self._changed

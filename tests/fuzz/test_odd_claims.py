@@ -29,12 +29,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dra_driver.plugin import cdi
+from fabric_dra.stack import Role
 from kube_standin.kubelet_client import ClaimRef, DRAPluginClient, PrepareResult
 from manager_api.client import ManagerClient
 from manager_api.models import BindingState, Device, DeviceType
 from plumbing.kube import KubeClient
 from plumbing.kube.resources import RESOURCE_CLAIMS
-from plumbing.procs import RoleProcess
 from tests.fuzz.budget import fuzz_settings
 from tests.support.kubelet import running_kubelet
 from tests.support.plugin import DRIVER, PluginStack, short_dir, start_fabric
@@ -46,8 +46,8 @@ OTHER_DRIVER = "gpu.example.com"
 @dataclass
 class Odd:
     root: Path
-    emulator: RoleProcess
-    manager: RoleProcess
+    emulator: Role
+    manager: Role
     stack: PluginStack
     devices: list[Device]  # free devices this node can have
 

@@ -136,7 +136,7 @@ def _laughs(levels: int, width: int) -> str:
     return "\n".join(lines)
 
 
-RAW = {
+RAW: dict[str, str | bytes] = {
     "binary": b"\x00\xff\xfe\x01 version: 1",
     "not-utf8": "version: 1\nhosts: [{name: \udcff}]".encode("utf-8", "surrogateescape"),
     "tabs": "version: 1\n\thosts: []",

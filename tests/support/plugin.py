@@ -259,7 +259,7 @@ class DraCaller:
 
     async def __aexit__(self, *exc: object) -> None:
         if self._channel is not None:
-            await self._channel.close()
+            await self._channel.close(grace=None)
 
     async def prepare(
         self, refs: Sequence[ClaimRef], call_seconds: float = 45.0

@@ -91,7 +91,9 @@ PACKAGES = [
 @pytest.mark.parametrize(
     ("module", "package", "expected"), PACKAGES, ids=lambda v: getattr(v, "__name__", "")
 )
-def test_message_fields_match_kubernetes(module: ModuleType, package: str, expected: dict) -> None:
+def test_message_fields_match_kubernetes(
+    module: ModuleType, package: str, expected: dict[str, dict[str, tuple[int, str, str]]]
+) -> None:
     assert module.DESCRIPTOR.package == package
     assert set(module.DESCRIPTOR.message_types_by_name) == set(expected)
     for message_name, fields in expected.items():
@@ -192,13 +194,13 @@ def test_committed_bindings_are_not_stale() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         written = generate.generate(Path(tmp))
         assert written, "protoc produced nothing"
-        fresh = {}
-        for path in written:
-            if path.name == "api_pb2.py":
-                source = path.read_text()
+        fresh: dict[str, bytes] = {}
+        for written_path in written:
+            if written_path.name == "api_pb2.py":
+                source = written_path.read_text()
                 start = source.index("AddSerializedFile(") + len("AddSerializedFile(")
                 end = source.index(")\n", start)
-                fresh[str(path.relative_to(tmp))] = eval(source[start:end])  # a bytes literal
+                fresh[str(written_path.relative_to(tmp))] = eval(source[start:end])  # a bytes literal
     committed = {
         "dra_driver/proto/pluginregistration_v1/api_pb2.py": reg_pb2,
         "dra_driver/proto/dra_v1/api_pb2.py": dra_v1_pb2,

@@ -3,7 +3,6 @@ stand-in cluster running in the test's event loop."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,15 +114,3 @@ async def fake_plugin(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator
     finally:
         await registration.stop(None)
         await dra.stop(None)
-
-
-async def eventually(check: object, *, within: float = 15.0, what: str = "condition") -> object:
-    """Poll an async predicate until it returns something truthy."""
-    deadline = asyncio.get_running_loop().time() + within
-    last: object = None
-    while asyncio.get_running_loop().time() < deadline:
-        last = await check()  # type: ignore[operator]
-        if last:
-            return last
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{what} not reached within {within}s; last value: {last!r}")

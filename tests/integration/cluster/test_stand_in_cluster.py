@@ -26,7 +26,8 @@ from plumbing.kube.resources import (
     RESOURCE_CLAIMS,
     RESOURCE_SLICES,
 )
-from tests.integration.cluster.conftest import DRIVER, FakePlugin, eventually
+from tests.integration.cluster.conftest import DRIVER, FakePlugin
+from tests.support.waiting import eventually
 
 
 @dataclass

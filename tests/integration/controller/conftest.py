@@ -4,7 +4,6 @@ processes, plus helpers to read what the controller wrote."""
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,22 +16,6 @@ from tests.support.apiserver import ApiServerProcess, start_apiserver
 from tests.support.controller import InventoryServer
 
 T = TypeVar("T")
-
-
-def wait_for(check: Callable[[], T], *, timeout: float = 20.0, what: str = "condition") -> T:
-    """Poll ``check`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except AssertionError as err:
-            last = err
-        else:
-            if last:
-                return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
 class ApiServer:

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from tests.integration.controller.conftest import ApiServer, ControllerFactory, wait_for
+from tests.integration.controller.conftest import ApiServer, ControllerFactory
 from tests.support.controller import InventoryServer, make_device, make_inventory
+from tests.support.waiting import wait_until
 
 _claims = itertools.count(1)
 
@@ -108,6 +109,11 @@ def condition(apiserver: ApiServer, claim: dict[str, Any], device: str, kind: st
     return device_conditions(apiserver, claim, device).get(kind)
 
 
+def condition_status(apiserver: ApiServer, claim: dict[str, Any], device: str, kind: str) -> str | None:
+    found = condition(apiserver, claim, device, kind)
+    return None if found is None else str(found["status"])
+
+
 @pytest.fixture
 def fabric() -> Any:
     devices = [make_device(f"gpu-{i}", switch="Switch1") for i in range(4)]
@@ -123,7 +129,7 @@ def test_published_devices_carry_bindsToNode_and_conditions(
     apiserver: ApiServer, start_controller: ControllerFactory, driver: str, fabric: InventoryServer
 ) -> None:
     start_controller(fabric, driver, *binding_flags())
-    slices = wait_for(lambda: apiserver.slices(driver), what="publication")
+    slices = wait_until(lambda: apiserver.slices(driver), what="publication")
     device = slices[0]["spec"]["devices"][0]
     assert device["bindsToNode"] is True
     assert device["bindingConditions"] == [f"{driver}/Attached"]
@@ -134,19 +140,19 @@ def test_allocated_device_is_attached_and_reported(
     apiserver: ApiServer, start_controller: ControllerFactory, driver: str, fabric: InventoryServer
 ) -> None:
     start_controller(fabric, driver, *binding_flags())
-    wait_for(lambda: apiserver.slices(driver), what="publication")
+    wait_until(lambda: apiserver.slices(driver), what="publication")
     claim = create_claim(apiserver, ["a", "b"])
     allocate(apiserver, claim, driver, {"a": "gpu-0", "b": "gpu-1"}, "bn-1")
 
     for device in ("gpu-0", "gpu-1"):
-        attached = wait_for(
-            lambda d=device: (
+        attached = wait_until(
+            lambda d=device: (  # type: ignore[misc]
                 (c := condition(apiserver, claim, d, f"{driver}/Attached")) and c["status"] == "True" and c
             ),
             what=f"Attached=True on {device}",
         )
         assert attached["reason"] == "Attached" and attached["lastTransitionTime"]
-        assert condition(apiserver, claim, device, f"{driver}/AttachFailed")["status"] == "False"
+        assert condition_status(apiserver, claim, device, f"{driver}/AttachFailed") == "False"
     uid = claim["metadata"]["uid"]
     assert {("gpu-0", "bn-1", uid), ("gpu-1", "bn-1", uid)} <= set(fabric.attach_calls)
     held = {d.name: (d.node, d.claim_uid) for d in fabric.inventory.devices}
@@ -154,7 +160,7 @@ def test_allocated_device_is_attached_and_reported(
 
     # The claim is done with and deallocated: after the release grace, the devices go back.
     deallocate(apiserver, claim)
-    wait_for(
+    wait_until(
         lambda: {("gpu-0", "bn-1", uid), ("gpu-1", "bn-1", uid)} <= set(fabric.detach_calls), what="release"
     )
     assert all(d.claim_uid is None for d in fabric.inventory.devices if d.name in ("gpu-0", "gpu-1"))
@@ -165,12 +171,12 @@ def test_bind_failure_sets_the_failure_condition_and_releases_the_rest(
 ) -> None:
     # A long grace: the pod can never bind with a failed allocation, so release must not wait.
     start_controller(fabric, driver, *binding_flags(release_grace="600"))
-    wait_for(lambda: apiserver.slices(driver), what="publication")
+    wait_until(lambda: apiserver.slices(driver), what="publication")
     fabric.fail_attach["gpu-3"] = "BindFailed"
     claim = create_claim(apiserver, ["a", "b"])
     allocate(apiserver, claim, driver, {"a": "gpu-2", "b": "gpu-3"}, "bn-2")
 
-    failed = wait_for(
+    failed = wait_until(
         lambda: (
             (c := condition(apiserver, claim, "gpu-3", f"{driver}/AttachFailed"))
             and c["status"] == "True"
@@ -179,8 +185,8 @@ def test_bind_failure_sets_the_failure_condition_and_releases_the_rest(
         what="AttachFailed=True",
     )
     assert failed["reason"] == "BindFailed" and "injected failure" in failed["message"]
-    assert condition(apiserver, claim, "gpu-3", f"{driver}/Attached")["status"] == "False"
-    wait_for(
+    assert condition_status(apiserver, claim, "gpu-3", f"{driver}/Attached") == "False"
+    wait_until(
         lambda: (c := condition(apiserver, claim, "gpu-2", f"{driver}/Attached")) and c["status"] == "True",
         what="gpu-2",
     )
@@ -188,7 +194,7 @@ def test_bind_failure_sets_the_failure_condition_and_releases_the_rest(
     # The scheduler gives the allocation up: what was attached for it is detached again.
     deallocate(apiserver, claim)
     uid = claim["metadata"]["uid"]
-    wait_for(lambda: ("gpu-2", "bn-2", uid) in fabric.detach_calls, what="detach of gpu-2")
+    wait_until(lambda: ("gpu-2", "bn-2", uid) in fabric.detach_calls, what="detach of gpu-2")
     gpu2 = next(d for d in fabric.inventory.devices if d.name == "gpu-2")
     assert gpu2.claim_uid is None and gpu2.node is None
 
@@ -203,10 +209,10 @@ def test_a_busy_device_fails_after_the_busy_timeout(
         ]
     )
     start_controller(fabric, driver, *binding_flags())
-    wait_for(lambda: apiserver.slices(driver), what="publication")
+    wait_until(lambda: apiserver.slices(driver), what="publication")
     claim = create_claim(apiserver, ["a"])
     allocate(apiserver, claim, driver, {"a": "gpu-0"}, "bn-1")
-    failed = wait_for(
+    failed = wait_until(
         lambda: (
             (c := condition(apiserver, claim, "gpu-0", f"{driver}/AttachFailed"))
             and c["status"] == "True"
@@ -222,7 +228,7 @@ def test_claims_without_our_binding_conditions_are_left_alone(
     apiserver: ApiServer, start_controller: ControllerFactory, driver: str, fabric: InventoryServer
 ) -> None:
     proc = start_controller(fabric, driver, *binding_flags())
-    wait_for(lambda: apiserver.slices(driver), what="publication")
+    wait_until(lambda: apiserver.slices(driver), what="publication")
     plain = create_claim(apiserver, ["a"])
     allocate(apiserver, plain, driver, {"a": "gpu-1"}, "bn-1", conditions=False)
     foreign = create_claim(apiserver, ["a"])
@@ -230,7 +236,7 @@ def test_claims_without_our_binding_conditions_are_left_alone(
     # A claim that is ours, created after the other two: once it is handled, they were seen too.
     ours = create_claim(apiserver, ["a"])
     allocate(apiserver, ours, driver, {"a": "gpu-3"}, "bn-2")
-    wait_for(lambda: condition(apiserver, ours, "gpu-3", f"{driver}/Attached"), what="our claim handled")
+    wait_until(lambda: condition(apiserver, ours, "gpu-3", f"{driver}/Attached"), what="our claim handled")
     assert [call[0] for call in fabric.attach_calls] == ["gpu-3"]
     assert device_conditions(apiserver, plain, "gpu-1") == {}
     assert device_conditions(apiserver, foreign, "gpu-2") == {}
@@ -241,10 +247,10 @@ def test_a_device_given_to_another_claim_is_released_without_waiting_for_the_gra
     apiserver: ApiServer, start_controller: ControllerFactory, driver: str, fabric: InventoryServer
 ) -> None:
     start_controller(fabric, driver, *binding_flags(release_grace="600"))
-    wait_for(lambda: apiserver.slices(driver), what="publication")
+    wait_until(lambda: apiserver.slices(driver), what="publication")
     first = create_claim(apiserver, ["a"])
     allocate(apiserver, first, driver, {"a": "gpu-0"}, "bn-1")
-    wait_for(
+    wait_until(
         lambda: (c := condition(apiserver, first, "gpu-0", f"{driver}/Attached")) and c["status"] == "True",
         what="first",
     )
@@ -252,7 +258,7 @@ def test_a_device_given_to_another_claim_is_released_without_waiting_for_the_gra
     # The scheduler hands gpu-0 to another claim on another node while the first release waits.
     second = create_claim(apiserver, ["a"])
     allocate(apiserver, second, driver, {"a": "gpu-0"}, "bn-2")
-    attached = wait_for(
+    attached = wait_until(
         lambda: (
             (c := condition(apiserver, second, "gpu-0", f"{driver}/Attached")) and c["status"] == "True" and c
         ),

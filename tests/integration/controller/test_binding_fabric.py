@@ -21,8 +21,15 @@ import pytest
 from fabric_dra.stack import Role, Stack, short_dir
 from manager_api.client import ManagerClient
 from manager_api.models import BindingState, Device, DeviceType, Inventory
-from tests.integration.controller.conftest import ApiServer, ControllerFactory, wait_for
-from tests.integration.controller.test_binding import allocate, condition, create_claim, deallocate
+from tests.integration.controller.conftest import ApiServer, ControllerFactory
+from tests.integration.controller.test_binding import (
+    allocate,
+    condition,
+    condition_status,
+    create_claim,
+    deallocate,
+)
+from tests.support.waiting import wait_until
 
 CONTROLLER_TOKEN = "controller-token-for-tests-0001"
 
@@ -115,7 +122,7 @@ def test_allocated_claim_is_attached_to_the_chosen_node_or_reports_the_failure(
         "--release-grace",
         "0.5",
     )
-    wait_for(
+    wait_until(
         lambda: {s["spec"]["pool"]["name"] for s in apiserver.slices(driver)} >= {"fabric-pcie"},
         what="slices",
     )
@@ -124,7 +131,7 @@ def test_allocated_claim_is_attached_to_the_chosen_node_or_reports_the_failure(
     # Allocated claim → attached to the chosen node → Attached=True.
     claim = create_claim(apiserver, ["gpu"])
     allocate(apiserver, claim, driver, {"gpu": first.name}, node.name, pool=first.pool)
-    attached = wait_for(
+    attached = wait_until(
         lambda: (
             (c := condition(apiserver, claim, first.name, f"{driver}/Attached"))
             and c["status"] == "True"
@@ -137,13 +144,13 @@ def test_allocated_claim_is_attached_to_the_chosen_node_or_reports_the_failure(
     held = fabric.device(first.name)
     assert held.state is BindingState.BOUND
     assert (held.node, held.claim_uid) == (node.name, claim["metadata"]["uid"])
-    assert wait_for(lambda: bound_on_host(fabric, held, node.host), what="the emulator's own binding")
+    assert wait_until(lambda: bound_on_host(fabric, held, node.host), what="the emulator's own binding")
 
     # The emulator fails the next bind → AttachFailed=True, and the device is left unbound.
     fabric.fail_next_bind()
     doomed = create_claim(apiserver, ["gpu"])
     allocate(apiserver, doomed, driver, {"gpu": second.name}, node.name, pool=second.pool)
-    failed = wait_for(
+    failed = wait_until(
         lambda: (
             (c := condition(apiserver, doomed, second.name, f"{driver}/AttachFailed"))
             and c["status"] == "True"
@@ -153,12 +160,12 @@ def test_allocated_claim_is_attached_to_the_chosen_node_or_reports_the_failure(
         what="AttachFailed=True after an injected bind failure",
     )
     assert failed["reason"] == "BindFailed" and "refused" in failed["message"]
-    assert condition(apiserver, doomed, second.name, f"{driver}/Attached")["status"] == "False"
+    assert condition_status(apiserver, doomed, second.name, f"{driver}/Attached") == "False"
     after = fabric.device(second.name)
     assert after.state is BindingState.FREE and after.claim_uid is None
     assert not bound_on_host(fabric, after, node.host)
 
     # The first claim is deallocated: the device goes back to the free pool.
     deallocate(apiserver, claim)
-    wait_for(lambda: fabric.device(first.name).state is BindingState.FREE, timeout=30, what="release")
+    wait_until(lambda: fabric.device(first.name).state is BindingState.FREE, timeout=30, what="release")
     assert not bound_on_host(fabric, fabric.device(first.name), node.host)

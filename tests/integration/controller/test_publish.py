@@ -10,8 +10,9 @@ import httpx
 
 from dra_driver.controller.resourcenames import pool_label_key
 from manager_api.models import DeviceType, Health
-from tests.integration.controller.conftest import ApiServer, ControllerFactory, wait_for
+from tests.integration.controller.conftest import ApiServer, ControllerFactory
 from tests.support.controller import InventoryServer, make_device, make_inventory
+from tests.support.waiting import wait_until
 
 
 @dataclass
@@ -47,7 +48,7 @@ def wait_pools(apiserver: ApiServer, driver: str, check: Any, what: str) -> dict
         except KeyError:  # a pool not published yet
             return None
 
-    return wait_for(done, what=what)
+    return wait_until(done, what=what)
 
 
 def gpu(i: int, **kw: Any) -> Any:
@@ -87,7 +88,7 @@ def test_pools_publish_update_and_shrink(
         pcie_key, cxl_key = pool_label_key(driver, "fabric-pcie"), pool_label_key(driver, "fabric-cxl")
         term = pcie.slices[0]["spec"]["nodeSelector"]["nodeSelectorTerms"][0]["matchExpressions"][0]
         assert term == {"key": pcie_key, "operator": "In", "values": ["true"]}
-        wait_for(
+        wait_until(
             lambda: (
                 apiserver.node_labels("pa-1").get(pcie_key) == "true"
                 and cxl_key not in apiserver.node_labels("pa-1")
@@ -141,7 +142,7 @@ def test_pools_publish_update_and_shrink(
             )
         )
         wait_pools(apiserver, driver, lambda p: set(p) == {"fabric-pcie"}, "the CXL pool's removal")
-        wait_for(
+        wait_until(
             lambda: all(cxl_key not in apiserver.node_labels(n) for n in ("pa-2", "pa-3")),
             what="CXL labels gone",
         )
@@ -159,7 +160,7 @@ def test_an_unchanged_pool_costs_no_write(
         stored = {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in apiserver.slices(driver)}
         apiserver.reset_counts()
         # Several resyncs: each re-lists every slice and compares; none may write.
-        wait_for(
+        wait_until(
             lambda: apiserver.requests("resource.k8s.io/resourceslices", "list") >= 5,
             what="five resync passes",
         )
@@ -169,7 +170,7 @@ def test_an_unchanged_pool_costs_no_write(
         # A restarted controller over the same inventory finds everything in place.
         apiserver.reset_counts()
         second = start_controller(manager, driver, "--resync-period", "0.2")
-        wait_for(
+        wait_until(
             lambda: apiserver.requests("resource.k8s.io/resourceslices", "list") >= 3, what="restart resyncs"
         )
         assert apiserver.writes() == 0
@@ -263,8 +264,8 @@ def test_unhealthy_devices_are_tainted_or_withheld(
     with InventoryServer(make_inventory(devices)) as manager:
         proc = start_controller(manager, auto)
         expected = 101 if served else 98
-        pool = wait_pools(apiserver, auto, lambda p: len(p["fabric-pcie"].devices) == expected, "auto mode")
-        assert ("gpu-0003" in pool["fabric-pcie"].devices) is served
+        seen = wait_pools(apiserver, auto, lambda p: len(p["fabric-pcie"].devices) == expected, "auto mode")
+        assert ("gpu-0003" in seen["fabric-pcie"].devices) is served
         assert httpx.get(f"{proc.address}/status").json()["deviceTaints"] is served
 
 
@@ -276,12 +277,12 @@ def test_node_labels_follow_nodes_and_undo_stray_ones(
     apiserver.node("nl-stray", labels={key: "true", "keep": "me"})
     with InventoryServer(make_inventory([gpu(0)], pools={"fabric-pcie": ["nl-1", "nl-late"]})) as manager:
         start_controller(manager, driver)
-        wait_for(lambda: apiserver.node_labels("nl-1").get(key) == "true", what="label on a reachable node")
-        wait_for(lambda: key not in apiserver.node_labels("nl-stray"), what="stray label removed")
+        wait_until(lambda: apiserver.node_labels("nl-1").get(key) == "true", what="label on a reachable node")
+        wait_until(lambda: key not in apiserver.node_labels("nl-stray"), what="stray label removed")
         assert apiserver.node_labels("nl-stray")["keep"] == "me"
         # A node the fabric reaches registers late: it is labelled when it appears.
         apiserver.node("nl-late")
-        wait_for(lambda: apiserver.node_labels("nl-late").get(key) == "true", what="label on a late node")
+        wait_until(lambda: apiserver.node_labels("nl-late").get(key) == "true", what="label on a late node")
 
 
 def test_one_leader_writes_and_a_standby_takes_over(
@@ -300,11 +301,11 @@ def test_one_leader_writes_and_a_standby_takes_over(
             apiserver, driver, lambda p: len(p["fabric-pcie"].devices) == 10, "publication by the leader"
         )
         second = start_controller(manager, driver, *lease, "--identity", "two")
-        wait_for(lambda: httpx.get(f"{second.address}/status").json()["leader"] is False, what="standby")
+        wait_until(lambda: httpx.get(f"{second.address}/status").json()["leader"] is False, what="standby")
         assert httpx.get(f"{first.address}/status").json()["leader"] is True
         # The leader stops (SIGTERM releases the lease): the standby leads and keeps publishing.
         first.stop()
-        wait_for(lambda: httpx.get(f"{second.address}/status").json()["leader"] is True, what="takeover")
+        wait_until(lambda: httpx.get(f"{second.address}/status").json()["leader"] is True, what="takeover")
         manager.update_devices(lambda devices: [*devices, gpu(10)])
         wait_pools(
             apiserver,
@@ -331,12 +332,12 @@ def test_two_publishers_share_one_driver_without_undoing_each_other(
             "both pools",
         )
         keys = {pool_label_key(driver, "rack1-pcie"), pool_label_key(driver, "rack2-pcie")}
-        wait_for(lambda: keys <= set(apiserver.node_labels("tp-1")), what="both pool labels on the node")
+        wait_until(lambda: keys <= set(apiserver.node_labels("tp-1")), what="both pool labels on the node")
         # Resyncs of both run; neither deletes or rewrites the other's slices or labels.
         apiserver.reset_counts()
-        wait_for(lambda: apiserver.requests("resource.k8s.io/resourceslices", "list") >= 4, what="resyncs")
+        wait_until(lambda: apiserver.requests("resource.k8s.io/resourceslices", "list") >= 4, what="resyncs")
         assert apiserver.writes() == 0
         assert apiserver.writes("nodes") == 0
-        assert {p: v.generation for p, v in pools(apiserver, driver).items()} == {
+        assert {p: v.generation for p, v in (pools(apiserver, driver) or {}).items()} == {
             p: v.generation for p, v in published.items()
         }

@@ -7,6 +7,7 @@ import asyncio
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -36,7 +37,7 @@ def _sysfs_view(emu: RunningEmulator) -> dict[str, set[str]]:
     return view
 
 
-def _expected_entries(table: dict) -> dict[str, set[str]]:
+def _expected_entries(table: dict[str, Any]) -> dict[str, set[str]]:
     expected: dict[str, set[str]] = {}
     for b in table["Bindings"]:
         if not b["VisibleToHost"]:

@@ -119,7 +119,8 @@ def test_validator_reports_no_failures(tmp_path: Path, redfish_dir: Path) -> Non
     output = result.stdout + result.stderr
     logs = sorted(logdir.glob("*/RedfishServiceValidatorDebug_*.log"))
     assert logs, f"the validator wrote no debug log:\n{output[-3000:]}"
-    failures, warnings = [], []
+    failures: list[str] = []
+    warnings: list[str] = []
     for line in logs[-1].read_text(errors="replace").splitlines():
         match = _RESULT.search(line)
         if match:

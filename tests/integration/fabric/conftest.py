@@ -18,7 +18,7 @@ import httpx
 import pytest
 import trustme
 
-from plumbing.procs import RoleProcess
+from fabric_dra.stack import Role
 from tests.support.emulator import RunningEmulator, run_emulator
 from tests.support.fabric_manager import running_manager, static_tokens_file
 
@@ -150,7 +150,7 @@ def manager_for(
     name: str = "manager",
     tokens: bool = True,
     nodes: Sequence[str] = NODES,
-) -> Iterator[RoleProcess]:
+) -> Iterator[Role]:
     work.mkdir(parents=True, exist_ok=True)
     args = manager_args(fabric, work, *extra, tokens=tokens, nodes=nodes)
     with running_manager(work, fabric.url, args=args, name=name, ca_file=str(fabric.tls.ca)) as proc:

@@ -19,13 +19,13 @@ import httpx
 import pytest
 
 from fabric.ledger import ConfigMapLedgerStore, Ledger, LedgerEntry, LedgerState
+from fabric_dra.stack import Role
 from kube_standin.apiserver.auth import TokenUser
 from manager_api.client import ManagerClient
 from manager_api.errors import DeviceBusy, NotLeader, PermissionDenied, Unauthenticated
 from manager_api.models import AttachmentState, BindingState
 from plumbing.kube.client import KubeClient
 from plumbing.kube.resources import CONFIGMAPS, LEASES, NAMESPACES, NODES, RESOURCE_CLAIMS
-from plumbing.procs import RoleProcess
 from tests.integration.fabric.conftest import FabricAdmin, assert_no_secrets, manager_args
 from tests.support.apiserver import ApiServerProcess, start_apiserver
 from tests.support.fabric_manager import start_manager
@@ -80,7 +80,7 @@ def cluster_args(fabric: FabricAdmin, work: Path, cluster: ApiServerProcess, ide
     )
 
 
-async def leader_of(managers: dict[str, RoleProcess], within: float = 20) -> str:
+async def leader_of(managers: dict[str, Role], within: float = 20) -> str:
     """The replica whose /readyz says ready (only the leader is)."""
     deadline = time.monotonic() + within
     async with httpx.AsyncClient(timeout=5) as http:
@@ -109,7 +109,7 @@ async def test_tokenreview_roles_and_failover(
     )
     operator = cluster.add_token(TokenUser(username="ops@example.com", groups=["fabric-dra:operators"]))
 
-    managers: dict[str, RoleProcess] = {}
+    managers: dict[str, Role] = {}
     for name in ("replica-1", "replica-2"):
         work = tmp_path / name
         work.mkdir()

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import trustme
 
+from fabric_dra.stack import Role
 from manager_api.client import ManagerClient
 from manager_api.errors import PermissionDenied
 from manager_api.models import BindingState, Device, DeviceType, Inventory
-from plumbing.procs import RoleProcess
 from tests.support.fabric_http import MockupServer
 from tests.support.fabric_manager import running_manager, static_tokens_file
 
@@ -29,7 +29,7 @@ def ca() -> trustme.CA:
     return trustme.CA()
 
 
-def serve_manager(tmp: Path, url: str, ca_file: Path) -> contextlib.AbstractContextManager[RoleProcess]:
+def serve_manager(tmp: Path, url: str, ca_file: Path) -> contextlib.AbstractContextManager[Role]:
     tokens = static_tokens_file(
         tmp / "tokens.json", {OPERATOR_TOKEN: ("operator", None), PLUGIN_TOKEN: ("plugin", "cxl-system")}
     )

@@ -14,17 +14,17 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from fabric_dra.stack import Role
 from manager_api.client import ManagerClient
 from manager_api.errors import AttachTimeout, BindFailed, DeviceUnhealthy, FabricUnavailable
 from manager_api.models import AttachmentState, BindingState, Health
-from plumbing.procs import RoleProcess
 from tests.integration.fabric.conftest import CONTROLLER_TOKEN, FabricAdmin, assert_no_secrets, manager_for
 
 NODE = "kind-worker"
 
 
 @pytest.fixture(scope="module")
-def manager(fabric: FabricAdmin, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RoleProcess]:
+def manager(fabric: FabricAdmin, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Role]:
     work = tmp_path_factory.mktemp("faults")
     with manager_for(
         fabric, work, "--task-timeout", "2", "--operation-timeout", "4", "--poll-seconds", "1"
@@ -34,7 +34,7 @@ def manager(fabric: FabricAdmin, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 @pytest_asyncio.fixture
-async def client(manager: RoleProcess, fabric: FabricAdmin) -> AsyncIterator[ManagerClient]:
+async def client(manager: Role, fabric: FabricAdmin) -> AsyncIterator[ManagerClient]:
     async with ManagerClient(manager.address, token=CONTROLLER_TOKEN, timeout=30) as client:
         yield client
         fabric.reset_faults()
@@ -88,9 +88,7 @@ async def test_slow_fabric_answers_202_then_attached(client: ManagerClient, fabr
     assert fabric.bound_hosts() == {"gpu2": NODE}
 
 
-async def test_session_expiry_is_survived(
-    client: ManagerClient, fabric: FabricAdmin, manager: RoleProcess
-) -> None:
+async def test_session_expiry_is_survived(client: ManagerClient, fabric: FabricAdmin, manager: Role) -> None:
     fabric.inject({"Kind": "ExpireSessions"})
     attachment = await client.attach("gpu3", NODE, "claim-session", wait_seconds=20)
     assert attachment.state == AttachmentState.ATTACHED and fabric.bound_hosts() == {"gpu3": NODE}

@@ -24,6 +24,7 @@ from dra_driver.proto.pluginregistration_v1 import api_pb2 as reg_pb2
 from dra_driver.proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
 from kube_standin.kubelet_client import ClaimRef, DraCallError, PluginManager
 from tests.support.kubelet import kubelet, running_kubelet, socket_dir
+from tests.support.waiting import eventually
 
 __all__ = ["kubelet", "socket_dir"]
 
@@ -44,7 +45,9 @@ class TinyPlugin:
     skip_claims: set[str] = field(default_factory=set)
     notifications: list[tuple[bool, str]] = field(default_factory=list)
     calls: list[tuple[str, str, list[tuple[str, str, str]]]] = field(default_factory=list)
-    health: asyncio.Queue[list[tuple[str, str, int]]] = field(default_factory=asyncio.Queue)
+    health: asyncio.Queue[list[tuple[str, str, health_pb2.HealthStatus.ValueType]]] = field(
+        default_factory=asyncio.Queue
+    )
     server: grpc.aio.Server | None = None
 
     @property
@@ -158,15 +161,6 @@ CLAIM_A = ClaimRef("team-a", "claim-a", "3f1d2c4e-0000-4000-8000-00000000000a")
 CLAIM_B = ClaimRef("team-a", "claim-b", "3f1d2c4e-0000-4000-8000-00000000000b")
 
 
-async def wait_until(predicate: Any, what: str, within: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 async def test_registers_and_prepares_over_v1(kubelet: PluginManager, socket_dir: Path) -> None:
     plugin = await TinyPlugin(socket_dir).start()
     try:
@@ -214,7 +208,7 @@ async def test_an_invalid_plugin_is_told_why(
 ) -> None:
     plugin = await TinyPlugin(socket_dir, **overrides).start()
     try:
-        await wait_until(lambda: len(plugin.notifications) >= 2, "a retried rejection")
+        await eventually(lambda: len(plugin.notifications) >= 2, what="a retried rejection", within=10)
         registered, error = plugin.notifications[0]
         assert not registered
         assert expected in error
@@ -258,7 +252,7 @@ async def test_removed_and_recreated_sockets_deregister_and_register_again(
     plugin = await TinyPlugin(socket_dir).start()
     await kubelet.wait_for_plugin(plugin.driver, within=10)
     await plugin.stop()
-    await wait_until(lambda: kubelet.plugin(plugin.driver) is None, "deregistration")
+    await eventually(lambda: kubelet.plugin(plugin.driver) is None, what="deregistration", within=10)
     await plugin.start()
     client = await kubelet.wait_for_plugin(plugin.driver, within=10)
     try:
@@ -275,11 +269,13 @@ async def test_health_stream_is_followed(kubelet: PluginManager, socket_dir: Pat
         await plugin.health.put(
             [("pool-a", "gpu-0", health_pb2.HEALTHY), ("pool-a", "gpu-1", health_pb2.UNHEALTHY)]
         )
-        await wait_until(lambda: len(kubelet.health) == 2, "two health reports")
+        await eventually(lambda: len(kubelet.health) == 2, what="two health reports", within=10)
         assert kubelet.health[(plugin.driver, "pool-a", "gpu-1")].health == "Unhealthy"
         await plugin.health.put([("pool-a", "gpu-1", health_pb2.HEALTHY)])
-        await wait_until(
-            lambda: kubelet.health[(plugin.driver, "pool-a", "gpu-1")].health == "Healthy", "recovery"
+        await eventually(
+            lambda: kubelet.health[(plugin.driver, "pool-a", "gpu-1")].health == "Healthy",
+            what="recovery",
+            within=10,
         )
     finally:
         await plugin.stop()

@@ -11,16 +11,8 @@ import pytest
 from plumbing.kube import ApiError, KubeClient
 from plumbing.kube.leader import LeaderElector
 from plumbing.kube.resources import CONFIGMAPS, LEASES, RESOURCE_SLICES
+from tests.support.waiting import eventually
 from tests.unit.kube_standin.objects import resource_slice
-
-
-async def wait_for(predicate: object, what: str, within: float = 15.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not predicate():  # type: ignore[operator]
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def test_leader_election_hands_over_on_release(mkube: KubeClient, ns: str) -> None:
@@ -37,14 +29,14 @@ async def test_leader_election_hands_over_on_release(mkube: KubeClient, ns: str)
 
     first, second = elector("replica-a"), elector("replica-b")
     first_task = asyncio.create_task(first.run())
-    await wait_for(lambda: first.is_leader, "replica-a to lead")
+    await eventually(lambda: first.is_leader, what="replica-a to lead")
     second_task = asyncio.create_task(second.run())
     await asyncio.sleep(0.6)
     assert first.is_leader and not second.is_leader  # the Lease's compare-and-swap keeps one leader
     first_task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await first_task
-    await wait_for(lambda: second.is_leader, "replica-b to take over")
+    await eventually(lambda: second.is_leader, what="replica-b to take over")
     lease = await mkube.get(LEASES, "fabric-dra-controller", ns)
     assert lease["spec"]["holderIdentity"] == "replica-b"
     second_task.cancel()

@@ -22,10 +22,10 @@ import pytest
 from dra_driver.plugin import cdi
 from dra_driver.plugin.backend import identity_of
 from dra_driver.plugin.hostdev import HostScanner
+from fabric_dra.stack import Role
 from kube_standin.kubelet_client import ClaimRef as KubeletClaim
 from manager_api.client import ManagerClient
 from manager_api.models import BindingState, Device, DeviceType, FabricNode
-from plumbing.procs import RoleProcess
 from tests.support.kubelet import running_kubelet
 from tests.support.plugin import DRIVER, ClaimRef, PluginStack, short_dir, start_fabric
 
@@ -33,8 +33,8 @@ from tests.support.plugin import DRIVER, ClaimRef, PluginStack, short_dir, start
 @dataclass
 class Fabric:
     root: Path
-    emulator: RoleProcess
-    manager: RoleProcess
+    emulator: Role
+    manager: Role
     node: FabricNode
     stack: PluginStack
 

@@ -26,7 +26,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 
@@ -38,6 +38,7 @@ from fabric_dra.stack import Stack as Builder
 from kube_standin.kubelet_client import ClaimRef, DraCallError, DRAPluginClient, PluginManager
 from manager_api.models import BindingState, Device, DeviceType, Inventory
 from tests.support.kubelet import running_kubelet
+from tests.support.waiting import wait_until
 
 __all__ = [
     "DRIVER",
@@ -46,7 +47,6 @@ __all__ = [
     "Role",
     "Stack",
     "running_stack",
-    "wait_until",
 ]
 
 DRIVER = "fabric-dra.io"
@@ -57,24 +57,6 @@ CONTROLLER_TOKEN = "controller-token-reliability-01"
 OPERATOR_TOKEN = "operator-token-reliability-001"
 ROOT = "/redfish/v1"
 CLAIMS = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
-
-T = TypeVar("T")
-
-
-def wait_until(check: Callable[[], T], *, timeout: float = 30.0, what: str = "condition") -> T:
-    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except (AssertionError, httpx.HTTPError, OSError) as err:
-            last = err
-        else:
-            if last:
-                return last
-        time.sleep(0.03)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
 
 
 @dataclass

@@ -29,7 +29,8 @@ import pytest
 from kube_standin.kubelet_client import DraCallError
 from manager_api.models import BindingState, Device, DeviceType
 from plumbing.crashpoints import POINTS
-from tests.integration.reliability.stack import Kubelet, Stack, _target, kubelet_on, ref_of, wait_until
+from tests.integration.reliability.stack import Kubelet, Stack, _target, kubelet_on, ref_of
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 

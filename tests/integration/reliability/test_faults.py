@@ -29,8 +29,8 @@ from tests.integration.reliability.stack import (
     kubelet_on,
     ref_of,
     running_stack,
-    wait_until,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -39,9 +39,9 @@ from tests.integration.reliability.stack import (
     _target,
     kubelet_on,
     ref_of,
-    wait_until,
 )
 from tests.support.emulator import zone_add, zone_remove
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -45,10 +45,10 @@ from tests.integration.reliability.stack import (
     kubelet_on,
     ref_of,
     running_stack,
-    wait_until,
 )
 from tests.support.emulator import run_emulator
 from tests.support.fabric_manager import running_manager
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -297,7 +297,7 @@ def test_tls_is_verified_and_a_certificate_for_another_host_is_refused(stack: St
         return wait_until(
             lambda: (
                 needle in (r := httpx.get(f"{stack.manager_url}/readyz", timeout=10)).text
-                and r.json()["reason"]
+                and str(r.json()["reason"])
             ),
             what=f"the manager's /readyz saying {needle!r}",
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from fabric_dra.cli import build_parser, main
 
 def controller_help() -> str:
     parser = build_parser()
-    subparsers = parser._subparsers._group_actions[0]  # type: ignore[union-attr]
+    (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     return str(subparsers.choices["controller"].format_help())
 
 

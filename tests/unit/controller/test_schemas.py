@@ -10,6 +10,7 @@ import celpy
 import kubernetes_validate
 import pytest
 import yaml
+from celpy.adapter import json_to_cel
 
 from dra_driver.controller.devices import PublishPolicy
 from dra_driver.controller.slices import check_slice, desired_pools, plan_pool
@@ -40,7 +41,7 @@ def all_kinds_inventory() -> Any:
 
 
 def written_slices(policy: PublishPolicy) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     for name, pool in desired_pools(all_kinds_inventory(), policy).items():
         plan = plan_pool(name, pool, {}, driver=policy.driver)
         assert plan is not None
@@ -120,9 +121,7 @@ def test_deviceclass_selectors_select_exactly_their_types() -> None:
                 domain, _, ident = qualified.rpartition("/")
                 attrs.setdefault(domain, {})[ident] = next(iter(value.values()))
             context = {
-                "device": celpy.json_to_cel(
-                    {"driver": device.get("driver", "fabric-dra.io"), "attributes": attrs}
-                )
+                "device": json_to_cel({"driver": device.get("driver", "fabric-dra.io"), "attributes": attrs})
             }
             if all(bool(p.evaluate(context)) for p in programs):
                 selected.add(attrs.get("fabric-dra.io", {}).get("type") or "foreign")

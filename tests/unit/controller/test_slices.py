@@ -55,7 +55,7 @@ def test_chunks_hold_at_most_128_and_64_where_tainted() -> None:
     assert [len(c) for c in chunk_devices(plain)] == [128, 128, 44]
     tainted = [{"name": f"d{i}", "taints": [{"key": "k", "effect": "NoSchedule"}]} for i in range(130)]
     assert [len(c) for c in chunk_devices(tainted)] == [64, 64, 2]
-    mixed = [{"name": f"d{i}"} for i in range(100)]
+    mixed: list[dict[str, Any]] = [{"name": f"d{i}"} for i in range(100)]
     mixed[90] = {"name": "d90", "taints": [{"key": "k", "effect": "NoSchedule"}]}
     chunks = chunk_devices(mixed)
     for chunk in chunks:
@@ -214,7 +214,7 @@ def test_every_pool_of_the_inventory_gets_slices_even_when_empty() -> None:
 
 def test_a_name_taken_by_another_pool_is_freed_first() -> None:
     pools = desired_pools(make_inventory(gpus(1)), POLICY)
-    squatter = {
+    squatter: dict[str, Any] = {
         "metadata": {"name": "fabric-dra.io-fabric-pcie-0", "resourceVersion": "9"},
         "spec": {"pool": {"name": "other", "generation": 1, "resourceSliceCount": 1}},
     }

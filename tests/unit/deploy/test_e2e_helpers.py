@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate  # type: ignore[import-untyped]
+import kubernetes_validate
 import pytest
 
 from dra_driver.plugin.cdi import SpecDevice, build_specs, write_specs

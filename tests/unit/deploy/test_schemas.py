@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import kubernetes_validate  # type: ignore[import-untyped]
+import kubernetes_validate
 import pytest
 from packaging.version import Version
 

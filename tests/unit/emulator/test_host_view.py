@@ -18,7 +18,7 @@ def _gpu(serial: str = "48b02d0000a1f000", **address: int | str) -> HostEntry:
         host="h1",
         target="gpu0",
         type=DeviceType.GPU,
-        address=HostAddress(bdf="0000:41:00.0", iommu_group=32, **address),  # type: ignore[arg-type]
+        address=HostAddress(bdf="0000:41:00.0", iommu_group=32, **address),
         vendor_id=0x10DE,
         device_id=0x2331,
         class_code=0x030200,

@@ -23,7 +23,8 @@ from manager_api.models import DeviceType
 
 
 def _base() -> dict[str, Any]:
-    return yaml.safe_load(default_topology_path().read_text())
+    loaded: dict[str, Any] = yaml.safe_load(default_topology_path().read_text())
+    return loaded
 
 
 def _problems(data: dict[str, Any]) -> list[str]:

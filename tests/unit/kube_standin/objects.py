@@ -8,6 +8,7 @@ from typing import Any
 from fabric_dra.standins import SLICE_ATTRIBUTES as ATTRIBUTES
 from fabric_dra.standins import pool_device as device
 from fabric_dra.standins import resource_slice
+from kube_standin.apiserver.registry import ResourceType, find_resource
 from plumbing import DEFAULT_DRIVER_NAME
 
 __all__ = [
@@ -16,12 +17,22 @@ __all__ = [
     "DRIVER",
     "allocation",
     "device",
+    "resource",
     "resource_claim",
     "resource_slice",
     "without",
 ]
 
 DRIVER = DEFAULT_DRIVER_NAME
+
+
+def resource(group: str, version: str, plural: str) -> ResourceType:
+    """The registry's entry for a resource the tests rely on being served."""
+    found = find_resource(group, version, plural)
+    if found is None:
+        raise LookupError(f"the API test server does not serve {group or 'core'}/{version} {plural}")
+    return found
+
 
 # The seed article's template as written for clusters that serve resource.k8s.io/v1beta1:
 # only its apiVersion changes (it was written for v1alpha3).

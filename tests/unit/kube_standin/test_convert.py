@@ -5,15 +5,13 @@ from __future__ import annotations
 import copy
 
 from kube_standin.apiserver.convert import apply_defaults, from_storage, to_storage
-from kube_standin.apiserver.registry import find_resource
 from kube_standin.apiserver.schemas import SchemaCatalog
-from tests.unit.kube_standin.objects import ARTICLE_TEMPLATE_V1BETA1, resource_slice
+from tests.unit.kube_standin.objects import ARTICLE_TEMPLATE_V1BETA1, resource, resource_slice
 
-TEMPLATES = find_resource("resource.k8s.io", "v1", "resourceclaimtemplates")
-SLICES = find_resource("resource.k8s.io", "v1", "resourceslices")
-CORE_EVENTS = find_resource("", "v1", "events")
-EVENTS = find_resource("events.k8s.io", "v1", "events")
-assert TEMPLATES and SLICES and CORE_EVENTS and EVENTS
+TEMPLATES = resource("resource.k8s.io", "v1", "resourceclaimtemplates")
+SLICES = resource("resource.k8s.io", "v1", "resourceslices")
+CORE_EVENTS = resource("", "v1", "events")
+EVENTS = resource("events.k8s.io", "v1", "events")
 
 
 def test_the_article_template_converts_to_v1_and_back() -> None:

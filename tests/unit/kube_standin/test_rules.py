@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import copy
 
-from kube_standin.apiserver.registry import find_resource
 from kube_standin.apiserver.rules import validate_object, validate_update
-from tests.unit.kube_standin.objects import allocation, resource_claim, resource_slice
+from tests.unit.kube_standin.objects import allocation, resource, resource_claim, resource_slice
 
-SLICES = find_resource("resource.k8s.io", "v1", "resourceslices")
-CLAIMS = find_resource("resource.k8s.io", "v1", "resourceclaims")
-CLASSES = find_resource("resource.k8s.io", "v1", "deviceclasses")
-assert SLICES and CLAIMS and CLASSES
+SLICES = resource("resource.k8s.io", "v1", "resourceslices")
+CLAIMS = resource("resource.k8s.io", "v1", "resourceclaims")
+CLASSES = resource("resource.k8s.io", "v1", "deviceclasses")
 
 
 def fields(causes: list) -> list[str]:  # type: ignore[type-arg]

@@ -6,15 +6,13 @@ import copy
 
 import pytest
 
-from kube_standin.apiserver.registry import find_resource
 from kube_standin.apiserver.status import StatusError
 from kube_standin.apiserver.store import Store
-from tests.unit.kube_standin.objects import allocation, resource_claim
+from tests.unit.kube_standin.objects import allocation, resource, resource_claim
 
-CLAIMS = find_resource("resource.k8s.io", "v1", "resourceclaims")
-CONFIGMAPS = find_resource("", "v1", "configmaps")
-NAMESPACES = find_resource("", "v1", "namespaces")
-assert CLAIMS and CONFIGMAPS and NAMESPACES
+CLAIMS = resource("resource.k8s.io", "v1", "resourceclaims")
+CONFIGMAPS = resource("", "v1", "configmaps")
+NAMESPACES = resource("", "v1", "namespaces")
 
 
 def configmap(name: str, namespace: str = "default", **data: str) -> dict[str, object]:

@@ -10,11 +10,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kube_standin.apiserver.registry import find_resource
 from kube_standin.apiserver.store import Store
+from tests.unit.kube_standin.objects import resource
 
-CONFIGMAPS = find_resource("", "v1", "configmaps")
-assert CONFIGMAPS is not None
+CONFIGMAPS = resource("", "v1", "configmaps")
 
 NAMES = st.sampled_from(["a", "b", "c", "d"])
 OPS = st.lists(st.tuples(st.sampled_from(["put", "delete"]), NAMES, st.integers(0, 3)), max_size=40)
@@ -28,7 +27,7 @@ def snapshot(store: Store) -> dict[str, Any]:
 @given(OPS)
 def test_history_rebuilds_every_past_state(ops: list[tuple[str, str, int]]) -> None:
     store = Store(history=1000)
-    states = {store.rv: {}}
+    states: dict[int, dict[str, Any]] = {store.rv: {}}
     for op, name, value in ops:
         current = store.find(CONFIGMAPS, "default", name)
         if op == "put":

@@ -28,7 +28,7 @@ def gpu(device: str = "gpu-0", **host: object) -> cdi.SpecDevice:
             iommu_group="12",
             driver="vfio-pci",
             device_nodes=["/dev/vfio/12", "/dev/vfio/vfio"],
-            **host,  # type: ignore[arg-type]
+            **host,
         ),
     )
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from pathlib import Path
 
@@ -97,7 +98,7 @@ async def test_schema_violation_names_the_field(tmp_path: Path) -> None:
     doc["data"]["claims"]["u1"]["state"] = "Halfway"
     from dra_driver.plugin import checkpoint as mod
 
-    doc["checksum"] = "sha256:" + mod.hashlib.sha256(mod._canonical(doc["data"])).hexdigest()
+    doc["checksum"] = "sha256:" + hashlib.sha256(mod._canonical(doc["data"])).hexdigest()
     path.write_text(json.dumps(doc))
     with pytest.raises(CheckpointCorrupt, match=r"claims\.u1\.state"):
         store(path)

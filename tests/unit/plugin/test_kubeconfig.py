@@ -46,7 +46,7 @@ def test_plain_kubeconfig_matches_the_library_without_importing_it(tmp_path: Pat
     from kubernetes import config as k8s_config
 
     cfg = k8s_client.Configuration()
-    k8s_config.load_kube_config(config_file=str(path), client_configuration=cfg)
+    k8s_config.load_kube_config(config_file=str(path), client_configuration=cfg)  # type: ignore[no-untyped-call]
     assert (cfg.host, cfg.ssl_ca_cert, cfg.api_key["BearerToken"]) == (out[0], out[1], "Bearer abc")
 
 

@@ -98,11 +98,13 @@ async def test_health_stream_reports_prepared_devices(
             health_pb2.NodeWatchResourcesRequest()
         )
         first = await asyncio.wait_for(stream.read(), 10)
+        assert isinstance(first, health_pb2.NodeWatchResourcesResponse)
         assert list(first.devices) == []
         stub = v1_grpc.DRAPluginStub(channel)
         claim = v1_pb2.Claim(namespace=ns, name=name, uid=uid)
         await stub.NodePrepareResources(v1_pb2.NodePrepareResourcesRequest(claims=[claim]), timeout=45)
         update = await asyncio.wait_for(stream.read(), 10)
+        assert isinstance(update, health_pb2.NodeWatchResourcesResponse)
         (device,) = update.devices
         assert (device.device.pool_name, device.device.device_name) == ("fabric-pcie", "gpu-0")
         # The scripted backend follows no fabric inventory: health cannot be known, and says so.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from dra_driver.selection.allocator import AllocationError, Allocator, ClaimToAllocate, Features
@@ -25,11 +27,13 @@ SWITCHED = [
 CLASSES = {"fabric-gpu": device_class()}
 
 
-def claim(*requests: dict, constraints: list[dict] | None = None, name: str = "c") -> ClaimToAllocate:
+def claim(
+    *requests: dict[str, Any], constraints: list[dict[str, Any]] | None = None, name: str = "c"
+) -> ClaimToAllocate:
     return ClaimToAllocate("default", name, claim_spec(list(requests), constraints))
 
 
-def devices_of(results: list) -> list[str]:
+def devices_of(results: list[Any]) -> list[str]:
     return [f"{r['pool']}/{r['device']}" for r in results[0].body["devices"]["results"]]
 
 

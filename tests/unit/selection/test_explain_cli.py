@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -13,7 +14,7 @@ from fabric_dra.cli import main
 GPU_CLASS = 'device.driver == "fabric-dra.io" && device.attributes["fabric-dra.io"].type == "gpu"'
 
 
-def _gpu(name: str, switch: str) -> dict:
+def _gpu(name: str, switch: str) -> dict[str, Any]:
     return {"name": name, "attributes": {"type": {"string": "gpu"}, "switch": {"string": switch}}}
 
 
@@ -56,7 +57,7 @@ def cluster_files(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _claim(tmp_path: Path, count: int, api: str = "resource.k8s.io/v1") -> Path:
-    request: dict = {"name": "gpus"}
+    request: dict[str, Any] = {"name": "gpus"}
     if api.endswith("/v1"):
         request["exactly"] = {"deviceClassName": "fabric-gpu", "count": count}
     else:
