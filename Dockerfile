@@ -1,6 +1,7 @@
 # One image for every fabric-dra role: `fabric-dra emulator serve`, `fabric-dra manager serve`,
 # `fabric-dra controller`, `fabric-dra plugin` (the role is the first argument).
 #
+#   make image                      (tags <registry>/fabric-dra:<version> and :<version>-g<revision>)
 #   docker build -t fabric-dra:dev .
 #
 # The image runs as an unprivileged user (65532). Only the kubelet plugin overrides that, in its
@@ -25,7 +26,12 @@ COPY . ./
 RUN /opt/fabric-dra/bin/python -m pip install --no-cache-dir /src
 
 FROM ${PYTHON_IMAGE}
+# `make image` passes the package version and the git revision it builds (docs/deploy.md).
+ARG VERSION=unknown
+ARG REVISION=unknown
 LABEL org.opencontainers.image.title="fabric-dra" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.description="Kubernetes DRA driver and Redfish fabric manager for composable PCIe/CXL devices, with a fabric emulator" \
       org.opencontainers.image.source="https://github.com/fabric-dra/fabric-dra" \
       org.opencontainers.image.licenses="Apache-2.0"

@@ -7,7 +7,42 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest bench kind-e2e clean
+.PHONY: demo test lint typecheck pytest bench kind-e2e clean image push print-image
+
+# --- the container image ------------------------------------------------------------------------
+# `make image` builds the Dockerfile and tags it twice: <IMAGE>:<VERSION> (the package version in
+# pyproject.toml, the tag deploy/base names) and <IMAGE>:<IMAGE_TAG> (version + git revision, for
+# telling builds apart). `make push REGISTRY=registry.example.com/team` builds and pushes both to
+# your registry; then point the manifests at it (docs/deploy.md, "Production checklist"):
+#   cd deploy/overlays/production && kustomize edit set image ghcr.io/fabric-dra/fabric-dra=<IMAGE>:<tag>
+# `make print-image` prints the references `make image` would tag, one a line (tests and e2e.sh
+# read them instead of repeating the naming rule).
+REGISTRY   ?= ghcr.io/fabric-dra
+IMAGE_NAME ?= fabric-dra
+IMAGE      ?= $(if $(REGISTRY),$(REGISTRY)/)$(IMAGE_NAME)
+VERSION    := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
+REVISION   := $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+# Uncommitted changes to tracked files make the revision a lie: say so in the tag.
+DIRTY      := $(shell git status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo -dirty)
+IMAGE_TAG  ?= $(VERSION)-g$(REVISION)$(DIRTY)
+IMAGE_REFS  = $(IMAGE):$(VERSION) $(IMAGE):$(IMAGE_TAG)
+DOCKER     ?= docker
+
+print-image:
+	@printf '%s\n' $(IMAGE_REFS)
+
+image:
+	@test -n "$(VERSION)" || { echo "make image: no version in pyproject.toml" >&2; exit 1; }
+	$(DOCKER) build --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION)$(DIRTY) \
+		$(addprefix --tag ,$(IMAGE_REFS)) .
+
+# Pushing a build of uncommitted changes under the release tag would publish something no commit
+# describes; ALLOW_DIRTY=1 overrides that for a private registry.
+push: image
+	@test -z "$(DIRTY)" || test "$(ALLOW_DIRTY)" = 1 || { echo "make push: the work tree has uncommitted changes; commit them (or ALLOW_DIRTY=1)" >&2; exit 1; }
+	@test "$(REGISTRY)" != ghcr.io/fabric-dra || test "$(ALLOW_UPSTREAM)" = 1 || { echo "make push: name your registry, e.g. make push REGISTRY=registry.example.com/team" >&2; exit 1; }
+	$(foreach ref,$(IMAGE_REFS),$(DOCKER) push $(ref) &&) true
+	@$(DOCKER) image inspect --format '{{range .RepoDigests}}{{println .}}{{end}}' $(IMAGE):$(VERSION) | grep -F '$(IMAGE)@' || true
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -3,7 +3,8 @@
 Phases: ``claim_read``, ``attach`` (fabric bind), ``visible`` (host sees it), ``cdi_write``,
 ``checkpoint``, ``host_removal``, ``detach``, ``cdi_remove``, and the whole ``prepare`` /
 ``unprepare`` of one claim. Benchmarks subtract ``attach`` + ``visible`` from ``prepare`` to get the
-plugin's own overhead. ``--metrics-port`` serves them; :func:`phase_totals` reads them in-process.
+plugin's own overhead. ``--metrics-port`` serves them, and the kubelet's probes ``/healthz`` and
+``/readyz`` (:mod:`.probes`) beside them; :func:`phase_totals` reads them in-process.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
 
+from dra_driver.plugin.probes import PluginProbes
 from plumbing.netutil import listen_tcp
 
 __all__ = [
@@ -119,10 +121,31 @@ class MetricsServer:
         self._server.server_close()
 
 
-def serve_metrics(host: str, port: int) -> MetricsServer:
-    """Serve ``/metrics`` from a background thread (port 0: any free port)."""
+_WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def _with_probes(metrics_app: _WsgiApp, probes: PluginProbes) -> _WsgiApp:
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        answer = probes.answer(str(environ.get("PATH_INFO", "")))
+        if answer is None:
+            return metrics_app(environ, start_response)
+        body = f"{answer.reason}\n".encode()
+        reason = "OK" if answer.ok else "Service Unavailable"
+        start_response(
+            f"{answer.status} {reason}",
+            [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))],
+        )
+        return [body]
+
+    return app
+
+
+def serve_metrics(host: str, port: int, *, probes: PluginProbes | None = None) -> MetricsServer:
+    """Serve ``/metrics`` (and, given ``probes``, ``/healthz`` and ``/readyz``) from a background
+    thread (port 0: any free port)."""
     server = _MetricsServer(listen_tcp(host, port, backlog=64, hint="pick another --metrics-port"))
-    server.set_app(make_wsgi_app(REGISTRY))
+    app: _WsgiApp = make_wsgi_app(REGISTRY)
+    server.set_app(app if probes is None else _with_probes(app, probes))
     thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
     thread.start()
     return MetricsServer(server, thread)

@@ -3,6 +3,10 @@
 Order matters: the DRA services must answer before the kubelet learns the endpoint, so the
 registration socket appears last; on SIGTERM it disappears first (the kubelet deregisters the
 plugin) and the DRA socket is removed after in-flight calls finished.
+
+The metrics port comes up first and carries the kubelet's probes (:mod:`.probes`): not ready
+until the checkpoint is loaded and the kubelet accepted the registration, not live while either
+gRPC server stops answering on its socket.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dra_driver.plugin.driver import Driver, dra_servicers
 from dra_driver.plugin.health import HealthMonitor, health_servicer
 from dra_driver.plugin.hostdev import HostScanner, SysfsChanges
 from dra_driver.plugin.metrics import MetricsServer, serve_metrics
+from dra_driver.plugin.probes import Phase, PluginProbes
 from dra_driver.plugin.reconcile import reconcile
 from dra_driver.plugin.registration import RegistrationServicer, add_registration_servicer
 from dra_driver.plugin.report import PreparedReporter
@@ -80,6 +85,11 @@ class PluginServer:
         self._watchdog: asyncio.Task[None] | None = None
         self._reporter: asyncio.Task[None] | None = None
         self._metrics: MetricsServer | None = None
+        self.probes = PluginProbes(
+            dra_socket=config.dra_socket,
+            registration_socket=config.registration_socket,
+            registration=lambda: self.registration.status if self.registration is not None else None,
+        )
         self._kube: object | None = None
         self.backend: DeviceBackend | None = None
         self.store: CheckpointStore | None = None
@@ -138,6 +148,14 @@ class PluginServer:
                 directory.mkdir(parents=True, exist_ok=True)
             except OSError as err:
                 raise PluginError(f"cannot create directory {directory}: {err.strerror}") from err
+        # First, so that probes and scrapes are answered (503 "starting") while state is loaded.
+        if cfg.metrics_port is not None:
+            self._metrics = serve_metrics(cfg.metrics_host, cfg.metrics_port, probes=self.probes)
+            log.info(
+                "serving metrics and probes",
+                address=f"http://{cfg.metrics_host}:{self._metrics.port}",
+                paths="/metrics /healthz /readyz",
+            )
 
         backend, scanner = self._backend()
         self.backend = backend
@@ -182,9 +200,7 @@ class PluginServer:
         self.registration = RegistrationServicer(cfg.driver_name, str(cfg.dra_socket), services)
         await self._start_registration()
 
-        if cfg.metrics_port is not None:
-            self._metrics = serve_metrics(cfg.metrics_host, cfg.metrics_port)
-            log.info("serving metrics", address=f"http://{cfg.metrics_host}:{self._metrics.port}/metrics")
+        self.probes.phase = Phase.SERVING
         if cfg.ready_file is not None:
             atomic_write(cfg.ready_file, f"{cfg.dra_socket}\n", durable=False)
         self._watchdog = asyncio.create_task(self._watch(), name="registration-watchdog")
@@ -237,8 +253,14 @@ class PluginServer:
                     await self.reg_server.stop(None)
                 await self._start_registration()
 
+    @property
+    def metrics_port(self) -> int | None:
+        """The port of /metrics and the probes (the real one when --metrics-port is 0)."""
+        return self._metrics.port if self._metrics is not None else None
+
     async def stop(self) -> None:
         cfg = self.config
+        self.probes.phase = Phase.STOPPING
         for task in (self._watchdog, self._reporter):
             if task is not None:
                 task.cancel()

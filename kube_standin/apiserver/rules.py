@@ -4,8 +4,9 @@ The schemas check shapes (types, unknown fields, required fields). The API serve
 checks names, label syntax, limits, mutually exclusive fields and immutability; the subset
 here is what fabric-dra's objects exercise, taken from Kubernetes v1.34
 ``pkg/apis/core/validation`` (object metadata) and ``pkg/apis/resource/validation``
-(ResourceSlice, ResourceClaim, ResourceClaimTemplate, DeviceClass). Every rule runs on the
-storage version (``resource.k8s.io/v1``), so field paths are ``v1`` paths whatever version
+(ResourceSlice, ResourceClaim, ResourceClaimTemplate, DeviceClass), and the length limits of
+``pkg/apis/core/validation/events.go`` (Events). Every rule runs on the storage version
+(``resource.k8s.io/v1``, core ``v1`` Events), so field paths are storage paths whatever version
 the client wrote, as the real server reports them.
 """
 
@@ -593,6 +594,32 @@ def _validate_claim_status(errs: _Errors, claim: Obj, old: Obj | None) -> None:
             )
 
 
+# k8s.io/kubernetes/pkg/apis/core/validation/events.go. Go's len() of a string counts bytes, so
+# the limits are UTF-8 bytes even though the messages say "characters".
+EVENT_REPORTING_INSTANCE_LIMIT = 128
+EVENT_ACTION_LIMIT = 128
+EVENT_REASON_LIMIT = 128
+EVENT_NOTE_LIMIT = 1024
+
+
+def _validate_event(errs: _Errors, obj: Obj) -> None:
+    """legacyValidateEvent's length limits, which hold for every Event that has an eventTime
+    (every events.k8s.io/v1 Event; core Events written by old clients have none and are exempt).
+    The object is in storage form (core v1), so the note is ``message``, as the server names it."""
+    if not obj.get("eventTime"):
+        return
+    limits = (
+        ("reportingInstance", EVENT_REPORTING_INSTANCE_LIMIT),
+        ("action", EVENT_ACTION_LIMIT),
+        ("reason", EVENT_REASON_LIMIT),
+        ("message", EVENT_NOTE_LIMIT),
+    )
+    for field_name, limit in limits:
+        value = obj.get(field_name)
+        if isinstance(value, str) and len(value.encode()) > limit:
+            errs.invalid(field_name, "", f"can have at most {limit} characters")
+
+
 def _validate_device_class(errs: _Errors, obj: Obj) -> None:
     spec = obj.get("spec") or {}
     _selectors(errs, "spec.selectors", spec.get("selectors"))
@@ -616,6 +643,8 @@ def validate_object(res: ResourceType, obj: Obj) -> list[Cause]:
         _KIND_RULES[res.kind](errs, obj)
         if res.kind == "ResourceClaim" and obj.get("status"):
             _validate_claim_status(errs, obj, None)
+    elif res.kind == "Event":
+        _validate_event(errs, obj)
     return errs.causes
 
 
@@ -624,6 +653,8 @@ def validate_update(res: ResourceType, new: Obj, old: Obj, subresource: str | No
     errs = _Errors()
     if subresource != "status":
         _validate_metadata(errs, res, new.get("metadata") or {})
+    if res.kind == "Event":
+        _validate_event(errs, new)
     if res.group != "resource.k8s.io":
         return errs.causes
     if res.kind in ("ResourceClaim", "ResourceClaimTemplate") and new.get("spec") != old.get("spec"):

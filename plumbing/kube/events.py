@@ -2,7 +2,9 @@
 
 An Event names what it is about (``regarding``), optionally a second object (``related``), who
 reported it (``reportingController`` / ``reportingInstance``), what was done (``action``), why
-(``reason``, CamelCase) and a human ``note`` (at most 1 KiB, as the API server allows). Objects
+(``reason``, CamelCase) and a human ``note``: at most 1024 bytes of UTF-8, the API server's
+limit (``NoteLengthLimit`` in pkg/apis/core/validation/events.go, checked with Go's ``len``,
+which counts bytes); a longer note is cut at a character boundary and ends with "…". Objects
 without a namespace (Nodes) get their Events in ``default``, as the kubelet does. Recording never
 fails the caller: an API error is logged once per reason and the work goes on.
 """
@@ -18,11 +20,24 @@ from plumbing.kube.client import ApiError, KubeClient
 from plumbing.kube.resources import EVENTS
 from plumbing.logs import get_logger
 
-__all__ = ["EventRecorder", "ObjectRef"]
+__all__ = ["NOTE_LIMIT_BYTES", "EventRecorder", "ObjectRef", "fit_note"]
 
 log = get_logger(__name__)
 
-_NOTE_LIMIT = 1024
+#: The API server's limit on an Event's note, in bytes (pkg/apis/core/validation/events.go).
+NOTE_LIMIT_BYTES = 1024
+_ELLIPSIS = "…"
+
+
+def fit_note(note: str, limit: int = NOTE_LIMIT_BYTES) -> str:
+    """``note`` unchanged when its UTF-8 form fits in ``limit`` bytes; else its longest prefix
+    that fits together with "…" (3 bytes), never splitting a character."""
+    encoded = note.encode()
+    if len(encoded) <= limit:
+        return note
+    room = limit - len(_ELLIPSIS.encode())
+    # Dropping the bytes of a character cut in two leaves the longest whole-character prefix.
+    return encoded[:room].decode("utf-8", errors="ignore") + _ELLIPSIS
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +87,7 @@ class EventRecorder:
             "reportingInstance": self.instance,
             "action": action,
             "reason": reason,
-            "note": note if len(note) <= _NOTE_LIMIT else note[: _NOTE_LIMIT - 1] + "…",
+            "note": fit_note(note),
             "type": event_type,
             "regarding": regarding.as_dict(),
         }

@@ -1,0 +1,114 @@
+"""The plugin's /healthz and /readyz on a real port of an in-process plugin: not ready until the
+kubelet accepted the registration, not live when a gRPC server stops answering on its socket or
+the event loop that serves them is stuck."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from dra_driver.plugin.probes import Phase, PluginProbes
+from dra_driver.plugin.registration import RegistrationStatus
+from dra_driver.plugin.server import PluginServer
+from dra_driver.proto.pluginregistration_v1 import api_pb2 as reg_pb2
+from dra_driver.proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
+from tests.unit.plugin.conftest import FakeClaims, ScriptedBackend, make_config
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=15) as response:
+            return int(response.status), response.read().decode().strip()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode().strip()
+
+
+async def _probe(port: int, path: str) -> tuple[int, str]:
+    return await asyncio.to_thread(_get, port, path)
+
+
+@pytest.fixture
+async def plugin(short_tmp: Path) -> AsyncIterator[PluginServer]:
+    server = PluginServer(
+        make_config(short_tmp, metrics_port=0, metrics_host="127.0.0.1"),
+        claims=FakeClaims(),
+        backend=ScriptedBackend(),
+    )
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+async def _notify(server: PluginServer, registered: bool, error: str = "") -> None:
+    async with grpc.aio.insecure_channel(f"unix://{server.config.registration_socket}") as channel:
+        await reg_grpc.RegistrationStub(channel).NotifyRegistrationStatus(
+            reg_pb2.RegistrationStatus(plugin_registered=registered, error=error)
+        )
+
+
+async def test_ready_only_once_the_kubelet_accepted_the_registration(plugin: PluginServer) -> None:
+    port = plugin.metrics_port
+    assert port is not None
+    assert await _probe(port, "/healthz") == (200, "ok")
+    status, reason = await _probe(port, "/readyz")
+    assert status == 503 and reason == "not registered with the kubelet yet"
+    await _notify(plugin, False, "plugin name already registered")
+    status, reason = await _probe(port, "/readyz")
+    assert status == 503 and "the kubelet said: plugin name already registered" in reason
+    await _notify(plugin, True)
+    assert await _probe(port, "/readyz") == (200, "ok")
+    # /metrics is still served on the same port.
+    status, body = await _probe(port, "/metrics")
+    assert status == 200 and "fabric_dra_plugin" in body
+
+
+async def test_not_live_when_the_dra_socket_no_longer_answers(plugin: PluginServer) -> None:
+    port = plugin.metrics_port
+    assert port is not None
+    await _notify(plugin, True)
+    plugin.probes.timeout = 1.0
+    plugin.config.dra_socket.unlink()  # someone cleaned the plugin directory
+    status, reason = await _probe(port, "/healthz")
+    assert status == 503 and reason.startswith(f"{plugin.config.dra_socket} does not answer: UNAVAILABLE")
+    status, _ = await _probe(port, "/readyz")
+    assert status == 503
+
+
+async def test_not_live_while_the_event_loop_is_stuck(plugin: PluginServer) -> None:
+    port = plugin.metrics_port
+    assert port is not None
+    plugin.probes.timeout = 0.5
+    answers: list[tuple[int, str]] = []
+    asking = threading.Thread(target=lambda: answers.append(_get(port, "/healthz")))
+    asking.start()
+    # Block the loop that runs both gRPC servers for longer than the probe waits.
+    time.sleep(2.0)  # noqa: ASYNC251 - the point is a loop that does not run
+    await asyncio.to_thread(asking.join, 15)
+    ((status, reason),) = answers
+    assert status == 503 and "DEADLINE_EXCEEDED" in reason
+    assert await _probe(port, "/healthz") == (200, "ok")  # the loop runs again
+
+
+async def test_stopping_is_live_but_not_ready(short_tmp: Path) -> None:
+    probes = PluginProbes(
+        dra_socket=short_tmp / "dra.sock",
+        registration_socket=short_tmp / "reg.sock",
+        registration=lambda: RegistrationStatus(registered=True),
+    )
+    assert probes.phase is Phase.STARTING
+    assert (probes.live().status, probes.ready().status) == (503, 503)
+    probes.phase = Phase.STOPPING
+    assert (probes.live().status, probes.ready().status) == (200, 503)
+    probes.phase = Phase.SERVING
+    assert probes.live().status == 503  # nothing listens on those sockets
+    assert probes.answer("/metrics") is None
