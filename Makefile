@@ -38,9 +38,10 @@ image:
 
 # Pushing a build of uncommitted changes under the release tag would publish something no commit
 # describes; ALLOW_DIRTY=1 overrides that for a private registry.
-push: image
+push:
 	@test -z "$(DIRTY)" || test "$(ALLOW_DIRTY)" = 1 || { echo "make push: the work tree has uncommitted changes; commit them (or ALLOW_DIRTY=1)" >&2; exit 1; }
 	@test "$(REGISTRY)" != ghcr.io/fabric-dra || test "$(ALLOW_UPSTREAM)" = 1 || { echo "make push: name your registry, e.g. make push REGISTRY=registry.example.com/team" >&2; exit 1; }
+	$(MAKE) --no-print-directory image
 	$(foreach ref,$(IMAGE_REFS),$(DOCKER) push $(ref) &&) true
 	@$(DOCKER) image inspect --format '{{range .RepoDigests}}{{println .}}{{end}}' $(IMAGE):$(VERSION) | grep -F '$(IMAGE)@' || true
 

@@ -3,10 +3,11 @@
 #
 #   deploy/kind/e2e.sh            (or: make kind-e2e)
 #
-# It creates a kind cluster (deploy/kind/cluster.yaml), builds the fabric-dra image and loads it,
-# deploys deploy/overlays/kind (the software fabric, the manager, the controller, a plugin per
-# node), applies the article's manifest (deploy/kind/agent-infrastructure.yaml) and checks the
-# article's four "How to Verify" steps:
+# It creates a kind cluster (deploy/kind/cluster.yaml), builds the fabric-dra image with
+# `make image` (the target a release uses) and loads it into the nodes, deploys
+# deploy/overlays/kind (the software fabric, the manager, the controller, a plugin per node),
+# applies the article's manifest (deploy/kind/agent-infrastructure.yaml) and checks the article's
+# four "How to Verify" steps:
 #   1. the manifest applies;
 #   2. the pod's ResourceClaim is allocated;
 #   3. the pod runs and sees its device (the CDI env and mount inside the container), and the
@@ -17,12 +18,19 @@
 # written for resource.k8s.io/v1beta1 when the cluster serves it. Everything it created is removed
 # on exit, also on failure or Ctrl-C (unless FABRIC_DRA_E2E_KEEP=1).
 #
-# Needs: docker (a running engine), kind >= v0.30, kubectl, python3, timeout (coreutils).
+# Needs: docker (a running engine), kind >= v0.30, kubectl, make, python3, timeout (coreutils).
 # The cluster is always called "kind": the emulator's default topology names its hosts after that
 # cluster's workers (kind-worker, kind-worker2, …), and each node's plugin reads the emulated host
 # of its own name. An existing cluster of that name is never touched: e2e.sh stops instead.
+# The default node image is Kubernetes 1.36.1 as kind v0.32.0 publishes it (containerd 2.3;
+# binding conditions beta and on, and the resourceclaims/driver authorization that the
+# binding-conditions overlay's RBAC rule is for). Images are loaded with `kind load docker-image`
+# where the kind binary can load into the node's containerd, else with `docker save | ctr images
+# import` inside each node (kind < v0.32 cannot load into nodes running containerd >= 2.3).
 # Settings (environment):
-#   FABRIC_DRA_E2E_NODE_IMAGE  kind node image (default: Kubernetes 1.34.0, pinned by digest)
+#   FABRIC_DRA_E2E_NODE_IMAGE  kind node image (default: Kubernetes 1.36.1, pinned by digest); with
+#                              kind v0.30 or v0.31 use a 1.34 image (NODE_IMAGE_1_34 below)
+#   FABRIC_DRA_E2E_IMAGE_LOAD  auto (default), kind or ctr: how images get into the nodes
 #   FABRIC_DRA_E2E_TIMEOUT     seconds allowed for each wait (default: 300)
 #   FABRIC_DRA_E2E_KEEP        1 = keep the cluster afterwards, for a look around
 #   FABRIC_DRA_E2E_ARTIFACTS   directory for diagnostics (pod logs, objects) when a step fails
@@ -34,13 +42,24 @@ readonly KIND_DIR="${REPO_ROOT}/deploy/kind"
 readonly OVERLAYS_DIR="${REPO_ROOT}/deploy/overlays"
 
 readonly CLUSTER="kind"
-readonly NODE_IMAGE="${FABRIC_DRA_E2E_NODE_IMAGE:-kindest/node:v1.34.0@sha256:7416a61b42b1662ca6ca89f02028ac133a309a2a30ba309614e8ec94d976dc5a}"
+# Node images pinned by digest, as kind's release notes list them (v0.32.0: 1.36.1; v0.30.0: 1.34.0).
+readonly NODE_IMAGE_1_36="kindest/node:v1.36.1@sha256:3489c7674813ba5d8b1a9977baea8a6e553784dab7b84759d1014dbd78f7ebd5"
+readonly NODE_IMAGE_1_34="kindest/node:v1.34.0@sha256:7416a61b42b1662ca6ca89f02028ac133a309a2a30ba309614e8ec94d976dc5a"
+readonly NODE_IMAGE="${FABRIC_DRA_E2E_NODE_IMAGE:-${NODE_IMAGE_1_36}}"
+readonly IMAGE_LOAD="${FABRIC_DRA_E2E_IMAGE_LOAD:-auto}"
 readonly WAIT="${FABRIC_DRA_E2E_TIMEOUT:-300}"
 readonly KEEP="${FABRIC_DRA_E2E_KEEP:-0}"
 readonly ARTIFACTS="${FABRIC_DRA_E2E_ARTIFACTS:-}"
+# The oldest kind e2e.sh runs with (node images of Kubernetes >= 1.34), and the first kind release
+# that loads images into nodes running containerd >= 2.3 (kind v0.32.0 release notes: "you must
+# upgrade kind to this release or newer to use kind load ... with the newly published node images").
+readonly KIND_MINIMUM="0.30.0"
+readonly KIND_LOADS_CONTAINERD_2_3="0.32.0"
 
-# The image name the kind overlay deploys (deploy/overlays/kind/kustomization.yaml, images:).
+# The image name the kind overlay deploys (deploy/overlays/kind/kustomization.yaml, images:), as
+# `make image` tags it with these variables (its other tag is fabric-dra:<version>).
 readonly IMAGE="fabric-dra:kind"
+readonly MAKE_IMAGE_VARS=(REGISTRY= IMAGE_NAME=fabric-dra IMAGE_TAG=kind)
 # The article's workload image: built under a name of our own, served to the cluster as
 # docker.io/library/agent-runner:latest by a registry mirror (the article's pod pulls it).
 readonly RUNNER_BUILD_TAG="fabric-dra-e2e/agent-runner:latest"
@@ -74,6 +93,111 @@ usage() {
 # kubectl against the e2e cluster only: its own kubeconfig, never the user's current context.
 k() { kubectl --kubeconfig "${WORK_DIR}/kubeconfig" "$@"; }
 
+# --- versions, and how images reach the nodes --------------------------------------------------
+
+# version_of TEXT: the first version (vX.Y.Z, with an optional -pre-release) in TEXT, printed as
+# "X.Y.Z" or "X.Y.Z-pre"; fails when there is none. `kind version` prints
+# "kind v0.32.0 go1.26.3 linux/amd64" (a build from a branch: "kind v0.33.0-alpha+1a2b3c4 …");
+# `containerd --version` "containerd github.com/containerd/containerd/v2 v2.3.1 <commit>".
+version_of() {
+  python3 -c '
+import re, sys
+found = re.search(r"(?<![\w.])v?(\d+)\.(\d+)\.(\d+)(-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?(?![\w.])", sys.argv[1])
+if not found:
+    sys.exit(1)
+major, minor, patch, pre = found.groups()
+print(f"{int(major)}.{int(minor)}.{int(patch)}{pre or str()}")' "$1"
+}
+
+# version_at_least HAVE WANT: HAVE >= WANT, both "X.Y.Z[-pre]". A pre-release is older than its
+# release (semver): a v0.32.0-alpha build may predate what v0.32.0 changed.
+version_at_least() {
+  python3 -c '
+import sys
+def key(text):
+    core, _, pre = text.partition("-")
+    return tuple(int(x) for x in core.split(".")), 0 if pre else 1
+sys.exit(0 if key(sys.argv[1]) >= key(sys.argv[2]) else 1)' "$1" "$2"
+}
+
+# kind_version: the version of the kind binary ("X.Y.Z[-pre]").
+kind_version() {
+  local text
+  text="$(kind version 2>&1)" || fail "kind version failed: ${text}"
+  version_of "${text}" || fail "cannot tell the kind version from '${text}'"
+}
+
+# node_containerd_version NODE: the version of containerd inside a kind node.
+node_containerd_version() {
+  local text
+  text="$(timeout 60 docker exec "$1" containerd --version 2>&1)" || fail "cannot run containerd --version in node $1: ${text}"
+  version_of "${text}" || fail "cannot tell the containerd version of node $1 from '${text}'"
+}
+
+# image_load_method SETTING KIND_VERSION CONTAINERD_VERSION: "kind" (kind load docker-image) or
+# "ctr" (docker save | ctr images import in each node). auto: kind's own loader, unless this kind
+# predates the loader that works with the node's containerd.
+image_load_method() {
+  local setting="$1" kind_version="$2" containerd_version="$3"
+  case "${setting}" in
+    kind | ctr) echo "${setting}" ;;
+    auto)
+      if version_at_least "${kind_version}" "${KIND_LOADS_CONTAINERD_2_3}" ||
+        ! version_at_least "${containerd_version}" "2.3.0"; then
+        echo kind
+      else
+        echo ctr
+      fi
+      ;;
+    *) fail "FABRIC_DRA_E2E_IMAGE_LOAD must be auto, kind or ctr, not '${setting}'" ;;
+  esac
+}
+
+# load_image IMAGE: into every node of the cluster, the way image_load_method chooses.
+load_image() {
+  local image="$1" method node
+  method="$(image_load_method "${IMAGE_LOAD}" "$(kind_version)" "$(node_containerd_version "${CLUSTER}-control-plane")")"
+  log "loading ${image} into the nodes (${method})"
+  if [[ "${method}" == "kind" ]]; then
+    kind load docker-image "${image}" --name "${CLUSTER}"
+    return
+  fi
+  # What kind's own loader runs in each node, less --all-platforms: the image was built here for
+  # this platform only, and an index that names other platforms' manifests fails that import.
+  for node in $(kind get nodes --name "${CLUSTER}"); do
+    docker save "${image}" | timeout 300 docker exec --privileged -i "${node}" \
+      ctr --namespace=k8s.io images import --digests --snapshotter=overlayfs - >/dev/null ||
+      fail "could not import ${image} into node ${node} with ctr"
+  done
+}
+
+# containerd_config_ok: containerd's effective configuration (`containerd config dump`, TOML, on
+# stdin) has CDI on and registry hosts read from /etc/containerd/certs.d — what the plugin's CDI
+# specs and the agent-runner mirror need — whichever config version the node image uses (v2:
+# plugins."io.containerd.grpc.v1.cri"; v3, containerd >= 2.0: plugins."io.containerd.cri.v1.*").
+containerd_config_ok() {
+  python3 -c '
+import sys, tomllib
+try:
+    config = tomllib.loads(sys.stdin.read())
+except tomllib.TOMLDecodeError as err:
+    sys.exit(f"containerd config dump printed no valid TOML ({err})")
+def values(node, key):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == key:
+                yield v
+            yield from values(v, key)
+problems = []
+if True not in list(values(config, "enable_cdi")):
+    problems.append("CDI is off (enable_cdi)")
+if "/etc/containerd/certs.d" not in list(values(config, "config_path")):
+    problems.append("registry config_path is not /etc/containerd/certs.d")
+if problems:
+    sys.exit("; ".join(problems))
+'
+}
+
 # wait_until DESCRIPTION COMMAND...: run COMMAND every 2 s until it succeeds, for at most $WAIT s.
 wait_until() {
   local description="$1"
@@ -89,15 +213,18 @@ wait_until() {
 
 check_prerequisites() {
   local tool
-  for tool in docker kind kubectl python3 timeout; do
-    command -v "${tool}" >/dev/null 2>&1 || fail "${tool} is not installed; e2e.sh needs docker, kind (>= v0.30), kubectl, python3 and timeout"
+  for tool in docker kind kubectl make python3 timeout; do
+    command -v "${tool}" >/dev/null 2>&1 || fail "${tool} is not installed; e2e.sh needs docker, kind (>= v0.30), kubectl, make, python3 and timeout"
   done
   timeout 60 docker info >/dev/null 2>&1 || fail "no Docker engine is reachable (docker info failed): start Docker, or check DOCKER_HOST"
   local kind_version
-  kind_version="$(kind version | sed -n 's/^kind v\([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p')"
-  [[ -n "${kind_version}" ]] || fail "cannot tell the kind version from '$(kind version)'"
-  if ! python3 -c 'import sys; a, b = sys.argv[1].split("."); sys.exit(0 if (int(a), int(b)) >= (0, 30) else 1)' "${kind_version}"; then
+  kind_version="$(kind_version)"
+  version_at_least "${kind_version}" "${KIND_MINIMUM}" ||
     fail "kind v${kind_version} is too old: node images for Kubernetes 1.34 need kind >= v0.30"
+  image_load_method "${IMAGE_LOAD}" "${kind_version}" 0.0.0 >/dev/null
+  if [[ "${NODE_IMAGE}" == "${NODE_IMAGE_1_36}" ]] && ! version_at_least "${kind_version}" "${KIND_LOADS_CONTAINERD_2_3}"; then
+    # Node images are supported with the kind release that published them, best effort with others.
+    log "kind v${kind_version} predates the default node image (kind v${KIND_LOADS_CONTAINERD_2_3}); if the cluster does not come up, run with FABRIC_DRA_E2E_NODE_IMAGE=${NODE_IMAGE_1_34}"
   fi
   if kind get clusters 2>/dev/null | grep -qx "${CLUSTER}"; then
     fail "a kind cluster named '${CLUSTER}' already exists; e2e.sh only uses a cluster it creates, and the emulated hosts are named after that cluster's nodes: delete it (kind delete cluster --name ${CLUSTER}) and run again"
@@ -144,14 +271,15 @@ cleanup() {
   else
     if ((CLUSTER_CREATED == 1)); then
       log "deleting kind cluster '${CLUSTER}'"
-      # The emulator wrote its state as another user; remove it from inside a node, as root.
-      timeout 60 docker exec "${CLUSTER}-control-plane" sh -c "rm -rf ${EMULATOR_DIR}/* ${EMULATOR_DIR}/.[!.]*" >/dev/null 2>&1
+      # First the cluster: the emulator runs in it and writes the shared directory until its
+      # node is gone; emptying the directory before that races with its writes.
       timeout 300 kind delete cluster --name "${CLUSTER}" --kubeconfig "${WORK_DIR}/kubeconfig" >/dev/null 2>&1 ||
         log "could not delete the kind cluster '${CLUSTER}': run kind delete cluster --name ${CLUSTER}"
     fi
     if ((REGISTRY_STARTED == 1)); then
       timeout 60 docker rm -f "${REGISTRY_NAME}" >/dev/null 2>&1
     fi
+    empty_shared_dir
     if [[ -n "${WORK_DIR}" ]]; then
       rm -rf "${WORK_DIR}" 2>/dev/null || log "could not remove ${WORK_DIR} completely; remove it by hand"
     fi
@@ -162,8 +290,24 @@ cleanup() {
   exit "${status}"
 }
 
+# empty_shared_dir: remove what the emulator (uid 65532, in a node) wrote to the shared directory
+# — only once the cluster is deleted, so nothing writes there any more. The files are not ours to
+# delete as a user: a container of the agent-runner image (built here, on busybox) does it as
+# root. No such image means nothing ever ran in the cluster, so there is nothing to remove.
+empty_shared_dir() {
+  [[ -n "${WORK_DIR}" && -d "${WORK_DIR}/emulator" ]] || return 0
+  if kind get clusters 2>/dev/null | grep -qx "${CLUSTER}"; then
+    log "the cluster '${CLUSTER}' still exists: leaving ${WORK_DIR}/emulator as it is"
+    return 0
+  fi
+  docker image inspect "${RUNNER_BUILD_TAG}" >/dev/null 2>&1 || return 0
+  timeout 120 docker run --rm --network none --user 0 --volume "${WORK_DIR}/emulator:/shared" \
+    "${RUNNER_BUILD_TAG}" sh -c 'rm -rf /shared/* /shared/.[!.]*' >/dev/null 2>&1 ||
+    log "could not empty ${WORK_DIR}/emulator"
+}
+
 create_cluster() {
-  step "creating kind cluster '${CLUSTER}' (${NODE_IMAGE%%@*})"
+  step "creating kind cluster '${CLUSTER}' (${NODE_IMAGE%%@*}, kind $(kind_version))"
   mkdir -m 0777 "${WORK_DIR}/emulator"
   sed "s|${CONFIG_STATE_DIR}|${WORK_DIR}/emulator|g" "${KIND_DIR}/cluster.yaml" >"${WORK_DIR}/cluster.yaml"
   grep -q "${WORK_DIR}/emulator" "${WORK_DIR}/cluster.yaml" || fail "deploy/kind/cluster.yaml no longer mounts ${CONFIG_STATE_DIR}"
@@ -175,14 +319,22 @@ create_cluster() {
   python3 -c 'import sys; a, b = sys.argv[1].split("."); sys.exit(0 if (int(a), int(b)) >= (1, 34) else 1)' "${version}" ||
     fail "the node image runs Kubernetes ${version}; fabric-dra needs >= 1.34 (resource.k8s.io/v1)"
   k get --raw /apis/resource.k8s.io/v1 >/dev/null || fail "the cluster does not serve resource.k8s.io/v1"
-  log "Kubernetes ${version}, resource.k8s.io/v1 served"
+  local node problem containerd_version
+  for node in $(kind get nodes --name "${CLUSTER}"); do
+    problem="$(timeout 60 docker exec "${node}" containerd config dump 2>&1 | containerd_config_ok 2>&1)" ||
+      fail "containerd in node ${node} is not set up for fabric-dra: ${problem}"
+  done
+  containerd_version="$(node_containerd_version "${CLUSTER}-control-plane")"
+  log "Kubernetes ${version}, resource.k8s.io/v1 served; containerd ${containerd_version} with CDI; kind $(kind_version)"
 }
 
 build_images() {
-  step "building the fabric-dra image and the article's agent-runner stand-in"
-  docker build --tag "${IMAGE}" "${REPO_ROOT}"
+  step "building the fabric-dra image (make image) and the article's agent-runner stand-in"
+  make -C "${REPO_ROOT}" --no-print-directory image "${MAKE_IMAGE_VARS[@]}"
+  make -C "${REPO_ROOT}" --no-print-directory -s print-image "${MAKE_IMAGE_VARS[@]}" | grep -qxF "${IMAGE}" ||
+    fail "make image no longer tags ${IMAGE} (the kind overlay's image) with ${MAKE_IMAGE_VARS[*]}"
   docker build --tag "${RUNNER_BUILD_TAG}" "${KIND_DIR}/agent-runner"
-  kind load docker-image "${IMAGE}" --name "${CLUSTER}"
+  load_image "${IMAGE}"
 }
 
 # The article's pod pulls agent-runner:latest (":latest" means imagePullPolicy Always), so the

@@ -27,6 +27,7 @@ from dra_driver.controller.health import HealthServer
 from dra_driver.controller.inventory_feed import InventoryFeed
 from dra_driver.controller.metrics import IS_LEADER
 from dra_driver.controller.nodelabels import NodeLabeler
+from dra_driver.controller.pluginpods import PluginNodes
 from dra_driver.controller.publisher import SlicePublisher
 from manager_api.client import ManagerClient
 from plumbing.backoff import Backoff
@@ -62,6 +63,9 @@ class ControllerOptions:
     host: str = "0.0.0.0"  # noqa: S104 - probes reach the pod IP
     port: int = 8081
     ready_file: str | None = None
+    #: label selector of the kubelet plugin's pods; set, nodes are labelled only where one is Ready
+    plugin_pod_selector: str | None = None
+    plugin_namespace: str = "default"
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
     retry_period: float = 2.0
@@ -195,7 +199,12 @@ class Controller:
         )
         self.feed = InventoryFeed(self.manager)
         self.publisher = SlicePublisher(self.kube, policy)
-        labeler = NodeLabeler(self.kube, opts.driver, publisher=opts.publisher)
+        plugin_nodes = (
+            PluginNodes(self.kube, namespace=opts.plugin_namespace, selector=opts.plugin_pod_selector)
+            if opts.plugin_pod_selector
+            else None
+        )
+        labeler = NodeLabeler(self.kube, opts.driver, publisher=opts.publisher, plugin_nodes=plugin_nodes)
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self.feed.run())
             tasks.create_task(self.publisher.run(self.feed, resync_period=opts.resync_period))

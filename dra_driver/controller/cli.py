@@ -76,6 +76,18 @@ def register(subparsers: SubParsers) -> None:
         help="namespace of the Lease (default: $POD_NAMESPACE, else the kubeconfig's namespace)",
     )
     kube.add_argument(
+        "--plugin-pod-selector",
+        default=None,
+        help="label selector of the kubelet plugin's pods (e.g. app.kubernetes.io/component=plugin): "
+        "label a node for a pool only while one of them is Ready on it (default: every node the "
+        "fabric reaches)",
+    )
+    kube.add_argument(
+        "--plugin-namespace",
+        default=os.environ.get("POD_NAMESPACE"),
+        help="namespace of the plugin's pods (default: $POD_NAMESPACE, else the kubeconfig's namespace)",
+    )
+    kube.add_argument(
         "--identity",
         default=None,
         help="this replica's identity in the Lease (default: $POD_NAME, else hostname-pid)",
@@ -197,6 +209,8 @@ def run(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         ready_file=str(args.ready_file) if args.ready_file else None,
+        plugin_pod_selector=args.plugin_pod_selector or None,
+        plugin_namespace=args.plugin_namespace or config.namespace,
     )
 
     # One line per HTTP request would drown the controller's own events (a pass writes ~80 slices).

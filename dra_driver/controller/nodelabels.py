@@ -7,6 +7,10 @@ Kubernetes, so nodes are watched too and a new node gets its labels as soon as i
 Only the label keys of pools this controller owns are touched — pools of its inventory, and
 pools of the slices it published (a pool that left the inventory) — so the controllers of
 several fabric managers under one driver never undo each other's labels.
+
+With :class:`.pluginpods.PluginNodes` (``--plugin-pod-selector``), a node the fabric reaches is
+labelled only while a plugin pod is Ready on it, and loses the labels when it has none: the
+scheduler never allocates a device to a node whose kubelet could not prepare it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 from dra_driver.controller.inventory_feed import InventoryFeed
 from dra_driver.controller.metrics import NODE_LABEL_PATCHES
+from dra_driver.controller.pluginpods import PluginNodes
 from dra_driver.controller.resourcenames import pool_label_key, pool_label_prefix
 from dra_driver.controller.slices import slice_selector
 from manager_api.models import Inventory
@@ -43,9 +48,17 @@ def desired_node_labels(inventory: Inventory, driver: str) -> dict[str, set[str]
 
 class NodeLabeler:
     def __init__(
-        self, kube: KubeClient, driver: str, *, publisher: str = "default", debounce: float = 0.05
+        self,
+        kube: KubeClient,
+        driver: str,
+        *,
+        publisher: str = "default",
+        debounce: float = 0.05,
+        plugin_nodes: PluginNodes | None = None,
     ) -> None:
         self._kube = kube
+        self._plugin_nodes = plugin_nodes
+        self._warned_no_plugin: set[str] = set()
         self._driver = driver
         self._publisher = publisher
         self._prefix = pool_label_prefix(driver) + "/"
@@ -64,6 +77,15 @@ class NodeLabeler:
             tasks.create_task(self._informer.run())
             tasks.create_task(self._follow(feed))
             tasks.create_task(self._reconcile_loop(feed))
+            if self._plugin_nodes is not None:
+                tasks.create_task(self._plugin_nodes.run())
+                tasks.create_task(self._follow_plugins(self._plugin_nodes))
+
+    async def _follow_plugins(self, plugins: PluginNodes) -> None:
+        while True:
+            await plugins.changed.wait()
+            plugins.changed.clear()
+            self._trigger.set()
 
     async def _follow(self, feed: InventoryFeed) -> None:
         version: int | None = None
@@ -113,6 +135,8 @@ class NodeLabeler:
     async def _reconcile_loop(self, feed: InventoryFeed) -> None:
         backoff = Backoff(initial=0.2, maximum=30.0)
         await self._informer.synced.wait()
+        if self._plugin_nodes is not None:
+            await self._plugin_nodes.synced.wait()
         while True:
             await self._trigger.wait()
             self._trigger.clear()
@@ -134,6 +158,12 @@ class NodeLabeler:
         """Patch every node whose pool labels differ; returns the number of patches."""
         await self._learn_owned(inventory)
         wanted = desired_node_labels(inventory, self._driver)
+        if self._plugin_nodes is not None:
+            with_plugin = self._plugin_nodes.nodes()
+            for name in sorted(set(wanted) - with_plugin - self._warned_no_plugin):
+                log.warning("the fabric reaches a node without a Ready plugin pod; not labelled", node=name)
+            self._warned_no_plugin = set(wanted) - with_plugin
+            wanted = {name: keys for name, keys in wanted.items() if name in with_plugin}
         for name in sorted(set(wanted) - set(self._nodes) - self._warned_missing):
             self._warned_missing.add(name)
             log.warning("the fabric reaches a node Kubernetes does not know (yet)", node=name)

@@ -82,11 +82,11 @@ class PluginProbes:
 
     def _grpc_problem(self) -> str | None:
         timeout = self.timeout
-        return _answers(
-            self.registration_socket,
-            lambda channel: reg_grpc.RegistrationStub(channel).GetInfo(reg_pb2.InfoRequest(), timeout=timeout),
-            timeout,
-        ) or _answers(
+
+        def get_info(channel: grpc.Channel) -> object:
+            return reg_grpc.RegistrationStub(channel).GetInfo(reg_pb2.InfoRequest(), timeout=timeout)
+
+        return _answers(self.registration_socket, get_info, timeout) or _answers(
             self.dra_socket,
             lambda channel: dra_grpc.DRAPluginStub(channel).NodePrepareResources(
                 dra_pb2.NodePrepareResourcesRequest(), timeout=timeout

@@ -7,9 +7,11 @@ tool ``kubectl apply -k`` uses, so what the tests check is what a cluster receiv
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import tempfile
 import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -22,6 +24,8 @@ import yaml
 
 __all__ = [
     "ARTICLE_MANIFESTS",
+    "COMPONENTS_DIR",
+    "COMPOSITIONS",
     "DEPLOY_DIR",
     "DRIVER_NAME",
     "FABRIC_DRA_IMAGES",
@@ -30,15 +34,20 @@ __all__ = [
     "PACKAGES",
     "REPO_ROOT",
     "Container",
+    "component_names",
     "containers",
     "expand",
     "find",
     "kustomize_command",
     "load_yaml_documents",
+    "make_image_refs",
     "overlay_names",
     "overlay_params",
     "pod_templates",
     "render",
+    "render_composition",
+    "render_target",
+    "target_names",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -53,6 +62,16 @@ PACKAGES: tuple[str, ...] = tuple(
     )
 )
 OVERLAYS_DIR = DEPLOY_DIR / "overlays"
+COMPONENTS_DIR = DEPLOY_DIR / "components"
+#: What a platform engineer composes from the shipped pieces (docs/deploy.md, "Production
+#: checklist"): an overlay plus opt-in components, rendered like an overlay of their own, so every
+#: check of the rendered overlays holds for them too. name → (overlay, components).
+COMPOSITIONS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "production-complete": (
+        "production",
+        ("binding-conditions", "plugin-scheduling", "critical-priority-quota", "selinux"),
+    ),
+}
 #: The Kubernetes minor versions fabric-dra supports (resource.k8s.io/v1 is served from 1.34).
 KUBERNETES_VERSIONS = ("1.34", "1.35", "1.36", "1.37")
 DRIVER_NAME = "fabric-dra.io"
@@ -96,15 +115,67 @@ def render(path: Path) -> list[Obj]:
     return load_yaml_documents(_render(str(path)))
 
 
+@cache
+def _render_composition(name: str) -> str:
+    overlay, components = COMPOSITIONS[name]
+    with tempfile.TemporaryDirectory(prefix="fabric-dra-kustomize-") as tmp:
+        # kustomize takes only relative paths to other kustomizations.
+        def rel(path: Path) -> str:
+            return os.path.relpath(path, tmp)
+
+        kustomization = {
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            "resources": [rel(OVERLAYS_DIR / overlay)],
+            "components": [rel(COMPONENTS_DIR / c) for c in components],
+        }
+        (Path(tmp) / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+        return _render.__wrapped__(tmp)
+
+
+def render_composition(name: str) -> list[Obj]:
+    """The objects of :data:`COMPOSITIONS` ``name``: its overlay with its components added."""
+    return load_yaml_documents(_render_composition(name))
+
+
+def render_target(name: str) -> list[Obj]:
+    """An overlay's or a composition's objects, by the name :func:`target_names` lists."""
+    return render_composition(name) if name in COMPOSITIONS else render(OVERLAYS_DIR / name)
+
+
 def overlay_names() -> list[str]:
     return sorted(p.parent.name for p in OVERLAYS_DIR.glob("*/kustomization.yaml"))
 
 
+def component_names() -> list[str]:
+    return sorted(p.parent.name for p in COMPONENTS_DIR.glob("*/kustomization.yaml"))
+
+
+def target_names() -> list[str]:
+    """Every overlay and every composition."""
+    return overlay_names() + sorted(COMPOSITIONS)
+
+
 def overlay_params() -> list[Any]:
-    """Overlay names as pytest parameters. The ids are paths, never the bare word "kind": pytest
-    counts parameter ids as keywords, and tests/conftest.py skips anything with the keyword
-    "kind" where Docker is missing."""
-    return [pytest.param(name, id=f"overlays/{name}") for name in overlay_names()]
+    """Overlay and composition names as pytest parameters. The ids are paths, never the bare word
+    "kind": pytest counts parameter ids as keywords, and tests/conftest.py skips anything with the
+    keyword "kind" where Docker is missing."""
+    return [pytest.param(name, id=f"overlays/{name}") for name in overlay_names()] + [
+        pytest.param(name, id=f"compositions/{name}") for name in sorted(COMPOSITIONS)
+    ]
+
+
+def make_image_refs(*variables: str) -> list[str]:
+    """The image references `make image` tags (its `print-image` target), with make variables
+    such as ``REGISTRY=`` given."""
+    result = subprocess.run(
+        ["make", "-C", str(REPO_ROOT), "--no-print-directory", "-s", "print-image", *variables],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return result.stdout.split()
 
 
 def find(objects: list[Obj], kind: str, name: str | None = None) -> list[Obj]:

@@ -47,7 +47,7 @@ async def test_the_server_counts_note_bytes(mkube: KubeClient, ns: str, note: st
         return
     with pytest.raises(Invalid) as rejected:
         await mkube.create(EVENTS, _event(name, ns, note), ns)
-    assert "message: Invalid value: \"\": can have at most 1024 characters" in rejected.value.message
+    assert 'message: Invalid value: "": can have at most 1024 characters' in rejected.value.message
     assert rejected.value.body["details"]["causes"][0]["field"] == "message"
 
 
@@ -63,7 +63,9 @@ async def test_the_limit_holds_on_update_too(mkube: KubeClient, ns: str) -> None
     ["x" * 5000, "é" * 700, "∑" * 400, "x" + "😀" * 300, "a" * 1022 + "€€"],
     ids=["ascii", "2-byte", "3-byte", "4-byte", "cut-inside-a-character"],
 )
-async def test_the_recorder_writes_every_note_the_server_accepts(mkube: KubeClient, ns: str, note: str) -> None:
+async def test_the_recorder_writes_every_note_the_server_accepts(
+    mkube: KubeClient, ns: str, note: str
+) -> None:
     recorder = EventRecorder(mkube, controller="fabric-dra.io/manager", instance="manager-0")
     regarding = ObjectRef(kind="Pod", name="worker", namespace=ns)
     assert await recorder.record(regarding, reason="DeviceDetached", action="Detach", note=note)

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.deploy import OVERLAYS_DIR, kustomize_command, overlay_names, render
+from tests.support.deploy import kustomize_command, render_target, target_names
 
 
 @pytest.fixture(scope="session")
@@ -19,5 +19,6 @@ def kustomize() -> list[str]:
 
 @pytest.fixture(scope="session")
 def rendered_overlays(kustomize: list[str]) -> dict[str, list[dict[str, Any]]]:
-    """Every overlay under deploy/overlays, rendered by the real kustomize."""
-    return {name: render(OVERLAYS_DIR / name) for name in overlay_names()}
+    """Every overlay under deploy/overlays and every composition of an overlay with components
+    (tests.support.deploy.COMPOSITIONS), rendered by the real kustomize."""
+    return {name: render_target(name) for name in target_names()}

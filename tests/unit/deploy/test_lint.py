@@ -172,8 +172,22 @@ def _run_e2e(tmp_path: Path, tools: dict[str, str], *args: str) -> subprocess.Co
 def test_e2e_help_needs_nothing(tmp_path: Path) -> None:
     result = _run_e2e(tmp_path, {}, "--help")
     assert result.returncode == 0, result.stderr
-    for setting in ("FABRIC_DRA_E2E_NODE_IMAGE", "FABRIC_DRA_E2E_TIMEOUT", "FABRIC_DRA_E2E_KEEP"):
+    for setting in (
+        "FABRIC_DRA_E2E_NODE_IMAGE",
+        "FABRIC_DRA_E2E_IMAGE_LOAD",
+        "FABRIC_DRA_E2E_TIMEOUT",
+        "FABRIC_DRA_E2E_KEEP",
+    ):
         assert setting in result.stdout
+
+
+def test_every_dockerfile_pins_its_base_images_by_digest() -> None:
+    for dockerfile in dockerfiles():
+        text = dockerfile.read_text()
+        args = dict(re.findall(r"^ARG (\w+)=(\S+)$", text, re.MULTILINE))
+        for base in re.findall(r"^FROM\s+(\S+)", text, re.MULTILINE):
+            ref = re.sub(r"\$\{(\w+)\}", lambda m, known=args: known.get(m.group(1), m.group(0)), base)
+            assert re.fullmatch(r"[\w.:/-]+:[\w.-]+@sha256:[0-9a-f]{64}", ref), (dockerfile, ref)
 
 
 @pytest.mark.parametrize(
@@ -181,7 +195,17 @@ def test_e2e_help_needs_nothing(tmp_path: Path) -> None:
     [
         ({}, "docker is not installed"),
         (
-            {"docker": "exit 1", "kind": "exit 0", "kubectl": "exit 0", "timeout": 'shift; exec "$@"'},
+            {"docker": "exit 0", "kind": "exit 0", "kubectl": "exit 0", "timeout": 'shift; exec "$@"'},
+            "make is not installed",
+        ),
+        (
+            {
+                "docker": "exit 1",
+                "kind": "exit 0",
+                "kubectl": "exit 0",
+                "make": "exit 0",
+                "timeout": 'shift; exec "$@"',
+            },
             "no Docker engine is reachable",
         ),
         (
@@ -189,22 +213,41 @@ def test_e2e_help_needs_nothing(tmp_path: Path) -> None:
                 "docker": "exit 0",
                 "kind": 'echo "kind v0.29.0 go1.24.2 linux/amd64"',
                 "kubectl": "exit 0",
+                "make": "exit 0",
                 "timeout": 'shift; exec "$@"',
             },
-            "kind v0.29 is too old",
+            "kind v0.29.0 is too old",
         ),
         (
             {
                 "docker": "exit 0",
-                "kind": '[ "$1" = version ] && echo "kind v0.30.0 go1.24.6 linux/amd64"\n'
+                "kind": 'echo "kind version unknown"',
+                "kubectl": "exit 0",
+                "make": "exit 0",
+                "timeout": 'shift; exec "$@"',
+            },
+            "cannot tell the kind version from 'kind version unknown'",
+        ),
+        (
+            {
+                "docker": "exit 0",
+                "kind": '[ "$1" = version ] && echo "kind v0.32.0 go1.26.3 linux/amd64"\n'
                 '[ "$1" = get ] && echo kind\nexit 0',
                 "kubectl": "exit 0",
+                "make": "exit 0",
                 "timeout": 'shift; exec "$@"',
             },
             "a kind cluster named 'kind' already exists",
         ),
     ],
-    ids=["no-docker", "no-engine", "old-kind-binary", "existing-cluster"],
+    ids=[
+        "no-docker",
+        "no-make",
+        "no-engine",
+        "old-kind-binary",
+        "unreadable-kind-version",
+        "existing-cluster",
+    ],
 )
 def test_e2e_refuses_with_one_clear_line(tmp_path: Path, tools: dict[str, str], message: str) -> None:
     result = _run_e2e(tmp_path, tools)

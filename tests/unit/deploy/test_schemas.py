@@ -15,12 +15,14 @@ from packaging.version import Version
 
 from tests.support.deploy import (
     ARTICLE_MANIFESTS,
+    COMPOSITIONS,
     KUBERNETES_VERSIONS,
     OVERLAYS_DIR,
+    component_names,
     load_yaml_documents,
     overlay_names,
     overlay_params,
-    render,
+    render_target,
 )
 
 #: Kinds that a Kubernetes version serves only from some minor on: (apiVersion, kind) → first
@@ -33,11 +35,28 @@ SERVED_FROM: dict[tuple[str, str], str] = {}
 
 def test_every_expected_overlay_exists() -> None:
     assert {"kind", "binding-conditions", "production"} <= set(overlay_names())
+    assert {
+        "emulator",
+        "real-hosts",
+        "binding-conditions",
+        "plugin-scheduling",
+        "critical-priority-quota",
+        "selinux",
+    } <= set(component_names())
+
+
+def test_every_component_is_rendered_somewhere() -> None:
+    """A component no overlay or composition uses would go unchecked by every test here."""
+    used: set[str] = {c for _, components in COMPOSITIONS.values() for c in components}
+    for overlay in overlay_names():
+        text = (OVERLAYS_DIR / overlay / "kustomization.yaml").read_text()
+        used |= {c for c in component_names() if f"components/{c}" in text}
+    assert used == set(component_names())
 
 
 @pytest.mark.parametrize("overlay", overlay_params())
 def test_overlay_renders(overlay: str, kustomize: list[str]) -> None:
-    objects = render(OVERLAYS_DIR / overlay)
+    objects = render_target(overlay)
     kinds = {o["kind"] for o in objects}
     assert {"DaemonSet", "Deployment", "DeviceClass", "ValidatingAdmissionPolicy"} <= kinds, kinds
 

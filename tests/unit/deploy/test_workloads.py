@@ -256,7 +256,7 @@ def test_manager_is_replicated_and_can_roll(objects: list[Obj]) -> None:
     manager = _container(objects, "fabric-dra-manager", "manager")
     assert "--leader-elect" in manager.args
     assert manager.spec["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    (metrics,) = find(objects, "Service", "fabric-dra-metrics")
+    (metrics,) = find(objects, "Service", "fabric-dra-manager-metrics")
     assert metrics["spec"]["publishNotReadyAddresses"] is True, "followers' metrics are scraped too"
 
 
