@@ -10,6 +10,7 @@ One job per module:
 - :mod:`.inventory` — the manager's inventory as an event source (long poll)
 - :mod:`.publisher` — writes the slices, event-driven, with zero writes when nothing changed
 - :mod:`.nodelabels` — the per-pool node labels the slices' node selectors match
+- :mod:`.pluginpods` — which nodes have a Ready kubelet plugin (only they get pool labels)
 - :mod:`.features` — what the cluster serves (device taints)
 - :mod:`.binding` — the binding-condition flow on ResourceClaims
 - :mod:`.metrics`, :mod:`.health` — Prometheus metrics and the probe endpoint

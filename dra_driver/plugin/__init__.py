@@ -15,7 +15,8 @@ cdi            transient CDI spec files
 checkpoint     the on-disk record of prepared claims
 reconcile      startup repair of checkpoint vs CDI specs vs the fabric's bindings
 health         the DRAResourceHealth stream
-metrics        per-phase latency histograms
+metrics        per-phase latency histograms, served with the probes
+probes         readiness (registered, checkpoint loaded) and liveness (gRPC answers) for the kubelet
 server         wiring, sockets, signals
 cli            ``register(subparsers)`` for the root command line
 ============== ================================================================================
