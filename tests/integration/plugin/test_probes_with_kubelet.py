@@ -13,7 +13,6 @@ import urllib.request
 from pathlib import Path
 
 from kube_standin.kubelet_client import PluginManager
-from plumbing.procs import RoleProcess
 from tests.support.kubelet import running_kubelet
 from tests.support.plugin import DRIVER, PluginStack, free_port, short_dir
 
@@ -45,7 +44,9 @@ async def test_ready_once_registered_and_a_surge_pod_waits_for_its_own_registrat
     root = short_dir()
     old_port, new_port = free_port(), free_port()
     try:
-        with PluginStack(root, backend="noop", metrics_port=old_port) as stack:
+        # A short node name: the surge pod's registration socket name carries a 36-character pod UID,
+        # and a unix socket path has at most 107 bytes.
+        with PluginStack(root, node="n1", backend="noop", metrics_port=old_port) as stack:
             # Serving, but no kubelet has registered it: live, not ready.
             assert await asyncio.to_thread(_get, old_port, "/healthz") == (200, "ok")
             assert await _until(old_port, "/readyz", 503) == "not registered with the kubelet yet"
@@ -54,25 +55,24 @@ async def test_ready_once_registered_and_a_surge_pod_waits_for_its_own_registrat
                 assert await _until(old_port, "/readyz", 200) == "ok"
 
                 # The DaemonSet's surge pod: same host directories, its own socket names (POD_UID).
-                new_args = stack.plugin_args()
-                new_args[new_args.index("--metrics-port") + 1] = str(new_port)
-                new_args[new_args.index("--ready-file") + 1] = str(root / "new.ready")
-                new = RoleProcess(
-                    new_args,
-                    ready_file=root / "new.ready",
-                    log_file=root / "new.log",
-                    env={"POD_UID": "0c4f6a52-8d0e-4c1e-9a7b-2f0c3b1d5e6a"},
+                uid = "0c4f6a52-8d0e-4c1e-9a7b-2f0c3b1d5e6a"
+                new = stack.stack.plugin(
+                    stack.node,
+                    None,
+                    stack.kubeconfig,
                     name="plugin-new",
-                ).start()
+                    dirs=stack.dirs,
+                    backend="noop",
+                    metrics_port=new_port,
+                    env={"POD_UID": uid},
+                )
                 try:
                     assert await _until(new_port, "/readyz", 200) == "ok"
-                    assert f"{DRIVER}-0c4f6a52-8d0e-4c1e-9a7b-2f0c3b1d5e6a-reg.sock" in _registered_sockets(
-                        kubelet
-                    )
+                    assert f"{DRIVER}-{uid}-reg.sock" in _registered_sockets(kubelet)
                     # The old pod is still ready beside it: the kubelet can call either.
                     assert await asyncio.to_thread(_get, old_port, "/readyz") == (200, "ok")
                 finally:
-                    new.stop()
+                    new.role.stop()
                 # A DRA socket that stops answering makes the plugin not live (and not ready).
                 stack.dra_socket.unlink()
                 reason = await _until(old_port, "/healthz", 503)
