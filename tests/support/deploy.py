@@ -47,6 +47,7 @@ __all__ = [
     "render",
     "render_composition",
     "render_target",
+    "run_make",
     "target_names",
 ]
 
@@ -165,17 +166,21 @@ def overlay_params() -> list[Any]:
     ]
 
 
-def make_image_refs(*variables: str) -> list[str]:
-    """The image references `make image` tags (its `print-image` target), with make variables
-    such as ``REGISTRY=`` given."""
-    result = subprocess.run(
-        ["make", "-C", str(REPO_ROOT), "--no-print-directory", "-s", "print-image", *variables],
+def run_make(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """``make`` in the repository with ``args`` (targets, options such as ``-n``, variables)."""
+    return subprocess.run(
+        ["make", "-C", str(REPO_ROOT), "--no-print-directory", *args],
         capture_output=True,
         text=True,
         timeout=60,
-        check=True,
+        check=check,
     )
-    return result.stdout.split()
+
+
+def make_image_refs(*variables: str) -> list[str]:
+    """The image references `make image` tags (its `print-image` target), with make variables
+    such as ``REGISTRY=`` given."""
+    return run_make("-s", "print-image", *variables).stdout.split()
 
 
 def find(objects: list[Obj], kind: str, name: str | None = None) -> list[Obj]:

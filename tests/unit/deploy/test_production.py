@@ -26,6 +26,7 @@ from tests.support.deploy import (
     overlay_params,
     pod_templates,
     render,
+    run_make,
 )
 
 Obj = dict[str, Any]
@@ -77,13 +78,7 @@ def test_make_image_builds_exactly_the_tags_it_prints() -> None:
     """`make -n image` (what it would run) tags the build with `make print-image`'s references, for
     the defaults and for a registry of your own."""
     for variables in ([], ["REGISTRY=registry.example.com/team"], ["REGISTRY=", "IMAGE_TAG=kind"]):
-        dry = subprocess.run(
-            ["make", "-C", str(REPO_ROOT), "--no-print-directory", "-n", "image", *variables],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        ).stdout
+        dry = run_make("-n", "image", *variables).stdout
         (build,) = [line for line in dry.replace("\\\n", " ").splitlines() if "docker build" in line]
         assert re.findall(r"--tag (\S+)", build) == make_image_refs(*variables)
         assert build.rstrip().endswith(" ."), "the build context is the repository"
@@ -94,32 +89,12 @@ def test_make_image_builds_exactly_the_tags_it_prints() -> None:
 
 
 def test_make_push_names_a_registry_and_pushes_both_tags() -> None:
-    dry = subprocess.run(
-        [
-            "make",
-            "-C",
-            str(REPO_ROOT),
-            "--no-print-directory",
-            "-n",
-            "push",
-            "REGISTRY=registry.example.com/team",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
+    dry = run_make("-n", "push", "REGISTRY=registry.example.com/team").stdout
     pushed = re.findall(r"docker push (\S+)", dry)
     assert pushed == make_image_refs("REGISTRY=registry.example.com/team")
     # Without a registry of your own, push stops before anything is built or pushed (DOCKER=false
     # would fail any docker command it reached).
-    refused = subprocess.run(
-        ["make", "-C", str(REPO_ROOT), "--no-print-directory", "push", "DOCKER=false", "ALLOW_DIRTY=1"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    refused = run_make("push", "DOCKER=false", "ALLOW_DIRTY=1", check=False)
     assert refused.returncode != 0
     assert "make push: name your registry, e.g. make push REGISTRY=" in refused.stderr
     assert "docker" not in refused.stdout + refused.stderr.replace("make push", "")
