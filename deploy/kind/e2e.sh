@@ -321,7 +321,8 @@ create_cluster() {
   k get --raw /apis/resource.k8s.io/v1 >/dev/null || fail "the cluster does not serve resource.k8s.io/v1"
   local node problem containerd_version
   for node in $(kind get nodes --name "${CLUSTER}"); do
-    problem="$(timeout 60 docker exec "${node}" containerd config dump 2>&1 | containerd_config_ok 2>&1)" ||
+    # Only stdout is TOML: containerd warns on stderr (e.g. about keys of an older config version).
+    problem="$(timeout 60 docker exec "${node}" containerd config dump 2>/dev/null | containerd_config_ok 2>&1)" ||
       fail "containerd in node ${node} is not set up for fabric-dra: ${problem}"
   done
   containerd_version="$(node_containerd_version "${CLUSTER}-control-plane")"
@@ -330,9 +331,11 @@ create_cluster() {
 
 build_images() {
   step "building the fabric-dra image (make image) and the article's agent-runner stand-in"
+  local refs
+  refs="$(make -C "${REPO_ROOT}" --no-print-directory -s print-image "${MAKE_IMAGE_VARS[@]}")"
+  grep -qxF "${IMAGE}" <<<"${refs}" ||
+    fail "make image no longer tags ${IMAGE} (the kind overlay's image) with ${MAKE_IMAGE_VARS[*]}, only: ${refs//$'\n'/ }"
   make -C "${REPO_ROOT}" --no-print-directory image "${MAKE_IMAGE_VARS[@]}"
-  make -C "${REPO_ROOT}" --no-print-directory -s print-image "${MAKE_IMAGE_VARS[@]}" | grep -qxF "${IMAGE}" ||
-    fail "make image no longer tags ${IMAGE} (the kind overlay's image) with ${MAKE_IMAGE_VARS[*]}"
   docker build --tag "${RUNNER_BUILD_TAG}" "${KIND_DIR}/agent-runner"
   load_image "${IMAGE}"
 }

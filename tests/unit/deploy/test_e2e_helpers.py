@@ -22,7 +22,7 @@ from dra_driver.plugin.cdi import SpecDevice, build_specs, write_specs
 from dra_driver.plugin.hostdev import HostDevice
 from fabric.status import render_json
 from manager_api import models as api
-from tests.support.deploy import DEPLOY_DIR, DRIVER_NAME, KUBERNETES_VERSIONS, REPO_ROOT
+from tests.support.deploy import DEPLOY_DIR, DRIVER_NAME, KUBERNETES_VERSIONS, REPO_ROOT, make_image_refs
 
 E2E_SCRIPT = DEPLOY_DIR / "kind" / "e2e.sh"
 CLAIM_UID = "0f1e2d3c-4b5a-4978-8a6b-5c4d3e2f1a0b"
@@ -578,3 +578,30 @@ def test_the_shared_directory_is_emptied_only_after_the_cluster_is_gone(tmp_path
     # Nothing reaches into a node to delete files while it runs.
     assert not [c for c in calls if c.startswith("docker exec") and "rm -rf" in c]
     assert not list(tmp_path.glob("fabric-dra-e2e.*")), "the work directory is removed"
+
+
+def test_build_images_runs_make_image_and_loads_what_it_tagged(tmp_path: Path) -> None:
+    """build_images with the real make and stub docker/kind: `make image` builds the repository's
+    Dockerfile with the kind overlay's tag, and that tag is what gets loaded into the nodes."""
+    bin_dir, calls = _stub_bin(
+        tmp_path,
+        {
+            "kind": f'[ "$1" = version ] && echo "kind v0.32.0 go1.26.3 linux/amd64"\n{_KIND_NODES}\nexit 0',
+            "docker": '[ "$1" = exec ] && [ "$3" = containerd ] && '
+            'echo "containerd github.com/containerd/containerd/v2 v2.3.1 abc"\nexit 0',
+            "timeout": 'shift; exec "$@"',
+        },
+    )
+    result = _source_and_run("build_images", env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert result.returncode == 0, result.stderr
+    log = calls.read_text().splitlines()
+    builds = [line.split() for line in log if line.startswith("docker build")]
+    fabric_dra, runner = builds
+    tags = [fabric_dra[i + 1] for i, word in enumerate(fabric_dra) if word == "--tag"]
+    assert "fabric-dra:kind" in tags and tags == make_image_refs(
+        "REGISTRY=", "IMAGE_NAME=fabric-dra", "IMAGE_TAG=kind"
+    )
+    assert fabric_dra[-1] == "."  # make runs in the repository: its Dockerfile and .dockerignore
+    assert runner[-1] == str(DEPLOY_DIR / "kind" / "agent-runner")
+    loads = [i for i, line in enumerate(log) if line.startswith("kind load docker-image fabric-dra:kind")]
+    assert loads and loads[0] > log.index(" ".join(fabric_dra))
