@@ -61,25 +61,34 @@ def api_calls(paths: list[str]) -> Iterator[tuple[str, str, str, str]]:
         path = REPO_ROOT / rel
         files.extend(sorted(path.rglob("*.py")) if path.is_dir() else [path])
     for file in files:
-        tree = ast.parse(file.read_text(), str(file))
-        for node in ast.walk(tree):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args):
-                continue
-            verb = _VERBS.get(node.func.attr)
-            if verb is None:
-                continue
-            first = node.args[0]
-            if isinstance(first, ast.Call) and isinstance(first.func, ast.Attribute):
-                first = first.func.value  # RESOURCE_CLAIMS.with_version(...)
-            if not (isinstance(first, ast.Name) and first.id in _RESOURCES):
-                continue
-            resource = _RESOURCES[first.id]
-            plural = resource.plural
-            for keyword in node.keywords:
-                if keyword.arg == "subresource" and isinstance(keyword.value, ast.Constant):
-                    plural = f"{plural}/{keyword.value.value!s}"
-            where = f"{file.relative_to(REPO_ROOT)}:{node.lineno}"
-            yield where, resource.group, plural, verb
+        yield from calls_in_source(file.read_text(), str(file.relative_to(REPO_ROOT)))
+
+
+def _resource_named(node: ast.expr) -> resources.Resource | None:
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        node = node.func.value  # RESOURCE_CLAIMS.with_version(...)
+    return _RESOURCES.get(node.id) if isinstance(node, ast.Name) else None
+
+
+def calls_in_source(source: str, name: str) -> Iterator[tuple[str, str, str, str]]:
+    """The API calls of one source file: client methods with a resource constant as first
+    argument, and informers (``Informer(kube, RESOURCE, …)``), which list and watch."""
+    for node in ast.walk(ast.parse(source, name)):
+        if not isinstance(node, ast.Call):
+            continue
+        callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        if callee == "Informer" and len(node.args) >= 2 and (resource := _resource_named(node.args[1])):
+            for verb in ("list", "watch"):
+                yield f"{name}:{node.lineno}", resource.group, resource.plural, verb
+            continue
+        verb = _VERBS.get(callee) if isinstance(node.func, ast.Attribute) else None
+        if verb is None or not node.args or (resource := _resource_named(node.args[0])) is None:
+            continue
+        plural = resource.plural
+        for keyword in node.keywords:
+            if keyword.arg == "subresource" and isinstance(keyword.value, ast.Constant):
+                plural = f"{plural}/{keyword.value.value!s}"
+        yield f"{name}:{node.lineno}", resource.group, plural, verb
 
 
 def granted(objects: list[Obj], account: str, group: str, resource: str, verb: str) -> bool:
@@ -95,6 +104,15 @@ def granted(objects: list[Obj], account: str, group: str, resource: str, verb: s
             ):
                 return True
     return False
+
+
+def test_informers_count_as_list_and_watch() -> None:
+    source = "informer = Informer(kube, NODES, on_changes=handle)\nawait kube.patch(NODES, name, body)\n"
+    assert sorted((g, r, v) for _, g, r, v in calls_in_source(source, "example.py")) == [
+        ("", "nodes", "list"),
+        ("", "nodes", "patch"),
+        ("", "nodes", "watch"),
+    ]
 
 
 def test_calls_are_found() -> None:
