@@ -1,6 +1,7 @@
-"""The plugin's /healthz and /readyz on a real port of an in-process plugin: not ready until the
-kubelet accepted the registration, not live when a gRPC server stops answering on its socket or
-the event loop that serves them is stuck."""
+"""The plugin's /healthz and /readyz on a real port of an in-process plugin: neither passes while
+the checkpoint is loaded and reconciled, not ready until the kubelet accepted the registration,
+not live when a gRPC server stops answering on its socket or the event loop that serves them is
+stuck."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from dra_driver.plugin.registration import RegistrationStatus
 from dra_driver.plugin.server import PluginServer
 from dra_driver.proto.pluginregistration_v1 import api_pb2 as reg_pb2
 from dra_driver.proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
+from manager_api.models import Device
 from tests.unit.plugin.conftest import FakeClaims, ScriptedBackend, make_config
 
 
@@ -54,6 +56,52 @@ async def _notify(server: PluginServer, registered: bool, error: str = "") -> No
         await reg_grpc.RegistrationStub(channel).NotifyRegistrationStatus(
             reg_pb2.RegistrationStatus(plugin_registered=registered, error=error)
         )
+
+
+class _SlowFabric(ScriptedBackend):
+    """Reconcile at start asks the fabric for this node's bindings; this fabric answers only once
+    ``answer`` is set (a manager that is slow to reply, a large checkpoint to check)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = asyncio.Event()
+        self.answer = asyncio.Event()
+
+    async def bindings(self) -> list[Device] | None:
+        self.asked.set()
+        await self.answer.wait()
+        return await super().bindings()
+
+
+async def test_neither_live_nor_ready_while_the_checkpoint_is_reconciled(short_tmp: Path) -> None:
+    """The port answers from the first moment (so the startup probe, not a refused connection,
+    covers the load), but 503 until the plugin serves both gRPC sockets."""
+    fabric = _SlowFabric()
+    server = PluginServer(
+        make_config(short_tmp, metrics_port=0, metrics_host="127.0.0.1"),
+        claims=FakeClaims(),
+        backend=fabric,
+    )
+    starting = asyncio.create_task(server.start())
+    try:
+        await asyncio.wait_for(fabric.asked.wait(), 15)
+        port = server.metrics_port
+        assert port is not None
+        for path in ("/healthz", "/readyz"):
+            assert await _probe(port, path) == (503, "starting: loading the checkpoint and reconciling")
+        assert not server.config.registration_socket.exists()
+        fabric.answer.set()
+        await asyncio.wait_for(starting, 15)
+        assert await _probe(port, "/healthz") == (200, "ok")
+        assert await _probe(port, "/readyz") == (503, "not registered with the kubelet yet")
+        await _notify(server, True)
+        assert await _probe(port, "/readyz") == (200, "ok")
+    finally:
+        fabric.answer.set()
+        if not starting.done():
+            starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        await server.stop()
 
 
 async def test_ready_only_once_the_kubelet_accepted_the_registration(plugin: PluginServer) -> None:
