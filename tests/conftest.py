@@ -23,6 +23,12 @@ def docker_engine_reason() -> str | None:
     """Why kind cannot run here, or None when it can."""
     if shutil.which("kind") is None:
         return "the kind binary is not installed"
+    return docker_reason()
+
+
+@cache
+def docker_reason() -> str | None:
+    """Why no container image can be built or run here, or None when it can."""
     if shutil.which("docker") is None:
         return "the docker client is not installed"
     try:
@@ -42,6 +48,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             kind_reason = kind_reason or docker_engine_reason()
             if kind_reason:
                 item.add_marker(pytest.mark.skip(reason=f"needs Docker + kind: {kind_reason}"))
+        if item.get_closest_marker("docker") is not None and (docker := docker_reason()):
+            item.add_marker(pytest.mark.skip(reason=f"needs a Docker engine: {docker}"))
         if item.get_closest_marker("hardware") is not None and not os.environ.get("FABRIC_DRA_REDFISH_URL"):
             item.add_marker(
                 pytest.mark.skip(reason="needs a real PCIe/CXL fabric: set FABRIC_DRA_REDFISH_URL")

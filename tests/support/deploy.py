@@ -166,13 +166,13 @@ def overlay_params() -> list[Any]:
     ]
 
 
-def run_make(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def run_make(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """``make`` in the repository with ``args`` (targets, options such as ``-n``, variables)."""
     return subprocess.run(
         ["make", "-C", str(REPO_ROOT), "--no-print-directory", *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
         check=check,
     )
 
