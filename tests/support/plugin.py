@@ -12,6 +12,8 @@ Sockets live under a short directory (unix socket paths are limited to 107 bytes
 from __future__ import annotations
 
 import shutil
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,12 +36,23 @@ __all__ = [
     "FabricProcesses",
     "PluginStack",
     "free_port",
+    "probe",
     "rss_kib",
     "short_dir",
     "start_fabric",
 ]
 
 DRIVER = "fabric-dra.io"
+
+
+def probe(port: int, path: str, timeout: float = 15) -> tuple[int, str]:
+    """What the kubelet's HTTP probe of the plugin gets on 127.0.0.1:``port``: the status and the
+    body's one line (``/healthz``, ``/readyz``; docs/plugin.md, "Probes")."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as response:
+            return int(response.status), response.read().decode().strip()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode().strip()
 
 
 def rss_kib(pid: int) -> int:

@@ -8,28 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from kube_standin.kubelet_client import PluginManager
 from tests.support.kubelet import running_kubelet
-from tests.support.plugin import DRIVER, PluginStack, free_port, short_dir
-
-
-def _get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
-            return int(response.status), response.read().decode().strip()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode().strip()
+from tests.support.plugin import DRIVER, PluginStack, free_port, probe, short_dir
 
 
 async def _until(port: int, path: str, status: int, within: float = 20.0) -> str:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
     while True:
-        got, reason = await asyncio.to_thread(_get, port, path)
+        got, reason = await asyncio.to_thread(probe, port, path)
         if got == status:
             return reason
         assert loop.time() < deadline, f"{path} still answers {got} {reason!r}, not {status}"
@@ -48,7 +38,7 @@ async def test_ready_once_registered_and_a_surge_pod_waits_for_its_own_registrat
         # and a unix socket path has at most 107 bytes.
         with PluginStack(root, node="n1", backend="noop", metrics_port=old_port) as stack:
             # Serving, but no kubelet has registered it: live, not ready.
-            assert await asyncio.to_thread(_get, old_port, "/healthz") == (200, "ok")
+            assert await asyncio.to_thread(probe, old_port, "/healthz") == (200, "ok")
             assert await _until(old_port, "/readyz", 503) == "not registered with the kubelet yet"
             async with running_kubelet(stack.registry_dir) as kubelet:
                 await kubelet.wait_for_plugin(DRIVER, within=30)
@@ -70,7 +60,7 @@ async def test_ready_once_registered_and_a_surge_pod_waits_for_its_own_registrat
                     assert await _until(new_port, "/readyz", 200) == "ok"
                     assert f"{DRIVER}-{uid}-reg.sock" in _registered_sockets(kubelet)
                     # The old pod is still ready beside it: the kubelet can call either.
-                    assert await asyncio.to_thread(_get, old_port, "/readyz") == (200, "ok")
+                    assert await asyncio.to_thread(probe, old_port, "/readyz") == (200, "ok")
                 finally:
                     new.role.stop()
                 # A DRA socket that stops answering makes the plugin not live (and not ready).

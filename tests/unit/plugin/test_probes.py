@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -22,19 +20,12 @@ from dra_driver.plugin.server import PluginServer
 from dra_driver.proto.pluginregistration_v1 import api_pb2 as reg_pb2
 from dra_driver.proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
 from manager_api.models import Device
+from tests.support.plugin import probe
 from tests.unit.plugin.conftest import FakeClaims, ScriptedBackend, make_config
 
 
-def _get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=15) as response:
-            return int(response.status), response.read().decode().strip()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode().strip()
-
-
 async def _probe(port: int, path: str) -> tuple[int, str]:
-    return await asyncio.to_thread(_get, port, path)
+    return await asyncio.to_thread(probe, port, path)
 
 
 @pytest.fixture
@@ -137,7 +128,7 @@ async def test_not_live_while_the_event_loop_is_stuck(plugin: PluginServer) -> N
     assert port is not None
     plugin.probes.timeout = 0.5
     answers: list[tuple[int, str]] = []
-    asking = threading.Thread(target=lambda: answers.append(_get(port, "/healthz")))
+    asking = threading.Thread(target=lambda: answers.append(probe(port, "/healthz")))
     asking.start()
     # Block the loop that runs both gRPC servers for longer than the probe waits.
     time.sleep(2.0)  # noqa: ASYNC251 - the point is a loop that does not run
