@@ -17,11 +17,13 @@ import pytest
 from dra_driver.plugin.probes import Phase, PluginProbes
 from dra_driver.plugin.registration import RegistrationStatus
 from dra_driver.plugin.server import PluginServer
+from dra_driver.proto.dra_v1 import api_pb2 as dra_pb2
+from dra_driver.proto.dra_v1 import api_pb2_grpc as dra_grpc
 from dra_driver.proto.pluginregistration_v1 import api_pb2 as reg_pb2
 from dra_driver.proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
 from manager_api.models import Device
 from tests.support.plugin import probe
-from tests.unit.plugin.conftest import FakeClaims, ScriptedBackend, make_config
+from tests.unit.plugin.conftest import FakeClaims, ScriptedBackend, claim_object, make_config
 
 
 async def _probe(port: int, path: str) -> tuple[int, str]:
@@ -151,3 +153,46 @@ async def test_stopping_is_live_but_not_ready(short_tmp: Path) -> None:
     probes.phase = Phase.SERVING
     assert probes.live().status == 503  # nothing listens on those sockets
     assert probes.answer("/metrics") is None
+
+
+async def test_while_an_in_flight_prepare_finishes_on_sigterm_live_but_not_ready(short_tmp: Path) -> None:
+    """stop() (what SIGTERM runs) lets in-flight calls finish: meanwhile the pod must not be
+    restarted (live) but gets no new work (not ready)."""
+    claims, backend = FakeClaims(), ScriptedBackend()
+    backend.gates["gpu-0"] = asyncio.Event()
+    server = PluginServer(
+        make_config(short_tmp, metrics_port=0, metrics_host="127.0.0.1"), claims=claims, backend=backend
+    )
+    await server.start()
+    stopping: asyncio.Task[None] | None = None
+    try:
+        port = server.metrics_port
+        assert port is not None
+        await _notify(server, True)
+        assert await _probe(port, "/readyz") == (200, "ok")
+        uid, namespace, name = claims.add(claim_object("c1", devices=[("gpus", "gpu-0")]))
+        async with grpc.aio.insecure_channel(f"unix://{server.config.dra_socket}") as channel:
+            request = dra_pb2.NodePrepareResourcesRequest(
+                claims=[dra_pb2.Claim(namespace=namespace, name=name, uid=uid)]
+            )
+            call = dra_grpc.DRAPluginStub(channel).NodePrepareResources(request, timeout=45)
+            for _ in range(300):  # the fabric holds the attach until the gate opens
+                if backend.attach_calls:
+                    break
+                await asyncio.sleep(0.05)
+            assert backend.attach_calls == [(uid, "gpu-0")]
+            stopping = asyncio.create_task(server.stop())
+            await asyncio.sleep(0)  # stop() marks the phase before its first wait
+            assert server.probes.phase is Phase.STOPPING
+            assert await _probe(port, "/readyz") == (503, "stopping")
+            assert await _probe(port, "/healthz") == (200, "stopping")
+            backend.gates["gpu-0"].set()
+            response = await call
+            assert response.claims[uid].error == ""
+        await asyncio.wait_for(stopping, 30)
+    finally:
+        backend.gates["gpu-0"].set()
+        if stopping is None:
+            await server.stop()
+        else:
+            await asyncio.gather(stopping, return_exceptions=True)
