@@ -9,8 +9,9 @@ from typing import Any
 
 from dra_driver.controller.pluginpods import ready_node
 from dra_driver.controller.resourcenames import pool_label_key
-from tests.integration.controller.conftest import ApiServer, ControllerFactory, wait_for
+from tests.integration.controller.conftest import ApiServer, ControllerFactory
 from tests.support.controller import InventoryServer, make_device, make_inventory
+from tests.support.waiting import wait_until
 
 _namespaces = itertools.count(1)
 
@@ -76,21 +77,21 @@ def test_only_nodes_with_a_ready_plugin_are_labelled(
             "--plugin-pod-selector",
             f"app.kubernetes.io/component=plugin,test-driver={prefix}",
         )
-        wait_for(
+        wait_until(
             lambda: apiserver.node_labels(nodes[0]).get(key) == "true", what="label where the plugin is Ready"
         )
         assert all(key not in apiserver.node_labels(n) for n in nodes[1:])
 
         # The second plugin registers with its kubelet: its node is labelled too.
         _set_ready(apiserver, namespace, "plugin-b", True)
-        wait_for(
+        wait_until(
             lambda: apiserver.node_labels(nodes[1]).get(key) == "true", what="label once the plugin is Ready"
         )
 
         # The first node loses its plugin: no more devices are allocated there.
         response = apiserver.http.delete(f"/api/v1/namespaces/{namespace}/pods/plugin-a")
         assert response.status_code == 200, response.text
-        wait_for(lambda: key not in apiserver.node_labels(nodes[0]), what="label removed with the plugin")
+        wait_until(lambda: key not in apiserver.node_labels(nodes[0]), what="label removed with the plugin")
         assert apiserver.node_labels(nodes[1]).get(key) == "true"
         assert all(key not in apiserver.node_labels(n) for n in nodes[2:])
 

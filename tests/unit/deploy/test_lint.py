@@ -185,8 +185,12 @@ def test_every_dockerfile_pins_its_base_images_by_digest() -> None:
     for dockerfile in dockerfiles():
         text = dockerfile.read_text()
         args = dict(re.findall(r"^ARG (\w+)=(\S+)$", text, re.MULTILINE))
+
+        def expand(match: re.Match[str], known: dict[str, str] = args) -> str:
+            return known.get(match.group(1), match.group(0))
+
         for base in re.findall(r"^FROM\s+(\S+)", text, re.MULTILINE):
-            ref = re.sub(r"\$\{(\w+)\}", lambda m, known=args: known.get(m.group(1), m.group(0)), base)
+            ref = re.sub(r"\$\{(\w+)\}", expand, base)
             assert re.fullmatch(r"[\w.:/-]+:[\w.-]+@sha256:[0-9a-f]{64}", ref), (dockerfile, ref)
 
 

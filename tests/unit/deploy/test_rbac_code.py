@@ -78,8 +78,8 @@ def calls_in_source(source: str, name: str) -> Iterator[tuple[str, str, str, str
             continue
         callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
         if callee == "Informer" and len(node.args) >= 2 and (resource := _resource_named(node.args[1])):
-            for verb in ("list", "watch"):
-                yield f"{name}:{node.lineno}", resource.group, resource.plural, verb
+            for informer_verb in ("list", "watch"):
+                yield f"{name}:{node.lineno}", resource.group, resource.plural, informer_verb
             continue
         verb = _VERBS.get(callee) if isinstance(node.func, ast.Attribute) else None
         if verb is None or not node.args or (resource := _resource_named(node.args[0])) is None:
