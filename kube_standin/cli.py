@@ -93,7 +93,20 @@ def _register_apiserver(subparsers: SubParsers) -> None:
     parser.add_argument(
         "--server-version",
         metavar="X.Y.Z",
-        help="version reported by /version (default: the newest of --validate-versions, e.g. 1.37.0)",
+        help="version reported by /version, and the release whose feature gates are on by default "
+        "(default: the newest of --validate-versions, e.g. 1.37.0)",
+    )
+    parser.add_argument(
+        "--feature-gates",
+        metavar="A=true,B=false",
+        help="change feature gates from the release's defaults, as kube-apiserver's flag; fields of "
+        "disabled gates are dropped on write (docs/testing.md)",
+    )
+    parser.add_argument(
+        "--runtime-config",
+        metavar="GROUP/VERSION=true,...",
+        help="serve API versions that are off by default (resource.k8s.io/v1beta1, v1beta2), as "
+        "kube-apiserver's flag",
     )
     parser.add_argument(
         "--state-file",
@@ -144,6 +157,13 @@ def _run_apiserver(args: argparse.Namespace) -> int:
         raise CliError("--tls-cert-file and --tls-private-key-file go together; give both or neither")
     if args.history < 100:
         raise CliError("--history must be at least 100 changes")
+    from kube_standin.apiserver.features import FeatureGateError, parse_feature_gates, parse_runtime_config
+
+    try:
+        gates = parse_feature_gates(args.feature_gates)
+        runtime_config = parse_runtime_config(args.runtime_config)
+    except FeatureGateError as err:
+        raise CliError(str(err)) from err
     versions = (
         args.validate_versions
         if isinstance(args.validate_versions, tuple)
@@ -157,6 +177,8 @@ def _run_apiserver(args: argparse.Namespace) -> int:
         state_file=args.state_file,
         history=args.history,
         bookmark_interval=args.bookmark_interval,
+        feature_gates=gates,
+        runtime_config=runtime_config,
     )
 
     def on_ready(url: str) -> None:

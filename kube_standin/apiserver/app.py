@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.routing import Route
 
 from kube_standin.apiserver.auth import TokenAuthenticator
+from kube_standin.apiserver.features import FeatureGates, ServedVersions
 from kube_standin.apiserver.handlers.rest import RequestScope
 from kube_standin.apiserver.pipeline import RequestPipeline
 from kube_standin.apiserver.registry import RESOURCES
@@ -49,6 +50,10 @@ class ApiServerConfig:
     bookmark_interval: float = 60.0
     #: a watch without timeoutSeconds ends after a random time in [min, 2*min], as the real server.
     min_request_timeout: float = 1800.0
+    #: ``--feature-gates``: changes to the defaults of the release ``server_version`` names.
+    feature_gates: dict[str, bool] = field(default_factory=dict)
+    #: ``--runtime-config``: group/versions turned on (beta APIs are off by default) or off.
+    runtime_config: dict[str, bool] = field(default_factory=dict)
 
 
 class ApiServer:
@@ -71,12 +76,15 @@ class ApiServer:
         self.store.on_commit = self._on_commit
         if self.state is not None:
             self.state.load()
+        self.gates = FeatureGates.of(self.server_version, self.config.feature_gates)
         scope = RequestScope(
             store=self.store,
             catalog=self.catalog,
             auth=self.auth,
             bookmark_interval=self.config.bookmark_interval,
             min_request_timeout=self.config.min_request_timeout,
+            gates=self.gates,
+            served=ServedVersions(dict(self.config.runtime_config)),
         )
         self.pipeline = RequestPipeline(
             scope, self.hooks, allow_anonymous=self.config.allow_anonymous, server_version=self.server_version

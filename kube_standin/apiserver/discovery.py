@@ -8,6 +8,7 @@ import hashlib
 import platform
 from typing import Any
 
+from kube_standin.apiserver.features import ALL_SERVED, ServedVersions
 from kube_standin.apiserver.registry import GROUPS, ResourceType, resources_in
 
 __all__ = ["api_group", "api_group_list", "api_resource_list", "api_versions", "version_info"]
@@ -25,28 +26,29 @@ def api_versions(server_address: str) -> dict[str, Any]:
     }
 
 
-def api_group(group: str) -> dict[str, Any] | None:
+def api_group(group: str, served: ServedVersions = ALL_SERVED) -> dict[str, Any] | None:
     for api in GROUPS:
-        if api.name == group and group:
+        versions = served.filter(api.name, api.versions)
+        if api.name == group and group and versions:
             return {
                 "kind": "APIGroup",
                 "apiVersion": "v1",
                 "name": group,
-                "versions": [_group_version(group, v) for v in api.versions],
-                "preferredVersion": _group_version(group, api.versions[0]),
+                "versions": [_group_version(group, v) for v in versions],
+                "preferredVersion": _group_version(group, versions[0]),
             }
     return None
 
 
-def api_group_list() -> dict[str, Any]:
+def api_group_list(served: ServedVersions = ALL_SERVED) -> dict[str, Any]:
     groups = [
         {
             "name": api.name,
-            "versions": [_group_version(api.name, v) for v in api.versions],
-            "preferredVersion": _group_version(api.name, api.versions[0]),
+            "versions": [_group_version(api.name, v) for v in versions],
+            "preferredVersion": _group_version(api.name, versions[0]),
         }
         for api in GROUPS
-        if api.name
+        if api.name and (versions := served.filter(api.name, api.versions))
     ]
     return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
 
@@ -57,8 +59,10 @@ def _storage_version_hash(res: ResourceType) -> str:
     return base64.b64encode(digest[:8]).decode()
 
 
-def api_resource_list(group: str, version: str) -> dict[str, Any] | None:
-    served = resources_in(group, version)
+def api_resource_list(
+    group: str, version: str, versions: ServedVersions = ALL_SERVED
+) -> dict[str, Any] | None:
+    served = resources_in(group, version) if versions.allows(group, version) else []
     if not served:
         return None
     resources: list[dict[str, Any]] = []

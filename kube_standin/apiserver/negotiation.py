@@ -19,6 +19,7 @@ from kube_standin.apiserver.status import StatusError, bad_request, unsupported_
 from kube_standin.apiserver.tables import wants_table
 
 __all__ = [
+    "MAX_JSON_PATCH_OPERATIONS",
     "MAX_REQUEST_BYTES",
     "PATCH_TYPES",
     "decode_object_body",
@@ -32,6 +33,9 @@ __all__ = [
 #: ``MaxRequestBodyBytes``, 3 MiB: twice etcd's 1.5 MiB request limit, as JSON is larger than
 #: the protobuf that is stored).
 MAX_REQUEST_BYTES = 3 * 1024 * 1024
+#: ``maxJSONPatchOperations`` in ``k8s.io/apiserver/pkg/endpoints/handlers/patch.go``: a JSON
+#: patch with more operations is refused (413) before it is applied.
+MAX_JSON_PATCH_OPERATIONS = 10_000
 
 _OBJECT_TYPES = ("application/json", "", "application/yaml", "*/*")
 #: the PATCH media types (``k8s.io/apimachinery/pkg/types/patch.go``) and what each is here.
@@ -85,11 +89,20 @@ def patch_type(request: Request) -> str:
 
 
 def decode_patch(raw: bytes, kind: str) -> Any:
-    """The patch document: YAML for apply patches, JSON for the others."""
+    """The patch document: YAML for apply patches, JSON for the others; a JSON patch of more
+    than :data:`MAX_JSON_PATCH_OPERATIONS` operations is 413."""
     try:
-        return yaml.safe_load(raw) if kind == "apply" else json.loads(raw)
+        patch = yaml.safe_load(raw) if kind == "apply" else json.loads(raw)
     except (ValueError, yaml.YAMLError) as err:
         raise bad_request(f"the patch is not valid {'YAML' if kind == 'apply' else 'JSON'}: {err}") from err
+    if kind == "json" and isinstance(patch, list) and len(patch) > MAX_JSON_PATCH_OPERATIONS:
+        raise StatusError(
+            413,
+            "RequestEntityTooLarge",
+            "Request entity too large: The allowed number of operations in a JSON patch is "
+            f"{MAX_JSON_PATCH_OPERATIONS}, but the patch has {len(patch)}",
+        )
+    return patch
 
 
 def table_include(request: Request) -> str | None:

@@ -13,6 +13,7 @@ import hashlib
 import json
 from typing import Any
 
+from kube_standin.apiserver.features import ALL_SERVED, ServedVersions
 from kube_standin.apiserver.registry import GROUPS, ResourceType, resources_in
 
 __all__ = ["group_version_document", "openapi_index"]
@@ -74,10 +75,10 @@ def group_version_document(group: str, version: str, server_version: str) -> dic
     }
 
 
-def openapi_index(server_version: str) -> dict[str, Any]:
+def openapi_index(server_version: str, served: ServedVersions = ALL_SERVED) -> dict[str, Any]:
     paths: dict[str, Any] = {}
     for api in GROUPS:
-        for version in api.versions:
+        for version in served.filter(api.name, api.versions):
             document = group_version_document(api.name, version, server_version)
             digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()[:32].upper()
             path = _gv_path(api.name, version)

@@ -115,15 +115,18 @@ class RequestPipeline:
             group, version, rest = "", segments[1], segments[2:]
         else:
             if len(segments) == 1:
-                return json_response(discovery.api_group_list())
+                return json_response(discovery.api_group_list(self.scope.served))
             if len(segments) == 2:
-                doc = discovery.api_group(segments[1])
+                doc = discovery.api_group(segments[1], self.scope.served)
                 if doc is None:
                     raise not_found_path()
                 return json_response(doc)
             group, version, rest = segments[1], segments[2], segments[3:]
+        if not self.scope.served.allows(group, version):
+            # A version --runtime-config left off is not there at all, as on a real server.
+            raise not_found_path()
         if not rest:
-            listing = discovery.api_resource_list(group, version)
+            listing = discovery.api_resource_list(group, version, self.scope.served)
             if listing is None:
                 raise not_found_path()
             return json_response(listing)
@@ -147,9 +150,11 @@ class RequestPipeline:
 
     def _openapi(self, path: str) -> Response:
         if path == "/openapi/v3":
-            return json_response(openapi.openapi_index(self.server_version))
+            return json_response(openapi.openapi_index(self.server_version, self.scope.served))
         segments = path.removeprefix("/openapi/v3/").split("/")
         group, version = ("", segments[1]) if segments[0] == "api" else (segments[1], segments[-1])
+        if not self.scope.served.allows(group, version):
+            raise not_found_path()
         if (segments[0] == "api" and len(segments) == 2) or (segments[0] == "apis" and len(segments) == 3):
             document = openapi.group_version_document(group, version, self.server_version)
             if document is not None:

@@ -12,6 +12,8 @@ the client wrote, as the real server reports them.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import json
 import re
@@ -64,6 +66,9 @@ POOL_NAME_MAX_LENGTH = 253
 DEVICE_REQUESTS_MAX = 32
 DEVICE_SELECTORS_MAX = 32
 RESERVED_FOR_MAX = 256
+# k8s.io/kubernetes/pkg/apis/core/types.go MaxSecretSize: what a ConfigMap's data + binaryData
+# (ValidateConfigMap) and a Secret's data (ValidateSecret) may hold together, in bytes.
+MAX_DATA_BYTES = 1024 * 1024
 
 
 class _Errors:
@@ -625,6 +630,25 @@ def _validate_device_class(errs: _Errors, obj: Obj) -> None:
     _selectors(errs, "spec.selectors", spec.get("selectors"))
 
 
+def _decoded_length(value: Any) -> int:
+    try:
+        return len(base64.b64decode(str(value), validate=True))
+    except (binascii.Error, ValueError):
+        return len(str(value))
+
+
+def _validate_data_size(errs: _Errors, res: ResourceType, obj: Obj) -> None:
+    """``ValidateConfigMap`` / ``ValidateSecret``: the data (decoded bytes) is at most 1 MiB."""
+    data = obj.get("data") or {}
+    if res.kind == "ConfigMap":
+        total = sum(len(str(v).encode()) for v in data.values())
+        total += sum(_decoded_length(v) for v in (obj.get("binaryData") or {}).values())
+        if total > MAX_DATA_BYTES:
+            errs.too_long("", MAX_DATA_BYTES)
+    elif res.kind == "Secret" and sum(_decoded_length(v) for v in data.values()) > MAX_DATA_BYTES:
+        errs.too_long("data", MAX_DATA_BYTES)
+
+
 _KIND_RULES: dict[str, Callable[[_Errors, Obj], None]] = {
     "ResourceSlice": _validate_resource_slice,
     "ResourceClaim": lambda errs, obj: _validate_claim_spec(errs, "spec", obj.get("spec")),
@@ -639,6 +663,8 @@ def validate_object(res: ResourceType, obj: Obj) -> list[Cause]:
     """Rules for an object being created (storage version)."""
     errs = _Errors()
     _validate_metadata(errs, res, obj.get("metadata") or {})
+    if res.group == "" and res.kind in ("ConfigMap", "Secret"):
+        _validate_data_size(errs, res, obj)
     if res.group == "resource.k8s.io":
         _KIND_RULES[res.kind](errs, obj)
         if res.kind == "ResourceClaim" and obj.get("status"):
@@ -655,6 +681,8 @@ def validate_update(res: ResourceType, new: Obj, old: Obj, subresource: str | No
         _validate_metadata(errs, res, new.get("metadata") or {})
     if res.kind == "Event":
         _validate_event(errs, new)
+    if res.group == "" and res.kind in ("ConfigMap", "Secret"):
+        _validate_data_size(errs, res, new)
     if res.group != "resource.k8s.io":
         return errs.causes
     if res.kind in ("ResourceClaim", "ResourceClaimTemplate") and new.get("spec") != old.get("spec"):

@@ -16,6 +16,7 @@ strategies; see :mod:`kube_standin.apiserver.registry`.
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import time
 import uuid
@@ -39,6 +40,7 @@ from kube_standin.apiserver.status import (
 )
 
 __all__ = [
+    "MAX_OBJECT_BYTES",
     "Change",
     "ChangeType",
     "ListPage",
@@ -57,6 +59,17 @@ _NAMESPACES = next(r for r in RESOURCES if r.plural == "namespaces")
 # apimachinery's generateName alphabet: no vowels, no confusable digits.
 _NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 _SERVER_METADATA = ("uid", "creationTimestamp", "resourceVersion", "generation", "deletionTimestamp")
+#: etcd's request limit (``--max-request-bytes``, default 1.5 MiB): a write of a larger object
+#: fails in etcd and the API server answers 500 ``etcdserver: request is too large``. Measured
+#: here on compact JSON, which is larger than the protobuf a real server stores, so the
+#: stand-in refuses a little earlier than a real server, never later.
+MAX_OBJECT_BYTES = 1536 * 1024
+
+
+def _check_object_size(obj: Obj) -> None:
+    if len(json.dumps(obj, separators=(",", ":"))) > MAX_OBJECT_BYTES:
+        # ErrorToAPIStatus of a plain (non-Status) error: code 500, reason Unknown (empty).
+        raise StatusError(500, "", "etcdserver: request is too large")
 
 
 def now_rfc3339() -> str:
@@ -356,6 +369,7 @@ class Store:
         if dry_run:
             meta["resourceVersion"] = str(self.rv)
             return new
+        _check_object_size(new)
         meta["resourceVersion"] = self._next_rv()
         self._commit(res, "ADDED", (namespace, name), new, None)
         return new
@@ -445,6 +459,7 @@ class Store:
             self._commit(res, "DELETED", obj_key, new, old)
             self._after_delete(res, namespace)
             return new
+        _check_object_size(new)
         meta["resourceVersion"] = self._next_rv()
         self._commit(res, "MODIFIED", obj_key, new, old)
         return new

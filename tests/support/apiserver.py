@@ -40,6 +40,10 @@ __all__ = [
     "start_apiserver",
 ]
 
+#: ``--runtime-config`` turning on the beta versions of resource.k8s.io, which a real 1.34+ server
+#: (and the API test server) leaves off by default — as deploy/kind's cluster config does.
+BETA_APIS = ("--runtime-config", "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true")
+
 
 @contextlib.contextmanager
 def start_apiserver(

@@ -33,7 +33,7 @@ log = get_logger(__name__)
 
 def create_stored(scope: RequestScope, info: RequestInfo, stored: Obj, *, dry_run: bool) -> Response:
     """Store ``stored`` (in its storage form) as a new object: 201 with what was created."""
-    created = scope.store.create(info.res, stored, dry_run=dry_run, admit=admit_create(info.res))
+    created = scope.store.create(info.res, stored, dry_run=dry_run, admit=admit_create(info.res, scope.gates))
     log.debug("created", resource=info.res.group_resource, name=created["metadata"]["name"])
     return json_response(present(info, created), 201)
 

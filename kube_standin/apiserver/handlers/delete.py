@@ -22,6 +22,7 @@ from kube_standin.apiserver.handlers.rest import (
     present,
     selection,
 )
+from kube_standin.apiserver.negotiation import read_limited_body
 from kube_standin.apiserver.requestinfo import RequestInfo
 from kube_standin.apiserver.responses import json_response
 from kube_standin.apiserver.status import bad_request
@@ -32,7 +33,8 @@ __all__ = ["delete_collection", "delete_resource"]
 async def _delete_options(request: Request) -> tuple[str | None, str | None, bool, bool | None]:
     """(uid precondition, resourceVersion precondition, dry run, orphanDependents)."""
     is_dry_run = dry_run(request)
-    raw = await request.body()
+    # limitedReadBody: DeleteOptions are read within the same 3 MiB limit as any body.
+    raw = await read_limited_body(request)
     uid = rv = None
     orphan: bool | None = None
     if raw.strip():

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from kube_standin.apiserver import rules
 from kube_standin.apiserver.auth import TokenAuthenticator
 from kube_standin.apiserver.convert import apply_defaults, from_storage, to_storage
+from kube_standin.apiserver.features import ALL_SERVED, NEWEST_DEFAULTS, FeatureGates, ServedVersions
 from kube_standin.apiserver.jsonobj import Obj
 from kube_standin.apiserver.registry import ResourceType
 from kube_standin.apiserver.requestinfo import RequestInfo
@@ -28,6 +29,7 @@ from kube_standin.apiserver.schemas import SchemaCatalog
 from kube_standin.apiserver.selectors import SelectorError, parse_field_selector, parse_label_selector
 from kube_standin.apiserver.status import Cause, StatusError, bad_request, invalid
 from kube_standin.apiserver.store import Store
+from kube_standin.apiserver.strategy import prepare_for_create, prepare_for_update
 
 __all__ = [
     "RequestScope",
@@ -55,6 +57,10 @@ class RequestScope:
     bookmark_interval: float
     #: a watch without timeoutSeconds ends after a random time in [min, 2*min].
     min_request_timeout: float
+    #: the feature gates of the emulated release (fields of disabled gates are dropped on write).
+    gates: FeatureGates = NEWEST_DEFAULTS
+    #: the group/versions served (beta APIs only where ``--runtime-config`` turns them on).
+    served: ServedVersions = ALL_SERVED
 
     def schema_check(self, info: RequestInfo, obj: Obj, name: str) -> None:
         """422 unless ``obj`` satisfies the schemas of every configured Kubernetes version that
@@ -204,19 +210,25 @@ def _rules_check(res: ResourceType, name: str, causes: list[Cause]) -> None:
         raise invalid(res, name, causes)
 
 
-def admit_create(res: ResourceType) -> Callable[[Obj], None]:
-    """The server's own rules for a new object, as the store's admission step."""
+def admit_create(res: ResourceType, gates: FeatureGates) -> Callable[[Obj], None]:
+    """The strategy's ``PrepareForCreate`` (fields of disabled gates dropped), then the server's
+    own rules for a new object, as the store's admission step."""
 
     def admit(obj: Obj) -> None:
+        prepare_for_create(res, obj, gates)
         _rules_check(res, obj["metadata"].get("name", ""), rules.validate_object(res, obj))
 
     return admit
 
 
-def admit_update(res: ResourceType, subresource: str | None) -> Callable[[Obj, Obj], None]:
-    """The server's own rules for an update (of ``subresource``), as the store's admission step."""
+def admit_update(
+    res: ResourceType, subresource: str | None, gates: FeatureGates
+) -> Callable[[Obj, Obj], None]:
+    """``PrepareForUpdate``, then the server's own rules for an update (of ``subresource``), as the
+    store's admission step."""
 
     def admit(new: Obj, old: Obj) -> None:
+        prepare_for_update(res, new, old, gates)
         _rules_check(res, new["metadata"]["name"], rules.validate_update(res, new, old, subresource))
 
     return admit

@@ -39,7 +39,7 @@ def update_stored(scope: RequestScope, info: RequestInfo, stored: Obj, *, dry_ru
         stored,
         subresource=info.subresource,
         dry_run=dry_run,
-        admit=admit_update(info.res, info.subresource),
+        admit=admit_update(info.res, info.subresource, scope.gates),
     )
     return json_response(present(info, updated))
 

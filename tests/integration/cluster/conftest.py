@@ -22,11 +22,16 @@ DRIVER = "fabric-dra.io"
 
 @pytest.fixture(scope="session")
 def apiserver_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The API test server (kube_standin.apiserver), schemas of Kubernetes 1.34, answering requests
+    """The API test server (kube_standin.apiserver), schemas of Kubernetes 1.34, the feature gates
+    of a default 1.36 server (binding conditions and device taints on), answering requests
     without a token too (the stand-in cluster and ``explain`` here connect without one)."""
     root = tmp_path_factory.mktemp("apiserver")
     with Stack(root, logs_dir=root) as stack:
-        server = stack.apiserver(root=root, validate_versions="1.34", extra_args=["--allow-anonymous"])
+        server = stack.apiserver(
+            root=root,
+            validate_versions="1.34",
+            extra_args=["--allow-anonymous", "--server-version", "1.36.2"],
+        )
         yield server.url
 
 

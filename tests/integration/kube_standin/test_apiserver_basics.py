@@ -186,7 +186,10 @@ async def test_discovery_and_error_shapes(shared_apiserver: ApiServerProcess) ->
         assert (await http.get("/api")).json()["versions"] == ["v1"]
         groups = {g["name"]: g for g in (await http.get("/apis")).json()["groups"]}
         assert groups["resource.k8s.io"]["preferredVersion"]["version"] == "v1"
-        assert [v["version"] for v in groups["resource.k8s.io"]["versions"]] == ["v1", "v1beta2", "v1beta1"]
+        # Beta APIs are off by default (--runtime-config turns them on), as on a real 1.34+ server.
+        assert [v["version"] for v in groups["resource.k8s.io"]["versions"]] == ["v1"]
+        assert (await http.get("/apis/resource.k8s.io/v1beta1")).status_code == 404
+        assert (await http.get("/apis/resource.k8s.io/v1beta1/resourceslices")).status_code == 404
         resources = {r["name"]: r for r in (await http.get("/apis/resource.k8s.io/v1")).json()["resources"]}
         assert {"resourceclaims", "resourceclaims/status", "resourceslices", "deviceclasses"} <= set(
             resources

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from plumbing.kube.resources import NAMESPACES
-from tests.support.apiserver import ApiServerProcess, start_apiserver
+from tests.support.apiserver import BETA_APIS, ApiServerProcess, start_apiserver
 from tests.unit.kube_standin.objects import resource_slice
 
 pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
@@ -65,7 +65,7 @@ spec:
 @pytest.fixture(scope="module")
 def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServerProcess]:
     # kubectl (client-go) sends a kubeconfig's token only over TLS.
-    with start_apiserver(tmp_path_factory.mktemp("tls-apiserver"), tls=True) as server:
+    with start_apiserver(tmp_path_factory.mktemp("tls-apiserver"), tls=True, extra_args=BETA_APIS) as server:
         yield server
 
 

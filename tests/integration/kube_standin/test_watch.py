@@ -98,21 +98,21 @@ async def test_label_selected_watch_sees_objects_enter_and_leave(mkube: KubeClie
     assert events[1].object["metadata"]["labels"] == {"pool": "b"}  # left the selection
 
 
-async def test_a_v1beta1_watch_gets_v1beta1_objects(mkube: KubeClient, ns: str) -> None:
-    start = (await mkube.list(RESOURCE_CLAIM_TEMPLATES, ns))["metadata"]["resourceVersion"]
+async def test_a_v1beta1_watch_gets_v1beta1_objects(bkube: KubeClient, bns: str) -> None:
+    start = (await bkube.list(RESOURCE_CLAIM_TEMPLATES, bns))["metadata"]["resourceVersion"]
     template = json.loads(json.dumps(ARTICLE_TEMPLATE_V1BETA1))
-    template["metadata"]["namespace"] = ns
-    await mkube.create(RESOURCE_CLAIM_TEMPLATES.with_version("v1beta1"), template)
+    template["metadata"]["namespace"] = bns
+    await bkube.create(RESOURCE_CLAIM_TEMPLATES.with_version("v1beta1"), template)
     beta = await collect(
-        mkube.watch(
-            RESOURCE_CLAIM_TEMPLATES.with_version("v1beta1"), ns, resource_version=start, timeout_seconds=5
+        bkube.watch(
+            RESOURCE_CLAIM_TEMPLATES.with_version("v1beta1"), bns, resource_version=start, timeout_seconds=5
         ),
         1,
     )
     assert beta[0].object["apiVersion"] == "resource.k8s.io/v1beta1"
     assert beta[0].object["spec"]["spec"]["devices"]["requests"][0]["deviceClassName"] == "cohdi-pcie-device"
     v1 = await collect(
-        mkube.watch(RESOURCE_CLAIM_TEMPLATES, ns, resource_version=start, timeout_seconds=5), 1
+        bkube.watch(RESOURCE_CLAIM_TEMPLATES, bns, resource_version=start, timeout_seconds=5), 1
     )
     assert (
         v1[0].object["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"]
