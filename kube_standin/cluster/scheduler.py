@@ -11,8 +11,15 @@ Mirrors kube-scheduler's DRA plugin (``pkg/scheduler/framework/plugins/dynamicre
 - binding conditions (``isPodReadyForBinding``): when any allocated device carries
   ``bindingConditions``, wait until each is True in ``status.devices`` before binding; a
   true ``bindingFailureConditions`` entry, or ``--binding-timeout`` (600 s in Kubernetes),
-  clears the allocation (Unreserve) and the pod is scheduled again, with the failed devices
-  avoided for a while so another choice is made;
+  clears the allocation (Unreserve) and the pod is scheduled again. Like the real scheduler it
+  remembers nothing about the failure: the allocator's first fit picks the same device again
+  unless the driver took it out of allocation (a taint, or withheld from its slice);
+- Score: among the nodes that fit, the one with the fewest pods of the same owner, then the
+  fewest pods (the default ``PodTopologySpread`` system constraints spread a workload's pods
+  over hostnames; ``NodeResourcesFit`` prefers the least allocated node), then by name where the
+  real scheduler picks at random among equal scores. So pods sharing one claim land on different
+  nodes unless its allocation's ``nodeSelector`` pins them (``bindsToNode`` or node-local
+  devices) — as in a real cluster;
 - Bind: the ``pods/binding`` subresource, or setting ``spec.nodeName`` where the server has
   no such subresource.
 
@@ -24,7 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -56,8 +65,6 @@ log = get_logger(__name__)
 @dataclass
 class SchedulerConfig:
     binding_timeout: float = 600.0
-    #: how long devices whose binding failed are avoided for the pod
-    failed_device_memory: float = 60.0
 
 
 @dataclass
@@ -71,7 +78,6 @@ class _Binding:
 
 @dataclass
 class _PodState:
-    failed_devices: dict[tuple[str, str, str], float] = field(default_factory=dict)
     last_reason: str = ""
 
 
@@ -171,14 +177,8 @@ class Scheduler:
     def _find_node(
         self, pod: dict[str, Any], claims: list[dict[str, Any]], state: _PodState
     ) -> tuple[str | None, dict[str, dict[str, Any]], dict[str, str]]:
-        now = time.monotonic()
-        state.failed_devices = {
-            d: t for d, t in state.failed_devices.items() if now - t < self.config.failed_device_memory
-        }
         own = {f"{c['metadata'].get('namespace')}/{c['metadata']['name']}" for c in claims}
         held = allocated_devices(self.claims.values(), exclude=own)
-        for device in state.failed_devices:
-            held.setdefault(device, "(binding failed here recently)")
         allocator = Allocator(
             [ResourceSlice.model_validate(s) for s in self.slices.values()],
             {c["metadata"]["name"]: DeviceClass.model_validate(c) for c in self.classes.values()},
@@ -196,7 +196,9 @@ class Scheduler:
         ]
         pod_selector = (pod.get("spec") or {}).get("nodeSelector") or {}
         reasons: dict[str, str] = {}
-        for raw in sorted(self.nodes.values(), key=lambda n: n["metadata"]["name"]):
+        # Filter is binary and Score does not depend on the allocation, so trying the nodes in
+        # score order and taking the first that fits is what Filter-then-Score would choose.
+        for raw in sorted(self.nodes.values(), key=self._score_key(pod)):
             node = Node.model_validate(raw)
             if (raw.get("spec") or {}).get("unschedulable"):
                 reasons[node.name] = "unschedulable"
@@ -220,6 +222,33 @@ class Scheduler:
                 continue
             return node.name, {r.claim.name: r.body for r in results}, reasons
         return None, {}, reasons
+
+    def _score_key(self, pod: dict[str, Any]) -> Callable[[dict[str, Any]], tuple[int, int, str]]:
+        """Lower is better: (pods of the same owner on the node, pods on the node, node name).
+
+        A pod waiting for its binding conditions counts on the node it is assumed on, as the
+        real scheduler's cache assumes it there."""
+        owners = {o.get("uid") for o in pod["metadata"].get("ownerReferences") or [] if o.get("controller")}
+        namespace = pod["metadata"].get("namespace")
+        siblings: Counter[str] = Counter()
+        everyone: Counter[str] = Counter()
+        for other in self.pods.values():
+            if other["metadata"].get("deletionTimestamp"):
+                continue
+            waiting = self._binding.get(_pod_key(other))
+            node = (other.get("spec") or {}).get("nodeName") or (waiting.node if waiting else None)
+            if not node:
+                continue
+            everyone[node] += 1
+            other_owners = {o.get("uid") for o in other["metadata"].get("ownerReferences") or []}
+            if owners & other_owners and other["metadata"].get("namespace") == namespace:
+                siblings[node] += 1
+
+        def score(node: dict[str, Any]) -> tuple[int, int, str]:
+            name = str(node["metadata"]["name"])
+            return siblings[name], everyone[name], name
+
+        return score
 
     async def _reserve(
         self,
@@ -287,9 +316,6 @@ class Scheduler:
                 ready = False
             elif isinstance(verdict, str):
                 failure = verdict
-                for result in claim.results:
-                    if result.binding_conditions:
-                        state.failed_devices[(result.driver, result.pool, result.device)] = time.monotonic()
                 break
         if failure is None and not ready and time.monotonic() - binding.started > self.config.binding_timeout:
             failure = f"binding conditions not met within {self.config.binding_timeout:.0f}s"

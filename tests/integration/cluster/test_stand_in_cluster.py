@@ -37,6 +37,8 @@ class World:
     tag: str
     node: str
     device_class: str
+    #: every node of the pool, ``node`` first
+    nodes: list[str]
 
 
 def _gpu(name: str, switch: str, **extra: Any) -> dict[str, Any]:
@@ -44,9 +46,12 @@ def _gpu(name: str, switch: str, **extra: Any) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def running(kube: KubeClient, plugin: FakePlugin, **scheduler: Any) -> AsyncIterator[World]:
+async def running(
+    kube: KubeClient, plugin: FakePlugin, *, nodes: int = 1, **scheduler: Any
+) -> AsyncIterator[World]:
     tag = uuid.uuid4().hex[:6]
-    world = World(kube, f"team-{tag}", tag, f"node-{tag}", f"fabric-gpu-{tag}")
+    names = [f"node-{tag}"] + [f"node-{tag}-{i}" for i in range(1, nodes)]
+    world = World(kube, f"team-{tag}", tag, names[0], f"fabric-gpu-{tag}", names)
     await kube.create(NAMESPACES, {"metadata": {"name": world.ns}})
     await kube.create(
         DEVICE_CLASSES,
@@ -66,7 +71,7 @@ async def running(kube: KubeClient, plugin: FakePlugin, **scheduler: Any) -> Asy
     )
     cluster = StandInCluster(
         kube,
-        [NodeSpec(world.node, {"fabric-dra.io/test": tag}, plugin.registry_dir)],
+        [NodeSpec(name, {"fabric-dra.io/test": tag}, plugin.registry_dir) for name in names],
         scheduler=SchedulerConfig(**scheduler),
     )
     task = asyncio.create_task(cluster.run())
@@ -78,7 +83,8 @@ async def running(kube: KubeClient, plugin: FakePlugin, **scheduler: Any) -> Asy
         with contextlib.suppress(asyncio.CancelledError):
             await task
         # The API server outlives the test: leave no node or pool that another test could use.
-        await kube.delete_ignore_missing(NODES, world.node)
+        for name in names:
+            await kube.delete_ignore_missing(NODES, name)
         await kube.delete_ignore_missing(RESOURCE_SLICES, f"fabric-pcie-{world.tag}")
         await kube.delete_ignore_missing(DEVICE_CLASSES, world.device_class)
 
@@ -290,19 +296,40 @@ async def test_binding_conditions_gate_the_bind_and_failures_reschedule(
         (pod,) = await pods(world)
         assert not pod["spec"].get("nodeName")  # not bound before the conditions hold
 
-        # The fabric reports a failed attach: the scheduler must deallocate and choose other devices.
+        # The fabric reports a failed attach: the scheduler deallocates and allocates again — the
+        # same devices, as the real allocator's first fit does: it remembers no failure.
         await set_device_conditions(kube, claim, "FabricAttachFailed")
 
-        async def reallocated() -> dict[str, Any] | None:
+        async def reallocated(*, avoiding: set[str]) -> dict[str, Any] | None:
             current = await allocated_claim()
-            if current is None:
+            if (
+                current is None
+                or current["metadata"]["resourceVersion"] == claim["metadata"]["resourceVersion"]
+            ):
                 return None
-            devices = [r["device"] for r in current["status"]["allocation"]["devices"]["results"]]
-            return current if not set(devices) & set(first) else None
+            if (current.get("status") or {}).get("devices"):
+                return None  # still the failed allocation
+            devices = {r["device"] for r in current["status"]["allocation"]["devices"]["results"]}
+            return current if not devices & avoiding else None
 
-        claim = await eventually(reallocated, what="claim allocated again on other devices")
-        assert isinstance(claim, dict)
+        again = await eventually(lambda: reallocated(avoiding=set()), what="claim allocated again")
+        assert isinstance(again, dict)
+        assert [r["device"] for r in again["status"]["allocation"]["devices"]["results"]] == first
         assert any(r == "FailedBinding" for r, _ in await reasons(world))
+
+        # Only a taint on the failed devices (what the driver does) moves the allocation.
+        fresh = await kube.get(RESOURCE_SLICES, f"fabric-pcie-{world.tag}")
+        for device in fresh["spec"]["devices"]:
+            if device["name"] in first:
+                device["taints"] = [{"key": "fabric-dra.io/attach-failed", "effect": "NoSchedule"}]
+        await kube.replace(RESOURCE_SLICES, fresh)
+        claim = again
+        await set_device_conditions(kube, again, "FabricAttachFailed")
+        moved = await eventually(
+            lambda: reallocated(avoiding=set(first)), what="claim allocated on untainted devices"
+        )
+        assert isinstance(moved, dict)
+        claim = moved
         await set_device_conditions(kube, claim, "FabricAttached")
 
         async def bound_and_running() -> bool:
@@ -342,3 +369,72 @@ async def set_device_conditions(kube: KubeClient, claim: dict[str, Any], conditi
         except Exception:  # a conflict with the scheduler's own write: read again
             await asyncio.sleep(0.1)
     pytest.fail("could not set device conditions")
+
+
+async def deploy_sharing(world: World, replicas: int) -> None:
+    """One ResourceClaim (not a template) used by every replica of a Deployment."""
+    await world.kube.create(
+        RESOURCE_CLAIMS,
+        {
+            "metadata": {"name": "shared", "namespace": world.ns},
+            "spec": {
+                "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": world.device_class}}]}
+            },
+        },
+        world.ns,
+    )
+    await world.kube.create(
+        DEPLOYMENTS,
+        {
+            "metadata": {"name": "sharers", "namespace": world.ns},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": "sharers"}},
+                "template": {
+                    "metadata": {"labels": {"app": "sharers"}},
+                    "spec": {
+                        "resourceClaims": [{"name": "gpu", "resourceClaimName": "shared"}],
+                        "containers": [
+                            {"name": "c", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}
+                        ],
+                    },
+                },
+            },
+        },
+        world.ns,
+    )
+
+
+async def _bound_nodes(world: World, replicas: int) -> list[str] | None:
+    current = await pods(world)
+    nodes = [p["spec"].get("nodeName") for p in current]
+    return sorted(nodes) if len(current) == replicas and all(nodes) else None
+
+
+async def test_pods_sharing_a_claim_spread_over_the_pools_nodes_without_bindsToNode(
+    kube: KubeClient, fake_plugin: FakePlugin
+) -> None:
+    """The allocation's nodeSelector is the pool's label, which both nodes carry: the real
+    scheduler spreads the Deployment's pods over them, so the stand-in must too."""
+    async with running(kube, fake_plugin, nodes=2) as world:
+        await publish(world, [_gpu("gpu-0", "sw1")])
+        await deploy_sharing(world, replicas=3)
+        nodes = await eventually(lambda: _bound_nodes(world, 3), what="three pods bound")
+        assert isinstance(nodes, list)
+        assert set(nodes) == set(world.nodes), nodes
+        (claim,) = await claims(world)
+        assert len(claim["status"]["reservedFor"]) == 3
+
+
+async def test_pods_sharing_a_bindsToNode_claim_all_land_on_the_allocated_node(
+    kube: KubeClient, fake_plugin: FakePlugin
+) -> None:
+    async with running(kube, fake_plugin, nodes=2) as world:
+        await publish(world, [_gpu("gpu-0", "sw1", bindsToNode=True)])
+        await deploy_sharing(world, replicas=3)
+        nodes = await eventually(lambda: _bound_nodes(world, 3), what="three pods bound")
+        assert isinstance(nodes, list)
+        assert len(set(nodes)) == 1, nodes
+        (claim,) = await claims(world)
+        pinned = claim["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]
+        assert pinned["values"] == [nodes[0]]
