@@ -18,9 +18,10 @@ from typing import Any
 from dra_driver.controller.binding_conditions import ClaimBinder
 from dra_driver.controller.devices import PublishPolicy
 from dra_driver.controller.features import (
+    KeptFields,
     ResourceApiMissing,
     TaintsMode,
-    device_taints_served,
+    probe_slice_fields,
     require_resource_v1,
 )
 from dra_driver.controller.health import HealthServer
@@ -56,6 +57,8 @@ class ControllerOptions:
     identity: str = ""
     binding_conditions: bool = False
     device_taints: TaintsMode = "auto"
+    #: publish bindsToNode without binding conditions: "auto" where the API server keeps it
+    binds_to_node: TaintsMode = "auto"
     resync_period: float = 300.0
     bind_timeout: float = 300.0
     busy_timeout: float = 30.0
@@ -84,6 +87,8 @@ class Controller:
         self.publisher: SlicePublisher | None = None
         self.binder: ClaimBinder | None = None
         self.url = ""
+        #: what the API server keeps, found out once per process (a dry-run write)
+        self._kept: KeptFields | None = None
 
     # -- status -------------------------------------------------------------------------------
 
@@ -99,6 +104,9 @@ class Controller:
             "slicesSyncedVersion": publisher.synced_version if publisher else None,
             "deviceTaints": publisher.policy.device_taints if publisher else None,
             "bindingConditions": publisher.policy.binding_conditions if publisher else None,
+            "bindsToNode": (
+                publisher.policy.binds_to_node or publisher.policy.binding_conditions if publisher else None
+            ),
         }
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -179,22 +187,37 @@ class Controller:
                     backoff.reset()
                 await asyncio.sleep(delay)
 
+    async def _kept_fields(self) -> KeptFields:
+        """What the API server keeps of taints and bindsToNode; asked and logged once."""
+        if self._kept is None:
+            self._kept = await probe_slice_fields(self.kube, self.options.driver)
+            log.info(
+                "API server features decided",
+                device_taints="kept" if self._kept.taints else "dropped (unhealthy devices are withheld)",
+                binds_to_node="kept" if self._kept.binds_to_node else "dropped",
+                how=self._kept.source,
+                device_taints_mode=self.options.device_taints,
+                binds_to_node_mode=self.options.binds_to_node,
+            )
+        return self._kept
+
     async def _lead_once(self) -> None:
         opts = self.options
-        if opts.device_taints == "auto":
-            taints = await device_taints_served(self.kube)
-        else:
-            taints = opts.device_taints == "on"
+        kept = await self._kept_fields()
+        taints = kept.taints if opts.device_taints == "auto" else opts.device_taints == "on"
+        binds = kept.binds_to_node if opts.binds_to_node == "auto" else opts.binds_to_node == "on"
         policy = PublishPolicy(
             driver=opts.driver,
             device_taints=taints,
             binding_conditions=opts.binding_conditions,
+            binds_to_node=binds,
             publisher=opts.publisher,
         )
         log.info(
             "leading: publishing resource slices",
             driver=opts.driver,
             device_taints=taints,
+            binds_to_node=binds or opts.binding_conditions,
             binding_conditions=opts.binding_conditions,
         )
         self.feed = InventoryFeed(self.manager)

@@ -98,7 +98,14 @@ def register(subparsers: SubParsers) -> None:
         choices=["auto", "on", "off"],
         default="auto",
         help="unhealthy devices get a NoSchedule taint (on) or are withheld from the slices (off); "
-        "auto: taint when the cluster serves DRA device taints (default: auto)",
+        "auto: taint when the API server keeps a taint on a dry-run write (default: auto)",
+    )
+    publish.add_argument(
+        "--binds-to-node",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="publish devices with bindsToNode, so pods sharing a claim all run on the node it was "
+        "allocated for; auto: when the API server keeps the field on a dry-run write (default: auto)",
     )
     publish.add_argument(
         "--resync-period",
@@ -202,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
         identity=args.identity or "",
         binding_conditions=args.binding_conditions,
         device_taints=args.device_taints,
+        binds_to_node=args.binds_to_node,
         resync_period=args.resync_period,
         bind_timeout=args.bind_timeout,
         busy_timeout=args.busy_timeout,

@@ -77,6 +77,9 @@ class PublishPolicy:
     device_taints: bool
     #: True: devices carry bindsToNode and the binding / binding-failure conditions.
     binding_conditions: bool
+    #: True: devices carry bindsToNode even without binding conditions, so the scheduler pins a
+    #: claim's allocation to the node it chose and every pod sharing the claim goes there.
+    binds_to_node: bool = False
     #: which controller owns the slices: one per fabric manager when several publish one driver
     publisher: str = "default"
 
@@ -156,9 +159,10 @@ def to_dra_device(device: Device, policy: PublishPolicy) -> Conversion:
         out["taints"] = [
             {"key": unhealthy_taint_key(policy.driver), "value": device.health.value, "effect": "NoSchedule"}
         ]
+    if policy.binding_conditions or policy.binds_to_node:
+        out["bindsToNode"] = True
     if policy.binding_conditions:
         names = BindingConditionNames(policy.driver)
-        out["bindsToNode"] = True
         out["bindingConditions"] = [names.attached]
         out["bindingFailureConditions"] = [names.failed]
     return Conversion(device.name, out)

@@ -1,19 +1,33 @@
-"""What the cluster serves, read from API discovery.
+"""What the cluster serves and keeps.
 
-Device taints (``DRADeviceTaints``) cannot be asked for directly: a cluster without the feature
-gate silently drops ``devices[].taints`` on write. Discovery tells whether the cluster serves
-``devicetaintrules`` (served only with the gate on); :mod:`.publisher` also checks what the
-API server stored and falls back to withholding unhealthy devices if taints were dropped.
+Device taints (``DRADeviceTaints``) and ``bindsToNode`` (``DRADeviceBindingConditions`` +
+``DRAResourceClaimDeviceStatus``) cannot be asked for directly: a server with a gate off
+accepts the write and silently drops the field (``dropDisabledFields`` in
+``pkg/registry/resource/resourceslice/strategy.go``). Discovery does not tell either: a default
+1.36 server keeps taints although it serves ``devicetaintrules`` nowhere (that API is off by
+default until 1.37). So :func:`probe_slice_fields` asks the server itself — a server-side
+dry-run create of a ResourceSlice whose device carries a taint and ``bindsToNode`` — and reads
+which fields came back. :mod:`.publisher` also checks what the API server stored on every write
+and stops sending a field it drops.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from plumbing.kube import ApiError, KubeClient, NotFound
+from plumbing.kube.resources import RESOURCE_SLICES
 from plumbing.logs import get_logger
 
-__all__ = ["ResourceApiMissing", "TaintsMode", "device_taints_served", "require_resource_v1"]
+__all__ = [
+    "KeptFields",
+    "ResourceApiMissing",
+    "TaintsMode",
+    "device_taints_served",
+    "probe_slice_fields",
+    "require_resource_v1",
+]
 
 log = get_logger(__name__)
 
@@ -58,3 +72,52 @@ async def device_taints_served(kube: KubeClient) -> bool:
         if any(r.get("name") == "devicetaintrules" for r in resources.get("resources") or []):
             return True
     return False
+
+
+@dataclass(frozen=True, slots=True)
+class KeptFields:
+    """Which gated device fields the API server keeps on a ResourceSlice write."""
+
+    taints: bool
+    binds_to_node: bool
+    #: how it was found out: "dry-run" or "discovery" (the dry-run failed)
+    source: str
+
+
+def _probe_slice(driver: str) -> dict[str, object]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{driver}-feature-probe"},
+        "spec": {
+            "driver": driver,
+            "pool": {"name": "feature-probe", "generation": 1, "resourceSliceCount": 1},
+            "allNodes": True,
+            "devices": [
+                {
+                    "name": "probe",
+                    "taints": [{"key": f"{driver}/probe", "effect": "NoSchedule"}],
+                    "bindsToNode": True,
+                }
+            ],
+        },
+    }
+
+
+async def probe_slice_fields(kube: KubeClient, driver: str) -> KeptFields:
+    """A ``dryRun=All`` create of a slice with a tainted, ``bindsToNode`` device: nothing is
+    stored, and the answer is the object as the server would have stored it. Falls back to
+    discovery (``devicetaintrules`` served; no ``bindsToNode``) when the dry run fails."""
+    try:
+        stored = await kube.request(
+            "POST", RESOURCE_SLICES.path(), params={"dryRun": "All"}, body=_probe_slice(driver)
+        )
+    except ApiError as err:
+        log.warning(
+            "dry-run write of a probe ResourceSlice failed; deciding from API discovery",
+            error=str(err).splitlines()[0],
+        )
+        return KeptFields(await device_taints_served(kube), False, "discovery")
+    devices = (stored.get("spec") or {}).get("devices") or [{}]
+    device = devices[0] if isinstance(devices[0], dict) else {}
+    return KeptFields(bool(device.get("taints")), device.get("bindsToNode") is True, "dry-run")

@@ -98,6 +98,7 @@ class SlicePublisher:
             driver=p.driver,
             device_taints=p.device_taints and not self._taints_dropped,
             binding_conditions=p.binding_conditions and not self._bindings_dropped,
+            binds_to_node=p.binds_to_node and not self._bindings_dropped,
             publisher=p.publisher,
         )
 
@@ -369,6 +370,7 @@ class SlicePublisher:
         sent_devices = (sent.get("spec") or {}).get("devices") or []
         kept = {d.get("name"): d for d in (stored.get("spec") or {}).get("devices") or []}
         lost_taints = lost_bindings = False
+        sent_conditions = any(d.get("bindingConditions") for d in sent_devices)
         for device in sent_devices:
             back = kept.get(device["name"]) or {}
             lost_taints = lost_taints or bool(device.get("taints") and not back.get("taints"))
@@ -380,7 +382,15 @@ class SlicePublisher:
                 "unhealthy devices are withheld from the slices instead",
                 slice=sent["metadata"]["name"],
             )
-        if lost_bindings and not self._bindings_dropped:
+        if lost_bindings and not self._bindings_dropped and not sent_conditions:
+            self._bindings_dropped = True
+            log.warning(
+                "the API server dropped bindsToNode (feature gate DRADeviceBindingConditions is off): "
+                "pods sharing a claim are not pinned to one node; keep them together with pod "
+                "affinity (docs/plugin.md, 'Pods sharing a claim')",
+                slice=sent["metadata"]["name"],
+            )
+        elif lost_bindings and not self._bindings_dropped:
             self._bindings_dropped = True
             log.error(
                 "the API server dropped bindsToNode and binding conditions: enable the feature gates "

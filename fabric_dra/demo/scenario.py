@@ -138,7 +138,7 @@ class Scenario:
         self._cluster_task = asyncio.create_task(self.cluster.run(), name="stand-in-cluster")
 
     async def wait_pool_published(self, *, binding_conditions: bool) -> int:
-        """Until the controller's slices hold the fabric's devices (with bindsToNode if asked)."""
+        """Until the controller's slices hold the fabric's devices (with binding conditions if asked)."""
 
         async def probe() -> int | None:
             if self._cluster_task is not None and self._cluster_task.done():
@@ -152,7 +152,7 @@ class Scenario:
             ]
             if not devices:
                 return None
-            if binding_conditions != all(d.get("bindsToNode", False) for d in devices):
+            if binding_conditions != all(bool(d.get("bindingConditions")) for d in devices):
                 return None
             return len(devices)
 

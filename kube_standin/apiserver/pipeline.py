@@ -172,14 +172,14 @@ class RequestPipeline:
             raise method_not_supported(res, verb)
         if verb in ("create", "deletecollection") and res.namespaced and info.namespace is None:
             raise method_not_supported(res, verb)
-        injected = await self._test_hooks(info)
+        injected = await self._test_hooks(info, dry_run="dryRun" in request.query_params)
         if injected is not None:
             return injected
         return await HANDLERS[verb](self.scope, request, info)
 
-    async def _test_hooks(self, info: RequestInfo) -> Response | None:
+    async def _test_hooks(self, info: RequestInfo, *, dry_run: bool) -> Response | None:
         """Stage 5: count the request; an armed fault delays it and may answer it instead."""
-        self.hooks.counter.count(info)
+        self.hooks.counter.count(info, dry_run=dry_run)
         rule = self.hooks.faults.take(info)
         if rule is None:
             return None

@@ -132,8 +132,11 @@ class RequestCounter:
         self.requests: dict[str, Counter[str]] = {}
         self.changes: Counter[str] = Counter()
 
-    def count(self, info: RequestInfo) -> None:
-        self.requests.setdefault(info.resource_key, Counter())[info.verb] += 1
+    def count(self, info: RequestInfo, *, dry_run: bool = False) -> None:
+        """Count one request; a dry run is counted as ``<verb> (dryRun)``, not as a write: it
+        changes nothing, and "no write on an unchanged resync" must not count a feature probe."""
+        verb = f"{info.verb} (dryRun)" if dry_run else info.verb
+        self.requests.setdefault(info.resource_key, Counter())[verb] += 1
 
     def snapshot(self) -> dict[str, Any]:
         writes = {

@@ -4,13 +4,16 @@ stores against the strict schemas of Kubernetes 1.34 to 1.37) and a real HTTP in
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from dra_driver.controller.resourcenames import pool_label_key
 from manager_api.models import DeviceType, Health
 from tests.integration.controller.conftest import ApiServer, ControllerFactory
+from tests.support.apiserver import start_apiserver
 from tests.support.controller import InventoryServer, make_device, make_inventory
 from tests.support.waiting import wait_until
 
@@ -254,19 +257,33 @@ def test_unhealthy_devices_are_tainted_or_withheld(
         ]
         assert not {"gpu-0003", "gpu-0070", "gpu-0100"} & set(pool.devices)
 
-    # auto: taints exactly when the cluster serves DRA device taints (discovery).
-    served = any(
-        r["name"] == "devicetaintrules"
-        for v in apiserver.http.get("/apis/resource.k8s.io").json()["versions"]
-        for r in apiserver.http.get(f"/apis/resource.k8s.io/{v['version']}").json()["resources"]
-    )
-    auto = f"a{driver}"
-    with InventoryServer(make_inventory(devices)) as manager:
-        proc = start_controller(manager, auto)
-        expected = 101 if served else 98
-        seen = wait_pools(apiserver, auto, lambda p: len(p["fabric-pcie"].devices) == expected, "auto mode")
-        assert ("gpu-0003" in seen["fabric-pcie"].devices) is served
-        assert httpx.get(f"{proc.address}/status").json()["deviceTaints"] is served
+
+@pytest.mark.parametrize(("release", "kept"), [("1.35.4", False), ("1.36.2", True), ("1.37.0", True)])
+def test_auto_modes_follow_what_a_default_server_of_each_release_keeps(
+    release: str, kept: bool, tmp_path: Path, start_controller: ControllerFactory, driver: str
+) -> None:
+    """--device-taints auto and --binds-to-node auto: a default 1.36 server serves no
+    devicetaintrules yet keeps taints and bindsToNode; a 1.35 one drops both."""
+    devices = [gpu(i, health=Health.CRITICAL if i == 3 else Health.OK) for i in range(10)]
+    with (
+        start_apiserver(tmp_path / "api", extra_args=["--server-version", release]) as server,
+        InventoryServer(make_inventory(devices)) as manager,
+    ):
+        proc = start_controller(manager, driver, kubeconfig=server.kubeconfig)
+        api = ApiServer(server)
+        try:
+            expected = 10 if kept else 9
+            pool = wait_pools(api, driver, lambda p: len(p["fabric-pcie"].devices) == expected, "auto mode")
+            devices_out = pool["fabric-pcie"].devices
+            assert ("gpu-0003" in devices_out) is kept
+            assert all(d.get("bindsToNode", False) is kept for d in devices_out.values())
+            status = httpx.get(f"{proc.address}/status").json()
+            assert (status["deviceTaints"], status["bindsToNode"]) == (kept, kept)
+            assert not api.slices(driver) or all(
+                s["metadata"]["name"] != f"{driver}-feature-probe" for s in api.slices(driver)
+            )  # the probe was a dry run
+        finally:
+            api.close()
 
 
 def test_node_labels_follow_nodes_and_undo_stray_ones(
