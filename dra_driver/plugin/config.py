@@ -21,11 +21,13 @@ __all__ = [
     "DEFAULT_DRIVER_NAME",
     "DEFAULT_PLUGINS_DIR",
     "DEFAULT_REGISTRY_DIR",
+    "MAX_SOCKET_PATH",
     "DeviceBackendKind",
     "HostMode",
     "PluginConfig",
     "add_arguments",
     "config_from_args",
+    "socket_path_problem",
 ]
 
 # The kubelet's defaults; k8s.io/dynamic-resource-allocation/kubeletplugin uses the same
@@ -33,6 +35,9 @@ __all__ = [
 DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 DEFAULT_CDI_ROOT = "/var/run/cdi"
+#: sockaddr_un.sun_path holds 108 bytes including the terminating NUL (unix(7)); grpc refuses a
+#: longer path with a traceback ("Path name should not have more than 107 characters").
+MAX_SOCKET_PATH = 107
 
 
 class DeviceBackendKind(StrEnum):
@@ -108,6 +113,10 @@ class PluginConfig(BaseModel):
         # pods of a DaemonSet with maxSurge can both serve while one replaces the other.
         uid_part = f"-{self.pod_uid}" if self.pod_uid else ""
         return self.plugin_dir / f"dra{uid_part}.sock"
+
+    def socket_flags(self) -> tuple[tuple[Path, str], ...]:
+        """Each socket the plugin listens on, with the flag that decides its directory."""
+        return ((self.registration_socket, "--registry-dir"), (self.dra_socket, "--plugin-dir"))
 
     @property
     def checkpoint_file(self) -> Path:
@@ -272,6 +281,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def socket_path_problem(config: PluginConfig) -> str | None:
+    """One line naming the flag to shorten when a socket path does not fit a unix socket."""
+    for path, flag in config.socket_flags():
+        size = len(os.fsencode(path))
+        if size > MAX_SOCKET_PATH:
+            return (
+                f"socket path {path} is {size} bytes, longer than the {MAX_SOCKET_PATH} a unix socket "
+                f"allows; pass a shorter {flag}"
+                + (" (--pod-uid adds 37 bytes to the name)" if config.pod_uid else "")
+            )
+    return None
+
+
 def config_from_args(args: argparse.Namespace) -> PluginConfig:
     """Build the validated configuration; raises ``ValueError`` with a one-line reason."""
     if not args.node_name:
@@ -284,7 +306,7 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
     if backend is DeviceBackendKind.FABRIC and not args.manager_url:
         raise ValueError("the fabric manager URL is not set: pass --manager-url (or --device-backend noop)")
     plugin_dir = Path(args.plugin_dir) if args.plugin_dir else Path(DEFAULT_PLUGINS_DIR) / args.driver_name
-    return PluginConfig(
+    config = PluginConfig(
         node_name=args.node_name,
         pod_uid=args.pod_uid,
         driver_name=args.driver_name,
@@ -309,3 +331,7 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         report_seconds=args.report_seconds,
         attach_retry_seconds=args.attach_retry_seconds,
     )
+    problem = socket_path_problem(config)
+    if problem is not None:
+        raise ValueError(problem)
+    return config

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ import grpc
 from dra_driver.plugin.backend import DeviceBackend, FabricBackend, NoopBackend
 from dra_driver.plugin.checkpoint import CheckpointCorrupt, CheckpointStore
 from dra_driver.plugin.claims import ClaimReader, ClaimSource
-from dra_driver.plugin.config import DeviceBackendKind, HostMode, PluginConfig
+from dra_driver.plugin.config import DeviceBackendKind, HostMode, PluginConfig, socket_path_problem
 from dra_driver.plugin.driver import Driver, dra_servicers
 from dra_driver.plugin.health import HealthMonitor, health_servicer
 from dra_driver.plugin.hostdev import HostScanner, SysfsChanges
@@ -40,20 +39,16 @@ __all__ = ["PluginError", "PluginServer", "serve"]
 
 log = get_logger(__name__)
 
-#: sockaddr_un.sun_path holds 108 bytes including the terminating NUL.
-MAX_SOCKET_PATH = 107
-
-
 class PluginError(Exception):
     """A startup failure the operator can act on (one line)."""
 
 
-def _check_socket_path(path: Path) -> None:
-    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
-        raise PluginError(
-            f"socket path {path} is {len(os.fsencode(path))} bytes, longer than the {MAX_SOCKET_PATH} a "
-            f"unix socket allows; use a shorter --registry-dir/--plugin-dir"
-        )
+def _listen(server: grpc.aio.Server, path: Path, flag: str) -> None:
+    """Bind ``server`` to the unix socket ``path``; grpc's bind failure as one line."""
+    try:
+        server.add_insecure_port(f"unix://{path}")
+    except RuntimeError as err:
+        raise PluginError(f"cannot listen on {path}: {err}; check {flag}") from None
 
 
 def _remove_socket(path: Path) -> None:
@@ -141,8 +136,9 @@ class PluginServer:
 
     async def start(self) -> None:
         cfg = self.config
-        for path in (cfg.registration_socket, cfg.dra_socket):
-            _check_socket_path(path)
+        problem = socket_path_problem(cfg)
+        if problem is not None:
+            raise PluginError(problem)
         for directory in (cfg.plugin_dir, cfg.registry_dir, cfg.cdi_root):
             try:
                 directory.mkdir(parents=True, exist_ok=True)
@@ -194,7 +190,7 @@ class PluginServer:
         _remove_socket(cfg.dra_socket)
         self.dra_server = grpc.aio.server()
         services = dra_servicers(self.driver, self.dra_server) + health_servicer(self.health, self.dra_server)
-        self.dra_server.add_insecure_port(f"unix://{cfg.dra_socket}")
+        _listen(self.dra_server, cfg.dra_socket, "--plugin-dir")
         await self.dra_server.start()
 
         self.registration = RegistrationServicer(cfg.driver_name, str(cfg.dra_socket), services)
@@ -226,7 +222,7 @@ class PluginServer:
         _remove_socket(path)  # only our own name: never another plugin's socket
         server = grpc.aio.server()
         add_registration_servicer(self.registration, server)
-        server.add_insecure_port(f"unix://{path}")
+        _listen(server, path, "--registry-dir")
         await server.start()
         self.reg_server = server
 
