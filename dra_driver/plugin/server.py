@@ -39,6 +39,7 @@ __all__ = ["PluginError", "PluginServer", "serve"]
 
 log = get_logger(__name__)
 
+
 class PluginError(Exception):
     """A startup failure the operator can act on (one line)."""
 
