@@ -126,13 +126,15 @@ class InventoryServer:
 
     Attach/detach follow the manager's rules (idempotent per claim + device, 409 DeviceBusy when
     another claim or node holds the device) so the controller's binding flow can be exercised;
-    ``fail_attach[device] = code`` makes the next attach of that device answer that error.
+    ``fail_attach[device] = code`` makes the next attach of that device answer that error;
+    ``fail_every_attach[device] = code`` makes every attach of it fail so.
     """
 
     def __init__(self, inventory: Inventory, *, token: str | None = None) -> None:
         self._inventory = inventory
         self.token = token
         self.fail_attach: dict[str, str] = {}
+        self.fail_every_attach: dict[str, str] = {}
         self.attach_calls: list[tuple[str, str, str]] = []
         self.detach_calls: list[tuple[str, str, str]] = []
         self.inventory_calls = 0
@@ -219,8 +221,8 @@ class InventoryServer:
             device = next((d for d in self.inventory.devices if d.name == body.device), None)
             if device is None:
                 return error(404, "DeviceNotFound", f"device {body.device} not found", device=body.device)
-            if body.device in self.fail_attach:
-                code = self.fail_attach.pop(body.device)
+            if body.device in self.fail_attach or body.device in self.fail_every_attach:
+                code = self.fail_attach.pop(body.device, None) or self.fail_every_attach[body.device]
                 return error(502, code, f"injected failure of {body.device}", device=body.device)
             if device.claim_uid and (device.claim_uid, device.node) != (body.claim_uid, body.node):
                 return error(

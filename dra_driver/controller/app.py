@@ -30,10 +30,12 @@ from dra_driver.controller.metrics import IS_LEADER
 from dra_driver.controller.nodelabels import NodeLabeler
 from dra_driver.controller.pluginpods import PluginNodes
 from dra_driver.controller.publisher import SlicePublisher
+from dra_driver.controller.quarantine import Quarantine
 from manager_api.client import ManagerClient
 from plumbing.backoff import Backoff
 from plumbing.fsutil import atomic_write
 from plumbing.kube import ApiError, KubeClient
+from plumbing.kube.events import EventRecorder
 from plumbing.kube.leader import LeaderElector
 from plumbing.logs import get_logger
 
@@ -63,6 +65,10 @@ class ControllerOptions:
     bind_timeout: float = 300.0
     busy_timeout: float = 30.0
     release_grace: float = 30.0
+    #: consecutive failed attaches that take a device out of allocation
+    quarantine_after: int = 3
+    #: how long a device stays out the first time (doubling each time after, up to 1 h)
+    quarantine_seconds: float = 60.0
     host: str = "0.0.0.0"  # noqa: S104 - probes reach the pod IP
     port: int = 8081
     ready_file: str | None = None
@@ -221,7 +227,12 @@ class Controller:
             binding_conditions=opts.binding_conditions,
         )
         self.feed = InventoryFeed(self.manager)
-        self.publisher = SlicePublisher(self.kube, policy)
+        quarantine = Quarantine(
+            threshold=opts.quarantine_after,
+            initial=opts.quarantine_seconds,
+            on_change=lambda: self.publisher.trigger() if self.publisher else None,
+        )
+        self.publisher = SlicePublisher(self.kube, policy, quarantine=quarantine)
         plugin_nodes = (
             PluginNodes(self.kube, namespace=opts.plugin_namespace, selector=opts.plugin_pod_selector)
             if opts.plugin_pod_selector
@@ -241,5 +252,9 @@ class Controller:
                     bind_timeout=opts.bind_timeout,
                     busy_timeout=opts.busy_timeout,
                     release_grace=opts.release_grace,
+                    quarantine=quarantine,
+                    events=EventRecorder(
+                        self.kube, controller=f"{opts.driver}/controller", instance=self.identity
+                    ),
                 )
                 tasks.create_task(self.binder.run())

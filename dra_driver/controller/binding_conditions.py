@@ -34,6 +34,7 @@ from typing import Any
 
 from dra_driver.controller.inventory_feed import InventoryFeed
 from dra_driver.controller.metrics import BIND_SECONDS, BIND_TOTAL
+from dra_driver.controller.quarantine import Quarantine
 from dra_driver.controller.resourcenames import BindingConditionNames
 from manager_api.client import ManagerClient
 from manager_api.errors import DeviceBusy, FabricError
@@ -42,6 +43,7 @@ from plumbing.backoff import Backoff
 from plumbing.crashpoints import crash_point
 from plumbing.kube import ApiError, Conflict, KubeClient, NotFound
 from plumbing.kube.dra import AllocatedDeviceStatus, ResourceClaim
+from plumbing.kube.events import EventRecorder, ObjectRef
 from plumbing.kube.informer import Change, Informer, Origin, object_uid
 from plumbing.kube.resources import RESOURCE_CLAIMS
 from plumbing.logs import get_logger
@@ -97,8 +99,12 @@ class ClaimBinder:
         release_grace: float = 30.0,
         attach_wait: float = 20.0,
         concurrency: int = 32,
+        quarantine: Quarantine | None = None,
+        events: EventRecorder | None = None,
     ) -> None:
         self._kube = kube
+        self.quarantine = quarantine
+        self._events = events
         self._manager = manager
         self._feed = feed
         self.driver = driver
@@ -359,6 +365,8 @@ class ClaimBinder:
                     },
                 )
                 crash_point("controller.attach.after-status")
+                if self.quarantine is not None:
+                    self.quarantine.attach_succeeded(target.pool, target.device)
                 BIND_TOTAL.labels(result="attached", reason="").inc()
                 BIND_SECONDS.labels(result="attached").observe(time.monotonic() - started)
                 log.info("device attached; binding condition set", claim=uid, device=target.device, node=node)
@@ -409,6 +417,30 @@ class ClaimBinder:
             node=target.node,
             reason=reason,
             error=message,
+        )
+        if self.quarantine is None:
+            return
+        out = self.quarantine.attach_failed(target.pool, target.device, reason, message)
+        obj = self._claims.get(uid)
+        if out is None or self._events is None or obj is None:
+            return
+        meta = obj.get("metadata") or {}
+        await self._events.record(
+            ObjectRef(
+                "ResourceClaim",
+                str(meta.get("name")),
+                str(meta.get("namespace") or ""),
+                "resource.k8s.io/v1",
+                uid,
+            ),
+            reason="DeviceQuarantined",
+            action="Quarantine",
+            note=(
+                f"device {target.pool}/{target.device} failed to attach {out.failures} time(s) in a row "
+                f"(last: {reason}: {message}); taken out of allocation for "
+                f"{max(0.0, out.until - time.monotonic()):.0f}s so the scheduler picks another device"
+            ),
+            event_type="Warning",
         )
 
     # -- status -------------------------------------------------------------------------------

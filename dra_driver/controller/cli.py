@@ -125,6 +125,22 @@ def register(subparsers: SubParsers) -> None:
         "<driver>/AttachFailed, and attach each allocated device before the pod is bound",
     )
     binding.add_argument(
+        "--quarantine-after",
+        type=int,
+        default=3,
+        metavar="N",
+        help="take a device out of allocation (attach-failed taint, or withheld) after N consecutive "
+        "failed attaches, or one that retrying cannot cure (default: 3)",
+    )
+    binding.add_argument(
+        "--quarantine-seconds",
+        type=positive_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long a failing device stays out of allocation; doubles each time it is taken out "
+        "again, up to an hour; a successful attach ends it (default: 60)",
+    )
+    binding.add_argument(
         "--bind-timeout",
         type=positive_seconds,
         default=300.0,
@@ -214,6 +230,8 @@ def run(args: argparse.Namespace) -> int:
         bind_timeout=args.bind_timeout,
         busy_timeout=args.busy_timeout,
         release_grace=args.release_grace,
+        quarantine_after=args.quarantine_after,
+        quarantine_seconds=args.quarantine_seconds,
         host=args.host,
         port=args.port,
         ready_file=str(args.ready_file) if args.ready_file else None,

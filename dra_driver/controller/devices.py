@@ -16,13 +16,14 @@ from typing import Any
 
 from dra_driver.controller.resourcenames import (
     BindingConditionNames,
+    attach_failed_taint_key,
     fit_value,
     unhealthy_taint_key,
 )
 from dra_driver.selection.quantity import format_bytes
 from manager_api.devices import SliceAttribute, SliceCapacity, SliceForm
 from manager_api.models import BindingState, Device, Health
-from plumbing.names import is_dns1123_label
+from plumbing.names import is_dns1123_label, is_label_value
 
 __all__ = [
     "ATTRIBUTE_NAMES",
@@ -68,6 +69,8 @@ class WithheldReason(StrEnum):
     UNHEALTHY = "unhealthy"
     #: its name is not a DNS label, so no ResourceSlice can carry it
     INVALID_NAME = "invalid-name"
+    #: its attach keeps failing (:mod:`.quarantine`), and the cluster cannot taint devices
+    ATTACH_FAILED = "attach-failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,8 +141,10 @@ def _capacity(device: Device, driver: str) -> dict[str, dict[str, str]]:
     }
 
 
-def to_dra_device(device: Device, policy: PublishPolicy) -> Conversion:
-    """The ``Device`` entry of a ResourceSlice for ``device``, or why it is withheld."""
+def to_dra_device(device: Device, policy: PublishPolicy, quarantined: str | None = None) -> Conversion:
+    """The ``Device`` entry of a ResourceSlice for ``device``, or why it is withheld.
+
+    ``quarantined``: the reason its attaches failed, when it is out of allocation for that."""
     if not is_dns1123_label(device.name):
         return Conversion(device.name, None, WithheldReason.INVALID_NAME)
     if not device.managed:
@@ -149,16 +154,25 @@ def to_dra_device(device: Device, policy: PublishPolicy) -> Conversion:
     unhealthy = device.health is not Health.OK
     if unhealthy and not policy.device_taints:
         return Conversion(device.name, None, WithheldReason.UNHEALTHY)
+    if quarantined is not None and not policy.device_taints:
+        return Conversion(device.name, None, WithheldReason.ATTACH_FAILED)
 
     out: dict[str, Any] = {"name": device.name, "attributes": _attributes(device, policy.driver)}
     capacity = _capacity(device, policy.driver)
     if capacity:
         out["capacity"] = capacity
+    taints = []
     if unhealthy:
         # Value = the Redfish Health, so a claim may tolerate "Warning" but not "Critical".
-        out["taints"] = [
+        taints.append(
             {"key": unhealthy_taint_key(policy.driver), "value": device.health.value, "effect": "NoSchedule"}
-        ]
+        )
+    if quarantined is not None:
+        # The value is the last failure's reason code; a taint value must be a label value.
+        value = quarantined if is_label_value(quarantined) else "AttachFailed"
+        taints.append({"key": attach_failed_taint_key(policy.driver), "value": value, "effect": "NoSchedule"})
+    if taints:
+        out["taints"] = taints
     if policy.binding_conditions or policy.binds_to_node:
         out["bindsToNode"] = True
     if policy.binding_conditions:

@@ -12,6 +12,8 @@ __all__ = [
     "NODE_LABEL_PATCHES",
     "POOL_DEVICES",
     "POOL_GENERATION",
+    "QUARANTINED_DEVICES",
+    "QUARANTINES",
     "REGISTRY",
     "SLICE_RECONCILE_SECONDS",
     "SLICE_WRITES",
@@ -70,5 +72,17 @@ BIND_SECONDS = Histogram(
     "From first seeing an allocated device to its Attached (or AttachFailed) condition.",
     ["result"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+    registry=REGISTRY,
+)
+QUARANTINES = Counter(
+    "fabric_dra_controller_device_quarantines",
+    "Devices taken out of allocation after failed attaches, by the last failure's reason.",
+    ["reason"],
+    registry=REGISTRY,
+)
+QUARANTINED_DEVICES = Gauge(
+    "fabric_dra_controller_quarantined_devices",
+    "Devices out of allocation now (tainted attach-failed, or withheld) per pool.",
+    ["pool"],
     registry=REGISTRY,
 )

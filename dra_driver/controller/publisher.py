@@ -20,6 +20,7 @@ from typing import Any
 from dra_driver.controller.devices import PublishPolicy, WithheldReason
 from dra_driver.controller.inventory_feed import InventoryFeed
 from dra_driver.controller.metrics import POOL_DEVICES, POOL_GENERATION, SLICE_RECONCILE_SECONDS, SLICE_WRITES
+from dra_driver.controller.quarantine import Quarantine
 from dra_driver.controller.slices import (
     DesiredPool,
     NormalCache,
@@ -64,8 +65,11 @@ class SlicePublisher:
         *,
         write_concurrency: int = 16,
         debounce: float = 0.05,
+        quarantine: Quarantine | None = None,
     ) -> None:
         self._kube = kube
+        #: devices out of allocation after failed attaches: tainted or withheld
+        self.quarantine = quarantine
         self._requested_policy = policy
         self._taints_dropped = False
         self._bindings_dropped = False
@@ -81,7 +85,7 @@ class SlicePublisher:
         #: names with a write in flight: their watch event may arrive before the response
         self._writing: set[str] = set()
         self._trigger = asyncio.Event()
-        self._desired_key: tuple[int, PublishPolicy] | None = None
+        self._desired_key: tuple[int, PublishPolicy, int] | None = None
         self._desired: dict[str, DesiredPool] = {}
         self._normal = NormalCache()
         self.last_result: PublishResult | None = None
@@ -217,9 +221,11 @@ class SlicePublisher:
         self._stale = False
 
     def desired(self, inventory: Inventory) -> dict[str, DesiredPool]:
-        key = (inventory.version, self.policy)
+        quarantine = self.quarantine
+        key = (inventory.version, self.policy, quarantine.version if quarantine else 0)
         if key != self._desired_key:
-            self._desired = desired_pools(inventory, self.policy)
+            out = {k: q.reason for k, q in quarantine.active().items()} if quarantine else {}
+            self._desired = desired_pools(inventory, self.policy, out)
             self._desired_key = key
         return self._desired
 

@@ -26,6 +26,7 @@ __all__ = [
     "SLICE_MAX_DEVICES",
     "SLICE_MAX_DEVICES_WITH_TAINTS",
     "BindingConditionNames",
+    "attach_failed_taint_key",
     "fit_value",
     "is_attribute_id",
     "is_driver_name",
@@ -117,6 +118,11 @@ def publisher_label(driver: str) -> str:
 
 def unhealthy_taint_key(driver: str) -> str:
     return f"{driver}/unhealthy"
+
+
+def attach_failed_taint_key(driver: str) -> str:
+    """The taint of a device taken out of allocation after failed attaches (:mod:`.quarantine`)."""
+    return f"{driver}/attach-failed"
 
 
 def slice_name(driver: str, pool: str, index: int) -> str:

@@ -220,15 +220,22 @@ class DesiredPool:
         return self._normal
 
 
-def desired_pools(inventory: Inventory, policy: PublishPolicy) -> dict[str, DesiredPool]:
-    """Every pool of the inventory with the devices to publish, in slice-sized chunks."""
+def desired_pools(
+    inventory: Inventory,
+    policy: PublishPolicy,
+    quarantined: Mapping[tuple[str, str], str] | None = None,
+) -> dict[str, DesiredPool]:
+    """Every pool of the inventory with the devices to publish, in slice-sized chunks.
+
+    ``quarantined``: (pool, device) → why, for devices out of allocation after failed attaches."""
+    quarantined = quarantined or {}
     nodes_by_pool: dict[str, tuple[str, ...]] = {p.pool: tuple(sorted(set(p.nodes))) for p in inventory.pools}
     conversions: dict[str, dict[str, Conversion]] = defaultdict(dict)
     for device in inventory.devices:
         pool_devices = conversions[device.pool]
         if device.name in pool_devices:
             continue  # a device name is unique within a pool; the manager guarantees it, we enforce it
-        pool_devices[device.name] = to_dra_device(device, policy)
+        pool_devices[device.name] = to_dra_device(device, policy, quarantined.get((device.pool, device.name)))
     pools: dict[str, DesiredPool] = {}
     for pool in sorted(set(nodes_by_pool) | set(conversions)):
         if not is_pool_name(pool):
