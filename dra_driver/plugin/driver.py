@@ -343,7 +343,7 @@ class Driver:
             try:
                 attached = task.result()
             except (FabricError, DeviceNotVisible) as err:
-                failures.append(prepare_errors.attach_failure(err, device, self.node))
+                failures.append(prepare_errors.attach_failure(err, device, self.node, ref.uid))
             except asyncio.CancelledError:
                 failures.append(
                     f"attaching device {device} to node {self.node} was cancelled; the kubelet retries"

@@ -26,7 +26,32 @@ from manager_api.errors import (
     NotLeader,
 )
 
-__all__ = ["attach_failure", "detach_failure", "still_attaching"]
+__all__ = [
+    "SHARED_CLAIM_RECIPE",
+    "attach_failure",
+    "detach_failure",
+    "held_by_claim_elsewhere",
+    "still_attaching",
+]
+
+#: where the recipe for pods sharing a claim is documented
+SHARED_CLAIM_RECIPE = "docs/plugin.md, 'Pods sharing a claim'"
+
+
+def held_by_claim_elsewhere(err: BaseException, claim_uid: str | None, node: str) -> str | None:
+    """The node another pod of the *same* claim has the device on, when ``err`` says so.
+
+    A fabric device is bound to one host at a time. A claim several pods share is prepared on
+    every node they run on; where the scheduler did not pin the allocation to one node (no
+    ``bindsToNode``: the API server dropped it), it spreads them, and every node but the first
+    gets the manager's 409 with ``held_by`` = "<that node>/<this claim's UID>". Retrying cannot
+    cure that while the pods there run, so the message says what to change instead."""
+    if not isinstance(err, DeviceBusy) or not err.held_by or claim_uid is None:
+        return None
+    holder, sep, holder_claim = err.held_by.rpartition("/")
+    if not sep or holder_claim != claim_uid or not holder or holder == node:
+        return None
+    return holder
 
 
 def _cause(err: FabricError) -> str:
@@ -83,9 +108,18 @@ def _next_step(err: BaseException, device: str, node: str) -> str:
     return "the kubelet retries"
 
 
-def attach_failure(err: BaseException, device: str, node: str) -> str:
-    """One line for a device that could not be attached (or seen) on ``node``."""
+def attach_failure(err: BaseException, device: str, node: str, claim_uid: str | None = None) -> str:
+    """One line for a device that could not be attached (or seen) on ``node`` for ``claim_uid``."""
     cause = _cause(err) if isinstance(err, FabricError) else str(err).rstrip(". ")
+    elsewhere = held_by_claim_elsewhere(err, claim_uid, node)
+    if elsewhere is not None:
+        return (
+            f"device {device} of this claim is attached to node {elsewhere}, and a fabric device is "
+            f"attached to one node at a time, so it cannot be attached to node {node} too: pods sharing "
+            f"a fabric-device claim must run on one node — use pod affinity to keep them together "
+            f"({SHARED_CLAIM_RECIPE}); this pod cannot start on {node} while the claim's pods on "
+            f"{elsewhere} run, and retrying does not change that"
+        )
     if isinstance(err, DeviceBusy):
         held = f" (held by {err.held_by})" if err.held_by else ""
         return (

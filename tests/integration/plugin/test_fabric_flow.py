@@ -25,7 +25,7 @@ from dra_driver.plugin.hostdev import HostScanner
 from fabric_dra.stack import Role
 from kube_standin.kubelet_client import ClaimRef as KubeletClaim
 from manager_api.client import ManagerClient
-from manager_api.models import BindingState, Device, DeviceType, FabricNode
+from manager_api.models import AttachmentState, BindingState, Device, DeviceType, FabricNode
 from tests.support.kubelet import running_kubelet
 from tests.support.plugin import DRIVER, ClaimRef, PluginStack, short_dir, start_fabric
 
@@ -154,6 +154,37 @@ def test_two_claims_racing_for_one_device(fabric: Fabric) -> None:
         assert (await fabric.stack.prepare([loser])).claims[loser.uid].error == ""  # the retry wins now
         assert (await fabric.device(gpu.name)).claim_uid == loser.uid
         assert (await fabric.stack.unprepare([loser])).claims[loser.uid].error == ""
+
+    asyncio.run(scenario())
+
+
+def test_a_shared_claims_device_on_another_node_is_refused_with_the_recipe(fabric: Fabric) -> None:
+    """Pods sharing one claim that the scheduler put on two nodes (no bindsToNode): the other
+    node holds the claim's device, and this node's prepare says so — naming that node and the
+    pod-affinity recipe — instead of "in use" and endless retries (issue 16, defect 1)."""
+
+    shared = [n for n in _nodes(fabric.manager.address) if set(n.pools) & set(fabric.node.pools)]
+    other = next((n for n in shared if n.name != fabric.node.name), None)
+    if other is None:
+        pytest.fail(f"the topology has no second node on the pools {fabric.node.pools}")
+
+    async def scenario() -> None:
+        assert other is not None
+        (gpu, *_) = [d for d in await fabric.free_devices(DeviceType.GPU) if d.pool in other.pools]
+        ref = await fabric.stack.create_claim("shared", [("gpu", gpu.name)], pool=gpu.pool)
+        async with ManagerClient(fabric.manager.address) as client:
+            attached = await client.attach(gpu.name, other.name, ref.uid, wait_seconds=10.0)
+            assert attached.state is AttachmentState.ATTACHED, attached
+            try:
+                error = (await fabric.stack.prepare([ref])).claims[ref.uid].error
+                assert f"device {gpu.name} of this claim is attached to node {other.name}" in error, error
+                assert "pods sharing a fabric-device claim must run on one node" in error
+                assert "use pod affinity" in error and "Pods sharing a claim" in error
+                assert (await fabric.device(gpu.name)).node == other.name  # nothing moved
+                assert (await fabric.stack.unprepare([ref])).claims[ref.uid].error == ""
+                assert (await fabric.device(gpu.name)).node == other.name  # and unprepare left it there
+            finally:
+                await client.detach(gpu.name, other.name, ref.uid, wait_seconds=10.0)
 
     asyncio.run(scenario())
 

@@ -186,6 +186,28 @@ async def test_failed_attach_keeps_the_entry_for_cleanup(tmp_path: Path) -> None
     assert backend.attached == {}  # gpu-0 was detached although the claim never finished preparing
 
 
+async def test_the_claims_device_held_on_another_node_is_a_shared_claim_message(tmp_path: Path) -> None:
+    """A claim shared by pods the scheduler spread over two nodes (issue 16, defect 1): the
+    second node gets the manager's 409 naming the first node and this claim's own UID."""
+    backend = ScriptedBackend()
+    h = Harness(tmp_path, backend)
+    ref = h.add("shared", [("gpu", "gpu-0")])
+    backend.busy = {"gpu-0": f"node-b/{ref.uid}"}
+    (error,) = (await h.prepare(ref)).values()
+    assert isinstance(error, str)
+    assert "device gpu-0 of this claim is attached to node node-b" in error
+    assert "cannot be attached to node node-a too" in error
+    assert "pods sharing a fabric-device claim must run on one node — use pod affinity" in error
+    assert "Pods sharing a claim" in error and "in use (held by" not in error
+    # Another claim holding it, or this claim on this very node: the ordinary busy message.
+    backend.busy = {"gpu-0": "node-b/another-claim"}
+    (error,) = (await h.prepare(ref)).values()
+    assert isinstance(error, str) and "gpu-0 is in use (held by node-b/another-claim)" in error
+    backend.busy = {"gpu-0": f"node-a/{ref.uid}"}
+    (error,) = (await h.prepare(ref)).values()
+    assert isinstance(error, str) and "pod affinity" not in error
+
+
 def test_subrequest_names_are_reduced_to_the_request() -> None:
     assert base_request_name("gpus/large") == "gpus"
     assert base_request_name("gpus") == "gpus"
