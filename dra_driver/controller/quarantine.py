@@ -82,7 +82,9 @@ class Quarantine:
             return None
         record = self._records.setdefault((pool, device), _Record())
         if record.active is not None:
-            return None
+            if record.active.until > self._clock():
+                return None
+            record.active = None  # over, though its timer has not fired yet: the clock decides
         record.failures += 1
         if record.failures < self.threshold and reason not in PERMANENT:
             return None
