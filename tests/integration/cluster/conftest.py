@@ -3,6 +3,7 @@ stand-in cluster running in the test's event loop."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,11 +11,13 @@ from pathlib import Path
 import grpc
 import pytest
 
+from dra_driver.plugin.prepare_errors import attach_failure
 from dra_driver.proto.dra_v1 import api_pb2 as dra_v1
 from dra_driver.proto.dra_v1 import api_pb2_grpc as dra_v1_grpc
 from dra_driver.proto.pluginregistration_v1 import api_pb2 as reg
 from dra_driver.proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
 from fabric_dra.stack import Stack
+from manager_api.errors import DeviceBusy
 from plumbing.kube import KubeClient, KubeConfig
 
 DRIVER = "fabric-dra.io"
@@ -43,13 +46,20 @@ async def kube(apiserver_url: str) -> AsyncIterator[KubeClient]:
 
 @dataclass
 class FakePlugin:
-    """A DRA plugin that records calls; ``prepare_error`` makes every prepare fail with it."""
+    """A DRA plugin that records calls; ``prepare_error`` makes every prepare fail with it.
+
+    With ``fabric`` (claim UID → the node its device is bound to, shared by the plugins of
+    several nodes) it binds a claim's device to the first node that prepares it, as the fabric
+    does, and answers a prepare on any other node with the real plugin's message for that."""
 
     registry_dir: Path
     plugin_dir: Path
     prepared: list[str] = field(default_factory=list)
     unprepared: list[str] = field(default_factory=list)
     prepare_error: str = ""
+    fabric: dict[str, str] | None = None
+    #: the node this plugin serves; set by the stand-in cluster's set-up
+    node: str = ""
 
 
 class _Registration(reg_grpc.RegistrationServicer):
@@ -82,6 +92,14 @@ class _Dra(dra_v1_grpc.DRAPluginServicer):
             if self.plugin.prepare_error:
                 response.claims[claim.uid].error = self.plugin.prepare_error
                 continue
+            fabric, node = self.plugin.fabric, self.plugin.node
+            holder = fabric.setdefault(claim.uid, node) if fabric is not None else node
+            if holder != node:
+                busy = DeviceBusy(
+                    "device d is bound to another node", device="d", held_by=f"{holder}/{claim.uid}"
+                )
+                response.claims[claim.uid].error = attach_failure(busy, "d", node, claim.uid)
+                continue
             self.plugin.prepared.append(claim.uid)
             response.claims[claim.uid].devices.append(
                 dra_v1.Device(
@@ -102,7 +120,18 @@ class _Dra(dra_v1_grpc.DRAPluginServicer):
 
 @pytest.fixture
 async def fake_plugin(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[FakePlugin]:
-    base = Path(tmp_path_factory.mktemp("node"))
+    async with serve_fake_plugin(Path(tmp_path_factory.mktemp("node"))) as plugin:
+        yield plugin
+
+
+@pytest.fixture
+async def second_fake_plugin(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[FakePlugin]:
+    async with serve_fake_plugin(Path(tmp_path_factory.mktemp("node"))) as plugin:
+        yield plugin
+
+
+@contextlib.asynccontextmanager
+async def serve_fake_plugin(base: Path) -> AsyncIterator[FakePlugin]:
     plugin = FakePlugin(base / "registry", base / "plugin")
     plugin.registry_dir.mkdir()
     plugin.plugin_dir.mkdir()

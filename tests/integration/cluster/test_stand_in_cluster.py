@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,10 +47,15 @@ def _gpu(name: str, switch: str, **extra: Any) -> dict[str, Any]:
 
 @contextlib.asynccontextmanager
 async def running(
-    kube: KubeClient, plugin: FakePlugin, *, nodes: int = 1, **scheduler: Any
+    kube: KubeClient, plugin: FakePlugin | Sequence[FakePlugin], *, nodes: int = 1, **scheduler: Any
 ) -> AsyncIterator[World]:
+    """A namespace, a DeviceClass and ``nodes`` nodes, the stand-in control plane over them;
+    node i registers the i-th of ``plugin`` (one plugin: every node the same)."""
     tag = uuid.uuid4().hex[:6]
     names = [f"node-{tag}"] + [f"node-{tag}-{i}" for i in range(1, nodes)]
+    plugins = [plugin] if isinstance(plugin, FakePlugin) else list(plugin)
+    for i, name in enumerate(names):
+        plugins[i % len(plugins)].node = name
     world = World(kube, f"team-{tag}", tag, names[0], f"fabric-gpu-{tag}", names)
     await kube.create(NAMESPACES, {"metadata": {"name": world.ns}})
     await kube.create(
@@ -71,7 +76,10 @@ async def running(
     )
     cluster = StandInCluster(
         kube,
-        [NodeSpec(name, {"fabric-dra.io/test": tag}, plugin.registry_dir) for name in names],
+        [
+            NodeSpec(name, {"fabric-dra.io/test": tag}, plugins[i % len(plugins)].registry_dir)
+            for i, name in enumerate(names)
+        ],
         scheduler=SchedulerConfig(**scheduler),
     )
     task = asyncio.create_task(cluster.run())
@@ -405,7 +413,7 @@ async def deploy_sharing(world: World, replicas: int) -> None:
     )
 
 
-async def _bound_nodes(world: World, replicas: int) -> list[str] | None:
+async def bound_nodes(world: World, replicas: int) -> list[str] | None:
     current = await pods(world)
     nodes = [p["spec"].get("nodeName") for p in current]
     return sorted(nodes) if len(current) == replicas and all(nodes) else None
@@ -419,7 +427,7 @@ async def test_pods_sharing_a_claim_spread_over_the_pools_nodes_without_bindsToN
     async with running(kube, fake_plugin, nodes=2) as world:
         await publish(world, [_gpu("gpu-0", "sw1")])
         await deploy_sharing(world, replicas=3)
-        nodes = await eventually(lambda: _bound_nodes(world, 3), what="three pods bound")
+        nodes = await eventually(lambda: bound_nodes(world, 3), what="three pods bound")
         assert isinstance(nodes, list)
         assert set(nodes) == set(world.nodes), nodes
         (claim,) = await claims(world)
@@ -432,7 +440,7 @@ async def test_pods_sharing_a_bindsToNode_claim_all_land_on_the_allocated_node(
     async with running(kube, fake_plugin, nodes=2) as world:
         await publish(world, [_gpu("gpu-0", "sw1", bindsToNode=True)])
         await deploy_sharing(world, replicas=3)
-        nodes = await eventually(lambda: _bound_nodes(world, 3), what="three pods bound")
+        nodes = await eventually(lambda: bound_nodes(world, 3), what="three pods bound")
         assert isinstance(nodes, list)
         assert len(set(nodes)) == 1, nodes
         (claim,) = await claims(world)
