@@ -13,13 +13,20 @@ Mirrors kube-scheduler's DRA plugin (``pkg/scheduler/framework/plugins/dynamicre
   true ``bindingFailureConditions`` entry, or ``--binding-timeout`` (600 s in Kubernetes),
   clears the allocation (Unreserve) and the pod is scheduled again. Like the real scheduler it
   remembers nothing about the failure: the allocator's first fit picks the same device again
-  unless the driver took it out of allocation (a taint, or withheld from its slice);
+  unless the driver took it out of allocation (a taint, or withheld from its slice) —
+  ``allocateOne`` in ``staging/src/k8s.io/dynamic-resource-allocation/structured/internal/*/
+  allocator_*.go`` walks pools, slices and devices in the same order every time, and
+  ``dynamicresources.go`` keeps no per-pod record of failed devices;
 - Score: among the nodes that fit, the one with the fewest pods of the same owner, then the
   fewest pods (the default ``PodTopologySpread`` system constraints spread a workload's pods
-  over hostnames; ``NodeResourcesFit`` prefers the least allocated node), then by name where the
-  real scheduler picks at random among equal scores. So pods sharing one claim land on different
+  over hostnames — ``systemDefaultConstraints`` in
+  ``pkg/scheduler/framework/plugins/podtopologyspread/plugin.go``; ``NodeResourcesFit``
+  prefers the least allocated node, ``noderesources/least_allocated.go``), then by name where
+  the real scheduler picks at random among equal scores (``selectHost`` in
+  ``pkg/scheduler/schedule_one.go``). So pods sharing one claim land on different
   nodes unless its allocation's ``nodeSelector`` pins them (``bindsToNode`` or node-local
-  devices) — as in a real cluster;
+  devices: ``createNodeSelector`` in ``.../structured/internal/incubating/allocator_incubating.go``
+  pins for ``bindsToNode`` with or without binding conditions) — as in a real cluster;
 - Bind: the ``pods/binding`` subresource, or setting ``spec.nodeName`` where the server has
   no such subresource.
 
