@@ -126,6 +126,8 @@ class ClaimBinder:
         #: claims with a device reported AttachFailed: the pod cannot bind with that allocation,
         #: so what was attached for it is released without the grace period
         self._doomed: set[str] = set()
+        #: Event writes, which must outlive the claim's worker (its allocation changing cancels it)
+        self._side_tasks: set[asyncio.Task[bool]] = set()
 
     # -- running ------------------------------------------------------------------------------
 
@@ -134,7 +136,7 @@ class ClaimBinder:
         try:
             await Informer(self._kube, RESOURCE_CLAIMS, on_changes=self._on_changes).run()
         finally:
-            for task in list(self._workers.values()):
+            for task in [*self._workers.values(), *self._side_tasks]:
                 task.cancel()
             for handle in self._retry.values():
                 handle.cancel()
@@ -399,6 +401,9 @@ class ClaimBinder:
     ) -> None:
         reason = reason if reason.replace("_", "").isalnum() and reason[:1].isalpha() else "AttachFailed"
         self._doomed.add(uid)
+        # Counted before any await: the status write below makes the scheduler deallocate, and
+        # that change of allocation cancels this worker (_observe) — the count must stand.
+        self._count_failure(uid, target, reason, message)
         await self._set(
             uid,
             target,
@@ -418,6 +423,10 @@ class ClaimBinder:
             reason=reason,
             error=message,
         )
+
+    def _count_failure(self, uid: str, target: Target, reason: str, message: str) -> None:
+        """Count a failed attach of ``target``'s device; the Event when that quarantines it is
+        written by a task of its own, so that cancelling the claim's worker does not lose it."""
         if self.quarantine is None:
             return
         out = self.quarantine.attach_failed(target.pool, target.device, reason, message)
@@ -425,7 +434,7 @@ class ClaimBinder:
         if out is None or self._events is None or obj is None:
             return
         meta = obj.get("metadata") or {}
-        await self._events.record(
+        record = self._events.record(
             ObjectRef(
                 "ResourceClaim",
                 str(meta.get("name")),
@@ -442,6 +451,9 @@ class ClaimBinder:
             ),
             event_type="Warning",
         )
+        task = asyncio.create_task(record)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
 
     # -- status -------------------------------------------------------------------------------
 
