@@ -15,8 +15,11 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from fabric_dra.stack import Stack
 from fabric_dra.standins import InventoryServer, make_device, make_inventory
@@ -36,10 +39,17 @@ from tests.integration.cluster.test_stand_in_cluster import (
 from tests.support.waiting import eventually
 
 
+@dataclass
+class Publishing:
+    manager: InventoryServer
+    #: the controller's /metrics and /status
+    controller_url: str
+
+
 @contextlib.asynccontextmanager
 async def controller_for(
     world: World, apiserver_url: str, tmp_path: Path, devices: int, *args: str
-) -> AsyncIterator[InventoryServer]:
+) -> AsyncIterator[Publishing]:
     """A stand-in manager with ``devices`` GPUs in one pool every node of ``world`` reaches, and
     the controller publishing it; yields once the pool is in a ResourceSlice."""
     pool = f"fp-{world.tag}"
@@ -50,14 +60,14 @@ async def controller_for(
     write_kubeconfig(kubeconfig, apiserver_url)
     with InventoryServer(inventory) as manager, Stack(tmp_path / "s", logs_dir=tmp_path) as stack:
         args = ("--manager-url", manager.url, "--driver-name", DRIVER, *args)
-        stack.controller(None, kubeconfig, args=list(args))
+        controller = stack.controller(None, kubeconfig, args=list(args))
 
         async def published() -> bool:
             items, _ = await world.kube.list_all(RESOURCE_SLICES)
             return any(s["spec"]["pool"]["name"] == pool for s in items)
 
         await eventually(published, what="the controller's pool", within=30)
-        yield manager
+        yield Publishing(manager, controller.role.address)
 
 
 async def test_a_device_failing_every_attach_is_tainted_and_the_pod_runs_on_another(
@@ -65,8 +75,9 @@ async def test_a_device_failing_every_attach_is_tainted_and_the_pod_runs_on_anot
 ) -> None:
     async with (
         running(kube, fake_plugin) as world,
-        controller_for(world, apiserver_url, tmp_path, 3, "--binding-conditions") as manager,
+        controller_for(world, apiserver_url, tmp_path, 3, "--binding-conditions") as publishing,
     ):
+        manager = publishing.manager
         # gpu-0 is first in the allocator's order and fails every attach.
         manager.fail_every_attach["gpu-0"] = "BindFailed"
         started = time.monotonic()
@@ -96,6 +107,10 @@ async def test_a_device_failing_every_attach_is_tainted_and_the_pod_runs_on_anot
         assert [(t["key"], t["effect"]) for t in taints] == [(f"{DRIVER}/attach-failed", "NoSchedule")]
         events, _ = await kube.list_all(EVENTS, world.ns)
         assert any(e.get("reason") == "DeviceQuarantined" for e in events)
+        async with httpx.AsyncClient() as http:
+            metrics = (await http.get(f"{publishing.controller_url}/metrics")).text
+        assert 'fabric_dra_controller_device_quarantines_total{reason="BindFailed"} 1.0' in metrics
+        assert f'fabric_dra_controller_quarantined_devices{{pool="fp-{world.tag}"}} 1.0' in metrics
         print(f"failing device: pod Running on another device {elapsed:.1f}s after the Deployment")
 
 
