@@ -25,6 +25,7 @@ from fabric.metrics import ManagerMetrics
 from fabric.openapi import install_openapi
 from fabric.operations import OperationLog, error_body
 from fabric.reports import PluginReports
+from fabric.ui import router as ui_router
 from manager_api import models as api
 from manager_api.errors import (
     DeviceNotFound,
@@ -124,6 +125,7 @@ def build_app(ctx: AppContext) -> FastAPI:
     )
     app.state.ctx = ctx
     install_openapi(app)
+    app.include_router(ui_router)
 
     @app.exception_handler(FabricError)
     async def _fabric_error(request: Request, err: FabricError) -> JSONResponse:

@@ -32,7 +32,14 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
 # fabric"): what stands above each floor, which it must never import.
 _FABRIC_CLI = ("fabric.cli", "fabric.status")
 _FABRIC_SERVICE = ("fabric.service", "fabric.config", *_FABRIC_CLI)
-_FABRIC_HTTP = ("fabric.server", "fabric.orphans", "fabric.auth", "fabric.openapi", *_FABRIC_SERVICE)
+_FABRIC_HTTP = (
+    "fabric.server",
+    "fabric.orphans",
+    "fabric.auth",
+    "fabric.openapi",
+    "fabric.ui",
+    *_FABRIC_SERVICE,
+)
 _FABRIC_FRONT = ("fabric.attachments", "fabric.reconcile", *_FABRIC_HTTP)
 _FABRIC_DRIVER = ("fabric.operations_driver", *_FABRIC_FRONT)
 _FABRIC_ATTEMPTS = ("fabric.fabric_attempts", *_FABRIC_DRIVER)
@@ -94,6 +101,8 @@ NEVER: dict[str, tuple[str, ...]] = {
     "fabric.server": ("fabric.orphans", *_FABRIC_SERVICE),
     "fabric.auth": ("fabric.server", "fabric.orphans", *_FABRIC_SERVICE),
     "fabric.openapi": ("fabric.server", "fabric.orphans", *_FABRIC_SERVICE),
+    # the fabric map is static files: it reads the API as any client does, never the manager's insides
+    "fabric.ui": ("fabric.server", "fabric.orphans", "fabric.auth", *_FABRIC_SERVICE),
     "fabric.config": ("fabric.service", *_FABRIC_CLI),
     "fabric.service": _FABRIC_CLI,
 }
