@@ -1,7 +1,9 @@
 """Prometheus metrics of the fabric manager (``GET /metrics``).
 
-Labels stay low-cardinality: device type, model, pool, outcome (an error *class*, never a message),
-Redfish method and resource kind (the collection or action name, never a URI).
+Labels stay low-cardinality: device type, model, pool, node, outcome (a word: an error *class* or an
+HTTP status phrase, never a message or a number), Redfish method and resource kind (the collection
+or action name, never a URI). ``deploy/components/monitoring`` holds the dashboard and the alerts
+built on them; a test checks each metric they use is in a scrape of a running manager.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from manager_api import models as api
+from plumbing.promstats import outcome_word, register_process_metrics
 
 __all__ = ["ManagerMetrics"]
 
@@ -34,10 +37,16 @@ class _PoolCollector(Collector):
         )
         counts: Counter[tuple[str, str, str, str]] = Counter()
         foreign: Counter[str] = Counter()
+        unhealthy: Counter[tuple[str, str, str]] = Counter()
+        per_node: Counter[tuple[str, str]] = Counter()
         for device in self._snapshot().devices:
             counts[(device.pool, str(device.type), device.model or "", str(device.state))] += 1
             if not device.managed and device.state is api.BindingState.BOUND:
                 foreign[device.pool] += 1
+            if device.health is not api.Health.OK:
+                unhealthy[(device.pool, str(device.state), str(device.health))] += 1
+            if device.node and device.state is not api.BindingState.FREE:
+                per_node[(device.pool, device.node)] += 1
         for labels, count in sorted(counts.items()):
             family.add_metric(list(labels), count)
         yield family
@@ -49,11 +58,28 @@ class _PoolCollector(Collector):
         for pool, count in sorted(foreign.items()):
             unmanaged.add_metric([pool], count)
         yield unmanaged
+        sick = GaugeMetricFamily(
+            "fabric_dra_unhealthy_devices",
+            "Devices whose Redfish health is not OK, by binding state (bound: a workload is affected)",
+            labels=["pool", "state", "health"],
+        )
+        for labels3, count in sorted(unhealthy.items()):
+            sick.add_metric(list(labels3), count)
+        yield sick
+        nodes = GaugeMetricFamily(
+            "fabric_dra_node_devices",
+            "Devices bound (or being bound or unbound) to each Kubernetes node",
+            labels=["pool", "node"],
+        )
+        for labels2, count in sorted(per_node.items()):
+            nodes.add_metric(list(labels2), count)
+        yield nodes
 
 
 class ManagerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        register_process_metrics(self.registry, "manager")
         self.attach_seconds = Histogram(
             "fabric_dra_attach_duration_seconds",
             "Time from an attach request to the device bound (or the attach failed)",
@@ -90,6 +116,11 @@ class ManagerMetrics:
         self.inventory_version = Gauge(
             "fabric_dra_inventory_version", "Current inventory version", registry=self.registry
         )
+        self.fabric_reachable = Gauge(
+            "fabric_dra_fabric_reachable",
+            "1 while the last read of the fabric's inventory succeeded, 0 while the Redfish service fails",
+            registry=self.registry,
+        )
         self.is_leader = Gauge(
             "fabric_dra_manager_leader", "1 while this replica is the leader", registry=self.registry
         )
@@ -107,15 +138,19 @@ class ManagerMetrics:
         for operation in ("attach", "detach"):
             self.in_flight.labels(operation).set(0)
 
-    def watch_inventory(self, snapshot: Callable[[], api.Inventory]) -> None:
+    def watch_inventory(
+        self, snapshot: Callable[[], api.Inventory], reachable: Callable[[], bool] | None = None
+    ) -> None:
         self.registry.register(_PoolCollector(snapshot))
         self.inventory_version.set_function(lambda: float(snapshot().version))
+        if reachable is not None:
+            self.fabric_reachable.set_function(lambda: 1.0 if reachable() else 0.0)
 
     def observe_redfish(self, method: str, resource: str, outcome: str, seconds: float) -> None:
         """A :data:`fabric.redfish.client.RequestObserver`."""
         self.redfish_seconds.labels(method, resource).observe(seconds)
         if not outcome.isdigit() or int(outcome) >= 400:
-            self.redfish_errors.labels(method, resource, outcome).inc()
+            self.redfish_errors.labels(method, resource, outcome_word(outcome)).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

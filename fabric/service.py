@@ -141,7 +141,9 @@ class ManagerService:
         )
         attachments = Attachments(inventory, ledger, driver)
         reconciler = Reconciler(inventory, ledger, driver, discovery.backend_for)
-        metrics.watch_inventory(inventory.snapshot)
+        metrics.watch_inventory(
+            inventory.snapshot, lambda: inventory.loaded.is_set() and inventory.last_error is None
+        )
         metrics.is_leader.set_function(lambda: 1.0 if self.is_leader() else 0.0)
         inventory.after_refresh.append(ForeignBindings(inventory.snapshot).check)
         reports = PluginReports(ttl=s.plugin_report_ttl_seconds)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from plumbing.promstats import register_process_metrics
+
 __all__ = [
     "BIND_SECONDS",
     "BIND_TOTAL",
@@ -20,6 +22,7 @@ __all__ = [
 ]
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+register_process_metrics(REGISTRY, "controller")
 
 SLICE_WRITES = Counter(
     "fabric_dra_controller_slice_writes",

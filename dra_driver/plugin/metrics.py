@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_a
 
 from dra_driver.plugin.probes import PluginProbes
 from plumbing.netutil import listen_tcp
+from plumbing.promstats import register_process_metrics
 
 __all__ = [
     "CLAIM_RESULTS",
@@ -33,6 +34,7 @@ __all__ = [
 ]
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+register_process_metrics(REGISTRY, "plugin")
 
 PHASE_SECONDS = Histogram(
     "fabric_dra_plugin_phase_seconds",
