@@ -3,7 +3,9 @@
 Reads a ResourceClaim, a ResourceClaimTemplate, or a workload (Pod, Deployment, StatefulSet,
 Job, …) whose pod spec lists ``resourceClaims``, in ``resource.k8s.io/v1`` or ``v1beta1``;
 reads DeviceClasses, ResourceSlices, Nodes and existing claims from a cluster
-(``--kubeconfig``) or from files (``--slices``/``--classes``, offline); then runs the
+(``--kubeconfig``), from files (``--slices``/``--classes``, offline), or builds the slices the
+controller would publish from a fabric manager's inventory (``--manager-url`` with ``--classes``,
+no cluster needed); then runs the
 scheduler's allocator (:mod:`dra_driver.selection`) on every node and prints, for each
 request, which devices fit and what rejected the others.
 
@@ -15,6 +17,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -92,6 +96,18 @@ def register(subparsers: SubParsers) -> None:
         metavar="FILE",
         help="offline: existing ResourceClaims whose allocations hold devices",
     )
+    parser.add_argument(
+        "--manager-url",
+        default=None,
+        help="no cluster: build the ResourceSlices the controller would publish from this fabric "
+        "manager's inventory (with --classes; its bound devices count as allocated)",
+    )
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        help="with --manager-url: file holding a bearer token (default: $FABRIC_DRA_TOKEN)",
+    )
+    parser.add_argument("--ca-file", help="with --manager-url: CA bundle of the manager's TLS certificate")
     parser.add_argument("--node", help="explain this node only")
     parser.add_argument(
         "-n",
@@ -378,6 +394,106 @@ async def load_cluster(args: argparse.Namespace, progress: TextIO) -> Inventory:
     return Inventory(slices, classes, nodes or _stand_in_nodes(slices), raw_claims, synthetic_nodes=not nodes)
 
 
+def _manager_claims(devices: Iterable[Any], driver: str) -> list[dict[str, Any]]:
+    """The manager's bindings as allocated claims, so the devices they hold count as taken."""
+    held: dict[str, list[dict[str, str]]] = {}
+    for device in devices:
+        if device.claim_uid:
+            held.setdefault(device.claim_uid, []).append(
+                {"request": "held", "driver": driver, "pool": device.pool, "device": device.name}
+            )
+    return [
+        {
+            "metadata": {"namespace": "(fabric manager)", "name": uid, "uid": uid},
+            "status": {"allocation": {"devices": {"results": results}}},
+        }
+        for uid, results in held.items()
+    ]
+
+
+async def load_manager(args: argparse.Namespace, progress: TextIO) -> Inventory:
+    """The slices the controller would publish for the manager's inventory, its nodes labelled as
+    the controller labels them, and the classes from ``--classes``."""
+    from dra_driver.controller.devices import PublishPolicy
+    from dra_driver.controller.resourcenames import pool_label_key
+    from dra_driver.controller.slices import desired_pools, plan_pool
+    from manager_api.client import ManagerClient
+    from manager_api.errors import FabricError
+    from plumbing import DEFAULT_DRIVER_NAME
+
+    if not args.classes:
+        raise ExplainInputError(
+            "--manager-url needs --classes FILE: the manager knows devices, not DeviceClasses "
+            "(fabric-dra's own are in deploy/base/deviceclasses.yaml)"
+        )
+    if args.slices or args.nodes:
+        raise ExplainInputError(
+            "--manager-url reads slices and nodes from the manager: drop --slices/--nodes"
+        )
+    token_file = _absolute(args.token_file)
+    if token_file is not None and not token_file.is_file():
+        raise ExplainInputError(f"--token-file {token_file} does not exist")
+    client = ManagerClient(
+        args.manager_url,
+        token=None if token_file else os.environ.get("FABRIC_DRA_TOKEN"),
+        token_file=token_file,
+        ca_file=args.ca_file,
+    )
+    progress.write(f"reading the fabric inventory from {args.manager_url}\n")
+    try:
+        inventory = await client.inventory()
+    except FabricError as err:
+        raise ExplainInputError(
+            f"cannot read the fabric manager at {args.manager_url}: {err.message}"
+        ) from err
+    finally:
+        await client.aclose()
+    driver = DEFAULT_DRIVER_NAME
+    # Published as the controller publishes without binding conditions: unhealthy devices tainted.
+    policy = PublishPolicy(driver=driver, device_taints=True, binding_conditions=False)
+    slices: list[ResourceSlice] = []
+    for name, desired in desired_pools(inventory, policy).items():
+        plan = plan_pool(name, desired, {}, driver=driver)
+        slices.extend(ResourceSlice.model_validate(w.obj) for w in (plan.writes if plan else []))
+    nodes = [
+        Node.model_validate(
+            {"metadata": {"name": n.name, "labels": {pool_label_key(driver, p): "true" for p in n.pools}}}
+        )
+        for n in inventory.nodes
+    ]
+    classes: dict[str, DeviceClass] = {}
+    for path in args.classes:
+        for device_class in _parse_objects(path, _load_documents(path), "DeviceClass", DeviceClass):
+            classes[device_class.name] = device_class
+    claims = _manager_claims(inventory.devices, driver)
+    progress.write(
+        f"found {len(inventory.devices)} devices in {len(slices)} ResourceSlices, {len(nodes)} nodes, "
+        f"{len(claims)} claims holding devices; {len(classes)} DeviceClasses from --classes\n"
+    )
+    return Inventory(slices, classes, nodes or _stand_in_nodes(slices), claims, synthetic_nodes=not nodes)
+
+
+def _absolute(path: Path | str | None) -> Path | None:
+    """A path argument resolved before use, so every message names the file that was read."""
+    return Path(path).expanduser().resolve() if path else None
+
+
+def _check_classes(workloads: list[Workload], inventory: Inventory, path: str) -> None:
+    """A request for a DeviceClass nobody defined is a typo, not a claim that fits nowhere."""
+    known = sorted(inventory.classes)
+    for workload in workloads:
+        for claim in workload.claims:
+            for request in claim.spec.devices.requests:
+                wanted = [request.exactly] if request.exactly else list(request.first_available)
+                for sub in wanted:
+                    name = sub.device_class_name
+                    if name and name not in inventory.classes:
+                        raise ExplainInputError(
+                            f"{path}: ResourceClaim {claim.key} request {request.name}: DeviceClass "
+                            f"{name!r} is not known; known DeviceClasses: {', '.join(known) or 'none'}"
+                        )
+
+
 def _resolve_missing_claims(workloads: list[Workload], inventory: Inventory, path: str) -> None:
     by_key = {
         ((c.get("metadata") or {}).get("namespace", ""), (c.get("metadata") or {}).get("name", "")): c
@@ -415,7 +531,12 @@ def evaluate(workloads: list[Workload], inventory: Inventory, only_node: str | N
         allocator = Allocator(
             inventory.slices, inventory.classes, allocated_devices(inventory.claims, exclude)
         )
-        reports = [explain_node(allocator, workload.claims, node) for node in nodes]
+        # Best fit first: nodes that fit, then by how many devices fit the requests; the device
+        # table below the node list is the first node's.
+        reports = sorted(
+            (explain_node(allocator, workload.claims, node) for node in nodes),
+            key=lambda r: (not r.satisfiable, -_fitting(r)),
+        )
         verdicts.append(
             WorkloadVerdict(
                 workload.title,
@@ -430,12 +551,13 @@ def evaluate(workloads: list[Workload], inventory: Inventory, only_node: str | N
 # -- output -----------------------------------------------------------------------------------
 
 
+def _fitting(report: NodeReport) -> int:
+    return sum(len(q.fitting) for q in report.requests)
+
+
 def _reference_report(verdict: WorkloadVerdict) -> NodeReport:
-    """The node whose device table is shown: a fitting node, else the one with most fitting devices."""
-    fitting = [r for r in verdict.nodes if r.satisfiable]
-    if fitting:
-        return fitting[0]
-    return max(verdict.nodes, key=lambda r: sum(len(q.fitting) for q in r.requests))
+    """The node whose device table is shown: the best-fitting one (:func:`evaluate` sorts them)."""
+    return verdict.nodes[0]
 
 
 def _grouped(rejected: list[DeviceVerdict]) -> list[tuple[str, str, list[str]]]:
@@ -502,10 +624,23 @@ def render_json(verdicts: list[WorkloadVerdict]) -> str:
 
 
 def main_explain(args: argparse.Namespace) -> int:
+    # A line per HTTP request would bury the verdict and the one-line errors on a terminal.
+    for noisy in ("httpx", "httpcore", "kubernetes", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
+        for name in ("slices", "classes"):
+            setattr(args, name, [str(_absolute(p)) for p in getattr(args, name)])
+        for name in ("manifest", "nodes", "claims", "kubeconfig"):
+            value = getattr(args, name)
+            if value and value != "-":
+                setattr(args, name, str(_absolute(value)))
         documents = _load_documents(args.manifest)
         workloads = workloads_from(args.manifest, documents, args.namespace)
-        if args.kubeconfig or not (args.slices or args.classes):
+        if args.manager_url:
+            if args.kubeconfig:
+                raise ExplainInputError("--manager-url and --kubeconfig are two sources: pick one")
+            inventory = asyncio.run(load_manager(args, sys.stderr))
+        elif args.kubeconfig or not (args.slices or args.classes):
             if args.slices or args.classes or args.nodes or args.claims:
                 raise ExplainInputError(
                     "--slices/--classes/--nodes/--claims are for offline use, without --kubeconfig"
@@ -514,6 +649,7 @@ def main_explain(args: argparse.Namespace) -> int:
         else:
             inventory = load_offline(args)
         _resolve_missing_claims(workloads, inventory, args.manifest)
+        _check_classes(workloads, inventory, args.manifest)
         verdicts = evaluate(workloads, inventory, args.node)
     except ExplainInputError as err:
         sys.stderr.write(f"fabric-dra explain: error: {err}\n")

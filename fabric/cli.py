@@ -60,6 +60,12 @@ def register(subparsers: SubParsers) -> None:
     status.add_argument("--insecure", action="store_true", help="do not verify the manager's TLS certificate")
     status.add_argument("--output", "-o", choices=["table", "json"], default="table", help="output format")
     status.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the manager")
+    status.add_argument(
+        "--watch",
+        "-w",
+        action="store_true",
+        help="keep showing the state: redraw on every inventory change and every 2 s (Ctrl-C ends)",
+    )
     status.set_defaults(handler=_status)
 
 
@@ -200,4 +206,6 @@ def _serve(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from fabric.status import run_status
 
+    if args.token_file is not None:  # resolved before use: every message names the real file
+        args.token_file = Path(args.token_file).expanduser().resolve()
     return asyncio.run(run_status(args))

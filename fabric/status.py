@@ -1,8 +1,13 @@
-"""``fabric-dra status``: the pool, the bindings per node and the operations in flight."""
+"""``fabric-dra status``: the pool, the bindings per node and the operations in flight.
+
+``--watch`` redraws on every inventory change (the long poll) and at least every few seconds, so
+the ages of operations in flight move.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import os
@@ -12,9 +17,11 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from pydantic import ValidationError
+
 from manager_api import models as api
 from manager_api.client import ManagerClient
-from manager_api.errors import FabricError, FabricUnavailable
+from manager_api.errors import FabricError, FabricUnavailable, Unauthenticated
 from plumbing.cli import CliError
 
 __all__ = ["render_json", "render_table", "run_status"]
@@ -61,7 +68,9 @@ def _age(started: datetime) -> str:
 def render_json(inventory: api.Inventory, operations: list[api.Operation]) -> str:
     bindings = [
         d.model_dump(
-            mode="json", by_alias=True, include={"name", "node", "host", "claim_uid", "state", "managed"}
+            mode="json",
+            by_alias=True,
+            include={"name", "node", "host", "claim_uid", "state", "managed", "switch", "port", "health"},
         )
         for d in inventory.devices
         if d.state not in (api.BindingState.FREE, api.BindingState.UNAVAILABLE)
@@ -119,6 +128,9 @@ def render_table(inventory: api.Inventory, operations: list[api.Operation]) -> s
             d.name,
             str(d.type),
             d.model or "-",
+            d.switch or "-",
+            d.port or "-",
+            str(d.health),
             str(d.state),
             d.claim_uid or "-",
             "yes" if d.managed else "no (outside fabric-dra)",
@@ -126,7 +138,10 @@ def render_table(inventory: api.Inventory, operations: list[api.Operation]) -> s
         for d in bound
     ]
     parts.append(
-        _table(["NODE", "DEVICE", "TYPE", "MODEL", "STATE", "CLAIM", "MANAGED"], binding_rows)
+        _table(
+            ["NODE", "DEVICE", "TYPE", "MODEL", "SWITCH", "PORT", "HEALTH", "STATE", "CLAIM", "MANAGED"],
+            binding_rows,
+        )
         if binding_rows
         else "(no device is bound)"
     )
@@ -152,8 +167,58 @@ def render_table(inventory: api.Inventory, operations: list[api.Operation]) -> s
         else "(none)"
     )
     parts.append("")
+    unhealthy = [d for d in inventory.devices if d.health is not api.Health.OK]
+    if unhealthy:
+        parts.append("UNHEALTHY DEVICES")
+        parts.append(
+            _table(
+                ["DEVICE", "POOL", "SWITCH", "PORT", "HEALTH", "STATE", "NODE"],
+                [
+                    [
+                        d.name,
+                        d.pool,
+                        d.switch or "-",
+                        d.port or "-",
+                        str(d.health),
+                        str(d.state),
+                        d.node or "-",
+                    ]
+                    for d in sorted(unhealthy, key=lambda d: d.name)
+                ],
+            )
+        )
+        parts.append("")
     parts.append(f"inventory version {inventory.version}; {len(inventory.nodes)} node(s)")
     return "\n".join(parts)
+
+
+#: with --watch: redraw at least this often, so the ages of operations in flight move
+WATCH_REDRAW_SECONDS = 2.0
+_CLEAR = "\x1b[H\x1b[2J"
+
+
+def _why(err: FabricError, args: argparse.Namespace, token_given: bool) -> str:
+    """What went wrong, and what to do about it, in one line."""
+    if isinstance(err, Unauthenticated) and not token_given:
+        return (
+            f"the fabric manager at {args.manager_url} wants a bearer token and none was given: pass "
+            "--token-file FILE (or set FABRIC_DRA_TOKEN_FILE), or put the token in FABRIC_DRA_TOKEN"
+        )
+    if isinstance(err, Unauthenticated):
+        source = f"--token-file {args.token_file}" if args.token_file else "FABRIC_DRA_TOKEN"
+        return f"the fabric manager refused the token from {source}: {err.message}"
+    hint = (
+        "; check --manager-url (or FABRIC_DRA_MANAGER_URL) and that the fabric manager runs"
+        if isinstance(err, FabricUnavailable)
+        else ""
+    )
+    return f"cannot read the fabric manager's pool: {err.message}{hint}"
+
+
+def _render(args: argparse.Namespace, inventory: api.Inventory, operations: list[api.Operation]) -> str:
+    if args.output == "json":
+        return render_json(inventory, operations)
+    return render_table(inventory, operations)
 
 
 async def run_status(args: argparse.Namespace, out: TextIO | None = None) -> int:
@@ -170,21 +235,30 @@ async def run_status(args: argparse.Namespace, out: TextIO | None = None) -> int
         insecure=args.insecure,
         timeout=args.timeout,
     )
+    stream = out or sys.stdout
+    watch = bool(getattr(args, "watch", False))
+    clear = watch and stream.isatty()
     try:
         inventory = await client.inventory()
-        operations = await client.operations()
+        while True:
+            operations = await client.operations()
+            text = _render(args, inventory, operations)
+            if clear:
+                stream.write(_CLEAR)
+            elif watch:
+                stream.write(f"--- {datetime.now(UTC).strftime('%H:%M:%S')} UTC\n")
+            print(text, file=stream, flush=True)
+            if not watch:
+                return 0
+            # Wake on the next inventory version, or after a short pause for the ages to move.
+            inventory = await client.inventory(after=inventory.version, timeout_seconds=WATCH_REDRAW_SECONDS)
     except FabricError as err:
-        hint = (
-            "; check --manager-url (or FABRIC_DRA_MANAGER_URL) and that the fabric manager runs"
-            if isinstance(err, FabricUnavailable)
-            else ""
-        )
-        raise CliError(f"cannot read the fabric manager's pool: {err.message}{hint}") from None
+        raise CliError(_why(err, args, token_given=bool(token or args.token_file))) from None
+    except ValidationError:
+        raise CliError(
+            f"{args.manager_url} is not a fabric-dra manager: its /api/v1 answers are not the manager's"
+        ) from None
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        return 0
     finally:
         await client.aclose()
-    stream = out or sys.stdout
-    text = (
-        render_json(inventory, operations) if args.output == "json" else render_table(inventory, operations)
-    )
-    print(text, file=stream)
-    return 0

@@ -147,7 +147,21 @@ class ManagerClient:
         try:
             body = ErrorBody.model_validate(response.json())
         except (ValueError, ValidationError):
-            return FabricError(f"fabric manager answered {response.status_code}: {response.text[:300]}")
+            # Not one of the manager's answers: say what the URL points at instead of quoting a
+            # stranger's body (a Redfish 404, a proxy's HTML page).
+            head = response.text[:2000]
+            redfish = (
+                "OData-Version" in response.headers
+                or "@Message.ExtendedInfo" in head
+                or "redfish" in head.lower()
+            )
+            what = "a Redfish service: the fabric itself, not its manager" if redfish else "something else"
+            request = response.request
+            return FabricError(
+                f"{request.url.scheme}://{request.url.netloc.decode()} is not a fabric-dra manager: it "
+                f"answered {request.method} {request.url.path} with HTTP {response.status_code} "
+                f"{response.reason_phrase} and no fabric-dra error body (it looks like {what})"
+            )
         retry_after = body.retry_after_seconds
         if retry_after is None and response.headers.get("Retry-After", "").isdigit():
             retry_after = float(response.headers["Retry-After"])

@@ -177,3 +177,64 @@ def test_help_lists_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
         "--all-devices",
     ):
         assert flag in out
+
+
+def test_an_unknown_device_class_is_bad_input_naming_the_known_ones(
+    tmp_path: Path, cluster_files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    slices, classes = cluster_files
+    claim = yaml.safe_load(_claim(tmp_path, 1).read_text())
+    claim["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "fabric-gpus"
+    path = tmp_path / "typo.yaml"
+    path.write_text(yaml.safe_dump(claim))
+    code = main(["explain", str(path), "--slices", str(slices), "--classes", str(classes)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "DeviceClass 'fabric-gpus' is not known; known DeviceClasses: fabric-gpu" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_the_best_fitting_node_comes_first(
+    tmp_path: Path, cluster_files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """node-a is first in the files but has one GPU; node-b has three: node-b is listed and
+    detailed first."""
+    _, classes = cluster_files
+    slices = tmp_path / "per-node.yaml"
+    slices.write_text(
+        yaml.safe_dump_all(
+            [
+                {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceSlice",
+                    "metadata": {"name": f"slice-{node}"},
+                    "spec": {
+                        "driver": "fabric-dra.io",
+                        "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                        "nodeName": node,
+                        "devices": [_gpu(f"gpu-{node}-{i}", "sw1") for i in range(count)],
+                    },
+                }
+                for node, count in (("node-a", 1), ("node-b", 3))
+            ]
+        )
+    )
+    code = main(["explain", str(_claim(tmp_path, 1)), "--slices", str(slices), "--classes", str(classes)])
+    out = capsys.readouterr().out
+    assert code == 0
+    nodes = out.split("nodes:\n")[1].splitlines()
+    assert nodes[0].startswith("  fits    node-b") and nodes[1].startswith("  fits    node-a")
+    assert "devices, as seen from node node-b:" in out
+
+
+def test_relative_paths_are_read_from_the_working_directory(
+    tmp_path: Path,
+    cluster_files: tuple[Path, Path],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    slices, classes = cluster_files
+    claim = _claim(tmp_path, 2)
+    monkeypatch.chdir(tmp_path)
+    code = main(["explain", claim.name, "--slices", slices.name, "--classes", classes.name])
+    assert code == 0, capsys.readouterr().err

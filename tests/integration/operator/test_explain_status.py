@@ -1,0 +1,216 @@
+"""What an operator runs against a live manager with no cluster: ``explain --manager-url`` and
+``status`` (columns, --watch, the wrong service, a missing token)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from fabric_dra.stack import Emulator, Manager, Stack
+
+CONTROLLER_TOKEN = "controller-token-0123456789abcdef"
+OPERATOR_TOKEN = "operator-token-0123456789abcdef"
+CLASSES = Path(__file__).resolve().parents[3] / "deploy" / "base" / "deviceclasses.yaml"
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[tuple[Emulator, Manager]]:
+    with Stack.temporary("fdra-op-") as stack:
+        emulator = stack.emulator(auth=False)
+        manager = stack.manager(
+            emulator,
+            static_tokens={CONTROLLER_TOKEN: ("controller", None), OPERATOR_TOKEN: ("operator", None)},
+        )
+        yield emulator, manager
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> Path:
+    path = tmp_path / "token"
+    path.write_text(OPERATOR_TOKEN + "\n")
+    return path
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_DRA_")}
+    return subprocess.run(
+        [sys.executable, "-m", "fabric_dra", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**environment, **(env or {})},
+    )
+
+
+def _claim(tmp_path: Path, device_class: str, count: int = 1) -> Path:
+    path = tmp_path / "claim.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": "gpus", "namespace": "team"},
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {"name": "g", "exactly": {"deviceClassName": device_class, "count": count}}
+                        ]
+                    }
+                },
+            }
+        )
+    )
+    return path
+
+
+def _attach(manager: Manager, device: str, node: str, claim: str) -> None:
+    with httpx.Client(base_url=manager.url, timeout=60) as http:
+        http.post(
+            "/api/v1/attachments",
+            params={"waitSeconds": 30},
+            json={"device": device, "node": node, "claimUid": claim},
+            headers={"Authorization": f"Bearer {CONTROLLER_TOKEN}"},
+        ).raise_for_status()
+
+
+def _detach(manager: Manager, device: str, node: str, claim: str) -> None:
+    with httpx.Client(base_url=manager.url, timeout=60) as http:
+        http.delete(
+            f"/api/v1/attachments/{device}",
+            params={"claimUid": claim, "node": node, "waitSeconds": 30},
+            headers={"Authorization": f"Bearer {CONTROLLER_TOKEN}"},
+        ).raise_for_status()
+
+
+def test_explain_from_the_manager_without_a_cluster(
+    stack: tuple[Emulator, Manager], tmp_path: Path, token_file: Path
+) -> None:
+    _, manager = stack
+    base = [
+        "explain",
+        "--manager-url",
+        manager.url,
+        "--token-file",
+        str(token_file),
+        "--classes",
+        str(CLASSES),
+    ]
+    fits = _cli(*base, str(_claim(tmp_path, "fabric-gpu")))
+    assert fits.returncode == 0, fits.stderr
+    assert "ResourceClaim team/gpus: fits on" in fits.stdout
+    assert "allocated: fabric-pcie/gpu" in fits.stdout
+    assert "HTTP Request" not in fits.stderr and "httpx" not in fits.stderr
+    assert fits.stderr.startswith(f"reading the fabric inventory from {manager.url}")
+
+    # A device a claim holds counts as allocated.
+    _attach(manager, "gpu0", "kind-worker", "claim-explain")
+    try:
+        held = _cli(*base, "--all-devices", "-o", "text", str(_claim(tmp_path, "fabric-gpu", count=1)))
+        assert "allocated (1): allocated to claim (fabric manager)/claim-explain" in held.stdout, held.stdout
+    finally:
+        _detach(manager, "gpu0", "kind-worker", "claim-explain")
+
+    typo = _cli(*base, str(_claim(tmp_path, "fabric-gpus")))
+    assert typo.returncode == 2
+    assert (
+        "DeviceClass 'fabric-gpus' is not known; known DeviceClasses: cohdi-pcie-device, fabric-cxl-memory"
+        in (typo.stderr)
+    )
+    no_classes = _cli("explain", "--manager-url", manager.url, str(_claim(tmp_path, "fabric-gpu")))
+    assert no_classes.returncode == 2 and "--manager-url needs --classes FILE" in no_classes.stderr
+
+
+def test_status_columns_and_watch(stack: tuple[Emulator, Manager], token_file: Path) -> None:
+    _, manager = stack
+    _attach(manager, "gpu1", "kind-worker2", "claim-status")
+    try:
+        table = _cli("status", "--manager-url", manager.url, "--token-file", str(token_file))
+        assert table.returncode == 0, table.stderr
+        header = next(line for line in table.stdout.splitlines() if line.startswith("NODE "))
+        assert header.split() == [
+            "NODE",
+            "DEVICE",
+            "TYPE",
+            "MODEL",
+            "SWITCH",
+            "PORT",
+            "HEALTH",
+            "STATE",
+            "CLAIM",
+            "MANAGED",
+        ]
+        row = next(line for line in table.stdout.splitlines() if " gpu1 " in line)
+        assert "switch0" in row and " OK " in row and "claim-status" in row
+    finally:
+        _detach(manager, "gpu1", "kind-worker2", "claim-status")
+
+    # --watch: a change made while it runs shows up in a later drawing, without restarting it.
+    command = ["status", "--watch", "--manager-url", manager.url, "--token-file", str(token_file)]
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "fabric_dra", *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(watch.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+
+    def wait_for(text: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in list(lines)):
+            assert time.monotonic() < deadline, f"{text!r} not shown: {''.join(lines)}"
+            time.sleep(0.1)
+
+    try:
+        wait_for("inventory version", 60)
+        first = "".join(lines)
+        _attach(manager, "gpu2", "kind-worker3", "claim-watch")
+        wait_for("claim-watch", 15)
+    finally:
+        watch.terminate()
+        watch.wait(timeout=20)
+        reader.join(timeout=10)
+        _detach(manager, "gpu2", "kind-worker3", "claim-watch")
+    assert first.startswith("--- ") and "claim-watch" not in first
+    assert "".join(lines).count("--- ") >= 2
+
+
+def test_status_says_what_is_wrong_in_words(stack: tuple[Emulator, Manager], tmp_path: Path) -> None:
+    emulator, manager = stack
+    missing = _cli("status", "--manager-url", manager.url)
+    assert missing.returncode != 0
+    assert "--token-file" in missing.stderr and "FABRIC_DRA_TOKEN" in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+    wrong = _cli("status", "--manager-url", emulator.url, env={"FABRIC_DRA_TOKEN": OPERATOR_TOKEN})
+    assert wrong.returncode != 0
+    assert f"{emulator.url.removeprefix('http://').removeprefix('https://')}" in wrong.stderr
+    assert "is not a fabric-dra manager" in wrong.stderr and "Redfish service" in wrong.stderr, wrong.stderr
+    assert len(wrong.stderr.strip().splitlines()) == 1
+
+    relative = tmp_path / "t"
+    relative.write_text(OPERATOR_TOKEN)
+    here = _cli_in(tmp_path, "status", "--manager-url", manager.url, "--token-file", "t")
+    assert here.returncode == 0, here.stderr
+
+
+def _cli_in(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_DRA_")}
+    return subprocess.run(
+        [sys.executable, "-m", "fabric_dra", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environment,
+        cwd=cwd,
+    )
