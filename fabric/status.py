@@ -200,19 +200,20 @@ _CLEAR = "\x1b[H\x1b[2J"
 def _why(err: FabricError, args: argparse.Namespace, token_given: bool) -> str:
     """What went wrong, and what to do about it, in one line."""
     if isinstance(err, Unauthenticated) and not token_given:
-        return (
+        why = (
             f"the fabric manager at {args.manager_url} wants a bearer token and none was given: pass "
             "--token-file FILE (or set FABRIC_DRA_TOKEN_FILE), or put the token in FABRIC_DRA_TOKEN"
         )
-    if isinstance(err, Unauthenticated):
+    elif isinstance(err, Unauthenticated):
         source = f"--token-file {args.token_file}" if args.token_file else "FABRIC_DRA_TOKEN"
-        return f"the fabric manager refused the token from {source}: {err.message}"
-    hint = (
-        "; check --manager-url (or FABRIC_DRA_MANAGER_URL) and that the fabric manager runs"
-        if isinstance(err, FabricUnavailable)
-        else ""
-    )
-    return f"cannot read the fabric manager's pool: {err.message}{hint}"
+        why = f"the fabric manager refused the token from {source}: {err.message}"
+    elif isinstance(err, FabricUnavailable):
+        why = (
+            f"{err.message}; check --manager-url (or FABRIC_DRA_MANAGER_URL) and that the fabric manager runs"
+        )
+    else:
+        why = err.message
+    return f"cannot read the fabric manager's pool: {why}"
 
 
 def _render(args: argparse.Namespace, inventory: api.Inventory, operations: list[api.Operation]) -> str:

@@ -164,7 +164,8 @@
     const started = performance.now();
     view.inventory = inventory;
     const svg = $("map");
-    const width = Math.max(720, $("map-wrap").clientWidth || 1000);
+    // clientWidth includes no border, but a scrollbar would: stay a few pixels inside it
+    const width = Math.max(720, ($("map-wrap").clientWidth || 1000) - 4);
     const laneWidth = width - NODE_COLUMN - PAD * 3;
     const perRow = Math.max(4, Math.floor((laneWidth - LANE_LABEL) / (CELL + GAP)));
     positions = new Map();
