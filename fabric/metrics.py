@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client import Counter as PromCounter
@@ -25,16 +26,19 @@ _OP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.
 _REDFISH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
+def _family(name: str, documentation: str, labels: list[str], counts: Counter[Any]) -> GaugeMetricFamily:
+    """A gauge family of ``counts`` (label values → count), in label order."""
+    family = GaugeMetricFamily(name, documentation, labels=labels)
+    for values, count in sorted(counts.items()):
+        family.add_metric(list(values) if isinstance(values, tuple) else [values], count)
+    return family
+
+
 class _PoolCollector(Collector):
     def __init__(self, snapshot: Callable[[], api.Inventory]) -> None:
         self._snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(
-            "fabric_dra_pool_devices",
-            "Devices in each fabric pool by model and binding state",
-            labels=["pool", "type", "model", "state"],
-        )
         counts: Counter[tuple[str, str, str, str]] = Counter()
         foreign: Counter[str] = Counter()
         unhealthy: Counter[tuple[str, str, str]] = Counter()
@@ -47,33 +51,30 @@ class _PoolCollector(Collector):
                 unhealthy[(device.pool, str(device.state), str(device.health))] += 1
             if device.node and device.state is not api.BindingState.FREE:
                 per_node[(device.pool, device.node)] += 1
-        for labels, count in sorted(counts.items()):
-            family.add_metric(list(labels), count)
-        yield family
-        unmanaged = GaugeMetricFamily(
+        yield _family(
+            "fabric_dra_pool_devices",
+            "Devices in each fabric pool by model and binding state",
+            ["pool", "type", "model", "state"],
+            counts,
+        )
+        yield _family(
             "fabric_dra_unmanaged_bindings",
             "Bindings made outside fabric-dra (reported, never touched)",
-            labels=["pool"],
+            ["pool"],
+            foreign,
         )
-        for pool, count in sorted(foreign.items()):
-            unmanaged.add_metric([pool], count)
-        yield unmanaged
-        sick = GaugeMetricFamily(
+        yield _family(
             "fabric_dra_unhealthy_devices",
             "Devices whose Redfish health is not OK, by binding state (bound: a workload is affected)",
-            labels=["pool", "state", "health"],
+            ["pool", "state", "health"],
+            unhealthy,
         )
-        for labels3, count in sorted(unhealthy.items()):
-            sick.add_metric(list(labels3), count)
-        yield sick
-        nodes = GaugeMetricFamily(
+        yield _family(
             "fabric_dra_node_devices",
             "Devices bound (or being bound or unbound) to each Kubernetes node",
-            labels=["pool", "node"],
+            ["pool", "node"],
+            per_node,
         )
-        for labels2, count in sorted(per_node.items()):
-            nodes.add_metric(list(labels2), count)
-        yield nodes
 
 
 class ManagerMetrics:

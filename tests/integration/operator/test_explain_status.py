@@ -40,7 +40,10 @@ def token_file(tmp_path: Path) -> Path:
     return path
 
 
-def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _cli(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``fabric-dra ARGS`` with none of the caller's FABRIC_DRA_* variables (only ``env``'s)."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_DRA_")}
     return subprocess.run(
         [sys.executable, "-m", "fabric_dra", *args],
@@ -48,6 +51,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
         text=True,
         timeout=60,
         env={**environment, **(env or {})},
+        cwd=cwd,
     )
 
 
@@ -200,17 +204,5 @@ def test_status_says_what_is_wrong_in_words(stack: tuple[Emulator, Manager], tmp
 
     relative = tmp_path / "t"
     relative.write_text(OPERATOR_TOKEN)
-    here = _cli_in(tmp_path, "status", "--manager-url", manager.url, "--token-file", "t")
+    here = _cli("status", "--manager-url", manager.url, "--token-file", "t", cwd=tmp_path)
     assert here.returncode == 0, here.stderr
-
-
-def _cli_in(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_DRA_")}
-    return subprocess.run(
-        [sys.executable, "-m", "fabric_dra", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=environment,
-        cwd=cwd,
-    )
