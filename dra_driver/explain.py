@@ -41,7 +41,7 @@ from dra_driver.selection import (
 )
 from dra_driver.selection.model import NodeSelector
 from dra_driver.selection.report import DeviceVerdict, RequestReport
-from plumbing.cli import SubParsers
+from plumbing.cli import SubParsers, add_output_option, dump_document
 
 __all__ = ["ExplainInputError", "Workload", "main_explain", "register"]
 
@@ -114,9 +114,8 @@ def register(subparsers: SubParsers) -> None:
         "--namespace",
         help="namespace of the claims in CLAIM.yaml when they name none (default: default)",
     )
-    parser.add_argument(
-        "-o", "--output", choices=["text", "json"], default="text", help="output format (default: text)"
-    )
+    # "text" is what -o said before the commands shared one grammar; it is the table.
+    add_output_option(parser, aliases=("text",))
     parser.add_argument(
         "--all-devices",
         action="store_true",
@@ -656,6 +655,9 @@ def main_explain(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     if args.output == "json":
         sys.stdout.write(render_json(verdicts) + "\n")
-    else:
-        sys.stdout.write(render_text(verdicts, inventory, args.all_devices) + "\n")
+    elif args.output == "yaml":
+        sys.stdout.write(dump_document(json.loads(render_json(verdicts)), "yaml") + "\n")
+    else:  # table (or its old name, text); wide lists every device
+        wide = args.all_devices or args.output == "wide"
+        sys.stdout.write(render_text(verdicts, inventory, wide) + "\n")
     return EXIT_FITS if all(v.satisfiable_on for v in verdicts) else EXIT_NO_FIT

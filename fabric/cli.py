@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from plumbing.cli import CliError, SubParsers, usage
+from plumbing.cli import CliError, SubParsers, add_output_option, usage
 
 __all__ = ["register"]
 
@@ -58,7 +58,7 @@ def register(subparsers: SubParsers) -> None:
     )
     status.add_argument("--ca-file", help="CA bundle that signs the manager's TLS certificate")
     status.add_argument("--insecure", action="store_true", help="do not verify the manager's TLS certificate")
-    status.add_argument("--output", "-o", choices=["table", "json"], default="table", help="output format")
+    add_output_option(status)
     status.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the manager")
     status.add_argument(
         "--watch",

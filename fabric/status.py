@@ -22,9 +22,9 @@ from pydantic import ValidationError
 from manager_api import models as api
 from manager_api.client import ManagerClient
 from manager_api.errors import FabricError, FabricUnavailable, Unauthenticated
-from plumbing.cli import CliError
+from plumbing.cli import CliError, dump_document
 
-__all__ = ["render_json", "render_table", "run_status"]
+__all__ = ["render_json", "render_table", "run_status", "status_document"]
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -60,12 +60,22 @@ def _summary(inventory: api.Inventory) -> list[dict[str, Any]]:
     return result
 
 
+def _wide_columns(device: api.Device) -> list[str]:
+    link = (
+        f"gen{device.pcie_generation} x{device.pcie_width}"
+        if device.pcie_generation and device.pcie_width
+        else "-"
+    )
+    return [device.host or "-", str(device.binding_style) or "-", device.serial or "-", link]
+
+
 def _age(started: datetime) -> str:
     seconds = int((datetime.now(UTC) - started).total_seconds())
     return f"{seconds}s" if seconds < 120 else f"{seconds // 60}m"
 
 
-def render_json(inventory: api.Inventory, operations: list[api.Operation]) -> str:
+def status_document(inventory: api.Inventory, operations: list[api.Operation]) -> dict[str, Any]:
+    """What ``-o json`` and ``-o yaml`` print."""
     bindings = [
         d.model_dump(
             mode="json",
@@ -80,19 +90,21 @@ def render_json(inventory: api.Inventory, operations: list[api.Operation]) -> st
         for o in operations
         if o.state in (api.OperationState.PENDING, api.OperationState.RUNNING)
     ]
-    return json.dumps(
-        {
-            "inventoryVersion": inventory.version,
-            "pools": _summary(inventory),
-            "nodes": [n.model_dump(mode="json", by_alias=True) for n in inventory.nodes],
-            "bindings": bindings,
-            "operations": in_flight,
-        },
-        indent=2,
-    )
+    return {
+        "inventoryVersion": inventory.version,
+        "pools": _summary(inventory),
+        "nodes": [n.model_dump(mode="json", by_alias=True) for n in inventory.nodes],
+        "bindings": bindings,
+        "operations": in_flight,
+    }
 
 
-def render_table(inventory: api.Inventory, operations: list[api.Operation]) -> str:
+def render_json(inventory: api.Inventory, operations: list[api.Operation]) -> str:
+    return json.dumps(status_document(inventory, operations), indent=2)
+
+
+def render_table(inventory: api.Inventory, operations: list[api.Operation], *, wide: bool = False) -> str:
+    """The tables; ``wide`` adds each binding's host, binding style, serial and PCIe link."""
     parts = ["POOL"]
     pool_rows = [
         [
@@ -135,11 +147,13 @@ def render_table(inventory: api.Inventory, operations: list[api.Operation]) -> s
             d.claim_uid or "-",
             "yes" if d.managed else "no (outside fabric-dra)",
         ]
+        + (_wide_columns(d) if wide else [])
         for d in bound
     ]
+    headers = ["NODE", "DEVICE", "TYPE", "MODEL", "SWITCH", "PORT", "HEALTH", "STATE", "CLAIM", "MANAGED"]
     parts.append(
         _table(
-            ["NODE", "DEVICE", "TYPE", "MODEL", "SWITCH", "PORT", "HEALTH", "STATE", "CLAIM", "MANAGED"],
+            headers + (["HOST", "STYLE", "SERIAL", "LINK"] if wide else []),
             binding_rows,
         )
         if binding_rows
@@ -217,9 +231,9 @@ def _why(err: FabricError, args: argparse.Namespace, token_given: bool) -> str:
 
 
 def _render(args: argparse.Namespace, inventory: api.Inventory, operations: list[api.Operation]) -> str:
-    if args.output == "json":
-        return render_json(inventory, operations)
-    return render_table(inventory, operations)
+    if args.output in ("json", "yaml"):
+        return dump_document(status_document(inventory, operations), args.output)
+    return render_table(inventory, operations, wide=args.output == "wide")
 
 
 async def run_status(args: argparse.Namespace, out: TextIO | None = None) -> int:

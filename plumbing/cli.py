@@ -13,7 +13,22 @@ from typing import TypeAlias
 
 from plumbing.logs import configure
 
-__all__ = ["CliError", "Handler", "SubParsers", "add_log_options", "positive_seconds", "run", "usage"]
+__all__ = [
+    "OUTPUT_FORMATS",
+    "CliError",
+    "Handler",
+    "SubParsers",
+    "add_log_options",
+    "add_output_option",
+    "dump_document",
+    "positive_seconds",
+    "run",
+    "usage",
+]
+
+#: ``-o`` of every command that prints data, in kubectl's words: a table, a wider table, or the
+#: whole document as JSON or YAML
+OUTPUT_FORMATS = ("table", "wide", "json", "yaml")
 
 SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 Handler = Callable[[argparse.Namespace], int]
@@ -47,6 +62,29 @@ def add_log_options(parser: argparse.ArgumentParser) -> None:
         choices=["logfmt", "json"],
         help="one event per line as key=value pairs or as JSON (default: logfmt)",
     )
+
+
+def add_output_option(parser: argparse.ArgumentParser, *, aliases: Sequence[str] = ()) -> None:
+    """``-o/--output table|wide|json|yaml`` (``aliases``: older words a command keeps accepting)."""
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=[*OUTPUT_FORMATS, *aliases],
+        default="table",
+        help="table (default), wide (more columns or every device), json or yaml",
+    )
+
+
+def dump_document(document: object, fmt: str) -> str:
+    """``document`` (JSON-compatible) as ``json`` or ``yaml`` text."""
+    import json
+
+    if fmt == "yaml":
+        import yaml
+
+        text: str = yaml.safe_dump(document, sort_keys=False, allow_unicode=True).rstrip("\n")
+        return text
+    return json.dumps(document, indent=2)
 
 
 def usage(parser: argparse.ArgumentParser) -> Handler:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -206,3 +207,33 @@ def test_status_says_what_is_wrong_in_words(stack: tuple[Emulator, Manager], tmp
     relative.write_text(OPERATOR_TOKEN)
     here = _cli("status", "--manager-url", manager.url, "--token-file", "t", cwd=tmp_path)
     assert here.returncode == 0, here.stderr
+
+
+@pytest.mark.parametrize("output", ["table", "wide", "json", "yaml"])
+def test_every_output_format_of_status_and_explain(
+    stack: tuple[Emulator, Manager], tmp_path: Path, token_file: Path, output: str
+) -> None:
+    """One grammar: ``-o table|wide|json|yaml`` on the data commands that talk to the manager."""
+    _, manager = stack
+    auth = ["--manager-url", manager.url, "--token-file", str(token_file)]
+    _attach(manager, "gpu3", "kind-worker4", f"claim-{output}")
+    try:
+        status = _cli("status", *auth, "-o", output)
+    finally:
+        _detach(manager, "gpu3", "kind-worker4", f"claim-{output}")
+    explain = _cli(
+        "explain", *auth, "--classes", str(CLASSES), "-o", output, str(_claim(tmp_path, "fabric-gpu"))
+    )
+    assert status.returncode == 0, status.stderr
+    assert explain.returncode == 0, explain.stderr
+    if output in ("json", "yaml"):
+        for done, key in ((status, "inventoryVersion"), (explain, "workloads")):
+            document = json.loads(done.stdout) if output == "json" else yaml.safe_load(done.stdout)
+            assert key in document
+        assert yaml.safe_load(status.stdout)["pools"]
+    else:
+        header = next(line for line in status.stdout.splitlines() if line.startswith("NODE "))
+        assert ("LINK" in header) == (output == "wide")
+        assert "ResourceClaim team/gpus: fits on" in explain.stdout
+        # wide lists every device instead of at most 8 per reason
+        assert ("… (" in explain.stdout) == (output == "table")
