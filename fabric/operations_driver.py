@@ -43,6 +43,11 @@ __all__ = ["DeviceSlot", "OperationDriver"]
 log = get_logger(__name__)
 
 
+def _rounded(seconds: float | None) -> float | None:
+    """An operation's duration as its log line carries it: milliseconds are enough."""
+    return None if seconds is None else round(seconds, 3)
+
+
 @dataclass(slots=True)
 class DeviceSlot:
     """One device's operation: its lock, its driver task, and how it went."""
@@ -264,16 +269,19 @@ class OperationDriver:
         record: DeviceRecord | None,
         kind: api.OperationKind,
         error: FabricError | None,
-    ) -> None:
+    ) -> float | None:
+        """Finish the entry's operation; its duration in seconds for the log line (None: not ours)."""
         op = self.operations.get(entry.operation_id)
         if op is None or op.finished_at is not None or op.kind is not kind:
-            return
+            return None
         finished = self.operations.finish(op.id, error)
-        if self.metrics is None or finished is None:
-            return
+        if finished is None:
+            return None
         seconds = (
             (finished.finished_at - finished.started_at).total_seconds() if finished.finished_at else 0.0
         )
+        if self.metrics is None:
+            return seconds
         device_type = str(record.attributes.type) if record else "unknown"
         outcome = "success" if error is None else error.code
         histogram = (
@@ -281,6 +289,7 @@ class OperationDriver:
         )
         histogram.labels(device_type, outcome).observe(seconds)
         self.metrics.in_flight.labels(str(kind)).dec()
+        return seconds
 
     async def _attached(self, entry: LedgerEntry, record: DeviceRecord) -> None:
         slot = self.slot(entry.device)
@@ -296,8 +305,10 @@ class OperationDriver:
             self.ledger.commit_soon()
             crash_point("manager.attach.after-result")
         slot.error = None
-        self._finish(entry, record, api.OperationKind.ATTACH, None)
-        log.info("attached", device=entry.device, node=entry.node, claim=entry.claim_uid)
+        seconds = self._finish(entry, record, api.OperationKind.ATTACH, None)
+        log.info(
+            "attached", device=entry.device, node=entry.node, claim=entry.claim_uid, seconds=_rounded(seconds)
+        )
 
     async def _detached(self, entry: LedgerEntry, record: DeviceRecord) -> None:
         slot = self.slot(entry.device)
@@ -310,8 +321,14 @@ class OperationDriver:
                 crash_point("manager.detach.after-result")
         if not entry.rollback:
             slot.error = None
-            self._finish(entry, record, api.OperationKind.DETACH, None)
-            log.info("detached", device=entry.device, node=entry.node, claim=entry.claim_uid)
+            seconds = self._finish(entry, record, api.OperationKind.DETACH, None)
+            log.info(
+                "detached",
+                device=entry.device,
+                node=entry.node,
+                claim=entry.claim_uid,
+                seconds=_rounded(seconds),
+            )
         else:
             log.info("failed attach rolled back", device=entry.device, node=entry.node, claim=entry.claim_uid)
 
@@ -327,13 +344,14 @@ class OperationDriver:
             with contextlib.suppress(FabricError):
                 await self.ledger.commit()
         slot.error = err
-        self._finish(entry, record, api.OperationKind.ATTACH, err)
+        seconds = self._finish(entry, record, api.OperationKind.ATTACH, err)
         log.warning(
             "attach failed, rolling back",
             device=entry.device,
             node=entry.node,
             claim=entry.claim_uid,
             error=err.message,
+            seconds=_rounded(seconds),
         )
 
     async def _vanished(self, entry: LedgerEntry, device_gone: bool) -> None:

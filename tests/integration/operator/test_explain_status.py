@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -157,6 +158,11 @@ def test_status_columns_and_watch(stack: tuple[Emulator, Manager], token_file: P
         assert "switch0" in row and " OK " in row and "claim-status" in row
     finally:
         _detach(manager, "gpu1", "kind-worker2", "claim-status")
+    # The manager's attach and detach log lines carry how long each took.
+    log = manager.role.log_since_start().splitlines()
+    for event in ("attached", "detached"):
+        line = next(line for line in log if event in line and "device=gpu1" in line)
+        assert re.search(r"\bseconds=\d+(\.\d+)?\b", line), line
 
     # --watch: a change made while it runs shows up in a later drawing, without restarting it.
     command = ["status", "--watch", "--manager-url", manager.url, "--token-file", str(token_file)]
