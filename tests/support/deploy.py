@@ -70,7 +70,7 @@ COMPONENTS_DIR = DEPLOY_DIR / "components"
 COMPOSITIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "production-complete": (
         "production",
-        ("binding-conditions", "plugin-scheduling", "critical-priority-quota", "selinux"),
+        ("binding-conditions", "plugin-scheduling", "critical-priority-quota", "selinux", "monitoring"),
     ),
 }
 #: The Kubernetes minor versions fabric-dra supports (resource.k8s.io/v1 is served from 1.34).

@@ -4,7 +4,6 @@ and every role's registry carries the process and build-info metrics."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,9 +12,9 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
-from tests.support.deploy import kustomize_command
+from tests.support.deploy import COMPOSITIONS, kustomize_command, render_composition
 from tests.support.monitoring import (
-    MONITORING_DIR,
+    DASHBOARD,
     dashboard,
     exposed_names,
     metric_names,
@@ -101,32 +100,16 @@ def test_the_dashboard_is_well_formed() -> None:
     assert {v["name"] for v in board["templating"]["list"]} == {"datasource", "job"}
 
 
-def test_the_component_renders_on_the_base(tmp_path: Path) -> None:
-    command = kustomize_command()
-    if command is None:
+def test_the_component_renders_with_the_production_overlay() -> None:
+    if kustomize_command() is None:
         pytest.skip("kubectl (or kustomize) is not installed: cannot render the component")
-    (tmp_path / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                "kind": "Kustomization",
-                # kustomize takes other kustomizations by relative path only
-                "resources": [os.path.relpath(REPO / "deploy" / "base", tmp_path)],
-                "components": [os.path.relpath(MONITORING_DIR, tmp_path)],
-            }
-        )
-    )
-    done = subprocess.run([*command, str(tmp_path)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    objects = {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all(done.stdout) if o}
+    assert "monitoring" in COMPOSITIONS["production-complete"][1]
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in render_composition("production-complete")}
     rule = objects[("PrometheusRule", "fabric-dra")]
     assert rule["spec"] == rule_groups()
     board = objects[("ConfigMap", "fabric-dra-grafana-dashboard")]
     assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
-    assert (
-        board["data"]["fabric-dra-dashboard.json"]
-        == (MONITORING_DIR / "fabric-dra-dashboard.json").read_text()
-    )
+    assert board["data"]["fabric-dra-dashboard.json"] == DASHBOARD.read_text()
 
 
 @pytest.mark.parametrize("role", ["plugin", "controller"])
