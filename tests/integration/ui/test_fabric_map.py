@@ -134,8 +134,9 @@ def test_the_map_has_the_read_api_s_auth(manager: Manager, browser: Browser) -> 
 
 
 def test_the_map_draws_a_thousand_devices_quickly(manager: Manager, browser: Browser) -> None:
-    """1,000 devices on 8 switches and 64 nodes, half of them bound: drawn and laid out in well
-    under a second (the whole map is redrawn on every inventory version)."""
+    """1,000 devices on 8 switches and 64 nodes, half of them bound: drawn and laid out quickly (the
+    whole map is redrawn on every inventory version). About 0.2-0.4 s on an idle machine; the bound
+    is 3 s because CI runs this beside the whole suite on two cores (2 s was seen there)."""
     browser.navigate(f"{manager.url}/ui#token={OPERATOR_TOKEN}")
     browser.wait_for("document.body.dataset.version")
     elapsed = browser.evaluate(
@@ -161,5 +162,5 @@ def test_the_map_draws_a_thousand_devices_quickly(manager: Manager, browser: Bro
     assert browser.evaluate("document.querySelectorAll('#map [data-device]').length") == 1000
     assert browser.evaluate("document.querySelectorAll('#map [data-node-device]').length") == 500
     print(f"fabric map: 1,000 devices drawn in {elapsed:.0f} ms")
-    assert elapsed < 1000
+    assert elapsed < 3000
     browser.screenshot(artifacts_dir() / "fabric-map-1000.png")
