@@ -60,7 +60,18 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     subparsers: SubParsers = parser.add_subparsers(title="roles", metavar="ROLE")
     for register in _registers(argv):
         register(subparsers)
+    _accept_global_options_after(subparsers)
     return parser
+
+
+def _accept_global_options_after(subparsers: SubParsers) -> None:
+    """The global options also after the subcommand (``fabric-dra status --log-level debug``), on
+    every level of subcommands."""
+    for command in subparsers.choices.values():
+        add_log_options(command, after_command=True)
+        for action in command._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _accept_global_options_after(action)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -49,16 +49,18 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-def add_log_options(parser: argparse.ArgumentParser) -> None:
+def add_log_options(parser: argparse.ArgumentParser, *, after_command: bool = False) -> None:
+    """``--log-level`` and ``--log-format``. ``after_command``: the same options on a subcommand, so
+    they may come before or after it; without a default of their own there, the top level's stays."""
     parser.add_argument(
         "--log-level",
-        default="info",
+        default=argparse.SUPPRESS if after_command else "info",
         choices=["debug", "info", "warning", "error"],
         help="minimum level of log events written to stderr (default: info)",
     )
     parser.add_argument(
         "--log-format",
-        default="logfmt",
+        default=argparse.SUPPRESS if after_command else "logfmt",
         choices=["logfmt", "json"],
         help="one event per line as key=value pairs or as JSON (default: logfmt)",
     )
