@@ -24,13 +24,38 @@ LogFormat = Literal["logfmt", "json"]
 _FIELDS = "fabric_dra_fields"
 
 
-_NEEDS_QUOTES = re.compile(r'[ ="\n\t]')
+# Characters a log line must never carry raw, whoever supplied the value (a claim UID, a device
+# name, a Redfish message): every C0 and C1 control character and DEL (Unicode "Cc": CR forges a
+# line, ESC drives the terminal, NUL truncates), the line and paragraph separators, and the
+# invisible format characters that reorder or hide text (bidi overrides and isolates, zero-width
+# characters, the byte order mark, tag characters), plus lone surrogates from undecodable bytes.
+_UNSAFE = (
+    "\x00-\x1f\x7f-\x9f\u00ad\u0600-\u0605\u061c\u06dd\u070f\u180e\u200b-\u200f"
+    "\u2028-\u202e\u2060-\u206f\ud800-\udfff\ufeff\ufff9-\ufffb\U000e0000-\U000e007f"
+)
+_UNSAFE_CHAR = re.compile(f"[{_UNSAFE}]")
+_NEEDS_QUOTES = re.compile(f'[ ="{_UNSAFE}]')
+
+
+def _escape_char(match: re.Match[str]) -> str:
+    # JSON's escape: \uXXXX, a surrogate pair above the Basic Multilingual Plane.
+    code = ord(match.group())
+    if code > 0xFFFF:
+        code -= 0x10000
+        return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+    return f"\\u{code:04x}"
+
+
+def _escape_controls(text: str) -> str:
+    """``text`` with every character of :data:`_UNSAFE` written as a JSON ``\\uXXXX`` escape."""
+    return _UNSAFE_CHAR.sub(_escape_char, text)
 
 
 def _logfmt_value(value: object) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     if text == "" or _NEEDS_QUOTES.search(text):
-        return json.dumps(text)
+        # json.dumps escapes quotes, backslashes and C0 controls; the rest of _UNSAFE after it.
+        return _escape_controls(json.dumps(text, ensure_ascii=False))
     return text
 
 
@@ -53,6 +78,7 @@ class _Formatter(logging.Formatter):
         if record.exc_info:
             fields["error"] = self.formatException(record.exc_info)
         if self._fmt_kind == "json":
+            # ensure_ascii escapes every character outside printable ASCII, DEL included.
             return json.dumps(fields, default=str)
         return " ".join(f"{k}={_logfmt_value(v)}" for k, v in fields.items())
 
