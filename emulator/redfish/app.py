@@ -73,7 +73,6 @@ class RedfishApp:
             client=client[0] if client else None,
         )
         try:
-            request.body = await self._read_body(receive)
             reply = await self._handle(request, receive, send)
         except RedfishError as err:
             reply = Reply(err.status, error_body(err), dict(err.headers))
@@ -110,7 +109,15 @@ class RedfishApp:
         if path.rstrip("/") == "/redfish":
             return Reply(200, raw=_REDFISH_VERSIONS)
         node = resolve(self.root, path)
-        if node is None or not node.allow:  # no node, or a path segment that is no resource
+        found = node is not None and bool(node.allow)  # else a path segment that is no resource
+        # Authentication comes first, found or not (DSP0266 §13.3 "Authentication": every URI but
+        # /redfish, the service root, $metadata, the OData service document and the login POST
+        # needs it): a 404 for a missing resource would tell a client without credentials what the
+        # service has. The body is read only after.
+        if node is None or not found or not self._is_public(request, node):
+            await self._authenticate(request)
+        request.body = await self._read_body(receive)
+        if node is None or not found:
             segments = path.rstrip("/").split("/")
             raise RedfishError.of(
                 404,
@@ -119,7 +126,6 @@ class RedfishApp:
                 segments[-1] if segments else path,
                 detail=f"{path} is not a resource of this service.",
             )
-        self._authenticate(request, node)
         method = request.method
         if method not in node.allow and not (method == "HEAD" and "GET" in node.allow):
             raise not_allowed(node, method)
@@ -151,20 +157,25 @@ class RedfishApp:
         if slow:
             await asyncio.sleep(slow)
 
-    def _authenticate(self, request: Request, node: Node) -> None:
+    def _is_public(self, request: Request, node: Node) -> bool:
+        if self.ctx.account is None or node.public:
+            return True
+        return request.method == "POST" and request.path.rstrip("/") == uris.SESSIONS  # login
+
+    async def _authenticate(self, request: Request) -> None:
         account = self.ctx.account
-        if account is None or node.public:
+        if account is None:
             return
-        if request.method == "POST" and request.path.rstrip("/") == uris.SESSIONS:
-            return  # login
         token = request.header("x-auth-token")
         if token:
             info = self.ctx.sessions.authenticate(token)
             if info is not None:
                 request.username, request.session_id = info.username, info.id
                 return
-        authorization = request.header("authorization")
-        if authorization and account.check_basic(authorization):
+        basic = request.header("authorization") or ""
+        if basic and await self.ctx.sessions.throttle.check(
+            request.client, lambda: account.check_basic(basic)
+        ):
             request.username = account.username
             return
         raise RedfishError.of(

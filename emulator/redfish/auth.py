@@ -2,13 +2,18 @@
 
 Redfish authentication (DSP0266 "Security details"): ``X-Auth-Token`` from a session created by
 POSTing ``UserName``/``Password`` to the Sessions collection, or HTTP Basic. The service has
-one account. Unless ``--username``/``--password`` are given, its password is random, created
-once and kept 0600 in ``<state-dir>/credentials.json`` (``{"username", "password"}``) so it
-survives restarts and local tools can read it. Passwords and tokens are never logged.
+one account. Wrong credentials slow the client down (:class:`LoginThrottle`), as a BMC's account
+lockout policy does (the AccountService's ``AccountLockoutThreshold`` and
+``AccountLockoutCounterResetAfter``), without locking the administrator out.
+
+Unless ``--username``/``--password`` are given, its password is random, created once and kept
+0600 in ``<state-dir>/credentials.json`` (``{"username", "password"}``) so it survives restarts
+and local tools can read it. Passwords and tokens are never logged.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hmac
@@ -28,6 +33,7 @@ __all__ = [
     "CREDENTIALS_FILE",
     "Account",
     "Credentials",
+    "LoginThrottle",
     "SessionInfo",
     "Sessions",
     "load_or_create_credentials",
@@ -92,6 +98,69 @@ class Account:
 
 
 @dataclass
+class _Failures:
+    count: int = 0
+    last: float = 0.0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class LoginThrottle:
+    """Slows down guessing: per client address, after ``free`` wrong credentials in a row every
+    further attempt waits ``base · 2^(n - free)`` seconds (at most ``maximum``) after the last
+    failure, and the attempts of one address are checked one at a time, so parallel guesses queue
+    instead of running at once. A success, or ``reset_after`` seconds without a failure, clears the
+    count (the AccountService's ``AccountLockoutCounterResetAfter``)."""
+
+    def __init__(
+        self,
+        *,
+        free: int = 3,
+        base: float = 0.25,
+        maximum: float = 8.0,
+        reset_after: float = 60.0,
+        max_clients: int = 10_000,
+    ) -> None:
+        self.free = free
+        self.base = base
+        self.maximum = maximum
+        self.reset_after = reset_after
+        self.max_clients = max_clients
+        self._clients: dict[str, _Failures] = {}
+
+    def delay(self, failures: int) -> float:
+        """Seconds an attempt waits after ``failures`` failures in a row."""
+        if failures < self.free:
+            return 0.0
+        return float(min(self.maximum, self.base * 2 ** (failures - self.free)))
+
+    async def check(self, client: str | None, verify: Callable[[], bool]) -> bool:
+        """``verify()`` (constant-time credential comparison) once this client's wait is over."""
+        key = client or "unknown"
+        failures = self._clients.get(key)
+        if failures is None:
+            if len(self._clients) >= self.max_clients:
+                self._forget_stale()
+            failures = self._clients[key] = _Failures()
+        async with failures.lock:
+            since = time.monotonic() - failures.last
+            if since > self.reset_after:
+                failures.count = 0
+            wait = self.delay(failures.count) - since
+            if wait > 0:
+                await asyncio.sleep(wait)
+            if verify():
+                failures.count = 0
+                return True
+            failures.count += 1
+            failures.last = time.monotonic()
+            return False
+
+    def _forget_stale(self) -> None:
+        cutoff = time.monotonic() - self.reset_after
+        self._clients = {k: v for k, v in self._clients.items() if v.last > cutoff or v.lock.locked()}
+
+
+@dataclass
 class SessionInfo:
     id: str
     token: str
@@ -113,6 +182,8 @@ class Sessions:
         self.on_change = on_change or (lambda: None)
         self._by_token: dict[str, SessionInfo] = {}
         self._by_id: dict[str, SessionInfo] = {}
+        #: every check of a user name and password (login, HTTP Basic) goes through it
+        self.throttle = LoginThrottle()
 
     def _expire_idle(self) -> None:
         cutoff = time.monotonic() - self.timeout_seconds

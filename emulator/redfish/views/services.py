@@ -265,7 +265,9 @@ class SessionsNode(CollectionNode):
     async def _login(self, request: Request) -> Reply:
         body = parse_body(_Login, request.json())
         account = self.ctx.account
-        if account is not None and not account.check(body.UserName, body.Password):
+        if account is not None and not await self.ctx.sessions.throttle.check(
+            request.client, lambda: account.check(body.UserName, body.Password)
+        ):
             raise RedfishError.of(401, "NoValidSession", detail="Wrong user name or password.")
         info = self.ctx.sessions.create(body.UserName, request.client)
         if info is None:
@@ -345,7 +347,8 @@ class AccountNode(Node):
         super().__init__(ctx, f"{uris.ACCOUNTS}/1")
 
     def render(self) -> ManagerAccount:
-        assert self.ctx.account is not None
+        if self.ctx.account is None:  # an anonymous service has no account to show
+            raise RedfishError.of(404, "ResourceNotFound", "ManagerAccount", "1")
         return ManagerAccount(
             odata_id=self.uri,
             Id="1",
