@@ -13,8 +13,13 @@ In a cluster a caller presents its service-account token and the manager asks th
 node in ``status.user.extra["authentication.kubernetes.io/node-name"]``; the plugin's node comes
 from there, never from the request. Which service accounts are plugins or controllers, and which
 groups are operators, is configuration. For local runs a static token file maps tokens to roles.
-Tokens are compared in constant time and never logged; TokenReview answers are cached briefly under
-a hash of the token.
+Tokens are compared in constant time and never logged; TokenReview answers are cached under a hash
+of the token — an identity for ``cache_seconds``, a refusal (unknown token, or a user without a
+role) for :data:`NEGATIVE_CACHE_SECONDS` only, so a fresh token works soon; callers presenting a
+token while it is being reviewed share that one review. Each TokenReview is a
+call to the API server that a client without any valid token can cause: reviews are rate-limited
+per client address (:class:`ReviewBudget`; a cached answer costs nothing), beyond which the client
+gets 429 ``TooManyRequests`` with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -33,17 +38,19 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from manager_api.errors import FabricUnavailable, PermissionDenied, Unauthenticated
+from manager_api.errors import FabricUnavailable, PermissionDenied, TooManyRequests, Unauthenticated
 from plumbing.kube.client import ApiError, KubeClient
 from plumbing.kube.resources import TOKEN_REVIEWS
 from plumbing.logs import get_logger
 
 __all__ = [
+    "NEGATIVE_CACHE_SECONDS",
     "NODE_NAME_EXTRA",
     "AllowAll",
     "Authenticator",
     "Chain",
     "Identity",
+    "ReviewBudget",
     "Role",
     "StaticTokens",
     "TokenReviewAuthenticator",
@@ -54,6 +61,9 @@ log = get_logger(__name__)
 
 #: the TokenReview ``user.extra`` key that carries the node of a pod-bound service-account token
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+
+#: how long a refused token stays refused without asking the API server again
+NEGATIVE_CACHE_SECONDS = 2.0
 
 
 class Role(StrEnum):
@@ -91,8 +101,9 @@ class Identity:
 
 class Authenticator(ABC):
     @abstractmethod
-    async def authenticate(self, token: str) -> Identity | None:
-        """The identity behind ``token``, or None when this authenticator does not know it."""
+    async def authenticate(self, token: str, client: str | None = None) -> Identity | None:
+        """The identity behind ``token``, or None when this authenticator does not know it;
+        ``client`` is the caller's address."""
 
 
 ANONYMOUS = Identity(Role.CONTROLLER, "anonymous (--insecure-no-auth)")
@@ -101,7 +112,7 @@ ANONYMOUS = Identity(Role.CONTROLLER, "anonymous (--insecure-no-auth)")
 class AllowAll(Authenticator):
     """``--insecure-no-auth``: every caller is a controller, with or without a token. Development only."""
 
-    async def authenticate(self, token: str) -> Identity | None:
+    async def authenticate(self, token: str, client: str | None = None) -> Identity | None:
         return ANONYMOUS
 
 
@@ -148,7 +159,7 @@ class StaticTokens(Authenticator):
     def __init__(self, entries: Sequence[_StaticEntry]) -> None:
         self._entries = [(e.token.encode(), e) for e in entries]
 
-    async def authenticate(self, token: str) -> Identity | None:
+    async def authenticate(self, token: str, client: str | None = None) -> Identity | None:
         given = token.encode()
         found: _StaticEntry | None = None
         for secret, entry in self._entries:
@@ -158,6 +169,51 @@ class StaticTokens(Authenticator):
             return None
         user = found.user or (f"plugin of {found.node}" if found.node else f"static {found.role}")
         return Identity(found.role, user, found.node)
+
+
+class ReviewBudget:
+    """A token bucket per client address: ``burst`` reviews at once, then ``rate`` per second.
+
+    The table is bounded: beyond ``max_clients`` addresses, the full buckets (clients that have not
+    asked for a while) are forgotten, and if none is full, the table starts afresh.
+    """
+
+    def __init__(self, rate: float = 5.0, burst: float = 20.0, max_clients: int = 10_000) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.max_clients = max_clients
+        self._buckets: dict[str, tuple[float, float]] = {}  # address → (tokens, when)
+
+    def take(self, client: str | None) -> None:
+        """Spend one review for ``client``; raises :class:`TooManyRequests` when it has none left."""
+        key = client or "unknown"
+        now = time.monotonic()
+        tokens, then = self._buckets.get(key, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - then) * self.rate)
+        if tokens < 1.0:
+            self._buckets[key] = (tokens, now)
+            wait = (1.0 - tokens) / self.rate
+            raise TooManyRequests(
+                f"too many token reviews from {key}: at most {self.rate:g} per second; retry later",
+                retry_after=wait,
+            )
+        self._buckets[key] = (tokens - 1.0, now)
+        if len(self._buckets) > self.max_clients:
+            self._buckets = {
+                k: (t, w)
+                for k, (t, w) in self._buckets.items()
+                if min(self.burst, t + (now - w) * self.rate) < self.burst
+            }
+            if len(self._buckets) > self.max_clients:
+                self._buckets = {key: self._buckets[key]}
+
+
+@dataclass(frozen=True, slots=True)
+class _Review:
+    until: float
+    identity: Identity | None
+    #: why an authenticated user was refused (PermissionDenied), remembered as the answer
+    denied: str | None = None
 
 
 class TokenReviewAuthenticator(Authenticator):
@@ -171,6 +227,7 @@ class TokenReviewAuthenticator(Authenticator):
         operator_users: Iterable[str] = (),
         audiences: Sequence[str] = (),
         cache_seconds: float = 30.0,
+        budget: ReviewBudget | None = None,
     ) -> None:
         self.kube = kube
         self.plugin_users = {_service_account_user(a) for a in plugin_accounts}
@@ -179,24 +236,40 @@ class TokenReviewAuthenticator(Authenticator):
         self.operator_users = set(operator_users)
         self.audiences = list(audiences)
         self.cache_seconds = cache_seconds
-        self._cache: dict[str, tuple[float, Identity | None]] = {}
-        self._lock = asyncio.Lock()
+        self.budget = budget or ReviewBudget()
+        self._cache: dict[str, _Review] = {}
+        self._pending: dict[str, asyncio.Future[_Review]] = {}
 
-    async def authenticate(self, token: str) -> Identity | None:
+    async def authenticate(self, token: str, client: str | None = None) -> Identity | None:
         key = hashlib.sha256(token.encode()).hexdigest()
         cached = self._cache.get(key)
+        if cached is None or cached.until <= time.monotonic():
+            pending = self._pending.get(key)
+            if pending is None:
+                # One review per token at a time: callers presenting it meanwhile share the answer.
+                self.budget.take(client)
+                pending = self._pending[key] = asyncio.ensure_future(self._remember(key, token))
+                pending.add_done_callback(lambda _: self._pending.pop(key, None))
+            cached = await asyncio.shield(pending)
+        if cached.denied is not None:
+            raise PermissionDenied(cached.denied)
+        return cached.identity
+
+    async def _remember(self, key: str, token: str) -> _Review:
         now = time.monotonic()
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        identity = await self._review(token)
+        negative = now + min(self.cache_seconds, NEGATIVE_CACHE_SECONDS)
+        try:
+            identity = await self._review(token)
+        except PermissionDenied as err:
+            review = _Review(negative, None, err.message)
+        else:
+            review = _Review(now + self.cache_seconds if identity else negative, identity)
         if len(self._cache) > 10_000:
-            self._cache = {k: v for k, v in self._cache.items() if v[0] > now}
-        # Unknown tokens are remembered shortly only, so a fresh token works at once.
-        self._cache[key] = (
-            now + (self.cache_seconds if identity else min(self.cache_seconds, 2.0)),
-            identity,
-        )
-        return identity
+            self._cache = {k: v for k, v in self._cache.items() if v.until > now}
+            if len(self._cache) > 10_000:  # refusals go first: they are cheap to ask again
+                self._cache = {k: v for k, v in self._cache.items() if v.identity is not None}
+        self._cache[key] = review
+        return review
 
     async def _review(self, token: str) -> Identity | None:
         spec: dict[str, Any] = {"token": token}
@@ -238,14 +311,14 @@ class Chain(Authenticator):
     def __init__(self, authenticators: Sequence[Authenticator]) -> None:
         self.authenticators = list(authenticators)
 
-    async def authenticate(self, token: str) -> Identity | None:
+    async def authenticate(self, token: str, client: str | None = None) -> Identity | None:
         for authenticator in self.authenticators:
-            identity = await authenticator.authenticate(token)
+            identity = await authenticator.authenticate(token, client)
             if identity is not None:
                 return identity
         return None
 
-    async def require(self, authorization: str | None) -> Identity:
+    async def require(self, authorization: str | None, *, client: str | None = None) -> Identity:
         if any(isinstance(a, AllowAll) for a in self.authenticators):
             return ANONYMOUS
         if not authorization or not authorization.lower().startswith("bearer "):
@@ -255,7 +328,7 @@ class Chain(Authenticator):
         token = authorization[7:].strip()
         if not token:
             raise Unauthenticated("empty bearer token")
-        identity = await self.authenticate(token)
+        identity = await self.authenticate(token, client)
         if identity is None:
             raise Unauthenticated("the bearer token is not valid (unknown, expired or revoked)")
         return identity

@@ -344,6 +344,12 @@ class ManagerSettings(BaseModel):
     ready_file: Annotated[Path | None, Flag(LISTENER)] = Field(
         default=None, description="write the base URL here once accepting connections"
     )
+    max_connections: Annotated[int, Flag(LISTENER)] = Field(
+        default=1024,
+        ge=1,
+        description="open client connections beyond which requests are answered 503 (each node's plugin "
+        "keeps one long poll open: allow a few per node)",
+    )
     tls_cert: Annotated[Path | None, Flag(LISTENER)] = Field(
         default=None, description="serve HTTPS with this certificate (PEM)"
     )

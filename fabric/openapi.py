@@ -24,16 +24,21 @@ SECURITY_SCHEME = "bearerAuth"
 #: status → when the manager answers it (the ``code`` values of :mod:`manager_api.errors`)
 ERRORS: dict[int, str] = {
     401: "Unauthenticated: no, unknown, expired or wrong-audience bearer token",
-    403: "PermissionDenied: a plugin acting for another node, an operator attaching, a caller without a role",
+    403: (
+        "PermissionDenied: a plugin acting for another node, an operator attaching, a caller without a "
+        "role, an attach whose ResourceClaim does not allocate the device (on the node)"
+    ),
     404: "DeviceNotFound, NodeNotFound or NotFound: names what is not there",
     409: "DeviceBusy (retriable: held by another claim or node, or being detached) or DeviceUnhealthy",
+    413: "PayloadTooLarge: a request body larger than the largest claim report (refused unread)",
     422: "InvalidRequest: names every malformed field",
+    429: "TooManyRequests (retriable): more token reviews from this client address than its share",
     502: "BindFailed: the fabric refused or failed the operation; messageId is the fabric's own",
     503: "NotLeader or FabricUnavailable (retriable): a follower replica, or the fabric cannot be reached",
     504: "AttachTimeout (retriable): a Redfish task did not finish in time",
 }
 #: what any authenticated /api/v1 operation can answer
-_COMMON = (401, 403, 422, 503)
+_COMMON = (401, 403, 413, 422, 429, 503)
 #: what a few operations answer on top of that, keyed by (method, path)
 _BY_OPERATION: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", f"{api.API_PREFIX}/attachments"): (404, 409, 502, 504),
@@ -41,7 +46,7 @@ _BY_OPERATION: dict[tuple[str, str], tuple[int, ...]] = {
     ("get", f"{api.API_PREFIX}/devices/{{device}}"): (404,),
     ("get", f"{api.API_PREFIX}/operations/{{operation_id}}"): (404,),
 }
-_RETRIABLE = (409, 503, 504)
+_RETRIABLE = (409, 429, 503, 504)
 
 
 def complete_openapi(document: dict[str, Any]) -> dict[str, Any]:

@@ -10,9 +10,10 @@ gone, the plugin lost its checkpoint — the device would stay bound for nothing
   for a pod (``status.reservedFor``) — the pod may run or be about to;
 * its ResourceClaim exists and allocates the device with binding conditions (the binding-condition
   flow: the controller attached it and the scheduler waits in PreBind before it reserves);
-* the plugin of the bound node reported the claim prepared with this device within the last
-  ``report_ttl`` seconds (``PUT /api/v1/nodes/{node}/claims``): a container may be using it, whatever
-  the API server says (a claim force-deleted under a running pod).
+* its ResourceClaim exists and the plugin of the bound node reported the claim prepared with this
+  device within the last ``report_ttl`` seconds (``PUT /api/v1/nodes/{node}/claims``): a container
+  may be using it, whatever the claim's status says. A report for a claim that does not exist
+  counts for nothing — else a plugin could keep any device by reporting a made-up claim.
 
 A binding that is none of these for ``grace`` seconds without a break is detached as its holder
 would detach it, with a Warning Event (``events.k8s.io/v1``) and the counter
@@ -127,11 +128,13 @@ class OrphanReconciler:
 
     def why_orphan(self, entry: LedgerEntry, claims: _Claims) -> str | None:
         """None while something explains the binding; else the reason it is an orphan."""
-        if self.reports.holds(entry.node, entry.claim_uid, entry.device):
-            return None
         claim = claims.by_uid.get(entry.claim_uid)
         if claim is None:
+            # A report cannot keep a claim alive that does not exist: a plugin could report made-up
+            # claims to hold devices for ever.
             return "claim-deleted"
+        if self.reports.holds(entry.node, entry.claim_uid, entry.device):
+            return None
         view = ResourceClaim.read(claim)
         if view is None:
             return None  # not readable as a claim: nothing proves the binding is an orphan

@@ -4,11 +4,12 @@ Every ``/api/v1`` request needs a bearer token (:mod:`fabric.auth`) and a leader
 answers 503 NotLeader with ``Retry-After`` (its ``/readyz`` fails too, so a Service sends traffic to
 the leader only). Errors are :class:`manager_api.models.ErrorBody` with the status of their
 :mod:`manager_api.errors` class; a malformed request is 422 InvalidRequest naming the field.
+The token is checked, and the body's size bounded, before the body is read
+(:mod:`fabric.request_guard`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated
@@ -20,11 +21,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fabric.attachments import Attachments
 from fabric.auth import Chain, Identity
+from fabric.claims import ClaimView
 from fabric.inventory import Inventory
 from fabric.metrics import ManagerMetrics
 from fabric.openapi import install_openapi
-from fabric.operations import OperationLog, error_body
+from fabric.operations import OperationLog
 from fabric.reports import PluginReports
+from fabric.request_guard import IDENTITY_STATE, RequestGuard, error_response
 from fabric.ui import router as ui_router
 from manager_api import models as api
 from manager_api.errors import (
@@ -61,14 +64,8 @@ class AppContext:
     is_leader: Callable[[], bool]
     #: None when ready to serve, else why not
     not_ready: Callable[[], str | None]
-
-
-def _error_response(err: FabricError) -> JSONResponse:
-    headers = {}
-    if err.retriable:
-        headers["Retry-After"] = str(max(1, math.ceil(err.retry_after or 1.0)))
-    body = error_body(err).model_dump(mode="json", by_alias=True, exclude_none=True)
-    return JSONResponse(status_code=err.http_status, content=body, headers=headers)
+    #: the cluster's ResourceClaims that an attach must match; None without Kubernetes API access
+    claims: ClaimView | None = None
 
 
 def _field(loc: tuple[int | str, ...]) -> str:
@@ -77,8 +74,13 @@ def _field(loc: tuple[int | str, ...]) -> str:
 
 
 async def _identity(request: Request, authorization: Annotated[str | None, Header()] = None) -> Identity:
+    # The RequestGuard authenticated the caller from the head, before any body was read.
+    identity = getattr(request.state, IDENTITY_STATE, None)
+    if isinstance(identity, Identity):
+        return identity
     ctx: AppContext = request.app.state.ctx
-    return await ctx.auth.require(authorization)
+    client = request.client.host if request.client else None
+    return await ctx.auth.require(authorization, client=client)
 
 
 async def _leader(request: Request, caller: Annotated[Identity, Depends(_identity)]) -> Identity:
@@ -126,23 +128,26 @@ def build_app(ctx: AppContext) -> FastAPI:
     app.state.ctx = ctx
     install_openapi(app)
     app.include_router(ui_router)
+    app.add_middleware(RequestGuard, auth=ctx.auth)
 
     @app.exception_handler(FabricError)
     async def _fabric_error(request: Request, err: FabricError) -> JSONResponse:
-        return _error_response(err)
+        return error_response(err)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:
         problems = [f"{_field(tuple(e['loc']))}: {e['msg']}" for e in err.errors()]
-        return _error_response(InvalidRequest("malformed request: " + "; ".join(problems)))
+        return error_response(InvalidRequest("malformed request: " + "; ".join(problems)))
 
     @app.exception_handler(StarletteHTTPException)
     async def _refused(request: Request, err: StarletteHTTPException) -> JSONResponse:
         # The framework's own refusals (a body that is not JSON, an unknown path, a method the
         # path does not take) get the same ErrorBody as every other error.
         if err.status_code == 400:
-            return _error_response(InvalidRequest(f"malformed request: {err.detail}; send a JSON body"))
-        code = {404: "NotFound", 405: "MethodNotAllowed"}.get(err.status_code, "HTTPError")
+            return error_response(InvalidRequest(f"malformed request: {err.detail}; send a JSON body"))
+        code = {404: "NotFound", 405: "MethodNotAllowed", 413: "PayloadTooLarge"}.get(
+            err.status_code, "HTTPError"
+        )
         body = api.ErrorBody(code=code, message=f"{request.method} {request.url.path}: {err.detail}")
         return JSONResponse(
             status_code=err.status_code,
@@ -218,6 +223,10 @@ def build_app(ctx: AppContext) -> FastAPI:
                 f"device {request.device} is in pool {ctx.inventory.pool_of(record)}, not in pool "
                 f"{request.pool} that the claim's allocation names; this fabric has no such device",
                 device=request.device,
+            )
+        if ctx.claims is not None and record is not None:
+            await ctx.claims.check_attach(
+                request.claim_uid, request.device, ctx.inventory.pool_of(record), request.node
             )
         attachment, status = await ctx.attachments.attach(request, wait)
         return JSONResponse(status_code=status, content=attachment.model_dump(mode="json", by_alias=True))

@@ -27,6 +27,7 @@ from fabric.auth import (
     load_static_tokens,
 )
 from fabric.backends.discovery import Discovery
+from fabric.claims import ClaimView
 from fabric.config import ManagerSettings
 from fabric.inventory import Inventory
 from fabric.ledger import ConfigMapLedgerStore, FileLedgerStore, Ledger, LedgerStore
@@ -37,9 +38,10 @@ from fabric.orphans import OrphanReconciler
 from fabric.reconcile import ForeignBindings, Reconciler
 from fabric.redfish.client import RedfishClient
 from fabric.reports import PluginReports
+from fabric.request_guard import server_refusal
 from fabric.server import AppContext, build_app
 from manager_api.errors import FabricError
-from plumbing.httpserve import HttpServer
+from plumbing.httpserve import ConnectionLimits, HttpServer
 from plumbing.kube.client import KubeClient, load_config
 from plumbing.kube.events import EventRecorder
 from plumbing.kube.leader import LeaderElector
@@ -123,10 +125,12 @@ class ManagerService:
         )
         store: LedgerStore
         if s.ledger == "configmap":
-            assert kube is not None
+            if kube is None:
+                raise ValueError("--ledger configmap needs Kubernetes API access")
             store = ConfigMapLedgerStore(kube, name=s.ledger_name, namespace=namespace)
         else:
-            assert s.state_dir is not None
+            if s.state_dir is None:
+                raise ValueError("--ledger file needs --state-dir")
             s.state_dir.mkdir(parents=True, exist_ok=True)
             store = FileLedgerStore(s.state_dir)
         ledger = Ledger(store)
@@ -147,6 +151,9 @@ class ManagerService:
         metrics.is_leader.set_function(lambda: 1.0 if self.is_leader() else 0.0)
         inventory.after_refresh.append(ForeignBindings(inventory.snapshot).check)
         reports = PluginReports(ttl=s.plugin_report_ttl_seconds)
+        claims = ClaimView(kube) if kube is not None else None
+        if claims is None:
+            log.info("no Kubernetes API access: attaches are not checked against ResourceClaims")
         app = build_app(
             AppContext(
                 inventory=inventory,
@@ -157,6 +164,7 @@ class ManagerService:
                 metrics=metrics,
                 is_leader=self.is_leader,
                 not_ready=lambda: self._not_ready(inventory),
+                claims=claims,
             )
         )
 
@@ -173,6 +181,8 @@ class ManagerService:
             lifespan="off",
             ssl_cert_reqs=ssl.CERT_NONE,
             timeout_graceful_shutdown=5,
+            error_body=server_refusal,
+            limits=ConnectionLimits(max_connections=s.max_connections),
         )
         self.url = server.url
         await server.start(s.ready_file)
@@ -202,6 +212,8 @@ class ManagerService:
         tasks.append(asyncio.create_task(inventory.run(), name="inventory"))
         if kube is not None:
             tasks.append(asyncio.create_task(resolver.watch(inventory.remap_nodes), name="node-watch"))
+        if claims is not None:
+            tasks.append(asyncio.create_task(claims.run(), name="claims"))
         tasks.append(asyncio.create_task(reconciler.run(), name="reconciler"))
         # One name for this replica in the Lease and in the Events it records.
         identity = s.identity or f"{socket.gethostname()}-{os.getpid()}"
@@ -219,7 +231,8 @@ class ManagerService:
         elif s.orphan_grace_seconds > 0:
             log.info("no Kubernetes API access: orphaned bindings are not detached (claims cannot be read)")
         if s.leader_elect:
-            assert kube is not None
+            if kube is None:
+                raise ValueError("--leader-elect needs Kubernetes API access")
             if s.ledger == "file":
                 log.warning(
                     "--leader-elect with a ledger file: replicas share it only if --state-dir is shared "

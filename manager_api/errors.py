@@ -39,6 +39,7 @@ __all__ = [
     "NotFoundError",
     "NotLeader",
     "PermissionDenied",
+    "TooManyRequests",
     "Unauthenticated",
     "error_class",
 ]
@@ -113,6 +114,14 @@ class Unauthenticated(AuthError):
 class PermissionDenied(AuthError):
     code = "PermissionDenied"
     http_status = 403
+
+
+class TooManyRequests(AuthError):
+    """A client asked for more token reviews than its share (:mod:`fabric.auth`)."""
+
+    code = "TooManyRequests"
+    http_status = 429
+    retriable = True
 
 
 class NotLeader(FabricError):

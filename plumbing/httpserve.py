@@ -10,6 +10,13 @@ API test server).
   the signal after its shutdown, killing the process before its own cleanup ran. A role that
   handles the signals itself (the manager must release its Lease first) passes
   ``handle_signals=False`` and calls :meth:`HttpServer.stop`.
+* No client holds a connection or memory for free (:class:`ConnectionLimits`): the request head
+  must arrive within ``header_timeout`` and be at most ``max_header_bytes`` (else 408 / 431), the
+  body within ``body_timeout`` of the head (else the connection is closed: the application sees a
+  disconnect), an idle keep-alive connection is closed after ``keep_alive_timeout``, and beyond
+  ``max_connections`` open connections a request is answered 503 with ``Retry-After``. uvicorn
+  has none of the first two (a connection trickling a byte every few seconds, or a silent one,
+  stayed open for good) and its own concurrency limit answers a bare 503.
 """
 
 from __future__ import annotations
@@ -17,18 +24,50 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import json
 import socket
 from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, ClassVar
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from plumbing.fsutil import atomic_write
+from plumbing.logs import get_logger
 from plumbing.netutil import listen_tcp
 
-__all__ = ["HttpServer", "base_url"]
+__all__ = ["ConnectionLimits", "ErrorBody", "HttpServer", "base_url"]
+
+log = get_logger(__name__)
+
+#: ``(status, message, retry_after)`` → the JSON body of a refusal the server itself answers
+ErrorBody = Callable[[int, str, float | None], dict[str, Any]]
+
+
+def _plain_error(status: int, message: str, retry_after: float | None) -> dict[str, Any]:
+    return {"code": HTTPStatus(status).phrase.replace(" ", ""), "message": message}
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """What one client may take of a server: time to send a request, header bytes, connections."""
+
+    #: from a request's first byte (or the connection's start) to the end of its head
+    header_timeout: float = 10.0
+    #: from the end of the head to the end of the body
+    body_timeout: float = 10.0
+    #: an idle connection between requests
+    keep_alive_timeout: int = 5
+    #: request line and header fields together (nginx allows 4 buffers of 8 KiB by default)
+    max_header_bytes: int = 32 * 1024
+    #: open connections; each one beyond is answered 503 (one long poll per node counts here)
+    max_connections: int = 1024
+    #: seconds a refused client is told to wait (``Retry-After``)
+    retry_after: float = 1.0
 
 
 def base_url(host: str, port: int, *, tls: bool = False) -> str:
@@ -43,6 +82,150 @@ def base_url(host: str, port: int, *, tls: bool = False) -> str:
         address = ipaddress.ip_address("::1" if address.version == 6 else "127.0.0.1")
     shown = f"[{address}]" if address.version == 6 else str(address)
     return f"{scheme}://{shown}:{port}"
+
+
+class _GuardedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the deadlines and bounds of :class:`ConnectionLimits`."""
+
+    limits: ClassVar[ConnectionLimits]
+    error_body: ClassVar[ErrorBody]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._in_head = True
+        self._head_bytes = 0
+        self._refused = False
+
+    # -- deadlines --------------------------------------------------------------------------------
+
+    def _arm(self, seconds: float, expired: Callable[[], None]) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(seconds, expired)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _head_expired(self) -> None:
+        self._deadline = None
+        idle = self.cycle is None or self.cycle.response_complete
+        self._refuse(408, f"the request head did not arrive within {self.limits.header_timeout:g}s", idle)
+
+    def _body_expired(self) -> None:
+        self._deadline = None
+        log.warning(
+            "request body too slow; connection closed",
+            client=self._peer(),
+            timeout_seconds=self.limits.body_timeout,
+        )
+        # The application is waiting for the body: closing makes it read a disconnect.
+        self.transport.close()
+
+    def _peer(self) -> str:
+        return f"{self.client[0]}:{self.client[1]}" if self.client else "unknown"
+
+    def _refuse(self, status: int, message: str, answer: bool = True) -> None:
+        """Answer ``status`` (unless a response is under way on this connection) and close."""
+        self._refused = True
+        self._disarm()
+        if self.transport.is_closing():
+            return
+        log.warning("request refused", status=status, client=self._peer(), reason=message)
+        if answer:
+            retry = self.limits.retry_after if status == 503 else None
+            body = json.dumps(type(self).error_body(status, message, retry)).encode()
+            head = [
+                f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
+                "content-type: application/json",
+                f"content-length: {len(body)}",
+                "connection: close",
+            ]
+            if retry is not None:
+                head.append(f"retry-after: {max(1, round(retry))}")
+            self.transport.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+        self.transport.close()
+
+    # -- asyncio.Protocol -------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm(self.limits.header_timeout, self._head_expired)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # answered and closing: whatever else arrives is not read
+        super().data_received(data)
+        if self._in_head and not self._refused:
+            # Bytes of a head still incomplete (httptools buffers a partial field without bound).
+            self._head_bytes += len(data)
+            if self._head_bytes > self.limits.max_header_bytes:
+                self._refuse(431, f"request head larger than {self.limits.max_header_bytes} bytes")
+
+    # -- httptools callbacks ----------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head = True
+        self._head_bytes = 0
+        if self._deadline is None:
+            self._arm(self.limits.header_timeout, self._head_expired)
+
+    def on_url(self, url: bytes) -> None:
+        if not self._refused:
+            super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._refused:
+            super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        if self._refused:
+            return
+        self._in_head = False
+        self._disarm()
+        size = len(self.url) + sum(len(k) + len(v) + 4 for k, v in self.headers)
+        if size > self.limits.max_header_bytes:
+            self._refuse(431, f"request head larger than {self.limits.max_header_bytes} bytes")
+            return
+        if len(self.connections) > self.limits.max_connections:
+            self._refuse(
+                503,
+                f"the server has {len(self.connections)} connections open, its limit is "
+                f"{self.limits.max_connections}; retry shortly",
+            )
+            return
+        super().on_headers_complete()
+        self._arm(self.limits.body_timeout, self._body_expired)
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self._refused:
+            return
+        self._disarm()
+        super().on_message_complete()
+
+
+def _protocol(
+    limits: ConnectionLimits, error_body: ErrorBody, base: type[HttpToolsProtocol]
+) -> type[_GuardedProtocol]:
+    """A protocol class bound to one server's limits (uvicorn constructs it with its own arguments),
+    over ``base``: uvicorn's protocol or a role's subclass of it."""
+    if not issubclass(base, HttpToolsProtocol):
+        raise TypeError(f"the HTTP protocol must be uvicorn's HttpToolsProtocol or a subclass, not {base}")
+    return type(
+        "GuardedHttpProtocol",
+        (_GuardedProtocol, base),
+        {"limits": limits, "error_body": staticmethod(error_body)},
+    )
 
 
 class _Server(uvicorn.Server):
@@ -75,7 +258,10 @@ class HttpServer:
 
     ``on_exit`` runs as soon as a signal starts the shutdown — for streams (watches, Server-Sent
     Events) that would otherwise hold the graceful shutdown until its timeout. ``options`` go to
-    :class:`uvicorn.Config` (``lifespan``, ``http``, ``timeout_graceful_shutdown``, …).
+    :class:`uvicorn.Config` (``lifespan``, ``timeout_graceful_shutdown``, …; ``http`` may name a
+    subclass of uvicorn's ``HttpToolsProtocol``, which the limits wrap). ``limits`` bound
+    what a client may take (:class:`ConnectionLimits`); ``error_body`` shapes the JSON of the
+    refusals the server answers itself (408, 431, 503), so they read like the application's own.
     """
 
     def __init__(
@@ -89,8 +275,12 @@ class HttpServer:
         tls_key: Path | None = None,
         handle_signals: bool = True,
         on_exit: Callable[[], object] | None = None,
+        limits: ConnectionLimits | None = None,
+        error_body: ErrorBody = _plain_error,
         **options: Any,
     ) -> None:
+        self.limits = limits or ConnectionLimits()
+        protocol = _protocol(self.limits, error_body, options.pop("http", HttpToolsProtocol))
         self.listener: socket.socket = listen_tcp(host, port, backlog=backlog)
         self.port: int = self.listener.getsockname()[1]
         self.url = base_url(host, self.port, tls=tls_cert is not None)
@@ -101,6 +291,8 @@ class HttpServer:
             backlog=backlog,
             ssl_certfile=str(tls_cert) if tls_cert else None,
             ssl_keyfile=str(tls_key) if tls_key else None,
+            http=protocol,
+            timeout_keep_alive=self.limits.keep_alive_timeout,
             **options,
         )
         self._server = _Server(config, handle_signals=handle_signals, on_exit=on_exit)

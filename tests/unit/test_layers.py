@@ -38,6 +38,8 @@ _FABRIC_HTTP = (
     "fabric.auth",
     "fabric.openapi",
     "fabric.ui",
+    "fabric.request_guard",
+    "fabric.claims",
     *_FABRIC_SERVICE,
 )
 _FABRIC_FRONT = ("fabric.attachments", "fabric.reconcile", *_FABRIC_HTTP)
@@ -103,6 +105,14 @@ NEVER: dict[str, tuple[str, ...]] = {
     "fabric.openapi": ("fabric.server", "fabric.orphans", *_FABRIC_SERVICE),
     # the fabric map is static files: it reads the API as any client does, never the manager's insides
     "fabric.ui": ("fabric.server", "fabric.orphans", "fabric.auth", *_FABRIC_SERVICE),
+    "fabric.request_guard": ("fabric.server", "fabric.orphans", "fabric.claims", *_FABRIC_SERVICE),
+    "fabric.claims": (
+        "fabric.server",
+        "fabric.orphans",
+        "fabric.auth",
+        "fabric.request_guard",
+        *_FABRIC_SERVICE,
+    ),
     "fabric.config": ("fabric.service", *_FABRIC_CLI),
     "fabric.service": _FABRIC_CLI,
 }

@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -92,6 +93,42 @@ async def leader_of(managers: dict[str, Role], within: float = 20) -> str:
             await asyncio.sleep(0.1)
 
 
+async def allocated_claim(
+    cluster: ApiServerProcess, name: str, device: str, node: str | None = None, *, reserved: bool = False
+) -> str:
+    """A ResourceClaim in ``default`` allocated ``device`` of the PCIe pool (on ``node``, when given),
+    as the scheduler leaves it; returns its UID. The manager attaches only for such a claim."""
+    async with cluster.client() as kube:
+        claim = await kube.create(
+            RESOURCE_CLAIMS,
+            {
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {
+                    "devices": {"requests": [{"name": "dev", "exactly": {"deviceClassName": "fabric-dev"}}]}
+                },
+            },
+            "default",
+        )
+        allocation: dict[str, Any] = {
+            "devices": {
+                "results": [
+                    {"request": "dev", "driver": "fabric-dra.io", "pool": "fabric-pcie", "device": device}
+                ]
+            }
+        }
+        if node is not None:
+            allocation["nodeSelector"] = {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                ]
+            }
+        claim["status"] = {"allocation": allocation}
+        if reserved:
+            claim["status"]["reservedFor"] = [{"resource": "pods", "name": f"{name}-0", "uid": f"{name}-pod"}]
+        await kube.replace(RESOURCE_CLAIMS, claim, subresource="status")
+        return str(claim["metadata"]["uid"])
+
+
 async def test_tokenreview_roles_and_failover(
     cluster: ApiServerProcess, fabric: FabricAdmin, tmp_path: Path
 ) -> None:
@@ -108,6 +145,9 @@ async def test_tokenreview_roles_and_failover(
         NAMESPACE, "fabric-dra-plugin", node="node-a", audiences=["other"]
     )
     operator = cluster.add_token(TokenUser(username="ops@example.com", groups=["fabric-dra:operators"]))
+
+    claim_x = await allocated_claim(cluster, "claim-x", "gpu3", "node-a")
+    claim_other = await allocated_claim(cluster, "claim-other", "gpu3", "node-b")
 
     managers: dict[str, Role] = {}
     for name in ("replica-1", "replica-2"):
@@ -136,14 +176,14 @@ async def test_tokenreview_roles_and_failover(
         ):
             nodes = {n.name: n.host for n in await a.nodes()}
             assert nodes == NODE_HOSTS  # matched by system UUID, not by name
-            attachment = await a.attach("gpu3", "node-a", "claim-x", wait_seconds=20)
+            attachment = await a.attach("gpu3", "node-a", claim_x, wait_seconds=20)
             assert attachment.state == AttachmentState.ATTACHED
             assert fabric.bound_hosts() == {"gpu3": "kind-worker"}
             # node B's plugin cannot attach or detach for node A
             with pytest.raises(PermissionDenied, match=r"node node-b .* not for node node-a"):
                 await b.attach("gpu2", "node-a", "claim-y")
             with pytest.raises(PermissionDenied):
-                await b.detach("gpu3", "node-a", "claim-x")
+                await b.detach("gpu3", "node-a", claim_x)
             # operators read, but do not attach
             assert any(d.name == "gpu3" for d in await ops.devices())
             with pytest.raises(PermissionDenied, match="read access only"):
@@ -164,11 +204,11 @@ async def test_tokenreview_roles_and_failover(
         assert await leader_of({follower: managers[follower]}) == follower
         async with ManagerClient(managers[follower].address, token=plugin_a) as a:
             device = await a.device("gpu3")
-            assert (device.state, device.claim_uid, device.node) == (BindingState.BOUND, "claim-x", "node-a")
+            assert (device.state, device.claim_uid, device.node) == (BindingState.BOUND, claim_x, "node-a")
             async with ManagerClient(managers[follower].address, token=controller) as ctl:
-                with pytest.raises(DeviceBusy, match="claim-x"):
-                    await ctl.attach("gpu3", "node-b", "claim-other")
-            detached = await a.detach("gpu3", "node-a", "claim-x", wait_seconds=20)
+                with pytest.raises(DeviceBusy, match=claim_x):
+                    await ctl.attach("gpu3", "node-b", claim_other)
+            detached = await a.detach("gpu3", "node-a", claim_x, wait_seconds=20)
             assert detached.state == AttachmentState.DETACHED
         assert fabric.bound_hosts() == {}
 
@@ -249,6 +289,8 @@ async def test_devices_of_deleted_claims_are_detached(
         }
         await kube.replace(RESOURCE_CLAIMS, claim, subresource="status")
     live_uid = claim["metadata"]["uid"]
+    # attached while its claim exists, then the claim is deleted: an orphan
+    deleted_uid = await allocated_claim(cluster, "a-claim-that-was-deleted", "nvme1")
     args = manager_args(
         fabric,
         tmp_path,
@@ -261,8 +303,10 @@ async def test_devices_of_deleted_claims_are_detached(
     try:
         async with ManagerClient(manager.address, token=controller) as client:
             await client.attach("nvme0", "node-c", live_uid, wait_seconds=20)
-            await client.attach("nvme1", "node-c", "a-claim-that-was-deleted", wait_seconds=20)
+            await client.attach("nvme1", "node-c", deleted_uid, wait_seconds=20)
             assert fabric.bound_hosts() == {"nvme0": "kind-worker3", "nvme1": "kind-worker3"}
+            async with cluster.client() as kube:
+                await kube.delete(RESOURCE_CLAIMS, "a-claim-that-was-deleted", "default")
             deadline = time.monotonic() + 20
             while (await client.device("nvme1")).state != BindingState.FREE:
                 assert time.monotonic() < deadline, "the orphaned device was not detached"

@@ -4,8 +4,9 @@ One timeline over one stack, each device a different story:
 
 * ``in_use``   — prepared, claim allocated and reserved: never touched, not even with its node's
   plugin down or its checkpoint lost;
-* ``reported`` — prepared, then its claim force-deleted under the running pod: never touched while
-  the plugin reports it prepared; detached once the plugin stops reporting it (checkpoint lost);
+* ``reported`` — prepared, then its claim force-deleted under the running pod: detached after the
+  grace although the plugin reports it prepared (a report does not keep a claim that does not
+  exist: else a plugin could hold any device by reporting made-up claims);
 * ``waiting``  — binding-condition flow: attached for an allocation the scheduler holds in PreBind
   (allocated, not reserved): never touched;
 * ``gone_node`` — attached to kind-worker2, then the node is deleted and the claim deallocated: detached;
@@ -110,9 +111,9 @@ def test_orphans_are_detached_and_what_is_in_use_never_is(stack: Stack) -> None:
     assert stack.http is not None
     stack.http.delete("/api/v1/nodes/kind-worker2").raise_for_status()
     wait_until(freed(gone_node), what="the device of the deleted node released", timeout=60)
-    # gone_node waited out its grace; reported was deleted before it and is still bound: the plugin
-    # reports it prepared. The others are explained by their claims.
-    assert all(bound(d) for d in (in_use, reported, lost, down, waiting, foreign))
+    wait_until(freed(reported), what="the force-deleted claim's device, although reported", timeout=60)
+    # The others are explained by their claims.
+    assert all(bound(d) for d in (in_use, lost, down, waiting, foreign))
 
     # The plugin loses its checkpoint (and the node's tmpfs): it re-adopts what the fabric binds to
     # it as PrepareStarted, which it does not report; then the claim of `lost` is deleted.
@@ -122,7 +123,6 @@ def test_orphans_are_detached_and_what_is_in_use_never_is(stack: Stack) -> None:
     stack.plugin.start()
     stack.delete_claim(claims[lost.name])
     wait_until(freed(lost), what="the device of a claim deleted after the checkpoint was lost", timeout=60)
-    wait_until(freed(reported), what="the force-deleted claim's device, no longer reported", timeout=60)
 
     # The node goes down (plugin killed); the claim of `down` is deleted meanwhile.
     stack.plugin.kill()

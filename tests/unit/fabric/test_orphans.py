@@ -87,17 +87,25 @@ def test_what_explains_a_binding() -> None:
         assert orphans.why_orphan(entry, claims) == expected, what
 
 
-def test_a_fresh_plugin_report_explains_a_binding_whatever_the_api_says() -> None:
+def test_a_fresh_plugin_report_explains_a_binding_whatever_the_claim_status_says() -> None:
     clock = _Clock()
     reports = PluginReports(ttl=90, clock=clock)
     orphans = _reconciler(reports)
-    nothing = _Claims({})
+    unreserved = _Claims({"uid-1": _claim("uid-1", None, reserved=False)})  # deallocated under the pod
     reports.record("node-a", {"uid-1": ["gpu0"]})
-    assert orphans.why_orphan(_entry(), nothing) is None
-    assert orphans.why_orphan(_entry(device="gpu1"), nothing) == "claim-deleted"  # not in the report
-    assert orphans.why_orphan(_entry(node="node-b"), nothing) == "claim-deleted"  # another node's
+    assert orphans.why_orphan(_entry(), unreserved) is None
+    assert orphans.why_orphan(_entry(device="gpu1"), unreserved) == "not-allocated"  # not in the report
+    assert orphans.why_orphan(_entry(node="node-b"), unreserved) == "not-allocated"  # another node's
     clock.now += 91
-    assert orphans.why_orphan(_entry(), nothing) == "claim-deleted"  # the report is too old
+    assert orphans.why_orphan(_entry(), unreserved) == "not-allocated"  # the report is too old
+
+
+def test_a_report_does_not_keep_a_claim_that_does_not_exist() -> None:
+    # A plugin reporting made-up (or deleted) claims as prepared must not hold devices with them.
+    reports = PluginReports(ttl=90)
+    orphans = _reconciler(reports)
+    reports.record("node-a", {"uid-1": ["gpu0"]})
+    assert orphans.why_orphan(_entry(), _Claims({})) == "claim-deleted"
 
 
 def test_defaults_grace_of_ten_minutes() -> None:
