@@ -49,7 +49,8 @@ class RoleProcess:
 
     @property
     def pid(self) -> int:
-        assert self.proc is not None
+        if self.proc is None:
+            raise RuntimeError(f"{self.name} was never started")
         return self.proc.pid
 
     def start(self) -> RoleProcess:
@@ -95,8 +96,7 @@ class RoleProcess:
 
     def kill(self) -> None:
         """SIGKILL, as a crash would: no cleanup runs in the child."""
-        if self.alive():
-            assert self.proc is not None
+        if self.alive() and self.proc is not None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
 

@@ -99,7 +99,8 @@ class PluginServer:
             return NoopBackend(cfg.node_name), None
         from manager_api.client import ManagerClient
 
-        assert cfg.manager_url is not None
+        if cfg.manager_url is None:
+            raise ValueError("the plugin needs --manager-url (or --noop-fabric)")
         real = cfg.host_mode is HostMode.REAL
         changes = SysfsChanges()
         if real:
@@ -218,7 +219,8 @@ class PluginServer:
         )
 
     async def _start_registration(self) -> None:
-        assert self.registration is not None
+        if self.registration is None:
+            raise RuntimeError("the registration server was not built before it was started")
         path = self.config.registration_socket
         _remove_socket(path)  # only our own name: never another plugin's socket
         server = grpc.aio.server()
@@ -229,7 +231,8 @@ class PluginServer:
 
     async def _watch(self) -> None:
         """Exit when the kubelet keeps rejecting us; re-create a registration socket that vanished."""
-        assert self.registration is not None
+        if self.registration is None:
+            raise RuntimeError("the registration server was not built before it was watched")
         while True:
             await asyncio.sleep(1.0)
             status = self.registration.status

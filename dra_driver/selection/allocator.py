@@ -182,8 +182,7 @@ class _MatchAttribute(_Constraint):
         if self.count == 0:
             self.value, self.count = attr, 1
             return True
-        assert self.value is not None
-        if not _same_value(attr, self.value):
+        if self.value is None or not _same_value(attr, self.value):
             return False
         self.count += 1
         return True
@@ -342,7 +341,8 @@ class Allocator:
         )
         for source, selectors in groups:
             for index, selector in enumerate(selectors):
-                assert selector.cel is not None
+                if selector.cel is None:
+                    raise ValueError(f"{source}: selector {index} has no CEL expression")
                 expression = selector.cel.expression
                 key = (ref.id, expression)
                 outcome = self._outcomes.get(key)
@@ -496,7 +496,8 @@ class Allocator:
             return False
 
         if slot.mode == "All":
-            assert slot.all_devices is not None
+            if slot.all_devices is None:
+                raise RuntimeError("a request for all devices was planned without its device list")
             ref = slot.all_devices[device_index]
             undo = self._try_device(search, slot, ref, must=True)
             if undo is None:

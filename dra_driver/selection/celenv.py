@@ -458,8 +458,7 @@ def _rewrite_bind(tree: lark.Tree[Any], parser: CELParser) -> None:
             ):
                 continue
             args = child.children[2]
-            assert isinstance(args, lark.Tree)
-            if len(args.children) != 3:
+            if not isinstance(args, lark.Tree) or len(args.children) != 3:
                 raise CelCompileError("cel.bind needs three arguments: cel.bind(name, value, expression)")
             var, init, body = args.children
             template = parser.parse(_BIND_TEMPLATE)
@@ -492,7 +491,8 @@ class CompiledSelector:
             except lark.exceptions.LarkError as err:
                 raise CelCompileError(_one_line(str(err))) from err
             _rewrite_bind(tree, parser)
-            assert isinstance(tree, TranspilerTree)  # _parser() guarantees the node class
+            if not isinstance(tree, TranspilerTree):  # _parser() builds this node class
+                raise CelCompileError(f"the CEL parser built a {type(tree).__name__}, not a TranspilerTree")
             self._runner = self._build(tree)
 
     @staticmethod

@@ -252,7 +252,8 @@ class HostView:
 
     def _add_pci(self, e: HostEntry) -> None:
         bdf = e.address.bdf
-        assert bdf is not None
+        if bdf is None:
+            raise ValueError(f"PCIe function {e.target} on {e.host} has no bus/device/function address")
         sys_root = self.sys_root(e.host)
         stage = self._stage(e)
         dev = sys_root / "devices" / HOST_BRIDGE / bdf
@@ -274,7 +275,8 @@ class HostView:
 
     def _remove_pci(self, e: HostEntry) -> None:
         bdf = e.address.bdf
-        assert bdf is not None
+        if bdf is None:
+            raise ValueError(f"PCIe function {e.target} on {e.host} has no bus/device/function address")
         sys_root = self.sys_root(e.host)
         _unlink(sys_root / "bus" / "pci" / "devices" / bdf)  # first: the device is gone for scanners
         dev = sys_root / "devices" / HOST_BRIDGE / bdf
@@ -303,7 +305,8 @@ class HostView:
 
     def _add_cxl(self, e: HostEntry) -> None:
         memdev_n, region_n = e.address.memdev, e.address.region
-        assert memdev_n is not None and region_n is not None
+        if memdev_n is None or region_n is None:
+            raise ValueError(f"CXL memory {e.target} on {e.host} has no memdev/region number")
         sys_root = self.sys_root(e.host)
         memdev = f"mem{memdev_n}"
         mem = sys_root / "devices" / "cxl" / memdev
@@ -338,7 +341,8 @@ class HostView:
 
     def _remove_cxl(self, e: HostEntry) -> None:
         memdev_n, region_n = e.address.memdev, e.address.region
-        assert memdev_n is not None and region_n is not None
+        if memdev_n is None or region_n is None:
+            raise ValueError(f"CXL memory {e.target} on {e.host} has no memdev/region number")
         sys_root = self.sys_root(e.host)
         memdev = f"mem{memdev_n}"
         _unlink(sys_root / "bus" / "dax" / "devices" / f"dax{region_n}.0")

@@ -209,7 +209,8 @@ class PortNode(Node):
             up = True
             health = "OK"
         else:
-            assert self.host is not None
+            if self.host is None:
+                raise RedfishError.of(500, "InternalError")
             generation, width = 5, 16
             endpoint = uris.endpoint(fabric, self.host)
             up = self.ctx.engine.port_up(self.switch.id, self.host)
