@@ -5,6 +5,12 @@ Real services and DMTF's own mockups link to resources that do not exist (public
 links to Connection 14, which its Connections collection does not list; some links point nowhere).
 A reader that aborts on the first 404 cannot be trusted with a real fabric, so a missing resource
 reads as ``None`` and the caller decides what that means.
+
+A hostile or broken service must not keep a pass going for ever: ``Members@odata.nextLink`` is
+resolved on the service (:func:`fabric.redfish.links.resolve`, another origin fails the pass), a
+page seen before ends it as a cycle, and a collection of more than :data:`MAX_PAGES` pages or a
+pass of more than :data:`MAX_MEMBERS` members fails it, naming the collection — the cause
+``/readyz`` and the log then give.
 """
 
 from __future__ import annotations
@@ -15,11 +21,28 @@ from typing import Any, TypeVar, cast
 
 from fabric.backends.views import JSON, Collection, View, odata_id
 from fabric.redfish.client import RedfishClient
+from fabric.redfish.links import same_service
 from manager_api.errors import FabricError, FabricUnavailable, NotFoundError
 
-__all__ = ["Walk", "path_ids"]
+__all__ = ["MAX_MEMBERS", "MAX_PAGES", "MAX_PASS_BYTES", "Walk", "path_ids"]
 
 V = TypeVar("V", bound=View)
+
+#: pages one collection may have: services page by 50 to 1000 members, so even at 50 a page this
+#: is a collection of 12,800 — more endpoints, zones or connections than one fabric has
+MAX_PAGES = 256
+#: collection members one pass may list, all collections together
+MAX_MEMBERS = 100_000
+#: bytes of answers one pass may read: a pass keeps every resource it read until it ends, so the
+#: transport's bounds per answer and in flight alone would let 16 answers of 60 MB each be kept
+#: (a real fabric of thousands of resources reads a few MiB)
+MAX_PASS_BYTES = 64 << 20
+
+
+def _page_key(uri: str) -> str:
+    """A page as a cycle check compares it: its path without a trailing slash, and its query."""
+    path, _, query = uri.partition("?")
+    return f"{path.rstrip('/') or '/'}?{query}"
 
 
 def path_ids(uri: str, collection: str) -> str | None:
@@ -43,6 +66,10 @@ class Walk:
         self._views: dict[tuple[str, type[View]], View] = {}
         self._limit = asyncio.Semaphore(concurrency)
         self.gets = 0
+        #: collection members listed in this pass (bounded by :data:`MAX_MEMBERS`)
+        self.listed = 0
+        #: bytes of the answers read in this pass (bounded by :data:`MAX_PASS_BYTES`)
+        self.read_bytes = 0
 
     def seed(self, resource: Mapping[str, Any]) -> None:
         uri = odata_id(resource)
@@ -65,7 +92,7 @@ class Walk:
             async with self._limit:
                 self.gets += 1
                 try:
-                    body: JSON | None = await self.client.get_json(uri)
+                    body: JSON | None = await self._fetch(uri)
                 except NotFoundError:
                     body = None
         except BaseException as err:
@@ -78,6 +105,16 @@ class Walk:
             return body
         finally:
             del self._inflight[uri]
+
+    async def _fetch(self, uri: str) -> JSON:
+        response = await self.client.get(uri)
+        self.read_bytes += response.size
+        if self.read_bytes > MAX_PASS_BYTES:
+            raise FabricUnavailable(
+                f"the Redfish service's answers in one pass exceed {MAX_PASS_BYTES >> 20} MiB "
+                f"(the last: {uri}, {response.size} bytes); not read further"
+            )
+        return response.body
 
     async def read(self, uri: str | None, view: type[V]) -> V | None:
         """The resource at ``uri`` read as ``view`` (each resource is read once per view per pass)."""
@@ -113,12 +150,18 @@ class Walk:
         seen: set[str] = set()
         first = True
         while page_uri:
-            if page_uri in seen:
+            key = _page_key(page_uri)
+            if key in seen:
                 raise FabricUnavailable(
                     f"the Redfish collection {collection} pages in a circle (back to {page_uri}); "
                     "the service's Members@odata.nextLink is wrong"
                 )
-            seen.add(page_uri)
+            if len(seen) >= MAX_PAGES:
+                raise FabricUnavailable(
+                    f"the Redfish collection {collection} has more than {MAX_PAGES} pages "
+                    f"(Members@odata.nextLink goes on to {page_uri[:200]}); not read further"
+                )
+            seen.add(key)
             if first and self.expand:
                 page = await self._get_expanded(page_uri)
             else:
@@ -134,6 +177,12 @@ class Walk:
                     f"the Redfish collection {page_uri} has Members that is no list "
                     f"({type(members).__name__}); the service's answer cannot be read"
                 )
+            self.listed += len(members)
+            if self.listed > MAX_MEMBERS:
+                raise FabricUnavailable(
+                    f"the Redfish service lists more than {MAX_MEMBERS} collection members in one pass "
+                    f"(at {collection}, {len(seen)} pages); not read further"
+                )
             for member in members:
                 uri = odata_id(member)
                 if not uri:
@@ -141,8 +190,9 @@ class Walk:
                 if isinstance(member, Mapping) and len(member) > 1 and "Id" in member:
                     self.seed(member)
                 member_uris.append(uri)
-            next_link = listing.next_link
-            page_uri = next_link if next_link and next_link.startswith("/") else None
+            page_uri = same_service(
+                self.client.base_url, listing.next_link, link=f"Members@odata.nextLink of {collection}"
+            )
         return member_uris
 
     async def _get_expanded(self, uri: str) -> JSON | None:
@@ -152,7 +202,7 @@ class Walk:
         async with self._limit:
             self.gets += 1
             try:
-                body: JSON | None = await self.client.get_json(key)
+                body: JSON | None = await self._fetch(key)
             except NotFoundError:
                 body = None
             except FabricUnavailable:

@@ -108,8 +108,11 @@ class RedfishClient:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        """Delete our session on the service and release the thread pool."""
+        """Cut the reads still in flight, delete our session on the service and release the
+        thread pool. Bounded (a few seconds) whatever the service does: it runs on SIGTERM, and a
+        hung read would otherwise hold the process's exit (worker threads are joined at exit)."""
         if self.transport.closed:
             return
+        self.transport.abort()
         await self.sessions.logout()
         self.transport.close()

@@ -13,11 +13,12 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 import httpx
 
 from fabric.redfish.client import RedfishClient
+from fabric.redfish.links import ForeignLink, same_service
 from manager_api.errors import FabricError
 from plumbing.backoff import Backoff
 from plumbing.logs import get_logger
@@ -106,13 +107,15 @@ class EventStream:
     async def _stream_uri(self) -> str | None:
         root = await self.client.get_json("/redfish/v1/")
         link = root.get("EventService")
-        service_uri = link.get("@odata.id") if isinstance(link, dict) else None
-        if not isinstance(service_uri, str) or not service_uri.startswith("/"):
+        service_uri = self._same_service(
+            link.get("@odata.id") if isinstance(link, dict) else None, "EventService"
+        )
+        if service_uri is None:
             return None
         service = await self.client.get_json(service_uri)
         if service.get("ServiceEnabled") is False:
             return None
-        uri = self._same_service(service.get("ServerSentEventUri"))
+        uri = self._same_service(service.get("ServerSentEventUri"), "ServerSentEventUri")
         if uri is None:
             return None
         supported = service.get("SSEFilterPropertiesSupported") or {}
@@ -123,20 +126,15 @@ class EventStream:
             return f"{uri}?$filter={quote(terms)}"
         return uri
 
-    def _same_service(self, uri: object) -> str | None:
-        """The stream's path on this service; None for anything else — the request carries the
-        session token, which must not go to another host."""
-        if not isinstance(uri, str) or not uri or any(not c.isprintable() or c.isspace() for c in uri):
+    def _same_service(self, uri: object, link: str) -> str | None:
+        """The path of ``uri`` on this service (:func:`fabric.redfish.links.resolve`); None for
+        anything else — the request carries the session token, which must not go to another host."""
+        try:
+            return same_service(self.client.base_url, uri, link=link)
+        except ForeignLink as err:
+            if self.supported is not False:
+                log.warning("not following the event stream", error=err.message)
             return None
-        parts = urlsplit(uri)
-        if parts.scheme or parts.netloc:
-            base = urlsplit(self.client.base_url)
-            if (parts.scheme, parts.netloc) != (base.scheme, base.netloc):
-                if self.supported is not False:
-                    log.warning("the event stream is on another host; not following it", uri=uri[:200])
-                return None
-        path = parts.path + (f"?{parts.query}" if parts.query else "")
-        return path if path.startswith("/") else None
 
     async def run(self) -> None:
         backoff = Backoff(self.backoff_initial, self.backoff_max)

@@ -16,17 +16,20 @@ import asyncio
 import base64
 import contextlib
 import threading
-from urllib.parse import urlsplit
 
 from fabric.redfish.error_mapping import error_for_response
+from fabric.redfish.links import same_service
 from fabric.redfish.settings import RedfishSettings
 from fabric.redfish.transport import SERVICE_ROOT, RedfishResponse, Transport, TransportError
-from manager_api.errors import FabricUnavailable
+from manager_api.errors import FabricError, FabricUnavailable
 from plumbing.logs import get_logger
 
 __all__ = ["Sessions"]
 
 log = get_logger(__name__)
+
+#: (connect, read) seconds for a session's DELETE: a logout must not hold a shutdown
+_LOGOUT_TIMEOUT = (2.0, 2.0)
 
 
 class Sessions:
@@ -40,6 +43,8 @@ class Sessions:
         self._generation = 0
         self._mode = settings.auth if settings.username else "none"
         self._session_uri: str | None = None
+        #: logged out for good: a request still in flight must not open a new session
+        self._closed = False
 
     @property
     def base_url(self) -> str:
@@ -49,6 +54,8 @@ class Sessions:
 
     def ensure(self) -> int:
         with self._lock:
+            if self._closed:
+                raise FabricUnavailable("the Redfish client is closed")
             if self._generation == 0:
                 self._login_locked()
             return self._generation
@@ -61,6 +68,8 @@ class Sessions:
 
     def _relogin(self, failed_generation: int) -> None:
         with self._lock:
+            if self._closed:
+                raise FabricUnavailable("the Redfish client is closed")
             if failed_generation == self._generation:  # nobody logged in again meanwhile
                 log.info("Redfish session rejected, logging in again", url=self.base_url)
                 self._login_locked()
@@ -78,11 +87,17 @@ class Sessions:
             )
             token = answer.headers.get("x-auth-token")
             if answer.status in (200, 201) and token:
+                replaced = self._session_uri
+                location = answer.location or answer.body.get("@odata.id")
+                session_uri = same_service(self.base_url, location, link="Location of the new session")
                 self.transport.use_credentials(session_key=token)
-                location = answer.headers.get("location") or answer.body.get("@odata.id")
-                self._session_uri = urlsplit(str(location)).path if isinstance(location, str) else None
+                self._session_uri = session_uri
                 self._generation += 1
                 log.info("Redfish session created", url=self.base_url)
+                if replaced and replaced != self._session_uri:
+                    # A BMC has few session slots: the one this login replaces must not wait for
+                    # its timeout (it may be alive still, only refused once).
+                    self._delete(replaced)
                 return
             if answer.status in (404, 405, 501):
                 log.warning(
@@ -115,9 +130,23 @@ class Sessions:
         root = answer.body if answer.status == 200 else {}
         links = root.get("Links") if isinstance(root.get("Links"), dict) else {}
         sessions = (links or {}).get("Sessions")
-        if isinstance(sessions, dict) and sessions.get("@odata.id"):
-            return str(sessions["@odata.id"])
+        if isinstance(sessions, dict):
+            # The credentials go there: a link to another origin fails the login (ForeignLink).
+            uri = same_service(self.base_url, sessions.get("@odata.id"), link="Links.Sessions")
+            if uri is not None:
+                return uri
         return "/redfish/v1/SessionService/Sessions"  # fixed by DSP0266 1.6 when Links is missing
+
+    def _delete(self, session_uri: str) -> None:
+        """Delete a session of ours with the credentials in use; best effort, bounded, never a
+        new login (a 401 here must not open yet another session)."""
+        try:
+            answer = self.transport.send("DELETE", session_uri, timeout=_LOGOUT_TIMEOUT)
+        except (TransportError, FabricError) as err:
+            log.info("could not delete a Redfish session", error=str(err)[:200])
+            return
+        if answer.status >= 300 and answer.status != 404:
+            log.info("Redfish session not deleted", status=answer.status)
 
     # -- for requests made outside the transport (the SSE stream) --------------------------------
 
@@ -131,12 +160,14 @@ class Sessions:
         self._relogin(self._generation)
 
     async def logout(self) -> None:
-        """Delete our session on the service; best effort, bounded."""
-        if self._session_uri and self._mode == "session":
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(
-                    self.transport.in_thread(
-                        self.transport.exchange, "DELETE", self._session_uri, None, None, (2.0, 2.0)
-                    ),
-                    5.0,
-                )
+        """Delete our session on the service, for good (requests still in flight get no new
+        one); best effort, bounded."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.transport.in_thread(self._logout), 5.0)
+
+    def _logout(self) -> None:
+        with self._lock:  # after a login in progress, before any other
+            self._closed = True
+            session_uri, self._session_uri = self._session_uri, None
+            if session_uri and self._mode == "session":
+                self._delete(session_uri)

@@ -28,6 +28,12 @@ class RedfishSettings(BaseModel):
     backoff_max: float = Field(default=5.0, gt=0)
     max_workers: int = Field(default=32, ge=1, description="concurrent Redfish requests")
     max_response_bytes: int = Field(default=64 << 20, ge=1024, description="largest answer accepted")
+    max_inflight_bytes: int = Field(
+        default=64 << 20,
+        ge=1024,
+        description="bytes of answers read at once, all concurrent reads together (at least "
+        "max_response_bytes)",
+    )
     response_deadline: float | None = Field(
         default=None,
         gt=0,

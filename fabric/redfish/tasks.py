@@ -32,6 +32,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 
 from fabric.redfish.error_mapping import OutcomeUnknown, error_for_response, error_for_task
+from fabric.redfish.links import ForeignLink, same_service
 from fabric.redfish.transport import RETRY_STATUSES, RedfishResponse, Transport, TransportError
 from manager_api.errors import AttachTimeout, FabricError, FabricUnavailable
 from plumbing.backoff import Backoff
@@ -164,10 +165,7 @@ class TaskMonitor:
         """
         if response.status != 202:
             return response
-        monitor = response.location or response.body.get("TaskMonitor") or response.body.get("@odata.id")
-        if not monitor:
-            raise OutcomeUnknown(f"Redfish {action}: 202 Accepted without a task monitor")
-        monitor = str(monitor)
+        monitor = self._monitor_of(response, action)
         # The service's task events wake the wait below (TaskWatch); polls stay the fallback.
         since = time.monotonic()
         watched = [monitor]
@@ -190,6 +188,22 @@ class TaskMonitor:
             )
         finally:
             self.watch.unfollow(watched)
+
+    def _monitor_of(self, response: RedfishResponse, action: str) -> str:
+        """The task monitor of a 202, resolved on this service. One on another origin fails the
+        operation naming the link; the service may have acted, so the outcome is unknown."""
+        for link, value in (
+            ("Location", response.location),
+            ("TaskMonitor", response.body.get("TaskMonitor")),
+            ("@odata.id", response.body.get("@odata.id")),
+        ):
+            try:
+                monitor = same_service(self.transport.base_url, value, link=f"{link} of a 202")
+            except ForeignLink as err:
+                raise OutcomeUnknown(f"Redfish {action}: {err.message}") from None
+            if monitor is not None:
+                return monitor
+        raise OutcomeUnknown(f"Redfish {action}: 202 Accepted without a task monitor")
 
     async def _poll(
         self,
