@@ -118,6 +118,7 @@ class Attack:
 
     def check_invariants(self) -> None:
         peak = self.sample()
+        assert self.peak, "the manager's memory was never measured"
         print(f"manager peak resident memory: {peak} MiB")  # the number docs/reliability.md gives
         assert peak < MEMORY_LIMIT_MIB, f"manager peaked at {peak} MiB"
         secrets = [self.emulator.password, "X-Auth-Token", "Authorization"]
@@ -240,6 +241,7 @@ def test_expired_sessions_are_deleted_and_the_last_one_on_shutdown(tmp_path: Pat
         while time.monotonic() < deadline and len(_logins(run.hostile)) < 4:
             time.sleep(0.2)
         run.hostile.mode("passthrough")
+        run.sample()
         assert run.manager.stop(timeout=20) == 0
         logins = _logins(run.hostile)
         assert len(logins) >= 4
@@ -265,6 +267,7 @@ def test_sigterm_cancels_a_hung_redfish_read(tmp_path: Path) -> None:
     with attack(tmp_path, "passthrough", ready=True) as run:
         run.hostile.mode("hang")
         time.sleep(3)  # the next poll (every second) is now stuck in a read
+        run.sample()
         started = time.monotonic()
         code = run.manager.stop(timeout=30)
         took = time.monotonic() - started
