@@ -101,6 +101,7 @@ class Attachments:
                 entry = self.ledger.get(name)
                 if entry is None:
                     self._check_free(record)
+                    self.ledger.admit(node, name)
                     await self.driver.start_attach(record, host, node, claim)
                     break
                 if entry.claim_uid != claim or entry.node != node:

@@ -30,9 +30,11 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from fabric.backends.discovery import BindingPlan
+from fabric.ledger import DEFAULT_MAX_ENTRIES_PER_NODE
 from fabric.operations import OperationSettings
 from fabric.redfish.client import RedfishSettings
 from manager_api.devices import BindingStyle, spoken_list
+from plumbing.names import DNS1123_SUBDOMAIN_MAX_LENGTH, DNS1123_SUBDOMAIN_PATTERN
 
 __all__ = [
     "ENV_PASSWORD",
@@ -261,7 +263,16 @@ class ManagerSettings(BaseModel):
         default="file", description="where the ledger lives"
     )
     ledger_name: Annotated[str, Flag(STATE)] = Field(
-        default="fabric-dra-manager-ledger", description="ConfigMap name of the ledger"
+        default="fabric-dra-manager-ledger",
+        pattern=DNS1123_SUBDOMAIN_PATTERN,
+        max_length=DNS1123_SUBDOMAIN_MAX_LENGTH,
+        description="name of the ledger: its entries are the ConfigMaps <name>-<device> (a ConfigMap "
+        "of this name is an earlier release's ledger, migrated at start)",
+    )
+    max_bindings_per_node: Annotated[int, Flag(STATE)] = Field(
+        default=DEFAULT_MAX_ENTRIES_PER_NODE,
+        ge=1,
+        description="devices one node may hold (bound or in flight); its further attaches are refused",
     )
     kubeconfig: Annotated[str | None, Flag(STATE)] = Field(
         default=None, description="kubeconfig of the cluster (default: in-cluster when run in a pod)"

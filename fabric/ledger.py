@@ -11,29 +11,44 @@ anyone waiting for it (:meth:`Ledger.commit_soon`): its intent is durable alread
 that finds ``attaching`` or ``detaching`` finishes the record from the fabric's state.
 
 Two stores: a JSON file in ``--state-dir`` (written with :func:`plumbing.fsutil.atomic_write`:
-temp file, fsync, rename) and, in a cluster, a ConfigMap replaced with its ``resourceVersion`` so a
-deposed leader's stale write fails instead of overwriting the new leader's. Writes are group-committed:
-concurrent operations that change the ledger at the same time share one write.
+temp file, fsync, rename) and, in a cluster, :data:`LEDGER_SHARDS` ConfigMaps
+(:class:`ConfigMapLedgerStore`), each replaced with its ``resourceVersion`` so a deposed leader's
+stale write fails instead of overwriting the new leader's. Shards, not one object: a real API server
+refuses ConfigMap data over 1 MiB (about 3,000 entries), and a write must not cost more with every
+binding. Writes are group-committed: operations that change the ledger at the same time share one
+write (of the shards whose entries they changed).
+
+Each node may hold at most :attr:`Ledger.max_entries_per_node` entries (:meth:`Ledger.admit`), so no
+node's token can take the ledger, or the pool, for itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import zlib
 from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from manager_api.errors import FabricUnavailable, NotLeader
+from manager_api.errors import FabricUnavailable, NodeBindingLimit, NotLeader
 from plumbing.fsutil import atomic_write
 from plumbing.kube.client import AlreadyExists, ApiError, Conflict, KubeClient, NotFound
 from plumbing.kube.resources import CONFIGMAPS
 from plumbing.logs import get_logger
+from plumbing.names import is_label_value
 
 __all__ = [
+    "DEFAULT_MAX_ENTRIES_PER_NODE",
+    "LEDGER_LABEL",
+    "LEDGER_SHARDS",
+    "MIGRATED_ANNOTATION",
     "ConfigMapLedgerStore",
     "FileLedgerStore",
     "Ledger",
@@ -42,10 +57,40 @@ __all__ = [
     "LedgerError",
     "LedgerState",
     "LedgerStore",
+    "shard_names",
+    "shard_of",
 ]
 
 log = get_logger(__name__)
+#: the key of the ledger document in each ConfigMap (a shard, or the single one of earlier releases)
 _DATA_KEY = "ledger.json"
+#: labels the shards of one ledger (its value: the ledger's name)
+LEDGER_LABEL = "fabric-dra.io/ledger"
+#: on the emptied single ConfigMap of earlier releases: where its entries went
+MIGRATED_ANNOTATION = "fabric-dra.io/migrated-to"
+#: the number of ConfigMaps the ledger is spread over. A ConfigMap holds 1 MiB of data
+#: (``ValidateConfigMap``, k8s.io/kubernetes pkg/apis/core/validation) and an entry takes about
+#: 330 bytes, so 64 shards hold about 200,000 entries; 100,000 devices fill each to half of that
+#: on average. Fixed: a device's shard must not move between releases.
+LEDGER_SHARDS = 64
+#: shard reads and writes in flight at once: a load reads all 64, and the client's connections
+#: are shared with the Lease's renewal, which must not queue behind them
+_SHARD_REQUESTS = 8
+#: refuse to write a shard above this (the server's limit is 1,048,576 bytes of data)
+_SHARD_DATA_LIMIT = 1024 * 1024
+#: far above what one node is ever given (a node of 8 GPUs and a few CXL memory devices cut into
+#: chunks holds tens), far below what would let one node take a pool of thousands of devices
+DEFAULT_MAX_ENTRIES_PER_NODE = 512
+
+
+#: the longest error message an entry keeps: the fabric writes it, and it must not fill a shard
+ERROR_MAX_LENGTH = 1024
+
+
+def _cap_error(message: str | None) -> str | None:
+    if message is None or len(message) <= ERROR_MAX_LENGTH:
+        return message
+    return message[: ERROR_MAX_LENGTH - 1] + "…"
 
 
 class LedgerState(StrEnum):
@@ -55,7 +100,8 @@ class LedgerState(StrEnum):
 
 
 class LedgerEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # validate_assignment: an error set on a live entry is capped too
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     device: str
     device_key: str = Field(description="Redfish URI of the device when the entry was made")
@@ -68,7 +114,7 @@ class LedgerEntry(BaseModel):
     rollback: bool = False
     #: a Redfish task monitor whose outcome is still unknown
     task_monitor: str | None = None
-    error: str | None = None
+    error: Annotated[str | None, AfterValidator(_cap_error)] = None
     updated_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 
 
@@ -86,11 +132,15 @@ class LedgerError(FabricUnavailable):
 
 class LedgerStore(ABC):
     @abstractmethod
-    async def load(self) -> LedgerDocument: ...
+    async def load(self) -> dict[str, LedgerEntry]:
+        """Every entry, by device."""
 
     @abstractmethod
-    async def save(self, document: LedgerDocument) -> None:
-        """Write ``document``; it is encoded before the first ``await`` (its entries are live)."""
+    async def save(self, entries: Mapping[str, LedgerEntry], changed: Collection[str]) -> None:
+        """Make durable what each device in ``changed`` now is in ``entries`` (absent: removed).
+
+        ``entries`` is the whole live ledger (a store of one document writes all of it); the
+        store encodes what it writes before its first ``await``, as the entries keep changing."""
 
     @abstractmethod
     def describe(self) -> str: ...
@@ -103,19 +153,19 @@ class FileLedgerStore(LedgerStore):
     def describe(self) -> str:
         return str(self.path)
 
-    async def load(self) -> LedgerDocument:
+    async def load(self) -> dict[str, LedgerEntry]:
         def read() -> LedgerDocument:
             if not self.path.exists():
                 return LedgerDocument()
             return LedgerDocument.model_validate_json(self.path.read_bytes())
 
         try:
-            return await asyncio.to_thread(read)
+            return dict((await asyncio.to_thread(read)).entries)
         except (OSError, ValidationError, ValueError) as err:
             raise LedgerError(f"cannot read the ledger {self.path}: {_first_line(err)}") from None
 
-    async def save(self, document: LedgerDocument) -> None:
-        payload = document.model_dump_json(indent=1)
+    async def save(self, entries: Mapping[str, LedgerEntry], changed: Collection[str]) -> None:
+        payload = LedgerDocument.model_construct(entries=dict(entries)).model_dump_json(indent=1)
         try:
             await asyncio.to_thread(atomic_write, self.path, payload, mode=0o600)
         except OSError as err:
@@ -123,92 +173,230 @@ class FileLedgerStore(LedgerStore):
 
 
 class ConfigMapLedgerStore(LedgerStore):
-    """One ConfigMap, replaced as a compare-and-swap on its ``resourceVersion``."""
+    """The ledger in :data:`LEDGER_SHARDS` ConfigMaps ``<name>-00`` … ``<name>-63``, a device's
+    entry in the shard :func:`shard_of` names; each shard written as a compare-and-swap on its
+    ``resourceVersion``, and only the shards whose entries changed.
+
+    Fixed names, so that RBAC can name every object the manager changes (deploy/base/manager-rbac.yaml
+    lists them); a fixed number, so that a device's shard never moves. The ConfigMap ``<name>``
+    itself is the ledger of earlier releases (every entry in one object): :meth:`load` moves its
+    entries into the shards and empties it (:meth:`_migrate`).
+    """
 
     def __init__(self, client: KubeClient, *, name: str, namespace: str) -> None:
         self.client = client
         self.name = name
         self.namespace = namespace
-        self._resource_version: str | None = None
+        self._versions: dict[int, str] = {}
+        #: the devices of each shard (a write encodes its shard's entries, found here)
+        self._members: list[set[str]] = [set() for _ in range(LEDGER_SHARDS)]
+        self._requests = asyncio.Semaphore(_SHARD_REQUESTS)
 
     def describe(self) -> str:
-        return f"configmap {self.namespace}/{self.name}"
+        return f"configmaps {self.namespace}/{self.shard_name(0)}..{LEDGER_SHARDS - 1:02d}"
 
-    async def load(self) -> LedgerDocument:
+    def shard_name(self, shard: int) -> str:
+        return shard_names(self.name)[shard]
+
+    async def load(self) -> dict[str, LedgerEntry]:
+        shards = await asyncio.gather(*(self._read_shard(i) for i in range(LEDGER_SHARDS)))
+        entries: dict[str, LedgerEntry] = {}
+        for shard, found in enumerate(shards):
+            self._members[shard] = set(found)
+            entries.update(found)
+        await self._migrate(entries)
+        return entries
+
+    async def _read_shard(self, shard: int) -> dict[str, LedgerEntry]:
+        name = self.shard_name(shard)
         try:
-            obj = await self.client.get(CONFIGMAPS, self.name, self.namespace)
+            async with self._requests:
+                obj = await self.client.get(CONFIGMAPS, name, self.namespace)
         except NotFound:
-            self._resource_version = None
-            return LedgerDocument()
+            self._versions.pop(shard, None)
+            return {}
         except ApiError as err:
-            raise LedgerError(f"cannot read the ledger {self.describe()}: {err}") from None
-        self._resource_version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
-        raw = (obj.get("data") or {}).get(_DATA_KEY)
-        if not raw:
-            return LedgerDocument()
-        try:
-            return LedgerDocument.model_validate_json(raw)
-        except (ValidationError, ValueError) as err:
-            raise LedgerError(f"the ledger {self.describe()} is corrupt: {_first_line(err)}") from None
+            raise LedgerError(f"cannot read the ledger configmap {self.namespace}/{name}: {err}") from None
+        self._versions[shard] = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        document = self._parse(obj, name)
+        misplaced = sorted(d for d in document.entries if shard_of(d) != shard)
+        if misplaced:
+            raise LedgerError(
+                f"the ledger configmap {self.namespace}/{name} holds entries of another shard: "
+                f"{', '.join(misplaced[:5])}"
+            )
+        return dict(document.entries)
 
-    async def save(self, document: LedgerDocument) -> None:
-        data = {_DATA_KEY: document.model_dump_json(indent=1)}
-        metadata: dict[str, object] = {
-            "name": self.name,
-            "namespace": self.namespace,
-            "labels": {"app.kubernetes.io/name": "fabric-dra", "app.kubernetes.io/component": "manager"},
+    def _parse(self, obj: Mapping[str, Any], name: str) -> LedgerDocument:
+        raw = (obj.get("data") or {}).get(_DATA_KEY)
+        try:
+            return LedgerDocument.model_validate_json(raw) if raw else LedgerDocument()
+        except (ValidationError, ValueError) as err:
+            raise LedgerError(
+                f"the ledger configmap {self.namespace}/{name} is corrupt: {_first_line(err)}"
+            ) from None
+
+    async def _migrate(self, entries: dict[str, LedgerEntry]) -> None:
+        """Move the entries of an earlier release's single ConfigMap into the shards.
+
+        Crash-safe: the old object is emptied only after every entry it holds is in its shard,
+        and only if it is unchanged since it was read, so a crash or a race at any point leaves
+        every entry readable in one place or the other, and the next load finishes the move. An
+        entry already in a shard stays as it is: shards are only written by this release. The
+        old object is emptied, not deleted, so the manager needs no right to delete ConfigMaps."""
+        try:
+            old = await self.client.get(CONFIGMAPS, self.name, self.namespace)
+        except NotFound:
+            return
+        except ApiError as err:
+            raise LedgerError(
+                f"cannot read the ledger configmap {self.namespace}/{self.name}: {err}"
+            ) from None
+        legacy = self._parse(old, self.name).entries
+        if not legacy:
+            return
+        moved = {device: entry for device, entry in legacy.items() if device not in entries}
+        entries.update(moved)
+        await self.save(entries, list(moved))
+        metadata = dict(old.get("metadata") or {})
+        annotations = {**(metadata.get("annotations") or {}), MIGRATED_ANNOTATION: self.describe()}
+        emptied = {
+            "metadata": {**metadata, "annotations": annotations},
+            "data": {_DATA_KEY: LedgerDocument().model_dump_json(indent=1)},
         }
+        try:
+            await self.client.replace(CONFIGMAPS, emptied)
+        except (Conflict, NotFound):
+            raise LedgerError(
+                f"the ledger configmap {self.namespace}/{self.name} changed while it was migrated; "
+                "migrating again"
+            ) from None
+        except ApiError as err:
+            raise LedgerError(
+                f"cannot empty the migrated ledger configmap {self.namespace}/{self.name}: {err}"
+            ) from None
+        log.info(
+            "ledger migrated to its shards",
+            ledger=self.describe(),
+            entries=len(legacy),
+            moved=len(moved),
+        )
+
+    async def save(self, entries: Mapping[str, LedgerEntry], changed: Collection[str]) -> None:
+        touched: set[int] = set()
+        for device in changed:
+            shard = shard_of(device)
+            touched.add(shard)
+            if device in entries:
+                self._members[shard].add(device)
+            else:
+                self._members[shard].discard(device)
+        # Encoded here, before the first await: the entries keep changing.
+        bodies = [(shard, self._body(shard, entries)) for shard in sorted(touched)]
+        results = await asyncio.gather(*(self._write(s, body) for s, body in bodies), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    def _body(self, shard: int, entries: Mapping[str, LedgerEntry]) -> dict[str, Any]:
+        members = {device: entries[device] for device in sorted(self._members[shard])}
+        payload = LedgerDocument.model_construct(entries=members).model_dump_json()
+        if len(payload) > _SHARD_DATA_LIMIT:
+            # Refused here with a message an operator can act on, rather than by the server.
+            raise LedgerError(
+                f"the ledger configmap {self.namespace}/{self.shard_name(shard)} would hold "
+                f"{len(members)} entries ({len(payload)} bytes), beyond a ConfigMap's 1 MiB"
+            )
+        labels = {"app.kubernetes.io/name": "fabric-dra", "app.kubernetes.io/component": "manager"}
+        if is_label_value(self.name):  # (a name of more than 63 characters is no label value)
+            labels[LEDGER_LABEL] = self.name
+        return {
+            "metadata": {"name": self.shard_name(shard), "namespace": self.namespace, "labels": labels},
+            "data": {_DATA_KEY: payload},
+        }
+
+    async def _write(self, shard: int, body: dict[str, Any]) -> None:
+        async with self._requests:
+            await self._write_shard(shard, body)
+
+    async def _write_shard(self, shard: int, body: dict[str, Any]) -> None:
+        name = self.shard_name(shard)
         for attempt in (1, 2):
+            version = self._versions.get(shard)
             try:
-                if self._resource_version is None:
-                    saved = await self.client.create(
-                        CONFIGMAPS, {"metadata": metadata, "data": data}, self.namespace
-                    )
+                if version is None:
+                    saved = await self.client.create(CONFIGMAPS, body, self.namespace)
                 else:
-                    metadata["resourceVersion"] = self._resource_version
-                    saved = await self.client.replace(CONFIGMAPS, {"metadata": metadata, "data": data})
+                    metadata = {**body["metadata"], "resourceVersion": version}
+                    saved = await self.client.replace(CONFIGMAPS, {**body, "metadata": metadata})
+                self._versions[shard] = str((saved.get("metadata") or {}).get("resourceVersion") or "")
+                return
+            except NotFound:
+                self._versions.pop(shard, None)  # deleted behind our back: created afresh
             except (Conflict, AlreadyExists):
                 # Written by someone else since we read it: a deposed leader's last write landing
                 # after we took over. This replica's view wins (the fabric decides what is bound);
                 # a second conflict means another replica is writing now, so step back.
                 if attempt == 2:
-                    raise NotLeader(
-                        f"the ledger {self.describe()} is being changed by another manager replica",
-                        retry_after=2.0,
-                    ) from None
-                log.warning("ledger changed by another replica; overwriting it", ledger=self.describe())
-                await self._refresh_version()
-                continue
+                    break
+                log.warning("ledger shard changed by another replica; overwriting it", ledger=name)
+                await self._refresh_version(shard)
             except ApiError as err:
-                raise LedgerError(f"cannot write the ledger {self.describe()}: {err}") from None
-            self._resource_version = str((saved.get("metadata") or {}).get("resourceVersion") or "")
-            return
+                raise LedgerError(
+                    f"cannot write the ledger configmap {self.namespace}/{name}: {err}"
+                ) from None
+        raise NotLeader(
+            f"the ledger configmap {self.namespace}/{name} is being changed by another manager replica",
+            retry_after=2.0,
+        )
 
-    async def _refresh_version(self) -> None:
+    async def _refresh_version(self, shard: int) -> None:
+        name = self.shard_name(shard)
         try:
-            current = await self.client.get(CONFIGMAPS, self.name, self.namespace)
+            current = await self.client.get(CONFIGMAPS, name, self.namespace)
         except NotFound:
-            self._resource_version = None
+            self._versions.pop(shard, None)
             return
         except ApiError as err:
-            raise LedgerError(f"cannot read the ledger {self.describe()}: {err}") from None
-        self._resource_version = str((current.get("metadata") or {}).get("resourceVersion") or "")
+            raise LedgerError(f"cannot read the ledger configmap {self.namespace}/{name}: {err}") from None
+        self._versions[shard] = str((current.get("metadata") or {}).get("resourceVersion") or "")
+
+
+def shard_of(device: str) -> int:
+    """The shard of a device's entry: CRC-32 of its name (stable across processes and releases,
+    unlike ``hash()``), modulo :data:`LEDGER_SHARDS`."""
+    return zlib.crc32(device.encode()) % LEDGER_SHARDS
+
+
+@functools.cache
+def shard_names(name: str) -> tuple[str, ...]:
+    """The ConfigMap names of the shards of the ledger ``name``."""
+    return tuple(f"{name}-{shard:02d}" for shard in range(LEDGER_SHARDS))
 
 
 class Ledger:
-    """The in-memory ledger of this replica, saved through a :class:`LedgerStore`."""
+    """The in-memory ledger of this replica, saved through a :class:`LedgerStore`.
 
-    def __init__(self, store: LedgerStore) -> None:
+    ``max_entries_per_node`` bounds what one node may hold (:meth:`admit`): entries are small
+    (names and UIDs are validated at the API), so this bounds each node's share of the ledger."""
+
+    def __init__(
+        self, store: LedgerStore, *, max_entries_per_node: int = DEFAULT_MAX_ENTRIES_PER_NODE
+    ) -> None:
         self.store = store
+        self.max_entries_per_node = max_entries_per_node
         self._entries: dict[str, LedgerEntry] = {}
+        self._per_node: Counter[str] = Counter()
+        self._dirty: set[str] = set()
         self._changes = 0
         self._saved = 0
         self._write_lock = asyncio.Lock()
         self._background: asyncio.Task[None] | None = None
 
     async def load(self) -> None:
-        document = await self.store.load()
-        self._entries = dict(document.entries)
+        self._entries = await self.store.load()
+        self._per_node = Counter(entry.node for entry in self._entries.values())
+        self._dirty = set()
         self._changes = self._saved = 0
         log.info("ledger loaded", ledger=self.store.describe(), entries=len(self._entries))
 
@@ -218,14 +406,44 @@ class Ledger:
     def entries(self) -> list[LedgerEntry]:
         return list(self._entries.values())
 
+    def entries_of(self, node: str) -> int:
+        return self._per_node[node]
+
+    def admit(self, node: str, device: str) -> None:
+        """Refuse a new entry for ``node`` once it holds :attr:`max_entries_per_node` (only that
+        node is refused; the others keep attaching)."""
+        held = self._per_node[node]
+        if held >= self.max_entries_per_node:
+            raise NodeBindingLimit(
+                f"node {node} holds {held} devices (bound or in flight), the most one node may hold "
+                f"(--max-bindings-per-node); detach one before attaching {device}",
+                device=device,
+                node=node,
+            )
+
     def put(self, entry: LedgerEntry) -> None:
         entry.updated_at = datetime.now(UTC)
+        self._forget(self._entries.get(entry.device))
         self._entries[entry.device] = entry
-        self._changes += 1
+        self._per_node[entry.node] += 1
+        self._changed(entry.device)
 
     def remove(self, device: str) -> None:
-        if self._entries.pop(device, None) is not None:
-            self._changes += 1
+        entry = self._entries.pop(device, None)
+        if entry is not None:
+            self._forget(entry)
+            self._changed(device)
+
+    def _forget(self, entry: LedgerEntry | None) -> None:
+        if entry is None:
+            return
+        self._per_node[entry.node] -= 1
+        if self._per_node[entry.node] <= 0:
+            del self._per_node[entry.node]
+
+    def _changed(self, device: str) -> None:
+        self._dirty.add(device)
+        self._changes += 1
 
     async def commit(self) -> None:
         """Return once every change made so far is durable (one write may cover many callers)."""
@@ -234,11 +452,15 @@ class Ledger:
             if self._saved >= wanted:
                 return
             covered = self._changes
-            # No deep copy of every entry: both stores encode the document before their first
-            # await, so no change can slip in half-way (and a later change in the same write
-            # would only be saved early).
-            document = LedgerDocument.model_construct(entries=dict(self._entries))
-            await self.store.save(document)
+            changed, self._dirty = self._dirty, set()
+            try:
+                # No copy of the entries: every store encodes what it writes before its first
+                # await, so no change can slip in half-way (a later change to an entry in this
+                # write would only be saved early; it stays dirty for the next write too).
+                await self.store.save(self._entries, changed)
+            except BaseException:
+                self._dirty |= changed  # the next write carries them
+                raise
             self._saved = covered
 
     def commit_soon(self) -> None:

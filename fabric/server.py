@@ -45,6 +45,8 @@ from plumbing.names import (
     DNS1123_LABEL_PATTERN,
     DNS1123_SUBDOMAIN_MAX_LENGTH,
     DNS1123_SUBDOMAIN_PATTERN,
+    UID_MAX_LENGTH,
+    UID_PATTERN,
 )
 
 __all__ = ["AppContext", "build_app"]
@@ -240,7 +242,7 @@ def build_app(ctx: AppContext) -> FastAPI:
     async def detach(
         caller: Caller,
         device: DeviceName,
-        claim_uid: Annotated[str, Query(alias="claimUid", min_length=1)],
+        claim_uid: Annotated[str, Query(alias="claimUid", pattern=UID_PATTERN, max_length=UID_MAX_LENGTH)],
         node: NodeQuery,
         wait: Wait = 0.0,
     ) -> JSONResponse:

@@ -133,7 +133,7 @@ class ManagerService:
                 raise ValueError("--ledger file needs --state-dir")
             s.state_dir.mkdir(parents=True, exist_ok=True)
             store = FileLedgerStore(s.state_dir)
-        ledger = Ledger(store)
+        ledger = Ledger(store, max_entries_per_node=s.max_bindings_per_node)
         driver = OperationDriver(
             inventory,
             ledger,

@@ -35,6 +35,7 @@ __all__ = [
     "FabricError",
     "FabricUnavailable",
     "InvalidRequest",
+    "NodeBindingLimit",
     "NodeNotFound",
     "NotFoundError",
     "NotLeader",
@@ -94,6 +95,13 @@ class DeviceBusy(FabricError):
     code = "DeviceBusy"
     http_status = 409
     retriable = True
+
+
+class NodeBindingLimit(FabricError):
+    """The node holds as many devices as one node may (``--max-bindings-per-node``)."""
+
+    code = "NodeBindingLimit"
+    http_status = 409
 
 
 class DeviceUnhealthy(FabricError):

@@ -47,6 +47,14 @@ from manager_api.devices import (
     Health,
     spoken_list,
 )
+from plumbing.names import (
+    DNS1123_LABEL_MAX_LENGTH,
+    DNS1123_LABEL_PATTERN,
+    DNS1123_SUBDOMAIN_MAX_LENGTH,
+    DNS1123_SUBDOMAIN_PATTERN,
+    UID_MAX_LENGTH,
+    UID_PATTERN,
+)
 
 __all__ = [
     "API_PREFIX",
@@ -56,7 +64,9 @@ __all__ = [
     "AttachmentState",
     "BindingState",
     "BindingStyle",
+    "ClaimUid",
     "Device",
+    "DeviceName",
     "DeviceType",
     "ErrorBody",
     "FabricNode",
@@ -64,6 +74,7 @@ __all__ = [
     "Health",
     "Inventory",
     "NodeClaims",
+    "NodeName",
     "Operation",
     "OperationKind",
     "OperationState",
@@ -165,10 +176,21 @@ class Inventory(_Model):
     nodes: list[FabricNode]
 
 
+#: A claim's ``metadata.uid``: a Kubernetes UID (UUID form, 36 characters), so that no caller can
+#: make a ledger entry, a log line or a URL of any size it likes.
+ClaimUid = Annotated[
+    str, Field(pattern=UID_PATTERN, max_length=UID_MAX_LENGTH, description="the ResourceClaim's metadata.uid")
+]
+#: A device's name: a DNS label, as a DRA device name is.
+DeviceName = Annotated[str, Field(pattern=DNS1123_LABEL_PATTERN, max_length=DNS1123_LABEL_MAX_LENGTH)]
+#: A Kubernetes node's name: a DNS subdomain.
+NodeName = Annotated[str, Field(pattern=DNS1123_SUBDOMAIN_PATTERN, max_length=DNS1123_SUBDOMAIN_MAX_LENGTH)]
+
+
 class AttachRequest(_Model):
-    device: str
-    node: str
-    claim_uid: str = Field(min_length=1)
+    device: DeviceName
+    node: NodeName
+    claim_uid: ClaimUid
     pool: str | None = Field(
         default=None,
         description="the DRA pool the claim's allocation names for the device; another pool is 404",

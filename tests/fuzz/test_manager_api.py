@@ -32,6 +32,7 @@ from manager_api.models import BindingState
 from tests.fuzz.budget import examples
 from tests.support.emulator import RunningEmulator, run_emulator
 from tests.support.fabric_manager import running_manager, static_tokens_file
+from tests.support.uids import claim_uid
 
 TOKENS = {
     "controller": "controller-token-fuzz-0123456789",
@@ -40,7 +41,7 @@ TOKENS = {
 }
 DEVICES = ["gpu0", "gpu1", "nvme0", "nic0", "fpga0", "cxlmem0-chunk1", "cxlmem1-chunk3"]
 NODES = ["kind-worker", "kind-worker2", "kind-worker3"]
-CLAIMS = ["claim-a", "claim-b", "claim-c"]
+CLAIMS = [claim_uid(name) for name in ("claim-a", "claim-b", "claim-c")]
 
 
 @dataclass

@@ -30,6 +30,7 @@ from tests.integration.fabric.conftest import (
     manager_for,
     plugin_token,
 )
+from tests.support.uids import claim_uid
 
 STYLES = [
     # (style, device name in the inventory, target in the emulator's table, pool)
@@ -60,7 +61,7 @@ async def test_attach_and_detach(
             poll = asyncio.create_task(plugin.inventory(after=inventory.version, timeout_seconds=30))
             await asyncio.sleep(0.2)
             assert not poll.done()
-            attachment = await plugin.attach(device, node, "claim-1", wait_seconds=20)
+            attachment = await plugin.attach(device, node, claim_uid("claim-1"), wait_seconds=20)
             changed = await asyncio.wait_for(poll, 10)
             assert changed.version > inventory.version
             assert {d.name: d for d in changed.devices}[device].state in (
@@ -68,31 +69,31 @@ async def test_attach_and_detach(
                 BindingState.BOUND,
             )
             assert attachment.state == AttachmentState.ATTACHED
-            assert (attachment.device.node, attachment.device.claim_uid) == (node, "claim-1")
+            assert (attachment.device.node, attachment.device.claim_uid) == (node, claim_uid("claim-1"))
             binding = fabric.binding(target)
             assert binding is not None and (binding["Host"], binding["Style"]) == (node, style)
             assert fabric.bound_hosts() == {target: node}
 
             # idempotent: asking again changes nothing on the fabric
-            again = await plugin.attach(device, node, "claim-1", wait_seconds=20)
+            again = await plugin.attach(device, node, claim_uid("claim-1"), wait_seconds=20)
             assert again.state == AttachmentState.ATTACHED and fabric.bound_hosts() == {target: node}
 
             # a plugin acts for its own node only — attach or detach
             with pytest.raises(PermissionDenied, match=f"not for node {node}"):
-                await other_plugin.attach(device, node, "claim-2")
+                await other_plugin.attach(device, node, claim_uid("claim-2"))
             with pytest.raises(PermissionDenied):
-                await other_plugin.detach(device, node, "claim-1")
+                await other_plugin.detach(device, node, claim_uid("claim-1"))
             # another claim (here through the controller, which may act for any node) is told who holds it
             with pytest.raises(DeviceBusy) as busy:
-                await controller.attach(device, other, "claim-2")
-            assert busy.value.held_by == f"{node}/claim-1"
+                await controller.attach(device, other, claim_uid("claim-2"))
+            assert busy.value.held_by == f"{node}/{claim_uid('claim-1')}"
             assert fabric.bound_hosts() == {target: node}
 
             # a detach by a non-holder is a no-op success
-            noop = await controller.detach(device, other, "claim-2")
+            noop = await controller.detach(device, other, claim_uid("claim-2"))
             assert noop.state == AttachmentState.DETACHED and fabric.bound_hosts() == {target: node}
 
-            detached = await plugin.detach(device, node, "claim-1", wait_seconds=20)
+            detached = await plugin.detach(device, node, claim_uid("claim-1"), wait_seconds=20)
             assert detached.state == AttachmentState.DETACHED
             assert fabric.bound_hosts() == {}
             assert (await plugin.device(device)).state == BindingState.FREE
@@ -145,7 +146,7 @@ def test_status_command(fabric: FabricAdmin, tmp_path: Path) -> None:
             response = http.post(
                 "/api/v1/attachments",
                 params={"waitSeconds": 20},
-                json={"device": "gpu4", "node": "kind-worker3", "claimUid": "claim-status"},
+                json={"device": "gpu4", "node": "kind-worker3", "claimUid": claim_uid("claim-status")},
                 headers={"Authorization": f"Bearer {CONTROLLER_TOKEN}"},
             )
             assert response.status_code == 200, response.text
@@ -155,7 +156,7 @@ def test_status_command(fabric: FabricAdmin, tmp_path: Path) -> None:
         )
         assert table.returncode == 0, table.stderr
         assert "fabric-pcie  PCIe    gpu         NVIDIA L40S" in table.stdout
-        assert "kind-worker3  gpu4" in table.stdout and "claim-status" in table.stdout
+        assert "kind-worker3  gpu4" in table.stdout and claim_uid("claim-status") in table.stdout
         as_json = subprocess.run(
             [*command, "--token-file", str(token_file), "-o", "json"],
             capture_output=True,
@@ -173,7 +174,7 @@ def test_status_command(fabric: FabricAdmin, tmp_path: Path) -> None:
         with httpx.Client(base_url=manager.address) as http:
             http.delete(
                 "/api/v1/attachments/gpu4",
-                params={"claimUid": "claim-status", "node": "kind-worker3", "waitSeconds": 20},
+                params={"claimUid": claim_uid("claim-status"), "node": "kind-worker3", "waitSeconds": 20},
                 headers={"Authorization": f"Bearer {CONTROLLER_TOKEN}"},
             ).raise_for_status()
     assert fabric.bound_hosts() == {}

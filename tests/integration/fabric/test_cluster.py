@@ -19,17 +19,18 @@ from typing import Any
 import httpx
 import pytest
 
-from fabric.ledger import ConfigMapLedgerStore, Ledger, LedgerEntry, LedgerState
+from fabric.ledger import ConfigMapLedgerStore, Ledger, LedgerEntry, LedgerState, shard_of
 from fabric_dra.stack import Role
 from kube_standin.apiserver.auth import TokenUser
 from manager_api.client import ManagerClient
 from manager_api.errors import DeviceBusy, NotLeader, PermissionDenied, Unauthenticated
 from manager_api.models import AttachmentState, BindingState
 from plumbing.kube.client import KubeClient
-from plumbing.kube.resources import CONFIGMAPS, LEASES, NAMESPACES, NODES, RESOURCE_CLAIMS
+from plumbing.kube.resources import LEASES, NAMESPACES, NODES, RESOURCE_CLAIMS
 from tests.integration.fabric.conftest import FabricAdmin, assert_no_secrets, manager_args
 from tests.support.apiserver import ApiServerProcess, start_apiserver
 from tests.support.fabric_manager import start_manager
+from tests.support.uids import claim_uid
 
 NAMESPACE = "fabric-dra"
 AUDIENCE = "fabric-dra-manager"
@@ -181,13 +182,13 @@ async def test_tokenreview_roles_and_failover(
             assert fabric.bound_hosts() == {"gpu3": "kind-worker"}
             # node B's plugin cannot attach or detach for node A
             with pytest.raises(PermissionDenied, match=r"node node-b .* not for node node-a"):
-                await b.attach("gpu2", "node-a", "claim-y")
+                await b.attach("gpu2", "node-a", claim_uid("claim-y"))
             with pytest.raises(PermissionDenied):
                 await b.detach("gpu3", "node-a", claim_x)
             # operators read, but do not attach
             assert any(d.name == "gpu3" for d in await ops.devices())
             with pytest.raises(PermissionDenied, match="read access only"):
-                await ops.attach("gpu2", "node-a", "claim-z")
+                await ops.attach("gpu2", "node-a", claim_uid("claim-z"))
         for token, error, text in (
             (unbound, PermissionDenied, "not bound to a pod on a node"),
             (stranger, PermissionDenied, "no fabric-dra role"),
@@ -196,7 +197,7 @@ async def test_tokenreview_roles_and_failover(
         ):
             async with ManagerClient(url, token=token) as caller:
                 with pytest.raises(error, match=text):
-                    await caller.attach("gpu2", "node-a", "claim-q")
+                    await caller.attach("gpu2", "node-a", claim_uid("claim-q"))
         assert fabric.bound_hosts() == {"gpu3": "kind-worker"}
 
         # The leader dies without releasing its Lease; the follower takes over with the same ledger.
@@ -231,11 +232,13 @@ async def _check_cluster_objects(kube: KubeClient, leader: str) -> None:
     assert lease["spec"]["holderIdentity"] == leader
     # The last detach's outcome is written after its answer (its intent was durable before).
     for _ in range(100):
-        ledger = await kube.get(CONFIGMAPS, "fabric-dra-manager-ledger", NAMESPACE)
-        if '"entries": {}' in ledger["data"]["ledger.json"]:
+        entries = await ConfigMapLedgerStore(
+            kube, name="fabric-dra-manager-ledger", namespace=NAMESPACE
+        ).load()
+        if not entries:
             break
         await asyncio.sleep(0.05)
-    assert '"entries": {}' in ledger["data"]["ledger.json"]
+    assert entries == {}
 
 
 def test_refuses_to_start_without_authentication(fabric: FabricAdmin, tmp_path: Path) -> None:
@@ -319,21 +322,40 @@ async def test_devices_of_deleted_claims_are_detached(
 
 
 async def test_configmap_ledger_survives_a_deposed_leaders_late_write(cluster: ApiServerProcess) -> None:
+    # devices whose entries share a shard (one ConfigMap): gpu0 and its neighbours
+    gpu0, stale_only, mine_too, racer = [
+        d for d in (f"gpu{i}" for i in range(10_000)) if shard_of(d) == shard_of("gpu0")
+    ][:4]
     async with cluster.client() as kube:
         mine = ConfigMapLedgerStore(kube, name="ledger-conflict", namespace=NAMESPACE)
         ledger = Ledger(mine)
         await ledger.load()
-        ledger.put(_entry("gpu0", "claim-1"))
+        ledger.put(_entry(gpu0, claim_uid("claim-1")))
         await ledger.commit()
         # the previous leader's last write lands after this replica took over
         late = ConfigMapLedgerStore(kube, name="ledger-conflict", namespace=NAMESPACE)
         stale = await late.load()
-        stale.entries["gpu9"] = _entry("gpu9", "stale")
-        await late.save(stale)
-        ledger.put(_entry("gpu1", "claim-2"))
+        stale[stale_only] = _entry(stale_only, "stale")
+        await late.save(stale, [stale_only])
+        ledger.put(_entry(mine_too, claim_uid("claim-2")))
         await ledger.commit()  # conflicts once, then this replica's view wins
         reread = await ConfigMapLedgerStore(kube, name="ledger-conflict", namespace=NAMESPACE).load()
-        assert sorted(reread.entries) == ["gpu0", "gpu1"]
+        assert sorted(reread) == sorted([gpu0, mine_too])
+        # a replica writing now (a second conflict on the same write) makes this one step back
+        racing = ConfigMapLedgerStore(kube, name="ledger-conflict", namespace=NAMESPACE)
+        racing_view = await racing.load()
+        real_get = kube.get
+
+        async def get_then_race(*args: Any, **kwargs: Any) -> dict[str, Any]:
+            current = await real_get(*args, **kwargs)
+            await racing.save({**racing_view, racer: _entry(racer, "racing")}, [racer])
+            return current
+
+        await racing.save({**racing_view, racer: _entry(racer, "racing")}, [racer])
+        kube.get = get_then_race  # type: ignore[method-assign]
+        ledger.put(_entry(mine_too, claim_uid("claim-3")))
+        with pytest.raises(NotLeader):
+            await ledger.commit()
 
 
 def _entry(device: str, claim: str) -> LedgerEntry:

@@ -23,6 +23,7 @@ from manager_api.client import ManagerClient
 from manager_api.errors import DeviceBusy
 from manager_api.models import AttachmentState
 from tests.integration.fabric.conftest import FabricAdmin, Tls, manager_for, plugin_token, tls_emulator
+from tests.support.uids import claim_uid
 
 HOSTS = 10
 DEVICES = 20
@@ -81,7 +82,7 @@ async def race(url: str, rng: random.Random, round_name: str) -> tuple[dict[str,
     """REQUESTS concurrent attaches, each from its node's plugin; (winners, errors)."""
     clients = {node: ManagerClient(url, token=plugin_token(node), timeout=60) for node in NODES}
     requests = [
-        (f"gpu{rng.randrange(DEVICES)}", rng.choice(NODES), f"{round_name}-claim-{i}")
+        (f"gpu{rng.randrange(DEVICES)}", rng.choice(NODES), claim_uid(f"{round_name}-claim-{i}"))
         for i in range(REQUESTS)
     ]
     try:

@@ -19,6 +19,7 @@ from manager_api.errors import PermissionDenied
 from manager_api.models import BindingState, Device, DeviceType, Inventory
 from tests.support.fabric_http import MockupServer
 from tests.support.fabric_manager import running_manager, static_tokens_file
+from tests.support.uids import claim_uid
 
 OPERATOR_TOKEN = "operator-token-0123456789"
 PLUGIN_TOKEN = "plugin-token-cxl-system-0123"
@@ -140,6 +141,6 @@ async def test_read_only_token_cannot_attach(tmp_path: Path, redfish_dir: Path, 
     ):
         async with ManagerClient(proc.address, token=OPERATOR_TOKEN) as operator:
             with pytest.raises(PermissionDenied, match="read access only"):
-                await operator.attach("t5", "cxl-system", "claim-1")
+                await operator.attach("t5", "cxl-system", claim_uid("claim-1"))
     log = (tmp_path / "manager.log").read_text()
     assert OPERATOR_TOKEN not in log and PLUGIN_TOKEN not in log

@@ -19,6 +19,7 @@ from manager_api.client import ManagerClient
 from manager_api.errors import AttachTimeout, BindFailed, DeviceUnhealthy, FabricUnavailable
 from manager_api.models import AttachmentState, BindingState, Health
 from tests.integration.fabric.conftest import CONTROLLER_TOKEN, FabricAdmin, assert_no_secrets, manager_for
+from tests.support.uids import claim_uid
 
 NODE = "kind-worker"
 
@@ -57,12 +58,12 @@ async def eventually_state(
 async def test_bind_failure_leaves_nothing_half_done(client: ManagerClient, fabric: FabricAdmin) -> None:
     fabric.inject({"Kind": "FailOperations", "Target": "gpu0", "MessageId": "OperationFailed"})
     with pytest.raises(BindFailed) as failed:
-        await client.attach("gpu0", NODE, "claim-fail", wait_seconds=20)
+        await client.attach("gpu0", NODE, claim_uid("claim-fail"), wait_seconds=20)
     assert failed.value.message_id is not None and failed.value.message_id.endswith("OperationFailed")
     assert fabric.bound_hosts() == {}
     await eventually_state(client, "gpu0", BindingState.FREE)
     # the fault was used up: the next attempt binds
-    attachment = await client.attach("gpu0", NODE, "claim-fail", wait_seconds=20)
+    attachment = await client.attach("gpu0", NODE, claim_uid("claim-fail"), wait_seconds=20)
     assert attachment.state == AttachmentState.ATTACHED and fabric.bound_hosts() == {"gpu0": NODE}
 
 
@@ -71,7 +72,7 @@ async def test_hung_task_times_out_is_cancelled_and_rolled_back(
 ) -> None:
     fabric.inject({"Kind": "HangTasks", "Target": "gpu1"})
     with pytest.raises(AttachTimeout, match="still running"):
-        await client.attach("gpu1", NODE, "claim-hang", wait_seconds=20)
+        await client.attach("gpu1", NODE, claim_uid("claim-hang"), wait_seconds=20)
     await eventually_state(client, "gpu1", BindingState.FREE)
     assert fabric.bound_hosts() == {}
     assert (await client.operations())[-1].state.value == "failed"
@@ -79,9 +80,9 @@ async def test_hung_task_times_out_is_cancelled_and_rolled_back(
 
 async def test_slow_fabric_answers_202_then_attached(client: ManagerClient, fabric: FabricAdmin) -> None:
     fabric.inject({"Kind": "SlowResponses", "Seconds": 0.4})
-    first = await client.attach("gpu2", NODE, "claim-slow", wait_seconds=0.2)
+    first = await client.attach("gpu2", NODE, claim_uid("claim-slow"), wait_seconds=0.2)
     assert first.state == AttachmentState.ATTACHING and first.operation_id
-    done = await client.attach("gpu2", NODE, "claim-slow", wait_seconds=30)
+    done = await client.attach("gpu2", NODE, claim_uid("claim-slow"), wait_seconds=30)
     assert done.state == AttachmentState.ATTACHED and done.operation_id == first.operation_id
     operation = await client.operation(first.operation_id)
     assert operation.state.value == "succeeded"
@@ -90,14 +91,14 @@ async def test_slow_fabric_answers_202_then_attached(client: ManagerClient, fabr
 
 async def test_session_expiry_is_survived(client: ManagerClient, fabric: FabricAdmin, manager: Role) -> None:
     fabric.inject({"Kind": "ExpireSessions"})
-    attachment = await client.attach("gpu3", NODE, "claim-session", wait_seconds=20)
+    attachment = await client.attach("gpu3", NODE, claim_uid("claim-session"), wait_seconds=20)
     assert attachment.state == AttachmentState.ATTACHED and fabric.bound_hosts() == {"gpu3": NODE}
     assert "Redfish session rejected, logging in again" in manager.log_file.read_text()
 
 
 async def test_lost_connection_is_resolved_by_reading(client: ManagerClient, fabric: FabricAdmin) -> None:
     fabric.inject({"Kind": "DropConnections", "Count": 2})
-    attachment = await client.attach("nvme0", NODE, "claim-drop", wait_seconds=20)
+    attachment = await client.attach("nvme0", NODE, claim_uid("claim-drop"), wait_seconds=20)
     assert attachment.state == AttachmentState.ATTACHED and fabric.bound_hosts() == {"nvme0": NODE}
 
 
@@ -106,13 +107,13 @@ async def test_unreachable_fabric_is_503_and_the_attach_completes_later(
 ) -> None:
     fabric.inject({"Kind": "Unavailable", "RetryAfterSeconds": 1})
     with pytest.raises(FabricUnavailable) as unavailable:
-        await client.attach("fpga0", NODE, "claim-down", wait_seconds=20)
+        await client.attach("fpga0", NODE, claim_uid("claim-down"), wait_seconds=20)
     assert "ServiceTemporarilyUnavailable" in (unavailable.value.message_id or "")
     assert (await client.device("fpga0")).state == BindingState.ATTACHING  # the intent is kept
     fabric.reset_faults()
     await eventually_state(client, "fpga0", BindingState.BOUND, within=20)
     assert fabric.bound_hosts() == {"fpga0": NODE}
-    again = await client.attach("fpga0", NODE, "claim-down")
+    again = await client.attach("fpga0", NODE, claim_uid("claim-down"))
     assert again.state == AttachmentState.ATTACHED
 
 
@@ -123,7 +124,7 @@ async def test_critical_device_is_reported_and_refused(client: ManagerClient, fa
         assert asyncio.get_running_loop().time() < deadline, "health change not seen"
         await asyncio.sleep(0.1)
     with pytest.raises(DeviceUnhealthy, match="Critical"):
-        await client.attach("gpu5", NODE, "claim-sick")
+        await client.attach("gpu5", NODE, claim_uid("claim-sick"))
     assert fabric.bound_hosts() == {}
 
 

@@ -25,6 +25,7 @@ from tests.integration.fabric.conftest import (
     tls_emulator,
 )
 from tests.support.fabric_manager import start_manager
+from tests.support.uids import claim_uid
 
 NODE = "kind-worker2"
 PROFILE = {
@@ -90,20 +91,24 @@ async def test_fabric_restart_in_the_middle_of_a_bind(slow_fabric: FabricAdmin, 
     )
     try:
         async with ManagerClient(manager.address, token=CONTROLLER_TOKEN, timeout=30) as client:
-            first = await client.attach("gpu0", NODE, "claim-a")
+            first = await client.attach("gpu0", NODE, claim_uid("claim-a"))
             assert first.state == AttachmentState.ATTACHING
             wait_in_flight(slow_fabric, "gpu0")
             slow_fabric.emulator.kill()  # the task dies with the service: "Interrupted", not bound
             await asyncio.sleep(1.5)
             slow_fabric.emulator.restart()
-            await attach_until_attached(client, "gpu0", "claim-a")
+            await attach_until_attached(client, "gpu0", claim_uid("claim-a"))
             assert slow_fabric.bound_hosts() == {"gpu0": NODE}
             tasks = bind_tasks(slow_fabric, "gpu0")
             # one task cut short by the crash, one that bound it: never two bindings
             assert [t["state"] for t in tasks].count("Completed") == 1, tasks
             device = await client.device("gpu0")
-            assert (device.state, device.claim_uid, device.managed) == (BindingState.BOUND, "claim-a", True)
-            await client.detach("gpu0", NODE, "claim-a", wait_seconds=20)
+            assert (device.state, device.claim_uid, device.managed) == (
+                BindingState.BOUND,
+                claim_uid("claim-a"),
+                True,
+            )
+            await client.detach("gpu0", NODE, claim_uid("claim-a"), wait_seconds=20)
             assert slow_fabric.bound_hosts() == {}
     finally:
         manager.stop()
@@ -114,7 +119,7 @@ async def test_manager_crash_in_the_middle_of_a_bind(slow_fabric: FabricAdmin, t
     manager = start_manager(tmp_path, slow_fabric.url, args=args)
     try:
         async with ManagerClient(manager.address, token=CONTROLLER_TOKEN, timeout=30) as client:
-            first = await client.attach("nvme1", NODE, "claim-b")
+            first = await client.attach("nvme1", NODE, claim_uid("claim-b"))
             assert first.state == AttachmentState.ATTACHING
         wait_in_flight(slow_fabric, "nvme1")
         entry = wait_task_recorded(tmp_path / "manager-state" / "ledger.json", "nvme1")
@@ -125,13 +130,13 @@ async def test_manager_crash_in_the_middle_of_a_bind(slow_fabric: FabricAdmin, t
     restarted = start_manager(tmp_path, slow_fabric.url, args=args, name="manager-restarted")
     try:
         async with ManagerClient(restarted.address, token=CONTROLLER_TOKEN, timeout=30) as client:
-            await attach_until_attached(client, "nvme1", "claim-b")
+            await attach_until_attached(client, "nvme1", claim_uid("claim-b"))
             assert slow_fabric.bound_hosts() == {"nvme1": NODE}
             # the restarted manager waited for the running task instead of binding again
             assert bind_tasks(slow_fabric, "nvme1") == [{"state": "Completed", "status": "OK"}]
             operation = await client.operation(first.operation_id or "")
             assert operation.state.value == "succeeded"
-            await client.detach("nvme1", NODE, "claim-b", wait_seconds=20)
+            await client.detach("nvme1", NODE, claim_uid("claim-b"), wait_seconds=20)
         assert slow_fabric.bound_hosts() == {}
     finally:
         restarted.stop()

@@ -29,7 +29,9 @@ async def test_served_json_is_the_whole_inventory_after_every_change(tmp_path: P
     first = check()
     assert [d.state for d in first.devices] == [api.BindingState.FREE] * 3
 
-    await h.attachments.attach(api.AttachRequest(device="gpu1", node="node-0", claim_uid="c1"), wait=5)
+    await h.attachments.attach(
+        api.AttachRequest.model_construct(device="gpu1", node="node-0", claim_uid="c1"), wait=5
+    )
     bound = check()
     assert bound.version > first.version
     gpu1 = next(d for d in bound.devices if d.name == "gpu1")
