@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import zlib
 from abc import ABC, abstractmethod
 from collections import Counter
@@ -126,6 +127,10 @@ class LedgerDocument(BaseModel):
     entries: dict[str, LedgerEntry] = Field(default_factory=dict)
 
 
+#: an empty document's JSON up to its entries' opening brace: ``{"kind":…,"entries":{``
+_DOCUMENT_HEAD = LedgerDocument().model_dump_json().removesuffix("}}")
+
+
 class LedgerError(FabricUnavailable):
     """The ledger could not be read or written; nothing touches the fabric without it."""
 
@@ -188,8 +193,11 @@ class ConfigMapLedgerStore(LedgerStore):
         self.name = name
         self.namespace = namespace
         self._versions: dict[int, str] = {}
-        #: the devices of each shard (a write encodes its shard's entries, found here)
+        #: the devices of each shard (a write carries its shard's entries, found here)
         self._members: list[set[str]] = [set() for _ in range(LEDGER_SHARDS)]
+        #: each entry's JSON as last written: a write encodes only the entries that changed and
+        #: joins the others' (encoding a shard's 150 entries at 10,000 bindings took 2 ms a write)
+        self._encoded: dict[str, str] = {}
         self._requests = asyncio.Semaphore(_SHARD_REQUESTS)
 
     def describe(self) -> str:
@@ -201,9 +209,11 @@ class ConfigMapLedgerStore(LedgerStore):
     async def load(self) -> dict[str, LedgerEntry]:
         shards = await asyncio.gather(*(self._read_shard(i) for i in range(LEDGER_SHARDS)))
         entries: dict[str, LedgerEntry] = {}
+        self._encoded = {}
         for shard, found in enumerate(shards):
             self._members[shard] = set(found)
             entries.update(found)
+            self._encoded.update((device, entry.model_dump_json()) for device, entry in found.items())
         await self._migrate(entries)
         return entries
 
@@ -287,20 +297,24 @@ class ConfigMapLedgerStore(LedgerStore):
         for device in changed:
             shard = shard_of(device)
             touched.add(shard)
-            if device in entries:
+            entry = entries.get(device)
+            if entry is not None:
                 self._members[shard].add(device)
+                self._encoded[device] = entry.model_dump_json()
             else:
                 self._members[shard].discard(device)
+                self._encoded.pop(device, None)
         # Encoded here, before the first await: the entries keep changing.
-        bodies = [(shard, self._body(shard, entries)) for shard in sorted(touched)]
+        bodies = [(shard, self._body(shard)) for shard in sorted(touched)]
         results = await asyncio.gather(*(self._write(s, body) for s, body in bodies), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 raise result
 
-    def _body(self, shard: int, entries: Mapping[str, LedgerEntry]) -> dict[str, Any]:
-        members = {device: entries[device] for device in sorted(self._members[shard])}
-        payload = LedgerDocument.model_construct(entries=members).model_dump_json()
+    def _body(self, shard: int) -> dict[str, Any]:
+        members = sorted(self._members[shard])
+        # A LedgerDocument, joined from the entries' JSON (tests/unit/fabric/test_ledger.py reads it back).
+        payload = _DOCUMENT_HEAD + ",".join(f"{json.dumps(d)}:{self._encoded[d]}" for d in members) + "}}"
         if len(payload) > _SHARD_DATA_LIMIT:
             # Refused here with a message an operator can act on, rather than by the server.
             raise LedgerError(

@@ -6,14 +6,17 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from fabric.ledger import (
     LEDGER_SHARDS,
+    ConfigMapLedgerStore,
     FileLedgerStore,
     Ledger,
+    LedgerDocument,
     LedgerEntry,
     LedgerError,
     LedgerState,
@@ -23,6 +26,7 @@ from fabric.ledger import (
 )
 from manager_api import models as api
 from manager_api.errors import NodeBindingLimit
+from plumbing.kube.client import NotFound
 from tests.unit.fabric.fakes import make_harness
 
 
@@ -157,3 +161,56 @@ def test_rbac_names_every_configmap_of_the_deployed_ledger() -> None:
     ]
     assert len(rules) == 1
     assert rules[0]["resourceNames"] == [name, *shard_names(name)]
+
+
+class ShardServer:
+    """The three calls the ConfigMap store makes, on a dict (the integration tests use a real
+    API server; this checks what a write carries)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.writes: list[str] = []
+
+    async def get(self, res: Any, name: str, namespace: str) -> dict[str, Any]:
+        if name not in self.objects:
+            raise NotFound(404, "NotFound", f'configmaps "{name}" not found')
+        return self.objects[name]
+
+    async def create(self, res: Any, obj: dict[str, Any], namespace: str) -> dict[str, Any]:
+        return self._store(obj)
+
+    async def replace(self, res: Any, obj: dict[str, Any]) -> dict[str, Any]:
+        return self._store(obj)
+
+    def _store(self, obj: dict[str, Any]) -> dict[str, Any]:
+        name = obj["metadata"]["name"]
+        self.writes.append(name)
+        saved = {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(len(self.writes))}}
+        self.objects[name] = saved
+        return saved
+
+
+async def test_a_shard_write_carries_its_shards_entries_as_a_ledger_document() -> None:
+    server = ShardServer()
+    store = ConfigMapLedgerStore(server, name="ledger", namespace="ns")  # type: ignore[arg-type]
+    ledger = Ledger(store)
+    await ledger.load()
+    devices = [f"gpu{i}" for i in range(300)]
+    for device in devices:
+        ledger.put(entry(device))
+    await ledger.commit()
+    assert sorted(server.writes) == sorted({shard_names("ledger")[shard_of(d)] for d in devices})
+    ledger.put(entry("gpu7", claim="c7"))
+    ledger.remove("gpu8")
+    server.writes.clear()
+    await ledger.commit()
+    assert sorted(server.writes) == sorted({shard_names("ledger")[shard_of(d)] for d in ("gpu7", "gpu8")})
+    shard = server.objects[shard_names("ledger")[shard_of("gpu7")]]
+    document = LedgerDocument.model_validate_json(shard["data"]["ledger.json"])
+    assert document.entries["gpu7"].claim_uid == "c7"
+    assert sorted(document.entries) == sorted(
+        d for d in devices if shard_of(d) == shard_of("gpu7") and d != "gpu8"
+    )
+    reread = Ledger(ConfigMapLedgerStore(server, name="ledger", namespace="ns"))  # type: ignore[arg-type]
+    await reread.load()
+    assert sorted(e.device for e in reread.entries()) == sorted(set(devices) - {"gpu8"})
