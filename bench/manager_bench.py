@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +39,13 @@ __all__ = ["run"]
 async def _latency(url: str, pairs: int) -> dict[str, Any]:
     attach, detach = [], []
     async with ManagerClient(url, timeout=30) as client:
-        for i in range(pairs):
+        for _ in range(pairs):
+            claim = str(uuid.uuid4())  # the manager takes Kubernetes UIDs only
             started = time.perf_counter()
-            await client.attach("gpu0", "kind-worker", f"bench-{i}", wait_seconds=30)
+            await client.attach("gpu0", "kind-worker", claim, wait_seconds=30)
             attach.append(time.perf_counter() - started)
             started = time.perf_counter()
-            await client.detach("gpu0", "kind-worker", f"bench-{i}", wait_seconds=30)
+            await client.detach("gpu0", "kind-worker", claim, wait_seconds=30)
             detach.append(time.perf_counter() - started)
     return {"attach": summary_ms(attach), "detach": summary_ms(detach)}
 
@@ -53,8 +55,8 @@ async def _parallel(url: str, rounds: int) -> dict[str, Any]:
     async with ManagerClient(url, timeout=60) as client:
         devices = [d.name for d in (await client.inventory()).devices]
         attach_s, detach_s = [], []
-        for r in range(rounds):
-            work = [(d, nodes[i % len(nodes)], f"par-{r}-{i}") for i, d in enumerate(devices)]
+        for _ in range(rounds):
+            work = [(d, nodes[i % len(nodes)], str(uuid.uuid4())) for i, d in enumerate(devices)]
             started = time.perf_counter()
             await asyncio.gather(*(client.attach(d, n, c, wait_seconds=30) for d, n, c in work))
             attach_s.append(time.perf_counter() - started)

@@ -1,0 +1,263 @@
+"""The manager's ledger at 10,000 bindings, in ConfigMap shards on the API test server with the
+real size limits (1 MiB of ConfigMap data, etcd's 1.5 MiB object, 3 MiB bodies).
+
+Real processes: the API test server, the ``instant`` emulator with a generated topology of
+100 hosts and 10,100 GPUs, and ``fabric-dra manager serve --ledger configmap``. Measured:
+
+- attach p50/p90/p99 (one device attached and detached again and again, through REST) with 10
+  bindings in the ledger, and again with 10,000 (the issue's target: within 20 %);
+- the bulk attach of 10,000 devices (64 at a time): operations per second;
+- the manager's RSS with 10 and with 10,000 bindings;
+- start-up with 10,000 bindings: the manager restarted until ``/readyz`` (ledger loaded and the
+  fabric read) and the load of the 64 shards alone (``Ledger.load`` in this process);
+- the largest shard's bytes (of the 1 MiB a ConfigMap may hold).
+
+``python -m bench --only ledger``; ``python -m bench.ledger_bench [--quick]`` prints JSON
+(``--quick``: 1,000 bindings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import time
+import tracemalloc
+import uuid
+from typing import Any
+
+from bench.common import (
+    BenchContext,
+    check,
+    generate_topology,
+    host_name,
+    progress,
+    rss_mib,
+    summary_ms,
+    work_dir,
+)
+from fabric.ledger import ConfigMapLedgerStore, Ledger, LedgerDocument, LedgerEntry, LedgerState, shard_names
+from fabric_dra.stack import Stack
+from manager_api.client import ManagerClient
+from plumbing.kube.client import ApiError
+from plumbing.kube.resources import CONFIGMAPS, NODES
+
+__all__ = ["run"]
+
+HOSTS = 100
+NAMESPACE = "default"
+LEDGER = "fabric-dra-manager-ledger"
+#: the device attached and detached for the latency figures; never part of the bulk
+PROBE = "gpu0"
+
+
+def _uid() -> str:
+    return str(uuid.uuid4())
+
+
+async def _latency(url: str, pairs: int) -> dict[str, float]:
+    attach = []
+    async with ManagerClient(url, timeout=60) as client:
+        for _ in range(pairs):
+            claim = _uid()
+            started = time.perf_counter()
+            await client.attach(PROBE, host_name(0), claim, wait_seconds=30)
+            attach.append(time.perf_counter() - started)
+            await client.detach(PROBE, host_name(0), claim, wait_seconds=30)
+    return summary_ms(attach)
+
+
+async def _bind(url: str, devices: list[str], concurrency: int) -> float:
+    gate = asyncio.Semaphore(concurrency)
+    async with ManagerClient(url, timeout=120) as client:
+
+        async def one(index: int, device: str) -> None:
+            async with gate:
+                await client.attach(device, host_name(index % HOSTS), _uid(), wait_seconds=40)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one(i, d) for i, d in enumerate(devices)))
+        return time.perf_counter() - started
+
+
+async def _create_nodes(stack_kube: Any) -> None:
+    async with stack_kube.client() as kube:
+        for index in range(HOSTS):
+            await kube.create(NODES, {"metadata": {"name": host_name(index)}})
+
+
+async def _shards(stack_kube: Any) -> tuple[float, int, int]:
+    """(seconds to load the ledger, its entries, the largest shard's bytes)."""
+    async with stack_kube.client() as kube:
+        ledger = Ledger(ConfigMapLedgerStore(kube, name=LEDGER, namespace=NAMESPACE))
+        started = time.perf_counter()
+        await ledger.load()
+        seconds = time.perf_counter() - started
+        largest = 0
+        for name in shard_names(LEDGER):
+            obj = await kube.get(CONFIGMAPS, name, NAMESPACE)
+            largest = max(largest, len(obj["data"]["ledger.json"]))
+    return seconds, len(ledger.entries()), largest
+
+
+def _entry(device: str, node: str, state: LedgerState = LedgerState.BOUND) -> LedgerEntry:
+    return LedgerEntry(
+        device=device,
+        device_key=f"/redfish/v1/Fabrics/PCIe/Endpoints/{device}",
+        node=node,
+        host=node,
+        claim_uid=_uid(),
+        state=state,
+        operation_id=f"op-{uuid.uuid4().hex[:12]}",
+    )
+
+
+async def _ledger_alone(server: Any, sizes: tuple[int, ...], writes: int) -> dict[str, Any]:
+    """The ledger without the manager around it, in this process, on the API test server: for each
+    size, the intent write an attach waits for (one entry put, committed) with that many entries
+    already in the ledger; the load of the biggest ledger; and the same write through one ConfigMap
+    holding everything (the layout of earlier releases), which the server refuses beyond 1 MiB."""
+    out: dict[str, Any] = {}
+    async with server.client() as kube:
+        for size in sizes:
+            name = f"alone-{size}"
+            ledger = Ledger(ConfigMapLedgerStore(kube, name=name, namespace=NAMESPACE))
+            await ledger.load()
+            for i in range(size):
+                ledger.put(_entry(f"dev{i}", host_name(i % HOSTS)))
+            started = time.perf_counter()
+            await ledger.commit()
+            filled = time.perf_counter() - started
+            intent = []
+            for i in range(writes):
+                ledger.put(_entry("probe", host_name(i % HOSTS), LedgerState.ATTACHING))
+                started = time.perf_counter()
+                await ledger.commit()
+                intent.append(time.perf_counter() - started)
+                ledger.remove("probe")
+                await ledger.commit()
+            out[f"shards_{size}"] = {"fill_s": round(filled, 2), "intent_write": summary_ms(intent)}
+            if size == max(sizes):
+                loads = []
+                for _ in range(3):
+                    started = time.perf_counter()
+                    reread = Ledger(ConfigMapLedgerStore(kube, name=name, namespace=NAMESPACE))
+                    await reread.load()
+                    loads.append(time.perf_counter() - started)
+                    assert len(reread.entries()) == size
+                out[f"load_{size}"] = summary_ms(loads)
+                # once more under tracemalloc (slower): what the loaded ledger holds
+                del reread
+                gc.collect()
+                tracemalloc.start()
+                reread = Ledger(ConfigMapLedgerStore(kube, name=name, namespace=NAMESPACE))
+                await reread.load()
+                held, peak = tracemalloc.get_traced_memory()
+                tracemalloc.stop()
+                out[f"load_{size}_held_mib"] = round(held / 2**20, 1)
+                out[f"load_{size}_peak_mib"] = round(peak / 2**20, 1)
+            single = await _single_configmap(kube, size, writes)
+            out[f"single_configmap_{size}"] = single
+    return out
+
+
+async def _single_configmap(kube: Any, size: int, writes: int) -> dict[str, Any]:
+    """The intent write of earlier releases: the whole ledger replaced in one ConfigMap."""
+    entries = {f"dev{i}": _entry(f"dev{i}", host_name(i % HOSTS)) for i in range(size)}
+    name = f"single-{size}"
+
+    def body(version: str | None) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": name, "namespace": NAMESPACE}
+        if version:
+            meta["resourceVersion"] = version
+        return {
+            "metadata": meta,
+            "data": {"ledger.json": LedgerDocument(entries=entries).model_dump_json(indent=1)},
+        }
+
+    try:
+        saved = await kube.create(CONFIGMAPS, body(None), NAMESPACE)
+    except ApiError as err:
+        return {"refused": str(err).splitlines()[0][:120]}
+    times = []
+    for i in range(writes):
+        entries["probe"] = _entry("probe", host_name(i % HOSTS), LedgerState.ATTACHING)
+        started = time.perf_counter()
+        saved = await kube.replace(CONFIGMAPS, body(saved["metadata"]["resourceVersion"]))
+        times.append(time.perf_counter() - started)
+    return {"intent_write": summary_ms(times)}
+
+
+def measure(quick: bool = False, *, alone_only: bool = False) -> dict[str, Any]:
+    bindings = 1_000 if quick else 10_000
+    pairs = 30 if quick else 100
+    out: dict[str, Any] = {"bindings": bindings}
+    with work_dir("ledger-bench-") as root, Stack(root) as stack:
+        kube = stack.apiserver()
+        progress("ledger", "the ledger alone")
+        out["alone"] = asyncio.run(_ledger_alone(kube, (10, 2_000, bindings), 50 if quick else 200))
+        if alone_only:
+            return out
+        topology = generate_topology(root / "topology.yaml", hosts=HOSTS, gpus=bindings + 100)
+        asyncio.run(_create_nodes(kube))
+        emulator = stack.emulator(latency="instant", topology=topology)
+        manager = stack.manager(
+            emulator,
+            kube=kube,
+            namespace=NAMESPACE,
+            ledger="configmap",
+            insecure_no_auth=True,
+            # claims here are made up: no orphan reconciler; 10,000 over 100 nodes is 100 each
+            args=["--orphan-grace-seconds", "0"],
+            ready_timeout=600,
+        )
+        devices = [f"gpu{i}" for i in range(1, bindings + 100)]
+        progress("ledger", "10 bindings")
+        asyncio.run(_bind(manager.url, devices[:10], 10))
+        out["attach_at_10"] = asyncio.run(_latency(manager.url, pairs))
+        out["manager_rss_mib_at_10"] = rss_mib(manager.role.pid)
+        progress("ledger", f"binding {bindings - 10} more")
+        seconds = asyncio.run(_bind(manager.url, devices[10:bindings], 64))
+        out["bulk_attach_per_s"] = round((bindings - 10) / seconds, 1)
+        out[f"attach_at_{bindings}"] = asyncio.run(_latency(manager.url, pairs))
+        out[f"manager_rss_mib_at_{bindings}"] = rss_mib(manager.role.pid)
+        load_s, entries, largest = asyncio.run(_shards(kube))
+        out["ledger_entries"] = entries
+        out["ledger_load_s"] = round(load_s, 3)
+        out["largest_shard_bytes"] = largest
+        progress("ledger", "restart with the full ledger")
+        manager.stop()
+        started = time.perf_counter()
+        manager.start()
+        out["restart_to_ready_s"] = round(time.perf_counter() - started, 2)
+        out[f"manager_rss_mib_after_restart_at_{bindings}"] = rss_mib(manager.role.pid)
+        out[f"attach_after_restart_at_{bindings}"] = asyncio.run(_latency(manager.url, pairs))
+    return out
+
+
+def run(ctx: BenchContext) -> dict[str, Any]:
+    """Extra section ``ledger`` of ``python -m bench``."""
+    figures = measure(ctx.quick)
+    n = figures["bindings"]
+    ratio = figures[f"attach_at_{n}"]["p50_ms"] / figures["attach_at_10"]["p50_ms"]
+    return {
+        "figures": figures,
+        "checks": [
+            check(f"attach p50 at {n} bindings / at 10", round(ratio, 2), 1.2, "x"),
+            check(f"ledger entries after {n} attaches", figures["ledger_entries"], n, "", at_most=False),
+            check("largest ledger shard", figures["largest_shard_bytes"], 1024 * 1024, "bytes"),
+        ],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1,000 bindings instead of 10,000")
+    parser.add_argument("--alone", action="store_true", help="the ledger alone, without the manager")
+    args = parser.parse_args()
+    print(json.dumps(measure(args.quick, alone_only=args.alone), indent=2))
+
+
+if __name__ == "__main__":
+    main()
