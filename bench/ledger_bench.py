@@ -9,7 +9,7 @@ Real processes: the API test server, the ``instant`` emulator with a generated t
 - the bulk attach of 10,000 devices (64 at a time): operations per second;
 - the manager's RSS with 10 and with 10,000 bindings;
 - start-up with 10,000 bindings: the manager restarted until ``/readyz`` (ledger loaded and the
-  fabric read) and the load of the 64 shards alone (``Ledger.load`` in this process);
+  fabric read) and the load of the 256 shards alone (``Ledger.load`` in this process);
 - the largest shard's bytes (of the 1 MiB a ConfigMap may hold).
 
 ``python -m bench --only ledger``; ``python -m bench.ledger_bench [--quick]`` prints JSON

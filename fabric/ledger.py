@@ -71,11 +71,14 @@ LEDGER_LABEL = "fabric-dra.io/ledger"
 MIGRATED_ANNOTATION = "fabric-dra.io/migrated-to"
 #: the number of ConfigMaps the ledger is spread over. A ConfigMap holds 1 MiB of data
 #: (``ValidateConfigMap``, k8s.io/kubernetes pkg/apis/core/validation) and an entry takes about
-#: 330 bytes, so 64 shards hold about 200,000 entries; 100,000 devices fill each to half of that
-#: on average. Fixed: a device's shard must not move between releases.
-LEDGER_SHARDS = 64
-#: shard reads and writes in flight at once: a load reads all 64, and the client's connections
-#: are shared with the Lease's renewal, which must not queue behind them
+#: 310 bytes, so 256 shards hold about 850,000 entries. What a write costs grows with its shard:
+#: at 10,000 bindings a shard holds ~40 entries (12 KB), at 100,000 ~390 (120 KB). Fixed: a
+#: device's shard must not move between releases.
+LEDGER_SHARDS = 256
+#: digits of a shard's number in its name (``<name>-000`` … ``<name>-255``)
+_SHARD_DIGITS = len(str(LEDGER_SHARDS - 1))
+#: shard reads and writes in flight at once: a load reads all of them, and the client's
+#: connections are shared with the Lease's renewal, which must not queue behind them
 _SHARD_REQUESTS = 8
 #: refuse to write a shard above this (the server's limit is 1,048,576 bytes of data)
 _SHARD_DATA_LIMIT = 1024 * 1024
@@ -178,7 +181,7 @@ class FileLedgerStore(LedgerStore):
 
 
 class ConfigMapLedgerStore(LedgerStore):
-    """The ledger in :data:`LEDGER_SHARDS` ConfigMaps ``<name>-00`` … ``<name>-63``, a device's
+    """The ledger in :data:`LEDGER_SHARDS` ConfigMaps ``<name>-000`` … ``<name>-255``, a device's
     entry in the shard :func:`shard_of` names; each shard written as a compare-and-swap on its
     ``resourceVersion``, and only the shards whose entries changed.
 
@@ -201,7 +204,8 @@ class ConfigMapLedgerStore(LedgerStore):
         self._requests = asyncio.Semaphore(_SHARD_REQUESTS)
 
     def describe(self) -> str:
-        return f"configmaps {self.namespace}/{self.shard_name(0)}..{LEDGER_SHARDS - 1:02d}"
+        last = LEDGER_SHARDS - 1
+        return f"configmaps {self.namespace}/{self.shard_name(0)}..{last:0{_SHARD_DIGITS}d}"
 
     def shard_name(self, shard: int) -> str:
         return shard_names(self.name)[shard]
@@ -385,7 +389,7 @@ def shard_of(device: str) -> int:
 @functools.cache
 def shard_names(name: str) -> tuple[str, ...]:
     """The ConfigMap names of the shards of the ledger ``name``."""
-    return tuple(f"{name}-{shard:02d}" for shard in range(LEDGER_SHARDS))
+    return tuple(f"{name}-{shard:0{_SHARD_DIGITS}d}" for shard in range(LEDGER_SHARDS))
 
 
 class Ledger:
