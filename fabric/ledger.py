@@ -79,7 +79,7 @@ LEDGER_SHARDS = 256
 _SHARD_DIGITS = len(str(LEDGER_SHARDS - 1))
 #: shard reads and writes in flight at once: a load reads all of them, and the client's
 #: connections are shared with the Lease's renewal, which must not queue behind them
-_SHARD_REQUESTS = 8
+_SHARD_REQUESTS = 16
 #: refuse to write a shard above this (the server's limit is 1,048,576 bytes of data)
 _SHARD_DATA_LIMIT = 1024 * 1024
 #: far above what one node is ever given (a node of 8 GPUs and a few CXL memory devices cut into
