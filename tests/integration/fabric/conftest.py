@@ -19,6 +19,8 @@ import pytest
 import trustme
 
 from fabric_dra.stack import Role
+from plumbing.kube.resources import RESOURCE_CLAIMS
+from tests.support.apiserver import ApiServerProcess
 from tests.support.emulator import RunningEmulator, run_emulator
 from tests.support.fabric_manager import running_manager, static_tokens_file
 
@@ -163,3 +165,39 @@ def assert_no_secrets(logs: Sequence[Path], *secrets: str) -> None:
         text = log.read_text(errors="replace")
         for secret in secrets:
             assert secret and secret not in text, f"a secret appears in {log.name}"
+
+
+async def allocated_claim(
+    cluster: ApiServerProcess, name: str, device: str, node: str | None = None, *, reserved: bool = False
+) -> str:
+    """A ResourceClaim in ``default`` allocated ``device`` of the PCIe pool (on ``node``, when given),
+    as the scheduler leaves it; returns its UID. The manager attaches only for such a claim."""
+    async with cluster.client() as kube:
+        claim = await kube.create(
+            RESOURCE_CLAIMS,
+            {
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {
+                    "devices": {"requests": [{"name": "dev", "exactly": {"deviceClassName": "fabric-dev"}}]}
+                },
+            },
+            "default",
+        )
+        allocation: dict[str, Any] = {
+            "devices": {
+                "results": [
+                    {"request": "dev", "driver": "fabric-dra.io", "pool": "fabric-pcie", "device": device}
+                ]
+            }
+        }
+        if node is not None:
+            allocation["nodeSelector"] = {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                ]
+            }
+        claim["status"] = {"allocation": allocation}
+        if reserved:
+            claim["status"]["reservedFor"] = [{"resource": "pods", "name": f"{name}-0", "uid": f"{name}-pod"}]
+        await kube.replace(RESOURCE_CLAIMS, claim, subresource="status")
+        return str(claim["metadata"]["uid"])

@@ -27,7 +27,7 @@ from manager_api.errors import DeviceBusy, NotLeader, PermissionDenied, Unauthen
 from manager_api.models import AttachmentState, BindingState
 from plumbing.kube.client import KubeClient
 from plumbing.kube.resources import LEASES, NAMESPACES, NODES, RESOURCE_CLAIMS
-from tests.integration.fabric.conftest import FabricAdmin, assert_no_secrets, manager_args
+from tests.integration.fabric.conftest import FabricAdmin, allocated_claim, assert_no_secrets, manager_args
 from tests.support.apiserver import ApiServerProcess, start_apiserver
 from tests.support.fabric_manager import start_manager
 from tests.support.uids import claim_uid
@@ -92,42 +92,6 @@ async def leader_of(managers: dict[str, Role], within: float = 20) -> str:
                     return name
             assert time.monotonic() < deadline, "no manager became leader"
             await asyncio.sleep(0.1)
-
-
-async def allocated_claim(
-    cluster: ApiServerProcess, name: str, device: str, node: str | None = None, *, reserved: bool = False
-) -> str:
-    """A ResourceClaim in ``default`` allocated ``device`` of the PCIe pool (on ``node``, when given),
-    as the scheduler leaves it; returns its UID. The manager attaches only for such a claim."""
-    async with cluster.client() as kube:
-        claim = await kube.create(
-            RESOURCE_CLAIMS,
-            {
-                "metadata": {"name": name, "namespace": "default"},
-                "spec": {
-                    "devices": {"requests": [{"name": "dev", "exactly": {"deviceClassName": "fabric-dev"}}]}
-                },
-            },
-            "default",
-        )
-        allocation: dict[str, Any] = {
-            "devices": {
-                "results": [
-                    {"request": "dev", "driver": "fabric-dra.io", "pool": "fabric-pcie", "device": device}
-                ]
-            }
-        }
-        if node is not None:
-            allocation["nodeSelector"] = {
-                "nodeSelectorTerms": [
-                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
-                ]
-            }
-        claim["status"] = {"allocation": allocation}
-        if reserved:
-            claim["status"]["reservedFor"] = [{"resource": "pods", "name": f"{name}-0", "uid": f"{name}-pod"}]
-        await kube.replace(RESOURCE_CLAIMS, claim, subresource="status")
-        return str(claim["metadata"]["uid"])
 
 
 async def test_tokenreview_roles_and_failover(

@@ -35,7 +35,7 @@ from plumbing.kube import Invalid
 from plumbing.kube.client import KubeClient
 from plumbing.kube.resources import CONFIGMAPS, NAMESPACES, NODES
 from tests.integration.fabric.conftest import NODES as HOSTS
-from tests.integration.fabric.conftest import FabricAdmin, manager_args, plugin_token
+from tests.integration.fabric.conftest import FabricAdmin, allocated_claim, manager_args, plugin_token
 from tests.support.apiserver import ApiServerProcess, start_apiserver
 from tests.support.fabric_manager import running_manager
 from tests.support.uids import claim_uid
@@ -132,7 +132,10 @@ async def test_the_single_configmap_of_earlier_releases_is_migrated_at_start(
     cluster: ApiServerProcess, fabric: FabricAdmin, tmp_path: Path
 ) -> None:
     args = _cluster_args(fabric, tmp_path, cluster)
-    bindings = {"gpu0": ("kind-worker", claim_uid("old-a")), "nvme0": ("kind-worker2", claim_uid("old-b"))}
+    bindings = {
+        "gpu0": ("kind-worker", await allocated_claim(cluster, "old-a", "gpu0", "kind-worker")),
+        "nvme0": ("kind-worker2", await allocated_claim(cluster, "old-b", "nvme0", "kind-worker2")),
+    }
     with running_manager(tmp_path, fabric.url, args=args, name="before") as manager:
         for device, (node, claim) in bindings.items():
             async with ManagerClient(manager.address, token=plugin_token(node)) as plugin:
@@ -171,7 +174,8 @@ async def test_the_single_configmap_of_earlier_releases_is_migrated_at_start(
                 assert again.state == AttachmentState.ATTACHED
             async with ManagerClient(manager.address, token=plugin_token(other)) as intruder:
                 with pytest.raises(DeviceBusy, match=claim):
-                    await intruder.attach(device, other, claim_uid("someone-else"), wait_seconds=5)
+                    intruding = await allocated_claim(cluster, f"someone-else-{device}", device, other)
+                    await intruder.attach(device, other, intruding, wait_seconds=5)
         assert fabric.bound_hosts() == {"gpu0": "kind-worker", "nvme0": "kind-worker2"}  # never twice
         for device, (node, claim) in bindings.items():
             async with ManagerClient(manager.address, token=plugin_token(node)) as plugin:
@@ -214,7 +218,7 @@ async def test_hostile_claim_uids_and_names_are_refused_in_one_line(
             assert await _entries(kube) == {}
         # every node still attaches
         async with ManagerClient(manager.address, token=plugin_token("kind-worker2")) as other:
-            uid = claim_uid("after-the-attack")
+            uid = await allocated_claim(cluster, "after-the-attack", "gpu1", "kind-worker2")
             assert (
                 await other.attach("gpu1", "kind-worker2", uid, wait_seconds=20)
             ).state == AttachmentState.ATTACHED
@@ -230,26 +234,29 @@ async def test_a_node_at_its_bound_is_refused_and_the_others_keep_attaching(
             ManagerClient(manager.address, token=plugin_token("kind-worker")) as greedy,
             ManagerClient(manager.address, token=plugin_token("kind-worker2")) as other,
         ):
-            held = [("gpu0", claim_uid("greedy-0")), ("gpu1", claim_uid("greedy-1"))]
-            for device, uid in held:
+            held = [
+                (device, await allocated_claim(cluster, f"greedy-{i}", device, "kind-worker"))
+                for i, device in enumerate(("gpu0", "gpu1", "gpu2", "gpu3"))
+            ]
+            for device, uid in held[:2]:
                 assert (
                     await greedy.attach(device, "kind-worker", uid, wait_seconds=20)
                 ).state == AttachmentState.ATTACHED
             with pytest.raises(NodeBindingLimit, match=r"node kind-worker holds 2 devices") as refused:
-                await greedy.attach("gpu2", "kind-worker", claim_uid("greedy-2"), wait_seconds=20)
+                await greedy.attach("gpu2", "kind-worker", held[2][1], wait_seconds=20)
             assert "\n" not in str(refused.value)
-            mine = claim_uid("other-0")
+            mine = await allocated_claim(cluster, "other-0", "gpu2", "kind-worker2")
             assert (
                 await other.attach("gpu2", "kind-worker2", mine, wait_seconds=20)
             ).state == AttachmentState.ATTACHED
             # a detach frees a place for that node again
             await greedy.detach("gpu1", "kind-worker", held[1][1], wait_seconds=20)
-            assert (
-                await greedy.attach("gpu3", "kind-worker", claim_uid("greedy-3"), wait_seconds=20)
-            ).state == (AttachmentState.ATTACHED)
+            assert (await greedy.attach("gpu3", "kind-worker", held[3][1], wait_seconds=20)).state == (
+                AttachmentState.ATTACHED
+            )
             for client, node, device, uid in (
                 (greedy, "kind-worker", "gpu0", held[0][1]),
-                (greedy, "kind-worker", "gpu3", claim_uid("greedy-3")),
+                (greedy, "kind-worker", "gpu3", held[3][1]),
                 (other, "kind-worker2", "gpu2", mine),
             ):
                 await client.detach(device, node, uid, wait_seconds=20)
