@@ -93,6 +93,8 @@ class Inventory:
         self._host_nodes: dict[str, str] = {}
         self._node_hosts: dict[str, str] = {}
         self._touched: dict[str, float] = {}
+        #: device → (attaches failed in a row, the latest one's error code); shown in the inventory
+        self._attach_failures: dict[str, tuple[int, str]] = {}
         self._fingerprint = ""
         self._dirty = False
         self._rendered = api.Inventory(version=self.version, pools=[], devices=[], nodes=[])
@@ -219,6 +221,16 @@ class Inventory:
         self._touched[name] = time.monotonic()
         self.changed()
 
+    def note_attach(self, name: str, error: str | None) -> None:
+        """An attach of ``name`` ended: failed with ``error`` (a code), or succeeded (None)."""
+        if error is None:
+            if self._attach_failures.pop(name, None) is None:
+                return
+        else:
+            failures = self._attach_failures.get(name, (0, ""))[0]
+            self._attach_failures[name] = (failures + 1, error)
+        self.changed()
+
     async def run(self) -> None:
         """Keep the view current until cancelled: events first, polling as the fallback."""
         stream_task: asyncio.Task[None] | None = None
@@ -312,6 +324,8 @@ class Inventory:
             managed=managed,
             binding_style=record.style,
             redfish_uri=record.key,
+            attach_failures=self._attach_failures.get(record.name, (0, None))[0],
+            attach_error=self._attach_failures.get(record.name, (0, None))[1],
         )
 
     def _device_view(self, record: DeviceRecord) -> tuple[api.Device, str]:
@@ -320,7 +334,7 @@ class Inventory:
         entry = self.overlay(record.name)
         overlay = (entry.state, entry.node, entry.host, entry.claim_uid) if entry is not None else None
         bound_node = self._host_nodes.get(record.bound_hosts[0]) if record.bound_hosts else None
-        key = (overlay, bound_node)
+        key = (overlay, bound_node, self._attach_failures.get(record.name))
         cached = self._views.get(record.name)
         if cached is not None and cached[1] == key and (cached[0] is record or cached[0] == record):
             return cached[2], cached[3]

@@ -33,7 +33,7 @@ from fabric.ledger import Ledger, LedgerEntry, LedgerState
 from fabric.metrics import ManagerMetrics
 from fabric.operations import OperationLog, OperationSettings
 from manager_api import models as api
-from manager_api.errors import DeviceNotFound, FabricError, NotLeader
+from manager_api.errors import DeviceBusy, DeviceNotFound, FabricError, NotLeader
 from plumbing.backoff import Backoff
 from plumbing.crashpoints import crash_point
 from plumbing.logs import get_logger
@@ -305,6 +305,7 @@ class OperationDriver:
             self.ledger.commit_soon()
             crash_point("manager.attach.after-result")
         slot.error = None
+        self.inventory.note_attach(entry.device, None)
         seconds = self._finish(entry, record, api.OperationKind.ATTACH, None)
         log.info(
             "attached", device=entry.device, node=entry.node, claim=entry.claim_uid, seconds=_rounded(seconds)
@@ -344,6 +345,8 @@ class OperationDriver:
             with contextlib.suppress(FabricError):
                 await self.ledger.commit()
         slot.error = err
+        if not isinstance(err, DeviceBusy):  # held by someone else: nothing wrong with the device
+            self.inventory.note_attach(entry.device, err.code)
         seconds = self._finish(entry, record, api.OperationKind.ATTACH, err)
         log.warning(
             "attach failed, rolling back",

@@ -223,6 +223,12 @@ class InventoryServer:
                 return error(404, "DeviceNotFound", f"device {body.device} not found", device=body.device)
             if body.device in self.fail_attach or body.device in self.fail_every_attach:
                 code = self.fail_attach.pop(body.device, None) or self.fail_every_attach[body.device]
+                # Counted in the inventory as the manager does (fabric.inventory.note_attach).
+                self._replace(
+                    device.model_copy(
+                        update={"attach_failures": device.attach_failures + 1, "attach_error": code}
+                    )
+                )
                 return error(502, code, f"injected failure of {body.device}", device=body.device)
             if device.claim_uid and (device.claim_uid, device.node) != (body.claim_uid, body.node):
                 return error(
@@ -233,7 +239,13 @@ class InventoryServer:
                     held_by=f"{device.node}/{device.claim_uid}",
                 )
             bound = device.model_copy(
-                update={"state": BindingState.BOUND, "node": body.node, "claim_uid": body.claim_uid}
+                update={
+                    "state": BindingState.BOUND,
+                    "node": body.node,
+                    "claim_uid": body.claim_uid,
+                    "attach_failures": 0,
+                    "attach_error": None,
+                }
             )
             self._replace(bound)
             return Attachment(

@@ -151,6 +151,14 @@ class Device(DeviceAttributes, DeviceIdentity):
     managed: bool = Field(default=True, description="False when bound outside fabric-dra: never touched")
     binding_style: WireBindingStyle = Field(description=spoken_list([s.value for s in BindingStyle]))
     redfish_uri: str = Field(description="@odata.id of the fabric resource that represents the device")
+    # The controller quarantines a device from these in the plain flow, where the attach happens
+    # at prepare time and only the manager sees every attempt (docs/controller.md).
+    attach_failures: int = Field(
+        default=0, ge=0, description="attaches of the device that failed in a row; a successful one resets it"
+    )
+    attach_error: str | None = Field(
+        default=None, description="error code of the latest failed attach, while attach_failures > 0"
+    )
 
 
 class FabricNode(_Model):

@@ -250,3 +250,22 @@ async def test_refused_unbind_keeps_the_device_held_and_is_retried(tmp_path: Pat
     assert h.fabric.bound == {} and h.ledger.get("gpu0") is None
     operation = h.driver.operations.get(entry.operation_id)
     assert operation is not None and operation.state == api.OperationState.SUCCEEDED
+
+
+async def test_the_inventory_counts_failed_attaches_in_a_row_until_one_succeeds(tmp_path: Path) -> None:
+    """The plain flow's quarantine reads these (docs/controller.md): the manager is the one place
+    that sees every attach attempt."""
+    h = await make_harness(tmp_path)
+
+    def shown() -> tuple[int, str | None]:
+        device = next(d for d in h.inventory.snapshot().devices if d.name == "gpu0")
+        return device.attach_failures, device.attach_error
+
+    for expected in (1, 2):
+        h.fabric.faults["gpu0"] = [Fault(BindFailed("Redfish POST failed: InternalError"))]
+        with pytest.raises(BindFailed):
+            await h.attachments.attach(attach_request("gpu0", "node-0", "c1"), wait=5)
+        await _settled(h)
+        assert shown() == (expected, "BindFailed")
+    assert (await h.attachments.attach(attach_request("gpu0", "node-0", "c1"), wait=5))[1] == 200
+    assert shown() == (0, None)
