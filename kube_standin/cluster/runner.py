@@ -14,6 +14,7 @@ from kube_standin.cluster.deployments import DeploymentController
 from kube_standin.cluster.events import EventRecorder
 from kube_standin.cluster.kubelet import DraNodeClient, KubeletLoop, PluginManagerClient
 from kube_standin.cluster.scheduler import Scheduler, SchedulerConfig
+from kube_standin.cluster.taint_eviction import TaintEvictionController
 from plumbing.backoff import Backoff
 from plumbing.kube import AlreadyExists, KubeClient
 from plumbing.kube.informer import Informer
@@ -45,7 +46,8 @@ class NodeSpec:
 
 
 class StandInCluster:
-    """Deployment and ResourceClaim controllers, the scheduler, and one kubelet per node."""
+    """Deployment, ResourceClaim and device-taint eviction controllers, the scheduler, and one
+    kubelet per node."""
 
     def __init__(
         self,
@@ -88,6 +90,13 @@ class StandInCluster:
             self.claims,
             self.templates,
             EventRecorder(kube, "resource-claim-controller", host),
+        )
+        self.taint_eviction = TaintEvictionController(
+            kube,
+            self.pods,
+            self.claims,
+            self.slices,
+            EventRecorder(kube, "device-taint-eviction-controller", host),
         )
         self.scheduler = Scheduler(
             kube,
@@ -137,6 +146,7 @@ class StandInCluster:
                 await informer.synced.wait()
             group.create_task(self.deployment_controller.run())
             group.create_task(self.claim_controller.run())
+            group.create_task(self.taint_eviction.run())
             group.create_task(self.scheduler.run())
             for kubelet in self.kubelets:
                 group.create_task(kubelet.run())
