@@ -30,7 +30,7 @@ from dra_driver.controller.metrics import IS_LEADER
 from dra_driver.controller.nodelabels import NodeLabeler
 from dra_driver.controller.pluginpods import PluginNodes
 from dra_driver.controller.publisher import SlicePublisher
-from dra_driver.controller.quarantine import Quarantine
+from dra_driver.controller.quarantine import ManagerCounts, Quarantine, QuarantineEvents
 from manager_api.client import ManagerClient
 from plumbing.backoff import Backoff
 from plumbing.fsutil import atomic_write
@@ -218,6 +218,7 @@ class Controller:
             binding_conditions=opts.binding_conditions,
             binds_to_node=binds,
             publisher=opts.publisher,
+            evict_quarantined=not opts.binding_conditions,
         )
         log.info(
             "leading: publishing resource slices",
@@ -239,10 +240,15 @@ class Controller:
             else None
         )
         labeler = NodeLabeler(self.kube, opts.driver, publisher=opts.publisher, plugin_nodes=plugin_nodes)
+        events = EventRecorder(self.kube, controller=f"{opts.driver}/controller", instance=self.identity)
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self.feed.run())
             tasks.create_task(self.publisher.run(self.feed, resync_period=opts.resync_period))
             tasks.create_task(labeler.run(self.feed))
+            if not opts.binding_conditions:
+                # The plugin attaches at prepare time: only the manager sees the failures.
+                noticer = QuarantineEvents(self.kube, events, opts.driver)
+                tasks.create_task(ManagerCounts(self.feed, quarantine, noticer.record).run())
             if opts.binding_conditions:
                 self.binder = ClaimBinder(
                     self.kube,
@@ -253,8 +259,6 @@ class Controller:
                     busy_timeout=opts.busy_timeout,
                     release_grace=opts.release_grace,
                     quarantine=quarantine,
-                    events=EventRecorder(
-                        self.kube, controller=f"{opts.driver}/controller", instance=self.identity
-                    ),
+                    events=events,
                 )
                 tasks.create_task(self.binder.run())

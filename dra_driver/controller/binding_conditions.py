@@ -444,11 +444,7 @@ class ClaimBinder:
             ),
             reason="DeviceQuarantined",
             action="Quarantine",
-            note=(
-                f"device {target.pool}/{target.device} failed to attach {out.failures} time(s) in a row "
-                f"(last: {reason}: {message}); taken out of allocation for "
-                f"{max(0.0, out.until - time.monotonic()):.0f}s so the scheduler picks another device"
-            ),
+            note=out.note(),
             event_type="Warning",
         )
         task = asyncio.create_task(record)

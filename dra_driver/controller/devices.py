@@ -85,6 +85,9 @@ class PublishPolicy:
     binds_to_node: bool = False
     #: which controller owns the slices: one per fabric manager when several publish one driver
     publisher: str = "default"
+    #: True (the plain flow): a quarantined device's taint is NoExecute, so the pods stuck with its
+    #: allocation are evicted and their claims allocated again (:mod:`.quarantine`)
+    evict_quarantined: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +173,8 @@ def to_dra_device(device: Device, policy: PublishPolicy, quarantined: str | None
     if quarantined is not None:
         # The value is the last failure's reason code; a taint value must be a label value.
         value = quarantined if is_label_value(quarantined) else "AttachFailed"
-        taints.append({"key": attach_failed_taint_key(policy.driver), "value": value, "effect": "NoSchedule"})
+        effect = "NoExecute" if policy.evict_quarantined else "NoSchedule"
+        taints.append({"key": attach_failed_taint_key(policy.driver), "value": value, "effect": effect})
     if taints:
         out["taints"] = taints
     if policy.binding_conditions or policy.binds_to_node:

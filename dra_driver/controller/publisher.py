@@ -11,6 +11,7 @@ publisher converges after API-server errors, restarts and concurrent edits.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -98,12 +99,11 @@ class SlicePublisher:
     def policy(self) -> PublishPolicy:
         """The requested policy, less what the API server showed it drops."""
         p = self._requested_policy
-        return PublishPolicy(
-            driver=p.driver,
+        return dataclasses.replace(
+            p,
             device_taints=p.device_taints and not self._taints_dropped,
             binding_conditions=p.binding_conditions and not self._bindings_dropped,
             binds_to_node=p.binds_to_node and not self._bindings_dropped,
-            publisher=p.publisher,
         )
 
     @property

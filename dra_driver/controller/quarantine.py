@@ -14,19 +14,41 @@ which the allocator honours (``taintPreventsAllocation``). A quarantine lasts ``
 doubling for a device quarantined again (up to ``maximum``); a successful attach of the device
 ends it and clears its count. Failures that say nothing about the device (busy with another
 claim, no node, no permission) are not counted.
+
+Where the failures come from depends on the flow. With binding conditions the controller attaches
+itself and counts its own failures (:mod:`.binding_conditions`). In the plain flow the kubelet
+plugin attaches at prepare time, after the pod is bound, so the controller never sees an attempt:
+:class:`ManagerCounts` reads the manager's per-device count of attaches failed in a row
+(``Device.attach_failures``) from the inventory feed instead. There a ``NoSchedule`` taint would
+not move the allocation the pod is stuck with, so the publisher gives the taint the ``NoExecute``
+effect: kube-controller-manager's device-taint eviction controller then deletes the pods using
+the device, their claims are deallocated, and the scheduler allocates another device.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from dra_driver.controller.inventory_feed import InventoryFeed
 from dra_driver.controller.metrics import QUARANTINED_DEVICES, QUARANTINES
+from manager_api.models import Inventory
+from plumbing.kube import ApiError, KubeClient
+from plumbing.kube.dra import ResourceClaim
+from plumbing.kube.events import EventRecorder, ObjectRef
+from plumbing.kube.resources import RESOURCE_CLAIMS
 from plumbing.logs import get_logger
 
-__all__ = ["NOT_THE_DEVICES_FAULT", "PERMANENT", "Quarantine", "Quarantined"]
+__all__ = [
+    "NOT_THE_DEVICES_FAULT",
+    "PERMANENT",
+    "ManagerCounts",
+    "Quarantine",
+    "QuarantineEvents",
+    "Quarantined",
+]
 
 log = get_logger(__name__)
 
@@ -47,6 +69,14 @@ class Quarantined:
     failures: int
     #: monotonic time the device is published again
     until: float
+
+    def note(self) -> str:
+        """What an Event says about it."""
+        return (
+            f"device {self.pool}/{self.device} failed to attach {self.failures} time(s) in a row "
+            f"(last: {self.reason}: {self.message}); taken out of allocation for "
+            f"{max(0.0, self.until - time.monotonic()):.0f}s so the scheduler picks another device"
+        )
 
 
 @dataclass
@@ -148,3 +178,88 @@ class Quarantine:
             QUARANTINED_DEVICES.labels(pool=pool).set(counts.get(pool, 0))
         if self.on_change is not None:
             self.on_change()
+
+
+class ManagerCounts:
+    """The plain flow's source of failures: the manager's count per device, from the inventory.
+
+    Each rise of ``attach_failures`` is that many failed attaches; a fall means an attach succeeded
+    in between (the manager resets the count then). ``on_quarantine`` is awaited for each
+    quarantine this starts (the Event)."""
+
+    def __init__(
+        self,
+        feed: InventoryFeed,
+        quarantine: Quarantine,
+        on_quarantine: Callable[[Quarantined], Awaitable[None]] | None = None,
+    ) -> None:
+        self._feed = feed
+        self._quarantine = quarantine
+        self._on_quarantine = on_quarantine
+        self._seen: dict[tuple[str, str], int] = {}
+
+    async def run(self) -> None:
+        version: int | None = None
+        while True:
+            inventory = await self._feed.wait_newer(version)
+            version = inventory.version
+            for out in self.observe(inventory):
+                if self._on_quarantine is not None:
+                    await self._on_quarantine(out)
+
+    def observe(self, inventory: Inventory) -> list[Quarantined]:
+        """Count what changed since the last inventory; the quarantines that started."""
+        started: list[Quarantined] = []
+        seen: dict[tuple[str, str], int] = {}
+        for device in inventory.devices:
+            key = (device.pool, device.name)
+            now, before = device.attach_failures, self._seen.get(key, 0)
+            seen[key] = now
+            if now < before:
+                self._quarantine.attach_succeeded(*key)
+                before = 0
+            reason = device.attach_error or "AttachFailed"
+            message = f"the fabric manager counts {now} failed attach(es) in a row"
+            for _ in range(now - before):
+                out = self._quarantine.attach_failed(device.pool, device.name, reason, message)
+                if out is not None:
+                    started.append(out)
+        self._seen = seen
+        return started
+
+
+class QuarantineEvents:
+    """The plain flow's ``DeviceQuarantined`` Event, on each claim the device is allocated to (the
+    claims whose pods it evicts); the controller watches no claims there, so they are listed."""
+
+    def __init__(self, kube: KubeClient, events: EventRecorder, driver: str) -> None:
+        self._kube = kube
+        self._events = events
+        self._driver = driver
+
+    async def record(self, out: Quarantined) -> None:
+        try:
+            items, _ = await self._kube.list_all(RESOURCE_CLAIMS)
+        except ApiError as err:
+            log.warning("cannot list claims for the quarantine Event", device=out.device, error=str(err))
+            return
+        for obj in items:
+            claim = ResourceClaim.read(obj)
+            if claim is None or not any(
+                r.pool == out.pool and r.device == out.device for r in claim.results_for(self._driver)
+            ):
+                continue
+            meta = obj.get("metadata") or {}
+            await self._events.record(
+                ObjectRef(
+                    "ResourceClaim",
+                    str(meta.get("name")),
+                    str(meta.get("namespace") or ""),
+                    "resource.k8s.io/v1",
+                    str(meta.get("uid") or ""),
+                ),
+                reason="DeviceQuarantined",
+                action="Quarantine",
+                note=out.note(),
+                event_type="Warning",
+            )

@@ -4,7 +4,7 @@ stand-in cluster running in the test's event loop."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,6 +60,8 @@ class FakePlugin:
     fabric: dict[str, str] | None = None
     #: the node this plugin serves; set by the stand-in cluster's set-up
     node: str = ""
+    #: what the real plugin does at prepare time: attach the claim's devices; an error to answer, or ""
+    attach: Callable[[dra_v1.Claim, str], Awaitable[str]] | None = None
 
 
 class _Registration(reg_grpc.RegistrationServicer):
@@ -91,6 +93,11 @@ class _Dra(dra_v1_grpc.DRAPluginServicer):
         for claim in request.claims:
             if self.plugin.prepare_error:
                 response.claims[claim.uid].error = self.plugin.prepare_error
+                continue
+            if self.plugin.attach is not None and (
+                error := await self.plugin.attach(claim, self.plugin.node)
+            ):
+                response.claims[claim.uid].error = error
                 continue
             fabric, node = self.plugin.fabric, self.plugin.node
             holder = fabric.setdefault(claim.uid, node) if fabric is not None else node

@@ -4,6 +4,10 @@ control plane on a default 1.36 API server — the issue 16 acceptance checks:
 - a device whose attach fails every time: the stand-in scheduler, like the real one, allocates
   it again after every AttachFailed; the controller takes it out of allocation after three
   failures (an attach-failed taint) and the pod runs on another device within 30 s (defect 2);
+- the same in the plain flow, where the plugin attaches at prepare time and the kubelet retries:
+  the controller counts the failures from the manager's inventory, the taint is NoExecute, the
+  device-taint eviction controller evicts the pod, its claim goes with it, and the replacement
+  pod runs on another device within 30 s (defect 2);
 - pods sharing one claim: the controller publishes ``bindsToNode`` in the plain flow too, so the
   scheduler pins the claim's allocation to one node and all three replicas run there within
   30 s, although the pool's two nodes are equally good; where the server drops ``bindsToNode``
@@ -21,11 +25,15 @@ from typing import Any
 
 import httpx
 
+from dra_driver.plugin.prepare_errors import attach_failure
+from dra_driver.proto.dra_v1 import api_pb2 as dra_v1
 from fabric_dra.stack import Stack
 from fabric_dra.standins import InventoryServer, make_device, make_inventory
 from kube_standin.apiserver.kubeconfig import write_kubeconfig
+from manager_api.client import ManagerClient
+from manager_api.errors import FabricError
 from plumbing.kube import KubeClient, KubeConfig
-from plumbing.kube.resources import EVENTS, RESOURCE_SLICES
+from plumbing.kube.resources import EVENTS, RESOURCE_CLAIMS, RESOURCE_SLICES
 from tests.integration.cluster.conftest import DRIVER, FakePlugin
 from tests.integration.cluster.test_stand_in_cluster import (
     World,
@@ -70,6 +78,27 @@ async def controller_for(
         yield Publishing(manager, controller.role.address)
 
 
+async def running_on(world: World) -> list[Any] | None:
+    """The devices of the one pod's claim once that pod runs, else None."""
+    current = await pods(world)
+    if [(p.get("status") or {}).get("phase") for p in current] != ["Running"]:
+        return None
+    allocations = [c["status"]["allocation"] for c in await claims(world)]
+    return [r["device"] for a in allocations for r in a["devices"]["results"]]
+
+
+async def taints_of(world: World, device: str) -> list[dict[str, Any]]:
+    items, _ = await world.kube.list_all(RESOURCE_SLICES)
+    return [
+        t
+        for s in items
+        if s["spec"]["pool"]["name"] == f"fp-{world.tag}"
+        for d in s["spec"]["devices"]
+        if d["name"] == device
+        for t in d.get("taints") or []
+    ]
+
+
 async def test_a_device_failing_every_attach_is_tainted_and_the_pod_runs_on_another(
     kube: KubeClient, fake_plugin: FakePlugin, apiserver_url: str, tmp_path: Path
 ) -> None:
@@ -83,27 +112,12 @@ async def test_a_device_failing_every_attach_is_tainted_and_the_pod_runs_on_anot
         started = time.monotonic()
         await deploy(world, replicas=1, count=1)
 
-        async def running_on() -> list[Any] | None:
-            current = await pods(world)
-            if [(p.get("status") or {}).get("phase") for p in current] != ["Running"]:
-                return None
-            allocations = [c["status"]["allocation"] for c in await claims(world)]
-            return [r["device"] for a in allocations for r in a["devices"]["results"]]
-
-        got = await eventually(running_on, what="the pod Running on a working device", within=30)
+        got = await eventually(lambda: running_on(world), what="the pod Running elsewhere", within=30)
         elapsed = time.monotonic() - started
         assert got == ["gpu-1"], got
         attempts = [c for c in manager.attach_calls if c[0] == "gpu-0"]
         assert len(attempts) >= 3  # the scheduler allocated gpu-0 again after each failure
-        items, _ = await kube.list_all(RESOURCE_SLICES)
-        taints = [
-            t
-            for s in items
-            if s["spec"]["pool"]["name"] == f"fp-{world.tag}"
-            for d in s["spec"]["devices"]
-            if d["name"] == "gpu-0"
-            for t in d.get("taints") or []
-        ]
+        taints = await taints_of(world, "gpu-0")
         assert [(t["key"], t["effect"]) for t in taints] == [(f"{DRIVER}/attach-failed", "NoSchedule")]
         events, _ = await kube.list_all(EVENTS, world.ns)
         assert any(e.get("reason") == "DeviceQuarantined" for e in events)
@@ -112,6 +126,55 @@ async def test_a_device_failing_every_attach_is_tainted_and_the_pod_runs_on_anot
         assert 'fabric_dra_controller_device_quarantines_total{reason="BindFailed"} 1.0' in metrics
         assert f'fabric_dra_controller_quarantined_devices{{pool="fp-{world.tag}"}} 1.0' in metrics
         print(f"failing device: pod Running on another device {elapsed:.1f}s after the Deployment")
+
+
+async def test_plain_flow_a_device_failing_every_attach_is_evicted_from_and_the_pod_runs_on_another(
+    kube: KubeClient, fake_plugin: FakePlugin, apiserver_url: str, tmp_path: Path
+) -> None:
+    async with (
+        running(kube, fake_plugin) as world,
+        controller_for(world, apiserver_url, tmp_path, 3) as publishing,  # no binding conditions
+    ):
+        manager = publishing.manager
+        # gpu-0 is first in the allocator's order and fails every attach.
+        manager.fail_every_attach["gpu-0"] = "BindFailed"
+        async with ManagerClient(manager.url) as client:
+
+            async def attach(claim: dra_v1.Claim, node: str) -> str:
+                """The real plugin's prepare: attach every device the claim's allocation names."""
+                obj = await kube.get(RESOURCE_CLAIMS, claim.name, claim.namespace)
+                for result in obj["status"]["allocation"]["devices"]["results"]:
+                    try:
+                        await client.attach(result["device"], node, claim.uid, pool=result["pool"])
+                    except FabricError as err:
+                        return attach_failure(err, result["device"], node, claim.uid)
+                return ""
+
+            fake_plugin.attach = attach
+            started = time.monotonic()
+            await deploy(world, replicas=1, count=1)
+
+            got = await eventually(lambda: running_on(world), what="the pod Running elsewhere", within=30)
+            elapsed = time.monotonic() - started
+        assert got == ["gpu-1"], got
+        attempts = [c for c in manager.attach_calls if c[0] == "gpu-0"]
+        assert len(attempts) >= 3  # the kubelet retried the prepare, each time attaching gpu-0
+        assert len({claim for _, _, claim in attempts}) == 1  # all for the first pod's claim
+        taints = await taints_of(world, "gpu-0")
+        assert [(t["key"], t["value"], t["effect"]) for t in taints] == [
+            (f"{DRIVER}/attach-failed", "BindFailed", "NoExecute")
+        ]
+        events, _ = await kube.list_all(EVENTS, world.ns)
+        reasons = {e.get("reason") for e in events}
+        assert "DeviceQuarantined" in reasons, reasons
+        assert "DeviceTaintManagerEviction" in reasons, reasons
+        async with httpx.AsyncClient() as http:
+            metrics = (await http.get(f"{publishing.controller_url}/metrics")).text
+        assert 'fabric_dra_controller_device_quarantines_total{reason="BindFailed"} 1.0' in metrics
+        assert f'fabric_dra_controller_quarantined_devices{{pool="fp-{world.tag}"}} 1.0' in metrics
+        print(
+            f"failing device, plain flow: pod Running on another device {elapsed:.1f}s after the Deployment"
+        )
 
 
 async def test_replicas_sharing_a_claim_all_run_on_the_node_its_allocation_binds_to(

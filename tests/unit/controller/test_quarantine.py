@@ -5,8 +5,10 @@ an attach-failed NoSchedule taint where taints are kept, else withheld."""
 from __future__ import annotations
 
 from dra_driver.controller.devices import PublishPolicy, WithheldReason, to_dra_device
-from dra_driver.controller.quarantine import Quarantine
-from tests.support.controller import make_device
+from dra_driver.controller.inventory_feed import InventoryFeed
+from dra_driver.controller.quarantine import ManagerCounts, Quarantine
+from manager_api.models import Inventory
+from tests.support.controller import make_device, make_inventory
 
 DRIVER = "fabric-dra.io"
 
@@ -78,3 +80,37 @@ def test_a_quarantined_device_is_tainted_where_taints_are_kept_and_withheld_wher
         device, PublishPolicy(DRIVER, device_taints=True, binding_conditions=True), "not a label!"
     )
     assert odd.device is not None and odd.device["taints"][0]["value"] == "AttachFailed"
+
+
+def test_the_plain_flow_quarantines_with_a_NoExecute_taint() -> None:
+    """There the pod is bound to the failing device already: NoSchedule would not move it, the
+    device-taint eviction controller acts on NoExecute."""
+    policy = PublishPolicy(
+        driver=DRIVER, device_taints=True, binding_conditions=False, evict_quarantined=True
+    )
+    device = to_dra_device(make_device("gpu-0"), policy, quarantined="BindFailed").device
+    assert device is not None
+    assert device["taints"] == [
+        {"key": f"{DRIVER}/attach-failed", "value": "BindFailed", "effect": "NoExecute"}
+    ]
+
+
+def test_the_plain_flow_counts_the_managers_failures_from_the_inventory() -> None:
+    clock = Clock()
+    q = Quarantine(threshold=3, initial=60.0, clock=clock)
+    counts = ManagerCounts(InventoryFeed(None), q)  # type: ignore[arg-type]  # observe() reads no feed
+
+    def inventory(failures: int, error: str | None = "BindFailed") -> Inventory:
+        device = make_device("gpu-0").model_copy(
+            update={"attach_failures": failures, "attach_error": error if failures else None}
+        )
+        return make_inventory([device])
+
+    pool = make_device("gpu-0").pool
+    assert counts.observe(inventory(2)) == [] and q.active() == {}
+    assert counts.observe(inventory(0)) == []  # an attach succeeded: the count starts again
+    assert counts.observe(inventory(2)) == [] and q.active() == {}
+    (out,) = counts.observe(inventory(3))
+    assert (out.pool, out.device, out.reason, out.failures) == (pool, "gpu-0", "BindFailed", 3)
+    assert set(q.active()) == {(pool, "gpu-0")}
+    assert counts.observe(inventory(3)) == []  # the same inventory again counts nothing

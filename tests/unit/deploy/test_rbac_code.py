@@ -39,12 +39,12 @@ ROLES: dict[str, tuple[str, str, list[str]]] = {
     "controller": (
         "fabric-dra-controller",
         "kind",
-        ["dra_driver/controller", "plumbing/kube/leader.py"],
+        ["dra_driver/controller", "plumbing/kube/leader.py", "plumbing/kube/events.py"],
     ),
     "controller-binding-conditions": (
         "fabric-dra-controller",
         "binding-conditions",
-        ["dra_driver/controller", "plumbing/kube/leader.py"],
+        ["dra_driver/controller", "plumbing/kube/leader.py", "plumbing/kube/events.py"],
     ),
     "manager": (
         "fabric-dra-manager",
