@@ -267,6 +267,8 @@ def _device_edits(item: SpecDevice, *, real_host: bool) -> ContainerEdits:
             f"{p}DAX": host.dax,
             f"{p}NUMA_NODE": str(host.numa_node) if host.numa_node is not None else None,
             f"{p}DEVICE_NODES": ",".join(host.device_nodes) or None,
+            # a NIC's interface is no /dev node: the runtime (or a CNI plugin) moves it by name
+            f"{p}NET_INTERFACES": ",".join(host.net_interfaces) or None,
         }
         if real_host:
             nodes = [DeviceNode(path=path, permissions="rw") for path in host.device_nodes]

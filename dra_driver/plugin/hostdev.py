@@ -6,12 +6,22 @@ directory whose ``vendor`` + ``device`` + serial match the fabric's record; a CX
 the ``region<N>`` whose target memdev has the device's serial and whose ``size`` is the chunk's.
 On a real host a pyudev monitor wakes waiters on every add event, and an optional PCI rescan
 covers slots that do not announce hot-plugged devices.
+
+A real kernel is slower and less complete than the emulated tree (docs/plugin.md, "On a real
+host"): a device is enumerated before its driver has probed it, an NVMe drive's serial and
+namespaces exist only once the ``nvme`` driver has set the controller up, and a NIC's interface
+only once its driver has registered it. So on a real host a device counts as visible when it is
+*ready*: NVMe bound to its driver with its ``/dev`` nodes, a NIC bound with its interface, other
+devices enumerated. Its serial is the PCIe Device Serial Number when the device has that
+capability, else the NVMe controller serial; a device with neither is recognised by vendor and
+device ID alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import struct
 import time
@@ -22,11 +32,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from manager_api.errors import FabricError
 from plumbing.backoff import Backoff
 from plumbing.logs import get_logger
 
 __all__ = [
     "DeviceIdentity",
+    "DeviceInUse",
     "DeviceNotVisible",
     "HostDevice",
     "HostScanner",
@@ -40,10 +52,26 @@ log = get_logger(__name__)
 #: PCIe Extended Capability ID of the Device Serial Number capability (PCIe Base Spec 6.0, 7.9.3).
 _DSN_CAP_ID = 0x0003
 _EXT_CAP_START = 0x100
+#: PCI class codes (base class, sub class) whose readiness needs a driver: NVMe, Ethernet.
+_NVME_CLASS = 0x0108
+_NETWORK_BASE_CLASS = 0x02
+#: udev subsystems whose events can make a device visible or ready.
+UDEV_SUBSYSTEMS = ("pci", "nvme", "block", "net", "cxl", "dax")
+#: While udev events wake the scan, a re-scan without an event is only a safety net.
+_EVENT_SAFETY_NET_SECONDS = 2.0
+_POLL_MAX_SECONDS = 0.25
 
 
 class DeviceNotVisible(Exception):
     """The fabric bound the device, but this host did not see it in time."""
+
+
+class DeviceInUse(FabricError):
+    """A prepared device is still used on this host (mounted, held open): it is neither removed nor
+    detached under its user; the kubelet's retry tries again."""
+
+    code = "DeviceInUse"
+    retriable = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +100,7 @@ class HostDevice(BaseModel):
     iommu_group: str | None = None
     numa_node: int | None = None
     device_nodes: list[str] = Field(default_factory=list, description="host /dev paths a container needs")
+    net_interfaces: list[str] = Field(default_factory=list, description="a NIC's network interfaces")
 
 
 def normalize_serial(value: str | None) -> str | None:
@@ -146,13 +175,17 @@ class SysfsChanges:
         return self._monitor is not None
 
     def start_udev(self) -> bool:
-        """Listen for kernel uevents; False (and polling) where netlink is not available."""
+        """Listen for udev events; False (and polling) where netlink is not available, or where
+        ``FABRIC_DRA_UDEV=off`` asks for the polling fallback (to measure or work around udev)."""
+        if os.environ.get("FABRIC_DRA_UDEV", "").lower() == "off":
+            log.info("udev events switched off (FABRIC_DRA_UDEV=off), polling sysfs instead")
+            return False
         try:
             import pyudev  # only real hosts pay for the import
 
             context = pyudev.Context()
             monitor = pyudev.Monitor.from_netlink(context)
-            for subsystem in ("pci", "nvme", "cxl", "dax"):
+            for subsystem in UDEV_SUBSYSTEMS:
                 monitor.filter_by(subsystem)
             monitor.start()
         except Exception as err:  # any failure means: poll instead
@@ -202,6 +235,8 @@ class HostScanner:
         self.pci_rescan = pci_rescan
         self.changes = changes or SysfsChanges()
         self._clock = clock
+        #: device name → why a candidate found on a real host is not ready yet (for the error)
+        self.not_ready: dict[str, str] = {}
 
     # -- scanning --------------------------------------------------------------------------
 
@@ -217,9 +252,40 @@ class HostScanner:
             return serial
         try:
             with open(dev / "config", "rb") as handle:
-                return pcie_device_serial(handle.read(4096))
+                dsn = pcie_device_serial(handle.read(4096))
         except OSError:
-            return None
+            dsn = None
+        if dsn is not None:
+            return dsn
+        for ctrl in _nvme_controllers(dev):
+            return _read(dev / "nvme" / ctrl / "serial")
+        return None
+
+    def _not_ready(self, bdf: str, dev: Path) -> str | None:
+        """Why a real host's device is not usable yet (driver not bound, nodes missing); None: ready."""
+        pci_class = _hex_id(_read(dev / "class")) or 0
+        needs_driver = pci_class >> 8 == _NVME_CLASS or pci_class >> 16 == _NETWORK_BASE_CLASS
+        driver = _link_name(dev / "driver")
+        if needs_driver and driver is None:
+            return (
+                f"it is enumerated at {bdf} but no driver is bound to it (a driver probe that failed "
+                "or is still running, or no driver module for it: see the kernel log, "
+                f"'dmesg | grep {bdf}')"
+            )
+        if pci_class >> 8 == _NVME_CLASS and driver == "nvme":
+            controllers = _nvme_controllers(dev)
+            if not controllers:
+                return f"the nvme driver is bound at {bdf} but has not set up a controller yet"
+            for ctrl in controllers:
+                state = _read(dev / "nvme" / ctrl / "state")
+                if state not in (None, "live"):
+                    return f"NVMe controller {ctrl} at {bdf} is {state}, not live"
+                for node in [ctrl, *_nvme_namespaces(dev, ctrl)]:
+                    if not os.path.exists(f"/dev/{node}"):
+                        return f"/dev/{node} of {bdf} does not exist yet"
+        if pci_class >> 16 == _NETWORK_BASE_CLASS and driver is not None and not _listdir(dev / "net"):
+            return f"the {driver} driver is bound at {bdf} but has not registered a network interface yet"
+        return None
 
     def _find_pci(self, identity: DeviceIdentity, exclude: Collection[str]) -> HostDevice | None:
         base = self.root / "bus" / "pci" / "devices"
@@ -237,8 +303,18 @@ class HostScanner:
                 continue
             if want_device is not None and _hex_id(_read(dev / "device")) != want_device:
                 continue
-            if want_serial is not None and normalize_serial(self._pci_serial(dev)) != want_serial:
-                continue
+            if self.real_host:
+                reason = self._not_ready(bdf, dev)
+                if reason is not None:
+                    self.not_ready[identity.name] = reason
+                    continue
+            if want_serial is not None:
+                serial = self._pci_serial(dev)
+                # A real device without any serial (no DSN capability, not NVMe) is recognised by
+                # its vendor and device ID alone (docs/plugin.md, "On a real host").
+                if (serial is not None or not self.real_host) and normalize_serial(serial) != want_serial:
+                    continue
+            self.not_ready.pop(identity.name, None)
             return self._describe_pci(bdf, dev)
         return None
 
@@ -250,19 +326,10 @@ class HostScanner:
         # host has no /dev at all, so there the nodes only name what a real host would expose.
         if group is not None and (not self.real_host or driver == "vfio-pci"):
             nodes += [f"/dev/vfio/{group}"] + (["/dev/vfio/vfio"] if self.real_host else [])
-        nvme_dir = dev / "nvme"
-        with contextlib.suppress(OSError):
-            for ctrl in sorted(os.listdir(nvme_dir)):
-                if not ctrl.startswith("nvme"):
-                    continue
-                nodes.append(f"/dev/{ctrl}")
-                if self.real_host:
-                    with contextlib.suppress(OSError):
-                        nodes += [
-                            f"/dev/{ns}"
-                            for ns in sorted(os.listdir(nvme_dir / ctrl))
-                            if ns.startswith(ctrl + "n")
-                        ]
+        for ctrl in _nvme_controllers(dev):
+            nodes.append(f"/dev/{ctrl}")
+            if self.real_host:
+                nodes += [f"/dev/{ns}" for ns in _nvme_namespaces(dev, ctrl)]
         numa = _read(dev / "numa_node")
         return HostDevice(
             sysfs_path=str(dev),
@@ -271,6 +338,7 @@ class HostScanner:
             iommu_group=group,
             numa_node=int(numa) if numa and numa.lstrip("-").isdigit() and int(numa) >= 0 else None,
             device_nodes=nodes,
+            net_interfaces=_listdir(dev / "net") if self.real_host else [],
         )
 
     def _memdev_of_target(self, cxl: Path, target: str) -> str | None:
@@ -357,8 +425,14 @@ class HostScanner:
     ) -> HostDevice:
         """Scan until the device shows up; udev events (real hosts) or back-off polling wake the scan."""
         deadline = self._clock() + within
-        # A local poll woken early by udev: no jitter, nobody else to desynchronise from.
-        backoff = Backoff(initial=0.002, maximum=0.25, jitter=0)
+        # A local poll woken early by udev: no jitter, nobody else to desynchronise from. With udev
+        # events the scan runs when the kernel reports a change; the timed re-scan only catches a
+        # missed event. Without them, back-off polling finds the device.
+        backoff = Backoff(
+            initial=0.002,
+            maximum=_EVENT_SAFETY_NET_SECONDS if self.changes.watching else _POLL_MAX_SECONDS,
+            jitter=0,
+        )
         rescanned_at: float | None = None
         while True:
             found = self.find(identity, exclude())
@@ -366,6 +440,12 @@ class HostScanner:
                 return found
             now = self._clock()
             if now >= deadline:
+                reason = self.not_ready.pop(identity.name, None)
+                if reason is not None:
+                    raise DeviceNotVisible(
+                        f"device {identity.name} was bound to this node but is not usable after "
+                        f"{within:.0f}s: {reason}"
+                    )
                 raise DeviceNotVisible(
                     f"device {identity.name} was bound to this node but did not appear under "
                     f"{self.root} within {within:.0f}s; check the host's PCIe hot-plug/CXL setup "
@@ -390,12 +470,43 @@ class HostScanner:
 
     # -- removal -----------------------------------------------------------------------------
 
+    def users(self, device: HostDevice) -> str | None:
+        """Who still uses ``device`` on this host (mounted, held open), or None. Real hosts only.
+
+        A block device that the kernel will not open exclusively (``O_EXCL``) is mounted or held
+        by a filesystem, RAID or LVM; a process with one of the device nodes open is found in
+        ``/proc/<pid>/fd`` as ``fuser`` does.
+        """
+        if not self.real_host:
+            return None
+        for node in device.device_nodes:
+            if not os.path.basename(node).startswith("nvme") or "n" not in os.path.basename(node)[4:]:
+                continue
+            try:
+                fd = os.open(node, os.O_RDONLY | os.O_EXCL | os.O_CLOEXEC)
+            except OSError as err:
+                if err.errno == errno.EBUSY:
+                    return f"{node} is mounted or held exclusively"
+                continue
+            os.close(fd)
+        holders = _open_by(set(device.device_nodes))
+        if holders:
+            return "opened by " + ", ".join(holders)
+        return None
+
     def remove(self, device: HostDevice) -> None:
         """Unbind the driver and remove a PCIe device the kernel way (blocking: the driver may take
         seconds). Only files the kernel provides are written: an emulated tree has none of them."""
         if device.pci_address is None:
             return  # CXL regions are torn down by the fabric; nothing for the host to do here
         dev = Path(device.sysfs_path)
+        if self.real_host:
+            reason = self.users(device)
+            if reason is not None:
+                raise DeviceInUse(
+                    f"it is still in use on this node ({device.pci_address}: {reason}); it was neither "
+                    "removed nor detached"
+                )
         unbind = dev / "driver" / "unbind"
         if unbind.exists():
             unbind.write_text(device.pci_address)
@@ -404,3 +515,39 @@ class HostScanner:
         if remove.exists():
             remove.write_text("1")
             log.info("device removed from the host", device_path=str(dev))
+
+
+def _listdir(path: Path) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+def _nvme_controllers(dev: Path) -> list[str]:
+    return [c for c in _listdir(dev / "nvme") if c.startswith("nvme")]
+
+
+def _nvme_namespaces(dev: Path, ctrl: str) -> list[str]:
+    """Block devices of a controller: ``nvme0n1`` (or ``nvme0c0n1`` hidden under multipath: skip)."""
+    return [ns for ns in _listdir(dev / "nvme" / ctrl) if ns.startswith(ctrl + "n")]
+
+
+def _open_by(nodes: set[str]) -> list[str]:
+    """``<comm>[<pid>]`` of every process with one of ``nodes`` open (like ``fuser``)."""
+    if not nodes:
+        return []
+    found = []
+    me = os.getpid()
+    for pid in _listdir(Path("/proc")):
+        if not pid.isdigit() or int(pid) == me:
+            continue
+        for fd in _listdir(Path("/proc") / pid / "fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target in nodes:
+                found.append(f"{_read(Path('/proc') / pid / 'comm') or '?'}[{pid}]")
+                break
+    return found

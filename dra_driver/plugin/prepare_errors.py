@@ -151,6 +151,8 @@ def detach_failure(err: FabricError, node: str) -> str:
         step = "check the fabric-dra-manager pods and Service"
     elif isinstance(err, AuthError):
         step = "check the plugin's token (--manager-token-file)"
+    elif err.code == "DeviceInUse":
+        step = "stop what uses it on the node (unmount it, end the process holding it)"
     else:
         step = "the fabric manager keeps the detach and finishes it when the fabric answers"
     return (

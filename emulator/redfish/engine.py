@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from emulator.qemu.host import HostUnplugError, QemuHosts
+from emulator.qemu.qmp import QmpError
 from emulator.redfish import uris
 from emulator.redfish.events import EventBus, FabricEvent
 from emulator.redfish.faults import (
@@ -160,6 +162,8 @@ class Engine:
         self._unhang = asyncio.Event()
         #: Ids of tasks held by a HangTasks fault
         self.hung: set[str] = set()
+        #: hosts of ``kind: qemu``: their binds and unbinds change a guest (set by the service)
+        self.qemu: QemuHosts | None = None
 
     @property
     def state(self) -> FabricState:
@@ -289,6 +293,9 @@ class Engine:
             self._check_unbind(op)
         failure = self._take_failure(op)
         hang = self._take_hang(op)
+        # A QEMU host's change waits on its guest (device_del until DEVICE_DELETED): always a task,
+        # so the request is not held open and the targets stay reserved meanwhile.
+        force_task = force_task or (self.qemu is not None and op.host in self.qemu)
         if not (self.latency.tasks or force_task or hang):
             if failure is not None:
                 await self._commit([], [])  # the fault's count went down
@@ -461,6 +468,8 @@ class Engine:
                     ]
                 )
             await asyncio.sleep(seconds / 2)
+            if failure is None:
+                failure = await self._guest_change(op)
         except asyncio.CancelledError:
             return
         self._runners.pop(task.id, None)
@@ -470,6 +479,35 @@ class Engine:
             # a failed write was logged by the store; the task's state is retried with the next commit
             await self._commit(effects, events)
         crash_point("emulator.task.after-complete")
+
+    async def _guest_change(self, op: Operation) -> RedfishError | None:
+        """Plug or unplug the targets of ``op`` in a QEMU host's guest; the failure, if any."""
+        if self.qemu is None or op.host not in self.qemu:
+            return None
+        host = self.qemu[op.host]
+        done: list[str] = []
+        try:
+            for t in op.targets:
+                if self._target(t).chunk is not None:
+                    continue
+                if op.kind == OperationKind.BIND:
+                    await host.plug(t)
+                elif t in self.state.bindings:
+                    await host.unplug(t)
+                done.append(t)
+        except HostUnplugError as err:
+            return RedfishError.of(504, "OperationTimeout", detail=str(err))
+        except (QmpError, OSError) as err:
+            if op.kind == OperationKind.BIND:
+                for t in done:  # all or nothing: a failed bind leaves the guest as it was
+                    with contextlib.suppress(HostUnplugError, QmpError, OSError):
+                        await host.unplug(t)
+            return RedfishError.of(
+                500,
+                "OperationFailed",
+                detail=f"QEMU host {op.host} could not {op.kind.value} {_fmt_targets(op.targets)}: {err}",
+            )
+        return None
 
     def _finish_task(
         self, task: TaskRecord, op: Operation, failure: RedfishError | None

@@ -133,8 +133,10 @@ class HostView:
     daemon thread empties it afterwards.
     """
 
-    def __init__(self, hosts_dir: Path) -> None:
+    def __init__(self, hosts_dir: Path, qemu_hosts: frozenset[str] = frozenset()) -> None:
         self.hosts_dir = hosts_dir
+        #: hosts of ``kind: qemu``: their guest's kernel is their view (emulator/qemu), no tree here
+        self.qemu_hosts = qemu_hosts
         #: unbound PCIe devices, ready to be renamed into a host's tree (same filesystem)
         self.stage_dir = hosts_dir.with_name(hosts_dir.name + ".stage")
         self.trash_dir = hosts_dir.with_name(hosts_dir.name + ".trash")
@@ -188,15 +190,20 @@ class HostView:
             if stale.exists():
                 shutil.rmtree(stale)
         for host, system_uuid in hosts.items():
-            self.prepare_host(host, system_uuid)
+            if host not in self.qemu_hosts:
+                self.prepare_host(host, system_uuid)
 
     def add(self, entry: HostEntry) -> None:
+        if entry.host in self.qemu_hosts:
+            return
         if entry.type == DeviceType.CXL_MEMORY:
             self._add_cxl(entry)
         else:
             self._add_pci(entry)
 
     def remove(self, entry: HostEntry) -> None:
+        if entry.host in self.qemu_hosts:
+            return
         if entry.type == DeviceType.CXL_MEMORY:
             self._remove_cxl(entry)
         else:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from emulator.qemu.host import QemuHosts, qemu_hosts
 from emulator.redfish import uris
 from emulator.redfish.app import RedfishApp
 from emulator.redfish.auth import Account, Credentials, Sessions
@@ -68,9 +69,11 @@ def build_service(config: ServeConfig) -> EmulatorService:
         ) from None
     revision = Revision()
     events = EventBus(store.state.event_seq)
-    engine = Engine(
-        config.index, store, HostView(config.state_dir / "hosts"), events, config.latency, revision
-    )
+    guests = frozenset(qemu_hosts(config.index))
+    hostview = HostView(config.state_dir / "hosts", guests)
+    engine = Engine(config.index, store, hostview, events, config.latency, revision)
+    if guests:
+        engine.qemu = QemuHosts(config.index, config.state_dir)
     engine.recover()
     sessions = Sessions(on_change=revision.bump)
     service = config.index.topology.service
@@ -133,6 +136,12 @@ def _faulty_protocol(engine: Engine) -> type[asyncio.Protocol]:
 
 async def serve(config: ServeConfig) -> None:
     service = build_service(config)
+    if service.engine.qemu is not None:
+        # Boot (or attach to) the guests and make each hold exactly what the state binds to it.
+        bound: dict[str, set[str]] = {}
+        for binding in service.store.state.bindings.values():
+            bound.setdefault(binding.host, set()).add(binding.target)
+        await service.engine.qemu.start(bound)
     server = HttpServer(
         service.app,
         host=config.host,
@@ -164,4 +173,6 @@ async def serve(config: ServeConfig) -> None:
     finally:
         service.engine.close()
         await service.store.drain()
+        if service.engine.qemu is not None:
+            await service.engine.qemu.close()
         log.info("emulator stopped")

@@ -35,6 +35,7 @@ __all__ = [
     "PcieDevice",
     "PcieFabric",
     "PcieSwitch",
+    "QemuOptions",
     "ServiceInfo",
     "SwitchBase",
     "Topology",
@@ -96,6 +97,21 @@ class ServiceInfo(_Model):
     product: str = "fabric-dra Redfish fabric emulator"
 
 
+class QemuOptions(_Model):
+    """How the emulator reaches the q35 guest behind a ``kind: qemu`` host (docs/emulator.md)."""
+
+    monitor: str | None = Field(
+        default=None,
+        description="QMP socket of a guest that is already running (attach to it); default: the "
+        "emulator starts its own guest under <state-dir>/qemu/<host>",
+    )
+    memory_mib: int = Field(default=1024, ge=256, le=65536)
+    cpus: int = Field(default=2, ge=1, le=16)
+    release_seconds: float = Field(
+        default=10.0, gt=0, le=600, description="how long an unbind waits for the guest to release a device"
+    )
+
+
 class Host(_Model):
     """A server with a PCIe/CXL host port into the fabric; a Kubernetes node of the same name."""
 
@@ -103,6 +119,12 @@ class Host(_Model):
     name: str = Field(pattern=DNS1123_SUBDOMAIN_PATTERN, max_length=DNS1123_SUBDOMAIN_MAX_LENGTH)
     uuid: UUID = Field(description="ComputerSystem UUID, as the node's /sys/class/dmi/id/product_uuid")
     numa_node: int = Field(default=0, ge=-1, le=63, description="NUMA node of the host's fabric root port")
+    kind: Literal["file", "qemu"] = Field(
+        default="file",
+        description="file: a sysfs-like tree under <state-dir>/hosts/<name>; qemu: a QEMU guest whose "
+        "kernel sees bound PCIe devices hot-plugged",
+    )
+    qemu: QemuOptions | None = Field(default=None, description="options of a kind: qemu host")
 
 
 class DeviceModel(_Model):
