@@ -80,11 +80,11 @@ def _handle(request: dict[str, Any]) -> dict[str, Any]:
         return {"sent": True}
     if op == "wait":
         with _lock:
-            child = _children.get(int(request["pid"]))
-        if child is None:
+            waited = _children.get(int(request["pid"]))
+        if waited is None:
             return {"error": f"no child {request['pid']}"}
         try:
-            rc = child.wait(timeout=request.get("timeout", 0) or None)
+            rc = waited.wait(timeout=request.get("timeout", 0) or None)
         except subprocess.TimeoutExpired:
             return {"rc": None}
         return {"rc": rc}
