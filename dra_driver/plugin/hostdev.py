@@ -283,8 +283,17 @@ class HostScanner:
                 for node in [ctrl, *_nvme_namespaces(dev, ctrl)]:
                     if not os.path.exists(f"/dev/{node}"):
                         return f"/dev/{node} of {bdf} does not exist yet"
-        if pci_class >> 16 == _NETWORK_BASE_CLASS and driver is not None and not _listdir(dev / "net"):
-            return f"the {driver} driver is bound at {bdf} but has not registered a network interface yet"
+        if pci_class >> 16 == _NETWORK_BASE_CLASS and driver is not None:
+            interfaces = _listdir(dev / "net")
+            if not interfaces:
+                return f"the {driver} driver is bound at {bdf} but has not registered a network interface yet"
+            # udev renames a new interface (predictable names) before it records it in its
+            # database: only a recorded interface has its final name (pyudev's is_initialized).
+            if os.path.exists("/run/udev/control"):
+                for name in interfaces:
+                    index = _read(dev / "net" / name / "ifindex")
+                    if index and not os.path.exists(f"/run/udev/data/n{index}"):
+                        return f"udev has not finished with the interface {name} of {bdf} yet"
         return None
 
     def _find_pci(self, identity: DeviceIdentity, exclude: Collection[str]) -> HostDevice | None:
