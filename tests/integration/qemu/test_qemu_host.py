@@ -106,10 +106,16 @@ class GuestKubelet:
         answer: dict[str, Any] = json.loads(line)
         return answer
 
-    def prepare(self, ref: ClaimRef) -> dict[str, Any]:
-        answer = self.call({"op": "prepare", "claims": [ref.__dict__]})
-        assert "_error" not in answer, answer
-        return dict(answer[ref.uid])
+    def prepare(self, ref: ClaimRef, retries: int = 3) -> dict[str, Any]:
+        """NodePrepareResources, called again (as the kubelet does) while the answer is a transient
+        error of the API server connection (user networking under TCG drops an idle one at times)."""
+        for _ in range(retries):
+            answer = self.call({"op": "prepare", "claims": [ref.__dict__]})
+            assert "_error" not in answer, answer
+            result = dict(answer[ref.uid])
+            if "Unreachable" not in result["error"]:
+                break
+        return result
 
     def unprepare(self, ref: ClaimRef) -> str:
         answer = self.call({"op": "unprepare", "claims": [ref.__dict__]})
