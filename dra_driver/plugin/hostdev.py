@@ -283,17 +283,22 @@ class HostScanner:
                 for node in [ctrl, *_nvme_namespaces(dev, ctrl)]:
                     if not os.path.exists(f"/dev/{node}"):
                         return f"/dev/{node} of {bdf} does not exist yet"
+                for ns in _nvme_namespaces(dev, ctrl):
+                    # udev probes a new disk (blkid) with it open: until it is done, the device
+                    # would look in use to an unprepare, and its /dev/disk links are missing
+                    number = _read(dev / "nvme" / ctrl / ns / "dev")
+                    if number and _udev_busy_with(f"b{number}"):
+                        return f"udev has not finished with /dev/{ns} of {bdf} yet"
         if pci_class >> 16 == _NETWORK_BASE_CLASS and driver is not None:
             interfaces = _listdir(dev / "net")
             if not interfaces:
                 return f"the {driver} driver is bound at {bdf} but has not registered a network interface yet"
             # udev renames a new interface (predictable names) before it records it in its
-            # database: only a recorded interface has its final name (pyudev's is_initialized).
-            if os.path.exists("/run/udev/control"):
-                for name in interfaces:
-                    index = _read(dev / "net" / name / "ifindex")
-                    if index and not os.path.exists(f"/run/udev/data/n{index}"):
-                        return f"udev has not finished with the interface {name} of {bdf} yet"
+            # database: only a recorded interface has its final name
+            for name in interfaces:
+                index = _read(dev / "net" / name / "ifindex")
+                if index and _udev_busy_with(f"n{index}"):
+                    return f"udev has not finished with the interface {name} of {bdf} yet"
         return None
 
     def _find_pci(self, identity: DeviceIdentity, exclude: Collection[str]) -> HostDevice | None:
@@ -526,6 +531,17 @@ class HostScanner:
             log.info("device removed from the host", device_path=str(dev))
 
 
+def _udev_busy_with(record: str) -> bool:
+    """Whether udev runs on this host and has not finished with a device yet: udev records a device
+    in its database (``/run/udev/data/<record>``: ``n<ifindex>``, ``b<major>:<minor>``) once it
+    has run its rules for it (pyudev's ``Device.is_initialized``)."""
+    return os.path.exists("/run/udev/control") and not os.path.exists(f"/run/udev/data/{record}")
+
+
+#: What udev's processes are called (the daemon, and its workers since systemd 247).
+_UDEV_PROCESSES = frozenset({"systemd-udevd", "(udev-worker)", "udevd"})
+
+
 def _listdir(path: Path) -> list[str]:
     try:
         return sorted(os.listdir(path))
@@ -557,6 +573,10 @@ def _open_by(nodes: set[str]) -> list[str]:
             except OSError:
                 continue
             if target in nodes:
-                found.append(f"{_read(Path('/proc') / pid / 'comm') or '?'}[{pid}]")
+                comm = _read(Path("/proc") / pid / "comm") or "?"
+                # udev opens a disk briefly to probe it after a change (its inotify watch): that
+                # is no user, and the kernel ends the probe when the device goes
+                if comm not in _UDEV_PROCESSES:
+                    found.append(f"{comm}[{pid}]")
                 break
     return found
