@@ -1,15 +1,15 @@
 """The plugin's real-host path against a real kernel: a QEMU guest as the node (docs/plugin.md,
 "On a real host"; docs/emulator.md, "QEMU hosts").
 
-One guest per module (booting under TCG costs tens of seconds). On the machine: the emulator
-(its ``node-q`` host is ``kind: qemu``, attached to the guest's monitor), the fabric manager and
-the API test server. In the guest: ``fabric-dra plugin --host-mode real`` and a kubelet-protocol
-client (guest_kubelet.py), both forked from the guest agent's zygote (emulator/qemu/agent.py) and
-reaching the machine through QEMU user networking.
+One guest per run: the scenarios are steps of one test item (why: its docstring). On the
+machine: the emulator (its ``node-q`` host is ``kind: qemu``, attached to the guest's monitor),
+the fabric manager and the API test server. In the guest: ``fabric-dra plugin --host-mode real``
+and a kubelet-protocol client (guest_kubelet.py), both forked from the guest agent's zygote
+(emulator/qemu/agent.py) and reaching the machine through QEMU user networking.
 
-Every test leaves the node as it found it (the ``clean_node`` fixture unprepares what a failed
-test left behind), so one failure does not fail the tests after it. The figures printed (``-s``)
-are those of docs/plugin.md, "On a real host".
+Every scenario leaves the node as it found it (:meth:`Node.clean` unprepares what a failed one
+left behind), so one failure does not fail the scenarios after it. The figures printed (``-s``)
+are those of docs/plugin.md, "On a real host", and docs/performance.md.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,15 +65,22 @@ RELEASE_SECONDS = 6
 VISIBLE_TIMEOUT = 8
 #: What the guest's programs import, preloaded once per boot by the agent's zygote: the plugin
 #: and the kubelet client then start in seconds instead of 30-60 s each.
+#: Exactly what they import (``fabric-dra plugin`` imports only the plugin's role, and a plain
+#: kubeconfig is read with yaml alone): each module costs some 15 times its import time on this
+#: machine.
 PRELOAD = [
     "fabric_dra.cli",
+    "dra_driver.plugin.cli",
     "dra_driver.plugin.config",
     "dra_driver.plugin.server",
     "manager_api.client",
     "plumbing.kube",
     "pyudev",
+    "yaml",
     "kube_standin.kubelet_client",
 ]
+#: the guest's Python has no byte-code cache prefix: it reads the ``__pycache__`` directories
+#: that :func:`_compile_for_guest` fills
 GUEST_ENV = {"PYTHONPATH": str(REPO)}
 
 TOPOLOGY: dict[str, Any] = {
@@ -230,6 +238,18 @@ class Node:
 
         wait_for(up, 300, lambda: f"guest kubelet not up:\n{tail(self.share / 'kubelet.log')}")
 
+    def clean(self) -> None:
+        """Unprepare what a failed scenario left prepared, restarting the plugin or kubelet it
+        left dead."""
+        if not self.running(self.plugin_pid):
+            self.start_plugin()
+        if not self.running(self.kubelet_pid):
+            self.start_kubelet()
+        for ref in self.claims:
+            with contextlib.suppress(Exception):
+                self.kubelet.unprepare(ref)
+        self.claims.clear()
+
     def running(self, pid: int) -> bool:
         with contextlib.suppress(Exception):
             return pid != 0 and self.guest.agent.wait(pid, 0) is None
@@ -310,14 +330,25 @@ def wait_for(
         time.sleep(interval)
 
 
-@pytest.fixture(scope="module")
-def node() -> Iterator[Node]:
-    # The guest's root is read-only and the project's tree may hold no byte-code (a checkout run
-    # with PYTHONDONTWRITEBYTECODE): compile it here, or the guest compiles it on every import.
+def _compile_for_guest() -> None:
+    """Byte-compile the project's packages into their ``__pycache__`` directories. The guest's
+    root is this machine's, read-only, and a checkout run with ``PYTHONDONTWRITEBYTECODE`` (or a
+    ``PYTHONPYCACHEPREFIX`` the guest does not share) holds no byte-code where the guest looks:
+    it would compile every module on every import, under emulation (minutes). The virtualenv's
+    packages were compiled by pip."""
     import compileall
 
-    for package in ("plumbing", "manager_api", "dra_driver", "kube_standin", "fabric_dra"):
-        compileall.compile_dir(str(REPO / package), quiet=1)
+    prefix, sys.pycache_prefix = sys.pycache_prefix, None
+    try:
+        for package in ("plumbing", "manager_api", "dra_driver", "kube_standin", "fabric_dra"):
+            compileall.compile_dir(str(REPO / package), quiet=1)
+    finally:
+        sys.pycache_prefix = prefix
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[Node]:
+    _compile_for_guest()
     started = time.monotonic()
     run_dir = temporary_run_dir(NODE)
     guest = QemuGuest(GuestConfig(NODE, FABRIC_PORTS, run_dir, forwards=[KUBELET_PORT, METRICS_PORT]))
@@ -379,20 +410,6 @@ def node() -> Iterator[Node]:
             shutil.rmtree(run_dir, ignore_errors=True)
 
 
-@pytest.fixture(autouse=True)
-def clean_node(node: Node) -> Iterator[None]:
-    """Unprepare what a failed test left prepared, restarting the plugin or kubelet it left dead."""
-    node.claims.clear()
-    yield
-    if not node.running(node.plugin_pid):
-        node.start_plugin()
-    if not node.running(node.kubelet_pid):
-        node.start_kubelet()
-    for ref in node.claims:
-        with contextlib.suppress(Exception):
-            node.kubelet.unprepare(ref)
-
-
 def _env_of(spec: dict[str, Any]) -> dict[str, str]:
     env: dict[str, str] = {}
     for device in spec["devices"]:
@@ -408,7 +425,7 @@ def _namespace_node(node: Node) -> str:
     return next(n for s in node.specs().values() for n in _nodes_of(s) if re.fullmatch(r"/dev/nvme\d+n1", n))
 
 
-def test_nvme_and_nic_attach_visible_through_udev_and_detach(node: Node) -> None:
+def scenario_nvme_and_nic_attach_visible_through_udev_and_detach(node: Node) -> None:
     ref = node.claim("attach-1", "nvme-0", "nic-0")
     started = time.monotonic()
     result = node.kubelet.prepare(ref)
@@ -469,7 +486,7 @@ def _cycles(node: Node, label: str, count: int) -> tuple[list[float], dict[str, 
     return durations, means
 
 
-def test_twenty_cycles_leave_nothing_behind(node: Node) -> None:
+def scenario_twenty_cycles_leave_nothing_behind(node: Node) -> None:
     """Ten cycles with the plugin woken by udev events, ten with its polling fallback
     (``FABRIC_DRA_UDEV=off``): the visible latency of both is docs/plugin.md's comparison."""
     events, events_phases = _cycles(node, "udev", 10)
@@ -492,7 +509,7 @@ def test_twenty_cycles_leave_nothing_behind(node: Node) -> None:
         print(f"  {name}: " + ", ".join(f"{p} {v:.3f}s" for p, v in sorted(phases.items())))
 
 
-def test_in_use_device_is_not_detached_under_its_user(node: Node) -> None:
+def scenario_in_use_device_is_not_detached_under_its_user(node: Node) -> None:
     ref = node.claim("in-use", "nvme-0")
     assert node.kubelet.prepare(ref)["error"] == ""
     holder = node.guest.agent.spawn(
@@ -521,7 +538,7 @@ _BLOCK_NIC_DRIVER = (
 _LOAD_NIC_DRIVER = "rm -f /etc/modprobe.d/fdq-block.conf && udevadm control --reload && modprobe e1000e"
 
 
-def test_slow_probe_then_failed_probe(node: Node) -> None:
+def scenario_slow_probe_then_failed_probe(node: Node) -> None:
     node.sh(_BLOCK_NIC_DRIVER)
     try:
         # Slow: the driver binds seconds after the device appeared; the plugin keeps waiting.
@@ -551,7 +568,7 @@ def test_slow_probe_then_failed_probe(node: Node) -> None:
         node.sh(_LOAD_NIC_DRIVER, check=False)
 
 
-def test_guest_that_never_releases_fails_the_unbind_cleanly(node: Node) -> None:
+def scenario_guest_that_never_releases_fails_the_unbind_cleanly(node: Node) -> None:
     client = node.emulator.client()
     uri, body = zone_add(NODE, "gpu-0")
     assert client.post(uri, json=body).status_code in (200, 202, 204)
@@ -579,7 +596,7 @@ def test_guest_that_never_releases_fails_the_unbind_cleanly(node: Node) -> None:
     client.close()
 
 
-def test_plugin_killed_between_attach_and_visible_recovers(node: Node) -> None:
+def scenario_plugin_killed_between_attach_and_visible_recovers(node: Node) -> None:
     ref = node.claim("killed", "nvme-0")
     results: dict[str, Any] = {}
     call = threading.Thread(target=lambda: results.update(node.kubelet.call(
@@ -598,7 +615,7 @@ def test_plugin_killed_between_attach_and_visible_recovers(node: Node) -> None:
     assert node.plugged() == set() and node.specs() == {}
 
 
-def test_guest_reboot_with_a_device_attached(node: Node) -> None:
+def scenario_guest_reboot_with_a_device_attached(node: Node) -> None:
     """The documented state after a node reboot with a device attached (docs/plugin.md, "On a real
     host"), with this guest's plugin directory on a tmpfs as its CDI root is."""
     ref = node.claim("reboot", "nvme-0")
@@ -635,3 +652,35 @@ def test_guest_reboot_with_a_device_attached(node: Node) -> None:
     assert node.plugged() == set() and node.specs() == {}
     assert "nvme-0" not in node.emulator.bound_hosts()
     print(f"\nreboot: agent back after {boot_seconds:.1f}s, preload in the guest {preload_seconds:.1f}s")
+
+
+#: In the order they run: the reboot last, as it costs a second boot.
+SCENARIOS: list[Callable[[Node], None]] = [
+    scenario_nvme_and_nic_attach_visible_through_udev_and_detach,
+    scenario_twenty_cycles_leave_nothing_behind,
+    scenario_in_use_device_is_not_detached_under_its_user,
+    scenario_slow_probe_then_failed_probe,
+    scenario_guest_that_never_releases_fails_the_unbind_cleanly,
+    scenario_plugin_killed_between_attach_and_visible_recovers,
+    scenario_guest_reboot_with_a_device_attached,
+]
+
+
+def test_node_side_on_a_real_kernel(node: Node) -> None:
+    """Every scenario, in one test item: pytest-xdist (``--dist worksteal``) hands the tail of a
+    long worker's queue to an idle worker, and a module's tests split that way would boot a second
+    guest. Every scenario runs even when one before it failed (:meth:`Node.clean` puts the node
+    back), and the failures are reported together."""
+    failures = []
+    seconds = {}
+    for scenario in SCENARIOS:
+        node.claims.clear()
+        started = time.monotonic()
+        try:
+            scenario(node)
+        except Exception:  # reported below, with its traceback
+            failures.append(f"{scenario.__name__}:\n{traceback.format_exc()}")
+        seconds[scenario.__name__.removeprefix("scenario_")] = time.monotonic() - started
+        node.clean()
+    print("\nscenario seconds: " + ", ".join(f"{name} {s:.1f}" for name, s in seconds.items()))
+    assert not failures, "\n".join(failures)
