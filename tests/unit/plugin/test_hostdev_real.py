@@ -80,3 +80,19 @@ def test_an_nvme_serial_is_read_from_its_controller(tmp_path: Path) -> None:
     # /dev/nvme0 of this made-up tree does not exist on the machine running the test
     assert scanner.find(want) is None
     assert scanner._pci_serial(dev) == "SN2"
+
+
+@pytest.mark.parametrize(("driver", "nodes"), [("vfio-pci", ["/dev/vfio/7", "/dev/vfio/vfio"]), ("edu", [])])
+def test_vfio_nodes_only_while_vfio_pci_drives_the_device(
+    tmp_path: Path, driver: str, nodes: list[str]
+) -> None:
+    """The QEMU guests have no IOMMU, so this rule is shown on a hand-made tree only: a device in
+    IOMMU group 7 gets /dev/vfio/7 and the container /dev/vfio/vfio while vfio-pci drives it, and
+    no vfio node under any other driver (the group's node exists only under vfio-pci)."""
+    dev = _device(tmp_path, "0000:03:00.0", 0x1234, 0x11E8, 0x00FF00)
+    group = tmp_path / "kernel" / "iommu_groups" / "7"
+    group.mkdir(parents=True)
+    os.symlink(group, dev / "iommu_group")
+    _bind(tmp_path, dev, driver)
+    found = HostScanner(tmp_path, real_host=True).find(GPU)
+    assert found is not None and found.device_nodes == nodes
