@@ -36,16 +36,18 @@ from prometheus_client.parser import text_string_to_metric_families
 from emulator.qemu.guest import HOST_ADDRESS_IN_GUEST, GuestConfig, QemuGuest, temporary_run_dir
 from emulator.qemu.image import missing_tools
 from emulator.qemu.qmp import QmpClient
+from fabric_dra.stack import Role
 from kube_standin.apiserver.kubeconfig import write_kubeconfig
-from plumbing.procs import RoleProcess
 from tests.support.apiserver import ApiServerProcess, start_apiserver
 from tests.support.emulator import RunningEmulator, run_emulator, zone_add, zone_remove
 from tests.support.fabric_manager import start_manager
 from tests.support.plugin import ClaimRef, PluginStack
+from tests.support.waiting import wait_until
 
 # Generous limits: under TCG on a loaded 2-core machine the guest runs 20-30 times slower than
-# the machine; a slow run must not fail.
-pytestmark = [pytest.mark.qemu, pytest.mark.timeout(900)]
+# the machine; a slow run must not fail. The one test item is the whole suite: a run with QEMU at
+# a quarter of a core (load average 22) took 883 s.
+pytestmark = [pytest.mark.qemu, pytest.mark.timeout(1200)]
 
 _MISSING = missing_tools()
 if _MISSING:
@@ -180,7 +182,7 @@ class Node:
 
     guest: QemuGuest
     emulator: RunningEmulator
-    manager: RoleProcess
+    manager: Role
     apiserver: ApiServerProcess
     kubelet: GuestKubelet
     stack: PluginStack
@@ -227,7 +229,10 @@ class Node:
             log=str(self.plugin_log),
             env={"POD_UID": "", **GUEST_ENV, **(env or {})},
         )  # fmt: skip
-        wait_for(ready.exists, 300, lambda: f"plugin not ready:\n{tail(self.plugin_log)}")
+        try:
+            wait_until(ready.exists, timeout=300, what="the plugin's ready file", interval=0.1)
+        except AssertionError as err:
+            raise AssertionError(f"{err}\n{tail(self.plugin_log)}") from None
         return time.monotonic() - started
 
     def stop_plugin(self, sig: int = 15) -> None:
@@ -251,7 +256,10 @@ class Node:
                 return bool(self.kubelet.call({"op": "ping"}, timeout=5).get("plugin"))
             return False
 
-        wait_for(up, 300, lambda: f"guest kubelet not up:\n{tail(self.share / 'kubelet.log')}")
+        try:
+            wait_until(up, timeout=300, what="the plugin registered with the guest kubelet", interval=0.2)
+        except AssertionError as err:
+            raise AssertionError(f"{err}\n{tail(self.share / 'kubelet.log')}") from None
         return time.monotonic() - started
 
     def clean(self) -> None:
@@ -331,19 +339,6 @@ def tail(path: Path, lines: int = 40) -> str:
     with contextlib.suppress(OSError):
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     return f"(no {path})"
-
-
-def wait_for(
-    check: Callable[[], object],
-    timeout: float,
-    describe: Callable[[], str] | None = None,
-    interval: float = 0.1,
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(describe() if describe else f"timed out after {timeout}s")
-        time.sleep(interval)
 
 
 def _compile_for_guest() -> None:
@@ -537,7 +532,9 @@ def scenario_in_use_device_is_not_detached_under_its_user(node: Node) -> None:
         ["/bin/sh", "-c", f"exec 3<{_namespace_node(node)}; exec sleep 600"], log="/dev/null"
     )
     try:
-        wait_for(lambda: "sleep" in node.sh(f"cat /proc/{holder}/comm 2>/dev/null; true"), 30)
+        wait_until(
+            lambda: "sleep" in node.sh(f"cat /proc/{holder}/comm 2>/dev/null; true"), timeout=30, interval=0.2
+        )
         error = node.kubelet.unprepare(ref)
         assert "in use" in error and "sleep" in error, error
         assert node.plugged() == {"fd-nvme-0"}
@@ -567,7 +564,9 @@ def scenario_slow_probe_then_failed_probe(node: Node) -> None:
         results: dict[str, Any] = {}
         prepared = threading.Thread(target=lambda: results.update(node.kubelet.prepare(ref)))
         prepared.start()
-        wait_for(lambda: "0x10d3" in node.sh("cat /sys/bus/pci/devices/*/device"), 120)
+        wait_until(
+            lambda: "0x10d3" in node.sh("cat /sys/bus/pci/devices/*/device"), timeout=120, interval=0.2
+        )
         time.sleep(3)
         assert prepared.is_alive(), results  # still waiting for the driver
         node.sh(_LOAD_NIC_DRIVER)
@@ -593,7 +592,7 @@ def scenario_guest_that_never_releases_fails_the_unbind_cleanly(node: Node) -> N
     client = node.emulator.client()
     uri, body = zone_add(NODE, "gpu-0")
     assert client.post(uri, json=body).status_code in (200, 202, 204)
-    wait_for(lambda: node.emulator.bound_hosts().get("gpu-0") == NODE, 120)
+    wait_until(lambda: node.emulator.bound_hosts().get("gpu-0") == NODE, timeout=120, interval=0.2)
     node.qmp("stop")  # a guest that does not answer the hot-plug controller
     try:
         uri, body = zone_remove(NODE, "gpu-0")
@@ -609,10 +608,10 @@ def scenario_guest_that_never_releases_fails_the_unbind_cleanly(node: Node) -> N
     finally:
         node.qmp("cont")
     # the guest lets go once it runs again; the next unbind finds the device gone and completes
-    wait_for(lambda: "fd-gpu-0" not in node.plugged(), 60)
+    wait_until(lambda: "fd-gpu-0" not in node.plugged(), timeout=60, interval=0.2)
     response = client.post(uri, json=body)
     assert response.status_code in (200, 202, 204), response.text
-    wait_for(lambda: "gpu-0" not in node.emulator.bound_hosts(), 120)
+    wait_until(lambda: "gpu-0" not in node.emulator.bound_hosts(), timeout=120, interval=0.2)
     assert node.plugged() == set()
     client.close()
 
@@ -623,7 +622,8 @@ def scenario_plugin_killed_between_attach_and_visible_recovers(node: Node) -> No
     call = threading.Thread(target=lambda: results.update(node.kubelet.call(
         {"op": "prepare", "claims": [ref.__dict__]})))  # fmt: skip
     call.start()
-    wait_for(lambda: "fd-nvme-0" in node.plugged(), 120)  # attached: the guest is enumerating it
+    # attached: the guest is enumerating it
+    wait_until(lambda: "fd-nvme-0" in node.plugged(), timeout=120, interval=0.2)
     node.stop_plugin(sig=9)
     call.join(120)
     assert "_error" in results, results  # the kubelet's call failed with the plugin
@@ -651,14 +651,16 @@ def scenario_guest_reboot_with_a_device_attached(node: Node) -> None:
     # guest set it up again at boot (driver bound, /dev nodes).
     assert node.emulator.bound_hosts().get("nvme-0") == NODE
     assert node.plugged() == {"fd-nvme-0"}
-    wait_for(lambda: node.sh("ls /dev | grep -c '^nvme.n1$' || true").strip() == "1", 120)
+    wait_until(
+        lambda: node.sh("ls /dev | grep -c '^nvme.n1$' || true").strip() == "1", timeout=120, interval=0.2
+    )
     # What the node kept on tmpfs is gone: CDI specs, the checkpoint.
     assert node.specs() == {}
     assert node.checkpoint() == ""
     # The plugin finds the fabric's binding for a claim it has no record of and records it.
     preload_seconds = node.guest.agent.preloaded()
     plugin_seconds = node.start_plugin()
-    wait_for(lambda: ref.uid in node.checkpoint(), 60)
+    wait_until(lambda: ref.uid in node.checkpoint(), timeout=60, interval=0.2)
     assert f"claim {ref.uid}: the fabric binds nvme-0 to this node but this plugin had no record" in (
         node.plugin_log.read_text()
     )
