@@ -69,7 +69,8 @@ class _Zygote:
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
-        assert self.proc.stdout is not None
+        if self.proc.stdout is None:  # started with stdout=PIPE: never
+            raise RuntimeError("the zygote has no stdout pipe")
         for line in self.proc.stdout:
             message = json.loads(line)
             with self._cond:
@@ -104,7 +105,8 @@ class _Zygote:
             return self.seconds
 
     def fork(self, argv: list[str], env: dict[str, str], log: str) -> int:
-        assert self.proc.stdin is not None
+        if self.proc.stdin is None:  # started with stdin=PIPE: never
+            raise RuntimeError("the zygote has no stdin pipe")
         with self._cond:
             self._next += 1
             ident = self._next

@@ -165,7 +165,8 @@ class QemuHost:
     def monitor(self) -> Path:
         if self.options.monitor is not None:
             return Path(self.options.monitor)
-        assert self.guest is not None
+        if self.guest is None:
+            raise RuntimeError(f"QEMU host {self.name}: no monitor given and no guest started")
         return self.guest.qmp_emulator
 
     async def start(self) -> None:
@@ -193,11 +194,15 @@ class QemuHost:
         if event == "DEVICE_DELETED" and "device" in data:
             self._deleted.setdefault(data["device"], asyncio.Event()).set()
 
+    def _qmp(self) -> QmpClient:
+        if self.qmp is None:
+            raise RuntimeError(f"QEMU host {self.name} is not started: no monitor connection")
+        return self.qmp
+
     async def present(self) -> set[str]:
         """QOM ids of the fabric devices plugged into the guest now."""
-        assert self.qmp is not None
         found = set()
-        for item in await self.qmp.execute("qom-list", path="/machine/peripheral"):
+        for item in await self._qmp().execute("qom-list", path="/machine/peripheral"):
             if item.get("name", "").startswith("fd-"):
                 found.add(item["name"])
         return found
@@ -208,7 +213,7 @@ class QemuHost:
         return dev, stand_in
 
     async def plug(self, target: str) -> None:
-        assert self.qmp is not None
+        qmp = self._qmp()
         dev, stand_in = self._target_info(target)
         port = self.ports[f"{dev.switch}/{dev.port}"]
         qom = device_qom_id(target)
@@ -219,8 +224,8 @@ class QemuHost:
             if not image.exists():
                 await asyncio.to_thread(_write_backing_file, image, f"fabric-dra {target} {dev.serial}\n")
             with contextlib.suppress(QmpError):  # left over from an unplug that did not finish
-                await self.qmp.execute("blockdev-del", **{"node-name": node})
-            await self.qmp.execute(
+                await qmp.execute("blockdev-del", **{"node-name": node})
+            await qmp.execute(
                 "blockdev-add",
                 **{"driver": "raw", "node-name": node, "file": {"driver": "file", "filename": str(image)}},
             )
@@ -229,7 +234,7 @@ class QemuHost:
             args["mac"] = mac_of_serial(dev.serial)
         self._deleted.pop(qom, None)
         started = time.monotonic()
-        await self.qmp.execute("device_add", **args)
+        await qmp.execute("device_add", **args)
         log.info(
             "device plugged into QEMU host",
             node=self.name,
@@ -241,12 +246,12 @@ class QemuHost:
 
     async def unplug(self, target: str) -> None:
         """``device_del`` and wait for ``DEVICE_DELETED``; raises :class:`HostUnplugError` past the limit."""
-        assert self.qmp is not None
+        qmp = self._qmp()
         qom = device_qom_id(target)
         event = self._deleted.setdefault(qom, asyncio.Event())
         started = time.monotonic()
         try:
-            await self.qmp.execute("device_del", id=qom)
+            await qmp.execute("device_del", id=qom)
         except QmpError as err:
             if err.error_class != "DeviceNotFound":
                 raise HostUnplugError(
@@ -263,7 +268,7 @@ class QemuHost:
             ) from None
         self._deleted.pop(qom, None)
         with contextlib.suppress(QmpError):
-            await self.qmp.execute("blockdev-del", **{"node-name": f"blk-{target}"})
+            await qmp.execute("blockdev-del", **{"node-name": f"blk-{target}"})
         log.info(
             "device released by QEMU host",
             node=self.name,

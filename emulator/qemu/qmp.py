@@ -63,9 +63,11 @@ class QmpClient:
         return lambda: self._listeners.remove(callback) if callback in self._listeners else None
 
     async def _read(self) -> None:
-        assert self._reader is not None
+        reader = self._reader
+        if reader is None:  # started by connect(), after the reader exists
+            raise RuntimeError("QMP: read before connect")
         try:
-            while line := await self._reader.readline():
+            while line := await reader.readline():
                 message = json.loads(line)
                 if "event" in message:
                     stamp = message.get("timestamp", {})
