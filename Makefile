@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest bench kind-e2e clean image push print-image
+.PHONY: demo test test-qemu lint typecheck pytest bench kind-e2e clean image push print-image
 
 # --- the container image ------------------------------------------------------------------------
 # `make image` builds the Dockerfile and tags it twice: <IMAGE>:<VERSION> (the package version in
@@ -68,6 +68,10 @@ pytest: $(STAMP)
 	$(BIN)/python -m pytest
 
 test: lint typecheck pytest
+
+# The QEMU guest suite (docs/emulator.md "QEMU hosts"): needs qemu-system-x86, a kernel, busybox-static.
+test-qemu: $(STAMP)
+	FABRIC_DRA_QEMU=1 $(BIN)/python -m pytest -p no:xdist -m qemu tests/integration/qemu
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[test,bench]"
