@@ -10,6 +10,7 @@ import httpx
 
 from fabric_dra.stack import Stack
 from tests.support.monitoring import exposed_names, metric_names, used_expressions
+from tests.support.uids import claim_uid
 
 CONTROLLER_TOKEN = "controller-token-0123456789abcdef"
 
@@ -27,12 +28,12 @@ def test_dashboard_and_alert_metrics_exist_in_a_scrape() -> None:
             http.post(
                 "/api/v1/attachments",
                 params={"waitSeconds": 30},
-                json={"device": device, "node": node, "claimUid": "claim-metrics"},
+                json={"device": device, "node": node, "claimUid": claim_uid("claim-metrics")},
             ).raise_for_status()
             bound = http.get("/metrics").text
             http.delete(
                 f"/api/v1/attachments/{device}",
-                params={"claimUid": "claim-metrics", "node": node, "waitSeconds": 30},
+                params={"claimUid": claim_uid("claim-metrics"), "node": node, "waitSeconds": 30},
             ).raise_for_status()
             scrape = http.get("/metrics").text
 

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from fabric_dra.stack import Emulator, Manager, Stack
+from tests.support.uids import claim_uid
 
 CONTROLLER_TOKEN = "controller-token-0123456789abcdef"
 OPERATOR_TOKEN = "operator-token-0123456789abcdef"
@@ -118,12 +119,14 @@ def test_explain_from_the_manager_without_a_cluster(
     assert fits.stderr.startswith(f"reading the fabric inventory from {manager.url}")
 
     # A device a claim holds counts as allocated.
-    _attach(manager, "gpu0", "kind-worker", "claim-explain")
+    _attach(manager, "gpu0", "kind-worker", claim_uid("claim-explain"))
     try:
         held = _cli(*base, "--all-devices", "-o", "text", str(_claim(tmp_path, "fabric-gpu", count=1)))
-        assert "allocated (1): allocated to claim (fabric manager)/claim-explain" in held.stdout, held.stdout
+        assert (
+            f"allocated (1): allocated to claim (fabric manager)/{claim_uid('claim-explain')}" in held.stdout
+        ), held.stdout
     finally:
-        _detach(manager, "gpu0", "kind-worker", "claim-explain")
+        _detach(manager, "gpu0", "kind-worker", claim_uid("claim-explain"))
 
     typo = _cli(*base, str(_claim(tmp_path, "fabric-gpus")))
     assert typo.returncode == 2
@@ -137,7 +140,7 @@ def test_explain_from_the_manager_without_a_cluster(
 
 def test_status_columns_and_watch(stack: tuple[Emulator, Manager], token_file: Path) -> None:
     _, manager = stack
-    _attach(manager, "gpu1", "kind-worker2", "claim-status")
+    _attach(manager, "gpu1", "kind-worker2", claim_uid("claim-status"))
     try:
         table = _cli("status", "--manager-url", manager.url, "--token-file", str(token_file))
         assert table.returncode == 0, table.stderr
@@ -155,9 +158,9 @@ def test_status_columns_and_watch(stack: tuple[Emulator, Manager], token_file: P
             "MANAGED",
         ]
         row = next(line for line in table.stdout.splitlines() if " gpu1 " in line)
-        assert "switch0" in row and " OK " in row and "claim-status" in row
+        assert "switch0" in row and " OK " in row and claim_uid("claim-status") in row
     finally:
-        _detach(manager, "gpu1", "kind-worker2", "claim-status")
+        _detach(manager, "gpu1", "kind-worker2", claim_uid("claim-status"))
     # The manager's attach and detach log lines carry how long each took.
     log = manager.role.log_since_start().splitlines()
     for event in ("attached", "detached"):
@@ -185,14 +188,14 @@ def test_status_columns_and_watch(stack: tuple[Emulator, Manager], token_file: P
     try:
         wait_for("inventory version", 60)
         first = "".join(lines)
-        _attach(manager, "gpu2", "kind-worker3", "claim-watch")
-        wait_for("claim-watch", 15)
+        _attach(manager, "gpu2", "kind-worker3", claim_uid("claim-watch"))
+        wait_for(claim_uid("claim-watch"), 15)
     finally:
         watch.terminate()
         watch.wait(timeout=20)
         reader.join(timeout=10)
-        _detach(manager, "gpu2", "kind-worker3", "claim-watch")
-    assert first.startswith("--- ") and "claim-watch" not in first
+        _detach(manager, "gpu2", "kind-worker3", claim_uid("claim-watch"))
+    assert first.startswith("--- ") and claim_uid("claim-watch") not in first
     assert "".join(lines).count("--- ") >= 2
 
 
@@ -222,11 +225,11 @@ def test_every_output_format_of_status_and_explain(
     """One grammar: ``-o table|wide|json|yaml`` on the data commands that talk to the manager."""
     _, manager = stack
     auth = ["--manager-url", manager.url, "--token-file", str(token_file)]
-    _attach(manager, "gpu3", "kind-worker4", f"claim-{output}")
+    _attach(manager, "gpu3", "kind-worker4", claim_uid(f"claim-{output}"))
     try:
         status = _cli("status", *auth, "-o", output)
     finally:
-        _detach(manager, "gpu3", "kind-worker4", f"claim-{output}")
+        _detach(manager, "gpu3", "kind-worker4", claim_uid(f"claim-{output}"))
     explain = _cli(
         "explain", *auth, "--classes", str(CLASSES), "-o", output, str(_claim(tmp_path, "fabric-gpu"))
     )

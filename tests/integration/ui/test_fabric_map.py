@@ -20,6 +20,7 @@ import pytest
 from fabric_dra.stack import Manager, Stack
 from tests.support.browser import Browser, artifacts_dir, chromium_binary
 from tests.support.tools import needs_tool
+from tests.support.uids import claim_uid
 
 CONTROLLER_TOKEN = "controller-token-0123456789abcdef"
 OPERATOR_TOKEN = "operator-token-0123456789abcdef"
@@ -78,7 +79,7 @@ def test_the_map_follows_an_attach_without_reload(manager: Manager, browser: Bro
         attached = http.post(
             "/api/v1/attachments",
             params={"waitSeconds": 30},
-            json={"device": device, "node": node, "claimUid": "claim-ui"},
+            json={"device": device, "node": node, "claimUid": claim_uid("claim-ui")},
             headers=controller,
         )
         assert attached.status_code == 200, attached.text
@@ -87,7 +88,7 @@ def test_the_map_follows_an_attach_without_reload(manager: Manager, browser: Bro
             timeout=10,
         )
         seen_after = time.monotonic() - started
-        assert _state(browser, device) == {"state": "bound", "node": node, "claim": "claim-ui"}
+        assert _state(browser, device) == {"state": "bound", "node": node, "claim": claim_uid("claim-ui")}
         # ... and the node's box lists it
         chip = f"[data-node-box={json.dumps(node)}] [data-node-device={json.dumps(device)}]"
         assert browser.evaluate(f"!!document.querySelector('{chip}')")
@@ -106,7 +107,7 @@ def test_the_map_follows_an_attach_without_reload(manager: Manager, browser: Bro
 
         http.delete(
             f"/api/v1/attachments/{device}",
-            params={"claimUid": "claim-ui", "node": node, "waitSeconds": 30},
+            params={"claimUid": claim_uid("claim-ui"), "node": node, "waitSeconds": 30},
             headers=controller,
         ).raise_for_status()
         browser.wait_for(
