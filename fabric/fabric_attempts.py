@@ -42,6 +42,9 @@ __all__ = ["ErrorHolder", "FabricAttempts", "TaskControl", "Unresolved"]
 
 log = get_logger(__name__)
 
+#: reads after a change before it counts as not applied (``settle_seconds`` apart at most)
+_CONFIRM_READS = 4
+
 
 class Unresolved(Exception):
     """The driver cannot finish now (fabric unreachable, task still running, not the leader);
@@ -197,7 +200,33 @@ class FabricAttempts:
                 continue
             crash_point("manager.attach.after-fabric-call" if bound else "manager.detach.after-fabric-call")
             entry.task_monitor = None
+            await self._confirm(entry, record, host, backend, bound=bound)
             return
+
+    async def _confirm(
+        self, entry: LedgerEntry, record: DeviceRecord, host: HostRecord, backend: Backend, *, bound: bool
+    ) -> None:
+        """A change is done only when the fabric's own record of bindings shows it, read after
+        the change: a service may answer 200 to an action it did not apply (DMTF's mockup server
+        applies none), or apply it a moment later. Never resent: the service took it once."""
+        pauses = Backoff(self.settings.settle_seconds / 4, self.settings.settle_seconds)
+        for _ in range(_CONFIRM_READS):
+            try:
+                current = await backend.read_binding(record)
+            except NotLeader as err:
+                raise Unresolved(err) from None
+            except FabricUnavailable as err:
+                raise Unresolved(err) from None  # not known either way: the resume reads again
+            if (host.id in current) is bound:
+                return
+            await asyncio.sleep(pauses.next())
+        verb = "bind" if bound else "unbind"
+        shows = "does not show the binding" if bound else "still shows the binding"
+        raise BindFailed(
+            f"the Redfish service accepted the {verb} of {entry.device} {'to' if bound else 'from'} "
+            f"{host.id} but did not apply it: the fabric's {backend.authority}, read after the change, "
+            f"{shows}; check the service (fabric-dra does not send the change again)"
+        )
 
     async def settle_task(self, entry: LedgerEntry, deadline: float) -> None:
         """Wait for a recorded task (from before a crash, or a cancelled one) to end."""

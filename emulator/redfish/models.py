@@ -638,8 +638,9 @@ class ConnectedEntity(_Obj):
 
 class EndpointLinks(_Obj):
     ConnectedPorts: list[Ref]
-    Zones: list[Ref] = Field(default_factory=list)
-    Connections: list[Ref] = Field(default_factory=list)
+    #: None: not sent (a service that omits them)
+    Zones: list[Ref] | None = Field(default_factory=list)
+    Connections: list[Ref] | None = Field(default_factory=list)
 
 
 class Endpoint(Resource):

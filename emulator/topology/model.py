@@ -27,6 +27,7 @@ from plumbing.names import (
 
 __all__ = [
     "PCIE_DEVICE_TYPES",
+    "Behaviour",
     "CxlDevice",
     "CxlFabric",
     "CxlSwitch",
@@ -203,9 +204,24 @@ class CxlFabric(_Model):
     switches: list[CxlSwitch] = Field(default_factory=list)
 
 
+class Behaviour(_Model):
+    """How the service behaves where real Redfish services differ from each other (and from the
+    emulator's default): each option makes it act like a kind of service met in the wild, so the
+    manager's tests catch what such a service does to it (docs/emulator.md "Behaviours")."""
+
+    endpoint_links: Literal["current", "stale", "omitted"] = Field(
+        default="current",
+        description=(
+            "an Endpoint's Links.Zones / Links.Connections: kept current; stale (never updated after "
+            "start: a target lists none, an initiator only its own zone); omitted (not sent at all)"
+        ),
+    )
+
+
 class Topology(_Model):
     version: Literal[1]
     service: ServiceInfo
+    behaviour: Behaviour = Field(default_factory=Behaviour)
     hosts: list[Host] = Field(min_length=1)
     models: dict[str, DeviceModel] = Field(default_factory=dict)
     pcie: PcieFabric = Field(default_factory=PcieFabric)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -20,6 +20,7 @@ __all__ = [
     "BindContext",
     "DiscoveryResult",
     "EndpointView",
+    "authoritative_members",
     "host_initiators",
     "read_endpoints",
 ]
@@ -96,6 +97,22 @@ async def read_endpoints(walk: Walk, fabric: Fabric) -> list[EndpointView]:
     return [v for v in views if v is not None]
 
 
+async def authoritative_members(
+    walk: Walk, collection: str | None, linked: Iterable[str] = ()
+) -> tuple[list[str], frozenset[str]]:
+    """The URIs to read to learn what binds an endpoint now: every member of the fabric's
+    collection (``Zones``, ``Connections``), plus the ones the endpoint's links name that the
+    collection does not list (public-cxl's Connection 14); and the set of those link-only ones.
+
+    The collection is the authority: an endpoint's ``Links.Zones`` / ``Links.Connections`` are
+    left stale or omitted by some services, so they only ever add to what is read, never limit it
+    — a binding read from them alone would let a detach answer "detached" without unbinding."""
+    members = await walk.member_uris(collection)
+    listed = set(members)
+    extra = [u for u in dict.fromkeys(linked) if u not in listed]
+    return [*members, *extra], frozenset(extra)
+
+
 def host_initiators(endpoints: list[EndpointView], hosts: Mapping[str, HostRecord]) -> DiscoveryResult:
     """A discovery result naming, for each known host, its initiator endpoints on the fabric
     (initiators of hosts this manager does not know are left out); no devices yet."""
@@ -113,6 +130,8 @@ class Backend(ABC):
     """One binding style on one fabric."""
 
     style: ClassVar[BindingStyle]
+    #: what the fabric keeps that says who is bound (read to confirm every change), for messages
+    authority: ClassVar[str]
 
     def __init__(self, client: RedfishClient, fabric_id: str, fabric_uri: str | None) -> None:
         self.client = client

@@ -63,6 +63,7 @@ def block_binding(block: ResourceBlock) -> tuple[tuple[str, ...], bool]:
 
 class CompositionBackend(Backend):
     style = BindingStyle.COMPOSITION
+    authority = "resource block and the system's Links.ResourceBlocks"
     #: devices the inventory kept from the last discovery (-1: not told yet, read every block)
     _serving = -1
 

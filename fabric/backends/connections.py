@@ -19,13 +19,14 @@ from fabric.backends.base import (
     Backend,
     BindContext,
     DiscoveryResult,
+    authoritative_members,
     classify_endpoint,
     host_initiators,
     read_endpoints,
 )
 from fabric.backends.describe import describe
 from fabric.backends.model import DeviceRecord, HostRecord
-from fabric.backends.views import Collection, Connection, Endpoint, Fabric, MemoryChunks, odata_id
+from fabric.backends.views import Connection, Endpoint, Fabric, MemoryChunks
 from fabric.backends.walk import Walk, path_ids
 from manager_api.devices import BindingStyle
 from manager_api.errors import BindFailed
@@ -35,6 +36,7 @@ __all__ = ["ConnectionBackend"]
 
 class ConnectionBackend(Backend):
     style = BindingStyle.CONNECTION
+    authority = "Connections collection"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -129,15 +131,14 @@ class ConnectionBackend(Backend):
                         self._initiator_hosts[uri] = view.host
 
     async def _fresh_connections(self, walk: Walk, device: DeviceRecord) -> list[Connection]:
+        """The connections that carry ``device`` now, read from the fabric's Connections
+        collection (:func:`authoritative_members`) and the ones only endpoints link to."""
         endpoint = await walk.read(device.endpoint, Endpoint)
-        listed = endpoint.links.connections if endpoint else None
-        if listed is not None:
-            uris: list[str] = list(listed)
-        else:
-            fabric = await walk.read(self.fabric_uri, Fabric)
-            collection = await walk.read(fabric.connections if fabric else None, Collection)
-            members = collection.members if collection else []
-            uris = [u for u in (odata_id(m) for m in members if isinstance(members, list)) if u]
+        linked = (endpoint.links.connections or ()) if endpoint else ()
+        fabric = await walk.read(self.fabric_uri, Fabric)
+        uris, _ = await authoritative_members(
+            walk, fabric.connections if fabric else None, [*linked, *self._unlisted]
+        )
         connections = await walk.read_all(uris, Connection)
         await self._learn_initiators(walk, connections)
         return [c for c in connections if self._carries(c, str(device.chunk), str(device.endpoint))]

@@ -27,6 +27,7 @@ from fabric.backends.base import (
     BindContext,
     DiscoveryResult,
     EndpointView,
+    authoritative_members,
     classify_endpoint,
     host_initiators,
     read_endpoints,
@@ -77,10 +78,13 @@ class _Snapshot:
     endpoint: RedfishResponse
     #: each zone with its ETag and how many of our own actions had changed it when it was read
     zones: list[tuple[_Zone, str | None, int]]
+    #: zones only the endpoint's links name (the fabric's Zones collection does not list them)
+    linked_only: frozenset[str] = frozenset()
 
 
 class ZoneBackend(Backend):
     style = BindingStyle.ZONE
+    authority = "Zones collection"
 
     def __init__(self, *args: Any, skip_memory_targets: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -100,6 +104,9 @@ class ZoneBackend(Backend):
         self._zone_changes: dict[str, int] = {}
         #: host → its own zone read by :meth:`prepare_bind` (zone, ETag, our changes then, when)
         self._prefetched: dict[str, tuple[_Zone, str | None, int, float]] = {}
+        #: the fabric's Zones collection (from discovery), and whether the service expands it
+        self._zones_uri: str | None = None
+        self._expand = False
 
     async def discover(self, walk: Walk, hosts: Mapping[str, HostRecord]) -> DiscoveryResult:
         fabric = await walk.read(self.fabric_uri, Fabric)
@@ -108,6 +115,7 @@ class ZoneBackend(Backend):
         endpoints = await read_endpoints(walk, fabric)
         result = host_initiators(endpoints, hosts)
         self._initiator_hosts = {uri: host for host, uris in result.initiators.items() for uri in uris}
+        self._zones_uri, self._expand = fabric.zones, walk.expand
         zones = await self._zones(walk, fabric, endpoints)
         self._targets = []
         self._target_set = frozenset(v.uri for v in endpoints if v.is_target)
@@ -163,9 +171,13 @@ class ZoneBackend(Backend):
         zones: dict[str, _Zone] = {}
         for zone in await walk.members(fabric.zones, Zone):
             self._add_zone(zones, zone)
-        # Endpoints may list zones the collection does not (or the other way round): take both.
+        listed = set(zones)
+        # Endpoints may list zones the collection does not: take those too. A zone the collection
+        # lists says itself which endpoints it holds (an endpoint's links may be stale).
         for view in endpoints:
             for uri in view.endpoint.links.zones or ():
+                if uri in listed:
+                    continue
                 if uri not in zones:
                     self._add_zone(zones, await walk.read(uri, Zone))
                 if uri in zones:
@@ -179,21 +191,34 @@ class ZoneBackend(Backend):
             return
         zones[uri] = _Zone.of(uri, zone)
 
+    async def _zones_collection(self, walk: Walk) -> str | None:
+        if self._zones_uri:
+            return self._zones_uri
+        fabric = await walk.read(self.fabric_uri, Fabric)
+        return fabric.zones if fabric else None
+
+    async def _candidates(self, walk: Walk, endpoint: Endpoint) -> tuple[list[str], frozenset[str]]:
+        """The zones to read to learn which hold ``endpoint`` (:func:`authoritative_members`):
+        when the service expanded the collection, only those whose members hold it."""
+        uris, linked_only = await authoritative_members(
+            walk, await self._zones_collection(walk), endpoint.links.zones or ()
+        )
+        if walk.expand:
+            read = await walk.read_all([u for u in uris if u not in linked_only], Zone)
+            holding = {z.uri for z in read if endpoint.uri in z.links.endpoints}
+            uris = [u for u in uris if u in holding or u in linked_only]
+        return uris, linked_only
+
     async def _fresh_zones_of(self, walk: Walk, endpoint: Endpoint) -> list[_Zone]:
         """Zones that contain ``endpoint``, read now."""
         zones: dict[str, _Zone] = {}
-        if endpoint.links.zones is not None:
-            for read in await walk.read_all(endpoint.links.zones, Zone):
-                self._add_zone(zones, read)
-        else:
-            fabric = await walk.read(self.fabric_uri, Fabric)
-            for read in await walk.members(fabric.zones if fabric else None, Zone):
-                self._add_zone(zones, read)
+        uris, linked_only = await self._candidates(walk, endpoint)
+        for read in await walk.read_all(uris, Zone):
+            self._add_zone(zones, read)
         uri = endpoint.uri
-        listed = set(endpoint.links.zones or ())
         found = []
         for zone in zones.values():
-            if zone.uri in listed and uri:
+            if zone.uri in linked_only and uri:
                 zone.endpoints.add(uri)
             if uri in zone.endpoints:
                 found.append(zone)
@@ -224,26 +249,23 @@ class ZoneBackend(Backend):
         except NotFoundError:
             return None
 
-    async def _zones_with_etags(self, endpoint: Endpoint) -> list[tuple[_Zone, str | None]]:
-        """Zones that contain ``endpoint``, read now, each with its ETag."""
+    async def _zones_with_etags(
+        self, endpoint: Endpoint
+    ) -> tuple[list[tuple[_Zone, str | None]], frozenset[str]]:
+        """Zones that contain ``endpoint``, read now from the fabric's Zones collection (and
+        the endpoint's links), each with its ETag; and the zones only the links name."""
         uri = endpoint.uri
-        listed = endpoint.links.zones or ()
-        if endpoint.links.zones is not None:
-            uris = list(listed)
-        else:  # the endpoint does not say: every zone of the fabric
-            walk = Walk(self.client)
-            fabric = await walk.read(self.fabric_uri, Fabric)
-            uris = await walk.member_uris(fabric.zones if fabric else None)
+        uris, linked_only = await self._candidates(Walk(self.client, expand=self._expand), endpoint)
         found = []
-        for response in await asyncio.gather(*(self._get_or_none(u) for u in dict.fromkeys(uris))):
+        for response in await asyncio.gather(*(self._get_or_none(u) for u in uris)):
             zones: dict[str, _Zone] = {}
             self._add_zone(zones, Zone.of(response.body) if response else None)
             for zone in zones.values():
-                if zone.uri in listed and uri:
+                if zone.uri in linked_only and uri:
                     zone.endpoints.add(uri)
                 if uri in zone.endpoints:
                     found.append((zone, response.etag if response else None))
-        return found
+        return found, linked_only
 
     def _zone_lock(self, zone_uri: str | None) -> asyncio.Lock:
         if zone_uri is None:
@@ -261,11 +283,9 @@ class ZoneBackend(Backend):
         if endpoint is None:
             self._snapshots.pop(device.key, None)
             return None
-        zones = [
-            (zone, etag, self._zone_changes.get(zone.uri, 0))
-            for zone, etag in await self._zones_with_etags(Endpoint.model_validate(endpoint.body))
-        ]
-        snapshot = _Snapshot(time.monotonic(), endpoint, zones)
+        holding, linked_only = await self._zones_with_etags(Endpoint.model_validate(endpoint.body))
+        zones = [(zone, etag, self._zone_changes.get(zone.uri, 0)) for zone, etag in holding]
+        snapshot = _Snapshot(time.monotonic(), endpoint, zones, linked_only)
         self._snapshots[device.key] = snapshot
         return snapshot
 
@@ -382,7 +402,6 @@ class ZoneBackend(Backend):
             return  # the endpoint is gone: nothing is bound
         self._snapshots.pop(device.key, None)
         target_etag = snapshot.endpoint.etag
-        listed = set(Endpoint.model_validate(snapshot.endpoint.body).links.zones or ())
         for zone, zone_etag, seen in snapshot.zones:
             if host.id not in await self._zone_hosts(walk, zone):
                 continue
@@ -394,7 +413,7 @@ class ZoneBackend(Backend):
                         continue  # the zone is gone, and the binding with it
                     zone = _Zone.of(zone.uri, Zone.model_validate(fresh.body))
                     zone_etag = fresh.etag
-                    if zone.uri in listed:
+                    if zone.uri in snapshot.linked_only:
                         zone.endpoints.add(str(device.endpoint))
                     if device.endpoint not in zone.endpoints:
                         continue

@@ -31,6 +31,7 @@ from emulator.redfish.models import (
     MemoryChunkInfo,
     Port,
     PortLinks,
+    Ref,
     Status,
     Switch,
     SwitchLinks,
@@ -250,12 +251,14 @@ class HostEndpointNode(Node):
         zones: list[str] = []
         connections: list[str] = []
         if self.fabric_id == FABRIC_PCIE:
-            zones = [uris.zone(self.fabric_id, self.host)] + [
-                uris.zone(self.fabric_id, z.id)
-                for z in self.ctx.engine.state.zones.values()
-                if z.host == self.host and z.fabric == self.fabric_id
-            ]
-        else:
+            zones = [uris.zone(self.fabric_id, self.host)]
+            if _links_current(self.ctx):
+                zones += [
+                    uris.zone(self.fabric_id, z.id)
+                    for z in self.ctx.engine.state.zones.values()
+                    if z.host == self.host and z.fabric == self.fabric_id
+                ]
+        elif _links_current(self.ctx):
             connections = [
                 uris.connection(self.fabric_id, c.id)
                 for c in self.ctx.engine.state.connections.values()
@@ -277,7 +280,7 @@ class HostEndpointNode(Node):
                     Identifiers=identity,
                 )
             ],
-            Links=EndpointLinks(ConnectedPorts=ports, Zones=refs(zones), Connections=refs(connections)),
+            Links=_endpoint_links(self.ctx, ports, zones, connections),
         )
 
 
@@ -309,12 +312,12 @@ class DeviceEndpointNode(Node):
                         EntityLink=ref(uris.chunk(dev.id, chunk.index)),
                     )
                 )
-                binding = engine.binding(chunk.id)
+                binding = engine.binding(chunk.id) if _links_current(self.ctx) else None
                 if binding is not None and binding.connection is not None:
                     uri = uris.connection(dev.fabric, binding.connection)
                     if uri not in connections:
                         connections.append(uri)
-        else:
+        elif _links_current(self.ctx):
             binding = engine.binding(dev.id)
             if binding is not None and binding.zone is not None:
                 zones.append(uris.zone(dev.fabric, binding.zone))
@@ -326,12 +329,24 @@ class DeviceEndpointNode(Node):
             EndpointProtocol=dev.fabric,
             Status=device_status(self.ctx, dev),
             ConnectedEntities=entities,
-            Links=EndpointLinks(
-                ConnectedPorts=[ref(uris.port(dev.fabric, dev.switch, dev.port))],
-                Zones=refs(zones),
-                Connections=refs(connections),
+            Links=_endpoint_links(
+                self.ctx, [ref(uris.port(dev.fabric, dev.switch, dev.port))], zones, connections
             ),
         )
+
+
+def _links_current(ctx: Context) -> bool:
+    """Whether endpoints list the zones and connections made since start (``behaviour.endpointLinks``:
+    a "stale" service never updates them, an "omitted" one does not send them)."""
+    return ctx.index.topology.behaviour.endpoint_links == "current"
+
+
+def _endpoint_links(
+    ctx: Context, ports: list[Ref], zones: list[str], connections: list[str]
+) -> EndpointLinks:
+    if ctx.index.topology.behaviour.endpoint_links == "omitted":
+        return EndpointLinks(ConnectedPorts=ports, Zones=None, Connections=None)
+    return EndpointLinks(ConnectedPorts=ports, Zones=refs(zones), Connections=refs(connections))
 
 
 # --- PCIe zones --------------------------------------------------------------------------------

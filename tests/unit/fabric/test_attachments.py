@@ -269,3 +269,26 @@ async def test_the_inventory_counts_failed_attaches_in_a_row_until_one_succeeds(
         assert shown() == (expected, "BindFailed")
     assert (await h.attachments.attach(attach_request("gpu0", "node-0", "c1"), wait=5))[1] == 200
     assert shown() == (0, None)
+
+
+async def test_a_change_the_fabric_does_not_show_is_no_success(tmp_path: Path) -> None:
+    """A service that answers "done" without doing it: the attach fails with the reason and is
+    rolled back; the detach fails, the device stays held and shown, and nothing is resent."""
+    h = await make_harness(tmp_path)
+    h.fabric.ignored.add("gpu0")
+    with pytest.raises(BindFailed, match="accepted the bind of gpu0 to node-0 but did not apply it"):
+        await h.attachments.attach(attach_request("gpu0", "node-0", "c1"), wait=10)
+    await _settled(h)
+    assert h.fabric.binds == [("gpu0", "node-0")] and h.fabric.bound == {}
+    assert h.ledger.get("gpu0") is None
+
+    h.fabric.ignored.clear()
+    await h.attachments.attach(attach_request("gpu0", "node-0", "c2"), wait=10)
+    h.fabric.ignored.add("gpu0")
+    with pytest.raises(BindFailed, match="accepted the unbind of gpu0 from node-0 but did not apply it"):
+        await h.attachments.detach("gpu0", "c2", "node-0", wait=10)
+    assert h.fabric.unbinds == [("gpu0", "node-0")] and h.fabric.bound == {"gpu0": "node-0"}
+    entry = h.ledger.get("gpu0")
+    assert entry is not None and entry.state is LedgerState.DETACHING
+    shown = h.inventory.render_device(h.inventory.device("gpu0"))  # type: ignore[arg-type]
+    assert shown.node == "node-0" and shown.state != api.BindingState.FREE

@@ -1,0 +1,78 @@
+"""Redfish services that behave unlike the emulator's default: the manager stays correct.
+
+Each test starts the emulator with a ``behaviour`` of its topology (docs/emulator.md
+"Behaviours") that makes it act like a kind of service met in the wild, runs the real manager
+against it over TLS, and checks the emulator's own binding table — the ground truth — after every
+answer the manager gives.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from emulator.topology import default_topology_path
+from manager_api.client import ManagerClient
+from manager_api.models import AttachmentState, BindingState
+from tests.integration.fabric.conftest import NODES, Tls, manager_for, plugin_token, tls_emulator
+
+
+def topology_with(tmp: Path, **behaviour: Any) -> Path:
+    """The default topology with ``behaviour`` options (camelCase keys, as in the file)."""
+    data = yaml.safe_load(default_topology_path().read_text())
+    data["behaviour"] = behaviour
+    path = tmp / "topology.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+# (style, device in the inventory, target in the emulator's table)
+STYLES = [
+    ("zone", "gpu0", "gpu0"),
+    ("connection", "cxlmem1-chunk2", "cxlmem1-chunk2"),
+]
+#: cycles per profile: the acceptance run for stale links on zones, fewer where they add little
+CYCLES = {("zone", "stale"): 200, ("connection", "stale"): 50}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("links", ["stale", "omitted"])
+@pytest.mark.parametrize(("style", "device", "target"), STYLES, ids=[s[0] for s in STYLES])
+async def test_endpoint_links_not_kept_current(
+    tmp_path: Path, tls: Tls, links: str, style: str, device: str, target: str
+) -> None:
+    """Endpoints whose Links.Zones / Links.Connections are stale or omitted: every detach that
+    answers "detached" has unbound the device on the fabric, every attach has bound it, and the
+    manager never reports its own binding as made outside fabric-dra."""
+    node = NODES[0]
+    topology = topology_with(tmp_path, endpointLinks=links)
+    with (
+        tls_emulator(tmp_path / "fabric", tls, topology=topology) as fabric,
+        manager_for(fabric, tmp_path / "manager", "--binding-style", style) as manager,
+    ):
+        async with ManagerClient(manager.address, token=plugin_token(node)) as plugin:
+            wrong_detach = wrong_attach = 0
+            started = time.monotonic()
+            cycles = CYCLES.get((style, links), 20)
+            for cycle in range(cycles):
+                claim = f"claim-{cycle}"
+                attached = await plugin.attach(device, node, claim, wait_seconds=20)
+                assert attached.state == AttachmentState.ATTACHED
+                wrong_attach += fabric.bound_hosts() != {target: node}
+                detached = await plugin.detach(device, node, claim, wait_seconds=20)
+                assert detached.state == AttachmentState.DETACHED
+                wrong_detach += fabric.bound_hosts() != {}
+                if wrong_detach:
+                    break
+            elapsed = time.monotonic() - started
+            print(f"{style}/{links}: {cycle + 1} cycles in {elapsed:.1f}s")
+            assert (wrong_attach, wrong_detach) == (0, 0)
+            assert fabric.bound_hosts() == {}
+            inventory = await plugin.inventory()
+            found = {d.name: d for d in inventory.devices}
+            assert found[device].state == BindingState.FREE
+            assert not [d.name for d in inventory.devices if not d.managed and d.state is BindingState.BOUND]
