@@ -26,7 +26,7 @@ from fabric.backends.base import (
 )
 from fabric.backends.describe import describe
 from fabric.backends.model import DeviceRecord, HostRecord
-from fabric.backends.views import Connection, Endpoint, Fabric, MemoryChunks
+from fabric.backends.views import Connection, Endpoint, Fabric, MemoryChunks, Zone
 from fabric.backends.walk import Walk, path_ids
 from manager_api.devices import BindingStyle
 from manager_api.errors import BindFailed
@@ -159,6 +159,7 @@ class ConnectionBackend(Backend):
             raise BindFailed(
                 f"fabric {self.fabric_id} has no Connections collection to bind {device.name} with"
             )
+        initiator = await self._initiator_for(walk, fabric, device, initiators)
         ctx.fence()
         response = await self.client.post(
             collection,
@@ -169,12 +170,30 @@ class ConnectionBackend(Backend):
                     {"AccessCapabilities": ["Read", "Write"], "MemoryChunk": {"@odata.id": device.chunk}}
                 ],
                 "Links": {
-                    "InitiatorEndpoints": self._link_list([initiators[0]]),
+                    "InitiatorEndpoints": self._link_list([initiator]),
                     "TargetEndpoints": self._link_list([str(device.endpoint)]),
                 },
             },
         )
         await self._finish(response, ctx)
+
+    async def _initiator_for(
+        self, walk: Walk, fabric: Fabric | None, device: DeviceRecord, initiators: tuple[str, ...]
+    ) -> str:
+        """The host initiator a zone of the fabric connects to the device's target endpoint
+        (public-cxl: T5 shares zone 3 with I3, not with the host's first initiator I1); the
+        first one when no zone says."""
+        endpoint = await walk.read(device.endpoint, Endpoint)
+        uris, _ = await authoritative_members(
+            walk, fabric.zones if fabric else None, (endpoint.links.zones or ()) if endpoint else ()
+        )
+        for zone in await walk.read_all(uris, Zone):
+            members = zone.links.endpoints
+            if device.endpoint in members:
+                for initiator in initiators:
+                    if initiator in members:
+                        return initiator
+        return initiators[0]
 
     async def unbind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
         walk = Walk(self.client)

@@ -161,24 +161,101 @@ class ScriptedServer(_BaseServer):
 
 
 class MockupServer(_BaseServer):
-    """A DMTF mockup directory over HTTP, read-only: other methods get 405 with ``Allow: GET``."""
+    """A DMTF mockup directory over HTTP.
 
-    def __init__(self, root: Path, *, ssl_context: ssl.SSLContext | None = None) -> None:
+    Read-only by default: other methods get 405 with ``Allow: GET``. With ``writable`` it acts
+    as DMTF's own mockup server does (Redfish-Mockup-Server, which is not on PyPI): the files are
+    the start of an in-memory copy; PATCH merges into a resource, POST to a collection adds a
+    member (201 with ``Location``), DELETE removes one, and POST to an action answers 204 and
+    changes nothing — no action semantics at all. A POST to the Sessions collection answers
+    ``login_status`` (DMTF's library accepts any 2xx) with ``X-Auth-Token`` and ``Location``.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        writable: bool = False,
+        login_status: int = 201,
+    ) -> None:
         self.root = root
+        #: the in-memory copy: resource path (no trailing slash) → its JSON, read on first use
+        self.resources: dict[str, Any] = {}
+        store_lock = threading.Lock()
 
-        def serve(request: Request) -> Reply:
-            path = request.path.split("?", 1)[0].rstrip("/")
-            if request.method != "GET":
-                return Reply(405, _error("Base.1.22.1.OperationNotAllowed"), {"Allow": "GET"})
-            if path == "/redfish":
-                return Reply(200, {"v1": "/redfish/v1/"})
-            if not path.startswith("/redfish/v1"):
-                return Reply(404, _error("Base.1.22.1.ResourceMissingAtURI"))
+        def load(path: str) -> Any:
+            if path in self.resources:
+                return self.resources[path]
             relative = path[len("/redfish/v1") :].lstrip("/")
             target = (root / relative / "index.json") if relative else root / "index.json"
             if ".." in relative.split("/") or not target.is_file():
+                return None
+            body = self.resources[path] = json.loads(target.read_text())
+            return body
+
+        def write(request: Request, path: str) -> Reply:
+            if request.method == "PATCH":
+                body = load(path)
+                if body is None:
+                    return Reply(404, _error("Base.1.22.1.ResourceMissingAtURI"))
+                if not isinstance(request.body, dict):
+                    return Reply(400, _error("Base.1.22.1.MalformedJSON"))
+                body.update(request.body)
+                return Reply(200, body)
+            if request.method == "DELETE":
+                if load(path) is None:
+                    return Reply(404, _error("Base.1.22.1.ResourceMissingAtURI"))
+                self.resources[path] = None
+                parent = load(path.rsplit("/", 1)[0])
+                if isinstance(parent, dict) and isinstance(parent.get("Members"), list):
+                    parent["Members"] = [m for m in parent["Members"] if m.get("@odata.id") != path]
+                    parent["Members@odata.count"] = len(parent["Members"])
+                return Reply(204)
+            if request.method != "POST":
+                return Reply(
+                    405, _error("Base.1.22.1.OperationNotAllowed"), {"Allow": "GET, PATCH, POST, DELETE"}
+                )
+            if "/Actions/" in path:
+                return Reply(204)  # accepted, and nothing happens: the mockup server has no semantics
+            collection = load(path)
+            if path.endswith("/Sessions") and collection is None:
+                collection = self.resources[path] = {"@odata.id": path, "Members": []}
+            if not isinstance(collection, dict) or not isinstance(collection.get("Members"), list):
+                return Reply(405, _error("Base.1.22.1.OperationNotAllowed"), {"Allow": "GET"})
+            if not isinstance(request.body, dict):
+                return Reply(400, _error("Base.1.22.1.MalformedJSON"))
+            taken = {str(m.get("@odata.id", "")).rsplit("/", 1)[-1] for m in collection["Members"]}
+            number = 1
+            while str(number) in taken or load(f"{path}/{number}") is not None:
+                number += 1
+            uri = f"{path}/{number}"
+            member = {**request.body, "@odata.id": uri, "Id": str(number)}
+            member.pop("Password", None)
+            self.resources[uri] = member
+            collection["Members"].append({"@odata.id": uri})
+            collection["Members@odata.count"] = len(collection["Members"])
+            headers = {"Location": uri}
+            if path.endswith("/SessionService/Sessions"):
+                headers["X-Auth-Token"] = f"mockup-token-{number}"
+                return Reply(login_status, None if login_status == 204 else member, headers)
+            return Reply(201, member, headers)
+
+        def serve(request: Request) -> Reply:
+            path = request.path.split("?", 1)[0].rstrip("/")
+            if path == "/redfish" and request.method == "GET":
+                return Reply(200, {"v1": "/redfish/v1/"})
+            if not path.startswith("/redfish/v1"):
                 return Reply(404, _error("Base.1.22.1.ResourceMissingAtURI"))
-            return Reply(200, json.loads(target.read_text()))
+            with store_lock:
+                if request.method != "GET":
+                    if not writable:
+                        return Reply(405, _error("Base.1.22.1.OperationNotAllowed"), {"Allow": "GET"})
+                    return write(request, path)
+                body = load(path)
+                if body is None:
+                    return Reply(404, _error("Base.1.22.1.ResourceMissingAtURI"))
+                return Reply(200, json.loads(json.dumps(body)))
 
         super().__init__(serve, ssl_context=ssl_context)
 

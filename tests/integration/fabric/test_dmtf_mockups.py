@@ -6,6 +6,7 @@ Each test serves a mockup directory read-only over real HTTPS (a test CA), runs 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ssl
 from pathlib import Path
@@ -15,14 +16,15 @@ import trustme
 
 from fabric_dra.stack import Role
 from manager_api.client import ManagerClient
-from manager_api.errors import PermissionDenied
-from manager_api.models import BindingState, Device, DeviceType, Inventory
+from manager_api.errors import BindFailed, PermissionDenied
+from manager_api.models import AttachmentState, BindingState, Device, DeviceType, Inventory
 from tests.support.fabric_http import MockupServer
 from tests.support.fabric_manager import running_manager, static_tokens_file
 from tests.support.uids import claim_uid
 
 OPERATOR_TOKEN = "operator-token-0123456789"
 PLUGIN_TOKEN = "plugin-token-cxl-system-0123"
+CONTROLLER_TOKEN = "controller-token-0123456789"
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +34,12 @@ def ca() -> trustme.CA:
 
 def serve_manager(tmp: Path, url: str, ca_file: Path) -> contextlib.AbstractContextManager[Role]:
     tokens = static_tokens_file(
-        tmp / "tokens.json", {OPERATOR_TOKEN: ("operator", None), PLUGIN_TOKEN: ("plugin", "cxl-system")}
+        tmp / "tokens.json",
+        {
+            OPERATOR_TOKEN: ("operator", None),
+            PLUGIN_TOKEN: ("plugin", "cxl-system"),
+            CONTROLLER_TOKEN: ("controller", None),
+        },
     )
     return running_manager(
         tmp,
@@ -144,3 +151,69 @@ async def test_read_only_token_cannot_attach(tmp_path: Path, redfish_dir: Path, 
                 await operator.attach("t5", "cxl-system", claim_uid("claim-1"))
     log = (tmp_path / "manager.log").read_text()
     assert OPERATOR_TOKEN not in log and PLUGIN_TOKEN not in log
+
+
+async def test_public_cxl_attach_and_detach_are_confirmed(
+    tmp_path: Path, redfish_dir: Path, ca: trustme.CA
+) -> None:
+    """Served as DMTF's mockup server serves it (POST adds a member, DELETE removes it): the
+    attach POSTs a Connection, the detach DELETEs it, and each is confirmed by the collection."""
+    context, ca_file = tls_context(ca, tmp_path)
+    mockup = redfish_dir / "mockups" / "public-cxl"
+    connections = "/redfish/v1/Fabrics/CXL/Connections"
+    with (
+        MockupServer(mockup, ssl_context=context, writable=True) as server,
+        serve_manager(tmp_path, server.url, ca_file) as proc,
+    ):
+        async with ManagerClient(proc.address, token=PLUGIN_TOKEN) as plugin:
+            attached = await plugin.attach("t5", "cxl-system", "claim-1", wait_seconds=20)
+            assert attached.state == AttachmentState.ATTACHED
+            [made] = [
+                u
+                for u, body in server.resources.items()
+                if u.startswith(connections + "/") and body
+                if "fabric-dra" in str(body.get("Name"))
+            ]
+            body = server.resources[made]
+            assert body["MemoryChunkInfo"][0]["MemoryChunk"]["@odata.id"].endswith("/MemoryChunks/1")
+            assert body["Links"]["InitiatorEndpoints"] == [
+                {"@odata.id": "/redfish/v1/Fabrics/CXL/Endpoints/I3"}
+            ]
+            assert (await plugin.device("t5")).state == BindingState.BOUND
+
+            detached = await plugin.detach("t5", "cxl-system", "claim-1", wait_seconds=20)
+            assert detached.state == AttachmentState.DETACHED
+            assert server.resources[made] is None
+            assert server.count("DELETE", made) == 1
+            members = server.resources[connections]["Members"]
+            assert {"@odata.id": made} not in members
+            assert (await plugin.device("t5")).state == BindingState.FREE
+
+
+async def test_public_composability_action_accepted_but_not_applied(
+    tmp_path: Path, redfish_dir: Path, ca: trustme.CA
+) -> None:
+    """DMTF's mockup server answers 204 to AddResourceBlock and changes nothing: the attach must
+    fail saying so — never "attached" — and leave the block free."""
+    context, ca_file = tls_context(ca, tmp_path)
+    mockup = redfish_dir / "mockups" / "public-composability"
+    with (
+        MockupServer(mockup, ssl_context=context, writable=True) as server,
+        serve_manager(tmp_path, server.url, ca_file) as proc,
+    ):
+        async with ManagerClient(proc.address, token=CONTROLLER_TOKEN) as controller:
+            inventory = await controller.inventory()
+            node = next(n.name for n in inventory.nodes if n.host == "ComposedSystem")
+            with pytest.raises(
+                BindFailed, match=r"accepted the bind of offloadblock9 .* but did not apply it"
+            ):
+                await controller.attach("offloadblock9", node, "claim-1", wait_seconds=20)
+            actions = "/redfish/v1/Systems/ComposedSystem/Actions/ComputerSystem.AddResourceBlock"
+            assert server.count("POST", actions) == 1  # never resent
+            for _ in range(100):  # the failed attach is rolled back right after its answer
+                device = await controller.device("offloadblock9")
+                if device.state == BindingState.FREE:
+                    break
+                await asyncio.sleep(0.05)
+            assert (device.state, device.node) == (BindingState.FREE, None)
+            assert server.count("POST", actions) == 1
