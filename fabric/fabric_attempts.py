@@ -124,10 +124,10 @@ class FabricAttempts:
                 if bound:
                     # What the bind will need (a zone's ETag...) is read alongside, not after.
                     current, _ = await asyncio.gather(
-                        backend.read_binding(record), backend.prepare_bind(record, host)
+                        backend.read_binding(record, (host,)), backend.prepare_bind(record, host)
                     )
                 else:
-                    current = await backend.read_binding(record)
+                    current = await backend.read_binding(record, (host,))
             except NotLeader as err:
                 raise Unresolved(err) from None
             except FabricUnavailable as err:
@@ -176,7 +176,7 @@ class FabricAttempts:
                 if entry.task_monitor:
                     raise Unresolved(err) from None
                 if bound:
-                    after = await _read_or_none(backend, record)
+                    after = await _read_or_none(backend, record, host)
                     if after is not None and host.id not in after:
                         raise err from None
                 continue
@@ -212,7 +212,7 @@ class FabricAttempts:
         pauses = Backoff(self.settings.settle_seconds / 4, self.settings.settle_seconds)
         for _ in range(_CONFIRM_READS):
             try:
-                current = await backend.read_binding(record)
+                current = await backend.read_binding(record, (host,))
             except NotLeader as err:
                 raise Unresolved(err) from None
             except FabricUnavailable as err:
@@ -221,11 +221,11 @@ class FabricAttempts:
                 return
             await asyncio.sleep(pauses.next())
         verb = "bind" if bound else "unbind"
-        shows = "does not show the binding" if bound else "still shows the binding"
+        found = "the binding is not there" if bound else "the binding is still there"
         raise BindFailed(
             f"the Redfish service accepted the {verb} of {entry.device} {'to' if bound else 'from'} "
-            f"{host.id} but did not apply it: the fabric's {backend.authority}, read after the change, "
-            f"{shows}; check the service (fabric-dra does not send the change again)"
+            f"{host.id} but did not apply it: read after the change, the fabric's {backend.authority} "
+            f"say {found}; check the service (fabric-dra does not send the change again)"
         )
 
     async def settle_task(self, entry: LedgerEntry, deadline: float) -> None:
@@ -254,8 +254,8 @@ async def _pause(backoff: Backoff, deadline: float) -> bool:
     return True
 
 
-async def _read_or_none(backend: Backend, record: DeviceRecord) -> tuple[str, ...] | None:
+async def _read_or_none(backend: Backend, record: DeviceRecord, host: HostRecord) -> tuple[str, ...] | None:
     try:
-        return await backend.read_binding(record)
+        return await backend.read_binding(record, (host,))
     except FabricError:
         return None

@@ -66,7 +66,8 @@ class Reconciler:
     async def _verify_bound(self, entry: LedgerEntry, record: DeviceRecord | None) -> None:
         if record is not None:
             try:
-                current = await self.backend_for(record).read_binding(record)
+                host = self.inventory.host(entry.host)
+                current = await self.backend_for(record).read_binding(record, (host,) if host else ())
             except (FabricError, KeyError):
                 return
             if entry.host in current:

@@ -216,6 +216,14 @@ class Behaviour(_Model):
             "start: a target lists none, an initiator only its own zone); omitted (not sent at all)"
         ),
     )
+    block_status: Literal["current", "stale"] = Field(
+        default="current",
+        description=(
+            "a ResourceBlock's CompositionStatus and Links.ComputerSystems: kept current; stale (never "
+            "updated: every block says Unused, composed into no system; the systems' "
+            "Links.ResourceBlocks stay right)"
+        ),
+    )
 
 
 class Topology(_Model):

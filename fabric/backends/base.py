@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -151,8 +151,9 @@ class Backend(ABC):
         (:meth:`read_binding`): one round trip instead of two. Optional; nothing is changed."""
 
     @abstractmethod
-    async def read_binding(self, device: DeviceRecord) -> tuple[str, ...]:
-        """The ComputerSystem Ids ``device`` is bound to now, read fresh from the fabric."""
+    async def read_binding(self, device: DeviceRecord, hosts: Sequence[HostRecord] = ()) -> tuple[str, ...]:
+        """The ComputerSystem Ids ``device`` is bound to now, read fresh from the fabric; ``hosts``
+        are asked too where a style keeps the binding on the host's side (composition)."""
 
     @abstractmethod
     async def read_bindings(self, walk: Walk) -> dict[str, tuple[str, ...]]:

@@ -11,7 +11,7 @@ Composability white paper (DSP2050): ``#ComputerSystem.AddResourceBlock`` on the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from fabric.backends.base import Backend, BindContext, DiscoveryResult
 from fabric.backends.describe import describe
@@ -29,7 +29,7 @@ from fabric.backends.walk import Walk, path_ids
 from manager_api.devices import BindingStyle
 from manager_api.errors import NodeNotFound
 
-__all__ = ["COMPOSITION_FABRIC", "CompositionBackend", "block_binding"]
+__all__ = ["COMPOSITION_FABRIC", "CompositionBackend", "block_binding", "block_holders"]
 
 #: the fabric name of devices that come from resource blocks linked to no Redfish fabric
 COMPOSITION_FABRIC = "Composition"
@@ -50,6 +50,30 @@ def _entities(block: ResourceBlock) -> list[tuple[str, str]]:
     ]
 
 
+async def block_holders(walk: Walk, block: ResourceBlock, also: Iterable[str] = ()) -> tuple[str, ...]:
+    """The ComputerSystem Ids ``block`` is composed into now. The systems the block links to
+    (and ``also``) are asked: a system's ``Links.ResourceBlocks`` is the composition's record,
+    while a block's ``CompositionStatus`` is left stale by some services. A system that does not
+    say (no ``Links.ResourceBlocks``) counts as the block says."""
+    by_block = block_binding(block)[0]
+    uri = block.uri
+    candidates = [*block.links.computer_systems, *also]
+    holders = set()
+    for system in await walk.read_all(candidates, ComputerSystem):
+        listed = system.links.resource_blocks
+        system_id = system.id or (path_ids(str(system.uri), "Systems") if system.uri else None)
+        if not system_id:
+            continue
+        if listed is None:
+            if system_id in by_block:
+                holders.add(system_id)
+        elif uri in listed:
+            holders.add(system_id)
+    if not holders and by_block == ("unknown",):
+        return by_block  # composed, into a system the service does not name
+    return tuple(sorted(holders))
+
+
 def block_binding(block: ResourceBlock) -> tuple[tuple[str, ...], bool]:
     """(ComputerSystem Ids the block is composed into, whether it can be composed at all)."""
     status = block.composition_status
@@ -63,9 +87,11 @@ def block_binding(block: ResourceBlock) -> tuple[tuple[str, ...], bool]:
 
 class CompositionBackend(Backend):
     style = BindingStyle.COMPOSITION
-    authority = "resource block and the system's Links.ResourceBlocks"
+    authority = "systems' Links.ResourceBlocks and resource block"
     #: devices the inventory kept from the last discovery (-1: not told yet, read every block)
     _serving = -1
+    #: every known system's URI (from the last discovery): each one's Links.ResourceBlocks is read
+    _systems: tuple[str, ...] = ()
 
     async def discover(self, walk: Walk, hosts: Mapping[str, HostRecord]) -> DiscoveryResult:
         service = await walk.read(self.fabric_uri, CompositionService)
@@ -80,6 +106,7 @@ class CompositionBackend(Backend):
             )
         )
         result = DiscoveryResult(hosts=expandable)
+        self._systems = tuple(h.uri for h in hosts.values())
         for block in await walk.members(service.resource_blocks, ResourceBlock):
             kinds = set(block.resource_block_type or ())
             if not kinds & _DEVICE_BLOCK_TYPES or kinds & _HOST_BLOCK_TYPES:
@@ -88,7 +115,8 @@ class CompositionBackend(Backend):
             if not entities:
                 continue
             attributes = await describe(walk, entities, container=block)
-            bound, usable = block_binding(block)
+            usable = block_binding(block)[1]
+            bound = await block_holders(walk, block, self._systems)
             if not usable:
                 attributes = attributes.model_copy(update={"available": False})
             result.devices.append(
@@ -133,14 +161,13 @@ class CompositionBackend(Backend):
             # backend reads its bindings: reading each block here would find nothing to report.
             return {}
         service = await walk.read(self.fabric_uri, CompositionService)
-        return {
-            str(block.uri): block_binding(block)[0]
-            for block in await walk.members(service.resource_blocks if service else None, ResourceBlock)
-        }
+        blocks = await walk.members(service.resource_blocks if service else None, ResourceBlock)
+        return {str(block.uri): await block_holders(walk, block, self._systems) for block in blocks}
 
-    async def read_binding(self, device: DeviceRecord) -> tuple[str, ...]:
-        block = await Walk(self.client).read(device.block, ResourceBlock)
-        return block_binding(block)[0] if block else ()
+    async def read_binding(self, device: DeviceRecord, hosts: Sequence[HostRecord] = ()) -> tuple[str, ...]:
+        walk = Walk(self.client)
+        block = await walk.read(device.block, ResourceBlock)
+        return await block_holders(walk, block, (h.uri for h in hosts)) if block else ()
 
     async def _action(self, device: DeviceRecord, host: HostRecord, action: str, ctx: BindContext) -> None:
         block = await self.client.get(str(device.block))

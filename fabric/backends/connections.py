@@ -12,7 +12,7 @@ public-cxl mockup lists Connection 14 only from endpoint T4, not from its collec
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fabric.backends.base import (
@@ -36,7 +36,7 @@ __all__ = ["ConnectionBackend"]
 
 class ConnectionBackend(Backend):
     style = BindingStyle.CONNECTION
-    authority = "Connections collection"
+    authority = "Connections collection and its connections"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -143,12 +143,12 @@ class ConnectionBackend(Backend):
         await self._learn_initiators(walk, connections)
         return [c for c in connections if self._carries(c, str(device.chunk), str(device.endpoint))]
 
-    async def read_binding(self, device: DeviceRecord) -> tuple[str, ...]:
+    async def read_binding(self, device: DeviceRecord, hosts: Sequence[HostRecord] = ()) -> tuple[str, ...]:
         walk = Walk(self.client)
-        hosts: set[str] = set()
+        bound: set[str] = set()
         for connection in await self._fresh_connections(walk, device):
-            hosts |= self._hosts_of(connection)
-        return tuple(sorted(hosts))
+            bound |= self._hosts_of(connection)
+        return tuple(sorted(bound))
 
     async def bind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
         initiators = self.initiators_of(host)

@@ -40,6 +40,7 @@ __all__ = [
     "CompositionService",
     "CompositionStatus",
     "ComputerSystem",
+    "ComputerSystemLinks",
     "ConnectedEntity",
     "Connection",
     "ConnectionLinks",
@@ -260,11 +261,19 @@ class ServiceRoot(Resource):
         return bool(expand.expand_all or expand.no_links)
 
 
+class ComputerSystemLinks(View):
+    """ComputerSystem.v1_27_0 Links. ``resource_blocks`` is None when the system does not say."""
+
+    resource_blocks: Annotated[tuple[str, ...] | None, PlainValidator(_all_uris)] = prop("ResourceBlocks")
+
+
 class ComputerSystem(Resource):
-    """ComputerSystem.v1_27_0: a host; ``#ComputerSystem.AddResourceBlock`` (1.6) binds to it."""
+    """ComputerSystem.v1_27_0: a host; ``#ComputerSystem.AddResourceBlock`` (1.6) binds to it;
+    ``Links.ResourceBlocks`` names the blocks composed into it (the composition's record)."""
 
     uuid: Text = prop("UUID")
     host_name: Text = prop("HostName")
+    links: Part[ComputerSystemLinks] = part("Links", ComputerSystemLinks)
 
 
 class Fabric(Resource):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,7 +84,7 @@ class _Snapshot:
 
 class ZoneBackend(Backend):
     style = BindingStyle.ZONE
-    authority = "Zones collection"
+    authority = "Zones collection and its zones"
 
     def __init__(self, *args: Any, skip_memory_targets: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -296,15 +296,15 @@ class ZoneBackend(Backend):
             return None
         return snapshot
 
-    async def read_binding(self, device: DeviceRecord) -> tuple[str, ...]:
+    async def read_binding(self, device: DeviceRecord, hosts: Sequence[HostRecord] = ()) -> tuple[str, ...]:
         snapshot = await self._snapshot(device)
         if snapshot is None:
             return ()
         walk = Walk(self.client)
-        hosts: set[str] = set()
+        bound: set[str] = set()
         for zone, _etag, _seen in snapshot.zones:
-            hosts |= await self._zone_hosts(walk, zone)
-        return tuple(sorted(hosts))
+            bound |= await self._zone_hosts(walk, zone)
+        return tuple(sorted(bound))
 
     async def _is_own_zone(self, walk: Walk, zone: _Zone, host: HostRecord) -> bool:
         return (

@@ -88,8 +88,10 @@ class ResourceBlockNode(Node):
 
     def render(self) -> ResourceBlock:
         dev, engine = self.device, self.ctx.engine
-        binding = engine.binding(dev.id)
-        task_id = engine.inflight.get(dev.id)
+        # behaviour.blockStatus "stale": the block never says it was composed (the system does)
+        current = self.ctx.index.topology.behaviour.block_status == "current"
+        binding = engine.binding(dev.id) if current else None
+        task_id = engine.inflight.get(dev.id) if current else None
         task = engine.state.tasks.get(task_id) if task_id else None
         if task is not None and task.kind == OperationKind.BIND:
             state = "Composing"

@@ -8,6 +8,7 @@ answer the manager gives.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -76,3 +77,31 @@ async def test_endpoint_links_not_kept_current(
             found = {d.name: d for d in inventory.devices}
             assert found[device].state == BindingState.FREE
             assert not [d.name for d in inventory.devices if not d.managed and d.state is BindingState.BOUND]
+
+
+async def test_resource_block_status_not_kept_current(tmp_path: Path, tls: Tls) -> None:
+    """A service whose ResourceBlocks never say they were composed (the systems'
+    Links.ResourceBlocks do): the attach is confirmed from the system, survives later discovery
+    passes as our own binding, and the detach really removes the block."""
+    node, device = NODES[1], "nvme1"
+    topology = topology_with(tmp_path, blockStatus="stale")
+    with (
+        tls_emulator(tmp_path / "fabric", tls, topology=topology) as fabric,
+        manager_for(
+            fabric, tmp_path / "manager", "--binding-style", "composition", "--resync-seconds", "1"
+        ) as manager,
+    ):
+        async with ManagerClient(manager.address, token=plugin_token(node)) as plugin:
+            attached = await plugin.attach(device, node, "claim-1", wait_seconds=20)
+            assert attached.state == AttachmentState.ATTACHED
+            assert fabric.bound_hosts() == {device: node}
+            first = await plugin.inventory()
+            # a few discovery passes later it is still ours, bound to the node
+            later = await plugin.inventory(after=first.version, timeout_seconds=3)
+            await asyncio.sleep(2.5)
+            shown = await plugin.device(device)
+            assert (shown.state, shown.node, shown.managed) == (BindingState.BOUND, node, True), later.version
+            detached = await plugin.detach(device, node, "claim-1", wait_seconds=20)
+            assert detached.state == AttachmentState.DETACHED
+            assert fabric.bound_hosts() == {}
+            assert (await plugin.device(device)).state == BindingState.FREE

@@ -7,6 +7,7 @@ the same flows against the real emulator over HTTP.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,7 @@ class FakeBackend(Backend):
         self.fabric.check_reachable()
         return {f"/redfish/v1/Fabrics/{FABRIC}/Endpoints/{d}": (h,) for d, h in self.fabric.bound.items()}
 
-    async def read_binding(self, device: DeviceRecord) -> tuple[str, ...]:
+    async def read_binding(self, device: DeviceRecord, hosts: Sequence[HostRecord] = ()) -> tuple[str, ...]:
         self.fabric.check_reachable()
         await asyncio.sleep(self.fabric.read_delay)
         host = self.fabric.bound.get(device.name)
