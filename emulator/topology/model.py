@@ -216,6 +216,10 @@ class Behaviour(_Model):
             "start: a target lists none, an initiator only its own zone); omitted (not sent at all)"
         ),
     )
+    session_login: Literal["created", "no-content"] = Field(
+        default="created",
+        description="a session login answers 201 with the session, or 204 with only the headers",
+    )
     block_status: Literal["current", "stale"] = Field(
         default="current",
         description=(

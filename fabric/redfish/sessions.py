@@ -86,7 +86,7 @@ class Sessions:
                 "POST", sessions_uri, body={"UserName": self.settings.username, "Password": password}
             )
             token = answer.headers.get("x-auth-token")
-            if answer.status in (200, 201) and token:
+            if 200 <= answer.status < 300 and token:  # any 2xx, as DMTF's library (some answer 204)
                 replaced = self._session_uri
                 location = answer.location or answer.body.get("@odata.id")
                 session_uri = same_service(self.base_url, location, link="Location of the new session")

@@ -275,7 +275,10 @@ class SessionsNode(CollectionNode):
                 503, "CreateLimitReachedForResource", detail="Too many open sessions; delete unused ones."
             )
         node = SessionNode(self.ctx, info.id)
-        return Reply(201, node.payload(), {"X-Auth-Token": info.token, "Location": node.uri})
+        headers = {"X-Auth-Token": info.token, "Location": node.uri}
+        if self.ctx.index.topology.behaviour.session_login == "no-content":
+            return Reply(204, None, headers)  # as some services do; DMTF's library accepts it
+        return Reply(201, node.payload(), headers)
 
 
 class SessionNode(Node):

@@ -105,3 +105,21 @@ async def test_resource_block_status_not_kept_current(tmp_path: Path, tls: Tls) 
             assert detached.state == AttachmentState.DETACHED
             assert fabric.bound_hosts() == {}
             assert (await plugin.device(device)).state == BindingState.FREE
+
+
+async def test_session_login_answered_204(tmp_path: Path, tls: Tls) -> None:
+    """A service that answers the session login with 204 (X-Auth-Token and Location, no body):
+    the manager logs in, becomes ready and binds through the session."""
+    node = NODES[0]
+    topology = topology_with(tmp_path, sessionLogin="no-content")
+    with (
+        tls_emulator(tmp_path / "fabric", tls, topology=topology) as fabric,
+        manager_for(fabric, tmp_path / "manager", "--binding-style", "zone") as manager,
+    ):
+        async with ManagerClient(manager.address, token=plugin_token(node)) as plugin:
+            attached = await plugin.attach("gpu0", node, "claim-1", wait_seconds=20)
+            assert attached.state == AttachmentState.ATTACHED
+            assert fabric.bound_hosts() == {"gpu0": node}
+            await plugin.detach("gpu0", node, "claim-1", wait_seconds=20)
+        sessions = fabric.get("/redfish/v1/SessionService/Sessions")
+        assert sessions["Members@odata.count"] >= 1
