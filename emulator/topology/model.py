@@ -216,6 +216,13 @@ class Behaviour(_Model):
             "start: a target lists none, an initiator only its own zone); omitted (not sent at all)"
         ),
     )
+    initiators: Literal["collection", "links-only"] = Field(
+        default="collection",
+        description=(
+            "host initiator endpoints: listed in the fabric's Endpoints collection, or only linked "
+            "from zones and connections"
+        ),
+    )
     session_login: Literal["created", "no-content"] = Field(
         default="created",
         description="a session login answers 201 with the session, or 204 with only the headers",

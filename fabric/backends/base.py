@@ -22,6 +22,7 @@ __all__ = [
     "EndpointView",
     "authoritative_members",
     "host_initiators",
+    "linked_initiators",
     "read_endpoints",
 ]
 
@@ -111,6 +112,18 @@ async def authoritative_members(
     listed = set(members)
     extra = [u for u in dict.fromkeys(linked) if u not in listed]
     return [*members, *extra], frozenset(extra)
+
+
+async def linked_initiators(
+    walk: Walk, endpoints: list[EndpointView], linked: Iterable[str]
+) -> list[EndpointView]:
+    """Initiator endpoints that only links name (a zone's ``Links.Endpoints``, a connection's
+    ``Links.InitiatorEndpoints``), absent from the fabric's Endpoints collection: read and
+    classified, so such a host still has its ports on the fabric."""
+    known = {v.uri for v in endpoints}
+    extra = [u for u in dict.fromkeys(linked) if u not in known]
+    views = [classify_endpoint(e) for e in await walk.read_all(extra, Endpoint)]
+    return [v for v in views if v is not None and v.is_initiator]
 
 
 def host_initiators(endpoints: list[EndpointView], hosts: Mapping[str, HostRecord]) -> DiscoveryResult:

@@ -22,6 +22,7 @@ from fabric.backends.base import (
     authoritative_members,
     classify_endpoint,
     host_initiators,
+    linked_initiators,
     read_endpoints,
 )
 from fabric.backends.describe import describe
@@ -51,13 +52,16 @@ class ConnectionBackend(Backend):
         if fabric is None:
             return DiscoveryResult()
         endpoints = await read_endpoints(walk, fabric)
-        result = host_initiators(endpoints, hosts)
-        self._initiator_hosts = {uri: host for host, uris in result.initiators.items() for uri in uris}
         connections = await walk.members(fabric.connections, Connection)
         listed = {c.uri for c in connections}
         extra = [u for view in endpoints for u in view.endpoint.links.connections or () if u not in listed]
         self._unlisted = list(dict.fromkeys(extra))
         connections.extend(await walk.read_all(extra, Connection))
+        endpoints += await linked_initiators(
+            walk, endpoints, (u for c in connections for u in c.links.initiator_endpoints)
+        )
+        result = host_initiators(endpoints, hosts)
+        self._initiator_hosts = {uri: host for host, uris in result.initiators.items() for uri in uris}
         await self._learn_initiators(walk, connections)
         self._devices = []
         for view in endpoints:

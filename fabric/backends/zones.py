@@ -30,6 +30,7 @@ from fabric.backends.base import (
     authoritative_members,
     classify_endpoint,
     host_initiators,
+    linked_initiators,
     read_endpoints,
 )
 from fabric.backends.describe import describe
@@ -113,10 +114,11 @@ class ZoneBackend(Backend):
         if fabric is None:
             return DiscoveryResult()
         endpoints = await read_endpoints(walk, fabric)
-        result = host_initiators(endpoints, hosts)
-        self._initiator_hosts = {uri: host for host, uris in result.initiators.items() for uri in uris}
         self._zones_uri, self._expand = fabric.zones, walk.expand
         zones = await self._zones(walk, fabric, endpoints)
+        endpoints += await linked_initiators(walk, endpoints, (e for z in zones for e in z.endpoints))
+        result = host_initiators(endpoints, hosts)
+        self._initiator_hosts = {uri: host for host, uris in result.initiators.items() for uri in uris}
         self._targets = []
         self._target_set = frozenset(v.uri for v in endpoints if v.is_target)
         self._host_zones = self._own_zones(zones)

@@ -125,12 +125,15 @@ class FabricNode(Node):
         if segment == "Endpoints":
             devices = [d.id for d in ctx.index.fabric_devices(fabric)]
             hosts = self.host_ids()
+            # behaviour.initiators "links-only": host endpoints exist, but only zones and
+            # connections link to them; the collection lists the targets alone
+            listed = hosts if ctx.index.topology.behaviour.initiators == "collection" else []
             return CollectionNode(
                 ctx,
                 f"{self.uri}/Endpoints",
                 "EndpointCollection",
                 f"{fabric} endpoints",
-                lambda: hosts + devices,
+                lambda: listed + devices,
                 lambda e: (
                     HostEndpointNode(ctx, fabric, e, self)
                     if e in hosts

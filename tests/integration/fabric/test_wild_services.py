@@ -123,3 +123,23 @@ async def test_session_login_answered_204(tmp_path: Path, tls: Tls) -> None:
             await plugin.detach("gpu0", node, "claim-1", wait_seconds=20)
         sessions = fabric.get("/redfish/v1/SessionService/Sessions")
         assert sessions["Members@odata.count"] >= 1
+
+
+async def test_initiators_only_in_zone_links(tmp_path: Path, tls: Tls) -> None:
+    """Host initiator endpoints that only zones link to (absent from the Endpoints collection)
+    still count as the hosts' ports: every host is in the PCIe pool and a device binds to it."""
+    node = NODES[2]
+    topology = topology_with(tmp_path, initiators="links-only")
+    with (
+        tls_emulator(tmp_path / "fabric", tls, topology=topology) as fabric,
+        manager_for(fabric, tmp_path / "manager", "--binding-style", "zone") as manager,
+    ):
+        async with ManagerClient(manager.address, token=plugin_token(node)) as plugin:
+            inventory = await plugin.inventory()
+            pools = {p.pool: p for p in inventory.pools}
+            assert sorted(pools["fabric-pcie"].nodes) == sorted(NODES)
+            attached = await plugin.attach("gpu1", node, "claim-1", wait_seconds=20)
+            assert attached.state == AttachmentState.ATTACHED
+            assert fabric.bound_hosts() == {"gpu1": node}
+            await plugin.detach("gpu1", node, "claim-1", wait_seconds=20)
+            assert fabric.bound_hosts() == {}
