@@ -106,6 +106,15 @@ class RedfishApp:
         admin = path.startswith(uris.OEM)
         if not admin:
             await self._apply_service_faults()
+        version = request.header("odata-version")
+        if version is not None and version.strip() != "4.0":
+            # DSP0266 "Request headers": a service that does not support the requested OData
+            # version answers 412 (DMTF's protocol validator checks 4.1)
+            raise RedfishError.of(
+                412,
+                "PreconditionFailed",
+                detail=f"OData-Version {version} is not supported; this service speaks 4.0.",
+            )
         if path.rstrip("/") == "/redfish":
             return Reply(200, raw=_REDFISH_VERSIONS)
         node = resolve(self.root, path)

@@ -270,3 +270,9 @@ def test_cancelling_a_hung_task_releases_the_device(client: httpx.Client, emu: R
     assert client.get(accepted.json()["@odata.id"]).json()["TaskState"] == "Cancelled"
     assert emu.bindings()["InFlight"] == [] and "fpga0" not in emu.bound_hosts()
     emu.reset_faults()
+
+
+def test_unsupported_odata_version_is_412(client: httpx.Client) -> None:
+    assert client.get("/redfish/v1/Systems", headers={"OData-Version": "4.0"}).status_code == 200
+    refused = client.get("/redfish/v1/Systems", headers={"OData-Version": "4.1"})
+    assert refused.status_code == 412 and _message_id(refused) == "Base.1.22.PreconditionFailed"
