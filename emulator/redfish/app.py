@@ -169,7 +169,10 @@ class RedfishApp:
     def _is_public(self, request: Request, node: Node) -> bool:
         if self.ctx.account is None or node.public:
             return True
-        return request.method == "POST" and request.path.rstrip("/") == uris.SESSIONS  # login
+        return request.method == "POST" and request.path.rstrip("/") in (  # login
+            uris.SESSIONS,
+            f"{uris.SESSIONS}/Members",
+        )
 
     async def _authenticate(self, request: Request) -> None:
         account = self.ctx.account

@@ -280,6 +280,26 @@ class SessionsNode(CollectionNode):
             return Reply(204, None, headers)  # as some services do; DMTF's library accepts it
         return Reply(201, node.payload(), headers)
 
+    def child(self, segment: str) -> Node | None:
+        if segment == "Members":
+            return _SessionMembersNode(self)
+        return super().child(segment)
+
+
+class _SessionMembersNode(Node):
+    """``POST .../Sessions/Members`` logs in like a POST to the collection (DSP0266 "Creating a
+    session": the collection's ``Members`` property URI takes the POST too)."""
+
+    allow = ("POST",)
+    is_resource = False
+
+    def __init__(self, sessions: SessionsNode) -> None:
+        super().__init__(sessions.ctx, f"{sessions.uri}/Members")
+        self.sessions = sessions
+
+    async def post(self, request: Request) -> Reply:
+        return await self.sessions._login(request)
+
 
 class SessionNode(Node):
     allow = ("GET", "HEAD", "DELETE")

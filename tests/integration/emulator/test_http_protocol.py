@@ -276,3 +276,13 @@ def test_unsupported_odata_version_is_412(client: httpx.Client) -> None:
     assert client.get("/redfish/v1/Systems", headers={"OData-Version": "4.0"}).status_code == 200
     refused = client.get("/redfish/v1/Systems", headers={"OData-Version": "4.1"})
     assert refused.status_code == 412 and _message_id(refused) == "Base.1.22.PreconditionFailed"
+
+
+def test_post_to_the_sessions_members_uri_logs_in(emu: RunningEmulator) -> None:
+    with httpx.Client(base_url=emu.url, verify=False) as anonymous:
+        body = {"UserName": emu.username, "Password": emu.password}
+        created = anonymous.post("/redfish/v1/SessionService/Sessions/Members", json=body)
+        assert created.status_code == 201 and created.headers["X-Auth-Token"]
+        token = {"X-Auth-Token": created.headers["X-Auth-Token"]}
+        assert anonymous.get("/redfish/v1/Systems", headers=token).status_code == 200
+        assert anonymous.delete(created.headers["Location"], headers=token).status_code in (200, 204)
