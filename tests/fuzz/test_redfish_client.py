@@ -71,7 +71,7 @@ def script() -> Script:
 @pytest.fixture(scope="module")
 def server(script: Script) -> Iterator[ScriptedServer]:
     with ScriptedServer(script) as running:
-        yield running  # type: ignore[misc]
+        yield running
 
 
 def _client(url: str, **overrides: Any) -> RedfishClient:

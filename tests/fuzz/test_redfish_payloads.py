@@ -73,7 +73,7 @@ def mockups(redfish_dir: Path) -> dict[str, dict[str, Any]]:
 def served(mockups: dict[str, dict[str, Any]]) -> Iterator[tuple[Mutated, ScriptedServer]]:
     mutated = Mutated(mockups)
     with ScriptedServer(mutated) as server:
-        yield mutated, server  # type: ignore[misc]
+        yield mutated, server
 
 
 @pytest.fixture(scope="module")

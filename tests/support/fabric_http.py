@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 __all__ = ["MockupServer", "Reply", "Request", "ScriptedServer"]
 
@@ -134,7 +134,7 @@ class _BaseServer:
         host, port = self._httpd.server_address[:2]
         return f"{self.scheme}://{host!s}:{port}"
 
-    def start(self) -> _BaseServer:
+    def start(self) -> Self:
         self._thread.start()
         return self
 
@@ -147,7 +147,7 @@ class _BaseServer:
         with self._lock:
             return sum(1 for r in self.requests if r.method == method and r.path.startswith(path_prefix))
 
-    def __enter__(self) -> _BaseServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(
