@@ -9,7 +9,9 @@ answer the manager gives.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,28 @@ import yaml
 from emulator.topology import default_topology_path
 from manager_api.client import ManagerClient
 from manager_api.models import AttachmentState, BindingState
-from tests.integration.fabric.conftest import NODES, Tls, manager_for, plugin_token, tls_emulator
+from tests.integration.fabric.conftest import (
+    NODES,
+    FabricAdmin,
+    Tls,
+    manager_for,
+    plugin_token,
+    tls_emulator,
+)
+
+
+@contextlib.asynccontextmanager
+async def wild_service(
+    tmp: Path, tls: Tls, node: str, manager_flags: Sequence[str], **behaviour: Any
+) -> AsyncIterator[tuple[FabricAdmin, ManagerClient]]:
+    """An emulator with ``behaviour`` over TLS, a manager in front of it started with
+    ``manager_flags``, and a client with ``node``'s plugin token."""
+    with (
+        tls_emulator(tmp / "fabric", tls, topology=topology_with(tmp, **behaviour)) as fabric,
+        manager_for(fabric, tmp / "manager", *manager_flags) as manager,
+    ):
+        async with ManagerClient(manager.address, token=plugin_token(node)) as plugin:
+            yield fabric, plugin
 
 
 def topology_with(tmp: Path, **behaviour: Any) -> Path:
@@ -50,33 +73,29 @@ async def test_endpoint_links_not_kept_current(
     answers "detached" has unbound the device on the fabric, every attach has bound it, and the
     manager never reports its own binding as made outside fabric-dra."""
     node = NODES[0]
-    topology = topology_with(tmp_path, endpointLinks=links)
-    with (
-        tls_emulator(tmp_path / "fabric", tls, topology=topology) as fabric,
-        manager_for(fabric, tmp_path / "manager", "--binding-style", style) as manager,
-    ):
-        async with ManagerClient(manager.address, token=plugin_token(node)) as plugin:
-            wrong_detach = wrong_attach = 0
-            started = time.monotonic()
-            cycles = CYCLES.get((style, links), 20)
-            for cycle in range(cycles):
-                claim = f"claim-{cycle}"
-                attached = await plugin.attach(device, node, claim, wait_seconds=20)
-                assert attached.state == AttachmentState.ATTACHED
-                wrong_attach += fabric.bound_hosts() != {target: node}
-                detached = await plugin.detach(device, node, claim, wait_seconds=20)
-                assert detached.state == AttachmentState.DETACHED
-                wrong_detach += fabric.bound_hosts() != {}
-                if wrong_detach:
-                    break
-            elapsed = time.monotonic() - started
-            print(f"{style}/{links}: {cycle + 1} cycles in {elapsed:.1f}s")
-            assert (wrong_attach, wrong_detach) == (0, 0)
-            assert fabric.bound_hosts() == {}
-            inventory = await plugin.inventory()
-            found = {d.name: d for d in inventory.devices}
-            assert found[device].state == BindingState.FREE
-            assert not [d.name for d in inventory.devices if not d.managed and d.state is BindingState.BOUND]
+    flags = ("--binding-style", style)
+    async with wild_service(tmp_path, tls, node, flags, endpointLinks=links) as (fabric, plugin):
+        wrong_detach = wrong_attach = 0
+        started = time.monotonic()
+        cycles = CYCLES.get((style, links), 20)
+        for cycle in range(cycles):
+            claim = f"claim-{cycle}"
+            attached = await plugin.attach(device, node, claim, wait_seconds=20)
+            assert attached.state == AttachmentState.ATTACHED
+            wrong_attach += fabric.bound_hosts() != {target: node}
+            detached = await plugin.detach(device, node, claim, wait_seconds=20)
+            assert detached.state == AttachmentState.DETACHED
+            wrong_detach += fabric.bound_hosts() != {}
+            if wrong_detach:
+                break
+        elapsed = time.monotonic() - started
+        print(f"{style}/{links}: {cycle + 1} cycles in {elapsed:.1f}s")
+        assert (wrong_attach, wrong_detach) == (0, 0)
+        assert fabric.bound_hosts() == {}
+        inventory = await plugin.inventory()
+        found = {d.name: d for d in inventory.devices}
+        assert found[device].state == BindingState.FREE
+        assert not [d.name for d in inventory.devices if not d.managed and d.state is BindingState.BOUND]
 
 
 async def test_resource_block_status_not_kept_current(tmp_path: Path, tls: Tls) -> None:
@@ -84,43 +103,33 @@ async def test_resource_block_status_not_kept_current(tmp_path: Path, tls: Tls) 
     Links.ResourceBlocks do): the attach is confirmed from the system, survives later discovery
     passes as our own binding, and the detach really removes the block."""
     node, device = NODES[1], "nvme1"
-    topology = topology_with(tmp_path, blockStatus="stale")
-    with (
-        tls_emulator(tmp_path / "fabric", tls, topology=topology) as fabric,
-        manager_for(
-            fabric, tmp_path / "manager", "--binding-style", "composition", "--resync-seconds", "1"
-        ) as manager,
-    ):
-        async with ManagerClient(manager.address, token=plugin_token(node)) as plugin:
-            attached = await plugin.attach(device, node, "claim-1", wait_seconds=20)
-            assert attached.state == AttachmentState.ATTACHED
-            assert fabric.bound_hosts() == {device: node}
-            first = await plugin.inventory()
-            # a few discovery passes later it is still ours, bound to the node
-            later = await plugin.inventory(after=first.version, timeout_seconds=3)
-            await asyncio.sleep(2.5)
-            shown = await plugin.device(device)
-            assert (shown.state, shown.node, shown.managed) == (BindingState.BOUND, node, True), later.version
-            detached = await plugin.detach(device, node, "claim-1", wait_seconds=20)
-            assert detached.state == AttachmentState.DETACHED
-            assert fabric.bound_hosts() == {}
-            assert (await plugin.device(device)).state == BindingState.FREE
+    flags = ("--binding-style", "composition", "--resync-seconds", "1")
+    async with wild_service(tmp_path, tls, node, flags, blockStatus="stale") as (fabric, plugin):
+        attached = await plugin.attach(device, node, "claim-1", wait_seconds=20)
+        assert attached.state == AttachmentState.ATTACHED
+        assert fabric.bound_hosts() == {device: node}
+        first = await plugin.inventory()
+        # a few discovery passes later it is still ours, bound to the node
+        later = await plugin.inventory(after=first.version, timeout_seconds=3)
+        await asyncio.sleep(2.5)
+        shown = await plugin.device(device)
+        assert (shown.state, shown.node, shown.managed) == (BindingState.BOUND, node, True), later.version
+        detached = await plugin.detach(device, node, "claim-1", wait_seconds=20)
+        assert detached.state == AttachmentState.DETACHED
+        assert fabric.bound_hosts() == {}
+        assert (await plugin.device(device)).state == BindingState.FREE
 
 
 async def test_session_login_answered_204(tmp_path: Path, tls: Tls) -> None:
     """A service that answers the session login with 204 (X-Auth-Token and Location, no body):
     the manager logs in, becomes ready and binds through the session."""
     node = NODES[0]
-    topology = topology_with(tmp_path, sessionLogin="no-content")
-    with (
-        tls_emulator(tmp_path / "fabric", tls, topology=topology) as fabric,
-        manager_for(fabric, tmp_path / "manager", "--binding-style", "zone") as manager,
-    ):
-        async with ManagerClient(manager.address, token=plugin_token(node)) as plugin:
-            attached = await plugin.attach("gpu0", node, "claim-1", wait_seconds=20)
-            assert attached.state == AttachmentState.ATTACHED
-            assert fabric.bound_hosts() == {"gpu0": node}
-            await plugin.detach("gpu0", node, "claim-1", wait_seconds=20)
+    flags = ("--binding-style", "zone")
+    async with wild_service(tmp_path, tls, node, flags, sessionLogin="no-content") as (fabric, plugin):
+        attached = await plugin.attach("gpu0", node, "claim-1", wait_seconds=20)
+        assert attached.state == AttachmentState.ATTACHED
+        assert fabric.bound_hosts() == {"gpu0": node}
+        await plugin.detach("gpu0", node, "claim-1", wait_seconds=20)
         sessions = fabric.get("/redfish/v1/SessionService/Sessions")
         assert sessions["Members@odata.count"] >= 1
 
@@ -129,17 +138,13 @@ async def test_initiators_only_in_zone_links(tmp_path: Path, tls: Tls) -> None:
     """Host initiator endpoints that only zones link to (absent from the Endpoints collection)
     still count as the hosts' ports: every host is in the PCIe pool and a device binds to it."""
     node = NODES[2]
-    topology = topology_with(tmp_path, initiators="links-only")
-    with (
-        tls_emulator(tmp_path / "fabric", tls, topology=topology) as fabric,
-        manager_for(fabric, tmp_path / "manager", "--binding-style", "zone") as manager,
-    ):
-        async with ManagerClient(manager.address, token=plugin_token(node)) as plugin:
-            inventory = await plugin.inventory()
-            pools = {p.pool: p for p in inventory.pools}
-            assert sorted(pools["fabric-pcie"].nodes) == sorted(NODES)
-            attached = await plugin.attach("gpu1", node, "claim-1", wait_seconds=20)
-            assert attached.state == AttachmentState.ATTACHED
-            assert fabric.bound_hosts() == {"gpu1": node}
-            await plugin.detach("gpu1", node, "claim-1", wait_seconds=20)
-            assert fabric.bound_hosts() == {}
+    flags = ("--binding-style", "zone")
+    async with wild_service(tmp_path, tls, node, flags, initiators="links-only") as (fabric, plugin):
+        inventory = await plugin.inventory()
+        pools = {p.pool: p for p in inventory.pools}
+        assert sorted(pools["fabric-pcie"].nodes) == sorted(NODES)
+        attached = await plugin.attach("gpu1", node, "claim-1", wait_seconds=20)
+        assert attached.state == AttachmentState.ATTACHED
+        assert fabric.bound_hosts() == {"gpu1": node}
+        await plugin.detach("gpu1", node, "claim-1", wait_seconds=20)
+        assert fabric.bound_hosts() == {}
