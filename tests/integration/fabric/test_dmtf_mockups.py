@@ -166,7 +166,7 @@ async def test_public_cxl_attach_and_detach_are_confirmed(
         serve_manager(tmp_path, server.url, ca_file) as proc,
     ):
         async with ManagerClient(proc.address, token=PLUGIN_TOKEN) as plugin:
-            attached = await plugin.attach("t5", "cxl-system", "claim-1", wait_seconds=20)
+            attached = await plugin.attach("t5", "cxl-system", claim_uid("claim-1"), wait_seconds=20)
             assert attached.state == AttachmentState.ATTACHED
             [made] = [
                 u
@@ -181,7 +181,7 @@ async def test_public_cxl_attach_and_detach_are_confirmed(
             ]
             assert (await plugin.device("t5")).state == BindingState.BOUND
 
-            detached = await plugin.detach("t5", "cxl-system", "claim-1", wait_seconds=20)
+            detached = await plugin.detach("t5", "cxl-system", claim_uid("claim-1"), wait_seconds=20)
             assert detached.state == AttachmentState.DETACHED
             assert server.resources[made] is None
             assert server.count("DELETE", made) == 1
@@ -207,7 +207,7 @@ async def test_public_composability_action_accepted_but_not_applied(
             with pytest.raises(
                 BindFailed, match=r"accepted the bind of offloadblock9 .* but did not apply it"
             ):
-                await controller.attach("offloadblock9", node, "claim-1", wait_seconds=20)
+                await controller.attach("offloadblock9", node, claim_uid("claim-1"), wait_seconds=20)
             actions = "/redfish/v1/Systems/ComposedSystem/Actions/ComputerSystem.AddResourceBlock"
             assert server.count("POST", actions) == 1  # never resent
             for _ in range(100):  # the failed attach is rolled back right after its answer

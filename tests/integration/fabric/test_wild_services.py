@@ -29,6 +29,7 @@ from tests.integration.fabric.conftest import (
     plugin_token,
     tls_emulator,
 )
+from tests.support.uids import claim_uid
 
 
 @contextlib.asynccontextmanager
@@ -79,7 +80,7 @@ async def test_endpoint_links_not_kept_current(
         started = time.monotonic()
         cycles = CYCLES.get((style, links), 20)
         for cycle in range(cycles):
-            claim = f"claim-{cycle}"
+            claim = claim_uid(f"claim-{cycle}")
             attached = await plugin.attach(device, node, claim, wait_seconds=20)
             assert attached.state == AttachmentState.ATTACHED
             wrong_attach += fabric.bound_hosts() != {target: node}
@@ -105,7 +106,7 @@ async def test_resource_block_status_not_kept_current(tmp_path: Path, tls: Tls) 
     node, device = NODES[1], "nvme1"
     flags = ("--binding-style", "composition", "--resync-seconds", "1")
     async with wild_service(tmp_path, tls, node, flags, blockStatus="stale") as (fabric, plugin):
-        attached = await plugin.attach(device, node, "claim-1", wait_seconds=20)
+        attached = await plugin.attach(device, node, claim_uid("claim-1"), wait_seconds=20)
         assert attached.state == AttachmentState.ATTACHED
         assert fabric.bound_hosts() == {device: node}
         first = await plugin.inventory()
@@ -114,7 +115,7 @@ async def test_resource_block_status_not_kept_current(tmp_path: Path, tls: Tls) 
         await asyncio.sleep(2.5)
         shown = await plugin.device(device)
         assert (shown.state, shown.node, shown.managed) == (BindingState.BOUND, node, True), later.version
-        detached = await plugin.detach(device, node, "claim-1", wait_seconds=20)
+        detached = await plugin.detach(device, node, claim_uid("claim-1"), wait_seconds=20)
         assert detached.state == AttachmentState.DETACHED
         assert fabric.bound_hosts() == {}
         assert (await plugin.device(device)).state == BindingState.FREE
@@ -126,10 +127,10 @@ async def test_session_login_answered_204(tmp_path: Path, tls: Tls) -> None:
     node = NODES[0]
     flags = ("--binding-style", "zone")
     async with wild_service(tmp_path, tls, node, flags, sessionLogin="no-content") as (fabric, plugin):
-        attached = await plugin.attach("gpu0", node, "claim-1", wait_seconds=20)
+        attached = await plugin.attach("gpu0", node, claim_uid("claim-1"), wait_seconds=20)
         assert attached.state == AttachmentState.ATTACHED
         assert fabric.bound_hosts() == {"gpu0": node}
-        await plugin.detach("gpu0", node, "claim-1", wait_seconds=20)
+        await plugin.detach("gpu0", node, claim_uid("claim-1"), wait_seconds=20)
         sessions = fabric.get("/redfish/v1/SessionService/Sessions")
         assert sessions["Members@odata.count"] >= 1
 
@@ -143,8 +144,8 @@ async def test_initiators_only_in_zone_links(tmp_path: Path, tls: Tls) -> None:
         inventory = await plugin.inventory()
         pools = {p.pool: p for p in inventory.pools}
         assert sorted(pools["fabric-pcie"].nodes) == sorted(NODES)
-        attached = await plugin.attach("gpu1", node, "claim-1", wait_seconds=20)
+        attached = await plugin.attach("gpu1", node, claim_uid("claim-1"), wait_seconds=20)
         assert attached.state == AttachmentState.ATTACHED
         assert fabric.bound_hosts() == {"gpu1": node}
-        await plugin.detach("gpu1", node, "claim-1", wait_seconds=20)
+        await plugin.detach("gpu1", node, claim_uid("claim-1"), wait_seconds=20)
         assert fabric.bound_hosts() == {}
