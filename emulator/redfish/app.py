@@ -4,14 +4,16 @@ Per request: injected faults (unavailable, slow) except on the OEM admin API; au
 (``X-Auth-Token`` or Basic; the service root, ``/redfish``, the OData documents and login are
 open); method dispatch with ``Allow`` on every answer and 405 otherwise; ``If-Match`` (412) on
 changes and ``If-None-Match`` (304) on reads; ETags on every resource; Redfish error bodies;
-Server-Sent Events on the EventService's ``ServerSentEventUri``. Unsupported ``$`` query
-options get 501 (DSP0266 "Query parameters").
+Server-Sent Events on the EventService's ``ServerSentEventUri``. ``$expand`` is served on
+resources (:mod:`emulator.redfish.expand`); other ``$`` query options get 501 (DSP0266 "Query
+parameters").
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -19,6 +21,7 @@ from urllib.parse import parse_qsl
 
 from emulator.redfish import uris
 from emulator.redfish.events import EventFilter
+from emulator.redfish.expand import Expand, expand, expand_served
 from emulator.redfish.http import Reply, Request
 from emulator.redfish.latency import LatencyProfile
 from emulator.redfish.nodes import ActionNode, Context, Node, not_allowed
@@ -209,20 +212,40 @@ class RedfishApp:
                 return Reply(200, content_type="text/event-stream; charset=utf-8")
             await self._stream_events(request, receive, send)
             return None
-        self._check_query(request, allowed=())
-        if isinstance(node, MetadataNode):
-            return Reply(200, raw=node.document, content_type="application/xml")
-        if not node.is_resource:
+        if isinstance(node, MetadataNode) or not node.is_resource:
+            self._check_query(request, allowed=())
+            if isinstance(node, MetadataNode):
+                return Reply(200, raw=node.document, content_type="application/xml")
             return await node.get(request)
+        self._check_query(request, allowed=("$expand",) if expand_served(self.ctx) else ())
+        query = request.query.get("$expand")
         delay = self.latency.read.sample(self.ctx.engine.rng)
         if delay:
             await asyncio.sleep(delay)
         body, etag = self.ctx.renderer.render(node)
+        if query is not None:
+            body, etag = self._expanded(body, Expand.parse(query))
         headers = {"ETag": etag, "Allow": ", ".join(node.allow)}
         none_match = request.header("if-none-match")
         if none_match and any(etag_matches(t, etag) for t in none_match.split(",")):
             return Reply(304, None, headers)
         return Reply(200, None, headers, raw=body)
+
+    def _expanded(self, body: bytes, query: Expand) -> tuple[bytes, str]:
+        """``body`` with the resources it links to inline (:mod:`emulator.redfish.expand`), and
+        the ETag of that answer (it changes when any resource inlined changes)."""
+
+        def render(uri: str) -> bytes | None:
+            linked = resolve(self.root, uri)
+            if linked is None or not linked.is_resource or isinstance(linked, MetadataNode):
+                return None
+            return self.ctx.renderer.render(linked)[0]
+
+        expanded = expand(json.loads(body), query, render)
+        expanded.pop("@odata.etag", None)
+        raw = json.dumps(expanded, separators=(",", ":"), ensure_ascii=False).encode()
+        expanded["@odata.etag"] = etag = 'W/"' + hashlib.blake2b(raw, digest_size=8).hexdigest() + '"'
+        return json.dumps(expanded, separators=(",", ":"), ensure_ascii=False).encode(), etag
 
     # --- responses -----------------------------------------------------------------------------
 

@@ -137,6 +137,8 @@ class ExpandQuery(_Obj):
     Levels: bool = False
     Links: bool = False
     NoLinks: bool = False
+    #: shall be present when Levels is true (ServiceRoot CSDL)
+    MaxLevels: int | None = None
 
 
 _ExpandQuery = ExpandQuery  # the property below shares the type's name

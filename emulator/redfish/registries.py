@@ -227,6 +227,20 @@ _MESSAGES: dict[str, dict[str, MessageDef]] = {
             ),
             ("QueryNotSupported", "Warning", 0, "Querying is not supported here.", "Remove the query."),
             (
+                "QueryParameterValueFormatError",
+                "Warning",
+                2,
+                "The value %1 for the parameter %2 has the wrong format.",
+                "Correct the value of %2.",
+            ),
+            (
+                "QueryParameterOutOfRange",
+                "Warning",
+                3,
+                "The value %1 for the query parameter %2 is out of range %3.",
+                "Use a value of %2 within %3.",
+            ),
+            (
                 "CreateLimitReachedForResource",
                 "Critical",
                 0,

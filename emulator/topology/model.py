@@ -227,6 +227,13 @@ class Behaviour(_Model):
         default="created",
         description="a session login answers 201 with the session, or 204 with only the headers",
     )
+    expand: Literal["served", "unsupported"] = Field(
+        default="served",
+        description=(
+            "the $expand query (DSP0266 §7.3): served and advertised in the service root's "
+            "ProtocolFeaturesSupported.ExpandQuery; or unsupported (not advertised, answered with 501)"
+        ),
+    )
     block_status: Literal["current", "stale"] = Field(
         default="current",
         description=(

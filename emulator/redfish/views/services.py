@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from emulator.redfish import uris
+from emulator.redfish.expand import expand_query
 from emulator.redfish.http import Reply, Request, parse_body
 from emulator.redfish.models import (
     ALL_TYPES,
@@ -117,7 +118,7 @@ class ServiceRootNode(Node):
             UUID=self.ctx.service_uuid,
             Vendor=self.ctx.vendor,
             Product=self.ctx.product,
-            ProtocolFeaturesSupported=ProtocolFeaturesSupported(),
+            ProtocolFeaturesSupported=ProtocolFeaturesSupported(ExpandQuery=expand_query(self.ctx)),
             Systems=ref(f"{uris.ROOT}/Systems"),
             Chassis=ref(f"{uris.ROOT}/Chassis"),
             Fabrics=ref(f"{uris.ROOT}/Fabrics"),

@@ -198,7 +198,8 @@ def test_bad_requests_name_the_property(client: httpx.Client) -> None:
     assert (
         missing_resource.status_code == 404 and _message_id(missing_resource) == "Base.1.22.ResourceNotFound"
     )
-    assert client.get("/redfish/v1/Systems?$expand=.").status_code == 501
+    # $expand is served (test_expand_inlines_a_collections_members); other query options are not
+    assert client.get("/redfish/v1/Systems?$select=Members").status_code == 501
 
 
 def test_odata_documents(client: httpx.Client, redfish_dir: Path) -> None:
@@ -286,3 +287,30 @@ def test_post_to_the_sessions_members_uri_logs_in(emu: RunningEmulator) -> None:
         token = {"X-Auth-Token": created.headers["X-Auth-Token"]}
         assert anonymous.get("/redfish/v1/Systems", headers=token).status_code == 200
         assert anonymous.delete(created.headers["Location"], headers=token).status_code in (200, 204)
+
+
+def test_expand_inlines_a_collections_members(client: httpx.Client) -> None:
+    """DSP0266 §7.3 "$expand": ``.`` inlines hyperlinks outside Links (a collection's Members),
+    ``~`` only those inside Links; one level, as the service root advertises."""
+    features = client.get("/redfish/v1/").json()["ProtocolFeaturesSupported"]["ExpandQuery"]
+    assert features == {"ExpandAll": True, "Levels": True, "Links": True, "NoLinks": True, "MaxLevels": 1}
+    zones = "/redfish/v1/Fabrics/PCIe/Zones"
+    plain = client.get(zones).json()
+    expanded = client.get(zones, params={"$expand": ".($levels=1)"})
+    assert expanded.status_code == 200
+    members = expanded.json()["Members"]
+    assert [m["@odata.id"] for m in members] == [m["@odata.id"] for m in plain["Members"]]
+    for member in members:
+        alone = client.get(member["@odata.id"]).json()
+        assert member == alone  # the member as its own GET gives it, @odata.etag included
+        assert all(len(e) == 1 for e in member["Links"]["Endpoints"])  # one level only
+    assert expanded.headers["ETag"] == expanded.json()["@odata.etag"] != plain["@odata.etag"]
+    # "~": Links only; the collection has none, so its members stay references
+    assert client.get(zones, params={"$expand": "~"}).json()["Members"] == plain["Members"]
+    zone = members[0]["@odata.id"]
+    linked = client.get(zone, params={"$expand": "~"}).json()["Links"]["Endpoints"]
+    assert linked and all("Id" in e for e in linked)
+    too_deep = client.get(zones, params={"$expand": ".($levels=2)"})
+    assert too_deep.status_code == 400 and _message_id(too_deep).endswith("QueryParameterOutOfRange")
+    malformed = client.get(zones, params={"$expand": "Members"})
+    assert malformed.status_code == 400 and _message_id(malformed).endswith("QueryParameterValueFormatError")
