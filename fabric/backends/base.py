@@ -148,6 +148,9 @@ class Backend(ABC):
 
     def __init__(self, client: RedfishClient, fabric_id: str, fabric_uri: str | None) -> None:
         self.client = client
+        #: the service serves ``$expand`` (learnt by discovery): a collection and its members are
+        #: then one GET (DSP0266 v1.15 §7.3 "Query parameters"), else one per member
+        self.expand = False
         self.fabric_id = fabric_id
         self.fabric_uri = fabric_uri
 
@@ -162,6 +165,10 @@ class Backend(ABC):
     async def prepare_bind(self, device: DeviceRecord, host: HostRecord) -> None:  # noqa: B027
         """Read what a bind of ``device`` to ``host`` will need, while the binding itself is read
         (:meth:`read_binding`): one round trip instead of two. Optional; nothing is changed."""
+
+    def fresh_walk(self) -> Walk:
+        """A new pass over the fabric, reading collections expanded when the service can."""
+        return Walk(self.client, expand=self.expand)
 
     @abstractmethod
     async def read_binding(self, device: DeviceRecord, hosts: Sequence[HostRecord] = ()) -> tuple[str, ...]:

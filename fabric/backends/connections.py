@@ -51,6 +51,7 @@ class ConnectionBackend(Backend):
         fabric = await walk.read(self.fabric_uri, Fabric)
         if fabric is None:
             return DiscoveryResult()
+        self.expand = walk.expand
         endpoints = await read_endpoints(walk, fabric)
         connections = await walk.members(fabric.connections, Connection)
         listed = {c.uri for c in connections}
@@ -148,7 +149,7 @@ class ConnectionBackend(Backend):
         return [c for c in connections if self._carries(c, str(device.chunk), str(device.endpoint))]
 
     async def read_binding(self, device: DeviceRecord, hosts: Sequence[HostRecord] = ()) -> tuple[str, ...]:
-        walk = Walk(self.client)
+        walk = self.fresh_walk()
         bound: set[str] = set()
         for connection in await self._fresh_connections(walk, device):
             bound |= self._hosts_of(connection)
@@ -156,7 +157,7 @@ class ConnectionBackend(Backend):
 
     async def bind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
         initiators = self.initiators_of(host)
-        walk = Walk(self.client)
+        walk = self.fresh_walk()
         fabric = await walk.read(self.fabric_uri, Fabric)
         collection = fabric.connections if fabric else None
         if not collection:
@@ -200,7 +201,7 @@ class ConnectionBackend(Backend):
         return initiators[0]
 
     async def unbind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
-        walk = Walk(self.client)
+        walk = self.fresh_walk()
         for connection in await self._fresh_connections(walk, device):
             if host.id not in self._hosts_of(connection):
                 continue

@@ -105,16 +105,15 @@ class ZoneBackend(Backend):
         self._zone_changes: dict[str, int] = {}
         #: host → its own zone read by :meth:`prepare_bind` (zone, ETag, our changes then, when)
         self._prefetched: dict[str, tuple[_Zone, str | None, int, float]] = {}
-        #: the fabric's Zones collection (from discovery), and whether the service expands it
+        #: the fabric's Zones collection (from discovery)
         self._zones_uri: str | None = None
-        self._expand = False
 
     async def discover(self, walk: Walk, hosts: Mapping[str, HostRecord]) -> DiscoveryResult:
         fabric = await walk.read(self.fabric_uri, Fabric)
         if fabric is None:
             return DiscoveryResult()
         endpoints = await read_endpoints(walk, fabric)
-        self._zones_uri, self._expand = fabric.zones, walk.expand
+        self._zones_uri, self.expand = fabric.zones, walk.expand
         zones = await self._zones(walk, fabric, endpoints)
         endpoints += await linked_initiators(walk, endpoints, (e for z in zones for e in z.endpoints))
         result = host_initiators(endpoints, hosts)
@@ -257,7 +256,7 @@ class ZoneBackend(Backend):
         """Zones that contain ``endpoint``, read now from the fabric's Zones collection (and
         the endpoint's links), each with its ETag; and the zones only the links name."""
         uri = endpoint.uri
-        uris, linked_only = await self._candidates(Walk(self.client, expand=self._expand), endpoint)
+        uris, linked_only = await self._candidates(self.fresh_walk(), endpoint)
         found = []
         for response in await asyncio.gather(*(self._get_or_none(u) for u in uris)):
             zones: dict[str, _Zone] = {}
@@ -302,7 +301,7 @@ class ZoneBackend(Backend):
         snapshot = await self._snapshot(device)
         if snapshot is None:
             return ()
-        walk = Walk(self.client)
+        walk = self.fresh_walk()
         bound: set[str] = set()
         for zone, _etag, _seen in snapshot.zones:
             bound |= await self._zone_hosts(walk, zone)
@@ -358,7 +357,7 @@ class ZoneBackend(Backend):
 
     async def bind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
         initiators = self.initiators_of(host)
-        walk = Walk(self.client)
+        walk = self.fresh_walk()
         snapshot = self._take_snapshot(device)
         async with self._zone_lock(self._host_zones.get(host.id)):
             if snapshot is not None:
@@ -398,7 +397,7 @@ class ZoneBackend(Backend):
                 self._changed_by_us(own[0].uri)
 
     async def unbind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
-        walk = Walk(self.client)
+        walk = self.fresh_walk()
         snapshot = self._take_snapshot(device) or await self._snapshot(device)
         if snapshot is None:
             return  # the endpoint is gone: nothing is bound

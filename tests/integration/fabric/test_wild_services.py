@@ -61,24 +61,31 @@ STYLES = [
     ("connection", "cxlmem1-chunk2", "cxlmem1-chunk2"),
 ]
 #: cycles per profile: the acceptance run for stale links on zones, fewer where they add little
-CYCLES = {("zone", "stale"): 200, ("connection", "stale"): 50}
+CYCLES = {("zone", "stale", "served"): 200, ("connection", "stale", "served"): 50}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("links", ["stale", "omitted"])
+@pytest.mark.parametrize(
+    ("links", "expand"),
+    # "unsupported": collections are read member by member, the fallback of services without $expand
+    [("stale", "served"), ("omitted", "served"), ("stale", "unsupported")],
+    ids=["stale", "omitted", "stale-no-expand"],
+)
 @pytest.mark.parametrize(("style", "device", "target"), STYLES, ids=[s[0] for s in STYLES])
 async def test_endpoint_links_not_kept_current(
-    tmp_path: Path, tls: Tls, links: str, style: str, device: str, target: str
+    tmp_path: Path, tls: Tls, links: str, expand: str, style: str, device: str, target: str
 ) -> None:
     """Endpoints whose Links.Zones / Links.Connections are stale or omitted: every detach that
     answers "detached" has unbound the device on the fabric, every attach has bound it, and the
-    manager never reports its own binding as made outside fabric-dra."""
+    manager never reports its own binding as made outside fabric-dra — whether the service
+    expands collections or not."""
     node = NODES[0]
     flags = ("--binding-style", style)
-    async with wild_service(tmp_path, tls, node, flags, endpointLinks=links) as (fabric, plugin):
+    behaviour = {"endpointLinks": links, "expand": expand}
+    async with wild_service(tmp_path, tls, node, flags, **behaviour) as (fabric, plugin):
         wrong_detach = wrong_attach = 0
         started = time.monotonic()
-        cycles = CYCLES.get((style, links), 20)
+        cycles = CYCLES.get((style, links, expand), 20)
         for cycle in range(cycles):
             claim = claim_uid(f"claim-{cycle}")
             attached = await plugin.attach(device, node, claim, wait_seconds=20)
