@@ -256,17 +256,31 @@ class ZoneBackend(Backend):
         """Zones that contain ``endpoint``, read now from the fabric's Zones collection (and
         the endpoint's links), each with its ETag; and the zones only the links name."""
         uri = endpoint.uri
-        uris, linked_only = await self._candidates(self.fresh_walk(), endpoint)
+        walk = self.fresh_walk()
+        uris, linked_only = await self._candidates(walk, endpoint)
         found = []
-        for response in await asyncio.gather(*(self._get_or_none(u) for u in uris)):
+        for body, etag in await asyncio.gather(*(self._with_etag(walk, u, u in linked_only) for u in uris)):
             zones: dict[str, _Zone] = {}
-            self._add_zone(zones, Zone.of(response.body) if response else None)
+            self._add_zone(zones, Zone.of(body) if body is not None else None)
             for zone in zones.values():
                 if zone.uri in linked_only and uri:
                     zone.endpoints.add(uri)
                 if uri in zone.endpoints:
-                    found.append((zone, response.etag if response else None))
+                    found.append((zone, etag))
         return found, linked_only
+
+    async def _with_etag(self, walk: Walk, uri: str, linked_only: bool) -> tuple[JSON | None, str | None]:
+        """A zone and its ETag: from the expanded collection the walk just read when the member
+        carries ``@odata.etag`` (DSP0266 "ETags": the same value as the resource's ETag header),
+        else from a GET of the zone. A wrong tag only makes the service refuse the change (412),
+        and the change is then read again."""
+        if walk.expand and not linked_only:
+            body = await walk.get(uri)
+            etag = body.get("@odata.etag") if body is not None else None
+            if isinstance(etag, str):
+                return body, etag
+        response = await self._get_or_none(uri)
+        return (response.body, response.etag) if response is not None else (None, None)
 
     def _zone_lock(self, zone_uri: str | None) -> asyncio.Lock:
         if zone_uri is None:
