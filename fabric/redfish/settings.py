@@ -27,9 +27,12 @@ class RedfishSettings(BaseModel):
     backoff_initial: float = Field(default=0.2, gt=0)
     backoff_max: float = Field(default=5.0, gt=0)
     max_workers: int = Field(default=32, ge=1, description="concurrent Redfish requests")
-    max_response_bytes: int = Field(default=64 << 20, ge=1024, description="largest answer accepted")
+    # 32 MiB: an answer is parsed into Python objects several times its size (measured: a 60 MB
+    # answer took the manager to 416-427 MiB, past the 400 MiB it must stay under); the largest
+    # legitimate answer, an expanded Zones collection of 10,000 zones, is about 15 MB.
+    max_response_bytes: int = Field(default=32 << 20, ge=1024, description="largest answer accepted")
     max_inflight_bytes: int = Field(
-        default=64 << 20,
+        default=32 << 20,
         ge=1024,
         description="bytes of answers read at once, all concurrent reads together (at least "
         "max_response_bytes)",

@@ -287,7 +287,9 @@ class _BoundedAdapter(requests.adapters.HTTPAdapter):
             return response
         limit = _size(self.max_bytes)
         held = 0
-        chunks: list[bytes] = []
+        # One growing buffer, not a list of chunks joined at the end: the join held the answer
+        # twice at its peak. json.loads reads a bytearray as it reads bytes.
+        chunks = bytearray()
         try:
             declared = response.headers.get("Content-Length", "")
             if declared.isdigit() and int(declared) > self.max_bytes:
@@ -306,7 +308,7 @@ class _BoundedAdapter(requests.adapters.HTTPAdapter):
                         f"this one ({_size(size)} so far) was given up"
                     )
                 held += len(chunk)
-                chunks.append(chunk)
+                chunks += chunk
             if self.aborts != aborts:
                 raise _AnswerRefused("the read was cut short: the client is shutting down")
         except BaseException:
@@ -316,7 +318,7 @@ class _BoundedAdapter(requests.adapters.HTTPAdapter):
             self.budget.give(held)
             response.close()
             raise
-        response._content = b"".join(chunks)
+        response._content = chunks  # type: ignore[assignment]  # bytes-like; every reader accepts it
         response._content_consumed = True
         setattr(response, _HELD, held)  # given back by Transport.send once parsed
         return response

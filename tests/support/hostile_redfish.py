@@ -20,7 +20,7 @@ Modes, one per attack of docs/reliability.md's "Hostile Redfish service" table:
 * ``foreign-task`` — every POST/PATCH but a login is answered 202 with ``TaskMonitor`` =
   ``@127.0.0.1:RECORDER/...`` and no ``Location``, and not forwarded: nothing is bound.
 * ``foreign-location`` — the same with ``Location: http://127.0.0.1:RECORDER/...``.
-* ``huge`` — every read below a collection (members) is answered with 60 MB of chunked JSON
+* ``huge`` — every read below a collection (members) is answered with 31 MB of chunked JSON
   (no ``Content-Length``), just under the 64 MiB cap of one answer.
 * ``endless`` — the same, but the answer never ends.
 * ``pages`` — every collection pages on for ever: ``Members@odata.nextLink`` always names a new page.
@@ -56,7 +56,7 @@ MODES = (
     "hang",
 )
 
-HUGE_BYTES = 60_000_000
+HUGE_BYTES = 31_000_000  # just below the manager's 32 MiB per-answer cap
 PAGE_MEMBERS = 50
 
 
