@@ -86,5 +86,6 @@ def expand(body: dict[str, Any], query: Expand, render: Callable[[str], bytes | 
         return value
 
     result = walk(body, False, 0)
-    assert isinstance(result, dict)
+    if not isinstance(result, dict):  # walk maps an object to an object: this cannot happen
+        raise TypeError(f"$expand turned a resource into {type(result).__name__}")
     return result
