@@ -67,7 +67,9 @@ class ManagerService:
         return self._elector is None or self._elector.is_leader
 
     def _not_ready(self, inventory: Inventory) -> str | None:
-        if not self._leading:
+        # The same rule the API serves by (is_leader): a replica whose last renewal is older than
+        # the renew deadline refuses writes, so it must not say it is ready either.
+        if not self._leading or (self._elector is not None and not self._elector.is_leader):
             holder = self._elector.current_holder if self._elector else None
             return f"not the leader (leader: {holder or 'unknown'})"
         if not self._ledger_loaded:
