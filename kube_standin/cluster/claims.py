@@ -17,14 +17,13 @@ so a device is never released while a node still has it prepared.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 from typing import Any
 
 from kube_standin.cluster.events import EventRecorder
-from plumbing.kube import ApiError, Conflict, KubeClient, NotFound
+from plumbing.kube import Conflict, KubeClient, NotFound
 from plumbing.kube.dra import is_allocated
-from plumbing.kube.informer import Informer, wait_any
+from plumbing.kube.informer import Informer, reconcile_passes
 from plumbing.kube.resources import PODS, RESOURCE_CLAIMS
 from plumbing.logs import get_logger
 
@@ -67,25 +66,13 @@ class ClaimController:
         self.events = events
 
     async def run(self) -> None:
-        wakes = [self.pods.listen(), self.claims.listen(), self.templates.listen()]
-        for informer in (self.pods, self.claims, self.templates):
-            await informer.synced.wait()
-        while True:
-            await wait_any(*wakes)
-            for wake in wakes:
-                wake.clear()
-            try:
-                for pod in self.pods.values():
-                    await self.sync_pod(pod)
-                for claim in self.claims.values():
-                    await self.sync_claim(claim)
-            except ApiError as err:
-                log.warning("claim sync failed; retrying", error=str(err))
-                wakes[0].set()
-                await asyncio.sleep(0.3)
-            except Exception:  # a bug must not stop the control plane; log it and go on
-                log.exception("unexpected error; continuing")
-                await asyncio.sleep(1.0)
+        await reconcile_passes("claim sync", (self.pods, self.claims, self.templates), self.sync_all)
+
+    async def sync_all(self) -> None:
+        for pod in self.pods.values():
+            await self.sync_pod(pod)
+        for claim in self.claims.values():
+            await self.sync_claim(claim)
 
     # -- claims for pods ----------------------------------------------------------------------
 

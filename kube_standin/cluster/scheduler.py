@@ -36,7 +36,6 @@ the real scheduler's "0/3 nodes are available: …" message.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -60,7 +59,7 @@ from kube_standin.cluster.claims import DELETE_PROTECTION, pod_claim_names
 from kube_standin.cluster.events import EventRecorder
 from plumbing.kube import ApiError, Conflict, KubeClient, NotFound
 from plumbing.kube.dra import ResourceClaim, is_allocated
-from plumbing.kube.informer import Informer, wait_any
+from plumbing.kube.informer import Informer, reconcile_passes
 from plumbing.kube.resources import PODS, RESOURCE_CLAIMS
 from plumbing.logs import get_logger
 
@@ -110,21 +109,7 @@ class Scheduler:
 
     async def run(self) -> None:
         informers = (self.pods, self.nodes, self.claims, self.slices, self.classes)
-        wakes = [i.listen() for i in informers]
-        for informer in informers:
-            await informer.synced.wait()
-        while True:
-            await wait_any(*wakes, resync=1.0)
-            for wake in wakes:
-                wake.clear()
-            try:
-                await self.schedule_pending()
-            except ApiError as err:
-                log.warning("scheduling pass failed; retrying", error=str(err))
-                await asyncio.sleep(0.3)
-            except Exception:  # a bug must not stop the control plane; log it and go on
-                log.exception("unexpected error; continuing")
-                await asyncio.sleep(1.0)
+        await reconcile_passes("scheduling pass", informers, self.schedule_pending, resync=1.0)
 
     async def schedule_pending(self) -> None:
         pending = [

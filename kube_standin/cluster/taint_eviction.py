@@ -23,7 +23,6 @@ controller (:mod:`.claims`) drops it from ``reservedFor`` and deallocates a clai
 
 from __future__ import annotations
 
-import asyncio
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -32,8 +31,8 @@ from dra_driver.selection.model import DeviceTaint, DeviceToleration
 from dra_driver.selection.taints import tolerates
 from kube_standin.cluster.claims import pod_claim_names
 from kube_standin.cluster.events import EventRecorder
-from plumbing.kube import ApiError, Conflict, KubeClient, NotFound
-from plumbing.kube.informer import Informer, wait_any
+from plumbing.kube import Conflict, KubeClient, NotFound
+from plumbing.kube.informer import Informer, reconcile_passes
 from plumbing.kube.resources import PODS
 from plumbing.logs import get_logger
 
@@ -90,21 +89,9 @@ class TaintEvictionController:
         self.events = events
 
     async def run(self) -> None:
-        wakes = [self.pods.listen(), self.claims.listen(), self.slices.listen()]
-        for informer in (self.pods, self.claims, self.slices):
-            await informer.synced.wait()
-        while True:
-            await wait_any(*wakes, resync=1.0)  # 1 s: a tolerationSeconds running out is seen soon
-            for wake in wakes:
-                wake.clear()
-            try:
-                await self.sync()
-            except ApiError as err:
-                log.warning("device taint eviction failed; retrying", error=str(err))
-                await asyncio.sleep(0.3)
-            except Exception:  # a bug must not stop the control plane; log it and go on
-                log.exception("unexpected error; continuing")
-                await asyncio.sleep(1.0)
+        # resync 1 s: a tolerationSeconds running out is seen soon
+        informers = (self.pods, self.claims, self.slices)
+        await reconcile_passes("device taint eviction", informers, self.sync, resync=1.0)
 
     def _device_taints(self) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
         """(driver, pool, device) → taints, from each pool's newest slices."""

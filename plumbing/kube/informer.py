@@ -16,7 +16,7 @@ Users see changes three ways:
   and every cached object the list no longer has is ``DELETED``. An object whose UID changed
   under the same name was deleted and re-created: ``DELETED`` then ``ADDED``.
 * ``listen()``: an :class:`asyncio.Event` set after every change, for level-triggered loops that
-  reconcile from the cache (:func:`wait_any`).
+  reconcile from the cache (:func:`reconcile_passes`, or :func:`wait_any` for loops of their own).
 * ``synced``: set once the first list is in the cache (client-go's ``HasSynced``).
 """
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -34,7 +34,16 @@ from plumbing.kube.client import ApiError, Gone, KubeClient
 from plumbing.kube.resources import Resource
 from plumbing.logs import get_logger
 
-__all__ = ["Change", "ChangeHandler", "Informer", "Origin", "object_key", "object_uid", "wait_any"]
+__all__ = [
+    "Change",
+    "ChangeHandler",
+    "Informer",
+    "Origin",
+    "object_key",
+    "object_uid",
+    "reconcile_passes",
+    "wait_any",
+]
 
 log = get_logger(__name__)
 
@@ -222,3 +231,32 @@ async def wait_any(*events: asyncio.Event, resync: float = 5.0) -> None:
     finally:
         for waiter in waiters:
             waiter.cancel()
+
+
+async def reconcile_passes(
+    what: str,
+    informers: Sequence[Informer],
+    one_pass: Callable[[], Awaitable[None]],
+    *,
+    resync: float = 5.0,
+) -> None:
+    """A level-triggered controller loop: once every informer has its first list, run ``one_pass``
+    (which reads the caches) after every change and at least every ``resync`` seconds, for ever.
+    A pass that fails with an API error is tried again after 0.3 s; any other error is logged and
+    the loop goes on (a bug in one pass must not stop the loop)."""
+    wakes = [informer.listen() for informer in informers]
+    for informer in informers:
+        await informer.synced.wait()
+    while True:
+        await wait_any(*wakes, resync=resync)
+        for wake in wakes:
+            wake.clear()
+        try:
+            await one_pass()
+        except ApiError as err:
+            log.warning(f"{what} failed; retrying", error=str(err))
+            wakes[0].set()
+            await asyncio.sleep(0.3)
+        except Exception:
+            log.exception(f"{what}: unexpected error; continuing")
+            await asyncio.sleep(1.0)
