@@ -50,7 +50,7 @@ class ProbeAnswer:
         return 200 if self.ok else 503
 
 
-def _answers(socket: Path, call: Callable[[grpc.Channel], object], timeout: float) -> str | None:
+def _answers(socket: Path, call: Callable[[grpc.Channel], object]) -> str | None:
     """None when ``call`` succeeds on a fresh channel to ``socket``; else why not (one line)."""
     with grpc.insecure_channel(f"unix://{socket}") as channel:
         try:
@@ -82,16 +82,16 @@ class PluginProbes:
 
     def _grpc_problem(self) -> str | None:
         timeout = self.timeout
-
-        def get_info(channel: grpc.Channel) -> object:
-            return reg_grpc.RegistrationStub(channel).GetInfo(reg_pb2.InfoRequest(), timeout=timeout)
-
-        return _answers(self.registration_socket, get_info, timeout) or _answers(
+        return _answers(
+            self.registration_socket,
+            lambda channel: reg_grpc.RegistrationStub(channel).GetInfo(
+                reg_pb2.InfoRequest(), timeout=timeout
+            ),
+        ) or _answers(
             self.dra_socket,
             lambda channel: dra_grpc.DRAPluginStub(channel).NodePrepareResources(
                 dra_pb2.NodePrepareResourcesRequest(), timeout=timeout
             ),
-            timeout,
         )
 
     def live(self) -> ProbeAnswer:
