@@ -414,8 +414,7 @@ async def load_manager(args: argparse.Namespace, progress: TextIO) -> Inventory:
     """The slices the controller would publish for the manager's inventory, its nodes labelled as
     the controller labels them, and the classes from ``--classes``."""
     from dra_driver.controller.devices import PublishPolicy
-    from dra_driver.controller.resourcenames import pool_label_key
-    from dra_driver.controller.slices import desired_pools, plan_pool
+    from dra_driver.controller.slices import desired_node_labels, desired_pools, plan_pool
     from manager_api.client import ManagerClient
     from manager_api.errors import FabricError
     from plumbing import DEFAULT_DRIVER_NAME
@@ -454,9 +453,10 @@ async def load_manager(args: argparse.Namespace, progress: TextIO) -> Inventory:
     for name, desired in desired_pools(inventory, policy).items():
         plan = plan_pool(name, desired, {}, driver=driver)
         slices.extend(ResourceSlice.model_validate(w.obj) for w in (plan.writes if plan else []))
+    labels = desired_node_labels(inventory, driver)
     nodes = [
         Node.model_validate(
-            {"metadata": {"name": n.name, "labels": {pool_label_key(driver, p): "true" for p in n.pools}}}
+            {"metadata": {"name": n.name, "labels": dict.fromkeys(sorted(labels.get(n.name, ())), "true")}}
         )
         for n in inventory.nodes
     ]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
 from collections.abc import Awaitable, Callable
 
@@ -127,6 +128,16 @@ class Inventory:
 
     def pool_of(self, record: DeviceRecord) -> str:
         return pool_name(self.fabric_name, record.fabric)
+
+    def reach_of(self, record: DeviceRecord) -> str | None:
+        """The reach group of a device that only some hosts of its fabric reach (None: all do).
+
+        Named after the reaching *hosts*, not nodes: a node joining, leaving or being renamed moves
+        node labels only, while the group, and the slices published for it, stay as they are."""
+        fabric = self._fabrics.get(record.fabric)
+        if fabric is None or set(record.reachable_hosts) >= set(fabric.hosts):
+            return None
+        return reach_group_id(record.reachable_hosts)
 
     # -- discovery ----------------------------------------------------------------------------------
 
@@ -326,6 +337,7 @@ class Inventory:
             redfish_uri=record.key,
             attach_failures=self._attach_failures.get(record.name, (0, None))[0],
             attach_error=self._attach_failures.get(record.name, (0, None))[1],
+            reach=self.reach_of(record),
         )
 
     def _device_view(self, record: DeviceRecord) -> tuple[api.Device, str]:
@@ -334,7 +346,7 @@ class Inventory:
         entry = self.overlay(record.name)
         overlay = (entry.state, entry.node, entry.host, entry.claim_uid) if entry is not None else None
         bound_node = self._host_nodes.get(record.bound_hosts[0]) if record.bound_hosts else None
-        key = (overlay, bound_node, self._attach_failures.get(record.name))
+        key = (overlay, bound_node, self._attach_failures.get(record.name), self.reach_of(record))
         cached = self._views.get(record.name)
         if cached is not None and cached[1] == key and (cached[0] is record or cached[0] == record):
             return cached[2], cached[3]
@@ -358,11 +370,20 @@ class Inventory:
                     pools=[pool_name(self.fabric_name, f) for f in fabrics],
                 )
             )
+        groups: dict[str, dict[str, tuple[str, ...]]] = {}
+        for record in self._records.values():
+            group = self.reach_of(record)
+            if group is not None:
+                groups.setdefault(record.fabric, {})[group] = record.reachable_hosts
         pools = [
             api.FabricPool(
                 pool=pool_name(self.fabric_name, fabric.id),
                 fabric=fabric.id,
-                nodes=sorted(self._host_nodes[h] for h in fabric.hosts if h in self._host_nodes),
+                nodes=self._nodes_of(fabric.hosts),
+                reach_groups=[
+                    api.ReachGroup(id=group, nodes=self._nodes_of(hosts))
+                    for group, hosts in sorted(groups.get(fabric.id, {}).items())
+                ],
             )
             for fabric in sorted(self._fabrics.values(), key=lambda f: f.id)
         ]
@@ -378,6 +399,9 @@ class Inventory:
             f'"nodes":{_NODES.dump_json(nodes, by_alias=True).decode()}}}'
         )
         return inventory, body
+
+    def _nodes_of(self, hosts: tuple[str, ...]) -> list[str]:
+        return sorted(self._host_nodes[h] for h in hosts if h in self._host_nodes)
 
     def changed(self) -> None:
         """Something may have changed: re-render soon (changes of one loop iteration coalesce)."""
@@ -436,6 +460,11 @@ class Inventory:
         self._closing = True
         async with self._changed:
             self._changed.notify_all()
+
+
+def reach_group_id(hosts: tuple[str, ...]) -> str:
+    """A reach group's id: a short hash of the ComputerSystem Ids that reach its devices."""
+    return "r" + hashlib.sha256("\n".join(sorted(hosts)).encode()).hexdigest()[:10]
 
 
 #: resources whose changes are bindings, not device attributes or health

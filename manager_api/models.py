@@ -79,6 +79,7 @@ __all__ = [
     "OperationKind",
     "OperationState",
     "PreparedClaim",
+    "ReachGroup",
 ]
 
 API_PREFIX = "/api/v1"
@@ -159,6 +160,11 @@ class Device(DeviceAttributes, DeviceIdentity):
     attach_error: str | None = Field(
         default=None, description="error code of the latest failed attach, while attach_failures > 0"
     )
+    reach: str | None = Field(
+        default=None,
+        description="the reach group of its pool (FabricPool.reachGroups) whose nodes alone can reach it; "
+        "None: every node of the pool reaches it",
+    )
 
 
 class FabricNode(_Model):
@@ -171,10 +177,20 @@ class FabricNode(_Model):
     pools: list[str] = Field(default_factory=list)
 
 
+class ReachGroup(_Model):
+    """Devices of a pool that only some of the pool's nodes reach (a switch cabled to some hosts)."""
+
+    id: str = Field(description="stable while the fabric's cabling is: a hash of the reaching hosts")
+    nodes: list[str] = Field(description="the Kubernetes nodes that reach the group's devices")
+
+
 class FabricPool(_Model):
     pool: str
     fabric: str
     nodes: list[str] = Field(description="Kubernetes nodes the fabric can reach")
+    reach_groups: list[ReachGroup] = Field(
+        default_factory=list, description="devices reached by a subset of nodes only, by Device.reach"
+    )
 
 
 class Inventory(_Model):

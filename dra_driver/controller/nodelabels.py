@@ -1,6 +1,7 @@
 """Keeps the pool labels on nodes right: ``pool.<driver>/<pool>=true`` exactly on the nodes that
-pool's fabric reaches, so each pool's node selector (:func:`.slices.node_selector`) matches
-exactly those nodes.
+pool's fabric reaches, and ``pool.<driver>/<pool>.<group>=true`` exactly on the nodes that reach a
+reach group of the pool (devices behind a switch cabled to some hosts only), so each slice's node
+selector (:func:`.slices.node_selector`) matches exactly those nodes.
 
 The node set comes from the manager's inventory (``FabricPool.nodes``); nodes come and go in
 Kubernetes, so nodes are watched too and a new node gets its labels as soon as it registers.
@@ -23,7 +24,7 @@ from dra_driver.controller.inventory_feed import InventoryFeed
 from dra_driver.controller.metrics import NODE_LABEL_PATCHES
 from dra_driver.controller.pluginpods import PluginNodes
 from dra_driver.controller.resourcenames import pool_label_key, pool_label_prefix
-from dra_driver.controller.slices import slice_selector
+from dra_driver.controller.slices import desired_node_labels, slice_selector
 from manager_api.models import Inventory
 from plumbing.backoff import Backoff
 from plumbing.kube import ApiError, KubeClient, NotFound
@@ -34,16 +35,6 @@ from plumbing.logs import get_logger
 __all__ = ["NodeLabeler", "desired_node_labels"]
 
 log = get_logger(__name__)
-
-
-def desired_node_labels(inventory: Inventory, driver: str) -> dict[str, set[str]]:
-    """Node name → the pool label keys it must carry."""
-    wanted: dict[str, set[str]] = {}
-    for pool in inventory.pools:
-        key = pool_label_key(driver, pool.pool)
-        for node in pool.nodes:
-            wanted.setdefault(node, set()).add(key)
-    return wanted
 
 
 class NodeLabeler:
@@ -126,11 +117,18 @@ class NodeLabeler:
                 field_selector=f"spec.driver={self._driver}",
             )
             for obj in items:
-                pool = ((obj.get("spec") or {}).get("pool") or {}).get("name")
+                spec = obj.get("spec") or {}
+                pool = (spec.get("pool") or {}).get("name")
                 if pool:
                     self._owned.add(pool_label_key(self._driver, str(pool)))
+                # the reach-group labels its slices select on (a group may be gone since)
+                for term in (spec.get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
+                    for expression in term.get("matchExpressions") or []:
+                        if str(expression.get("key") or "").startswith(self._prefix):
+                            self._owned.add(str(expression["key"]))
             self._owned_listed = True
         self._owned.update(pool_label_key(self._driver, p.pool) for p in inventory.pools)
+        self._owned.update(k for keys in desired_node_labels(inventory, self._driver).values() for k in keys)
 
     async def _reconcile_loop(self, feed: InventoryFeed) -> None:
         backoff = Backoff(initial=0.2, maximum=30.0)

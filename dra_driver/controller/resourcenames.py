@@ -34,6 +34,7 @@ __all__ = [
     "pool_label_key",
     "pool_label_prefix",
     "publisher_label",
+    "reach_label_key",
     "short_hash",
     "slice_name",
     "unhealthy_taint_key",
@@ -109,6 +110,12 @@ def pool_label_prefix(driver: str) -> str:
 def pool_label_key(driver: str, pool: str) -> str:
     """``pool.<driver>/<pool>`` (value ``"true"``) on every node the pool's fabric reaches."""
     return f"{pool_label_prefix(driver)}/{_label_name(pool)}"
+
+
+def reach_label_key(driver: str, pool: str, group: str) -> str:
+    """``pool.<driver>/<pool>.<group>`` (value ``"true"``) on every node that reaches the devices of
+    one reach group of the pool (a switch cabled to some of the pool's hosts only)."""
+    return f"{pool_label_prefix(driver)}/{_label_name(f'{pool}.{group}')}"
 
 
 def publisher_label(driver: str) -> str:

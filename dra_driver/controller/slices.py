@@ -1,7 +1,11 @@
 """One fabric pool → its ResourceSlices, and what it takes to bring the stored slices there.
 
-A pool is published as ``ceil`` (devices / limit) slices with stable names
-(``<driver>-<pool>-<n>``), devices sorted by name. All slices of a pool carry the same
+A pool is published in slices with stable names (``<driver>-<pool>-<n>``). Its devices are first
+grouped by the nodes that reach them: the devices every node of the pool reaches, then each reach
+group of the pool (a switch cabled to some of the pool's hosts only; ``FabricPool.reachGroups``),
+by group id; each group is cut into ``ceil`` (devices / limit) slices, devices sorted by name, and
+each slice selects exactly the group's nodes by a node label the controller keeps
+(:func:`desired_node_labels`, :mod:`.nodelabels`). All slices of a pool carry the same
 ``pool.generation`` and ``pool.resourceSliceCount``; any change to the pool is written as a
 new generation on *every* slice of the pool, then obsolete slices are deleted — so a consumer
 that only trusts the highest generation with a complete slice count never sees a mixed pool
@@ -34,6 +38,7 @@ from dra_driver.controller.resourcenames import (
     is_pool_name,
     pool_label_key,
     publisher_label,
+    reach_label_key,
     slice_name,
 )
 from dra_driver.selection.quantity import parse_quantity
@@ -48,6 +53,7 @@ __all__ = [
     "SliceWrite",
     "check_slice",
     "chunk_devices",
+    "desired_node_labels",
     "desired_pools",
     "node_selector",
     "plan_pool",
@@ -71,17 +77,34 @@ def slice_selector(driver: str, publisher: str) -> str:
     return ",".join(f"{k}={v}" for k, v in slice_labels(driver, publisher).items())
 
 
-def node_selector(driver: str, pool: str) -> dict[str, Any]:
-    """Exactly the nodes labelled as reaching ``pool`` (kept right by :mod:`.nodelabels`)."""
-    return {
-        "nodeSelectorTerms": [
-            {
-                "matchExpressions": [
-                    {"key": pool_label_key(driver, pool), "operator": "In", "values": ["true"]}
-                ]
-            }
-        ]
-    }
+def _label_key(driver: str, pool: str, group: str | None) -> str:
+    return pool_label_key(driver, pool) if group is None else reach_label_key(driver, pool, group)
+
+
+def node_selector(driver: str, pool: str, group: str | None = None) -> dict[str, Any]:
+    """Exactly the nodes labelled as reaching ``pool`` — or, with ``group``, as reaching that reach
+    group of the pool (labels kept right by :mod:`.nodelabels`).
+
+    Labels, not node names: a selector of names would grow with the nodes (thousands of names in
+    every slice, past the object size limit) and every node that joins or leaves would rewrite every
+    slice of the pool under a new generation; a label is one patch of the node that changed."""
+    requirement = {"key": _label_key(driver, pool, group), "operator": "In", "values": ["true"]}
+    return {"nodeSelectorTerms": [{"matchExpressions": [requirement]}]}
+
+
+def desired_node_labels(inventory: Inventory, driver: str) -> dict[str, set[str]]:
+    """Node name → the label keys it must carry: one per pool it reaches, one per reach group of
+    a pool whose devices it reaches. The slices' node selectors (:func:`node_selector`) use these."""
+    wanted: dict[str, set[str]] = {}
+    for pool in inventory.pools:
+        key = pool_label_key(driver, pool.pool)
+        for node in pool.nodes:
+            wanted.setdefault(node, set()).add(key)
+        for group in pool.reach_groups:
+            key = reach_label_key(driver, pool.pool, group.id)
+            for node in group.nodes:
+                wanted.setdefault(node, set()).add(key)
+    return wanted
 
 
 def chunk_devices(devices: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -193,8 +216,9 @@ class DesiredPool:
     """What one pool should look like, independent of its generation."""
 
     name: str
-    node_selector: dict[str, Any]
     chunks: list[list[dict[str, Any]]]
+    #: each chunk's node selector (the chunk's reach group)
+    selectors: list[dict[str, Any]]
     withheld: dict[str, WithheldReason] = field(default_factory=dict)
     nodes: tuple[str, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
@@ -208,7 +232,7 @@ class DesiredPool:
         spec: dict[str, Any] = {
             "driver": driver,
             "pool": {"name": self.name, "generation": generation, "resourceSliceCount": len(self.chunks)},
-            "nodeSelector": self.node_selector,
+            "nodeSelector": self.selectors[index],
         }
         if self.chunks[index]:
             spec["devices"] = self.chunks[index]
@@ -231,21 +255,36 @@ def desired_pools(
     quarantined = quarantined or {}
     nodes_by_pool: dict[str, tuple[str, ...]] = {p.pool: tuple(sorted(set(p.nodes))) for p in inventory.pools}
     conversions: dict[str, dict[str, Conversion]] = defaultdict(dict)
+    reach: dict[tuple[str, str], str | None] = {}
     for device in inventory.devices:
         pool_devices = conversions[device.pool]
         if device.name in pool_devices:
             continue  # a device name is unique within a pool; the manager guarantees it, we enforce it
         pool_devices[device.name] = to_dra_device(device, policy, quarantined.get((device.pool, device.name)))
+        reach[(device.pool, device.name)] = device.reach
     pools: dict[str, DesiredPool] = {}
     for pool in sorted(set(nodes_by_pool) | set(conversions)):
         if not is_pool_name(pool):
             continue
         converted = conversions.get(pool, {})
-        published = [c.device for _, c in sorted(converted.items()) if c.device is not None]
+        # Devices every node of the pool reaches first, then each reach group (module docstring).
+        groups: dict[str | None, list[dict[str, Any]]] = {None: []}
+        for name, conversion in sorted(converted.items()):
+            if conversion.device is not None:
+                groups.setdefault(reach.get((pool, name)), []).append(conversion.device)
+        if not groups[None] and len(groups) > 1:
+            del groups[None]  # no device for every node: no empty slice for them either
+        chunks: list[list[dict[str, Any]]] = []
+        selectors: list[dict[str, Any]] = []
+        for group in sorted(groups, key=lambda g: (g is not None, g or "")):
+            selector = node_selector(policy.driver, pool, group)
+            for chunk in chunk_devices(groups[group]):
+                chunks.append(chunk)
+                selectors.append(selector)
         pools[pool] = DesiredPool(
             name=pool,
-            node_selector=node_selector(policy.driver, pool),
-            chunks=chunk_devices(published),
+            chunks=chunks,
+            selectors=selectors,
             withheld={n: c.withheld for n, c in converted.items() if c.withheld is not None},
             nodes=nodes_by_pool.get(pool, ()),
             labels=slice_labels(policy.driver, policy.publisher),

@@ -25,6 +25,7 @@ from fabric.backends.base import Backend
 from fabric.backends.composition import COMPOSITION_FABRIC, CompositionBackend
 from fabric.backends.connections import ConnectionBackend
 from fabric.backends.model import DeviceRecord, FabricInfo, FabricSnapshot, HostRecord
+from fabric.backends.reach import narrow_reach
 from fabric.backends.views import ComputerSystem, Fabric, ServiceRoot
 from fabric.backends.walk import Walk
 from fabric.backends.zones import ZoneBackend
@@ -203,7 +204,7 @@ class Discovery:
             )
             for fabric_id in styles
         }
-        snapshot.devices = assign_names(devices)
+        snapshot.devices = assign_names(await narrow_reach(walk, devices, hosts))
         snapshot.gets = probe.gets + walk.gets
         return snapshot
 
