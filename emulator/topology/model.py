@@ -174,7 +174,11 @@ class SwitchBase(_Model):
     id: str = Field(pattern=DNS1123_LABEL_PATTERN, max_length=DNS1123_LABEL_MAX_LENGTH)
     manufacturer: str = "fabric-dra"
     model: str = "Emulated fabric switch"
-    hosts: list[str] | None = Field(default=None, description="hosts cabled to this switch; default: all")
+    hosts: list[str] | None = Field(
+        default=None,
+        description="hosts cabled to this switch (partial cabling); default: all. A bind of one of its "
+        "devices to another host fails with 400 ActionParameterValueError (PropertyValueError on a POST)",
+    )
 
     def device_list(self) -> Sequence[_DeviceBase]:
         raise NotImplementedError
@@ -232,6 +236,14 @@ class Behaviour(_Model):
         description=(
             "the $expand query (DSP0266 §7.3): served and advertised in the service root's "
             "ProtocolFeaturesSupported.ExpandQuery; or unsupported (not advertised, answered with 501)"
+        ),
+    )
+    port_links: Literal["linked", "omitted"] = Field(
+        default="linked",
+        description=(
+            "an Endpoint's Links.ConnectedPorts: linked to the switch ports it is cabled to; or omitted "
+            "(a service that does not model its switches' ports: a client cannot tell a partially "
+            "cabled switch, and a bind across it fails only on the fabric's 400)"
         ),
     )
     block_status: Literal["current", "stale"] = Field(

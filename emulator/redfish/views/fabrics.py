@@ -347,6 +347,8 @@ def _links_current(ctx: Context) -> bool:
 def _endpoint_links(
     ctx: Context, ports: list[Ref], zones: list[str], connections: list[str]
 ) -> EndpointLinks:
+    if ctx.index.topology.behaviour.port_links == "omitted":
+        ports = []  # behaviour.portLinks: the service does not say where an endpoint is cabled
     if ctx.index.topology.behaviour.endpoint_links == "omitted":
         return EndpointLinks(ConnectedPorts=ports, Zones=None, Connections=None)
     return EndpointLinks(ConnectedPorts=ports, Zones=refs(zones), Connections=refs(connections))

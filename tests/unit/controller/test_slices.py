@@ -12,11 +12,12 @@ from dra_driver.controller.slices import (
     SliceInvalid,
     check_slice,
     chunk_devices,
+    desired_node_labels,
     desired_pools,
     plan_pool,
 )
 from dra_driver.selection.quantity import format_bytes
-from manager_api.models import Health
+from manager_api.models import Health, ReachGroup
 from tests.support.controller import make_device, make_inventory
 
 DRIVER = "fabric-dra.io"
@@ -329,3 +330,66 @@ def test_normal_cache_reuses_unchanged_slices_and_notices_new_versions() -> None
         normal_of=cache,
     )
     assert plan is not None and plan.generation == 2
+
+
+def _partially_cabled(everywhere: int, behind: int) -> Any:
+    """Pool fabric-pcie over nodes a-d; ``behind`` GPUs reached by a and b only (reach group r1)."""
+    devices = [*gpus(everywhere)] + [
+        make_device(f"gpu-b{i:04d}", switch="Switch9", reach="r1") for i in range(behind)
+    ]
+    inventory = make_inventory(devices, pools={"fabric-pcie": ["a", "b", "c", "d"]})
+    inventory.pools[0].reach_groups = [ReachGroup(id="r1", nodes=["a", "b"])]
+    return inventory
+
+
+def _selected_key(spec: dict[str, Any]) -> str:
+    (term,) = spec["nodeSelector"]["nodeSelectorTerms"]
+    (requirement,) = term["matchExpressions"]
+    return str(requirement["key"])
+
+
+def test_devices_reached_by_some_nodes_get_slices_that_select_exactly_those_nodes() -> None:
+    inventory = _partially_cabled(3, 200)
+    plan = plan_pool("fabric-pcie", pool_of(desired_pools(inventory, POLICY)), {}, driver=DRIVER)
+    assert plan is not None
+    specs = [w.obj["spec"] for w in plan.writes]
+    # 3 devices every node reaches, then the group's 200 in slices of at most 128
+    assert [len(s["devices"]) for s in specs] == [3, 128, 72]
+    assert {s["pool"]["resourceSliceCount"] for s in specs} == {3}
+    everywhere, group = "pool.fabric-dra.io/fabric-pcie", "pool.fabric-dra.io/fabric-pcie.r1"
+    assert [_selected_key(s) for s in specs] == [everywhere, group, group]
+    assert all(d["name"].startswith("gpu-b") for s in specs[1:] for d in s["devices"])
+    for write in plan.writes:
+        check_slice(write.obj)
+    labels = desired_node_labels(inventory, DRIVER)
+    assert labels == {
+        "a": {everywhere, group},
+        "b": {everywhere, group},
+        "c": {everywhere},
+        "d": {everywhere},
+    }
+
+
+def test_a_pool_whose_devices_all_sit_behind_a_partial_switch_has_no_empty_slice() -> None:
+    plan = plan_pool(
+        "fabric-pcie", pool_of(desired_pools(_partially_cabled(0, 5), POLICY)), {}, driver=DRIVER
+    )
+    assert plan is not None
+    assert [(len(w.obj["spec"]["devices"]), _selected_key(w.obj["spec"])) for w in plan.writes] == [
+        (5, "pool.fabric-dra.io/fabric-pcie.r1")
+    ]
+
+
+def test_a_device_changing_reach_group_is_a_new_generation() -> None:
+    first = plan_pool(
+        "fabric-pcie", pool_of(desired_pools(_partially_cabled(3, 2), POLICY)), {}, driver=DRIVER
+    )
+    assert first is not None
+    stored = store(first.writes)
+    recabled = _partially_cabled(3, 2)
+    for device in recabled.devices:
+        device.reach = None  # the switch is cabled to every host now
+    plan = plan_pool("fabric-pcie", pool_of(desired_pools(recabled, POLICY)), stored, driver=DRIVER)
+    assert plan is not None and plan.generation == 2
+    assert [_selected_key(w.obj["spec"]) for w in plan.writes] == ["pool.fabric-dra.io/fabric-pcie"]
+    assert [name for name, _ in plan.deletes] == ["fabric-dra.io-fabric-pcie-1"]
