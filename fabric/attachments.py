@@ -31,6 +31,7 @@ from manager_api import models as api
 from manager_api.errors import (
     AttachTimeout,
     BindFailed,
+    BindRefused,
     DeviceBusy,
     DeviceNotFound,
     DeviceUnhealthy,
@@ -89,8 +90,15 @@ class Attachments:
         if host is None:
             raise NodeNotFound(f"node {node} is not a host of any fabric this manager knows", node=node)
         if host.id not in record.reachable_hosts:
-            raise NodeNotFound(
-                f"node {node} (host {host.id}) has no port on fabric {record.fabric} of device {name}",
+            if not host.initiators.get(record.fabric):
+                raise NodeNotFound(
+                    f"node {node} (host {host.id}) has no port on fabric {record.fabric} of device {name}",
+                    node=node,
+                    device=name,
+                )
+            raise BindRefused(
+                f"device {name} is not reachable from node {node}: host {host.id} is not cabled to the "
+                f"switch {name} hangs off (fabric {record.fabric})",
                 node=node,
                 device=name,
             )

@@ -114,6 +114,13 @@ class ManagerMetrics:
             ["method", "resource", "outcome"],
             registry=self.registry,
         )
+        self.attach_refused = PromCounter(
+            "fabric_dra_attach_refused_total",
+            "Attaches refused for good (BindRefused: the node does not reach the device), by who said "
+            "so: the manager's inventory, or the fabric's own 400",
+            ["refused_by"],
+            registry=self.registry,
+        )
         self.inventory_version = Gauge(
             "fabric_dra_inventory_version", "Current inventory version", registry=self.registry
         )

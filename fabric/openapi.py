@@ -33,7 +33,10 @@ ERRORS: dict[int, str] = {
     413: "PayloadTooLarge: a request body larger than the largest claim report (refused unread)",
     422: "InvalidRequest: names every malformed field",
     429: "TooManyRequests (retriable): more token reviews from this client address than its share",
-    502: "BindFailed: the fabric refused or failed the operation; messageId is the fabric's own",
+    502: (
+        "BindFailed: the fabric refused or failed the operation; messageId is the fabric's own. "
+        "BindRefused: it refuses this device/node pair for good (not cabled), never retriable"
+    ),
     503: "NotLeader or FabricUnavailable (retriable): a follower replica, or the fabric cannot be reached",
     504: "AttachTimeout (retriable): a Redfish task did not finish in time",
 }

@@ -31,6 +31,7 @@ from fabric.request_guard import IDENTITY_STATE, RequestGuard, error_response
 from fabric.ui import router as ui_router
 from manager_api import models as api
 from manager_api.errors import (
+    BindRefused,
     DeviceNotFound,
     FabricError,
     FabricUnavailable,
@@ -134,6 +135,8 @@ def build_app(ctx: AppContext) -> FastAPI:
 
     @app.exception_handler(FabricError)
     async def _fabric_error(request: Request, err: FabricError) -> JSONResponse:
+        if isinstance(err, BindRefused) and request.method == "POST":
+            ctx.metrics.attach_refused.labels("fabric" if err.message_id else "manager").inc()
         return error_response(err)
 
     @app.exception_handler(RequestValidationError)

@@ -19,6 +19,8 @@ into the same classes — so callers on every side catch the same types, never s
     ├── FabricUnavailable       503  the Redfish service is unreachable or failing (retriable)
     ├── AttachTimeout           504  the fabric did not finish in time; the operation goes on (retriable)
     └── BindFailed              502  the fabric refused or failed the bind/unbind
+        └── BindRefused         502  the fabric refuses this device/node pair for good (a device
+                                     behind a switch not cabled to the host): never retriable
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ __all__ = [
     "AttachTimeout",
     "AuthError",
     "BindFailed",
+    "BindRefused",
     "DeviceBusy",
     "DeviceNotFound",
     "DeviceUnhealthy",
@@ -153,6 +156,15 @@ class AttachTimeout(FabricError):
 class BindFailed(FabricError):
     code = "BindFailed"
     http_status = 502
+
+
+class BindRefused(BindFailed):
+    """The fabric refuses to bind this device to this host, and asking again gets the same answer:
+    a Redfish 400 ``ActionParameterValueError`` / ``PropertyValueError`` on a bind (a real switch's
+    answer for a device behind a switch that is not cabled to the host), or the manager's own
+    inventory saying the host does not reach the device. The allocation cannot work on this node."""
+
+    code = "BindRefused"
 
 
 _BY_CODE: dict[str, type[FabricError]] = {}

@@ -9,7 +9,10 @@ prepared; else read the ResourceClaim (UID, allocated, reserved; only this drive
 record *PrepareStarted*, attach every device concurrently and wait until the host sees it, write
 the CDI specs, record *PrepareCompleted*, answer with the CDI device IDs. When the fabric is slower
 than the kubelet's deadline the attach goes on in the background and the claim gets a retriable
-error; the kubelet's next call picks up the result.
+error; the kubelet's next call picks up the result, and the message names the devices that stay
+attached meanwhile. When a device cannot work on this node at all (the fabric refuses the pair for
+good, the device is unhealthy or gone), the devices the claim did attach are detached again: the
+pod has to be deleted, and nothing of its claim stays bound to this node.
 
 Unprepare works from the checkpoint alone (the claim may be gone from the API server): remove the
 device host-side, detach, drop the CDI specs and the entry. Unknown claims are a no-op success.
@@ -334,6 +337,7 @@ class Driver:
 
         updated: dict[str, PreparedDevice] = {}
         failures: list[str] = []
+        permanent = False
         still: list[str] = []
         for device, task in tasks.items():
             if task not in done:
@@ -344,6 +348,7 @@ class Driver:
                 attached = task.result()
             except (FabricError, DeviceNotVisible) as err:
                 failures.append(prepare_errors.attach_failure(err, device, self.node, ref.uid))
+                permanent = permanent or prepare_errors.cannot_work_here(err, ref.uid, self.node)
             except asyncio.CancelledError:
                 failures.append(
                     f"attaching device {device} to node {self.node} was cancelled; the kubelet retries"
@@ -366,17 +371,65 @@ class Driver:
         if updated:
             entry = entry.model_copy(update={"devices": [updated.get(d.device, d) for d in entry.devices]})
             self.store.put(entry)
-            if failures or still:
-                # The call ends here: keep what did get attached (the completed record covers the rest).
-                with observe_phase("checkpoint"):
-                    await self.store.commit()
-        if failures or still:
+        if not failures and not still:
+            return entry
+        if permanent:
+            # This allocation cannot work on this node: give back what the claim holds here, so no
+            # device stays bound to a node whose pod has to be deleted.
+            entry, note = await self._roll_back(ref, entry, still, deadline)
+            messages = [*failures, note]
+        else:
+            # Retriable: keep what did get attached for the kubelet's retry, and say so.
+            kept = [d.device for d in entry.devices if d.attached]
             waiting = [
                 prepare_errors.still_attaching(d, self.node, self.backend.pending_error(ref.uid, d))
                 for d in sorted(still)
             ]
-            raise PrepareFailed(f"claim {ref.namespace}/{ref.name}: " + " | ".join(failures + waiting))
-        return entry
+            messages = failures + waiting + ([prepare_errors.kept_attached(kept, self.node)] if kept else [])
+        if updated or permanent:
+            # The call ends here: record what is attached now (the completed record covers the rest).
+            with observe_phase("checkpoint"):
+                await self.store.commit()
+        raise PrepareFailed(f"claim {ref.namespace}/{ref.name}: " + " | ".join(messages))
+
+    async def _roll_back(
+        self, ref: ClaimRef, entry: ClaimEntry, still: list[str], deadline: float
+    ) -> tuple[ClaimEntry, str]:
+        """Detach every device the claim holds (or is still attaching) on this node; the entry
+        with what stays attached, and one line saying what was released and what was not."""
+        await self.inflight.cancel_claim(ref.uid)  # the manager rolls back an attach it is still running
+        held = [d for d in entry.devices if d.attached or d.device in still]
+        budget = max(0.0, deadline - self._clock())
+        results = await asyncio.gather(
+            *(self.backend.release(ref.uid, d, within=budget) for d in held), return_exceptions=True
+        )
+        released: list[str] = []
+        kept: list[tuple[str, BaseException]] = []
+        for prepared, result in zip(held, results, strict=True):
+            if isinstance(result, BaseException):
+                kept.append((prepared.device, result))
+            else:
+                released.append(prepared.device)
+        gone = set(released)
+        entry = entry.model_copy(
+            update={
+                "devices": [
+                    d.model_copy(update={"attached": False, "host": None}) if d.device in gone else d
+                    for d in entry.devices
+                ]
+            }
+        )
+        self.store.put(entry)
+        if not kept:
+            self._drop_reservations(ref.uid)
+        log.warning(
+            "claim cannot be prepared on this node; rolled back",
+            claim=ref.uid,
+            node=self.node,
+            released=",".join(released) or None,
+            kept=",".join(d for d, _ in kept) or None,
+        )
+        return entry, prepare_errors.rolled_back(released, kept, self.node)
 
     def _in_place(self, device: PreparedDevice) -> bool:
         """Attached, and (unless the backend has no host side) seen by the host."""

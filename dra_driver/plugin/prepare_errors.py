@@ -17,6 +17,7 @@ from manager_api.errors import (
     AttachTimeout,
     AuthError,
     BindFailed,
+    BindRefused,
     DeviceBusy,
     DeviceNotFound,
     DeviceUnhealthy,
@@ -29,8 +30,11 @@ from manager_api.errors import (
 __all__ = [
     "SHARED_CLAIM_RECIPE",
     "attach_failure",
+    "cannot_work_here",
     "detach_failure",
     "held_by_claim_elsewhere",
+    "kept_attached",
+    "rolled_back",
     "still_attaching",
 ]
 
@@ -54,6 +58,46 @@ def held_by_claim_elsewhere(err: BaseException, claim_uid: str | None, node: str
     return holder
 
 
+def cannot_work_here(err: BaseException, claim_uid: str | None, node: str) -> bool:
+    """Whether ``err`` says this allocation cannot work on ``node`` however often it is retried
+    (the pod has to go so the scheduler picks again): the claim's other devices are then rolled
+    back rather than kept bound for a retry that cannot succeed."""
+    return (
+        isinstance(err, BindRefused | DeviceUnhealthy | DeviceNotFound | NodeNotFound)
+        or held_by_claim_elsewhere(err, claim_uid, node) is not None
+    )
+
+
+def _devices(names: list[str]) -> str:
+    return ("device " if len(names) == 1 else "devices ") + ", ".join(names)
+
+
+def kept_attached(devices: list[str], node: str) -> str:
+    """One line for the devices of a claim that stay attached after a retriable failure of another."""
+    verb = "stays" if len(devices) == 1 else "stay"
+    return (
+        f"{_devices(devices)} of this claim {verb} attached to node {node}: kept so that the kubelet's "
+        "retry finishes the claim without attaching again; detached when the pod is deleted"
+    )
+
+
+def rolled_back(released: list[str], kept: list[tuple[str, BaseException]], node: str) -> str:
+    """One line for what a claim that cannot work on ``node`` released again, and what it could not."""
+    parts = []
+    if released:
+        verb = "was" if len(released) == 1 else "were"
+        parts.append(f"{_devices(released)} of this claim {verb} detached from node {node} again")
+    for device, err in kept:
+        cause = _cause(err) if isinstance(err, FabricError) else str(err).rstrip(". ")
+        parts.append(
+            f"device {device} of this claim could not be detached yet ({cause}): it stays attached to "
+            f"node {node}, recorded for this claim, and is detached when the pod is deleted"
+        )
+    if not kept:
+        parts.append(f"nothing of this claim is left attached to node {node}")
+    return "; ".join(parts)
+
+
 def _cause(err: FabricError) -> str:
     return err.message.rstrip(". ")
 
@@ -69,9 +113,15 @@ def _next_step(err: BaseException, device: str, node: str) -> str:
             f"it cannot be attached until {device} is repaired; delete the pod so the scheduler "
             "allocates another device"
         )
+    if isinstance(err, BindRefused):
+        return (
+            f"this allocation cannot work on node {node} and retrying does not change that: delete the "
+            "pod so the scheduler picks again (it offers a device only to the nodes that reach it; "
+            "if it picks this node again, check the fabric's cabling and 'fabric-dra status')"
+        )
     if isinstance(err, BindFailed):
         return (
-            "nothing was left bound and the kubelet retries; if it keeps failing, look up the "
+            f"{device} was not left bound and the kubelet retries; if it keeps failing, look up the "
             "fabric's MessageId in the Redfish service's log"
         )
     if isinstance(err, AttachTimeout):

@@ -17,6 +17,7 @@ from typing import Any
 from manager_api.errors import (
     AttachTimeout,
     BindFailed,
+    BindRefused,
     DeviceBusy,
     DeviceNotFound,
     DeviceUnhealthy,
@@ -80,6 +81,12 @@ _BY_MESSAGE: dict[tuple[str, str], type[FabricError]] = {
     ("Base", "AccessUnauthorized"): Unauthenticated,
     ("Base", "PreconditionFailed"): PreconditionFailed,
     ("Base", "PreconditionRequired"): PreconditionFailed,
+    # A parameter or property value the service will never accept for this device and host: what
+    # a real switch answers for a device behind a switch that is not cabled to the host.
+    ("Base", "ActionParameterValueError"): BindRefused,
+    ("Base", "ActionParameterValueNotInList"): BindRefused,
+    ("Base", "PropertyValueError"): BindRefused,
+    ("Base", "PropertyValueNotInList"): BindRefused,
     ("ResourceEvent", "ResourceStatusChangedCritical"): DeviceUnhealthy,
     ("Composition", "ResourceBlockInvalid"): DeviceUnhealthy,
 }

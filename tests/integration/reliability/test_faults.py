@@ -95,7 +95,7 @@ def test_bind_failure(stack: Stack) -> None:
                 device,
                 "could not be attached",
                 "Base.1.22.OperationFailed",
-                "nothing was left bound and the kubelet retries",
+                "was not left bound and the kubelet retries",
             )
             assert _target(device) not in stack.bound_hosts()
             assert stack.device(device.name).state is BindingState.FREE
