@@ -32,8 +32,9 @@ from fabric_dra.standins import InventoryServer, make_device, make_inventory
 from kube_standin.apiserver.kubeconfig import write_kubeconfig
 from manager_api.client import ManagerClient
 from manager_api.errors import FabricError
+from manager_api.models import Inventory, ReachGroup
 from plumbing.kube import KubeClient, KubeConfig
-from plumbing.kube.resources import EVENTS, RESOURCE_CLAIMS, RESOURCE_SLICES
+from plumbing.kube.resources import EVENTS, NODES, RESOURCE_CLAIMS, RESOURCE_SLICES
 from tests.integration.cluster.conftest import DRIVER, FakePlugin
 from tests.integration.cluster.test_stand_in_cluster import (
     World,
@@ -64,6 +65,17 @@ async def controller_for(
     inventory = make_inventory(
         [make_device(f"gpu-{i}", pool=pool, switch="sw1") for i in range(devices)], pools={pool: world.nodes}
     )
+    async with controller_over(world, apiserver_url, tmp_path, inventory, *args) as publishing:
+        yield publishing
+
+
+@contextlib.asynccontextmanager
+async def controller_over(
+    world: World, apiserver_url: str, tmp_path: Path, inventory: Inventory, *args: str
+) -> AsyncIterator[Publishing]:
+    """A stand-in manager serving ``inventory`` (one pool, ``fp-<tag>``) and the controller
+    publishing it; yields once the pool is in a ResourceSlice."""
+    pool = f"fp-{world.tag}"
     kubeconfig = tmp_path / "kubeconfig"
     write_kubeconfig(kubeconfig, apiserver_url)
     with InventoryServer(inventory) as manager, Stack(tmp_path / "s", logs_dir=tmp_path) as stack:
@@ -262,3 +274,47 @@ async def test_without_bindsToNode_the_replicas_on_the_other_node_say_why_they_c
             ]
             assert {p["spec"]["nodeName"] for p in running_on_holder} <= {holder}
             print(f"shared claim, no bindsToNode: message on {len(messages)} replica(s) after {elapsed:.1f}s")
+
+
+async def test_devices_behind_a_partially_cabled_switch_go_to_the_nodes_that_reach_them(
+    kube: KubeClient, fake_plugin: FakePlugin, apiserver_url: str, tmp_path: Path
+) -> None:
+    """Issue 15, item 2, end to end: the real controller publishes a pool of four nodes whose GPUs
+    only two of them reach (a reach group); it labels exactly those two; the stand-in scheduler,
+    which spreads pods over the emptiest nodes, puts every pod on them."""
+    async with running(kube, fake_plugin, nodes=4) as world:
+        pool = f"fp-{world.tag}"
+        cabled = world.nodes[2:]  # not the first in the scheduler's order
+        inventory = make_inventory(
+            [make_device(f"gpu-{i}", pool=pool, switch="sw9", reach="g1") for i in range(4)],
+            pools={pool: world.nodes},
+        )
+        inventory.pools[0].reach_groups = [ReachGroup(id="g1", nodes=cabled)]
+        async with controller_over(world, apiserver_url, tmp_path, inventory):
+            items, _ = await kube.list_all(RESOURCE_SLICES)
+            (slice_,) = [s for s in items if s["spec"]["pool"]["name"] == pool]
+            (term,) = slice_["spec"]["nodeSelector"]["nodeSelectorTerms"]
+            (requirement,) = term["matchExpressions"]
+            key = requirement["key"]
+
+            async def labelled() -> list[str] | None:
+                nodes, _ = await kube.list_all(NODES)
+                found = sorted(
+                    n["metadata"]["name"]
+                    for n in nodes
+                    if n["metadata"]["name"] in world.nodes and (n["metadata"].get("labels") or {}).get(key)
+                )
+                return found if found == sorted(cabled) else None
+
+            await eventually(labelled, what="the reach-group label on exactly the cabled nodes", within=30)
+            await deploy(world, replicas=4, count=1)
+
+            async def all_running() -> list[str] | None:
+                current = await pods(world)
+                phases = [(p.get("status") or {}).get("phase") for p in current]
+                if len(current) != 4 or set(phases) != {"Running"}:
+                    return None
+                return [p["spec"]["nodeName"] for p in current]
+
+            placed = await eventually(all_running, what="four pods Running", within=60)
+            assert set(placed) == set(cabled), placed
