@@ -91,6 +91,8 @@ class Inventory:
         self._records: dict[str, DeviceRecord] = {}
         self._hosts: dict[str, HostRecord] = {}
         self._fabrics: dict[str, FabricInfo] = {}
+        #: device name → its reach group (:meth:`reach_of`)
+        self._reach: dict[str, str | None] = {}
         self._host_nodes: dict[str, str] = {}
         self._node_hosts: dict[str, str] = {}
         self._touched: dict[str, float] = {}
@@ -130,14 +132,21 @@ class Inventory:
         return pool_name(self.fabric_name, record.fabric)
 
     def reach_of(self, record: DeviceRecord) -> str | None:
-        """The reach group of a device that only some hosts of its fabric reach (None: all do).
+        """The reach group of a device that only some hosts of its fabric reach (None: all do)."""
+        return self._reach.get(record.name)
+
+    def _reach_groups(self) -> dict[str, str | None]:
+        """Each device's reach group, once per discovery pass (reach changes with nothing else).
 
         Named after the reaching *hosts*, not nodes: a node joining, leaving or being renamed moves
         node labels only, while the group, and the slices published for it, stay as they are."""
-        fabric = self._fabrics.get(record.fabric)
-        if fabric is None or set(record.reachable_hosts) >= set(fabric.hosts):
-            return None
-        return reach_group_id(record.reachable_hosts)
+        every = {f.id: set(f.hosts) for f in self._fabrics.values()}
+        groups: dict[str, str | None] = {}
+        for record in self._records.values():
+            hosts = every.get(record.fabric)
+            partial = hosts is not None and not hosts <= set(record.reachable_hosts)
+            groups[record.name] = reach_group_id(record.reachable_hosts) if partial else None
+        return groups
 
     # -- discovery ----------------------------------------------------------------------------------
 
@@ -195,6 +204,7 @@ class Inventory:
         self._records = records
         self._hosts = snapshot.hosts
         self._fabrics = snapshot.fabrics
+        self._reach = self._reach_groups()
         self._host_nodes = self.resolver.resolve(snapshot.hosts)
         self._node_hosts = {node: host for host, node in self._host_nodes.items()}
         log.debug(
@@ -372,7 +382,7 @@ class Inventory:
             )
         groups: dict[str, dict[str, tuple[str, ...]]] = {}
         for record in self._records.values():
-            group = self.reach_of(record)
+            group = self._reach.get(record.name)
             if group is not None:
                 groups.setdefault(record.fabric, {})[group] = record.reachable_hosts
         pools = [
