@@ -26,8 +26,16 @@ from manager_api.models import (
     Operation,
     PreparedClaim,
 )
+from plumbing.httpserve import ConnectionLimits
 
 __all__ = ["ManagerClient", "ManagerUnreachable"]
+
+#: Seconds an idle connection is kept for reuse: half the manager's keep-alive timeout. httpx's
+#: default (5 s) equals the server's, so a request sent just as the server closes the idle
+#: connection meets a closed socket ("Server disconnected"), which for a POST (attach, detach)
+#: cannot be resent blindly; through a slow network (a QEMU guest's user networking) the window
+#: is wide enough to be met in practice.
+KEEPALIVE_EXPIRY = ConnectionLimits().keep_alive_timeout / 2
 
 _DEVICES = TypeAdapter(list[Device])
 _NODES = TypeAdapter(list[FabricNode])
@@ -96,6 +104,7 @@ class ManagerClient:
             base_url=base_url.rstrip("/"),
             verify=verify,
             timeout=httpx.Timeout(timeout, connect=5.0),
+            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY),
             headers={"Accept": "application/json", "User-Agent": "fabric-dra"},
         )
 
