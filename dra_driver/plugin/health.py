@@ -9,6 +9,13 @@ carries every device's Redfish ``Status.Health`` and binding. A prepared device 
   from the host;
 - UNKNOWN while the fabric manager cannot be reached (or with the no-op backend).
 
+UNHEALTHY needs evidence from the fabric, and an inventory read before a claim was prepared is
+no evidence that the claim's device is not bound here: it may predate the attach. Such an
+inventory only says the device is unhealthy if it is ``Critical``; otherwise the device is
+HEALTHY on the attach the fabric manager confirmed for the prepare, until an inventory read that
+began after the prepare says otherwise. (Reporting from the older inventory made every freshly
+attached device UNHEALTHY for 40 to 400 ms, until the next read: issue 15, item 12.)
+
 The inventory is read at most once per ``min_poll_interval`` (1 s): every attach on any node
 moves its version, and a read per change on every node would cost the manager and each plugin
 far more than the health reports are worth.
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -47,6 +55,13 @@ HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
 DeviceHealthReport = list[tuple[str, str, int]]  # (pool, device, HealthStatus)
 
 
+class _CutShort:
+    pass
+
+
+CUT_SHORT = _CutShort()
+
+
 class HealthMonitor:
     def __init__(
         self,
@@ -68,6 +83,14 @@ class HealthMonitor:
         self.min_poll_interval = min_poll_interval
         self._fabric: dict[str, Device] | None = None
         self._version: int | None = None
+        #: ``time.monotonic()`` when the read that gave ``_fabric`` was sent: it shows the fabric
+        #: as it was then or later
+        self._fabric_since = -math.inf
+        #: claim UID → when this monitor first saw it prepared (its attach confirmed before that);
+        #: claims prepared before the monitor started count as prepared from the beginning
+        self._prepared: dict[str, float] = dict.fromkeys(self._completed(), -math.inf)
+        #: set when a claim is first seen prepared: a long poll in flight is sent again
+        self._newly_prepared = asyncio.Event()
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -82,15 +105,57 @@ class HealthMonitor:
 
     def notify(self) -> None:
         """Something changed (a claim prepared or unprepared, or the fabric): send a report."""
+        self._note_prepared()
         # Replace the event so that every stream waiting on the old one wakes, none misses it.
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
+    def _completed(self) -> list[str]:
+        return [uid for uid, e in self.store.claims().items() if e.state is ClaimState.PREPARE_COMPLETED]
+
+    def _note_prepared(self) -> None:
+        """Record when each prepared claim was first seen; forget claims no longer prepared."""
+        now = time.monotonic()
+        completed = self._completed()
+        fresh = any(uid not in self._prepared for uid in completed)
+        self._prepared = {uid: self._prepared.get(uid, now) for uid in completed}
+        if fresh:
+            self._newly_prepared.set()
+
+    def _unconfirmed(self) -> bool:
+        """Some claim was prepared after the read that gave the fabric view was sent."""
+        return any(seen >= self._fabric_since for seen in self._prepared.values())
+
+    async def _long_poll(self) -> tuple[int, dict[str, Device]] | _CutShort | None:
+        """The inventory once its version moves, or ``CUT_SHORT`` when a claim is prepared first:
+        this poll was sent before that claim's attach, so its answer cannot speak for it."""
+        self._newly_prepared.clear()
+        poll = asyncio.ensure_future(self.backend.watch_devices(self._version, self.poll_timeout))
+        prepared = asyncio.ensure_future(self._newly_prepared.wait())
+        try:
+            await asyncio.wait({poll, prepared}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # neither is awaited: awaiting here could swallow a cancellation of this monitor
+            prepared.cancel()
+            cut_short = not poll.done()
+            if cut_short:
+                poll.cancel()
+        return CUT_SHORT if cut_short else poll.result()
+
     async def _follow_fabric(self) -> None:
         backoff = Backoff(initial=0.5, maximum=10.0)
         while True:
+            sent = time.monotonic()
             try:
-                result = await self.backend.watch_devices(self._version, self.poll_timeout)
+                if self._unconfirmed():
+                    # a claim's device is reported on its attach alone until a read sent after
+                    # it: make that read now, without waiting for the version to move
+                    result = await self.backend.watch_devices(None, self.poll_timeout)
+                else:
+                    polled = await self._long_poll()
+                    if isinstance(polled, _CutShort):
+                        continue
+                    result = polled
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # any failure: devices become Unknown, retry
@@ -105,11 +170,13 @@ class HealthMonitor:
             backoff.reset()
             changed = self._version is not None and result[0] != self._version
             self._version, self._fabric = result
+            self._fabric_since = sent
             self.notify()
-            if changed:
+            if changed and not self._unconfirmed():
                 # Every attach anywhere moves the inventory version; under churn that would be an
                 # inventory read per change on every node. At most one per interval: a health
-                # change reaches the kubelet within it (its own health timeout is 30 s).
+                # change reaches the kubelet within it (its own health timeout is 30 s). A claim
+                # prepared here is the exception: one read, at once, confirms its device.
                 await asyncio.sleep(self.min_poll_interval)
 
     def _status(self, uid: str, device: str, host_path: str | None) -> int:
@@ -118,6 +185,10 @@ class HealthMonitor:
         if self._fabric is None:
             return health_pb2.UNKNOWN
         info = self._fabric.get(device)
+        if self._fabric_since <= self._prepared.get(uid, math.inf):
+            # read before this claim's attach: only the device's own health counts
+            critical = info is not None and info.health is Health.CRITICAL
+            return health_pb2.UNHEALTHY if critical else health_pb2.HEALTHY
         if info is None or info.state is BindingState.UNAVAILABLE:
             return health_pb2.UNHEALTHY
         if info.node != self.node or (info.claim_uid is not None and info.claim_uid != uid):
@@ -125,6 +196,7 @@ class HealthMonitor:
         return health_pb2.UNHEALTHY if info.health is Health.CRITICAL else health_pb2.HEALTHY
 
     def report(self) -> DeviceHealthReport:
+        self._note_prepared()
         out: DeviceHealthReport = []
         for uid, entry in sorted(self.store.claims().items()):
             if entry.state is not ClaimState.PREPARE_COMPLETED:

@@ -4,9 +4,10 @@ Per request: injected faults (unavailable, slow) except on the OEM admin API; au
 (``X-Auth-Token`` or Basic; the service root, ``/redfish``, the OData documents and login are
 open); method dispatch with ``Allow`` on every answer and 405 otherwise; ``If-Match`` (412) on
 changes and ``If-None-Match`` (304) on reads; ETags on every resource; Redfish error bodies;
-Server-Sent Events on the EventService's ``ServerSentEventUri``. ``$expand`` is served on
-resources (:mod:`emulator.redfish.expand`); other ``$`` query options get 501 (DSP0266 "Query
-parameters").
+Server-Sent Events on the EventService's ``ServerSentEventUri``; ``Link: <schema>;
+rel=describedby`` on every resource read. ``$expand`` is served on resources
+(:mod:`emulator.redfish.expand`); other ``$`` query options get 501 (DSP0266 "Query
+parameters"), and so does a method outside DSP0266's method table (:data:`REDFISH_METHODS`).
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from emulator.redfish.nodes import ActionNode, Context, Node, not_allowed
 from emulator.redfish.registries import RedfishError, error_body, message
 from emulator.redfish.views import EventStreamNode, MetadataNode, resolve
 from emulator.redfish.views.etags import check_if_match, etag_matches
-from emulator.redfish.views.services import ServiceRootNode
+from emulator.redfish.views.services import ServiceRootNode, described_by
 from plumbing.logs import get_logger
 
-__all__ = ["RedfishApp"]
+__all__ = ["COMMON_HEADERS", "REDFISH_METHODS", "RedfishApp", "method_not_implemented"]
 
 log = get_logger(__name__)
 
@@ -43,11 +44,32 @@ Send = Callable[[Message], Awaitable[None]]
 MAX_BODY = 1 << 20
 _KEEPALIVE_SECONDS = 15.0
 _JSON = b"application/json; charset=utf-8"
-_COMMON_HEADERS = [
+#: on every answer, including those the HTTP layer gives itself (emulator.redfish.server)
+COMMON_HEADERS = [
     (b"odata-version", b"4.0"),
     (b"x-content-type-options", b"nosniff"),
     (b"cache-control", b"no-cache"),
 ]
+#: The methods of DSP0266 v1.20.0's "HTTP methods" table. One of them that a resource does not
+#: take is 405 with ``Allow`` (DSP0266 "Status codes": "not supported for this request URI");
+#: any other method — OPTIONS, TRACE, PROPFIND, or a token the HTTP parser does not know at all —
+#: is 501, which that table gives for a method the service "does not recognize and is not
+#: capable of supporting for any resource" (and the "HTTP methods" clause allows 405 or 501 for
+#: "unsupported and undocumented methods").
+REDFISH_METHODS = ("GET", "HEAD", "POST", "PATCH", "PUT", "DELETE")
+
+
+def method_not_implemented(method: str | None) -> RedfishError:
+    """501 for a method outside :data:`REDFISH_METHODS` (``None``: one the parser could not read)."""
+    what = f"{method} is not" if method else "The request method is not"
+    return RedfishError.of(
+        501,
+        "OperationNotAllowed",
+        detail=f"{what} an HTTP method of this service; each resource's Allow header lists "
+        f"those it takes (of {', '.join(REDFISH_METHODS)}).",
+    )
+
+
 _REDFISH_VERSIONS = json.dumps({"v1": f"{uris.ROOT}/"}, separators=(",", ":")).encode()
 
 
@@ -109,6 +131,9 @@ class RedfishApp:
         admin = path.startswith(uris.OEM)
         if not admin:
             await self._apply_service_faults()
+        if request.method not in REDFISH_METHODS:
+            # before authentication: it says nothing about which resources exist
+            raise method_not_implemented(request.method)
         version = request.header("odata-version")
         if version is not None and version.strip() != "4.0":
             # DSP0266 "Request headers": a service that does not support the requested OData
@@ -226,6 +251,9 @@ class RedfishApp:
         if query is not None:
             body, etag = self._expanded(body, Expand.parse(query))
         headers = {"ETag": etag, "Allow": ", ".join(node.allow)}
+        link = described_by(body)
+        if link is not None:
+            headers["Link"] = link
         none_match = request.header("if-none-match")
         if none_match and any(etag_matches(t, etag) for t in none_match.split(",")):
             return Reply(304, None, headers)
@@ -259,7 +287,7 @@ class RedfishApp:
             body = b""
         if reply.status in (204, 304):
             body = b""
-        headers = list(_COMMON_HEADERS)
+        headers = list(COMMON_HEADERS)
         if body:
             headers.append((b"content-type", content_type.encode() if content_type else _JSON))
         for name, value in reply.headers.items():
@@ -285,7 +313,7 @@ class RedfishApp:
         if raw_last and raw_last.strip().isdigit():
             last_id = int(raw_last.strip())
         sub, complete = self.ctx.events.subscribe(event_filter, last_id)
-        headers = [*_COMMON_HEADERS, (b"content-type", b"text/event-stream; charset=utf-8")]
+        headers = [*COMMON_HEADERS, (b"content-type", b"text/event-stream; charset=utf-8")]
         try:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             if not complete:

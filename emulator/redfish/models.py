@@ -266,8 +266,9 @@ class EventService(Resource):
     ODATA_TYPE = "EventService.v1_12_0.EventService"
     Status: Status
     ServiceEnabled: bool = True
-    DeliveryRetryAttempts: int = 3
-    DeliveryRetryIntervalSeconds: int = 30
+    # push delivery settings: left out by a service that only streams (SSE)
+    DeliveryRetryAttempts: int | None = None
+    DeliveryRetryIntervalSeconds: int | None = None
     ServerSentEventUri: str
     SSEFilterPropertiesSupported: SSEFilterPropertiesSupported
     RegistryPrefixes: list[str]

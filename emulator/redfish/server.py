@@ -9,20 +9,25 @@ shutdown: the next start marks them Interrupted, exactly as after ``kill -9``.
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
+from typing import Any
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from emulator.qemu.host import QemuHosts, qemu_hosts
 from emulator.redfish import uris
-from emulator.redfish.app import RedfishApp
+from emulator.redfish.app import COMMON_HEADERS, RedfishApp, method_not_implemented
 from emulator.redfish.auth import Account, Credentials, Sessions
 from emulator.redfish.engine import Engine, Revision
 from emulator.redfish.events import EventBus
 from emulator.redfish.hostview import HostView
 from emulator.redfish.latency import LatencyProfile
 from emulator.redfish.nodes import Context
+from emulator.redfish.registries import error_body
 from emulator.redfish.state import StateStore
 from emulator.redfish.views import build_tree, render_uri
 from emulator.redfish.views.etags import Renderer
@@ -100,16 +105,61 @@ def build_service(config: ServeConfig) -> EmulatorService:
     return EmulatorService(ctx, RedfishApp(ctx, root, config.latency), engine, store)
 
 
-def _faulty_protocol(engine: Engine) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol, able to drop a request's connection without any response.
+def _unknown_method_response() -> bytes:
+    """The whole answer to a request whose method the HTTP parser cannot read: the 501 the
+    application gives any method outside DSP0266's table (emulator.redfish.app.REDFISH_METHODS),
+    with the same headers and Redfish error body; the connection closes after it, since the
+    parser cannot find where that request ends."""
+    body = json.dumps(error_body(method_not_implemented(None)), separators=(",", ":")).encode()
+    head = [f"HTTP/1.1 501 {HTTPStatus(501).phrase}".encode()]
+    head += [name + b": " + value for name, value in COMMON_HEADERS]
+    head += [
+        b"content-type: application/json; charset=utf-8",
+        b"content-length: " + str(len(body)).encode(),
+        b"connection: close",
+    ]
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+_UNKNOWN_METHOD = _unknown_method_response()
+
+
+class _MethodAwareParser:
+    """httptools' request parser, except that a method it does not know (llhttp knows a fixed
+    list; ``FAKEMETHODFORTEST`` is not on it) is answered 501 instead of uvicorn's plain-text 400
+    "Invalid HTTP request received." Everything else is the parser's own."""
+
+    def __init__(self, parser: httptools.HttpRequestParser, transport: Any) -> None:
+        self._parser = parser
+        self._transport = transport
+
+    def feed_data(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserInvalidMethodError:
+            log.info("unknown HTTP method answered 501")
+            self._transport.write(_UNKNOWN_METHOD)
+            self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._parser, name)
+
+
+def _emulator_protocol(engine: Engine) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol, able to drop a request's connection without any response, and
+    answering an unknown method the Redfish way (:class:`_MethodAwareParser`).
 
     A DropConnections fault must look like a network failure to the client (reset, no HTTP
     status), which an ASGI application cannot produce; so the check sits where the request
     line has been parsed. The admin API is never dropped.
     """
 
-    class FaultyHttpProtocol(HttpToolsProtocol):
+    class EmulatorHttpProtocol(HttpToolsProtocol):
         _dropping = False
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self.parser = _MethodAwareParser(self.parser, transport)  # type: ignore[assignment]
 
         def data_received(self, data: bytes) -> None:
             if not self._dropping:
@@ -131,7 +181,7 @@ def _faulty_protocol(engine: Engine) -> type[asyncio.Protocol]:
             if not self._dropping:
                 super().on_message_complete()
 
-    return FaultyHttpProtocol
+    return EmulatorHttpProtocol
 
 
 async def serve(config: ServeConfig) -> None:
@@ -151,7 +201,7 @@ async def serve(config: ServeConfig) -> None:
         tls_key=config.tls_key,
         # End Server-Sent Event streams first, or the graceful shutdown waits for them.
         on_exit=service.ctx.events.close,
-        http=_faulty_protocol(service.engine),
+        http=_emulator_protocol(service.engine),
         lifespan="off",
         server_header=False,
         timeout_graceful_shutdown=3,

@@ -3,6 +3,7 @@ the manager, and the OData documents (service document and ``$metadata``)."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -47,8 +48,15 @@ __all__ = [
     "RegistriesNode",
     "ServiceRootNode",
     "SessionServiceNode",
+    "described_by",
     "metadata_document",
 ]
+
+#: Where DMTF publishes the schemas (CSDL ``<Name>_v1.xml``, JSON Schema ``<Namespace>.json``):
+#: the emulator serves no schema files of its own, so ``$metadata`` and the ``Link`` headers
+#: point there, as DSP0266 allows ("a URI to a local version" or the published one).
+DMTF_SCHEMAS = "http://redfish.dmtf.org/schemas/v1"
+_TYPE_FIRST = b'{"@odata.type":"#'
 
 #: Every collection type the service serves; ``$metadata`` references their schemas.
 COLLECTION_TYPES = (
@@ -168,7 +176,7 @@ def metadata_document() -> str:
         '<edmx:Edmx xmlns:edmx="http://docs.oasis-open.org/odata/ns/edmx" Version="4.0">',
     ]
     for schema in sorted(namespaces):
-        lines.append(f'  <edmx:Reference Uri="http://redfish.dmtf.org/schemas/v1/{schema}_v1.xml">')
+        lines.append(f'  <edmx:Reference Uri="{DMTF_SCHEMAS}/{schema}_v1.xml">')
         lines += [f'    <edmx:Include Namespace="{ns}"/>' for ns in sorted(namespaces[schema])]
         lines.append("  </edmx:Reference>")
     root_version = next(m for m in ALL_TYPES if m.__name__ == "ServiceRoot").ODATA_TYPE.rsplit(".", 1)[0]
@@ -181,6 +189,23 @@ def metadata_document() -> str:
         "</edmx:Edmx>",
     ]
     return "\n".join(lines) + "\n"
+
+
+def described_by(body: bytes) -> str | None:
+    """The ``Link`` header of a resource read (DSP0266 v1.20.0 "Link header": ``rel=describedby``
+    on every GET and HEAD, naming the JSON Schema of the resource; a versioned schema must be
+    the version of its ``@odata.type``): ``<…/ServiceRoot.v1_20_0.json>; rel=describedby``, or
+    ``<…/ZoneCollection.json>`` for a collection, whose type is unversioned. ``None`` for a body
+    without ``@odata.type``."""
+    if body.startswith(_TYPE_FIRST):  # every model renders it first (models.Typed, Collection)
+        odata_type = body[len(_TYPE_FIRST) : body.index(b'"', len(_TYPE_FIRST))].decode()
+    else:
+        found = json.loads(body).get("@odata.type")
+        if not isinstance(found, str):
+            return None
+        odata_type = found.lstrip("#")
+    namespace = odata_type.rsplit(".", 1)[0]  # ServiceRoot.v1_20_0.ServiceRoot → ServiceRoot.v1_20_0
+    return f"<{DMTF_SCHEMAS}/{namespace}.json>; rel=describedby"
 
 
 class MetadataNode(Node):
@@ -420,7 +445,12 @@ class EventServiceNode(Node):
             odata_id=self.uri,
             Id="EventService",
             Name="Event Service",
-            Description="Fabric events as Server-Sent Events; push subscriptions are not offered",
+            # SSE only, stated as the EventService schema allows: no property of it says "no push"
+            # (DSP8010 2025.x), so ServerSentEventUri is the one delivery offered, the push-only
+            # delivery settings (DeliveryRetry*) are left out, Subscriptions takes no POST (its
+            # Allow header), and the Description says so in words.
+            Description="Fabric events as Server-Sent Events at ServerSentEventUri only; "
+            "push-style subscriptions (POST to Subscriptions) are not offered",
             Status=Status(),
             ServerSentEventUri=uris.SSE,
             SSEFilterPropertiesSupported=SSEFilterPropertiesSupported(),

@@ -147,3 +147,69 @@ async def test_inventory_is_read_at_most_once_per_interval_while_it_moves(tmp_pa
         assert steady.calls > 2
     finally:
         await monitor.stop()
+
+
+class RecordingBackend(InventoryBackend):
+    """Also records the ``after`` of every read as it is sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[int | None] = []
+        self.asked = asyncio.Event()
+
+    async def watch_devices(
+        self, after: int | None, wait_seconds: float
+    ) -> tuple[int, dict[str, Device]] | None:
+        self.sent.append(after)
+        self.asked.set()
+        return await super().watch_devices(after, wait_seconds)
+
+
+async def _next_read(backend: RecordingBackend, count: int) -> None:
+    while len(backend.sent) < count:
+        backend.asked.clear()
+        await asyncio.wait_for(backend.asked.wait(), 5)
+
+
+async def test_an_inventory_read_before_the_prepare_is_no_evidence_of_its_binding(tmp_path: Path) -> None:
+    """Issue 15, item 12: a claim prepared after the inventory read was sent is not reported
+    UNHEALTHY because that read does not show its device bound here (it may predate the attach);
+    the long poll then waiting is sent again at once, and what that read says counts in full.
+    A Critical device is unhealthy on either read."""
+    store = CheckpointStore(tmp_path / "checkpoint.json", driver=DRIVER, node=NODE)
+    store.load()
+    (tmp_path / "gpu-new").mkdir()
+    (tmp_path / "gpu-sick").mkdir()
+    backend = RecordingBackend()
+    monitor = HealthMonitor(
+        backend, store, node=NODE, scanner=HostScanner(tmp_path, real_host=False), resend_seconds=60
+    )
+    free = {"state": BindingState.FREE}
+    await backend.snapshots.put(
+        {
+            "gpu-new": fabric_device("gpu-new", **free),
+            "gpu-sick": fabric_device("gpu-sick", health=Health.CRITICAL, **free),
+        }
+    )
+    monitor.start()
+    try:
+        await _next_read(backend, 2)  # the first read answered; the long poll after it waits
+        assert backend.sent == [None, 1]
+        prepared(store, "u1", "gpu-new", tmp_path / "gpu-new")
+        prepared(store, "u2", "gpu-sick", tmp_path / "gpu-sick")
+        monitor.notify()  # as the driver does when a prepare completes
+        assert {d: s for _, d, s in monitor.report()} == {
+            "gpu-new": health_pb2.HEALTHY,  # not "free, so not ours": that read predates the attach
+            "gpu-sick": health_pb2.UNHEALTHY,  # Critical is evidence, however old the read
+        }
+        # the waiting long poll is cut short and a read sent at once, not after the version moves
+        await _next_read(backend, 3)
+        assert backend.sent == [None, 1, None]
+        assert {d: s for _, d, s in monitor.report()}["gpu-new"] == health_pb2.HEALTHY  # not UNKNOWN
+        await backend.snapshots.put(
+            {"gpu-new": fabric_device("gpu-new", state=BindingState.BOUND, node="node-b")}
+        )
+        await _next_read(backend, 4)  # that read was taken in
+        assert {d: s for _, d, s in monitor.report()}["gpu-new"] == health_pb2.UNHEALTHY
+    finally:
+        await monitor.stop()
