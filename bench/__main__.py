@@ -28,6 +28,7 @@ SECTIONS: dict[str, tuple[str, str]] = {
     "memory": ("bench.memory", "5. RSS of plugin (idle, after 1,000 cycles), manager, emulator"),
     "realistic": ("bench.realistic", "6. attach-to-ready, realistic emulator, fabric-dra's share"),
     "emulator": ("bench.emulator_bench", "emulator bind+unbind pairs/s and GET p99, instant"),
+    "wild": ("bench.wild_bench", "stale endpoint links: 200 zone + 50 connection attach/detach cycles"),
 }
 #: run only when named with --only
 EXTRA_SECTIONS: dict[str, tuple[str, str]] = {

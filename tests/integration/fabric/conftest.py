@@ -46,7 +46,11 @@ class Tls:
 @pytest.fixture(scope="session")
 def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
     """A test CA and a certificate for 127.0.0.1 signed by it."""
-    root = tmp_path_factory.mktemp("tls")
+    return make_tls(tmp_path_factory.mktemp("tls"))
+
+
+def make_tls(root: Path) -> Tls:
+    """A test CA and a certificate for 127.0.0.1 signed by it, written under ``root``."""
     ca = trustme.CA()
     leaf = ca.issue_cert("127.0.0.1", "localhost")
     tls = Tls(root / "ca.pem", root / "cert.pem", root / "key.pem")
