@@ -7,10 +7,12 @@ import math
 
 import pytest
 
+from dra_driver.controller.devices import PublishPolicy, to_dra_device
 from fabric.backends.model import DeviceRecord, DiscoveredAttributes
 from fabric.ledger import WARM_HOLDER, Ledger, LedgerEntry, LedgerState
 from fabric.warm_policy import DemandTracker, WarmSettings, poisson_pool_size
 from manager_api.devices import BindingStyle, DeviceType, Health
+from manager_api.models import BindingState, Device
 from tests.unit.fabric.test_ledger import RecordingStore
 
 
@@ -132,3 +134,21 @@ async def test_the_ledger_indexes_warm_entries_per_node_as_they_change() -> None
     assert [e.device for e in reloaded.warm_held_on("n1")] == ["gpu4"]
     reloaded.remove("gpu4")
     assert reloaded.warm_nodes() == []
+
+
+def test_a_warm_device_stays_allocatable_in_the_published_slices() -> None:
+    """Warm is bound to a node for no claim: the scheduler may still allocate it (to any node the
+    pool reaches; the manager moves it when that is not its node)."""
+    warm = Device(
+        name="gpu4",
+        pool="fabric-pcie",
+        fabric="PCIe",
+        type=DeviceType.GPU,
+        state=BindingState.WARM,
+        node="n1",
+        binding_style="zone",
+        redfish_uri="/r",
+    )
+    policy = PublishPolicy("fabric-dra.io", device_taints=True, binding_conditions=False)
+    published = to_dra_device(warm, policy)
+    assert published.device is not None and published.withheld is None
