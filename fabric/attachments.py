@@ -11,6 +11,9 @@ it checks a request, decides from the ledger what it means, has the operation dr
   detached is 409 DeviceBusy with who holds it; the new holder gets it only after the fabric
   confirmed the unbind.
 * **Leader only.** A follower refuses every request (:class:`manager_api.errors.NotLeader`).
+* **Warm devices** (:mod:`fabric.warm`). A device warm on the claim's node is the claim's after
+  one ledger write (no Redfish request); warm on another node, it is detached there and attached
+  here; released while its node's pool is below target, it goes back to warm instead of unbinding.
 
 How the operation runs (one at a time per device, intent before action, never blind, rolled back
 when it fails) is :mod:`fabric.operations_driver` and :mod:`fabric.fabric_attempts`; how unfinished

@@ -18,6 +18,10 @@ refuses ConfigMap data over 1 MiB (about 3,000 entries), and a write must not co
 binding. Writes are group-committed: operations that change the ledger at the same time share one
 write (of the shards whose entries they changed).
 
+An entry held by no claim (:data:`WARM_HOLDER`) belongs to the warm pool (:mod:`fabric.warm`): it
+is attached and detached like a claim's, and settles in ``warm`` (bound to its node) instead of
+``bound``; :meth:`Ledger.warm_held_on` finds a node's.
+
 Each node may hold at most :attr:`Ledger.max_entries_per_node` entries (:meth:`Ledger.admit`), so no
 node's token can take the ledger, or the pool, for itself.
 """
