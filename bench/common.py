@@ -304,6 +304,8 @@ class FabricStack:
     hosts: int = 11
     gpus: int = 72
     latency: str = "instant"
+    #: flags added to the manager's command line (bench/warm_bench.py: the warm pool's)
+    manager_args: Sequence[str] = ()
     api: ApiServer | None = None
     emulator_handle: Emulator | None = None
     manager_handle: Manager | None = None
@@ -328,7 +330,9 @@ class FabricStack:
             topology = generate_topology(self.root / "topology.yaml", hosts=self.hosts, gpus=self.gpus)
             self.api = stack.apiserver()
             self.emulator_handle = stack.emulator(topology=topology, latency=self.latency, auth=False)
-            self.manager_handle = stack.manager(self.emulator_handle, insecure_no_auth=True)
+            self.manager_handle = stack.manager(
+                self.emulator_handle, insecure_no_auth=True, args=self.manager_args
+            )
         except BaseException:
             stack.stop()
             raise

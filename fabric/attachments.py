@@ -11,6 +11,9 @@ it checks a request, decides from the ledger what it means, has the operation dr
   detached is 409 DeviceBusy with who holds it; the new holder gets it only after the fabric
   confirmed the unbind.
 * **Leader only.** A follower refuses every request (:class:`manager_api.errors.NotLeader`).
+* **Warm devices** (:mod:`fabric.warm`). A device warm on the claim's node is the claim's after
+  one ledger write (no Redfish request); warm on another node, it is detached there and attached
+  here; released while its node's pool is below target, it goes back to warm instead of unbinding.
 
 How the operation runs (one at a time per device, intent before action, never blind, rolled back
 when it fails) is :mod:`fabric.operations_driver` and :mod:`fabric.fabric_attempts`; how unfinished
@@ -27,6 +30,7 @@ from fabric.backends.model import DeviceRecord
 from fabric.inventory import Inventory
 from fabric.ledger import Ledger, LedgerEntry, LedgerState
 from fabric.operations_driver import OperationDriver
+from fabric.warm import COLD, HIT, MISS, WarmPool
 from manager_api import models as api
 from manager_api.errors import (
     AttachTimeout,
@@ -39,15 +43,21 @@ from manager_api.errors import (
     NodeNotFound,
     NotLeader,
 )
+from plumbing.logs import get_logger
 
 __all__ = ["Attachments"]
 
+log = get_logger(__name__)
+
 
 class Attachments:
-    def __init__(self, inventory: Inventory, ledger: Ledger, driver: OperationDriver) -> None:
+    def __init__(
+        self, inventory: Inventory, ledger: Ledger, driver: OperationDriver, *, warm: WarmPool | None = None
+    ) -> None:
         self.inventory = inventory
         self.ledger = ledger
         self.driver = driver
+        self.warm = warm
         self.is_leader = driver.is_leader
 
     def _require_leader(self) -> None:
@@ -107,19 +117,36 @@ class Attachments:
         while True:
             async with slot.lock:
                 entry = self.ledger.get(name)
+                record = self.inventory.device(name) or record  # a move changed its binding meanwhile
                 if entry is None:
                     self._check_free(record)
                     self.ledger.admit(node, name)
                     await self.driver.start_attach(record, host, node, claim)
+                    self._claimed(record, node, COLD)
                     break
-                if entry.claim_uid != claim or entry.node != node:
+                if entry.warm_held:
+                    if entry.state is LedgerState.WARM and entry.node == node:
+                        self._check_usable(record)
+                        await self.driver.take_warm(entry, claim)
+                        self._claimed(record, node, HIT)
+                        return self._attachment(name, node, claim, api.AttachmentState.ATTACHED), 200
+                    if entry.state is LedgerState.WARM:
+                        # Warm on another node: moved (detached there, then attached here as
+                        # usual once the fabric let go), never refused and never bound twice.
+                        await self.driver.start_detach(entry)
+                        self._claimed(record, node, MISS)
+                        log.info("warm device moves to another node", device=name, node=node, claim=claim)
+                    self.driver.kick(name)  # warming or cooling: wait for that to finish
+                    event = slot.event
+                    warming = True
+                elif entry.claim_uid != claim or entry.node != node:
                     raise self._busy(entry)
-                if entry.state is LedgerState.BOUND:
+                elif entry.state is LedgerState.BOUND:
                     return self._attachment(name, node, claim, api.AttachmentState.ATTACHED), 200
-                if entry.state is LedgerState.ATTACHING:
+                elif entry.state is LedgerState.ATTACHING:
                     self.driver.kick(name)
                     break
-                if not entry.rollback:
+                elif not entry.rollback:
                     raise DeviceBusy(
                         f"device {name} is being detached for claim {claim}; attach it again once detached",
                         device=name,
@@ -127,10 +154,16 @@ class Attachments:
                         held_by=f"{entry.node}/{entry.claim_uid}",
                         retry_after=1.0,
                     )
-                self.driver.kick(name)
-                event = slot.event
-            # A retry of a failed attach: let its rollback finish, then attach afresh.
+                else:
+                    self.driver.kick(name)
+                    event = slot.event
+                    warming = False
+            # A retry of a failed attach: let its rollback finish, then attach afresh. A device
+            # warming up or cooling down (moving here from another node): the same.
             remaining = deadline - time.monotonic()
+            if remaining <= 0 and warming:
+                # Not busy: it comes to this claim. The plugin asks again (a long poll).
+                return self._attachment(name, node, claim, api.AttachmentState.ATTACHING), 202
             if remaining <= 0:
                 raise DeviceBusy(
                     f"device {name} is rolling back a failed attach for claim {claim}; ask again",
@@ -151,6 +184,7 @@ class Attachments:
             LedgerState.ATTACHING: "being attached to",
             LedgerState.BOUND: "bound to",
             LedgerState.DETACHING: "being detached from",
+            LedgerState.WARM: "kept warm on",
         }[entry.state]
         return DeviceBusy(
             f"device {entry.device} is {doing} node {entry.node} for claim {entry.claim_uid}",
@@ -158,6 +192,10 @@ class Attachments:
             held_by=f"{entry.node}/{entry.claim_uid}",
             retry_after=2.0,
         )
+
+    def _claimed(self, record: DeviceRecord, node: str, outcome: str) -> None:
+        if self.warm is not None:
+            self.warm.claimed(record, node, outcome)
 
     def _check_free(self, record: DeviceRecord) -> None:
         if record.bound_hosts:
@@ -169,6 +207,10 @@ class Attachments:
                 device=record.name,
                 held_by=held,
             )
+        self._check_usable(record)
+
+    @staticmethod
+    def _check_usable(record: DeviceRecord) -> None:
         if not record.attributes.available:
             raise DeviceUnhealthy(
                 f"device {record.name} is not available: the fabric reports it absent, disabled or unusable",
@@ -188,6 +230,9 @@ class Attachments:
             if entry is None and self.inventory.device(device) is None:
                 raise DeviceNotFound(f"device {device} is not in the fabric inventory", device=device)
             if entry is None or entry.claim_uid != claim or entry.node != node:
+                return self._attachment(device, node, claim, api.AttachmentState.DETACHED), 200
+            if entry.state is LedgerState.BOUND and self.warm is not None and self.warm.wants_back(entry):
+                await self.driver.keep_warm(entry)  # stays bound to the node: nothing to wait for
                 return self._attachment(device, node, claim, api.AttachmentState.DETACHED), 200
             if entry.state is not LedgerState.DETACHING or entry.rollback:
                 await self.driver.start_detach(entry)

@@ -33,6 +33,7 @@ from fabric.backends.discovery import BindingPlan
 from fabric.ledger import DEFAULT_MAX_ENTRIES_PER_NODE
 from fabric.operations import OperationSettings
 from fabric.redfish.client import RedfishSettings
+from fabric.warm_policy import WarmSettings
 from manager_api.devices import BindingStyle, spoken_list
 from plumbing.names import DNS1123_SUBDOMAIN_MAX_LENGTH, DNS1123_SUBDOMAIN_PATTERN
 
@@ -256,6 +257,43 @@ class ManagerSettings(BaseModel):
             }
         ),
     ] = Field(default_factory=OperationSettings)
+    warm: Annotated[
+        WarmSettings,
+        Section(
+            {
+                "mode": Flag(
+                    FABRIC,
+                    help="warm pool: off; fixed (--warm-size devices per node); auto (sized from each "
+                    "node's claim rate and the hot-add time, docs/manager.md)",
+                ),
+                "size": Flag(FABRIC, help="devices kept warm on each node the pool covers (fixed)"),
+                "device_type": Flag(FABRIC, help="warm only devices of this type"),
+                "model": Flag(
+                    FABRIC,
+                    help="warm only devices of this model (as the inventory names it); a model "
+                    "the fabric lacks turns the pool off with the list of its models",
+                ),
+                "nodes": Flag(
+                    FABRIC,
+                    name="--warm-node",
+                    metavar="PATTERN",
+                    help="warm only on nodes whose name matches this glob (default: every node); repeatable",
+                ),
+                "interval_seconds": Flag(FABRIC, help="how often the pool is brought to its target"),
+                "epsilon": Flag(FABRIC, help="probability of a cold start the auto size allows"),
+                "max_per_model": Flag(
+                    FABRIC, help="warm devices of one model at most, over all nodes (auto)"
+                ),
+                "idle_ttl_seconds": Flag(
+                    FABRIC, help="a node's warm devices of a model go after this long without a claim (auto)"
+                ),
+                "rate_half_life_seconds": Flag(
+                    FABRIC, help="half-life of the weighting of the claim arrival rate (auto)"
+                ),
+            },
+            prefix="warm",
+        ),
+    ] = Field(default_factory=WarmSettings)
     state_dir: Annotated[Path | None, Flag(STATE)] = Field(
         default=None, description="directory of the ledger file (ledger.json)"
     )

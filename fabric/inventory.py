@@ -49,6 +49,7 @@ _STATE_OF_ENTRY = {
     LedgerState.ATTACHING: api.BindingState.ATTACHING,
     LedgerState.BOUND: api.BindingState.BOUND,
     LedgerState.DETACHING: api.BindingState.DETACHING,
+    LedgerState.WARM: api.BindingState.WARM,
 }
 
 
@@ -322,7 +323,7 @@ class Inventory:
             state = _STATE_OF_ENTRY[entry.state]
             node: str | None = entry.node
             host = entry.host
-            claim: str | None = entry.claim_uid
+            claim: str | None = entry.claim_uid or None  # a warm pool's entry has no claim
             managed = True
         elif record.bound_hosts:
             state = api.BindingState.BOUND

@@ -18,6 +18,10 @@ refuses ConfigMap data over 1 MiB (about 3,000 entries), and a write must not co
 binding. Writes are group-committed: operations that change the ledger at the same time share one
 write (of the shards whose entries they changed).
 
+An entry held by no claim (:data:`WARM_HOLDER`) belongs to the warm pool (:mod:`fabric.warm`): it
+is attached and detached like a claim's, and settles in ``warm`` (bound to its node) instead of
+``bound``; :meth:`Ledger.warm_held_on` finds a node's.
+
 Each node may hold at most :attr:`Ledger.max_entries_per_node` entries (:meth:`Ledger.admit`), so no
 node's token can take the ledger, or the pool, for itself.
 """
@@ -50,6 +54,7 @@ __all__ = [
     "LEDGER_LABEL",
     "LEDGER_SHARDS",
     "MIGRATED_ANNOTATION",
+    "WARM_HOLDER",
     "ConfigMapLedgerStore",
     "FileLedgerStore",
     "Ledger",
@@ -101,6 +106,17 @@ class LedgerState(StrEnum):
     ATTACHING = "attaching"  # intent to bind recorded; the fabric may or may not have done it yet
     BOUND = "bound"  # the fabric confirmed the binding
     DETACHING = "detaching"  # intent to unbind recorded (a detach, or the rollback of a failed attach)
+    #: bound to a node with no claim, kept ready for the next claim there (:mod:`fabric.warm`)
+    WARM = "warm"
+
+    @property
+    def settled(self) -> bool:
+        """No operation in flight: the fabric holds the binding the entry names."""
+        return self in (LedgerState.BOUND, LedgerState.WARM)
+
+
+#: the ``claim_uid`` of an entry held for the warm pool: no claim UID is empty (the API refuses one)
+WARM_HOLDER = ""
 
 
 class LedgerEntry(BaseModel):
@@ -120,6 +136,12 @@ class LedgerEntry(BaseModel):
     task_monitor: str | None = None
     error: Annotated[str | None, AfterValidator(_cap_error)] = None
     updated_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+
+    @property
+    def warm_held(self) -> bool:
+        """Held for the warm pool (being attached to warm up, warm, or being detached from warm),
+        not for a claim."""
+        return self.claim_uid == WARM_HOLDER
 
 
 class LedgerDocument(BaseModel):
@@ -405,6 +427,10 @@ class Ledger:
         self.max_entries_per_node = max_entries_per_node
         self._entries: dict[str, LedgerEntry] = {}
         self._per_node: Counter[str] = Counter()
+        #: node → devices held for the warm pool there, and device → that node (an entry changes
+        #: in place before it is put again, so its old holder is looked up here, not on it)
+        self._warm: dict[str, set[str]] = {}
+        self._warm_node: dict[str, str] = {}
         self._dirty: set[str] = set()
         self._changes = 0
         self._saved = 0
@@ -414,6 +440,9 @@ class Ledger:
     async def load(self) -> None:
         self._entries = await self.store.load()
         self._per_node = Counter(entry.node for entry in self._entries.values())
+        self._warm, self._warm_node = {}, {}
+        for entry in self._entries.values():
+            self._index_warm(entry)
         self._dirty = set()
         self._changes = self._saved = 0
         log.info("ledger loaded", ledger=self.store.describe(), entries=len(self._entries))
@@ -426,6 +455,28 @@ class Ledger:
 
     def entries_of(self, node: str) -> int:
         return self._per_node[node]
+
+    def warm_held_on(self, node: str) -> list[LedgerEntry]:
+        """The entries held for the warm pool on ``node`` (warming, warm or cooling)."""
+        return [self._entries[d] for d in sorted(self._warm.get(node, ()))]
+
+    def warm_nodes(self) -> list[str]:
+        """The nodes with entries held for the warm pool."""
+        return sorted(self._warm)
+
+    def _index_warm(self, entry: LedgerEntry) -> None:
+        self._unindex_warm(entry.device)
+        if entry.warm_held:
+            self._warm.setdefault(entry.node, set()).add(entry.device)
+            self._warm_node[entry.device] = entry.node
+
+    def _unindex_warm(self, device: str) -> None:
+        node = self._warm_node.pop(device, None)
+        if node is not None:
+            held = self._warm[node]
+            held.discard(device)
+            if not held:
+                del self._warm[node]
 
     def admit(self, node: str, device: str) -> None:
         """Refuse a new entry for ``node`` once it holds :attr:`max_entries_per_node` (only that
@@ -444,10 +495,12 @@ class Ledger:
         self._forget(self._entries.get(entry.device))
         self._entries[entry.device] = entry
         self._per_node[entry.node] += 1
+        self._index_warm(entry)
         self._changed(entry.device)
 
     def remove(self, device: str) -> None:
         entry = self._entries.pop(device, None)
+        self._unindex_warm(device)
         if entry is not None:
             self._forget(entry)
             self._changed(device)

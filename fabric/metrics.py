@@ -143,6 +143,26 @@ class ManagerMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self.warm_claims = PromCounter(
+            "fabric_dra_warm_claims_total",
+            "Claims' attach requests by how they met the warm pool: hit (warm on the claim's node, no "
+            "hot-add), miss (warm on another node, moved), cold (not warm: a hot-add)",
+            ["model", "outcome"],
+            registry=self.registry,
+        )
+        self.device_seconds = PromCounter(
+            "fabric_dra_device_seconds",
+            "Seconds devices spent in each ledger state (bound: to a claim; warm: held for the warm "
+            "pool; attaching, detaching), by model",
+            ["model", "state"],
+            registry=self.registry,
+        )
+        self.warm_devices = Gauge(
+            "fabric_dra_warm_devices",
+            "Devices warm (bound to a node with no claim) by model",
+            ["model"],
+            registry=self.registry,
+        )
         for operation in ("attach", "detach"):
             self.in_flight.labels(operation).set(0)
 

@@ -29,7 +29,7 @@ from fabric.backends.base import Backend
 from fabric.backends.model import DeviceRecord, HostRecord
 from fabric.fabric_attempts import FabricAttempts, TaskControl, Unresolved
 from fabric.inventory import Inventory
-from fabric.ledger import Ledger, LedgerEntry, LedgerState
+from fabric.ledger import WARM_HOLDER, Ledger, LedgerEntry, LedgerState
 from fabric.metrics import ManagerMetrics
 from fabric.operations import OperationLog, OperationSettings
 from manager_api import models as api
@@ -105,6 +105,8 @@ class OperationDriver:
             settings=self.settings,
         )
         self._slots: dict[str, DeviceSlot] = {}
+        #: told of every attach that succeeded, with its duration (the warm pool's hot-add time)
+        self.attach_observers: list[Callable[[DeviceRecord, float], None]] = []
         # The inventory shows each device's claim, node and operation state from the ledger.
         inventory.overlay = ledger.get
 
@@ -167,6 +169,53 @@ class OperationDriver:
             self.operations.finish(op.id, err)
             raise
 
+    async def take_warm(self, entry: LedgerEntry, claim: str) -> api.Operation:
+        """Give the warm device of ``entry`` to ``claim`` on the node it is warm on: one durable
+        ledger write, nothing sent to the fabric (the binding is already there). The caller holds
+        the device's lock.
+
+        Crash-safe because one device's entry is one key of one shard, written whole: a crash
+        before the write leaves the device warm (the claim's retry takes it then), after it the
+        device is the claim's. Never both, never neither."""
+        op = self.operations.start(api.OperationKind.ATTACH, entry.device, entry.node, claim)
+        previous = entry.model_copy()
+        entry.claim_uid = claim
+        entry.state = LedgerState.BOUND
+        entry.operation_id = op.id
+        entry.error = None
+        self.ledger.put(entry)
+        crash_point("manager.warm.before-transfer")
+        await self._commit_intent(op, undo=lambda: self.ledger.put(previous))
+        crash_point("manager.warm.after-transfer")
+        finished = self.operations.finish(op.id, None)
+        if self.metrics is not None and finished is not None and finished.finished_at is not None:
+            # A hit is an attach too: the histogram shows what the pod's start waited for.
+            record = self.inventory.device(entry.device)
+            self.metrics.attach_seconds.labels(
+                str(record.attributes.type) if record else "unknown", "success"
+            ).observe((finished.finished_at - finished.started_at).total_seconds())
+        self.inventory.changed()
+        log.info("warm device given to a claim", device=entry.device, node=entry.node, claim=claim)
+        return op
+
+    async def keep_warm(self, entry: LedgerEntry) -> None:
+        """Take ``entry``'s device back from its claim into the warm pool of its node instead of
+        unbinding it: one durable ledger write, nothing sent to the fabric. The caller holds the
+        device's lock. A crash before the write leaves it the claim's (the claim's retried detach
+        decides again); after it, warm."""
+        op = self.operations.start(api.OperationKind.DETACH, entry.device, entry.node, entry.claim_uid)
+        previous = entry.model_copy()
+        claim = entry.claim_uid
+        entry.claim_uid = WARM_HOLDER
+        entry.state = LedgerState.WARM
+        entry.operation_id = op.id
+        self.ledger.put(entry)
+        await self._commit_intent(op, undo=lambda: self.ledger.put(previous))
+        crash_point("manager.warm.after-return")
+        self.operations.finish(op.id, None)
+        self.inventory.changed()
+        log.info("device kept warm after its claim", device=entry.device, node=entry.node, claim=claim)
+
     def _started(self, device: str, kind: api.OperationKind) -> None:
         self.slot(device).error = None
         if self.metrics:
@@ -192,7 +241,7 @@ class OperationDriver:
         try:
             while True:
                 entry = self.ledger.get(device)
-                if entry is None or entry.state is LedgerState.BOUND:
+                if entry is None or entry.state.settled:
                     return
                 if self.operations.get(entry.operation_id) is None and not entry.rollback:
                     kind = (
@@ -280,6 +329,9 @@ class OperationDriver:
         seconds = (
             (finished.finished_at - finished.started_at).total_seconds() if finished.finished_at else 0.0
         )
+        if kind is api.OperationKind.ATTACH and error is None and record is not None:
+            for observer in self.attach_observers:
+                observer(record, seconds)
         if self.metrics is None:
             return seconds
         device_type = str(record.attributes.type) if record else "unknown"
@@ -297,7 +349,8 @@ class OperationDriver:
             entry.task_monitor = None
             entry.error = None
             if entry.state is LedgerState.ATTACHING:
-                entry.state = LedgerState.BOUND
+                # An attach for the warm pool ends warm: bound to the node, held for no claim.
+                entry.state = LedgerState.WARM if entry.warm_held else LedgerState.BOUND
             self.ledger.put(entry)
             self.inventory.note_binding(entry.device, (entry.host,))
             # Written, not waited for: the intent is durable, and a restart that finds "attaching"

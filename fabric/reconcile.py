@@ -22,7 +22,7 @@ from collections.abc import Callable
 from fabric.backends.base import Backend
 from fabric.backends.model import DeviceRecord
 from fabric.inventory import Inventory
-from fabric.ledger import Ledger, LedgerEntry, LedgerState
+from fabric.ledger import Ledger, LedgerEntry
 from fabric.operations_driver import OperationDriver
 from manager_api import models as api
 from manager_api.errors import FabricError
@@ -55,7 +55,7 @@ class Reconciler:
         for entry in self.ledger.entries():
             if self.driver.slot(entry.device).running:
                 continue
-            if entry.state is not LedgerState.BOUND:
+            if not entry.state.settled:  # bound, or warm: both are bindings the fabric must hold
                 self.driver.resume(entry.device, now=now, fabric_back_at=self.inventory.recovered_at)
                 continue
             record = self.inventory.device(entry.device)
@@ -74,7 +74,7 @@ class Reconciler:
                 self.inventory.note_binding(entry.device, current)
                 return
         async with self.driver.slot(entry.device).lock:
-            if self.ledger.get(entry.device) is not entry or entry.state is not LedgerState.BOUND:
+            if self.ledger.get(entry.device) is not entry or not entry.state.settled:
                 return
             self.ledger.remove(entry.device)
             with contextlib.suppress(FabricError):

@@ -40,6 +40,7 @@ from fabric.redfish.client import RedfishClient
 from fabric.reports import PluginReports
 from fabric.request_guard import server_refusal
 from fabric.server import AppContext, build_app
+from fabric.warm import WarmPool
 from manager_api.errors import FabricError
 from plumbing.httpserve import ConnectionLimits, HttpServer
 from plumbing.kube.client import KubeClient, load_config
@@ -145,7 +146,9 @@ class ManagerService:
             is_leader=self.is_leader,
             settings=s.binder,
         )
-        attachments = Attachments(inventory, ledger, driver)
+        warm = WarmPool(s.warm, inventory, ledger, driver, metrics=metrics)
+        driver.attach_observers.append(warm.attached)
+        attachments = Attachments(inventory, ledger, driver, warm=warm)
         reconciler = Reconciler(inventory, ledger, driver, discovery.backend_for)
         metrics.watch_inventory(
             inventory.snapshot, lambda: inventory.loaded.is_set() and inventory.last_error is None
@@ -217,6 +220,7 @@ class ManagerService:
         if claims is not None:
             tasks.append(asyncio.create_task(claims.run(), name="claims"))
         tasks.append(asyncio.create_task(reconciler.run(), name="reconciler"))
+        tasks.append(asyncio.create_task(warm.run(), name="warm-pool"))
         # One name for this replica in the Lease and in the Events it records.
         identity = s.identity or f"{socket.gethostname()}-{os.getpid()}"
         if kube is not None and s.orphan_grace_seconds > 0:

@@ -97,6 +97,8 @@ class BindingState(StrEnum):
     ATTACHING = "attaching"
     BOUND = "bound"
     DETACHING = "detaching"
+    #: bound to a node with no claim, ready for the next claim there (the manager's warm pool)
+    WARM = "warm"
     #: the fabric reports the device absent/disabled, or it is bound in a way fabric-dra cannot undo
     UNAVAILABLE = "unavailable"
 

@@ -55,6 +55,10 @@ POINTS: dict[str, str] = {
     "manager.detach.task-recorded": "the unbind task monitor is recorded; the task is still running",
     "manager.detach.after-fabric-call": "the fabric unbound the device; the ledger entry is still there",
     "manager.detach.after-result": "ledger entry removed, its write not waited for; no answer yet",
+    # -- manager: the warm pool (tests/integration/fabric/test_warm.py; not in the prepare matrix)
+    "manager.warm.before-transfer": "a claim asked for a warm device; its entry says 'bound' in memory only",
+    "manager.warm.after-transfer": "the entry 'bound' to the claim is durable; no answer yet",
+    "manager.warm.after-return": "a released device's entry 'warm' is durable; no answer yet",
     # -- controller: binding-condition flow ------------------------------------------------------
     "controller.attach.before-request": "about to ask the manager to attach for a binding condition",
     "controller.attach.after-request": "the manager answered attached; Attached=True not yet written",

@@ -92,6 +92,16 @@ NEVER: dict[str, tuple[str, ...]] = {
         "fabric.backends.discovery",
         *_FABRIC_HTTP,
     ),
+    # The warm pool too (fabric.warm; its policy, fabric.warm_policy, imports none of these either).
+    "fabric.warm": (
+        "fabric.attachments",
+        "fabric.reconcile",
+        "fabric.fabric_attempts",
+        "fabric.redfish",
+        "fabric.backends.base",
+        "fabric.backends.discovery",
+        *_FABRIC_HTTP,
+    ),
     "fabric.reconcile": (
         "fabric.attachments",
         "fabric.fabric_attempts",

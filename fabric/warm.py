@@ -1,0 +1,238 @@
+"""The warm pool: devices kept bound to a node with no claim, so a claim there starts without a
+hot-add, and the device-seconds each device spends warm, bound, attaching and detaching.
+
+* **Warm up, cool down.** Every ``interval_seconds`` the leader compares each covered node's warm
+  devices with the policy's target (:mod:`fabric.warm_policy`) and attaches free matching devices
+  (ledger entries held by :data:`fabric.ledger.WARM_HOLDER`, ending ``warm``), or detaches the
+  extra ones. Attaches and detaches go through the operation driver like a claim's: intent before
+  action, one operation per device, rolled back when they fail.
+* **Taken, given back.** A claim allocated a device warm on its own node gets it with one ledger
+  write (:meth:`fabric.operations_driver.OperationDriver.take_warm`: a *hit*). Warm on another
+  node, it is detached there and attached to the claim's node (a *miss*: never refused, never bound
+  twice). A released device stays bound as warm when its node's pool is below target
+  (:meth:`wants_back`).
+* **Leaves when unfit.** A warm device the fabric reports unavailable or Critical is detached.
+* **Device-seconds.** :class:`UsageMeter` adds, at every pass, the time since the last one to
+  ``fabric_dra_device_seconds_total{model, state}`` for every ledger entry: what warmth costs next
+  to what claims use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from fabric.backends.model import DeviceRecord
+from fabric.inventory import Inventory
+from fabric.ledger import WARM_HOLDER, Ledger, LedgerEntry, LedgerState
+from fabric.metrics import ManagerMetrics
+from fabric.operations_driver import OperationDriver
+from fabric.warm_policy import DemandTracker, WarmSettings, model_of
+from manager_api.errors import FabricError
+from plumbing.logs import get_logger
+
+__all__ = ["UsageMeter", "WarmPool"]
+
+log = get_logger(__name__)
+
+#: how a claim met the warm pool (the ``outcome`` label of ``fabric_dra_warm_claims_total``)
+HIT, MISS, COLD = "hit", "miss", "cold"
+
+
+class UsageMeter:
+    """Device-seconds by model and ledger state, integrated over the ledger at each :meth:`tick`."""
+
+    def __init__(self, ledger: Ledger, inventory: Inventory, metrics: ManagerMetrics | None) -> None:
+        self.ledger = ledger
+        self.inventory = inventory
+        self.metrics = metrics
+        self._last: float | None = None
+        #: seconds so far, by (model, state): what the metric says, readable without a scrape
+        self.seconds: dict[tuple[str, str], float] = {}
+
+    def pause(self) -> None:
+        """Count nothing until the next tick (which starts counting afresh)."""
+        self._last = None
+
+    def tick(self, now: float) -> None:
+        last, self._last = self._last, now
+        if last is None or now <= last:
+            return
+        elapsed = now - last
+        for entry in self.ledger.entries():
+            record = self.inventory.device(entry.device)
+            key = (model_of(record) if record else "unknown", str(entry.state))
+            self.seconds[key] = self.seconds.get(key, 0.0) + elapsed
+            if self.metrics is not None:
+                self.metrics.device_seconds.labels(*key).inc(elapsed)
+
+
+class WarmPool:
+    def __init__(
+        self,
+        settings: WarmSettings,
+        inventory: Inventory,
+        ledger: Ledger,
+        driver: OperationDriver,
+        *,
+        metrics: ManagerMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.inventory = inventory
+        self.ledger = ledger
+        self.driver = driver
+        self.metrics = metrics
+        self.clock = clock
+        self.demand = DemandTracker(settings)
+        self.usage = UsageMeter(ledger, inventory, metrics)
+        #: why the policy can match nothing (checked once the inventory is read), logged once
+        self.refused: str | None = None
+        self._checked = False
+        self._targets: dict[tuple[str, str], int] = {}
+
+    # -- what the pool wants -------------------------------------------------------------------------
+
+    def _group(self, record: DeviceRecord) -> str:
+        """Fixed: one pool per node, of whatever the policy matches; auto: one per node and model."""
+        return model_of(record) if self.settings.mode == "auto" else ""
+
+    def target(self, node: str, record: DeviceRecord) -> int:
+        s = self.settings
+        if not s.enabled or self.refused or not s.covers_node(node) or not s.covers_device(record):
+            return 0
+        if s.mode == "fixed":
+            return s.size
+        return self._targets.get((node, model_of(record)), 0)
+
+    def held(self, node: str, group: str) -> list[LedgerEntry]:
+        """The node's warm entries of ``group`` (warm, or being attached to be), oldest first."""
+        found = []
+        for entry in self.ledger.warm_held_on(node):
+            if entry.state is LedgerState.DETACHING:
+                continue
+            record = self.inventory.device(entry.device)
+            if record is not None and self._group(record) == group:
+                found.append(entry)
+        return sorted(found, key=lambda e: e.updated_at)
+
+    def wants_back(self, entry: LedgerEntry) -> bool:
+        """Keep the device of ``entry`` (released by its claim) warm on its node: its pool there is
+        below target. The caller holds the device's lock."""
+        record = self.inventory.device(entry.device)
+        if record is None or not self.driver.is_leader():
+            return False
+        target = self.target(entry.node, record)
+        return target > 0 and len(self.held(entry.node, self._group(record))) < target
+
+    def claimed(self, record: DeviceRecord, node: str, outcome: str) -> None:
+        """A claim asked for ``record`` on ``node``: count the outcome and the arrival."""
+        model = model_of(record)
+        self.demand.arrival(node, model, self.clock())
+        if self.metrics is not None:
+            self.metrics.warm_claims.labels(model, outcome).inc()
+
+    def attached(self, record: DeviceRecord, seconds: float) -> None:
+        """An attach succeeded after ``seconds``: the hot-add time T of the auto size."""
+        self.demand.attached(model_of(record), seconds)
+
+    # -- the loop ------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.interval_seconds)
+            with contextlib.suppress(FabricError):
+                await self.step()
+
+    async def step(self) -> None:
+        """One pass: account the device-seconds, then bring every covered node's pool to target."""
+        now = self.clock()
+        if not self.driver.is_leader() or not self.inventory.loaded.is_set():
+            self.usage.pause()  # the leader counts; a follower's ledger may be stale
+            return
+        self.usage.tick(now)
+        records = self.inventory.devices()
+        if self.settings.enabled and not self._checked:
+            self._checked = True
+            self.refused = self.settings.unknown_model(records)
+            if self.refused:
+                log.error("warm pool off: " + self.refused)
+        if self.settings.mode == "auto":
+            self._targets = self.demand.targets(now)
+            self.demand.forget_idle(now)
+        # Off (or refused), the nodes that still hold warm devices are balanced to zero: warmth
+        # left by an earlier policy is given back.
+        nodes = set(self.ledger.warm_nodes())
+        if self.settings.enabled and not self.refused:
+            nodes.update(n.name for n in self.inventory.snapshot().nodes if self.settings.covers_node(n.name))
+        for node in sorted(nodes):
+            await self._balance(node, records)
+        if self.metrics is not None:
+            self._publish_sizes(self.metrics, records)
+
+    def _publish_sizes(self, metrics: ManagerMetrics, records: list[DeviceRecord]) -> None:
+        warm: Counter[str] = Counter()
+        for entry in self.ledger.entries():
+            record = self.inventory.device(entry.device)
+            if entry.state is LedgerState.WARM and record is not None:
+                warm[model_of(record)] += 1
+        for model in {model_of(r) for r in records if self.settings.covers_device(r)} | set(warm):
+            metrics.warm_devices.labels(model).set(warm[model])
+
+    async def _balance(self, node: str, records: list[DeviceRecord]) -> None:
+        host = self.inventory.host_for_node(node)
+        if host is None:
+            return
+        reachable = [r for r in records if host.id in r.reachable_hosts]
+        targets: dict[str, int] = {}
+        for record in reachable:
+            group = self._group(record)
+            targets[group] = max(targets.get(group, 0), self.target(node, record))
+        for entry in self.ledger.warm_held_on(node):  # warm devices of a group no device matches now
+            known = self.inventory.device(entry.device)
+            if known is not None:
+                targets.setdefault(self._group(known), 0)
+        for group, target in sorted(targets.items()):
+            for entry in self.held(node, group):  # unfit devices leave the pool first
+                fit = self.inventory.device(entry.device)
+                if entry.state is LedgerState.WARM and (fit is None or not self.settings.covers_device(fit)):
+                    await self._cool(entry, "unfit")
+            held = self.held(node, group)
+            if len(held) > target:
+                for entry in [e for e in held if e.state is LedgerState.WARM][: len(held) - target]:
+                    await self._cool(entry, "above target")
+                continue
+            free = [
+                r
+                for r in reachable
+                if self._group(r) == group
+                and self.settings.covers_device(r)
+                and not r.bound_hosts
+                and self.ledger.get(r.name) is None
+            ]
+            for candidate in sorted(free, key=lambda r: r.name)[: max(0, target - len(held))]:
+                await self._warm(candidate, node)
+
+    async def _warm(self, record: DeviceRecord, node: str) -> None:
+        host = self.inventory.host_for_node(node)
+        if host is None:
+            return
+        async with self.driver.slot(record.name).lock:
+            current = self.inventory.device(record.name)
+            if self.ledger.get(record.name) is not None or current is None or current.bound_hosts:
+                return  # taken meanwhile
+            if self.ledger.entries_of(node) >= self.ledger.max_entries_per_node:
+                return
+            await self.driver.start_attach(current, host, node, WARM_HOLDER)
+        log.info("warming a device", device=record.name, node=node)
+
+    async def _cool(self, entry: LedgerEntry, why: str) -> None:
+        async with self.driver.slot(entry.device).lock:
+            if self.ledger.get(entry.device) is not entry or entry.state is not LedgerState.WARM:
+                return
+            await self.driver.start_detach(entry)
+            self.driver.kick(entry.device)
+        log.info("warm device leaves the pool", device=entry.device, node=entry.node, reason=why)

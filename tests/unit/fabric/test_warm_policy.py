@@ -1,0 +1,154 @@
+"""The warm pool's sizing rule and policy: Poisson quantiles against known values, the demand
+tracker's rate, p95 and idle TTL, and which devices and nodes a policy covers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dra_driver.controller.devices import PublishPolicy, to_dra_device
+from fabric.backends.model import DeviceRecord, DiscoveredAttributes
+from fabric.ledger import WARM_HOLDER, Ledger, LedgerEntry, LedgerState
+from fabric.warm_policy import DemandTracker, WarmSettings, poisson_pool_size
+from manager_api.devices import BindingStyle, DeviceType, Health
+from manager_api.models import BindingState, Device
+from tests.unit.fabric.test_ledger import RecordingStore
+
+
+def _tail(mean: float, k: int) -> float:
+    """P(N > k), N ~ Poisson(mean), summed independently of the code under test."""
+    return 1.0 - sum(math.exp(-mean) * mean**i / math.factorial(i) for i in range(k + 1))
+
+
+# (mean, ε, k): from published Poisson tables — e.g. P(N ≤ 4 | μ=1) = 0.99634 > 0.99 and
+# P(N ≤ 3 | μ=1) = 0.98101 < 0.99; P(N ≤ 11 | μ=5) = 0.99455, P(N ≤ 10 | μ=5) = 0.98630.
+KNOWN = [
+    (0.0, 0.01, 0),
+    (0.1, 0.01, 1),  # P(N ≤ 0) = 0.90484, P(N ≤ 1) = 0.99532
+    (0.5, 0.01, 3),  # P(N ≤ 2) = 0.98561, P(N ≤ 3) = 0.99825
+    (1.0, 0.01, 4),
+    (1.0, 0.05, 3),  # P(N ≤ 2) = 0.91970, P(N ≤ 3) = 0.98101
+    (5.0, 0.01, 11),
+    (10.0, 0.01, 18),  # P(N ≤ 17) = 0.98572, P(N ≤ 18) = 0.99281
+    (600.0, 0.01, 658),  # the seed's example: it guessed ~625, one standard deviation
+    (2000.0, 0.01, 2105),  # e^-2000 underflows; the normal approximation says 2000 + 2.33·√2000 ≈ 2104
+]
+
+
+@pytest.mark.parametrize(("mean", "epsilon", "k"), KNOWN)
+def test_the_pool_size_is_the_poisson_quantile(mean: float, epsilon: float, k: int) -> None:
+    assert poisson_pool_size(mean, epsilon) == k
+    if mean > 0 and mean < 100:  # the definition itself: k is enough, k - 1 is not
+        assert _tail(mean, k) <= epsilon < _tail(mean, k - 1)
+
+
+def _record(name: str, model: str = "L40S", health: Health = Health.OK) -> DeviceRecord:
+    return DeviceRecord(
+        key=f"/redfish/v1/Fabrics/PCIe/Endpoints/{name}",
+        resource_id=name,
+        fabric="PCIe",
+        style=BindingStyle.ZONE,
+        attributes=DiscoveredAttributes(type=DeviceType.GPU, model=model, health=health),
+        name=name,
+    )
+
+
+def test_the_policy_covers_its_model_nodes_and_healthy_devices_only() -> None:
+    policy = WarmSettings(mode="fixed", model="L40S", nodes=["gpu-*"])
+    assert policy.covers_node("gpu-7") and not policy.covers_node("cpu-1")
+    assert policy.covers_device(_record("a"))
+    assert not policy.covers_device(_record("b", model="H100"))
+    assert not policy.covers_device(_record("c", health=Health.CRITICAL))
+    assert WarmSettings(mode="fixed").covers_node("anything")
+
+
+def test_a_model_the_fabric_lacks_is_refused_with_the_models_it_has() -> None:
+    policy = WarmSettings(mode="fixed", model="A100")
+    why = policy.unknown_model([_record("a", "L40S"), _record("b", "H100")])
+    assert why is not None and "A100" in why and "H100, L40S" in why
+    assert WarmSettings(mode="fixed", model="L40S").unknown_model([_record("a")]) is None
+
+
+def test_the_rate_is_exponentially_weighted_and_the_size_follows_it() -> None:
+    settings = WarmSettings(mode="auto", rate_half_life_seconds=60.0, default_attach_seconds=3.0)
+    demand = DemandTracker(settings)
+    # One claim a second for ten minutes: λ converges to 1/s (ten half-lives).
+    for second in range(600):
+        demand.arrival("n1", "L40S", float(second))
+    assert demand.rate("n1", "L40S", 600.0) == pytest.approx(1.0, rel=0.02)
+    # One half-life later with no claim, half of it.
+    assert demand.rate("n1", "L40S", 660.0) == pytest.approx(0.5, rel=0.02)
+    # λ·T ≈ 3 claims per refill: the Poisson quantile at 1 % is 8.
+    assert demand.targets(600.0) == {
+        ("n1", "L40S"): poisson_pool_size(demand.rate("n1", "L40S", 600.0) * 3.0, 0.01)
+    }
+    assert demand.targets(600.0)[("n1", "L40S")] == 8
+
+
+def test_the_hot_add_time_is_the_p95_of_recent_attaches() -> None:
+    demand = DemandTracker(WarmSettings(mode="auto", default_attach_seconds=7.0))
+    assert demand.hot_add_seconds("L40S") == 7.0  # nothing measured yet
+    for seconds in range(1, 101):  # 1 … 100 s; the window keeps the last 50 (51 … 100)
+        demand.attached("L40S", float(seconds))
+    assert demand.hot_add_seconds("L40S") == 98.0  # nearest rank: the 48th of 50
+
+
+def test_the_pool_empties_after_the_idle_ttl_and_is_capped_per_model() -> None:
+    settings = WarmSettings(mode="auto", idle_ttl_seconds=100.0, max_per_model=5)
+    demand = DemandTracker(settings)
+    for second in range(0, 300, 1):
+        demand.arrival("busy", "L40S", float(second))
+        demand.arrival("calm", "L40S", float(second) + 0.5)
+    targets = demand.targets(300.0)
+    assert sum(targets.values()) == 5  # the cap, over both nodes
+    demand.arrival("one-off", "H100", 300.0)
+    assert demand.targets(300.0 + 99.0)[("one-off", "H100")] >= 0
+    later = demand.targets(300.0 + 101.0)  # nobody claimed for longer than the TTL
+    assert later == {}
+    demand.forget_idle(300.0 + 101.0)
+    assert demand.rate("busy", "L40S", 401.0) == 0.0
+
+
+async def test_the_ledger_indexes_warm_entries_per_node_as_they_change() -> None:
+    ledger = Ledger(RecordingStore())
+    warm = LedgerEntry(
+        device="gpu4",
+        device_key="/k/gpu4",
+        node="n1",
+        host="h1",
+        claim_uid=WARM_HOLDER,
+        state=LedgerState.WARM,
+        operation_id="op",
+    )
+    ledger.put(warm)
+    assert [e.device for e in ledger.warm_held_on("n1")] == ["gpu4"] and ledger.warm_nodes() == ["n1"]
+    warm.claim_uid, warm.state = "claim-1", LedgerState.BOUND  # taken by a claim, changed in place
+    ledger.put(warm)
+    assert ledger.warm_held_on("n1") == [] and ledger.warm_nodes() == []
+    warm.claim_uid, warm.state = WARM_HOLDER, LedgerState.WARM
+    ledger.put(warm)
+    await ledger.commit()
+    reloaded = Ledger(ledger.store)
+    await reloaded.load()
+    assert [e.device for e in reloaded.warm_held_on("n1")] == ["gpu4"]
+    reloaded.remove("gpu4")
+    assert reloaded.warm_nodes() == []
+
+
+def test_a_warm_device_stays_allocatable_in_the_published_slices() -> None:
+    """Warm is bound to a node for no claim: the scheduler may still allocate it (to any node the
+    pool reaches; the manager moves it when that is not its node)."""
+    warm = Device(
+        name="gpu4",
+        pool="fabric-pcie",
+        fabric="PCIe",
+        type=DeviceType.GPU,
+        state=BindingState.WARM,
+        node="n1",
+        binding_style="zone",
+        redfish_uri="/r",
+    )
+    policy = PublishPolicy("fabric-dra.io", device_taints=True, binding_conditions=False)
+    published = to_dra_device(warm, policy)
+    assert published.device is not None and published.withheld is None
