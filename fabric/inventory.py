@@ -42,6 +42,7 @@ __all__ = ["Inventory"]
 _ATTRIBUTE_FIELDS = tuple(DeviceAttributes.model_fields)
 _POOLS = TypeAdapter(list[api.FabricPool])
 _NODES = TypeAdapter(list[api.FabricNode])
+_NOTICES = TypeAdapter(list[str])
 
 log = get_logger(__name__)
 
@@ -94,6 +95,8 @@ class Inventory:
         self._fabrics: dict[str, FabricInfo] = {}
         #: device name → its reach group (:meth:`reach_of`)
         self._reach: dict[str, str | None] = {}
+        #: what the last full pass found and cannot offer (FabricSnapshot.notices)
+        self.notices: list[str] = []
         self._host_nodes: dict[str, str] = {}
         self._node_hosts: dict[str, str] = {}
         self._touched: dict[str, float] = {}
@@ -206,6 +209,7 @@ class Inventory:
         self._hosts = snapshot.hosts
         self._fabrics = snapshot.fabrics
         self._reach = self._reach_groups()
+        self.notices = snapshot.notices
         self._host_nodes = self.resolver.resolve(snapshot.hosts)
         self._node_hosts = {node: host for host, node in self._host_nodes.items()}
         log.debug(
@@ -342,6 +346,7 @@ class Inventory:
             state=state,
             node=node,
             host=host,
+            holders=list(record.bound_hosts),
             claim_uid=claim,
             managed=managed,
             binding_style=record.style,
@@ -402,12 +407,17 @@ class Inventory:
         if len(self._views) > len(self._records):
             self._views = {k: v for k, v in self._views.items() if k in self._records}
         inventory = api.Inventory.model_construct(
-            version=self.version, pools=pools, devices=[device for device, _ in views], nodes=nodes
+            version=self.version,
+            pools=pools,
+            devices=[device for device, _ in views],
+            nodes=nodes,
+            notices=list(self.notices),
         )
         body = (
             f'"pools":{_POOLS.dump_json(pools, by_alias=True).decode()},'
             f'"devices":[{",".join(text for _, text in views)}],'
-            f'"nodes":{_NODES.dump_json(nodes, by_alias=True).decode()}}}'
+            f'"nodes":{_NODES.dump_json(nodes, by_alias=True).decode()},'
+            f'"notices":{_NOTICES.dump_json(self.notices).decode()}}}'
         )
         return inventory, body
 

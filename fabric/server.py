@@ -169,7 +169,11 @@ def build_app(ctx: AppContext) -> FastAPI:
         reason = ctx.not_ready()
         if reason:
             return JSONResponse(status_code=503, content={"status": "not ready", "reason": reason})
-        return JSONResponse(status_code=200, content={"status": "ready"})
+        # Ready, yet the fabric may have devices it cannot offer: say so rather than look empty.
+        notices = ctx.inventory.notices
+        return JSONResponse(
+            status_code=200, content={"status": "ready", **({"detail": notices} if notices else {})}
+        )
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:

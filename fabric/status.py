@@ -1,4 +1,5 @@
-"""``fabric-dra status``: the pool, the bindings per node and the operations in flight.
+"""``fabric-dra status``: the pool, the bindings per node and the operations in flight, and first
+what the fabric has that cannot be offered (the inventory's notices).
 
 ``--watch`` redraws on every inventory change (the long poll) and at least every few seconds, so
 the ages of operations in flight move.
@@ -69,6 +70,15 @@ def _wide_columns(device: api.Device) -> list[str]:
     return [device.host or "-", str(device.binding_style) or "-", device.serial or "-", link]
 
 
+def _holder_names(inventory: api.Inventory, device: api.Device) -> str:
+    """Who holds ``device``: its node, or — held by several systems at once — every holder's node
+    (or host, when it is no node)."""
+    if len(device.holders) < 2:
+        return device.node or f"(host {device.host})"
+    nodes = {n.host: n.name for n in inventory.nodes}
+    return ", ".join(nodes.get(h, f"(host {h})") for h in device.holders)
+
+
 def _age(started: datetime) -> str:
     seconds = int((datetime.now(UTC) - started).total_seconds())
     return f"{seconds}s" if seconds < 120 else f"{seconds // 60}m"
@@ -80,7 +90,10 @@ def status_document(inventory: api.Inventory, operations: list[api.Operation]) -
         d.model_dump(
             mode="json",
             by_alias=True,
-            include={"name", "node", "host", "claim_uid", "state", "managed", "switch", "port", "health"},
+            include={
+                *("name", "node", "host", "holders", "claim_uid", "state"),
+                *("managed", "switch", "port", "health"),
+            },
         )
         for d in inventory.devices
         if d.state not in (api.BindingState.FREE, api.BindingState.UNAVAILABLE)
@@ -96,6 +109,7 @@ def status_document(inventory: api.Inventory, operations: list[api.Operation]) -
         "nodes": [n.model_dump(mode="json", by_alias=True) for n in inventory.nodes],
         "bindings": bindings,
         "operations": in_flight,
+        "notices": inventory.notices,
     }
 
 
@@ -105,7 +119,10 @@ def render_json(inventory: api.Inventory, operations: list[api.Operation]) -> st
 
 def render_table(inventory: api.Inventory, operations: list[api.Operation], *, wide: bool = False) -> str:
     """The tables; ``wide`` adds each binding's host, binding style, serial and PCIe link."""
-    parts = ["POOL"]
+    parts = []
+    if inventory.notices:
+        parts += ["NOTICES", *(f"- {notice}" for notice in inventory.notices), ""]
+    parts.append("POOL")
     pool_rows = [
         [
             row["pool"],
@@ -136,7 +153,7 @@ def render_table(inventory: api.Inventory, operations: list[api.Operation], *, w
     )
     binding_rows = [
         [
-            d.node or f"(host {d.host})",
+            _holder_names(inventory, d),
             d.name,
             str(d.type),
             d.model or "-",

@@ -37,6 +37,8 @@ class DeviceType(StrEnum):
     NIC = "nic"
     FPGA = "fpga"
     CXL_MEMORY = "cxl-memory"
+    #: a drive that is not NVMe (SAS, SATA), or a storage device known only by SimpleStorage
+    STORAGE = "storage"
     OTHER = "other"
 
 
@@ -127,7 +129,10 @@ class DeviceAttributes(_Model):
     serial: Annotated[str | None, SliceAttribute("serial", rank=5)] = None
     uuid: Annotated[str | None, SliceAttribute("uuid", rank=6)] = None
     memory_bytes: Annotated[int | None, SliceCapacity("memory")] = Field(
-        default=None, description="device memory, drive capacity or chunk size"
+        default=None, description="device memory (GPU, FPGA, CXL device) or memory chunk size"
+    )
+    capacity_bytes: Annotated[int | None, SliceCapacity("storage")] = Field(
+        default=None, description="storage capacity of a drive (NVMe, SAS, SATA)"
     )
     pcie_generation: Annotated[int | None, SliceAttribute("pcieGen", SliceForm.INT, rank=10)] = None
     pcie_width: Annotated[int | None, SliceAttribute("pcieWidth", SliceForm.INT, rank=11)] = None

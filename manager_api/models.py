@@ -148,6 +148,11 @@ class Device(DeviceAttributes, DeviceIdentity):
     host: str | None = Field(
         default=None, description="Redfish ComputerSystem Id it is bound to (also when that host is no node)"
     )
+    holders: list[str] = Field(
+        default_factory=list,
+        description="every Redfish ComputerSystem Id the fabric binds it to now: more than one for a "
+        "resource block composed into several systems, which is never offered",
+    )
     claim_uid: str | None = Field(
         default=None, description="the claim that holds it, when fabric-dra bound it"
     )
@@ -200,6 +205,11 @@ class Inventory(_Model):
     pools: list[FabricPool]
     devices: list[Device]
     nodes: list[FabricNode]
+    notices: list[str] = Field(
+        default_factory=list,
+        description="what the fabric has that cannot be offered, and why (devices no host reaches, "
+        "hosts that cannot be composed)",
+    )
 
 
 #: A claim's ``metadata.uid``: a Kubernetes UID (UUID form, 36 characters), so that no caller can

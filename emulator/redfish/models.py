@@ -48,6 +48,8 @@ __all__ = [
     "Session",
     "SessionService",
     "Status",
+    "Storage",
+    "StorageLinks",
     "Switch",
     "Task",
     "TaskService",
@@ -164,11 +166,14 @@ class ServiceRoot(Resource):
     Vendor: str
     Product: str
     ProtocolFeaturesSupported: ProtocolFeaturesSupported
-    Systems: Ref
+    # Systems, Fabrics and CompositionService are absent from an expansion enclosure's service
+    # (behaviour.resourceBlocks "root-only"), which lists its blocks in ResourceBlocks (1.5) instead.
+    Systems: Ref | None = None
     Chassis: Ref
-    Fabrics: Ref
+    Fabrics: Ref | None = None
     Managers: Ref
-    CompositionService: Ref
+    CompositionService: Ref | None = None
+    ResourceBlocks: Ref | None = None
     SessionService: Ref
     AccountService: Ref
     Tasks: Ref
@@ -357,7 +362,8 @@ class ComputerSystem(Resource):
     PCIeDevices: list[Ref]
     PCIeFunctions: list[Ref]
     Links: ComputerSystemLinks
-    Actions: dict[str, Action]
+    #: absent where composition is a PATCH of Links.ResourceBlocks (behaviour.composition "patch")
+    Actions: dict[str, Action] | None = None
 
 
 # --- chassis and the pooled hardware --------------------------------------------------------
@@ -723,7 +729,21 @@ class ResourceBlock(Resource):
     Processors: list[Ref] = Field(default_factory=list)
     Drives: list[Ref] = Field(default_factory=list)
     NetworkInterfaces: list[Ref] = Field(default_factory=list)
+    Storage: list[Ref] | None = None
     Links: ResourceBlockLinks
+
+
+class StorageLinks(_Obj):
+    Enclosures: list[Ref]
+
+
+class Storage(Resource):
+    """A storage subsystem inside a resource block (behaviour.storageBlocks "storage")."""
+
+    ODATA_TYPE = "Storage.v1_21_0.Storage"
+    Status: Status
+    Drives: list[Ref]
+    Links: StorageLinks
 
 
 #: Every resource class; ``$metadata`` references the schema of each.
@@ -759,4 +779,5 @@ ALL_TYPES: tuple[type[Typed], ...] = (
     Connection,
     CompositionService,
     ResourceBlock,
+    Storage,
 )

@@ -209,10 +209,32 @@ def check_references(topology: Topology) -> list[Problem]:
         host_uuids.add(host.uuid)
 
     for key, model in topology.models.items():
-        if model.type == DeviceType.OTHER:
+        if model.type in (DeviceType.OTHER, DeviceType.STORAGE):
             problems.append(Problem(f"models.{key}.type", "must be one of gpu, nvme, nic, fpga, cxl-memory"))
         if model.type == DeviceType.CXL_MEMORY and not model.memory:
             problems.append(Problem(f"models.{key}.memory", "a cxl-memory model needs its capacity"))
+
+    for block, holders in topology.behaviour.shared_blocks.items():
+        loc = f"behaviour.sharedBlocks.{block}"
+        if len(set(holders)) < 2:
+            problems.append(Problem(loc, "a shared block names two or more different hosts"))
+        problems += [Problem(loc, f"unknown host {h!r}") for h in holders if h not in host_names]
+        found = next(
+            (
+                d
+                for _, sws in topology.switch_sections()
+                for sw in sws
+                for d in sw.device_list()
+                if d.id == block
+            ),
+            None,
+        )
+        if (
+            found is None
+            or topology.models.get(found.model, None) is None
+            or (topology.models[found.model].type == DeviceType.CXL_MEMORY)
+        ):
+            problems.append(Problem(loc, f"{block!r} is no pooled PCIe device (no resource block)"))
 
     # Host names and device/chunk Ids share one namespace: both are Endpoint Ids in a fabric.
     seen_ids: dict[str, str] = {name: f"hosts[{i}].name" for name, i in host_names.items()}

@@ -254,6 +254,37 @@ class Behaviour(_Model):
             "Links.ResourceBlocks stay right)"
         ),
     )
+    composition: Literal["actions", "patch"] = Field(
+        default="actions",
+        description=(
+            "how a client composes a resource block into a system: the #ComputerSystem.AddResourceBlock "
+            "and RemoveResourceBlock actions; or patch (no actions: a PATCH of the system's "
+            "Links.ResourceBlocks, ReadWrite in the ComputerSystem CSDL, with If-Match required)"
+        ),
+    )
+    storage_blocks: Literal["drives", "storage"] = Field(
+        default="drives",
+        description=(
+            "what an NVMe resource block lists: its Drive (Drives); or only a Storage resource "
+            "(Storage) whose Drives link to it, as storage enclosures do"
+        ),
+    )
+    shared_blocks: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description=(
+            "resource blocks (device Ids) the service says are composed into every listed host at "
+            "once (two or more): ComposedAndAvailable, in each system's Links.ResourceBlocks; their "
+            "composition into any other system is refused"
+        ),
+    )
+    resource_blocks: Literal["composition-service", "root-only"] = Field(
+        default="composition-service",
+        description=(
+            "where resource blocks are listed: the CompositionService; or root-only (the service "
+            "root's ResourceBlocks collection only, with no CompositionService, Systems or Fabrics: "
+            "an expansion enclosure whose hosts another service manages)"
+        ),
+    )
 
 
 class Topology(_Model):

@@ -49,6 +49,9 @@ class DiscoveryResult:
     initiators: dict[str, tuple[str, ...]] = field(default_factory=dict)
     #: ComputerSystem Ids this backend can bind devices to
     hosts: tuple[str, ...] = ()
+    #: ComputerSystem Ids it cannot bind to, that discovery must not leave unsaid (composition:
+    #: systems that offer neither AddResourceBlock nor Links.ResourceBlocks to PATCH)
+    uncomposable: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)

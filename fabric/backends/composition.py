@@ -7,11 +7,24 @@ ComposedAndAvailable or Composing. Binding is the expandable-system use case of 
 Composability white paper (DSP2050): ``#ComputerSystem.AddResourceBlock`` on the host system,
 ``#ComputerSystem.RemoveResourceBlock`` to undo it, both with ``ResourceBlockETag`` and
 ``ComputerSystemETag`` (ComputerSystem 1.16) so a concurrent change fails instead of winning.
+
+Services that offer no actions let a client compose by a PATCH of the system's
+``Links.ResourceBlocks`` (ReadWrite in the ComputerSystem CSDL) instead: the block is added to (or
+left out of) the list the system shows, sent with ``If-Match`` so a concurrent change fails with
+412 and is read again. Which of the two each system takes is read from the system itself
+(:func:`composed_by`); a system that offers neither cannot be composed and discovery says so.
+
+A service without a CompositionService may list its blocks in the service root's
+``ResourceBlocks`` collection (ServiceRoot 1.5, "for implementations that do not contain a
+composition service": an expansion enclosure whose hosts another service manages):
+:class:`RootBlocksBackend` reads them, and with no system of this service to compose them into,
+none is offered.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Literal
 
 from fabric.backends.base import Backend, BindContext, DiscoveryResult
 from fabric.backends.describe import describe
@@ -29,7 +42,19 @@ from fabric.backends.walk import Walk, path_ids
 from manager_api.devices import BindingStyle
 from manager_api.errors import NodeNotFound
 
-__all__ = ["COMPOSITION_FABRIC", "CompositionBackend", "block_binding", "block_holders"]
+__all__ = [
+    "COMPOSITION_FABRIC",
+    "ComposeBy",
+    "CompositionBackend",
+    "RootBlocksBackend",
+    "block_binding",
+    "block_holders",
+    "composed_by",
+]
+
+#: how a system takes resource blocks: the Add/RemoveResourceBlock actions, or a PATCH of its
+#: ``Links.ResourceBlocks``
+ComposeBy = Literal["action", "patch"]
 
 #: the fabric name of devices that come from resource blocks linked to no Redfish fabric
 COMPOSITION_FABRIC = "Composition"
@@ -74,6 +99,18 @@ async def block_holders(walk: Walk, block: ResourceBlock, also: Iterable[str] = 
     return tuple(sorted(holders))
 
 
+def composed_by(system: ComputerSystem) -> ComposeBy | None:
+    """How blocks are composed into ``system``: by ``#ComputerSystem.AddResourceBlock`` when it
+    offers the action; else by a PATCH of ``Links.ResourceBlocks`` when it shows that property
+    (ReadWrite in the ComputerSystem CSDL; a system that omits it keeps no composition record a
+    client could change); else not at all (None)."""
+    if system.actions.target("ComputerSystem.AddResourceBlock"):
+        return "action"
+    if system.links.resource_blocks is not None:
+        return "patch"
+    return None
+
+
 def block_binding(block: ResourceBlock) -> tuple[tuple[str, ...], bool]:
     """(ComputerSystem Ids the block is composed into, whether it can be composed at all)."""
     status = block.composition_status
@@ -93,21 +130,25 @@ class CompositionBackend(Backend):
     #: every known system's URI (from the last discovery): each one's Links.ResourceBlocks is read
     _systems: tuple[str, ...] = ()
 
-    async def discover(self, walk: Walk, hosts: Mapping[str, HostRecord]) -> DiscoveryResult:
+    async def blocks_collection(self, walk: Walk) -> str | None:
+        """The collection that lists the blocks: the CompositionService's, while it is enabled."""
         service = await walk.read(self.fabric_uri, CompositionService)
         if service is None or service.service_enabled is False:
+            return None
+        return service.resource_blocks
+
+    async def discover(self, walk: Walk, hosts: Mapping[str, HostRecord]) -> DiscoveryResult:
+        collection = await self.blocks_collection(walk)
+        if collection is None:
             return DiscoveryResult()
         systems = await walk.read_all((h.uri for h in hosts.values()), ComputerSystem)
-        expandable = tuple(
-            sorted(
-                str(s.id)
-                for s in systems
-                if s.actions.target("ComputerSystem.AddResourceBlock") and str(s.id) in hosts
-            )
+        ways = {str(s.id): composed_by(s) for s in systems if str(s.id) in hosts}
+        expandable = tuple(sorted(h for h, way in ways.items() if way is not None))
+        result = DiscoveryResult(
+            hosts=expandable, uncomposable=tuple(sorted(h for h in hosts if ways.get(h) is None))
         )
-        result = DiscoveryResult(hosts=expandable)
         self._systems = tuple(h.uri for h in hosts.values())
-        for block in await walk.members(service.resource_blocks, ResourceBlock):
+        for block in await walk.members(collection, ResourceBlock):
             kinds = set(block.resource_block_type or ())
             if not kinds & _DEVICE_BLOCK_TYPES or kinds & _HOST_BLOCK_TYPES:
                 continue  # compute, memory and whole-system blocks are not pooled devices
@@ -117,7 +158,7 @@ class CompositionBackend(Backend):
             attributes = await describe(walk, entities, container=block)
             usable = block_binding(block)[1]
             bound = await block_holders(walk, block, self._systems)
-            if not usable:
+            if not usable or not expandable:  # no system it could be composed into
                 attributes = attributes.model_copy(update={"available": False})
             result.devices.append(
                 DeviceRecord(
@@ -160,8 +201,7 @@ class CompositionBackend(Backend):
             # Every block's device is bound through a fabric (zones, connections) and that
             # backend reads its bindings: reading each block here would find nothing to report.
             return {}
-        service = await walk.read(self.fabric_uri, CompositionService)
-        blocks = await walk.members(service.resource_blocks if service else None, ResourceBlock)
+        blocks = await walk.members(await self.blocks_collection(walk), ResourceBlock)
         return {str(block.uri): await block_holders(walk, block, self._systems) for block in blocks}
 
     async def read_binding(self, device: DeviceRecord, hosts: Sequence[HostRecord] = ()) -> tuple[str, ...]:
@@ -169,15 +209,41 @@ class CompositionBackend(Backend):
         block = await walk.read(device.block, ResourceBlock)
         return await block_holders(walk, block, (h.uri for h in hosts)) if block else ()
 
-    async def _action(self, device: DeviceRecord, host: HostRecord, action: str, ctx: BindContext) -> None:
-        block = await self.client.get(str(device.block))
+    async def _compose(self, device: DeviceRecord, host: HostRecord, adding: bool, ctx: BindContext) -> None:
+        """Compose ``device``'s block into ``host`` (``adding``) or take it out, the way the system
+        takes blocks (:func:`composed_by`), read now: a service may change it."""
         system = await self.client.get(host.uri)
-        target = ComputerSystem.model_validate(system.body).actions.target(f"ComputerSystem.{action}")
-        if not target:
-            raise NodeNotFound(f"system {host.id} does not offer ComputerSystem.{action}")
-        body: JSON = {"ResourceBlock": {"@odata.id": device.block}}
-        if block.etag:
-            body["ResourceBlockETag"] = block.etag
+        view = ComputerSystem.model_validate(system.body)
+        way = composed_by(view)
+        block = str(device.block)
+        if way == "patch":
+            allowed = system.headers.get("allow")
+            if allowed is not None and "PATCH" not in {m.strip().upper() for m in allowed.split(",")}:
+                raise NodeNotFound(
+                    f"system {host.id} cannot be composed: it offers no ComputerSystem.AddResourceBlock "
+                    f"and its Allow header ({allowed}) does not allow a PATCH of Links.ResourceBlocks"
+                )
+            current = list(view.links.resource_blocks or ())
+            others = [u for u in current if u != block]
+            wanted = [*others, block] if adding else others
+            ctx.fence()
+            # If-Match: another block composed meanwhile changes the list (412, read again)
+            response = await self.client.patch(
+                host.uri, {"Links": {"ResourceBlocks": self._link_list(wanted)}}, etag=system.etag
+            )
+            await self._finish(response, ctx)
+            return
+        action = "AddResourceBlock" if adding else "RemoveResourceBlock"
+        target = view.actions.target(f"ComputerSystem.{action}")
+        if way is None or not target:
+            raise NodeNotFound(
+                f"system {host.id} cannot be composed: it offers neither ComputerSystem.{action} nor "
+                "Links.ResourceBlocks to PATCH"
+            )
+        resource_block = await self.client.get(block)
+        body: JSON = {"ResourceBlock": {"@odata.id": block}}
+        if resource_block.etag:
+            body["ResourceBlockETag"] = resource_block.etag
         if system.etag:
             body["ComputerSystemETag"] = system.etag
         ctx.fence()
@@ -185,7 +251,16 @@ class CompositionBackend(Backend):
         await self._finish(response, ctx)
 
     async def bind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
-        await self._action(device, host, "AddResourceBlock", ctx)
+        await self._compose(device, host, True, ctx)
 
     async def unbind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
-        await self._action(device, host, "RemoveResourceBlock", ctx)
+        await self._compose(device, host, False, ctx)
+
+
+class RootBlocksBackend(CompositionBackend):
+    """Blocks listed only in the service root's ``ResourceBlocks`` (no CompositionService):
+    ``fabric_uri`` is that collection. Composition through the systems works as for the
+    CompositionService's blocks, for a service that has systems that take them."""
+
+    async def blocks_collection(self, walk: Walk) -> str | None:
+        return self.fabric_uri

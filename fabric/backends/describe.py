@@ -4,8 +4,11 @@ A device is spread over several resources: the Processor (GPU, FPGA) or Drive or
 the endpoint names, the PCIeFunction with the PCI IDs, the PCIeDevice with the link and the serial
 number, a CXL logical device, a memory chunk. This module follows the standard links between them
 (Processor/Drive ``Links.PCIeFunctions``, PCIeFunction ``Links.PCIeDevice``, MemoryChunks
-``Links.CXLLogicalDevices`` → CXLLogicalDevice ``Links.PCIeFunctions``) and takes each attribute
-from the most specific resource that has it.
+``Links.CXLLogicalDevices`` → CXLLogicalDevice ``Links.PCIeFunctions``, Storage ``Drives``) and
+takes each attribute from the most specific resource that has it. A storage resource block may name
+its drives, its Storage subsystem (whose ``Drives`` are the drives) or a SimpleStorage (whose
+``Devices`` describe them inline, e.g. a SAS tray); the drives' capacity is the device's
+``capacityBytes``, never its memory.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from fabric.backends.views import (
     Port,
     Processor,
     Resource,
+    SimpleStorage,
+    SimpleStorageDevice,
+    Storage,
     view_of_kind,
 )
 from fabric.backends.walk import Walk, path_ids
@@ -61,7 +67,7 @@ _UNAVAILABLE_STATES = frozenset({"Absent", "Disabled", "UnavailableOffline", "St
 _HEALTH_ORDER = {Health.OK: 0, Health.WARNING: 1, Health.CRITICAL: 2}
 
 
-def status_of(resource: Resource | None) -> tuple[Health | None, str | None]:
+def status_of(resource: Resource | SimpleStorageDevice | None) -> tuple[Health | None, str | None]:
     """(Status.Health, Status.State) of a resource, either possibly None."""
     if resource is None:
         return None, None
@@ -104,6 +110,17 @@ def _type_from_class(function: PCIeFunction | None) -> DeviceType | None:
 
 def _first(*values: str | None) -> str | None:
     return next((v for v in values if v), None)
+
+
+def _shared(values: Sequence[str | None]) -> str | None:
+    """The value every one of ``values`` has (a tray of drives of one model), else None."""
+    found = set(values)
+    return found.pop() if len(found) == 1 else None
+
+
+def _total(sizes: Sequence[int | None]) -> int | None:
+    total = sum(size for size in sizes if size is not None and size > 0)
+    return total or None
 
 
 def _endpoint_ports(endpoint: Endpoint | None) -> list[str]:
@@ -164,6 +181,13 @@ async def describe(
             by_kind.setdefault(resource.kind, resource)
     processor = _as(by_kind.get("Processor"), Processor)
     drive = _as(by_kind.get("Drive"), Drive)
+    storage = _as(by_kind.get("Storage"), Storage)
+    simple = _as(by_kind.get("SimpleStorage"), SimpleStorage)
+    drives: list[Drive] = [drive] if drive is not None else []
+    if not drives and storage is not None:
+        drives = await walk.read_all(storage.drives, Drive)
+        drive = drives[0] if drives else None
+    trays: list[SimpleStorageDevice] = list(simple.devices or ()) if simple is not None else []
     network: DeviceResource | None = next(
         (
             by_kind[kind]
@@ -217,6 +241,9 @@ async def describe(
         kind = _PROCESSOR_TYPES[processor.processor_type]
     elif drive and drive.protocol in ("NVMe", "NVMeOverFabrics"):
         kind = DeviceType.NVME
+    elif drive is not None or trays:
+        # SAS, SATA, or a drive that names no protocol: NVMe only when its PCI class says so
+        kind = DeviceType.NVME if _type_from_class(function) is DeviceType.NVME else DeviceType.STORAGE
     elif network is not None:
         kind = DeviceType.NIC
     elif (guess := _type_from_class(function)) is not None:
@@ -232,13 +259,12 @@ async def describe(
                 m.capacity_mib or 0 for m in processor.processor_memory or () if not m.integrated_memory
             )
             memory = _mib(total)
-    elif drive is not None:
-        capacity = drive.capacity_bytes
-        memory = capacity if capacity is not None and capacity > 0 else None
     if memory is None and chunk is not None:
         memory = _mib(chunk.memory_chunk_size_mib)
     if memory is None and logical is not None:
         memory = _mib(logical.memory_size_mib)
+
+    capacity = _total([d.capacity_bytes for d in drives] if drives else [t.capacity_bytes for t in trays])
 
     primary: DeviceResource | None = processor or drive or network or pcie_device or logical
     interface = (
@@ -255,7 +281,12 @@ async def describe(
 
     health: Health = Health.OK
     available = True
-    for part in (endpoint, container, processor, drive, network, chunk, pcie_device, logical):
+    parts: list[Resource | SimpleStorageDevice | None] = [
+        *(endpoint, container, processor, network, chunk, pcie_device, logical, storage, simple),
+        *drives,
+        *trays,
+    ]
+    for part in parts:
         resource_health, state = status_of(part)
         if resource_health is not None and _HEALTH_ORDER[resource_health] > _HEALTH_ORDER[health]:
             health = resource_health
@@ -276,21 +307,28 @@ async def describe(
                     break
 
     identities = {uri for _, uri in entities}
-    for linked in (function, pcie_device, logical, chunk):
+    for linked in (function, pcie_device, logical, chunk, *drives):
         if linked and linked.uri:
             identities.add(linked.uri)
     return DiscoveredAttributes(
         type=kind,
         vendor=_first(
-            primary.manufacturer if primary else None, pcie_device.manufacturer if pcie_device else None
+            primary.manufacturer if primary else None,
+            pcie_device.manufacturer if pcie_device else None,
+            _shared([t.manufacturer for t in trays]),
         ),
         vendor_id=_pci_id(function.vendor_id if function else None)
         or _pci_id(processor.processor_id.vendor_id if processor else None),
         device_id=_pci_id(function.device_id if function else None),
-        model=_first(primary.model if primary else None, pcie_device.model if pcie_device else None),
+        model=_first(
+            primary.model if primary else None,
+            pcie_device.model if pcie_device else None,
+            _shared([t.model for t in trays]),
+        ),
         serial=serial,
         uuid=uuid.lower() if uuid else None,
         memory_bytes=memory,
+        capacity_bytes=capacity,
         pcie_generation=_generation(_first(interface.pcie_type, interface.max_pcie_type)),
         pcie_width=interface.max_lanes if interface.lanes_in_use is None else interface.lanes_in_use,
         switch=switch,

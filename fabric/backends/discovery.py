@@ -8,7 +8,14 @@ offers:
 * a fabric with Zones only (PCIe): Zones;
 * the CompositionService: ResourceBlocks — in ``auto`` only those whose device is not already
   reachable through a fabric, so one device never shows up twice (a service may present the same
-  GPU as an endpoint *and* as a resource block).
+  GPU as an endpoint *and* as a resource block); each system by the action it offers, or by a
+  PATCH of its ``Links.ResourceBlocks`` (:func:`fabric.backends.composition.composed_by`);
+* no CompositionService but a root-level ``ResourceBlocks`` collection: those blocks, read into
+  the inventory like the CompositionService's.
+
+What a pass finds but cannot offer — blocks no host can be composed with, systems that cannot be
+composed — is said in the snapshot's ``notices`` (``/readyz`` detail, ``fabric-dra status``) and
+logged once as a warning.
 """
 
 from __future__ import annotations
@@ -16,13 +23,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fabric.backends.base import Backend
-from fabric.backends.composition import COMPOSITION_FABRIC, CompositionBackend
+from fabric.backends.base import Backend, DiscoveryResult
+from fabric.backends.composition import COMPOSITION_FABRIC, CompositionBackend, RootBlocksBackend
 from fabric.backends.connections import ConnectionBackend
 from fabric.backends.model import DeviceRecord, FabricInfo, FabricSnapshot, HostRecord
 from fabric.backends.reach import narrow_reach
@@ -71,6 +79,7 @@ class Discovery:
         self.backends: dict[tuple[str, BindingStyle], Backend] = {}
         self._announced: set[tuple[str, BindingStyle]] = set()
         self._warned: set[tuple[str, str]] = set()
+        self._noticed: set[str] = set()
         self._expand = False
 
     def backend_for(self, device: DeviceRecord) -> Backend:
@@ -156,18 +165,23 @@ class Discovery:
             planned.extend(self._plan_fabric(fabric))
         composition_uri = root.composition_service
         composition_choice = self.plan.choice(COMPOSITION_FABRIC)
-        if composition_uri and composition_choice in ("auto", BindingStyle.COMPOSITION):
-            planned.append(self._backend(CompositionBackend, COMPOSITION_FABRIC, composition_uri))
+        if composition_choice in ("auto", BindingStyle.COMPOSITION):
+            if composition_uri:
+                planned.append(self._backend(CompositionBackend, COMPOSITION_FABRIC, composition_uri))
+            elif root.resource_blocks:
+                planned.append(self._backend(RootBlocksBackend, COMPOSITION_FABRIC, root.resource_blocks))
 
         results = await asyncio.gather(*(b.discover(walk, hosts) for b in planned))
         devices: list[DeviceRecord] = []
         initiators: dict[str, dict[str, tuple[str, ...]]] = {}
         fabric_hosts: dict[str, set[str]] = {}
         styles: dict[str, list[BindingStyle]] = {}
+        kept: dict[int, list[DeviceRecord]] = {}
         for backend, result in zip(planned, results, strict=True):
             found = result.devices
             if backend.style is BindingStyle.COMPOSITION and composition_choice == "auto":
                 found = _without_duplicates(found, devices)
+            kept[id(backend)] = found
             backend.serving([d.key for d in found])
             devices.extend(found)
             for host, uris in result.initiators.items():
@@ -206,6 +220,21 @@ class Discovery:
         }
         snapshot.devices = assign_names(await narrow_reach(walk, devices, hosts))
         snapshot.gets = probe.gets + walk.gets
+        reached = {
+            h
+            for b, r in zip(planned, results, strict=True)
+            if b.style is not BindingStyle.COMPOSITION
+            for h in r.hosts
+        }
+        for backend, result in zip(planned, results, strict=True):
+            if isinstance(backend, CompositionBackend):
+                notice = _composition_notice(backend, result, kept[id(backend)], reached, bool(hosts))
+                if notice:
+                    snapshot.notices.append(notice)
+        for notice in snapshot.notices:
+            if notice not in self._noticed:
+                self._noticed.add(notice)
+                log.warning("the Redfish service has devices fabric-dra cannot offer", detail=notice)
         return snapshot
 
 
@@ -225,6 +254,43 @@ def unreadable_payloads(what: str) -> Iterator[None]:
             f"{what} stopped: the Redfish service sent a payload fabric-dra cannot read ({detail}); "
             "check the service's answers (fabric-dra logs what it was) or report it"
         ) from err
+
+
+def _composition_notice(
+    backend: CompositionBackend,
+    result: DiscoveryResult,
+    found: list[DeviceRecord],
+    reached: set[str],
+    has_systems: bool,
+) -> str | None:
+    """What must be said about resource blocks that are found but not (all) poolable, if anything."""
+    if not found:
+        return None
+    kinds = Counter(str(d.attributes.type) for d in found)
+    blocks = f"{len(found)} resource block(s) ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))})"
+    if isinstance(backend, RootBlocksBackend) and not has_systems:
+        return (
+            f"the Redfish service lists {blocks} only in its root ResourceBlocks collection "
+            f"({backend.fabric_uri}), with no CompositionService and no ComputerSystem: they are in "
+            "the inventory as unavailable and none is poolable, because no host of this service "
+            "reaches them (an expansion enclosure whose hosts another service manages); fabric-dra "
+            "has no setting that joins hosts of another Redfish service to these blocks — point "
+            "--redfish-url at the service that manages the hosts and composes these blocks"
+        )
+    if not result.hosts:
+        return (
+            f"{blocks} found at {backend.fabric_uri}, none poolable: no ComputerSystem of the "
+            "service can be composed (none offers ComputerSystem.AddResourceBlock or "
+            "Links.ResourceBlocks to PATCH); they are in the inventory as unavailable"
+        )
+    left_out = [h for h in result.uncomposable if h not in reached]
+    if left_out:
+        return (
+            f"system(s) {', '.join(left_out)} cannot be composed (no ComputerSystem.AddResourceBlock, "
+            f"no Links.ResourceBlocks to PATCH): the {blocks} at {backend.fabric_uri} are not offered "
+            "to them"
+        )
+    return None
 
 
 def _without_duplicates(candidates: list[DeviceRecord], known: list[DeviceRecord]) -> list[DeviceRecord]:

@@ -71,7 +71,10 @@ __all__ = [
     "ResourceBlock",
     "ResourceBlockLinks",
     "ServiceRoot",
+    "SimpleStorage",
+    "SimpleStorageDevice",
     "Status",
+    "Storage",
     "View",
     "Zone",
     "ZoneLinks",
@@ -252,6 +255,9 @@ class ServiceRoot(Resource):
     systems: Link = prop("Systems")
     fabrics: Link = prop("Fabrics")
     composition_service: Link = prop("CompositionService")
+    #: blocks of a service without a CompositionService (ServiceRoot 1.5: "for implementations
+    #: that do not contain a composition service", e.g. an expansion enclosure)
+    resource_blocks: Link = prop("ResourceBlocks")
     protocol_features: Part[ProtocolFeatures] = part("ProtocolFeaturesSupported", ProtocolFeatures)
 
     @property
@@ -476,6 +482,28 @@ class Drive(DeviceResource):
     capacity_bytes: Tolerant[StrictInt] = prop("CapacityBytes")
 
 
+class Storage(DeviceResource):
+    """Storage.v1_21_0: a storage subsystem; its ``Drives`` are the devices."""
+
+    drives: Refs = refs("Drives")
+
+
+class SimpleStorageDevice(View):
+    """SimpleStorage.v1_3_2 Device: a drive known only by name, model and capacity."""
+
+    name: Text = prop("Name")
+    manufacturer: Text = prop("Manufacturer")
+    model: Text = prop("Model")
+    capacity_bytes: Tolerant[StrictInt] = prop("CapacityBytes")
+    status: Part[Status] = part("Status", Status)
+
+
+class SimpleStorage(DeviceResource):
+    """SimpleStorage.v1_3_2: a controller and its drives, described inline (``Devices``)."""
+
+    devices: Tolerant[Each[SimpleStorageDevice]] = prop("Devices")
+
+
 class Controller(View):
     """NetworkAdapter.v1_0_0 Controllers."""
 
@@ -542,6 +570,8 @@ _KINDS: dict[str, type[DeviceResource]] = {
     "MemoryChunks": MemoryChunks,
     "PCIeDevice": PCIeDevice,
     "PCIeFunction": PCIeFunction,
+    "Storage": Storage,
+    "SimpleStorage": SimpleStorage,
 }
 
 

@@ -31,7 +31,8 @@ SAMPLE: dict[str, Any] = {
     "model": "PM1733",
     "serial": "S1",
     "uuid": "u-1",
-    "memory_bytes": 2**40,
+    "memory_bytes": 2**30,
+    "capacity_bytes": 2**40,
     "pcie_generation": 4,
     "pcie_width": 4,
     "switch": "Switch1",
@@ -57,7 +58,7 @@ def test_slice_attributes_come_in_the_documented_order() -> None:
     listed = documented.split("**Device attributes**", 1)[1].split("capacity", 1)[0]
     positions = [listed.index(f"`{name}`") for name in ATTRIBUTE_NAMES]
     assert positions == sorted(positions)
-    assert CAPACITY_NAMES == ("memory",)
+    assert CAPACITY_NAMES == ("memory", "storage")
 
 
 async def test_the_inventory_shows_every_attribute_discovery_found(tmp_path: Path) -> None:

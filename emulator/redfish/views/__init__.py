@@ -7,7 +7,7 @@ from typing import Any
 from emulator.redfish import uris
 from emulator.redfish.nodes import Context, Node
 from emulator.redfish.views.chassis import ChassisCollectionNode
-from emulator.redfish.views.composition import CompositionServiceNode
+from emulator.redfish.views.composition import CompositionServiceNode, root_blocks_node
 from emulator.redfish.views.fabrics import FabricsNode
 from emulator.redfish.views.oem import OemNode
 from emulator.redfish.views.services import (
@@ -51,6 +51,10 @@ def build_tree(ctx: Context) -> ServiceRootNode:
         "Registries": RegistriesNode(ctx),
         "Oem": _Oem(ctx, f"{uris.ROOT}/Oem"),
     }
+    if ctx.index.topology.behaviour.resource_blocks == "root-only":
+        for name in ("Systems", "Fabrics", "CompositionService"):
+            del children[name]
+        children["ResourceBlocks"] = root_blocks_node(ctx)
     return ServiceRootNode(ctx, children)
 
 

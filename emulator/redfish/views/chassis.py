@@ -51,6 +51,7 @@ from emulator.redfish.views.common import (
     logical_device_uri,
     primary_uri,
 )
+from emulator.redfish.views.composition import block_uri
 from emulator.topology import FABRIC_CXL, Device, SwitchInfo
 from manager_api.devices import DeviceType
 
@@ -159,7 +160,7 @@ class SwitchChassisNode(Node):
             Links=ChassisLinks(
                 ManagedBy=[ref(uris.MANAGER)],
                 Switches=[ref(uris.switch(sw.fabric, sw.id))],
-                ResourceBlocks=refs([uris.resource_block(d.id) for d in self.devices]) or None,
+                ResourceBlocks=refs([block_uri(self.ctx, d.id) for d in self.devices]) or None,
             ),
         )
 

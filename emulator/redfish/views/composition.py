@@ -3,6 +3,12 @@
 A block is ``Composed`` into the host its device is bound to (by any style), ``Composing``
 while a bind of it runs as a task, ``Unused`` otherwise. Resource zones group the blocks
 behind one switch (blocks of one zone can be composed together).
+
+Behaviours (docs/emulator.md) change the shape: ``storageBlocks: storage`` makes an NVMe block
+list a Storage resource whose ``Drives`` link to the drive, instead of the drive itself;
+``sharedBlocks`` makes blocks ``ComposedAndAvailable`` in two or more systems at once;
+``resourceBlocks: root-only`` lists the blocks in ``/redfish/v1/ResourceBlocks`` (ServiceRoot
+1.5) with no CompositionService.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from emulator.redfish.models import (
     ResourceBlock,
     ResourceBlockLinks,
     Status,
+    Storage,
+    StorageLinks,
     Zone,
     ZoneLinks,
     ref,
@@ -27,7 +35,16 @@ from emulator.redfish.views.common import Segment, device_status, primary_uri
 from emulator.topology import FABRIC_PCIE, Device
 from manager_api.devices import DeviceType
 
-__all__ = ["CompositionServiceNode", "ResourceBlockNode"]
+__all__ = [
+    "CompositionServiceNode",
+    "ResourceBlockNode",
+    "block_uri",
+    "root_blocks_node",
+    "shared_holders",
+]
+
+#: the root-level collection of a service without a CompositionService (ServiceRoot 1.5 ResourceBlocks)
+ROOT_BLOCKS = f"{uris.ROOT}/ResourceBlocks"
 
 _BLOCK_TYPE = {
     DeviceType.GPU: "Processor",
@@ -39,6 +56,38 @@ _BLOCK_TYPE = {
 
 def _pcie_devices(ctx: Context) -> list[Device]:
     return list(ctx.index.fabric_devices(FABRIC_PCIE))
+
+
+def _blocks_base(ctx: Context) -> str:
+    root_only = ctx.index.topology.behaviour.resource_blocks == "root-only"
+    return ROOT_BLOCKS if root_only else uris.RESOURCE_BLOCKS
+
+
+def block_uri(ctx: Context, device_id: str) -> str:
+    """The URI of a device's resource block, wherever this service lists its blocks."""
+    return f"{_blocks_base(ctx)}/{device_id}"
+
+
+def shared_holders(ctx: Context, device_id: str) -> list[str]:
+    """The hosts a block is composed into at once (behaviour.sharedBlocks), else none."""
+    return list(ctx.index.topology.behaviour.shared_blocks.get(device_id, []))
+
+
+def _blocks_collection(ctx: Context, uri: str) -> CollectionNode:
+    devices = {d.id: d for d in _pcie_devices(ctx)}
+    return CollectionNode(
+        ctx,
+        uri,
+        "ResourceBlockCollection",
+        "Resource blocks",
+        lambda: list(devices),
+        lambda b: ResourceBlockNode(ctx, devices[b]) if b in devices else None,
+    )
+
+
+def root_blocks_node(ctx: Context) -> CollectionNode:
+    """``/redfish/v1/ResourceBlocks`` (behaviour.resourceBlocks "root-only")."""
+    return _blocks_collection(ctx, ROOT_BLOCKS)
 
 
 class CompositionServiceNode(Node):
@@ -59,15 +108,7 @@ class CompositionServiceNode(Node):
     def child(self, segment: str) -> Node | None:
         ctx = self.ctx
         if segment == "ResourceBlocks":
-            devices = {d.id: d for d in _pcie_devices(ctx)}
-            return CollectionNode(
-                ctx,
-                uris.RESOURCE_BLOCKS,
-                "ResourceBlockCollection",
-                "Resource blocks",
-                lambda: list(devices),
-                lambda b: ResourceBlockNode(ctx, devices[b]) if b in devices else None,
-            )
+            return _blocks_collection(ctx, uris.RESOURCE_BLOCKS)
         if segment == "ResourceZones":
             switches = [s.id for s in ctx.index.fabric_switches(FABRIC_PCIE)]
             return CollectionNode(
@@ -83,8 +124,14 @@ class CompositionServiceNode(Node):
 
 class ResourceBlockNode(Node):
     def __init__(self, ctx: Context, device: Device) -> None:
-        super().__init__(ctx, uris.resource_block(device.id))
+        super().__init__(ctx, block_uri(ctx, device.id))
         self.device = device
+
+    @property
+    def _storage(self) -> bool:
+        """The block lists a Storage resource, not its drive (behaviour.storageBlocks "storage")."""
+        storage = self.ctx.index.topology.behaviour.storage_blocks == "storage"
+        return storage and self.device.type == DeviceType.NVME
 
     def render(self) -> ResourceBlock:
         dev, engine = self.device, self.ctx.engine
@@ -93,14 +140,19 @@ class ResourceBlockNode(Node):
         binding = engine.binding(dev.id) if current else None
         task_id = engine.inflight.get(dev.id) if current else None
         task = engine.state.tasks.get(task_id) if task_id else None
-        if task is not None and task.kind == OperationKind.BIND:
+        holders = [binding.host] if binding is not None else []
+        shared = shared_holders(self.ctx, dev.id)
+        if shared:
+            state, holders = "ComposedAndAvailable", shared
+        elif task is not None and task.kind == OperationKind.BIND:
             state = "Composing"
         elif binding is not None:
             state = "Composed"
         else:
             state = "Unused"
         processors = [ref(primary_uri(dev))] if dev.type in (DeviceType.GPU, DeviceType.FPGA) else []
-        drives = [ref(primary_uri(dev))] if dev.type == DeviceType.NVME else []
+        drives = [ref(primary_uri(dev))] if dev.type == DeviceType.NVME and not self._storage else []
+        storage = [ref(f"{self.uri}/Storage/{dev.id}")] if self._storage else None
         interfaces = [ref(f"{self.uri}/NetworkInterfaces/{dev.id}")] if dev.type == DeviceType.NIC else []
         return ResourceBlock(
             odata_id=self.uri,
@@ -110,13 +162,17 @@ class ResourceBlockNode(Node):
             ResourceBlockType=[_BLOCK_TYPE.get(dev.type, "Expansion")],
             Status=device_status(self.ctx, dev),
             CompositionStatus=CompositionStatus(
-                CompositionState=state, NumberOfCompositions=1 if binding is not None else 0
+                CompositionState=state,
+                SharingCapable=bool(shared),
+                MaxCompositions=max(1, len(shared)),
+                NumberOfCompositions=len(holders),
             ),
             Processors=processors,
             Drives=drives,
             NetworkInterfaces=interfaces,
+            Storage=storage,
             Links=ResourceBlockLinks(
-                ComputerSystems=[ref(uris.system(binding.host))] if binding is not None else [],
+                ComputerSystems=[ref(uris.system(h)) for h in holders],
                 Chassis=[ref(uris.chassis(dev.switch))],
                 Zones=[ref(f"{uris.RESOURCE_ZONES}/{dev.switch}")],
             ),
@@ -126,7 +182,28 @@ class ResourceBlockNode(Node):
         if segment == "NetworkInterfaces" and self.device.type == DeviceType.NIC:
             uri = f"{self.uri}/NetworkInterfaces"
             return Segment(self.ctx, uri, {self.device.id: NetworkInterfaceNode(self.ctx, self.device, uri)})
+        if segment == "Storage" and self._storage:
+            uri = f"{self.uri}/Storage"
+            return Segment(self.ctx, uri, {self.device.id: StorageNode(self.ctx, self.device, uri)})
         return None
+
+
+class StorageNode(Node):
+    """The storage subsystem of an NVMe block: its one drive is the pooled device."""
+
+    def __init__(self, ctx: Context, device: Device, parent: str) -> None:
+        super().__init__(ctx, f"{parent}/{device.id}")
+        self.device = device
+
+    def render(self) -> Storage:
+        return Storage(
+            odata_id=self.uri,
+            Id=self.device.id,
+            Name=f"{self.device.id} storage",
+            Status=device_status(self.ctx, self.device),
+            Drives=[ref(primary_uri(self.device))],
+            Links=StorageLinks(Enclosures=[ref(uris.chassis(self.device.switch))]),
+        )
 
 
 class NetworkInterfaceNode(Node):
@@ -158,5 +235,5 @@ class ResourceZoneNode(Node):
             Description=f"Resource blocks behind switch {self.switch_id}",
             ZoneType="ZoneOfResourceBlocks",
             Status=Status(),
-            Links=ZoneLinks(ResourceBlocks=refs([uris.resource_block(d) for d in devices])),
+            Links=ZoneLinks(ResourceBlocks=refs([block_uri(self.ctx, d) for d in devices])),
         )

@@ -118,6 +118,10 @@ class ServiceRootNode(Node):
         self.children = children
 
     def render(self) -> ServiceRoot:
+        # behaviour.resourceBlocks "root-only": an expansion enclosure's service, which lists its
+        # blocks at the root (ServiceRoot 1.5 ResourceBlocks) and has no systems, fabrics or
+        # CompositionService of its own (the tree leaves them out too: build_tree)
+        enclosure = self.ctx.index.topology.behaviour.resource_blocks == "root-only"
         return ServiceRoot(
             odata_id=f"{uris.ROOT}/",
             Id="RootService",
@@ -127,11 +131,12 @@ class ServiceRootNode(Node):
             Vendor=self.ctx.vendor,
             Product=self.ctx.product,
             ProtocolFeaturesSupported=ProtocolFeaturesSupported(ExpandQuery=expand_query(self.ctx)),
-            Systems=ref(f"{uris.ROOT}/Systems"),
+            Systems=None if enclosure else ref(f"{uris.ROOT}/Systems"),
             Chassis=ref(f"{uris.ROOT}/Chassis"),
-            Fabrics=ref(f"{uris.ROOT}/Fabrics"),
+            Fabrics=None if enclosure else ref(f"{uris.ROOT}/Fabrics"),
             Managers=ref(uris.MANAGERS),
-            CompositionService=ref(uris.COMPOSITION),
+            CompositionService=None if enclosure else ref(uris.COMPOSITION),
+            ResourceBlocks=ref(f"{uris.ROOT}/ResourceBlocks") if enclosure else None,
             SessionService=ref(uris.SESSION_SERVICE),
             AccountService=ref(uris.ACCOUNT_SERVICE),
             Tasks=ref(uris.TASK_SERVICE),

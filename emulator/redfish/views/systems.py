@@ -4,7 +4,9 @@ A host's system lists its bound PCIe devices (``PCIeDevices``, ``PCIeFunctions``
 GPUs and FPGAs as Processors, its CXL memory chunks under ``MemoryDomains/CXL``, and the
 resource blocks composed into it (``Links.ResourceBlocks``) — whichever style bound them.
 ``#ComputerSystem.AddResourceBlock`` / ``RemoveResourceBlock`` (the expandable-system use case
-of DSP2050) bind and unbind a pooled device's resource block.
+of DSP2050) bind and unbind a pooled device's resource block; with ``behaviour.composition:
+patch`` there are no actions, and a PATCH of ``Links.ResourceBlocks`` (ReadWrite in the
+ComputerSystem CSDL) with ``If-Match`` composes and decomposes instead.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from emulator.redfish.nodes import CollectionNode, Context, Node, actions
 from emulator.redfish.registries import RedfishError
 from emulator.redfish.state import OperationKind
 from emulator.redfish.views.chassis import processor_model
-from emulator.redfish.views.common import LinkIn, device_status, function_uri, link_id, logical_device_uri
+from emulator.redfish.views.common import LinkIn, device_status, function_uri, logical_device_uri
 from emulator.redfish.views.etags import check_action_etag
 from emulator.redfish.views.outcome import reply_for
 from emulator.topology import Device
@@ -55,6 +57,18 @@ class SystemsNode(CollectionNode):
         )
 
 
+class _BlockLinks(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ResourceBlocks: list[LinkIn]
+
+
+class _SystemPatch(BaseModel):
+    """What a PATCH of a system may change: its composed resource blocks."""
+
+    model_config = ConfigDict(extra="forbid")
+    Links: _BlockLinks
+
+
 class _BlockParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     ResourceBlock: LinkIn
@@ -66,6 +80,23 @@ class SystemNode(Node):
     def __init__(self, ctx: Context, host: str) -> None:
         super().__init__(ctx, uris.system(host))
         self.host = host
+        if self._patched:
+            self.allow = ("GET", "HEAD", "PATCH")
+
+    @property
+    def _patched(self) -> bool:
+        """Composed by PATCH of Links.ResourceBlocks, not by actions (behaviour.composition)."""
+        return self.ctx.index.topology.behaviour.composition == "patch"
+
+    def block_uris(self) -> list[str]:
+        """The resource blocks composed into this host: every bound PCIe device's (whichever
+        style bound it), and the shared blocks that name it."""
+        from emulator.redfish.views.composition import block_uri  # the two views link to each other
+
+        shared = self.ctx.index.topology.behaviour.shared_blocks
+        ids = [d.id for d in self.bound_devices() if d.type != DeviceType.CXL_MEMORY]
+        ids += [b for b, hosts in shared.items() if self.host in hosts and b not in ids]
+        return [block_uri(self.ctx, i) for i in ids]
 
     def bound_devices(self) -> list[Device]:
         """Devices with anything bound to this host (a CXL device counts once per host)."""
@@ -100,13 +131,11 @@ class SystemNode(Node):
             PCIeDevices=refs([uris.pcie_device(d) for d in devices]),
             PCIeFunctions=refs([function_uri(d) for d in devices]),
             Links=ComputerSystemLinks(
-                ResourceBlocks=refs([uris.resource_block(d.id) for d in pcie]),
+                ResourceBlocks=refs(self.block_uris()),
                 Endpoints=refs(endpoints),
                 ManagedBy=[ref(uris.MANAGER)],
             ),
-            Actions=actions(
-                self.uri, "ComputerSystem.AddResourceBlock", "ComputerSystem.RemoveResourceBlock"
-            ),
+            Actions=None if self._patched else actions(self.uri, *self.action_names()),
         )
 
     def child(self, segment: str) -> Node | None:
@@ -138,33 +167,44 @@ class SystemNode(Node):
         return self.actions_child(segment)
 
     def action_names(self) -> tuple[str, ...]:
+        if self._patched:
+            return ()
         return ("ComputerSystem.AddResourceBlock", "ComputerSystem.RemoveResourceBlock")
 
-    async def action(self, name: str, request: Request) -> Reply:
-        from emulator.redfish.views.composition import ResourceBlockNode  # the two views link to each other
+    def _block(self, uri: str, pointer: str, what: str) -> Device:
+        """The pooled device of the resource block at ``uri``; 400 when it is none."""
+        from emulator.redfish.views.composition import block_uri
 
-        params = parse_body(_BlockParams, request.json(), action=name)
-        block_id = link_id(params.ResourceBlock.odata_id, uris.RESOURCE_BLOCKS)
-        device = self.ctx.index.devices.get(block_id or "")
-        if device is None or device.type == DeviceType.CXL_MEMORY:
+        device = self.ctx.index.devices.get(uri.rstrip("/").rsplit("/", 1)[-1])
+        if device is None or device.type == DeviceType.CXL_MEMORY or block_uri(self.ctx, device.id) != uri:
             raise RedfishError.of(
                 400,
                 "ResourceNotFound",
                 "ResourceBlock",
-                params.ResourceBlock.odata_id,
-                related=["/ResourceBlock"],
-                detail=f"{params.ResourceBlock.odata_id} is not a resource block of this service.",
+                uri,
+                related=[pointer],
+                detail=f"{uri} is not a resource block of this service.",
             )
-        check_action_etag(self, params.ComputerSystemETag, "ComputerSystemETag")
-        check_action_etag(ResourceBlockNode(self.ctx, device), params.ResourceBlockETag, "ResourceBlockETag")
-        adding = name == "ComputerSystem.AddResourceBlock"
+        return device
+
+    def _composition(self, device: Device, adding: bool, what: str, pointer: str) -> Operation:
+        """The bind or unbind that composes ``device`` into this host or takes it out; refused
+        (400) when the device cannot go there or is not there."""
+        shared = self.ctx.index.topology.behaviour.shared_blocks.get(device.id)
+        if shared:
+            raise RedfishError.of(
+                400,
+                "ResourceInUse",
+                related=[pointer],
+                detail=f"{device.id} is composed into {', '.join(shared)} and cannot be changed.",
+            )
         if adding and not self.ctx.index.host_reaches(self.host, device):
             raise RedfishError.of(
                 400,
                 "ActionParameterValueError",
                 "ResourceBlock",
-                name,
-                related=["/ResourceBlock"],
+                what,
+                related=[pointer],
                 detail=f"{device.id} hangs off {device.switch}, which is not cabled to {self.host}.",
             )
         binding = self.ctx.engine.binding(device.id)
@@ -173,22 +213,71 @@ class SystemNode(Node):
                 400,
                 "ActionParameterValueError",
                 "ResourceBlock",
-                name,
-                related=["/ResourceBlock"],
+                what,
+                related=[pointer],
                 detail=f"{device.id} is not composed into {self.host}.",
             )
-        op = Operation(
+        return Operation(
             kind=OperationKind.BIND if adding else OperationKind.UNBIND,
             style=BindingStyle.COMPOSITION,
             fabric=device.fabric,
             host=self.host,
             targets=[device.id],
             method="POST",
-            uri=f"{self.uri}/Actions/{name}",
-            body=request.body.decode("utf-8", "replace"),
+            uri=self.uri,
             # composition binds join the host's own zone, so the zone view agrees
             zone=self.host if adding else (binding.zone if binding else None),
         )
+
+    async def action(self, name: str, request: Request) -> Reply:
+        from emulator.redfish.views.composition import ResourceBlockNode  # the two views link to each other
+
+        params = parse_body(_BlockParams, request.json(), action=name)
+        device = self._block(params.ResourceBlock.odata_id, "/ResourceBlock", name)
+        check_action_etag(self, params.ComputerSystemETag, "ComputerSystemETag")
+        check_action_etag(ResourceBlockNode(self.ctx, device), params.ResourceBlockETag, "ResourceBlockETag")
+        op = self._composition(device, name == "ComputerSystem.AddResourceBlock", name, "/ResourceBlock")
+        op.uri = f"{self.uri}/Actions/{name}"
+        op.body = request.body.decode("utf-8", "replace")
+        return await reply_for(self.ctx, op, request)
+
+    async def patch(self, request: Request) -> Reply:
+        """PATCH of ``Links.ResourceBlocks`` (behaviour.composition "patch"): the blocks listed
+        and not composed yet are composed, those composed and not listed are taken out. Like
+        services that compose this way, it wants ``If-Match`` (the application checks its value)."""
+        if request.header("if-match") is None:
+            raise RedfishError.of(
+                428,
+                "PreconditionFailed",
+                detail=f"A PATCH of {self.uri} needs If-Match with the system's current ETag.",
+            )
+        body = parse_body(_SystemPatch, request.json())
+        pointer = "/Links/ResourceBlocks"
+        wanted = [self._block(link.odata_id, pointer, "ResourceBlocks") for link in body.Links.ResourceBlocks]
+        from emulator.redfish.views.composition import block_uri
+
+        current = set(self.block_uris())
+
+        wanted_uris = {block_uri(self.ctx, d.id) for d in wanted}
+        adds = [d for d in wanted if block_uri(self.ctx, d.id) not in current]
+        removes = [self.ctx.index.devices[u.rsplit("/", 1)[-1]] for u in sorted(current - wanted_uris)]
+        if not adds and not removes:
+            return Reply(200, self.payload())
+        if len(adds) + len(removes) > 1:
+            # One change per request keeps one operation (and one task) per PATCH, as the
+            # engine runs them; a client composes one block at a time anyway.
+            raise RedfishError.of(
+                400,
+                "PropertyValueNotInList",
+                "ResourceBlocks",
+                "Links/ResourceBlocks",
+                related=[pointer],
+                detail="Change one resource block per PATCH (add one or remove one).",
+            )
+        device, adding = (adds[0], True) if adds else (removes[0], False)
+        op = self._composition(device, adding, "ResourceBlocks", pointer)
+        op.method = "PATCH"
+        op.body = request.body.decode("utf-8", "replace")
         return await reply_for(self.ctx, op, request)
 
 

@@ -131,12 +131,30 @@ async def test_public_composability_inventory(tmp_path: Path, redfish_dir: Path,
         BindingState.FREE,
     )
     drive = devices["driveblock5"]
-    assert (drive.type, drive.memory_bytes, drive.state) == (DeviceType.NVME, 274877906944, BindingState.FREE)
+    assert (drive.type, drive.capacity_bytes, drive.memory_bytes, drive.state) == (
+        DeviceType.NVME,
+        274877906944,
+        None,
+        BindingState.FREE,
+    )
+    # DriveBlock7 is a SAS tray known only by its SimpleStorage: four 1 TiB drives of one model.
+    sas = devices["driveblock7"]
+    assert (sas.type, sas.vendor, sas.model, sas.capacity_bytes, sas.memory_bytes) == (
+        DeviceType.STORAGE,
+        "Contoso",
+        "SASGB1024",
+        4 * 2**40,
+        None,
+    )
     # DriveBlock3 is composed into ComposedSystem (and shared with ComposedSystem2): bound, not ours.
     assert (devices["driveblock3"].state, devices["driveblock3"].managed) == (BindingState.BOUND, False)
+    assert devices["driveblock3"].holders == ["ComposedSystem", "ComposedSystem2"]
     assert devices["networkblock8"].type == DeviceType.NIC
-    # Only systems that offer ComputerSystem.AddResourceBlock can receive devices.
+    # Only systems that offer ComputerSystem.AddResourceBlock (or Links.ResourceBlocks to PATCH)
+    # can receive devices; the one that offers neither is named, not silently left out.
     assert "systempreresourceblock" not in inventory.pools[0].nodes
+    [notice] = inventory.notices
+    assert notice.startswith("system(s) SystemPreResourceBlock cannot be composed")
 
 
 async def test_read_only_token_cannot_attach(tmp_path: Path, redfish_dir: Path, ca: trustme.CA) -> None:
