@@ -159,7 +159,8 @@ def generate_topology(path: Path, *, hosts: int, gpus: int, nvme: int = 0, cxl_d
         [
             *(sys.executable, "-m", "fabric_dra", "emulator", "topology", "generate"),
             *("--hosts", str(hosts), "--gpus", str(gpus), "--nvme", str(nvme), "--nics", "0"),
-            *("--fpgas", "0", "--cxl-devices", str(cxl_devices), "-o", str(path)),
+            *("--fpgas", "0", "--cxl-devices", str(cxl_devices)),
+            *("--output-file", str(path)),
         ],
         check=True,
         capture_output=True,

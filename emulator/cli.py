@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from plumbing.cli import CliError, SubParsers, usage
+from plumbing.cli import CliError, SubParsers, add_output_option, dump_document, format_table, usage
 
 __all__ = ["register"]
 
@@ -351,6 +351,7 @@ def _register_fault(commands: SubParsers) -> None:
     sub = kind("expire-sessions", "end every open session now")
     sub.set_defaults(handler=lambda a: _inject(a, {"Kind": "ExpireSessions"}))
     sub = kind("list", "print the active faults")
+    add_output_option(sub)
     sub.set_defaults(handler=_list_faults)
     sub = kind("reset", "remove every fault (hung tasks resume, ports come up, health returns to OK)")
     sub.add_argument("--id", help="remove only this fault")
@@ -373,13 +374,32 @@ def _inject(args: argparse.Namespace, spec: dict[str, Any]) -> int:
 
 def _list_faults(args: argparse.Namespace) -> int:
     result = _Admin(args).request("GET", "/redfish/v1/Oem/FabricDRA/Faults")
-    faults = result.get("Faults", [])
+    faults: list[dict[str, Any]] = result.get("Faults", [])
+    if args.output in ("json", "yaml"):
+        print(dump_document({"faults": faults}, args.output))
+        return 0
     if not faults:
         print("no active faults")
-    for fault in faults:
-        details = ", ".join(f"{k}={v}" for k, v in fault.items() if k not in ("Id", "Kind") and v is not None)
-        print(f"{fault['Id']:>4}  {fault['Kind']:<16} {details}")
+        return 0
+    if args.output == "wide":  # one column per field any fault has
+        fields = list(dict.fromkeys(k for fault in faults for k in fault if k not in ("Id", "Kind")))
+        rows = [[fault["Id"], fault["Kind"], *(_cell(fault.get(k)) for k in fields)] for fault in faults]
+        print(format_table(["ID", "KIND", *(k.upper() for k in fields)], rows))
+        return 0
+    rows = [
+        [
+            fault["Id"],
+            fault["Kind"],
+            ", ".join(f"{k}={v}" for k, v in fault.items() if k not in ("Id", "Kind") and v is not None),
+        ]
+        for fault in faults
+    ]
+    print(format_table(["ID", "KIND", "DETAILS"], rows))
     return 0
+
+
+def _cell(value: object) -> str:
+    return "-" if value is None or value == "" else str(value)
 
 
 def _reset_faults(args: argparse.Namespace) -> int:
@@ -404,30 +424,40 @@ def _register_bindings(commands: SubParsers) -> None:
         description="Print the binding table of a running emulator (its OEM Bindings resource).",
     )
     _add_client_args(p)
-    p.add_argument("--json", action="store_true", help="print the raw JSON")
+    add_output_option(p)
+    # the word this command had before -o; kept so scripts that use it go on working
+    p.add_argument("--json", dest="output", action="store_const", const="json", help="the same as -o json")
     p.set_defaults(handler=_bindings)
 
 
 def _bindings(args: argparse.Namespace) -> int:
-    import json
-
     data = _Admin(args).request("GET", "/redfish/v1/Oem/FabricDRA/Bindings")
-    if args.json:
-        print(json.dumps(data, indent=2))
+    if args.output in ("json", "yaml"):
+        print(dump_document(data, args.output))
         return 0
-    rows = data.get("Bindings", [])
-    print(f"{'TARGET':<18} {'HOST':<16} {'STYLE':<12} {'VIA':<8} HOST ADDRESS")
-    for b in rows:
+    wide = args.output == "wide"
+    rows: list[list[str]] = []
+    for b in data.get("Bindings", []):
         via = b.get("Zone") or b.get("Connection") or "-"
-        address = ", ".join(f"{k}={v}" for k, v in b.get("HostAddress", {}).items())
-        print(f"{b['Target']:<18} {b['Host']:<16} {b['Style']:<12} {via:<8} {address}")
+        address = ", ".join(f"{k}={v}" for k, v in b.get("HostAddress", {}).items()) or "-"
+        rows.append([b["Target"], b["Host"], b["Style"], via, address])
+        if wide:
+            visible = {True: "yes", False: "no (port down)"}.get(b.get("VisibleToHost"), "-")
+            rows[-1] += [_cell(b.get("Fabric")), _cell(b.get("Since")), visible, "-"]
     for op in data.get("InFlight", []):
-        print(
-            f"{op['Target']:<18} {op['Host']:<16} {op['Operation'] + 'ing':<12} "
-            f"task {op['Task'].rsplit('/', 1)[-1]}"
+        task = op["Task"]
+        rows.append(
+            [op["Target"], op["Host"], op["Operation"] + "ing", "-", f"task {task.rsplit('/', 1)[-1]}"]
         )
-    if not rows and not data.get("InFlight"):
+        if wide:
+            rows[-1] += ["-", "-", "-", task]
+    if not rows:
         print("(nothing bound)")
+        return 0
+    headers = ["TARGET", "HOST", "STYLE", "VIA", "HOST ADDRESS"] + (
+        ["FABRIC", "SINCE", "VISIBLE", "TASK"] if wide else []
+    )
+    print(format_table(headers, rows))
     return 0
 
 
@@ -441,11 +471,25 @@ def _register_topology(commands: SubParsers) -> None:
         description="Validate, summarise or generate emulator topology files (docs/emulator.md).",
     )
     sub = p.add_subparsers(title="commands", metavar="COMMAND")
-    v = sub.add_parser("validate", help="check a topology file; print every problem with its field")
-    v.add_argument("file", type=Path)
+    v = sub.add_parser(
+        "validate",
+        help="check a topology file; print every problem with its line and field",
+        description=(
+            "Check a topology file and list every problem at once, each as FILE:LINE:COLUMN: field: what "
+            "is wrong. Exit 0 when the file is valid, 1 when it is not."
+        ),
+    )
+    v.add_argument("file", type=Path, metavar="FILE")
+    add_output_option(v)
     v.set_defaults(handler=_validate)
-    s = sub.add_parser("show", help="summarise a topology (the packaged default without FILE)")
-    s.add_argument("file", type=Path, nargs="?")
+    s = sub.add_parser(
+        "show",
+        help="summarise a topology (the packaged default without FILE)",
+        description="Print the hosts, switches and devices of a topology file (the packaged default without "
+        "FILE); -o wide adds each device's PCI ids, memory and link, -o json|yaml the whole summary.",
+    )
+    s.add_argument("file", type=Path, nargs="?", metavar="FILE")
+    add_output_option(s)
     s.set_defaults(handler=_show)
     g = sub.add_parser(
         "generate",
@@ -466,7 +510,12 @@ def _register_topology(commands: SubParsers) -> None:
     g.add_argument("--devices-per-switch", type=int, default=16, help="PCIe devices per switch (default: 16)")
     g.add_argument("--host-prefix", default="kind-worker", help="host name prefix (default: kind-worker)")
     g.add_argument("--seed", default="fabric-dra", help="seed of serials and UUIDs (default: fabric-dra)")
-    g.add_argument("-o", "--output", type=Path, help="write here instead of standard output")
+    g.add_argument(
+        "-o", "--output", choices=["yaml", "json"], default="yaml", help="file format (default: yaml)"
+    )
+    g.add_argument(
+        "--output-file", type=Path, metavar="FILE", help="write the topology here instead of standard output"
+    )
     g.set_defaults(handler=_generate)
     p.set_defaults(handler=usage(p))
 
@@ -477,12 +526,28 @@ def _validate(args: argparse.Namespace) -> int:
     try:
         index = load_topology(args.file)
     except TopologyError as err:
-        print(f"{err.source}: {len(err.problems)} problem(s):", file=sys.stderr)
-        print(err.details(), file=sys.stderr)
+        if args.output in ("json", "yaml"):
+            problems = [
+                {
+                    "line": pos[0] if pos else None,
+                    "column": pos[1] if pos else None,
+                    "field": p.loc,
+                    "problem": p.message,
+                }
+                for p, pos in zip(err.problems, err.positions, strict=True)
+            ]
+            print(dump_document({"file": str(args.file), "valid": False, "problems": problems}, args.output))
+        else:
+            print(f"{err.source}: {len(err.problems)} problem(s):", file=sys.stderr)
+            print(err.details(), file=sys.stderr)
         return 1
+    summary = {"hosts": len(index.hosts), "devices": len(index.devices), "targets": len(index.targets)}
+    if args.output in ("json", "yaml"):
+        print(dump_document({"file": str(args.file), "valid": True, "problems": [], **summary}, args.output))
+        return 0
     print(
-        f"{args.file}: valid: {len(index.hosts)} hosts, {len(index.devices)} devices, "
-        f"{len(index.targets)} bindable targets"
+        f"{args.file}: valid: {summary['hosts']} hosts, {summary['devices']} devices, "
+        f"{summary['targets']} bindable targets"
     )
     return 0
 
@@ -495,14 +560,45 @@ def _show(args: argparse.Namespace) -> int:
         index = load_topology(path)
     except TopologyError as err:
         raise CliError(str(err)) from None
-    print(f"topology {path}")
-    print(f"hosts ({len(index.hosts)}): {', '.join(index.hosts)}")
+    switches: list[dict[str, Any]] = []
     for sw in index.switches.values():
-        print(f"{sw.fabric} switch {sw.id}: hosts {', '.join(sw.upstream_ports)}")
+        devices: list[dict[str, Any]] = []
         for device_id in sw.devices:
             d = index.devices[device_id]
-            extra = f", {len(d.chunks)} chunks of {d.chunks[0].size_mib} MiB" if d.chunks else ""
-            print(f"  {d.port:<5} {d.id:<12} {d.type.value:<10} {d.model.model} (serial {d.serial}{extra})")
+            devices.append(
+                {
+                    "port": d.port,
+                    "id": d.id,
+                    "type": d.type.value,
+                    "model": d.model.model,
+                    "serial": d.serial,
+                    "pciId": f"{d.model.vendor_id:04x}:{d.model.device_id:04x}",
+                    "memoryBytes": int(d.model.memory) if d.model.memory is not None else None,
+                    "link": f"gen{d.model.pcie_generation} x{d.model.pcie_width}",
+                    "chunks": len(d.chunks),
+                    "chunkMib": d.chunks[0].size_mib if d.chunks else None,
+                }
+            )
+        switches.append(
+            {"fabric": sw.fabric, "id": sw.id, "hosts": list(sw.upstream_ports), "devices": devices}
+        )
+    if args.output in ("json", "yaml"):
+        document = {"topology": str(path), "hosts": list(index.hosts), "switches": switches}
+        print(dump_document(document, args.output))
+        return 0
+    print(f"topology {path}")
+    print(f"hosts ({len(index.hosts)}): {', '.join(index.hosts)}")
+    wide = args.output == "wide"
+    for summary in switches:
+        print(f"{summary['fabric']} switch {summary['id']}: hosts {', '.join(summary['hosts'])}")
+        rows: list[list[str]] = []
+        for d in summary["devices"]:
+            extra = f", {d['chunks']} chunks of {d['chunkMib']} MiB" if d["chunks"] else ""
+            rows.append([d["port"], d["id"], d["type"], f"{d['model']} (serial {d['serial']}{extra})"])
+            if wide:
+                rows[-1] += [d["pciId"], _cell(d["memoryBytes"]), d["link"]]
+        headers = ["PORT", "DEVICE", "TYPE", "MODEL"] + (["PCI ID", "MEMORY BYTES", "LINK"] if wide else [])
+        print("\n".join("  " + line for line in format_table(headers, rows).splitlines()))
     return 0
 
 
@@ -525,9 +621,16 @@ def _generate(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise CliError(str(err).splitlines()[-1] if "\n" in str(err) else str(err)) from None
     text = generate_topology_yaml(spec)
-    if args.output is None:
+    if args.output == "json":
+        import yaml
+
+        text = dump_document(yaml.safe_load(text), "json") + "\n"
+    if args.output_file is None:
         sys.stdout.write(text)
     else:
-        args.output.write_text(text, encoding="utf-8")
-        print(f"wrote {args.output}", file=sys.stderr)
+        try:
+            args.output_file.write_text(text, encoding="utf-8")
+        except OSError as err:
+            raise CliError(f"cannot write --output-file {args.output_file}: {err.strerror}") from None
+        print(f"wrote {args.output_file}", file=sys.stderr)
     return 0

@@ -14,7 +14,6 @@ import logging
 import os
 import sys
 from collections import Counter
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -24,17 +23,9 @@ from manager_api import models as api
 from manager_api.client import ManagerClient
 from manager_api.errors import FabricError, FabricUnavailable, Unauthenticated
 from plumbing.cli import CliError, dump_document
+from plumbing.cli import format_table as _table
 
 __all__ = ["render_json", "render_table", "run_status", "status_document"]
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [len(h) for h in headers]
-    for row in rows:
-        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-    return "\n".join(lines)
 
 
 def _summary(inventory: api.Inventory) -> list[dict[str, Any]]:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from plumbing import __version__
 from plumbing.cli import SubParsers, add_log_options, run
@@ -57,26 +59,54 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"fabric-dra {__version__}")
     add_log_options(parser)
+    _absolute_paths(parser)
     subparsers: SubParsers = parser.add_subparsers(title="roles", metavar="ROLE")
     for register in _registers(argv):
         register(subparsers)
-    _accept_global_options_after(subparsers)
+    _on_every_command(subparsers)
     return parser
 
 
-def _accept_global_options_after(subparsers: SubParsers) -> None:
-    """The global options also after the subcommand (``fabric-dra status --log-level debug``), on
-    every level of subcommands."""
+def absolute_path(text: str) -> Path:
+    """A path argument as an absolute path (``~`` expanded), so that every message names the real
+    file and a process that changes directory, or a unix socket address (``unix:rel/dra.sock`` would
+    read ``rel`` as a host name), still finds it."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path")
+    try:
+        return Path(text).expanduser().absolute()
+    except (OSError, RuntimeError) as err:  # a vanished working directory; ~user of no such user
+        raise argparse.ArgumentTypeError(f"cannot make {text!r} an absolute path: {err}") from None
+
+
+def _absolute_paths(parser: argparse.ArgumentParser) -> None:
+    """Every option of ``type=Path`` on this parser is resolved by :func:`absolute_path` — also
+    those a parser adds only when it is first used (``manager serve``), and defaults taken from
+    the environment, which argparse converts the same way."""
+    parser.register("type", Path, absolute_path)
+
+
+def _on_every_command(subparsers: SubParsers) -> None:
+    """On every level of subcommands: the global options also after the subcommand (``fabric-dra
+    status --log-level debug``), and path options resolved to absolute paths."""
     for command in subparsers.choices.values():
         add_log_options(command, after_command=True)
+        _absolute_paths(command)
         for action in command._actions:
             if isinstance(action, argparse._SubParsersAction):
-                _accept_global_options_after(action)
+                _on_every_command(action)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    return run(build_parser(args), args)
+    try:
+        return run(build_parser(args), args)
+    except BrokenPipeError:
+        # ``fabric-dra ... | head``: the reader is gone, which is no error of this command. Python
+        # would print a traceback flushing stdout at exit; point it at /dev/null instead.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command killed by it
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ __all__ = [
     "add_log_options",
     "add_output_option",
     "dump_document",
+    "format_table",
     "positive_seconds",
     "run",
     "usage",
@@ -87,6 +88,16 @@ def dump_document(document: object, fmt: str) -> str:
         text: str = yaml.safe_dump(document, sort_keys=False, allow_unicode=True).rstrip("\n")
         return text
     return json.dumps(document, indent=2)
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Columns as wide as their widest cell, two spaces apart (kubectl's plain table)."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return "\n".join(lines)
 
 
 def usage(parser: argparse.ArgumentParser) -> Handler:

@@ -154,22 +154,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     paths = parser.add_argument_group("paths")
     paths.add_argument(
         "--registry-dir",
+        type=Path,
         default=_env("REGISTRY_DIR", DEFAULT_REGISTRY_DIR),
         help=f"kubelet plugin registration directory (default {DEFAULT_REGISTRY_DIR})",
     )
     paths.add_argument(
         "--plugin-dir",
+        type=Path,
         default=_env("PLUGIN_DIR"),
         help=f"directory for the DRA socket, checkpoint and lock file "
         f"(default {DEFAULT_PLUGINS_DIR}/<driver-name>)",
     )
     paths.add_argument(
         "--cdi-root",
+        type=Path,
         default=_env("CDI_ROOT", DEFAULT_CDI_ROOT),
         help=f"directory for transient CDI spec files (default {DEFAULT_CDI_ROOT})",
     )
     paths.add_argument(
         "--sysfs-root",
+        type=Path,
         default=_env("SYSFS_ROOT", "/sys"),
         help="sysfs to scan for attached devices (default /sys); point it at the emulator's "
         "<state-dir>/hosts/<host>/sys for an emulated host",
@@ -219,12 +223,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     fabric.add_argument(
         "--manager-token-file",
+        type=Path,
         default=_env("FABRIC_DRA_MANAGER_TOKEN_FILE"),
         help="bearer token for the manager, re-read every minute: the pod's projected "
         "service-account token (env FABRIC_DRA_MANAGER_TOKEN_FILE)",
     )
     fabric.add_argument(
         "--manager-ca-file",
+        type=Path,
         default=_env("FABRIC_DRA_MANAGER_CA_FILE"),
         help="CA bundle that signed the manager's TLS certificate (env FABRIC_DRA_MANAGER_CA_FILE)",
     )
@@ -252,6 +258,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     runtime = parser.add_argument_group("runtime")
     runtime.add_argument(
         "--ready-file",
+        type=Path,
         default=None,
         help="once serving, write the DRA socket path to this file (atomically)",
     )

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -48,11 +49,18 @@ __all__ = [
 
 
 class TopologyError(ValueError):
-    """A topology file that cannot be used; ``problems`` name each field and what is wrong."""
+    """A topology file that cannot be used; ``problems`` name each field and what is wrong.
 
-    def __init__(self, source: str, problems: list[Problem]) -> None:
+    ``positions`` (parallel to ``problems``, filled by :func:`load_topology`) hold the line and
+    column in the file where each problem's field is, when the file says; ``schema_only`` is true
+    when the file's shape was wrong, so the checks between sections (references, duplicates) have
+    not run yet."""
+
+    def __init__(self, source: str, problems: list[Problem], *, schema_only: bool = False) -> None:
         self.source = source
         self.problems = problems
+        self.positions: list[tuple[int, int] | None] = [None] * len(problems)
+        self.schema_only = schema_only
         first = problems[0] if problems else Problem("", "invalid")
         more = (
             f" (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''})"
@@ -62,7 +70,16 @@ class TopologyError(ValueError):
         super().__init__(f"topology {source}: {first}{more}")
 
     def details(self) -> str:
-        return "\n".join(f"  {p}" for p in self.problems)
+        """One line per problem, ``  FILE:LINE:COLUMN: field: what`` where the file has the field."""
+        lines = []
+        for problem, position in zip(self.problems, self.positions, strict=True):
+            where = f"{self.source}:{position[0]}:{position[1]}: " if position else ""
+            lines.append(f"  {where}{problem}")
+        if self.schema_only:
+            lines.append(
+                "  (the references between hosts, models and devices are checked once these are fixed)"
+            )
+        return "\n".join(lines)
 
 
 def default_topology_path() -> Path:
@@ -90,7 +107,7 @@ def parse_topology(data: Any, source: str = "<data>") -> FabricIndex:
         topology = Topology.model_validate(data)
     except ValidationError as err:
         problems = [Problem(_loc(e["loc"]), e["msg"]) for e in err.errors(include_url=False)]
-        raise TopologyError(source, problems) from None
+        raise TopologyError(source, problems, schema_only=True) from None
     problems = check_references(topology)
     if problems:
         raise TopologyError(source, problems)
@@ -124,4 +141,38 @@ def load_topology(path: str | Path) -> FabricIndex:
         raise TopologyError(source, [too_deep]) from None
     except ValueError as err:  # e.g. a number of more digits than Python converts
         raise TopologyError(source, [Problem("", f"not a topology: {err}")]) from None
-    return parse_topology(data, source)
+    try:
+        return parse_topology(data, source)
+    except TopologyError as err:
+        err.positions = _positions(text, [p.loc for p in err.problems])
+        raise
+
+
+_LOC_PART = re.compile(r"\[(\d+)\]|([^.\[\]]+)")
+
+
+def _positions(text: str, locs: list[str]) -> list[tuple[int, int] | None]:
+    """Line and column (1-based) of each dotted field path in the YAML/JSON ``text``: the deepest
+    node of the path the file has (a missing field: its parent mapping). Walks only each path,
+    never the whole tree, so aliases cannot make it expensive."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except (yaml.YAMLError, RecursionError, ValueError):
+        return [None] * len(locs)
+    found: list[tuple[int, int] | None] = []
+    for loc in locs:
+        node = root
+        if node is None or not loc:
+            found.append(None)
+            continue
+        for index, key in _LOC_PART.findall(loc):
+            child = None
+            if index and isinstance(node, yaml.SequenceNode) and int(index) < len(node.value):
+                child = node.value[int(index)]
+            elif key and isinstance(node, yaml.MappingNode):
+                child = next((v for k, v in node.value if k.value == key), None)
+            if child is None:
+                break
+            node = child
+        found.append((node.start_mark.line + 1, node.start_mark.column + 1))
+    return found

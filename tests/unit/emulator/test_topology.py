@@ -178,7 +178,7 @@ def test_topology_cli(tmp_path: Path) -> None:
         "10",
         "--fpgas",
         "10",
-        "-o",
+        "--output-file",
         str(out),
     )
     assert generated.returncode == 0, generated.stderr
