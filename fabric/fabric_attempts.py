@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -156,6 +157,7 @@ class FabricAttempts:
                 deadline=min(deadline, time.monotonic() + self.settings.task_timeout),
                 fence=self.fence,
                 on_task=record_task,
+                on_progress=functools.partial(self.operations.progress, entry.operation_id),
                 action=f"{verb} {entry.device} {'to' if bound else 'from'} {host.id}",
             )
             try:

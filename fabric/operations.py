@@ -94,12 +94,22 @@ class OperationLog:
         op = self._ops.get(op_id)
         if op is None or op.finished_at is not None:
             return
+        update: dict[str, object] = {
+            "state": api.OperationState.RUNNING,
+            "redfish_task": redfish_task if redfish_task is not None else op.redfish_task,
+            "error": error_body(error) if error is not None else op.error,
+        }
+        if redfish_task is not None and redfish_task != op.redfish_task:  # another attempt's task
+            update |= {"redfish_task_percent": None, "redfish_task_percent_at": None}
+        self._ops[op_id] = op.model_copy(update=update)
+
+    def progress(self, op_id: str, percent: int) -> None:
+        """The fabric said how far the operation's Redfish task is (its ``PercentComplete``)."""
+        op = self._ops.get(op_id)
+        if op is None or op.finished_at is not None:
+            return
         self._ops[op_id] = op.model_copy(
-            update={
-                "state": api.OperationState.RUNNING,
-                "redfish_task": redfish_task if redfish_task is not None else op.redfish_task,
-                "error": error_body(error) if error is not None else op.error,
-            }
+            update={"redfish_task_percent": percent, "redfish_task_percent_at": datetime.now(UTC)}
         )
 
     def finish(self, op_id: str, error: FabricError | None = None) -> api.Operation | None:

@@ -75,6 +75,14 @@ def _age(started: datetime) -> str:
     return f"{seconds}s" if seconds < 120 else f"{seconds // 60}m"
 
 
+def _task_progress(op: api.Operation) -> str:
+    """The Redfish task's percent complete and how long ago the manager read it: ``40% (3s ago)``."""
+    if op.redfish_task_percent is None:
+        return "-"
+    read = f" ({_age(op.redfish_task_percent_at)} ago)" if op.redfish_task_percent_at else ""
+    return f"{op.redfish_task_percent}%{read}"
+
+
 def status_document(inventory: api.Inventory, operations: list[api.Operation]) -> dict[str, Any]:
     """What ``-o json`` and ``-o yaml`` print."""
     bindings = [
@@ -178,13 +186,17 @@ def render_table(inventory: api.Inventory, operations: list[api.Operation], *, w
             o.node,
             o.claim_uid,
             _age(o.started_at),
+            _task_progress(o),
             o.redfish_task or "-",
             o.error.message if o.error else "-",
         ]
         for o in running
     ]
     parts.append(
-        _table(["ID", "KIND", "DEVICE", "NODE", "CLAIM", "AGE", "REDFISH TASK", "LAST ERROR"], op_rows)
+        _table(
+            ["ID", "KIND", "DEVICE", "NODE", "CLAIM", "AGE", "TASK DONE", "REDFISH TASK", "LAST ERROR"],
+            op_rows,
+        )
         if op_rows
         else "(none)"
     )

@@ -292,3 +292,13 @@ class Operation(_Model):
     started_at: datetime
     finished_at: datetime | None = None
     redfish_task: str | None = Field(default=None, description="task monitor URI while the fabric works")
+    redfish_task_percent: int | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="the Redfish task's PercentComplete (DMTF Task schema, 0-100) as last read while "
+        "polling its monitor; absent until the service reported one",
+    )
+    redfish_task_percent_at: datetime | None = Field(
+        default=None, description="when redfishTaskPercent was read from the service"
+    )

@@ -38,6 +38,8 @@ class BindContext:
     fence: Callable[[], None]
     #: called with the task monitor URI when the fabric answers 202, before waiting for it
     on_task: Callable[[str], Awaitable[None]] | None = None
+    #: called with the task's PercentComplete each time a read of the task carries one
+    on_progress: Callable[[int], None] | None = None
     #: a short human description for errors and logs, e.g. "bind gpu0 to kind-worker"
     action: str = ""
 
@@ -200,7 +202,11 @@ class Backend(ABC):
 
     async def _finish(self, response: RedfishResponse, ctx: BindContext) -> RedfishResponse:
         return await self.client.follow(
-            response, action=ctx.action, deadline=ctx.deadline, on_task=ctx.on_task
+            response,
+            action=ctx.action,
+            deadline=ctx.deadline,
+            on_task=ctx.on_task,
+            on_progress=ctx.on_progress,
         )
 
     @staticmethod

@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
 
 from fabric.redfish.error_mapping import OutcomeUnknown, error_for_response, error_for_task
 from fabric.redfish.links import ForeignLink, same_service
@@ -38,7 +40,7 @@ from manager_api.errors import AttachTimeout, FabricError, FabricUnavailable
 from plumbing.backoff import Backoff
 from plumbing.logs import get_logger
 
-__all__ = ["EVENTED_POLL_SECONDS", "FINAL_TASK_EVENTS", "TaskMonitor", "TaskWatch"]
+__all__ = ["EVENTED_POLL_SECONDS", "FINAL_TASK_EVENTS", "TaskMonitor", "TaskWatch", "percent_complete"]
 
 log = get_logger(__name__)
 
@@ -56,6 +58,15 @@ _FAILED_TASK_STATES = frozenset({"Killed", "Exception", "Cancelled"})
 #: how long a task change is remembered for a follower that starts waiting only after it
 _REMEMBER_SECONDS = 30.0
 _REMEMBER_MAX = 1024
+
+
+def percent_complete(body: Mapping[str, Any]) -> int | None:
+    """A Task's ``PercentComplete`` (DMTF Task schema: an integer, 0 to 100), or None when the body
+    has none or one out of that range — a service's number is shown, never trusted to be sane."""
+    value = body.get("PercentComplete")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return int(value) if 0 <= value <= 100 else None
 
 
 def _key(uri: str) -> str:
@@ -155,13 +166,15 @@ class TaskMonitor:
         action: str,
         deadline: float,
         on_task: Callable[[str], Awaitable[None] | None] | None = None,
+        on_progress: Callable[[int], None] | None = None,
         poll_initial: float = 0.1,
         poll_max: float = 2.0,
     ) -> RedfishResponse:
         """Wait for the operation behind a 202 to end and return its final response.
 
         ``deadline`` is a ``time.monotonic()`` value: past it, :class:`AttachTimeout` is raised and
-        the task keeps running on the fabric. ``on_task`` hears the monitor's URI before the wait.
+        the task keeps running on the fabric. ``on_task`` hears the monitor's URI before the wait;
+        ``on_progress`` the task's ``PercentComplete`` each time a read of the task carries one.
         """
         if response.status != 202:
             return response
@@ -175,6 +188,10 @@ class TaskMonitor:
             result = on_task(monitor)
             if result is not None:
                 await result
+        report = on_progress or (lambda _percent: None)
+        first = percent_complete(response.body)
+        if first is not None:
+            report(first)
         self.watch.follow(watched)
         try:
             return await self._poll(
@@ -185,6 +202,7 @@ class TaskMonitor:
                 deadline=deadline,
                 since=since,
                 polls=Backoff(poll_initial, poll_max),
+                report=report,
             )
         finally:
             self.watch.unfollow(watched)
@@ -215,8 +233,9 @@ class TaskMonitor:
         deadline: float,
         since: float,
         polls: Backoff,
+        report: Callable[[int], None],
     ) -> RedfishResponse:
-        """The polling loop of :meth:`follow`."""
+        """The polling loop of :meth:`follow`; ``report`` hears each ``PercentComplete`` read."""
         wait = response.retry_after
         unreachable = 0
         refusals = 0
@@ -249,6 +268,9 @@ class TaskMonitor:
             wait = polled.retry_after
             if polled.status == 202:
                 refusals = 0
+                percent = percent_complete(polled.body)  # a monitor's 202 may carry the Task
+                if percent is not None:
+                    report(percent)
                 continue
             if polled.status in (404, 410):
                 raise OutcomeUnknown(f"Redfish task monitor {monitor} for {action} disappeared")
@@ -270,6 +292,9 @@ class TaskMonitor:
             if polled.is_task:
                 state = str(polled.body.get("TaskState") or "")
                 if state not in _TERMINAL_TASK_STATES:
+                    percent = percent_complete(polled.body)
+                    if percent is not None:
+                        report(percent)
                     continue
                 if state in _FAILED_TASK_STATES or polled.body.get("TaskStatus") == "Critical":
                     raise error_for_task(polled.body, uri=monitor, action=action)

@@ -40,7 +40,7 @@ def test_nothing_given_is_the_settings_defaults(monkeypatch: pytest.MonkeyPatch)
     expected = ManagerSettings(
         redfish=RedfishSettings(base_url="http://127.0.0.1:1", auth="none"),
         insecure_no_auth=True,
-        state_dir=Path("."),
+        state_dir=Path.cwd(),  # "--state-dir ." as every path option: absolute (fabric_dra.cli)
     )
     assert settings == expected
     assert settings.operator_groups == ["fabric-dra:operators"]
