@@ -101,7 +101,7 @@ def test_status_shows_the_redfish_task_percent_and_its_age(stack: tuple[Emulator
             # Attach is idempotent per claim and device: asking again waits for this one to finish.
             http.post(
                 "/api/v1/attachments",
-                params={"waitSeconds": 30},
+                params={"waitSeconds": 40},
                 json={"device": "gpu0", "node": "kind-worker", "claimUid": claim},
             )
             http.delete(

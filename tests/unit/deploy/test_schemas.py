@@ -34,7 +34,7 @@ from tests.support.deploy import (
 #: empty; a kind that is missing from a version's schemas and not listed here fails the test.
 SERVED_FROM: dict[tuple[str, str], str] = {}
 #: Custom resources Kubernetes has no schema for: the monitoring component's PrometheusRule, which
-#: tests/unit/monitoring checks with promtool instead.
+#: tests/unit/monitoring checks with promtool instead, and its ServiceMonitor (test_servicemonitor.py).
 CUSTOM_RESOURCE_GROUPS = ("monitoring.coreos.com/",)
 
 
