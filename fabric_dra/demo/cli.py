@@ -8,8 +8,6 @@ from typing import Any
 
 __all__ = ["register"]
 
-_DEFAULT_DEPLOY_DIR = Path(__file__).resolve().parents[2] / "deploy"
-
 
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
@@ -42,7 +40,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--manifest",
         default="v1",
-        help="the article's manifest as resource.k8s.io 'v1' (default) or 'v1beta1', or a path to your own",
+        help="the article's manifest as resource.k8s.io 'v1' (default) or 'v1beta1', or the path of your own",
     )
     parser.add_argument(
         "--no-binding-conditions",
@@ -59,8 +57,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--deploy-dir",
         type=Path,
-        default=_DEFAULT_DEPLOY_DIR,
-        help="the repository's deploy/ directory (DeviceClasses and the article's manifests)",
+        metavar="DIR",
+        help="take the DeviceClasses (DIR/base) and the article's manifests (DIR/kind) from a checkout's "
+        "deploy/ directory instead of the copies installed with fabric-dra",
     )
     parser.set_defaults(handler=_handle)
 

@@ -31,6 +31,7 @@ __all__ = [
     "FABRIC_DRA_IMAGES",
     "KUBERNETES_VERSIONS",
     "OVERLAYS_DIR",
+    "PACKAGED_MANIFESTS",
     "PACKAGES",
     "REPO_ROOT",
     "Container",
@@ -67,6 +68,11 @@ COMPONENTS_DIR = DEPLOY_DIR / "components"
 #: What a platform engineer composes from the shipped pieces (docs/deploy.md, "Production
 #: checklist"): an overlay plus opt-in components, rendered like an overlay of their own, so every
 #: check of the rendered overlays holds for them too. name → (overlay, components).
+#: The deploy/ files the package ships (fabric_dra/demo/manifests links to them), repository-relative.
+PACKAGED_MANIFESTS = sorted(
+    str((p.parent / os.readlink(p)).resolve().relative_to(REPO_ROOT))
+    for p in (REPO_ROOT / "fabric_dra" / "demo" / "manifests").iterdir()
+)
 COMPOSITIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "production-complete": (
         "production",

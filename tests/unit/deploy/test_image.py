@@ -16,7 +16,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from tests.support.deploy import PACKAGES, REPO_ROOT
+from tests.support.deploy import PACKAGED_MANIFESTS, PACKAGES, REPO_ROOT
 
 
 def _dockerignore() -> tuple[list[str], list[str]]:
@@ -44,6 +44,7 @@ def _build_context(target: Path) -> None:
         if source.is_dir():
             shutil.copytree(source, target / name, ignore=ignore)
         else:
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target / name)
 
 
@@ -61,7 +62,9 @@ def test_the_build_context_builds_the_whole_program(tmp_path: Path) -> None:
     context = tmp_path / "context"
     context.mkdir()
     _build_context(context)
-    assert sorted(p.name for p in context.iterdir()) == sorted(["README.md", "pyproject.toml", *PACKAGES])
+    assert sorted(p.name for p in context.iterdir()) == sorted(
+        ["README.md", "pyproject.toml", "deploy", *PACKAGES]
+    )
     wheels = tmp_path / "wheels"
     result = subprocess.run(
         [
@@ -90,4 +93,8 @@ def test_the_build_context_builds_the_whole_program(tmp_path: Path) -> None:
     missing = sorted(_source_files() - names)
     assert missing == [], "files the image would lack (pyproject.toml package-data?)"
     assert "emulator/topology/default.yaml" in names
+    for manifest in PACKAGED_MANIFESTS:  # the demo's, as files with deploy/'s content
+        with zipfile.ZipFile(wheel) as archive:
+            shipped = archive.read(f"fabric_dra/demo/manifests/{Path(manifest).name}")
+        assert shipped == (REPO_ROOT / manifest).read_bytes(), manifest
     assert "fabric-dra = fabric_dra.cli:main" in scripts
