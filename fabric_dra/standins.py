@@ -81,7 +81,9 @@ def make_device(
         "model": model,
         "serial": f"SN-{name.upper()}",
         "uuid": None,
-        "memory_bytes": memory,
+        # a drive's size is storage capacity, never memory (as discovery describes drives)
+        "memory_bytes": None if type is DeviceType.NVME else memory,
+        "capacity_bytes": memory if type is DeviceType.NVME else None,
         "pcie_generation": 5 if type is not DeviceType.CXL_MEMORY else None,
         "pcie_width": 16 if type is not DeviceType.CXL_MEMORY else None,
         "switch": switch,

@@ -171,7 +171,7 @@
     positions = new Map();
     nodeBoxes = new Map();
     const parts = [];
-    const counts = { free: 0, attaching: 0, bound: 0, detaching: 0, unavailable: 0, foreign: 0, unhealthy: 0 };
+    const counts = { free: 0, warm: 0, attaching: 0, bound: 0, detaching: 0, unavailable: 0, foreign: 0, unhealthy: 0 };
 
     // pools → switches → devices by port
     const pools = new Map();
@@ -250,7 +250,9 @@
       parts.push(`<g class="node${hover}" data-node-box="${esc(key)}">`);
       parts.push(`<rect class="node-box" x="${nx}" y="${ny}" width="${NODE_COLUMN}" height="${h}" rx="5"/>`);
       parts.push(`<text class="node-name" x="${nx + 8}" y="${ny + 15}">${esc(holder.label)}</text>`);
-      parts.push(`<text class="node-info" x="${nx + 8}" y="${ny + 30}">${esc(holder.sub)} · ${holder.devices.length} bound</text>`);
+      const warm = holder.devices.filter((d) => d.state === "warm").length;
+      const held = `${holder.devices.length - warm} bound${warm ? ` · ${warm} warm` : ""}`;
+      parts.push(`<text class="node-info" x="${nx + 8}" y="${ny + 30}">${esc(holder.sub)} · ${held}</text>`);
       holder.devices.sort(byPort).forEach((device, i) => {
         const cx = nx + 8 + (i % chipsPerRow) * 11;
         const cy = ny + 36 + Math.floor(i / chipsPerRow) * 11;
@@ -326,7 +328,7 @@
   }
 
   function legend() {
-    const states = [["free", "free"], ["attaching", "attaching / detaching"], ["bound", "bound by fabric-dra"],
+    const states = [["free", "free"], ["warm", "warm (bound to a node, no claim yet)"], ["attaching", "attaching / detaching"], ["bound", "bound by fabric-dra"],
       ["foreign", "bound outside fabric-dra"], ["unavailable", "unavailable"]];
     $("legend").innerHTML =
       states.map(([cls, label]) => `<span class="key"><i class="swatch state-${cls}"></i>${label}</span>`).join("") +
