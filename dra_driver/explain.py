@@ -78,21 +78,29 @@ def register(subparsers: SubParsers) -> None:
     parser.add_argument(
         "--slices",
         action="append",
+        type=Path,
         default=[],
         metavar="FILE",
         help="offline: ResourceSlices (YAML/JSON, a List or several documents); repeatable",
     )
     parser.add_argument(
-        "--classes", action="append", default=[], metavar="FILE", help="offline: DeviceClasses; repeatable"
+        "--classes",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="FILE",
+        help="offline: DeviceClasses; repeatable",
     )
     parser.add_argument(
         "--nodes",
+        type=Path,
         metavar="FILE",
         help="offline: Nodes with their labels; without it, one stand-in node per distinct slice "
         "placement is assumed",
     )
     parser.add_argument(
         "--claims",
+        type=Path,
         metavar="FILE",
         help="offline: existing ResourceClaims whose allocations hold devices",
     )
@@ -107,7 +115,9 @@ def register(subparsers: SubParsers) -> None:
         type=Path,
         help="with --manager-url: file holding a bearer token (default: $FABRIC_DRA_TOKEN)",
     )
-    parser.add_argument("--ca-file", help="with --manager-url: CA bundle of the manager's TLS certificate")
+    parser.add_argument(
+        "--ca-file", type=Path, help="with --manager-url: CA bundle of the manager's TLS certificate"
+    )
     parser.add_argument("--node", help="explain this node only")
     parser.add_argument(
         "-n",
@@ -127,8 +137,8 @@ def register(subparsers: SubParsers) -> None:
 # -- input ------------------------------------------------------------------------------------
 
 
-def _load_documents(path: str) -> list[dict[str, Any]]:
-    label = "stdin" if path == "-" else path
+def _load_documents(path: str | Path) -> list[dict[str, Any]]:
+    label = "stdin" if path == "-" else str(path)
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text()
     except OSError as err:
@@ -148,7 +158,7 @@ def _load_documents(path: str) -> list[dict[str, Any]]:
     return flat
 
 
-def _where(path: str, doc: dict[str, Any]) -> str:
+def _where(path: str | Path, doc: dict[str, Any]) -> str:
     meta = doc.get("metadata") or {}
     return f"{path}: {doc.get('kind', '?')} {meta.get('name') or meta.get('generateName') or '?'}"
 
@@ -183,7 +193,9 @@ def _check_api(path: str, doc: dict[str, Any]) -> None:
         raise ExplainInputError(f"{_where(path, doc)}: apiVersion {api or '(none)'} is not resource.k8s.io/*")
 
 
-def _parse_objects(path: str, documents: Iterable[dict[str, Any]], kind: str, model: type[Any]) -> list[Any]:
+def _parse_objects(
+    path: str | Path, documents: Iterable[dict[str, Any]], kind: str, model: type[Any]
+) -> list[Any]:
     parsed = []
     for doc in documents:
         if doc.get("kind") != kind:
@@ -435,7 +447,7 @@ async def load_manager(args: argparse.Namespace, progress: TextIO) -> Inventory:
         args.manager_url,
         token=None if token_file else os.environ.get("FABRIC_DRA_TOKEN"),
         token_file=token_file,
-        ca_file=args.ca_file,
+        ca_file=str(args.ca_file) if args.ca_file else None,
     )
     progress.write(f"reading the fabric inventory from {args.manager_url}\n")
     try:

@@ -56,7 +56,7 @@ def register(subparsers: SubParsers) -> None:
         default=_env("FABRIC_DRA_TOKEN_FILE"),
         help="file with the bearer token to present (env FABRIC_DRA_TOKEN_FILE; or FABRIC_DRA_TOKEN)",
     )
-    status.add_argument("--ca-file", help="CA bundle that signs the manager's TLS certificate")
+    status.add_argument("--ca-file", type=Path, help="CA bundle that signs the manager's TLS certificate")
     status.add_argument("--insecure", action="store_true", help="do not verify the manager's TLS certificate")
     add_output_option(status)
     status.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the manager")

@@ -266,7 +266,7 @@ async def run_status(args: argparse.Namespace, out: TextIO | None = None) -> int
         args.manager_url,
         token=token,
         token_file=args.token_file,
-        ca_file=args.ca_file,
+        ca_file=str(args.ca_file) if args.ca_file else None,
         insecure=args.insecure,
         timeout=args.timeout,
     )

@@ -34,10 +34,13 @@ def register(subparsers: SubParsers) -> None:
     )
     manager.add_argument(
         "--manager-token-file",
+        type=Path,
         help="file holding the bearer token for the manager (re-read every minute: projected "
         "service-account tokens rotate); the manager must grant it the controller role",
     )
-    manager.add_argument("--manager-ca-file", help="CA bundle to verify the manager's TLS certificate")
+    manager.add_argument(
+        "--manager-ca-file", type=Path, help="CA bundle to verify the manager's TLS certificate"
+    )
     manager.add_argument(
         "--manager-insecure",
         action="store_true",
@@ -252,7 +255,7 @@ def run(args: argparse.Namespace) -> int:
             ManagerClient(
                 args.manager_url,
                 token_file=args.manager_token_file,
-                ca_file=args.manager_ca_file,
+                ca_file=str(args.manager_ca_file) if args.manager_ca_file else None,
                 insecure=args.manager_insecure,
             ) as manager,
         ):

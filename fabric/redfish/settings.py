@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -19,7 +20,7 @@ class RedfishSettings(BaseModel):
     username: str | None = None
     password: SecretStr | None = None
     auth: Literal["session", "basic", "none"] = "session"
-    ca_file: str | None = Field(default=None, description="PEM bundle that signs the service certificate")
+    ca_file: Path | None = Field(default=None, description="PEM bundle that signs the service certificate")
     insecure: bool = Field(default=False, description="skip TLS verification (development only)")
     connect_timeout: float = Field(default=5.0, gt=0)
     read_timeout: float = Field(default=30.0, gt=0)

@@ -421,7 +421,7 @@ class Transport:
             log.warning("Redfish credentials are sent without TLS", url=settings.base_url)
         cafile: str | None = None
         if https and not settings.insecure:
-            cafile = settings.ca_file or certifi.where()
+            cafile = str(settings.ca_file) if settings.ca_file else certifi.where()
         self._rf: HttpClient = redfish_client(
             base_url=settings.base_url,
             cafile=cafile,
@@ -659,7 +659,7 @@ class Transport:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
             return context
-        return ssl.create_default_context(cafile=self.settings.ca_file or certifi.where())
+        return ssl.create_default_context(cafile=str(self.settings.ca_file or certifi.where()))
 
     def abort(self) -> None:
         """Cut every connection, in-flight reads included (they fail at once), so that no worker

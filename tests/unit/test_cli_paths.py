@@ -42,9 +42,50 @@ def test_the_commands_that_take_paths_are_all_seen() -> None:
         ("emulator serve", "--state-dir"),
         ("manager serve", "--state-dir"),
         ("status", "--token-file"),
+        ("status", "--ca-file"),
+        ("explain", "--classes"),
+        ("explain", "--slices"),
+        ("controller", "--manager-token-file"),
+        ("controller", "--manager-ca-file"),
+        ("manager serve", "--redfish-ca-file"),
         ("demo", "--workdir"),
     ]:
         assert expected in seen, sorted(seen)
+
+
+def _all_options(parser: argparse.ArgumentParser, words: list[str]) -> list[tuple[str, argparse.Action]]:
+    populate = getattr(parser, "_populate", None)
+    if populate is not None:
+        populate()
+    found: list[tuple[str, argparse.Action]] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += _all_options(sub, [*words, name])
+        elif action.option_strings:
+            found.append((" ".join(words), action))
+    return found
+
+
+#: options that name files but stay as given: kubeconfig follows kubectl (also a ``:``-separated
+#: list through $KUBECONFIG, resolved by the Kubernetes client's own rules)
+AS_GIVEN = {"--kubeconfig"}
+
+
+def test_every_option_that_names_a_file_or_directory_is_a_path() -> None:
+    """An option named ``--…-file``/``--…-dir``/``--…-root`` or shown as FILE/DIR/PATH is
+    ``type=Path``, so the rule above reaches it; a new flag that forgets it fails here."""
+    strays = []
+    for words, action in _all_options(build_parser([]), []):
+        option = action.option_strings[-1]
+        looks_like_path = option.endswith(("-file", "-dir", "-root", "-files")) or action.metavar in (
+            "FILE",
+            "DIR",
+            "PATH",
+        )
+        if looks_like_path and option not in AS_GIVEN and action.type is not Path:
+            strays.append(f"{words} {option}")
+    assert not strays, strays
 
 
 @pytest.mark.parametrize(
