@@ -30,9 +30,11 @@ __all__ = [
     "CAPACITY_NAMES",
     "SLICE_ATTRIBUTES",
     "SLICE_CAPACITIES",
+    "WARM_ATTRIBUTE",
     "Conversion",
     "PublishPolicy",
     "WithheldReason",
+    "mark_warm",
     "to_dra_device",
 ]
 
@@ -56,6 +58,20 @@ SLICE_CAPACITIES: tuple[tuple[str, SliceCapacity], ...] = tuple(_published(Slice
 #: attribute and capacity identifiers (unqualified)
 ATTRIBUTE_NAMES: tuple[str, ...] = tuple(a.name for _, a in SLICE_ATTRIBUTES)
 CAPACITY_NAMES: tuple[str, ...] = tuple(c.name for _, c in SLICE_CAPACITIES)
+
+
+#: the attribute (``bool: true``) of a device the manager keeps warm on the node of its slice; set only
+#: on those, which are published node-local (:mod:`.slices`). Not a field of the attribute table: it
+#: is a publication fact (state ``warm``), not a property of the device.
+WARM_ATTRIBUTE = "warm"
+
+
+def mark_warm(device: dict[str, Any], driver: str) -> dict[str, Any]:
+    """``device`` (a published ``Device``) as published warm: with ``<driver>/warm: true``."""
+    return {
+        **device,
+        "attributes": {**device.get("attributes", {}), f"{driver}/{WARM_ATTRIBUTE}": {"bool": True}},
+    }
 
 
 class WithheldReason(StrEnum):

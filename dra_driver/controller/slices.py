@@ -5,7 +5,15 @@ grouped by the nodes that reach them: the devices every node of the pool reaches
 group of the pool (a switch cabled to some of the pool's hosts only; ``FabricPool.reachGroups``),
 by group id; each group is cut into ``ceil`` (devices / limit) slices, devices sorted by name, and
 each slice selects exactly the group's nodes by a node label the controller keeps
-(:func:`desired_node_labels`, :mod:`.nodelabels`). All slices of a pool carry the same
+(:func:`desired_node_labels`, :mod:`.nodelabels`). A device the manager keeps warm on node N (ledger
+state ``warm``) leaves its group's slice for a *node-local* slice of the same pool
+(``spec.nodeName: N``, attribute ``warm: true``): only N's claims can be allocated it, so the
+scheduler never picks it for another node. Node-local slices come first (by node), so in a node's
+view of the pool its warm devices precede the shared ones wherever slices are taken in name order
+(the stand-in scheduler; the real one takes them in lister order — docs/manager.md, "Warm devices").
+A device is in exactly one slice of its pool: two would make the pool invalid for the allocator
+(``poolIsInvalid``: "duplicate device name"). ``nodeName`` is immutable, so a slice whose
+``nodeName`` changes is deleted and created again. All slices of a pool carry the same
 ``pool.generation`` and ``pool.resourceSliceCount``; any change to the pool is written as a
 new generation on *every* slice of the pool, then obsolete slices are deleted — so a consumer
 that only trusts the highest generation with a complete slice count never sees a mixed pool
@@ -23,7 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dra_driver.controller.devices import Conversion, PublishPolicy, WithheldReason, to_dra_device
+from dra_driver.controller.devices import Conversion, PublishPolicy, WithheldReason, mark_warm, to_dra_device
 from dra_driver.controller.resourcenames import (
     ATTRIBUTE_VALUE_MAX_BYTES,
     BINDING_CONDITIONS_MAX,
@@ -42,7 +50,7 @@ from dra_driver.controller.resourcenames import (
     slice_name,
 )
 from dra_driver.selection.quantity import parse_quantity
-from manager_api.models import Inventory
+from manager_api.models import BindingState, Inventory
 from plumbing.names import is_dns1123_label, is_dns1123_subdomain, is_label_value, is_qualified_name
 
 __all__ = [
@@ -217,8 +225,9 @@ class DesiredPool:
 
     name: str
     chunks: list[list[dict[str, Any]]]
-    #: each chunk's node selector (the chunk's reach group)
-    selectors: list[dict[str, Any]]
+    #: each chunk's node selection: ``{"nodeSelector": …}`` (its reach group) or ``{"nodeName": …}``
+    #: (the warm devices of one node)
+    placements: list[dict[str, Any]]
     withheld: dict[str, WithheldReason] = field(default_factory=dict)
     nodes: tuple[str, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
@@ -232,7 +241,7 @@ class DesiredPool:
         spec: dict[str, Any] = {
             "driver": driver,
             "pool": {"name": self.name, "generation": generation, "resourceSliceCount": len(self.chunks)},
-            "nodeSelector": self.selectors[index],
+            **self.placements[index],
         }
         if self.chunks[index]:
             spec["devices"] = self.chunks[index]
@@ -242,6 +251,16 @@ class DesiredPool:
         if self._normal is None:
             self._normal = [_normal_spec(self.spec(driver, i, 0)) for i in range(len(self.chunks))]
         return self._normal
+
+
+def _reaching_nodes(inventory: Inventory) -> dict[tuple[str, str | None], frozenset[str]]:
+    """(pool, reach group or None for the whole pool) → the nodes that reach its devices."""
+    out: dict[tuple[str, str | None], frozenset[str]] = {}
+    for pool in inventory.pools:
+        out[(pool.pool, None)] = frozenset(pool.nodes)
+        for group in pool.reach_groups:
+            out[(pool.pool, group.id)] = frozenset(group.nodes)
+    return out
 
 
 def desired_pools(
@@ -254,37 +273,57 @@ def desired_pools(
     ``quarantined``: (pool, device) → why, for devices out of allocation after failed attaches."""
     quarantined = quarantined or {}
     nodes_by_pool: dict[str, tuple[str, ...]] = {p.pool: tuple(sorted(set(p.nodes))) for p in inventory.pools}
+    reaching = _reaching_nodes(inventory)
     conversions: dict[str, dict[str, Conversion]] = defaultdict(dict)
     reach: dict[tuple[str, str], str | None] = {}
+    #: (pool, device) → the node it is warm on, when that node reaches it
+    warm_on: dict[tuple[str, str], str] = {}
     for device in inventory.devices:
         pool_devices = conversions[device.pool]
         if device.name in pool_devices:
             continue  # a device name is unique within a pool; the manager guarantees it, we enforce it
         pool_devices[device.name] = to_dra_device(device, policy, quarantined.get((device.pool, device.name)))
         reach[(device.pool, device.name)] = device.reach
+        if (
+            device.state is BindingState.WARM
+            and device.node
+            and device.node in reaching.get((device.pool, device.reach), ())
+        ):
+            warm_on[(device.pool, device.name)] = device.node
     pools: dict[str, DesiredPool] = {}
     for pool in sorted(set(nodes_by_pool) | set(conversions)):
         if not is_pool_name(pool):
             continue
         converted = conversions.get(pool, {})
-        # Devices every node of the pool reaches first, then each reach group (module docstring).
+        # Each node's warm devices first, then the devices every node of the pool reaches, then
+        # each reach group (module docstring). A device goes to exactly one of them.
+        warm: dict[str, list[dict[str, Any]]] = {}
         groups: dict[str | None, list[dict[str, Any]]] = {None: []}
         for name, conversion in sorted(converted.items()):
-            if conversion.device is not None:
+            if conversion.device is None:
+                continue
+            node = warm_on.get((pool, name))
+            if node is not None:
+                warm.setdefault(node, []).append(mark_warm(conversion.device, policy.driver))
+            else:
                 groups.setdefault(reach.get((pool, name)), []).append(conversion.device)
-        if not groups[None] and len(groups) > 1:
+        if not groups[None] and (len(groups) > 1 or warm):
             del groups[None]  # no device for every node: no empty slice for them either
         chunks: list[list[dict[str, Any]]] = []
-        selectors: list[dict[str, Any]] = []
+        placements: list[dict[str, Any]] = []
+        for node in sorted(warm):
+            for chunk in chunk_devices(warm[node]):
+                chunks.append(chunk)
+                placements.append({"nodeName": node})
         for group in sorted(groups, key=lambda g: (g is not None, g or "")):
             selector = node_selector(policy.driver, pool, group)
             for chunk in chunk_devices(groups[group]):
                 chunks.append(chunk)
-                selectors.append(selector)
+                placements.append({"nodeSelector": selector})
         pools[pool] = DesiredPool(
             name=pool,
             chunks=chunks,
-            selectors=selectors,
+            placements=placements,
             withheld={n: c.withheld for n, c in converted.items() if c.withheld is not None},
             nodes=nodes_by_pool.get(pool, ()),
             labels=slice_labels(policy.driver, policy.publisher),
@@ -435,7 +474,12 @@ def plan_pool(
             "spec": spec,
         }
         stored = existing.get(name)
-        if stored is None and all_slices is not None and name in all_slices:
+        if stored is not None and (stored.get("spec") or {}).get("nodeName") != spec.get("nodeName"):
+            # nodeName is immutable (a slice turning node-local, or local to another node): the
+            # stored slice goes first and this one is created.
+            deletes_first.append((name, str(_meta(stored).get("resourceVersion") or "")))
+            stored = None
+        elif stored is None and all_slices is not None and name in all_slices:
             other = all_slices[name]
             deletes_first.append((name, str(_meta(other).get("resourceVersion") or "")))
         rv = str(_meta(stored).get("resourceVersion") or "") if stored is not None else None

@@ -5,7 +5,13 @@ from typing import Any
 
 import pytest
 
-from dra_driver.controller.devices import PublishPolicy, WithheldReason
+from dra_driver.controller.devices import (
+    ATTRIBUTE_NAMES,
+    CAPACITY_NAMES,
+    WARM_ATTRIBUTE,
+    PublishPolicy,
+    WithheldReason,
+)
 from dra_driver.controller.slices import (
     DesiredPool,
     NormalCache,
@@ -16,8 +22,10 @@ from dra_driver.controller.slices import (
     desired_pools,
     plan_pool,
 )
+from dra_driver.selection import Node, ResourceSlice
+from dra_driver.selection.pools import gather_pools
 from dra_driver.selection.quantity import format_bytes
-from manager_api.models import Health, ReachGroup
+from manager_api.models import BindingState, Health, ReachGroup
 from tests.support.controller import make_device, make_inventory
 
 DRIVER = "fabric-dra.io"
@@ -393,3 +401,110 @@ def test_a_device_changing_reach_group_is_a_new_generation() -> None:
     assert plan is not None and plan.generation == 2
     assert [_selected_key(w.obj["spec"]) for w in plan.writes] == ["pool.fabric-dra.io/fabric-pcie"]
     assert [name for name, _ in plan.deletes] == ["fabric-dra.io-fabric-pcie-1"]
+
+
+# -- warm devices: node-local slices ----------------------------------------------------------
+
+
+def _warm(inventory: Any, **warm_on: str) -> Any:
+    """``inventory`` with each named device warm on its node (device name → node)."""
+    for device in inventory.devices:
+        if device.name.replace("-", "_") in warm_on:
+            device.state, device.node = BindingState.WARM, warm_on[device.name.replace("-", "_")]
+    return inventory
+
+
+def _placement(spec: dict[str, Any]) -> str:
+    return f"node {spec['nodeName']}" if "nodeName" in spec else _selected_key(spec)
+
+
+def _assert_one_slice_per_device(writes: list[Any]) -> None:
+    names = [d["name"] for w in writes for d in w.obj["spec"].get("devices", [])]
+    assert len(names) == len(set(names)), "a device in two slices makes the pool invalid"
+
+
+def test_a_warm_device_is_published_node_local_first_with_the_warm_attribute() -> None:
+    inventory = _warm(_partially_cabled(3, 2), gpu_00001="c", gpu_b0001="b")
+    plan = plan_pool("fabric-pcie", pool_of(desired_pools(inventory, POLICY)), {}, driver=DRIVER)
+    assert plan is not None
+    specs = [w.obj["spec"] for w in plan.writes]
+    assert [(_placement(s), [d["name"] for d in s["devices"]]) for s in specs] == [
+        ("node b", ["gpu-b0001"]),
+        ("node c", ["gpu-00001"]),
+        ("pool.fabric-dra.io/fabric-pcie", ["gpu-00000", "gpu-00002"]),
+        ("pool.fabric-dra.io/fabric-pcie.r1", ["gpu-b0000"]),
+    ]
+    assert {s["pool"]["resourceSliceCount"] for s in specs} == {4}
+    assert {s["pool"]["generation"] for s in specs} == {1}
+    warm = {d["name"] for s in specs for d in s["devices"] if d["attributes"].get(f"{DRIVER}/warm")}
+    assert warm == {"gpu-b0001", "gpu-00001"}
+    assert specs[0]["devices"][0]["attributes"][f"{DRIVER}/warm"] == {"bool": True}
+    assert WARM_ATTRIBUTE == "warm" and WARM_ATTRIBUTE not in ATTRIBUTE_NAMES + CAPACITY_NAMES
+    _assert_one_slice_per_device(plan.writes)
+    for write in plan.writes:
+        check_slice(write.obj)
+
+
+def test_a_device_warm_on_a_node_that_cannot_reach_it_stays_in_its_group() -> None:
+    # r1 is reached by a and b only: an inventory saying it is warm on c is not believed
+    inventory = _warm(_partially_cabled(0, 2), gpu_b0000="c")
+    plan = plan_pool("fabric-pcie", pool_of(desired_pools(inventory, POLICY)), {}, driver=DRIVER)
+    assert plan is not None
+    assert [_placement(w.obj["spec"]) for w in plan.writes] == ["pool.fabric-dra.io/fabric-pcie.r1"]
+    assert all(f"{DRIVER}/warm" not in d["attributes"] for d in plan.writes[0].obj["spec"]["devices"])
+
+
+def test_only_the_warm_node_sees_its_warm_device_and_sees_it_first() -> None:
+    """Through the allocator's own pool gathering (GatherPools): complete, valid, warm first."""
+    inventory = _warm(_partially_cabled(3, 0), gpu_00002="c")
+    plan = plan_pool("fabric-pcie", pool_of(desired_pools(inventory, POLICY)), {}, driver=DRIVER)
+    assert plan is not None
+    slices = [ResourceSlice.model_validate(obj) for obj in store(plan.writes).values()]
+    labels = desired_node_labels(inventory, DRIVER)
+    for node in "abcd":
+        raw = {"metadata": {"name": node, "labels": dict.fromkeys(labels[node], "true")}}
+        (pool,) = gather_pools(slices, Node.model_validate(raw)).pools
+        assert not pool.incomplete and pool.invalid_reason is None
+        seen = [ref.device.name for ref in pool.refs]
+        assert seen == (
+            ["gpu-00002", "gpu-00000", "gpu-00001"] if node == "c" else ["gpu-00000", "gpu-00001"]
+        )
+
+
+def _stored_with_gpu_00002_warm_on_c() -> dict[str, dict[str, Any]]:
+    inventory = _warm(_partially_cabled(3, 0), gpu_00002="c")
+    first = plan_pool("fabric-pcie", pool_of(desired_pools(inventory, POLICY)), {}, driver=DRIVER)
+    assert first is not None
+    return store(first.writes)
+
+
+def test_a_warm_device_claimed_or_cooled_moves_back_to_its_group_slice() -> None:
+    stored = _stored_with_gpu_00002_warm_on_c()
+    claimed = _partially_cabled(3, 0)
+    claimed.devices[2].state, claimed.devices[2].node = BindingState.BOUND, "c"
+    plan = plan_pool("fabric-pcie", pool_of(desired_pools(claimed, POLICY)), stored, driver=DRIVER)
+    assert plan is not None and plan.generation == 2
+    (write,) = plan.writes
+    assert [d["name"] for d in write.obj["spec"]["devices"]] == ["gpu-00000", "gpu-00001", "gpu-00002"]
+    assert f"{DRIVER}/warm" not in write.obj["spec"]["devices"][2]["attributes"]
+    assert write.obj["spec"]["pool"]["resourceSliceCount"] == 1
+    # slice 0 was node-local: nodeName is immutable, so it is deleted and created anew
+    assert plan.deletes_first == [("fabric-dra.io-fabric-pcie-0", "1")]
+    assert write.resource_version is None and "nodeName" not in write.obj["spec"]
+    assert [name for name, _ in plan.deletes] == ["fabric-dra.io-fabric-pcie-1"]
+
+
+def test_a_warm_device_moving_to_another_node_recreates_the_node_local_slice() -> None:
+    stored = _stored_with_gpu_00002_warm_on_c()
+    moved = _warm(_partially_cabled(3, 0), gpu_00002="d")
+    plan = plan_pool("fabric-pcie", pool_of(desired_pools(moved, POLICY)), stored, driver=DRIVER)
+    assert plan is not None and plan.generation == 2
+    assert [_placement(w.obj["spec"]) for w in plan.writes] == ["node d", "pool.fabric-dra.io/fabric-pcie"]
+    assert plan.deletes_first == [("fabric-dra.io-fabric-pcie-0", "1")]
+    assert [w.resource_version for w in plan.writes] == [None, "2"]
+    _assert_one_slice_per_device(plan.writes)
+    # and an unchanged warm pool plans nothing
+    assert (
+        plan_pool("fabric-pcie", pool_of(desired_pools(moved, POLICY)), store(plan.writes), driver=DRIVER)
+        is None
+    )
