@@ -22,7 +22,14 @@ from dra_driver.controller.slices import (
     desired_pools,
     plan_pool,
 )
-from dra_driver.selection import Node, ResourceSlice
+from dra_driver.selection import (
+    Allocator,
+    ClaimToAllocate,
+    DeviceClass,
+    Node,
+    ResourceClaimSpec,
+    ResourceSlice,
+)
 from dra_driver.selection.pools import gather_pools
 from dra_driver.selection.quantity import format_bytes
 from manager_api.models import BindingState, Health, ReachGroup
@@ -508,3 +515,36 @@ def test_a_warm_device_moving_to_another_node_recreates_the_node_local_slice() -
         plan_pool("fabric-pcie", pool_of(desired_pools(moved, POLICY)), store(plan.writes), driver=DRIVER)
         is None
     )
+
+
+def test_first_available_warm_then_any_takes_the_warm_device_on_its_node_only() -> None:
+    """The selector the docs give (``"warm" in …``) through the allocator: no CEL error on the
+    cold devices that lack the attribute; the warm subrequest is used where a warm device is seen."""
+    inventory = _warm(_partially_cabled(3, 0), gpu_00002="c")
+    plan = plan_pool("fabric-pcie", pool_of(desired_pools(inventory, POLICY)), {}, driver=DRIVER)
+    assert plan is not None
+    slices = [ResourceSlice.model_validate(obj) for obj in store(plan.writes).values()]
+    classes = {"gpu": DeviceClass.model_validate({"metadata": {"name": "gpu"}, "spec": {}})}
+    warm_first = {
+        "name": "gpu",
+        "firstAvailable": [
+            {
+                "name": "warm",
+                "deviceClassName": "gpu",
+                "selectors": [{"cel": {"expression": f'"warm" in device.attributes["{DRIVER}"]'}}],
+            },
+            {"name": "any", "deviceClassName": "gpu"},
+        ],
+    }
+    spec = ResourceClaimSpec.model_validate({"devices": {"requests": [warm_first]}})
+    labels = desired_node_labels(inventory, DRIVER)
+    got = {}
+    for name in ("a", "c"):
+        node = Node.model_validate(
+            {"metadata": {"name": name, "labels": dict.fromkeys(labels[name], "true")}}
+        )
+        results = Allocator(slices, classes).allocate([ClaimToAllocate("ns", "claim", spec)], node)
+        assert results is not None
+        (entry,) = results[0].body["devices"]["results"]
+        got[name] = (entry["request"], entry["device"])
+    assert got == {"a": ("gpu/any", "gpu-00000"), "c": ("gpu/warm", "gpu-00002")}
