@@ -23,7 +23,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import yaml
 from pydantic import ValidationError
@@ -42,6 +42,9 @@ from dra_driver.selection import (
 from dra_driver.selection.model import NodeSelector
 from dra_driver.selection.report import DeviceVerdict, RequestReport
 from plumbing.cli import SubParsers, add_output_option, dump_document
+
+if TYPE_CHECKING:
+    from manager_api.models import Inventory as FabricInventory
 
 __all__ = ["ExplainInputError", "Workload", "main_explain", "register"]
 
@@ -425,8 +428,6 @@ def _manager_claims(devices: Iterable[Any], driver: str) -> list[dict[str, Any]]
 async def load_manager(args: argparse.Namespace, progress: TextIO) -> Inventory:
     """The slices the controller would publish for the manager's inventory, its nodes labelled as
     the controller labels them, and the classes from ``--classes``."""
-    from dra_driver.controller.devices import PublishPolicy
-    from dra_driver.controller.slices import desired_node_labels, desired_pools, plan_pool
     from manager_api.client import ManagerClient
     from manager_api.errors import FabricError
     from plumbing import DEFAULT_DRIVER_NAME
@@ -459,19 +460,7 @@ async def load_manager(args: argparse.Namespace, progress: TextIO) -> Inventory:
     finally:
         await client.aclose()
     driver = DEFAULT_DRIVER_NAME
-    # Published as the controller publishes without binding conditions: unhealthy devices tainted.
-    policy = PublishPolicy(driver=driver, device_taints=True, binding_conditions=False)
-    slices: list[ResourceSlice] = []
-    for name, desired in desired_pools(inventory, policy).items():
-        plan = plan_pool(name, desired, {}, driver=driver)
-        slices.extend(ResourceSlice.model_validate(w.obj) for w in (plan.writes if plan else []))
-    labels = desired_node_labels(inventory, driver)
-    nodes = [
-        Node.model_validate(
-            {"metadata": {"name": n.name, "labels": dict.fromkeys(sorted(labels.get(n.name, ())), "true")}}
-        )
-        for n in inventory.nodes
-    ]
+    slices, nodes = published(inventory, [n.name for n in inventory.nodes], driver)
     classes: dict[str, DeviceClass] = {}
     for path in args.classes:
         for device_class in _parse_objects(path, _load_documents(path), "DeviceClass", DeviceClass):
@@ -482,6 +471,31 @@ async def load_manager(args: argparse.Namespace, progress: TextIO) -> Inventory:
         f"{len(claims)} claims holding devices; {len(classes)} DeviceClasses from --classes\n"
     )
     return Inventory(slices, classes, nodes or _stand_in_nodes(slices), claims, synthetic_nodes=not nodes)
+
+
+def published(
+    inventory: FabricInventory, node_names: Iterable[str], driver: str
+) -> tuple[list[ResourceSlice], list[Node]]:
+    """The ResourceSlices the controller writes for the manager's ``inventory`` — as it publishes
+    without binding conditions: unhealthy devices tainted — and ``node_names`` labelled as the
+    controller labels them (pool and reach-group labels)."""
+    # the controller's code is loaded only when a manager's inventory is explained
+    from dra_driver.controller.devices import PublishPolicy
+    from dra_driver.controller.slices import desired_node_labels, desired_pools, plan_pool
+
+    policy = PublishPolicy(driver=driver, device_taints=True, binding_conditions=False)
+    slices: list[ResourceSlice] = []
+    for name, desired in desired_pools(inventory, policy).items():
+        plan = plan_pool(name, desired, {}, driver=driver)
+        slices.extend(ResourceSlice.model_validate(w.obj) for w in (plan.writes if plan else []))
+    labels = desired_node_labels(inventory, driver)
+    nodes = [
+        Node.model_validate(
+            {"metadata": {"name": n, "labels": dict.fromkeys(sorted(labels.get(n, ())), "true")}}
+        )
+        for n in node_names
+    ]
+    return slices, nodes
 
 
 def _absolute(path: Path | str | None) -> Path | None:

@@ -16,21 +16,18 @@ from typing import Any
 
 import yaml
 
-from dra_driver.controller.devices import PublishPolicy
-from dra_driver.controller.slices import desired_node_labels, desired_pools, plan_pool
+from dra_driver.explain import published
 from dra_driver.selection import (
     Allocator,
     ClaimToAllocate,
     DeviceClass,
     DeviceID,
-    Node,
     ResourceClaimSpec,
-    ResourceSlice,
 )
 from dra_driver.selection.nodes import selector_matches
 from emulator.topology import default_topology_path
 from manager_api.client import ManagerClient
-from manager_api.models import AttachmentState, Inventory
+from manager_api.models import AttachmentState
 from tests.integration.fabric.conftest import (
     CONTROLLER_TOKEN,
     NODES,
@@ -77,21 +74,6 @@ def device_classes() -> dict[str, DeviceClass]:
     return {c.name: c for c in classes}
 
 
-def published(inventory: Inventory) -> tuple[list[ResourceSlice], list[Node]]:
-    """The slices the controller writes for ``inventory`` and the nodes as it labels them."""
-    policy = PublishPolicy(driver=DRIVER, device_taints=True, binding_conditions=False)
-    slices: list[ResourceSlice] = []
-    for name, desired in desired_pools(inventory, policy).items():
-        plan = plan_pool(name, desired, {}, driver=DRIVER)
-        slices.extend(ResourceSlice.model_validate(w.obj) for w in (plan.writes if plan else []))
-    labels = desired_node_labels(inventory, DRIVER)
-    nodes = [
-        Node.model_validate({"metadata": {"name": n, "labels": dict.fromkeys(labels.get(n, ()), "true")}})
-        for n in NODES
-    ]
-    return slices, nodes
-
-
 def claim(index: int, device_class: str) -> ClaimToAllocate:
     spec = {"devices": {"requests": [{"name": "dev", "exactly": {"deviceClassName": device_class}}]}}
     return ClaimToAllocate("team", f"claim-{index}", ResourceClaimSpec.model_validate(spec), f"uid-{index}")
@@ -114,7 +96,7 @@ async def test_partially_cabled_switch_offers_its_devices_to_the_cabled_nodes_on
         by_name = {d.name: d for d in inventory.devices}
         assert {"gpu4", "fpga0", "gpu0"} <= set(by_name)
 
-        slices, nodes = published(inventory)
+        slices, nodes = published(inventory, NODES, DRIVER)
         # Every slice selects exactly the nodes that reach each of its devices, no more, no fewer.
         for slice_ in slices:
             selector = slice_.spec.node_selector
