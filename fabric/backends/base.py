@@ -180,6 +180,12 @@ class Backend(ABC):
         """The ComputerSystem Ids ``device`` is bound to now, read fresh from the fabric; ``hosts``
         are asked too where a style keeps the binding on the host's side (composition)."""
 
+    async def confirmed(self, device: DeviceRecord, host: HostRecord, *, bound: bool) -> bool:
+        """Whether the fabric's authoritative record of bindings, read now, shows ``device`` bound
+        to ``host`` (``bound``) or not bound to it: what confirms a change (issue 15's rule). A
+        backend may prove a binding from fewer reads than :meth:`read_binding` makes."""
+        return (host.id in await self.read_binding(device, (host,))) is bound
+
     @abstractmethod
     async def read_bindings(self, walk: Walk) -> dict[str, tuple[str, ...]]:
         """Device key → bound ComputerSystem Ids for every device of the last :meth:`discover`,
