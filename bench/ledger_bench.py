@@ -63,7 +63,7 @@ def _uid() -> str:
     return str(uuid.uuid4())
 
 
-async def _claims(stack_kube: Any, devices: list[str], concurrency: int = 16) -> list[str]:
+async def _claims(stack_kube: Any, devices: list[str], concurrency: int = 32) -> list[str]:
     """One ResourceClaim per device, allocated it as the scheduler leaves a claim; their UIDs."""
     gate = asyncio.Semaphore(concurrency)
     async with stack_kube.client() as kube:
