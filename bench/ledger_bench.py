@@ -259,30 +259,36 @@ def measure(quick: bool = False, *, alone_only: bool = False) -> dict[str, Any]:
         topology = generate_topology(root / "topology.yaml", hosts=HOSTS, gpus=gpus, nvme=nvme)
         asyncio.run(_create_nodes(kube))
         emulator = stack.emulator(latency="instant", topology=topology)
+        begun = time.perf_counter()
         manager = stack.manager(
             emulator,
             kube=kube,
             namespace=NAMESPACE,
             ledger="configmap",
             insecure_no_auth=True,
-            # no pod holds the claims here: no orphan reconciler; 10,000 over 100 nodes is 100 each
-            args=["--orphan-grace-seconds", "0"],
-            ready_timeout=600,
+            # no pod holds the claims here: no orphan reconciler; 10,000 over 100 nodes is 100 each.
+            # The emulator renders the 10,100 endpoints inline in 20-40 s on the shared machine:
+            # more than the 30 s a Redfish answer may take by default.
+            args=["--orphan-grace-seconds", "0", "--redfish-timeout", "180"],
+            ready_timeout=1800,
         )
         devices = [*(f"gpu{i}" for i in range(1, gpus)), *(f"nvme{i}" for i in range(nvme))][:bindings]
-        progress("ledger", "10 bindings")
+        progress("ledger", f"manager ready in {time.perf_counter() - begun:.0f} s; 10 bindings")
         claims = asyncio.run(_claims(kube, devices[:10]))
         asyncio.run(_bind(manager.url, devices[:10], claims, 10))
         out["attach_at_10"] = asyncio.run(_latency(manager.url, asyncio.run(_claims(kube, [PROBE] * pairs))))
         out["manager_rss_mib_at_10"] = rss_mib(manager.role.pid)
+        progress("ledger", f"attach at 10: {out['attach_at_10']}")
         progress("ledger", f"binding {bindings - 10} more")
         claims = asyncio.run(_claims(kube, devices[10:]))
         seconds = asyncio.run(_bind(manager.url, devices[10:], claims, 64))
         out["bulk_attach_per_s"] = round((bindings - 10) / seconds, 1)
+        progress("ledger", f"bulk attach: {out['bulk_attach_per_s']}/s")
         probe_claims = asyncio.run(_claims(kube, [PROBE] * 2 * pairs))
         progress("ledger", f"{bindings} bindings")
         out[f"attach_at_{bindings}"] = asyncio.run(_latency(manager.url, probe_claims[:pairs]))
         out[f"manager_rss_mib_at_{bindings}"] = rss_mib(manager.role.pid)
+        progress("ledger", f"attach at {bindings}: {out[f'attach_at_{bindings}']}")
         load_s, entries, largest = asyncio.run(_shards(kube))
         out["ledger_entries"] = entries
         out["ledger_load_s"] = round(load_s, 3)
@@ -292,6 +298,7 @@ def measure(quick: bool = False, *, alone_only: bool = False) -> dict[str, Any]:
         started = time.perf_counter()
         manager.start()
         out["restart_to_ready_s"] = round(time.perf_counter() - started, 2)
+        progress("ledger", f"restart to ready: {out['restart_to_ready_s']} s")
         out[f"manager_rss_mib_after_restart_at_{bindings}"] = rss_mib(manager.role.pid)
         out[f"attach_after_restart_at_{bindings}"] = asyncio.run(_latency(manager.url, probe_claims[pairs:]))
     return out
