@@ -1,9 +1,10 @@
-"""What confirms a change on a zone fabric, read after it (issue 15's rule), and what it costs.
+"""What confirms a change, read after it (issue 15's rule), and what it costs.
 
 A bind is proven by one zone: the zone it changed, listed in the fabric's Zones collection and
 holding the device's endpoint and the host's initiator, read after the change — not by every zone
 of the fabric inline (that read grows with every device bound anywhere). When that zone does not
-show the binding, the whole collection decides, as it does for every unbind.
+show the binding, the whole collection decides, as it does for every unbind. On a CXL fabric the
+connection the bind created plays the zone's part.
 
 Real processes: the emulator (packaged topology, ``$expand`` served); the zone backend in this
 process, its GETs recorded.
@@ -11,6 +12,7 @@ process, its GETs recorded.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -27,17 +29,24 @@ ZONES = "/redfish/v1/Fabrics/PCIe/Zones"
 HOST = "kind-worker"
 
 
+Fixture = tuple[RedfishClient, Backend, DeviceRecord, HostRecord, list[str]]
+
+
 @pytest.fixture
-async def zone_fabric(
-    tmp_path: Path,
-) -> AsyncIterator[tuple[RedfishClient, Backend, DeviceRecord, HostRecord, list[str]]]:
+async def zone_fabric(tmp_path: Path) -> AsyncIterator[Fixture]:
     """(client, the zone backend, gpu0, kind-worker, the URIs of every GET from now on)."""
+    async with _fabric(tmp_path, "gpu0") as found:
+        yield found
+
+
+@contextlib.asynccontextmanager
+async def _fabric(tmp_path: Path, device: str) -> AsyncIterator[Fixture]:
     with run_emulator(tmp_path, extra_args=["--insecure-no-auth"]) as emulator:
         client = RedfishClient(RedfishSettings(base_url=emulator.url, auth="none"))
         try:
             discovery = Discovery(client)
             snapshot = await discovery.scan()
-            record = next(d for d in snapshot.devices if d.resource_id == "gpu0")
+            record = next(d for d in snapshot.devices if d.name == device)
             reads: list[str] = []
             get = client.get
 
@@ -52,11 +61,11 @@ async def zone_fabric(
 
 
 def _context() -> BindContext:
-    return BindContext(deadline=time.monotonic() + 30, fence=lambda: None, action="bind gpu0")
+    return BindContext(deadline=time.monotonic() + 30, fence=lambda: None, action="bind")
 
 
 async def test_a_bind_is_confirmed_by_the_zone_it_changed(
-    zone_fabric: tuple[RedfishClient, Backend, DeviceRecord, HostRecord, list[str]],
+    zone_fabric: Fixture,
 ) -> None:
     _client, backend, record, host, reads = zone_fabric
     assert await backend.read_binding(record, (host,)) == ()
@@ -69,7 +78,7 @@ async def test_a_bind_is_confirmed_by_the_zone_it_changed(
 
 
 async def test_a_zone_that_does_not_show_the_bind_leaves_it_to_the_whole_collection(
-    zone_fabric: tuple[RedfishClient, Backend, DeviceRecord, HostRecord, list[str]],
+    zone_fabric: Fixture,
 ) -> None:
     """The service took the bind, then the device left the zone (another client, or a service
     that undid it): the zone no longer proves the binding, and the full read says unbound."""
@@ -83,3 +92,15 @@ async def test_a_zone_that_does_not_show_the_bind_leaves_it_to_the_whole_collect
     assert not await backend.confirmed(record, host, bound=True)
     assert any(u.startswith(f"{ZONES}?$expand=") for u in reads), reads
     assert await backend.confirmed(record, host, bound=False)
+
+
+async def test_a_bind_is_confirmed_by_the_connection_it_created(tmp_path: Path) -> None:
+    async with _fabric(tmp_path, "cxlmem1-chunk2") as (_client, backend, record, host, reads):
+        assert await backend.read_binding(record, (host,)) == ()
+        await backend.bind(record, host, _context())
+        reads.clear()
+        assert await backend.confirmed(record, host, bound=True)
+        # the fabric, its Connections collection's member links, the new connection: none inline
+        assert len(reads) == 3 and not any("$expand" in u for u in reads), reads
+        assert reads[0] == "/redfish/v1/Fabrics/CXL"
+        assert not await backend.confirmed(record, host, bound=False)
