@@ -47,8 +47,8 @@ class ConnectionBackend(Backend):
         self._devices: list[tuple[str, str]] = []
         #: connections only endpoints link to (public-cxl's Connection 14)
         self._unlisted: list[str] = []
-        #: device key → the connection its last bind created (:meth:`confirmed` reads it)
-        self._created: dict[str, str] = {}
+        #: device key → the connection its last bind created (:meth:`witnessed` reads it)
+        self.bind_changed: dict[str, str] = {}
 
     async def discover(self, walk: Walk, hosts: Mapping[str, HostRecord]) -> DiscoveryResult:
         fabric = await walk.read(self.fabric_uri, Fabric)
@@ -158,21 +158,15 @@ class ConnectionBackend(Backend):
             bound |= self._hosts_of(connection)
         return tuple(sorted(bound))
 
-    async def confirmed(self, device: DeviceRecord, host: HostRecord, *, bound: bool) -> bool:
-        """A bind is proven by the connection it created, listed in the fabric's Connections
-        collection and read after the change, carrying the device to an initiator of ``host``:
+    async def witnessed(self, device: DeviceRecord, host: HostRecord) -> bool:
+        """Whether the connection ``uri`` the bind created, listed in the fabric's Connections
+        collection and read now, carries the device to an initiator of ``host``:
         :meth:`read_binding` counts ``host`` as bound exactly when such a connection exists, so
         one found is the full read's answer without reading every connection (their number grows
-        with the bindings). Endpoint links play no part. The absence of a binding (an unbind, or a
-        bind without such a connection) is read from the whole collection as before."""
-        if bound:
-            uri = self._created.get(device.key)
-            if uri is not None and await self._witness(device, host, uri):
-                self._created.pop(device.key, None)
-                return True
-        return await super().confirmed(device, host, bound=bound)
-
-    async def _witness(self, device: DeviceRecord, host: HostRecord, uri: str) -> bool:
+        with the bindings). Endpoint links play no part."""
+        uri = self.bind_changed.get(device.key)
+        if uri is None:
+            return False
         walk = Walk(self.client)  # without $expand: the member links, not every connection inline
         fabric = await walk.read(self.fabric_uri, Fabric)
         listed, connection = await asyncio.gather(
@@ -212,9 +206,9 @@ class ConnectionBackend(Backend):
         )
         created = odata_id(response.body) if response.status == 201 else None
         if created:
-            self._created[device.key] = created
+            self.bind_changed[device.key] = created
         else:
-            self._created.pop(device.key, None)
+            self.bind_changed.pop(device.key, None)
         await self._finish(response, ctx)
 
     async def _initiator_for(

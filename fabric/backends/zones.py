@@ -107,8 +107,8 @@ class ZoneBackend(Backend):
         self._prefetched: dict[str, tuple[_Zone, str | None, int, float]] = {}
         #: the fabric's Zones collection (from discovery)
         self._zones_uri: str | None = None
-        #: device key → the zone its last bind added it to or created (:meth:`confirmed` reads it)
-        self._bound_zone: dict[str, str] = {}
+        #: device key → the zone its last bind added it to or created (:meth:`witnessed` reads it)
+        self.bind_changed: dict[str, str] = {}
 
     async def discover(self, walk: Walk, hosts: Mapping[str, HostRecord]) -> DiscoveryResult:
         fabric = await walk.read(self.fabric_uri, Fabric)
@@ -331,8 +331,9 @@ class ZoneBackend(Backend):
             bound |= await self._zone_hosts(walk, zone)
         return tuple(sorted(bound))
 
-    async def confirmed(self, device: DeviceRecord, host: HostRecord, *, bound: bool) -> bool:
-        """A bind is proven by one zone, and read_binding's full read is made only without one.
+    async def witnessed(self, device: DeviceRecord, host: HostRecord) -> bool:
+        """Whether the Zones collection lists the zone ``uri`` and that zone, read now, binds
+        ``device`` to ``host``.
 
         Why this is as authoritative as reading every zone: :meth:`read_binding` counts ``host``
         as bound exactly when some zone of type ZoneOfEndpoints holds the device's endpoint and
@@ -343,25 +344,18 @@ class ZoneBackend(Backend):
         would say the same. The endpoint's ``Links.Zones`` play no part (some services leave them
         stale). Only the absence of a binding needs every zone: an unbind, and a bind without
         such a zone, are confirmed by :meth:`read_binding` as before."""
-        if bound:
-            zone_uri = self._bound_zone.get(device.key)
-            if zone_uri is not None and await self._witness(device, host, zone_uri):
-                self._bound_zone.pop(device.key, None)
-                return True
-        return await super().confirmed(device, host, bound=bound)
-
-    async def _witness(self, device: DeviceRecord, host: HostRecord, zone_uri: str) -> bool:
-        """Whether the Zones collection lists ``zone_uri`` and that zone, read now, binds
-        ``device`` to ``host``."""
+        uri = self.bind_changed.get(device.key)
+        if uri is None:
+            return False
         walk = Walk(self.client)  # without $expand: the member links, not every zone inline
         listed, fresh = await asyncio.gather(
-            walk.member_uris(await self._zones_collection(walk)), self._get_or_none(zone_uri)
+            walk.member_uris(await self._zones_collection(walk)), self._get_or_none(uri)
         )
-        if fresh is None or zone_uri not in listed:
+        if fresh is None or uri not in listed:
             return False
         zones: dict[str, _Zone] = {}
         self._add_zone(zones, Zone.of(fresh.body))
-        zone = zones.get(zone_uri)
+        zone = zones.get(uri)
         return (
             zone is not None
             and str(device.endpoint) in zone.endpoints
@@ -431,7 +425,7 @@ class ZoneBackend(Backend):
             if own is not None:
                 host_zone, zone_etag = own
                 body = _endpoint_action(device, target.etag, zone_etag)
-                self._bound_zone[device.key] = host_zone.uri
+                self.bind_changed[device.key] = host_zone.uri
                 try:
                     response = await self.client.post(str(host_zone.action("Zone.AddEndpoint")), body)
                 finally:
@@ -454,9 +448,9 @@ class ZoneBackend(Backend):
                 )
                 created = odata_id(response.body) if response.status == 201 else None
                 if created:
-                    self._bound_zone[device.key] = created
+                    self.bind_changed[device.key] = created
                 else:
-                    self._bound_zone.pop(device.key, None)
+                    self.bind_changed.pop(device.key, None)
         try:
             await self._finish(response, ctx)
         finally:
