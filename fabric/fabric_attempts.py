@@ -214,12 +214,12 @@ class FabricAttempts:
         pauses = Backoff(self.settings.settle_seconds / 4, self.settings.settle_seconds)
         for _ in range(_CONFIRM_READS):
             try:
-                current = await backend.read_binding(record, (host,))
+                done = await backend.confirmed(record, host, bound=bound)
             except NotLeader as err:
                 raise Unresolved(err) from None
             except FabricUnavailable as err:
                 raise Unresolved(err) from None  # not known either way: the resume reads again
-            if (host.id in current) is bound:
+            if done:
                 return
             await asyncio.sleep(pauses.next())
         verb = "bind" if bound else "unbind"

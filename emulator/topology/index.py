@@ -131,16 +131,30 @@ class FabricIndex:
     devices: dict[str, Device] = field(default_factory=dict)
     chunks: dict[str, Chunk] = field(default_factory=dict)
     targets: dict[str, Target] = field(default_factory=dict)
+    #: fabric → the hosts cabled to any of its switches, in host order (the index does not change
+    #: once built; every request of the emulator asks, so it is computed once per fabric)
+    _cabled: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False, compare=False)
 
     def fabric_switches(self, fabric: str) -> Iterator[SwitchInfo]:
         return (s for s in self.switches.values() if s.fabric == fabric)
+
+    def fabric_hosts(self, fabric: str) -> tuple[str, ...]:
+        """The hosts cabled to a switch of ``fabric``, in host order."""
+        found = self._cabled.get(fabric)
+        if found is None:
+            cabled = {h for s in self.fabric_switches(fabric) for h in s.upstream_ports}
+            found = self._cabled[fabric] = tuple(h for h in self.hosts if h in cabled)
+        return found
 
     def fabric_devices(self, fabric: str) -> Iterator[Device]:
         return (d for d in self.devices.values() if d.fabric == fabric)
 
     def fabrics(self) -> list[str]:
-        present = {s.fabric for s in self.switches.values()}
-        return [f for f in (FABRIC_PCIE, FABRIC_CXL) if f in present]
+        found = self._cabled.get("")  # "" is no fabric's Id: the fabrics themselves
+        if found is None:
+            present = {s.fabric for s in self.switches.values()}
+            found = self._cabled[""] = tuple(f for f in (FABRIC_PCIE, FABRIC_CXL) if f in present)
+        return list(found)
 
     def host_reaches(self, host: str, device: Device) -> bool:
         return host in self.switches[device.switch].upstream_ports

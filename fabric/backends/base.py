@@ -180,6 +180,21 @@ class Backend(ABC):
         """The ComputerSystem Ids ``device`` is bound to now, read fresh from the fabric; ``hosts``
         are asked too where a style keeps the binding on the host's side (composition)."""
 
+    async def confirmed(self, device: DeviceRecord, host: HostRecord, *, bound: bool) -> bool:
+        """Whether the fabric's authoritative record of bindings, read now, shows ``device`` bound
+        to ``host`` (``bound``) or not bound to it: what confirms a change (issue 15's rule). A
+        bind is first looked for in the one resource it changed (:meth:`witnessed`): one found
+        proves it; only the absence of a binding needs :meth:`read_binding`'s full read."""
+        if bound and await self.witnessed(device, host):
+            return True
+        return (host.id in await self.read_binding(device, (host,))) is bound
+
+    async def witnessed(self, device: DeviceRecord, host: HostRecord) -> bool:
+        """Whether the resource the last bind of ``device`` changed or created, listed in the
+        fabric's collection and read now, binds ``device`` to ``host``. False: no proof here, the
+        full read decides."""
+        return False
+
     @abstractmethod
     async def read_bindings(self, walk: Walk) -> dict[str, tuple[str, ...]]:
         """Device key → bound ComputerSystem Ids for every device of the last :meth:`discover`,

@@ -12,6 +12,7 @@ public-cxl mockup lists Connection 14 only from endpoint T4, not from its collec
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,7 +28,7 @@ from fabric.backends.base import (
 )
 from fabric.backends.describe import describe
 from fabric.backends.model import DeviceRecord, HostRecord
-from fabric.backends.views import Connection, Endpoint, Fabric, MemoryChunks, Zone
+from fabric.backends.views import Connection, Endpoint, Fabric, MemoryChunks, Zone, odata_id
 from fabric.backends.walk import Walk, path_ids
 from manager_api.devices import BindingStyle
 from manager_api.errors import BindFailed
@@ -46,6 +47,8 @@ class ConnectionBackend(Backend):
         self._devices: list[tuple[str, str]] = []
         #: connections only endpoints link to (public-cxl's Connection 14)
         self._unlisted: list[str] = []
+        #: device key → the connection its last bind created (:meth:`witnessed` reads it)
+        self.bind_changed: dict[str, str] = {}
 
     async def discover(self, walk: Walk, hosts: Mapping[str, HostRecord]) -> DiscoveryResult:
         fabric = await walk.read(self.fabric_uri, Fabric)
@@ -155,6 +158,27 @@ class ConnectionBackend(Backend):
             bound |= self._hosts_of(connection)
         return tuple(sorted(bound))
 
+    async def witnessed(self, device: DeviceRecord, host: HostRecord) -> bool:
+        """Whether the connection ``uri`` the bind created, listed in the fabric's Connections
+        collection and read now, carries the device to an initiator of ``host``:
+        :meth:`read_binding` counts ``host`` as bound exactly when such a connection exists, so
+        one found is the full read's answer without reading every connection (their number grows
+        with the bindings). Endpoint links play no part."""
+        uri = self.bind_changed.get(device.key)
+        if uri is None:
+            return False
+        walk = Walk(self.client)  # without $expand: the member links, not every connection inline
+        fabric = await walk.read(self.fabric_uri, Fabric)
+        listed, connection = await asyncio.gather(
+            walk.member_uris(fabric.connections if fabric else None), walk.read(uri, Connection)
+        )
+        if connection is None or uri not in listed:
+            return False
+        await self._learn_initiators(walk, [connection])
+        return self._carries(
+            connection, str(device.chunk), str(device.endpoint)
+        ) and host.id in self._hosts_of(connection)
+
     async def bind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
         initiators = self.initiators_of(host)
         walk = self.fresh_walk()
@@ -180,6 +204,11 @@ class ConnectionBackend(Backend):
                 },
             },
         )
+        created = odata_id(response.body) if response.status == 201 else None
+        if created:
+            self.bind_changed[device.key] = created
+        else:
+            self.bind_changed.pop(device.key, None)
         await self._finish(response, ctx)
 
     async def _initiator_for(

@@ -35,7 +35,7 @@ from fabric.backends.base import (
 )
 from fabric.backends.describe import describe
 from fabric.backends.model import DeviceRecord, HostRecord
-from fabric.backends.views import JSON, Endpoint, Fabric, Zone
+from fabric.backends.views import JSON, Endpoint, Fabric, Zone, odata_id
 from fabric.backends.walk import Walk
 from fabric.redfish.client import RedfishResponse
 from manager_api.devices import BindingStyle
@@ -107,6 +107,8 @@ class ZoneBackend(Backend):
         self._prefetched: dict[str, tuple[_Zone, str | None, int, float]] = {}
         #: the fabric's Zones collection (from discovery)
         self._zones_uri: str | None = None
+        #: device key → the zone its last bind added it to or created (:meth:`witnessed` reads it)
+        self.bind_changed: dict[str, str] = {}
 
     async def discover(self, walk: Walk, hosts: Mapping[str, HostRecord]) -> DiscoveryResult:
         fabric = await walk.read(self.fabric_uri, Fabric)
@@ -121,12 +123,13 @@ class ZoneBackend(Backend):
         self._targets = []
         self._target_set = frozenset(v.uri for v in endpoints if v.is_target)
         self._host_zones = self._own_zones(zones)
+        bound_by = self._bound_by(zones)
         for view in endpoints:
             if not view.is_target or (self.skip_memory_targets and view.chunks):
                 continue
             self._targets.append(view.uri)
             attributes = await describe(walk, view.entities, endpoint=view.endpoint)
-            bound = self._bound_in(view.uri, zones)
+            bound = sorted(bound_by.get(view.uri, ()))
             result.devices.append(
                 DeviceRecord(
                     key=view.uri,
@@ -150,23 +153,25 @@ class ZoneBackend(Backend):
                 own.setdefault(hosts.pop(), zone.uri)
         return own
 
-    def _bound_in(self, target: str, zones: list[_Zone]) -> list[str]:
-        return sorted(
-            {
-                self._initiator_hosts[e]
-                for zone in zones
-                if target in zone.endpoints
-                for e in zone.endpoints
-                if e in self._initiator_hosts
-            }
-        )
+    def _bound_by(self, zones: list[_Zone]) -> dict[str, set[str]]:
+        """Endpoint → the hosts whose initiators share a zone with it: one pass over every zone's
+        members, instead of every zone per device (10,000 devices times the zones was the bindings
+        pass's cost)."""
+        bound: dict[str, set[str]] = {}
+        for zone in zones:
+            hosts = {self._initiator_hosts[e] for e in zone.endpoints if e in self._initiator_hosts}
+            if hosts:
+                for e in zone.endpoints:
+                    bound.setdefault(e, set()).update(hosts)
+        return bound
 
     async def read_bindings(self, walk: Walk) -> dict[str, tuple[str, ...]]:
         fabric = await walk.read(self.fabric_uri, Fabric)
         zones: dict[str, _Zone] = {}
         for zone in await walk.members(fabric.zones if fabric else None, Zone):
             self._add_zone(zones, zone)
-        return {t: tuple(self._bound_in(t, list(zones.values()))) for t in self._targets}
+        bound = self._bound_by(list(zones.values()))
+        return {t: tuple(sorted(bound.get(t, ()))) for t in self._targets}
 
     async def _zones(self, walk: Walk, fabric: Fabric, endpoints: list[EndpointView]) -> list[_Zone]:
         zones: dict[str, _Zone] = {}
@@ -205,8 +210,13 @@ class ZoneBackend(Backend):
             walk, await self._zones_collection(walk), endpoint.links.zones or ()
         )
         if walk.expand:
-            read = await walk.read_all([u for u in uris if u not in linked_only], Zone)
-            holding = {z.uri for z in read if endpoint.uri in z.links.endpoints}
+            # The members came inline: pick the zones that hold the endpoint from the JSON as
+            # read, and validate only those (a zone per host holds every device bound to it, so
+            # validating all of them cost in proportion to the bindings of the whole fabric).
+            listed = [u for u in uris if u not in linked_only]
+            bodies = await asyncio.gather(*(walk.get(u) for u in listed))
+            uri = endpoint.uri
+            holding = {u for u, body in zip(listed, bodies, strict=True) if uri and _links_to(body, uri)}
             uris = [u for u in uris if u in holding or u in linked_only]
         return uris, linked_only
 
@@ -321,6 +331,37 @@ class ZoneBackend(Backend):
             bound |= await self._zone_hosts(walk, zone)
         return tuple(sorted(bound))
 
+    async def witnessed(self, device: DeviceRecord, host: HostRecord) -> bool:
+        """Whether the Zones collection lists the zone ``uri`` and that zone, read now, binds
+        ``device`` to ``host``.
+
+        Why this is as authoritative as reading every zone: :meth:`read_binding` counts ``host``
+        as bound exactly when some zone of type ZoneOfEndpoints holds the device's endpoint and
+        an initiator of ``host``. Here the fabric's Zones collection is read after the change
+        (its member links: which zones exist), and the zone the bind added the device to (or
+        created) is read after the change too; when the collection lists that zone and the
+        zone's own ``Links.Endpoints`` hold both endpoints, such a zone exists, so the full read
+        would say the same. The endpoint's ``Links.Zones`` play no part (some services leave them
+        stale). Only the absence of a binding needs every zone: an unbind, and a bind without
+        such a zone, are confirmed by :meth:`read_binding` as before."""
+        uri = self.bind_changed.get(device.key)
+        if uri is None:
+            return False
+        walk = Walk(self.client)  # without $expand: the member links, not every zone inline
+        listed, fresh = await asyncio.gather(
+            walk.member_uris(await self._zones_collection(walk)), self._get_or_none(uri)
+        )
+        if fresh is None or uri not in listed:
+            return False
+        zones: dict[str, _Zone] = {}
+        self._add_zone(zones, Zone.of(fresh.body))
+        zone = zones.get(uri)
+        return (
+            zone is not None
+            and str(device.endpoint) in zone.endpoints
+            and host.id in await self._zone_hosts(walk, zone)
+        )
+
     async def _is_own_zone(self, walk: Walk, zone: _Zone, host: HostRecord) -> bool:
         return (
             zone.zone.zone_type in _BINDING_ZONE_TYPES
@@ -384,6 +425,7 @@ class ZoneBackend(Backend):
             if own is not None:
                 host_zone, zone_etag = own
                 body = _endpoint_action(device, target.etag, zone_etag)
+                self.bind_changed[device.key] = host_zone.uri
                 try:
                     response = await self.client.post(str(host_zone.action("Zone.AddEndpoint")), body)
                 finally:
@@ -404,6 +446,11 @@ class ZoneBackend(Backend):
                         "Links": {"Endpoints": self._link_list([initiators[0], str(device.endpoint)])},
                     },
                 )
+                created = odata_id(response.body) if response.status == 201 else None
+                if created:
+                    self.bind_changed[device.key] = created
+                else:
+                    self.bind_changed.pop(device.key, None)
         try:
             await self._finish(response, ctx)
         finally:
@@ -465,6 +512,16 @@ class ZoneBackend(Backend):
             return True
         view = classify_endpoint(await walk.read(endpoint_uri, Endpoint))
         return bool(view and view.is_target)
+
+
+def _links_to(zone: JSON | None, endpoint: str) -> bool:
+    """Whether a zone's JSON names ``endpoint`` in its ``Links.Endpoints`` (as :class:`Zone`
+    reads them)."""
+    links = zone.get("Links") if zone is not None else None
+    members = links.get("Endpoints") if isinstance(links, dict) else None
+    if isinstance(members, list):
+        return any(odata_id(m) == endpoint for m in members)
+    return odata_id(members) == endpoint
 
 
 def _endpoint_action(device: DeviceRecord, endpoint_etag: str | None, zone_etag: str | None) -> JSON:

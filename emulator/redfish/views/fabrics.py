@@ -107,8 +107,7 @@ class FabricNode(Node):
         return {s.id: s for s in self.ctx.index.fabric_switches(self.fabric_id)}
 
     def host_ids(self) -> list[str]:
-        cabled = {h for s in self._switches().values() for h in s.upstream_ports}
-        return [h for h in self.ctx.index.hosts if h in cabled]
+        return list(self.ctx.index.fabric_hosts(self.fabric_id))
 
     def child(self, segment: str) -> Node | None:
         ctx, fabric = self.ctx, self.fabric_id
@@ -123,24 +122,25 @@ class FabricNode(Node):
                 lambda s: SwitchNode(ctx, switches[s]) if s in switches else None,
             )
         if segment == "Endpoints":
-            devices = [d.id for d in ctx.index.fabric_devices(fabric)]
             hosts = self.host_ids()
             # behaviour.initiators "links-only": host endpoints exist, but only zones and
             # connections link to them; the collection lists the targets alone
             listed = hosts if ctx.index.topology.behaviour.initiators == "collection" else []
+
+            def endpoint(e: str) -> Node | None:
+                # a lookup, not a scan of the fabric's devices: every endpoint GET comes here
+                if e in hosts:
+                    return HostEndpointNode(ctx, fabric, e, self)
+                device = ctx.index.devices.get(e)
+                return DeviceEndpointNode(ctx, device) if device and device.fabric == fabric else None
+
             return CollectionNode(
                 ctx,
                 f"{self.uri}/Endpoints",
                 "EndpointCollection",
                 f"{fabric} endpoints",
-                lambda: listed + devices,
-                lambda e: (
-                    HostEndpointNode(ctx, fabric, e, self)
-                    if e in hosts
-                    else DeviceEndpointNode(ctx, ctx.index.devices[e])
-                    if e in devices
-                    else None
-                ),
+                lambda: listed + [d.id for d in ctx.index.fabric_devices(fabric)],
+                endpoint,
             )
         if segment == "Zones" and fabric == FABRIC_PCIE:
             return ZonesNode(ctx, self)
