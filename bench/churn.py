@@ -201,7 +201,7 @@ class ChurnStack:
         args += ["--hosts", str(self.config.nodes)]
         for flag, value in counts.items():
             args += [f"--{flag}", str(value)]
-        args += ["--seed", f"churn-{self.config.seed}", "-o", str(path)]
+        args += ["--seed", f"churn-{self.config.seed}", "--output-file", str(path)]
         subprocess.run(args, check=True, capture_output=True)
         return path
 

@@ -108,7 +108,7 @@ def measure(quick: bool = False) -> dict[str, Any]:
             [
                 *(sys.executable, "-m", "fabric_dra", "emulator", "topology", "generate"),
                 *("--hosts", "50", "--gpus", "150", "--nvme", "20", "--nics", "10", "--fpgas", "4"),
-                *("--cxl-devices", "4", "--chunks", "4", "-o", str(topology)),
+                *("--cxl-devices", "4", "--chunks", "4", "--output-file", str(topology)),
             ],
             check=True,
             capture_output=True,

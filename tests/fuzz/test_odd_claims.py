@@ -71,7 +71,7 @@ def odd() -> Iterator[Odd]:
         [
             *(sys.executable, "-m", "fabric_dra", "emulator", "topology", "generate", "--hosts", "2"),
             *("--gpus", "24", "--nvme", "6", "--nics", "2", "--fpgas", "2", "--cxl-devices", "1"),
-            *("--chunks", "4", "-o", str(topology)),
+            *("--chunks", "4", "--output-file", str(topology)),
         ],
         check=True,
         capture_output=True,

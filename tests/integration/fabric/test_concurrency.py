@@ -39,7 +39,7 @@ def big_fabric(tmp_path_factory: pytest.TempPathFactory, tls: Tls) -> Iterator[F
         [
             *(sys.executable, "-m", "fabric_dra", "emulator", "topology", "generate", "--hosts", str(HOSTS)),
             *("--gpus", str(DEVICES), "--nvme", "0", "--nics", "0", "--fpgas", "0", "--cxl-devices", "0"),
-            *("-o", str(topology)),
+            *("--output-file", str(topology)),
         ],
         check=True,
         timeout=60,
