@@ -176,6 +176,13 @@ _MESSAGES: dict[str, dict[str, MessageDef]] = {
                 "Read the resource again and retry with its current ETag.",
             ),
             (
+                "PreconditionRequired",
+                "Critical",
+                0,
+                "The request did not provide the required precondition such as an If-Match header.",
+                "Try the operation again using an If-Match header and the resource's current ETag.",
+            ),
+            (
                 "NoValidSession",
                 "Critical",
                 0,

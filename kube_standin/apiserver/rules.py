@@ -692,6 +692,8 @@ def validate_update(res: ResourceType, new: Obj, old: Obj, subresource: str | No
     elif res.kind == "ResourceSlice":
         _validate_resource_slice(errs, new)
         new_spec, old_spec = new.get("spec") or {}, old.get("spec") or {}
+        # pkg/apis/resource/validation/validation.go ValidateResourceSliceUpdate: driver, nodeName
+        # and pool.name are ValidateImmutableField (a slice moving to another node is recreated)
         immutable: list[tuple[str, Any, Any]] = [
             ("spec.driver", new_spec.get("driver"), old_spec.get("driver")),
             ("spec.nodeName", new_spec.get("nodeName"), old_spec.get("nodeName")),

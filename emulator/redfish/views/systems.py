@@ -246,9 +246,11 @@ class SystemNode(Node):
         and not composed yet are composed, those composed and not listed are taken out. Like
         services that compose this way, it wants ``If-Match`` (the application checks its value)."""
         if request.header("if-match") is None:
+            # 428 with Base.PreconditionRequired (Base 1.22.1: "did not provide the required
+            # precondition such as an If-Match header"); PreconditionFailed is the 412 of a stale one
             raise RedfishError.of(
                 428,
-                "PreconditionFailed",
+                "PreconditionRequired",
                 detail=f"A PATCH of {self.uri} needs If-Match with the system's current ETag.",
             )
         body = parse_body(_SystemPatch, request.json())
