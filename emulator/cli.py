@@ -298,14 +298,19 @@ def _register_fault(commands: SubParsers) -> None:
         _add_client_args(sub)
         return sub
 
-    sub = kind("fail-binds", "fail the next N binds (or unbinds) of a device with a Base MessageId")
+    sub = kind("fail-binds", "fail the next N binds, unbinds or resets of a device with a Base MessageId")
     sub.add_argument("--device", help="device or memory chunk Id (default: any)")
     sub.add_argument("--count", type=int, default=1, help="how many operations fail (default: 1)")
     sub.add_argument(
         "--message-id", default="OperationFailed", help="Base MessageId (default: OperationFailed)"
     )
     sub.add_argument("--http-status", type=int, help="HTTP status to answer with (default: by MessageId)")
-    sub.add_argument("--operation", choices=["bind", "unbind", "any"], default="bind", help="default: bind")
+    sub.add_argument(
+        "--operation",
+        choices=["bind", "unbind", "reset", "any"],
+        default="bind",
+        help="default: bind; any is any bind or unbind (a reset action fails only under reset)",
+    )
     sub.set_defaults(
         handler=lambda a: _inject(
             a,

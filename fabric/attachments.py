@@ -12,8 +12,9 @@ it checks a request, decides from the ledger what it means, has the operation dr
   confirmed the unbind.
 * **Leader only.** A follower refuses every request (:class:`manager_api.errors.NotLeader`).
 * **Warm devices** (:mod:`fabric.warm`). A device warm on the claim's node is the claim's after
-  one ledger write (no Redfish request); warm on another node, it is detached there and attached
-  here; released while its node's pool is below target, it goes back to warm instead of unbinding.
+  one ledger write (no Redfish request) once it was reset since its last claim; warm on another
+  node, it is detached there and attached here; released while its node's pool is below target,
+  it goes back to warm instead of unbinding, to be reset before another claim gets it.
 
 How the operation runs (one at a time per device, intent before action, never blind, rolled back
 when it fails) is :mod:`fabric.operations_driver` and :mod:`fabric.fabric_attempts`; how unfinished
@@ -121,22 +122,24 @@ class Attachments:
                 if entry is None:
                     self._check_free(record)
                     self.ledger.admit(node, name)
-                    await self.driver.start_attach(record, host, node, claim)
+                    await self.driver.start_attach(record, host, node, claim, namespace=request.namespace)
                     self._claimed(record, node, COLD)
                     break
                 if entry.warm_held:
-                    if entry.state is LedgerState.WARM and entry.node == node:
+                    if entry.state is LedgerState.WARM and entry.node == node and entry.clean:
                         self._check_usable(record)
-                        await self.driver.take_warm(entry, claim)
+                        await self.driver.take_warm(entry, claim, namespace=request.namespace)
                         self._claimed(record, node, HIT)
                         return self._attachment(name, node, claim, api.AttachmentState.ATTACHED), 200
-                    if entry.state is LedgerState.WARM:
+                    if entry.state is LedgerState.WARM and entry.node != node:
                         # Warm on another node: moved (detached there, then attached here as
                         # usual once the fabric let go), never refused and never bound twice.
                         await self.driver.start_detach(entry)
                         self._claimed(record, node, MISS)
                         log.info("warm device moves to another node", device=name, node=node, claim=claim)
-                    self.driver.kick(name)  # warming or cooling: wait for that to finish
+                    # Warming, cooling, or reset after its last claim (a reset that fails takes
+                    # it out of the pool: this claim then gets it cold): wait for that to finish.
+                    self.driver.kick(name)
                     event = slot.event
                     warming = True
                 elif entry.claim_uid != claim or entry.node != node:
@@ -232,6 +235,7 @@ class Attachments:
             if entry is None or entry.claim_uid != claim or entry.node != node:
                 return self._attachment(device, node, claim, api.AttachmentState.DETACHED), 200
             if entry.state is LedgerState.BOUND and self.warm is not None and self.warm.wants_back(entry):
+                # kept bound, and reset before another claim gets it (the driver runs the reset)
                 await self.driver.keep_warm(entry)  # stays bound to the node: nothing to wait for
                 return self._attachment(device, node, claim, api.AttachmentState.DETACHED), 200
             if entry.state is not LedgerState.DETACHING or entry.rollback:

@@ -63,6 +63,7 @@ __all__ = [
     "LedgerError",
     "LedgerState",
     "LedgerStore",
+    "ResetState",
     "shard_names",
     "shard_of",
 ]
@@ -119,6 +120,14 @@ class LedgerState(StrEnum):
 WARM_HOLDER = ""
 
 
+class ResetState(StrEnum):
+    """Whether a device a claim gave back to the warm pool was reset since (docs/manager.md
+    "Hygiene between tenants"). An entry without one never served a claim since its hot-add."""
+
+    PENDING = "pending"  # served a claim; not to be handed to another before its reset
+    DONE = "done"
+
+
 class LedgerEntry(BaseModel):
     # validate_assignment: an error set on a live entry is capped too
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -136,6 +145,15 @@ class LedgerEntry(BaseModel):
     task_monitor: str | None = None
     error: Annotated[str | None, AfterValidator(_cap_error)] = None
     updated_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    #: the namespace of the claim that holds the device, or held it last (a warm device's last tenant)
+    namespace: str | None = None
+    #: set when a claim gives the device back to the warm pool (absent in earlier ledgers: clean)
+    reset: ResetState | None = None
+
+    @property
+    def clean(self) -> bool:
+        """No reset due: the device served no claim since its hot-add, or was reset since."""
+        return self.reset is not ResetState.PENDING
 
     @property
     def warm_held(self) -> bool:

@@ -150,6 +150,13 @@ class ManagerMetrics:
             ["model", "outcome"],
             registry=self.registry,
         )
+        self.device_resets = PromCounter(
+            "fabric_dra_device_resets_total",
+            "Resets of devices a claim gave back to the warm pool, before another claim may have them: "
+            "success, or failure (the device leaves the pool)",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.device_seconds = PromCounter(
             "fabric_dra_device_seconds",
             "Seconds devices spent in each ledger state (bound: to a claim; warm: held for the warm "

@@ -11,6 +11,11 @@
 * **Held until the fabric lets go.** An unbind the fabric refuses keeps the device held and is
   tried again after growing pauses.
 * **Leader only.** Every fabric mutation is fenced by the Lease (:class:`manager_api.errors.NotLeader`).
+* **Reset between tenants.** A device a claim gives back to the warm pool is ``reset: pending``
+  (durably, in the same write) until the driver has reset it through its Redfish ``Reset``
+  action; until then no claim gets it (:meth:`OperationDriver.take_warm`). A reset that fails
+  takes the device out of the pool (detached, with a Warning Event). docs/manager.md "Hygiene
+  between tenants".
 
 What one operation does on the fabric, reading before every change, is
 :class:`fabric.fabric_attempts.FabricAttempts`; resuming what was left unfinished is
@@ -25,17 +30,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fabric.backends.base import Backend
+from fabric.backends.base import Backend, BindContext
 from fabric.backends.model import DeviceRecord, HostRecord
 from fabric.fabric_attempts import FabricAttempts, TaskControl, Unresolved
 from fabric.inventory import Inventory
-from fabric.ledger import WARM_HOLDER, Ledger, LedgerEntry, LedgerState
+from fabric.ledger import WARM_HOLDER, Ledger, LedgerEntry, LedgerState, ResetState
 from fabric.metrics import ManagerMetrics
 from fabric.operations import OperationLog, OperationSettings
 from manager_api import models as api
 from manager_api.errors import DeviceBusy, DeviceNotFound, FabricError, NotLeader
 from plumbing.backoff import Backoff
 from plumbing.crashpoints import crash_point
+from plumbing.kube.events import EventRecorder, ObjectRef
 from plumbing.logs import get_logger
 
 __all__ = ["DeviceSlot", "OperationDriver"]
@@ -88,8 +94,11 @@ class OperationDriver:
         metrics: ManagerMetrics | None = None,
         is_leader: Callable[[], bool] = lambda: True,
         settings: OperationSettings | None = None,
+        events: EventRecorder | None = None,
     ) -> None:
         self.inventory = inventory
+        #: Kubernetes Events about devices (a failed reset), when the manager has API access
+        self.events = events
         self.ledger = ledger
         self.backend_for = backend_for
         self.operations = operations or OperationLog()
@@ -122,7 +131,9 @@ class OperationDriver:
 
     # -- intents (the caller holds the device's lock) --------------------------------------------
 
-    async def start_attach(self, record: DeviceRecord, host: HostRecord, node: str, claim: str) -> None:
+    async def start_attach(
+        self, record: DeviceRecord, host: HostRecord, node: str, claim: str, *, namespace: str | None = None
+    ) -> None:
         """Record the intent to bind durably, then start the driver."""
         op = self.operations.start(api.OperationKind.ATTACH, record.name, node, claim)
         entry = LedgerEntry(
@@ -133,6 +144,7 @@ class OperationDriver:
             claim_uid=claim,
             state=LedgerState.ATTACHING,
             operation_id=op.id,
+            namespace=namespace,
         )
         self.ledger.put(entry)
         crash_point("manager.attach.before-intent")
@@ -169,16 +181,30 @@ class OperationDriver:
             self.operations.finish(op.id, err)
             raise
 
-    async def take_warm(self, entry: LedgerEntry, claim: str) -> api.Operation:
+    async def take_warm(
+        self, entry: LedgerEntry, claim: str, *, namespace: str | None = None
+    ) -> api.Operation:
         """Give the warm device of ``entry`` to ``claim`` on the node it is warm on: one durable
         ledger write, nothing sent to the fabric (the binding is already there). The caller holds
-        the device's lock.
+        the device's lock. Only a clean device (:attr:`LedgerEntry.clean`: reset since its last
+        claim, or fresh from a hot-add) is given, whatever the claim's namespace.
 
         Crash-safe because one device's entry is one key of one shard, written whole: a crash
         before the write leaves the device warm (the claim's retry takes it then), after it the
         device is the claim's. Never both, never neither."""
+        if not entry.clean:
+            raise DeviceBusy(
+                f"device {entry.device} is being reset after its last claim",
+                device=entry.device,
+                node=entry.node,
+                held_by=f"{entry.node}/",
+                retry_after=1.0,
+            )
         op = self.operations.start(api.OperationKind.ATTACH, entry.device, entry.node, claim)
         previous = entry.model_copy()
+        last_namespace = entry.namespace
+        entry.namespace = namespace
+        entry.reset = None
         entry.claim_uid = claim
         entry.state = LedgerState.BOUND
         entry.operation_id = op.id
@@ -195,19 +221,32 @@ class OperationDriver:
                 str(record.attributes.type) if record else "unknown", "success"
             ).observe((finished.finished_at - finished.started_at).total_seconds())
         self.inventory.changed()
-        log.info("warm device given to a claim", device=entry.device, node=entry.node, claim=claim)
+        log.info(
+            "warm device given to a claim",
+            device=entry.device,
+            node=entry.node,
+            claim=claim,
+            namespace=namespace,
+            last_namespace=last_namespace,
+            reset=str(previous.reset) if previous.reset else "never used",
+        )
         return op
 
     async def keep_warm(self, entry: LedgerEntry) -> None:
         """Take ``entry``'s device back from its claim into the warm pool of its node instead of
         unbinding it: one durable ledger write, nothing sent to the fabric. The caller holds the
         device's lock. A crash before the write leaves it the claim's (the claim's retried detach
-        decides again); after it, warm."""
+        decides again); after it, warm.
+
+        The same write marks it ``reset: pending`` (its namespace kept as the last tenant's), and
+        the driver resets it (:meth:`_reset`): no claim gets it before, and a restart finds the
+        reset still due."""
         op = self.operations.start(api.OperationKind.DETACH, entry.device, entry.node, entry.claim_uid)
         previous = entry.model_copy()
         claim = entry.claim_uid
         entry.claim_uid = WARM_HOLDER
         entry.state = LedgerState.WARM
+        entry.reset = ResetState.PENDING
         entry.operation_id = op.id
         self.ledger.put(entry)
         await self._commit_intent(op, undo=lambda: self.ledger.put(previous))
@@ -215,6 +254,7 @@ class OperationDriver:
         self.operations.finish(op.id, None)
         self.inventory.changed()
         log.info("device kept warm after its claim", device=entry.device, node=entry.node, claim=claim)
+        self.kick(entry.device)  # its reset
 
     def _started(self, device: str, kind: api.OperationKind) -> None:
         self.slot(device).error = None
@@ -241,6 +281,10 @@ class OperationDriver:
         try:
             while True:
                 entry = self.ledger.get(device)
+                if entry is not None and entry.state is LedgerState.WARM and not entry.clean:
+                    if await self._reset(entry, slot):
+                        continue  # cleaned, or taken out of the pool: see where it stands
+                    return
                 if entry is None or entry.state.settled:
                     return
                 if self.operations.get(entry.operation_id) is None and not entry.rollback:
@@ -309,6 +353,74 @@ class OperationDriver:
         finally:
             slot.driver = None
             slot.signal()
+
+    # -- resets between tenants ------------------------------------------------------------------
+
+    async def _reset(self, entry: LedgerEntry, slot: DeviceSlot) -> bool:
+        """Reset the warm device of ``entry`` (``reset: pending``) through its Redfish ``Reset``
+        action and mark it clean; a reset that fails, or that the device does not offer, takes it
+        out of the pool (detached, Warning Event, ``fabric_dra_device_resets_total{outcome}``).
+        False when nothing changed (this replica is not the leader)."""
+        device = entry.device
+        record = self.inventory.device(device)
+        try:
+            self.fence()
+            crash_point("manager.warm.before-reset")
+            if record is None:
+                raise DeviceNotFound(f"device {device} is no longer on the fabric", device=device)
+            ctx = BindContext(
+                deadline=time.monotonic() + self.settings.task_timeout,
+                fence=self.fence,
+                action=f"reset {device} on {entry.host}",
+            )
+            await self.backend_for(record).reset(record, ctx)
+        except NotLeader:
+            return False  # the next leader finds the reset still due
+        except FabricError as err:
+            await self._reset_failed(entry, err)
+            return True
+        async with slot.lock:
+            if self.ledger.get(device) is not entry or entry.state is not LedgerState.WARM:
+                return True  # taken out of the pool meanwhile (a move, a cool-down): unbound anyway
+            entry.reset = ResetState.DONE
+            self.ledger.put(entry)
+            # Not waited for: a restart that finds "pending" resets once more, never less.
+            self.ledger.commit_soon()
+        if self.metrics is not None:
+            self.metrics.device_resets.labels("success").inc()
+        log.info("warm device reset", device=device, node=entry.node, last_namespace=entry.namespace)
+        return True
+
+    async def _reset_failed(self, entry: LedgerEntry, err: FabricError) -> None:
+        async with self.slot(entry.device).lock:
+            if self.ledger.get(entry.device) is not entry or entry.state is not LedgerState.WARM:
+                return
+            entry.error = err.message
+            try:
+                await self.start_detach(entry)
+            except FabricError as failed:  # the ledger cannot be written: still pending, tried again
+                log.error("cannot record a failed reset", device=entry.device, error=failed.message)
+                return
+        if self.metrics is not None:
+            self.metrics.device_resets.labels("failure").inc()
+        log.error(
+            "reset of a warm device failed; it leaves the warm pool",
+            device=entry.device,
+            node=entry.node,
+            error=err.message,
+        )
+        if self.events is not None:
+            await self.events.record(
+                ObjectRef(kind="Node", name=entry.node),
+                reason="DeviceResetFailed",
+                action="Reset",
+                event_type="Warning",
+                note=(
+                    f"device {entry.device} was given back to the warm pool of node {entry.node} and "
+                    f"could not be reset before another claim ({err.message}); it is detached "
+                    "instead and the next claim gets it cold"
+                ),
+            )
 
     # -- results ---------------------------------------------------------------------------------
 

@@ -137,6 +137,13 @@ class ManagerService:
             s.state_dir.mkdir(parents=True, exist_ok=True)
             store = FileLedgerStore(s.state_dir)
         ledger = Ledger(store, max_entries_per_node=s.max_bindings_per_node)
+        # One name for this replica in the Lease and in the Events it records.
+        identity = s.identity or f"{socket.gethostname()}-{os.getpid()}"
+        events = (
+            EventRecorder(kube, controller="fabric-dra.io/manager", instance=identity)
+            if kube is not None
+            else None
+        )
         driver = OperationDriver(
             inventory,
             ledger,
@@ -145,6 +152,7 @@ class ManagerService:
             metrics=metrics,
             is_leader=self.is_leader,
             settings=s.binder,
+            events=events,
         )
         warm = WarmPool(s.warm, inventory, ledger, driver, metrics=metrics)
         driver.attach_observers.append(warm.attached)
@@ -221,8 +229,6 @@ class ManagerService:
             tasks.append(asyncio.create_task(claims.run(), name="claims"))
         tasks.append(asyncio.create_task(reconciler.run(), name="reconciler"))
         tasks.append(asyncio.create_task(warm.run(), name="warm-pool"))
-        # One name for this replica in the Lease and in the Events it records.
-        identity = s.identity or f"{socket.gethostname()}-{os.getpid()}"
         if kube is not None and s.orphan_grace_seconds > 0:
             orphans = OrphanReconciler(
                 kube,
@@ -231,7 +237,7 @@ class ManagerService:
                 interval=s.orphan_interval_seconds,
                 reports=reports,
                 metrics=metrics,
-                events=EventRecorder(kube, controller="fabric-dra.io/manager", instance=identity),
+                events=events,
             )
             tasks.append(asyncio.create_task(orphans.run(), name="orphans"))
         elif s.orphan_grace_seconds > 0:

@@ -10,7 +10,7 @@ hot-add, and the device-seconds each device spends warm, bound, attaching and de
   write (:meth:`fabric.operations_driver.OperationDriver.take_warm`: a *hit*). Warm on another
   node, it is detached there and attached to the claim's node (a *miss*: never refused, never bound
   twice). A released device stays bound as warm when its node's pool is below target
-  (:meth:`wants_back`).
+  (:meth:`wants_back`) and it offers a Redfish ``Reset``: it is reset before another claim gets it.
 * **Leaves when unfit.** A warm device the fabric reports unavailable or Critical is detached.
 * **Device-seconds.** :class:`UsageMeter` adds, at every pass, the time since the last one to
   ``fabric_dra_device_seconds_total{model, state}`` for every ledger entry: what warmth costs next
@@ -125,6 +125,8 @@ class WarmPool:
         record = self.inventory.device(entry.device)
         if record is None or not self.driver.is_leader():
             return False
+        if record.attributes.reset_target is None:
+            return False  # it could not be reset before the next claim: unbound (hot-removed) instead
         target = self.target(entry.node, record)
         return target > 0 and len(self.held(entry.node, self._group(record))) < target
 
@@ -195,6 +197,9 @@ class WarmPool:
             known = self.inventory.device(entry.device)
             if known is not None:
                 targets.setdefault(self._group(known), 0)
+        for entry in self.ledger.warm_held_on(node):
+            if entry.state is LedgerState.WARM and not entry.clean:
+                self.driver.kick(entry.device)  # a reset still due (after a restart, say)
         for group, target in sorted(targets.items()):
             for entry in self.held(node, group):  # unfit devices leave the pool first
                 fit = self.inventory.device(entry.device)

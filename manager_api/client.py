@@ -200,13 +200,20 @@ class ManagerClient:
         return _NODES.validate_json((await self._request("GET", "/nodes")).content)
 
     async def attach(
-        self, device: str, node: str, claim_uid: str, *, wait_seconds: float = 0.0, pool: str | None = None
+        self,
+        device: str,
+        node: str,
+        claim_uid: str,
+        *,
+        wait_seconds: float = 0.0,
+        pool: str | None = None,
+        namespace: str | None = None,
     ) -> Attachment:
         """Bind ``device`` to ``node`` for ``claim_uid``; idempotent. State ``attaching`` means: ask again.
         With ``pool``, a device that is not in that pool is refused (404) rather than bound."""
-        body = AttachRequest(device=device, node=node, claim_uid=claim_uid, pool=pool).model_dump(
-            by_alias=True, exclude_none=True
-        )
+        body = AttachRequest(
+            device=device, node=node, claim_uid=claim_uid, pool=pool, namespace=namespace
+        ).model_dump(by_alias=True, exclude_none=True)
         response = await self._request(
             "POST",
             "/attachments",

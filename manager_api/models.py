@@ -231,6 +231,11 @@ class AttachRequest(_Model):
         default=None,
         description="the DRA pool the claim's allocation names for the device; another pool is 404",
     )
+    namespace: str | None = Field(
+        default=None,
+        max_length=63,
+        description="the claim's namespace: recorded with the binding (a warm device's last tenant)",
+    )
 
 
 class PreparedClaim(_Model):

@@ -59,6 +59,7 @@ POINTS: dict[str, str] = {
     "manager.warm.before-transfer": "a claim asked for a warm device; its entry says 'bound' in memory only",
     "manager.warm.after-transfer": "the entry 'bound' to the claim is durable; no answer yet",
     "manager.warm.after-return": "a released device's entry 'warm' is durable; no answer yet",
+    "manager.warm.before-reset": "a released device is 'warm', its reset 'pending' durably; none sent",
     # -- controller: binding-condition flow ------------------------------------------------------
     "controller.attach.before-request": "about to ask the manager to attach for a binding condition",
     "controller.attach.after-request": "the manager answered attached; Attached=True not yet written",

@@ -54,10 +54,16 @@ class DeviceBackend(Protocol):
     name: str
 
     async def attach(
-        self, claim_uid: str, device: str, *, exclude: Callable[[], Collection[str]], pool: str | None = None
+        self,
+        claim_uid: str,
+        device: str,
+        *,
+        exclude: Callable[[], Collection[str]],
+        pool: str | None = None,
+        namespace: str | None = None,
     ) -> AttachedDevice:
-        """Bind ``device`` (of ``pool``, when the claim names one) to this node for the claim and
-        wait until the host sees it."""
+        """Bind ``device`` (of ``pool``, when the claim names one) to this node for the claim (of
+        ``namespace``, which the manager records) and wait until the host sees it."""
         ...
 
     async def release(self, claim_uid: str, prepared: PreparedDevice, *, within: float) -> None:
@@ -127,23 +133,32 @@ class FabricBackend:
             return FabricError(f"the fabric manager has been attaching it for {waited:.0f}s", device=device)
         return None
 
-    async def _bind(self, claim_uid: str, device: str, pool: str | None = None) -> Device:
+    async def _bind(
+        self, claim_uid: str, device: str, pool: str | None = None, namespace: str | None = None
+    ) -> Device:
         """POST the attachment until the fabric says attached; transient failures are retried."""
         self._started[(claim_uid, device)] = time.monotonic()
         try:
-            return await self._bind_retrying(claim_uid, device, pool)
+            return await self._bind_retrying(claim_uid, device, pool, namespace)
         finally:
             self._pending.pop((claim_uid, device), None)
             self._started.pop((claim_uid, device), None)
 
-    async def _bind_retrying(self, claim_uid: str, device: str, pool: str | None) -> Device:
+    async def _bind_retrying(
+        self, claim_uid: str, device: str, pool: str | None, namespace: str | None
+    ) -> Device:
         started = time.monotonic()
         backoff = Backoff(initial=0.1, maximum=5.0)
         while True:
             crash_point("plugin.prepare.before-attach")
             try:
                 attachment = await self.client.attach(
-                    device, self.node, claim_uid, wait_seconds=MAX_WAIT_SECONDS, pool=pool
+                    device,
+                    self.node,
+                    claim_uid,
+                    wait_seconds=MAX_WAIT_SECONDS,
+                    pool=pool,
+                    namespace=namespace,
                 )
             except DeviceBusy:
                 raise  # held by another claim or node: only the kubelet's retry can help
@@ -174,10 +189,16 @@ class FabricBackend:
             )
 
     async def attach(
-        self, claim_uid: str, device: str, *, exclude: Callable[[], Collection[str]], pool: str | None = None
+        self,
+        claim_uid: str,
+        device: str,
+        *,
+        exclude: Callable[[], Collection[str]],
+        pool: str | None = None,
+        namespace: str | None = None,
     ) -> AttachedDevice:
         with observe_phase("attach"):
-            info = await self._bind(claim_uid, device, pool)
+            info = await self._bind(claim_uid, device, pool, namespace)
         crash_point("plugin.prepare.after-attach")
         with observe_phase("visible"):
             host = await self.scanner.wait_visible(
@@ -252,7 +273,13 @@ class NoopBackend:
         self.node = node
 
     async def attach(
-        self, claim_uid: str, device: str, *, exclude: Callable[[], Collection[str]], pool: str | None = None
+        self,
+        claim_uid: str,
+        device: str,
+        *,
+        exclude: Callable[[], Collection[str]],
+        pool: str | None = None,
+        namespace: str | None = None,
     ) -> AttachedDevice:
         info = Device(
             name=device,

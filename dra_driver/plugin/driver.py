@@ -323,7 +323,9 @@ class Driver:
 
         def start(device: str, pool: str) -> Callable[[], Any]:
             async def run() -> AttachedDevice:
-                attached = await self.backend.attach(ref.uid, device, exclude=exclude, pool=pool)
+                attached = await self.backend.attach(
+                    ref.uid, device, exclude=exclude, pool=pool, namespace=ref.namespace
+                )
                 self._reserve(ref.uid, attached.host)  # before any await: no other claim may take it
                 return attached
 

@@ -371,25 +371,65 @@ class Engine:
                 )
 
     def _fault_matches(self, fault_target: str | None, op: Operation) -> bool:
+        return self._fault_names(fault_target, op.targets)
+
+    def _fault_names(self, fault_target: str | None, targets: list[str]) -> bool:
         if fault_target is None:
             return True
-        return any(fault_target in (t, self._target(t).device.id) for t in op.targets)
+        return any(fault_target in (t, self._target(t).device.id) for t in targets)
 
     def _take_failure(self, op: Operation) -> RedfishError | None:
+        return self._take_failure_of(op.kind.value, op.targets)
+
+    def _take_failure_of(self, kind: str, targets: list[str]) -> RedfishError | None:
+        """The first FailOperations fault for ``kind`` (bind, unbind, reset) of ``targets``, used."""
         for fault_id, fault in list(self.faults.items()):
             if not isinstance(fault, FailOperations):
                 continue
-            if fault.Operation not in ("any", op.kind.value) or not self._fault_matches(fault.Target, op):
+            # "any" is any binding change; a reset fails only when a fault names it
+            wanted = (kind,) if kind == "reset" else ("any", kind)
+            if fault.Operation not in wanted or not self._fault_names(fault.Target, targets):
                 continue
             self._consume(fault_id, fault)
             status = fault.HttpStatus or _STATUS_OF_MESSAGE.get(fault.MessageId, 400)
             return RedfishError.of(
                 status,
                 fault.MessageId,
-                detail=f"The fabric refused to {op.kind.value} {_fmt_targets(op.targets)} "
-                f"(injected fault {fault_id}).",
+                detail=f"The fabric refused to {kind} {_fmt_targets(targets)} (injected fault {fault_id}).",
             )
         return None
+
+    async def reset_device(self, device_id: str, reset_type: str | None) -> list[BindingRecord]:
+        """Reset the device ``device_id`` (``#Processor.Reset``, ``#Drive.Reset``): done at once,
+        as a function-level reset is (PCIe Base 6.0 §6.6.2: within 100 ms), and counted on its
+        bindings (``Resets``, ``LastReset`` in the Bindings table: the host's side of the reset).
+        A device with an operation in flight is 409; a ``FailOperations`` fault with
+        ``Operation: reset`` fails it. Returns the bindings it was counted on."""
+        targets = sorted(t for t, target in self.index.targets.items() if target.device.id == device_id)
+        for t in targets:
+            task_id = self.inflight.get(t)
+            if task_id is not None:
+                raise RedfishError.of(
+                    409, "ResourceInUse", detail=f"{t} has an operation in progress (task {task_id})."
+                )
+        failure = self._take_failure_of("reset", targets)
+        if failure is not None:
+            await self._commit([], [])  # the fault's count went down
+            raise failure
+        now = utcnow()
+        counted = [b for t in targets if (b := self.state.bindings.get(t)) is not None]
+        for binding in counted:
+            binding.resets += 1
+            binding.last_reset = now
+        self.revision.bump()
+        log.info(
+            "device reset",
+            device=device_id,
+            node=",".join(b.host for b in counted) or None,
+            reset_type=reset_type or "default",
+        )
+        await self._commit([], [])
+        return counted
 
     def _take_hang(self, op: Operation) -> bool:
         for fault_id, fault in list(self.faults.items()):

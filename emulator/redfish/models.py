@@ -479,6 +479,7 @@ class Processor(Resource):
     Status: Status
     ProcessorMemory: list[_ProcessorMemory] | None = None
     Links: ProcessorLinks
+    Actions: dict[str, Action] | None = None
 
 
 class DriveLinks(_Obj):
@@ -497,6 +498,7 @@ class Drive(Resource):
     Protocol: str = "NVMe"
     Status: Status
     Links: DriveLinks
+    Actions: dict[str, Action] | None = None
 
 
 class ControllerLinks(_Obj):

@@ -82,6 +82,9 @@ class BindingRecord(_Model):
     connection: str | None = None
     since: datetime
     address: HostAddress = Field(default_factory=HostAddress)
+    #: resets of the device while bound (a hot-add starts from a powered-off slot: a clean function)
+    resets: int = 0
+    last_reset: datetime | None = None
 
 
 class ZoneRecord(_Model):

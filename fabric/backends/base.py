@@ -13,7 +13,7 @@ from fabric.backends.views import Endpoint, Fabric
 from fabric.backends.walk import Walk, path_ids
 from fabric.redfish.client import RedfishClient, RedfishResponse
 from manager_api.devices import BindingStyle
-from manager_api.errors import NodeNotFound
+from manager_api.errors import BindRefused, NodeNotFound
 
 __all__ = [
     "Backend",
@@ -208,6 +208,20 @@ class Backend(ABC):
     @abstractmethod
     async def unbind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
         """Undo the binding of ``device`` to ``host``; returns once the fabric reports it done."""
+
+    async def reset(self, device: DeviceRecord, ctx: BindContext) -> None:
+        """Reset ``device`` through its resource's ``Reset`` action (``#Processor.Reset``,
+        ``#Drive.Reset``: :attr:`DiscoveredAttributes.reset_target`), following the task when the
+        service runs one; raises the fabric's error when it refuses or the task fails.
+
+        ``ForceRestart``: the device is idle (no claim holds it) and must not keep anything of its
+        last tenant, so nothing is to be shut down gracefully."""
+        target = device.attributes.reset_target
+        if target is None:
+            raise BindRefused(f"device {device.name} offers no Reset action", device=device.name)
+        ctx.fence()
+        response = await self.client.post(target, {"ResetType": "ForceRestart"})
+        await self._finish(response, ctx)
 
     def initiators_of(self, host: HostRecord) -> tuple[str, ...]:
         found = host.initiators.get(self.fabric_id, ())

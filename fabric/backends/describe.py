@@ -306,6 +306,9 @@ async def describe(
                 if switch:
                     break
 
+    reset_target = (processor.actions.target("Processor.Reset") if processor else None) or (
+        drive.actions.target("Drive.Reset") if drive else None
+    )
     identities = {uri for _, uri in entities}
     for linked in (function, pcie_device, logical, chunk, *drives):
         if linked and linked.uri:
@@ -336,4 +339,5 @@ async def describe(
         health=health,
         available=available,
         identities=frozenset(identities),
+        reset_target=reset_target,
     )

@@ -28,6 +28,10 @@ class DiscoveredAttributes(DeviceAttributes):
     available: bool = True
     #: URIs of the resources that make up the device (to recognise it from another binding style)
     identities: frozenset[str] = frozenset()
+    #: the target of the ``Reset`` action of the device's own resource (``#Processor.Reset``,
+    #: ``#Drive.Reset``) when the service offers one: how the manager cleans a warm device
+    #: between tenants (docs/manager.md "Hygiene between tenants")
+    reset_target: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

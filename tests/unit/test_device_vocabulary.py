@@ -48,6 +48,7 @@ def test_the_api_device_is_identity_then_the_attribute_table_then_who_holds_it()
     assert set(DiscoveredAttributes.model_fields) - set(DeviceAttributes.model_fields) == {
         "available",
         "identities",
+        "reset_target",
     }
 
 

@@ -11,9 +11,14 @@ whose memory chunks are the unit a host binds.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from emulator.redfish import uris
+from emulator.redfish.http import Reply, Request, parse_body
 from emulator.redfish.models import (
+    Action,
     Chassis,
     ChassisLinks,
     Controller,
@@ -41,7 +46,7 @@ from emulator.redfish.models import (
     ref,
     refs,
 )
-from emulator.redfish.nodes import CollectionNode, Context, Node
+from emulator.redfish.nodes import CollectionNode, Context, Node, actions
 from emulator.redfish.pciconfig import dsn_from_serial
 from emulator.redfish.views.common import (
     device_class,
@@ -334,19 +339,69 @@ class PCIeFunctionNode(Node):
         )
 
 
-class ProcessorNode(Node):
+class _ResetParams(BaseModel):
+    """The parameters of ``#Processor.Reset`` / ``#Drive.Reset``: ``ResetType``
+    (Resource.ResetType), optional — "the service can accept a request without the parameter and
+    perform an implementation-specific default reset" (Processor_v1.xml)."""
+
+    model_config = ConfigDict(extra="forbid")
+    ResetType: (
+        Literal[
+            "On",
+            "ForceOff",
+            "GracefulShutdown",
+            "GracefulRestart",
+            "ForceRestart",
+            "Nmi",
+            "ForceOn",
+            "PushPowerButton",
+            "PowerCycle",
+            "Suspend",
+            "Pause",
+            "Resume",
+            "FullPowerCycle",
+        ]
+        | None
+    ) = None
+
+
+class _ResettableNode(Node):
+    """A device's own resource offering its schema's ``Reset`` action (Processor v1_6_0+, Drive
+    v1_7_0+), as a composable service offers it to clean a device between tenants. The engine
+    resets it at once and counts it on the device's binding (:meth:`Engine.reset_device`)."""
+
+    schema: ClassVar[str]
+
     def __init__(self, ctx: Context, device: Device) -> None:
         super().__init__(ctx, primary_uri(device))
         self.device = device
+
+    def action_names(self) -> tuple[str, ...]:
+        return (f"{self.schema}.Reset",)
+
+    def reset_actions(self) -> dict[str, Action]:
+        return actions(self.uri, *self.action_names())
+
+    def child(self, segment: str) -> Node | None:
+        return self.actions_child(segment)
+
+    async def action(self, name: str, request: Request) -> Reply:
+        params = parse_body(_ResetParams, request.json() if request.body.strip() else {}, action=name)
+        await self.ctx.engine.reset_device(self.device.id, params.ResetType)
+        return Reply(204)
+
+
+class ProcessorNode(_ResettableNode):
+    schema = "Processor"
 
     def render(self) -> Processor:
-        return processor_model(self.ctx, self.device, self.uri)
+        return processor_model(self.ctx, self.device, self.uri).model_copy(
+            update={"Actions": self.reset_actions()}
+        )
 
 
-class DriveNode(Node):
-    def __init__(self, ctx: Context, device: Device) -> None:
-        super().__init__(ctx, primary_uri(device))
-        self.device = device
+class DriveNode(_ResettableNode):
+    schema = "Drive"
 
     def render(self) -> Drive:
         dev = self.device
@@ -364,6 +419,7 @@ class DriveNode(Node):
                 PCIeFunctions=[ref(function_uri(dev))],
                 Endpoints=[ref(uris.endpoint(dev.fabric, dev.id))],
             ),
+            Actions=self.reset_actions(),
         )
 
 

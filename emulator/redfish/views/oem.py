@@ -68,6 +68,8 @@ class BindingsNode(Node):
                     "Since": b.since.isoformat(),
                     "HostAddress": b.address.model_dump(exclude_none=True),
                     "VisibleToHost": engine.port_up(target.device.switch, b.host),
+                    "Resets": b.resets,
+                    "LastReset": b.last_reset.isoformat() if b.last_reset else None,
                 }
             )
         in_flight = []

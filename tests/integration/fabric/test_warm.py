@@ -97,17 +97,31 @@ def sample(text: str, name: str, **labels: str) -> float:
     return 0.0
 
 
+#: the Redfish resource label of the reset a warm device gets between tenants (not a binding change)
+RESET_ACTION = "Processor.Reset"
+
+
 def redfish_writes(role: Role) -> float:
     """Requests the manager sent to the Redfish service that change bindings: not reads, nor its
-    own session and event subscription."""
+    own session and event subscription, nor the resets of warm devices (:func:`resets_sent`)."""
     total = 0.0
     for line in scrape(role).splitlines():
         if line.startswith("fabric_dra_redfish_request_duration_seconds_count{"):
             labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
             own = "Session" in labels["resource"] or "Subscription" in labels["resource"]
-            if labels["method"] not in ("GET", "HEAD") and not own:
+            if labels["method"] not in ("GET", "HEAD") and not own and labels["resource"] != RESET_ACTION:
                 total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def resets_sent(role: Role) -> float:
+    """Reset actions the manager sent to the Redfish service."""
+    return sample(
+        scrape(role),
+        "fabric_dra_redfish_request_duration_seconds_count",
+        method="POST",
+        resource=RESET_ACTION,
+    )
 
 
 def ledger_entry(work: Path, device: str) -> dict[str, object] | None:
@@ -174,12 +188,14 @@ async def test_hit_no_redfish_write_then_back_to_warm(clean: FabricAdmin, tmp_pa
             assert sample(text, "fabric_dra_warm_claims_total", model=L40S, outcome="hit") == 1.0
             assert sample(text, "fabric_dra_warm_claims_total", model=L40S, outcome="cold") == 1.0
 
-            # Released while the pool is below its size: it stays bound, warm again, no unbind.
+            # Released while the pool is below its size: it stays bound, warm again, no unbind;
+            # one reset action cleans it for the next claim (test_warm_reset.py).
             detached = await client.detach(device, HOME, claim, wait_seconds=20)
             assert detached.state is AttachmentState.DETACHED
             assert redfish_writes(role) == writes
             assert clean.bound_hosts() == {device: HOME, spare: AWAY}
             assert (await client.device(device)).state is BindingState.WARM
+            wait_until(lambda: resets_sent(role) == 1.0, timeout=10, what="the returned device reset")
 
             # Released when the pool is full: detached as before.
             await client.detach(spare, AWAY, other, wait_seconds=20)

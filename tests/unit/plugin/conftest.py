@@ -138,13 +138,21 @@ class ScriptedBackend:
         self.attached: dict[str, str] = {}
         self.attach_calls: list[tuple[str, str]] = []
         self.attach_pools: dict[str, str | None] = {}
+        self.attach_namespaces: dict[str, str | None] = {}
         self.release_calls: list[tuple[str, str]] = []
         self.root = Path("/nonexistent")
 
     async def attach(
-        self, claim_uid: str, device: str, *, exclude: Callable[[], Collection[str]], pool: str | None = None
+        self,
+        claim_uid: str,
+        device: str,
+        *,
+        exclude: Callable[[], Collection[str]],
+        pool: str | None = None,
+        namespace: str | None = None,
     ) -> AttachedDevice:
         self.attach_calls.append((claim_uid, device))
+        self.attach_namespaces[device] = namespace
         self.attach_pools[device] = pool
         if device in self.gates:
             await self.gates[device].wait()

@@ -219,6 +219,8 @@ async def test_the_pool_the_claim_names_goes_with_the_attach(tmp_path: Path) -> 
     assert isinstance((await h.prepare(ref))[ref.uid], list)
     assert h.backend.attach_pools == {"gpu-0": "fabric-pcie"}
     assert await h.unprepare(ref) == {ref.uid: ""}
+    # and the claim's namespace, which the manager records as the device's tenant
+    assert h.backend.attach_namespaces == {"gpu-0": ref.namespace} and ref.namespace
 
 
 async def test_one_device_in_two_pools_is_refused_before_any_attach(tmp_path: Path) -> None:
