@@ -121,11 +121,11 @@ WARM_HOLDER = ""
 
 
 class ResetState(StrEnum):
-    """Whether a device a claim gave back to the warm pool was reset since (docs/manager.md
-    "Hygiene between tenants"). An entry without one never served a claim since its hot-add."""
+    """Whether a warm device is clean for the next claim (docs/manager.md "Hygiene between
+    tenants"). A warm entry without one (written before resets were recorded) is not."""
 
     PENDING = "pending"  # served a claim; not to be handed to another before its reset
-    DONE = "done"
+    DONE = "done"  # hot-added for the pool, or reset since its last claim
 
 
 class LedgerEntry(BaseModel):
@@ -147,13 +147,14 @@ class LedgerEntry(BaseModel):
     updated_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     #: the namespace of the claim that holds the device, or held it last (a warm device's last tenant)
     namespace: str | None = None
-    #: set when a claim gives the device back to the warm pool (absent in earlier ledgers: clean)
+    #: a warm device's: done once hot-added for the pool or reset, pending when a claim gave it
+    #: back; none while a claim holds it (and on warm entries of earlier ledgers: reset them)
     reset: ResetState | None = None
 
     @property
     def clean(self) -> bool:
-        """No reset due: the device served no claim since its hot-add, or was reset since."""
-        return self.reset is not ResetState.PENDING
+        """No reset due: hot-added for the pool, or reset since its last claim."""
+        return self.reset is ResetState.DONE
 
     @property
     def warm_held(self) -> bool:

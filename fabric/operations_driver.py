@@ -461,8 +461,10 @@ class OperationDriver:
             entry.task_monitor = None
             entry.error = None
             if entry.state is LedgerState.ATTACHING:
-                # An attach for the warm pool ends warm: bound to the node, held for no claim.
+                # An attach for the warm pool ends warm: bound to the node, held for no claim,
+                # clean (a hot-add brings the function up from a powered-off slot).
                 entry.state = LedgerState.WARM if entry.warm_held else LedgerState.BOUND
+                entry.reset = ResetState.DONE if entry.warm_held else None
             self.ledger.put(entry)
             self.inventory.note_binding(entry.device, (entry.host,))
             # Written, not waited for: the intent is durable, and a restart that finds "attaching"
