@@ -25,6 +25,7 @@ from tests.integration.fabric.test_warm import (
     AWAY,
     HOME,
     L40S,
+    _off,
     client_of,
     ledger_entry,
     manager,
@@ -58,15 +59,6 @@ def resets(fabric: FabricAdmin, device: str) -> int:
     binding = fabric.binding(device)
     assert binding is not None, f"{device} is not bound"
     return int(binding["Resets"])
-
-
-def give_back(fabric: FabricAdmin, work: Path) -> None:
-    """A manager with the pool off detaches what the pool left warm."""
-    role = manager(fabric, work, "--warm-mode", "off", "--warm-interval-seconds", "0.2", name="cleanup")
-    try:
-        wait_until(lambda: fabric.bound_hosts() == {}, timeout=30, what="warm devices given back")
-    finally:
-        role.stop()
 
 
 async def warm_with_spare_away(role: Role, spare_claim: str) -> tuple[str, str]:
@@ -117,7 +109,7 @@ async def test_reset_on_reuse_before_the_next_claim_gets_it(clean: FabricAdmin, 
             await client.detach(spare, AWAY, other, wait_seconds=20)
     finally:
         role.stop()
-    give_back(clean, tmp_path)
+    _off(clean, tmp_path)
 
 
 async def test_a_device_whose_reset_is_still_due_is_not_handed_over(
@@ -174,7 +166,7 @@ async def test_a_device_whose_reset_is_still_due_is_not_handed_over(
             restarted.stop()
     finally:
         role.stop()
-    give_back(clean, tmp_path)
+    _off(clean, tmp_path)
 
 
 # -- a failed reset, with the Kubernetes API for its Event ---------------------------------------
@@ -218,7 +210,7 @@ async def kube_manager(clean: FabricAdmin, cluster: ApiServerProcess, tmp_path: 
         yield role
     finally:
         role.stop()
-        give_back(clean, tmp_path)
+        _off(clean, tmp_path)
 
 
 async def test_a_failed_reset_takes_the_device_out_of_the_pool(
