@@ -228,7 +228,6 @@ class OperationDriver:
             claim=claim,
             namespace=namespace,
             last_namespace=last_namespace,
-            reset=str(previous.reset) if previous.reset else "never used",
         )
         return op
 
@@ -360,7 +359,8 @@ class OperationDriver:
         """Reset the warm device of ``entry`` (``reset: pending``) through its Redfish ``Reset``
         action and mark it clean; a reset that fails, or that the device does not offer, takes it
         out of the pool (detached, Warning Event, ``fabric_dra_device_resets_total{outcome}``).
-        False when nothing changed (this replica is not the leader)."""
+        False when nothing changed (this replica is not the leader, or the ledger could not record
+        the failure): the pool's loop starts it again."""
         device = entry.device
         record = self.inventory.device(device)
         try:
@@ -377,8 +377,7 @@ class OperationDriver:
         except NotLeader:
             return False  # the next leader finds the reset still due
         except FabricError as err:
-            await self._reset_failed(entry, err)
-            return True
+            return await self._reset_failed(entry, err)
         async with slot.lock:
             if self.ledger.get(device) is not entry or entry.state is not LedgerState.WARM:
                 return True  # taken out of the pool meanwhile (a move, a cool-down): unbound anyway
@@ -391,16 +390,17 @@ class OperationDriver:
         log.info("warm device reset", device=device, node=entry.node, last_namespace=entry.namespace)
         return True
 
-    async def _reset_failed(self, entry: LedgerEntry, err: FabricError) -> None:
+    async def _reset_failed(self, entry: LedgerEntry, err: FabricError) -> bool:
+        """Detach the device whose reset failed; False when the ledger could not record it."""
         async with self.slot(entry.device).lock:
             if self.ledger.get(entry.device) is not entry or entry.state is not LedgerState.WARM:
-                return
-            entry.error = err.message
+                return True  # moved or cooled meanwhile: unbound anyway
             try:
                 await self.start_detach(entry)
             except FabricError as failed:  # the ledger cannot be written: still pending, tried again
                 log.error("cannot record a failed reset", device=entry.device, error=failed.message)
-                return
+                return False
+            entry.error = err.message
         if self.metrics is not None:
             self.metrics.device_resets.labels("failure").inc()
         log.error(
@@ -421,6 +421,7 @@ class OperationDriver:
                     "instead and the next claim gets it cold"
                 ),
             )
+        return True
 
     # -- results ---------------------------------------------------------------------------------
 
