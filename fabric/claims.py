@@ -93,6 +93,10 @@ class ClaimView:
     def exists(self, claim_uid: str) -> bool:
         return claim_uid in self._by_uid
 
+    def get(self, claim_uid: str) -> ResourceClaim | None:
+        """The claim of that UID as last seen (the usage accounting reads its namespace and owner)."""
+        return self._by_uid.get(claim_uid)
+
     def problem(self, claim_uid: str, device: str, pool: str, node: str) -> str | None:
         """None when the claim allocates ``pool``/``device`` (to ``node``, if it names one); else
         what is missing."""

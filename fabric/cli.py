@@ -1,4 +1,4 @@
-"""The ``manager`` (``fabric-dra manager serve``) and ``status`` roles of the command line."""
+"""The ``manager`` (``fabric-dra manager serve``), ``status`` and ``usage`` roles of the command line."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from plumbing.cli import CliError, SubParsers, add_output_option, usage
+from plumbing.cli import OUTPUT_FORMATS, CliError, SubParsers, add_output_option, usage
 
 __all__ = ["register"]
 
@@ -45,21 +45,8 @@ def register(subparsers: SubParsers) -> None:
         "in flight.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    status.add_argument(
-        "--manager-url",
-        default=_env("FABRIC_DRA_MANAGER_URL", "http://127.0.0.1:8080"),
-        help="base URL of the fabric manager (env FABRIC_DRA_MANAGER_URL)",
-    )
-    status.add_argument(
-        "--token-file",
-        type=Path,
-        default=_env("FABRIC_DRA_TOKEN_FILE"),
-        help="file with the bearer token to present (env FABRIC_DRA_TOKEN_FILE; or FABRIC_DRA_TOKEN)",
-    )
-    status.add_argument("--ca-file", type=Path, help="CA bundle that signs the manager's TLS certificate")
-    status.add_argument("--insecure", action="store_true", help="do not verify the manager's TLS certificate")
+    _manager_options(status)
     add_output_option(status)
-    status.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the manager")
     status.add_argument(
         "--watch",
         "-w",
@@ -67,6 +54,52 @@ def register(subparsers: SubParsers) -> None:
         help="keep showing the state: redraw on every inventory change and every 2 s (Ctrl-C ends)",
     )
     status.set_defaults(handler=_status)
+
+    usage_command = subparsers.add_parser(
+        "usage",
+        help="show device-seconds by namespace, model or workload",
+        description="Device-seconds from the fabric manager's accounting: how long devices were bound "
+        "to claims, warm, attaching, detaching or bound outside fabric-dra, since a time, grouped by "
+        "the claims' namespace, the device model or the claims' owning workload. Counted in hourly "
+        "buckets: --since counts from the start of its hour.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    usage_command.add_argument(
+        "--since",
+        default="24h",
+        metavar="DURATION|TIME",
+        help="a duration before now (30m, 24h, 7d) or an RFC 3339 time with a zone (2026-03-01T09:00:00Z)",
+    )
+    usage_command.add_argument(
+        "--by", choices=["namespace", "model", "workload"], default="namespace", help="what to group by"
+    )
+    usage_command.add_argument(
+        "-o",
+        "--output",
+        choices=[*OUTPUT_FORMATS, "csv"],  # the commands' own words, and csv for spreadsheets
+        default="table",
+        help="table (device-hours), wide (device-seconds), json, yaml or csv (device-seconds)",
+    )
+    _manager_options(usage_command)
+    usage_command.set_defaults(handler=_usage)
+
+
+def _manager_options(parser: argparse.ArgumentParser) -> None:
+    """How a command that reads the manager reaches it and authenticates."""
+    parser.add_argument(
+        "--manager-url",
+        default=_env("FABRIC_DRA_MANAGER_URL", "http://127.0.0.1:8080"),
+        help="base URL of the fabric manager (env FABRIC_DRA_MANAGER_URL)",
+    )
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        default=_env("FABRIC_DRA_TOKEN_FILE"),
+        help="file with the bearer token to present (env FABRIC_DRA_TOKEN_FILE; or FABRIC_DRA_TOKEN)",
+    )
+    parser.add_argument("--ca-file", type=Path, help="CA bundle that signs the manager's TLS certificate")
+    parser.add_argument("--insecure", action="store_true", help="do not verify the manager's TLS certificate")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the manager")
 
 
 class _ServeParser(argparse.ArgumentParser):
@@ -203,9 +236,20 @@ def _serve(args: argparse.Namespace) -> int:
         raise CliError(str(err)) from None
 
 
+def _resolve_token_file(args: argparse.Namespace) -> None:
+    if args.token_file is not None:  # resolved before use: every message names the real file
+        args.token_file = Path(args.token_file).expanduser().resolve()
+
+
 def _status(args: argparse.Namespace) -> int:
     from fabric.status import run_status
 
-    if args.token_file is not None:  # resolved before use: every message names the real file
-        args.token_file = Path(args.token_file).expanduser().resolve()
+    _resolve_token_file(args)
     return asyncio.run(run_status(args))
+
+
+def _usage(args: argparse.Namespace) -> int:
+    from fabric.usage_cli import run_usage
+
+    _resolve_token_file(args)
+    return asyncio.run(run_usage(args))

@@ -14,7 +14,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client import Counter as PromCounter
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from manager_api import models as api
@@ -74,6 +74,47 @@ class _PoolCollector(Collector):
             "Devices bound (or being bound or unbound) to each Kubernetes node",
             ["pool", "node"],
             per_node,
+        )
+
+
+#: why a device is bound to a node with no claim using it (``fabric_dra_stranded_devices{reason}``)
+STRANDED_REASONS = ("warm", "orphan-grace", "outside")
+
+
+class _UsageCollector(Collector):
+    """Device-seconds from the durable usage record (:mod:`fabric.usage`): the counter carries on
+    across restarts and leader changes instead of starting from zero in each process."""
+
+    def __init__(
+        self,
+        refresh: Callable[[], None],
+        totals: Callable[[], dict[tuple[str, str, str], float]],
+        stranded: Callable[[], dict[str, int]],
+    ) -> None:
+        self._refresh = refresh
+        self._totals = totals
+        self._stranded = stranded
+
+    def collect(self) -> Iterator[Metric]:
+        self._refresh()  # counted up to this scrape
+        seconds = CounterMetricFamily(
+            "fabric_dra_device_seconds",
+            "Seconds devices spent in each state (bound: to a claim; warm: held for the warm pool; "
+            "attaching, detaching; outside: bound outside fabric-dra), by the claim's namespace and "
+            "the model; kept in the usage record, so it carries on across restarts",
+            labels=["namespace", "model", "state"],
+        )
+        for (namespace, model, state), value in sorted(self._totals().items()):
+            seconds.add_metric([namespace, model, state], value)
+        yield seconds
+        stranded = self._stranded()
+        yield _family(
+            "fabric_dra_stranded_devices",
+            "Devices bound to a node with no claim using them, by why: warm (the warm pool), "
+            "orphan-grace (the claim is gone, detached after the grace period), outside (bound outside "
+            "fabric-dra)",
+            ["reason"],
+            Counter({reason: stranded.get(reason, 0) for reason in STRANDED_REASONS}),
         )
 
 
@@ -157,13 +198,6 @@ class ManagerMetrics:
             ["outcome"],
             registry=self.registry,
         )
-        self.device_seconds = PromCounter(
-            "fabric_dra_device_seconds",
-            "Seconds devices spent in each ledger state (bound: to a claim; warm: held for the warm "
-            "pool; attaching, detaching), by model",
-            ["model", "state"],
-            registry=self.registry,
-        )
         self.warm_devices = Gauge(
             "fabric_dra_warm_devices",
             "Devices warm (bound to a node with no claim) by model",
@@ -180,6 +214,16 @@ class ManagerMetrics:
         self.inventory_version.set_function(lambda: float(snapshot().version))
         if reachable is not None:
             self.fabric_reachable.set_function(lambda: 1.0 if reachable() else 0.0)
+
+    def watch_usage(
+        self,
+        refresh: Callable[[], None],
+        totals: Callable[[], dict[tuple[str, str, str], float]],
+        stranded: Callable[[], dict[str, int]],
+    ) -> None:
+        """``fabric_dra_device_seconds_total`` and ``fabric_dra_stranded_devices``, read at each
+        scrape after ``refresh`` (the usage meter's tick)."""
+        self.registry.register(_UsageCollector(refresh, totals, stranded))
 
     def observe_redfish(self, method: str, resource: str, outcome: str, seconds: float) -> None:
         """A :data:`fabric.redfish.client.RequestObserver`."""

@@ -147,6 +147,10 @@ class OrphanReconciler:
             return None
         return "not-reserved"
 
+    def in_grace(self) -> int:
+        """Bindings judged orphans and not detached yet (stranded capacity, :mod:`fabric.usage`)."""
+        return len(self._candidates)
+
     def _forget(self) -> None:
         self._candidates.clear()
         self._leading_since = None

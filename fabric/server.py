@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
@@ -29,6 +30,7 @@ from fabric.operations import OperationLog
 from fabric.reports import PluginReports
 from fabric.request_guard import IDENTITY_STATE, RequestGuard, error_response
 from fabric.ui import router as ui_router
+from fabric.usage import UsageMeter
 from manager_api import models as api
 from manager_api.errors import (
     BindRefused,
@@ -69,6 +71,8 @@ class AppContext:
     not_ready: Callable[[], str | None]
     #: the cluster's ResourceClaims that an attach must match; None without Kubernetes API access
     claims: ClaimView | None = None
+    #: the device-seconds accounting (``GET /api/v1/usage``); None: not served
+    usage: UsageMeter | None = None
 
 
 def _field(loc: tuple[int | str, ...]) -> str:
@@ -285,5 +289,28 @@ def build_app(ctx: AppContext) -> FastAPI:
         caller.check_bind(node)
         ctx.reports.record(node, {c.claim_uid: c.devices for c in report.claims})
         return Response(status_code=204)
+
+    @app.get(
+        f"{api.API_PREFIX}/usage",
+        response_model=api.UsageReport,
+        response_model_by_alias=True,
+        summary="device-seconds by namespace, model or workload since a time",
+    )
+    async def usage(
+        caller: Caller,
+        since: Annotated[
+            datetime, Query(description="RFC 3339 with a zone; counted from the start of its hour")
+        ],
+        by: Annotated[api.UsageGrouping, Query(description="what the seconds are grouped by")] = (
+            api.UsageGrouping.NAMESPACE
+        ),
+    ) -> api.UsageReport:
+        if since.tzinfo is None:
+            raise InvalidRequest(
+                "malformed request: query.since: an RFC 3339 time needs a zone (Z or +hh:mm)"
+            )
+        if ctx.usage is None or not ctx.usage.counting:
+            raise FabricUnavailable("the usage record is not loaded yet", retry_after=2.0)
+        return ctx.usage.report(since, by)
 
     return app

@@ -40,6 +40,7 @@ from fabric.redfish.client import RedfishClient
 from fabric.reports import PluginReports
 from fabric.request_guard import server_refusal
 from fabric.server import AppContext, build_app
+from fabric.usage import ConfigMapUsageStore, FileUsageStore, UsageMeter, UsageStore, usage_record_name
 from fabric.warm import WarmPool
 from manager_api.errors import FabricError
 from plumbing.httpserve import ConnectionLimits, HttpServer
@@ -127,15 +128,20 @@ class ManagerService:
             use_events=s.events,
         )
         store: LedgerStore
+        usage_store: UsageStore  # beside the ledger, in a store of the same kind
         if s.ledger == "configmap":
             if kube is None:
                 raise ValueError("--ledger configmap needs Kubernetes API access")
             store = ConfigMapLedgerStore(kube, name=s.ledger_name, namespace=namespace)
+            usage_store = ConfigMapUsageStore(
+                kube, name=usage_record_name(s.ledger_name), namespace=namespace
+            )
         else:
             if s.state_dir is None:
                 raise ValueError("--ledger file needs --state-dir")
             s.state_dir.mkdir(parents=True, exist_ok=True)
             store = FileLedgerStore(s.state_dir)
+            usage_store = FileUsageStore(s.state_dir)
         ledger = Ledger(store, max_entries_per_node=s.max_bindings_per_node)
         # One name for this replica in the Lease and in the Events it records.
         identity = s.identity or f"{socket.gethostname()}-{os.getpid()}"
@@ -167,6 +173,15 @@ class ManagerService:
         claims = ClaimView(kube) if kube is not None else None
         if claims is None:
             log.info("no Kubernetes API access: attaches are not checked against ResourceClaims")
+        orphans: OrphanReconciler | None = None
+        usage = UsageMeter(
+            ledger,
+            inventory,
+            usage_store,
+            claims=claims,
+            orphans_in_grace=lambda: orphans.in_grace() if orphans else 0,
+        )
+        metrics.watch_usage(lambda: usage.tick() if self.is_leader() else None, usage.totals, usage.stranded)
         app = build_app(
             AppContext(
                 inventory=inventory,
@@ -178,6 +193,7 @@ class ManagerService:
                 is_leader=self.is_leader,
                 not_ready=lambda: self._not_ready(inventory),
                 claims=claims,
+                usage=usage,
             )
         )
 
@@ -208,14 +224,18 @@ class ManagerService:
             if not leading:
                 self._leading = False
                 self._ledger_loaded = False
+                await usage.pause()  # what was counted is written (fenced: refused once another leads)
                 return
             self._leading = True
             while self._leading and not self._ledger_loaded:
                 try:
                     await ledger.load()
+                    # The record after the ledger: its countedUntil is where the ledger's entries
+                    # start to be counted again, the time this replica was not counting included.
+                    await usage.resume()
                     self._ledger_loaded = True
                 except FabricError as err:
-                    log.error("cannot load the ledger, retrying", error=err.message)
+                    log.error("cannot load the ledger or the usage record, retrying", error=err.message)
                     await asyncio.sleep(2.0)
             inventory.request_refresh()
             with contextlib.suppress(FabricError):
@@ -229,6 +249,7 @@ class ManagerService:
             tasks.append(asyncio.create_task(claims.run(), name="claims"))
         tasks.append(asyncio.create_task(reconciler.run(), name="reconciler"))
         tasks.append(asyncio.create_task(warm.run(), name="warm-pool"))
+        tasks.append(asyncio.create_task(usage.run(self.is_leader), name="usage"))
         if kube is not None and s.orphan_grace_seconds > 0:
             orphans = OrphanReconciler(
                 kube,
@@ -270,9 +291,11 @@ class ManagerService:
         log.info("fabric manager stopping")
         await inventory.release_waiters()
         if self._ledger_loaded:
-            # Outcomes written in the background reach the disk before the Lease is given up.
+            # Outcomes written in the background, and the seconds counted, reach the store before
+            # the Lease is given up.
             with contextlib.suppress(FabricError):
                 await ledger.commit()
+            await usage.pause()
         server.stop()
         for task in tasks[1:]:
             task.cancel()

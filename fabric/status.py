@@ -25,7 +25,14 @@ from manager_api.errors import FabricError, FabricUnavailable, Unauthenticated
 from plumbing.cli import CliError, dump_document
 from plumbing.cli import format_table as _table
 
-__all__ = ["render_json", "render_table", "run_status", "status_document"]
+__all__ = [
+    "explain_failure",
+    "manager_client",
+    "render_json",
+    "render_table",
+    "run_status",
+    "status_document",
+]
 
 
 def _summary(inventory: api.Inventory) -> list[dict[str, Any]]:
@@ -231,8 +238,8 @@ WATCH_REDRAW_SECONDS = 2.0
 _CLEAR = "\x1b[H\x1b[2J"
 
 
-def _why(err: FabricError, args: argparse.Namespace, token_given: bool) -> str:
-    """What went wrong, and what to do about it, in one line."""
+def explain_failure(err: FabricError, args: argparse.Namespace, token_given: bool, reading: str) -> str:
+    """What went wrong reading ``reading`` from the manager, and what to do about it, in one line."""
     if isinstance(err, Unauthenticated) and not token_given:
         why = (
             f"the fabric manager at {args.manager_url} wants a bearer token and none was given: pass "
@@ -247,7 +254,7 @@ def _why(err: FabricError, args: argparse.Namespace, token_given: bool) -> str:
         )
     else:
         why = err.message
-    return f"cannot read the fabric manager's pool: {why}"
+    return f"cannot read {reading}: {why}"
 
 
 def _render(args: argparse.Namespace, inventory: api.Inventory, operations: list[api.Operation]) -> str:
@@ -256,7 +263,8 @@ def _render(args: argparse.Namespace, inventory: api.Inventory, operations: list
     return render_table(inventory, operations, wide=args.output == "wide")
 
 
-async def run_status(args: argparse.Namespace, out: TextIO | None = None) -> int:
+def manager_client(args: argparse.Namespace) -> tuple[ManagerClient, bool]:
+    """A client of the manager the command's connection options name, and whether a token is given."""
     # One line per request at INFO would bury the table (and the one-line error) on a terminal.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     token = os.environ.get("FABRIC_DRA_TOKEN") if args.token_file is None else None
@@ -270,6 +278,11 @@ async def run_status(args: argparse.Namespace, out: TextIO | None = None) -> int
         insecure=args.insecure,
         timeout=args.timeout,
     )
+    return client, bool(token or args.token_file)
+
+
+async def run_status(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    client, token_given = manager_client(args)
     stream = out or sys.stdout
     watch = bool(getattr(args, "watch", False))
     clear = watch and stream.isatty()
@@ -288,7 +301,7 @@ async def run_status(args: argparse.Namespace, out: TextIO | None = None) -> int
             # Wake on the next inventory version, or after a short pause for the ages to move.
             inventory = await client.inventory(after=inventory.version, timeout_seconds=WATCH_REDRAW_SECONDS)
     except FabricError as err:
-        raise CliError(_why(err, args, token_given=bool(token or args.token_file))) from None
+        raise CliError(explain_failure(err, args, token_given, "the fabric manager's pool")) from None
     except ValidationError:
         raise CliError(
             f"{args.manager_url} is not a fabric-dra manager: its /api/v1 answers are not the manager's"

@@ -1,5 +1,5 @@
 """The warm pool: devices kept bound to a node with no claim, so a claim there starts without a
-hot-add, and the device-seconds each device spends warm, bound, attaching and detaching.
+hot-add.
 
 * **Warm up, cool down.** Every ``interval_seconds`` the leader compares each covered node's warm
   devices with the policy's target (:mod:`fabric.warm_policy`) and attaches free matching devices
@@ -12,9 +12,8 @@ hot-add, and the device-seconds each device spends warm, bound, attaching and de
   twice). A released device stays bound as warm when its node's pool is below target
   (:meth:`wants_back`) and it offers a Redfish ``Reset``: it is reset before another claim gets it.
 * **Leaves when unfit.** A warm device the fabric reports unavailable or Critical is detached.
-* **Device-seconds.** :class:`UsageMeter` adds, at every pass, the time since the last one to
-  ``fabric_dra_device_seconds_total{model, state}`` for every ledger entry: what warmth costs next
-  to what claims use.
+* **Device-seconds.** What warmth costs next to what claims use is counted by
+  :mod:`fabric.usage`, whether a warm policy runs or not.
 """
 
 from __future__ import annotations
@@ -34,40 +33,12 @@ from fabric.warm_policy import DemandTracker, WarmSettings, model_of
 from manager_api.errors import FabricError
 from plumbing.logs import get_logger
 
-__all__ = ["UsageMeter", "WarmPool"]
+__all__ = ["WarmPool"]
 
 log = get_logger(__name__)
 
 #: how a claim met the warm pool (the ``outcome`` label of ``fabric_dra_warm_claims_total``)
 HIT, MISS, COLD = "hit", "miss", "cold"
-
-
-class UsageMeter:
-    """Device-seconds by model and ledger state, integrated over the ledger at each :meth:`tick`."""
-
-    def __init__(self, ledger: Ledger, inventory: Inventory, metrics: ManagerMetrics | None) -> None:
-        self.ledger = ledger
-        self.inventory = inventory
-        self.metrics = metrics
-        self._last: float | None = None
-        #: seconds so far, by (model, state): what the metric says, readable without a scrape
-        self.seconds: dict[tuple[str, str], float] = {}
-
-    def pause(self) -> None:
-        """Count nothing until the next tick (which starts counting afresh)."""
-        self._last = None
-
-    def tick(self, now: float) -> None:
-        last, self._last = self._last, now
-        if last is None or now <= last:
-            return
-        elapsed = now - last
-        for entry in self.ledger.entries():
-            record = self.inventory.device(entry.device)
-            key = (model_of(record) if record else "unknown", str(entry.state))
-            self.seconds[key] = self.seconds.get(key, 0.0) + elapsed
-            if self.metrics is not None:
-                self.metrics.device_seconds.labels(*key).inc(elapsed)
 
 
 class WarmPool:
@@ -88,7 +59,6 @@ class WarmPool:
         self.metrics = metrics
         self.clock = clock
         self.demand = DemandTracker(settings)
-        self.usage = UsageMeter(ledger, inventory, metrics)
         #: why the policy can match nothing (checked once the inventory is read), logged once
         self.refused: str | None = None
         self._checked = False
@@ -150,12 +120,10 @@ class WarmPool:
                 await self.step()
 
     async def step(self) -> None:
-        """One pass: account the device-seconds, then bring every covered node's pool to target."""
+        """One pass: bring every covered node's pool to target."""
         now = self.clock()
         if not self.driver.is_leader() or not self.inventory.loaded.is_set():
-            self.usage.pause()  # the leader counts; a follower's ledger may be stale
             return
-        self.usage.tick(now)
         records = self.inventory.devices()
         if self.settings.enabled and not self._checked:
             self._checked = True

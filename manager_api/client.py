@@ -7,6 +7,7 @@ import socket
 import ssl
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ from manager_api.models import (
     NodeClaims,
     Operation,
     PreparedClaim,
+    UsageGrouping,
+    UsageReport,
 )
 from plumbing.httpserve import ConnectionLimits
 
@@ -250,3 +253,8 @@ class ManagerClient:
 
     async def operations(self) -> list[Operation]:
         return _OPERATIONS.validate_json((await self._request("GET", "/operations")).content)
+
+    async def usage(self, since: datetime, by: UsageGrouping) -> UsageReport:
+        """Device-seconds since ``since`` (from the start of its hour), grouped ``by``."""
+        response = await self._request("GET", "/usage", params={"since": since.isoformat(), "by": str(by)})
+        return UsageReport.model_validate_json(response.content)

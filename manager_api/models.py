@@ -24,6 +24,9 @@ GET      /api/v1/operations                           ``list[Operation]`` in fli
 PUT      /api/v1/nodes/{node}/claims                  body :class:`NodeClaims`: the claims the node's plugin
                                                       has prepared (204); the orphan reconciler never
                                                       detaches what a plugin reports
+GET      /api/v1/usage?since=T&by=K                   :class:`UsageReport`: device-seconds since T (RFC 3339;
+                                                      from the start of its hour) grouped by K
+                                                      (namespace, model or workload)
 =======  ==========================================  =====================================================
 
 Errors are :class:`ErrorBody` with the status of :mod:`manager_api.errors`.
@@ -59,6 +62,7 @@ from plumbing.names import (
 __all__ = [
     "API_PREFIX",
     "MAX_WAIT_SECONDS",
+    "USAGE_STATES",
     "AttachRequest",
     "Attachment",
     "AttachmentState",
@@ -80,6 +84,9 @@ __all__ = [
     "OperationState",
     "PreparedClaim",
     "ReachGroup",
+    "UsageGroup",
+    "UsageGrouping",
+    "UsageReport",
 ]
 
 API_PREFIX = "/api/v1"
@@ -307,3 +314,41 @@ class Operation(_Model):
     redfish_task_percent_at: datetime | None = Field(
         default=None, description="when redfishTaskPercent was read from the service"
     )
+
+
+#: what a device's seconds are counted as: bound to a claim, warm (bound for the warm pool), being
+#: attached or detached, or bound outside fabric-dra (the fields of :class:`UsageGroup`)
+USAGE_STATES = ("bound", "warm", "attaching", "detaching", "outside")
+
+
+class UsageGrouping(StrEnum):
+    NAMESPACE = "namespace"
+    MODEL = "model"
+    #: the claim's owner, ``namespace/Kind/name``
+    WORKLOAD = "workload"
+
+
+class UsageGroup(_Model):
+    """Device-seconds of one namespace, model or workload, by state."""
+
+    name: str = Field(
+        description="the namespace, model or namespace/Kind/name of the workload; empty for devices no "
+        "claim holds (warm, outside fabric-dra, or a claim the manager could not read)"
+    )
+    bound: float = 0.0
+    warm: float = 0.0
+    attaching: float = 0.0
+    detaching: float = 0.0
+    outside: float = 0.0
+    total: float = 0.0
+
+
+class UsageReport(_Model):
+    since: datetime = Field(description="the start of the first hour counted (the hour `since` fell in)")
+    until: datetime = Field(description="counted up to here")
+    by: UsageGrouping
+    bucket_seconds: int = Field(description="the accounting's resolution: seconds per bucket")
+    oldest: datetime | None = Field(
+        default=None, description="the oldest bucket still kept; nothing before it is known any more"
+    )
+    groups: list[UsageGroup]

@@ -19,7 +19,17 @@ def test_version() -> None:
     assert result.stdout.strip() == f"fabric-dra {__version__}"
 
 
-EXPECTED_ROLES = {"emulator", "manager", "status", "plugin", "controller", "explain", "demo", "standin"}
+EXPECTED_ROLES = {
+    "emulator",
+    "manager",
+    "status",
+    "usage",
+    "plugin",
+    "controller",
+    "explain",
+    "demo",
+    "standin",
+}
 
 
 def registered_roles() -> set[str]:

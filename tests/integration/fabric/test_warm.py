@@ -202,8 +202,9 @@ async def test_hit_no_redfish_write_then_back_to_warm(clean: FabricAdmin, tmp_pa
             assert clean.bound_hosts() == {device: HOME}
             seconds = scrape(role)
         # Device-seconds were counted for both states while they lasted.
-        assert sample(seconds, "fabric_dra_device_seconds_total", model=L40S, state="warm") > 0
-        assert sample(seconds, "fabric_dra_device_seconds_total", model=L40S, state="bound") > 0
+        device_seconds = "fabric_dra_device_seconds_total"
+        assert sample(seconds, device_seconds, namespace="", model=L40S, state="warm") > 0
+        assert sample(seconds, device_seconds, namespace="", model=L40S, state="bound") > 0
     finally:
         role.stop()
     _off(clean, tmp_path)
