@@ -69,7 +69,7 @@ def render(report: api.UsageReport, fmt: str) -> str:
         f"{report.until.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC, by {report.by}"
     )
     if report.oldest is not None and report.oldest > report.since:
-        head += f" (kept from {report.oldest.astimezone(UTC):%Y-%m-%d %H:%M} only)"
+        head += f" (nothing recorded before {report.oldest.astimezone(UTC):%Y-%m-%d %H:%M})"
     body = (
         format_table([str(report.by).upper(), *(s.upper() for s in states), "TOTAL"], rows)
         if rows
