@@ -30,7 +30,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
 
 # The fabric manager inside ``fabric``, floor by floor from the top (docs/architecture.md, "Inside
 # fabric"): what stands above each floor, which it must never import.
-_FABRIC_CLI = ("fabric.cli", "fabric.status")
+_FABRIC_CLI = ("fabric.cli", "fabric.status", "fabric.usage_cli")
 _FABRIC_SERVICE = ("fabric.service", "fabric.config", *_FABRIC_CLI)
 _FABRIC_HTTP = (
     "fabric.server",
@@ -40,6 +40,7 @@ _FABRIC_HTTP = (
     "fabric.ui",
     "fabric.request_guard",
     "fabric.claims",
+    "fabric.usage",
     *_FABRIC_SERVICE,
 )
 _FABRIC_FRONT = ("fabric.attachments", "fabric.reconcile", *_FABRIC_HTTP)
@@ -123,6 +124,8 @@ NEVER: dict[str, tuple[str, ...]] = {
         "fabric.request_guard",
         *_FABRIC_SERVICE,
     ),
+    # the accounting reads the ledger, the inventory and the claims; the API serves it
+    "fabric.usage": ("fabric.server", "fabric.orphans", "fabric.auth", *_FABRIC_SERVICE),
     "fabric.config": ("fabric.service", *_FABRIC_CLI),
     "fabric.service": _FABRIC_CLI,
 }
