@@ -230,13 +230,15 @@ class ManagerService:
             while self._leading and not self._ledger_loaded:
                 try:
                     await ledger.load()
-                    # The record after the ledger: its countedUntil is where the ledger's entries
-                    # start to be counted again, the time this replica was not counting included.
-                    await usage.resume()
                     self._ledger_loaded = True
                 except FabricError as err:
-                    log.error("cannot load the ledger or the usage record, retrying", error=err.message)
+                    log.error("cannot load the ledger, retrying", error=err.message)
                     await asyncio.sleep(2.0)
+            if self._ledger_loaded:
+                # The record after the ledger: its countedUntil is where the ledger's entries start
+                # to be counted again. Accounting never holds up binding: a record that cannot be
+                # read is retried by the usage loop.
+                await usage.try_resume()
             inventory.request_refresh()
             with contextlib.suppress(FabricError):
                 if inventory.loaded.is_set():

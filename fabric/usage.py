@@ -404,6 +404,7 @@ class UsageMeter:
         #: claim UID → (namespace, workload), kept after the claim is gone
         self._owners: dict[str, tuple[str, str]] = {}
         self._write_lock = asyncio.Lock()
+        self._resume_lock = asyncio.Lock()
 
     @property
     def counting(self) -> bool:
@@ -423,6 +424,19 @@ class UsageMeter:
             counted_until=book.counted_until.isoformat() if book.counted_until else "-",
             hours=len(book.hours),
         )
+
+    async def try_resume(self) -> bool:
+        """:meth:`resume`, logging (not raising) a record that cannot be read: nothing is counted
+        until it can be, so nothing is written over it."""
+        async with self._resume_lock:  # the leadership change and the loop may both try
+            if self.counting:
+                return True
+            try:
+                await self.resume()
+            except FabricError as err:
+                log.error("cannot load the usage record; accounting waits for it", error=err.message)
+                return False
+            return True
 
     async def pause(self) -> None:
         """Count up to now and write it, then count nothing until :meth:`resume`."""
@@ -536,6 +550,8 @@ class UsageMeter:
         while True:
             await asyncio.sleep(TICK_SECONDS)
             if not is_leader():
+                continue
+            if not self.counting and not await self.try_resume():
                 continue
             self.tick()
             since_flush += TICK_SECONDS

@@ -172,15 +172,25 @@ def assert_no_secrets(logs: Sequence[Path], *secrets: str) -> None:
 
 
 async def allocated_claim(
-    cluster: ApiServerProcess, name: str, device: str, node: str | None = None, *, reserved: bool = False
+    cluster: ApiServerProcess,
+    name: str,
+    device: str,
+    node: str | None = None,
+    *,
+    reserved: bool = False,
+    owner: dict[str, Any] | None = None,
 ) -> str:
     """A ResourceClaim in ``default`` allocated ``device`` of the PCIe pool (on ``node``, when given),
-    as the scheduler leaves it; returns its UID. The manager attaches only for such a claim."""
+    as the scheduler leaves it; returns its UID. The manager attaches only for such a claim.
+    ``owner``: its controller ownerReference (a claim made from a pod's template has the Pod)."""
+    metadata: dict[str, Any] = {"name": name, "namespace": "default"}
+    if owner is not None:
+        metadata["ownerReferences"] = [{**owner, "controller": True}]
     async with cluster.client() as kube:
         claim = await kube.create(
             RESOURCE_CLAIMS,
             {
-                "metadata": {"name": name, "namespace": "default"},
+                "metadata": metadata,
                 "spec": {
                     "devices": {"requests": [{"name": "dev", "exactly": {"deviceClassName": "fabric-dev"}}]}
                 },

@@ -12,17 +12,24 @@ import json
 import os
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from fabric.usage import FLUSH_SECONDS, TICK_SECONDS
+import httpx
+
+from fabric.usage import FLUSH_SECONDS, TICK_SECONDS, usage_record_name
+from fabric_dra.stack import Role
 from manager_api.client import ManagerClient
 from manager_api.models import AttachmentState, UsageGroup, UsageGrouping, UsageReport
-from tests.integration.fabric.conftest import CONTROLLER_TOKEN, FabricAdmin, manager_args
+from plumbing.kube.resources import CONFIGMAPS, NAMESPACES, NODES
+from tests.integration.fabric.conftest import CONTROLLER_TOKEN, FabricAdmin, allocated_claim, manager_args
+from tests.support.apiserver import start_apiserver
 from tests.support.fabric_manager import start_manager
 from tests.support.uids import claim_uid
 
 NODE = "kind-worker"
+USAGE_NAMESPACE = "fabric-dra"
 #: the slack of a comparison of seconds measured by the test with seconds the manager counted
 SLACK = 0.5
 
@@ -162,3 +169,107 @@ def _cli_reads_the_same(address: str, report: UsageReport, model: str) -> None:
         "fabric-dra: error: --since 'yesterday': expected a duration (30m, 24h, 7d) or an RFC 3339 "
         "time with a zone (2026-03-01T09:00:00Z)"
     ]
+
+
+async def _leader_of(managers: dict[str, Role], within: float = 30) -> str:
+    """The replica whose /readyz says ready (only the leader is)."""
+    deadline = time.monotonic() + within
+    async with httpx.AsyncClient(timeout=5) as http:
+        while True:
+            for name, process in managers.items():
+                if process.alive() and (await http.get(f"{process.address}/readyz")).status_code == 200:
+                    return name
+            assert time.monotonic() < deadline, "no manager became leader"
+            await asyncio.sleep(0.1)
+
+
+async def _by(address: str, by: UsageGrouping) -> tuple[dict[str, UsageGroup], UsageReport]:
+    async with ManagerClient(address, token=CONTROLLER_TOKEN, timeout=30) as client:
+        report = await client.usage(_START, by)
+    return {g.name: g for g in report.groups}, report
+
+
+async def test_a_leader_change_carries_the_record_by_namespace_and_workload(
+    fabric: FabricAdmin, tmp_path: Path
+) -> None:
+    """Two replicas, a Lease and the ConfigMap ledger: the record is the ConfigMap beside it, the
+    claim's namespace and owner label the seconds, and neither a graceful hand-over nor a kill -9
+    of the leader loses any; the Prometheus counter carries on instead of starting again."""
+    with start_apiserver(tmp_path / "apiserver") as cluster:
+        async with cluster.client() as kube:
+            await kube.create(NAMESPACES, {"metadata": {"name": USAGE_NAMESPACE}})
+            await kube.create(NODES, {"metadata": {"name": NODE}})  # matched by name
+        claim = await allocated_claim(
+            cluster,
+            "train-claim",
+            "gpu2",
+            NODE,
+            owner={"apiVersion": "v1", "kind": "Pod", "name": "train-0", "uid": "pod-uid-0"},
+        )
+
+        def start(name: str) -> Role:
+            work = tmp_path / name
+            work.mkdir(exist_ok=True)
+            args = manager_args(
+                fabric,
+                work,
+                *("--kubeconfig", str(cluster.kubeconfig), "--namespace", USAGE_NAMESPACE),
+                *("--leader-elect", "--identity", name, "--ledger", "configmap"),
+                *("--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5"),
+            )
+            return start_manager(work, fabric.url, args=args, name=name, ready=False)
+
+        managers = {name: start(name) for name in ("replica-1", "replica-2")}
+        try:
+            leader = await _leader_of(managers)
+            before = datetime.now(UTC)
+            async with ManagerClient(managers[leader].address, token=CONTROLLER_TOKEN, timeout=30) as client:
+                attached = await client.attach("gpu2", NODE, claim, wait_seconds=20)
+            after = datetime.now(UTC)
+            assert attached.state is AttachmentState.ATTACHED
+            await asyncio.sleep(2)
+
+            managers[leader].stop()  # SIGTERM: written, then the Lease released
+            follower = await _leader_of({n: p for n, p in managers.items() if n != leader})
+            groups, report = await _by(managers[follower].address, UsageGrouping.WORKLOAD)
+            held = _held(groups["default/Pod/train-0"])
+            assert _seconds(after, report.until) - SLACK <= held <= _seconds(before, report.until) + SLACK
+            by_namespace, _ = await _by(managers[follower].address, UsageGrouping.NAMESPACE)
+            assert set(by_namespace) == {"default"}
+            async with cluster.client() as kube:
+                record = await kube.get(
+                    CONFIGMAPS, usage_record_name("fabric-dra-manager-ledger"), USAGE_NAMESPACE
+                )
+            assert set(record["binaryData"]) == {"usage.json.gz"}
+            counted = _counter(await _scrape(managers[follower].address), "default", "bound")
+            assert counted >= groups["default/Pod/train-0"].bound - SLACK  # from the record: not reset
+
+            # The old leader comes back as a follower; the new one dies without a word.
+            managers[leader] = start(leader)
+            await asyncio.sleep(1)
+            managers[follower].kill()
+            assert await _leader_of({leader: managers[leader]}) == leader
+            groups, report = await _by(managers[leader].address, UsageGrouping.WORKLOAD)
+            held = _held(groups["default/Pod/train-0"])
+            # Nothing changed since the last write: the kill and the Lease's expiry lost nothing.
+            assert _seconds(after, report.until) - SLACK <= held <= _seconds(before, report.until) + SLACK
+            assert _counter(await _scrape(managers[leader].address), "default", "bound") >= counted
+        finally:
+            for process in managers.values():
+                process.stop()
+
+
+async def _scrape(address: str) -> str:
+    async with httpx.AsyncClient(timeout=10) as http:
+        return (await http.get(f"{address}/metrics")).text
+
+
+def _counter(text: str, namespace: str, state: str) -> float:
+    """The sum of ``fabric_dra_device_seconds_total`` samples of that namespace and state."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("fabric_dra_device_seconds_total{") and (
+            f'namespace="{namespace}"' in line and f'state="{state}"' in line
+        ):
+            total += float(line.rsplit(" ", 1)[1])
+    return total

@@ -236,3 +236,17 @@ async def test_stranded_devices_by_reason(tmp_path: Path) -> None:
     _put(h.ledger, "gpu1", WARM_HOLDER, LedgerState.WARM, T0)
     _put(h.ledger, "gpu2", WARM_HOLDER, LedgerState.ATTACHING, T0)
     assert meter.stranded() == {"warm": 1, "orphan-grace": 2, "outside": 0}
+
+
+async def test_an_unreadable_record_stops_the_counting_not_the_manager(tmp_path: Path) -> None:
+    h = await make_harness(tmp_path)
+    (tmp_path / "usage.json").write_text('{"kind": "FabricDraUsage", "version": 9}')
+    meter = UsageMeter(h.ledger, h.inventory, FileUsageStore(tmp_path))
+    assert not await meter.try_resume()
+    _put(h.ledger, "gpu0", "uid-a", LedgerState.BOUND, T0)
+    meter.tick()
+    await meter.flush()
+    await meter.pause()
+    assert not meter.counting and meter.totals() == {}
+    # Nothing was written over it: an operator can still read (or move away) what it held.
+    assert (tmp_path / "usage.json").read_text() == '{"kind": "FabricDraUsage", "version": 9}'
