@@ -462,9 +462,12 @@ class UsageMeter:
 
     def tick(self) -> None:
         """Count the time since the previous tick. Nothing while not counting, and nothing (the time
-        carried to the next tick) while the inventory is not read, as the models are not known."""
+        carried to the next tick) while the inventory is not read or the claims not listed yet, as
+        the models and the owners are not known."""
         last = self._last
         if last is None or not self.inventory.loaded.is_set():
+            return
+        if self.claims is not None and not self.claims.synced.is_set():
             return
         now = self.clock()
         if now <= last:
@@ -477,11 +480,10 @@ class UsageMeter:
             self._pending.add(self._key(entry), start, now)
         self._seen = seen
         foreign_from = max(last, self._resumed_at or last)
-        for device in self.inventory.snapshot().devices:
-            if not device.managed and device.state is api.BindingState.BOUND:
-                record = self.inventory.device(device.name)
-                model = model_of(record) if record else device.model or str(device.type)
-                self._pending.add(UsageKey("", model, "", OUTSIDE), foreign_from, now)
+        for device in self._outside():
+            record = self.inventory.device(device.name)
+            model = model_of(record) if record else device.model or str(device.type)
+            self._pending.add(UsageKey("", model, "", OUTSIDE), foreign_from, now)
         self._pending.counted_until = self._last = now
         # Forget owners of claims no entry holds any more.
         held = {entry.claim_uid for entry in self.ledger.entries()}
@@ -533,14 +535,20 @@ class UsageMeter:
             groups=book.groups(since, by),
         )
 
+    def _outside(self) -> list[api.Device]:
+        """Devices the fabric binds that no ledger entry explains. The ledger decides, not the
+        snapshot's ``managed``: a snapshot rendered before a new leader loaded its ledger still
+        shows that leader's bindings as foreign, and they would count twice."""
+        return [
+            d
+            for d in self.inventory.snapshot().devices
+            if not d.managed and d.state is api.BindingState.BOUND and self.ledger.get(d.name) is None
+        ]
+
     def stranded(self) -> dict[str, int]:
         """Devices bound to a node with no claim using them, by why."""
         warm = sum(1 for e in self.ledger.entries() if e.state is LedgerState.WARM)
-        outside = sum(
-            1
-            for d in self.inventory.snapshot().devices
-            if not d.managed and d.state is api.BindingState.BOUND and d.node
-        )
+        outside = sum(1 for d in self._outside() if d.node)
         orphans = self.orphans_in_grace() if self.orphans_in_grace is not None else 0
         return {"warm": warm, "orphan-grace": orphans, "outside": outside}
 

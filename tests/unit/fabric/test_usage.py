@@ -250,3 +250,18 @@ async def test_an_unreadable_record_stops_the_counting_not_the_manager(tmp_path:
     assert not meter.counting and meter.totals() == {}
     # Nothing was written over it: an operator can still read (or move away) what it held.
     assert (tmp_path / "usage.json").read_text() == '{"kind": "FabricDraUsage", "version": 9}'
+
+
+async def test_a_binding_no_ledger_entry_explains_counts_as_outside_once(tmp_path: Path) -> None:
+    h = await make_harness(tmp_path, devices=2)
+    h.fabric.bound.update({"gpu0": "node-0", "gpu1": "node-1"})
+    await h.inventory.refresh()
+    clock = _Clock(T0)
+    meter = UsageMeter(h.ledger, h.inventory, FileUsageStore(tmp_path), clock=clock)
+    await meter.resume()
+    # gpu1's entry is in the ledger, though the snapshot (rendered before) may not know it yet.
+    _put(h.ledger, "gpu1", "uid-b", LedgerState.BOUND, T0)
+    assert meter.stranded()["outside"] == 1
+    clock.now += timedelta(seconds=10)
+    meter.tick()
+    assert meter.totals() == {("", "H100", "outside"): 10.0, ("", "H100", "bound"): 10.0}
