@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -281,31 +283,41 @@ def manager_client(args: argparse.Namespace) -> tuple[ManagerClient, bool]:
     return client, bool(token or args.token_file)
 
 
+@contextlib.contextmanager
+def manager_errors(args: argparse.Namespace, token_given: bool, reading: str) -> Iterator[None]:
+    """The manager's errors, and answers that are not the manager's, as one-line :class:`CliError`."""
+    try:
+        yield
+    except FabricError as err:
+        raise CliError(explain_failure(err, args, token_given, reading)) from None
+    except ValidationError:
+        raise CliError(
+            f"{args.manager_url} is not a fabric-dra manager: its /api/v1 answers are not the manager's"
+        ) from None
+
+
 async def run_status(args: argparse.Namespace, out: TextIO | None = None) -> int:
     client, token_given = manager_client(args)
     stream = out or sys.stdout
     watch = bool(getattr(args, "watch", False))
     clear = watch and stream.isatty()
     try:
-        inventory = await client.inventory()
-        while True:
-            operations = await client.operations()
-            text = _render(args, inventory, operations)
-            if clear:
-                stream.write(_CLEAR)
-            elif watch:
-                stream.write(f"--- {datetime.now(UTC).strftime('%H:%M:%S')} UTC\n")
-            print(text, file=stream, flush=True)
-            if not watch:
-                return 0
-            # Wake on the next inventory version, or after a short pause for the ages to move.
-            inventory = await client.inventory(after=inventory.version, timeout_seconds=WATCH_REDRAW_SECONDS)
-    except FabricError as err:
-        raise CliError(explain_failure(err, args, token_given, "the fabric manager's pool")) from None
-    except ValidationError:
-        raise CliError(
-            f"{args.manager_url} is not a fabric-dra manager: its /api/v1 answers are not the manager's"
-        ) from None
+        with manager_errors(args, token_given, "the fabric manager's pool"):
+            inventory = await client.inventory()
+            while True:
+                operations = await client.operations()
+                text = _render(args, inventory, operations)
+                if clear:
+                    stream.write(_CLEAR)
+                elif watch:
+                    stream.write(f"--- {datetime.now(UTC).strftime('%H:%M:%S')} UTC\n")
+                print(text, file=stream, flush=True)
+                if not watch:
+                    return 0
+                # Wake on the next inventory version, or after a short pause for the ages to move.
+                inventory = await client.inventory(
+                    after=inventory.version, timeout_seconds=WATCH_REDRAW_SECONDS
+                )
     except (KeyboardInterrupt, asyncio.CancelledError):
         return 0
     finally:

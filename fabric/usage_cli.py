@@ -11,11 +11,8 @@ import sys
 from datetime import UTC, datetime, timedelta
 from typing import TextIO
 
-from pydantic import ValidationError
-
-from fabric.status import explain_failure, manager_client
+from fabric.status import manager_client, manager_errors
 from manager_api import models as api
-from manager_api.errors import FabricError
 from plumbing.cli import CliError, dump_document, format_table
 
 __all__ = ["parse_since", "render", "run_usage"]
@@ -82,13 +79,8 @@ async def run_usage(args: argparse.Namespace, out: TextIO | None = None) -> int:
     since = parse_since(args.since, datetime.now(UTC))
     client, token_given = manager_client(args)
     try:
-        report = await client.usage(since, api.UsageGrouping(args.by))
-    except FabricError as err:
-        raise CliError(explain_failure(err, args, token_given, "the fabric manager's usage")) from None
-    except ValidationError:
-        raise CliError(
-            f"{args.manager_url} is not a fabric-dra manager: its /api/v1 answers are not the manager's"
-        ) from None
+        with manager_errors(args, token_given, "the fabric manager's usage"):
+            report = await client.usage(since, api.UsageGrouping(args.by))
     finally:
         await client.aclose()
     print(render(report, args.output), file=out or sys.stdout, flush=True)

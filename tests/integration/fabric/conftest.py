@@ -7,8 +7,10 @@ generated credentials, and ``fabric-dra manager serve`` talking Redfish to it wi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ssl
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,6 +163,18 @@ def manager_for(
     args = manager_args(fabric, work, *extra, tokens=tokens, nodes=nodes)
     with running_manager(work, fabric.url, args=args, name=name, ca_file=str(fabric.tls.ca)) as proc:
         yield proc
+
+
+async def leader_of(managers: dict[str, Role], within: float = 20) -> str:
+    """The replica whose /readyz says ready (only the leader is)."""
+    deadline = time.monotonic() + within
+    async with httpx.AsyncClient(timeout=5) as http:
+        while True:
+            for name, process in managers.items():
+                if process.alive() and (await http.get(f"{process.address}/readyz")).status_code == 200:
+                    return name
+            assert time.monotonic() < deadline, "no manager became leader"
+            await asyncio.sleep(0.1)
 
 
 def assert_no_secrets(logs: Sequence[Path], *secrets: str) -> None:

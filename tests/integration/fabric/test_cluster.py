@@ -27,7 +27,13 @@ from manager_api.errors import DeviceBusy, NotLeader, PermissionDenied, Unauthen
 from manager_api.models import AttachmentState, BindingState
 from plumbing.kube.client import KubeClient
 from plumbing.kube.resources import LEASES, NAMESPACES, NODES, RESOURCE_CLAIMS
-from tests.integration.fabric.conftest import FabricAdmin, allocated_claim, assert_no_secrets, manager_args
+from tests.integration.fabric.conftest import (
+    FabricAdmin,
+    allocated_claim,
+    assert_no_secrets,
+    leader_of,
+    manager_args,
+)
 from tests.support.apiserver import ApiServerProcess, start_apiserver
 from tests.support.fabric_manager import start_manager
 from tests.support.uids import claim_uid
@@ -80,18 +86,6 @@ def cluster_args(fabric: FabricAdmin, work: Path, cluster: ApiServerProcess, ide
         *("--token-audience", AUDIENCE),
         tokens=False,
     )
-
-
-async def leader_of(managers: dict[str, Role], within: float = 20) -> str:
-    """The replica whose /readyz says ready (only the leader is)."""
-    deadline = time.monotonic() + within
-    async with httpx.AsyncClient(timeout=5) as http:
-        while True:
-            for name, process in managers.items():
-                if process.alive() and (await http.get(f"{process.address}/readyz")).status_code == 200:
-                    return name
-            assert time.monotonic() < deadline, "no manager became leader"
-            await asyncio.sleep(0.1)
 
 
 async def test_tokenreview_roles_and_failover(

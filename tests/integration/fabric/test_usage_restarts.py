@@ -24,7 +24,13 @@ from manager_api.client import ManagerClient
 from manager_api.errors import NotLeader
 from manager_api.models import AttachmentState, UsageGroup, UsageGrouping, UsageReport
 from plumbing.kube.resources import CONFIGMAPS, NAMESPACES, NODES
-from tests.integration.fabric.conftest import CONTROLLER_TOKEN, FabricAdmin, allocated_claim, manager_args
+from tests.integration.fabric.conftest import (
+    CONTROLLER_TOKEN,
+    FabricAdmin,
+    allocated_claim,
+    leader_of,
+    manager_args,
+)
 from tests.support.apiserver import start_apiserver
 from tests.support.fabric_manager import start_manager
 from tests.support.uids import claim_uid
@@ -175,18 +181,6 @@ def _cli_reads_the_same(address: str, report: UsageReport, model: str) -> None:
     ]
 
 
-async def _leader_of(managers: dict[str, Role], within: float = 30) -> str:
-    """The replica whose /readyz says ready (only the leader is)."""
-    deadline = time.monotonic() + within
-    async with httpx.AsyncClient(timeout=5) as http:
-        while True:
-            for name, process in managers.items():
-                if process.alive() and (await http.get(f"{process.address}/readyz")).status_code == 200:
-                    return name
-            assert time.monotonic() < deadline, "no manager became leader"
-            await asyncio.sleep(0.1)
-
-
 async def _by(
     address: str, by: UsageGrouping, within: float = 30
 ) -> tuple[dict[str, UsageGroup], UsageReport]:
@@ -239,7 +233,7 @@ async def test_a_leader_change_carries_the_record_by_namespace_and_workload(
         try:
             before = datetime.now(UTC)
             while True:  # a new leader that misses its first renewal on a loaded machine steps down
-                leader = await _leader_of(managers)
+                leader = await leader_of(managers)
                 async with ManagerClient(
                     managers[leader].address, token=CONTROLLER_TOKEN, timeout=30
                 ) as client:
@@ -253,7 +247,7 @@ async def test_a_leader_change_carries_the_record_by_namespace_and_workload(
             await asyncio.sleep(2)
 
             managers[leader].stop()  # SIGTERM: written, then the Lease released
-            follower = await _leader_of({n: p for n, p in managers.items() if n != leader})
+            follower = await leader_of({n: p for n, p in managers.items() if n != leader})
             groups, report = await _by(managers[follower].address, UsageGrouping.WORKLOAD)
             held = _held(groups["default/Pod/train-0"])
             assert _seconds(after, report.until) - SLACK <= held <= _seconds(before, report.until) + SLACK
@@ -271,7 +265,7 @@ async def test_a_leader_change_carries_the_record_by_namespace_and_workload(
             managers[leader] = start(leader)
             await asyncio.sleep(1)
             managers[follower].kill()
-            assert await _leader_of({leader: managers[leader]}) == leader
+            assert await leader_of({leader: managers[leader]}) == leader
             groups, report = await _by(managers[leader].address, UsageGrouping.WORKLOAD)
             held = _held(groups["default/Pod/train-0"])
             # Nothing changed since the last write: the kill and the Lease's expiry lost nothing.
