@@ -361,7 +361,7 @@ class ConfigMapUsageStore(UsageStore):
                     CONFIGMAPS, {**body, "metadata": {**metadata, "resourceVersion": self._version}}
                 )
         except (Conflict, AlreadyExists, NotFound):
-            raise
+            raise  # (ApiErrors too) the record changed since it was read: the meter decides
         except ApiError as err:
             raise UsageError(f"cannot write the usage record {self.describe()}: {err}") from None
         self._version = str((saved.get("metadata") or {}).get("resourceVersion") or "")
