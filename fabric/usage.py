@@ -457,7 +457,9 @@ class UsageMeter:
             claim = self.claims.get(entry.claim_uid)
             if claim is not None:
                 owner = self._owners[entry.claim_uid] = (claim.metadata.namespace or "", workload_of(claim))
-        namespace, workload = owner or ("", "")
+        # Not known from a claim (no API access, or a claim gone before a restart): the namespace
+        # the plugin sent with the attach, as the entry keeps it.
+        namespace, workload = owner or (entry.namespace or "", "")
         return UsageKey(namespace, model, workload, str(entry.state))
 
     def tick(self) -> None:

@@ -172,9 +172,12 @@ class _Clock:
         return self.now
 
 
-def _put(ledger: Ledger, device: str, claim: str, state: LedgerState, at: datetime) -> None:
+def _put(
+    ledger: Ledger, device: str, claim: str, state: LedgerState, at: datetime, namespace: str | None = None
+) -> None:
     """An entry as the ledger holds it, last changed ``at`` (on the tests' clock)."""
     entry = LedgerEntry(
+        namespace=namespace,
         device=device,
         device_key=f"/redfish/v1/Fabrics/PCIe/Endpoints/{device}",
         node="node-0",
@@ -265,3 +268,16 @@ async def test_a_binding_no_ledger_entry_explains_counts_as_outside_once(tmp_pat
     clock.now += timedelta(seconds=10)
     meter.tick()
     assert meter.totals() == {("", "H100", "outside"): 10.0, ("", "H100", "bound"): 10.0}
+
+
+async def test_without_the_claim_the_namespace_is_the_one_the_attach_named(tmp_path: Path) -> None:
+    h = await make_harness(tmp_path, devices=2)
+    clock = _Clock(T0)
+    meter = UsageMeter(h.ledger, h.inventory, FileUsageStore(tmp_path), clock=clock)
+    await meter.resume()
+    _put(h.ledger, "gpu0", "uid-a", LedgerState.BOUND, T0, namespace="team-x")
+    _put(h.ledger, "gpu1", WARM_HOLDER, LedgerState.WARM, T0, namespace="team-x")  # its last tenant
+    clock.now += timedelta(seconds=10)
+    meter.tick()
+    # Warm is the pool's cost, not the last tenant's.
+    assert meter.totals() == {("team-x", "H100", "bound"): 10.0, ("", "H100", "warm"): 10.0}
