@@ -5,7 +5,7 @@ Per request: injected faults (unavailable, slow) except on the OEM admin API; au
 open); method dispatch with ``Allow`` on every answer and 405 otherwise; ``If-Match`` (412) on
 changes and ``If-None-Match`` (304) on reads; ETags on every resource; Redfish error bodies;
 Server-Sent Events on the EventService's ``ServerSentEventUri``; ``Link: <schema>;
-rel=describedby`` on every resource read. ``$expand`` is served on resources
+rel=describedby`` on every resource read. ``$expand`` and ``$select`` are served on resources
 (:mod:`emulator.redfish.expand`); other ``$`` query options get 501 (DSP0266 "Query
 parameters"), and so does a method outside DSP0266's method table (:data:`REDFISH_METHODS`).
 """
@@ -22,7 +22,7 @@ from urllib.parse import parse_qsl
 
 from emulator.redfish import uris
 from emulator.redfish.events import EventFilter
-from emulator.redfish.expand import Expand, expand, expand_served
+from emulator.redfish.expand import Expand, Select, expand, expand_served
 from emulator.redfish.http import Reply, Request
 from emulator.redfish.latency import LatencyProfile
 from emulator.redfish.nodes import ActionNode, Context, Node, not_allowed
@@ -70,6 +70,9 @@ def method_not_implemented(method: str | None) -> RedfishError:
     )
 
 
+#: inlined members parsed (and selected) for ``$expand`` answers, by URI, ETag and ``$select``
+_INLINED_LIMIT = 1024
+
 _REDFISH_VERSIONS = json.dumps({"v1": f"{uris.ROOT}/"}, separators=(",", ":")).encode()
 
 
@@ -83,6 +86,9 @@ class RedfishApp:
         self.root = root
         self.latency = latency
         self.realm = f'Basic realm="{ctx.product}", charset="UTF-8"'
+        #: (uri, ETag, $select) → the member as inlined: an ETag names one rendering, so a member
+        #: that did not change is not parsed (nor selected) again for the next expanded answer
+        self._inlined: dict[tuple[str, str, Select | None], dict[str, Any]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -242,14 +248,19 @@ class RedfishApp:
             if isinstance(node, MetadataNode):
                 return Reply(200, raw=node.document, content_type="application/xml")
             return await node.get(request)
-        self._check_query(request, allowed=("$expand",) if expand_served(self.ctx) else ())
+        self._check_query(request, allowed=("$expand", "$select") if expand_served(self.ctx) else ())
         query = request.query.get("$expand")
+        chosen = request.query.get("$select")
         delay = self.latency.read.sample(self.ctx.engine.rng)
         if delay:
             await asyncio.sleep(delay)
         body, etag = self.ctx.renderer.render(node)
-        if query is not None:
-            body, etag = self._expanded(body, Expand.parse(query))
+        if query is not None or chosen is not None:
+            body, etag = self._expanded(
+                body,
+                Expand.parse(query) if query is not None else None,
+                Select.parse(chosen) if chosen is not None else None,
+            )
         headers = {"ETag": etag, "Allow": ", ".join(node.allow)}
         link = described_by(body)
         if link is not None:
@@ -259,17 +270,32 @@ class RedfishApp:
             return Reply(304, None, headers)
         return Reply(200, None, headers, raw=body)
 
-    def _expanded(self, body: bytes, query: Expand) -> tuple[bytes, str]:
-        """``body`` with the resources it links to inline (:mod:`emulator.redfish.expand`), and
-        the ETag of that answer (it changes when any resource inlined changes)."""
+    def _expanded(self, body: bytes, query: Expand | None, chosen: Select | None) -> tuple[bytes, str]:
+        """``body`` with the resources it links to inline and the properties ``$select`` keeps
+        (:mod:`emulator.redfish.expand`), and the ETag of that answer (it changes when any
+        resource inlined changes)."""
 
-        def render(uri: str) -> bytes | None:
+        def render(uri: str) -> dict[str, Any] | None:
             linked = resolve(self.root, uri)
             if linked is None or not linked.is_resource or isinstance(linked, MetadataNode):
                 return None
-            return self.ctx.renderer.render(linked)[0]
+            raw, tag = self.ctx.renderer.render(linked)
+            key = (uri, tag, chosen)
+            member = self._inlined.get(key)
+            if member is None:
+                member = json.loads(raw)
+                if chosen is not None:
+                    member = chosen.apply(member)
+                if len(self._inlined) >= _INLINED_LIMIT:
+                    self._inlined.clear()
+                self._inlined[key] = member
+            return member
 
-        expanded = expand(json.loads(body), query, render)
+        expanded = json.loads(body)
+        if query is not None:
+            expanded = expand(expanded, query, render)
+        if chosen is not None:
+            expanded = chosen.apply(expanded)
         expanded.pop("@odata.etag", None)
         raw = json.dumps(expanded, separators=(",", ":"), ensure_ascii=False).encode()
         expanded["@odata.etag"] = etag = 'W/"' + hashlib.blake2b(raw, digest_size=8).hexdigest() + '"'

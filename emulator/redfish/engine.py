@@ -150,6 +150,9 @@ class Engine:
         self.events = events
         self.latency = latency
         self.revision = revision
+        #: zone → its targets, as of revision :attr:`_zones_at` (:meth:`zone_targets`)
+        self._by_zone: dict[str, tuple[str, ...]] = {}
+        self._zones_at: tuple[int, int, int, int] | None = None
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not security
         #: target Id → Id of the task that holds it
         self.inflight: dict[str, str] = {}
@@ -177,8 +180,21 @@ class Engine:
     def host_bindings(self, host: str) -> list[BindingRecord]:
         return [b for b in self.state.bindings.values() if b.host == host]
 
-    def zone_targets(self, zone_id: str) -> list[str]:
-        return [b.target for b in self.state.bindings.values() if b.zone == zone_id]
+    def zone_targets(self, zone_id: str) -> tuple[str, ...]:
+        """The targets bound through zone ``zone_id``, in binding order. From an index built once
+        per revision: a zone's read does not scan every binding of the fabric, and the
+        expanded Zones collection does not scan them once per zone."""
+        bindings = self.state.bindings
+        # the revision is bumped right after each change; the rest guards a change that forgot to
+        at = (self.revision.value, self.state.version, id(bindings), len(bindings))
+        if self._zones_at != at:
+            by_zone: dict[str, list[str]] = {}
+            for binding in bindings.values():
+                if binding.zone is not None:
+                    by_zone.setdefault(binding.zone, []).append(binding.target)
+            self._by_zone = {z: tuple(t) for z, t in by_zone.items()}
+            self._zones_at = at
+        return self._by_zone.get(zone_id, ())
 
     def health(self, device: str) -> str:
         worst = "OK"

@@ -9,11 +9,18 @@ links to come back inline, in place of their ``{"@odata.id": ...}`` references.
 
 A reference that names nothing this service serves stays a reference, as it would without the
 query. Clients use ``.($levels=1)`` to read a collection with its members in one request.
+
+``$select`` (DSP0266 "Query parameters", "$select"; advertised as
+``ProtocolFeaturesSupported.SelectQuery`` alongside ``$expand``): a comma-separated list of
+properties (``Links/Endpoints`` names one inside an object); the answer keeps those and the
+``@odata`` annotations (``@odata.id``, ``@odata.type``, ``@odata.etag``...). DSP0266 evaluates
+``$expand`` before ``$select``; on a resource collection the selection applies to each member it
+inlined, and the collection keeps ``Members`` (with its count and next link) — so
+``Zones?$expand=.($levels=1)&$select=Id`` lists every zone with its ETag and not its endpoints.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +30,7 @@ from emulator.redfish.models import ExpandQuery
 from emulator.redfish.nodes import Context
 from emulator.redfish.registries import RedfishError
 
-__all__ = ["MAX_LEVELS", "Expand", "expand", "expand_query", "expand_served"]
+__all__ = ["MAX_LEVELS", "Expand", "Select", "expand", "expand_query", "expand_served"]
 
 #: deepest ``$levels`` served (advertised as ``ExpandQuery.MaxLevels``)
 MAX_LEVELS = 1
@@ -49,6 +56,53 @@ class Expand:
         return cls(found["kind"], levels)
 
 
+@dataclass(frozen=True)
+class Select:
+    """One parsed ``$select`` value: property paths, each a tuple of names."""
+
+    paths: tuple[tuple[str, ...], ...]
+
+    @classmethod
+    def parse(cls, value: str) -> Select:
+        paths = []
+        for item in value.split(","):
+            parts = tuple(item.strip().split("/"))
+            if not all(_NAME.match(p) for p in parts):
+                raise RedfishError.of(400, "QueryParameterValueFormatError", value, "$select")
+            paths.append(parts)
+        return cls(tuple(paths))
+
+    def apply(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` with the selected properties and its ``@odata`` annotations; a collection
+        keeps its members, each inlined one selected in turn."""
+        if isinstance(body.get("Members"), list):
+            kept = {k: v for k, v in body.items() if k.startswith(("@odata.", "Members"))}
+            kept["Members"] = [self.apply(m) if _inlined(m) else m for m in body["Members"]]
+            return kept
+        return self._pick(body, self.paths)
+
+    @staticmethod
+    def _pick(body: dict[str, Any], paths: tuple[tuple[str, ...], ...]) -> dict[str, Any]:
+        kept = {k: v for k, v in body.items() if k.startswith("@odata.")}
+        for name in dict.fromkeys(p[0] for p in paths):
+            if name not in body:
+                continue
+            deeper = tuple(p[1:] for p in paths if p[0] == name and len(p) > 1)
+            value = body[name]
+            whole = any(len(p) == 1 and p[0] == name for p in paths)
+            if deeper and not whole and isinstance(value, dict):
+                value = Select._pick(value, deeper)
+            kept[name] = value
+        return kept
+
+
+_NAME = re.compile(r"^[A-Za-z_@][A-Za-z0-9_.@#]*$")
+
+
+def _inlined(member: Any) -> bool:
+    return isinstance(member, dict) and not _is_reference(member)
+
+
 def expand_served(ctx: Context) -> bool:
     """Whether this service serves ``$expand`` (topology ``behaviour.expand``)."""
     return ctx.index.topology.behaviour.expand == "served"
@@ -65,13 +119,15 @@ def _is_reference(value: Any) -> bool:
     return isinstance(value, dict) and len(value) == 1 and isinstance(value.get("@odata.id"), str)
 
 
-def expand(body: dict[str, Any], query: Expand, render: Callable[[str], bytes | None]) -> dict[str, Any]:
+def expand(
+    body: dict[str, Any], query: Expand, render: Callable[[str], dict[str, Any] | None]
+) -> dict[str, Any]:
     """``body`` with the references ``query`` selects replaced by the resources they name
-    (``render(uri)``: the resource's JSON, or None when there is none)."""
+    (``render(uri)``: the resource's JSON as an object, or None when there is none)."""
 
     def inline(uri: str) -> Any:
-        raw = render(uri)
-        return json.loads(raw) if raw is not None else {"@odata.id": uri}
+        found = render(uri)
+        return found if found is not None else {"@odata.id": uri}
 
     def walk(value: Any, in_links: bool, depth: int) -> Any:
         if _is_reference(value):

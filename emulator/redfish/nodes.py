@@ -9,7 +9,7 @@ resource's ``Actions`` segment (``.../Actions/Zone.AddEndpoint``) and call
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -75,6 +75,12 @@ class Node:
     def payload(self) -> dict[str, Any]:
         rendered = self.render()
         return rendered if isinstance(rendered, dict) else rendered.payload()
+
+    def fingerprint(self) -> Hashable | None:
+        """What :meth:`render` depends on, when that is a few facts cheaper to get than the
+        rendering: its serialisation is then kept across state revisions while they stay the same
+        (:class:`emulator.redfish.views.etags.Renderer`). None: rendered again on every revision."""
+        return None
 
     def child(self, segment: str) -> Node | None:
         return None

@@ -7,11 +7,16 @@ fsync of the directory), so after a crash the file holds the state before or aft
 mutation, never half of one. Concurrent mutations share one write (group commit): each waits
 for the first write that starts after its change, so a response is only sent once the change
 it reports is on disk.
+
+The document is serialised binding by binding, each binding's JSON kept while its record is the
+same object (records are replaced, never changed in place): a bind serialises one record, not
+the 10,000 of a large fabric (90 ms of the event loop at that size, on every commit).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -184,6 +189,8 @@ class StateStore:
         self._effects: list[SideEffect] = []
         self._batch: asyncio.Future[None] | None = None
         self._writer: asyncio.Task[None] | None = None
+        #: target → (its record, ``"target":{record JSON}``) as last serialised
+        self._fragments: dict[str, tuple[BindingRecord, str]] = {}
 
     def load(self) -> FabricState:
         try:
@@ -196,7 +203,22 @@ class StateStore:
 
     def write_now(self) -> None:
         """Synchronous write, for start-up before the event loop serves requests."""
-        atomic_write(self.path, self.state.model_dump_json(indent=1), mode=0o600)
+        atomic_write(self.path, self.document(), mode=0o600)
+
+    def document(self) -> str:
+        """:attr:`state` as JSON (what :meth:`load` reads back), with the bindings' JSON reused."""
+        fragments = self._fragments
+        parts = []
+        for target, record in self.state.bindings.items():
+            kept = fragments.get(target)
+            if kept is None or kept[0] is not record:
+                kept = fragments[target] = (record, f"{json.dumps(target)}:{record.model_dump_json()}")
+            parts.append(kept[1])
+        if len(fragments) > len(parts):
+            for gone in [t for t in fragments if t not in self.state.bindings]:
+                del fragments[gone]
+        rest = self.state.model_dump_json(exclude={"bindings"})
+        return f'{rest[:-1]},"bindings":{{{",".join(parts)}}}}}'
 
     async def commit(self, effects: list[SideEffect] | None = None) -> None:
         """Persist the current state and then run ``effects``; return once both are done.
@@ -219,7 +241,7 @@ class StateStore:
     async def _write_loop(self) -> None:
         while self._batch is not None:
             batch, self._batch = self._batch, None
-            data = self.state.model_dump_json(indent=1)
+            data = self.document()
             effects, self._effects = self._effects, []
             # The host views follow the state: both are rebuilt from the state file at start, so
             # the two writes may overlap; the response waits for both.

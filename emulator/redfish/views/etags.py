@@ -2,13 +2,16 @@
 
 A payload is serialised once per state revision and cached with its ETag, a weak validator
 derived from the bytes (so an unrelated change elsewhere does not change it). The body also
-carries it as ``@odata.etag``.
+carries it as ``@odata.etag``. A node with a :meth:`~emulator.redfish.nodes.Node.fingerprint`
+keeps its serialisation across revisions while the fingerprint is the same: a zone is not
+serialised again because another zone changed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
 from emulator.redfish.registries import RedfishError
@@ -25,6 +28,8 @@ class Renderer:
     def __init__(self) -> None:
         self._revision = -1
         self._cache: dict[str, tuple[bytes, str]] = {}
+        #: uri → (fingerprint, body, ETag) of nodes that have one, kept across revisions
+        self._kept: dict[str, tuple[Hashable, bytes, str]] = {}
 
     def render(self, node: Node) -> tuple[bytes, str]:
         """(JSON body with ``@odata.etag``, ETag header value) of a resource node."""
@@ -35,6 +40,11 @@ class Renderer:
         hit = self._cache.get(node.uri)
         if hit is not None:
             return hit
+        fingerprint = node.fingerprint()
+        if fingerprint is not None:
+            kept = self._kept.get(node.uri)
+            if kept is not None and kept[0] == fingerprint:
+                return kept[1], kept[2]
         raw = json.dumps(node.payload(), separators=(",", ":"), ensure_ascii=False).encode()
         etag = 'W/"' + hashlib.blake2b(raw, digest_size=8).hexdigest() + '"'
         # splice the annotation in rather than serialising twice: raw is a JSON object "{...}"
@@ -43,6 +53,10 @@ class Renderer:
         )
         if len(self._cache) < _CACHE_LIMIT:
             self._cache[node.uri] = (body, etag)
+        if fingerprint is not None:
+            if len(self._kept) >= _CACHE_LIMIT:
+                self._kept.clear()
+            self._kept[node.uri] = (fingerprint, body, etag)
         return body, etag
 
 

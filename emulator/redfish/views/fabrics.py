@@ -12,6 +12,7 @@ Binding styles served here:
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -479,6 +480,13 @@ class ZoneNode(Node):
         self.fabric, self.zone_id, self.host, self.client = fabric, zone_id, host, client
         self.allow = ("GET", "HEAD", "DELETE") if client else ("GET", "HEAD")
 
+    def fingerprint(self) -> Hashable:
+        """All a zone's rendering depends on: its name and description (a client zone's are
+        stored) and its targets — not the rest of the fabric's state."""
+        record = self.ctx.engine.state.zones.get(self.zone_id) if self.client else None
+        named = (record.name, record.description) if record is not None else None
+        return (self.host, named, self.ctx.engine.zone_targets(self.zone_id))
+
     def render(self) -> Zone:
         engine = self.ctx.engine
         targets = engine.zone_targets(self.zone_id)
@@ -563,7 +571,7 @@ class ZoneNode(Node):
             style=BindingStyle.ZONE,
             fabric=self.fabric.fabric_id,
             host=self.host,
-            targets=self.ctx.engine.zone_targets(self.zone_id),
+            targets=list(self.ctx.engine.zone_targets(self.zone_id)),
             method="DELETE",
             uri=self.uri,
             zone=self.zone_id,

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from emulator.redfish import uris
-from emulator.redfish.expand import expand_query
+from emulator.redfish.expand import expand_query, expand_served
 from emulator.redfish.http import Reply, Request, parse_body
 from emulator.redfish.models import (
     ALL_TYPES,
@@ -130,7 +130,9 @@ class ServiceRootNode(Node):
             UUID=self.ctx.service_uuid,
             Vendor=self.ctx.vendor,
             Product=self.ctx.product,
-            ProtocolFeaturesSupported=ProtocolFeaturesSupported(ExpandQuery=expand_query(self.ctx)),
+            ProtocolFeaturesSupported=ProtocolFeaturesSupported(
+                ExpandQuery=expand_query(self.ctx), SelectQuery=expand_served(self.ctx)
+            ),
             Systems=None if enclosure else ref(f"{uris.ROOT}/Systems"),
             Chassis=ref(f"{uris.ROOT}/Chassis"),
             Fabrics=None if enclosure else ref(f"{uris.ROOT}/Fabrics"),

@@ -198,8 +198,9 @@ def test_bad_requests_name_the_property(client: httpx.Client) -> None:
     assert (
         missing_resource.status_code == 404 and _message_id(missing_resource) == "Base.1.22.ResourceNotFound"
     )
-    # $expand is served (test_expand_inlines_a_collections_members); other query options are not
-    assert client.get("/redfish/v1/Systems?$select=Members").status_code == 501
+    # $expand and $select are served (test_expand_inlines_a_collections_members,
+    # test_select_keeps_the_named_properties_and_the_annotations); other query options are not
+    assert client.get("/redfish/v1/Systems?$filter=Id eq 'kind-worker'").status_code == 501
 
 
 def test_odata_documents(client: httpx.Client, redfish_dir: Path) -> None:
@@ -314,3 +315,54 @@ def test_expand_inlines_a_collections_members(client: httpx.Client) -> None:
     assert too_deep.status_code == 400 and _message_id(too_deep).endswith("QueryParameterOutOfRange")
     malformed = client.get(zones, params={"$expand": "Members"})
     assert malformed.status_code == 400 and _message_id(malformed).endswith("QueryParameterValueFormatError")
+
+
+def test_select_keeps_the_named_properties_and_the_annotations(client: httpx.Client) -> None:
+    """DSP0266 "$select", evaluated after "$expand": on a collection it applies to each member
+    inlined, which keeps its ``@odata`` annotations — each zone with its own ETag, not its
+    endpoints."""
+    assert client.get("/redfish/v1/").json()["ProtocolFeaturesSupported"]["SelectQuery"] is True
+    zones = "/redfish/v1/Fabrics/PCIe/Zones"
+    listing = client.get(zones, params={"$expand": ".($levels=1)", "$select": "Id"})
+    assert listing.status_code == 200
+    body = listing.json()
+    assert body["Members@odata.count"] == len(body["Members"]) > 0
+    for member in body["Members"]:
+        alone = client.get(member["@odata.id"])
+        assert member == {
+            "@odata.id": member["@odata.id"],
+            "@odata.type": alone.json()["@odata.type"],
+            "@odata.etag": alone.headers["ETag"],
+            "Id": alone.json()["Id"],
+        }
+    assert listing.headers["ETag"] == body["@odata.etag"]
+    zone = f"{zones}/kind-worker"
+    picked = client.get(zone, params={"$select": "Name,Links/Endpoints"}).json()
+    whole = client.get(zone).json()
+    assert set(picked) == {"@odata.id", "@odata.type", "@odata.etag", "Name", "Links"}
+    assert picked["Links"] == {"Endpoints": whole["Links"]["Endpoints"]}
+    # without $expand a collection's members stay references
+    assert (
+        client.get(zones, params={"$select": "Id"}).json()["Members"] == client.get(zones).json()["Members"]
+    )
+    malformed = client.get(zone, params={"$select": "Name;Id"})
+    assert malformed.status_code == 400 and _message_id(malformed).endswith("QueryParameterValueFormatError")
+
+
+def test_a_zones_etag_follows_its_own_endpoints_only(client: httpx.Client) -> None:
+    """A zone's rendering is kept while its targets are the same (the emulator does not render
+    every zone again when one changes): its ETag changes with its own members, not another's."""
+    zones = "/redfish/v1/Fabrics/PCIe/Zones"
+    mine, other = f"{zones}/kind-worker2", f"{zones}/kind-worker3"
+    before = {u: client.get(u).headers["ETag"] for u in (mine, other)}
+    uri, body = zone_add("kind-worker3", "gpu5")
+    assert client.post(uri, json=body).status_code == 204
+    try:
+        assert client.get(mine).headers["ETag"] == before[mine]
+        changed = client.get(other)
+        assert changed.headers["ETag"] != before[other]
+        assert {"@odata.id": f"{ENDPOINTS}/gpu5"} in changed.json()["Links"]["Endpoints"]
+    finally:
+        uri, body = zone_remove("kind-worker3", "gpu5")
+        assert client.post(uri, json=body).status_code == 204
+    assert client.get(other).headers["ETag"] == before[other]
