@@ -247,6 +247,7 @@ class ExpandQuery(View):
 
 class ProtocolFeatures(View):
     expand_query: Part[ExpandQuery] = part("ExpandQuery", ExpandQuery)
+    select_query: Tolerant[StrictBool] = prop("SelectQuery")
 
 
 class ServiceRoot(Resource):
@@ -265,6 +266,11 @@ class ServiceRoot(Resource):
         """``$expand=.($levels=1)`` is served (ProtocolFeaturesSupported.ExpandQuery)."""
         expand = self.protocol_features.expand_query
         return bool(expand.expand_all or expand.no_links)
+
+    @property
+    def supports_select(self) -> bool:
+        """``$select`` is served (ProtocolFeaturesSupported.SelectQuery)."""
+        return bool(self.protocol_features.select_query)
 
 
 class ComputerSystemLinks(View):

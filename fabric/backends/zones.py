@@ -35,11 +35,11 @@ from fabric.backends.base import (
 )
 from fabric.backends.describe import describe
 from fabric.backends.model import DeviceRecord, HostRecord
-from fabric.backends.views import JSON, Endpoint, Fabric, Zone, odata_id
+from fabric.backends.views import JSON, Endpoint, Fabric, ServiceRoot, Zone, odata_id
 from fabric.backends.walk import Walk
-from fabric.redfish.client import RedfishResponse
+from fabric.redfish.client import SERVICE_ROOT, RedfishResponse
 from manager_api.devices import BindingStyle
-from manager_api.errors import BindFailed, NotFoundError
+from manager_api.errors import BindFailed, FabricError, FabricUnavailable, NotFoundError
 
 __all__ = ["ZONE_NAME_PREFIX", "ZoneBackend"]
 
@@ -47,6 +47,13 @@ ZONE_NAME_PREFIX = "fabric-dra "
 _BINDING_ZONE_TYPES = (None, "ZoneOfEndpoints")
 #: how long the read before a bind or unbind may stand in for the read the action needs
 _SNAPSHOT_SECONDS = 2.0
+#: The Zones collection read for which zones exist and the ETag of each, not their members:
+#: DSP0266 "Query parameters" evaluates ``$expand`` before ``$select`` and keeps the ``@odata``
+#: annotations of what it selects from, so each inlined zone comes back as its Id, ``@odata.id``
+#: and ``@odata.etag`` (the zone's own ETag, DSP0266 "ETags"). The zones whose ETag differs from
+#: the one last read are read again; the answer's size follows the number of zones, not the
+#: endpoints they hold.
+_ETAG_LISTING = "$expand=.($levels=1)&$select=Id"
 
 
 @dataclass(slots=True)
@@ -107,6 +114,14 @@ class ZoneBackend(Backend):
         self._prefetched: dict[str, tuple[_Zone, str | None, int, float]] = {}
         #: the fabric's Zones collection (from discovery)
         self._zones_uri: str | None = None
+        #: the service serves ``$select`` (ProtocolFeaturesSupported.SelectQuery) and, with
+        #: ``$expand``, keeps each zone's ``@odata.etag``: :data:`_ETAG_LISTING` is used
+        self.select = False
+        #: zone URI → (its ETag, its JSON) as last read; the ETag listing says which are current
+        self._zone_bodies: dict[str, tuple[str, JSON]] = {}
+        #: zone URI → (the JSON of :attr:`_zone_bodies`, read as a view): a bindings pass reads
+        #: again only the zones that changed (validating 10,000 endpoint links was its cost)
+        self._zone_views: dict[str, tuple[JSON, Zone, frozenset[str]]] = {}
         #: device key → the zone its last bind added it to or created (:meth:`witnessed` reads it)
         self.bind_changed: dict[str, str] = {}
 
@@ -116,6 +131,9 @@ class ZoneBackend(Backend):
             return DiscoveryResult()
         endpoints = await read_endpoints(walk, fabric)
         self._zones_uri, self.expand = fabric.zones, walk.expand
+        root = await walk.read(SERVICE_ROOT, ServiceRoot)
+        self.select = bool(root and root.supports_select)
+        self._zone_bodies.clear()
         zones = await self._zones(walk, fabric, endpoints)
         endpoints += await linked_initiators(walk, endpoints, (e for z in zones for e in z.endpoints))
         result = host_initiators(endpoints, hosts)
@@ -167,9 +185,15 @@ class ZoneBackend(Backend):
 
     async def read_bindings(self, walk: Walk) -> dict[str, tuple[str, ...]]:
         fabric = await walk.read(self.fabric_uri, Fabric)
+        collection = fabric.zones if fabric else None
+        current = await self._current_zones(walk, collection)
         zones: dict[str, _Zone] = {}
-        for zone in await walk.members(fabric.zones if fabric else None, Zone):
-            self._add_zone(zones, zone)
+        if current is not None:
+            for uri, body in current.items():
+                self._add_zone(zones, self._view_of(uri, body))
+        else:
+            for zone in await walk.members(collection, Zone):
+                self._add_zone(zones, zone)
         bound = self._bound_by(list(zones.values()))
         return {t: tuple(sorted(bound.get(t, ()))) for t in self._targets}
 
@@ -203,12 +227,77 @@ class ZoneBackend(Backend):
         fabric = await walk.read(self.fabric_uri, Fabric)
         return fabric.zones if fabric else None
 
+    def _view_of(self, uri: str, body: JSON) -> Zone:
+        return self._kept_view(uri, body)[1]
+
+    def _kept_view(self, uri: str, body: JSON) -> tuple[JSON, Zone, frozenset[str]]:
+        """The zone's JSON read as a view, and the endpoints it links, once per version read."""
+        kept = self._zone_views.get(uri)
+        if kept is None or kept[0] is not body:
+            view = Zone.model_validate(body)
+            kept = self._zone_views[uri] = (body, view, frozenset(view.links.endpoints))
+        return kept
+
+    async def _current_zones(self, walk: Walk, collection: str | None) -> dict[str, JSON] | None:
+        """Every zone the collection lists, each as it is now, put in ``walk`` (:meth:`Walk.get`
+        answers from it); from :data:`_ETAG_LISTING` and a GET of each zone that changed since it
+        was last read. None when the service cannot list the ETags: the caller reads the
+        collection as before.
+
+        As authoritative as the expanded collection: the listing is read now, and each zone it
+        lists is taken at the ETag it lists (the JSON last read with that ETag, the same
+        representation) or read after it."""
+        if not (collection and self.select and walk.expand):
+            return None
+        try:
+            page = (await self.client.get(f"{collection}?{_ETAG_LISTING}")).body
+        except FabricUnavailable:
+            raise
+        except FabricError:
+            self.select = False  # advertised but refused: read the collection as before from now on
+            return None
+        tags = _member_etags(page)
+        if tags is None:
+            return None  # paged, or a member without its ETag: the listing cannot say what changed
+        current: dict[str, JSON] = {}
+        stale = []
+        for uri, tag in tags.items():
+            kept = self._zone_bodies.get(uri)
+            if kept is not None and kept[0] == tag:
+                current[uri] = kept[1]
+            else:
+                stale.append(uri)
+        for uri, response in zip(
+            stale, await asyncio.gather(*(self._get_or_none(u) for u in stale)), strict=True
+        ):
+            if response is None:
+                continue  # deleted since the listing
+            body = response.body
+            annotated = body.get("@odata.etag")
+            tag = annotated if isinstance(annotated, str) else response.etag or tags[uri]
+            current[uri] = body
+            # ``current`` holds only this listing's pairs; the kept ones may be overwritten by a
+            # slower read of an older version, which costs a read again, never a stale answer
+            self._zone_bodies[uri] = (tag, body)
+        for uri in [u for u in self._zone_bodies if u not in tags]:
+            del self._zone_bodies[uri]
+            self._zone_views.pop(uri, None)
+        for body in current.values():
+            walk.seed(body)
+        return {u: current[u] for u in tags if u in current}
+
     async def _candidates(self, walk: Walk, endpoint: Endpoint) -> tuple[list[str], frozenset[str]]:
         """The zones to read to learn which hold ``endpoint`` (:func:`authoritative_members`):
         when the service expanded the collection, only those whose members hold it."""
-        uris, linked_only = await authoritative_members(
-            walk, await self._zones_collection(walk), endpoint.links.zones or ()
-        )
+        collection = await self._zones_collection(walk)
+        linked = endpoint.links.zones or ()
+        current = await self._current_zones(walk, collection)
+        if current is not None:
+            linked_only = frozenset(u for u in dict.fromkeys(linked) if u not in current)
+            uri = endpoint.uri
+            held = [u for u, body in current.items() if uri in self._kept_view(u, body)[2]]
+            return [*held, *linked_only], linked_only
+        uris, linked_only = await authoritative_members(walk, collection, linked)
         if walk.expand:
             # The members came inline: pick the zones that hold the endpoint from the JSON as
             # read, and validate only those (a zone per host holds every device bound to it, so
@@ -512,6 +601,23 @@ class ZoneBackend(Backend):
             return True
         view = classify_endpoint(await walk.read(endpoint_uri, Endpoint))
         return bool(view and view.is_target)
+
+
+def _member_etags(page: JSON) -> dict[str, str] | None:
+    """Member URI → ``@odata.etag`` of an :data:`_ETAG_LISTING` answer; None when a member lacks
+    either, ``Members`` is no list, or the answer is one page of several (each would need the
+    same care; the collection is then read as before)."""
+    members = page.get("Members")
+    if not isinstance(members, list) or page.get("Members@odata.nextLink"):
+        return None
+    tags: dict[str, str] = {}
+    for member in members:
+        uri = odata_id(member)
+        tag = member.get("@odata.etag") if isinstance(member, dict) else None
+        if not uri or not isinstance(tag, str):
+            return None
+        tags[uri.rstrip("/")] = tag
+    return tags
 
 
 def _links_to(zone: JSON | None, endpoint: str) -> bool:
