@@ -15,7 +15,11 @@ attaches they serve and are not part of any figure.
 - the manager's RSS with 10 and with 10,000 bindings;
 - start-up with 10,000 bindings: the manager restarted until ``/readyz`` (ledger loaded and the
   fabric read) and the load of the 256 shards alone (``Ledger.load`` in this process);
-- the largest shard's bytes (of the 1 MiB a ConfigMap may hold).
+- the largest shard's bytes (of the 1 MiB a ConfigMap may hold);
+- per attach+detach pair of the latency figures, the manager's Redfish requests by method and
+  resource and the time they took (its ``fabric_dra_redfish_request_duration_seconds``): where a
+  difference between 10 and 10,000 bindings comes from (the manager's reads, or the fabric's
+  answer to the bind itself).
 
 ``python -m bench --only ledger``; ``python -m bench.ledger_bench [--quick]`` prints JSON
 (``--quick``: 1,000 bindings).
@@ -27,8 +31,10 @@ import argparse
 import asyncio
 import gc
 import json
+import re
 import time
 import tracemalloc
+import urllib.request
 import uuid
 from typing import Any
 
@@ -57,6 +63,38 @@ LEDGER = "fabric-dra-manager-ledger"
 PROBE = "gpu0"
 #: the pool of the generated topology's GPUs (``fabric`` + the PCIe fabric's Id)
 POOL = "fabric-pcie"
+
+
+_REDFISH_SAMPLE = re.compile(r"^fabric_dra_redfish_request_duration_seconds_(sum|count)\{([^}]*)\} (\S+)$")
+
+
+def _redfish_totals(url: str) -> dict[str, list[float]]:
+    """``"GET Zone"`` → [requests, seconds] so far, from the manager's /metrics."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=60) as response:
+        text = response.read().decode()
+    totals: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        found = _REDFISH_SAMPLE.match(line)
+        if found is None:
+            continue
+        kind, labels, value = found.groups()
+        label = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        entry = totals.setdefault(f"{label.get('method')} {label.get('resource')}", [0.0, 0.0])
+        entry[0 if kind == "count" else 1] += float(value)
+    return totals
+
+
+def _per_pair(before: dict[str, list[float]], after: dict[str, list[float]], pairs: int) -> dict[str, Any]:
+    """Redfish requests and milliseconds per attach+detach pair between two :func:`_redfish_totals`."""
+    out: dict[str, Any] = {}
+    for key, (count, seconds) in sorted(after.items()):
+        was = before.get(key, [0.0, 0.0])
+        if count > was[0]:
+            out[key] = {
+                "requests": round((count - was[0]) / pairs, 2),
+                "ms": round((seconds - was[1]) * 1000 / pairs, 2),
+            }
+    return out
 
 
 def _uid() -> str:
@@ -90,16 +128,17 @@ async def _claims(stack_kube: Any, devices: list[str], concurrency: int = 32) ->
         return list(await asyncio.gather(*(one(d) for d in devices)))
 
 
-async def _latency(url: str, claims: list[str]) -> dict[str, float]:
-    """Attach (timed) and detach the probe once per claim."""
+async def _latency(url: str, claims: list[str]) -> dict[str, Any]:
+    """Attach (timed) and detach the probe once per claim; with the Redfish requests per pair."""
     attach = []
+    before = _redfish_totals(url)
     async with ManagerClient(url, timeout=60) as client:
         for claim in claims:
             started = time.perf_counter()
             await client.attach(PROBE, host_name(0), claim, wait_seconds=30)
             attach.append(time.perf_counter() - started)
             await client.detach(PROBE, host_name(0), claim, wait_seconds=30)
-    return summary_ms(attach)
+    return {**summary_ms(attach), "redfish_per_pair": _per_pair(before, _redfish_totals(url), len(claims))}
 
 
 async def _bind(url: str, devices: list[str], claims: list[str], concurrency: int) -> float:
