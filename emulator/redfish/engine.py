@@ -152,7 +152,7 @@ class Engine:
         self.revision = revision
         #: zone → its targets, as of revision :attr:`_zones_at` (:meth:`zone_targets`)
         self._by_zone: dict[str, tuple[str, ...]] = {}
-        self._zones_at: tuple[int, int, int, int] | None = None
+        self._zones_at: tuple[int, int, int] | None = None
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not security
         #: target Id → Id of the task that holds it
         self.inflight: dict[str, str] = {}
@@ -184,17 +184,35 @@ class Engine:
         """The targets bound through zone ``zone_id``, in binding order. From an index built once
         per revision: a zone's read does not scan every binding of the fabric, and the
         expanded Zones collection does not scan them once per zone."""
-        bindings = self.state.bindings
-        # the revision is bumped right after each change; the rest guards a change that forgot to
-        at = (self.revision.value, self.state.version, id(bindings), len(bindings))
+        at = self._zones_key()
         if self._zones_at != at:
             by_zone: dict[str, list[str]] = {}
-            for binding in bindings.values():
+            for binding in self.state.bindings.values():
                 if binding.zone is not None:
                     by_zone.setdefault(binding.zone, []).append(binding.target)
             self._by_zone = {z: tuple(t) for z, t in by_zone.items()}
             self._zones_at = at
         return self._by_zone.get(zone_id, ())
+
+    def _zones_key(self) -> tuple[int, int, int]:
+        """What :attr:`_by_zone` is valid for: the revision is bumped right after each change of
+        the bindings; the table's identity and size guard one that was not."""
+        bindings = self.state.bindings
+        return (self.revision.value, id(bindings), len(bindings))
+
+    def _index_change(self, before: dict[str, BindingRecord | None]) -> None:
+        """Bring :attr:`_by_zone` from ``before`` (the records of an operation's targets before it
+        ran) to the bindings now, touching only the zones concerned (a rebuild reads every
+        binding: 13 ms at 10,000 on this machine, after every bind)."""
+        for target, old in before.items():
+            new = self.state.bindings.get(target)
+            if old is new:
+                continue
+            if old is not None and old.zone is not None:
+                self._by_zone[old.zone] = tuple(t for t in self._by_zone.get(old.zone, ()) if t != target)
+            if new is not None and new.zone is not None:
+                self._by_zone[new.zone] = (*self._by_zone.get(new.zone, ()), target)
+        self._zones_at = self._zones_key()
 
     def health(self, device: str) -> str:
         worst = "OK"
@@ -629,6 +647,14 @@ class Engine:
 
     def _apply(self, op: Operation) -> tuple[list[Callable[[], None]], list[FabricEvent]]:
         """Change the bindings (synchronously); returns host-view effects and events to send."""
+        indexed = self._zones_at == self._zones_key()
+        before = {t: self.state.bindings.get(t) for t in op.targets}
+        outcome = self._change(op)
+        if indexed:
+            self._index_change(before)
+        return outcome
+
+    def _change(self, op: Operation) -> tuple[list[Callable[[], None]], list[FabricEvent]]:
         state = self.state
         effects: list[Callable[[], None]] = []
         events: list[FabricEvent] = []
