@@ -10,10 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 
 from emulator.redfish.auth import Credentials
+from emulator.redfish.expand import Select
 from emulator.redfish.latency import INSTANT
+from emulator.redfish.registries import RedfishError
 from emulator.redfish.server import ServeConfig, build_service
 from emulator.topology import default_topology_path, parse_topology
 from tests.support.emulator import (
@@ -302,3 +305,34 @@ def test_task_times_have_milliseconds(tmp_path: Path) -> None:
         assert datetime.fromisoformat(end) >= datetime.fromisoformat(start)
 
     asyncio.run(main())
+
+
+def test_select_keeps_what_it_names_and_the_annotations() -> None:
+    """``$select`` (emulator.redfish.expand.Select): named properties and ``/`` paths, every
+    ``@odata`` annotation; on a collection, each inlined member is selected and the collection
+    keeps its Members."""
+    zone = {
+        "@odata.id": "/z/1",
+        "@odata.type": "#Zone.v1_6_3.Zone",
+        "@odata.etag": 'W/"1"',
+        "Id": "1",
+        "Name": "one",
+        "Links": {"Endpoints": [{"@odata.id": "/e/1"}], "InvolvedSwitches": []},
+    }
+    assert Select.parse("Id").apply(zone) == {
+        k: zone[k] for k in ("@odata.id", "@odata.type", "@odata.etag", "Id")
+    }
+    picked = Select.parse("Name,Links/Endpoints").apply(zone)
+    assert picked["Links"] == {"Endpoints": [{"@odata.id": "/e/1"}]} and picked["Name"] == "one"
+    assert Select.parse("Links,Links/Endpoints").apply(zone)["Links"] == zone["Links"]
+    collection = {
+        "@odata.id": "/z",
+        "Name": "zones",
+        "Members@odata.count": 2,
+        "Members": [zone, {"@odata.id": "/z/2"}],
+    }
+    listed = Select.parse("Id").apply(collection)
+    assert set(listed) == {"@odata.id", "Members@odata.count", "Members"}
+    assert listed["Members"] == [Select.parse("Id").apply(zone), {"@odata.id": "/z/2"}]
+    with pytest.raises(RedfishError):
+        Select.parse("Id;Name")
