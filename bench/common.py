@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -43,6 +44,7 @@ __all__ = [
     "create_claims",
     "free_port",
     "generate_topology",
+    "histogram_sums",
     "host_name",
     "machine",
     "percentile",
@@ -178,25 +180,33 @@ def host_name(index: int) -> str:
 
 
 def phase_sums(port: int) -> dict[str, tuple[float, float]]:
-    """``{phase: (count, seconds)}`` of ``fabric_dra_plugin_phase_seconds`` from the plugin's /metrics.
+    """``{phase: (count, seconds)}`` of ``fabric_dra_plugin_phase_seconds`` from the plugin's /metrics."""
+    return histogram_sums(
+        f"http://127.0.0.1:{port}", "fabric_dra_plugin_phase_seconds", ("phase",), timeout=10
+    )
 
-    Only those two series are asked for (prometheus_client's ``name[]`` filter): rendering every
-    histogram of the plugin takes milliseconds of its GIL, and a scrape around every pair would
+
+def histogram_sums(
+    url: str, metric: str, labels: Sequence[str], *, timeout: float = 60
+) -> dict[str, tuple[float, float]]:
+    """``{"<label values>": (count, seconds)}`` of the histogram ``metric`` from the /metrics of the
+    process at ``url``, keyed by the values of ``labels`` (joined by a space) and summed over the rest.
+
+    Only the histogram's two series are asked for (prometheus_client's ``name[]`` filter): rendering
+    every histogram of a process takes milliseconds of its GIL, and a scrape around every pair would
     otherwise land in the pair it measures."""
-    query = "name[]=fabric_dra_plugin_phase_seconds_count&name[]=fabric_dra_plugin_phase_seconds_sum"
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics?{query}", timeout=10) as response:
+    query = f"name[]={metric}_count&name[]={metric}_sum"
+    with urllib.request.urlopen(f"{url}/metrics?{query}", timeout=timeout) as response:
         text = response.read().decode()
     out: dict[str, list[float]] = {}
     for line in text.splitlines():
-        if not line.startswith("fabric_dra_plugin_phase_seconds_"):
+        if not line.startswith((f"{metric}_count{{", f"{metric}_sum{{")):
             continue
         name, _, value = line.rpartition(" ")
-        phase = name.split('phase="', 1)[1].split('"', 1)[0]
-        entry = out.setdefault(phase, [0.0, 0.0])
-        if name.startswith("fabric_dra_plugin_phase_seconds_count"):
-            entry[0] = float(value)
-        elif name.startswith("fabric_dra_plugin_phase_seconds_sum"):
-            entry[1] = float(value)
+        series, _, rest = name.partition("{")
+        found = dict(re.findall(r'(\w+)="([^"]*)"', rest))
+        entry = out.setdefault(" ".join(found.get(label, "") for label in labels), [0.0, 0.0])
+        entry[0 if series.endswith("_count") else 1] += float(value)
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 

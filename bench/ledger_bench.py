@@ -31,10 +31,8 @@ import argparse
 import asyncio
 import gc
 import json
-import re
 import time
 import tracemalloc
-import urllib.request
 import uuid
 from typing import Any
 
@@ -42,6 +40,7 @@ from bench.common import (
     BenchContext,
     check,
     generate_topology,
+    histogram_sums,
     host_name,
     progress,
     rss_mib,
@@ -65,30 +64,18 @@ PROBE = "gpu0"
 POOL = "fabric-pcie"
 
 
-_REDFISH_SAMPLE = re.compile(r"^fabric_dra_redfish_request_duration_seconds_(sum|count)\{([^}]*)\} (\S+)$")
+def _redfish_totals(url: str) -> dict[str, tuple[float, float]]:
+    """``"GET Zone"`` → (requests, seconds) so far, from the manager's /metrics."""
+    return histogram_sums(url, "fabric_dra_redfish_request_duration_seconds", ("method", "resource"))
 
 
-def _redfish_totals(url: str) -> dict[str, list[float]]:
-    """``"GET Zone"`` → [requests, seconds] so far, from the manager's /metrics."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=60) as response:
-        text = response.read().decode()
-    totals: dict[str, list[float]] = {}
-    for line in text.splitlines():
-        found = _REDFISH_SAMPLE.match(line)
-        if found is None:
-            continue
-        kind, labels, value = found.groups()
-        label = dict(re.findall(r'(\w+)="([^"]*)"', labels))
-        entry = totals.setdefault(f"{label.get('method')} {label.get('resource')}", [0.0, 0.0])
-        entry[0 if kind == "count" else 1] += float(value)
-    return totals
-
-
-def _per_pair(before: dict[str, list[float]], after: dict[str, list[float]], pairs: int) -> dict[str, Any]:
+def _per_pair(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]], pairs: int
+) -> dict[str, Any]:
     """Redfish requests and milliseconds per attach+detach pair between two :func:`_redfish_totals`."""
     out: dict[str, Any] = {}
     for key, (count, seconds) in sorted(after.items()):
-        was = before.get(key, [0.0, 0.0])
+        was = before.get(key, (0.0, 0.0))
         if count > was[0]:
             out[key] = {
                 "requests": round((count - was[0]) / pairs, 2),
