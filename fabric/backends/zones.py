@@ -122,6 +122,11 @@ class ZoneBackend(Backend):
         #: zone URI → (the JSON of :attr:`_zone_bodies`, read as a view): a bindings pass reads
         #: again only the zones that changed (validating 10,000 endpoint links was its cost)
         self._zone_views: dict[str, tuple[JSON, Zone, frozenset[str]]] = {}
+        #: zone URI → the GET of it under way: (its ETag, its JSON), or None when it is gone
+        self._zone_fetches: dict[str, asyncio.Future[tuple[str, JSON] | None]] = {}
+        #: zone GETs at once, all reads together (a cold cache must not send 100 at once per
+        #: bind), on the event loop it was made for
+        self._zone_gate: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
         #: device key → the zone its last bind added it to or created (:meth:`witnessed` reads it)
         self.bind_changed: dict[str, str] = {}
 
@@ -133,8 +138,15 @@ class ZoneBackend(Backend):
         self._zones_uri, self.expand = fabric.zones, walk.expand
         root = await walk.read(SERVICE_ROOT, ServiceRoot)
         self.select = bool(root and root.supports_select)
-        self._zone_bodies.clear()
         zones = await self._zones(walk, fabric, endpoints)
+        # the zones as this pass read them: the next ETag listing reads only those changed since
+        kept: dict[str, tuple[str, JSON]] = {}
+        for zone in zones:
+            body = await walk.get(zone.uri)
+            tag = body.get("@odata.etag") if body is not None else None
+            if body is not None and isinstance(tag, str):
+                kept[zone.uri] = (tag, body)
+        self._zone_bodies = kept
         endpoints += await linked_initiators(walk, endpoints, (e for z in zones for e in z.endpoints))
         result = host_initiators(endpoints, hosts)
         self._initiator_hosts = {uri: host for host, uris in result.initiators.items() for uri in uris}
@@ -267,24 +279,58 @@ class ZoneBackend(Backend):
                 current[uri] = kept[1]
             else:
                 stale.append(uri)
-        for uri, response in zip(
-            stale, await asyncio.gather(*(self._get_or_none(u) for u in stale)), strict=True
+        for uri, read in zip(
+            stale, await asyncio.gather(*(self._zone_at(u, tags[u]) for u in stale)), strict=True
         ):
-            if response is None:
-                continue  # deleted since the listing
-            body = response.body
-            annotated = body.get("@odata.etag")
-            tag = annotated if isinstance(annotated, str) else response.etag or tags[uri]
-            current[uri] = body
-            # ``current`` holds only this listing's pairs; the kept ones may be overwritten by a
-            # slower read of an older version, which costs a read again, never a stale answer
-            self._zone_bodies[uri] = (tag, body)
+            if read is not None:  # else deleted since the listing
+                current[uri] = read[1]
         for uri in [u for u in self._zone_bodies if u not in tags]:
             del self._zone_bodies[uri]
             self._zone_views.pop(uri, None)
         for body in current.values():
             walk.seed(body)
         return {u: current[u] for u in tags if u in current}
+
+    async def _zone_at(self, uri: str, listed: str) -> tuple[str, JSON] | None:
+        """The zone at ``uri`` as the listing that gave it the ETag ``listed`` saw it, or newer:
+        a GET of it already under way serves when it answers with that ETag (it then is that
+        version, whenever it started); otherwise a GET started now."""
+        pending = self._zone_fetches.get(uri)
+        if pending is not None:
+            read = await asyncio.shield(pending)
+            if read is not None and read[0] == listed:
+                return read
+        return await self._fetch_zone(uri, listed)
+
+    def _zone_reads(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        if self._zone_gate is None or self._zone_gate[0] is not loop:
+            self._zone_gate = (loop, asyncio.Semaphore(8))
+        return self._zone_gate[1]
+
+    async def _fetch_zone(self, uri: str, listed: str) -> tuple[str, JSON] | None:
+        future: asyncio.Future[tuple[str, JSON] | None] = asyncio.get_running_loop().create_future()
+        self._zone_fetches[uri] = future
+        try:
+            async with self._zone_reads():
+                response = await self._get_or_none(uri)
+        except BaseException as err:
+            future.set_exception(err)
+            future.exception()  # consumed here; waiters re-raise it
+            raise
+        finally:
+            if self._zone_fetches.get(uri) is future:
+                del self._zone_fetches[uri]
+        read: tuple[str, JSON] | None = None
+        if response is not None:
+            annotated = response.body.get("@odata.etag")
+            tag = annotated if isinstance(annotated, str) else response.etag or listed
+            read = (tag, response.body)
+            # a slower read of an older version may land over a newer one: that only costs
+            # another read when a listing shows the newer ETag, never a stale answer
+            self._zone_bodies[uri] = read
+        future.set_result(read)
+        return read
 
     async def _candidates(self, walk: Walk, endpoint: Endpoint) -> tuple[list[str], frozenset[str]]:
         """The zones to read to learn which hold ``endpoint`` (:func:`authoritative_members`):
