@@ -50,6 +50,7 @@ from bench.common import (
 from fabric.ledger import ConfigMapLedgerStore, Ledger, LedgerDocument, LedgerEntry, LedgerState, shard_names
 from fabric_dra.stack import Stack
 from manager_api.client import ManagerClient
+from manager_api.models import AttachmentState
 from plumbing.kube.client import ApiError
 from plumbing.kube.resources import CONFIGMAPS, NODES, RESOURCE_CLAIMS
 
@@ -124,8 +125,11 @@ async def _latency(url: str, claims: list[str]) -> dict[str, Any]:
             started = time.perf_counter()
             await client.attach(PROBE, host_name(0), claim, wait_seconds=30)
             attach.append(time.perf_counter() - started)
-            # the next attach needs the probe idle again: wait the detach out
-            await client.detach(PROBE, host_name(0), claim, wait_seconds=120)
+            # the next attach needs the probe idle again: wait the detach out (40 s per call at most)
+            while (await client.detach(PROBE, host_name(0), claim, wait_seconds=40)).state is not (
+                AttachmentState.DETACHED
+            ):
+                pass
     return {**summary_ms(attach), "redfish_per_pair": _per_pair(before, _redfish_totals(url), len(claims))}
 
 
