@@ -297,7 +297,10 @@ class ZoneBackend(Backend):
         version, whenever it started); otherwise a GET started now."""
         pending = self._zone_fetches.get(uri)
         if pending is not None:
-            read = await asyncio.shield(pending)
+            try:
+                read = await asyncio.shield(pending)
+            except Exception:
+                read = None  # that read failed: this one tries for itself
             if read is not None and read[0] == listed:
                 return read
         return await self._fetch_zone(uri, listed)
@@ -315,8 +318,11 @@ class ZoneBackend(Backend):
             async with self._zone_reads():
                 response = await self._get_or_none(uri)
         except BaseException as err:
-            future.set_exception(err)
-            future.exception()  # consumed here; waiters re-raise it
+            # waiters read for themselves on an error; never hand them this task's cancellation
+            future.set_exception(
+                err if isinstance(err, Exception) else FabricUnavailable(f"reading {uri} stopped")
+            )
+            future.exception()  # consumed here
             raise
         finally:
             if self._zone_fetches.get(uri) is future:
