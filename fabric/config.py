@@ -271,7 +271,7 @@ class ManagerSettings(BaseModel):
                 "model": Flag(
                     FABRIC,
                     help="warm only devices of this model (as the inventory names it); a model "
-                    "the fabric lacks turns the pool off with the list of its models",
+                    "the fabric lacks stops the manager at start with the list of its models",
                 ),
                 "nodes": Flag(
                     FABRIC,
@@ -289,6 +289,11 @@ class ManagerSettings(BaseModel):
                 ),
                 "rate_half_life_seconds": Flag(
                     FABRIC, help="half-life of the weighting of the claim arrival rate (auto)"
+                ),
+                "scope": Flag(
+                    FABRIC,
+                    help="auto: size the pool of each reachability group from its nodes' summed claim "
+                    "rate and place it by their shares (group), or each node from its own rate (node)",
                 ),
             },
             prefix="warm",

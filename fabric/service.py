@@ -250,7 +250,8 @@ class ManagerService:
         if claims is not None:
             tasks.append(asyncio.create_task(claims.run(), name="claims"))
         tasks.append(asyncio.create_task(reconciler.run(), name="reconciler"))
-        tasks.append(asyncio.create_task(warm.run(), name="warm-pool"))
+        warm_task = asyncio.create_task(warm.run(), name="warm-pool")
+        tasks.append(warm_task)
         tasks.append(asyncio.create_task(usage.run(self.is_leader), name="usage"))
         if kube is not None and s.orphan_grace_seconds > 0:
             orphans = OrphanReconciler(
@@ -289,7 +290,8 @@ class ManagerService:
             await on_leadership(True)
 
         stop = asyncio.create_task(self._stop.wait())
-        await asyncio.wait([stop, tasks[0]], return_when=asyncio.FIRST_COMPLETED)
+        # The warm pool's task ends early only to refuse its policy (a model the fabric lacks).
+        await asyncio.wait([stop, tasks[0], warm_task], return_when=asyncio.FIRST_COMPLETED)
         log.info("fabric manager stopping")
         await inventory.release_waiters()
         if self._ledger_loaded:
@@ -302,6 +304,12 @@ class ManagerService:
         for task in tasks[1:]:
             task.cancel()
         for task in tasks:
+            # Python 3.11's wait_for loses a cancellation that races the completion of what it
+            # waits for (the inventory's refresh event, set by a stream connecting at that
+            # moment; python/cpython#86296): cancel again until the task ends.
+            while task is not tasks[0] and not task.done():
+                await asyncio.wait([task], timeout=1.0)
+                task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         server.listener.close()
@@ -309,4 +317,6 @@ class ManagerService:
         await redfish.aclose()
         if kube is not None:
             await kube.aclose()
+        if warm_task.done() and not warm_task.cancelled() and warm_task.exception() is not None:
+            raise ValueError(str(warm_task.exception()))
         return 0

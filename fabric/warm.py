@@ -23,22 +23,27 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 from fabric.backends.model import DeviceRecord
 from fabric.inventory import Inventory
 from fabric.ledger import WARM_HOLDER, Ledger, LedgerEntry, LedgerState
 from fabric.metrics import ManagerMetrics
 from fabric.operations_driver import OperationDriver
-from fabric.warm_policy import DemandTracker, WarmSettings, model_of
+from fabric.warm_policy import DemandTracker, NodeGroup, WarmSettings, model_of
 from manager_api.errors import FabricError
 from plumbing.logs import get_logger
 
-__all__ = ["WarmPool"]
+__all__ = ["WarmPolicyRefused", "WarmPool"]
 
 log = get_logger(__name__)
 
 #: how a claim met the warm pool (the ``outcome`` label of ``fabric_dra_warm_claims_total``)
 HIT, MISS, COLD = "hit", "miss", "cold"
+
+
+class WarmPolicyRefused(ValueError):
+    """The policy can match no device of the fabric (a model it lacks): the manager does not start."""
 
 
 class WarmPool:
@@ -59,10 +64,10 @@ class WarmPool:
         self.metrics = metrics
         self.clock = clock
         self.demand = DemandTracker(settings)
-        #: why the policy can match nothing (checked once the inventory is read), logged once
-        self.refused: str | None = None
-        self._checked = False
         self._targets: dict[tuple[str, str], int] = {}
+        #: (node, model) → the nodes of its reachability group (auto, scope group), itself included
+        self._groups: dict[tuple[str, str], NodeGroup] = {}
+        self._seeded = False
 
     # -- what the pool wants -------------------------------------------------------------------------
 
@@ -72,7 +77,7 @@ class WarmPool:
 
     def target(self, node: str, record: DeviceRecord) -> int:
         s = self.settings
-        if not s.enabled or self.refused or not s.covers_node(node) or not s.covers_device(record):
+        if not s.enabled or not s.covers_node(node) or not s.covers_device(record):
             return 0
         if s.mode == "fixed":
             return s.size
@@ -98,7 +103,17 @@ class WarmPool:
         if record.attributes.reset_target is None:
             return False  # it could not be reset before the next claim: unbound (hot-removed) instead
         target = self.target(entry.node, record)
-        return target > 0 and len(self.held(entry.node, self._group(record))) < target
+        if target > 0 and len(self.held(entry.node, self._group(record))) < target:
+            return True
+        # Pooled over a reachability group, a device freed on a node above its share still saves
+        # the hot-add of the group's next warm device; the pass places the group's devices by
+        # share only when it has to attach or detach anyway.
+        pooled = self._pooled_slack(entry.node, self._group(record))
+        return target > 0 and pooled is not None and pooled > 0
+
+    def _nodes_with(self, node: str, group: str) -> NodeGroup:
+        """The nodes whose warm devices of ``group`` are sized together with ``node``'s."""
+        return self._groups.get((node, group), (node,))
 
     def claimed(self, record: DeviceRecord, node: str, outcome: str) -> None:
         """A claim asked for ``record`` on ``node``: count the outcome and the arrival."""
@@ -114,6 +129,9 @@ class WarmPool:
     # -- the loop ------------------------------------------------------------------------------------
 
     async def run(self) -> None:
+        await self.inventory.loaded.wait()
+        if self.settings.enabled and (why := self.settings.unknown_model(self.inventory.devices())):
+            raise WarmPolicyRefused(why)
         while True:
             await asyncio.sleep(self.settings.interval_seconds)
             with contextlib.suppress(FabricError):
@@ -125,23 +143,63 @@ class WarmPool:
         if not self.driver.is_leader() or not self.inventory.loaded.is_set():
             return
         records = self.inventory.devices()
-        if self.settings.enabled and not self._checked:
-            self._checked = True
-            self.refused = self.settings.unknown_model(records)
-            if self.refused:
-                log.error("warm pool off: " + self.refused)
         if self.settings.mode == "auto":
-            self._targets = self.demand.targets(now)
+            if not self._seeded:
+                self._seeded = True
+                self._seed_from_ledger(now)
+            self._groups = self._reach_groups(records)
+            groups: dict[str, list[NodeGroup]] = {}
+            for (_, model), nodes_of in self._groups.items():
+                if nodes_of not in groups.setdefault(model, []):
+                    groups[model].append(nodes_of)
+            self._targets = self.demand.targets(now, groups)
             self.demand.forget_idle(now)
-        # Off (or refused), the nodes that still hold warm devices are balanced to zero: warmth
-        # left by an earlier policy is given back.
+        # Off, the nodes that still hold warm devices are balanced to zero: warmth left by an
+        # earlier policy is given back.
         nodes = set(self.ledger.warm_nodes())
-        if self.settings.enabled and not self.refused:
+        if self.settings.enabled:
             nodes.update(n.name for n in self.inventory.snapshot().nodes if self.settings.covers_node(n.name))
         for node in sorted(nodes):
             await self._balance(node, records)
         if self.metrics is not None:
             self._publish_sizes(self.metrics, records)
+
+    def _seed_from_ledger(self, now: float) -> None:
+        """Start λ from the claims the ledger holds (each counted at its entry's last change, its
+        attach) instead of from zero: a new leader, or a restarted manager, sizes the pool from
+        the demand already bound. Claims that ended before are not in the ledger, so this is a
+        lower bound that live arrivals complete."""
+        self.demand.observe_from(now)
+        wall = datetime.now(UTC)
+        for entry in self.ledger.entries():
+            record = self.inventory.device(entry.device)
+            if entry.warm_held or entry.state is not LedgerState.BOUND or record is None:
+                continue
+            if not self.settings.matches_kind(record) or not self.settings.covers_node(entry.node):
+                continue
+            age = (wall - entry.updated_at).total_seconds()
+            if 0 <= age <= self.settings.idle_ttl_seconds:
+                self.demand.arrival(entry.node, model_of(record), now - age)
+
+    def _reach_groups(self, records: list[DeviceRecord]) -> dict[tuple[str, str], NodeGroup]:
+        """(node, model) → the covered nodes that reach the same devices of the model (scope
+        ``group``; with scope ``node`` every node is alone)."""
+        if self.settings.scope != "group":
+            return {}
+        reach: dict[tuple[str, str], set[str]] = {}
+        for known in self.inventory.snapshot().nodes:
+            host = self.inventory.host_for_node(known.name)
+            if host is None or not self.settings.covers_node(known.name):
+                continue
+            for record in records:
+                if host.id in record.reachable_hosts and self.settings.matches_kind(record):
+                    reach.setdefault((known.name, model_of(record)), set()).add(record.name)
+        members: dict[tuple[str, frozenset[str]], list[str]] = {}
+        for (node, model), devices in reach.items():
+            members.setdefault((model, frozenset(devices)), []).append(node)
+        return {
+            (node, model): tuple(sorted(nodes)) for (model, _), nodes in members.items() for node in nodes
+        }
 
     def _publish_sizes(self, metrics: ManagerMetrics, records: list[DeviceRecord]) -> None:
         warm: Counter[str] = Counter()
@@ -174,8 +232,12 @@ class WarmPool:
                 if entry.state is LedgerState.WARM and (fit is None or not self.settings.covers_device(fit)):
                     await self._cool(entry, "unfit")
             held = self.held(node, group)
+            # A node off its share while its group is at its size stays as it is: moving warmth
+            # between nodes costs an unbind and a hot-add for nothing the pool's size asked for.
+            pooled = self._pooled_slack(node, group)
             if len(held) > target:
-                for entry in [e for e in held if e.state is LedgerState.WARM][: len(held) - target]:
+                extra = len(held) - target if pooled is None else min(len(held) - target, -pooled)
+                for entry in [e for e in held if e.state is LedgerState.WARM][: max(0, extra)]:
                     await self._cool(entry, "above target")
                 continue
             free = [
@@ -186,8 +248,17 @@ class WarmPool:
                 and not r.bound_hosts
                 and self.ledger.get(r.name) is None
             ]
-            for candidate in sorted(free, key=lambda r: r.name)[: max(0, target - len(held))]:
+            missing = target - len(held) if pooled is None else min(target - len(held), pooled)
+            for candidate in sorted(free, key=lambda r: r.name)[: max(0, missing)]:
                 await self._warm(candidate, node)
+
+    def _pooled_slack(self, node: str, group: str) -> int | None:
+        """The target minus the holdings of the reachability group ``node`` is sized with, or
+        None when the node is sized alone (fixed, scope ``node``, no group known)."""
+        nodes = self._nodes_with(node, group)
+        if len(nodes) < 2:
+            return None
+        return sum(self._targets.get((n, group), 0) - len(self.held(n, group)) for n in nodes)
 
     async def _warm(self, record: DeviceRecord, node: str) -> None:
         host = self.inventory.host_for_node(node)

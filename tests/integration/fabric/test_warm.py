@@ -53,8 +53,8 @@ def clean(fabric: FabricAdmin) -> Iterator[FabricAdmin]:
     assert fabric.bound_hosts() == {}, "bindings left behind"
 
 
-def manager(fabric: FabricAdmin, work: Path, *flags: str, name: str = "manager") -> Role:
-    return start_manager(work, fabric.url, args=manager_args(fabric, work, *flags), name=name)
+def manager(fabric: FabricAdmin, work: Path, *flags: str, name: str = "manager", ready: bool = True) -> Role:
+    return start_manager(work, fabric.url, args=manager_args(fabric, work, *flags), name=name, ready=ready)
 
 
 def client_of(role: Role) -> ManagerClient:
@@ -356,15 +356,18 @@ async def test_auto_pool_follows_demand_and_empties_after_the_idle_ttl(
         role.stop()
 
 
-async def test_a_model_the_fabric_lacks_turns_the_pool_off_naming_its_models(
+async def test_a_model_the_fabric_lacks_is_refused_at_start_naming_its_models(
     clean: FabricAdmin, tmp_path: Path
 ) -> None:
-    role = manager(clean, tmp_path, *warm_flags(), "--warm-model", "NVIDIA A100")
+    """The manager reads the fabric, finds no such model, and exits 1 with one line naming the
+    models it has; nothing was bound."""
+    role = manager(clean, tmp_path, *warm_flags(), "--warm-model", "NVIDIA A100", ready=False)
     try:
-        wait_until(lambda: "warm pool off" in role.log_since_start(), timeout=15, what="the refusal logged")
-        logged = role.log_since_start()
-        assert "NVIDIA A100" in logged and "NVIDIA H100 PCIe" in logged and L40S in logged
-        await asyncio.sleep(0.5)
+        code = role.proc.wait(timeout=60)
+        assert code == 1
+        last = role.log_since_start().strip().splitlines()[-1]
+        assert "NVIDIA A100" in last and "NVIDIA H100 PCIe" in last and L40S in last
+        assert "Traceback" not in role.log_since_start()
         assert clean.bound_hosts() == {}
     finally:
         role.stop()

@@ -152,3 +152,75 @@ def test_a_warm_device_stays_allocatable_in_the_published_slices() -> None:
     policy = PublishPolicy("fabric-dra.io", device_taints=True, binding_conditions=False)
     published = to_dra_device(warm, policy)
     assert published.device is not None and published.withheld is None
+
+
+def test_the_rate_is_right_from_the_first_claims_not_after_several_half_lives() -> None:
+    """Observed for a short while, the weighted sum is divided by the share of the weights seen:
+    one claim a second gives λ ≈ 1/s after 20 s with a 60 s half-life (the plain sum says 0.2)."""
+    settings = WarmSettings(mode="auto", rate_half_life_seconds=60.0)
+    demand = DemandTracker(settings)
+    demand.observe_from(0.0)
+    for second in range(1, 21):
+        demand.arrival("n1", "L40S", float(second))
+    assert demand.rate("n1", "L40S", 20.0) == pytest.approx(1.0, rel=0.1)
+    # One claim just after the start says little: the age counts as τ/4 at least.
+    early = DemandTracker(settings)
+    early.observe_from(0.0)
+    early.arrival("n1", "L40S", 0.5)
+    tau = 60.0 / math.log(2)
+    assert early.rate("n1", "L40S", 0.5) == pytest.approx((1 / tau) / -math.expm1(-0.25), rel=1e-9)
+
+
+def test_an_older_arrival_seeded_after_live_ones_counts_with_its_own_decay() -> None:
+    settings = WarmSettings(mode="auto", rate_half_life_seconds=60.0)
+    in_order, seeded_late = DemandTracker(settings), DemandTracker(settings)
+    for at in (10.0, 50.0, 100.0):
+        in_order.arrival("n1", "L40S", at)
+    seeded_late.arrival("n1", "L40S", 100.0)
+    seeded_late.arrival("n1", "L40S", 10.0)
+    seeded_late.arrival("n1", "L40S", 50.0)
+    assert seeded_late.rate("n1", "L40S", 120.0) == pytest.approx(in_order.rate("n1", "L40S", 120.0))
+
+
+def test_a_group_is_sized_from_its_summed_rate_and_placed_by_shares() -> None:
+    """Ten nodes at 0.1 claim/s each, T = 3.9 s: alone each would keep the 1 % quantile of 0.39
+    (2, 20 in all); pooled, the group keeps that of 3.9 (9), one on each of nine nodes."""
+    settings = WarmSettings(mode="auto", rate_half_life_seconds=60.0, max_per_model=64)
+    nodes = [f"n{i}" for i in range(10)]
+    alone, pooled = DemandTracker(settings), DemandTracker(settings)
+    per_node = DemandTracker(settings.model_copy(update={"scope": "node"}))
+    for demand in (alone, pooled, per_node):
+        demand.observe_from(0.0)
+        demand.attached("L40S", 3.9)
+        for ten in range(60):  # node i claims at 10·j + i: 0.1 claim/s each
+            for i, node in enumerate(nodes):
+                demand.arrival(node, "L40S", 10.0 * ten + i)
+    assert poisson_pool_size(0.39, 0.01) == 2 and poisson_pool_size(3.9, 0.01) == 9
+    assert sum(alone.targets(600.0).values()) == 20
+    rates = {n: pooled.rate(n, "L40S", 600.0) for n in nodes}
+    assert sum(rates.values()) == pytest.approx(1.0, rel=0.05)
+    by_share = pooled.targets(600.0, {"L40S": [nodes]})
+    assert sum(by_share.values()) == poisson_pool_size(sum(rates.values()) * 3.9, 0.01) == 9
+    assert set(by_share.values()) == {0, 1}
+    # The node without one is the one whose claims are the oldest (the lowest weighted rate).
+    assert [n for n in nodes if by_share[(n, "L40S")] == 0] == ["n0"]
+    # Scope node ignores the groups.
+    assert sum(per_node.targets(600.0, {"L40S": [nodes]}).values()) == 20
+
+
+def test_a_group_share_follows_unequal_rates() -> None:
+    settings = WarmSettings(mode="auto", rate_half_life_seconds=60.0, max_per_model=64)
+    demand = DemandTracker(settings)
+    demand.observe_from(0.0)
+    demand.attached("L40S", 4.0)
+    for tenth in range(6000):  # busy: 1/s; calm: 0.25/s
+        at = tenth / 10
+        if tenth % 10 == 0:
+            demand.arrival("busy", "L40S", at)
+        if tenth % 40 == 5:
+            demand.arrival("calm", "L40S", at)
+    summed = demand.rate("busy", "L40S", 600.0) + demand.rate("calm", "L40S", 600.0)
+    k = poisson_pool_size(summed * 4.0, 0.01)
+    targets = demand.targets(600.0, {"L40S": [["busy", "calm"]]})
+    assert targets[("busy", "L40S")] + targets[("calm", "L40S")] == k
+    assert targets[("busy", "L40S")] == round(k * 0.8) and targets[("calm", "L40S")] == k - round(k * 0.8)
