@@ -249,7 +249,10 @@ class WarmPool:
                 and self.ledger.get(r.name) is None
             ]
             missing = target - len(held) if pooled is None else min(target - len(held), pooled)
-            for candidate in sorted(free, key=lambda r: r.name)[: max(0, missing)]:
+            # From the end of the name order: the allocator's first fit takes a shared slice's
+            # devices from its front, so a device being warmed here is seldom the one a pending
+            # claim was just allocated — which would be moved to that claim's node, a miss.
+            for candidate in sorted(free, key=lambda r: r.name, reverse=True)[: max(0, missing)]:
                 await self._warm(candidate, node)
 
     def _pooled_slack(self, node: str, group: str) -> int | None:

@@ -1,0 +1,48 @@
+"""``python -m bench --quick --only warm`` runs every part of the warm section — the cold, hit and
+miss series, the node-pinned replays of the steady and bursty workloads, and the pods placed by
+the stand-in scheduler — and writes their figures: the command and its JSON, not speed (the quick
+run's holds are too short for the targets; nothing here is timed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def test_quick_warm_section_replays_every_workload_and_the_pods(tmp_path: Path) -> None:
+    out = tmp_path / "figures.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--only", "warm", "--json", str(out)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=840,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    section = json.loads(out.read_text())["sections"]["warm"]
+    assert "error" not in section
+    replays = section["figures"]["replay"]
+    assert set(replays) == {"steady", "bursty", "pods_steady"}
+    for key, by_mode in replays.items():
+        figures = by_mode["auto"]
+        assert "error" not in figures, (key, figures)
+        assert figures["claims_measured"] == figures["attach_to_ready"]["n"] > 0
+        assert 0.0 <= figures["hit_rate_percent"] <= 100.0
+        assert figures["bound_device_seconds"] > 0 and figures["moves"] >= 0
+    assert "node-pinned" in replays["steady"]["auto"]["workload"]
+    assert "stand-in scheduler" in replays["pods_steady"]["auto"]["workload"]
+    names = {row["name"] for row in section["checks"]}
+    assert {
+        "auto, steady: hit rate",
+        "auto, steady, pods: hit rate",
+        "auto, bursty: attach-to-ready p95",
+    } <= names
