@@ -11,17 +11,23 @@ from pathlib import Path
 from tests.conftest import REPO_ROOT
 
 
-def test_quick_publish_section_writes_table_and_json(tmp_path: Path) -> None:
-    out = tmp_path / "figures.json"
+def run_quick(section: str, out: Path, *, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python -m bench --quick --only <section> --json <out>``, checked to exit 0."""
     result = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--only", "publish", "--json", str(out)],
+        [sys.executable, "-m", "bench", "--quick", "--only", section, "--json", str(out)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=timeout,
         check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def test_quick_publish_section_writes_table_and_json(tmp_path: Path) -> None:
+    out = tmp_path / "figures.json"
+    result = run_quick("publish", out, timeout=240)
     assert "figure" in result.stdout and "publish" in result.stdout  # the table
 
     document = json.loads(out.read_text())

@@ -6,28 +6,18 @@ run's holds are too short for the targets; nothing here is timed)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.integration.test_bench_smoke import run_quick
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_quick_warm_section_replays_every_workload_and_the_pods(tmp_path: Path) -> None:
     out = tmp_path / "figures.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--only", "warm", "--json", str(out)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=840,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_quick("warm", out, timeout=840)
     section = json.loads(out.read_text())["sections"]["warm"]
     assert "error" not in section
     replays = section["figures"]["replay"]
