@@ -459,8 +459,9 @@ _MODES["auto-node"] = [*_MODES["auto"], *("--warm-scope", "node")]
 def _workloads(quick: bool) -> list[Workload]:
     if quick:
         return [
-            steady(1.0, 30.0, 10.0, 10.0, nodes=_REPLAY_NODES),
-            bursty(1, 10.0, 5.0, 1.0, 4, 5.0, nodes=_REPLAY_NODES),
+            # the suite's smoke run: every code path once, as short as a hot-add or two allows
+            steady(1.0, 15.0, 5.0, 5.0, nodes=_REPLAY_NODES),
+            bursty(1, 6.0, 2.0, 1.0, 4, 3.0, nodes=_REPLAY_NODES),
         ]
     # Holds from the seed's agent-scaling text: sessions of 60 s on average (its pool example),
     # ~94 s in its timeline; bursty: its active stretches, shorter than the idle phases.
