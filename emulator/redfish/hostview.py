@@ -8,6 +8,11 @@ formats it (``0x%04x`` IDs with a newline, decimal link width, ...). docs/emulat
 every path. At start-up the trees are rebuilt from the durable state, so they always agree
 with it after a crash.
 
+Each bound PCIe function has a ``reset`` file, as a Linux device with a reset method does
+(Documentation/ABI/testing/sysfs-bus-pci). It starts empty with every binding (a hot-add is a cold
+reset) and is a line log: a node agent that resets the device appends ``1``, and
+:meth:`HostView.node_resets` counts the lines (the Bindings table's ``NodeResets``).
+
 Methods run in the state store's writer thread, never on the event loop.
 """
 
@@ -209,6 +214,18 @@ class HostView:
         else:
             self._remove_pci(entry)
 
+    def node_resets(self, host: str, address: HostAddress) -> int | None:
+        """How many function-level resets the host's node agent wrote to the bound PCIe function
+        at ``address`` since it was bound (lines of its ``reset`` file); None for CXL memory and
+        for hosts whose view is a guest's kernel."""
+        if host in self.qemu_hosts or address.bdf is None:
+            return None
+        try:
+            text = (self.sys_root(host) / "devices" / HOST_BRIDGE / address.bdf / "reset").read_text()
+        except FileNotFoundError:
+            return 0
+        return sum(1 for line in text.splitlines() if line.strip() == "1")
+
     # --- PCIe ----------------------------------------------------------------------------
 
     def _stage(self, e: HostEntry) -> Path:
@@ -266,6 +283,7 @@ class HostView:
         dev = sys_root / "devices" / HOST_BRIDGE / bdf
         os.rename(stage / "dev", dev)
         _write(dev / "numa_node", f"{e.numa_node}\n")
+        _write(dev / "reset", "")  # no function-level reset yet in this binding
         if e.address.iommu_group is not None:
             group = sys_root / "kernel" / "iommu_groups" / str(e.address.iommu_group)
             os.rename(stage / "group", group)
@@ -306,6 +324,7 @@ class HostView:
             with contextlib.suppress(FileNotFoundError):
                 os.rename(group, stage / "group")
         _unlink(dev / "numa_node")
+        _unlink(dev / "reset")
         os.rename(dev, stage / "dev")
 
     # --- CXL -----------------------------------------------------------------------------

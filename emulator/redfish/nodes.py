@@ -64,6 +64,9 @@ class Node:
     public = False
     #: Redfish resource (rendered as JSON with an ETag) as opposed to a task monitor or stream
     is_resource = True
+    #: rendered once per state revision; False for a payload that also reads what changes without
+    #: one (the hosts' trees, which their node agents write)
+    cached = True
 
     def __init__(self, ctx: Context, uri: str) -> None:
         self.ctx = ctx

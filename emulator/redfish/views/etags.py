@@ -51,7 +51,7 @@ class Renderer:
         body = (
             raw[:-1] + (b"," if len(raw) > 2 else b"") + b'"@odata.etag":' + json.dumps(etag).encode() + b"}"
         )
-        if len(self._cache) < _CACHE_LIMIT:
+        if node.cached and len(self._cache) < _CACHE_LIMIT:
             self._cache[node.uri] = (body, etag)
         if fingerprint is not None:
             if len(self._kept) >= _CACHE_LIMIT:

@@ -47,6 +47,8 @@ class OemNode(Node):
 
 
 class BindingsNode(Node):
+    cached = False  # NodeResets reads the hosts' trees: a node's reset changes no state revision
+
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx, uris.OEM_BINDINGS)
 
@@ -70,6 +72,8 @@ class BindingsNode(Node):
                     "VisibleToHost": engine.port_up(target.device.switch, b.host),
                     "Resets": b.resets,
                     "LastReset": b.last_reset.isoformat() if b.last_reset else None,
+                    # the host's own function-level resets (sysfs "reset" writes) in this binding
+                    "NodeResets": engine.hostview.node_resets(b.host, b.address),
                 }
             )
         in_flight = []
