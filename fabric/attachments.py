@@ -14,7 +14,9 @@ it checks a request, decides from the ledger what it means, has the operation dr
 * **Warm devices** (:mod:`fabric.warm`). A device warm on the claim's node is the claim's after
   one ledger write (no Redfish request) once it was reset since its last claim; warm on another
   node, it is detached there and attached here; released while its node's pool is below target,
-  it goes back to warm instead of unbinding, to be reset before another claim gets it.
+  it goes back to warm instead of unbinding, to be reset before another claim gets it. A device
+  its node resets (no Redfish ``Reset`` action) is a hit still ``reset: pending``: the answer says
+  ``resetRequired`` until the plugin reports the reset (:meth:`Attachments.report_reset`).
 
 How the operation runs (one at a time per device, intent before action, never blind, rolled back
 when it fails) is :mod:`fabric.operations_driver` and :mod:`fabric.fabric_attempts`; how unfinished
@@ -29,8 +31,8 @@ import time
 
 from fabric.backends.model import DeviceRecord
 from fabric.inventory import Inventory
-from fabric.ledger import Ledger, LedgerEntry, LedgerState
-from fabric.operations_driver import OperationDriver
+from fabric.ledger import Ledger, LedgerEntry, LedgerState, ResetState
+from fabric.operations_driver import OperationDriver, reset_by_node
 from fabric.warm import COLD, HIT, MISS, WarmPool
 from manager_api import models as api
 from manager_api.errors import (
@@ -82,12 +84,19 @@ class Attachments:
                 binding_style="",
                 redfish_uri=entry.device_key if entry else "",
             )
+        mine = entry is not None and entry.claim_uid == claim_uid and entry.node == node
         return api.Attachment(
             device=rendered,
             node=node,
             claim_uid=claim_uid,
             state=state,
             operation_id=entry.operation_id if entry and entry.claim_uid == claim_uid else None,
+            # asked again while pending (a retried prepare): reset again, never less
+            reset_required=mine
+            and entry is not None
+            and entry.state is LedgerState.BOUND
+            and state is api.AttachmentState.ATTACHED
+            and entry.reset is ResetState.PENDING,
         )
 
     async def attach(self, request: api.AttachRequest, wait: float) -> tuple[api.Attachment, int]:
@@ -126,9 +135,12 @@ class Attachments:
                     self._claimed(record, node, COLD)
                     break
                 if entry.warm_held:
-                    if entry.state is LedgerState.WARM and entry.node == node and entry.clean:
+                    node_reset = reset_by_node(record)  # its plugin resets it before the claim uses it
+                    if entry.state is LedgerState.WARM and entry.node == node and (entry.clean or node_reset):
                         self._check_usable(record)
-                        await self.driver.take_warm(entry, claim, namespace=request.namespace)
+                        await self.driver.take_warm(
+                            entry, claim, namespace=request.namespace, node_reset=node_reset
+                        )
                         self._claimed(record, node, HIT)
                         return self._attachment(name, node, claim, api.AttachmentState.ATTACHED), 200
                     if entry.state is LedgerState.WARM and entry.node != node:
@@ -181,6 +193,77 @@ class Attachments:
             name, node, claim, api.OperationKind.ATTACH, max(0.0, deadline - time.monotonic())
         )
 
+    async def report_reset(
+        self, device: str, report: api.ResetReport, wait: float
+    ) -> tuple[api.Attachment, int]:
+        """The plugin of ``report.node`` reset (or could not reset) ``device``, which its claim got
+        from the warm pool still ``reset: pending``. ``ok``: the entry is ``done`` (durably) and the
+        answer ``attached``. ``failed``: the device is detached and attached again for the same
+        claim (a slot power cycle); the answer is where that stands (``attaching``: the plugin
+        asks again with an attach, then waits for the device to be visible again). A report for a
+        device the claim holds clean is an idempotent success."""
+        self._require_leader()
+        node, claim = report.node, report.claim_uid
+        slot = self.driver.slot(device)
+        async with slot.lock:
+            entry = self._known_entry(device)
+            if entry is None or entry.claim_uid != claim or entry.node != node:
+                raise DeviceBusy(
+                    f"device {device} is not held by claim {claim} on node {node}; only its holder "
+                    "reports its reset",
+                    device=device,
+                    node=node,
+                    held_by=f"{entry.node}/{entry.claim_uid}" if entry else "",
+                )
+            if entry.state is not LedgerState.BOUND or entry.reset is not ResetState.PENDING:
+                # reported twice, or power-cycled already: where it stands answers the plugin
+                state = (
+                    api.AttachmentState.ATTACHED
+                    if entry.state is LedgerState.BOUND
+                    else api.AttachmentState.ATTACHING
+                )
+                return self._attachment(device, node, claim, state), 200
+            if report.outcome is api.ResetOutcome.OK:
+                await self.driver.node_reset_done(entry)
+                return self._attachment(device, node, claim, api.AttachmentState.ATTACHED), 200
+            namespace = entry.namespace
+            await self.driver.node_reset_failed(entry, f"the node could not reset it: {report.message}")
+        deadline = time.monotonic() + max(0.0, wait)
+        # A detach that fails or does not finish in time fails the claim's prepare: the device
+        # is out of the pool either way, never handed over unreset.
+        _, status = await self._answer(device, node, claim, api.OperationKind.DETACH, wait)
+        if status != 200:
+            raise AttachTimeout(
+                f"device {device} could not be reset by node {node} and is still being power-cycled "
+                "(detached); the claim's prepare is retried",
+                device=device,
+                node=node,
+            )
+        record = self.inventory.device(device)
+        host = self.inventory.host_for_node(node)
+        if record is None or host is None:
+            raise DeviceNotFound(f"device {device} is no longer on the fabric", device=device)
+        async with slot.lock:
+            entry = self.ledger.get(device)
+            if entry is None:
+                self.ledger.admit(node, device)
+                await self.driver.start_attach(record, host, node, claim, namespace=namespace)
+            elif entry.claim_uid != claim:
+                # Taken meanwhile (the pool warmed it up again by a hot-add: clean): the plugin's
+                # attach finds where it stands.
+                return self._attachment(device, node, claim, api.AttachmentState.ATTACHING), 202
+        return await self._answer(
+            device, node, claim, api.OperationKind.ATTACH, max(0.0, deadline - time.monotonic())
+        )
+
+    def _known_entry(self, device: str) -> LedgerEntry | None:
+        """``device``'s ledger entry (None: free); DeviceNotFound when the fabric does not know it
+        either."""
+        entry = self.ledger.get(device)
+        if entry is None and self.inventory.device(device) is None:
+            raise DeviceNotFound(f"device {device} is not in the fabric inventory", device=device)
+        return entry
+
     @staticmethod
     def _busy(entry: LedgerEntry) -> DeviceBusy:
         doing = {
@@ -229,9 +312,7 @@ class Attachments:
         self._require_leader()
         slot = self.driver.slot(device)
         async with slot.lock:
-            entry = self.ledger.get(device)
-            if entry is None and self.inventory.device(device) is None:
-                raise DeviceNotFound(f"device {device} is not in the fabric inventory", device=device)
+            entry = self._known_entry(device)
             if entry is None or entry.claim_uid != claim or entry.node != node:
                 return self._attachment(device, node, claim, api.AttachmentState.DETACHED), 200
             if entry.state is LedgerState.BOUND and self.warm is not None and self.warm.wants_back(entry):

@@ -46,6 +46,7 @@ _COMMON = (401, 403, 413, 422, 429, 503)
 _BY_OPERATION: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", f"{api.API_PREFIX}/attachments"): (404, 409, 502, 504),
     ("delete", f"{api.API_PREFIX}/attachments/{{device}}"): (404, 409, 502, 504),
+    ("post", f"{api.API_PREFIX}/devices/{{device}}/reset"): (404, 409, 502, 504),
     ("get", f"{api.API_PREFIX}/devices/{{device}}"): (404,),
     ("get", f"{api.API_PREFIX}/operations/{{operation_id}}"): (404,),
 }

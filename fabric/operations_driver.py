@@ -14,8 +14,11 @@
 * **Reset between tenants.** A device a claim gives back to the warm pool is ``reset: pending``
   (durably, in the same write) until the driver has reset it through its Redfish ``Reset``
   action; until then no claim gets it (:meth:`OperationDriver.take_warm`). A reset that fails
-  takes the device out of the pool (detached, with a Warning Event). docs/manager.md "Hygiene
-  between tenants".
+  takes the device out of the pool (detached, with a Warning Event). A device the fabric offers no
+  ``Reset`` action for is reset by the node's plugin instead (:func:`reset_by_node`): a claim on
+  its node gets it still ``pending`` and the attach answer says so; the plugin's report settles it
+  (:meth:`OperationDriver.node_reset_done`, :meth:`OperationDriver.node_reset_failed`).
+  docs/manager.md "Hygiene between tenants".
 
 What one operation does on the fabric, reading before every change, is
 :class:`fabric.fabric_attempts.FabricAttempts`; resuming what was left unfinished is
@@ -44,9 +47,23 @@ from plumbing.crashpoints import crash_point
 from plumbing.kube.events import EventRecorder, ObjectRef
 from plumbing.logs import get_logger
 
-__all__ = ["DeviceSlot", "OperationDriver"]
+__all__ = ["DeviceSlot", "OperationDriver", "reset_by_node", "resettable"]
 
 log = get_logger(__name__)
+
+
+def reset_by_node(record: DeviceRecord) -> bool:
+    """Whether ``record``'s device is reset between tenants by its node's plugin (a PCIe
+    function-level reset through sysfs) rather than through the fabric: the fabric offers no
+    Redfish ``Reset`` action for it, and it is a PCIe function (CXL memory has no PCIe function
+    on the host for the plugin to reset)."""
+    return record.attributes.reset_target is None and record.attributes.type is not api.DeviceType.CXL_MEMORY
+
+
+def resettable(record: DeviceRecord) -> bool:
+    """Whether ``record``'s device can be reset between tenants at all (fabric or node): only such
+    a device may go back to the warm pool when its claim gives it back."""
+    return record.attributes.reset_target is not None or reset_by_node(record)
 
 
 def _rounded(seconds: float | None) -> float | None:
@@ -182,17 +199,20 @@ class OperationDriver:
             raise
 
     async def take_warm(
-        self, entry: LedgerEntry, claim: str, *, namespace: str | None = None
+        self, entry: LedgerEntry, claim: str, *, namespace: str | None = None, node_reset: bool = False
     ) -> api.Operation:
         """Give the warm device of ``entry`` to ``claim`` on the node it is warm on: one durable
         ledger write, nothing sent to the fabric (the binding is already there). The caller holds
         the device's lock. Only a clean device (:attr:`LedgerEntry.clean`: reset since its last
-        claim, or fresh from a hot-add) is given, whatever the claim's namespace.
+        claim, or fresh from a hot-add) is given, whatever the claim's namespace — or, with
+        ``node_reset`` (the device is reset by its node: :func:`reset_by_node`), one still
+        ``reset: pending``, which the entry keeps: the attach answer tells the plugin to reset it
+        before the claim may use it.
 
         Crash-safe because one device's entry is one key of one shard, written whole: a crash
         before the write leaves the device warm (the claim's retry takes it then), after it the
         device is the claim's. Never both, never neither."""
-        if not entry.clean:
+        if not entry.clean and not node_reset:
             raise DeviceBusy(
                 f"device {entry.device} is being reset after its last claim",
                 device=entry.device,
@@ -204,7 +224,7 @@ class OperationDriver:
         previous = entry.model_copy()
         last_namespace = entry.namespace
         entry.namespace = namespace
-        entry.reset = None
+        entry.reset = None if entry.clean else ResetState.PENDING  # a node reset still due stays due
         entry.claim_uid = claim
         entry.state = LedgerState.BOUND
         entry.operation_id = op.id
@@ -280,7 +300,12 @@ class OperationDriver:
         try:
             while True:
                 entry = self.ledger.get(device)
-                if entry is not None and entry.state is LedgerState.WARM and not entry.clean:
+                if (
+                    entry is not None
+                    and entry.state is LedgerState.WARM
+                    and not entry.clean
+                    and not self._node_resets(entry)  # the next claim's plugin resets it
+                ):
                     if await self._reset(entry, slot):
                         continue  # cleaned, or taken out of the pool: see where it stands
                     return
@@ -401,13 +426,21 @@ class OperationDriver:
                 log.error("cannot record a failed reset", device=entry.device, error=failed.message)
                 return False
             entry.error = err.message
+        await self._reset_failure(
+            entry,
+            err.message,
+            "it is detached instead and the next claim gets it cold",
+            "it leaves the warm pool",
+        )
+        return True
+
+    async def _reset_failure(self, entry: LedgerEntry, reason: str, instead: str, outcome: str) -> None:
+        """Count, log and record as a Warning Event on the node a reset that failed (by the fabric
+        or by the node); ``instead`` says what happens to the device."""
         if self.metrics is not None:
             self.metrics.device_resets.labels("failure").inc()
         log.error(
-            "reset of a warm device failed; it leaves the warm pool",
-            device=entry.device,
-            node=entry.node,
-            error=err.message,
+            f"reset of a warm device failed; {outcome}", device=entry.device, node=entry.node, error=reason
         )
         if self.events is not None:
             await self.events.record(
@@ -417,11 +450,51 @@ class OperationDriver:
                 event_type="Warning",
                 note=(
                     f"device {entry.device} was given back to the warm pool of node {entry.node} and "
-                    f"could not be reset before another claim ({err.message}); it is detached "
-                    "instead and the next claim gets it cold"
+                    f"could not be reset before another claim ({reason}); {instead}"
                 ),
             )
-        return True
+
+    def _node_resets(self, entry: LedgerEntry) -> bool:
+        record = self.inventory.device(entry.device)
+        return record is not None and reset_by_node(record)
+
+    async def node_reset_done(self, entry: LedgerEntry) -> None:
+        """The node's plugin reset the device of ``entry`` (its claim's, ``reset: pending``): mark
+        it ``done``, durably before the plugin is answered (its prepare returns only then). The
+        caller holds the device's lock."""
+        previous = entry.model_copy()
+        entry.reset = ResetState.DONE
+        self.ledger.put(entry)
+        try:
+            await self.ledger.commit()
+        except FabricError:
+            self.ledger.put(previous)  # still pending: the plugin's retried prepare resets again
+            raise
+        if self.metrics is not None:
+            self.metrics.device_resets.labels("success").inc()
+        log.info(
+            "device reset by its node",
+            device=entry.device,
+            node=entry.node,
+            claim=entry.claim_uid,
+            namespace=entry.namespace,
+        )
+
+    async def node_reset_failed(self, entry: LedgerEntry, reason: str) -> None:
+        """The node's plugin could not reset the device of ``entry`` (its claim's, ``reset:
+        pending``): it is not handed to the claim dirty but detached (intent before action) to be
+        attached again for the same claim, a slot power cycle (docs/manager.md "A detach and a
+        re-attach count as a reset"). The caller holds the device's lock and attaches it again
+        once the detach is done."""
+        await self.start_detach(entry)
+        entry.error = reason
+        self.kick(entry.device)
+        await self._reset_failure(
+            entry,
+            reason,
+            f"it is detached and attached again (a slot power cycle) for claim {entry.claim_uid}",
+            "it is power-cycled for its claim",
+        )
 
     # -- results ---------------------------------------------------------------------------------
 

@@ -244,6 +244,21 @@ def build_app(ctx: AppContext) -> FastAPI:
         attachment, status = await ctx.attachments.attach(request, wait)
         return JSONResponse(status_code=status, content=attachment.model_dump(mode="json", by_alias=True))
 
+    @app.post(
+        f"{api.API_PREFIX}/devices/{{device}}/reset",
+        response_model=api.Attachment,
+        response_model_by_alias=True,
+        responses={202: {"model": api.Attachment, "description": "being power-cycled: attach again"}},
+        summary="a node's plugin reports the reset of a device its claim got resetRequired",
+    )
+    async def report_reset(
+        caller: Caller, device: DeviceName, report: api.ResetReport, wait: Wait = 0.0
+    ) -> JSONResponse:
+        caller.check_bind(report.node)  # a plugin's token reports only for its own node
+        _loaded()
+        attachment, status = await ctx.attachments.report_reset(device, report, wait)
+        return JSONResponse(status_code=status, content=attachment.model_dump(mode="json", by_alias=True))
+
     @app.delete(
         f"{api.API_PREFIX}/attachments/{{device}}",
         response_model=api.Attachment,

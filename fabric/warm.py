@@ -10,7 +10,7 @@ hot-add.
   write (:meth:`fabric.operations_driver.OperationDriver.take_warm`: a *hit*). Warm on another
   node, it is detached there and attached to the claim's node (a *miss*: never refused, never bound
   twice). A released device stays bound as warm when its node's pool is below target
-  (:meth:`wants_back`) and it offers a Redfish ``Reset``: it is reset before another claim gets it.
+  (:meth:`wants_back`) and it can be reset (Redfish ``Reset``, or its node): before another claim uses it.
 * **Leaves when unfit.** A warm device the fabric reports unavailable or Critical is detached.
 * **Device-seconds.** What warmth costs next to what claims use is counted by
   :mod:`fabric.usage`, whether a warm policy runs or not.
@@ -29,7 +29,7 @@ from fabric.backends.model import DeviceRecord
 from fabric.inventory import Inventory
 from fabric.ledger import WARM_HOLDER, Ledger, LedgerEntry, LedgerState
 from fabric.metrics import ManagerMetrics
-from fabric.operations_driver import OperationDriver
+from fabric.operations_driver import OperationDriver, resettable
 from fabric.warm_policy import DemandTracker, NodeGroup, WarmSettings, model_of
 from manager_api.errors import FabricError
 from plumbing.logs import get_logger
@@ -100,7 +100,7 @@ class WarmPool:
         record = self.inventory.device(entry.device)
         if record is None or not self.driver.is_leader():
             return False
-        if record.attributes.reset_target is None:
+        if not resettable(record):
             return False  # it could not be reset before the next claim: unbound (hot-removed) instead
         target = self.target(entry.node, record)
         if target > 0 and len(self.held(entry.node, self._group(record))) < target:

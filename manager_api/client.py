@@ -26,6 +26,8 @@ from manager_api.models import (
     NodeClaims,
     Operation,
     PreparedClaim,
+    ResetOutcome,
+    ResetReport,
     UsageGrouping,
     UsageReport,
 )
@@ -220,6 +222,34 @@ class ManagerClient:
         response = await self._request(
             "POST",
             "/attachments",
+            params={"waitSeconds": wait_seconds},
+            json_body=body,
+            wait_seconds=wait_seconds,
+        )
+        return Attachment.model_validate_json(response.content)
+
+    async def report_reset(
+        self,
+        device: str,
+        node: str,
+        claim_uid: str,
+        *,
+        ok: bool,
+        message: str = "",
+        wait_seconds: float = 0.0,
+    ) -> Attachment:
+        """Tell the manager whether ``node`` reset ``device`` (answered ``resetRequired``) for
+        ``claim_uid``. After a failed one the manager power-cycles the device for the claim: state
+        ``attaching`` means ask again with :meth:`attach`."""
+        body = ResetReport(
+            node=node,
+            claim_uid=claim_uid,
+            outcome=ResetOutcome.OK if ok else ResetOutcome.FAILED,
+            message=message[:1024],
+        ).model_dump(mode="json", by_alias=True)
+        response = await self._request(
+            "POST",
+            f"/devices/{device}/reset",
             params={"waitSeconds": wait_seconds},
             json_body=body,
             wait_seconds=wait_seconds,

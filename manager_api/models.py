@@ -84,6 +84,8 @@ __all__ = [
     "OperationState",
     "PreparedClaim",
     "ReachGroup",
+    "ResetOutcome",
+    "ResetReport",
     "UsageGroup",
     "UsageGrouping",
     "UsageReport",
@@ -269,6 +271,28 @@ class Attachment(_Model):
     claim_uid: str
     state: AttachmentState
     operation_id: str | None = None
+    reset_required: bool = Field(
+        default=False,
+        description=(
+            "the device came from the warm pool after another claim and the node must reset it "
+            "(PCIe function-level reset) before the claim uses it, then report it "
+            "(POST /api/v1/devices/{device}/reset); answered again until reported"
+        ),
+    )
+
+
+class ResetOutcome(StrEnum):
+    OK = "ok"
+    FAILED = "failed"
+
+
+class ResetReport(_Model):
+    """What a node's plugin reports after resetting a device its claim got ``resetRequired``."""
+
+    node: NodeName
+    claim_uid: ClaimUid
+    outcome: ResetOutcome
+    message: str = Field(default="", max_length=1024, description="why the reset failed (one line)")
 
 
 class OperationKind(StrEnum):

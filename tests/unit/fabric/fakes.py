@@ -153,6 +153,18 @@ class FakeBackend(Backend):
         await self._change(device, host, ctx, False)
 
 
+def _attributes(device: str) -> DiscoveredAttributes:
+    """A ``nic*`` is a NIC without a Redfish Reset action (its node resets it); anything else a GPU
+    whose Processor offers ``#Processor.Reset``, as the emulator's do."""
+    if device.startswith("nic"):
+        return DiscoveredAttributes(type=DeviceType.NIC, model="ConnectX-7")
+    return DiscoveredAttributes(
+        type=DeviceType.GPU,
+        model="H100",
+        reset_target=f"/redfish/v1/Chassis/{FABRIC}/Processors/{device}/Actions/Processor.Reset",
+    )
+
+
 class FakeDiscovery:
     def __init__(self, fabric: FakeFabric) -> None:
         self.fabric = fabric
@@ -173,7 +185,7 @@ class FakeDiscovery:
                 resource_id=d,
                 fabric=FABRIC,
                 style=BindingStyle.ZONE,
-                attributes=DiscoveredAttributes(type=DeviceType.GPU, model="H100"),
+                attributes=_attributes(d),
                 bound_hosts=(self.fabric.bound[d],) if d in self.fabric.bound else (),
                 reachable_hosts=tuple(self.fabric.hosts),
                 endpoint=f"/redfish/v1/Fabrics/{FABRIC}/Endpoints/{d}",
