@@ -4,6 +4,12 @@
 device, so a retry never binds twice), then wait until this host sees the device in sysfs; on
 release, remove it host-side and ask for the detach. :class:`NoopBackend` does nothing and
 answers at once, so a benchmark measures the plugin's own overhead (claim read, checkpoint, CDI).
+
+A device the claim got from the warm pool after another claim, which the fabric cannot reset, is
+answered ``resetRequired``: once it is visible, and before prepare goes on to the CDI spec, the
+plugin resets it (:meth:`HostScanner.reset`, a PCIe function-level reset through sysfs) and reports
+it; after a failed reset the manager power-cycles it for the claim and the plugin waits for it
+again (docs/plugin.md "Reset between tenants").
 """
 
 from __future__ import annotations
@@ -19,7 +25,14 @@ from dra_driver.plugin.hostdev import DeviceIdentity, HostDevice, HostScanner
 from dra_driver.plugin.metrics import observe_phase
 from manager_api.client import ManagerClient
 from manager_api.errors import DeviceBusy, DeviceNotFound, FabricError
-from manager_api.models import MAX_WAIT_SECONDS, AttachmentState, BindingState, Device, DeviceType
+from manager_api.models import (
+    MAX_WAIT_SECONDS,
+    Attachment,
+    AttachmentState,
+    BindingState,
+    Device,
+    DeviceType,
+)
 from plumbing.backoff import Backoff
 from plumbing.crashpoints import crash_point
 from plumbing.logs import get_logger
@@ -135,7 +148,7 @@ class FabricBackend:
 
     async def _bind(
         self, claim_uid: str, device: str, pool: str | None = None, namespace: str | None = None
-    ) -> Device:
+    ) -> Attachment:
         """POST the attachment until the fabric says attached; transient failures are retried."""
         self._started[(claim_uid, device)] = time.monotonic()
         try:
@@ -146,7 +159,7 @@ class FabricBackend:
 
     async def _bind_retrying(
         self, claim_uid: str, device: str, pool: str | None, namespace: str | None
-    ) -> Device:
+    ) -> Attachment:
         started = time.monotonic()
         backoff = Backoff(initial=0.1, maximum=5.0)
         while True:
@@ -173,7 +186,7 @@ class FabricBackend:
                 await asyncio.sleep(err.retry_after or delay)
                 continue
             if attachment.state is AttachmentState.ATTACHED:
-                return attachment.device
+                return attachment
             if time.monotonic() - started > self.attach_give_up:
                 raise FabricError(
                     f"the fabric has been attaching device {device} for over {self.attach_give_up:.0f}s",
@@ -198,12 +211,12 @@ class FabricBackend:
         namespace: str | None = None,
     ) -> AttachedDevice:
         with observe_phase("attach"):
-            info = await self._bind(claim_uid, device, pool, namespace)
+            attachment = await self._bind(claim_uid, device, pool, namespace)
         crash_point("plugin.prepare.after-attach")
-        with observe_phase("visible"):
-            host = await self.scanner.wait_visible(
-                identity_of(info), within=self.visible_timeout, exclude=exclude
-            )
+        info = attachment.device
+        host = await self._visible(info, exclude)
+        if attachment.reset_required:
+            info, host = await self._reset(claim_uid, info, host, exclude, pool, namespace)
         crash_point("plugin.prepare.after-visible")
         log.info(
             "device attached and visible",
@@ -213,6 +226,57 @@ class FabricBackend:
             sysfs=host.sysfs_path,
         )
         return AttachedDevice(device=info, host=host)
+
+    async def _visible(self, info: Device, exclude: Callable[[], Collection[str]]) -> HostDevice:
+        with observe_phase("visible"):
+            return await self.scanner.wait_visible(
+                identity_of(info), within=self.visible_timeout, exclude=exclude
+            )
+
+    async def _reset(
+        self,
+        claim_uid: str,
+        info: Device,
+        host: HostDevice,
+        exclude: Callable[[], Collection[str]],
+        pool: str | None,
+        namespace: str | None,
+    ) -> tuple[Device, HostDevice]:
+        """Reset the device another claim used before this one (the manager answered
+        ``resetRequired``) and report it; after a failed reset the manager detached and attached it
+        again for this claim (a slot power cycle): bind again and wait for it to be visible."""
+        with observe_phase("reset"):
+            failure = await asyncio.to_thread(self.scanner.reset, host)
+        # A crash before the report leaves the manager's "pending": the retried prepare resets again.
+        answer = await self.client.report_reset(
+            info.name,
+            self.node,
+            claim_uid,
+            ok=failure is None,
+            message=failure or "",
+            wait_seconds=MAX_WAIT_SECONDS,
+        )
+        if failure is None:
+            log.info(
+                "device reset before its claim uses it", claim=claim_uid, device=info.name, node=self.node
+            )
+            return info, host
+        log.warning(
+            "device could not be reset; the fabric power-cycles it for the claim",
+            claim=claim_uid,
+            device=info.name,
+            node=self.node,
+            error=failure,
+        )
+        if answer.state is not AttachmentState.ATTACHED or answer.reset_required:
+            answer = await self._bind(claim_uid, info.name, pool, namespace)
+        if answer.reset_required:  # cannot happen after a power cycle: never use it unreset
+            raise FabricError(
+                f"device {info.name} is still due a reset after its power cycle",
+                device=info.name,
+                node=self.node,
+            )
+        return answer.device, await self._visible(answer.device, exclude)
 
     async def release(self, claim_uid: str, prepared: PreparedDevice, *, within: float) -> None:
         if self.host_removal and prepared.host is not None and self.scanner.present(prepared.host):

@@ -508,6 +508,31 @@ class HostScanner:
             return "opened by " + ", ".join(holders)
         return None
 
+    def reset(self, device: HostDevice) -> str | None:
+        """Function-level reset of a PCIe device: ``1`` written to its sysfs ``reset`` file
+        (Documentation/ABI/testing/sysfs-bus-pci; the kernel picks the method: FLR, AF FLR, PM,
+        bus). Blocking. None when done, else why not (one line): no PCIe function, no ``reset``
+        file (the device supports no reset method), or the write refused. The file is opened
+        without ``O_CREAT`` (a missing one is a failure, never created) and appended to: sysfs
+        ignores the offset, and an emulated host's file keeps one line per reset."""
+        if device.pci_address is None:
+            return "it has no PCIe function on this host to reset"
+        path = self.root / "bus" / "pci" / "devices" / device.pci_address / "reset"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return f"{path} does not exist: the device supports no reset method"
+        except OSError as err:
+            return f"cannot open {path}: {err.strerror}"
+        try:
+            os.write(fd, b"1\n")
+        except OSError as err:
+            return f"writing 1 to {path} failed: {err.strerror}"
+        finally:
+            os.close(fd)
+        log.info("device reset (function-level)", device_path=str(path.parent))
+        return None
+
     def remove(self, device: HostDevice) -> None:
         """Unbind the driver and remove a PCIe device the kernel way (blocking: the driver may take
         seconds). Only files the kernel provides are written: an emulated tree has none of them."""
