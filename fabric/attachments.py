@@ -226,8 +226,10 @@ class Attachments:
             if report.outcome is api.ResetOutcome.OK:
                 await self.driver.node_reset_done(entry)
                 return self._attachment(device, node, claim, api.AttachmentState.ATTACHED), 200
-            namespace = entry.namespace
-            await self.driver.node_reset_failed(entry, f"the node could not reset it: {report.message}")
+            namespace, failed = entry.namespace, entry.model_copy()
+            reason = f"the node could not reset it: {report.message}"
+            await self.driver.node_reset_failed(entry, reason)
+        await self.driver.node_reset_failure(failed, reason)  # its Event: not under the device's lock
         deadline = time.monotonic() + max(0.0, wait)
         # A detach that fails or does not finish in time fails the claim's prepare: the device
         # is out of the pool either way, never handed over unreset.

@@ -484,11 +484,16 @@ class OperationDriver:
         """The node's plugin could not reset the device of ``entry`` (its claim's, ``reset:
         pending``): it is not handed to the claim dirty but detached (intent before action) to be
         attached again for the same claim, a slot power cycle (docs/manager.md "A detach and a
-        re-attach count as a reset"). The caller holds the device's lock and attaches it again
-        once the detach is done."""
+        re-attach count as a reset"). The caller holds the device's lock, attaches it again once
+        the detach is done, and records the failure (:meth:`node_reset_failure`) once it let go of
+        the lock."""
         await self.start_detach(entry)
         entry.error = reason
         self.kick(entry.device)
+
+    async def node_reset_failure(self, entry: LedgerEntry, reason: str) -> None:
+        """Count, log and record as a Warning Event the node's failed reset of ``entry``'s device
+        (a copy taken before its power cycle)."""
         await self._reset_failure(
             entry,
             reason,
