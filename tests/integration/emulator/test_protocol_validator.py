@@ -145,10 +145,10 @@ def _run_validator(served: Served, report_dir: Path) -> tuple[subprocess.Complet
             _RUNNER,
             "--rhost",
             emu.url,
-            "--user",
-            emu.username,
-            "--password",
-            emu.password,
+            # one argument each: a generated password may begin with "-", which argparse would
+            # take for an option of its own
+            f"--user={emu.username}",
+            f"--password={emu.password}",
             "--ca-bundle",
             str(served.ca_file),
             "--avoid-http-redirect",

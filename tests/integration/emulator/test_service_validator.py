@@ -94,10 +94,9 @@ def test_validator_reports_no_failures(tmp_path: Path, redfish_dir: Path) -> Non
                 *_validator(),
                 "--rhost",
                 emu.url,
-                "--user",
-                emu.username,
-                "--password",
-                emu.password,
+                # one argument each: a generated password may begin with "-" (argparse)
+                f"--user={emu.username}",
+                f"--password={emu.password}",
                 "--authtype",
                 "Session",
                 "--schema_directory",
