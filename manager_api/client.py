@@ -31,16 +31,13 @@ from manager_api.models import (
     UsageGrouping,
     UsageReport,
 )
-from plumbing.httpserve import ConnectionLimits
+from plumbing.httpserve import CLIENT_KEEPALIVE_EXPIRY
 
 __all__ = ["ManagerClient", "ManagerUnreachable"]
 
-#: Seconds an idle connection is kept for reuse: half the manager's keep-alive timeout. httpx's
-#: default (5 s) equals the server's, so a request sent just as the server closes the idle
-#: connection meets a closed socket ("Server disconnected"), which for a POST (attach, detach)
-#: cannot be resent blindly; through a slow network (a QEMU guest's user networking) the window
-#: is wide enough to be met in practice.
-KEEPALIVE_EXPIRY = ConnectionLimits().keep_alive_timeout / 2
+#: Seconds an idle connection is kept for reuse (through a slow network, a QEMU guest's user
+#: networking, the race it avoids is met in practice): :data:`plumbing.httpserve.CLIENT_KEEPALIVE_EXPIRY`.
+KEEPALIVE_EXPIRY = CLIENT_KEEPALIVE_EXPIRY
 
 _DEVICES = TypeAdapter(list[Device])
 _NODES = TypeAdapter(list[FabricNode])

@@ -70,6 +70,14 @@ class ConnectionLimits:
     retry_after: float = 1.0
 
 
+#: Seconds a client keeps an idle connection to one of these servers for reuse: half their keep-alive
+#: timeout. httpx's default (5 s) equals it, so a request sent just as the server closes the idle
+#: connection meets a closed socket ("Server disconnected", a ReadError), and a write (an attach, a
+#: ledger ConfigMap PUT) cannot be resent blindly. The manager's client and the Kubernetes client
+#: (whose API test server is one of these servers) use it.
+CLIENT_KEEPALIVE_EXPIRY = ConnectionLimits().keep_alive_timeout / 2
+
+
 def base_url(host: str, port: int, *, tls: bool = False) -> str:
     """The URL a local client uses to reach a server listening on ``host:port``: a wildcard
     address (``0.0.0.0``, ``::``) becomes the loopback address of its family."""

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import httpx
 
+from plumbing.httpserve import CLIENT_KEEPALIVE_EXPIRY
 from plumbing.kube.resources import Resource
 from plumbing.logs import get_logger
 
@@ -271,7 +272,13 @@ class KubeClient:
             base_url=config.server,
             verify=verify,
             timeout=httpx.Timeout(timeout, connect=10.0),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            # idle connections expire before the API test server closes them (a ledger PUT sent on
+            # a connection being closed failed the 10,000-binding run with a ReadError)
+            limits=httpx.Limits(
+                max_connections=max_connections,
+                max_keepalive_connections=max_connections,
+                keepalive_expiry=CLIENT_KEEPALIVE_EXPIRY,
+            ),
             headers={"User-Agent": user_agent, "Accept": "application/json"},
         )
 
