@@ -10,10 +10,8 @@ The token is checked, and the body's size bounded, before the body is read
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
@@ -56,28 +54,6 @@ from plumbing.names import (
 __all__ = ["AppContext", "build_app"]
 
 log = get_logger(__name__)
-
-#: RFC 3339 ``date-time`` (section 5.6) with its zone, as ``since`` must be: the parameter is
-#: declared a string of ``format: date-time`` and read here, because a datetime parameter would also
-#: take a bare number as seconds since 1970 (pydantic's lax mode), which the format does not allow.
-_RFC3339 = re.compile(r"(\d{4}-\d\d-\d\d)[Tt](\d\d:\d\d):(\d\d)(\.\d+)?([Zz]|[+-]\d\d:\d\d)", re.ASCII)
-
-
-def parse_rfc3339(text: str) -> datetime | None:
-    """The time ``text`` names, or None when it is no RFC 3339 date-time with a zone (or names a day
-    its month lacks). A leap second is read as the second before it; digits beyond microseconds are
-    dropped (Python keeps microseconds)."""
-    found = _RFC3339.fullmatch(text)
-    if found is None:
-        return None
-    day, minutes, seconds, fraction, zone = found.groups()
-    seconds = "59" if seconds == "60" else seconds
-    fraction = (fraction or "")[:7]
-    zone = "+00:00" if zone in ("Z", "z") else zone
-    try:
-        return datetime.fromisoformat(f"{day}T{minutes}:{seconds}{fraction}{zone}")
-    except ValueError:
-        return None
 
 
 @dataclass
@@ -347,7 +323,7 @@ def build_app(ctx: AppContext) -> FastAPI:
             api.UsageGrouping.NAMESPACE
         ),
     ) -> api.UsageReport:
-        start = parse_rfc3339(since)
+        start = api.parse_rfc3339(since)
         if start is None:
             raise InvalidRequest(
                 f"malformed request: query.since: {since[:40]!r} is no RFC 3339 time with a zone "

@@ -26,11 +26,8 @@ def parse_since(text: str, now: datetime) -> datetime:
     found = _DURATION.match(text.strip())
     if found:
         return now - timedelta(**{_UNITS[found.group(2)]: float(found.group(1))})
-    try:
-        moment = datetime.fromisoformat(text.strip())
-    except ValueError:
-        moment = None
-    if moment is None or moment.tzinfo is None:
+    moment = api.parse_rfc3339(text.strip())
+    if moment is None:
         raise CliError(
             f"--since {text!r}: expected a duration (30m, 24h, 7d) or an RFC 3339 time with a zone "
             "(2026-03-01T09:00:00Z)"

@@ -34,6 +34,7 @@ Errors are :class:`ErrorBody` with the status of :mod:`manager_api.errors`.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Literal, TypeAlias
@@ -89,6 +90,7 @@ __all__ = [
     "UsageGroup",
     "UsageGrouping",
     "UsageReport",
+    "parse_rfc3339",
 ]
 
 API_PREFIX = "/api/v1"
@@ -376,3 +378,27 @@ class UsageReport(_Model):
         default=None, description="the oldest bucket still kept; nothing before it is known any more"
     )
     groups: list[UsageGroup]
+
+
+#: RFC 3339 ``date-time`` (section 5.6) with its zone, as ``GET /usage?since=`` must be (and ``fabric-dra
+#: usage --since``): the manager declares the parameter a string of ``format: date-time`` and reads it
+#: with :func:`parse_rfc3339`, because a datetime parameter would also take a bare number as seconds
+#: since 1970 (pydantic's lax mode), which the format does not allow.
+_RFC3339 = re.compile(r"(\d{4}-\d\d-\d\d)[Tt](\d\d:\d\d):(\d\d)(\.\d+)?([Zz]|[+-]\d\d:\d\d)", re.ASCII)
+
+
+def parse_rfc3339(text: str) -> datetime | None:
+    """The time ``text`` names, or None when it is no RFC 3339 date-time with a zone (or names a day
+    its month lacks). A leap second is read as the second before it; digits beyond microseconds are
+    dropped (Python keeps microseconds)."""
+    found = _RFC3339.fullmatch(text)
+    if found is None:
+        return None
+    day, minutes, seconds, fraction, zone = found.groups()
+    seconds = "59" if seconds == "60" else seconds
+    fraction = (fraction or "")[:7]
+    zone = "+00:00" if zone in ("Z", "z") else zone
+    try:
+        return datetime.fromisoformat(f"{day}T{minutes}:{seconds}{fraction}{zone}")
+    except ValueError:
+        return None

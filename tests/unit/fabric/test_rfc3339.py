@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from fabric.server import parse_rfc3339
+from manager_api.models import parse_rfc3339
 
 
 @pytest.mark.parametrize(
