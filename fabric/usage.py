@@ -487,8 +487,8 @@ class UsageMeter:
             model = model_of(record) if record else device.model or str(device.type)
             self._pending.add(UsageKey("", model, "", OUTSIDE), foreign_from, now)
         self._pending.counted_until = self._last = now
-        # Forget owners of claims no entry holds any more.
-        held = {entry.claim_uid for entry in self.ledger.entries()}
+        # Forget owners of claims no entry holds any more (the entries just counted).
+        held = {claim for _, claim in seen}
         for uid in [u for u in self._owners if u not in held]:
             del self._owners[uid]
 
