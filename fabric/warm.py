@@ -219,11 +219,10 @@ class WarmPool:
         for record in reachable:
             group = self._group(record)
             targets[group] = max(targets.get(group, 0), self.target(node, record))
-        for entry in self.ledger.warm_held_on(node):  # warm devices of a group no device matches now
-            known = self.inventory.device(entry.device)
-            if known is not None:
-                targets.setdefault(self._group(known), 0)
         for entry in self.ledger.warm_held_on(node):
+            known = self.inventory.device(entry.device)
+            if known is not None:  # warm devices of a group no device matches now
+                targets.setdefault(self._group(known), 0)
             if entry.state is LedgerState.WARM and not entry.clean:
                 self.driver.kick(entry.device)  # a reset still due (after a restart, say)
         for group, target in sorted(targets.items()):
