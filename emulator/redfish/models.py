@@ -93,6 +93,9 @@ class Action(_Obj):
     target: str
     title: str | None = None
     action_info: str | None = Field(default=None, alias="@Redfish.ActionInfo")
+    #: ``<Parameter>@Redfish.AllowableValues`` of a reset action (DSP0266 "Allowable values"): the
+    #: ``ResetType`` values the service accepts; another one is 400 ActionParameterValueNotInList
+    reset_types: list[str] | None = Field(default=None, alias="ResetType@Redfish.AllowableValues")
 
 
 class Typed(_Obj):

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from fabric.backends.describe import DEVICE_ENTITY_TYPES
+from fabric.backends.describe import DEVICE_ENTITY_TYPES, RESET_TYPE
 from fabric.backends.model import DeviceRecord, HostRecord
 from fabric.backends.views import Endpoint, Fabric
 from fabric.backends.walk import Walk, path_ids
@@ -212,15 +212,13 @@ class Backend(ABC):
     async def reset(self, device: DeviceRecord, ctx: BindContext) -> None:
         """Reset ``device`` through its resource's ``Reset`` action (``#Processor.Reset``,
         ``#Drive.Reset``: :attr:`DiscoveredAttributes.reset_target`), following the task when the
-        service runs one; raises the fabric's error when it refuses or the task fails.
-
-        ``ForceRestart``: the device is idle (no claim holds it) and must not keep anything of its
-        last tenant, so nothing is to be shut down gracefully."""
+        service runs one; raises the fabric's error when it refuses or the task fails
+        (:data:`~fabric.backends.describe.RESET_TYPE`)."""
         target = device.attributes.reset_target
         if target is None:
             raise BindRefused(f"device {device.name} offers no Reset action", device=device.name)
         ctx.fence()
-        response = await self.client.post(target, {"ResetType": "ForceRestart"})
+        response = await self.client.post(target, {"ResetType": RESET_TYPE})
         await self._finish(response, ctx)
 
     def initiators_of(self, host: HostRecord) -> tuple[str, ...]:

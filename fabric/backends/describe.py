@@ -40,7 +40,11 @@ from fabric.backends.views import (
 from fabric.backends.walk import Walk, path_ids
 from manager_api.devices import DeviceType, Health
 
-__all__ = ["DEVICE_ENTITY_TYPES", "describe", "locate_port", "status_of"]
+__all__ = ["DEVICE_ENTITY_TYPES", "RESET_TYPE", "describe", "locate_port", "status_of"]
+
+#: The ``ResetType`` of the reset between tenants (Resource.ResetType): the device is idle (no claim
+#: holds it) and must keep nothing of its last tenant, so nothing is shut down gracefully.
+RESET_TYPE = "ForceRestart"
 
 D = TypeVar("D", bound=DeviceResource)
 
@@ -306,8 +310,17 @@ async def describe(
                 if switch:
                     break
 
-    reset_target = (processor.actions.target("Processor.Reset") if processor else None) or (
-        drive.actions.target("Drive.Reset") if drive else None
+    # The reset the manager sends is ForceRestart (Backend.reset): a resource whose Reset does not
+    # allow it is not reset through Redfish (its node resets the function instead).
+    reset_target = next(
+        (
+            target
+            for holder, action in ((processor, "Processor.Reset"), (drive, "Drive.Reset"))
+            if holder is not None
+            and (target := holder.actions.target(action))
+            and holder.actions.allows(action, "ResetType", RESET_TYPE)
+        ),
+        None,
     )
     identities = {uri for _, uri in entities}
     for linked in (function, pcie_device, logical, chunk, *drives):

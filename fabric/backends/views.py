@@ -215,6 +215,14 @@ class Actions(View):
             return str(entry["target"])
         return None
 
+    def allows(self, action: str, parameter: str, value: str) -> bool:
+        """Whether ``action`` takes ``value`` for ``parameter``: it is in the action's
+        ``<parameter>@Redfish.AllowableValues``, or the action lists none (DSP0266 "Allowable
+        values": the annotation, where present, is the list the service accepts)."""
+        entry = (self.model_extra or {}).get(f"#{action}")
+        allowed = entry.get(f"{parameter}@Redfish.AllowableValues") if isinstance(entry, Mapping) else None
+        return not isinstance(allowed, list) or value in allowed
+
 
 class Resource(View):
     """What every Redfish resource has (Resource.v1_23_0)."""

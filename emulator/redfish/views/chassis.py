@@ -11,7 +11,7 @@ whose memory chunks are the unit a host binds.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict
 
@@ -339,30 +339,21 @@ class PCIeFunctionNode(Node):
         )
 
 
+#: The ``ResetType`` values a device's ``Reset`` offers (advertised as
+#: ``ResetType@Redfish.AllowableValues``, DSP0266 "Allowable values"): a real service offers a
+#: subset of Resource.ResetType for a function it cannot power on or off by itself, and refuses the
+#: others with 400 ``ActionParameterValueNotInList`` (Base 1.22.1).
+_ResetType = Literal["ForceRestart", "GracefulRestart"]
+RESET_TYPES: tuple[str, ...] = get_args(_ResetType)
+
+
 class _ResetParams(BaseModel):
-    """The parameters of ``#Processor.Reset`` / ``#Drive.Reset``: ``ResetType``
-    (Resource.ResetType), optional — "the service can accept a request without the parameter and
-    perform an implementation-specific default reset" (Processor_v1.xml)."""
+    """The parameters of ``#Processor.Reset`` / ``#Drive.Reset``: ``ResetType``, optional — "the
+    service can accept a request without the parameter and perform an implementation-specific
+    default reset" (Processor_v1.xml) — and one of :data:`RESET_TYPES` when given."""
 
     model_config = ConfigDict(extra="forbid")
-    ResetType: (
-        Literal[
-            "On",
-            "ForceOff",
-            "GracefulShutdown",
-            "GracefulRestart",
-            "ForceRestart",
-            "Nmi",
-            "ForceOn",
-            "PushPowerButton",
-            "PowerCycle",
-            "Suspend",
-            "Pause",
-            "Resume",
-            "FullPowerCycle",
-        ]
-        | None
-    ) = None
+    ResetType: _ResetType | None = None
 
 
 class _ResettableNode(Node):
@@ -380,7 +371,10 @@ class _ResettableNode(Node):
         return (f"{self.schema}.Reset",)
 
     def reset_actions(self) -> dict[str, Action]:
-        return actions(self.uri, *self.action_names())
+        return {
+            name: action.model_copy(update={"reset_types": list(RESET_TYPES)})
+            for name, action in actions(self.uri, *self.action_names()).items()
+        }
 
     def child(self, segment: str) -> Node | None:
         return self.actions_child(segment)

@@ -237,7 +237,12 @@ def test_the_device_resources_offer_their_reset_action(emu: RunningEmulator) -> 
     client = emu.client()
     for uri, schema in ((GPU, "Processor"), (DRIVE, "Drive")):
         actions = client.get(uri).json()["Actions"]
-        assert actions == {f"#{schema}.Reset": {"target": f"{uri}/Actions/{schema}.Reset"}}
+        assert actions == {
+            f"#{schema}.Reset": {
+                "target": f"{uri}/Actions/{schema}.Reset",
+                "ResetType@Redfish.AllowableValues": ["ForceRestart", "GracefulRestart"],
+            }
+        }
     # The PCIe function has none (PCIeFunction defines no action).
     assert "Actions" not in client.get("/redfish/v1/Chassis/switch0/PCIeDevices/gpu0").json()
 
@@ -255,6 +260,10 @@ def test_a_reset_is_counted_on_the_binding(emu: RunningEmulator) -> None:
     assert bound["Host"] == "kind-worker"  # still bound where it was
     refused = client.post(f"{GPU}/Actions/Processor.Reset", json={"ResetType": "Sideways"})
     assert refused.status_code == 400
+    # A Resource.ResetType the action does not list (DSP0266 "Allowable values") is refused too.
+    unlisted = client.post(f"{GPU}/Actions/Processor.Reset", json={"ResetType": "On"})
+    assert unlisted.status_code == 400, unlisted.text
+    assert "ActionParameterValueNotInList" in unlisted.text
     assert binding(emu, "gpu0")["Resets"] == 2
     # A drive resets the same way; an unbound device too, with nothing to count it on.
     assert client.post(f"{DRIVE}/Actions/Drive.Reset", json={}).status_code == 204

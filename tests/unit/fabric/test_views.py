@@ -111,3 +111,23 @@ def test_every_dmtf_mockup_resource_reads(redfish_dir: Path) -> None:
                 view_of_kind(payload)
                 read += 1
     assert read > 50
+
+
+@pytest.mark.parametrize(
+    ("allowable", "allowed"),
+    [
+        (None, True),  # no list: the service takes every value of the parameter's type
+        (["ForceRestart", "GracefulRestart"], True),
+        (["GracefulRestart", "On"], False),
+        ("ForceRestart", True),  # not a list: read as no list
+    ],
+)
+def test_an_action_allows_what_its_allowable_values_list(allowable: object, allowed: bool) -> None:
+    action: dict[str, object] = {"target": "/redfish/v1/Systems/1/Processors/GPU0/Actions/Processor.Reset"}
+    if allowable is not None:
+        action["ResetType@Redfish.AllowableValues"] = allowable
+    gpu = Processor.model_validate(
+        {"@odata.id": "/redfish/v1/Systems/1/Processors/GPU0", "Actions": {"#Processor.Reset": action}}
+    )
+    assert gpu.actions.target("Processor.Reset") == action["target"]
+    assert gpu.actions.allows("Processor.Reset", "ResetType", "ForceRestart") is allowed
