@@ -102,12 +102,23 @@ class Inventory:
         self._touched: dict[str, float] = {}
         #: device → (attaches failed in a row, the latest one's error code); shown in the inventory
         self._attach_failures: dict[str, tuple[int, str]] = {}
-        self._fingerprint = ""
         self._dirty = False
-        self._rendered = api.Inventory(version=self.version, pools=[], devices=[], nodes=[])
-        self._rendered_json = self._rendered.model_dump_json(by_alias=True).encode()
+        #: a change anything may depend on (a discovery pass, nodes remapped): the next flush
+        #: re-checks every device; otherwise only the devices named here are re-checked
+        self._dirty_all = True
+        self._dirty_names: set[str] = set()
         #: device name → (record, overlay key, rendered device, its JSON)
         self._views: dict[str, tuple[DeviceRecord, object, api.Device, str]] = {}
+        #: the device names in the order served, and the rest of the inventory, as of the last
+        #: full flush (they change only with a discovery pass or a remap, which flush in full)
+        self._order: list[str] = []
+        self._pools: list[api.FabricPool] = []
+        self._nodes: list[api.FabricNode] = []
+        self._tail = ""
+        #: built on demand from the views, once per version (:meth:`_built`)
+        self._rendered = api.Inventory(version=self.version, pools=[], devices=[], nodes=[])
+        self._rendered_json = self._rendered.model_dump_json(by_alias=True).encode()
+        self._built_version = self.version
         self._changed = asyncio.Condition()
         self._closing = False
         self._refresh_lock = asyncio.Lock()
@@ -187,8 +198,8 @@ class Inventory:
             if hosts is None or hosts == record.bound_hosts or self._touched.get(name, 0.0) > started:
                 continue
             self._records[name] = record.with_binding(hosts)
+            self.changed(name)
         log.debug("fabric bindings read", gets=gets, seconds=round(time.monotonic() - started, 3))
-        self.changed()
 
     async def _refresh_all(self) -> None:
         started = time.monotonic()
@@ -245,7 +256,7 @@ class Inventory:
         if record is not None:
             self._records[name] = record.with_binding(hosts)
         self._touched[name] = time.monotonic()
-        self.changed()
+        self.changed(name)
 
     def note_attach(self, name: str, error: str | None) -> None:
         """An attach of ``name`` ended: failed with ``error`` (a code), or succeeded (None)."""
@@ -255,7 +266,7 @@ class Inventory:
         else:
             failures = self._attach_failures.get(name, (0, ""))[0]
             self._attach_failures[name] = (failures + 1, error)
-        self.changed()
+        self.changed(name)
 
     async def run(self) -> None:
         """Keep the view current until cancelled: events first, polling as the fallback."""
@@ -356,23 +367,24 @@ class Inventory:
             reach=self.reach_of(record),
         )
 
-    def _device_view(self, record: DeviceRecord) -> tuple[api.Device, str]:
-        """The rendered device and its JSON, re-rendered only when its record, its ledger entry or
-        the node of its host changed (a pass re-reads every device; most come back unchanged)."""
+    def _view_changed(self, record: DeviceRecord) -> bool:
+        """Bring the device's rendering up to date; whether what it serves changed. Re-rendered only
+        when its record, its ledger entry, the node of its host, its attach failures or its reach
+        group changed (a pass re-reads every device; most come back unchanged)."""
         entry = self.overlay(record.name)
         overlay = (entry.state, entry.node, entry.host, entry.claim_uid) if entry is not None else None
         bound_node = self._host_nodes.get(record.bound_hosts[0]) if record.bound_hosts else None
         key = (overlay, bound_node, self._attach_failures.get(record.name), self.reach_of(record))
         cached = self._views.get(record.name)
         if cached is not None and cached[1] == key and (cached[0] is record or cached[0] == record):
-            return cached[2], cached[3]
+            return False
         device = self.render_device(record)
         text = device.model_dump_json(by_alias=True)
         self._views[record.name] = (record, key, device, text)
-        return device, text
+        return cached is None or cached[3] != text
 
-    def _render(self) -> tuple[api.Inventory, str]:
-        """The inventory (its version not set yet) and its JSON after ``"version":``."""
+    def _refresh_all_views(self) -> bool:
+        """Every device, the pools and the nodes checked again; whether anything served changed."""
         nodes: list[api.FabricNode] = []
         for host_id, node in sorted(self._host_nodes.items(), key=lambda item: item[1]):
             host = self._hosts.get(host_id)
@@ -403,47 +415,76 @@ class Inventory:
             )
             for fabric in sorted(self._fabrics.values(), key=lambda f: f.id)
         ]
-        views = [self._device_view(r) for r in sorted(self._records.values(), key=lambda r: r.name)]
+        order = sorted(self._records)
+        changed = order != self._order
+        for name in order:
+            changed |= self._view_changed(self._records[name])
         if len(self._views) > len(self._records):
             self._views = {k: v for k, v in self._views.items() if k in self._records}
-        inventory = api.Inventory.model_construct(
-            version=self.version,
-            pools=pools,
-            devices=[device for device, _ in views],
-            nodes=nodes,
-            notices=list(self.notices),
-        )
-        body = (
-            f'"pools":{_POOLS.dump_json(pools, by_alias=True).decode()},'
-            f'"devices":[{",".join(text for _, text in views)}],'
+        tail = (
             f'"nodes":{_NODES.dump_json(nodes, by_alias=True).decode()},'
             f'"notices":{_NOTICES.dump_json(self.notices).decode()}}}'
         )
-        return inventory, body
+        changed |= pools != self._pools or tail != self._tail
+        self._order, self._pools, self._nodes, self._tail = order, pools, nodes, tail
+        return changed
+
+    def _built(self) -> None:
+        """The served inventory and its JSON for the current version, built once per version: at
+        10,000 devices the join is megabytes, paid only when someone reads it."""
+        if self._built_version == self.version:
+            return
+        views = [self._views[name] for name in self._order]
+        pools = _POOLS.dump_json(self._pools, by_alias=True).decode()
+        devices = ",".join(text for _, _, _, text in views)
+        self._rendered = api.Inventory.model_construct(
+            version=self.version,
+            pools=self._pools,
+            devices=[device for _, _, device, _ in views],
+            nodes=self._nodes,
+            notices=list(self.notices),
+        )
+        self._rendered_json = (
+            f'{{"version":{self.version},"pools":{pools},"devices":[{devices}],{self._tail}'.encode()
+        )
+        self._built_version = self.version
 
     def _nodes_of(self, hosts: tuple[str, ...]) -> list[str]:
         return sorted(self._host_nodes[h] for h in hosts if h in self._host_nodes)
 
-    def changed(self) -> None:
-        """Something may have changed: re-render soon (changes of one loop iteration coalesce)."""
+    def changed(self, device: str | None = None) -> None:
+        """Something may have changed — about ``device`` only, or (None) anything: re-check soon
+        (changes of one loop iteration coalesce). Naming the device keeps an attach at 10,000
+        bindings from re-checking the other 9,999."""
+        if device is None:
+            self._dirty_all = True
+        else:
+            self._dirty_names.add(device)
         if not self._dirty:
             self._dirty = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            with contextlib.suppress(RuntimeError):  # no loop running: the next read flushes
+                asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
-        """Re-render; bump the version and wake long-polls when anything visible changed."""
+        """Re-check what changed; bump the version and wake long-polls when anything served did."""
         if not self._dirty:
             return
         self._dirty = False
-        rendered, body = self._render()
-        if body == self._fingerprint:
+        names, self._dirty_names = self._dirty_names, set()
+        if self._dirty_all:
+            self._dirty_all = False
+            changed = self._refresh_all_views()
+        else:
+            changed = False
+            for name in names:
+                record = self._records.get(name)
+                if record is not None:  # a device no pass has found is not served
+                    changed |= self._view_changed(record)
+        if not changed:
             return
-        self._fingerprint = body
         self.version += 1
-        rendered.version = self.version
-        self._rendered = rendered
-        self._rendered_json = f'{{"version":{self.version},{body}'.encode()
-        asyncio.get_running_loop().create_task(self._notify())
+        with contextlib.suppress(RuntimeError):
+            asyncio.get_running_loop().create_task(self._notify())
 
     async def _notify(self) -> None:
         async with self._changed:
@@ -451,12 +492,14 @@ class Inventory:
 
     def snapshot(self) -> api.Inventory:
         self._flush()
+        self._built()
         return self._rendered
 
     def snapshot_json(self) -> bytes:
         """:meth:`snapshot` as the JSON the API serves (camelCase), encoded once per version: every
         long poll woken by a change gets the same bytes."""
         self._flush()
+        self._built()
         return self._rendered_json
 
     async def wait_newer(self, after: int, wait_seconds: float) -> api.Inventory:
@@ -473,6 +516,7 @@ class Inventory:
                 await asyncio.wait_for(
                     self._changed.wait_for(lambda: self.version != after or self._closing), wait_seconds
                 )
+        self._built()
         return self._rendered
 
     async def release_waiters(self) -> None:

@@ -34,7 +34,7 @@ import json
 import zlib
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -455,6 +455,8 @@ class Ledger:
         self._saved = 0
         self._write_lock = asyncio.Lock()
         self._background: asyncio.Task[None] | None = None
+        #: told the device whose entry was put or removed, or None when the whole ledger was loaded
+        self.listeners: list[Callable[[str | None], None]] = []
 
     async def load(self) -> None:
         self._entries = await self.store.load()
@@ -464,6 +466,8 @@ class Ledger:
             self._index_warm(entry)
         self._dirty = set()
         self._changes = self._saved = 0
+        for listener in self.listeners:
+            listener(None)
         log.info("ledger loaded", ledger=self.store.describe(), entries=len(self._entries))
 
     def get(self, device: str) -> LedgerEntry | None:
@@ -534,6 +538,8 @@ class Ledger:
     def _changed(self, device: str) -> None:
         self._dirty.add(device)
         self._changes += 1
+        for listener in self.listeners:
+            listener(device)
 
     async def commit(self) -> None:
         """Return once every change made so far is durable (one write may cover many callers)."""

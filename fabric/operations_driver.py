@@ -133,8 +133,10 @@ class OperationDriver:
         self._slots: dict[str, DeviceSlot] = {}
         #: told of every attach that succeeded, with its duration (the warm pool's hot-add time)
         self.attach_observers: list[Callable[[DeviceRecord, float], None]] = []
-        # The inventory shows each device's claim, node and operation state from the ledger.
+        # The inventory shows each device's claim, node and operation state from the ledger, and
+        # re-renders a device whenever its entry is put or removed.
         inventory.overlay = ledger.get
+        ledger.listeners.append(inventory.changed)
 
     def fence(self) -> None:
         if not self.is_leader():
@@ -240,7 +242,7 @@ class OperationDriver:
             self.metrics.attach_seconds.labels(
                 str(record.attributes.type) if record else "unknown", "success"
             ).observe((finished.finished_at - finished.started_at).total_seconds())
-        self.inventory.changed()
+        self.inventory.changed(entry.device)
         log.info(
             "warm device given to a claim",
             device=entry.device,
@@ -271,7 +273,7 @@ class OperationDriver:
         await self._commit_intent(op, undo=lambda: self.ledger.put(previous))
         crash_point("manager.warm.after-return")
         self.operations.finish(op.id, None)
-        self.inventory.changed()
+        self.inventory.changed(entry.device)
         log.info("device kept warm after its claim", device=entry.device, node=entry.node, claim=claim)
         self.kick(entry.device)  # its reset
 
@@ -279,7 +281,7 @@ class OperationDriver:
         self.slot(device).error = None
         if self.metrics:
             self.metrics.in_flight.labels(str(kind)).inc()
-        self.inventory.changed()
+        self.inventory.changed(device)
 
     # -- the driver ------------------------------------------------------------------------------
 
@@ -615,4 +617,4 @@ class OperationDriver:
         kind = api.OperationKind.ATTACH if entry.state is LedgerState.ATTACHING else api.OperationKind.DETACH
         self._finish(entry, None, kind, None if kind is api.OperationKind.DETACH else err)
         log.warning("dropped ledger entry: " + err.message, device=entry.device, claim=entry.claim_uid)
-        self.inventory.changed()
+        self.inventory.changed(entry.device)

@@ -85,7 +85,7 @@ class Reconciler:
             node=entry.node,
             claim=entry.claim_uid,
         )
-        self.inventory.changed()
+        self.inventory.changed(entry.device)
 
     async def run(self) -> None:
         """Resume paused operations every ``retry_seconds`` until cancelled."""

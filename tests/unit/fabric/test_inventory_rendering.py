@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fabric.backends.model import DeviceRecord
 from fabric.inventory import Inventory
+from fabric.ledger import LedgerEntry, LedgerState
 from manager_api import models as api
 from tests.unit.fabric.fakes import make_harness
 
@@ -49,3 +51,55 @@ async def test_served_json_is_the_whole_inventory_after_every_change(tmp_path: P
     version = inventory.version
     await inventory.refresh()  # nothing changed: same version, same bytes
     assert inventory.version == version
+
+
+async def test_a_change_to_one_device_rechecks_that_device_only(tmp_path: Path) -> None:
+    """At 10,000 bindings an attach must not re-check the other 9,999 devices (docs/performance.md,
+    "Ledger"): a change that names its device is flushed by looking at that device alone, and what
+    is served is still the whole inventory."""
+    h = await make_harness(tmp_path, hosts=2, devices=40)
+    inventory = h.inventory
+    before = inventory.snapshot()
+    checked: list[str] = []
+    original = inventory._view_changed
+
+    def counting(record: DeviceRecord) -> bool:
+        checked.append(record.name)
+        return original(record)
+
+    inventory._view_changed = counting  # type: ignore[method-assign]
+    await h.attachments.attach(
+        api.AttachRequest.model_construct(device="gpu7", node="node-1", claim_uid="c7"), wait=5
+    )
+    after = inventory.snapshot()
+    assert checked and set(checked) == {"gpu7"}
+    assert after.version > before.version
+    assert [d.name for d in after.devices] == [d.name for d in before.devices]
+    assert _served(inventory) == json.loads(after.model_dump_json(by_alias=True))
+
+    checked.clear()
+    inventory.changed()  # anything may have changed: every device is looked at again
+    inventory.snapshot()
+    assert sorted(checked) == sorted(d.name for d in before.devices)
+
+
+async def test_a_ledger_entry_put_by_anyone_is_served_without_a_further_change(tmp_path: Path) -> None:
+    """The ledger tells the inventory which device's entry changed: an entry put directly (a warm
+    pool's, say) shows at once, not at the next unrelated change."""
+    h = await make_harness(tmp_path, hosts=2, devices=3)
+    version = h.inventory.snapshot().version
+    h.ledger.put(
+        LedgerEntry(
+            device="gpu2",
+            device_key="/redfish/v1/gpu2",
+            node="node-0",
+            host="node-0",
+            claim_uid="",
+            state=LedgerState.WARM,
+            operation_id="op-1",
+        )
+    )
+    served = h.inventory.snapshot()
+    assert served.version > version
+    gpu2 = next(d for d in served.devices if d.name == "gpu2")
+    assert (gpu2.state, gpu2.node) == (api.BindingState.WARM, "node-0")
