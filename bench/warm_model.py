@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from bench.warm_bench import Workload, bursty, steady
@@ -49,11 +49,15 @@ def steady_load(rate: float = 1.0, hold: float = 60.0, seconds: float = 4000.0, 
     return steady(rate, seconds, hold, 300.0, nodes=10, seed=seed)
 
 
-def bursty_load(cycles: int = 50, *, measure_from: float = 0.0, seed: int = 1) -> Workload:
+def bursty_load(
+    cycles: int = 50, *, measure_from: float = 0.0, start: float = 0.0, seed: int = 1
+) -> Workload:
     """The bench's bursty pattern (20 s active at 1.5/s opened by a spike of 10 in one second,
-    60 s idle, holds of mean 30 s) over ``cycles`` cycles, measured from ``measure_from``."""
+    60 s idle, holds of mean 30 s) over ``cycles`` cycles, its first claim ``start`` seconds
+    after the pool's (time for a floor to warm), measured from ``measure_from`` on."""
     load = bursty(cycles, 20.0, 60.0, 1.5, 10, 30.0, nodes=10, seed=seed)
-    return Workload(load.name, load.arrivals, measure_from, load.measure_to, load.describe)
+    arrivals = [replace(a, at=a.at + start) for a in load.arrivals]
+    return Workload(load.name, arrivals, measure_from + start, load.measure_to + start, load.describe)
 
 
 def simulate(
@@ -201,6 +205,12 @@ def _table() -> None:
                     for o in (simulate(scope, placement, load, rule=rule) for rule in ("rate", "held"))
                 ]
                 print(f"| {name} | {scope} | {placement} | {cells[0]} | {cells[1]} |", flush=True)
+    # The first burst with an operator's floor of one spike, warm before the first claim.
+    floor = _bench_settings().model_copy(update={"min_per_model": 10})
+    for placement in ("warm", "pinned"):
+        for settings in (_bench_settings(), floor):
+            found = simulate("group", placement, bursty_load(2, start=10.0), settings=settings)
+            print(f"floor {settings.min_per_model}, 2 bursty cycles 10 s after the start: {found}")
 
 
 if __name__ == "__main__":
