@@ -31,6 +31,7 @@ unprepare runs while the next claim is prepared.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -38,6 +39,7 @@ import random
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -54,6 +56,7 @@ from bench.common import (
     percentile,
     progress,
     summary_ms,
+    work_dir,
 )
 from kube_standin.kubelet_client import ClaimRef, DRAPluginClient
 from plumbing.kube import ApiError, KubeClient
@@ -471,6 +474,17 @@ def _workloads(quick: bool) -> list[Workload]:
     ]
 
 
+def _replay_stack(root: Path, manager_args: list[str], quick: bool) -> FabricStack:
+    """A fresh stack for one replay: the replays' cluster, the realistic profile."""
+    return FabricStack(
+        root,
+        hosts=_REPLAY_NODES,
+        gpus=_REPLAY_NODES * (4 if quick else 12),
+        latency="realistic",
+        manager_args=manager_args,
+    )
+
+
 def _replays(ctx: BenchContext) -> dict[str, dict[str, Any]]:
     """Every workload against every pool mode, then the steady one as pods through the stand-in
     scheduler; each on a fresh stack (quick: auto only)."""
@@ -488,13 +502,7 @@ def _replays(ctx: BenchContext) -> dict[str, dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     for key, mode, load, replayer in runs:
         progress("warm", f"replay: {key}, pool {mode}")
-        with FabricStack(
-            ctx.root / f"warm-{mode}-{key}",
-            hosts=_REPLAY_NODES,
-            gpus=_REPLAY_NODES * (4 if ctx.quick else 12),
-            latency="realistic",
-            manager_args=_MODES[mode],
-        ) as stack:
+        with _replay_stack(ctx.root / f"warm-{mode}-{key}", _MODES[mode], ctx.quick) as stack:
             try:
                 found.setdefault(key, {})[mode] = result = asyncio.run(replayer(stack, load, _REPLAY_NODES))
             except Exception as err:  # one failed replay does not lose the others' figures
@@ -541,3 +549,21 @@ def run(ctx: BenchContext) -> dict[str, Any]:
         p95 = replays["bursty"]["auto"]["attach_to_ready"]["p95_ms"]
         checks.append(check("auto, bursty: attach-to-ready p95", p95, 1000.0, "ms"))
     return {"figures": figures, "checks": checks}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One direct replay on its own, its figures as JSON: ``python -m bench.warm_bench bursty auto``
+    (more manager flags after ``--``)."""
+    parser = argparse.ArgumentParser(prog="python -m bench.warm_bench", description=main.__doc__)
+    parser.add_argument("workload", choices=("steady", "bursty"))
+    parser.add_argument("mode", choices=sorted(_MODES))
+    parser.add_argument("flags", nargs="*", help="more flags of the manager")
+    args = parser.parse_args(argv)
+    load = next(w for w in _workloads(False) if w.name == args.workload)
+    with work_dir("fdwarm-") as root, _replay_stack(root, [*_MODES[args.mode], *args.flags], False) as stack:
+        print(json.dumps(asyncio.run(replay(stack, load, _REPLAY_NODES)), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

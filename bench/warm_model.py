@@ -1,117 +1,217 @@
 """The warm pool's rules in a discrete-event model: what hit rate and warm idle time a sizing can
 reach on a workload, without the stack's noise (``python -m bench.warm_model``).
 
-Modelled as fabric/warm.py does it: each node keeps its target (``node``: the Poisson quantile of
-its own λ·T; ``group``: the quantile of the summed λ·T, placed one by one over the nodes); a claim
-on a node with a warm device takes it (a hit), else waits for a hot-add; a released device stays
-warm while its node is below target (or, pooled, while the group is); the pass attaches the
-shortfall, never above the group's size. Arrivals are Poisson; a claim is pinned to a uniformly
-drawn node (``pinned``) or placed on the node with the fewest claims, ties at random
-(``fewest``: the default spreading and least-allocated scores). Hot-adds take U(2, 4) s (the
-emulator's realistic 3 ± 1 s), sized with T = 3.9 s (about their p95); holds are exponential.
-The figures are the model's, not a measurement: docs/manager.md ("Auto sizing") cites them.
+Sized by the manager's own code: every ``interval`` seconds a :class:`fabric.warm_policy.DemandTracker`
+fed with the model's arrivals and hot-add times gives the targets (``rule`` ``held``: with the
+peak hold and the burst cover; ``rate``: the quantile of the current λ·T alone, the rule before
+them), and the pass brings each node to its target as fabric/warm.py does: it attaches the
+shortfall (pooled: never above the group's size) and detaches the extra (pooled: only what the
+group holds above its size). A claim on a node with a warm device takes it (a hit), else waits for
+a hot-add; a released device stays warm while its node is below target (or, pooled, while the
+group is). Arrivals come from the bench's own generators (:func:`bench.warm_bench.steady`,
+:func:`bench.warm_bench.bursty`); a claim is pinned to the node the generator drew (``pinned``),
+placed on the node with the fewest claims, ties at random (``fewest``: the default spreading and
+least-allocated scores), or on a node holding a warm device when one does, the fewest claims
+first (``warm``: placement follows warmth, the case the issue's targets assume). Hot-adds take
+U(2, 4) s (the emulator's realistic 3 ± 1 s); devices are never short. The figures are the
+model's, not a measurement: docs/manager.md ("Auto sizing") cites them.
 """
 
 from __future__ import annotations
 
 import heapq
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal
 
-from fabric.warm_policy import poisson_pool_size
+from bench.warm_bench import Workload, bursty, steady
+from fabric.warm_policy import DemandTracker, WarmSettings
 
-__all__ = ["Outcome", "simulate"]
+__all__ = ["Outcome", "bursty_load", "simulate", "steady_load"]
+
+_MODEL = "gpu"
+Placement = Literal["pinned", "fewest", "warm"]
 
 
 @dataclass(frozen=True)
 class Outcome:
     scope: str
     placement: str
-    size: int
+    rule: str
+    #: the pool's total target, time-weighted over the measured window
+    size: float
     hit_rate_percent: float
     warm_per_claimed_percent: float
 
 
+def steady_load(rate: float = 1.0, hold: float = 60.0, seconds: float = 4000.0, *, seed: int = 1) -> Workload:
+    """Poisson at ``rate`` claims/s, exponential holds; the first 300 s are the warm-up."""
+    return steady(rate, seconds, hold, 300.0, nodes=10, seed=seed)
+
+
+def bursty_load(
+    cycles: int = 50, *, measure_from: float = 0.0, start: float = 0.0, seed: int = 1
+) -> Workload:
+    """The bench's bursty pattern (20 s active at 1.5/s opened by a spike of 10 in one second,
+    60 s idle, holds of mean 30 s) over ``cycles`` cycles, its first claim ``start`` seconds
+    after the pool's (time for a floor to warm), measured from ``measure_from`` on."""
+    load = bursty(cycles, 20.0, 60.0, 1.5, 10, 30.0, nodes=10, seed=seed)
+    arrivals = [replace(a, at=a.at + start) for a in load.arrivals]
+    return Workload(load.name, arrivals, measure_from + start, load.measure_to + start, load.describe)
+
+
 def simulate(
-    scope: str,
-    placement: str,
+    scope: Literal["node", "group"],
+    placement: Placement,
+    load: Workload | None = None,
     *,
+    rule: Literal["held", "rate"] = "held",
     nodes: int = 10,
-    rate: float = 1.0,
-    hold: float = 60.0,
     hot_add: tuple[float, float] = (2.0, 4.0),
-    sized_hot_add: float = 3.9,
-    epsilon: float = 0.01,
-    seconds: float = 4000.0,
-    warmup: float = 300.0,
+    interval: float = 0.5,
+    settings: WarmSettings | None = None,
     seed: int = 1,
 ) -> Outcome:
+    """Replay ``load`` (default: :func:`steady_load`) against the pool; the settings default to
+    the bench's auto mode (ε 1 %, half-life 60 s, idle TTL 120 s, cap 32)."""
+    load = load or steady_load()
+    settings = (settings or _bench_settings()).model_copy(update={"scope": scope})
     rng = random.Random(seed)
-    if scope == "node":
-        target = [poisson_pool_size(rate / nodes * sized_hot_add, epsilon)] * nodes
-    else:
-        target = [0] * nodes
-        order = rng.sample(range(nodes), nodes)
-        for j in range(poisson_pool_size(rate * sized_hot_add, epsilon)):
-            target[order[j % nodes]] += 1
-    size = sum(target)
-    warm, adding, claimed = list(target), [0] * nodes, [0] * nodes
-    events: list[tuple[float, str, int]] = [(rng.expovariate(rate), "arrive", -1)]
+    demand = DemandTracker(settings, hold_peaks=rule == "held")
+    demand.observe_from(0.0)
+    names = [f"n{i}" for i in range(nodes)]
+    groups = {_MODEL: [names]}
+    target = [0] * nodes
+    warm, adding, claimed = [0] * nodes, [0] * nodes, [0] * nodes
+    # (when, order, kind, node or arrival index, seconds of a hot-add); order keeps ties stable
+    events: list[tuple[float, int, str, int, float]] = [
+        (a.at, i, "arrive", i, 0.0) for i, a in enumerate(load.arrivals)
+    ]
+    events.append((0.0, -1, "pass", -1, 0.0))
+    heapq.heapify(events)
+    order = len(load.arrivals)
     hits = colds = 0
-    warm_seconds = claimed_seconds = 0.0
-    last = 0.0
+    warm_seconds = claimed_seconds = size_seconds = 0.0
+    last = load.measure_from
 
-    def refill(node: int, now: float) -> None:
-        short = target[node] - warm[node] - adding[node]
-        if scope == "group":
-            short = min(short, size - sum(warm) - sum(adding))
-        for _ in range(max(0, short)):
-            adding[node] += 1
-            heapq.heappush(events, (now + rng.uniform(*hot_add), "added", node))
+    def push(at: float, kind: str, node: int, seconds: float = 0.0) -> None:
+        nonlocal order
+        order += 1
+        heapq.heappush(events, (at, order, kind, node, seconds))
+
+    def slack() -> int | None:
+        """The group's target minus its holdings (pooled), or None (each node alone)."""
+        return sum(target) - sum(warm) - sum(adding) if scope == "group" else None
+
+    def balance(now: float) -> None:
+        for node in range(nodes):
+            held = warm[node] + adding[node]
+            pooled = slack()
+            if held > target[node]:
+                extra = held - target[node] if pooled is None else min(held - target[node], -pooled)
+                warm[node] -= min(warm[node], max(0, extra))
+                continue
+            missing = target[node] - held if pooled is None else min(target[node] - held, pooled)
+            for _ in range(max(0, missing)):
+                adding[node] += 1
+                seconds = rng.uniform(*hot_add)
+                push(now + seconds, "added", node, seconds)
 
     while events:
-        now, kind, node = heapq.heappop(events)
-        if now > seconds:
+        now, _, kind, index, seconds = heapq.heappop(events)
+        if now > load.measure_to:
             break
-        if now > warmup:
-            span = now - max(last, warmup)
+        if now > load.measure_from:
+            span = now - max(last, load.measure_from)
             warm_seconds += sum(warm) * span
             claimed_seconds += sum(claimed) * span
-        last = now
-        if kind == "arrive":
-            heapq.heappush(events, (now + rng.expovariate(rate), "arrive", -1))
-            if placement == "pinned":
-                node = rng.randrange(nodes)
-            else:
-                fewest = min(claimed)
-                node = rng.choice([n for n in range(nodes) if claimed[n] == fewest])
+            size_seconds += sum(target) * span
+            last = now
+        if kind == "pass":
+            found = demand.targets(now, groups)
+            target = [found.get((n, _MODEL), 0) for n in names]
+            demand.forget_idle(now)
+            balance(now)
+            push(now + interval, "pass", -1)
+        elif kind == "arrive":
+            arrival = load.arrivals[index]
+            node = _place(placement, arrival.node, warm, claimed, rng)
+            demand.arrival(names[node], _MODEL, now)
             hit = warm[node] > 0
             warm[node] -= hit
-            if now > warmup:
+            if now >= load.measure_from:
                 hits, colds = hits + hit, colds + (not hit)
             claimed[node] += 1
-            wait = 0.0 if hit else rng.uniform(*hot_add)
-            heapq.heappush(events, (now + wait + rng.expovariate(1.0 / hold), "release", node))
+            wait = 0.0
+            if not hit:
+                wait = rng.uniform(*hot_add)
+                demand.attached(_MODEL, wait)
+            push(now + wait + arrival.hold, "release", node)
         elif kind == "release":
-            claimed[node] -= 1
-            below = warm[node] + adding[node] < target[node]
-            if below or (scope == "group" and sum(warm) + sum(adding) < size):
-                warm[node] += 1
-        else:
-            adding[node] -= 1
-            warm[node] += 1
-        for each in range(nodes):
-            refill(each, now)
+            claimed[index] -= 1
+            pooled = slack()
+            below = warm[index] + adding[index] < target[index]
+            if below or (target[index] > 0 and pooled is not None and pooled > 0):
+                warm[index] += 1
+        else:  # a warming hot-add completed
+            adding[index] -= 1
+            warm[index] += 1
+            demand.attached(_MODEL, seconds)
+    window = max(1e-9, load.measure_to - load.measure_from)
     return Outcome(
         scope,
         placement,
-        size,
+        rule,
+        round(size_seconds / window, 1),
         round(100 * hits / max(1, hits + colds), 1),
         round(100 * warm_seconds / max(1e-9, claimed_seconds), 1),
     )
 
 
+def _place(placement: Placement, pinned: int, warm: list[int], claimed: list[int], rng: random.Random) -> int:
+    if placement == "pinned":
+        return pinned
+    candidates = [n for n in range(len(claimed)) if warm[n] > 0 or placement != "warm"]
+    candidates = candidates or list(range(len(claimed)))
+    fewest = min(claimed[n] for n in candidates)
+    return rng.choice([n for n in candidates if claimed[n] == fewest])
+
+
+def _bench_settings() -> WarmSettings:
+    """bench/warm_bench.py's auto mode."""
+    return WarmSettings(
+        mode="auto", rate_half_life_seconds=60.0, idle_ttl_seconds=120.0, max_per_model=32, epsilon=0.01
+    )
+
+
+def _table() -> None:
+    """The before/after table docs/manager.md ("Auto sizing") cites, in Markdown."""
+    loads = {
+        "steady (1/s, 60 s)": steady_load(),
+        "bursty, all 50 cycles": bursty_load(),
+        "bursty, after the first cycle": bursty_load(measure_from=80.0),
+        "bursty, 2 cycles (the bench's)": bursty_load(2),
+    }
+    scopes: tuple[Literal["node", "group"], ...] = ("group", "node")
+    placements: tuple[Placement, ...] = ("warm", "pinned", "fewest")
+    # each cell: the pool's mean size, the hit rate, warm ÷ claimed device-seconds
+    print("| load | scope | placement | before (`rate`) | after (`held`) |")
+    print("|---|---|---|---|---|")
+    for name, load in loads.items():
+        for scope in scopes:
+            for placement in placements:
+                cells = [
+                    f"{o.size:g}, {o.hit_rate_percent:g} %, {o.warm_per_claimed_percent:g} %"
+                    for o in (simulate(scope, placement, load, rule=rule) for rule in ("rate", "held"))
+                ]
+                print(f"| {name} | {scope} | {placement} | {cells[0]} | {cells[1]} |", flush=True)
+    # The first burst with an operator's floor of one spike, warm before the first claim.
+    floor = _bench_settings().model_copy(update={"min_per_model": 10})
+    for placement in ("warm", "pinned"):
+        for settings in (_bench_settings(), floor):
+            found = simulate("group", placement, bursty_load(2, start=10.0), settings=settings)
+            print(f"floor {settings.min_per_model}, 2 bursty cycles 10 s after the start: {found}")
+
+
 if __name__ == "__main__":
-    for scope in ("node", "group"):
-        for placement in ("pinned", "fewest"):
-            print(simulate(scope, placement))
+    _table()

@@ -284,6 +284,7 @@ class ManagerSettings(BaseModel):
                 "max_per_model": Flag(
                     FABRIC, help="warm devices of one model at most, over all nodes (auto)"
                 ),
+                "min_per_model": Flag(FABRIC),
                 "idle_ttl_seconds": Flag(
                     FABRIC, help="a node's warm devices of a model go after this long without a claim (auto)"
                 ),

@@ -147,9 +147,12 @@ class WarmPool:
             if not self._seeded:
                 self._seeded = True
                 self._seed_from_ledger(now)
-            self._groups = self._reach_groups(records)
+            reach = self._reach_groups(records)
+            # Scope node sizes every node alone; the groups still say where --warm-min-per-model
+            # may place its floor.
+            self._groups = reach if self.settings.scope == "group" else {}
             groups: dict[str, list[NodeGroup]] = {}
-            for (_, model), nodes_of in self._groups.items():
+            for (_, model), nodes_of in reach.items():
                 if nodes_of not in groups.setdefault(model, []):
                     groups[model].append(nodes_of)
             self._targets = self.demand.targets(now, groups)
@@ -182,10 +185,7 @@ class WarmPool:
                 self.demand.arrival(entry.node, model_of(record), now - age)
 
     def _reach_groups(self, records: list[DeviceRecord]) -> dict[tuple[str, str], NodeGroup]:
-        """(node, model) → the covered nodes that reach the same devices of the model (scope
-        ``group``; with scope ``node`` every node is alone)."""
-        if self.settings.scope != "group":
-            return {}
+        """(node, model) → the covered nodes that reach the same devices of the model."""
         reach: dict[tuple[str, str], set[str]] = {}
         for known in self.inventory.snapshot().nodes:
             host = self.inventory.host_for_node(known.name)

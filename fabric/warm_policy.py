@@ -7,21 +7,28 @@ it should be — a fixed size, or sized from demand (``auto``).
 device is being hot-added. With arrivals Poisson at rate λ (claims per second, exponentially
 weighted with half-life ``rate_half_life_seconds``) and a hot-add taking T seconds (the p95 of the
 model's recent attaches), the claims arriving during one refill number N ~ Poisson(λ·T), and the
-pool keeps the smallest k with P(N > k) ≤ ε (:func:`poisson_pool_size`).
+pool keeps the smallest k with P(N > k) ≤ ε (:func:`poisson_pool_size`). Two terms keep it from
+forgetting what demand did within the idle TTL: the **peak hold** (the size does not fall below
+the largest quantile it computed within the TTL, so an idle phase shorter than the TTL does not
+shrink it while λ decays) and the **burst cover** (k is at least the most arrivals seen in any
+T-long window within the TTL, so a correlated spike seen once is covered when it comes again).
+``min_per_model`` is an operator's floor for the first burst, which no history can foresee.
 
 ``scope`` says over which nodes λ is summed: ``group`` (the default) pools the nodes of one
 reachability group (the nodes that reach the same devices of the model) and places the group's k
 on its nodes by their share of its arrivals; ``node`` sizes every node from its own rate, for
-workloads pinned to nodes, at the price of each node rounding up on its own. k is capped per model
+workloads pinned to nodes, at the price of each node rounding up on its own. The peak and the
+bursts are kept where the size is computed (per group, or per node). k is capped per model
 (``max_per_model``, over all nodes) and by the free devices there are, and a node that has seen no
-claim of the model for ``idle_ttl_seconds`` gets none. docs/manager.md ("Warm devices") states the
-model's assumptions.
+claim of the model for ``idle_ttl_seconds`` gets none (but for the floor). docs/manager.md
+("Auto sizing") states the model's assumptions.
 
 Pure: no I/O, no clock of its own (callers pass ``now``), so it is unit-tested directly.
 """
 
 from __future__ import annotations
 
+import bisect
 import fnmatch
 import math
 from collections import deque
@@ -29,12 +36,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fabric.backends.model import DeviceRecord
 from manager_api.devices import DeviceType, Health
 
-__all__ = ["DemandTracker", "WarmSettings", "model_of", "poisson_pool_size"]
+__all__ = ["DemandTracker", "WarmSettings", "model_of", "most_within", "poisson_pool_size"]
 
 
 class WarmSettings(BaseModel):
@@ -55,6 +62,12 @@ class WarmSettings(BaseModel):
     interval_seconds: float = Field(default=2.0, gt=0, description="how often the pool is checked")
     epsilon: float = Field(default=0.01, gt=0, lt=1, description="cold-start probability allowed (auto)")
     max_per_model: int = Field(default=8, ge=0, description="warm devices of one model at most (auto)")
+    min_per_model: int = Field(
+        default=0,
+        ge=0,
+        description="warm devices of one model at least, spread over the nodes that reach it, with or "
+        "without demand and as free devices allow (auto): what covers a first burst",
+    )
     scope: Literal["group", "node"] = Field(
         default="group",
         description="auto: size each reachability group from its nodes' summed rate (group), or "
@@ -69,6 +82,13 @@ class WarmSettings(BaseModel):
     default_attach_seconds: float = Field(
         default=3.0, gt=0, description="hot-add time assumed before any attach was measured (auto)"
     )
+
+    @model_validator(mode="after")
+    def _floor_under_cap(self) -> WarmSettings:
+        if self.min_per_model > self.max_per_model:
+            floor, cap = self.min_per_model, self.max_per_model
+            raise ValueError(f"--warm-min-per-model {floor} is above --warm-max-per-model {cap}")
+        return self
 
     @property
     def enabled(self) -> bool:
@@ -138,17 +158,37 @@ class _Rate:
 NodeGroup = Sequence[str]
 
 
+def most_within(times: Sequence[float], window: float) -> int:
+    """The most of the sorted ``times`` that fall in any half-open interval [t, t + ``window``):
+    the claims that compete for a pool while one hot-add of ``window`` seconds is in flight."""
+    most, first = 0, 0
+    for last, at in enumerate(times):
+        while times[first] <= at - window:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
 @dataclass
 class DemandTracker:
-    """Claim arrivals per (node, model) and hot-add times per model, for the ``auto`` size."""
+    """Claim arrivals per (node, model) and hot-add times per model, for the ``auto`` size.
+
+    ``hold_peaks`` False sizes from the current rate alone (no peak hold, no burst cover): the rule
+    before them, kept so that bench/warm_model.py can compare the two."""
 
     settings: WarmSettings
     #: attaches remembered per model for the p95
     window: int = 50
+    hold_peaks: bool = True
     _rates: dict[tuple[str, str], _Rate] = field(default_factory=dict)
     _attaches: dict[str, deque[float]] = field(default_factory=dict)
     #: since when arrivals are observed (the first one seen, seeded or live, or :meth:`observe_from`)
     _since: float | None = None
+    #: (node, model) → its arrival times within the idle TTL, sorted (the burst cover)
+    _times: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    #: (model, nodes sized together) → (when, quantile) computed within the idle TTL, the sizes
+    #: decreasing with time (a sliding-window maximum: the first is the peak)
+    _peaks: dict[tuple[str, tuple[str, ...]], deque[tuple[float, int]]] = field(default_factory=dict)
 
     @property
     def _tau(self) -> float:
@@ -169,6 +209,7 @@ class DemandTracker:
         else:
             rate.value += math.exp(-(rate.at - now) / self._tau) / self._tau
         rate.last_event = max(rate.last_event, now)
+        bisect.insort(self._times.setdefault((node, model), []), now)
 
     def attached(self, model: str, seconds: float) -> None:
         self._attaches.setdefault(model, deque(maxlen=self.window)).append(seconds)
@@ -198,6 +239,39 @@ class DemandTracker:
         rate = self._rates.get((node, model))
         return rate is not None and now - rate.last_event <= self.settings.idle_ttl_seconds
 
+    def burst(self, nodes: Iterable[str], model: str, now: float) -> int:
+        """The most claims of ``model`` on ``nodes`` that arrived within one hot-add time T of each
+        other, over the idle TTL up to ``now``."""
+        since = now - self.settings.idle_ttl_seconds
+        times = sorted(t for n in nodes for t in self._times.get((n, model), ()) if since <= t <= now)
+        return most_within(times, self.hot_add_seconds(model))
+
+    def _held(self, key: tuple[str, tuple[str, ...]], now: float, k: int) -> int:
+        """Record the quantile ``k`` of ``key`` at ``now``; the largest recorded within the TTL."""
+        peaks = self._peaks.setdefault(key, deque())
+        while peaks and peaks[-1][1] <= k:
+            peaks.pop()
+        peaks.append((now, k))
+        while peaks[0][0] < now - self.settings.idle_ttl_seconds:
+            peaks.popleft()
+        return peaks[0][1]
+
+    def size(self, model: str, nodes: Sequence[str], now: float, *, group: Sequence[str] = ()) -> int:
+        """The size ``nodes`` (the members of ``group`` with recent claims; by default a group of
+        their own) need together for ``model``, before the cap and the floor.
+
+        k = max(the Poisson quantile of their summed λ·T, the largest quantile computed for them
+        within the idle TTL (peak hold), the most arrivals within one T there (burst cover)). With
+        ``hold_peaks`` False, the quantile alone. Records the quantile for the peak hold: called
+        once a pass, with ``now`` not going back."""
+        k = poisson_pool_size(
+            sum(self.rate(n, model, now) for n in nodes) * self.hot_add_seconds(model), self.settings.epsilon
+        )
+        if not self.hold_peaks:
+            return k
+        held = self._held((model, tuple(sorted(group or nodes))), now, k)
+        return max(held, self.burst(nodes, model, now))
+
     def targets(
         self, now: float, groups: Mapping[str, Sequence[NodeGroup]] | None = None
     ) -> dict[tuple[str, str], int]:
@@ -205,11 +279,13 @@ class DemandTracker:
 
         Scope ``node``, or a model ``groups`` does not name: each node with recent claims is its
         own group. Scope ``group``: ``groups[model]`` lists the model's reachability groups; a
-        group's λ is its nodes' sum, its size the Poisson quantile of λ·T, placed on its nodes in
-        proportion to their rates (largest remainders; equal ones to the node that claimed last).
-        Nodes without a claim for the idle TTL get none. Each model's total is capped at
-        ``max_per_model``, the groups with the most demand served first."""
-        by_model: dict[str, list[list[str]]] = {}
+        group is sized from its nodes together (:meth:`size`, the peak and the bursts kept per
+        reachability group), placed on its nodes with recent claims in proportion to their rates
+        (largest remainders; equal ones to the node that claimed last). Nodes without a claim for
+        the idle TTL get none. Each model's total is capped at ``max_per_model``, the groups with
+        the most demand served first, then raised to ``min_per_model`` over the nodes ``groups``
+        names for it (whatever the scope) and those with claims, the fewest first."""
+        by_model: dict[str, list[tuple[tuple[str, ...], list[str]]]] = {}
         for node, model in self._rates:
             if self._active(node, model, now):
                 by_model.setdefault(model, [])
@@ -219,21 +295,41 @@ class DemandTracker:
             for group in named or ():
                 members = [n for n in group if self._active(n, model, now)]
                 if members:
-                    lists.append(members)
+                    lists.append((tuple(sorted(group)), members))
                     placed.update(members)
             alone = [n for (n, m) in sorted(self._rates) if m == model and self._active(n, m, now)]
-            lists.extend([n] for n in alone if n not in placed)
+            lists.extend(((n,), [n]) for n in alone if n not in placed)
         capped: dict[tuple[str, str], int] = {}
         for model, lists in sorted(by_model.items()):
-            rates = [{n: self.rate(n, model, now) for n in g} for g in lists]
+            rated = [(whole, {n: self.rate(n, model, now) for n in members}) for whole, members in lists]
             budget = self.settings.max_per_model
-            for shares in sorted(rates, key=lambda r: (-sum(r.values()), sorted(r))):
-                total = sum(shares.values())
-                k = min(budget, poisson_pool_size(total * self.hot_add_seconds(model), self.settings.epsilon))
+            for whole, shares in sorted(rated, key=lambda g: (-sum(g[1].values()), sorted(g[1]))):
+                k = min(budget, self.size(model, list(shares), now, group=whole))
                 budget -= k
                 for node, count in self._apportion(k, shares, model).items():
                     capped[(node, model)] = count
+        if self.settings.min_per_model > 0:
+            self._raise_to_floor(capped, groups or {})
         return capped
+
+    def _raise_to_floor(
+        self, capped: dict[tuple[str, str], int], groups: Mapping[str, Sequence[NodeGroup]]
+    ) -> None:
+        """Raise each model's total to ``min_per_model``: one device at a time to the node with the
+        fewest (the one that claimed last, then by name), over the nodes that reach the model."""
+        floor = self.settings.min_per_model
+        models = set(groups) | {m for (_, m) in capped}
+        for model in sorted(models):
+            nodes = {n for group in groups.get(model, ()) for n in group}
+            nodes.update(n for (n, m) in capped if m == model)
+            if not nodes:
+                continue
+            for node in nodes:
+                capped.setdefault((node, model), 0)
+            last = {n: r.last_event for (n, m), r in self._rates.items() if m == model}
+            for _ in range(floor - sum(capped[(n, model)] for n in nodes)):
+                node = min(nodes, key=lambda n: (capped[(n, model)], -last.get(n, -math.inf), n))
+                capped[(node, model)] += 1
 
     def _apportion(self, k: int, shares: Mapping[str, float], model: str) -> dict[str, int]:
         """``k`` devices over the nodes in proportion to ``shares`` (Hamilton's largest remainders)."""
@@ -250,6 +346,17 @@ class DemandTracker:
         return counts
 
     def forget_idle(self, now: float) -> None:
-        """Drop what is older than the idle TTL (keeps the table to the nodes in use)."""
-        for key in [k for k, r in self._rates.items() if now - r.last_event > self.settings.idle_ttl_seconds]:
+        """Drop what is older than the idle TTL (keeps the tables to the nodes in use)."""
+        since = now - self.settings.idle_ttl_seconds
+        for key in [k for k, r in self._rates.items() if r.last_event < since]:
             del self._rates[key]
+        for key, times in list(self._times.items()):
+            del times[: bisect.bisect_left(times, since)]
+            if not times:
+                del self._times[key]
+        for (model, nodes), peaks in list(self._peaks.items()):
+            while peaks and peaks[0][0] < since:
+                peaks.popleft()
+            # A group whose demand stopped starts afresh: its pool emptied, its peaks went with it.
+            if not peaks or not any((n, model) in self._rates for n in nodes):
+                del self._peaks[(model, nodes)]

@@ -6,11 +6,15 @@ from __future__ import annotations
 import math
 
 import pytest
+from pydantic import ValidationError
 
 from dra_driver.controller.devices import PublishPolicy, to_dra_device
 from fabric.backends.model import DeviceRecord, DiscoveredAttributes
+from fabric.cli import _settings
+from fabric.config import manager_flags
 from fabric.ledger import WARM_HOLDER, Ledger, LedgerEntry, LedgerState
-from fabric.warm_policy import DemandTracker, WarmSettings, poisson_pool_size
+from fabric.warm_policy import DemandTracker, WarmSettings, most_within, poisson_pool_size
+from fabric_dra.cli import build_parser
 from manager_api.devices import BindingStyle, DeviceType, Health
 from manager_api.models import BindingState, Device
 from tests.unit.fabric.test_ledger import RecordingStore
@@ -224,3 +228,134 @@ def test_a_group_share_follows_unequal_rates() -> None:
     targets = demand.targets(600.0, {"L40S": [["busy", "calm"]]})
     assert targets[("busy", "L40S")] + targets[("calm", "L40S")] == k
     assert targets[("busy", "L40S")] == round(k * 0.8) and targets[("calm", "L40S")] == k - round(k * 0.8)
+
+
+def _tracker(**changes: object) -> DemandTracker:
+    """Half-life 60 s, idle TTL 120 s, T = 3 s measured."""
+    base = {"mode": "auto", "rate_half_life_seconds": 60.0, "idle_ttl_seconds": 120.0, "max_per_model": 32}
+    demand = DemandTracker(WarmSettings.model_validate({**base, **changes}))
+    demand.attached("L40S", 3.0)
+    return demand
+
+
+def _weighted(now: float, times: list[float], since: float) -> float:
+    """λ by its definition, independently of the tracker: Σ e^(-(now-t)/τ)/τ over the share of the
+    weights seen since ``since``."""
+    tau = 60.0 / math.log(2)
+    seen = sum(math.exp(-(now - t) / tau) / tau for t in times if t <= now)
+    return seen / -math.expm1(-max(now - since, tau / 4) / tau)
+
+
+def test_most_within_counts_the_arrivals_of_one_half_open_window() -> None:
+    times = [0.0, 0.5, 1.0, 5.0, 5.1, 5.2, 5.3, 9.0]
+    assert most_within(times, 1.0) == 4  # 5.0 … 5.3
+    assert most_within(times, 5.0) == 6  # 0.5 … 5.3 within [0.5, 5.5)
+    assert most_within([0.0, 1.0], 1.0) == 1  # the second arrives as the first's refill does
+    assert most_within([], 3.0) == 0
+
+
+def test_the_size_holds_through_an_idle_phase_shorter_than_the_ttl_then_empties() -> None:
+    """One claim a second for 20 s, then nothing: λ·T falls from 2.78 (k = 7) to 0.36 (k = 2)
+    80 s later, but the pool keeps the 7 it needed within the TTL; 122 s after the last claim
+    (TTL 120 s) it keeps none."""
+    times = [100.0 + i for i in range(20)]
+    held, rate_only = _tracker(), _tracker()
+    rate_only.hold_peaks = False
+    for demand in (held, rate_only):
+        demand.observe_from(100.0)
+        for at in times:
+            demand.arrival("n1", "L40S", at)
+    assert poisson_pool_size(_weighted(120.0, times, 100.0) * 3.0, 0.01) == 7
+    assert poisson_pool_size(_weighted(200.0, times, 100.0) * 3.0, 0.01) == 2
+    assert held.targets(120.0) == rate_only.targets(120.0) == {("n1", "L40S"): 7}
+    assert rate_only.targets(200.0) == {("n1", "L40S"): 2}  # the rule before the peak hold
+    assert held.targets(200.0) == {("n1", "L40S"): 7}
+    assert held.targets(241.0) == {}
+    held.forget_idle(241.0)
+    assert held._peaks == {} and held._times == {}
+
+
+def test_the_peak_is_forgotten_after_the_ttl_while_demand_goes_on() -> None:
+    """The peak of 7 computed at 120 s is older than the TTL at 245 s: the size falls to the
+    largest computed since (2, at 200 s, when one more claim kept the node active)."""
+    times = [100.0 + i for i in range(20)]
+    demand = _tracker()
+    demand.observe_from(100.0)
+    for at in times:
+        demand.arrival("n1", "L40S", at)
+    assert demand.targets(120.0) == {("n1", "L40S"): 7}
+    demand.arrival("n1", "L40S", 200.0)
+    assert poisson_pool_size(_weighted(200.0, [*times, 200.0], 100.0) * 3.0, 0.01) == 2
+    assert demand.targets(200.0) == {("n1", "L40S"): 7}
+    assert demand.targets(245.0) == {("n1", "L40S"): 2}
+
+
+def test_a_spike_seen_once_is_covered_when_the_idle_phase_ends() -> None:
+    """Ten claims within one second on ten nodes of one group: 80 s later λ·T says 2 and the
+    spike says 10 — the group keeps 10, one per node; each node alone keeps its own spike (1)."""
+    nodes = [f"n{i}" for i in range(10)]
+    group, alone = _tracker(), _tracker(scope="node")
+    for demand in (group, alone):
+        demand.observe_from(0.0)
+        for i, node in enumerate(nodes):
+            demand.arrival(node, "L40S", 0.1 * i)
+    assert group.burst(nodes, "L40S", 80.0) == 10
+    summed = sum(_weighted(80.0, [0.1 * i], 0.0) for i in range(10))
+    assert poisson_pool_size(summed * 3.0, 0.01) == 2
+    targets = group.targets(80.0, {"L40S": [nodes]})
+    assert targets == {(n, "L40S"): 1 for n in nodes}
+    assert sum(alone.targets(80.0, {"L40S": [nodes]}).values()) == 10  # 1 each: λ·T ≈ 0.02, Q = 1
+    # A spike of ten on one node, pinned: that node keeps ten.
+    pinned = _tracker(scope="node")
+    for i in range(10):
+        pinned.arrival("n1", "L40S", 0.1 * i)
+    assert pinned.targets(80.0) == {("n1", "L40S"): 10}
+    # Arrivals further apart than T are not one burst.
+    spread = _tracker()
+    for i in range(10):
+        spread.arrival("n1", "L40S", 3.5 * i)
+    assert spread.burst(["n1"], "L40S", 40.0) == 1
+
+
+def test_the_cap_applies_after_the_hold_and_the_bursts() -> None:
+    demand = _tracker(max_per_model=6)
+    for i in range(10):
+        demand.arrival("n1", "L40S", 0.1 * i)
+    assert demand.size("L40S", ["n1"], 80.0) == 10  # what it needs
+    assert demand.targets(80.0) == {("n1", "L40S"): 6}  # what it may keep
+
+
+def test_the_floor_is_spread_over_the_nodes_that_reach_the_model_with_or_without_demand() -> None:
+    nodes = ["a", "b", "c"]
+    quiet = _tracker(min_per_model=4)
+    # No claim ever: the floor alone, one at a time to the node with the fewest (by name).
+    assert quiet.targets(0.0, {"L40S": [nodes]}) == {("a", "L40S"): 2, ("b", "L40S"): 1, ("c", "L40S"): 1}
+    assert quiet.targets(0.0) == {}  # no node known to reach the model: nowhere to put it
+    # c claimed once: its own size is 2 (λ·T = 0.157 from one claim, P(N > 1) = 1.1 %), and the
+    # floor adds one each to a and b.
+    busy = _tracker(min_per_model=4)
+    busy.arrival("c", "L40S", 10.0)
+    assert busy.targets(10.0, {"L40S": [nodes]}) == {("a", "L40S"): 1, ("b", "L40S"): 1, ("c", "L40S"): 2}
+    # The TTL does not take the floor away (ties to c, which claimed last); a size above the
+    # floor is not lowered by it.
+    assert busy.targets(500.0, {"L40S": [nodes]}) == {("a", "L40S"): 1, ("b", "L40S"): 1, ("c", "L40S"): 2}
+    for i in range(10):
+        busy.arrival("c", "L40S", 600.0 + 0.1 * i)
+    assert busy.targets(601.0, {"L40S": [nodes]})[("c", "L40S")] == 10
+    # Scope node sizes each node alone, and the groups still say where the floor goes.
+    per_node = _tracker(min_per_model=2, scope="node")
+    assert per_node.targets(0.0, {"L40S": [nodes]}) == {("a", "L40S"): 1, ("b", "L40S"): 1, ("c", "L40S"): 0}
+
+
+def test_the_floor_may_not_exceed_the_cap_and_is_a_flag() -> None:
+    with pytest.raises(ValidationError, match="--warm-min-per-model 9 is above --warm-max-per-model 8"):
+        WarmSettings(mode="auto", min_per_model=9)
+    options = [f.option for f in manager_flags()]
+    assert options.count("--warm-min-per-model") == 1
+    args = build_parser().parse_args(
+        [
+            *("manager", "serve", "--redfish-url", "http://127.0.0.1:1", "--redfish-auth", "none"),
+            *("--insecure-no-auth", "--state-dir", ".", "--warm-mode", "auto", "--warm-min-per-model", "3"),
+        ]
+    )
+    assert _settings(args).warm.min_per_model == 3
