@@ -9,6 +9,12 @@ Only the label keys of pools this controller owns are touched — pools of its i
 pools of the slices it published (a pool that left the inventory) — so the controllers of
 several fabric managers under one driver never undo each other's labels.
 
+It also keeps ``warm.<driver>/<device type>=<count>`` on each node where the manager keeps devices
+of that type warm (:func:`.slices.desired_warm_labels`; the key of a non-default ``--publisher``
+names it), and removes the key when the count drops to 0: pods prefer those nodes through a
+preferred node affinity (docs/manager.md, "What the scheduler guarantees about picking a warm
+device"). These keys are owned by publisher, one per device type, whatever the pools.
+
 With :class:`.pluginpods.PluginNodes` (``--plugin-pod-selector``), a node the fabric reaches is
 labelled only while a plugin pod is Ready on it, and loses the labels when it has none: the
 scheduler never allocates a device to a node whose kubelet could not prepare it.
@@ -23,9 +29,9 @@ from typing import Any
 from dra_driver.controller.inventory_feed import InventoryFeed
 from dra_driver.controller.metrics import NODE_LABEL_PATCHES
 from dra_driver.controller.pluginpods import PluginNodes
-from dra_driver.controller.resourcenames import pool_label_key, pool_label_prefix
-from dra_driver.controller.slices import desired_node_labels, slice_selector
-from manager_api.models import Inventory
+from dra_driver.controller.resourcenames import pool_label_key, pool_label_prefix, warm_label_key
+from dra_driver.controller.slices import desired_node_labels, desired_warm_labels, slice_selector
+from manager_api.models import DeviceType, Inventory
 from plumbing.backoff import Backoff
 from plumbing.kube import ApiError, KubeClient, NotFound
 from plumbing.kube.informer import Change, Informer, Origin
@@ -53,8 +59,10 @@ class NodeLabeler:
         self._driver = driver
         self._publisher = publisher
         self._prefix = pool_label_prefix(driver) + "/"
-        #: label keys of every pool this controller owns or owned (see the module docstring)
-        self._owned: set[str] = set()
+        #: the warm-count keys of this publisher: one per device type, known from the start
+        self._warm_keys = frozenset(warm_label_key(driver, t.value, publisher) for t in DeviceType)
+        #: label keys of every pool this controller owns or owned, and its warm keys (module docstring)
+        self._owned: set[str] = set(self._warm_keys)
         self._owned_listed = False
         #: node name → its labels, kept by list + watch
         self._nodes: dict[str, dict[str, str]] = {}
@@ -107,7 +115,7 @@ class NodeLabeler:
         return dict((node.get("metadata") or {}).get("labels") or {})
 
     def _ours(self, labels: dict[str, str] | None) -> dict[str, str]:
-        return {k: v for k, v in (labels or {}).items() if k.startswith(self._prefix)}
+        return {k: v for k, v in (labels or {}).items() if k.startswith(self._prefix) or k in self._warm_keys}
 
     async def _learn_owned(self, inventory: Inventory) -> None:
         if not self._owned_listed:
@@ -153,9 +161,12 @@ class NodeLabeler:
                 self._trigger.set()
 
     async def sync(self, inventory: Inventory) -> int:
-        """Patch every node whose pool labels differ; returns the number of patches."""
+        """Patch every node whose pool or warm labels differ; returns the number of patches."""
         await self._learn_owned(inventory)
-        wanted = desired_node_labels(inventory, self._driver)
+        pools = desired_node_labels(inventory, self._driver)
+        wanted = {name: dict.fromkeys(keys, "true") for name, keys in pools.items()}
+        for name, counts in desired_warm_labels(inventory, self._driver, self._publisher).items():
+            wanted.setdefault(name, {}).update(counts)
         if self._plugin_nodes is not None:
             with_plugin = self._plugin_nodes.nodes()
             for name in sorted(set(wanted) - with_plugin - self._warned_no_plugin):
@@ -168,8 +179,8 @@ class NodeLabeler:
         patches = 0
         for name, labels in sorted(self._nodes.items()):
             have = {k: v for k, v in self._ours(labels).items() if k in self._owned}
-            want = wanted.get(name, set())
-            change: dict[str, str | None] = {k: "true" for k in want if have.get(k) != "true"}
+            want = wanted.get(name, {})
+            change: dict[str, str | None] = {k: v for k, v in want.items() if have.get(k) != v}
             change.update({k: None for k in have if k not in want})
             if not change:
                 continue
@@ -185,9 +196,9 @@ class NodeLabeler:
             self._nodes[name] = self._labels(updated)
             patches += 1
             log.info(
-                "node pool labels updated",
+                "node labels updated",
                 node=name,
-                added=",".join(sorted(k for k, v in change.items() if v)) or None,
+                added=",".join(sorted(f"{k}={v}" for k, v in change.items() if v)) or None,
                 removed=",".join(sorted(k for k, v in change.items() if v is None)) or None,
             )
         return patches

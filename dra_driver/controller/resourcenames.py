@@ -38,6 +38,8 @@ __all__ = [
     "short_hash",
     "slice_name",
     "unhealthy_taint_key",
+    "warm_label_key",
+    "warm_label_prefix",
 ]
 
 # resource.k8s.io/v1 limits (k8s.io/api/resource/v1/types.go).
@@ -116,6 +118,22 @@ def reach_label_key(driver: str, pool: str, group: str) -> str:
     """``pool.<driver>/<pool>.<group>`` (value ``"true"``) on every node that reaches the devices of
     one reach group of the pool (a switch cabled to some of the pool's hosts only)."""
     return f"{pool_label_prefix(driver)}/{_label_name(f'{pool}.{group}')}"
+
+
+def warm_label_prefix(driver: str) -> str:
+    """Node labels counting a node's warm devices live under ``warm.<driver>/``."""
+    return f"warm.{driver}"
+
+
+def warm_label_key(driver: str, device_type: str, publisher: str = "default") -> str:
+    """``warm.<driver>/<device type>`` (value: how many, e.g. ``"2"``; absent at 0) on a node where
+    devices of that type are warm; ``warm.<driver>/<publisher>.<device type>`` for a controller
+    whose ``--publisher`` is not ``default``, so the controllers of several fabric managers under
+    one driver each own their keys. Pods prefer nodes with ``Gt 0`` on it (docs/manager.md, "What
+    the scheduler guarantees about picking a warm device"); the name part stays a valid label name
+    part (a device type, or the publisher's, cleaned and hashed like pool names)."""
+    name = device_type if publisher == "default" else f"{publisher}.{device_type}"
+    return f"{warm_label_prefix(driver)}/{_label_name(name)}"
 
 
 def publisher_label(driver: str) -> str:

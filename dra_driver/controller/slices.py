@@ -48,9 +48,10 @@ from dra_driver.controller.resourcenames import (
     publisher_label,
     reach_label_key,
     slice_name,
+    warm_label_key,
 )
 from dra_driver.selection.quantity import parse_quantity
-from manager_api.models import BindingState, Inventory
+from manager_api.models import BindingState, Device, Health, Inventory
 from plumbing.names import is_dns1123_label, is_dns1123_subdomain, is_label_value, is_qualified_name
 
 __all__ = [
@@ -63,10 +64,12 @@ __all__ = [
     "chunk_devices",
     "desired_node_labels",
     "desired_pools",
+    "desired_warm_labels",
     "node_selector",
     "plan_pool",
     "slice_labels",
     "slice_selector",
+    "warm_node_preference",
 ]
 
 API_VERSION = "resource.k8s.io/v1"
@@ -113,6 +116,41 @@ def desired_node_labels(inventory: Inventory, driver: str) -> dict[str, set[str]
             for node in group.nodes:
                 wanted.setdefault(node, set()).add(key)
     return wanted
+
+
+def desired_warm_labels(
+    inventory: Inventory, driver: str, publisher: str = "default"
+) -> dict[str, dict[str, str]]:
+    """Node name → ``{warm label key: count}``: per device type, how many devices are published warm
+    and untainted in the node's node-local slices (:func:`desired_pools`); a type with none has no
+    key, so a pod's
+    ``Exists`` and ``Gt 0`` mean the same. Pods prefer these nodes through a preferred node affinity
+    (docs/manager.md, "What the scheduler guarantees about picking a warm device")."""
+    reaching = _reaching_nodes(inventory)
+    seen: set[tuple[str, str]] = set()
+    counts: dict[str, dict[str, int]] = {}
+    for device in inventory.devices:
+        if (device.pool, device.name) in seen:
+            continue  # as desired_pools: the first of a duplicate name is the one published
+        seen.add((device.pool, device.name))
+        node = _warm_node(device, reaching)
+        # Only what a claim can be allocated without a toleration: not withheld, not tainted
+        # (devices.to_dra_device); a warm device is never unavailable or unmanaged.
+        offered = device.health is Health.OK and is_dns1123_label(device.name) and is_pool_name(device.pool)
+        if node is not None and offered:
+            key = warm_label_key(driver, device.type.value, publisher)
+            counts.setdefault(node, {}).setdefault(key, 0)
+            counts[node][key] += 1
+    return {node: {k: str(n) for k, n in keys.items()} for node, keys in counts.items()}
+
+
+def warm_node_preference(driver: str, device_type: str, *, weight: int = 100) -> dict[str, Any]:
+    """The pod-spec recipe that steers a pod to a node with a warm device of ``device_type``: one
+    ``preferredDuringSchedulingIgnoredDuringExecution`` term of a node affinity, ``Gt 0`` on the
+    node's warm count (:func:`desired_warm_labels`). The scheduler's ``NodeAffinity`` score (weight
+    2 in the default profile) then adds 200 of 100-point scores to those nodes (docs/manager.md)."""
+    requirement = {"key": warm_label_key(driver, device_type), "operator": "Gt", "values": ["0"]}
+    return {"weight": weight, "preference": {"matchExpressions": [requirement]}}
 
 
 def chunk_devices(devices: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -263,6 +301,15 @@ def _reaching_nodes(inventory: Inventory) -> dict[tuple[str, str | None], frozen
     return out
 
 
+def _warm_node(device: Device, reaching: Mapping[tuple[str, str | None], frozenset[str]]) -> str | None:
+    """The node whose node-local slice publishes ``device`` warm: the node it is warm on, when that
+    node reaches it (else it is published as if cold)."""
+    warm = device.state is BindingState.WARM and device.node
+    if warm and device.node in reaching.get((device.pool, device.reach), ()):
+        return device.node
+    return None
+
+
 def desired_pools(
     inventory: Inventory,
     policy: PublishPolicy,
@@ -284,12 +331,9 @@ def desired_pools(
             continue  # a device name is unique within a pool; the manager guarantees it, we enforce it
         pool_devices[device.name] = to_dra_device(device, policy, quarantined.get((device.pool, device.name)))
         reach[(device.pool, device.name)] = device.reach
-        if (
-            device.state is BindingState.WARM
-            and device.node
-            and device.node in reaching.get((device.pool, device.reach), ())
-        ):
-            warm_on[(device.pool, device.name)] = device.node
+        node = _warm_node(device, reaching)
+        if node is not None:
+            warm_on[(device.pool, device.name)] = node
     pools: dict[str, DesiredPool] = {}
     for pool in sorted(set(nodes_by_pool) | set(conversions)):
         if not is_pool_name(pool):
