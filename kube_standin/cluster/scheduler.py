@@ -17,16 +17,45 @@ Mirrors kube-scheduler's DRA plugin (``pkg/scheduler/framework/plugins/dynamicre
   ``allocateOne`` in ``staging/src/k8s.io/dynamic-resource-allocation/structured/internal/*/
   allocator_*.go`` walks pools, slices and devices in the same order every time, and
   ``dynamicresources.go`` keeps no per-pod record of failed devices;
-- Score: among the nodes that fit, the one with the fewest pods of the same owner, then the
-  fewest pods (the default ``PodTopologySpread`` system constraints spread a workload's pods
-  over hostnames — ``systemDefaultConstraints`` in
-  ``pkg/scheduler/framework/plugins/podtopologyspread/plugin.go``; ``NodeResourcesFit``
-  prefers the least allocated node, ``noderesources/least_allocated.go``), then by name where
-  the real scheduler picks at random among equal scores (``selectHost`` in
+- Filter also holds ``NodeUnschedulable``, the pod's ``nodeSelector`` and its
+  ``affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution`` (``NodeAffinity``'s
+  Filter: terms ORed, requirements ANDed, ``In NotIn Exists DoesNotExist Gt Lt`` as
+  ``staging/src/k8s.io/component-helpers/scheduling/corev1/nodeaffinity/nodeaffinity.go`` —
+  :func:`dra_driver.selection.nodes.selector_matches`);
+- Score: a weighted sum of normalised plugin scores, highest first (:func:`node_scores`), with
+  the default weights of ``pkg/scheduler/apis/config/v1/default_plugins.go``:
+  ``NodeAffinity`` 2 — the sum of the weights of the pod's matching
+  ``preferredDuringSchedulingIgnoredDuringExecution`` terms, normalised by
+  ``helper.DefaultNormalizeScore(MaxNodeScore, false, …)`` (``.../plugins/nodeaffinity/
+  node_affinity.go``, ``.../plugins/helper/normalize_score.go``), as upstream;
+  ``PodTopologySpread`` 2 — the hostname constraint of ``systemDefaultConstraints`` (maxSkew 3)
+  scored and normalised as ``.../plugins/podtopologyspread/scoring.go`` does, with the pods of the
+  same controller owner in the namespace standing in for the default selector (upstream builds it
+  from the Services, ReplicaSets and StatefulSets selecting the pod), every node its own hostname
+  and no zone constraint (the stand-in's nodes carry no zone label); a pod without owner gets no
+  score from it, as upstream skips it without constraints;
+  ``NodeResourcesFit`` 1 — least allocated (``noderesources/least_allocated.go``), approximated by
+  the pods on the node against the kubelet's default ``maxPods`` (110): the stand-in's nodes
+  declare no allocatable, and a pod without requests counts upstream as the scheduler's non-zero
+  default (100m CPU, 200 MiB), about 0.9 points of 100 on a node of 11 CPUs.
+  The other scoring plugins give every node of the stand-in the same score (no taints, images,
+  pod affinities or volumes; DRA's ``Score`` only ranks ``firstAvailable`` subrequests, 0 for
+  ``exactly`` requests) and are left out. Ties go to fewer pods of the same owner, fewer pods,
+  then the name, where the real scheduler picks at random among equal scores (``selectHost`` in
   ``pkg/scheduler/schedule_one.go``). So pods sharing one claim land on different
   nodes unless its allocation's ``nodeSelector`` pins them (``bindsToNode`` or node-local
   devices: ``createNodeSelector`` in ``.../structured/internal/incubating/allocator_incubating.go``
-  pins for ``bindsToNode`` with or without binding conditions) — as in a real cluster;
+  pins for ``bindsToNode`` with or without binding conditions) — as in a real cluster.
+  *Where it simplifies.* Upstream normalises over the nodes that passed every Filter, DRA's
+  included; the stand-in normalises over the nodes that pass the cheap Filters above and then
+  tries them best first, taking the first whose claims can be allocated. For one preferred term
+  (the warm-device recipe, docs/manager.md) the normalised ``NodeAffinity`` score of every node
+  that fits is the same either way (100 where the term matches, else 0); with several terms the
+  stand-in's maximum can only be larger, its affinity scores only smaller — never more pull
+  towards a preferred node than upstream. The least-allocated approximation spans at most 100
+  points, less than the 200 a matching term is worth; upstream's least-allocated and balanced
+  allocation can together reach 200 only between an empty and a full node, so for the pods
+  tested (no requests, a few per node) both prefer a node matching the term, as they do here;
 - Bind: the ``pods/binding`` subresource, or setting ``spec.nodeName`` where the server has
   no such subresource.
 
@@ -36,12 +65,15 @@ the real scheduler's "0/3 nodes are available: …" message.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+
+from pydantic import ValidationError
 
 from dra_driver.selection import (
     AllocationError,
@@ -63,7 +95,13 @@ from plumbing.kube.informer import Informer, reconcile_passes
 from plumbing.kube.resources import PODS, RESOURCE_CLAIMS
 from plumbing.logs import get_logger
 
-__all__ = ["Scheduler", "SchedulerConfig"]
+__all__ = [
+    "Scheduler",
+    "SchedulerConfig",
+    "node_scores",
+    "preferred_affinity_score",
+    "required_affinity_matches",
+]
 
 log = get_logger(__name__)
 
@@ -188,20 +226,23 @@ class Scheduler:
         ]
         pod_selector = (pod.get("spec") or {}).get("nodeSelector") or {}
         reasons: dict[str, str] = {}
-        # Filter is binary and Score does not depend on the allocation, so trying the nodes in
-        # score order and taking the first that fits is what Filter-then-Score would choose.
-        for raw in sorted(self.nodes.values(), key=self._score_key(pod)):
+        candidates: list[Node] = []
+        for raw in self.nodes.values():
             node = Node.model_validate(raw)
             if (raw.get("spec") or {}).get("unschedulable"):
                 reasons[node.name] = "unschedulable"
-                continue
-            if any(node.metadata.labels.get(k) != v for k, v in pod_selector.items()):
+            elif any(node.metadata.labels.get(k) != v for k, v in pod_selector.items()):
                 reasons[node.name] = "does not match the pod's nodeSelector"
-                continue
-            mismatch = next((c for c in claims if not _allocation_allows(c, node)), None)
-            if mismatch is not None:
+            elif not required_affinity_matches(pod, node):
+                reasons[node.name] = "does not match the pod's required node affinity"
+            elif (mismatch := next((c for c in claims if not _allocation_allows(c, node)), None)) is not None:
                 reasons[node.name] = f"claim {mismatch['metadata']['name']} is allocated for other nodes"
-                continue
+            else:
+                candidates.append(node)
+        # Score does not depend on the allocation, so trying the nodes in score order and taking
+        # the first whose claims can be allocated is what Filter-then-Score would choose (the
+        # normalisation aside: module docstring).
+        for node in sorted(candidates, key=self._score_key(pod, candidates)):
             if not to_allocate:
                 return node.name, {}, reasons
             try:
@@ -215,8 +256,11 @@ class Scheduler:
             return node.name, {r.claim.name: r.body for r in results}, reasons
         return None, {}, reasons
 
-    def _score_key(self, pod: dict[str, Any]) -> Callable[[dict[str, Any]], tuple[int, int, str]]:
-        """Lower is better: (pods of the same owner on the node, pods on the node, node name).
+    def _score_key(
+        self, pod: dict[str, Any], candidates: list[Node]
+    ) -> Callable[[Node], tuple[int, int, int, str]]:
+        """Lower is better: (minus the node's weighted score among ``candidates``, pods of the same
+        owner on it, pods on it, its name).
 
         A pod waiting for its binding conditions counts on the node it is assumed on, as the
         real scheduler's cache assumes it there."""
@@ -235,12 +279,12 @@ class Scheduler:
             other_owners = {o.get("uid") for o in other["metadata"].get("ownerReferences") or []}
             if owners & other_owners and other["metadata"].get("namespace") == namespace:
                 siblings[node] += 1
+        scores = node_scores(pod, candidates, siblings if owners else None, everyone)
 
-        def score(node: dict[str, Any]) -> tuple[int, int, str]:
-            name = str(node["metadata"]["name"])
-            return siblings[name], everyone[name], name
+        def key(node: Node) -> tuple[int, int, int, str]:
+            return -scores[node.name], siblings[node.name], everyone[node.name], node.name
 
-        return score
+        return key
 
     async def _reserve(
         self,
@@ -371,6 +415,91 @@ class Scheduler:
         state.last_reason = reason
         log.info("pod unschedulable", pod=pod["metadata"]["name"], reason=reason)
         await self.events.record(pod, "FailedScheduling", reason, type="Warning")
+
+
+#: Score plugin weights of the default profile (``pkg/scheduler/apis/config/v1/default_plugins.go``)
+NODE_AFFINITY_WEIGHT = 2
+POD_TOPOLOGY_SPREAD_WEIGHT = 2
+NODE_RESOURCES_FIT_WEIGHT = 1
+#: ``framework.MaxNodeScore``
+MAX_NODE_SCORE = 100
+#: maxSkew of the hostname constraint in PodTopologySpread's ``systemDefaultConstraints``
+_HOSTNAME_MAX_SKEW = 3
+#: the kubelet's default ``maxPods``: the capacity the least-allocated approximation counts against
+_MAX_PODS = 110
+
+
+def _node_affinity(pod: dict[str, Any]) -> dict[str, Any]:
+    return ((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}
+
+
+def required_affinity_matches(pod: dict[str, Any], node: Node) -> bool:
+    """``NodeAffinity``'s Filter for ``requiredDuringSchedulingIgnoredDuringExecution`` (the pod's
+    ``nodeSelector`` is checked beside it); a selector that does not parse matches no node, as
+    upstream ignores the parse error and finds no match."""
+    required = _node_affinity(pod).get("requiredDuringSchedulingIgnoredDuringExecution")
+    if required is None:
+        return True
+    try:
+        return selector_matches(NodeSelector.model_validate(required), node)
+    except ValidationError:
+        return False
+
+
+def preferred_affinity_score(pod: dict[str, Any], node: Node) -> int:
+    """``NodeAffinity``'s raw Score: the sum of the weights of the pod's
+    ``preferredDuringSchedulingIgnoredDuringExecution`` terms that match ``node`` (a term of weight
+    0, an empty term or one that does not parse counts for nothing: ``NewPreferredSchedulingTerms``)."""
+    score = 0
+    for term in _node_affinity(pod).get("preferredDuringSchedulingIgnoredDuringExecution") or []:
+        weight = int(term.get("weight") or 0)
+        if not weight:
+            continue
+        try:
+            selector = NodeSelector.model_validate({"nodeSelectorTerms": [term.get("preference") or {}]})
+        except ValidationError:
+            continue
+        if selector_matches(selector, node):
+            score += weight
+    return score
+
+
+def _default_normalize(scores: dict[str, int]) -> dict[str, int]:
+    """``helper.DefaultNormalizeScore(MaxNodeScore, false, scores)``: scaled to the highest, in integers."""
+    highest = max(scores.values(), default=0)
+    if highest == 0:
+        return scores
+    return {name: MAX_NODE_SCORE * score // highest for name, score in scores.items()}
+
+
+def _spread_scores(nodes: list[Node], siblings: Counter[str]) -> dict[str, int]:
+    """PodTopologySpread's hostname score (``scoreForCount``: matching pods * log(nodes + 2) +
+    maxSkew - 1, rounded) and its NormalizeScore: fewer matching pods, higher score."""
+    weight = math.log(len(nodes) + 2)
+    raw = {n.name: math.floor(siblings[n.name] * weight + (_HOSTNAME_MAX_SKEW - 1) + 0.5) for n in nodes}
+    highest, lowest = max(raw.values(), default=0), min(raw.values(), default=0)
+    if highest == 0:
+        return dict.fromkeys(raw, MAX_NODE_SCORE)
+    return {name: MAX_NODE_SCORE * (highest + lowest - score) // highest for name, score in raw.items()}
+
+
+def node_scores(
+    pod: dict[str, Any], nodes: list[Node], siblings: Counter[str] | None, pods: Counter[str]
+) -> dict[str, int]:
+    """Each node's weighted score among ``nodes`` (the module docstring says what is modelled):
+    ``siblings`` counts the pods of the pod's owner per node (None: it has no owner, so no spread
+    constraint), ``pods`` every pod per node."""
+    if not nodes:
+        return {}
+    affinity = _default_normalize({n.name: preferred_affinity_score(pod, n) for n in nodes})
+    spread = _spread_scores(nodes, siblings) if siblings is not None else dict.fromkeys(affinity, 0)
+    return {
+        n.name: NODE_AFFINITY_WEIGHT * affinity[n.name]
+        + POD_TOPOLOGY_SPREAD_WEIGHT * spread[n.name]
+        # the pod itself counts, as upstream adds its request to the node's
+        + NODE_RESOURCES_FIT_WEIGHT * MAX_NODE_SCORE * max(_MAX_PODS - pods[n.name] - 1, 0) // _MAX_PODS
+        for n in nodes
+    }
 
 
 def _pod_key(pod: dict[str, Any]) -> str:
