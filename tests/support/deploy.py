@@ -76,7 +76,14 @@ PACKAGED_MANIFESTS = sorted(
 COMPOSITIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "production-complete": (
         "production",
-        ("binding-conditions", "plugin-scheduling", "critical-priority-quota", "selinux", "monitoring"),
+        (
+            "binding-conditions",
+            "plugin-scheduling",
+            "critical-priority-quota",
+            "selinux",
+            "monitoring",
+            "warm-affinity",
+        ),
     ),
 }
 #: The Kubernetes minor versions fabric-dra supports (resource.k8s.io/v1 is served from 1.34).

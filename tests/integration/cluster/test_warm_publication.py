@@ -50,14 +50,28 @@ def layout(slices: list[dict[str, Any]]) -> list[tuple[str | None, list[str]]]:
     ]
 
 
-async def run_pod_on(world: World, name: str, node: str) -> str:
-    """A pod asking for one GPU, placed on ``node`` by its nodeSelector; the device it got, once Running."""
+async def create_gpu_template(world: World) -> None:
+    """The ResourceClaimTemplate ``one-gpu``: one device of the world's GPU class."""
+    request = {"name": "gpu", "exactly": {"deviceClassName": world.device_class}}
+    await world.kube.create(
+        RESOURCE_CLAIM_TEMPLATES,
+        {
+            "metadata": {"name": "one-gpu", "namespace": world.ns},
+            "spec": {"spec": {"devices": {"requests": [request]}}},
+        },
+        world.ns,
+    )
+
+
+async def run_pod(world: World, name: str, **spec: Any) -> tuple[str, str]:
+    """A pod asking for one GPU through ``one-gpu``, with ``spec`` added; (its node, the device it
+    got) once Running."""
     await world.kube.create(
         PODS,
         {
             "metadata": {"name": name, "namespace": world.ns},
             "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": node},
+                **spec,
                 "resourceClaims": [{"name": "accel", "resourceClaimTemplateName": "one-gpu"}],
                 "containers": [
                     {"name": "c", "image": "busybox", "resources": {"claims": [{"name": "accel"}]}}
@@ -67,19 +81,26 @@ async def run_pod_on(world: World, name: str, node: str) -> str:
         world.ns,
     )
 
-    async def allocated() -> str | None:
+    async def allocated() -> tuple[str, str] | None:
         pod = next((p for p in await pods(world) if p["metadata"]["name"] == name), None)
         if pod is None or (pod.get("status") or {}).get("phase") != "Running":
             return None
-        assert pod["spec"]["nodeName"] == node
         for claim in await claims(world):
             owners = [o.get("name") for o in claim["metadata"].get("ownerReferences") or []]
             if name in owners:
                 (result,) = claim["status"]["allocation"]["devices"]["results"]
-                return str(result["device"])
+                return str(pod["spec"]["nodeName"]), str(result["device"])
         return None
 
-    return str(await eventually(allocated, what=f"pod {name} Running on {node}", within=60))
+    node, device = await eventually(allocated, what=f"pod {name} Running", within=60)
+    return str(node), str(device)
+
+
+async def run_pod_on(world: World, name: str, node: str) -> str:
+    """A pod asking for one GPU, placed on ``node`` by its nodeSelector; the device it got, once Running."""
+    placed, device = await run_pod(world, name, nodeSelector={"kubernetes.io/hostname": node})
+    assert placed == node
+    return device
 
 
 async def test_a_warm_device_goes_to_the_pod_on_its_node_and_back_to_the_shared_slice_when_claimed(
@@ -111,22 +132,7 @@ async def test_a_warm_device_goes_to_the_pod_on_its_node_and_back_to_the_shared_
             assert {s["spec"]["pool"]["resourceSliceCount"] for s in stored} == {3}
             assert len({s["spec"]["pool"]["generation"] for s in stored}) == 1
 
-            await kube.create(
-                RESOURCE_CLAIM_TEMPLATES,
-                {
-                    "metadata": {"name": "one-gpu", "namespace": world.ns},
-                    "spec": {
-                        "spec": {
-                            "devices": {
-                                "requests": [
-                                    {"name": "gpu", "exactly": {"deviceClassName": world.device_class}}
-                                ]
-                            }
-                        }
-                    },
-                },
-                world.ns,
-            )
+            await create_gpu_template(world)
             # The second node sees its warm gpu-2 and the shared gpu-1: it meets gpu-2 first.
             assert await run_pod_on(world, "on-second", second) == "gpu-2"
             # The first node does not see gpu-0 (warm on the third), the first name of the pool.

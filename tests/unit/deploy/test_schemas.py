@@ -29,10 +29,14 @@ from tests.support.deploy import (
 
 #: Kinds that a Kubernetes version serves only from some minor on: (apiVersion, kind) → first
 #: minor. Objects of such a kind are checked only against versions that serve it, and the test
-#: says so. Every kind fabric-dra renders today exists in all supported versions (the
-#: ValidatingAdmissionPolicy API is GA since 1.30, resource.k8s.io/v1 since 1.34), so this is
-#: empty; a kind that is missing from a version's schemas and not listed here fails the test.
-SERVED_FROM: dict[tuple[str, str], str] = {}
+#: says so. Every other kind fabric-dra renders exists in all supported versions (the
+#: ValidatingAdmissionPolicy API is GA since 1.30, resource.k8s.io/v1 since 1.34); a kind that is
+#: missing from a version's schemas and not listed here fails the test. The optional warm-affinity
+#: component's MutatingAdmissionPolicy is v1 from 1.36 (v1beta1 before: test_warm_affinity_policy).
+SERVED_FROM: dict[tuple[str, str], str] = {
+    ("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicy"): "1.36",
+    ("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicyBinding"): "1.36",
+}
 #: Custom resources Kubernetes has no schema for: the monitoring component's PrometheusRule, which
 #: tests/unit/monitoring checks with promtool instead, and its ServiceMonitor (test_servicemonitor.py).
 CUSTOM_RESOURCE_GROUPS = ("monitoring.coreos.com/",)
@@ -47,6 +51,7 @@ def test_every_expected_overlay_exists() -> None:
         "plugin-scheduling",
         "critical-priority-quota",
         "selinux",
+        "warm-affinity",
     } <= set(component_names())
 
 

@@ -31,6 +31,8 @@ CLUSTER_SCOPED = {
     "DeviceClass",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
+    "MutatingAdmissionPolicy",
+    "MutatingAdmissionPolicyBinding",
 }
 NAMESPACE = "fabric-dra"
 
