@@ -58,6 +58,7 @@ from bench.common import (
     summary_ms,
     work_dir,
 )
+from dra_driver.controller.slices import warm_node_preference
 from kube_standin.kubelet_client import ClaimRef, DRAPluginClient
 from plumbing.kube import ApiError, KubeClient
 from plumbing.kube.resources import DEVICE_CLASSES, NODES, PODS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_SLICES
@@ -342,9 +343,11 @@ async def replay(stack: FabricStack, workload: Workload, nodes: int) -> dict[str
 async def replay_pods(stack: FabricStack, workload: Workload, nodes: int) -> dict[str, Any]:
     """Replay ``workload`` as pods through the controller, the stand-in scheduler and kubelets:
     each arrival is a pod asking for one GPU through a ResourceClaimTemplate, with **no node
-    named** (the arrival's node is ignored) — the stand-in scheduler places it (the fewest pods
-    first, as the default spreading and least-allocated scores do) and its allocator picks the
-    device first-fit from the published slices (warm devices node-local, listed first). The pod
+    named** (the arrival's node is ignored) and docs/manager.md's recipe: a preferred node affinity
+    (weight 100) for nodes whose warm-GPU count label is above 0 — the stand-in scheduler places it
+    (that affinity scored as upstream's ``NodeAffinity``, then the fewest pods, as the default
+    least-allocated score does) and its allocator picks the device first-fit from the published
+    slices (warm devices node-local, listed first). The pod
     is deleted ``hold`` seconds after it runs. Attach-to-ready here is the pod's creation to the
     kubelet setting it Running (scheduling, allocation, prepare); hits and moves are the manager's
     own counts over the measured window, so they are the allocator's real choices."""
@@ -358,6 +361,8 @@ async def replay_pods(stack: FabricStack, workload: Workload, nodes: int) -> dic
     namespace = "default"
     gpu_only = f'device.driver == "{DRIVER}" && device.attributes["fabric-dra.io"].type == "gpu"'
     request = {"name": "gpu", "exactly": {"deviceClassName": "warm-bench-gpu"}}
+    preferred = [warm_node_preference(DRIVER, "gpu")]
+    steer = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": preferred}}
     async with api.client() as kube:
         await kube.create(
             DEVICE_CLASSES,
@@ -403,6 +408,8 @@ async def replay_pods(stack: FabricStack, workload: Workload, nodes: int) -> dic
                     "spec": {
                         "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
                         "containers": [container],
+                        # docs/manager.md's recipe, as a user (or its admission policy) adds it
+                        "affinity": steer,
                     },
                 },
                 namespace,
