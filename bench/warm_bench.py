@@ -559,16 +559,19 @@ def run(ctx: BenchContext) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """One direct replay on its own, its figures as JSON: ``python -m bench.warm_bench bursty auto``
-    (more manager flags after ``--``)."""
+    """One replay on its own, its figures as JSON: ``python -m bench.warm_bench bursty auto``
+    (more manager flags after ``--``); ``pods_steady`` is the steady load as pods through the
+    stand-in scheduler."""
     parser = argparse.ArgumentParser(prog="python -m bench.warm_bench", description=main.__doc__)
-    parser.add_argument("workload", choices=("steady", "bursty"))
+    parser.add_argument("workload", choices=("steady", "bursty", "pods_steady"))
     parser.add_argument("mode", choices=sorted(_MODES))
     parser.add_argument("flags", nargs="*", help="more flags of the manager")
     args = parser.parse_args(argv)
-    load = next(w for w in _workloads(False) if w.name == args.workload)
+    pods = args.workload == "pods_steady"
+    load = next(w for w in _workloads(False) if w.name == ("steady" if pods else args.workload))
+    replayer = replay_pods if pods else replay
     with work_dir("fdwarm-") as root, _replay_stack(root, [*_MODES[args.mode], *args.flags], False) as stack:
-        print(json.dumps(asyncio.run(replay(stack, load, _REPLAY_NODES)), indent=2))
+        print(json.dumps(asyncio.run(replayer(stack, load, _REPLAY_NODES)), indent=2))
     return 0
 
 
