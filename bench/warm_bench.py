@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import random
 import time
@@ -59,9 +60,18 @@ from bench.common import (
     work_dir,
 )
 from dra_driver.controller.slices import warm_node_preference
+from kube_standin.cluster.kubelet import KUBELET_FINALIZER
 from kube_standin.kubelet_client import ClaimRef, DRAPluginClient
 from plumbing.kube import ApiError, KubeClient
-from plumbing.kube.resources import DEVICE_CLASSES, NODES, PODS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_SLICES
+from plumbing.kube.resources import (
+    DEVICE_CLASSES,
+    NODES,
+    PODS,
+    RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+    Resource,
+)
 
 __all__ = ["Arrival", "Workload", "bursty", "replay", "run", "steady"]
 
@@ -382,20 +392,40 @@ async def replay_pods(stack: FabricStack, workload: Workload, nodes: int) -> dic
         await _until_published(kube, nodes)
         created: dict[str, float] = {}
         running: dict[str, float] = {}
+        #: pod name → milestone (:data:`_MILESTONES`) → when the watch first showed it
+        seen: dict[str, dict[str, float]] = {}
         settled = {f"warm-{workload.name}-{i}": asyncio.Event() for i in range(len(workload.arrivals))}
 
-        async def follow() -> None:
+        def mark(name: str, milestone: str) -> None:
+            if name in created:
+                seen.setdefault(name, {}).setdefault(milestone, time.perf_counter())
+
+        def on_pod(pod: dict[str, Any]) -> None:
+            meta = pod.get("metadata") or {}
+            name = str(meta.get("name"))
+            if (pod.get("spec") or {}).get("nodeName"):
+                mark(name, "bound")
+            if KUBELET_FINALIZER in (meta.get("finalizers") or []):
+                mark(name, "kubelet")
+            phase = (pod.get("status") or {}).get("phase")
+            if phase == "Running" and name in created and name not in running:
+                running[name] = time.perf_counter()
+                mark(name, "running")
+                settled[name].set()
+
+        def on_claim(claim: dict[str, Any]) -> None:
+            for owner in (claim.get("metadata") or {}).get("ownerReferences") or []:
+                mark(str(owner.get("name")), "claim")
+                if (claim.get("status") or {}).get("allocation"):
+                    mark(str(owner.get("name")), "allocated")
+
+        async def follow(resource: Resource, seen: Callable[[dict[str, Any]], None]) -> None:
             version: str | None = None
             while True:
                 with contextlib.suppress(ApiError):
-                    async for event in kube.watch(PODS, namespace, resource_version=version):
-                        meta = event.object.get("metadata") or {}
-                        version = meta.get("resourceVersion") or version
-                        name = str(meta.get("name"))
-                        phase = (event.object.get("status") or {}).get("phase")
-                        if phase == "Running" and name in created and name not in running:
-                            running[name] = time.perf_counter()
-                            settled[name].set()
+                    async for event in kube.watch(resource, namespace, resource_version=version):
+                        version = (event.object.get("metadata") or {}).get("resourceVersion") or version
+                        seen(event.object)
 
         async def one(index: int, arrival: Arrival) -> None:
             name = f"warm-{workload.name}-{index}"
@@ -419,17 +449,44 @@ async def replay_pods(stack: FabricStack, workload: Workload, nodes: int) -> dic
             await kube.delete(PODS, name, namespace)
 
         measured = [f"warm-{workload.name}-{i}" for i in _measured(workload)]
-        watcher = asyncio.create_task(follow())
+        watchers = [
+            asyncio.create_task(follow(PODS, on_pod)),
+            asyncio.create_task(follow(RESOURCE_CLAIMS, on_claim)),
+        ]
         tasks: list[asyncio.Task[None]] = []
         try:
             delta, tasks = await _drive(stack, workload, one)
             await asyncio.wait_for(asyncio.gather(*(settled[n].wait() for n in measured)), 180)
         finally:
-            for task in [*tasks, watcher]:
+            for task in [*tasks, *watchers]:
                 task.cancel()
-            await asyncio.gather(*tasks, watcher, return_exceptions=True)
+            await asyncio.gather(*tasks, *watchers, return_exceptions=True)
     seconds = [running[n] - created[n] for n in measured]
-    return _figures(workload, seconds, delta, "(placed by the stand-in scheduler)")
+    found = _figures(workload, seconds, delta, "(placed by the stand-in scheduler)")
+    found["phases"] = _phases({n: {"created": created[n], **seen.get(n, {})} for n in measured})
+    return found
+
+
+#: a pod's start, in order: created (by the bench), its claim created from the template (the
+#: claim controller), the claim allocated (the scheduler), the pod bound (the scheduler), the
+#: kubelet's finalizer on it (the kubelet took it up; its prepare starts right after), Running
+#: (the prepare answered)
+_MILESTONES = ("created", "claim", "allocated", "bound", "kubelet", "running")
+
+
+def _phases(seen: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """p50/p95/max in milliseconds of each step between two milestones of a pod's start, as the
+    bench's watches saw them (so each includes up to one watch delivery)."""
+    found: dict[str, dict[str, float]] = {}
+    for before, after in itertools.pairwise(_MILESTONES):
+        steps = [m[after] - m[before] for m in seen.values() if before in m and after in m]
+        if steps:
+            found[f"{before}_to_{after}"] = {
+                "p50_ms": round(percentile(steps, 50) * 1000, 1),
+                "p95_ms": round(percentile(steps, 95) * 1000, 1),
+                "max_ms": round(max(steps) * 1000, 1),
+            }
+    return found
 
 
 async def _measure(stack: FabricStack, kinds: tuple[str, ...], claims: int) -> dict[str, list[float]]:
@@ -561,16 +618,24 @@ def run(ctx: BenchContext) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """One replay on its own, its figures as JSON: ``python -m bench.warm_bench bursty auto``
     (more manager flags after ``--``); ``pods_steady`` is the steady load as pods through the
-    stand-in scheduler."""
+    stand-in scheduler, ``--seconds 90`` shortens the steady load (its warm-up kept to a third),
+    ``--keep DIR`` runs in DIR and keeps the processes' logs."""
     parser = argparse.ArgumentParser(prog="python -m bench.warm_bench", description=main.__doc__)
     parser.add_argument("workload", choices=("steady", "bursty", "pods_steady"))
     parser.add_argument("mode", choices=sorted(_MODES))
     parser.add_argument("flags", nargs="*", help="more flags of the manager")
+    parser.add_argument("--seconds", type=float, default=None, help="steady load: seconds of arrivals")
+    parser.add_argument("--keep", type=Path, default=None, help="run in this directory and keep its logs")
     args = parser.parse_args(argv)
-    pods = args.workload == "pods_steady"
-    load = next(w for w in _workloads(False) if w.name == ("steady" if pods else args.workload))
-    replayer = replay_pods if pods else replay
-    with work_dir("fdwarm-") as root, _replay_stack(root, [*_MODES[args.mode], *args.flags], False) as stack:
+    steady_load, bursty_load = _workloads(False)
+    if args.seconds is not None:
+        steady_load = steady(1.0, args.seconds, 60.0, args.seconds / 3, nodes=_REPLAY_NODES)
+    load = bursty_load if args.workload == "bursty" else steady_load
+    replayer = replay_pods if args.workload == "pods_steady" else replay
+    with (
+        contextlib.nullcontext(args.keep) if args.keep else work_dir("fdwarm-") as root,
+        _replay_stack(root, [*_MODES[args.mode], *args.flags], False) as stack,
+    ):
         print(json.dumps(asyncio.run(replayer(stack, load, _REPLAY_NODES)), indent=2))
     return 0
 
