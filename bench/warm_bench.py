@@ -508,6 +508,9 @@ async def _until_published(kube: KubeClient, nodes: int, within: float = 120.0) 
 
 #: the replays' cluster: 10 nodes (one plugin each) on one switch, so one reachability group
 _REPLAY_NODES = 10
+#: the smoke run's (quick) replays take the same paths on fewer nodes: each plugin is a process
+#: to start, which costs the suite more than the replay itself
+_QUICK_REPLAY_NODES = 4
 _MODES: dict[str, list[str]] = {
     "off": [],
     "fixed": [*_WARM[:4], *("--warm-device-type", "gpu"), *("--warm-interval-seconds", "0.5")],
@@ -527,8 +530,9 @@ def _workloads(quick: bool) -> list[Workload]:
     if quick:
         return [
             # the suite's smoke run: every code path once, as short as a hot-add or two allows
-            steady(1.0, 15.0, 5.0, 5.0, nodes=_REPLAY_NODES),
-            bursty(1, 6.0, 2.0, 1.0, 4, 3.0, nodes=_REPLAY_NODES),
+            # (each window outlasts a hot-add, 3 ± 1 s: the figures need a bound device-second)
+            steady(1.0, 10.0, 3.0, 3.0, nodes=_QUICK_REPLAY_NODES),
+            bursty(1, 6.0, 2.0, 1.0, 4, 3.0, nodes=_QUICK_REPLAY_NODES),
         ]
     # Holds from the seed's agent-scaling text: sessions of 60 s on average (its pool example),
     # ~94 s in its timeline; bursty: its active stretches, shorter than the idle phases.
@@ -542,7 +546,7 @@ def _replay_stack(root: Path, manager_args: list[str], quick: bool) -> FabricSta
     """A fresh stack for one replay: the replays' cluster, the realistic profile."""
     return FabricStack(
         root,
-        hosts=_REPLAY_NODES,
+        hosts=_QUICK_REPLAY_NODES if quick else _REPLAY_NODES,
         gpus=_REPLAY_NODES * (4 if quick else 12),
         latency="realistic",
         manager_args=manager_args,
@@ -568,7 +572,7 @@ def _replays(ctx: BenchContext) -> dict[str, dict[str, Any]]:
         progress("warm", f"replay: {key}, pool {mode}")
         with _replay_stack(ctx.root / f"warm-{mode}-{key}", _MODES[mode], ctx.quick) as stack:
             try:
-                found.setdefault(key, {})[mode] = result = asyncio.run(replayer(stack, load, _REPLAY_NODES))
+                found.setdefault(key, {})[mode] = result = asyncio.run(replayer(stack, load, stack.hosts))
             except Exception as err:  # one failed replay does not lose the others' figures
                 found.setdefault(key, {})[mode] = result = {"error": f"{type(err).__name__}: {err}"[:500]}
         progress("warm", f"replay: {key}, pool {mode}: {json.dumps(result)}")
