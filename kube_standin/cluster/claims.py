@@ -64,6 +64,7 @@ class ClaimController:
         self.claims = claims
         self.templates = templates
         self.events = events
+        self._pods: dict[tuple[str, str], dict[str, Any]] | None = None
 
     async def run(self) -> None:
         await reconcile_passes("claim sync", (self.pods, self.claims, self.templates), self.sync_all)
@@ -71,8 +72,17 @@ class ClaimController:
     async def sync_all(self) -> None:
         for pod in self.pods.values():
             await self.sync_pod(pod)
-        for claim in self.claims.values():
-            await self.sync_claim(claim)
+        # The pods by namespace and name, read without the copy Informer.get makes: the claims'
+        # consumers and owners are looked up here once per claim on every pass.
+        self._pods = {
+            (p["metadata"].get("namespace") or "default", p["metadata"]["name"]): p
+            for p in self.pods.values()
+        }
+        try:
+            for claim in self.claims.values():
+                await self.sync_claim(claim)
+        finally:
+            self._pods = None
 
     # -- claims for pods ----------------------------------------------------------------------
 
@@ -215,15 +225,22 @@ class ClaimController:
         except (Conflict, NotFound):
             return  # the next pass sees the newer object
 
+    def _pod(self, namespace: str, name: str, uid: str | None) -> dict[str, Any] | None:
+        """The cached pod with that name and UID, not to be changed. From the pass's index when
+        it has it; otherwise from the informer, which may have seen the pod since."""
+        pod = (self._pods or {}).get((namespace, name))
+        if pod is None or pod["metadata"].get("uid") != uid:
+            pod = self.pods.get(namespace, name)
+        return pod if pod is not None and pod["metadata"].get("uid") == uid else None
+
     def _pod_exists(self, namespace: str, name: str, uid: str) -> bool:
-        pod = self.pods.get(namespace, name)
-        return pod is not None and pod["metadata"].get("uid") == uid
+        return self._pod(namespace, name, uid) is not None
 
     def _consumer_exists(self, namespace: str, ref: dict[str, Any]) -> bool:
         if ref.get("resource") != "pods" or ref.get("apiGroup"):
             return True  # some other consumer: not ours to judge
-        pod = self.pods.get(namespace, ref.get("name", ""))
-        if pod is None or pod["metadata"].get("uid") != ref.get("uid"):
+        pod = self._pod(namespace, ref.get("name", ""), ref.get("uid"))
+        if pod is None:
             return False
         # A pod that finished no longer needs its devices (controller.go: podResourceClaimIsUnused).
         return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")

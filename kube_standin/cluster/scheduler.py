@@ -83,10 +83,12 @@ from dra_driver.selection import (
     Node,
     ResourceClaimSpec,
     ResourceSlice,
+    SelectorCache,
     allocated_devices,
 )
 from dra_driver.selection.model import NodeSelector
 from dra_driver.selection.nodes import selector_matches
+from dra_driver.selection.pools import DeviceID
 from kube_standin.cluster.claims import DELETE_PROTECTION, pod_claim_names
 from kube_standin.cluster.events import EventRecorder
 from plumbing.kube import ApiError, Conflict, KubeClient, NotFound
@@ -144,6 +146,18 @@ class Scheduler:
         self.config = config or SchedulerConfig()
         self._binding: dict[str, _Binding] = {}
         self._state: dict[str, _PodState] = {}
+        #: the allocator over one snapshot of slices, classes and nodes, and that snapshot's
+        #: names and resourceVersions (:meth:`_allocator`)
+        self._snapshot: tuple[tuple[str, str, str], ...] | None = None
+        self._snapshot_allocator: Allocator | None = None
+        #: compiled CEL by expression across snapshots, as ``cel.Cache`` in kube-scheduler
+        self._selectors = SelectorCache()
+        #: claims as this scheduler last wrote them, by ``namespace/name``, until the informer
+        #: has them (:meth:`_claims_now`)
+        self._assumed: dict[str, dict[str, Any]] = {}
+        #: the devices each claim holds, by ``namespace/name``, with the (uid, resourceVersion)
+        #: they were read from: :meth:`_held` reads each version of a claim once
+        self._held_by_claim: dict[str, tuple[tuple[str, str], dict[DeviceID, str]]] = {}
 
     async def run(self) -> None:
         informers = (self.pods, self.nodes, self.claims, self.slices, self.classes)
@@ -155,8 +169,9 @@ class Scheduler:
             for p in self.pods.values()
             if not (p.get("spec") or {}).get("nodeName") and not p["metadata"].get("deletionTimestamp")
         ]
+        pending_keys = {_pod_key(p) for p in pending}
         for key in list(self._state):
-            if not any(_pod_key(p) == key for p in pending):
+            if key not in pending_keys:
                 self._state.pop(key, None)
                 self._binding.pop(key, None)
         for pod in sorted(pending, key=lambda p: p["metadata"].get("creationTimestamp") or ""):
@@ -178,8 +193,9 @@ class Scheduler:
             return
         namespace = pod["metadata"].get("namespace") or "default"
         claims: list[dict[str, Any]] = []
+        current = {_claim_key(c): c for c in self._claims_now()}
         for entry, claim_name in pod_claim_names(pod).items():
-            claim = self.claims.get(namespace, claim_name) if claim_name else None
+            claim = current.get(f"{namespace}/{claim_name}") if claim_name else None
             if claim is None:
                 await self._unschedulable(pod, state, f"waiting for ResourceClaim of entry {entry}")
                 return
@@ -207,13 +223,7 @@ class Scheduler:
     def _find_node(
         self, pod: dict[str, Any], claims: list[dict[str, Any]], state: _PodState
     ) -> tuple[str | None, dict[str, dict[str, Any]], dict[str, str]]:
-        own = {f"{c['metadata'].get('namespace')}/{c['metadata']['name']}" for c in claims}
-        held = allocated_devices(self.claims.values(), exclude=own)
-        allocator = Allocator(
-            [ResourceSlice.model_validate(s) for s in self.slices.values()],
-            {c["metadata"]["name"]: DeviceClass.model_validate(c) for c in self.classes.values()},
-            held,
-        )
+        allocator = self._allocator(self._held(exclude={_claim_key(c) for c in claims}))
         to_allocate = [
             ClaimToAllocate(
                 c["metadata"].get("namespace") or "default",
@@ -255,6 +265,82 @@ class Scheduler:
                 continue
             return node.name, {r.claim.name: r.body for r in results}, reasons
         return None, {}, reasons
+
+    def _allocator(self, held: dict[DeviceID, str]) -> Allocator:
+        """The allocator over the current slices, classes and nodes, ``held`` the devices in use.
+
+        kube-scheduler's DRA plugin takes a snapshot of the slices per scheduling cycle
+        (``PreFilter`` in ``pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go``)
+        and its structured allocator evaluates each selector on each device it examines, the
+        programs compiled once (``cel.Cache``). Here the snapshot, its validated slices and classes,
+        its pool views per node and every selector's outcome per device are kept while no slice,
+        class or node changed (by name and resourceVersion): a CEL expression's outcome depends
+        on nothing but the expression and the device, so it is what the real scheduler would
+        compute again, and every device is still examined by every search. Only the devices in
+        use differ from pod to pod, and the allocator derives nothing cached from them. Building
+        all this again for every pending pod made a pass cost pending pods times devices, and
+        under a warm pool's slice churn kept pods pending for tens of seconds
+        (docs/performance.md, "Warm devices")."""
+        snapshot = tuple(
+            sorted(
+                (kind, f"{meta.get('namespace') or ''}/{meta.get('name')}", str(meta.get("resourceVersion")))
+                for kind, informer in (("slice", self.slices), ("class", self.classes), ("node", self.nodes))
+                for meta in (obj.get("metadata") or {} for obj in informer.values())
+            )
+        )
+        allocator = self._snapshot_allocator
+        if allocator is None or snapshot != self._snapshot:
+            allocator = Allocator(
+                [ResourceSlice.model_validate(s) for s in self.slices.values()],
+                {c["metadata"]["name"]: DeviceClass.model_validate(c) for c in self.classes.values()},
+                cache=self._selectors,
+            )
+            self._snapshot, self._snapshot_allocator = snapshot, allocator
+        allocator.allocated = held
+        return allocator
+
+    def _claims_now(self) -> list[dict[str, Any]]:
+        """The cached claims, each as this scheduler last wrote it while the informer trails.
+
+        A pod allocated earlier in this pass must count for the next: the informer takes our
+        writes (:meth:`Informer.apply`), but a watch event of an older version may still overwrite
+        them, and a claim would look free while it holds a device. kube-scheduler keeps its own
+        writes in an assume cache until the informer has a version at least as new
+        (``assumecache.AssumeCache``, and ``inFlightAllocations`` in ``dynamicresources.go``)."""
+        claims = {_claim_key(c): c for c in self.claims.values()}
+        for key, mine in list(self._assumed.items()):
+            cached = claims.get(key)
+            if cached is None or cached["metadata"].get("uid") != mine["metadata"].get("uid"):
+                del self._assumed[key]  # deleted since: nothing of it is held
+            elif _version(cached) >= _version(mine):
+                del self._assumed[key]  # the informer caught up
+            else:
+                claims[key] = mine
+        return list(claims.values())
+
+    def _assume(self, claim: dict[str, Any]) -> None:
+        """Take our own write of a claim into the cache and keep it until the informer has it."""
+        self.claims.apply(claim)
+        self._assumed[_claim_key(claim)] = claim
+
+    def _held(self, exclude: set[str]) -> dict[DeviceID, str]:
+        """Devices allocated to the current claims but those in ``exclude`` (``namespace/name``)."""
+        held: dict[DeviceID, str] = {}
+        seen: set[str] = set()
+        for claim in self._claims_now():
+            key = _claim_key(claim)
+            seen.add(key)
+            if key in exclude:
+                continue
+            meta = claim["metadata"]
+            version = (str(meta.get("uid")), str(meta.get("resourceVersion")))
+            known = self._held_by_claim.get(key)
+            if known is None or known[0] != version or not meta.get("resourceVersion"):
+                known = self._held_by_claim[key] = (version, allocated_devices([claim]))
+            held.update(known[1])
+        for key in self._held_by_claim.keys() - seen:
+            del self._held_by_claim[key]
+        return held
 
     def _score_key(
         self, pod: dict[str, Any], candidates: list[Node]
@@ -323,7 +409,7 @@ class Scheduler:
             claim = await self.kube.replace(
                 RESOURCE_CLAIMS, {**claim, "status": status}, subresource="status"
             )
-            self.claims.apply(claim)
+            self._assume(claim)
             written.append(claim)
             if allocation is not None:
                 devices = ", ".join(f"{r['pool']}/{r['device']}" for r in allocation["devices"]["results"])
@@ -380,7 +466,7 @@ class Scheduler:
                 )
             except NotFound:
                 continue
-            self.claims.apply(updated)
+            self._assume(updated)
             log.info("claim deallocated after failed binding", claim=name, pod=pod["metadata"]["name"])
 
     async def _bind(self, pod: dict[str, Any], node: str) -> None:
@@ -504,6 +590,18 @@ def node_scores(
 
 def _pod_key(pod: dict[str, Any]) -> str:
     return f"{pod['metadata'].get('namespace')}/{pod['metadata']['name']}/{pod['metadata'].get('uid')}"
+
+
+def _claim_key(claim: dict[str, Any]) -> str:
+    """``namespace/name``, as :func:`allocated_devices` names the claim holding a device."""
+    return f"{claim['metadata'].get('namespace') or ''}/{claim['metadata']['name']}"
+
+
+def _version(obj: dict[str, Any]) -> int:
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
 
 
 def _now() -> str:

@@ -446,3 +446,32 @@ async def test_pods_sharing_a_bindsToNode_claim_all_land_on_the_allocated_node(
         (claim,) = await claims(world)
         pinned = claim["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]
         assert pinned["values"] == [nodes[0]]
+
+
+async def test_a_slice_changed_between_pods_is_what_the_next_pod_is_allocated_from(
+    kube: KubeClient, fake_plugin: FakePlugin
+) -> None:
+    """The scheduler keeps its allocator while the slices stay the same; a new generation of the
+    pool is what the next pod's claim is allocated from."""
+    async with running(kube, fake_plugin) as world:
+        await publish(world, [_gpu("gpu-0", "sw1")])
+        await deploy(world, replicas=1, count=1)
+
+        async def devices() -> list[str]:
+            return sorted(
+                r["device"]
+                for c in await claims(world)
+                if is_allocated(c)
+                for r in c["status"]["allocation"]["devices"]["results"]
+            )
+
+        async def allocated(expected: list[str]) -> bool:
+            return await devices() == expected
+
+        await eventually(lambda: allocated(["gpu-0"]), what="the first pod's claim allocated gpu-0")
+        stored = await kube.get(RESOURCE_SLICES, f"fabric-pcie-{world.tag}")
+        stored["spec"]["pool"]["generation"] = 2
+        stored["spec"]["devices"] = [_gpu("gpu-0", "sw1"), _gpu("gpu-7", "sw1")]
+        await kube.replace(RESOURCE_SLICES, stored)
+        await kube.patch(DEPLOYMENTS, "trainer", {"spec": {"replicas": 2}}, world.ns)
+        await eventually(lambda: allocated(["gpu-0", "gpu-7"]), what="the second pod's claim allocated gpu-7")

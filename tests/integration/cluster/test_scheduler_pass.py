@@ -1,0 +1,137 @@
+"""One pass of the stand-in scheduler, driven by hand against the API test server: its informers'
+caches filled from a list and never watched, so what the scheduler sees between its own writes
+is exactly what the test gives it."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from kube_standin.cluster.events import EventRecorder
+from kube_standin.cluster.scheduler import Scheduler
+from plumbing.kube import KubeClient
+from plumbing.kube.dra import is_allocated
+from plumbing.kube.informer import Informer, object_key
+from plumbing.kube.resources import (
+    DEVICE_CLASSES,
+    EVENTS,
+    NAMESPACES,
+    NODES,
+    PODS,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+    Resource,
+)
+from tests.integration.cluster.conftest import DRIVER
+
+
+async def _filled(kube: KubeClient, resource: Resource) -> Informer:
+    """An informer whose cache is the server's list, as after its first list, and which never
+    watches: the test decides what it sees later."""
+    informer = Informer(kube, resource)
+    items, _ = await kube.list_all(resource)
+    informer.items = {object_key(obj): obj for obj in items}
+    informer.synced.set()
+    return informer
+
+
+async def _world(kube: KubeClient, gpus: int, pods: int) -> tuple[str, str, list[str]]:
+    """A node, a pool of ``gpus`` GPUs on it, a class, and ``pods`` pods with one claim of one GPU
+    each: the namespace, the node and the cluster-scoped names to delete afterwards."""
+    tag = uuid.uuid4().hex[:6]
+    ns, node, device_class, pool = f"pass-{tag}", f"node-{tag}", f"gpu-{tag}", f"pool-{tag}"
+    await kube.create(NAMESPACES, {"metadata": {"name": ns}})
+    await kube.create(NODES, {"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}}})
+    await kube.create(
+        DEVICE_CLASSES,
+        {
+            "metadata": {"name": device_class},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+        },
+    )
+    await kube.create(
+        RESOURCE_SLICES,
+        {
+            "metadata": {"name": pool},
+            "spec": {
+                "driver": DRIVER,
+                "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+                "nodeName": node,
+                "devices": [{"name": f"gpu-{i}"} for i in range(gpus)],
+            },
+        },
+    )
+    for i in range(pods):
+        await kube.create(
+            RESOURCE_CLAIMS,
+            {
+                "metadata": {"name": f"claim-{i}", "namespace": ns},
+                "spec": {
+                    "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]}
+                },
+            },
+            ns,
+        )
+        await kube.create(
+            PODS,
+            {
+                "metadata": {"name": f"pod-{i}", "namespace": ns},
+                "spec": {
+                    "resourceClaims": [{"name": "accel", "resourceClaimName": f"claim-{i}"}],
+                    "containers": [
+                        {"name": "c", "image": "busybox", "resources": {"claims": [{"name": "accel"}]}}
+                    ],
+                },
+            },
+            ns,
+        )
+    return ns, node, [device_class, pool]
+
+
+@pytest.mark.parametrize("informer_trails", [False, True], ids=["informer-current", "informer-trails"])
+async def test_pods_of_one_pass_never_share_a_device(kube: KubeClient, informer_trails: bool) -> None:
+    """Three pods, two GPUs, one pass: two pods get one GPU each, the third stays pending — also
+    when the claims' informer has not taken the scheduler's writes (a watch event of the older
+    version overwrote them), so the allocator's snapshot, kept across the pass, never counts a
+    device held by a claim written earlier in the pass as free."""
+    ns, node, cluster_scoped = await _world(kube, gpus=2, pods=3)
+    try:
+        claims = await _filled(kube, RESOURCE_CLAIMS)
+        scheduler = Scheduler(
+            kube,
+            pods=await _filled(kube, PODS),
+            nodes=await _filled(kube, NODES),
+            claims=claims,
+            slices=await _filled(kube, RESOURCE_SLICES),
+            classes=await _filled(kube, DEVICE_CLASSES),
+            events=EventRecorder(kube, "default-scheduler", "test"),
+        )
+        if informer_trails:
+
+            def trailing(obj: dict[str, Any]) -> None:
+                """The informer keeps the version before the scheduler's write."""
+
+            claims.apply = trailing  # type: ignore[method-assign]
+        await scheduler.schedule_pending()
+
+        listed, _ = await kube.list_all(RESOURCE_CLAIMS, ns)
+        devices = [
+            r["device"]
+            for c in listed
+            if is_allocated(c)
+            for r in c["status"]["allocation"]["devices"]["results"]
+        ]
+        assert sorted(devices) == ["gpu-0", "gpu-1"]
+        listed_pods, _ = await kube.list_all(PODS, ns)
+        pending = [p["metadata"]["name"] for p in listed_pods if not p["spec"].get("nodeName")]
+        assert len(pending) == 1
+        events, _ = await kube.list_all(EVENTS, ns)
+        refused = [e for e in events if e.get("reason") == "FailedScheduling"]
+        assert [e["regarding"]["name"] for e in refused] == pending
+        assert "cannot allocate all claims" in refused[0]["note"]
+    finally:
+        await kube.delete_ignore_missing(NODES, node)
+        await kube.delete_ignore_missing(DEVICE_CLASSES, cluster_scoped[0])
+        await kube.delete_ignore_missing(RESOURCE_SLICES, cluster_scoped[1])
