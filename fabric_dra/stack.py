@@ -13,7 +13,10 @@ The demo, the benchmarks and the integration tests compose a system from the sam
 Every process is a :class:`Role`: ``fabric-dra <role> ...`` through :class:`plumbing.procs.RoleProcess`,
 started (optionally armed with crash points, ``FABRIC_DRA_CRASH_AT``), killed with SIGKILL,
 restarted on the same port with the same state and one log across its lives. The builder stops
-every role it started in the reverse order of their first start, whatever happens.
+every role it started in the reverse order of their first start, whatever happens; roles of one
+tier next to each other in that order (the plugins, controller and cluster, whose shutdown needs
+only the services below them; the API server and the emulator, which need nobody) are sent SIGTERM
+together and shut down side by side, each within the same timeout as alone.
 
 One work-dir layout::
 
@@ -88,6 +91,13 @@ PLUGIN_ACCOUNT = "fabric-dra-plugin"
 CONTROLLER_ACCOUNT = "fabric-dra-controller"
 #: longest socket path we let a node directory lead to (the address holds 107 bytes)
 _SOCKET_PATH_BUDGET = 100
+#: Stop tiers (:meth:`Stack.stop`). The services call nobody while they shut down; the manager
+#: closes its Redfish session and Leases through them; the clients (plugins, controller, the
+#: stand-in cluster) talk to the manager and the API server until they exit, so that nothing
+#: reconnects to a manager that is going away, they stop before it.
+SERVICE_TIER = "service"
+MANAGER_TIER = "manager"
+CLIENT_TIER = "client"
 
 
 def free_port() -> int:
@@ -157,6 +167,7 @@ class Role:
         module: str = "fabric_dra",
         log_format: str | None = None,
         log_level: str | None = None,
+        tier: str | None = None,
     ) -> None:
         self.name = name
         self._args = args
@@ -169,6 +180,8 @@ class Role:
         self.module = module
         self.log_format = log_format
         self.log_level = log_level
+        #: roles of one tier may stop side by side (:meth:`Stack.stop`); None: this one stops alone
+        self.tier = tier
         self.process: RoleProcess | None = None
         self.lives = 0
         self._log_offset = 0
@@ -241,6 +254,15 @@ class Role:
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM, wait, then SIGKILL; the exit code (None if never started)."""
         return self.process.stop(timeout) if self.process is not None else None
+
+    def terminate(self) -> None:
+        """SIGTERM without waiting; :meth:`reap` waits (see :meth:`Stack.stop`)."""
+        if self.process is not None:
+            self.process.terminate()
+
+    def reap(self, timeout: float = 10.0) -> int | None:
+        """Wait up to ``timeout`` for a terminated life to end, then SIGKILL; the exit code."""
+        return self.process.reap(timeout) if self.process is not None else None
 
     def tail(self, lines: int = 20) -> str:
         return self.process.tail(lines) if self.process is not None else "(never started)"
@@ -775,7 +797,8 @@ class Stack:
         #: a loaded CI machine (the whole suite on two cores) is slow to import a role
         self.start_timeout = start_timeout
         self.roles: dict[str, Role] = {}
-        self._closers: list[Callable[[], object]] = []
+        #: roles (stopped) and callbacks (called), in the order they were added
+        self._closers: list[Role | Callable[[], object]] = []
         self._nodes_root: Path | None = None
         self._short_nodes_root: Path | None = None
         root.mkdir(parents=True, exist_ok=True)
@@ -818,8 +841,10 @@ class Stack:
         module: str = "fabric_dra",
         start_timeout: float | None = None,
         log_level: str | None = None,
+        tier: str | None = None,
     ) -> Role:
-        """A role of this stack, not started yet; stopped with the stack."""
+        """A role of this stack, not started yet; stopped with the stack, side by side with its
+        neighbours of the same ``tier`` (None: alone)."""
         if name in self.roles:
             raise ValueError(f"the stack already has a role named {name}")
         role = Role(
@@ -833,9 +858,10 @@ class Stack:
             module=module,
             log_format=self.log_format if module == "fabric_dra" else None,
             log_level=log_level,
+            tier=tier,
         )
         self.roles[name] = role
-        self._closers.append(role.stop)
+        self._closers.append(role)
         self.ready_file(name).parent.mkdir(parents=True, exist_ok=True)
         return role
 
@@ -843,20 +869,58 @@ class Stack:
         """Run ``close`` when the stack stops (in reverse order with the roles)."""
         self._closers.append(close)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop every role and call every callback, in the reverse order they were added; a run of
+        roles of one tier in that order (callbacks among them are called first: they close the
+        caller's own clients) is sent SIGTERM together, then each is given ``timeout`` seconds from
+        then and killed after it. Stopping one after another cost a stack the sum of its parts'
+        shutdowns; side by side it costs about the slowest of each tier."""
         errors: list[BaseException] = []
         while self._closers:
-            close = self._closers.pop()
-            try:
-                close()
-            except Exception as err:  # every other part still has to stop
-                errors.append(err)
+            callbacks, roles = self._next_stop_run()
+            for close in callbacks:
+                try:
+                    close()
+                except Exception as err:  # every other part still has to stop
+                    errors.append(err)
+            for role in roles:
+                try:
+                    role.terminate()
+                except Exception as err:
+                    errors.append(err)
+            deadline = time.monotonic() + timeout
+            for role in roles:
+                try:
+                    role.reap(max(0.0, deadline - time.monotonic()))
+                except Exception as err:
+                    errors.append(err)
         if self._short_nodes_root is not None:
             shutil.rmtree(self._short_nodes_root, ignore_errors=True)
         if self.owns_root:
             shutil.rmtree(self.root, ignore_errors=True)
         if errors:
             raise errors[0]
+
+    def _next_stop_run(self) -> tuple[list[Callable[[], object]], list[Role]]:
+        """Take from the end of the closers the next run that stops together: callbacks and the
+        roles of one tier (a role without a tier alone). Callbacks after the run's last role in
+        stop order stay for the next run, so none is called before a role it used to follow."""
+        callbacks: list[Callable[[], object]] = []
+        roles: list[Role] = []
+        pending: list[Callable[[], object]] = []  # callbacks since the run's last role
+        while self._closers:
+            closer = self._closers.pop()
+            if not isinstance(closer, Role):
+                (pending if roles else callbacks).append(closer)
+            elif not roles or (closer.tier is not None and closer.tier == roles[0].tier):
+                callbacks += pending
+                pending.clear()
+                roles.append(closer)
+            else:
+                self._closers.append(closer)
+                break
+        self._closers.extend(reversed(pending))
+        return callbacks, roles
 
     def __enter__(self) -> Stack:
         return self
@@ -924,7 +988,7 @@ class Stack:
             ca_file, cert, key = self.certificates(name)
             args += ["--tls-cert-file", str(cert), "--tls-private-key-file", str(key)]
         args += list(extra_args)
-        role = self.role(name, lambda: list(args), port_flag=True)
+        role = self.role(name, lambda: list(args), port_flag=True, tier=SERVICE_TIER)
         role.start()
         server = ApiServer(role, root, tokens_file, admin_token, ca_file)
         self.callback(server.hooks.close)  # before the process stops
@@ -957,7 +1021,9 @@ class Stack:
                 out += ["--tls-cert", str(emulator.tls[0]), "--tls-key", str(emulator.tls[1])]
             return [*out, *extra_args]
 
-        emulator = Emulator(self.role(name, args, port_flag=True), state, tls=tls, auth=auth)
+        emulator = Emulator(
+            self.role(name, args, port_flag=True, tier=SERVICE_TIER), state, tls=tls, auth=auth
+        )
         self.callback(emulator.close_clients)
         if start:
             emulator.restart()
@@ -1030,7 +1096,7 @@ class Stack:
             ]
 
         manager = Manager(
-            self.role(name, command, port_flag=True, env=env),
+            self.role(name, command, port_flag=True, env=env, tier=MANAGER_TIER),
             args=list(args),
             redfish_args=list(redfish_args),
             tls=tls,
@@ -1071,7 +1137,8 @@ class Stack:
             return [*out, *args]
 
         controller = Controller(
-            self.role(name, command, port_flag=True, log_level=log_level), binding_conditions
+            self.role(name, command, port_flag=True, log_level=log_level, tier=CLIENT_TIER),
+            binding_conditions,
         )
         if start:
             controller.role.start(crash_at)
@@ -1114,7 +1181,9 @@ class Stack:
             return [*out, *extra]
 
         # A plugin outside a pod: no POD_UID, so its sockets keep the kubelet's plain names.
-        role = self.role(name or f"plugin-{node}", command, env={"POD_UID": "", **(env or {})})
+        role = self.role(
+            name or f"plugin-{node}", command, env={"POD_UID": "", **(env or {})}, tier=CLIENT_TIER
+        )
         plugin = Plugin(node, dirs, role, metrics_port)
         if start:
             role.start(crash_at)
@@ -1142,7 +1211,7 @@ class Stack:
                 out += ["--binding-timeout", str(binding_timeout)]
             return out
 
-        role = self.role(name, command, module="kube_standin.cluster")
+        role = self.role(name, command, module="kube_standin.cluster", tier=CLIENT_TIER)
         if start:
             role.start()
         return role

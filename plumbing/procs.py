@@ -8,6 +8,7 @@ the process (SIGTERM, then SIGKILL) — also when the caller fails.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -102,17 +103,26 @@ class RoleProcess:
 
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM, wait, then SIGKILL; returns the exit code."""
+        self.terminate()
+        return self.reap(timeout)
+
+    def terminate(self) -> None:
+        """SIGTERM, without waiting: :meth:`reap` waits. Apart so that a caller stopping many
+        processes signals them all first and they shut down side by side."""
+        if self.alive() and self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+
+    def reap(self, timeout: float = 10.0) -> int | None:
+        """Wait up to ``timeout`` for a process told to stop, then SIGKILL; the exit code."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-            except ProcessLookupError:
-                pass
+            self.proc.wait(timeout=10)
         return self.proc.returncode
 
     def __enter__(self) -> RoleProcess:
