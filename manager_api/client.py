@@ -31,12 +31,12 @@ from manager_api.models import (
     UsageGrouping,
     UsageReport,
 )
-from plumbing.httpserve import CLIENT_KEEPALIVE_EXPIRY
+from plumbing.httplimits import CLIENT_KEEPALIVE_EXPIRY
 
 __all__ = ["ManagerClient", "ManagerUnreachable"]
 
 #: Seconds an idle connection is kept for reuse (through a slow network, a QEMU guest's user
-#: networking, the race it avoids is met in practice): :data:`plumbing.httpserve.CLIENT_KEEPALIVE_EXPIRY`.
+#: networking, the race it avoids is met in practice): :data:`plumbing.httplimits.CLIENT_KEEPALIVE_EXPIRY`.
 KEEPALIVE_EXPIRY = CLIENT_KEEPALIVE_EXPIRY
 
 _DEVICES = TypeAdapter(list[Device])

@@ -27,7 +27,6 @@ import ipaddress
 import json
 import socket
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
 from types import FrameType
@@ -37,10 +36,11 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from plumbing.fsutil import atomic_write
+from plumbing.httplimits import CLIENT_KEEPALIVE_EXPIRY, ConnectionLimits
 from plumbing.logs import get_logger
 from plumbing.netutil import listen_tcp
 
-__all__ = ["ConnectionLimits", "ErrorBody", "HttpServer", "base_url"]
+__all__ = ["CLIENT_KEEPALIVE_EXPIRY", "ConnectionLimits", "ErrorBody", "HttpServer", "base_url"]
 
 log = get_logger(__name__)
 
@@ -50,32 +50,6 @@ ErrorBody = Callable[[int, str, float | None], dict[str, Any]]
 
 def _plain_error(status: int, message: str, retry_after: float | None) -> dict[str, Any]:
     return {"code": HTTPStatus(status).phrase.replace(" ", ""), "message": message}
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectionLimits:
-    """What one client may take of a server: time to send a request, header bytes, connections."""
-
-    #: from a request's first byte (or the connection's start) to the end of its head
-    header_timeout: float = 10.0
-    #: from the end of the head to the end of the body
-    body_timeout: float = 10.0
-    #: an idle connection between requests
-    keep_alive_timeout: int = 5
-    #: request line and header fields together (nginx allows 4 buffers of 8 KiB by default)
-    max_header_bytes: int = 32 * 1024
-    #: open connections; each one beyond is answered 503 (one long poll per node counts here)
-    max_connections: int = 1024
-    #: seconds a refused client is told to wait (``Retry-After``)
-    retry_after: float = 1.0
-
-
-#: Seconds a client keeps an idle connection to one of these servers for reuse: half their keep-alive
-#: timeout. httpx's default (5 s) equals it, so a request sent just as the server closes the idle
-#: connection meets a closed socket ("Server disconnected", a ReadError), and a write (an attach, a
-#: ledger ConfigMap PUT) cannot be resent blindly. The manager's client and the Kubernetes client
-#: (whose API test server is one of these servers) use it.
-CLIENT_KEEPALIVE_EXPIRY = ConnectionLimits().keep_alive_timeout / 2
 
 
 def base_url(host: str, port: int, *, tls: bool = False) -> str:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import httpx
 
-from plumbing.httpserve import CLIENT_KEEPALIVE_EXPIRY
+from plumbing.httplimits import CLIENT_KEEPALIVE_EXPIRY
 from plumbing.kube.resources import Resource
 from plumbing.logs import get_logger
 
