@@ -42,6 +42,10 @@ __all__ = [
     "resource_kind",
 ]
 
+#: how long shutdown lets a login in flight finish before it cuts the connections (a login's
+#: answer cut off leaves a session on the service that nobody can delete)
+_LOGIN_SETTLE_SECONDS = 2.0
+
 
 class RedfishClient:
     """Shared by every task of the manager. See the module docstring for what it guarantees."""
@@ -108,11 +112,13 @@ class RedfishClient:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        """Cut the reads still in flight, delete our session on the service and release the
-        thread pool. Bounded (a few seconds) whatever the service does: it runs on SIGTERM, and a
-        hung read would otherwise hold the process's exit (worker threads are joined at exit)."""
+        """Let a login in flight finish (bounded), cut the reads still in flight, delete our
+        session on the service and release the thread pool. Bounded (a few seconds) whatever the
+        service does: it runs on SIGTERM, and a hung read would otherwise hold the process's exit
+        (worker threads are joined at exit)."""
         if self.transport.closed:
             return
+        await self.sessions.settle(_LOGIN_SETTLE_SECONDS)
         self.transport.abort()
         await self.sessions.logout()
         self.transport.close()

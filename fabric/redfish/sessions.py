@@ -30,6 +30,9 @@ log = get_logger(__name__)
 
 #: (connect, read) seconds for a session's DELETE: a logout must not hold a shutdown
 _LOGOUT_TIMEOUT = (2.0, 2.0)
+#: sessions whose DELETE failed, kept to be deleted again; more than this many undeletable
+#: sessions means the service refuses DELETEs, and the oldest is left to its timeout
+_UNDELETED_MAX = 8
 
 
 class Sessions:
@@ -43,8 +46,13 @@ class Sessions:
         self._generation = 0
         self._mode = settings.auth if settings.username else "none"
         self._session_uri: str | None = None
+        self._session_token: str | None = None
         #: logged out for good: a request still in flight must not open a new session
         self._closed = False
+        #: sessions of ours whose DELETE got no answer or a transient error: a BMC that answered
+        #: slowly may not have acted, and each such session holds one of its few slots until
+        #: it times out, so the DELETE is sent again after the next login and at logout
+        self._undeleted: list[str] = []
 
     @property
     def base_url(self) -> str:
@@ -81,23 +89,30 @@ class Sessions:
         password = self.settings.password.get_secret_value() if self.settings.password else ""
         if self._mode == "session":
             self.transport.use_credentials()
-            sessions_uri = self._sessions_uri()
-            answer = self._send(
-                "POST", sessions_uri, body={"UserName": self.settings.username, "Password": password}
-            )
+            try:
+                sessions_uri = self._sessions_uri()
+                answer = self._send(
+                    "POST", sessions_uri, body={"UserName": self.settings.username, "Password": password}
+                )
+            except BaseException:
+                # The session in use may be alive still (only refused once): keep its token, or
+                # neither a resend nor the logout could delete it.
+                self.transport.use_credentials(session_key=self._session_token)
+                raise
             token = answer.headers.get("x-auth-token")
             if 200 <= answer.status < 300 and token:  # any 2xx, as DMTF's library (some answer 204)
                 replaced = self._session_uri
                 location = answer.location or answer.body.get("@odata.id")
                 session_uri = same_service(self.base_url, location, link="Location of the new session")
                 self.transport.use_credentials(session_key=token)
-                self._session_uri = session_uri
+                self._session_uri, self._session_token = session_uri, token
                 self._generation += 1
                 log.info("Redfish session created", url=self.base_url)
                 if replaced and replaced != self._session_uri:
                     # A BMC has few session slots: the one this login replaces must not wait for
                     # its timeout (it may be alive still, only refused once).
-                    self._delete(replaced)
+                    self._undeleted.insert(0, replaced)
+                self._delete_undeleted()
                 return
             if answer.status in (404, 405, 501):
                 log.warning(
@@ -137,16 +152,31 @@ class Sessions:
                 return uri
         return "/redfish/v1/SessionService/Sessions"  # fixed by DSP0266 1.6 when Links is missing
 
-    def _delete(self, session_uri: str) -> None:
-        """Delete a session of ours with the credentials in use; best effort, bounded, never a
-        new login (a 401 here must not open yet another session)."""
+    def _delete_undeleted(self) -> None:
+        """Send the DELETE of every remembered session, newest first, until one fails again (a
+        service that is slow now would make each of the rest wait its full timeout too)."""
+        while self._undeleted:
+            if not self._delete(self._undeleted[0]):
+                del self._undeleted[_UNDELETED_MAX:]
+                return
+            self._undeleted.pop(0)
+
+    def _delete(self, session_uri: str) -> bool:
+        """Delete a session of ours with the credentials in use; bounded, never a new login (a 401
+        here must not open yet another session). False: try again later — no answer, or an
+        answer that says the service may act if asked again (DSP0266 "Retry-After": 503, and
+        429/408/5xx in general); a 4xx other than those is final (404: already gone)."""
         try:
             answer = self.transport.send("DELETE", session_uri, timeout=_LOGOUT_TIMEOUT)
         except (TransportError, FabricError) as err:
-            log.info("could not delete a Redfish session", error=str(err)[:200])
-            return
+            log.info("could not delete a Redfish session, will try again", error=str(err)[:200])
+            return False
+        if answer.status in (408, 429) or answer.status >= 500:
+            log.info("Redfish session not deleted, will try again", status=answer.status)
+            return False
         if answer.status >= 300 and answer.status != 404:
             log.info("Redfish session not deleted", status=answer.status)
+        return True
 
     # -- for requests made outside the transport (the SSE stream) --------------------------------
 
@@ -159,6 +189,19 @@ class Sessions:
         """Log in again (e.g. after the SSE stream got 401)."""
         self._relogin(self._generation)
 
+    async def settle(self, within: float) -> None:
+        """Let a login in flight finish, for at most ``within`` seconds, and allow no new one: run
+        before shutdown cuts the connections, because a login whose answer is cut leaves a session
+        on the service that nobody knows the token of (it holds a slot until it times out)."""
+        self._closed = True
+
+        def wait() -> None:
+            if self._lock.acquire(timeout=within):
+                self._lock.release()
+
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(wait)
+
     async def logout(self) -> None:
         """Delete our session on the service, for good (requests still in flight get no new
         one); best effort, bounded."""
@@ -170,4 +213,6 @@ class Sessions:
             self._closed = True
             session_uri, self._session_uri = self._session_uri, None
             if session_uri and self._mode == "session":
+                # the others first: deleting our own session ends the credentials they need
+                self._delete_undeleted()
                 self._delete(session_uri)

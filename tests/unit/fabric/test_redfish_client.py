@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import itertools
 import logging
@@ -55,6 +56,16 @@ class FakeService:
         self.valid: set[str] = set()
         self.sessions: dict[str, str] = {}
         self.routes: dict[tuple[str, str], list[Reply] | Reply] = {}
+        #: how many session DELETEs to lose (the connection closes, the session stays)
+        self.lose_deletes = 0
+        #: how many logins to lose before the service acts on them (the connection closes)
+        self.lose_logins = 0
+        #: seconds a login takes to answer after the session exists
+        self.login_delay = 0.0
+        #: authenticated requests to refuse with 401 although the session is valid
+        self.refuse = 0
+        #: set once a session exists (before the login's answer is sent)
+        self.logged_in = threading.Event()
 
     def expire_sessions(self) -> None:
         self.valid.clear()
@@ -66,10 +77,15 @@ class FakeService:
         if request.method == "POST" and path == "/redfish/v1/SessionService/Sessions":
             if request.body != {"UserName": "admin", "Password": PASSWORD}:
                 return Reply(401, None)
+            if self.lose_logins:
+                self.lose_logins -= 1
+                return Reply(drop=True)
             number = next(self.tokens)
             token = f"token-{number}-{'x' * 16}"
             self.valid.add(token)
             self.sessions[f"/redfish/v1/SessionService/Sessions/{number}"] = token
+            self.logged_in.set()
+            time.sleep(self.login_delay)
             return Reply(
                 201,
                 {"@odata.id": f"/redfish/v1/SessionService/Sessions/{number}"},
@@ -77,7 +93,13 @@ class FakeService:
             )
         if request.headers.get("x-auth-token") not in self.valid:
             return error("Base.1.22.1.NoValidSession", 401)
+        if self.refuse and request.method == "GET":
+            self.refuse -= 1
+            return error("Base.1.22.1.NoValidSession", 401)
         if request.method == "DELETE" and path in self.sessions:
+            if self.lose_deletes:
+                self.lose_deletes -= 1
+                return Reply(drop=True)
             self.valid.discard(self.sessions.pop(path))
             return Reply(204)
         route = self.routes.get((request.method, path))
@@ -136,6 +158,70 @@ async def test_session_login_and_relogin_after_expiry(
     text = captured_logs.getvalue()
     assert "logging in again" in text
     assert PASSWORD not in text and "token-" not in text
+
+
+async def test_a_session_whose_delete_was_lost_is_deleted_later(
+    service: tuple[FakeService, ScriptedServer],
+) -> None:
+    """A BMC has few session slots: the DELETE of a replaced session that got no answer is sent
+    again after the next login, and the one lost at logout is not left behind either."""
+    fake, server = service
+    fake.routes[("GET", "/redfish/v1/Fabrics")] = Reply(200, {"Members": []})
+    client = RedfishClient(settings(server.url))
+    try:
+        await client.get_json("/redfish/v1/Fabrics")
+        fake.lose_deletes = 1
+        fake.expire_sessions()  # login 2 replaces session 1, whose DELETE is lost
+        await client.get_json("/redfish/v1/Fabrics")
+        assert set(fake.sessions) == {f"/redfish/v1/SessionService/Sessions/{n}" for n in (1, 2)}
+        fake.expire_sessions()  # login 3 deletes session 2 and, again, session 1
+        await client.get_json("/redfish/v1/Fabrics")
+        assert set(fake.sessions) == {"/redfish/v1/SessionService/Sessions/3"}
+        fake.lose_deletes = 1
+        fake.expire_sessions()  # login 4: session 3's DELETE is lost; logout sends it again
+        await client.get_json("/redfish/v1/Fabrics")
+    finally:
+        await client.aclose()
+    assert fake.sessions == {}
+    assert server.count("DELETE", "/redfish/v1/SessionService/Sessions/1") == 2
+    assert server.count("DELETE", "/redfish/v1/SessionService/Sessions/3") == 2
+
+
+async def test_a_lost_login_keeps_the_session_it_would_replace_deletable(
+    service: tuple[FakeService, ScriptedServer],
+) -> None:
+    """A 401 on a session that is still alive, then a login whose answer is lost: the client keeps
+    the old session's token, so its logout still deletes it (without it the DELETE is a 401)."""
+    fake, server = service
+    fake.routes[("GET", "/redfish/v1/Fabrics")] = Reply(200, {"Members": []})
+    client = RedfishClient(settings(server.url, get_attempts=1))
+    try:
+        await client.get_json("/redfish/v1/Fabrics")
+        fake.refuse, fake.lose_logins = 1, 1
+        with pytest.raises(FabricUnavailable):
+            await client.get_json("/redfish/v1/Fabrics")
+    finally:
+        await client.aclose()
+    assert fake.sessions == {}
+    assert server.count("DELETE", "/redfish/v1/SessionService/Sessions/1") == 1
+
+
+async def test_shutdown_lets_a_login_in_flight_finish_and_deletes_its_session(
+    service: tuple[FakeService, ScriptedServer],
+) -> None:
+    """Shutdown cuts every connection, but not before a login in flight got its answer: cut, the
+    session it created would hold one of the BMC's few slots with nobody knowing its token."""
+    fake, server = service
+    fake.routes[("GET", "/redfish/v1/Fabrics")] = Reply(200, {"Members": []})
+    fake.login_delay = 1.0
+    client = RedfishClient(settings(server.url))
+    request = asyncio.ensure_future(client.get_json("/redfish/v1/Fabrics"))
+    assert await asyncio.to_thread(fake.logged_in.wait, 10), "the login never reached the service"
+    await client.aclose()
+    with contextlib.suppress(Exception):
+        await request
+    assert fake.sessions == {}
+    assert server.count("DELETE", "/redfish/v1/SessionService/Sessions/1") == 1
 
 
 async def test_bad_credentials_are_one_clear_error(service: tuple[FakeService, ScriptedServer]) -> None:
