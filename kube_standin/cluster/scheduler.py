@@ -318,6 +318,21 @@ class Scheduler:
                 claims[key] = mine
         return list(claims.values())
 
+    def _claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One claim as :meth:`_claims_now` sees it: our own write while the informer trails (a
+        stale watch event must not make a claim we allocated look unallocated, or un-reserve it
+        with an old resourceVersion)."""
+        cached = self.claims.get(namespace, name)
+        mine = self._assumed.get(f"{namespace}/{name}")
+        if (
+            cached is not None
+            and mine is not None
+            and cached["metadata"].get("uid") == mine["metadata"].get("uid")
+            and _version(cached) < _version(mine)
+        ):
+            return mine
+        return cached
+
     def _assume(self, claim: dict[str, Any]) -> None:
         """Take our own write of a claim into the cache and keep it until the informer has it."""
         self.claims.apply(claim)
@@ -428,7 +443,7 @@ class Scheduler:
         failure: str | None = None
         ready = True
         for namespace, name in binding.claims:
-            obj = self.claims.get(namespace, name)
+            obj = self._claim(namespace, name)
             claim = ResourceClaim.read(obj) if obj is not None else None
             if claim is None or not claim.allocated:
                 failure = f"claim {name} lost its allocation"
@@ -452,7 +467,7 @@ class Scheduler:
 
     async def _unreserve(self, pod: dict[str, Any], binding: _Binding) -> None:
         for namespace, name in binding.claims:
-            claim = self.claims.get(namespace, name)
+            claim = self._claim(namespace, name)
             if claim is None:
                 continue
             status = {

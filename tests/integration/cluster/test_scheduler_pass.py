@@ -5,6 +5,7 @@ is exactly what the test gives it."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -37,9 +38,12 @@ async def _filled(kube: KubeClient, resource: Resource) -> Informer:
     return informer
 
 
-async def _world(kube: KubeClient, gpus: int, pods: int) -> tuple[str, str, list[str]]:
-    """A node, a pool of ``gpus`` GPUs on it, a class, and ``pods`` pods with one claim of one GPU
-    each: the namespace, the node and the cluster-scoped names to delete afterwards."""
+async def _world(
+    kube: KubeClient, gpus: int, pods: int, device: dict[str, Any] | None = None
+) -> tuple[str, str, list[str]]:
+    """A node, a pool of ``gpus`` GPUs on it (each with the fields of ``device``), a class, and
+    ``pods`` pods with one claim of one GPU each: the namespace, the node and the cluster-scoped
+    names to delete afterwards."""
     tag = uuid.uuid4().hex[:6]
     ns, node, device_class, pool = f"pass-{tag}", f"node-{tag}", f"gpu-{tag}", f"pool-{tag}"
     await kube.create(NAMESPACES, {"metadata": {"name": ns}})
@@ -59,7 +63,7 @@ async def _world(kube: KubeClient, gpus: int, pods: int) -> tuple[str, str, list
                 "driver": DRIVER,
                 "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
                 "nodeName": node,
-                "devices": [{"name": f"gpu-{i}"} for i in range(gpus)],
+                "devices": [{"name": f"gpu-{i}", **(device or {})} for i in range(gpus)],
             },
         },
     )
@@ -131,6 +135,63 @@ async def test_pods_of_one_pass_never_share_a_device(kube: KubeClient, informer_
         refused = [e for e in events if e.get("reason") == "FailedScheduling"]
         assert [e["regarding"]["name"] for e in refused] == pending
         assert "cannot allocate all claims" in refused[0]["note"]
+    finally:
+        await kube.delete_ignore_missing(NODES, node)
+        await kube.delete_ignore_missing(DEVICE_CLASSES, cluster_scoped[0])
+        await kube.delete_ignore_missing(RESOURCE_SLICES, cluster_scoped[1])
+
+
+async def test_a_trailing_informer_does_not_unreserve_a_pod_waiting_for_binding_conditions(
+    kube: KubeClient,
+) -> None:
+    """A pod whose device has binding conditions waits after the allocation; the next pass checks
+    the claim. With the claims' informer still at the version before the scheduler's own write, the
+    claim must not look unallocated ("lost its allocation": un-reserved, scheduled again) — the
+    scheduler reads its own write until the informer has it, as for allocation."""
+    conditions = {
+        "bindsToNode": True,
+        "bindingConditions": ["FabricAttached"],
+        "bindingFailureConditions": ["FabricAttachFailed"],
+    }
+    ns, node, cluster_scoped = await _world(kube, gpus=1, pods=1, device=conditions)
+    try:
+        claims = await _filled(kube, RESOURCE_CLAIMS)
+        scheduler = Scheduler(
+            kube,
+            pods=await _filled(kube, PODS),
+            nodes=await _filled(kube, NODES),
+            claims=claims,
+            slices=await _filled(kube, RESOURCE_SLICES),
+            classes=await _filled(kube, DEVICE_CLASSES),
+            events=EventRecorder(kube, "default-scheduler", "test"),
+        )
+
+        def trailing(obj: dict[str, Any]) -> None:
+            """The informer keeps the version before the scheduler's write."""
+
+        claims.apply = trailing  # type: ignore[method-assign]
+        await scheduler.schedule_pending()  # allocates, then waits for FabricAttached
+        writes: list[str] = []
+        replace = kube.replace
+
+        async def recorded(
+            res: Resource, obj: Mapping[str, Any], *, subresource: str | None = None
+        ) -> dict[str, Any]:
+            writes.append(f"{res.plural}/{obj['metadata']['name']}")
+            return await replace(res, obj, subresource=subresource)
+
+        kube.replace = recorded  # type: ignore[method-assign]
+        await scheduler.schedule_pending()  # checks the claim: its condition is not yet True
+        kube.replace = replace  # type: ignore[method-assign]
+        # un-reserving it from the stale copy would be a write (refused: its resourceVersion is old)
+        assert writes == []
+
+        (claim,) = (await kube.list_all(RESOURCE_CLAIMS, ns))[0]
+        assert is_allocated(claim), "the claim was un-reserved"
+        (pod,) = (await kube.list_all(PODS, ns))[0]
+        assert not pod["spec"].get("nodeName"), "bound before its binding conditions were met"
+        events, _ = await kube.list_all(EVENTS, ns)
+        assert [e["reason"] for e in events if e.get("reason") == "FailedBinding"] == []
     finally:
         await kube.delete_ignore_missing(NODES, node)
         await kube.delete_ignore_missing(DEVICE_CLASSES, cluster_scoped[0])
