@@ -244,7 +244,9 @@ class Controller:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self.feed.run())
             tasks.create_task(self.publisher.run(self.feed, resync_period=opts.resync_period))
-            tasks.create_task(labeler.run(self.feed))
+            # labels follow what is published, not the inventory: a pod steered to a warm node must
+            # find the node-local slice there
+            tasks.create_task(labeler.run(self.publisher.published))
             if not opts.binding_conditions:
                 # The plugin attaches at prepare time: only the manager sees the failures.
                 noticer = QuarantineEvents(self.kube, events, opts.driver)

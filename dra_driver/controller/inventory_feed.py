@@ -19,17 +19,38 @@ from manager_api.models import Inventory
 from plumbing.backoff import Backoff
 from plumbing.logs import get_logger
 
-__all__ = ["InventoryFeed"]
+__all__ = ["InventoryFeed", "InventorySource"]
 
 log = get_logger(__name__)
 
 
-class InventoryFeed:
-    def __init__(self, client: ManagerClient, *, poll_timeout: float = 30.0) -> None:
-        self._client = client
-        self._poll_timeout = poll_timeout
+class InventorySource:
+    """The latest inventory of some stage, and a wait for a newer one."""
+
+    def __init__(self) -> None:
         self._changed = asyncio.Condition()
         self.latest: Inventory | None = None
+
+    async def put(self, inventory: Inventory) -> None:
+        async with self._changed:
+            self.latest = inventory
+            self._changed.notify_all()
+
+    async def wait_newer(self, version: int | None) -> Inventory:
+        """The first inventory whose version differs from ``version`` (any, when None)."""
+        async with self._changed:
+            while self.latest is None or (version is not None and self.latest.version == version):
+                await self._changed.wait()
+            return self.latest
+
+
+class InventoryFeed(InventorySource):
+    """The manager's inventory as it reads it."""
+
+    def __init__(self, client: ManagerClient, *, poll_timeout: float = 30.0) -> None:
+        super().__init__()
+        self._client = client
+        self._poll_timeout = poll_timeout
         self.last_error: str | None = None
         self.last_success = 0.0
 
@@ -62,20 +83,11 @@ class InventoryFeed:
                 await self._publish(inventory)
 
     async def _publish(self, inventory: Inventory) -> None:
-        async with self._changed:
-            self.latest = inventory
-            INVENTORY_VERSION.set(inventory.version)
-            self._changed.notify_all()
+        await self.put(inventory)
+        INVENTORY_VERSION.set(inventory.version)
         log.debug(
             "inventory received",
             version=inventory.version,
             devices=len(inventory.devices),
             pools=len(inventory.pools),
         )
-
-    async def wait_newer(self, version: int | None) -> Inventory:
-        """The first inventory whose version differs from ``version`` (any, when None)."""
-        async with self._changed:
-            while self.latest is None or (version is not None and self.latest.version == version):
-                await self._changed.wait()
-            return self.latest

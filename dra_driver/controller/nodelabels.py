@@ -13,7 +13,12 @@ It also keeps ``warm.<driver>/<device type>=<count>`` on each node where the man
 of that type warm (:func:`.slices.desired_warm_labels`; the key of a non-default ``--publisher``
 names it), and removes the key when the count drops to 0: pods prefer those nodes through a
 preferred node affinity (docs/manager.md, "What the scheduler guarantees about picking a warm
-device"). These keys are owned by publisher, one per device type, whatever the pools.
+device"). These keys are owned by publisher, one per device type, whatever the pools. A warm device
+already allocated to a ResourceClaim is not counted (claims are watched): the manager's inventory
+shows it warm until the claim's prepare, seconds later, and meanwhile the next pod should not be
+sent to a node whose warm device is taken. The labels describe the inventory the publisher has
+*written* (``SlicePublisher.published``), not the newest one read: a count must never run ahead of
+the node-local slice it promises, or the pod it steers finds only shared devices there.
 
 With :class:`.pluginpods.PluginNodes` (``--plugin-pod-selector``), a node the fabric reaches is
 labelled only while a plugin pod is Ready on it, and loses the labels when it has none: the
@@ -26,7 +31,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from dra_driver.controller.inventory_feed import InventoryFeed
+from dra_driver.controller.inventory_feed import InventorySource
 from dra_driver.controller.metrics import NODE_LABEL_PATCHES
 from dra_driver.controller.pluginpods import PluginNodes
 from dra_driver.controller.resourcenames import pool_label_key, pool_label_prefix, warm_label_key
@@ -34,8 +39,9 @@ from dra_driver.controller.slices import desired_node_labels, desired_warm_label
 from manager_api.models import DeviceType, Inventory
 from plumbing.backoff import Backoff
 from plumbing.kube import ApiError, KubeClient, NotFound
+from plumbing.kube.dra import ResourceClaim
 from plumbing.kube.informer import Change, Informer, Origin
-from plumbing.kube.resources import NODES, RESOURCE_SLICES
+from plumbing.kube.resources import NODES, RESOURCE_CLAIMS, RESOURCE_SLICES
 from plumbing.logs import get_logger
 
 __all__ = ["NodeLabeler", "desired_node_labels"]
@@ -67,13 +73,17 @@ class NodeLabeler:
         #: node name → its labels, kept by list + watch
         self._nodes: dict[str, dict[str, str]] = {}
         self._informer = Informer(kube, NODES, on_changes=self._on_changes)
+        #: claim (namespace/name) → the (pool, device) of this driver it is allocated
+        self._allocated: dict[str, frozenset[tuple[str, str]]] = {}
+        self._claims = Informer(kube, RESOURCE_CLAIMS, on_changes=self._on_claims)
         self._trigger = asyncio.Event()
         self._debounce = debounce
         self._warned_missing: set[str] = set()
 
-    async def run(self, feed: InventoryFeed) -> None:
+    async def run(self, feed: InventorySource) -> None:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._informer.run())
+            tasks.create_task(self._claims.run())
             tasks.create_task(self._follow(feed))
             tasks.create_task(self._reconcile_loop(feed))
             if self._plugin_nodes is not None:
@@ -86,7 +96,7 @@ class NodeLabeler:
             plugins.changed.clear()
             self._trigger.set()
 
-    async def _follow(self, feed: InventoryFeed) -> None:
+    async def _follow(self, feed: InventorySource) -> None:
         version: int | None = None
         while True:
             inventory = await feed.wait_newer(version)
@@ -105,6 +115,20 @@ class NodeLabeler:
             self._nodes[name] = labels
         if origin != "watch":
             self._trigger.set()  # a (re)list: reconcile everything once
+
+    def _on_claims(self, changes: Sequence[Change], origin: Origin) -> None:
+        for change in changes:
+            meta = change.object.get("metadata") or {}
+            key = f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+            claim = ResourceClaim.read(change.object) if change.type != "DELETED" else None
+            results = claim.results if claim is not None else ()
+            held = frozenset((r.pool, r.device) for r in results if r.driver == self._driver)
+            if held != self._allocated.get(key, frozenset()):
+                self._trigger.set()
+            if held:
+                self._allocated[key] = held
+            else:
+                self._allocated.pop(key, None)
 
     @staticmethod
     def _name(node: dict[str, Any]) -> str:
@@ -138,9 +162,10 @@ class NodeLabeler:
         self._owned.update(pool_label_key(self._driver, p.pool) for p in inventory.pools)
         self._owned.update(k for keys in desired_node_labels(inventory, self._driver).values() for k in keys)
 
-    async def _reconcile_loop(self, feed: InventoryFeed) -> None:
+    async def _reconcile_loop(self, feed: InventorySource) -> None:
         backoff = Backoff(initial=0.2, maximum=30.0)
         await self._informer.synced.wait()
+        await self._claims.synced.wait()
         if self._plugin_nodes is not None:
             await self._plugin_nodes.synced.wait()
         while True:
@@ -165,7 +190,8 @@ class NodeLabeler:
         await self._learn_owned(inventory)
         pools = desired_node_labels(inventory, self._driver)
         wanted = {name: dict.fromkeys(keys, "true") for name, keys in pools.items()}
-        for name, counts in desired_warm_labels(inventory, self._driver, self._publisher).items():
+        allocated = frozenset().union(*self._allocated.values())
+        for name, counts in desired_warm_labels(inventory, self._driver, self._publisher, allocated).items():
             wanted.setdefault(name, {}).update(counts)
         if self._plugin_nodes is not None:
             with_plugin = self._plugin_nodes.nodes()

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dra_driver.controller.devices import PublishPolicy, WithheldReason
-from dra_driver.controller.inventory_feed import InventoryFeed
+from dra_driver.controller.inventory_feed import InventoryFeed, InventorySource
 from dra_driver.controller.metrics import POOL_DEVICES, POOL_GENERATION, SLICE_RECONCILE_SECONDS, SLICE_WRITES
 from dra_driver.controller.quarantine import Quarantine
 from dra_driver.controller.slices import (
@@ -92,6 +92,9 @@ class SlicePublisher:
         self.last_result: PublishResult | None = None
         self.synced_version: int | None = None
         self.on_synced: Callable[[int], None] | None = None
+        #: the inventory the stored slices show, once a pass has written it: what the node labels
+        #: describe, so a node is never labelled warm before its node-local slice exists
+        self.published = InventorySource()
 
     # -- policy ---------------------------------------------------------------------------
 
@@ -265,6 +268,7 @@ class SlicePublisher:
         SLICE_RECONCILE_SECONDS.observe(time.monotonic() - started)
         self.last_result = result
         self.synced_version = inventory.version
+        await self.published.put(inventory)
         if plans:
             log.info(
                 "resource slices published",

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,13 +120,18 @@ def desired_node_labels(inventory: Inventory, driver: str) -> dict[str, set[str]
 
 
 def desired_warm_labels(
-    inventory: Inventory, driver: str, publisher: str = "default"
+    inventory: Inventory,
+    driver: str,
+    publisher: str = "default",
+    allocated: AbstractSet[tuple[str, str]] = frozenset(),
 ) -> dict[str, dict[str, str]]:
     """Node name → ``{warm label key: count}``: per device type, how many devices are published warm
     and untainted in the node's node-local slices (:func:`desired_pools`); a type with none has no
     key, so a pod's
     ``Exists`` and ``Gt 0`` mean the same. Pods prefer these nodes through a preferred node affinity
-    (docs/manager.md, "What the scheduler guarantees about picking a warm device")."""
+    (docs/manager.md, "What the scheduler guarantees about picking a warm device"). ``allocated``:
+    the (pool, device) of this driver that ResourceClaims hold; not counted, as no new claim gets
+    them (the inventory shows such a device warm until its claim is prepared)."""
     reaching = _reaching_nodes(inventory)
     seen: set[tuple[str, str]] = set()
     counts: dict[str, dict[str, int]] = {}
@@ -137,7 +143,7 @@ def desired_warm_labels(
         # Only what a claim can be allocated without a toleration: not withheld, not tainted
         # (devices.to_dra_device); a warm device is never unavailable or unmanaged.
         offered = device.health is Health.OK and is_dns1123_label(device.name) and is_pool_name(device.pool)
-        if node is not None and offered:
+        if node is not None and offered and (device.pool, device.name) not in allocated:
             key = warm_label_key(driver, device.type.value, publisher)
             counts.setdefault(node, {}).setdefault(key, 0)
             counts[node][key] += 1

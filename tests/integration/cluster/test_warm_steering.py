@@ -2,11 +2,11 @@
 
 The controller (a real process, over a stand-in fabric manager) keeps
 ``warm.<driver>/<device type>=<count>`` on each node where the manager's inventory shows devices
-of that type warm, absent at 0, touching no key it does not own. A pod carrying docs/manager.md's
-recipe — a preferred node affinity (weight 100) with ``Gt 0`` on that key — is placed by the
-stand-in scheduler, which scores it as kube-scheduler's ``NodeAffinity`` does, on the node where a
-GPU is warm, and the allocator gives it the warm device there; a required node affinity still
-wins over the preference."""
+of that type warm and no claim is allocated them yet, absent at 0, touching no key it does not
+own. A pod carrying docs/manager.md's recipe — a preferred node affinity (weight 100) with
+``Gt 0`` on that key — is placed by the stand-in scheduler, which scores it as kube-scheduler's
+``NodeAffinity`` does, on the node where a GPU is warm, and the allocator gives it the warm device
+there; a required node affinity still wins over the preference."""
 
 from __future__ import annotations
 
@@ -82,6 +82,10 @@ async def test_warm_counts_label_the_nodes_and_steer_pods_to_the_warm_device(
             # Without the preference the stand-in would take the first node (no pods anywhere,
             # then by name); NodeAffinity's 200 points send the pod where gpu-3 is warm.
             assert await run_pod(world, "steered", affinity=steered(*world.nodes)) == (third, "gpu-3")
+            # gpu-3 is allocated: no longer counted, although the inventory still shows it warm
+            # (the fake plugin prepares nothing with the manager)
+            taken = {first: {FOREIGN_KEY: "5"}, second: {NVME_KEY: "1"}, third: {}}
+            await eventually(lambda: labelled(taken), what="the allocated warm GPU uncounted", within=30)
             # A required node affinity is a Filter: the preference cannot override it.
             assert await run_pod(world, "required", affinity=steered(first)) == (first, "gpu-0")
 

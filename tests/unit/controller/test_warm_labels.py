@@ -83,3 +83,14 @@ def test_the_recipe_prefers_the_count_above_zero() -> None:
             "matchExpressions": [{"key": "warm.fabric-dra.io/gpu", "operator": "Gt", "values": ["0"]}]
         },
     }
+
+
+def test_a_warm_device_a_claim_is_allocated_is_not_counted() -> None:
+    """The inventory shows it warm until the claim's prepare; no new claim can have it meanwhile."""
+    inventory = make_inventory(
+        [make_device(f"gpu-{i}", state=BindingState.WARM, node="node-a") for i in range(2)]
+        + [make_device("gpu-2", state=BindingState.WARM, node="node-b")]
+    )
+    taken = {("fabric-pcie", "gpu-0"), ("fabric-pcie", "gpu-2")}
+    labels = desired_warm_labels(inventory, DRIVER, allocated=taken)
+    assert labels == {"node-a": {"warm.fabric-dra.io/gpu": "1"}}
