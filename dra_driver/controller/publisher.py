@@ -308,10 +308,15 @@ class SlicePublisher:
         for name, rv in plan.deletes_first:
             await self._delete(name, rv)
             result.deletes += 1
-        for write in plan.writes:
+        for write in [*plan.writes, *plan.writes_after]:
             check_slice(write.obj)  # never send what the API server would reject
         await asyncio.gather(*(self._write(w) for w in plan.writes))
         result.writes += len(plan.writes)
+        if plan.writes_after:
+            # Devices a slice gains are added only once every other slice has dropped them (a
+            # device twice in one pool makes the pool invalid): after all of ``writes``.
+            await asyncio.gather(*(self._write(self._after(w)) for w in plan.writes_after))
+            result.writes += len(plan.writes_after)
         for name, rv in plan.deletes:
             await self._delete(name, rv)
             result.deletes += 1
@@ -323,6 +328,15 @@ class SlicePublisher:
             slices=len(plan.writes),
             deleted=len(plan.deletes),
         )
+
+    def _after(self, write: SliceWrite) -> SliceWrite:
+        """``write`` on top of what this pass wrote to the same slice before it."""
+        stored = self._slices.get(write.name)
+        rv = str(((stored or {}).get("metadata") or {}).get("resourceVersion") or "")
+        if not rv or rv == write.resource_version:
+            return write
+        obj = {**write.obj, "metadata": {**write.obj["metadata"], "resourceVersion": rv}}
+        return dataclasses.replace(write, obj=obj, resource_version=rv)
 
     async def _write(self, write: SliceWrite) -> None:
         verb = "create" if write.resource_version is None else "update"

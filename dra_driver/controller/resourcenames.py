@@ -150,17 +150,22 @@ def attach_failed_taint_key(driver: str) -> str:
     return f"{driver}/attach-failed"
 
 
-def slice_name(driver: str, pool: str, index: int) -> str:
+def slice_name(driver: str, pool: str, index: int, count: int = 1) -> str:
     """Stable ResourceSlice name: ``<driver>-<pool>-<index>`` when that is a DNS subdomain.
 
     Otherwise (a long or slashed pool name) ``<driver>.<pool head>-<hash>-<index>``, every
-    label within 63 characters.
+    label within 63 characters. The index is zero-padded to the width of the pool's last one
+    (``count`` slices), so names sort as the indices do: the allocator takes a pool's slices in
+    name order (``sortSlicesByName`` in the structured allocator's ``pools_experimental.go``), and
+    ``-10`` would otherwise come before ``-2`` and put the shared devices of an 11-slice pool ahead
+    of the warm ones in node-local slices 2 to 9.
     """
-    name = f"{driver}-{pool.replace('/', '.')}-{index}"
+    index_text = str(index).zfill(len(str(max(count - 1, 0))))
+    name = f"{driver}-{pool.replace('/', '.')}-{index_text}"
     # Kubernetes bounds only the whole name; a label over 63 would still not be a DNS name.
     if is_dns1123_subdomain(name) and all(len(label) <= 63 for label in name.split(".")):
         return name
-    tail = f"-{short_hash(pool)}-{index}"
+    tail = f"-{short_hash(pool)}-{index_text}"
     head = _NOT_LABEL_CHARS.sub("-", pool.lower()).replace(".", "-").strip("-")
     head = head[: 63 - len(tail)].rstrip("-") or "pool"
     return f"{driver}.{head}{tail}"

@@ -14,10 +14,13 @@ view of the pool its warm devices precede the shared ones wherever slices are ta
 A device is in exactly one slice of its pool: two would make the pool invalid for the allocator
 (``poolIsInvalid``: "duplicate device name"). ``nodeName`` is immutable, so a slice whose
 ``nodeName`` changes is deleted and created again. All slices of a pool carry the same
-``pool.generation`` and ``pool.resourceSliceCount``; any change to the pool is written as a
+``pool.generation`` and ``pool.resourceSliceCount``; a change to the pool is written as a
 new generation on *every* slice of the pool, then obsolete slices are deleted — so a consumer
 that only trusts the highest generation with a complete slice count never sees a mixed pool
-(ResourcePool, k8s.io/api/resource/v1).
+(ResourcePool, k8s.io/api/resource/v1) — except a *warm change*: devices moving between slices
+that exist already (a node keeps its node-local slice, empty, once it had one), written in place
+under the current generation, slices that lose devices before slices that gain them, so the pool
+stays complete and valid at every instant (:func:`_plan_in_place`).
 
 Stored slices are compared *semantically* with the desired ones: quantities by value, taint
 ``timeAdded`` ignored (the API server fills it in), nulls and empty lists ignored. An
@@ -26,13 +29,21 @@ unchanged pool therefore plans no writes at all.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
-from dra_driver.controller.devices import Conversion, PublishPolicy, WithheldReason, mark_warm, to_dra_device
+from dra_driver.controller.devices import (
+    WARM_ATTRIBUTE,
+    Conversion,
+    PublishPolicy,
+    WithheldReason,
+    mark_warm,
+    to_dra_device,
+)
 from dra_driver.controller.resourcenames import (
     ATTRIBUTE_VALUE_MAX_BYTES,
     BINDING_CONDITIONS_MAX,
@@ -407,6 +418,10 @@ class PoolPlan:
     deletes: list[tuple[str, str]]
     #: slices that must go *before* a write reuses their name (they belong to another pool)
     deletes_first: list[tuple[str, str]] = field(default_factory=list)
+    #: writes that must wait until every one of ``writes`` has succeeded: a warm change in place
+    #: adds the devices a slice gains only once every other slice has dropped them
+    #: (:func:`plan_pool`); their ``resource_version`` is the one ``writes`` left
+    writes_after: list[SliceWrite] = field(default_factory=list)
 
 
 def _generation(obj: Mapping[str, Any]) -> int:
@@ -429,7 +444,7 @@ def _in_sync(
     normal = desired.normal_specs(driver)
     generations: set[int] = set()
     for index in range(count):
-        stored = existing.get(slice_name(driver, desired.name, index))
+        stored = existing.get(slice_name(driver, desired.name, index, count))
         if stored is None:
             return False
         spec = stored.get("spec") or {}
@@ -481,6 +496,145 @@ def _with_taint_times(
     return out
 
 
+def _node_of(placement: Mapping[str, Any]) -> str | None:
+    node = placement.get("nodeName")
+    return str(node) if node else None
+
+
+def _keep_slots(desired: DesiredPool, existing: Mapping[str, dict[str, Any]]) -> DesiredPool:
+    """``desired`` with an empty node-local slice for each node of the pool that has one stored but
+    no warm device now.
+
+    A node's node-local slice stays once it exists, so the pool's slices — their number, names and
+    ``nodeName`` — do not change each time a node's last warm device is taken or its first one
+    comes, and such a change is written in place (:func:`_plan_in_place`) instead of as a new
+    generation of every slice. The price is one empty slice per node that ever held warm devices
+    of the pool (at most one per node it reaches); a node that leaves the pool loses its slot."""
+    have = {_node_of(desired.placements[i]) for i in range(len(desired.chunks))}
+    stored = {str(n) for obj in existing.values() if (n := (obj.get("spec") or {}).get("nodeName"))}
+    keep = sorted((stored - have) & set(desired.nodes))
+    if not keep:
+        return desired
+    local: list[tuple[str, int, list[dict[str, Any]]]] = []
+    shared: list[tuple[list[dict[str, Any]], dict[str, Any]]] = []
+    for index, (chunk, placement) in enumerate(zip(desired.chunks, desired.placements, strict=True)):
+        node = _node_of(placement)
+        if node is None:
+            shared.append((chunk, placement))
+        else:
+            local.append((node, index, chunk))
+    local += [(node, -1, []) for node in keep]
+    local.sort(key=lambda item: (item[0], item[1]))
+    chunks = [chunk for _, _, chunk in local] + [chunk for chunk, _ in shared]
+    placements = [{"nodeName": node} for node, _, _ in local] + [p for _, p in shared]
+    return dataclasses.replace(desired, chunks=chunks, placements=placements, _normal=None)
+
+
+def _without_warm(device: Mapping[str, Any], warm_key: str) -> dict[str, Any]:
+    attributes = {k: v for k, v in (device.get("attributes") or {}).items() if k != warm_key}
+    return {**device, "attributes": attributes}
+
+
+def _replace(
+    desired: DesiredPool,
+    driver: str,
+    index: int,
+    generation: int,
+    name: str,
+    resource_version: str,
+    devices: list[dict[str, Any]],
+    times: Mapping[tuple[str, str, str, str], str],
+) -> SliceWrite:
+    """Replace slice ``index`` of ``desired`` under ``generation`` with ``devices`` in it."""
+    spec = desired.spec(driver, index, generation)
+    spec.pop("devices", None)
+    if devices:
+        spec["devices"] = _with_taint_times(devices, times)
+    obj = {
+        "apiVersion": API_VERSION,
+        "kind": "ResourceSlice",
+        "metadata": {"name": name, "labels": dict(desired.labels), "resourceVersion": resource_version},
+        "spec": spec,
+    }
+    return SliceWrite(obj, resource_version, _normal_spec(spec))
+
+
+def _plan_in_place(
+    desired: DesiredPool,
+    existing: Mapping[str, dict[str, Any]],
+    driver: str,
+    normal_of: Callable[[Mapping[str, Any]], dict[str, Any]],
+) -> PoolPlan | None:
+    """The writes of a *warm change* — devices moving between the shared and node-local slices of
+    a pool whose slices stay the same — made under the pool's current generation; None for any
+    other change (those are a new generation of every slice, as before).
+
+    The API server's rule for consumers (the structured allocator's ``GatherPools``,
+    ``pools_experimental.go``) is that a pool is usable only when all ``resourceSliceCount``
+    slices of its highest generation are seen (``IsIncomplete`` otherwise, and ``allocateOne``
+    skips incomplete or invalid pools), and invalid when a device name appears twice in it
+    (``validateDeviceNames``). Writing a new generation on every slice makes the pool incomplete
+    for every node until the last write lands — with one pool per fabric, no device of that fabric
+    is allocatable meanwhile. Kept at its generation and count the pool stays complete; ordered,
+    it stays valid: first each changed slice is written with only the devices it already holds
+    (the ones it loses are dropped), then each slice that gains devices is written whole, so a
+    device is in at most one slice at every instant — at worst briefly in none. Upstream's own
+    publisher keeps the generation for a change of one slice (``numNewSlices == 0 &&
+    len(changedDesiredSlices) <= 1`` in ``resourceslice/resourceslicecontroller.go``); the
+    ordering extends that to a move between two."""
+    count = len(desired.chunks)
+    if len(existing) != count:
+        return None
+    generations = {_generation(obj) for obj in existing.values()}
+    if len(generations) != 1:
+        return None
+    generation = generations.pop()
+    normal = desired.normal_specs(driver)
+    stored: list[dict[str, Any]] = []
+    for index in range(count):
+        obj = existing.get(slice_name(driver, desired.name, index, count))
+        if obj is None:
+            return None
+        spec = obj.get("spec") or {}
+        labels = _meta(obj).get("labels") or {}
+        if int((spec.get("pool") or {}).get("resourceSliceCount") or 0) != count or any(
+            labels.get(k) != v for k, v in desired.labels.items()
+        ):
+            return None
+        now = normal_of(obj)
+        # the same node selection: nodeName is immutable, and a selector change is not warmth
+        if {k: v for k, v in now.items() if k != "devices"} != {
+            k: v for k, v in normal[index].items() if k != "devices"
+        }:
+            return None
+        stored.append(obj)
+    warm_key = f"{driver}/{WARM_ATTRIBUTE}"
+    before = {n: _without_warm(d, warm_key) for obj in stored for n, d in normal_of(obj)["devices"].items()}
+    after = {n: _without_warm(d, warm_key) for spec in normal for n, d in spec["devices"].items()}
+    if before != after:
+        return None  # devices added, removed or changed: not a warm change
+    times = _taint_times(existing.values())
+    writes: list[SliceWrite] = []
+    writes_after: list[SliceWrite] = []
+    for index, obj in enumerate(stored):
+        now = normal_of(obj)
+        if now == normal[index]:
+            continue
+        name = str(_meta(obj)["name"])
+        rv = str(_meta(obj).get("resourceVersion") or "")
+        final = desired.chunks[index]
+        kept = [d for d in final if d["name"] in now["devices"]]
+        if len(kept) == len(final):
+            # it only loses devices, or only their warm mark changes
+            writes.append(_replace(desired, driver, index, generation, name, rv, final, times))
+            continue
+        first = _replace(desired, driver, index, generation, name, rv, kept, times)
+        if first.normal != now:
+            writes.append(first)
+        writes_after.append(_replace(desired, driver, index, generation, name, rv, final, times))
+    return PoolPlan(desired.name, generation, writes, [], writes_after=writes_after)
+
+
 def plan_pool(
     pool: str,
     desired: DesiredPool | None,
@@ -504,15 +658,19 @@ def plan_pool(
             (name, str(_meta(obj).get("resourceVersion") or "")) for name, obj in sorted(existing.items())
         ]
         return PoolPlan(pool=pool, generation=0, writes=[], deletes=deletes)
+    desired = _keep_slots(desired, existing)
     if _in_sync(desired, existing, driver, normal_of):
         return None
+    in_place = _plan_in_place(desired, existing, driver, normal_of)
+    if in_place is not None:
+        return in_place
     generation = max((_generation(obj) for obj in existing.values()), default=0) + 1
     times = _taint_times(existing.values())
     writes: list[SliceWrite] = []
     deletes_first: list[tuple[str, str]] = []
     wanted: set[str] = set()
     for index in range(len(desired.chunks)):
-        name = slice_name(driver, desired.name, index)
+        name = slice_name(driver, desired.name, index, len(desired.chunks))
         wanted.add(name)
         spec = desired.spec(driver, index, generation)
         if "devices" in spec:

@@ -9,7 +9,8 @@ follows the real allocator's first-fit rules and has no preference of ours, then
 - allocates the warm device to a pod placed on its node, although in name order it comes last;
 
 and when the manager reports the device claimed, the controller moves it back to the shared slice
-(one slice, a new generation, no device twice)."""
+in place (the nodes keep their now empty node-local slices, the pool its generation; no device
+twice)."""
 
 from __future__ import annotations
 
@@ -139,7 +140,8 @@ async def test_a_warm_device_goes_to_the_pod_on_its_node_and_back_to_the_shared_
             assert await run_pod_on(world, "on-first", first) == "gpu-1"
 
             # The manager reports gpu-2 claimed (a warm hit) and gpu-0 cooled: both go back to
-            # the shared slice, under one new generation.
+            # the shared slice, in place: the node-local slices stay, empty, and so does the
+            # pool's generation.
             def claimed(current: list[Device]) -> list[Device]:
                 out = []
                 for device in current:
@@ -154,9 +156,11 @@ async def test_a_warm_device_goes_to_the_pod_on_its_node_and_back_to_the_shared_
 
             async def moved_back() -> list[dict[str, Any]] | None:
                 current = await pool_slices(world)
-                return current if layout(current) == [(None, ["gpu-0", "gpu-1", "gpu-2"])] else None
+                back = [(second, []), (third, []), (None, ["gpu-0", "gpu-1", "gpu-2"])]
+                return current if layout(current) == back else None
 
-            (shared,) = await eventually(moved_back, what="one shared slice again", within=30)
-            assert shared["spec"]["pool"]["resourceSliceCount"] == 1
-            assert shared["spec"]["pool"]["generation"] > stored[0]["spec"]["pool"]["generation"]
+            *emptied, shared = await eventually(moved_back, what="all in the shared slice again", within=30)
+            assert {s["spec"]["pool"]["resourceSliceCount"] for s in [*emptied, shared]} == {3}
+            generations = {s["spec"]["pool"]["generation"] for s in [*emptied, shared]}
+            assert generations == {stored[0]["spec"]["pool"]["generation"]}
             assert "nodeSelector" in shared["spec"]

@@ -485,36 +485,125 @@ def _stored_with_gpu_00002_warm_on_c() -> dict[str, dict[str, Any]]:
     return store(first.writes)
 
 
+def _apply(stored: dict[str, dict[str, Any]], writes: list[Any], rv: int) -> dict[str, dict[str, Any]]:
+    """``stored`` after ``writes`` (replacements in place), each a new resourceVersion."""
+    out = dict(stored)
+    for offset, write in enumerate(writes):
+        out.update(store([write], rv + offset))
+    return out
+
+
+def _views(stored: dict[str, dict[str, Any]], inventory: Any) -> dict[str, list[str]]:
+    """Node → the devices it can allocate from, as the allocator's GatherPools sees the pool;
+    every node's view must be complete and valid."""
+    slices = [ResourceSlice.model_validate(obj) for obj in stored.values()]
+    labels = desired_node_labels(inventory, DRIVER)
+    views = {}
+    for node in "abcd":
+        raw = {"metadata": {"name": node, "labels": dict.fromkeys(labels[node], "true")}}
+        (pool,) = gather_pools(slices, Node.model_validate(raw)).pools
+        assert not pool.incomplete, f"node {node}: the pool is incomplete"
+        assert pool.invalid_reason is None, f"node {node}: {pool.invalid_reason}"
+        views[node] = [ref.device.name for ref in pool.refs]
+    return views
+
+
 def test_a_warm_device_claimed_or_cooled_moves_back_to_its_group_slice() -> None:
     stored = _stored_with_gpu_00002_warm_on_c()
     claimed = _partially_cabled(3, 0)
     claimed.devices[2].state, claimed.devices[2].node = BindingState.BOUND, "c"
     plan = plan_pool("fabric-pcie", pool_of(desired_pools(claimed, POLICY)), stored, driver=DRIVER)
-    assert plan is not None and plan.generation == 2
-    (write,) = plan.writes
-    assert [d["name"] for d in write.obj["spec"]["devices"]] == ["gpu-00000", "gpu-00001", "gpu-00002"]
-    assert f"{DRIVER}/warm" not in write.obj["spec"]["devices"][2]["attributes"]
-    assert write.obj["spec"]["pool"]["resourceSliceCount"] == 1
-    # slice 0 was node-local: nodeName is immutable, so it is deleted and created anew
-    assert plan.deletes_first == [("fabric-dra.io-fabric-pcie-0", "1")]
-    assert write.resource_version is None and "nodeName" not in write.obj["spec"]
-    assert [name for name, _ in plan.deletes] == ["fabric-dra.io-fabric-pcie-1"]
+    assert plan is not None
+    # In place under the pool's generation: node c's slice stays (empty) and keeps its nodeName,
+    # so nothing is deleted or recreated and the slice count stays 2.
+    assert plan.generation == 1 and plan.deletes == plan.deletes_first == []
+    (emptied,) = plan.writes
+    (gained,) = plan.writes_after
+    assert (emptied.name, emptied.resource_version) == ("fabric-dra.io-fabric-pcie-0", "1")
+    assert emptied.obj["spec"]["nodeName"] == "c" and "devices" not in emptied.obj["spec"]
+    assert gained.name == "fabric-dra.io-fabric-pcie-1"
+    assert [d["name"] for d in gained.obj["spec"]["devices"]] == ["gpu-00000", "gpu-00001", "gpu-00002"]
+    assert f"{DRIVER}/warm" not in gained.obj["spec"]["devices"][2]["attributes"]
+    assert {w.obj["spec"]["pool"]["resourceSliceCount"] for w in (emptied, gained)} == {2}
+    final = _apply(_apply(stored, plan.writes, 10), plan.writes_after, 20)
+    assert plan_pool("fabric-pcie", pool_of(desired_pools(claimed, POLICY)), final, driver=DRIVER) is None
 
 
 def test_a_warm_device_moving_to_another_node_recreates_the_node_local_slice() -> None:
     stored = _stored_with_gpu_00002_warm_on_c()
     moved = _warm(_partially_cabled(3, 0), gpu_00002="d")
     plan = plan_pool("fabric-pcie", pool_of(desired_pools(moved, POLICY)), stored, driver=DRIVER)
-    assert plan is not None and plan.generation == 2
-    assert [_placement(w.obj["spec"]) for w in plan.writes] == ["node d", "pool.fabric-dra.io/fabric-pcie"]
-    assert plan.deletes_first == [("fabric-dra.io-fabric-pcie-0", "1")]
-    assert [w.resource_version for w in plan.writes] == [None, "2"]
+    # d has no node-local slice yet: the pool's slices change, so a new generation everywhere —
+    # c keeps its (now empty) slice, d's comes next, the shared one moves to index 2.
+    assert plan is not None and plan.generation == 2 and plan.writes_after == []
+    assert [_placement(w.obj["spec"]) for w in plan.writes] == [
+        "node c",
+        "node d",
+        "pool.fabric-dra.io/fabric-pcie",
+    ]
+    # slice 1 was the shared one: nodeName is immutable, so it is deleted and created anew
+    assert plan.deletes_first == [("fabric-dra.io-fabric-pcie-1", "2")]
+    assert [w.resource_version for w in plan.writes] == ["1", None, None]
     _assert_one_slice_per_device(plan.writes)
     # and an unchanged warm pool plans nothing
     assert (
         plan_pool("fabric-pcie", pool_of(desired_pools(moved, POLICY)), store(plan.writes), driver=DRIVER)
         is None
     )
+
+
+def test_warm_changes_between_existing_slices_keep_every_view_complete_and_valid() -> None:
+    """Each write of a warm change, applied one at a time, leaves the pool complete (its
+    generation and slice count unchanged) and valid (no device twice) for every node — what the
+    allocator needs to allocate from it at all."""
+    inventory = _warm(_partially_cabled(4, 0), gpu_00001="c", gpu_00003="d")
+    first = plan_pool("fabric-pcie", pool_of(desired_pools(inventory, POLICY)), {}, driver=DRIVER)
+    assert first is not None
+    stored = store(first.writes)
+    # c's device is claimed while gpu-00000 warms on d and gpu-00002 on c: devices move both ways
+    swapped = _warm(_partially_cabled(4, 0), gpu_00003="d", gpu_00000="d", gpu_00002="c")
+    swapped.devices[1].state, swapped.devices[1].node = BindingState.BOUND, "c"
+    plan = plan_pool("fabric-pcie", pool_of(desired_pools(swapped, POLICY)), stored, driver=DRIVER)
+    assert plan is not None and plan.generation == 1 and plan.writes_after
+    rv = 100
+    for phase in (plan.writes, plan.writes_after):
+        for write in phase:
+            assert write.obj["spec"]["pool"] == {
+                "name": "fabric-pcie",
+                "generation": 1,
+                "resourceSliceCount": 3,
+            }
+            stored = _apply(stored, [write], rv)
+            rv += 1
+            _views(stored, swapped)
+    assert _views(stored, swapped) == {
+        "a": ["gpu-00001"],
+        "b": ["gpu-00001"],
+        "c": ["gpu-00002", "gpu-00001"],
+        "d": ["gpu-00000", "gpu-00003", "gpu-00001"],
+    }
+    assert plan_pool("fabric-pcie", pool_of(desired_pools(swapped, POLICY)), stored, driver=DRIVER) is None
+
+
+def test_a_change_beyond_warmth_is_still_a_new_generation_everywhere() -> None:
+    stored = _stored_with_gpu_00002_warm_on_c()
+    grown = _warm(_partially_cabled(4, 0), gpu_00002="c")
+    plan = plan_pool("fabric-pcie", pool_of(desired_pools(grown, POLICY)), stored, driver=DRIVER)
+    assert plan is not None and plan.generation == 2 and plan.writes_after == []
+    assert {w.obj["spec"]["pool"]["generation"] for w in plan.writes} == {2}
+
+
+def test_slice_names_sort_as_their_indices_so_node_local_slices_come_first() -> None:
+    """Eleven nodes with warm devices: the shared slice is the 12th, named after all of them."""
+    inventory = _partially_cabled(12, 0)
+    for device, node in zip(inventory.devices, [*"ab", *(f"n{i:02d}" for i in range(9))], strict=False):
+        device.state, device.node = BindingState.WARM, node
+    inventory.pools[0].nodes.extend(f"n{i:02d}" for i in range(9))
+    plan = plan_pool("fabric-pcie", pool_of(desired_pools(inventory, POLICY)), {}, driver=DRIVER)
+    assert plan is not None
+    names = [w.name for w in plan.writes]
+    assert names == sorted(names) and names[0] == "fabric-dra.io-fabric-pcie-00"
+    assert "nodeName" not in plan.writes[-1].obj["spec"]
 
 
 def test_first_available_warm_then_any_takes_the_warm_device_on_its_node_only() -> None:
