@@ -74,6 +74,17 @@ def test_slice_names_are_stable_dns_subdomains() -> None:
     assert is_dns_subdomain(slice_name("fabric-dra.io", "rack.example/fabric-pcie", 1))
 
 
+def test_slice_names_sort_as_their_indices() -> None:
+    """The allocator takes a pool's slices in name order: the index is padded to the last one's width."""
+    names = [slice_name("fabric-dra.io", "fabric-pcie", i, 11) for i in range(11)]
+    assert names == sorted(names)
+    assert names[2] == "fabric-dra.io-fabric-pcie-02" and names[10] == "fabric-dra.io-fabric-pcie-10"
+    hashed = [slice_name("fabric-dra.io", "p" * 250, i, 101) for i in (9, 10, 100)]
+    assert hashed == sorted(hashed) and hashed[0].endswith("-009")
+    # up to ten slices the names are as they always were
+    assert slice_name("fabric-dra.io", "fabric-pcie", 9, 10) == "fabric-dra.io-fabric-pcie-9"
+
+
 def test_condition_types_are_qualified_names() -> None:
     names = BindingConditionNames("fabric-dra.io")
     assert names.attached == "fabric-dra.io/Attached"
