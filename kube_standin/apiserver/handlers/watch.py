@@ -148,16 +148,21 @@ async def _stream(
                 if options.bookmarks and watcher.queue.empty():
                     yield _bookmark(store, res, api_version)
                 return
-            wait = min(deadline, next_bookmark if options.bookmarks else deadline) - now
-            try:
-                item = await asyncio.wait_for(watcher.queue.get(), timeout=max(wait, 0.0))
-            except TimeoutError:
-                # An empty queue means every change up to store.rv has been delivered.
-                if options.bookmarks and watcher.queue.empty() and time.monotonic() >= next_bookmark:
-                    yield _bookmark(store, res, api_version)
-                    next_bookmark = time.monotonic() + options.bookmark_interval
-                continue
-            items = [item]
+            items: list[Change | None] = []
+            if watcher.queue.empty():
+                wait = min(deadline, next_bookmark if options.bookmarks else deadline) - now
+                try:
+                    items.append(await asyncio.wait_for(watcher.queue.get(), timeout=max(wait, 0.0)))
+                except TimeoutError:
+                    # An empty queue means every change up to store.rv has been delivered. A change
+                    # queued while the timed-out read was being cancelled stays in the queue: the
+                    # next turn takes it without waiting. (Waiting for it instead, with the bookmark
+                    # overdue, meant a zero timeout that cancels every read before it runs: the
+                    # stream went silent until its deadline.)
+                    if options.bookmarks and watcher.queue.empty() and time.monotonic() >= next_bookmark:
+                        yield _bookmark(store, res, api_version)
+                        next_bookmark = time.monotonic() + options.bookmark_interval
+                    continue
             while not watcher.queue.empty():
                 items.append(watcher.queue.get_nowait())
             out = b""

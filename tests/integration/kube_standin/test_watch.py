@@ -4,6 +4,7 @@ bookmarks, initial events, versions, and streams closed by the server."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -183,3 +184,51 @@ async def test_the_server_can_end_every_watch(
     await asyncio.sleep(0.3)
     assert shared_apiserver.hooks.close_watches() >= 1
     assert await asyncio.wait_for(task, 5) == 0  # ended cleanly, as a dropped connection would
+
+
+async def test_a_watch_keeps_delivering_while_writes_meet_its_bookmark_ticks(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A bookmark tick that finds a change just queued must not stop the stream: a real API server
+    keeps delivering. (The stream used to wait for its queue with a zero timeout from then on,
+    which cancelled each read before it ran: the watch went silent until its timeout.)"""
+    with start_apiserver(
+        tmp_path_factory.mktemp("busy-bookmarks"), extra_args=["--bookmark-interval", "0.02"]
+    ) as server:
+        async with server.client() as kube:
+            for i in range(4):
+                await kube.create(CONFIGMAPS, cm(f"busy-{i}", "default"))
+            start = (await kube.list(CONFIGMAPS, "default"))["metadata"]["resourceVersion"]
+            seen: list[int] = []
+
+            async def watch() -> None:
+                async for event in kube.watch(
+                    CONFIGMAPS, "default", resource_version=start, timeout_seconds=60
+                ):
+                    if event.type != "BOOKMARK":
+                        seen.append(int(event.object["metadata"]["resourceVersion"]))
+
+            async def write(i: int, until: float) -> int:
+                last = 0
+                while asyncio.get_running_loop().time() < until:
+                    done = await kube.patch(CONFIGMAPS, f"busy-{i}", {"data": {"v": str(last)}}, "default")
+                    last = int(done["metadata"]["resourceVersion"])
+                return last
+
+            watching = asyncio.create_task(watch())
+            try:
+                until = asyncio.get_running_loop().time() + 4.0
+                lasts = await asyncio.gather(*(write(i, until) for i in range(4)))
+                latest = max(lasts)
+                for _ in range(60):  # 3 s for the last change to arrive
+                    if seen and seen[-1] >= latest:
+                        break
+                    await asyncio.sleep(0.05)
+                assert seen and seen[-1] >= latest, (
+                    f"the watch stopped at resourceVersion {seen[-1] if seen else start}, "
+                    f"the writes reached {latest}"
+                )
+            finally:
+                watching.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watching
