@@ -10,6 +10,16 @@ Pending with a ``FailedPrepareDynamicResources`` event carrying the plugin's err
 retried with back-off, as the kubelet does. When the pod is being deleted,
 ``NodeUnprepareResources`` runs first, then the finalizer is removed.
 
+Pods of one node are worked on concurrently, one worker per pod UID, as the kubelet's pod
+workers do (``pkg/kubelet/pod_workers.go``: ``UpdatePod`` starts a goroutine running
+``podWorkerLoop`` per pod UID and signals it through a channel of capacity one; the worker then
+syncs the latest state of its pod). A pod's own steps — finalizer, prepare, Running, later
+unprepare and finalizer removal — run in order inside its worker and never overlap; different
+pods' ``NodePrepareResources`` calls do overlap, as in the kubelet, whose DRA manager
+(``pkg/kubelet/cm/dra/manager.go``, ``prepareResources``) holds its claim info cache lock only
+while it records claims, not across the plugin call. At most ``max_workers`` pods sync at once
+(default 110, the kubelet's default ``maxPods``).
+
 The node's plugins are found the kubelet's way: sockets in the node's plugin registry dir
 answer ``pluginregistration.Registration/GetInfo`` with their driver name, DRA endpoint and
 supported versions (``v1.DRAPlugin`` preferred over ``v1beta1.DRAPlugin``).
@@ -32,7 +42,7 @@ from kube_standin.kubelet_client import ClaimRef, DRAPluginClient, KubeletError,
 from plumbing.backoff import Backoff
 from plumbing.kube import ApiError, Conflict, KubeClient, NotFound
 from plumbing.kube.dra import ResourceClaim
-from plumbing.kube.informer import Informer, wait_any
+from plumbing.kube.informer import Informer, object_key, wait_any
 from plumbing.kube.resources import PODS
 from plumbing.logs import get_logger
 
@@ -106,8 +116,25 @@ class _PodProgress:
     last_error: str = ""
 
 
+@dataclass(eq=False)
+class _PodWorker:
+    """One pod's worker (the kubelet's per-UID goroutine): woken by the node's loop, it syncs its
+    pod from the cache, one sync at a time."""
+
+    key: str  # namespace/name in the pods cache
+    uid: str
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    progress: _PodProgress = field(default_factory=_PodProgress)
+    task: asyncio.Task[None] | None = None
+
+
+#: the kubelet's default ``maxPods``: a node never has more pods, so never more pod workers at work
+MAX_POD_WORKERS = 110
+
+
 class KubeletLoop:
-    """The stand-in kubelet of one node."""
+    """The stand-in kubelet of one node: one worker per pod UID (at most ``max_workers`` syncing at
+    once), so a slow prepare of one pod does not hold up the node's other pods."""
 
     def __init__(
         self,
@@ -117,6 +144,8 @@ class KubeletLoop:
         claims: Informer,
         client: DraNodeClient,
         events: EventRecorder,
+        *,
+        max_workers: int = MAX_POD_WORKERS,
     ) -> None:
         self.kube = kube
         self.node = node
@@ -124,7 +153,8 @@ class KubeletLoop:
         self.claims = claims
         self.client = client
         self.events = events
-        self._progress: dict[str, _PodProgress] = {}
+        self._workers: dict[str, _PodWorker] = {}
+        self._slots = asyncio.Semaphore(max_workers)
 
     async def run(self) -> None:
         wakes = [self.pods.listen(), self.claims.listen()]
@@ -135,31 +165,75 @@ class KubeletLoop:
                 await wait_any(*wakes, resync=0.5)
                 for wake in wakes:
                     wake.clear()
-                for pod in self.pods.values():
-                    if (pod.get("spec") or {}).get("nodeName") != self.node:
-                        continue
-                    try:
-                        await self.sync(pod)
-                    except (Conflict, NotFound):
-                        wakes[0].set()
-                    except ApiError as err:
-                        log.warning(
-                            "kubelet sync failed", node=self.node, pod=pod["metadata"]["name"], error=str(err)
-                        )
-                    except Exception:  # a bug must not stop the kubelet; log it and go on
-                        log.exception(
-                            "unexpected error; continuing", node=self.node, pod=pod["metadata"]["name"]
-                        )
-                        await asyncio.sleep(1.0)
+                self._dispatch()
         finally:
+            workers = [w.task for w in self._workers.values() if w.task is not None]
+            for task in workers:
+                task.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
             await self.client.close()
 
-    async def sync(self, pod: dict[str, Any]) -> None:
+    def _dispatch(self) -> None:
+        """Wake the worker of every pod of this node (starting the missing ones), and the workers
+        whose pod left the cache, so they end (the kubelet's ``UpdatePod`` for each pod)."""
+        seen: set[str] = set()
+        for pod in self.pods.values():
+            if (pod.get("spec") or {}).get("nodeName") != self.node:
+                continue
+            meta = pod["metadata"]
+            uid = str(meta["uid"])
+            seen.add(uid)
+            worker = self._workers.get(uid)
+            if worker is None:
+                worker = _PodWorker(object_key(pod), uid)
+                worker.task = asyncio.create_task(
+                    self._work(worker), name=f"kubelet:{self.node}:{worker.key}"
+                )
+                self._workers[uid] = worker
+            worker.wake.set()
+        for uid, worker in self._workers.items():
+            if uid not in seen:
+                worker.wake.set()
+
+    def _current(self, worker: _PodWorker) -> dict[str, Any] | None:
+        """The worker's pod as the cache has it now; None once it left the cache or this node."""
+        pod = self.pods.items.get(worker.key)  # read only, as the node's loop reads the cache
+        if pod is None or pod["metadata"].get("uid") != worker.uid:
+            return None
+        if (pod.get("spec") or {}).get("nodeName") != self.node:
+            return None
+        return pod
+
+    async def _work(self, worker: _PodWorker) -> None:
+        try:
+            while True:
+                await worker.wake.wait()
+                worker.wake.clear()
+                pod = self._current(worker)
+                if pod is None:
+                    return
+                async with self._slots:
+                    await self._sync_guarded(pod, worker)
+        finally:
+            if self._workers.get(worker.uid) is worker:
+                del self._workers[worker.uid]
+
+    async def _sync_guarded(self, pod: dict[str, Any], worker: _PodWorker) -> None:
+        try:
+            await self.sync(pod, worker.progress)
+        except (Conflict, NotFound):
+            worker.wake.set()  # a stale copy: try again with the cache's next one
+        except ApiError as err:
+            log.warning("kubelet sync failed", node=self.node, pod=pod["metadata"]["name"], error=str(err))
+        except Exception:  # a bug must not stop the kubelet; log it and go on
+            log.exception("unexpected error; continuing", node=self.node, pod=pod["metadata"]["name"])
+            await asyncio.sleep(1.0)
+
+    async def sync(self, pod: dict[str, Any], progress: _PodProgress) -> None:
+        """One pass over one pod: finalizer, prepare and Running, or unprepare and release."""
         meta = pod["metadata"]
-        key = f"{meta.get('namespace')}/{meta['name']}/{meta['uid']}"
-        progress = self._progress.setdefault(key, _PodProgress())
         if meta.get("deletionTimestamp"):
-            await self._terminate(pod, key, progress)
+            await self._terminate(pod, progress)
             return
         if KUBELET_FINALIZER not in (meta.get("finalizers") or []):
             updated = await self.kube.patch(
@@ -258,7 +332,7 @@ class KubeletLoop:
         log.info("pod running", node=self.node, pod=meta["name"])
         await self.events.record(pod, "Started", f"Started pod on {self.node} with its claims prepared")
 
-    async def _terminate(self, pod: dict[str, Any], key: str, progress: _PodProgress) -> None:
+    async def _terminate(self, pod: dict[str, Any], progress: _PodProgress) -> None:
         meta = pod["metadata"]
         if KUBELET_FINALIZER not in (meta.get("finalizers") or []):
             return
@@ -287,7 +361,7 @@ class KubeletLoop:
             {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}},
             meta.get("namespace"),
         )
-        self._progress.pop(key, None)
+        progress.prepared.clear()
         if (updated.get("metadata") or {}).get("deletionTimestamp") and not finalizers:
             self.pods.forget(updated)
 

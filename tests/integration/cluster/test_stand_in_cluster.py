@@ -475,3 +475,73 @@ async def test_a_slice_changed_between_pods_is_what_the_next_pod_is_allocated_fr
         await kube.replace(RESOURCE_SLICES, stored)
         await kube.patch(DEPLOYMENTS, "trainer", {"spec": {"replicas": 2}}, world.ns)
         await eventually(lambda: allocated(["gpu-0", "gpu-7"]), what="the second pod's claim allocated gpu-7")
+
+
+async def test_one_slow_prepare_does_not_hold_up_the_other_pods_of_its_node(
+    kube: KubeClient, fake_plugin: FakePlugin
+) -> None:
+    """The kubelet works on each pod in its own worker: while one pod's NodePrepareResources hangs
+    (a hot-add taking long), another pod of the same node is prepared and runs."""
+    gate = asyncio.Event()
+    held: list[str] = []
+
+    async def attach(claim: Any, node: str) -> str:
+        if not held:
+            held.append(claim.uid)
+            await gate.wait()
+        return ""
+
+    fake_plugin.attach = attach
+    async with running(kube, fake_plugin) as world:
+        await publish(world, [_gpu("gpu-0", "sw1"), _gpu("gpu-1", "sw1")])
+        await deploy(world, replicas=2, count=1)
+        try:
+
+            async def one_running_one_held() -> bool:
+                phases = sorted((p.get("status") or {}).get("phase", "Pending") for p in await pods(world))
+                return bool(held) and phases == ["Pending", "Running"]
+
+            await eventually(
+                one_running_one_held, within=20, what="the other pod Running while one prepare hangs"
+            )
+            assert held[0] not in fake_plugin.prepared
+        finally:
+            gate.set()
+
+        async def both_running() -> bool:
+            phases = [(p.get("status") or {}).get("phase") for p in await pods(world)]
+            return phases == ["Running", "Running"]
+
+        await eventually(both_running, what="both pods Running once the slow prepare answers")
+
+
+async def test_a_pod_deleted_during_its_prepare_is_unprepared_only_after_the_prepare_answered(
+    kube: KubeClient, fake_plugin: FakePlugin
+) -> None:
+    """A pod's steps never overlap: its unprepare waits for its own prepare in flight."""
+    gate = asyncio.Event()
+    order: list[str] = []
+
+    async def attach(claim: Any, node: str) -> str:
+        order.append(f"prepare-start {claim.uid}")
+        await gate.wait()
+        order.append(f"prepare-end {claim.uid}")
+        return ""
+
+    fake_plugin.attach = attach
+    async with running(kube, fake_plugin) as world:
+        await publish(world, [_gpu("gpu-0", "sw1")])
+        await deploy(world, replicas=1, count=1)
+        await eventually(lambda: bool(order), what="the prepare to start")
+        await kube.patch(DEPLOYMENTS, "trainer", {"spec": {"replicas": 0}}, world.ns)
+        await asyncio.sleep(1.0)  # time for a kubelet that would not wait to unprepare
+        assert fake_plugin.unprepared == []
+        gate.set()
+
+        async def gone() -> bool:
+            return not await pods(world)
+
+        await eventually(gone, what="the pod gone after its unprepare")
+        (uid,) = {entry.split()[1] for entry in order}
+        assert order == [f"prepare-start {uid}", f"prepare-end {uid}"]
+        assert fake_plugin.unprepared == [uid]
