@@ -126,6 +126,8 @@ class _PodWorker:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     progress: _PodProgress = field(default_factory=_PodProgress)
     task: asyncio.Task[None] | None = None
+    #: the pod's resourceVersion when the worker was last woken
+    woken_at: str = ""
 
 
 #: the kubelet's default ``maxPods``: a node never has more pods, so never more pod workers at work
@@ -174,8 +176,11 @@ class KubeletLoop:
             await self.client.close()
 
     def _dispatch(self) -> None:
-        """Wake the worker of every pod of this node (starting the missing ones), and the workers
-        whose pod left the cache, so they end (the kubelet's ``UpdatePod`` for each pod)."""
+        """Wake the worker of each pod of this node that changed or still has work (starting the
+        missing workers), and the workers whose pod left the cache, so they end: the kubelet's
+        ``UpdatePod``. A Running pod that did not change has nothing to do; one still preparing
+        or being deleted is woken every pass, for its claims may have changed or its back-off
+        ended."""
         seen: set[str] = set()
         for pod in self.pods.values():
             if (pod.get("spec") or {}).get("nodeName") != self.node:
@@ -190,7 +195,13 @@ class KubeletLoop:
                     self._work(worker), name=f"kubelet:{self.node}:{worker.key}"
                 )
                 self._workers[uid] = worker
-            worker.wake.set()
+            version = str(meta.get("resourceVersion") or "")
+            settled = (pod.get("status") or {}).get("phase") == "Running" and not meta.get(
+                "deletionTimestamp"
+            )
+            if version != worker.woken_at or not settled:
+                worker.woken_at = version
+                worker.wake.set()
         for uid, worker in self._workers.items():
             if uid not in seen:
                 worker.wake.set()
