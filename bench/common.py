@@ -317,8 +317,6 @@ class FabricStack:
     latency: str = "instant"
     #: flags added to the manager's command line (bench/warm_bench.py: the warm pool's)
     manager_args: Sequence[str] = ()
-    #: flags added to the API test server's command line (bench/warm_bench.py's replays)
-    apiserver_args: Sequence[str] = ()
     api: ApiServer | None = None
     emulator_handle: Emulator | None = None
     manager_handle: Manager | None = None
@@ -341,7 +339,7 @@ class FabricStack:
         self.stack = stack = Stack(self.root)
         try:
             topology = generate_topology(self.root / "topology.yaml", hosts=self.hosts, gpus=self.gpus)
-            self.api = stack.apiserver(extra_args=self.apiserver_args)
+            self.api = stack.apiserver()
             self.emulator_handle = stack.emulator(topology=topology, latency=self.latency, auth=False)
             self.manager_handle = stack.manager(
                 self.emulator_handle, insecure_no_auth=True, args=self.manager_args

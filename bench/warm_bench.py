@@ -422,13 +422,8 @@ async def replay_pods(stack: FabricStack, workload: Workload, nodes: int) -> dic
         async def follow(resource: Resource, seen: Callable[[dict[str, Any]], None]) -> None:
             version: str | None = None
             while True:
-                # Short streams: a watch of the API test server can go silent under load while a
-                # new one gets the events, and a silent stream would time the milestones it
-                # withholds by the stall (minutes) rather than by the pod's start.
                 with contextlib.suppress(ApiError):
-                    async for event in kube.watch(
-                        resource, namespace, resource_version=version, timeout_seconds=_WATCH_SECONDS
-                    ):
+                    async for event in kube.watch(resource, namespace, resource_version=version):
                         version = (event.object.get("metadata") or {}).get("resourceVersion") or version
                         seen(event.object)
 
@@ -516,14 +511,6 @@ _REPLAY_NODES = 10
 #: the smoke run's (quick) replays take the same paths on fewer nodes: each plugin is a process
 #: to start, which costs the suite more than the replay itself
 _QUICK_REPLAY_NODES = 4
-#: how long the pods replay keeps one watch stream open before it resumes on a new one
-_WATCH_SECONDS = 5
-#: No bookmark falls due within a watch stream (they end after 300 s): the API test server's
-#: watch loop stops delivering a stream's events when its bookmark falls due while an event is
-#: queued (``asyncio.wait_for`` with a timeout of 0 times out even on a non-empty queue, and the
-#: loop waits for an empty queue to send the bookmark), until the stream ends — minutes in which
-#: the stand-in scheduler, kubelets or controller see nothing (docs/manager.md, "Label lag").
-_APISERVER_ARGS = ("--bookmark-interval", "86400")
 _MODES: dict[str, list[str]] = {
     "off": [],
     "fixed": [*_WARM[:4], *("--warm-device-type", "gpu"), *("--warm-interval-seconds", "0.5")],
@@ -563,7 +550,6 @@ def _replay_stack(root: Path, manager_args: list[str], quick: bool) -> FabricSta
         gpus=_REPLAY_NODES * (4 if quick else 12),
         latency="realistic",
         manager_args=manager_args,
-        apiserver_args=_APISERVER_ARGS,
     )
 
 
