@@ -241,8 +241,10 @@ class Allocator:
     """Allocation over one snapshot of slices, classes and existing allocations.
 
     ``allocated`` maps every device already allocated (without admin access) to the claim
-    holding it, ``namespace/name``. Selector outcomes are cached per device and expression,
-    so one Allocator serves many nodes and claims cheaply.
+    holding it, ``namespace/name``. Selector outcomes are cached per device content and
+    expression, so one Allocator serves many nodes and claims cheaply; ``outcomes`` shares that
+    cache between allocators of successive snapshots (a device whose slice was rewritten without
+    changing the device keeps its outcomes).
     """
 
     def __init__(
@@ -253,6 +255,7 @@ class Allocator:
         *,
         features: Features | None = None,
         cache: SelectorCache | None = None,
+        outcomes: dict[tuple[str, str], SelectorOutcome] | None = None,
         max_steps: int = 200_000,
     ) -> None:
         self.slices = list(slices)
@@ -261,7 +264,8 @@ class Allocator:
         self.features = features or Features()
         self.cache = cache or SelectorCache()
         self.max_steps = max_steps
-        self._outcomes: dict[tuple[DeviceID, str], SelectorOutcome] = {}
+        #: (device content, expression) → outcome: the outcome depends on nothing else
+        self._outcomes: dict[tuple[str, str], SelectorOutcome] = {} if outcomes is None else outcomes
         self._views: dict[str, PoolView] = {}
 
     # -- shared pieces, also used by explanations ---------------------------------------------
@@ -344,7 +348,7 @@ class Allocator:
                 if selector.cel is None:
                     raise ValueError(f"{source}: selector {index} has no CEL expression")
                 expression = selector.cel.expression
-                key = (ref.id, expression)
+                key = (ref.content, expression)
                 outcome = self._outcomes.get(key)
                 if outcome is None:
                     outcome = self._evaluate(ref, expression)

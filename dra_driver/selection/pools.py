@@ -32,6 +32,7 @@ class DeviceRef:
     device: Device
     _activation: dict[str, Any] | None = field(default=None, repr=False)
     _activation_error: str | None = field(default=None, repr=False)
+    _content: str | None = field(default=None, repr=False)
 
     @property
     def id(self) -> DeviceID:
@@ -40,6 +41,14 @@ class DeviceRef:
     @property
     def label(self) -> str:
         return f"{self.slice.spec.pool.name}/{self.device.name}"
+
+    @property
+    def content(self) -> str:
+        """Everything a selector can see of this device (its driver and the device's fields), as
+        one string: two refs with the same content get the same outcome from any expression."""
+        if self._content is None:
+            self._content = f"{self.slice.spec.driver}\n{self.device.model_dump()!r}"
+        return self._content
 
     def activation(self) -> dict[str, Any]:
         """The ``device`` variable; raises ValueError for a malformed attribute, as compile.go errors."""

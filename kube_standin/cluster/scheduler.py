@@ -86,6 +86,7 @@ from dra_driver.selection import (
     SelectorCache,
     allocated_devices,
 )
+from dra_driver.selection.celenv import SelectorOutcome
 from dra_driver.selection.model import NodeSelector
 from dra_driver.selection.nodes import selector_matches
 from dra_driver.selection.pools import DeviceID
@@ -106,6 +107,9 @@ __all__ = [
 ]
 
 log = get_logger(__name__)
+
+#: selector outcomes kept across snapshots before the cache starts again (devices times expressions)
+_OUTCOMES_MAX = 100_000
 
 
 @dataclass
@@ -152,6 +156,10 @@ class Scheduler:
         self._snapshot_allocator: Allocator | None = None
         #: compiled CEL by expression across snapshots, as ``cel.Cache`` in kube-scheduler
         self._selectors = SelectorCache()
+        #: selector outcomes per (device content, expression), kept across snapshots
+        self._outcomes: dict[tuple[str, str], SelectorOutcome] = {}
+        #: validated slices per (name, resourceVersion)
+        self._slice_models: dict[tuple[str, str], ResourceSlice] = {}
         #: claims as this scheduler last wrote them, by ``namespace/name``, until the informer
         #: has them (:meth:`_claims_now`)
         self._assumed: dict[str, dict[str, Any]] = {}
@@ -290,14 +298,32 @@ class Scheduler:
         )
         allocator = self._snapshot_allocator
         if allocator is None or snapshot != self._snapshot:
+            if len(self._outcomes) > _OUTCOMES_MAX:
+                self._outcomes.clear()
             allocator = Allocator(
-                [ResourceSlice.model_validate(s) for s in self.slices.values()],
+                [self._validated(s) for s in self.slices.values()],
                 {c["metadata"]["name"]: DeviceClass.model_validate(c) for c in self.classes.values()},
                 cache=self._selectors,
+                outcomes=self._outcomes,
             )
             self._snapshot, self._snapshot_allocator = snapshot, allocator
         allocator.allocated = held
         return allocator
+
+    def _validated(self, obj: dict[str, Any]) -> ResourceSlice:
+        """The slice's model, validated once per name and resourceVersion: a warm pool rewrites
+        two or three slices per change, and validating all of them again was most of a new
+        snapshot's cost."""
+        meta = obj.get("metadata") or {}
+        key = (str(meta.get("name")), str(meta.get("resourceVersion")))
+        model = self._slice_models.get(key)
+        if model is None:
+            model = ResourceSlice.model_validate(obj)
+            self._slice_models = {
+                k: v for k, v in self._slice_models.items() if k[0] != key[0]
+            }  # the slice's older versions
+            self._slice_models[key] = model
+        return model
 
     def _claims_now(self) -> list[dict[str, Any]]:
         """The cached claims, each as this scheduler last wrote it while the informer trails.

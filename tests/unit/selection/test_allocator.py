@@ -221,3 +221,26 @@ def test_class_config_is_copied_into_the_allocation() -> None:
     results = Allocator([pool_slice(SWITCHED)], {"fabric-gpu": cls}).allocate([claim(gpus(1))], node())
     assert results is not None
     assert results[0].body["devices"]["config"] == [{"source": "FromClass", **config}]
+
+
+def test_selector_outcomes_shared_across_snapshots_follow_the_device_not_its_name() -> None:
+    """Allocators of successive snapshots may share their selector outcomes (the stand-in scheduler
+    does): a device whose slice was rewritten unchanged is not evaluated again, and a device that
+    changed under the same name is."""
+    outcomes: dict[tuple[str, str], Any] = {}
+    wants_h100 = claim(gpus(1, selectors=['device.attributes["fabric-dra.io"].model == "H100"']))
+    first = Allocator([pool_slice([gpu("gpu-0")])], CLASSES, outcomes=outcomes)
+    results = first.allocate([wants_h100], node())
+    assert results is not None and devices_of(results) == ["fabric-pcie/gpu-0"]
+    evaluated = len(outcomes)
+    assert evaluated == 2  # the class's selector and the request's, on gpu-0
+
+    rewritten = Allocator([pool_slice([gpu("gpu-0")], generation=2)], CLASSES, outcomes=outcomes)
+    assert rewritten.allocate([wants_h100], node()) is not None
+    assert len(outcomes) == evaluated
+
+    changed = gpu("gpu-0")
+    changed["attributes"]["model"] = {"string": "A100"}
+    now_a100 = Allocator([pool_slice([changed], generation=3)], CLASSES, outcomes=outcomes)
+    assert now_a100.allocate([wants_h100], node()) is None
+    assert len(outcomes) > evaluated
