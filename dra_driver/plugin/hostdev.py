@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import errno
+import fcntl
 import os
 import struct
 import time
@@ -229,12 +231,18 @@ class HostScanner:
         pci_rescan: bool = False,
         changes: SysfsChanges | None = None,
         clock: Callable[[], float] = time.monotonic,
+        dev_root: Path = Path("/dev"),
+        active_namespaces: Callable[[str], int | None] | None = None,
     ) -> None:
         self.root = sysfs_root
         self.real_host = real_host
         self.pci_rescan = pci_rescan
         self.changes = changes or SysfsChanges()
         self._clock = clock
+        #: where a real host's device nodes are looked for (a test points it at a made-up tree)
+        self.dev_root = dev_root
+        #: how many active namespaces an NVMe controller reports, asked through its char device
+        self.active_namespaces = active_namespaces or active_nvme_namespaces
         #: device name → why a candidate found on a real host is not ready yet (for the error)
         self.not_ready: dict[str, str] = {}
 
@@ -280,10 +288,29 @@ class HostScanner:
                 state = _read(dev / "nvme" / ctrl / "state")
                 if state not in (None, "live"):
                     return f"NVMe controller {ctrl} at {bdf} is {state}, not live"
-                for node in [ctrl, *_nvme_namespaces(dev, ctrl)]:
-                    if not os.path.exists(f"/dev/{node}"):
-                        return f"/dev/{node} of {bdf} does not exist yet"
-                for ns in _nvme_namespaces(dev, ctrl):
+                if not (self.dev_root / ctrl).exists():
+                    return f"/dev/{ctrl} of {bdf} does not exist yet"
+                namespaces = _nvme_namespaces(dev, ctrl)
+                # The driver scans a live controller's namespaces in the background: its char
+                # device exists before its block devices, and a spec written then would name no
+                # namespace. So wait for as many as the controller reports active.
+                expected = self.active_namespaces(str(self.dev_root / ctrl))
+                if len(namespaces) < (1 if expected is None else expected):
+                    of = (
+                        f"{expected} active namespaces"
+                        if expected is not None
+                        else "namespaces (at least one: it could not be asked how many are active)"
+                    )
+                    return (
+                        f"NVMe controller {ctrl} at {bdf} is live, but the kernel has set up "
+                        f"{len(namespaces)} of its {of} so far (the nvme driver's namespace scan; a "
+                        "namespace of a command set this kernel does not support is never set up: "
+                        f"see 'dmesg | grep {ctrl}')"
+                    )
+                for ns in namespaces:
+                    if not (self.dev_root / ns).exists():
+                        return f"/dev/{ns} of {bdf} does not exist yet"
+                for ns in namespaces:
                     # udev probes a new disk (blkid) with it open: until it is done, the device
                     # would look in use to an unprepare, and its /dev/disk links are missing
                     number = _read(dev / "nvme" / ctrl / ns / "dev")
@@ -554,6 +581,45 @@ class HostScanner:
         if remove.exists():
             remove.write_text("1")
             log.info("device removed from the host", device_path=str(dev))
+
+
+#: ``NVME_IOCTL_ADMIN_CMD``: ``_IOWR('N', 0x41, struct nvme_passthru_cmd)`` (linux/nvme_ioctl.h),
+#: the command 72 bytes: opcode, flags, rsvd1, nsid, cdw2, cdw3, metadata, addr, metadata_len,
+#: data_len, cdw10-cdw15, timeout_ms, result.
+_NVME_IOCTL_ADMIN_CMD = 0xC0484E41
+_NVME_PASSTHRU = struct.Struct("<BBHIIIQQIIIIIIIIII")
+#: Identify (admin opcode 06h), CNS 02h: the active namespace ID list, 1024 IDs of 4 bytes
+#: (NVMe Base Specification 2.0, 5.17.2.2); unused entries are zero.
+_NVME_IDENTIFY = 0x06
+_NVME_CNS_ACTIVE_NSIDS = 0x02
+_NSID_LIST_BYTES = 4096
+
+
+def active_nvme_namespaces(char_device: str) -> int | None:
+    """How many namespaces the NVMe controller behind ``char_device`` (``/dev/nvme0``) reports
+    active (at most 1024, one Identify page); None when it cannot be asked (the node is not a
+    controller, the plugin lacks CAP_SYS_ADMIN, the controller is not live)."""
+    buffer = ctypes.create_string_buffer(_NSID_LIST_BYTES)
+    command = bytearray(
+        _NVME_PASSTHRU.pack(
+            _NVME_IDENTIFY, 0, 0, 0, 0, 0, 0, ctypes.addressof(buffer), 0, _NSID_LIST_BYTES,
+            _NVME_CNS_ACTIVE_NSIDS, 0, 0, 0, 0, 0, 0, 0,
+        )
+    )  # fmt: skip
+    try:
+        fd = os.open(char_device, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        status = fcntl.ioctl(fd, _NVME_IOCTL_ADMIN_CMD, command)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if status != 0:  # an NVMe status code: the controller refused the command
+        return None
+    ids = struct.unpack(f"<{_NSID_LIST_BYTES // 4}I", buffer.raw)
+    return sum(1 for nsid in ids if nsid)
 
 
 def _udev_busy_with(record: str) -> bool:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.plugin.hostdev import DeviceIdentity, HostScanner
+from dra_driver.plugin.hostdev import DeviceIdentity, HostScanner, active_nvme_namespaces
 
 
 def _device(root: Path, bdf: str, vendor: int, device: int, pci_class: int) -> Path:
@@ -96,3 +96,52 @@ def test_vfio_nodes_only_while_vfio_pci_drives_the_device(
     _bind(tmp_path, dev, driver)
     found = HostScanner(tmp_path, real_host=True).find(GPU)
     assert found is not None and found.device_nodes == nodes
+
+
+@pytest.mark.parametrize(("active", "waits_for"), [(2, 2), (None, 1), (0, 0)])
+def test_an_nvme_drive_is_ready_once_every_active_namespace_has_its_node(
+    tmp_path: Path, active: int | None, waits_for: int
+) -> None:
+    """The nvme driver makes a live controller's char device before it has scanned its namespaces:
+    the drive is ready only once the kernel has set up as many as the controller reports active
+    (at least one when it cannot be asked), each with its /dev node."""
+    dev = _device(tmp_path, "0000:01:00.0", 0x1B36, 0x0010, 0x010802)
+    _bind(tmp_path, dev, "nvme")
+    ctrl = dev / "nvme" / "nvme0"
+    ctrl.mkdir(parents=True)
+    (ctrl / "serial").write_text("SN1\n")
+    (ctrl / "state").write_text("live\n")
+    dev_root = tmp_path / "dev"
+    dev_root.mkdir()
+    (dev_root / "nvme0").touch()
+    asked: list[str] = []
+
+    def active_namespaces(node: str) -> int | None:
+        asked.append(node)
+        return active
+
+    scanner = HostScanner(tmp_path, real_host=True, dev_root=dev_root, active_namespaces=active_namespaces)
+    want = DeviceIdentity(name="nvme-0", type="nvme", vendor_id="0x1b36", device_id="0x0010", serial="SN1")
+    for n in range(1, waits_for + 1):
+        assert scanner.find(want) is None
+        assert f"has set up {n - 1} of its" in scanner.not_ready["nvme-0"]
+        assert "dmesg | grep nvme0" in scanner.not_ready["nvme-0"]
+        (ctrl / f"nvme0n{n}").mkdir()  # the block device in sysfs; its /dev node comes next
+        if n < waits_for:
+            (dev_root / f"nvme0n{n}").touch()
+    if waits_for:
+        assert scanner.find(want) is None
+        assert scanner.not_ready["nvme-0"] == f"/dev/nvme0n{waits_for} of 0000:01:00.0 does not exist yet"
+        (dev_root / f"nvme0n{waits_for}").touch()
+    found = scanner.find(want)
+    assert found is not None
+    assert found.device_nodes == ["/dev/nvme0", *(f"/dev/nvme0n{n}" for n in range(1, waits_for + 1))]
+    assert asked and set(asked) == {str(dev_root / "nvme0")}
+
+
+def test_the_active_namespace_count_of_something_that_is_no_nvme_controller_is_unknown(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "nvme0").touch()
+    assert active_nvme_namespaces(str(tmp_path / "nvme0")) is None  # ENOTTY from a plain file
+    assert active_nvme_namespaces(str(tmp_path / "missing")) is None
