@@ -2,7 +2,9 @@
 
 ``python guest_kubelet.py --registry-dir D --port P`` registers every plugin that appears in D
 (as the kubelet does) and answers one JSON request per line on P (forwarded by QEMU):
-``{"op": "prepare"|"unprepare", "claims": [{"namespace", "name", "uid"}]}`` → per-claim results.
+``{"op": "prepare"|"unprepare", "claims": [{"namespace", "name", "uid"}]}`` → per-claim results,
+or ``{"_error": ...}`` when the call itself failed (a kubelet calls again then);
+``{"op": "ping"}`` → whether the plugin is registered and how many registrations succeeded.
 One long-lived process, because a Python start under TCG costs seconds.
 """
 
@@ -19,9 +21,27 @@ from kube_standin.kubelet_client import ClaimRef, PluginManager
 DRIVER = "fabric-dra.io"
 
 
+#: what a call answers when the plugin registered again while it ran (see :func:`_answer_call`)
+REPLACED = "the plugin registered again while the call ran; its connection was closed"
+
+
+async def _answer_call(manager: PluginManager, request: dict[str, Any]) -> dict[str, Any]:
+    """One DRA call, answered even when the plugin registers again meanwhile: the plugin manager
+    then closes the old connection, which cancels the call on it (a kubelet sees the call fail
+    with "the client connection is closing" and retries), and must not leave the caller waiting."""
+    call = asyncio.ensure_future(_answer(manager, request))
+    try:
+        return await asyncio.shield(call)
+    except asyncio.CancelledError:
+        if not call.cancelled():
+            raise  # this server is stopping
+        return {"_error": REPLACED}
+
+
 async def _answer(manager: PluginManager, request: dict[str, Any]) -> dict[str, Any]:
     if request.get("op") == "ping":
-        return {"plugin": manager.plugin(DRIVER) is not None}
+        registrations = sum(1 for a in manager.attempts if a.driver == DRIVER and a.registered)
+        return {"plugin": manager.plugin(DRIVER) is not None, "registrations": registrations}
     plugin = await manager.wait_for_plugin(DRIVER, within=float(request.get("within", 120)))
     claims = [ClaimRef(c["namespace"], c["name"], c["uid"]) for c in request["claims"]]
     if request["op"] == "prepare":
@@ -52,7 +72,7 @@ async def main() -> None:
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while line := await reader.readline():
             try:
-                answer = await _answer(manager, json.loads(line))
+                answer = await _answer_call(manager, json.loads(line))
             except Exception as err:  # the caller sees every failure (a kubelet would retry)
                 answer = {"_error": f"{type(err).__name__}: {err}"}
             writer.write(json.dumps(answer).encode() + b"\n")

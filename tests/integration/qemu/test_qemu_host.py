@@ -44,6 +44,8 @@ from tests.support.fabric_manager import start_manager
 from tests.support.plugin import ClaimRef, PluginStack
 from tests.support.waiting import wait_until
 
+from .guest_kubelet import REPLACED
+
 # Generous limits: under TCG on a loaded 2-core machine the guest runs 20-30 times slower than
 # the machine; a slow run must not fail. The one test item is the whole suite: a run with QEMU at
 # a quarter of a core (load average 22) took 883 s.
@@ -159,9 +161,12 @@ class GuestKubelet:
         return answer
 
     def prepare(self, ref: ClaimRef, attempts: int = 4) -> dict[str, Any]:
-        """NodePrepareResources, called again as the kubelet does while the answer is transient."""
+        """NodePrepareResources, called again as the kubelet does while the answer is transient or
+        the call failed because the plugin registered again meanwhile."""
         for _ in range(attempts):
             answer = self.call({"op": "prepare", "claims": [ref.__dict__]})
+            if answer.get("_error") == REPLACED:
+                continue
             assert "_error" not in answer, answer
             result = dict(answer[ref.uid])
             if not _transient(result["error"]):
@@ -172,6 +177,8 @@ class GuestKubelet:
         """NodeUnprepareResources, called again as the kubelet does after a dropped connection."""
         for _ in range(attempts):
             answer = self.call({"op": "unprepare", "claims": [ref.__dict__]})
+            if answer.get("_error") == REPLACED:
+                continue
             assert "_error" not in answer, answer
             error = str(answer[ref.uid]["error"])
             if not _unreachable(error):
@@ -217,6 +224,9 @@ class Node:
         started = time.monotonic()
         ready = self.share / "plugin.ready"
         ready.unlink(missing_ok=True)
+        # With the kubelet client running, the plugin is started once it registered with it: a
+        # call sent before would go to the old registration, whose connection the kubelet closes.
+        registrations = self.registrations() if self.running(self.kubelet_pid) else None
         manager_url = self.manager.address.replace("127.0.0.1", GUEST_HOST)
         self.plugin_pid = self.guest.agent.spawn(
             [
@@ -234,9 +244,22 @@ class Node:
         )  # fmt: skip
         try:
             wait_until(ready.exists, timeout=300, what="the plugin's ready file", interval=0.1)
+            if registrations is not None:
+                wait_until(
+                    lambda: self.registrations() > registrations,
+                    timeout=120,
+                    what="the restarted plugin registered with the guest kubelet",
+                    interval=0.1,
+                )
         except AssertionError as err:
             raise AssertionError(f"{err}\n{tail(self.plugin_log)}") from None
         return time.monotonic() - started
+
+    def registrations(self) -> int:
+        """How many times the plugin registered with the guest kubelet so far (-1: no answer)."""
+        with contextlib.suppress(OSError, ValueError, ConnectionError):
+            return int(self.kubelet.call({"op": "ping"}, timeout=5)["registrations"])
+        return -1
 
     def stop_plugin(self, sig: int = 15) -> None:
         if self.plugin_pid:
