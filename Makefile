@@ -71,7 +71,7 @@ test: lint typecheck pytest
 
 # The QEMU guest suite (docs/emulator.md "QEMU hosts"): needs qemu-system-x86, a kernel, busybox-static.
 test-qemu: $(STAMP)
-	$(BIN)/python -m pytest -p no:xdist -m qemu tests/integration/qemu
+	$(BIN)/python -m pytest -n 0 -m qemu tests/integration/qemu
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[test,bench]"
