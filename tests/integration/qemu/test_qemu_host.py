@@ -52,8 +52,9 @@ from .guest_kubelet import REPLACED
 pytestmark = [pytest.mark.qemu, pytest.mark.timeout(1200)]
 
 # Runs wherever QEMU, a kernel and a static busybox are installed. CI does not install them (the
-# suite takes 5-15 minutes on 2 shared cores under TCG, beyond its budget), so there it skips,
-# naming what is missing.
+# suite takes 5-15 minutes on 2 shared cores under TCG: docs/performance.md, "QEMU hosts", has
+# the runs for the integrator to weigh against CI's budget), so there it skips, naming what is
+# missing.
 _MISSING = missing_tools()
 if _MISSING:
     pytest.skip("QEMU hosts cannot run here: missing " + "; ".join(_MISSING), allow_module_level=True)
@@ -260,6 +261,18 @@ class Node:
         with contextlib.suppress(OSError, ValueError, ConnectionError):
             return int(self.kubelet.call({"op": "ping"}, timeout=5)["registrations"])
         return -1
+
+    def active_namespaces(self, controller: str) -> str:
+        """What the plugin's scanner reads as the active namespace count of ``controller``
+        (``/dev/nvmeN``) in the guest, run forked from the zygote (which imported the scanner)."""
+        script, out = self.share / "namespaces.py", self.share / "namespaces.out"
+        script.write_text(
+            "import sys\nfrom dra_driver.plugin.hostdev import active_nvme_namespaces\n"
+            "print(active_nvme_namespaces(sys.argv[1]))\n"
+        )
+        pid = self.guest.agent.spawn([sys.executable, str(script), controller], log=str(out), env=GUEST_ENV)
+        assert self.guest.agent.wait(pid, 120) == 0, tail(out)
+        return out.read_text().strip()
 
     def stop_plugin(self, sig: int = 15) -> None:
         if self.plugin_pid:
@@ -478,6 +491,10 @@ def scenario_nvme_and_nic_attach_visible_through_udev_and_detach(node: Node) -> 
     nvme_nodes = _nodes_of(nvme)
     assert any(re.fullmatch(r"/dev/nvme\d+n1", n) for n in nvme_nodes), nvme_nodes
     assert any(re.fullmatch(r"/dev/nvme\d+", n) for n in nvme_nodes), nvme_nodes
+    # the drive counted as ready once its one namespace was set up: the plugin asked the
+    # controller how many are active (a count it could not get would read "None")
+    controller = next(n for n in nvme_nodes if re.fullmatch(r"/dev/nvme\d+", n))
+    assert node.active_namespaces(controller) == "1"
     nic_env = _env_of(nic)
     interfaces = nic_env["FABRIC_DRA_NIC_0_NET_INTERFACES"].split(",")
     assert interfaces and all(node.sh(f"cat /sys/class/net/{i}/address").strip() == "52:54:00:00:00:a1"
