@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from plumbing import __version__
-from plumbing.cli import SubParsers, add_log_options, run
+from plumbing.cli import SubParsers, add_log_options, run, skip_unused_imports
 
 __all__ = ["ROLES", "build_parser", "main"]
 
@@ -98,6 +98,7 @@ def _on_every_command(subparsers: SubParsers) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    skip_unused_imports()  # before build_parser imports the role
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         return run(build_parser(args), args)

@@ -6,10 +6,11 @@ import argparse
 import sys
 
 from kube_standin.cli import register
-from plumbing.cli import add_log_options, run
+from plumbing.cli import add_log_options, run, skip_unused_imports
 
 
 def main(argv: list[str] | None = None) -> int:
+    skip_unused_imports()
     parser = argparse.ArgumentParser(prog="python -m kube_standin", description=__doc__)
     add_log_options(parser)
     register(parser.add_subparsers(title="commands", metavar="COMMAND"))
