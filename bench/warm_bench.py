@@ -37,6 +37,7 @@ import contextlib
 import itertools
 import json
 import random
+import sys
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -636,7 +637,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("flags", nargs="*", help="more flags of the manager")
     parser.add_argument("--seconds", type=float, default=None, help="steady load: seconds of arrivals")
     parser.add_argument("--keep", type=Path, default=None, help="run in this directory and keep its logs")
-    args = parser.parse_args(argv)
+    # argparse gives a positional ``nargs="*"`` its (empty) match together with the two before it,
+    # so the manager's flags after ``--`` are split off here rather than left to it
+    argv = list(sys.argv[1:] if argv is None else argv)
+    manager_flags = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    args.flags = [*args.flags, *manager_flags]
     steady_load, bursty_load = _workloads(False)
     if args.seconds is not None:
         steady_load = steady(1.0, args.seconds, 60.0, args.seconds / 3, nodes=_REPLAY_NODES)
