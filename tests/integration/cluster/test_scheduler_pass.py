@@ -38,6 +38,21 @@ async def _filled(kube: KubeClient, resource: Resource) -> Informer:
     return informer
 
 
+async def _scheduler(kube: KubeClient) -> tuple[Scheduler, Informer]:
+    """A scheduler over filled, never-watching informers, and its claims' informer."""
+    claims = await _filled(kube, RESOURCE_CLAIMS)
+    scheduler = Scheduler(
+        kube,
+        pods=await _filled(kube, PODS),
+        nodes=await _filled(kube, NODES),
+        claims=claims,
+        slices=await _filled(kube, RESOURCE_SLICES),
+        classes=await _filled(kube, DEVICE_CLASSES),
+        events=EventRecorder(kube, "default-scheduler", "test"),
+    )
+    return scheduler, claims
+
+
 async def _world(
     kube: KubeClient, gpus: int, pods: int, device: dict[str, Any] | None = None
 ) -> tuple[str, str, list[str]]:
@@ -102,16 +117,7 @@ async def test_pods_of_one_pass_never_share_a_device(kube: KubeClient, informer_
     device held by a claim written earlier in the pass as free."""
     ns, node, cluster_scoped = await _world(kube, gpus=2, pods=3)
     try:
-        claims = await _filled(kube, RESOURCE_CLAIMS)
-        scheduler = Scheduler(
-            kube,
-            pods=await _filled(kube, PODS),
-            nodes=await _filled(kube, NODES),
-            claims=claims,
-            slices=await _filled(kube, RESOURCE_SLICES),
-            classes=await _filled(kube, DEVICE_CLASSES),
-            events=EventRecorder(kube, "default-scheduler", "test"),
-        )
+        scheduler, claims = await _scheduler(kube)
         if informer_trails:
 
             def trailing(obj: dict[str, Any]) -> None:
@@ -155,16 +161,7 @@ async def test_a_trailing_informer_does_not_unreserve_a_pod_waiting_for_binding_
     }
     ns, node, cluster_scoped = await _world(kube, gpus=1, pods=1, device=conditions)
     try:
-        claims = await _filled(kube, RESOURCE_CLAIMS)
-        scheduler = Scheduler(
-            kube,
-            pods=await _filled(kube, PODS),
-            nodes=await _filled(kube, NODES),
-            claims=claims,
-            slices=await _filled(kube, RESOURCE_SLICES),
-            classes=await _filled(kube, DEVICE_CLASSES),
-            events=EventRecorder(kube, "default-scheduler", "test"),
-        )
+        scheduler, claims = await _scheduler(kube)
 
         def trailing(obj: dict[str, Any]) -> None:
             """The informer keeps the version before the scheduler's write."""
