@@ -158,8 +158,8 @@ class Scheduler:
         self._selectors = SelectorCache()
         #: selector outcomes per (device content, expression), kept across snapshots
         self._outcomes: dict[tuple[str, str], SelectorOutcome] = {}
-        #: validated slices per (name, resourceVersion)
-        self._slice_models: dict[tuple[str, str], ResourceSlice] = {}
+        #: validated slices: name → (resourceVersion, model)
+        self._slice_models: dict[str, tuple[str, ResourceSlice]] = {}
         #: claims as this scheduler last wrote them, by ``namespace/name``, until the informer
         #: has them (:meth:`_claims_now`)
         self._assumed: dict[str, dict[str, Any]] = {}
@@ -315,15 +315,11 @@ class Scheduler:
         two or three slices per change, and validating all of them again was most of a new
         snapshot's cost."""
         meta = obj.get("metadata") or {}
-        key = (str(meta.get("name")), str(meta.get("resourceVersion")))
-        model = self._slice_models.get(key)
-        if model is None:
-            model = ResourceSlice.model_validate(obj)
-            self._slice_models = {
-                k: v for k, v in self._slice_models.items() if k[0] != key[0]
-            }  # the slice's older versions
-            self._slice_models[key] = model
-        return model
+        name, version = str(meta.get("name")), str(meta.get("resourceVersion"))
+        known = self._slice_models.get(name)
+        if known is None or known[0] != version:
+            known = self._slice_models[name] = (version, ResourceSlice.model_validate(obj))
+        return known[1]
 
     def _claims_now(self) -> list[dict[str, Any]]:
         """The cached claims, each as this scheduler last wrote it while the informer trails.
@@ -335,13 +331,10 @@ class Scheduler:
         (``assumecache.AssumeCache``, and ``inFlightAllocations`` in ``dynamicresources.go``)."""
         claims = {_claim_key(c): c for c in self.claims.values()}
         for key, mine in list(self._assumed.items()):
-            cached = claims.get(key)
-            if cached is None or cached["metadata"].get("uid") != mine["metadata"].get("uid"):
-                del self._assumed[key]  # deleted since: nothing of it is held
-            elif _version(cached) >= _version(mine):
-                del self._assumed[key]  # the informer caught up
-            else:
+            if _own_write_wins(claims.get(key), mine):
                 claims[key] = mine
+            else:
+                del self._assumed[key]  # deleted since (nothing of it is held), or caught up
         return list(claims.values())
 
     def _claim(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -350,14 +343,7 @@ class Scheduler:
         with an old resourceVersion)."""
         cached = self.claims.get(namespace, name)
         mine = self._assumed.get(f"{namespace}/{name}")
-        if (
-            cached is not None
-            and mine is not None
-            and cached["metadata"].get("uid") == mine["metadata"].get("uid")
-            and _version(cached) < _version(mine)
-        ):
-            return mine
-        return cached
+        return mine if mine is not None and _own_write_wins(cached, mine) else cached
 
     def _assume(self, claim: dict[str, Any]) -> None:
         """Take our own write of a claim into the cache and keep it until the informer has it."""
@@ -636,6 +622,16 @@ def _pod_key(pod: dict[str, Any]) -> str:
 def _claim_key(claim: dict[str, Any]) -> str:
     """``namespace/name``, as :func:`allocated_devices` names the claim holding a device."""
     return f"{claim['metadata'].get('namespace') or ''}/{claim['metadata']['name']}"
+
+
+def _own_write_wins(cached: dict[str, Any] | None, mine: dict[str, Any]) -> bool:
+    """Whether the scheduler's own write of a claim is newer than the informer's copy (the same
+    object, an older resourceVersion there); otherwise the copy is the truth."""
+    return (
+        cached is not None
+        and cached["metadata"].get("uid") == mine["metadata"].get("uid")
+        and _version(cached) < _version(mine)
+    )
 
 
 def _version(obj: dict[str, Any]) -> int:
