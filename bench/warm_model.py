@@ -77,7 +77,7 @@ def simulate(
     load = load or steady_load()
     settings = (settings or _bench_settings()).model_copy(update={"scope": scope})
     rng = random.Random(seed)
-    demand = DemandTracker(settings, hold_peaks=rule == "held")
+    demand = DemandTracker(settings, hold=rule == "held")
     demand.observe_from(0.0)
     names = [f"n{i}" for i in range(nodes)]
     groups = {_MODEL: [names]}
@@ -190,7 +190,7 @@ def _table() -> None:
         "steady (1/s, 60 s)": steady_load(),
         "bursty, all 50 cycles": bursty_load(),
         "bursty, after the first cycle": bursty_load(measure_from=80.0),
-        "bursty, 2 cycles (the bench's)": bursty_load(2),
+        "bursty, the bench's: 3 cycles, from the second": bursty_load(3, measure_from=80.0, seed=21),
     }
     scopes: tuple[Literal["node", "group"], ...] = ("group", "node")
     placements: tuple[Placement, ...] = ("warm", "pinned", "fewest")

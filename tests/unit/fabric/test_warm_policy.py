@@ -260,7 +260,7 @@ def test_the_size_holds_through_an_idle_phase_shorter_than_the_ttl_then_empties(
     (TTL 120 s) it keeps none."""
     times = [100.0 + i for i in range(20)]
     held, rate_only = _tracker(), _tracker()
-    rate_only.hold_peaks = False
+    rate_only.hold = False
     for demand in (held, rate_only):
         demand.observe_from(100.0)
         for at in times:
@@ -268,31 +268,38 @@ def test_the_size_holds_through_an_idle_phase_shorter_than_the_ttl_then_empties(
     assert poisson_pool_size(_weighted(120.0, times, 100.0) * 3.0, 0.01) == 7
     assert poisson_pool_size(_weighted(200.0, times, 100.0) * 3.0, 0.01) == 2
     assert held.targets(120.0) == rate_only.targets(120.0) == {("n1", "L40S"): 7}
-    assert rate_only.targets(200.0) == {("n1", "L40S"): 2}  # the rule before the peak hold
+    assert rate_only.targets(200.0) == {("n1", "L40S"): 2}  # the rule before the hold
     assert held.targets(200.0) == {("n1", "L40S"): 7}
     assert held.targets(241.0) == {}
     held.forget_idle(241.0)
-    assert held._peaks == {} and held._times == {}
+    assert held._rates == {} and held._times == {}
 
 
-def test_the_peak_is_forgotten_after_the_ttl_while_demand_goes_on() -> None:
-    """The peak of 7 computed at 120 s is older than the TTL at 245 s: the size falls to the
-    largest computed since (2, at 200 s, when one more claim kept the node active)."""
+def test_the_hold_ends_with_the_next_claim_and_keeps_no_peak_of_a_noisy_rate() -> None:
+    """λ is held at the last claim only while none comes: one claim at 200 s, after 80 s without
+    any, updates it to what the weighted rate says then (k = 2; the burst cover keeps 3, the most
+    claims within one T = 3 s of each other). The rule before held the largest quantile computed
+    within the TTL (7, until 240 s), which in steady demand sizes the pool from the highs of a
+    noisy estimate."""
     times = [100.0 + i for i in range(20)]
     demand = _tracker()
     demand.observe_from(100.0)
     for at in times:
         demand.arrival("n1", "L40S", at)
     assert demand.targets(120.0) == {("n1", "L40S"): 7}
+    assert demand.targets(199.0) == {("n1", "L40S"): 7}  # held: no claim since 119 s
     demand.arrival("n1", "L40S", 200.0)
     assert poisson_pool_size(_weighted(200.0, [*times, 200.0], 100.0) * 3.0, 0.01) == 2
-    assert demand.targets(200.0) == {("n1", "L40S"): 7}
+    assert demand.burst(["n1"], "L40S", 200.0) == 3
+    assert demand.targets(200.0) == {("n1", "L40S"): 3}
+    # λ still held at 200 s; the claims of 100 to 119 s have left the TTL, and the burst with them
     assert demand.targets(245.0) == {("n1", "L40S"): 2}
 
 
 def test_a_spike_seen_once_is_covered_when_the_idle_phase_ends() -> None:
-    """Ten claims within one second on ten nodes of one group: 80 s later λ·T says 2 and the
-    spike says 10 — the group keeps 10, one per node; each node alone keeps its own spike (1)."""
+    """Ten claims within one second on ten nodes of one group: 80 s later λ·T (decayed) says 2
+    and the spike says 10 — the group keeps 10, one per node; each node alone keeps the quantile
+    of its one claim's rate, held since (2)."""
     nodes = [f"n{i}" for i in range(10)]
     group, alone = _tracker(), _tracker(scope="node")
     for demand in (group, alone):
@@ -304,7 +311,9 @@ def test_a_spike_seen_once_is_covered_when_the_idle_phase_ends() -> None:
     assert poisson_pool_size(summed * 3.0, 0.01) == 2
     targets = group.targets(80.0, {"L40S": [nodes]})
     assert targets == {(n, "L40S"): 1 for n in nodes}
-    assert sum(alone.targets(80.0, {"L40S": [nodes]}).values()) == 10  # 1 each: λ·T ≈ 0.02, Q = 1
+    # each node alone: its one claim's rate held (λ·T ≈ 0.16 with the start-up correction, Q = 2)
+    assert alone.targets(80.0, {"L40S": [nodes]}) == {(n, "L40S"): 2 for n in nodes}
+    assert alone.size("L40S", ["n1"], 80.0) == poisson_pool_size(_weighted(0.1, [0.1], 0.0) * 3.0, 0.01) == 2
     # A spike of ten on one node, pinned: that node keeps ten.
     pinned = _tracker(scope="node")
     for i in range(10):
