@@ -30,9 +30,15 @@ def test_quick_warm_section_replays_every_workload_and_the_pods(tmp_path: Path) 
         assert figures["bound_device_seconds"] > 0 and figures["moves"] >= 0
     assert "node-pinned" in replays["steady"]["auto"]["workload"]
     assert "stand-in scheduler" in replays["pods_steady"]["auto"]["workload"]
+    pods = replays["pods_steady"]["auto"]
+    # attach-to-ready is a part of each pod's start, so no percentile of it can be above the start's
+    for q in ("p50_ms", "p95_ms", "max_ms"):
+        assert 0 < pods["attach_to_ready"][q] <= pods["pod_start"][q]
+    assert {"created_to_claim", "kubelet_to_running"} <= set(pods["phases"])
     names = {row["name"] for row in section["checks"]}
     assert {
-        "auto, steady: hit rate",
+        "auto, steady, pods: attach-to-ready p50",
+        "auto, steady, pods: attach-to-ready p95",
         "auto, steady, pods: hit rate",
-        "auto, bursty: attach-to-ready p95",
+        "auto, steady, pods: warm idle per claimed time",
     } <= names

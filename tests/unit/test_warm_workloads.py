@@ -34,7 +34,11 @@ def test_bursty_arrivals_come_in_active_phases_opening_with_a_spike() -> None:
         first_second = [a for a in load.arrivals if cycle * 80.0 <= a.at < cycle * 80.0 + 1.0]
         assert len(first_second) >= 10  # the spike, plus what the Poisson phase adds
     assert [a.at for a in load.arrivals] == sorted(a.at for a in load.arrivals)
-    assert load.measure_to == 4 * 80.0 + 20.0
+    assert (load.measure_from, load.measure_to) == (0.0, 4 * 80.0 + 20.0)
+    # The bench's: its first cycle the warm-up, measured from the second cycle's spike on.
+    warmed = bursty(3, 20.0, 60.0, 1.5, 10, 30.0, nodes=10, warmup_cycles=1)
+    assert (warmed.measure_from, warmed.measure_to) == (80.0, 180.0)
+    assert "the first 1 the warm-up" in warmed.describe
 
 
 def test_the_model_shows_the_trade_off_between_per_node_and_pooled_sizes() -> None:
