@@ -13,7 +13,14 @@ from fabric.backends.model import DeviceRecord, DiscoveredAttributes
 from fabric.cli import _settings
 from fabric.config import manager_flags
 from fabric.ledger import WARM_HOLDER, Ledger, LedgerEntry, LedgerState
-from fabric.warm_policy import DemandTracker, WarmSettings, most_within, poisson_pool_size
+from fabric.warm_policy import (
+    DemandTracker,
+    WarmSettings,
+    is_burst,
+    most_within,
+    poisson_pool_size,
+    poisson_tail,
+)
 from fabric_dra.cli import build_parser
 from manager_api.devices import BindingStyle, DeviceType, Health
 from manager_api.models import BindingState, Device
@@ -277,10 +284,11 @@ def test_the_size_holds_through_an_idle_phase_shorter_than_the_ttl_then_empties(
 
 def test_the_hold_ends_with_the_next_claim_and_keeps_no_peak_of_a_noisy_rate() -> None:
     """λ is held at the last claim only while none comes: one claim at 200 s, after 80 s without
-    any, updates it to what the weighted rate says then (k = 2; the burst cover keeps 3, the most
-    claims within one T = 3 s of each other). The rule before held the largest quantile computed
-    within the TTL (7, until 240 s), which in steady demand sizes the pool from the highs of a
-    noisy estimate."""
+    any, updates it to what the weighted rate says then (k = 2). The busiest T-window of the TTL
+    holds 3 claims, which Poisson arrivals at that rate bring into one of its 40 windows with
+    probability 0.2: noise, not a burst, so the size is the quantile's. The rule before held the
+    largest quantile computed within the TTL (7, until 240 s) and covered any busiest window,
+    which in steady demand sizes the pool from the highs of a noisy estimate."""
     times = [100.0 + i for i in range(20)]
     demand = _tracker()
     demand.observe_from(100.0)
@@ -291,9 +299,25 @@ def test_the_hold_ends_with_the_next_claim_and_keeps_no_peak_of_a_noisy_rate() -
     demand.arrival("n1", "L40S", 200.0)
     assert poisson_pool_size(_weighted(200.0, [*times, 200.0], 100.0) * 3.0, 0.01) == 2
     assert demand.burst(["n1"], "L40S", 200.0) == 3
-    assert demand.targets(200.0) == {("n1", "L40S"): 3}
+    mean = _weighted(200.0, [*times, 200.0], 100.0) * 3.0
+    assert not is_burst(3, mean, 120.0 / 3.0, 0.01)
+    assert demand.targets(200.0) == {("n1", "L40S"): 2}
     # λ still held at 200 s; the claims of 100 to 119 s have left the TTL, and the burst with them
     assert demand.targets(245.0) == {("n1", "L40S"): 2}
+
+
+def test_a_busiest_window_the_rate_explains_is_noise_and_a_spike_is_a_burst() -> None:
+    """P(N ≥ c) against the Poisson table (λ = 3: P(N ≤ 8) = 0.99620, P(N ≤ 11) = 0.99993); at
+    λ·T = 3 the quantile is 8, and over a TTL of 40 windows 9, 10 and 11 claims in the busiest
+    one are what the rate brings with probability 14 %, 4.3 % and 1.2 % (noise), 12 with 0.29 %
+    (a burst, above ε = 1 %). After the rate has decayed, ten claims at once are a burst."""
+    assert poisson_tail(3.0, 9) == pytest.approx(1 - 0.99620, abs=1e-5)
+    assert poisson_tail(3.0, 12) == pytest.approx(1 - 0.99993, abs=1e-5)
+    assert poisson_tail(3.0, 0) == 1.0 and poisson_tail(0.0, 1) == 0.0
+    assert poisson_pool_size(3.0, 0.01) == 8
+    assert [is_burst(c, 3.0, 40.0, 0.01) for c in (9, 10, 11, 12)] == [False, False, False, True]
+    assert is_burst(10, 0.02, 40.0, 0.01)
+    assert is_burst(1, 0.0, 40.0, 0.01)  # no rate at all: anything is more than it explains
 
 
 def test_a_spike_seen_once_is_covered_when_the_idle_phase_ends() -> None:
