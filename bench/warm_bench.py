@@ -487,6 +487,13 @@ async def replay_pods(stack: FabricStack, workload: Workload, nodes: int) -> dic
     found = _figures(workload, [attach(n) for n in measured], delta, placed, every)
     found["pod_start"] = _latency([running[n] - created[n] for n in measured])
     found["phases"] = _phases({n: {"created": created[n], **seen.get(n, {})} for n in measured})
+    # The measured pods whose prepare outlasted a second (a hot-add: cold, or a move), by arrival
+    # time: whether they open an active phase (a spike) or come later says why they were cold.
+    found["slow_arrivals"] = [
+        [round(workload.arrivals[i].at, 2), round(attach(f"warm-{workload.name}-{i}") * 1000)]
+        for i in _measured(workload)
+        if attach(f"warm-{workload.name}-{i}") > 1.0
+    ]
     return found
 
 
