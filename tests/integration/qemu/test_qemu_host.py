@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import socket
 import sys
@@ -48,16 +49,17 @@ from .guest_kubelet import REPLACED
 
 # Generous limits: under TCG on a loaded 2-core machine the guest runs 20-30 times slower than
 # the machine; a slow run must not fail. The one test item is the whole suite: a run with QEMU at
-# a quarter of a core (load average 22) took 883 s.
-pytestmark = [pytest.mark.qemu, pytest.mark.timeout(1200)]
+# a quarter of a core (load average 22) took 883 s. Run first (slow): 2-5 minutes on one worker.
+pytestmark = [pytest.mark.qemu, pytest.mark.slow(seconds=300), pytest.mark.timeout(1200)]
 
-# Runs wherever QEMU, a kernel and a static busybox are installed. CI does not install them (the
-# suite takes 5-15 minutes on 2 shared cores under TCG: docs/performance.md, "QEMU hosts", has
-# the runs for the integrator to weigh against CI's budget), so there it skips, naming what is
-# missing.
+# Runs wherever QEMU, a kernel, a static busybox and udev are installed; .ci/run installs them and
+# sets FABRIC_DRA_REQUIRE_TOOLS, with which their absence fails the run instead of skipping it.
 _MISSING = missing_tools()
 if _MISSING:
-    pytest.skip("QEMU hosts cannot run here: missing " + "; ".join(_MISSING), allow_module_level=True)
+    _WHY = "QEMU hosts cannot run here: missing " + "; ".join(_MISSING)
+    if os.environ.get("FABRIC_DRA_REQUIRE_TOOLS"):
+        pytest.fail(f"$FABRIC_DRA_REQUIRE_TOOLS is set but {_WHY}", pytrace=False)
+    pytest.skip(_WHY, allow_module_level=True)
 
 NODE = "node-q"
 #: guest ports forwarded from this machine's loopback: the kubelet client, the plugin's metrics
