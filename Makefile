@@ -69,9 +69,10 @@ pytest: $(STAMP)
 
 test: lint typecheck pytest
 
-# The QEMU guest suite (docs/emulator.md "QEMU hosts"): needs qemu-system-x86, a kernel, busybox-static.
+# The QEMU guest suite (docs/emulator.md "QEMU hosts"), alone, printing its figures (-s): needs
+# qemu-system-x86 linux-image-amd64 busybox-static udev kmod iproute2. `make test` runs it too (first).
 test-qemu: $(STAMP)
-	$(BIN)/python -m pytest -n 0 -m qemu tests/integration/qemu
+	$(BIN)/python -m pytest -n 0 -m qemu tests/integration/qemu -s
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[test,bench]"

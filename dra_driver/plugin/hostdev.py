@@ -11,8 +11,9 @@ A real kernel is slower and less complete than the emulated tree (docs/plugin.md
 host"): a device is enumerated before its driver has probed it, an NVMe drive's serial and
 namespaces exist only once the ``nvme`` driver has set the controller up, and a NIC's interface
 only once its driver has registered it. So on a real host a device counts as visible when it is
-*ready*: NVMe bound to its driver with its ``/dev`` nodes, a NIC bound with its interface, other
-devices enumerated. Its serial is the PCIe Device Serial Number when the device has that
+*ready*: NVMe bound to its driver with its ``/dev`` nodes, a NIC bound with its interface under
+the name udev leaves it (udev renames a new interface after recording it), other devices
+enumerated. Its serial is the PCIe Device Serial Number when the device has that
 capability, else the NVMe controller serial; a device with neither is recognised by vendor and
 device ID alone.
 """
@@ -47,6 +48,7 @@ __all__ = [
     "SysfsChanges",
     "normalize_serial",
     "pcie_device_serial",
+    "udev_record_properties",
 ]
 
 log = get_logger(__name__)
@@ -233,6 +235,7 @@ class HostScanner:
         clock: Callable[[], float] = time.monotonic,
         dev_root: Path = Path("/dev"),
         active_namespaces: Callable[[str], int | None] | None = None,
+        udev_root: Path = Path("/run/udev"),
     ) -> None:
         self.root = sysfs_root
         self.real_host = real_host
@@ -243,6 +246,8 @@ class HostScanner:
         self.dev_root = dev_root
         #: how many active namespaces an NVMe controller reports, asked through its char device
         self.active_namespaces = active_namespaces or active_nvme_namespaces
+        #: udev's runtime directory (its control socket and database; a test points it elsewhere)
+        self.udev_root = udev_root
         #: device name → why a candidate found on a real host is not ready yet (for the error)
         self.not_ready: dict[str, str] = {}
 
@@ -314,18 +319,56 @@ class HostScanner:
                     # udev probes a new disk (blkid) with it open: until it is done, the device
                     # would look in use to an unprepare, and its /dev/disk links are missing
                     number = _read(dev / "nvme" / ctrl / ns / "dev")
-                    if number and _udev_busy_with(f"b{number}"):
-                        return f"udev has not finished with /dev/{ns} of {bdf} yet"
+                    pending = self._udev_pending(f"b{number}") if number else None
+                    if pending is not None:
+                        return f"udev {pending} /dev/{ns} of {bdf}"
         if pci_class >> 16 == _NETWORK_BASE_CLASS and driver is not None:
             interfaces = _listdir(dev / "net")
             if not interfaces:
                 return f"the {driver} driver is bound at {bdf} but has not registered a network interface yet"
-            # udev renames a new interface (predictable names) before it records it in its
-            # database: only a recorded interface has its final name
+            # udev renames a new interface (eth1 -> enp3s0, NamePolicy of the .link file) while it
+            # processes its add event, and it writes the interface's database record, marked
+            # ID_RENAMING=1, *before* the rename (systemd 252 in the QEMU guests, and today's
+            # source): a recorded interface may still have its kernel name. The name is final
+            # once the record no longer says so (the rename's move event processed), which is
+            # what systemd-networkd waits for (_udev_pending).
             for name in interfaces:
                 index = _read(dev / "net" / name / "ifindex")
-                if index and _udev_busy_with(f"n{index}"):
-                    return f"udev has not finished with the interface {name} of {bdf} yet"
+                if index is None and self._udev_running():
+                    # the interface is being renamed this very moment: its old directory is gone
+                    return f"the interface {name} of {bdf} is being renamed"
+                pending = self._udev_pending(f"n{index}") if index else None
+                if pending is not None:
+                    return f"udev {pending} the interface {name} of {bdf}"
+        return None
+
+    def _udev_running(self) -> bool:
+        return os.path.exists(self.udev_root / "control")
+
+    def _udev_pending(self, record: str) -> str | None:
+        """What udev, where it runs on this host, still does with a device (how the reason goes on:
+        "has not processed", "is renaming", "is still processing"); None once it is done or where
+        no udev runs (an emulated tree, a container without udevd).
+
+        Done means what systemd-networkd waits for before it uses an interface
+        (``link_check_initialized`` in src/network/networkd-link.c): the device is initialized
+        (udev wrote its database record, ``<udev_root>/data/<record>``: ``n<ifindex>``,
+        ``b<major>:<minor>``; pyudev's ``Device.is_initialized``), and the record has neither
+        ``ID_RENAMING`` (written before an interface's rename, dropped when its move event is
+        processed: src/udev/udev-event.c, ``rename_netif``) nor ``ID_PROCESSING`` (systemd 255+:
+        an event for the device is being processed, or its RUN programs still run).
+        """
+        if not self._udev_running():
+            return None
+        try:
+            text = (self.udev_root / "data" / record).read_text()
+        except OSError:  # not there yet (or unreadable: then it cannot be known to be done)
+            return "has not processed"
+        properties = udev_record_properties(text)
+        if _udev_true(properties.get("ID_RENAMING")):
+            return "is renaming"
+        if _udev_true(properties.get("ID_PROCESSING")):
+            return "is still processing"
         return None
 
     def _find_pci(self, identity: DeviceIdentity, exclude: Collection[str]) -> HostDevice | None:
@@ -622,11 +665,20 @@ def active_nvme_namespaces(char_device: str) -> int | None:
     return sum(1 for nsid in ids if nsid)
 
 
-def _udev_busy_with(record: str) -> bool:
-    """Whether udev runs on this host and has not finished with a device yet: udev records a device
-    in its database (``/run/udev/data/<record>``: ``n<ifindex>``, ``b<major>:<minor>``) once it
-    has run its rules for it (pyudev's ``Device.is_initialized``)."""
-    return os.path.exists("/run/udev/control") and not os.path.exists(f"/run/udev/data/{record}")
+def udev_record_properties(text: str) -> dict[str, str]:
+    """The properties (``E:KEY=value`` lines) of a udev database record (``/run/udev/data/*``;
+    the other lines are links ``S:``, tags ``G:``/``Q:``, the initialisation time ``I:``...)."""
+    properties = {}
+    for line in text.splitlines():
+        if line.startswith("E:"):
+            key, _, value = line[2:].partition("=")
+            properties[key] = value
+    return properties
+
+
+def _udev_true(value: str | None) -> bool:
+    """A udev boolean property as systemd parses it (``parse_boolean``)."""
+    return value is not None and value.strip().lower() in ("1", "yes", "y", "true", "t", "on")
 
 
 #: What udev's processes are called (the daemon, and its workers since systemd 247).

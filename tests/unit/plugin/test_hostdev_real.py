@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.plugin.hostdev import DeviceIdentity, HostScanner, active_nvme_namespaces
+from dra_driver.plugin.hostdev import (
+    DeviceIdentity,
+    HostScanner,
+    active_nvme_namespaces,
+    udev_record_properties,
+)
 
 
 def _device(root: Path, bdf: str, vendor: int, device: int, pci_class: int) -> Path:
@@ -45,15 +50,113 @@ def test_a_nic_without_a_driver_is_not_ready_and_says_why(tmp_path: Path) -> Non
 
 
 def test_a_bound_nic_is_ready_once_its_interface_exists(tmp_path: Path) -> None:
+    """Where no udev runs (no control socket), the interface's existence is enough."""
     dev = _device(tmp_path, "0000:02:00.0", 0x8086, 0x10D3, 0x020000)
     _bind(tmp_path, dev, "e1000e")
-    scanner = HostScanner(tmp_path, real_host=True)
+    scanner = HostScanner(tmp_path, real_host=True, udev_root=tmp_path / "no-udev")
     assert scanner.find(NIC) is None
     assert "has not registered a network interface" in scanner.not_ready["nic-0"]
     (dev / "net" / "eth1").mkdir(parents=True)
     found = scanner.find(NIC)
     assert found is not None and found.net_interfaces == ["eth1"] and found.driver == "e1000e"
     assert "nic-0" not in scanner.not_ready
+
+
+def _udev(root: Path) -> Path:
+    """A running udev's runtime directory: its control socket (a file will do) and database."""
+    udev = root / "run-udev"
+    (udev / "data").mkdir(parents=True)
+    (udev / "control").touch()
+    return udev
+
+
+#: What udev 252 wrote for a hot-plugged e1000e in the QEMU guest, in this order (read back by a
+#: loop in the guest: docs/plugin.md, "On a real host"): the record, holding only ID_RENAMING,
+#: while the interface was still eth1; the rename; the add event's full record, still marked;
+#: the move event's record, unmarked.
+_RECORD_BEFORE_RENAME = "E:ID_RENAMING=1\n"
+_RECORD_AFTER_ADD = (
+    "I:16347146\nE:ID_NET_NAME_MAC=enx5254000000a1\nE:ID_NET_NAME_PATH=enp3s0\n"
+    "E:ID_NET_NAME=enp3s0\nE:ID_RENAMING=1\nG:systemd\nQ:systemd\nV:1\n"
+)
+_RECORD_AFTER_MOVE = _RECORD_AFTER_ADD.replace("E:ID_RENAMING=1\n", "")
+
+
+def test_a_nic_is_ready_only_under_the_name_udev_leaves_it(tmp_path: Path) -> None:
+    """Issue 17's race: udev (systemd 252 in the QEMU guests) writes an interface's database
+    record, marked ID_RENAMING=1, before it renames the interface, and drops the mark when it processes the
+    rename's move event (src/udev/udev-event.c, rename_netif). A scanner that took the record's
+    existence for "done" counted eth1 ready and wrote it into the CDI spec an instant before it
+    became enp3s0. Ready is what systemd-networkd waits for: recorded, not renaming."""
+    dev = _device(tmp_path, "0000:03:00.0", 0x8086, 0x10D3, 0x020000)
+    _bind(tmp_path, dev, "e1000e")
+    udev = _udev(tmp_path)
+    scanner = HostScanner(tmp_path, real_host=True, udev_root=udev)
+    (dev / "net" / "eth1").mkdir(parents=True)
+    (dev / "net" / "eth1" / "ifindex").write_text("3\n")
+
+    assert scanner.find(NIC) is None
+    assert scanner.not_ready["nic-0"] == "udev has not processed the interface eth1 of 0000:03:00.0"
+
+    (udev / "data" / "n3").write_text(_RECORD_BEFORE_RENAME)
+    assert scanner.find(NIC) is None
+    assert scanner.not_ready["nic-0"] == "udev is renaming the interface eth1 of 0000:03:00.0"
+
+    # the rename itself: the kernel moves the directory; in between there is none to read
+    (dev / "net" / "eth1" / "ifindex").unlink()
+    assert scanner.find(NIC) is None
+    assert scanner.not_ready["nic-0"] == "the interface eth1 of 0000:03:00.0 is being renamed"
+    (dev / "net" / "eth1").rename(dev / "net" / "enp3s0")
+    (dev / "net" / "enp3s0" / "ifindex").write_text("3\n")
+    assert scanner.find(NIC) is None  # renamed, but udev has not processed the move event yet
+
+    (udev / "data" / "n3").write_text(_RECORD_AFTER_ADD)
+    assert scanner.find(NIC) is None
+    assert scanner.not_ready["nic-0"] == "udev is renaming the interface enp3s0 of 0000:03:00.0"
+
+    (udev / "data" / "n3").write_text(_RECORD_AFTER_MOVE)
+    found = scanner.find(NIC)
+    assert found is not None and found.net_interfaces == ["enp3s0"]
+    assert "nic-0" not in scanner.not_ready
+
+
+def test_a_namespace_that_udev_is_still_processing_is_not_ready(tmp_path: Path) -> None:
+    """systemd 255 and later mark a recorded device ID_PROCESSING=1 while an event of it is being
+    processed (or its RUN programs still run): a disk is ready only once that is over."""
+    dev = _device(tmp_path, "0000:01:00.0", 0x1B36, 0x0010, 0x010802)
+    _bind(tmp_path, dev, "nvme")
+    ctrl = dev / "nvme" / "nvme0"
+    (ctrl / "nvme0n1").mkdir(parents=True)
+    (ctrl / "nvme0n1" / "dev").write_text("259:0\n")
+    (ctrl / "serial").write_text("SN1\n")
+    (ctrl / "state").write_text("live\n")
+    dev_root = tmp_path / "dev"
+    dev_root.mkdir()
+    (dev_root / "nvme0").touch()
+    (dev_root / "nvme0n1").touch()
+    udev = _udev(tmp_path)
+    scanner = HostScanner(
+        tmp_path, real_host=True, dev_root=dev_root, active_namespaces=lambda _: 1, udev_root=udev
+    )
+    want = DeviceIdentity(name="nvme-0", type="nvme", vendor_id="0x1b36", device_id="0x0010", serial="SN1")
+    assert scanner.find(want) is None
+    assert scanner.not_ready["nvme-0"] == "udev has not processed /dev/nvme0n1 of 0000:01:00.0"
+    (udev / "data" / "b259:0").write_text("S:disk/by-id/nvme-SN1\nE:ID_PROCESSING=1\nE:ID_SERIAL=SN1\n")
+    assert scanner.find(want) is None
+    assert scanner.not_ready["nvme-0"] == "udev is still processing /dev/nvme0n1 of 0000:01:00.0"
+    (udev / "data" / "b259:0").write_text("S:disk/by-id/nvme-SN1\nE:ID_SERIAL=SN1\n")
+    assert scanner.find(want) is not None
+
+
+def test_udev_record_properties_are_its_e_lines() -> None:
+    assert udev_record_properties(_RECORD_AFTER_ADD + "E:EMPTY=\nE:WITH=an=sign\n") == {
+        "ID_NET_NAME_MAC": "enx5254000000a1",
+        "ID_NET_NAME_PATH": "enp3s0",
+        "ID_NET_NAME": "enp3s0",
+        "ID_RENAMING": "1",
+        "EMPTY": "",
+        "WITH": "an=sign",
+    }
 
 
 @pytest.mark.parametrize("real_host", [True, False])
