@@ -60,7 +60,7 @@ from bench.common import (
     summary_ms,
     work_dir,
 )
-from dra_driver.controller.slices import warm_node_preference
+from dra_driver.controller.slices import warm_first_request, warm_node_preference
 from kube_standin.cluster.kubelet import KUBELET_FINALIZER
 from kube_standin.kubelet_client import ClaimRef, DRAPluginClient
 from plumbing.kube import ApiError, KubeClient
@@ -366,10 +366,12 @@ async def replay_pods(stack: FabricStack, workload: Workload, nodes: int) -> dic
     """Replay ``workload`` as pods through the controller, the stand-in scheduler and kubelets:
     each arrival is a pod asking for one GPU through a ResourceClaimTemplate, with **no node
     named** (the arrival's node is ignored) and docs/manager.md's recipe: a preferred node affinity
-    (weight 100) for nodes whose warm-GPU count label is above 0 — the stand-in scheduler places it
-    (that affinity scored as upstream's ``NodeAffinity``, then the fewest pods, as the default
-    least-allocated score does) and its allocator picks the device first-fit from the published
-    slices (warm devices node-local, listed first). The pod
+    (weight 100) for nodes whose warm-GPU count label is above 0, and the claim's request
+    ``firstAvailable: [warm, any]`` — the stand-in scheduler places it (that affinity scored as
+    upstream's ``NodeAffinity``, the subrequest each node's allocation used as upstream's DRA
+    ``Score``, then the fewest pods, as the default least-allocated score does) and its allocator
+    picks the device first-fit from the published slices (warm devices node-local, listed
+    first). The pod
     is deleted ``hold`` seconds after it runs. Attach-to-ready here is the kubelet taking the pod
     up (its finalizer on the pod; NodePrepareResources follows) to the pod Running (the prepare
     answered and the status written), as section 6 counts it from the kubelet's prepare call;
@@ -386,7 +388,9 @@ async def replay_pods(stack: FabricStack, workload: Workload, nodes: int) -> dic
     fabric.cluster(api, names)
     namespace = "default"
     gpu_only = f'device.driver == "{DRIVER}" && device.attributes["fabric-dra.io"].type == "gpu"'
-    request = {"name": "gpu", "exactly": {"deviceClassName": "warm-bench-gpu"}}
+    # docs/manager.md's recipe, both halves: the claim prefers a warm device (firstAvailable,
+    # scored by the scheduler's DRA plugin) and the pod a node with one (the warm-count label)
+    request = warm_first_request(DRIVER, "gpu", "warm-bench-gpu")
     preferred = [warm_node_preference(DRIVER, "gpu")]
     steer = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": preferred}}
     async with api.client() as kube:

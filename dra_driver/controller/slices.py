@@ -81,6 +81,7 @@ __all__ = [
     "plan_pool",
     "slice_labels",
     "slice_selector",
+    "warm_first_request",
     "warm_node_preference",
 ]
 
@@ -168,6 +169,25 @@ def warm_node_preference(driver: str, device_type: str, *, weight: int = 100) ->
     2 in the default profile) then adds 200 of 100-point scores to those nodes (docs/manager.md)."""
     requirement = {"key": warm_label_key(driver, device_type), "operator": "Gt", "values": ["0"]}
     return {"weight": weight, "preference": {"matchExpressions": [requirement]}}
+
+
+def warm_first_request(driver: str, name: str, device_class: str) -> dict[str, Any]:
+    """The claim-side recipe that prefers a warm device: one request ``name`` with
+    ``firstAvailable: [warm, any]`` — a device of ``device_class`` carrying the warm attribute
+    (present only on warm devices, so ``in`` and not a lookup, which would fail the node), else any
+    of the class. The scheduler's DRA ``Score`` ranks a node whose allocation used the first
+    subrequest above one that needed the second (8 against 7 before normalisation, weight 1), and
+    its allocator counts a warm device taken by a pod placed a moment ago at once: with
+    :func:`warm_node_preference` it keeps a burst of pods off a node whose warm device is gone
+    while that node's label still counts it (docs/manager.md)."""
+    warm = f'"{WARM_ATTRIBUTE}" in device.attributes["{driver}"]'
+    return {
+        "name": name,
+        "firstAvailable": [
+            {"name": "warm", "deviceClassName": device_class, "selectors": [{"cel": {"expression": warm}}]},
+            {"name": "any", "deviceClassName": device_class},
+        ],
+    }
 
 
 def chunk_devices(devices: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:

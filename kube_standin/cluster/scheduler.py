@@ -39,11 +39,13 @@ Mirrors kube-scheduler's DRA plugin (``pkg/scheduler/framework/plugins/dynamicre
   declare no allocatable, and a pod without requests counts upstream as the scheduler's non-zero
   default (100m CPU, 200 MiB), about 0.9 points of 100 on a node of 11 CPUs.
   The other scoring plugins give every node of the stand-in the same score (no taints, images,
-  pod affinities or volumes; DRA's ``Score`` only ranks ``firstAvailable`` subrequests, 0 for
-  ``exactly`` requests) and are left out. Ties go to fewer pods of the same owner, fewer pods,
-  then the name, where the real scheduler picks at random among equal scores (``selectHost`` in
-  ``pkg/scheduler/schedule_one.go``). So pods sharing one claim land on different
-  nodes unless its allocation's ``nodeSelector`` pins them (``bindsToNode`` or node-local
+  pod affinities or volumes) and are left out; ``DynamicResources`` 1 — for a pod whose claims
+  have ``firstAvailable`` requests, each node's allocation scored by the subrequests it used
+  (:func:`first_available_score`, normalised over the nodes whose claims can be allocated, as
+  upstream's Filter leaves them), 0 for ``exactly`` requests. Ties go to fewer pods of the same
+  owner, fewer pods, then the name, where the real scheduler picks at random among equal scores
+  (``selectHost`` in ``pkg/scheduler/schedule_one.go``). So pods sharing one claim land on
+  different nodes unless its allocation's ``nodeSelector`` pins them (``bindsToNode`` or node-local
   devices: ``createNodeSelector`` in ``.../structured/internal/incubating/allocator_incubating.go``
   pins for ``bindsToNode`` with or without binding conditions) — as in a real cluster.
   *Where it simplifies.* Upstream normalises over the nodes that passed every Filter, DRA's
@@ -68,7 +70,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -101,6 +103,7 @@ from plumbing.logs import get_logger
 __all__ = [
     "Scheduler",
     "SchedulerConfig",
+    "first_available_score",
     "node_scores",
     "preferred_affinity_score",
     "required_affinity_matches",
@@ -257,9 +260,11 @@ class Scheduler:
                 reasons[node.name] = f"claim {mismatch['metadata']['name']} is allocated for other nodes"
             else:
                 candidates.append(node)
-        # Score does not depend on the allocation, so trying the nodes in score order and taking
-        # the first whose claims can be allocated is what Filter-then-Score would choose (the
-        # normalisation aside: module docstring).
+        if any(r.first_available for c in to_allocate for r in c.spec.devices.requests):
+            return self._find_scored_node(pod, claims, to_allocate, allocator, candidates, reasons)
+        # Without subrequests the score does not depend on the allocation, so trying the nodes in
+        # score order and taking the first whose claims can be allocated is what Filter-then-Score
+        # would choose (the normalisation aside: module docstring).
         for node in sorted(candidates, key=self._score_key(pod, candidates)):
             if not to_allocate:
                 return node.name, {}, reasons
@@ -273,6 +278,40 @@ class Scheduler:
                 continue
             return node.name, {r.claim.name: r.body for r in results}, reasons
         return None, {}, reasons
+
+    def _find_scored_node(
+        self,
+        pod: dict[str, Any],
+        claims: list[dict[str, Any]],
+        to_allocate: list[ClaimToAllocate],
+        allocator: Allocator,
+        candidates: list[Node],
+        reasons: dict[str, str],
+    ) -> tuple[str | None, dict[str, dict[str, Any]], dict[str, str]]:
+        """A pod with ``firstAvailable`` requests: upstream's Filter allocates on every node and
+        its DRA ``Score`` ranks each by the subrequests its allocation used
+        (:func:`first_available_score`), so here every candidate is allocated first and the
+        feasible ones are scored with that term too. The allocator sees the devices held by
+        claims this scheduler wrote, so a warm device taken a moment ago counts as taken at once,
+        where a node label counting warm devices trails by a watch and a patch."""
+        feasible: dict[str, dict[str, dict[str, Any]]] = {}
+        for node in candidates:
+            try:
+                results = allocator.allocate(to_allocate, node)
+            except AllocationError as err:
+                reasons[node.name] = str(err)
+                continue
+            if results is None:
+                reasons[node.name] = "cannot allocate all claims"
+                continue
+            feasible[node.name] = {r.claim.name: r.body for r in results}
+        if not feasible:
+            return None, {}, reasons
+        dra = _default_normalize(
+            {name: first_available_score(claims, bodies) for name, bodies in feasible.items()}
+        )
+        best = min((n for n in candidates if n.name in feasible), key=self._score_key(pod, candidates, dra))
+        return best.name, feasible[best.name], reasons
 
     def _allocator(self, held: dict[DeviceID, str]) -> Allocator:
         """The allocator over the current slices, classes and nodes, ``held`` the devices in use.
@@ -370,9 +409,10 @@ class Scheduler:
         return held
 
     def _score_key(
-        self, pod: dict[str, Any], candidates: list[Node]
+        self, pod: dict[str, Any], candidates: list[Node], dra: dict[str, int] | None = None
     ) -> Callable[[Node], tuple[int, int, int, str]]:
-        """Lower is better: (minus the node's weighted score among ``candidates``, pods of the same
+        """Lower is better: (minus the node's weighted score among ``candidates`` — with ``dra``,
+        the normalised DRA score of each feasible node, weighted as upstream — pods of the same
         owner on it, pods on it, its name).
 
         A pod waiting for its binding conditions counts on the node it is assumed on, as the
@@ -395,7 +435,8 @@ class Scheduler:
         scores = node_scores(pod, candidates, siblings if owners else None, everyone)
 
         def key(node: Node) -> tuple[int, int, int, str]:
-            return -scores[node.name], siblings[node.name], everyone[node.name], node.name
+            score = scores[node.name] + DYNAMIC_RESOURCES_WEIGHT * (dra or {}).get(node.name, 0)
+            return -score, siblings[node.name], everyone[node.name], node.name
 
         return key
 
@@ -534,6 +575,11 @@ class Scheduler:
 NODE_AFFINITY_WEIGHT = 2
 POD_TOPOLOGY_SPREAD_WEIGHT = 2
 NODE_RESOURCES_FIT_WEIGHT = 1
+#: ``DynamicResources`` is listed without a weight, and ``getScoreWeights`` in
+#: ``pkg/scheduler/framework/runtime/framework.go`` makes a weight of 0 a 1
+DYNAMIC_RESOURCES_WEIGHT = 1
+#: ``resourceapi.FirstAvailableDeviceRequestMaxSize``: at most this many subrequests a request
+FIRST_AVAILABLE_MAX = 8
 #: ``framework.MaxNodeScore``
 MAX_NODE_SCORE = 100
 #: maxSkew of the hostname constraint in PodTopologySpread's ``systemDefaultConstraints``
@@ -613,6 +659,24 @@ def node_scores(
         + NODE_RESOURCES_FIT_WEIGHT * MAX_NODE_SCORE * max(_MAX_PODS - pods[n.name] - 1, 0) // _MAX_PODS
         for n in nodes
     }
+
+
+def first_available_score(claims: list[dict[str, Any]], allocations: Mapping[str, dict[str, Any]]) -> int:
+    """The DRA plugin's raw ``Score`` of a node (``computeScore`` in ``pkg/scheduler/framework/
+    plugins/dynamicresources/dynamicresources.go``): for each of the pod's claims, each
+    ``firstAvailable`` request adds ``FirstAvailableDeviceRequestMaxSize - i`` for the subrequest
+    ``i`` its allocation used; ``exactly`` requests add nothing. ``allocations`` are the
+    allocations found on the node, by claim name; a claim allocated before keeps its own."""
+    score = 0
+    for claim in claims:
+        name = claim["metadata"]["name"]
+        body = allocations.get(name) or ((claim.get("status") or {}).get("allocation") or {})
+        used = {str(r.get("request")) for r in (body.get("devices") or {}).get("results") or ()}
+        for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ():
+            for index, sub in enumerate(request.get("firstAvailable") or ()):
+                if f"{request.get('name')}/{sub.get('name')}" in used:
+                    score += FIRST_AVAILABLE_MAX - index
+    return score
 
 
 def _pod_key(pod: dict[str, Any]) -> str:

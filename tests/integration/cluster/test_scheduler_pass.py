@@ -193,3 +193,98 @@ async def test_a_trailing_informer_does_not_unreserve_a_pod_waiting_for_binding_
         await kube.delete_ignore_missing(NODES, node)
         await kube.delete_ignore_missing(DEVICE_CLASSES, cluster_scoped[0])
         await kube.delete_ignore_missing(RESOURCE_SLICES, cluster_scoped[1])
+
+
+async def test_a_first_available_warm_request_goes_to_the_node_whose_warm_device_is_still_free(
+    kube: KubeClient,
+) -> None:
+    """Two nodes, each with one warm GPU in a node-local slice of one pool, two cold GPUs shared;
+    node A runs no pod, node B two. Two pods, one pass, each claim ``firstAvailable: [warm, any]``.
+    The first goes to A (fewest pods) and takes its warm GPU; for the second, A can only offer a
+    cold GPU through the second subrequest, B its warm one through the first: upstream's DRA
+    ``Score`` (8 against 7 before normalisation, 100 against 87 after) outweighs B's one pod more
+    (one point of least allocated), so it goes to B — the allocator already counts A's warm GPU
+    as taken, where a warm-count node label would still show it."""
+    tag = uuid.uuid4().hex[:6]
+    ns, device_class, pool = f"warm-{tag}", f"gpu-{tag}", f"pool-{tag}"
+    nodes = [f"a-{tag}", f"b-{tag}"]
+    await kube.create(NAMESPACES, {"metadata": {"name": ns}})
+    for name in nodes:
+        await kube.create(NODES, {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}})
+    await kube.create(
+        DEVICE_CLASSES,
+        {
+            "metadata": {"name": device_class},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+        },
+    )
+    warm = {"warm": {"bool": True}}
+    slices: list[tuple[dict[str, Any], list[dict[str, Any]]]] = [
+        ({"nodeName": nodes[0]}, [{"name": "warm-a", "attributes": warm}]),
+        ({"nodeName": nodes[1]}, [{"name": "warm-b", "attributes": warm}]),
+        ({"allNodes": True}, [{"name": "cold-0"}, {"name": "cold-1"}]),
+    ]
+    for index, (where, devices) in enumerate(slices):
+        await kube.create(
+            RESOURCE_SLICES,
+            {
+                "metadata": {"name": f"{pool}-{index}"},
+                "spec": {
+                    "driver": DRIVER,
+                    "pool": {"name": pool, "generation": 1, "resourceSliceCount": len(slices)},
+                    **where,
+                    "devices": devices,
+                },
+            },
+        )
+    container = {"name": "c", "image": "busybox"}
+    for i in range(2):  # B's pods, no claims
+        busy = {"metadata": {"name": f"busy-{i}"}, "spec": {"nodeName": nodes[1], "containers": [container]}}
+        await kube.create(PODS, busy, ns)
+    prefer_warm = [
+        {
+            "name": "warm",
+            "deviceClassName": device_class,
+            "selectors": [{"cel": {"expression": f'"warm" in device.attributes["{DRIVER}"]'}}],
+        },
+        {"name": "any", "deviceClassName": device_class},
+    ]
+    for i in range(2):
+        await kube.create(
+            RESOURCE_CLAIMS,
+            {
+                "metadata": {"name": f"claim-{i}", "namespace": ns},
+                "spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": prefer_warm}]}},
+            },
+            ns,
+        )
+        await kube.create(
+            PODS,
+            {
+                "metadata": {"name": f"pod-{i}", "namespace": ns},
+                "spec": {
+                    "resourceClaims": [{"name": "accel", "resourceClaimName": f"claim-{i}"}],
+                    "containers": [{**container, "resources": {"claims": [{"name": "accel"}]}}],
+                },
+            },
+            ns,
+        )
+    try:
+        scheduler, _ = await _scheduler(kube)
+        await scheduler.schedule_pending()
+
+        pods, _ = await kube.list_all(PODS, ns)
+        placed = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in pods}
+        assert placed["pod-0"] == nodes[0] and placed["pod-1"] == nodes[1]
+        claims = {c["metadata"]["name"]: c for c in (await kube.list_all(RESOURCE_CLAIMS, ns))[0]}
+        results = {
+            name: [(r["request"], r["device"]) for r in c["status"]["allocation"]["devices"]["results"]]
+            for name, c in claims.items()
+        }
+        assert results == {"claim-0": [("gpu/warm", "warm-a")], "claim-1": [("gpu/warm", "warm-b")]}
+    finally:
+        for name in nodes:
+            await kube.delete_ignore_missing(NODES, name)
+        await kube.delete_ignore_missing(DEVICE_CLASSES, device_class)
+        for index in range(len(slices)):
+            await kube.delete_ignore_missing(RESOURCE_SLICES, f"{pool}-{index}")

@@ -12,7 +12,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dra_driver.selection import Node
-from kube_standin.cluster.scheduler import node_scores, preferred_affinity_score, required_affinity_matches
+from kube_standin.cluster.scheduler import (
+    first_available_score,
+    node_scores,
+    preferred_affinity_score,
+    required_affinity_matches,
+)
 
 
 def node(name: str, **labels: str) -> Node:
@@ -126,3 +131,33 @@ def test_required_node_affinity_is_a_filter_of_ored_terms() -> None:
     assert not required_affinity_matches(
         pod(required=[{"matchExpressions": [req("zone", "Near", "a")]}]), gpu
     )
+
+
+def test_the_dra_score_counts_each_first_available_request_by_the_subrequest_used() -> None:
+    """``computeScore`` in ``.../plugins/dynamicresources/dynamicresources.go``: 8 - i for
+    subrequest i of each ``firstAvailable`` request the allocation used, nothing for ``exactly``;
+    a claim allocated before is scored by its own allocation."""
+    prioritized = {
+        "metadata": {"name": "a"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": "gpu", "firstAvailable": [{"name": "warm"}, {"name": "any"}]},
+                    {"name": "nic", "exactly": {"deviceClassName": "nic"}},
+                ]
+            }
+        },
+    }
+    done = {
+        "metadata": {"name": "b"},
+        "spec": {"devices": {"requests": [{"name": "x", "firstAvailable": [{"name": "p"}, {"name": "q"}]}]}},
+        "status": {"allocation": {"devices": {"results": [{"request": "x/q"}]}}},
+    }
+
+    def found(*requests: str) -> dict[str, Any]:
+        return {"devices": {"results": [{"request": r} for r in requests]}}
+
+    assert first_available_score([prioritized], {"a": found("gpu/warm", "nic")}) == 8
+    assert first_available_score([prioritized], {"a": found("gpu/any", "nic")}) == 7
+    assert first_available_score([prioritized, done], {"a": found("gpu/warm", "nic")}) == 8 + 7
+    assert first_available_score([prioritized], {}) == 0
