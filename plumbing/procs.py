@@ -18,7 +18,24 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["RoleProcess", "RoleStartError"]
+__all__ = ["CPU_LOG_ENV", "RoleProcess", "RoleStartError"]
+
+#: test-only measurement, off by default: when set to a file path, every :class:`RoleProcess`
+#: appends lines to it, ``ready|stop name role pid cpu wall`` — user+system CPU seconds of the
+#: child (from /proc) and seconds since it was started, when its ready file appeared and just
+#: before it is signalled to stop — so a test run can say where its CPU went. A life that ends
+#: by itself (a crash point) has only its ``ready`` line: its last CPU is gone with it.
+CPU_LOG_ENV = "FABRIC_DRA_ROLE_CPU_LOG"
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User+system CPU of a live (or not yet reaped) process, from ``/proc/PID/stat``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # after "(comm)", which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class RoleStartError(RuntimeError):
@@ -47,6 +64,8 @@ class RoleProcess:
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen[bytes] | None = None
         self.address: str = ""
+        self._started = 0.0
+        self._cpu_logged = False  # the "stop" line of this life is written
 
     @property
     def pid(self) -> int:
@@ -69,6 +88,7 @@ class RoleProcess:
             )
         finally:
             log.close()
+        self._started = time.monotonic()
         if self.ready_file is None:
             return self
         deadline = time.monotonic() + self.start_timeout
@@ -76,6 +96,7 @@ class RoleProcess:
             if self.ready_file.exists():
                 self.address = self.ready_file.read_text().strip()
                 if self.address:
+                    self._log_cpu("ready")
                     return self
             if self.proc.poll() is not None:
                 raise RoleStartError(
@@ -95,9 +116,29 @@ class RoleProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def _log_cpu(self, event: str) -> None:
+        """One line of :data:`CPU_LOG_ENV` for this life: ``ready``, or ``stop`` (once, before it
+        is signalled)."""
+        path = os.environ.get(CPU_LOG_ENV)
+        if not path or self.proc is None or (event == "stop" and self._cpu_logged):
+            return
+        cpu = _cpu_seconds(self.proc.pid)
+        if cpu is None:
+            return
+        self._cpu_logged = event == "stop"
+        words = list(self.args)
+        while words and words[0].startswith("--log-"):  # the global options and their values
+            del words[:2]
+        role = "/".join(words[:2])  # "manager/serve", "standin/apiserver", ...
+        wall = time.monotonic() - self._started
+        line = f"{event} {self.name} {self.module}:{role} {self.proc.pid} {cpu:.2f} {wall:.2f}\n"
+        with open(path, "a") as handle:  # one short append per line: whole lines across workers
+            handle.write(line)
+
     def kill(self) -> None:
         """SIGKILL, as a crash would: no cleanup runs in the child."""
         if self.alive() and self.proc is not None:
+            self._log_cpu("stop")
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
 
@@ -110,6 +151,7 @@ class RoleProcess:
         """SIGTERM, without waiting: :meth:`reap` waits. Apart so that a caller stopping many
         processes signals them all first and they shut down side by side."""
         if self.alive() and self.proc is not None:
+            self._log_cpu("stop")
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
 
