@@ -34,6 +34,7 @@ a long root gets its nodes' directories in a short private one instead.
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 import shutil
@@ -76,9 +77,11 @@ __all__ = [
     "StackOptions",
     "block_action",
     "connection_body",
+    "default_trust",
     "free_port",
     "short_dir",
     "static_tokens_file",
+    "trust",
     "wait_ready",
     "zone_add",
     "zone_remove",
@@ -121,6 +124,23 @@ def static_tokens_file(path: Path, tokens: Mapping[str, tuple[str, str | None]])
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps({"tokens": entries}), mode=0o600, durable=False)
     return path
+
+
+@functools.cache
+def default_trust() -> ssl.SSLContext:
+    """What httpx's ``verify=True`` builds (certifi's CA bundle), built once per process and shared
+    by every client the tests and benchmarks open. httpx builds it anew for every client, and a
+    module-level ``httpx.get`` is a client: loading the bundle costs ~50 ms of CPU, so a loop
+    polling the emulator every 30-50 ms spent a whole core on it. A context is safe to share
+    between clients and threads; nobody changes this one."""
+    import certifi  # httpx's own dependency
+
+    return ssl.create_default_context(cafile=certifi.where())
+
+
+def trust(verify: bool) -> ssl.SSLContext | bool:
+    """``verify`` for httpx: :func:`default_trust` for True (the same checks, built once)."""
+    return default_trust() if verify else False
 
 
 def wait_ready(url: str, timeout: float = 30.0, ca_file: str | None = None) -> None:
@@ -415,7 +435,7 @@ class ApiServer:
     def http(self, token: str | None = None, **kwargs: Any) -> httpx.Client:
         """A synchronous HTTP client with the admin (or ``token``'s) bearer token; the caller closes it."""
         verify: ssl.SSLContext | bool = (
-            ssl.create_default_context(cafile=str(self.ca_file)) if self.ca_file else True
+            ssl.create_default_context(cafile=str(self.ca_file)) if self.ca_file else default_trust()
         )
         headers = {"Authorization": f"Bearer {token or self.admin_token}"}
         kwargs.setdefault("timeout", 30.0)
@@ -534,9 +554,9 @@ class Emulator:
         return self.credentials if self.auth_enabled else None
 
     @property
-    def verify(self) -> bool:
+    def verify(self) -> ssl.SSLContext | bool:
         # Callers outside the manager (the test, the bench, the monitor) trust the emulator.
-        return self.tls is None
+        return trust(self.tls is None)
 
     def sysfs(self, host: str) -> Path:
         return self.state_dir / "hosts" / host / "sys"
@@ -680,7 +700,7 @@ class Manager:
     address = url
 
     def verify(self) -> ssl.SSLContext | bool:
-        return ssl.create_default_context(cafile=str(self.ca_file)) if self.ca_file else True
+        return ssl.create_default_context(cafile=str(self.ca_file)) if self.ca_file else default_trust()
 
     def ca_args(self) -> list[str]:
         """The flags a client role needs to trust this manager."""

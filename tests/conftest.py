@@ -4,13 +4,45 @@ from __future__ import annotations
 
 import os
 import shutil
+import ssl
 import subprocess
 from functools import cache
 from pathlib import Path
+from typing import Any
 
+import httpx._transports.default as httpx_transports
 import pytest
 
+from fabric_dra.stack import default_trust
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _share_default_trust() -> None:
+    """Every httpx client the tests open with the default ``verify=True`` gets one shared context
+    (:func:`fabric_dra.stack.default_trust`, the same certifi bundle) instead of building its own.
+    Building it costs ~50 ms of CPU, and a module-level ``httpx.get`` is a new client: the tests'
+    polls (``wait_until(lambda: httpx.get(...))`` every 30 ms, the reliability stack's binding
+    monitor every 50 ms) spent most of a core on it. Only this process's clients, only the
+    default case: an explicit context, ``verify=False``, ``SSL_CERT_FILE``/``SSL_CERT_DIR`` or a
+    client certificate still go through httpx unchanged. The role processes are not touched."""
+    build = getattr(httpx_transports, "create_ssl_context", None)
+    if build is None:  # another httpx: its clients build their own, as before
+        return
+
+    def create_ssl_context(
+        verify: ssl.SSLContext | str | bool = True, cert: Any = None, trust_env: bool = True
+    ) -> ssl.SSLContext:
+        plain = verify is True and cert is None
+        if plain and not (trust_env and (os.environ.get("SSL_CERT_FILE") or os.environ.get("SSL_CERT_DIR"))):
+            return default_trust()
+        context: ssl.SSLContext = build(verify=verify, cert=cert, trust_env=trust_env)
+        return context
+
+    setattr(httpx_transports, "create_ssl_context", create_ssl_context)  # noqa: B010 - private name
+
+
+_share_default_trust()
 
 
 def redfish_reference_dir() -> Path:

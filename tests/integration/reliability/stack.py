@@ -33,7 +33,17 @@ import httpx
 from dra_driver.plugin import cdi
 from dra_driver.plugin.backend import identity_of
 from dra_driver.plugin.hostdev import HostScanner
-from fabric_dra.stack import ApiServer, Controller, Emulator, Manager, Plugin, Role, free_port, short_dir
+from fabric_dra.stack import (
+    ApiServer,
+    Controller,
+    Emulator,
+    Manager,
+    Plugin,
+    Role,
+    free_port,
+    short_dir,
+    trust,
+)
 from fabric_dra.stack import Stack as Builder
 from kube_standin.kubelet_client import ClaimRef, DraCallError, DRAPluginClient, PluginManager
 from manager_api.models import BindingState, Device, DeviceType, Inventory
@@ -72,7 +82,7 @@ class BindingMonitor:
 
     url: Callable[[], str]
     auth: Callable[[], tuple[str, str] | None]
-    verify: Callable[[], bool] = lambda: True
+    verify: Callable[[], ssl.SSLContext | bool] = lambda: trust(True)
     period: float = 0.05
     episodes: list[Episode] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
@@ -291,8 +301,10 @@ class Stack:
     def sysfs(self, host: str = NODE) -> Path:
         return self.emu_state / "hosts" / host / "sys"
 
-    def emu_verify(self) -> bool:
-        return self.emulator_tls is None  # the monitor and the test's own calls trust the emulator
+    def emu_verify(self) -> ssl.SSLContext | bool:
+        # The monitor and the test's own calls trust the emulator; one shared context, as the
+        # monitor polls every 50 ms and httpx would load the CA bundle for each poll.
+        return trust(self.emulator_tls is None)
 
     def emu_auth(self) -> tuple[str, str] | None:
         path = self.emu_state / "credentials.json"
