@@ -3,11 +3,13 @@ outside fabric-dra — by namespace, model and the claim's owning workload — k
 beside the ledger so that restarts and leader changes lose nothing (docs/manager.md, "Accounting").
 
 * **Counting.** The leader's :class:`UsageMeter` adds, at every :meth:`UsageMeter.tick` (every
-  :data:`TICK_SECONDS`, and before every scrape and every ``GET /api/v1/usage``), the time since the
-  previous tick to each ledger entry's key (namespace, model, workload, state) and to each device
-  the fabric binds outside fabric-dra (state ``outside``). An entry the meter has not seen before
-  counts from its ledger ``updated_at`` when that is later, so a new attach is not charged for the
-  time before it existed. Seconds are split at hour boundaries into hourly buckets
+  :data:`TICK_SECONDS`, and before every scrape, write and ``GET /api/v1/usage``), the time since
+  the previous tick to each ledger entry's key (namespace, model, workload, state) and to each
+  device the fabric binds outside fabric-dra (state ``outside``); and at every change of an entry
+  (put or removed), the time since it was last counted to the key it had, so a state's seconds end
+  when the state does, not at the next tick. An entry the meter has not seen before counts from
+  its ledger ``updated_at`` when that is later, so a new attach is not charged for the time before
+  it existed. Seconds are split at hour boundaries into hourly buckets
   (:func:`split_hours`).
 * **Attribution.** A claim's namespace and workload come from the claim itself, as the manager's
   informer of ResourceClaims sees it: the workload is the claim's controller ``ownerReference``
@@ -399,12 +401,14 @@ class UsageMeter:
         self._last: datetime | None = None
         #: when this replica began counting: foreign bindings are counted from here on only
         self._resumed_at: datetime | None = None
-        #: (device, claim UID) counted by the previous tick: a new one counts from its updated_at
-        self._seen: set[tuple[str, str]] = set()
+        #: device → the key its entry had when last counted and since when it is not counted yet:
+        #: a change closes the interval at the moment it happens (:meth:`_ledger_changed`)
+        self._open: dict[str, tuple[UsageKey, datetime]] = {}
         #: claim UID → (namespace, workload), kept after the claim is gone
         self._owners: dict[str, tuple[str, str]] = {}
         self._write_lock = asyncio.Lock()
         self._resume_lock = asyncio.Lock()
+        ledger.listeners.append(self._ledger_changed)
 
     @property
     def counting(self) -> bool:
@@ -417,7 +421,10 @@ class UsageMeter:
         self._book, self._pending = book, UsageBook()
         self._last = book.counted_until if book.counted_until is not None else now
         self._resumed_at = now
-        self._seen = set()
+        self._open = {}
+        if self._ready():  # else the first tick that can opens them, from the same start
+            last = self._last
+            self._open = {e.device: (self._key(e), max(last, e.updated_at)) for e in self.ledger.entries()}
         log.info(
             "usage record loaded",
             record=self.store.describe(),
@@ -462,25 +469,53 @@ class UsageMeter:
         namespace, workload = owner or (entry.namespace or "", "")
         return UsageKey(namespace, model, workload, str(entry.state))
 
+    def _ready(self) -> bool:
+        """Counting, with the models (the inventory) and the owners (the claims) known."""
+        if self._last is None or not self.inventory.loaded.is_set():
+            return False
+        return self.claims is None or self.claims.synced.is_set()
+
+    def _ledger_changed(self, device: str | None) -> None:
+        """A ledger entry was put or removed: the time since it was last counted goes to the key it
+        had, and its new key counts from now. Counting only at ticks gave a whole tick's seconds to
+        the state an entry had at the tick — a warm refill's hot-add counted as warm, a warm device
+        taken by a claim uncounted since the last tick (docs/performance.md, "Warm devices")."""
+        if device is None:  # the whole ledger loaded: every entry counts from its own change
+            self._open = {}
+            return
+        if not self._ready():
+            return  # the next tick counts it from its updated_at
+        assert self._last is not None
+        now = self.clock()
+        opened = self._open.pop(device, None)
+        if opened is not None:
+            self._pending.add(opened[0], max(opened[1], self._last), now)
+        entry = self.ledger.get(device)
+        if entry is not None:
+            self._open[device] = (self._key(entry), now)
+
     def tick(self) -> None:
         """Count the time since the previous tick. Nothing while not counting, and nothing (the time
         carried to the next tick) while the inventory is not read or the claims not listed yet, as
-        the models and the owners are not known."""
+        the models and the owners are not known. An entry counts from when it was last counted
+        (a tick or its last change, :meth:`_ledger_changed`), or — first seen — from its
+        ``updated_at`` when that is later than the previous tick."""
         last = self._last
-        if last is None or not self.inventory.loaded.is_set():
-            return
-        if self.claims is not None and not self.claims.synced.is_set():
+        if last is None or not self._ready():
             return
         now = self.clock()
         if now <= last:
             return
-        seen: set[tuple[str, str]] = set()
+        held: set[str] = set()
         for entry in self.ledger.entries():
-            mark = (entry.device, entry.claim_uid)
-            seen.add(mark)
-            start = last if mark in self._seen else max(last, entry.updated_at)
-            self._pending.add(self._key(entry), start, now)
-        self._seen = seen
+            opened = self._open.get(entry.device)
+            start = max(last, opened[1] if opened is not None else entry.updated_at)
+            key = self._key(entry)  # the same state as when opened; owners may be known better now
+            self._pending.add(key, start, now)
+            self._open[entry.device] = (key, now)
+            held.add(entry.claim_uid)
+        for gone in [d for d in self._open if self.ledger.get(d) is None]:
+            del self._open[gone]
         foreign_from = max(last, self._resumed_at or last)
         for device in self._outside():
             record = self.inventory.device(device.name)
@@ -488,7 +523,6 @@ class UsageMeter:
             self._pending.add(UsageKey("", model, "", OUTSIDE), foreign_from, now)
         self._pending.counted_until = self._last = now
         # Forget owners of claims no entry holds any more (the entries just counted).
-        held = {claim for _, claim in seen}
         for uid in [u for u in self._owners if u not in held]:
             del self._owners[uid]
 
@@ -499,6 +533,9 @@ class UsageMeter:
         counted the same devices over the same time: this replica's unwritten seconds are dropped
         rather than added twice (a leader change racing a flush loses at most one flush interval,
         and never counts a second twice)."""
+        # Seconds a change counted since the last tick are in the book: count everything up to now,
+        # so that countedUntil covers them and a restart from it counts none twice.
+        self.tick()
         async with self._write_lock:
             pending = self._pending
             if pending.counted_until is None:

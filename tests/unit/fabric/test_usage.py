@@ -281,3 +281,43 @@ async def test_without_the_claim_the_namespace_is_the_one_the_attach_named(tmp_p
     meter.tick()
     # Warm is the pool's cost, not the last tenant's.
     assert meter.totals() == {("team-x", "H100", "bound"): 10.0, ("", "H100", "warm"): 10.0}
+
+
+async def test_a_state_counts_until_it_changes_not_until_the_next_tick(tmp_path: Path) -> None:
+    """Between two ticks (10 s apart): a warm refill's hot-add ends after 3 s, a warm device is
+    taken by a claim after 4 s, a claim's device is detached and its entry removed after 6 s. Each
+    state counts up to its change. Counted at ticks only, the refill's 3 s of hot-add were warm,
+    the taken device's 4 s of warmth were lost, and so were the removed entry's 6 s."""
+    h = await make_harness(tmp_path, devices=3)
+    clock = _Clock(T0)
+    meter = UsageMeter(h.ledger, h.inventory, FileUsageStore(tmp_path), clock=clock)
+    _put(h.ledger, "gpu0", WARM_HOLDER, LedgerState.ATTACHING, T0)
+    _put(h.ledger, "gpu1", WARM_HOLDER, LedgerState.WARM, T0)
+    _put(h.ledger, "gpu2", "uid-c", LedgerState.BOUND, T0, namespace="team-c")
+    await meter.resume()
+
+    def change(device: str, seconds: float, claim: str, state: LedgerState, namespace: str | None) -> None:
+        clock.now = T0 + timedelta(seconds=seconds)
+        entry = h.ledger.get(device)
+        assert entry is not None
+        entry.claim_uid, entry.state, entry.namespace = claim, state, namespace
+        h.ledger.put(entry)  # as the operation driver does: the entry changed in place, then put
+
+    change("gpu0", 3, WARM_HOLDER, LedgerState.WARM, None)
+    change("gpu1", 4, "uid-b", LedgerState.BOUND, "team-b")
+    clock.now = T0 + timedelta(seconds=6)
+    h.ledger.remove("gpu2")
+    clock.now = T0 + timedelta(seconds=10)
+    meter.tick()
+    assert meter.totals() == {
+        ("", "H100", "attaching"): 3.0,
+        ("", "H100", "warm"): 7.0 + 4.0,
+        ("team-b", "H100", "bound"): 6.0,
+        ("team-c", "H100", "bound"): 6.0,
+    }
+    # A write counts up to the moment it is made, so its countedUntil covers every second in it.
+    clock.now = T0 + timedelta(seconds=12)
+    await meter.flush()
+    record = await FileUsageStore(tmp_path).load()
+    assert record.counted_until == T0 + timedelta(seconds=12)
+    assert sum(record.totals.values()) == 3.0 + 11.0 + 6.0 + 6.0 + 2 * 2.0
