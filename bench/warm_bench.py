@@ -555,6 +555,9 @@ _MODES: dict[str, list[str]] = {
         *("--warm-rate-half-life-seconds", "60"),
         *("--warm-idle-ttl-seconds", "120"),
         *("--warm-max-per-model", "32"),
+        # The replays' claims take any GPU (their class selects the type) and the topology has two
+        # GPU models: one pool of the type, as docs/manager.md ("Auto sizing") advises for them.
+        *("--warm-size-by", "type"),
     ],
 }
 _MODES["auto-node"] = [*_MODES["auto"], *("--warm-scope", "node")]

@@ -291,6 +291,11 @@ class ManagerSettings(BaseModel):
                 "rate_half_life_seconds": Flag(
                     FABRIC, help="half-life of the weighting of the claim arrival rate (auto)"
                 ),
+                "size_by": Flag(
+                    FABRIC,
+                    help="auto: one pool per device model (claims ask for a model), or per device type "
+                    "(claims take any model of the type)",
+                ),
                 "scope": Flag(
                     FABRIC,
                     help="auto: size the pool of each reachability group from its nodes' summed claim "

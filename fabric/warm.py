@@ -30,7 +30,7 @@ from fabric.inventory import Inventory
 from fabric.ledger import WARM_HOLDER, Ledger, LedgerEntry, LedgerState
 from fabric.metrics import ManagerMetrics
 from fabric.operations_driver import OperationDriver, resettable
-from fabric.warm_policy import DemandTracker, NodeGroup, WarmSettings, model_of
+from fabric.warm_policy import DemandTracker, NodeGroup, WarmSettings, model_of, sized_as
 from manager_api.errors import FabricError
 from plumbing.logs import get_logger
 
@@ -73,7 +73,11 @@ class WarmPool:
 
     def _group(self, record: DeviceRecord) -> str:
         """Fixed: one pool per node, of whatever the policy matches; auto: one per node and model."""
-        return model_of(record) if self.settings.mode == "auto" else ""
+        return self._sized_as(record) if self.settings.mode == "auto" else ""
+
+    def _sized_as(self, record: DeviceRecord) -> str:
+        """The pool (auto) a device's demand and size belong to: its model, or its type."""
+        return sized_as(record, self.settings.size_by)
 
     def target(self, node: str, record: DeviceRecord) -> int:
         s = self.settings
@@ -81,7 +85,7 @@ class WarmPool:
             return 0
         if s.mode == "fixed":
             return s.size
-        return self._targets.get((node, model_of(record)), 0)
+        return self._targets.get((node, self._sized_as(record)), 0)
 
     def held(self, node: str, group: str) -> list[LedgerEntry]:
         """The node's warm entries of ``group`` (warm, or being attached to be), oldest first."""
@@ -117,14 +121,13 @@ class WarmPool:
 
     def claimed(self, record: DeviceRecord, node: str, outcome: str) -> None:
         """A claim asked for ``record`` on ``node``: count the outcome and the arrival."""
-        model = model_of(record)
-        self.demand.arrival(node, model, self.clock())
+        self.demand.arrival(node, self._sized_as(record), self.clock())
         if self.metrics is not None:
-            self.metrics.warm_claims.labels(model, outcome).inc()
+            self.metrics.warm_claims.labels(model_of(record), outcome).inc()
 
     def attached(self, record: DeviceRecord, seconds: float) -> None:
         """An attach succeeded after ``seconds``: the hot-add time T of the auto size."""
-        self.demand.attached(model_of(record), seconds)
+        self.demand.attached(self._sized_as(record), seconds)
 
     # -- the loop ------------------------------------------------------------------------------------
 
@@ -182,7 +185,7 @@ class WarmPool:
                 continue
             age = (wall - entry.updated_at).total_seconds()
             if 0 <= age <= self.settings.idle_ttl_seconds:
-                self.demand.arrival(entry.node, model_of(record), now - age)
+                self.demand.arrival(entry.node, self._sized_as(record), now - age)
 
     def _reach_groups(self, records: list[DeviceRecord]) -> dict[tuple[str, str], NodeGroup]:
         """(node, model) → the covered nodes that reach the same devices of the model."""
@@ -193,7 +196,7 @@ class WarmPool:
                 continue
             for record in records:
                 if host.id in record.reachable_hosts and self.settings.matches_kind(record):
-                    reach.setdefault((known.name, model_of(record)), set()).add(record.name)
+                    reach.setdefault((known.name, self._sized_as(record)), set()).add(record.name)
         members: dict[tuple[str, frozenset[str]], list[str]] = {}
         for (node, model), devices in reach.items():
             members.setdefault((model, frozenset(devices)), []).append(node)

@@ -4,6 +4,7 @@ tracker's rate, p95 and idle TTL, and which devices and nodes a policy covers.""
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import pytest
 from pydantic import ValidationError
@@ -20,6 +21,7 @@ from fabric.warm_policy import (
     most_within,
     poisson_pool_size,
     poisson_tail,
+    sized_as,
 )
 from fabric_dra.cli import build_parser
 from manager_api.devices import BindingStyle, DeviceType, Health
@@ -392,3 +394,31 @@ def test_the_floor_may_not_exceed_the_cap_and_is_a_flag() -> None:
         ]
     )
     assert _settings(args).warm.min_per_model == 3
+
+
+def test_sized_by_type_one_quantile_covers_the_models_the_claims_do_not_tell_apart() -> None:
+    """Claims for any GPU, alternating between two models, one a second for ten minutes (T = 3 s):
+    sized per model, each model's λ·T ≈ 1.5 gives Q = 5, 10 in all; sized by type, λ·T ≈ 3 gives
+    8 — the same cold-start bound for the claims, two devices fewer kept warm."""
+    records = [_record("a", model="L40S"), _record("b", model="H100")]
+    assert [sized_as(r, "model") for r in records] == ["L40S", "H100"]
+    assert [sized_as(r, "type") for r in records] == ["gpu", "gpu"]
+    sizes: dict[str, dict[tuple[str, str], int]] = {}
+    by: Literal["model", "type"]
+    for by in ("model", "type"):
+        settings = WarmSettings(mode="auto", size_by=by, rate_half_life_seconds=60.0)
+        demand = DemandTracker(settings)
+        for record in records:
+            demand.attached(sized_as(record, by), 3.0)
+        for second in range(600):
+            demand.arrival("n1", sized_as(records[second % 2], by), float(second))
+        sizes[by] = demand.targets(600.0)
+    assert sizes["model"] == {("n1", "L40S"): 5, ("n1", "H100"): 5}
+    assert sizes["type"] == {("n1", "gpu"): 8}
+    args = build_parser().parse_args(
+        [
+            *("manager", "serve", "--redfish-url", "http://127.0.0.1:1", "--redfish-auth", "none"),
+            *("--insecure-no-auth", "--state-dir", ".", "--warm-mode", "auto", "--warm-size-by", "type"),
+        ]
+    )
+    assert _settings(args).warm.size_by == "type"
