@@ -109,6 +109,7 @@ class ManagerService:
             loop.add_signal_handler(sig, self._stop.set)
 
         kube: KubeClient | None = None
+        lease_client: KubeClient | None = None
         namespace = s.namespace or "default"
         if s.uses_kube:
             config = load_config(s.kubeconfig)
@@ -275,8 +276,13 @@ class ManagerService:
                     "storage; use --ledger configmap",
                     ledger=store.describe(),
                 )
+            # The Lease gets a connection pool of its own: the ledger's load reads its 256 shards
+            # at once through the shared client, and a renewal queued behind them on a busy API
+            # server missed the renew deadline 2 s after the replica became leader (it stepped
+            # down while its /readyz had just said ready).
+            lease_client = KubeClient(load_config(s.kubeconfig), max_connections=2)
             self._elector = LeaderElector(
-                kube,
+                lease_client,
                 name=s.lease_name,
                 namespace=namespace,
                 identity=identity,
@@ -317,6 +323,8 @@ class ManagerService:
         await redfish.aclose()
         if kube is not None:
             await kube.aclose()
+        if lease_client is not None:
+            await lease_client.aclose()
         if warm_task.done() and not warm_task.cancelled() and warm_task.exception() is not None:
             raise ValueError(str(warm_task.exception()))
         return 0

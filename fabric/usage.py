@@ -483,13 +483,13 @@ class UsageMeter:
         if device is None:  # the whole ledger loaded: every entry counts from its own change
             self._open = {}
             return
-        if not self._ready():
+        last = self._last
+        if last is None or not self._ready():
             return  # the next tick counts it from its updated_at
-        assert self._last is not None
         now = self.clock()
         opened = self._open.pop(device, None)
         if opened is not None:
-            self._pending.add(opened[0], max(opened[1], self._last), now)
+            self._pending.add(opened[0], max(opened[1], last), now)
         entry = self.ledger.get(device)
         if entry is not None:
             self._open[device] = (self._key(entry), now)

@@ -268,15 +268,9 @@ class Scheduler:
         for node in sorted(candidates, key=self._score_key(pod, candidates)):
             if not to_allocate:
                 return node.name, {}, reasons
-            try:
-                results = allocator.allocate(to_allocate, node)
-            except AllocationError as err:
-                reasons[node.name] = str(err)
-                continue
-            if results is None:
-                reasons[node.name] = "cannot allocate all claims"
-                continue
-            return node.name, {r.claim.name: r.body for r in results}, reasons
+            found = _allocate_on(allocator, to_allocate, node, reasons)
+            if found is not None:
+                return node.name, found, reasons
         return None, {}, reasons
 
     def _find_scored_node(
@@ -296,15 +290,9 @@ class Scheduler:
         where a node label counting warm devices trails by a watch and a patch."""
         feasible: dict[str, dict[str, dict[str, Any]]] = {}
         for node in candidates:
-            try:
-                results = allocator.allocate(to_allocate, node)
-            except AllocationError as err:
-                reasons[node.name] = str(err)
-                continue
-            if results is None:
-                reasons[node.name] = "cannot allocate all claims"
-                continue
-            feasible[node.name] = {r.claim.name: r.body for r in results}
+            found = _allocate_on(allocator, to_allocate, node, reasons)
+            if found is not None:
+                feasible[node.name] = found
         if not feasible:
             return None, {}, reasons
         dra = _default_normalize(
@@ -659,6 +647,21 @@ def node_scores(
         + NODE_RESOURCES_FIT_WEIGHT * MAX_NODE_SCORE * max(_MAX_PODS - pods[n.name] - 1, 0) // _MAX_PODS
         for n in nodes
     }
+
+
+def _allocate_on(
+    allocator: Allocator, to_allocate: list[ClaimToAllocate], node: Node, reasons: dict[str, str]
+) -> dict[str, dict[str, Any]] | None:
+    """The claims' allocations on ``node`` by claim name, or None with the reason in ``reasons``."""
+    try:
+        results = allocator.allocate(to_allocate, node)
+    except AllocationError as err:
+        reasons[node.name] = str(err)
+        return None
+    if results is None:
+        reasons[node.name] = "cannot allocate all claims"
+        return None
+    return {r.claim.name: r.body for r in results}
 
 
 def first_available_score(claims: list[dict[str, Any]], allocations: Mapping[str, dict[str, Any]]) -> int:

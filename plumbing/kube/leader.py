@@ -6,6 +6,11 @@ as client-go does, so clock skew between nodes does not matter). The leader rene
 ``retry_period``; if it cannot renew within ``renew_deadline`` it steps down *before* the
 Lease could expire for others (``renew_deadline < lease_duration``), so two leaders never act
 at once. On a clean shutdown the Lease is released so a follower takes over at once.
+
+``on_change`` runs beside the renewals, not in their loop: what a new leader does first (load its
+ledger, say) may take longer than ``renew_deadline``, and a loop waiting for it renewed nothing —
+the replica stepped down seconds after it became leader. Callbacks run in order; one for becoming
+leader that is still running when leadership is lost is cancelled, as its work is moot.
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ class LeaderElector:
         self._last_renew = 0.0
         self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
         self._observed_at = 0.0
+        #: the last ``on_change`` call, running beside the renewals
+        self._callback: asyncio.Task[None] | None = None
         self.leader_event = asyncio.Event()
         self.current_holder: str | None = None
 
@@ -89,6 +96,9 @@ class LeaderElector:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._release())
                 await self._set_leader(False)
+            if self._callback is not None:  # the last word (lost leadership) is said before we end
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await self._callback
 
     async def _set_leader(self, value: bool) -> None:
         if value == self._is_leader:
@@ -100,10 +110,21 @@ class LeaderElector:
         else:
             self.leader_event.clear()
             log.info("leader election: lost leadership", lease=self.name, identity=self.identity)
-        if self._on_change is not None:
-            result = self._on_change(value)
+        if self._on_change is None:
+            return
+        previous, callback = self._callback, self._on_change
+
+        async def call() -> None:
+            if previous is not None:
+                if not value:
+                    previous.cancel()  # becoming leader is moot once leadership is lost
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await previous
+            result = callback(value)
             if result is not None:
                 await result
+
+        self._callback = asyncio.create_task(call(), name=f"leader-{self.name}-{value}")
 
     async def _try_acquire_or_renew(self) -> bool:
         now = micro_time()

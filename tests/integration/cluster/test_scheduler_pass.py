@@ -82,17 +82,16 @@ async def _world(
             },
         },
     )
+    await _claims_and_pods(kube, ns, pods, {"name": "gpu", "exactly": {"deviceClassName": device_class}})
+    return ns, node, [device_class, pool]
+
+
+async def _claims_and_pods(kube: KubeClient, ns: str, pods: int, request: dict[str, Any]) -> None:
+    """``pods`` claims of the one ``request`` each (``claim-i``), and a pod using each (``pod-i``)."""
     for i in range(pods):
-        await kube.create(
-            RESOURCE_CLAIMS,
-            {
-                "metadata": {"name": f"claim-{i}", "namespace": ns},
-                "spec": {
-                    "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]}
-                },
-            },
-            ns,
-        )
+        claim = {"name": f"claim-{i}", "namespace": ns}
+        spec = {"devices": {"requests": [request]}}
+        await kube.create(RESOURCE_CLAIMS, {"metadata": claim, "spec": spec}, ns)
         await kube.create(
             PODS,
             {
@@ -106,7 +105,6 @@ async def _world(
             },
             ns,
         )
-    return ns, node, [device_class, pool]
 
 
 @pytest.mark.parametrize("informer_trails", [False, True], ids=["informer-current", "informer-trails"])
@@ -249,26 +247,7 @@ async def test_a_first_available_warm_request_goes_to_the_node_whose_warm_device
         },
         {"name": "any", "deviceClassName": device_class},
     ]
-    for i in range(2):
-        await kube.create(
-            RESOURCE_CLAIMS,
-            {
-                "metadata": {"name": f"claim-{i}", "namespace": ns},
-                "spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": prefer_warm}]}},
-            },
-            ns,
-        )
-        await kube.create(
-            PODS,
-            {
-                "metadata": {"name": f"pod-{i}", "namespace": ns},
-                "spec": {
-                    "resourceClaims": [{"name": "accel", "resourceClaimName": f"claim-{i}"}],
-                    "containers": [{**container, "resources": {"claims": [{"name": "accel"}]}}],
-                },
-            },
-            ns,
-        )
+    await _claims_and_pods(kube, ns, 2, {"name": "gpu", "firstAvailable": prefer_warm})
     try:
         scheduler, _ = await _scheduler(kube)
         await scheduler.schedule_pending()

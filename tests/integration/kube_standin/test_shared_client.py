@@ -73,3 +73,40 @@ async def test_delete_collection_by_selector(mkube: KubeClient, ns: str) -> None
     assert sorted(i["metadata"]["name"] for i in gone["items"]) == [f"{ns}-dc-1", f"{ns}-dc-2"]
     left = await mkube.list(RESOURCE_SLICES, label_selector=f"batch={ns}")
     assert [i["metadata"]["name"] for i in left["items"]] == [f"{ns}-dc-0"]
+
+
+async def test_renewals_go_on_while_becoming_leader_takes_longer_than_the_renew_deadline(
+    mkube: KubeClient, ns: str
+) -> None:
+    """What a new leader does first (the manager loads its ledger) may outlast the renew deadline;
+    the renewals go on beside it, so the replica is still leader after it. When the loop waited
+    for the callback, it renewed nothing and stepped down 2 s after it became leader."""
+    started, release = asyncio.Event(), asyncio.Event()
+    calls: list[bool] = []
+
+    async def on_change(leading: bool) -> None:
+        calls.append(leading)
+        if leading:
+            started.set()
+            await release.wait()
+
+    elector = LeaderElector(
+        mkube,
+        name="slow-start",
+        namespace=ns,
+        identity="replica-a",
+        lease_duration=3.0,
+        renew_deadline=2.0,
+        retry_period=0.2,
+        on_change=on_change,
+    )
+    task = asyncio.create_task(elector.run())
+    await eventually(started.is_set, what="the callback of becoming leader")
+    await asyncio.sleep(3.0)  # past the renew deadline, the callback still running
+    assert elector.is_leader
+    release.set()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert calls == [True, False]
+    assert not elector.is_leader
