@@ -280,7 +280,7 @@ class ManagerService:
             # at once through the shared client, and a renewal queued behind them on a busy API
             # server missed the renew deadline 2 s after the replica became leader (it stepped
             # down while its /readyz had just said ready).
-            lease_client = KubeClient(load_config(s.kubeconfig), max_connections=2)
+            lease_client = KubeClient(kube.config, max_connections=2)
             self._elector = LeaderElector(
                 lease_client,
                 name=s.lease_name,

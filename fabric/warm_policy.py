@@ -149,31 +149,32 @@ def sized_as(record: DeviceRecord, by: Literal["model", "type"]) -> str:
     return str(record.attributes.type) if by == "type" else model_of(record)
 
 
-def poisson_pool_size(mean: float, epsilon: float) -> int:
-    """The smallest k with P(N > k) ≤ ``epsilon`` for N ~ Poisson(``mean``).
+def _poisson_pmf(mean: float, k: int) -> float:
+    """P(N = k) for N ~ Poisson(``mean`` > 0), computed in log space (e^-mean alone underflows past
+    a mean of ~745); the terms far below the mean that underflow to zero weigh nothing."""
+    return math.exp(-mean + k * math.log(mean) - math.lgamma(k + 1))
 
-    Each term is computed in log space (e^-mean alone underflows past a mean of ~745); the terms
-    far below the mean that underflow to zero weigh nothing."""
+
+def poisson_pool_size(mean: float, epsilon: float) -> int:
+    """The smallest k with P(N > k) ≤ ``epsilon`` for N ~ Poisson(``mean``)."""
     if mean <= 0:
         return 0
-    log_mean = math.log(mean)
     cdf = 0.0
     k = 0
     while True:
-        cdf += math.exp(-mean + k * log_mean - math.lgamma(k + 1))
+        cdf += _poisson_pmf(mean, k)
         if 1.0 - cdf <= epsilon or (k > mean and cdf >= 1.0):
             return k
         k += 1
 
 
 def poisson_tail(mean: float, count: int) -> float:
-    """P(N ≥ ``count``) for N ~ Poisson(``mean``), its terms in log space as :func:`poisson_pool_size`."""
+    """P(N ≥ ``count``) for N ~ Poisson(``mean``)."""
     if count <= 0:
         return 1.0
     if mean <= 0:
         return 0.0
-    log_mean = math.log(mean)
-    below = math.fsum(math.exp(-mean + k * log_mean - math.lgamma(k + 1)) for k in range(count))
+    below = math.fsum(_poisson_pmf(mean, k) for k in range(count))
     return max(0.0, 1.0 - below)
 
 
