@@ -63,6 +63,7 @@ from plumbing.procs import RoleProcess, RoleStartError
 
 __all__ = [
     "ADMIN_USER",
+    "ROLE_MODULES",
     "ApiServer",
     "ApiServerHooks",
     "Controller",
@@ -101,6 +102,46 @@ _SOCKET_PATH_BUDGET = 100
 SERVICE_TIER = "service"
 MANAGER_TIER = "manager"
 CLIENT_TIER = "client"
+
+
+#: What the roles import before they serve: each command line and the modules its handler imports
+#: (``fabric-dra ROLE``, ``python -m kube_standin``). The test suite starts its roles as forks of one
+#: process that has imported these (:mod:`plumbing.forkserver`, ``tests/conftest.py``); a module
+#: left out is imported by the child itself, as in a new interpreter.
+ROLE_MODULES: tuple[str, ...] = (
+    "fabric_dra.cli",
+    "kube_standin.cli",
+    "emulator.cli",
+    "emulator.redfish.server",
+    "emulator.redfish.auth",
+    "emulator.redfish.latency",
+    "emulator.topology",
+    "fabric.cli",
+    "fabric.config",
+    "fabric.service",
+    "fabric.status",
+    "fabric.usage_cli",
+    "dra_driver.plugin.cli",
+    "dra_driver.plugin.config",
+    "dra_driver.plugin.server",
+    "dra_driver.controller.cli",
+    "dra_driver.controller.app",
+    "kube_standin.apiserver.app",
+    "kube_standin.apiserver.serve",
+    "kube_standin.kubelet_client",
+    "kube_standin.apiserver.kubeconfig",
+    # what the servers and clients import lazily once they run
+    "uvicorn.lifespan.on",
+    "uvicorn.lifespan.off",
+    "uvicorn.protocols.http.h11_impl",
+    "uvicorn.protocols.websockets.auto",
+    "uvloop",
+    "httpcore",
+    "anyio._backends._asyncio",
+    "jsonschema",
+    "kubernetes_validate",
+    "pydantic.v1",
+)
 
 
 def free_port() -> int:

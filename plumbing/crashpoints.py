@@ -21,7 +21,7 @@ import sys
 
 from plumbing.logs import get_logger
 
-__all__ = ["ENV", "POINTS", "armed", "crash_point"]
+__all__ = ["ENV", "POINTS", "armed", "crash_point", "rearm"]
 
 ENV = "FABRIC_DRA_CRASH_AT"
 
@@ -92,6 +92,13 @@ _ARMED: frozenset[str] = _read_env()
 def armed() -> frozenset[str]:
     """The crash points this process was started with."""
     return _ARMED
+
+
+def rearm() -> None:
+    """Read :data:`ENV` again: for a process whose environment was replaced after this module was
+    imported — a child of :mod:`plumbing.forkserver`, which imported it before the fork."""
+    global _ARMED
+    _ARMED = _read_env()
 
 
 def crash_point(name: str) -> None:

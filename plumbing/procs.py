@@ -18,7 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["CPU_LOG_ENV", "RoleProcess", "RoleStartError"]
+from plumbing.forkserver import ForkedProcess, ForkServer, ForkServerError
+
+__all__ = ["CPU_LOG_ENV", "RoleProcess", "RoleStartError", "use_fork_server"]
 
 #: test-only measurement, off by default: when set to a file path, every :class:`RoleProcess`
 #: appends lines to it, ``ready|stop name role pid cpu wall`` — user+system CPU seconds of the
@@ -42,6 +44,34 @@ class RoleStartError(RuntimeError):
     pass
 
 
+#: where :class:`RoleProcess` starts its children; None: a new interpreter each (the default)
+_fork_server: ForkServer | None = None
+
+
+def use_fork_server(server: ForkServer | None) -> ForkServer | None:
+    """Start every later :class:`RoleProcess` of this process as a fork of ``server``, which has
+    imported the roles once (see :mod:`plumbing.forkserver`; the test suite does this), or again
+    as a new interpreter each (None). Returns the server used before."""
+    global _fork_server
+    previous, _fork_server = _fork_server, server
+    return previous
+
+
+def _spawn(module: str, args: list[str], env: dict[str, str], log_file: Path) -> ForkedProcess | None:
+    """``python -m module args`` from the fork server in use; None when there is none, or when it
+    failed (its reason is said once, and every later start is a new interpreter again)."""
+    global _fork_server
+    server = _fork_server
+    if server is None or server.python != sys.executable or not server.serves(env):
+        return None
+    try:
+        return server.spawn(module, args, env=env, log=log_file)
+    except ForkServerError as err:
+        _fork_server = None
+        sys.stderr.write(f"fabric-dra: starting roles as new interpreters from now on: {err}\n")
+        return None
+
+
 class RoleProcess:
     def __init__(
         self,
@@ -62,7 +92,7 @@ class RoleProcess:
         self.env = {**os.environ, **(env or {})}
         self.name = name or (self.args[0] if self.args else "fabric-dra")
         self.start_timeout = start_timeout
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | ForkedProcess | None = None
         self.address: str = ""
         self._started = 0.0
         self._cpu_logged = False  # the "stop" line of this life is written
@@ -77,17 +107,20 @@ class RoleProcess:
         if self.ready_file is not None and self.ready_file.exists():
             self.ready_file.unlink()
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_file, "ab")  # noqa: SIM115 - owned by the child for its lifetime
-        try:
-            self.proc = subprocess.Popen(  # noqa: S603 - our own CLI with our own arguments
-                [sys.executable, "-m", self.module, *self.args],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                start_new_session=True,
-            )
-        finally:
-            log.close()
+        self._started = time.monotonic()
+        self.proc = _spawn(self.module, self.args, self.env, self.log_file)
+        if self.proc is None:
+            log = open(self.log_file, "ab")  # noqa: SIM115 - owned by the child for its lifetime
+            try:
+                self.proc = subprocess.Popen(  # noqa: S603 - our own CLI with our own arguments
+                    [sys.executable, "-m", self.module, *self.args],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=self.env,
+                    start_new_session=True,
+                )
+            finally:
+                log.close()
         self._started = time.monotonic()
         if self.ready_file is None:
             return self

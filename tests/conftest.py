@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import ssl
@@ -13,7 +14,9 @@ from typing import Any
 import httpx._transports.default as httpx_transports
 import pytest
 
-from fabric_dra.stack import default_trust
+from fabric_dra.stack import ROLE_MODULES, default_trust
+from plumbing.forkserver import ForkServer
+from plumbing.procs import use_fork_server
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,6 +46,21 @@ def _share_default_trust() -> None:
 
 
 _share_default_trust()
+
+
+def _start_roles_by_fork() -> None:
+    """The roles this process starts are forks of one server that imported them once
+    (:mod:`plumbing.forkserver`): a role's start is mostly its imports, and the suite starts ~500.
+    ``FABRIC_DRA_FORK_SERVER=0`` starts each as a new interpreter instead. The server starts with
+    the first role and stops when this process exits."""
+    if os.environ.get("FABRIC_DRA_FORK_SERVER", "1") == "0":
+        return
+    server = ForkServer(ROLE_MODULES)
+    use_fork_server(server)
+    atexit.register(server.close)
+
+
+_start_roles_by_fork()
 
 
 def redfish_reference_dir() -> Path:
