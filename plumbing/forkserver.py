@@ -36,9 +36,9 @@ process killed by a timeout leaves no role running behind it (with plain ``Popen
 on as orphans).
 
 Protocol, over a unix socket in a private directory: one connection per spawn; the caller sends
-one JSON line ``{"module", "args", "env", "cwd"}`` with the log file's descriptor attached
-(``SCM_RIGHTS``); the server answers ``{"pid": N}`` (or ``{"error": text}``) and, when the child
-has exited, ``{"rc": code}``, then closes.
+one JSON line ``{"module", "args", "env", "cwd"}`` with the descriptors of the child's stdout and
+stderr attached (``SCM_RIGHTS``); the server answers ``{"pid": N}`` (or ``{"error": text}``) and,
+when the child has exited, ``{"rc": code}``, then closes.
 """
 
 from __future__ import annotations
@@ -182,9 +182,19 @@ class ForkServer:
             raise ForkServerError(f"the fork server did not start: {message.get('failed')}")
         self.import_seconds = float(message["ready"])
 
-    def spawn(self, module: str, args: Sequence[str], *, env: dict[str, str], log: Path) -> ForkedProcess:
-        """``python -m module *args`` with ``env``, this process's working directory, and ``log``
-        (appended) as stdout and stderr; :class:`ForkServerError` if the server cannot fork it."""
+    def spawn(
+        self,
+        module: str,
+        args: Sequence[str],
+        *,
+        env: dict[str, str],
+        stdout: int,
+        stderr: int,
+        cwd: str | None = None,
+    ) -> ForkedProcess:
+        """``python -m module *args`` with ``env``, the working directory ``cwd`` (this process's by
+        default), and the open descriptors ``stdout`` and ``stderr`` (the caller keeps its own and
+        may close them); :class:`ForkServerError` if the server cannot fork it."""
         with self._lock:
             if self._failed is not None:
                 raise ForkServerError(self._failed)
@@ -194,12 +204,11 @@ class ForkServer:
                 except (OSError, ForkServerError) as err:
                     self._failed = str(err)
                     raise ForkServerError(self._failed) from err
-        request = {"module": module, "args": list(args), "env": env, "cwd": os.getcwd()}
+        request = {"module": module, "args": list(args), "env": env, "cwd": cwd or os.getcwd()}
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             conn.connect(self._socket)
-            socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [log_fd])
+            socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [stdout, stderr])
             answer = b""
             while b"\n" not in answer:
                 readable, _, _ = select.select([conn], [], [], 30.0)
@@ -210,8 +219,6 @@ class ForkServer:
         except (OSError, ForkServerError) as err:
             conn.close()
             raise ForkServerError(f"fork server: {err}") from err
-        finally:
-            os.close(log_fd)
         first, rest = answer.split(b"\n", 1)
         reply = json.loads(first)
         if "pid" not in reply:
@@ -239,25 +246,27 @@ class ForkServer:
 # -- the server process ------------------------------------------------------------------------
 
 
-def _read_request(conn: socket.socket) -> tuple[dict[str, Any], int]:
+def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     conn.settimeout(10.0)  # the caller sends its whole request at once
-    data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 1)
-    if len(fds) != 1:
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 2)
+    try:
+        if len(fds) != 2:
+            raise ValueError("a request comes with two descriptors, the child's stdout and stderr")
+        while not data.endswith(b"\n"):
+            chunk = conn.recv(1 << 20)
+            if not chunk:
+                raise ValueError("the request ended early")
+            data += chunk
+        return json.loads(data), fds
+    except BaseException:
         for fd in fds:
             os.close(fd)
-        raise ValueError("a request comes with exactly one descriptor, its log")
-    while not data.endswith(b"\n"):
-        chunk = conn.recv(1 << 20)
-        if not chunk:
-            os.close(fds[0])
-            raise ValueError("the request ended early")
-        data += chunk
-    return json.loads(data), fds[0]
+        raise
 
 
-def _serve(path: str, parent: int, modules: list[str]) -> tuple[dict[str, Any], int]:
+def _serve(path: str, parent: int, modules: list[str]) -> tuple[dict[str, Any], list[int]]:
     """Import ``modules``, then fork on request; returns only in a forked child: its request and
-    log descriptor."""
+    its stdout and stderr descriptors."""
     import importlib
     import selectors
     import traceback
@@ -326,7 +335,7 @@ def _serve(path: str, parent: int, modules: list[str]) -> tuple[dict[str, Any], 
                 continue
             conn, _ = listener.accept()
             try:
-                request, log_fd = _read_request(conn)
+                request, output = _read_request(conn)
             except (OSError, ValueError) as err:
                 with contextlib.suppress(OSError):
                     conn.sendall(json.dumps({"error": str(err)}).encode() + b"\n")
@@ -337,7 +346,8 @@ def _serve(path: str, parent: int, modules: list[str]) -> tuple[dict[str, Any], 
             try:
                 pid = os.fork()
             except OSError as err:
-                os.close(log_fd)
+                for fd in output:
+                    os.close(fd)
                 with contextlib.suppress(OSError):
                     conn.sendall(json.dumps({"error": str(err)}).encode() + b"\n")
                 conn.close()
@@ -352,8 +362,9 @@ def _serve(path: str, parent: int, modules: list[str]) -> tuple[dict[str, Any], 
                     sock.close()
                 os.close(wake_r)
                 os.close(wake_w)
-                return request, log_fd
-            os.close(log_fd)
+                return request, output
+            for fd in output:
+                os.close(fd)
             with contextlib.suppress(OSError):
                 conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
             children[pid] = conn
@@ -371,7 +382,7 @@ def _serve(path: str, parent: int, modules: list[str]) -> tuple[dict[str, Any], 
                 caller.close()
 
 
-def _run_child(request: dict[str, Any], log_fd: int) -> None:
+def _run_child(request: dict[str, Any], output: list[int]) -> None:
     """In a forked child: become ``python -m MODULE ARGS`` as a new interpreter would run it."""
     import runpy
 
@@ -381,10 +392,11 @@ def _run_child(request: dict[str, Any], log_fd: int) -> None:
         os._exit(1)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
+    os.dup2(output[0], 1)
+    os.dup2(output[1], 2)
     os.close(null)
-    os.close(log_fd)
+    for fd in output:
+        os.close(fd)
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
@@ -401,8 +413,8 @@ def main() -> None:
     path, parent, *modules = sys.argv[1:]
     # a forked child leaves the server's loop here and runs its module; exceptions and SystemExit
     # reach the interpreter as they would in a program started on its own
-    request, log_fd = _serve(path, int(parent), modules)
-    _run_child(request, log_fd)
+    request, output = _serve(path, int(parent), modules)
+    _run_child(request, output)
 
 
 if __name__ == "__main__":

@@ -9,18 +9,21 @@ the process (SIGTERM, then SIGKILL) — also when the caller fails.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import IO
 
 from plumbing.forkserver import ForkedProcess, ForkServer, ForkServerError
 
-__all__ = ["CPU_LOG_ENV", "RoleProcess", "RoleStartError", "use_fork_server"]
+__all__ = ["CPU_LOG_ENV", "RoleProcess", "RoleStartError", "run", "use_fork_server"]
 
 #: test-only measurement, off by default: when set to a file path, every :class:`RoleProcess`
 #: appends lines to it, ``ready|stop name role pid cpu wall`` — user+system CPU seconds of the
@@ -57,7 +60,9 @@ def use_fork_server(server: ForkServer | None) -> ForkServer | None:
     return previous
 
 
-def _spawn(module: str, args: list[str], env: dict[str, str], log_file: Path) -> ForkedProcess | None:
+def _spawn(
+    module: str, args: Sequence[str], env: dict[str, str], stdout: int, stderr: int, cwd: str | None = None
+) -> ForkedProcess | None:
     """``python -m module args`` from the fork server in use; None when there is none, or when it
     failed (its reason is said once, and every later start is a new interpreter again)."""
     global _fork_server
@@ -65,11 +70,56 @@ def _spawn(module: str, args: list[str], env: dict[str, str], log_file: Path) ->
     if server is None or server.python != sys.executable or not server.serves(env):
         return None
     try:
-        return server.spawn(module, args, env=env, log=log_file)
+        return server.spawn(module, args, env=env, stdout=stdout, stderr=stderr, cwd=cwd)
     except ForkServerError as err:
         _fork_server = None
         sys.stderr.write(f"fabric-dra: starting roles as new interpreters from now on: {err}\n")
         return None
+
+
+def run(
+    args: Sequence[str],
+    *,
+    module: str = "fabric_dra",
+    env: dict[str, str] | None = None,
+    cwd: str | Path | None = None,
+    timeout: float = 60.0,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m module args`` to its end, as ``subprocess.run(..., capture_output=True,
+    text=True, timeout=timeout)`` would — a fork of the fork server in use when there is one
+    (:func:`use_fork_server`). ``env`` is the whole environment (this process's by default)."""
+    environment = dict(os.environ if env is None else env)
+    command = [sys.executable, "-m", module, *args]
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        child = _spawn(
+            module, args, environment, out.fileno(), err.fileno(), None if cwd is None else str(cwd)
+        )
+        if child is None:
+            return subprocess.run(  # noqa: S603 - our own interpreter and module
+                command,
+                env=environment,
+                cwd=cwd,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
+        try:
+            code = child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            raise
+        return subprocess.CompletedProcess(command, code, _text(out), _text(err))
+
+
+def _text(output: IO[bytes]) -> str:
+    """A child's whole output as ``subprocess.run(text=True)`` decodes it: the locale's encoding,
+    universal newlines."""
+    output.seek(0)
+    with io.TextIOWrapper(output) as text:
+        return text.read()
 
 
 class RoleProcess:
@@ -108,10 +158,10 @@ class RoleProcess:
             self.ready_file.unlink()
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         self._started = time.monotonic()
-        self.proc = _spawn(self.module, self.args, self.env, self.log_file)
-        if self.proc is None:
-            log = open(self.log_file, "ab")  # noqa: SIM115 - owned by the child for its lifetime
-            try:
+        log = open(self.log_file, "ab")  # noqa: SIM115 - the child's for its lifetime
+        try:
+            self.proc = _spawn(self.module, self.args, self.env, log.fileno(), log.fileno())
+            if self.proc is None:
                 self.proc = subprocess.Popen(  # noqa: S603 - our own CLI with our own arguments
                     [sys.executable, "-m", self.module, *self.args],
                     stdout=log,
@@ -119,8 +169,8 @@ class RoleProcess:
                     env=self.env,
                     start_new_session=True,
                 )
-            finally:
-                log.close()
+        finally:
+            log.close()
         self._started = time.monotonic()
         if self.ready_file is None:
             return self

@@ -16,7 +16,7 @@ import pytest
 
 from plumbing.crashpoints import ENV as CRASH_ENV
 from plumbing.forkserver import ForkedProcess, ForkServer, ForkServerError
-from plumbing.procs import RoleProcess, use_fork_server
+from plumbing.procs import RoleProcess, run, use_fork_server
 
 PROGRAM = textwrap.dedent(
     """
@@ -56,7 +56,10 @@ def program(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _spawn(server: ForkServer, log: Path, *args: str, **env: str) -> ForkedProcess:
-    return server.spawn("probe", list(args), env={**os.environ, **env}, log=log)
+    with log.open("ab") as output:
+        return server.spawn(
+            "probe", list(args), env={**os.environ, **env}, stdout=output.fileno(), stderr=output.fileno()
+        )
 
 
 def _said(log: Path) -> dict[str, object]:
@@ -131,7 +134,7 @@ def test_a_role_process_falls_back_to_a_new_interpreter(
         assert isinstance(role.proc, subprocess.Popen)  # a new interpreter
         assert role.reap(30) == 0
         with pytest.raises(ForkServerError, match="this module cannot be imported"):
-            broken.spawn("probe", [], env=dict(os.environ), log=tmp_path / "x.log")
+            _spawn(broken, tmp_path / "x.log")
     finally:
         use_fork_server(previous)
         broken.close()
@@ -144,10 +147,9 @@ def test_children_stop_with_the_server_and_the_server_with_its_caller(tmp_path: 
     caller = textwrap.dedent(
         """
         import os, sys, time
-        from pathlib import Path
         from plumbing.forkserver import ForkServer
         server = ForkServer(["json"])
-        child = server.spawn("probe", ["sleep"], env=dict(os.environ), log=Path("child.log"))
+        child = server.spawn("probe", ["sleep"], env=dict(os.environ), stdout=1, stderr=2)
         print(child.pid, server.proc.pid, flush=True)
         time.sleep(60)
         """
@@ -192,3 +194,33 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_run_captures_as_subprocess_run_does(server: ForkServer, program: Path) -> None:
+    """A command run to its end through the server gives what ``subprocess.run`` gives."""
+    (program / "speaks.py").write_text(
+        "import sys\nprint('out\\r\\nline é')\nprint('err line', file=sys.stderr)\nsys.exit(2)\n"
+    )
+    previous = use_fork_server(None)
+    try:
+        plain = run(["a", "b"], module="speaks")
+        use_fork_server(server)
+        forked = run(["a", "b"], module="speaks")
+    finally:
+        use_fork_server(previous)
+    assert (forked.args, forked.returncode, forked.stdout, forked.stderr) == (
+        plain.args,
+        plain.returncode,
+        plain.stdout,
+        plain.stderr,
+    )
+    assert plain.returncode == 2 and plain.stdout == "out\nline é\n" and plain.stderr == "err line\n"
+
+
+def test_run_kills_a_command_at_its_timeout(server: ForkServer, program: Path) -> None:
+    previous = use_fork_server(server)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            run(["sleep"], module="probe", timeout=1.0)
+    finally:
+        use_fork_server(previous)
