@@ -8,6 +8,7 @@ Runs every benchmark section on this machine — plus the emulator's own figures
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import sys
@@ -18,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import REPO_ROOT, BenchContext, machine, work_dir
+from fabric_dra.stack import ROLE_MODULES
+from plumbing.forkserver import ForkServer
+from plumbing.procs import use_fork_server
 
 #: section name → (module, what it measures); the order they run in
 SECTIONS: dict[str, tuple[str, str]] = {
@@ -83,11 +87,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", nargs="+", choices=list(ALL_SECTIONS), metavar="SECTION", help="run these sections only"
     )
+    parser.add_argument(
+        "--fork-roles",
+        action="store_true",
+        help="start the roles as forks of one process that imported them once, as the test suite "
+        "does: cheaper starts for a smoke run (figures of a role's start are then not a new interpreter's)",
+    )
     args = parser.parse_args(argv)
     wanted = [s for s in ALL_SECTIONS if s in (args.only or SECTIONS)]
 
     results: dict[str, dict[str, Any]] = {}
-    with work_dir("fdbench-") as root:
+    forks = ForkServer(ROLE_MODULES) if args.fork_roles else None
+    use_fork_server(forks)
+    with contextlib.ExitStack() as cleanup, work_dir("fdbench-") as root:
+        if forks is not None:
+            cleanup.callback(forks.close)
         ctx = BenchContext(quick=args.quick, root=root)
         try:
             for name in wanted:

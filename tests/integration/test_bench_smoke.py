@@ -12,9 +12,9 @@ from tests.conftest import REPO_ROOT
 
 
 def run_quick(section: str, out: Path, *, timeout: float) -> subprocess.CompletedProcess[str]:
-    """``python -m bench --quick --only <section> --json <out>``, checked to exit 0."""
+    """``python -m bench --quick --fork-roles --only <section> --json <out>``, checked to exit 0."""
     result = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--only", section, "--json", str(out)],
+        [sys.executable, "-m", "bench", "--quick", "--fork-roles", "--only", section, "--json", str(out)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
