@@ -37,9 +37,10 @@ async def serve_apiserver(
         port=port,
         tls_cert=tls_cert_file,
         tls_key=tls_key_file,
-        # Open watch streams end as soon as shutdown begins: a watch would otherwise hold the
-        # graceful shutdown until its timeout, and a real API server closes them too.
-        on_exit=api.store.close_watchers,
+        # Open watch streams end as soon as shutdown begins, and so do the ones clients open
+        # again: a watch would otherwise hold the graceful shutdown until its timeout, and a real
+        # API server closes them too.
+        on_exit=api.store.shut_down_watches,
         lifespan="on",
         timeout_graceful_shutdown=5,
         ssl_cert_reqs=ssl.CERT_NONE,

@@ -52,8 +52,9 @@ def test_a_warm_count_never_runs_ahead_of_its_slice(
     with InventoryServer(make_inventory(devices, pools={"fabric-pcie": nodes})) as manager:
         start_controller(manager, driver)
         wait_until(lambda: len(apiserver.slices(driver)) == 1, what="the first publication")
-        # Every slice write fails for a while (the publisher backs off 0.1, 0.2, 0.4 … s).
-        apiserver.fault("resourceslices", verbs=["create", "update", "delete"], count=6, code=500)
+        # Every slice write fails for a while (the publisher backs off 0.1, 0.2, 0.4, 0.8 s): the
+        # labeller, which reacts within tens of milliseconds, has that long to run ahead.
+        apiserver.fault("resourceslices", verbs=["create", "update", "delete"], count=4, code=500)
         manager.update_devices(lambda current: _warm(current, "gpu-3", "wo-2"))
         deadline = time.monotonic() + 60
         # The labeller has read the same inventory; it must wait for the publisher.
@@ -66,31 +67,41 @@ def test_a_warm_count_never_runs_ahead_of_its_slice(
 
 
 class _SliceWatch:
-    """Every change to ``driver``'s slices from ``resource_version`` on, read in a thread."""
+    """Every change to ``driver``'s slices from ``resource_version`` on, read in a thread.
+
+    Watched in short watches, each resumed from the last resourceVersion it delivered: closing
+    the client does not wake a thread blocked reading a stream, so one long watch held
+    :meth:`until` for its join timeout."""
+
+    #: seconds of each watch: how long :meth:`until` may wait for the thread to end
+    WATCH_SECONDS = 1
 
     def __init__(self, apiserver: ApiServer, driver: str, resource_version: str) -> None:
         self.events: list[tuple[str, dict[str, Any]]] = []
-        self._params = {
-            "watch": "true",
-            "resourceVersion": resource_version,
-            "fieldSelector": f"spec.driver={driver}",
-            "timeoutSeconds": "120",
-        }
+        self._driver = driver
+        self._resource_version = resource_version
+        self._stop = threading.Event()
         # a client of its own: the reading thread must not share the test's
-        self._http = httpx.Client(base_url=apiserver.url, headers=apiserver.http.headers, timeout=130)
+        self._http = httpx.Client(base_url=apiserver.url, headers=apiserver.http.headers, timeout=30)
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
 
     def _read(self) -> None:
         path = "/apis/resource.k8s.io/v1/resourceslices"
-        try:
-            with self._http.stream("GET", path, params=self._params) as response:
+        while not self._stop.is_set():
+            params = {
+                "watch": "true",
+                "resourceVersion": self._resource_version,
+                "fieldSelector": f"spec.driver={self._driver}",
+                "timeoutSeconds": str(self.WATCH_SECONDS),
+            }
+            with self._http.stream("GET", path, params=params) as response:
                 for line in response.iter_lines():
                     if line:
                         event = json.loads(line)
+                        assert event["type"] != "ERROR", event  # the history the resume needs is gone
                         self.events.append((event["type"], event["object"]))
-        except httpx.HTTPError:
-            return  # closed by until()
+                        self._resource_version = event["object"]["metadata"]["resourceVersion"]
 
     def until(self, resource_version: int) -> list[tuple[str, dict[str, Any]]]:
         """The events up to ``resource_version`` (waiting for them)."""
@@ -98,8 +109,10 @@ class _SliceWatch:
             lambda: any(int(o["metadata"]["resourceVersion"]) >= resource_version for _, o in self.events),
             what="the watch to catch up",
         )
+        self._stop.set()
+        self._thread.join(timeout=10 * self.WATCH_SECONDS)
+        assert not self._thread.is_alive(), "the watch did not end"
         self._http.close()
-        self._thread.join(timeout=10)
         return [(t, o) for t, o in self.events if int(o["metadata"]["resourceVersion"]) <= resource_version]
 
 

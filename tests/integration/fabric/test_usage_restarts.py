@@ -7,6 +7,7 @@ since the last write of the record, and only of devices whose entry changed in t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import json
 import os
@@ -87,7 +88,7 @@ async def test_device_seconds_survive_a_graceful_restart_and_a_kill(
         kept_model = await _model(first.address, "gpu0")
         gone_model = await _model(first.address, "nvme0")
         assert kept_model != gone_model  # told apart by model: no claims to group by here
-        await asyncio.sleep(2)
+        await asyncio.sleep(1)  # held a while before the stop
     finally:
         first.stop()  # SIGTERM: the record is written on the way out
     written = json.loads(record.read_text())
@@ -146,8 +147,34 @@ def _cli(address: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _cli_started(address: str, *args: str) -> subprocess.Popen[str]:
+    """:func:`_cli` started, not waited for: the runs that compare nothing with each other go side
+    by side (each is mostly Python importing the command)."""
+    env = {**os.environ, "FABRIC_DRA_TOKEN": CONTROLLER_TOKEN}
+    return subprocess.Popen(
+        [sys.executable, "-m", "fabric_dra", "usage", "--manager-url", address, "--by", "model", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _finished(process: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
+    try:
+        stdout, stderr = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
 def _cli_reads_the_same(address: str, report: UsageReport, model: str) -> None:
     since = ["--since", _START.isoformat()]
+    # The table and the refused --since compare with nothing else: started now, read at the end.
+    # The csv is compared with the json, so it runs after it.
+    as_text = _cli_started(address, "--since", "2h")
+    refused = _cli_started(address, "--since", "yesterday")
     shown = _cli(address, *since, "-o", "json")
     assert shown.returncode == 0, shown.stderr
     document = UsageReport.model_validate_json(shown.stdout)
@@ -165,7 +192,7 @@ def _cli_reads_the_same(address: str, report: UsageReport, model: str) -> None:
     assert float(by_model[model][1]) >= later[model].bound
     assert abs(sum(float(c) for c in by_model[model][1:6]) - float(by_model[model][6])) < 0.01
 
-    text = _cli(address, "--since", "2h")
+    text = _finished(as_text)
     assert text.returncode == 0, text.stderr
     head, columns, *lines = text.stdout.splitlines()
     assert head.startswith("device-hours from ") and "UTC, by model" in head
@@ -173,7 +200,7 @@ def _cli_reads_the_same(address: str, report: UsageReport, model: str) -> None:
     assert columns.split() == ["MODEL", "BOUND", "WARM", "ATTACHING", "DETACHING", "OUTSIDE", "TOTAL"]
     assert any(line.startswith(model) for line in lines), text.stdout
 
-    wrong = _cli(address, "--since", "yesterday")
+    wrong = _finished(refused)
     assert wrong.returncode == 1
     assert wrong.stderr.strip().splitlines() == [
         "fabric-dra: error: --since 'yesterday': expected a duration (30m, 24h, 7d) or an RFC 3339 "
@@ -244,7 +271,7 @@ async def test_a_leader_change_carries_the_record_by_namespace_and_workload(
                         assert _seconds(before, datetime.now(UTC)) < 60, "no replica stayed leader"
             after = datetime.now(UTC)
             assert attached.state is AttachmentState.ATTACHED
-            await asyncio.sleep(2)
+            await asyncio.sleep(1)  # held a while before the hand-over
 
             managers[leader].stop()  # SIGTERM: written, then the Lease released
             follower = await leader_of({n: p for n, p in managers.items() if n != leader})
@@ -263,7 +290,7 @@ async def test_a_leader_change_carries_the_record_by_namespace_and_workload(
 
             # The old leader comes back as a follower; the new one dies without a word.
             managers[leader] = start(leader)
-            await asyncio.sleep(1)
+            await _following(managers[leader])
             managers[follower].kill()
             assert await leader_of({leader: managers[leader]}) == leader
             groups, report = await _by(managers[leader].address, UsageGrouping.WORKLOAD)
@@ -277,6 +304,20 @@ async def test_a_leader_change_carries_the_record_by_namespace_and_workload(
         finally:
             for process in managers.values():
                 process.stop()
+
+
+async def _following(process: Role, within: float = 30) -> None:
+    """Until the replica's /readyz says it is not the leader: it read the Lease another holds."""
+    deadline = time.monotonic() + within
+    async with httpx.AsyncClient(timeout=5) as http:
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                answer = await http.get(f"{process.address}/readyz")
+                reason = str(answer.json().get("reason", "")) if answer.status_code == 503 else ""
+                if reason.startswith("not the leader") and "leader: unknown" not in reason:
+                    return
+            assert time.monotonic() < deadline, f"{process.name} never said it follows"
+            await asyncio.sleep(0.1)
 
 
 async def _scrape(address: str) -> str:

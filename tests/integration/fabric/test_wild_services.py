@@ -151,7 +151,7 @@ async def test_resource_block_status_not_kept_current(tmp_path: Path, tls: Tls) 
     Links.ResourceBlocks do): the attach is confirmed from the system, survives later discovery
     passes as our own binding, and the detach really removes the block."""
     node, device = NODES[1], "nvme1"
-    flags = ("--binding-style", "composition", "--resync-seconds", "1")
+    flags = ("--binding-style", "composition", "--resync-seconds", "0.5")
     async with wild_service(tmp_path, tls, node, flags, blockStatus="stale") as (fabric, plugin):
         attached = await plugin.attach(device, node, claim_uid("claim-1"), wait_seconds=20)
         assert attached.state == AttachmentState.ATTACHED
@@ -159,7 +159,7 @@ async def test_resource_block_status_not_kept_current(tmp_path: Path, tls: Tls) 
         first = await plugin.inventory()
         # a few discovery passes later it is still ours, bound to the node
         later = await plugin.inventory(after=first.version, timeout_seconds=3)
-        await asyncio.sleep(2.5)
+        await asyncio.sleep(1.25)  # two more resyncs
         shown = await plugin.device(device)
         assert (shown.state, shown.node, shown.managed) == (BindingState.BOUND, node, True), later.version
         detached = await plugin.detach(device, node, claim_uid("claim-1"), wait_seconds=20)

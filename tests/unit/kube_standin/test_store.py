@@ -147,3 +147,17 @@ def test_generate_name_and_server_fields() -> None:
             CONFIGMAPS,
             {**configmap("x"), "metadata": {"name": "x", "namespace": "default", "resourceVersion": "5"}},
         )
+
+
+def test_a_shutdown_ends_every_watch_and_each_one_opened_after_it() -> None:
+    """Once the server shuts down, open watches end, and so does a watch a client opens again
+    (an informer re-watches at once, on a keep-alive connection still served)."""
+    store = Store()
+    before = store.subscribe(CONFIGMAPS, None)
+    assert store.shut_down_watches() == 1
+    assert before.queue.get_nowait() is None  # the stream's end
+    again = store.subscribe(CONFIGMAPS, None)
+    assert again.queue.get_nowait() is None
+    store.create(CONFIGMAPS, configmap("after"))
+    assert again.queue.empty()  # no longer offered changes
+    assert store.close_watchers() == 0
