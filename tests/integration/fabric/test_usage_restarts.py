@@ -135,21 +135,9 @@ async def test_device_seconds_survive_a_graceful_restart_and_a_kill(
         third.stop()
 
 
-def _cli(address: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "FABRIC_DRA_TOKEN": CONTROLLER_TOKEN}
-    return subprocess.run(
-        [sys.executable, "-m", "fabric_dra", "usage", "--manager-url", address, "--by", "model", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        check=False,
-    )
-
-
 def _cli_started(address: str, *args: str) -> subprocess.Popen[str]:
-    """:func:`_cli` started, not waited for: the runs that compare nothing with each other go side
-    by side (each is mostly Python importing the command)."""
+    """``fabric-dra usage`` started, not waited for (:func:`_finished`): the runs that compare
+    nothing with each other go side by side (each is mostly Python importing the command)."""
     env = {**os.environ, "FABRIC_DRA_TOKEN": CONTROLLER_TOKEN}
     return subprocess.Popen(
         [sys.executable, "-m", "fabric_dra", "usage", "--manager-url", address, "--by", "model", *args],
@@ -167,6 +155,10 @@ def _finished(process: subprocess.Popen[str]) -> subprocess.CompletedProcess[str
         process.kill()
         raise
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def _cli(address: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return _finished(_cli_started(address, *args))
 
 
 def _cli_reads_the_same(address: str, report: UsageReport, model: str) -> None:
