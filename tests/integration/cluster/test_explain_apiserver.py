@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import yaml
 
+from plumbing import procs
 from plumbing.kube import KubeClient
 from plumbing.kube.resources import DEVICE_CLASSES, NODES, RESOURCE_SLICES
 from tests.integration.cluster.conftest import DRIVER
@@ -97,11 +97,8 @@ async def test_explain_against_the_api_server(kube: KubeClient, apiserver_url: s
 
         def explain(count: int) -> subprocess.CompletedProcess[str]:
             claim = _claim(tmp_path / f"claim-{count}.yaml", count, device_class)
-            return subprocess.run(
+            return procs.run(
                 [
-                    sys.executable,
-                    "-m",
-                    "fabric_dra",
                     "explain",
                     str(claim),
                     "--kubeconfig",
@@ -109,10 +106,7 @@ async def test_explain_against_the_api_server(kube: KubeClient, apiserver_url: s
                     "--node",
                     f"node-{tag}",
                 ],
-                capture_output=True,
-                text=True,
                 timeout=120,
-                check=False,
             )
 
         two, three = await asyncio.gather(asyncio.to_thread(explain, 2), asyncio.to_thread(explain, 3))

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -21,6 +19,7 @@ import pytest
 from manager_api.client import ManagerClient
 from manager_api.errors import DeviceBusy, FabricUnavailable, PermissionDenied
 from manager_api.models import AttachmentState, BindingState
+from plumbing import procs
 from tests.integration.fabric.conftest import (
     CONTROLLER_TOKEN,
     NODES,
@@ -150,24 +149,17 @@ def test_status_command(fabric: FabricAdmin, tmp_path: Path) -> None:
                 headers={"Authorization": f"Bearer {CONTROLLER_TOKEN}"},
             )
             assert response.status_code == 200, response.text
-        command = [sys.executable, "-m", "fabric_dra", "status", "--manager-url", manager.address]
-        table = subprocess.run(
-            [*command, "--token-file", str(token_file)], capture_output=True, text=True, timeout=60
-        )
+        command = ["status", "--manager-url", manager.address]
+        table = procs.run([*command, "--token-file", str(token_file)])
         assert table.returncode == 0, table.stderr
         assert "fabric-pcie  PCIe    gpu         NVIDIA L40S" in table.stdout
         assert "kind-worker3  gpu4" in table.stdout and claim_uid("claim-status") in table.stdout
-        as_json = subprocess.run(
-            [*command, "--token-file", str(token_file), "-o", "json"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        as_json = procs.run([*command, "--token-file", str(token_file), "-o", "json"])
         status = json.loads(as_json.stdout)
         assert {"name": "gpu4", "node": "kind-worker3"}.items() <= status["bindings"][0].items()
         l40s = next(p for p in status["pools"] if p["model"] == "NVIDIA L40S")
         assert (l40s["free"], l40s["bound"]) == (1, 1)
-        denied = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        denied = procs.run(command)
         assert denied.returncode == 1
         assert denied.stderr.strip().startswith("fabric-dra: error: cannot read the fabric manager's pool")
         assert "Traceback" not in denied.stderr

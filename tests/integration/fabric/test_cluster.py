@@ -9,8 +9,6 @@ Node objects get names that differ from the Redfish hosts, so the match must com
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +23,7 @@ from kube_standin.apiserver.auth import TokenUser
 from manager_api.client import ManagerClient
 from manager_api.errors import DeviceBusy, NotLeader, PermissionDenied, Unauthenticated
 from manager_api.models import AttachmentState, BindingState
+from plumbing import procs
 from plumbing.kube.client import KubeClient
 from plumbing.kube.resources import LEASES, NAMESPACES, NODES, RESOURCE_CLAIMS
 from tests.integration.fabric.conftest import (
@@ -200,14 +199,8 @@ async def _check_cluster_objects(kube: KubeClient, leader: str) -> None:
 
 
 def test_refuses_to_start_without_authentication(fabric: FabricAdmin, tmp_path: Path) -> None:
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "fabric_dra", "manager", "serve", "--redfish-url", fabric.url),
-            *manager_args(fabric, tmp_path, tokens=False),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    result = procs.run(
+        ["manager", "serve", "--redfish-url", fabric.url, *manager_args(fabric, tmp_path, tokens=False)]
     )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import subprocess
-import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -22,6 +20,7 @@ import pytest
 from manager_api.client import ManagerClient
 from manager_api.errors import DeviceBusy
 from manager_api.models import AttachmentState
+from plumbing import procs
 from tests.integration.fabric.conftest import FabricAdmin, Tls, manager_for, plugin_token, tls_emulator
 from tests.support.uids import claim_uid
 
@@ -35,15 +34,14 @@ NODES = ["kind-worker", *(f"kind-worker{i}" for i in range(2, HOSTS + 1))]
 def big_fabric(tmp_path_factory: pytest.TempPathFactory, tls: Tls) -> Iterator[FabricAdmin]:
     root = tmp_path_factory.mktemp("big-fabric")
     topology = root / "topology.yaml"
-    subprocess.run(
+    generated = procs.run(
         [
-            *(sys.executable, "-m", "fabric_dra", "emulator", "topology", "generate", "--hosts", str(HOSTS)),
+            *("emulator", "topology", "generate", "--hosts", str(HOSTS)),
             *("--gpus", str(DEVICES), "--nvme", "0", "--nics", "0", "--fpgas", "0", "--cxl-devices", "0"),
             *("--output-file", str(topology)),
-        ],
-        check=True,
-        timeout=60,
+        ]
     )
+    assert generated.returncode == 0, generated.stderr
     with tls_emulator(root, tls, topology=topology) as admin:
         yield admin
 

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import os
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -28,6 +27,7 @@ from manager_api.client import ManagerClient
 from manager_api.devices import DeviceType
 from manager_api.errors import DeviceBusy
 from manager_api.models import AttachmentState, BindingState
+from plumbing import procs
 from tests.integration.fabric.conftest import (
     NODES,
     OPERATOR_TOKEN,
@@ -63,13 +63,7 @@ def fabric_dra(*args: str, tmp: Path) -> subprocess.CompletedProcess[str]:
     token = tmp / "operator-token"
     token.write_text(OPERATOR_TOKEN + "\n")
     environment = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_DRA_")}
-    return subprocess.run(
-        [sys.executable, "-m", "fabric_dra", *args, "--token-file", str(token)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=environment,
-    )
+    return procs.run([*args, "--token-file", str(token)], env=environment)
 
 
 def readyz(manager: Role) -> tuple[int, dict[str, Any]]:

@@ -21,7 +21,6 @@ import base64
 import json
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from kube_standin.kubelet_client import DraCallError
 from manager_api.client import ManagerClient
 from manager_api.errors import PermissionDenied, Unauthenticated
 from manager_api.models import BindingState, DeviceType
+from plumbing import procs
 from tests.integration.reliability.stack import (
     CONTROLLER_TOKEN,
     NAMESPACE,
@@ -188,23 +188,11 @@ def test_credentials_never_in_logs_metrics_or_errors(stack: Stack, tmp_path: Pat
     )
     stack.deallocate(bc)
     wait_until(lambda: _target(conditioned) not in stack.bound_hosts(), what="the controller's release")
-    status = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fabric_dra",
-            "status",
-            "--manager-url",
-            stack.manager_url,
-            "--output",
-            "json",
-        ],
+    status = procs.run(
+        ["status", "--manager-url", stack.manager_url, "--output", "json"],
         env={"FABRIC_DRA_TOKEN": OPERATOR_TOKEN, "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
     )
+    assert status.returncode == 0, status.stderr
     seen.append(status.stdout + status.stderr)
     metrics = {
         "manager": httpx.get(f"{stack.manager_url}/metrics", timeout=10).text,
@@ -385,13 +373,7 @@ def test_tls_is_verified_and_a_certificate_for_another_host_is_refused(stack: St
 
 def test_emulator_and_manager_refuse_to_run_without_authentication(stack: Stack, tmp_path: Path) -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "fabric_dra", *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        return procs.run(args)
 
     # The manager: no token source → one line, exit 1.
     refused = run(
