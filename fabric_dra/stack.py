@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import secrets
 import shutil
 import socket
@@ -167,16 +168,25 @@ def static_tokens_file(path: Path, tokens: Mapping[str, tuple[str, str | None]])
     return path
 
 
-@functools.cache
-def default_trust() -> ssl.SSLContext:
-    """What httpx's ``verify=True`` builds (certifi's CA bundle), built once per process and shared
-    by every client the tests and benchmarks open. httpx builds it anew for every client, and a
-    module-level ``httpx.get`` is a client: loading the bundle costs ~50 ms of CPU, so a loop
-    polling the emulator every 30-50 ms spent a whole core on it. A context is safe to share
-    between clients and threads; nobody changes this one."""
+def default_trust(trust_env: bool = True) -> ssl.SSLContext:
+    """What httpx's ``verify=True`` builds, built once per process and shared by every client the
+    tests and benchmarks open: with ``trust_env``, the CA file ``SSL_CERT_FILE`` names, else the
+    directory ``SSL_CERT_DIR`` names, else certifi's bundle (httpx 0.28 ``create_ssl_context``).
+    httpx builds it anew for every client, and a module-level ``httpx.get`` is a client: loading
+    a bundle costs 25-50 ms of CPU, so a loop polling the emulator every 30-50 ms spent a whole
+    core on it. A context is safe to share between clients and threads; nobody changes this one."""
+    if trust_env and os.environ.get("SSL_CERT_FILE"):
+        return _trust_from(os.environ["SSL_CERT_FILE"], None)
+    if trust_env and os.environ.get("SSL_CERT_DIR"):
+        return _trust_from(None, os.environ["SSL_CERT_DIR"])
     import certifi  # httpx's own dependency
 
-    return ssl.create_default_context(cafile=certifi.where())
+    return _trust_from(certifi.where(), None)
+
+
+@functools.cache
+def _trust_from(cafile: str | None, capath: str | None) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=cafile, capath=capath)
 
 
 def trust(verify: bool) -> ssl.SSLContext | bool:

@@ -27,8 +27,9 @@ def _share_default_trust() -> None:
     Building it costs ~50 ms of CPU, and a module-level ``httpx.get`` is a new client: the tests'
     polls (``wait_until(lambda: httpx.get(...))`` every 30 ms, the reliability stack's binding
     monitor every 50 ms) spent most of a core on it. Only this process's clients, only the
-    default case: an explicit context, ``verify=False``, ``SSL_CERT_FILE``/``SSL_CERT_DIR`` or a
-    client certificate still go through httpx unchanged. The role processes are not touched."""
+    default case (the CA file or directory that ``SSL_CERT_FILE``/``SSL_CERT_DIR`` name included,
+    as httpx reads them): an explicit context, ``verify=False`` or a client certificate still go
+    through httpx unchanged. The role processes are not touched."""
     build = getattr(httpx_transports, "create_ssl_context", None)
     if build is None:  # another httpx: its clients build their own, as before
         return
@@ -36,9 +37,8 @@ def _share_default_trust() -> None:
     def create_ssl_context(
         verify: ssl.SSLContext | str | bool = True, cert: Any = None, trust_env: bool = True
     ) -> ssl.SSLContext:
-        plain = verify is True and cert is None
-        if plain and not (trust_env and (os.environ.get("SSL_CERT_FILE") or os.environ.get("SSL_CERT_DIR"))):
-            return default_trust()
+        if verify is True and cert is None:
+            return default_trust(trust_env)
         context: ssl.SSLContext = build(verify=verify, cert=cert, trust_env=trust_env)
         return context
 
