@@ -140,11 +140,12 @@ def _slow_modules_first(items: list[pytest.Item]) -> None:
 
 
 def _compile_checkout() -> None:
-    """Byte-compile the product's packages once, before any test starts a role. With
-    ``PYTHONDONTWRITEBYTECODE`` set (as in some shells and CI images) an editable checkout keeps
-    no byte-code of its own, so every role process compiled the modules it imports again: 0.05 s
-    (plugin) to 0.11 s (manager) of CPU per start, ~500 starts per suite. The virtualenv's packages
-    were compiled by pip. Up-to-date files are only stat'ed; a read-only checkout stays as it is."""
+    """Byte-compile the product's packages once, before the workers start. With
+    ``PYTHONDONTWRITEBYTECODE`` set (as some shells do) an editable checkout keeps no byte-code of
+    its own, so every interpreter compiled the product modules it imports again: each pytest
+    process, each fork server, each command started as a new interpreter (0.05 s of CPU for a
+    plugin's modules, 0.11 s for a manager's). The virtualenv's packages were compiled by pip.
+    Up-to-date files are only stat'ed; a read-only checkout stays as it is."""
     if not sys.dont_write_bytecode:
         return  # each import writes what it compiled
     from tests.support.deploy import PACKAGES

@@ -110,9 +110,8 @@ def kustomize_command() -> list[str] | None:
 
 
 #: libyaml's loader where PyYAML was built with it (the wheels are): the same safe tags, parsed in
-#: C. The rendered overlays are ~1 MB of YAML, loaded at collection (the role-flag parameters) and
-#: by every deploy test; the pure-Python loader took ~0.65 s per overlay, most of the deploy tests'
-#: CPU and ~4 s of every worker's collection.
+#: C. Rendered overlays are loaded at collection (the role-flag parameters) and by every deploy
+#: test; the pure-Python loader took ~0.12 s of CPU per overlay (~35 kB), libyaml 0.015 s.
 _SAFE_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
