@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -47,19 +49,31 @@ def _contenders(device: str, n: int) -> list[tuple[str, dict[str, Any], str]]:
     return requests
 
 
+@contextlib.asynccontextmanager
+async def _connections(emu: RunningEmulator, n: int) -> AsyncIterator[list[httpx.AsyncClient]]:
+    """``n`` clients of one connection each. One client with an ``n``-connection pool would do the
+    same on the wire, but httpcore matches every queued request against every pooled connection
+    on each change of state: at 100 to 200 connections that was seconds of the test process's CPU."""
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    async with contextlib.AsyncExitStack() as stack:
+        yield [await stack.enter_async_context(emu.async_client(limits=limits)) for _ in range(n)]
+
+
 async def _race(emu: RunningEmulator, device: str, n: int) -> list[tuple[httpx.Response, str]]:
-    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
-    async with emu.async_client(limits=limits) as client:
+    async with _connections(emu, n) as clients:
         contenders = _contenders(device, n)
         # open every connection first, so the binds really arrive together
-        await asyncio.gather(*(client.get("/redfish/v1/") for _ in range(n)))
+        await asyncio.gather(*(client.get("/redfish/v1/") for client in clients))
         start = asyncio.Event()
 
-        async def one(uri: str, body: dict[str, Any]) -> httpx.Response:
+        async def one(client: httpx.AsyncClient, uri: str, body: dict[str, Any]) -> httpx.Response:
             await start.wait()
             return await client.post(uri, json=body)
 
-        tasks = [asyncio.ensure_future(one(uri, body)) for uri, body, _ in contenders]
+        tasks = [
+            asyncio.ensure_future(one(client, uri, body))
+            for client, (uri, body, _) in zip(clients, contenders, strict=True)
+        ]
         await asyncio.sleep(0)
         start.set()
         responses = await asyncio.gather(*tasks)
@@ -130,13 +144,12 @@ def test_many_devices_many_hosts(tmp_path: Path) -> None:
     hosts = ["kind-worker"] + [f"kind-worker{i}" for i in range(2, 11)]
 
     async def storm(emu: RunningEmulator) -> list[tuple[int, str, str]]:
-        limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
-        async with emu.async_client(limits=limits) as client:
+        async with _connections(emu, 200) as clients:
 
             async def bind(i: int) -> tuple[int, str, str]:
                 device, host = f"gpu{i % 20}", hosts[(i * 7) % 10]
                 uri, body = block_action(host, device) if i % 2 else zone_add(host, device)
-                response = await client.post(uri, json=body)
+                response = await clients[i].post(uri, json=body)
                 return response.status_code, device, host
 
             return await asyncio.gather(*(bind(i) for i in range(200)))
