@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
@@ -33,6 +31,7 @@ from fabric_dra.stack import Role
 from kube_standin.kubelet_client import ClaimRef, DRAPluginClient, PrepareResult
 from manager_api.client import ManagerClient
 from manager_api.models import BindingState, Device, DeviceType
+from plumbing import procs
 from plumbing.kube import KubeClient
 from plumbing.kube.resources import RESOURCE_CLAIMS
 from tests.fuzz.budget import fuzz_settings
@@ -67,15 +66,14 @@ class Odd:
 def odd() -> Iterator[Odd]:
     root = short_dir("fdo-")
     topology = root / "topology.yaml"
-    subprocess.run(
+    generated = procs.run(
         [
-            *(sys.executable, "-m", "fabric_dra", "emulator", "topology", "generate", "--hosts", "2"),
+            *("emulator", "topology", "generate", "--hosts", "2"),
             *("--gpus", "24", "--nvme", "6", "--nics", "2", "--fpgas", "2", "--cxl-devices", "1"),
             *("--chunks", "4", "--output-file", str(topology)),
-        ],
-        check=True,
-        capture_output=True,
+        ]
     )
+    assert generated.returncode == 0, generated.stderr
     fabric = start_fabric(root, topology=topology)
     try:
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from emulator.topology import TopologyError, default_topology_path, load_topology, parse_topology
+from plumbing import procs
 from tests.fuzz.budget import fuzz_settings
 from tests.fuzz.strategies import hostile_text, json_values
 
@@ -195,13 +194,7 @@ def test_validate_and_serve_refuse_a_bad_topology_without_a_traceback(
             "--insecure-no-auth",
         ],
     ):
-        done = subprocess.run(
-            [sys.executable, "-m", "fabric_dra", *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        done = procs.run(args)
         output = done.stdout + done.stderr
         assert done.returncode == 1, output
         assert "Traceback" not in output, output
@@ -215,15 +208,16 @@ def test_validate_and_serve_refuse_a_bad_topology_without_a_traceback(
 @pytest.mark.parametrize("name", ["billion-laughs", "binary", "deep-map"])
 def test_serve_refuses_raw_bad_files_with_one_error_line(tmp_path: Path, name: str) -> None:
     path = _write(tmp_path, RAW[name])
-    done = subprocess.run(
+    done = procs.run(
         [
-            *(sys.executable, "-m", "fabric_dra", "emulator", "serve", "--topology", str(path)),
-            *("--state-dir", str(tmp_path / "state"), "--insecure-no-auth"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+            "emulator",
+            "serve",
+            "--topology",
+            str(path),
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--insecure-no-auth",
+        ]
     )
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith(f"fabric-dra: error: topology {path}: "), (

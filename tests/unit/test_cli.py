@@ -4,13 +4,11 @@ import subprocess
 import sys
 
 from fabric_dra.cli import build_parser
-from plumbing import __version__
+from plumbing import __version__, procs
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "fabric_dra", *args], capture_output=True, text=True, timeout=60, check=False
-    )
+    return procs.run(args)
 
 
 def test_version() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from plumbing import procs
 from tests.support.emulator import RunningEmulator, run_emulator, zone_add
 
 FORMATS = ["table", "wide", "json", "yaml"]
@@ -31,13 +32,7 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningEmulator]:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "fabric_dra", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return procs.run(args)
 
 
 def _client(emu: RunningEmulator) -> list[str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from plumbing import procs
 from tests.support.emulator import RunningEmulator, block_action, run_emulator, zone_add, zone_remove
 
 
@@ -31,24 +31,7 @@ def _clean(emu: RunningEmulator) -> Iterator[None]:
 
 
 def _cli(emu: RunningEmulator, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fabric_dra",
-            "emulator",
-            "fault",
-            *args,
-            "--url",
-            emu.url,
-            "--state-dir",
-            str(emu.state_dir),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return procs.run(["emulator", "fault", *args, "--url", emu.url, "--state-dir", str(emu.state_dir)])
 
 
 def test_fail_binds_with_a_chosen_message_id(emu: RunningEmulator) -> None:
@@ -67,23 +50,7 @@ def test_fail_binds_with_a_chosen_message_id(emu: RunningEmulator) -> None:
     assert client.post(other_uri, json=other_body).status_code == 204, "other devices are not affected"
     assert client.post(uri, json=body).status_code == 204, "the third bind goes through"
     assert "no active faults" in _cli(emu, "list").stdout
-    table = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fabric_dra",
-            "emulator",
-            "bindings",
-            "--url",
-            emu.url,
-            "--state-dir",
-            str(emu.state_dir),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    table = procs.run(["emulator", "bindings", "--url", emu.url, "--state-dir", str(emu.state_dir)])
     assert table.returncode == 0, table.stderr
     rows = {line.split()[0]: line.split()[1] for line in table.stdout.splitlines()[1:]}
     assert rows == {"gpu0": "kind-worker", "gpu1": "kind-worker"}
@@ -198,13 +165,7 @@ def test_bad_fault_requests(emu: RunningEmulator) -> None:
     assert response.status_code == 400
     message_id = response.json()["error"]["@Message.ExtendedInfo"][0]["MessageId"]
     assert message_id == "Base.1.22.PropertyValueFormatError"
-    nowhere = subprocess.run(
-        [sys.executable, "-m", "fabric_dra", "emulator", "fault", "list", "--url", "http://127.0.0.1:9"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    nowhere = procs.run(["emulator", "fault", "list", "--url", "http://127.0.0.1:9"])
     assert nowhere.returncode == 1 and nowhere.stderr.count("\n") == 1 and "cannot reach" in nowhere.stderr
 
 

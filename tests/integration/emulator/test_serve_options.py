@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ssl
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -13,17 +12,12 @@ import pytest
 import redfish
 import trustme
 
+from plumbing import procs
 from tests.support.emulator import run_emulator
 
 
 def _serve(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "fabric_dra", "emulator", "serve", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return procs.run(["emulator", "serve", *args], timeout=timeout)
 
 
 def test_https_with_a_test_ca(tmp_path: Path) -> None:

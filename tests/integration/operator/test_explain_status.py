@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from fabric_dra.stack import Emulator, Manager, Stack
+from plumbing import procs
 from tests.support.uids import claim_uid
 
 CONTROLLER_TOKEN = "controller-token-0123456789abcdef"
@@ -48,14 +49,7 @@ def _cli(
 ) -> subprocess.CompletedProcess[str]:
     """``fabric-dra ARGS`` with none of the caller's FABRIC_DRA_* variables (only ``env``'s)."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_DRA_")}
-    return subprocess.run(
-        [sys.executable, "-m", "fabric_dra", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**environment, **(env or {})},
-        cwd=cwd,
-    )
+    return procs.run(args, env={**environment, **(env or {})}, cwd=cwd)
 
 
 def _claim(tmp_path: Path, device_class: str, count: int = 1) -> Path:

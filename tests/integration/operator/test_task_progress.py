@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +16,7 @@ import httpx
 import pytest
 
 from fabric_dra.stack import Emulator, Manager, Stack
+from plumbing import procs
 from tests.support.uids import claim_uid
 
 pytestmark = pytest.mark.slow
@@ -43,13 +43,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Emulator, 
 
 def _status(manager: Manager, *args: str) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_DRA_")}
-    return subprocess.run(
-        [sys.executable, "-m", "fabric_dra", "status", "--manager-url", manager.url, *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    return procs.run(
+        ["status", "--manager-url", manager.url, *args],
         env={**environment, "FABRIC_DRA_TOKEN": OPERATOR_TOKEN},
-        check=False,
     )
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from emulator.topology import (
 )
 from emulator.topology.generate import GenerateSpec, generate_topology, generate_topology_yaml
 from manager_api.models import DeviceType
+from plumbing import procs
 
 
 def _base() -> dict[str, Any]:
@@ -155,13 +155,7 @@ def test_generator_refuses_nonsense() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "fabric_dra", "emulator", "topology", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return procs.run(["emulator", "topology", *args])
 
 
 def test_topology_cli(tmp_path: Path) -> None:

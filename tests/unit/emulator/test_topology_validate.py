@@ -5,22 +5,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
 from emulator.topology import default_topology_path
+from plumbing import procs
 
 
 def _validate(path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "fabric_dra", "emulator", "topology", "validate", str(path), *extra],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return procs.run(["emulator", "topology", "validate", str(path), *extra])
 
 
 def _line_of(text: str, needle: str) -> int:

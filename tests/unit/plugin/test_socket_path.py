@@ -4,11 +4,11 @@ one line naming the flag to shorten, never with grpc's traceback."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from plumbing import procs
 
 
 def _dir_for(total: int, name: str, base: Path) -> Path:
@@ -31,13 +31,7 @@ def test_a_too_long_socket_path_is_one_line_naming_the_flag(
     other = "--registry-dir" if flag == "--plugin-dir" else "--plugin-dir"
     args = ["--node-name", "n1", "--device-backend", "noop", "--cdi-root", str(short_tmp / "cdi")]
     args += [flag, str(long_dir), other, str(short_tmp / "o")]
-    done = subprocess.run(
-        [sys.executable, "-m", "fabric_dra", "plugin", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = procs.run(["plugin", *args])
     assert done.returncode != 0
     assert "Traceback" not in done.stderr and "add_port" not in done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
