@@ -96,18 +96,28 @@ class ForkedProcess:
         self._lock = threading.Lock()
 
     def poll(self) -> int | None:
-        return self._read(0.0)
+        # as Popen.poll: a wait() in another thread holds the lock, and the answer is "not yet"
+        if not self._lock.acquire(blocking=False):
+            return self.returncode
+        try:
+            return self._read(0.0)
+        finally:
+            self._lock.release()
 
     def wait(self, timeout: float | None = None) -> int:
-        code = self._read(timeout)
+        with self._lock:
+            code = self._read(timeout)
         if code is None:
             raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
         return code
 
     def _read(self, timeout: float | None) -> int | None:
-        with self._lock:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while self.returncode is None:
+        """The exit status once the server has sent it, waiting up to ``timeout`` (None: for ever);
+        the caller holds the lock."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            data = None
+            if b"\n" not in self._buffer:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 readable, _, _ = select.select([self._conn], [], [], left)
                 if not readable:
@@ -117,16 +127,16 @@ class ForkedProcess:
                 except OSError:
                     data = b""
                 self._buffer += data
-                if b"\n" in self._buffer:
-                    self.returncode = int(json.loads(self._buffer.split(b"\n", 1)[0])["rc"])
-                elif not data:
-                    # The server went away before the child ended: the child was killed with it
-                    # (its parent-death signal), which is what a caller sees of a SIGKILL.
-                    self.returncode = -signal.SIGKILL
-                else:
-                    continue
-                self._conn.close()
-            return self.returncode
+            if b"\n" in self._buffer:
+                self.returncode = int(json.loads(self._buffer.split(b"\n", 1)[0])["rc"])
+            elif not data:
+                # The server went away before the child ended: the child was killed with it
+                # (its parent-death signal), which is what a caller sees of a SIGKILL.
+                self.returncode = -signal.SIGKILL
+            else:
+                continue
+            self._conn.close()
+        return self.returncode
 
 
 class ForkServer:
