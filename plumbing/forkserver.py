@@ -327,6 +327,7 @@ def _serve(path: str, parent: int, modules: list[str]) -> tuple[dict[str, Any], 
     os.close(answers)
 
     signalled: set[int] = set()
+    server = os.getpid()
     while True:
         if not stopping and os.getppid() != parent:
             stopping.append(time.monotonic())  # the caller is gone: so are its roles
@@ -363,7 +364,7 @@ def _serve(path: str, parent: int, modules: list[str]) -> tuple[dict[str, Any], 
                 conn.close()
                 continue
             if pid == 0:
-                request["server"] = os.getppid()
+                request["server"] = server  # not getppid(): the server may be gone already
                 signal.set_wakeup_fd(-1)
                 for sig in (signal.SIGCHLD, signal.SIGTERM):
                     signal.signal(sig, signal.SIG_DFL)

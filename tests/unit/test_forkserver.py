@@ -191,7 +191,7 @@ def _alive(pid: int) -> bool:
     """Running, not a zombie waiting to be reaped."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or during the read
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
