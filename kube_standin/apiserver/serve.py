@@ -39,7 +39,9 @@ async def serve_apiserver(
         tls_key=tls_key_file,
         # Open watch streams end as soon as shutdown begins, and so do the ones clients open
         # again: a watch would otherwise hold the graceful shutdown until its timeout, and a real
-        # API server closes them too.
+        # API server closes them too (k8s.io/apiserver pkg/server/genericapiserver.go: the watches
+        # are drained within ShutdownWatchTerminationGracePeriod, zero by default, as the HTTP
+        # server stops). Ending them sooner than upstream is the stricter side for a client.
         on_exit=api.store.shut_down_watches,
         lifespan="on",
         timeout_graceful_shutdown=5,
