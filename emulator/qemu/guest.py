@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from emulator.qemu.image import GUEST_AGENT, GUEST_INIT, GuestImage, build_image, cache_dir
+from emulator.qemu.image import GUEST_AGENT, GUEST_INIT, GUEST_TMPFS, GuestImage, build_image, cache_dir
 from plumbing.logs import get_logger
 
 __all__ = [
@@ -234,6 +234,32 @@ def accelerator(image: GuestImage) -> str:
     return chosen
 
 
+#: The work tree (the guest runs its packages and scripts) and the Python whose virtualenv it runs.
+_PROJECT = Path(__file__).resolve().parents[2]
+
+
+def kept_paths(python: str, project: Path = _PROJECT) -> list[str]:
+    """What the guest runs from this machine that lies under a directory the guest covers with a
+    tmpfs (a checkout under ``/tmp``, a CI workspace under ``/var/lib``): the initramfs mounts
+    each back on top (image.py ``_INIT``). Raises ValueError for a path the kernel command line
+    cannot carry."""
+    prefix = Path(python).parent.parent  # <venv>/bin/python: the symlink, not what it points to
+    wanted = sorted({str(project), os.path.abspath(prefix)})
+    kept: list[str] = []
+    for path in wanted:
+        if not any(path == f"/{d}" or path.startswith(f"/{d}/") for d in GUEST_TMPFS):
+            continue
+        if any(path.startswith(k + "/") for k in kept):
+            continue
+        if any(c.isspace() or c in ',"' for c in path):
+            raise ValueError(
+                f"the guest cannot reach {path}: a path on its kernel command line "
+                "has no spaces, commas or quotes"
+            )
+        kept.append(path)
+    return kept
+
+
 @dataclass
 class GuestConfig:
     name: str
@@ -300,6 +326,7 @@ class QemuGuest:
                 f"fabric_dra_hostname={self.config.name}",
                 f"fabric_dra_share={self.share}",
             ]
+            + [f"fabric_dra_keep={','.join(kept)}" for kept in [kept_paths(self.config.python)] if kept]
         )
         args = [
             "qemu-system-x86_64",

@@ -36,6 +36,7 @@ from pathlib import Path
 
 __all__ = [
     "GUEST_INIT",
+    "GUEST_TMPFS",
     "GuestImage",
     "ImageError",
     "build_image",
@@ -44,6 +45,10 @@ __all__ = [
     "missing_tools",
 ]
 
+#: The directories of this machine's root the guest covers with a tmpfs of its own (``/tmp``, ``/run``:
+#: nothing a node writes there survives a reboot). What the guest must run from under one of them
+#: is passed as ``fabric_dra_keep`` (:func:`emulator.qemu.guest.kept_paths`).
+GUEST_TMPFS = ("tmp", "run", "var/tmp", "var/log", "var/lib", "var/cache")
 #: Second-stage init, run from the shared root filesystem.
 GUEST_INIT = Path(__file__).with_name("guest-init.sh")
 #: The guest agent (stdlib only, so it starts fast over 9p).
@@ -75,7 +80,15 @@ mount -t devtmpfs devtmpfs $R/dev
 mkdir -p $R/dev/pts $R/dev/shm
 mount -t devpts devpts $R/dev/pts
 mount -t tmpfs tmpfs $R/dev/shm
-for dir in tmp run var/tmp var/log var/lib var/cache; do mount -t tmpfs -o mode=0755 tmpfs $R/$dir; done
+# What the guest runs from this machine (the work tree, its virtualenv: guest.py passes those under
+# a directory that gets a tmpfs) would be hidden by the tmpfs: hold each aside, put it back on top.
+n=0; for path in $(param keep | tr , ' '); do
+    mkdir -p /keep/$n; mount --bind "$R$path" /keep/$n || echo "initramfs: cannot keep $path"; n=$((n+1))
+done
+for dir in @TMPFS@; do mount -t tmpfs -o mode=0755 tmpfs $R/$dir; done
+n=0; for path in $(param keep | tr , ' '); do
+    mkdir -p "$R$path"; mount --move /keep/$n "$R$path" || echo "initramfs: cannot keep $path"; n=$((n+1))
+done
 chmod 1777 $R/tmp $R/var/tmp
 # /etc stays the host's, but writable (modprobe.d, hostname): an overlay with a tmpfs upper
 mkdir -p $R/run/etc-upper $R/run/etc-work
@@ -96,7 +109,7 @@ echo "fabric-dra guest: root ready at $(cut -d' ' -f1 /proc/uptime)s" > /dev/con
 umount /proc
 umount /dev
 exec switch_root $R "$init"
-"""
+""".replace("@TMPFS@", " ".join(GUEST_TMPFS))
 
 
 class ImageError(RuntimeError):

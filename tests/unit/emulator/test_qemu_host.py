@@ -1,10 +1,14 @@
-"""QEMU hosts without QEMU: root-port layout, stand-in checks, MAC from a DSN-form serial."""
+"""QEMU hosts without QEMU: root-port layout, stand-in checks, MAC from a DSN-form serial, what the
+guest keeps visible under its own tmpfs."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from emulator.qemu.guest import root_ports
+import pytest
+
+from emulator.qemu.guest import kept_paths, root_ports
 from emulator.qemu.host import check_qemu_hosts, fabric_ports, mac_of_serial
 from emulator.topology import parse_topology
 
@@ -56,3 +60,16 @@ def test_root_ports_pack_eight_functions_per_slot() -> None:
     assert [p.addr for p in ports[:2]] == ["0x10.0", "0x10.1"]
     assert ports[8].addr == "0x11.0" and ports[8].slot == 9 and ports[8].id == "rp9"
     assert "multifunction=on" in ports[0].device_arg() and "multifunction" not in ports[1].device_arg()
+
+
+def test_a_checkout_under_a_guest_tmpfs_is_kept_visible() -> None:
+    """The guest mounts a tmpfs on /tmp, /run, /var/lib...: a checkout (or a virtualenv) there would
+    vanish under it and the guest's init would not find guest-init.sh (a kernel panic at boot)."""
+    assert kept_paths("/tmp/ci/.venv/bin/python", Path("/tmp/ci")) == ["/tmp/ci"]
+    assert kept_paths("/usr/bin/python3", Path("/var/lib/ci/workspace")) == ["/var/lib/ci/workspace"]
+    assert kept_paths("/run/venv/bin/python", Path("/tmp/ci")) == ["/run/venv", "/tmp/ci"]
+    # the root is the host's, read-only, as it is: nothing to keep
+    assert kept_paths("/home/me/tree/.venv/bin/python", Path("/home/me/tree")) == []
+    assert kept_paths("/usr/bin/python3", Path("/srv/tmp/tree")) == []
+    with pytest.raises(ValueError, match="no spaces"):
+        kept_paths("/usr/bin/python3", Path("/tmp/my tree"))
