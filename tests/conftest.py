@@ -112,20 +112,51 @@ def docker_reason() -> str | None:
     return None
 
 
-def _slow_modules_first(items: list[pytest.Item]) -> None:
-    """Reorder ``items`` in place: the modules holding a test marked ``slow`` first, the costliest
-    (``slow(seconds=N)``, N its rough cost from a ``--durations`` run) leading, each module kept
-    whole (its module-scoped stack starts once per worker), the order otherwise kept.
+def _slow_modules_first(items: list[pytest.Item], workers: int = 1) -> None:
+    """Reorder ``items`` in place so that the modules holding a test marked ``slow`` start first
+    (``slow(seconds=N)``, N its rough cost in a ``-n auto`` run), each module kept whole (its
+    module-scoped stack starts once per worker), the order otherwise kept.
 
-    Why: ``--dist worksteal`` hands each worker a contiguous share of this order and lets an idle
-    worker take the tail of another's queue. A minutes-long test left near the end runs alone
-    while the other workers wait; started first, it runs beside everything else. Every worker
-    collects the same order, as xdist requires."""
+    Why: ``--dist worksteal`` hands the workers contiguous shares of this order, the first
+    ``len // workers`` items to one, and so on (xdist ``WorkStealingScheduling.check_schedule``),
+    and lets an idle worker take the tail of another's queue. A long test left near the end runs
+    alone while the other workers wait. With every slow module at the front of the one order they
+    all landed in the first worker's share and ran one after another (a 4-worker run: the cores
+    busy until 300 s, then a 70 s tail of three long waits). So with ``workers`` > 1 the slow
+    modules are dealt to the shares, costliest first, each to the share with the least slow cost so
+    far, and each share starts with its slow modules. Every worker collects the same order, as
+    xdist requires."""
     cost: dict[Path, float] = {}
     for item in items:
         if (marker := item.get_closest_marker("slow")) is not None:
             cost[item.path] = max(cost.get(item.path, 0.0), float(marker.kwargs.get("seconds", 0.0)))
-    items.sort(key=lambda item: (item.path not in cost, -cost.get(item.path, 0.0)))
+    if workers <= 1 or not cost:
+        items.sort(key=lambda item: (item.path not in cost, -cost.get(item.path, 0.0)))
+        return
+    by_module: dict[Path, list[pytest.Item]] = {}
+    for item in items:
+        by_module.setdefault(item.path, []).append(item)
+    rest = [item for item in items if item.path not in cost]
+    # the share sizes xdist sends first: each idle worker len(pending) // workers_remaining
+    sizes, left = [], len(items)
+    for remaining in range(workers, 0, -1):
+        sizes.append(left // remaining)
+        left -= sizes[-1]
+    shares: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    loads = [0.0] * workers
+    for path in sorted(cost, key=lambda p: (-cost[p], str(p))):
+        least = min(range(workers), key=lambda i: (loads[i], i))
+        loads[least] += max(cost[path], 1.0)
+        shares[least] += by_module[path]
+    ordered: list[pytest.Item] = []
+    boundary = 0
+    for share, size in zip(shares, sizes, strict=True):
+        boundary += size
+        ordered += share
+        fill = max(0, boundary - len(ordered))  # a share past its size pushes the next one back
+        ordered += rest[:fill]
+        del rest[:fill]
+    items[:] = ordered + rest
 
 
 def _compile_checkout() -> None:
@@ -221,7 +252,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    _slow_modules_first(items)
+    workers = getattr(config, "workerinput", {}).get("workercount", 1)
+    _slow_modules_first(items, workers if config.getoption("dist", "no") == "worksteal" else 1)
     kind_reason = None
     for item in items:
         # Markers, not keywords: a parameter id that happens to read "kind" must not skip a test.

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(seconds=34)
 
 
 def run_demo(*args: str, timeout: float = 170) -> subprocess.CompletedProcess[str]:

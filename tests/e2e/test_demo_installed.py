@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.deploy import PACKAGES, REPO_ROOT
 
-pytestmark = pytest.mark.slow(seconds=40)
+pytestmark = pytest.mark.slow(seconds=23)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 
 from tests.integration.test_bench_smoke import run_quick
 
-pytestmark = [pytest.mark.slow(seconds=240), pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow(seconds=90), pytest.mark.timeout(900)]
 
 
 def test_quick_warm_section_replays_every_workload_and_the_pods(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from tests.conftest import REPO_ROOT
 from tests.support.emulator import RunningEmulator, run_emulator
 from tests.support.fabric_manager import start_manager, static_tokens_file
 
-pytestmark = [pytest.mark.slow(seconds=45), pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.slow(seconds=95), pytest.mark.timeout(180)]
 
 TOKEN = "controller-token-0123456789abcdef"
 CLAIM = "5f0c4a4e-8d1b-4a57-9b52-2f3c7f9d1e10"

@@ -28,7 +28,7 @@ from tests.support.emulator import (
     zone_add,
 )
 
-pytestmark = pytest.mark.slow(seconds=110)
+pytestmark = pytest.mark.slow(seconds=45)
 
 _RESULT = re.compile(r" - (?:ERROR|WARNING) - (FAIL|WARN) - (.*)$")
 _SUMMARY = re.compile(r"\|\s+(\d+)\s+\|\s+(\d+)\s+\|\s+(\d+)\s+\|\s+(\d+)\s+\|")

@@ -40,7 +40,7 @@ from tests.support.apiserver import ApiServerProcess, start_apiserver
 from tests.support.fabric_manager import running_manager
 from tests.support.uids import claim_uid
 
-pytestmark = pytest.mark.slow(seconds=70)  # the migration test starts two managers
+pytestmark = pytest.mark.slow(seconds=34)  # the migration test starts two managers
 
 NAMESPACE = "fabric-dra"
 LEDGER = "fabric-dra-manager-ledger"

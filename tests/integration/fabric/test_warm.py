@@ -27,7 +27,7 @@ from tests.support.fabric_manager import start_manager
 from tests.support.uids import claim_uid
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow(seconds=26), pytest.mark.timeout(120)]
 T = TypeVar("T")
 
 L40S = "NVIDIA L40S"

@@ -121,7 +121,7 @@ async def link_cycles(
         )
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=34)  # the whole module's
 @pytest.mark.parametrize(
     ("links", "expand"),
     # "unsupported": collections are read member by member, the fallback of services without $expand

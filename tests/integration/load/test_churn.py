@@ -13,7 +13,7 @@ import pytest
 
 from bench.churn import POD_KINDS, ChurnConfig, ChurnReport, PodPlan, run_churn
 
-pytestmark = pytest.mark.slow(seconds=40)
+pytestmark = pytest.mark.slow(seconds=12)
 
 CI = ChurnConfig(
     claims=60,

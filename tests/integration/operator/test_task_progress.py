@@ -19,7 +19,7 @@ from fabric_dra.stack import Emulator, Manager, Stack
 from plumbing import procs
 from tests.support.uids import claim_uid
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(seconds=32)
 
 CONTROLLER_TOKEN = "controller-token-0123456789abcdef"
 OPERATOR_TOKEN = "operator-token-0123456789abcdef"

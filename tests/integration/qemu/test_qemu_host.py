@@ -50,7 +50,7 @@ from .guest_kubelet import REPLACED
 # Generous limits: under TCG on a loaded 2-core machine the guest runs 20-30 times slower than
 # the machine; a slow run must not fail. The one test item is the whole suite: a run with QEMU at
 # a quarter of a core (load average 22) took 883 s. Run first (slow): 2-5 minutes on one worker.
-pytestmark = [pytest.mark.qemu, pytest.mark.slow(seconds=300), pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.qemu, pytest.mark.slow(seconds=150), pytest.mark.timeout(1200)]
 
 # Runs wherever QEMU, a kernel, a static busybox and udev are installed; .ci/run installs them and
 # sets FABRIC_DRA_REQUIRE_TOOLS, with which their absence fails the run instead of skipping it.

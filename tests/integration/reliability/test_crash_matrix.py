@@ -32,7 +32,7 @@ from plumbing.crashpoints import POINTS
 from tests.integration.reliability.stack import Kubelet, Stack, _target, kubelet_on, ref_of
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow(seconds=52), pytest.mark.timeout(120)]
 
 
 @dataclass(frozen=True)

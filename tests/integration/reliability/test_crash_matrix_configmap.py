@@ -16,7 +16,7 @@ import pytest
 from tests.integration.reliability.stack import Stack, running_stack
 from tests.integration.reliability.test_crash_matrix import CASES, Case, _scenario
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slow(seconds=57), pytest.mark.timeout(120)]
 
 MANAGER_CASES = [case for case in CASES if case.role == "manager"]
 

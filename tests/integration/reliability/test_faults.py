@@ -32,7 +32,7 @@ from tests.integration.reliability.stack import (
 )
 from tests.support.waiting import eventually, wait_until
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow(seconds=25), pytest.mark.timeout(120)]
 
 
 @pytest.fixture(scope="module")

@@ -50,7 +50,7 @@ from tests.support.emulator import run_emulator
 from tests.support.fabric_manager import running_manager
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.slow(seconds=37), pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.slow(seconds=23), pytest.mark.timeout(150)]
 
 
 @pytest.fixture(scope="module")
