@@ -251,9 +251,16 @@ def pytest_configure(config: pytest.Config) -> None:
             _rewrite_test_modules_once(config)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist, in the controller, for each worker: tell it how the controller distributes the
+    tests (a worker's own ``dist`` option reads "no", xdist remote.py), for ``_slow_modules_first``."""
+    node.workerinput["dist"] = node.config.getoption("dist")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    workers = getattr(config, "workerinput", {}).get("workercount", 1)
-    _slow_modules_first(items, workers if config.getoption("dist", "no") == "worksteal" else 1)
+    worker = getattr(config, "workerinput", {})
+    _slow_modules_first(items, worker.get("workercount", 1) if worker.get("dist") == "worksteal" else 1)
     kind_reason = None
     for item in items:
         # Markers, not keywords: a parameter id that happens to read "kind" must not skip a test.
