@@ -108,7 +108,8 @@ CLIENT_TIER = "client"
 #: What the roles import before they serve: each command line and the modules its handler imports
 #: (``fabric-dra ROLE``, ``python -m kube_standin``). The test suite starts its roles as forks of one
 #: process that has imported these (:mod:`plumbing.forkserver`, ``tests/conftest.py``); a module
-#: left out is imported by the child itself, as in a new interpreter.
+#: left out is imported by the child itself, as in a new interpreter; ``module:function`` also runs
+#: ``function()`` there once.
 ROLE_MODULES: tuple[str, ...] = (
     "fabric_dra.cli",
     "kube_standin.cli",
@@ -127,7 +128,7 @@ ROLE_MODULES: tuple[str, ...] = (
     "dra_driver.plugin.server",
     "dra_driver.controller.cli",
     "dra_driver.controller.app",
-    "kube_standin.apiserver.app",
+    "kube_standin.apiserver.app:preload",  # the served kinds' validators, compiled once
     "kube_standin.apiserver.serve",
     "kube_standin.kubelet_client",
     "kube_standin.apiserver.kubeconfig",

@@ -2,7 +2,9 @@
 
 A role's start is mostly Python importing it: 0.4-0.8 s of the 0.5-1.1 s of CPU a role spends
 getting ready (docs/testing.md), and the test suite starts about 500 roles. A :class:`ForkServer`
-is one interpreter that imports the given modules once and from then on only forks.
+is one interpreter that imports the given modules once and from then on only forks; an entry
+``module:function`` also calls ``function()`` after the import, for work every child would
+otherwise repeat at its start (it must not depend on the environment, nor start a thread).
 :meth:`ForkServer.spawn` makes a child that runs ``python -m MODULE ARGS`` as a new interpreter
 would: its own session (``setsid``, as ``start_new_session``), the requested environment and
 working directory, the log file as stdout and stderr, stdin from ``/dev/null``, ``sys.argv`` and
@@ -289,13 +291,17 @@ def _serve(path: str, parent: int, modules: list[str]) -> tuple[dict[str, Any], 
 
     started = time.monotonic()
     try:
-        for module in modules:
+        for entry in modules:
+            module, _, function = entry.partition(":")
             try:
-                importlib.import_module(module)
+                imported = importlib.import_module(module)
             except ModuleNotFoundError as err:
                 # an optional package not installed here: the child does without it, as it would
                 if not err.name or not module.startswith(err.name):
                     raise
+                continue
+            if function:  # "module:function": work every child would otherwise repeat
+                getattr(imported, function)()
     except BaseException:
         tell({"failed": traceback.format_exc()})
         raise SystemExit(1) from None

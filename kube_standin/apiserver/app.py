@@ -27,7 +27,7 @@ from kube_standin.apiserver.features import FeatureGates, ServedVersions
 from kube_standin.apiserver.handlers.rest import RequestScope
 from kube_standin.apiserver.pipeline import RequestPipeline
 from kube_standin.apiserver.registry import RESOURCES
-from kube_standin.apiserver.schemas import DEFAULT_VERSIONS, SchemaCatalog
+from kube_standin.apiserver.schemas import DEFAULT_VERSIONS, shared_catalog
 from kube_standin.apiserver.statefile import StateFile
 from kube_standin.apiserver.store import Change, Store
 from kube_standin.apiserver.testhooks import FaultInjector, RequestCounter, TestHookEndpoints
@@ -35,6 +35,17 @@ from kube_standin.apiserver.testhooks import FaultInjector, RequestCounter, Test
 __all__ = ["ApiServer", "ApiServerConfig"]
 
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"]
+
+
+def _served_kinds() -> list[tuple[str, str]]:
+    return [(res.api_version(version), res.kind) for res in RESOURCES for version in res.versions]
+
+
+def preload() -> None:
+    """Compile the validators of the default versions' served kinds into this process's shared
+    catalog: a fork server runs this once (``fabric_dra.stack.ROLE_MODULES``), and the API servers
+    forked from it start with them compiled."""
+    shared_catalog(ApiServerConfig().validate_versions).warm(_served_kinds())
 
 
 @dataclass
@@ -65,7 +76,7 @@ class ApiServer:
     def __init__(self, config: ApiServerConfig | None = None) -> None:
         self.config = config or ApiServerConfig()
         self.store = Store(history=self.config.history)
-        self.catalog = SchemaCatalog(self.config.validate_versions)
+        self.catalog = shared_catalog(tuple(self.config.validate_versions))
         self.auth = TokenAuthenticator(self.config.tokens_file)
         self.faults = FaultInjector()
         self.counter = RequestCounter()
@@ -95,9 +106,7 @@ class ApiServer:
 
     def warm(self) -> None:
         """Compile every served kind's validators now, so the first write is as fast as the rest."""
-        self.catalog.warm(
-            (res.api_version(version), res.kind) for res in RESOURCES for version in res.versions
-        )
+        self.catalog.warm(_served_kinds())
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:

@@ -113,6 +113,35 @@ def test_an_optional_module_missing_is_left_to_the_child(program: Path) -> None:
         fork.close()
 
 
+def test_a_module_function_entry_runs_once_in_the_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``module:function``: called once after the import; every child starts with what it made."""
+    (tmp_path / "warmed.py").write_text(
+        "import os\nruns = []\n\ndef preload():\n    runs.append(os.getpid())\n"
+    )
+    (tmp_path / "reads.py").write_text(
+        "import json, os, warmed\nprint(json.dumps([warmed.runs, os.getpid()]))\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    fork = ForkServer(["warmed:preload"])
+    try:
+        seen = []
+        for n in range(2):
+            log = tmp_path / f"child{n}.log"
+            with log.open("ab") as output:
+                child = fork.spawn(
+                    "reads", [], env=dict(os.environ), stdout=output.fileno(), stderr=output.fileno()
+                )
+            assert child.wait(timeout=30) == 0, log.read_text()
+            seen.append(json.loads(log.read_text()))
+        (runs_a, pid_a), (runs_b, pid_b) = seen
+        assert runs_a == runs_b and len(runs_a) == 1  # the server's one call, not the children's
+        assert runs_a[0] not in (pid_a, pid_b)
+    finally:
+        fork.close()
+
+
 def test_another_interpreter_setting_is_not_served(server: ForkServer) -> None:
     assert server.serves(dict(os.environ))
     assert not server.serves({**os.environ, "PYTHONPATH": "/elsewhere"})

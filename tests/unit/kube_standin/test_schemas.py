@@ -85,3 +85,19 @@ def test_validation_cost_of_a_full_slice_is_reported(
             f"\n128-device ResourceSlice, {len(DEFAULT_VERSIONS)} versions: "
             f"{per_object_ms:.2f} ms CPU per object"
         )
+
+
+def test_a_preloaded_catalog_is_what_every_api_server_of_the_process_validates_with() -> None:
+    """A fork server runs ``preload`` once; the API servers forked from it then compile nothing."""
+    from kube_standin.apiserver.app import ApiServer, ApiServerConfig, preload
+    from kube_standin.apiserver.schemas import shared_catalog
+
+    preload()
+    catalog = shared_catalog(DEFAULT_VERSIONS)
+    compiled = dict(catalog._plans)
+    assert compiled, "preload compiled nothing"
+    server = ApiServer(ApiServerConfig())
+    assert server.catalog is catalog
+    server.warm()
+    assert catalog._plans == compiled  # nothing left to compile
+    assert ApiServer(ApiServerConfig(validate_versions=("1.34",))).catalog is not catalog
