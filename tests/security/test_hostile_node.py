@@ -157,7 +157,7 @@ async def test_a_node_cannot_forge_or_strip_the_pool_and_warm_labels(
                 ("forge", 403, forge_message),
                 ("strip", 403, strip_message),
             }
-            assert len(answers) >= 2 * int(LOOP_SECONDS / PERIOD / 2)
+            assert len(answers) >= 20, "the loop hardly ran"
             # The controller's labels never moved: no write reached the reached node, and the hostile
             # node never carried one.
             assert [labels for _, labels in timeline.states[GOOD]] in ([], [GOOD_LABELS])
