@@ -1,7 +1,8 @@
-"""Keeps the pool labels on nodes right: ``pool.<driver>/<pool>=true`` exactly on the nodes that
-pool's fabric reaches, and ``pool.<driver>/<pool>.<group>=true`` exactly on the nodes that reach a
-reach group of the pool (devices behind a switch cabled to some hosts only), so each slice's node
-selector (:func:`.slices.node_selector`) matches exactly those nodes.
+"""Keeps the pool labels on nodes right:
+``pool.<driver>.node-restriction.kubernetes.io/<pool>=true`` exactly on the nodes that pool's fabric
+reaches, and ``…/<pool>.<group>=true`` exactly on the nodes that reach a reach group of the pool
+(devices behind a switch cabled to some hosts only), so each slice's node selector
+(:func:`.slices.node_selector`) matches exactly those nodes.
 
 The node set comes from the manager's inventory (``FabricPool.nodes``); nodes come and go in
 Kubernetes, so nodes are watched too and a new node gets its labels as soon as it registers.
@@ -9,16 +10,22 @@ Only the label keys of pools this controller owns are touched — pools of its i
 pools of the slices it published (a pool that left the inventory) — so the controllers of
 several fabric managers under one driver never undo each other's labels.
 
-It also keeps ``warm.<driver>/<device type>=<count>`` on each node where the manager keeps devices
-of that type warm (:func:`.slices.desired_warm_labels`; the key of a non-default ``--publisher``
-names it), and removes the key when the count drops to 0: pods prefer those nodes through a
-preferred node affinity (docs/manager.md, "What the scheduler guarantees about picking a warm
-device"). These keys are owned by publisher, one per device type, whatever the pools. A warm device
-already allocated to a ResourceClaim is not counted (claims are watched): the manager's inventory
-shows it warm until the claim's prepare, seconds later, and meanwhile the next pod should not be
-sent to a node whose warm device is taken. The labels describe the inventory the publisher has
-*written* (``SlicePublisher.published``), not the newest one read: a count must never run ahead of
-the node-local slice it promises, or the pod it steers finds only shared devices there.
+It also keeps ``warm.<driver>.node-restriction.kubernetes.io/<device type>=<count>`` on each node
+where the manager keeps devices of that type warm (:func:`.slices.desired_warm_labels`; the key of a
+non-default ``--publisher`` names it), and removes the key when the count drops to 0: pods prefer
+those nodes through a preferred node affinity (docs/manager.md, "What the scheduler guarantees about
+picking a warm device"). These keys are owned by publisher, one per device type, whatever the pools.
+A warm device already allocated to a ResourceClaim is not counted (claims are watched): the
+manager's inventory shows it warm until the claim's prepare, seconds later, and meanwhile the next
+pod should not be sent to a node whose warm device is taken. The labels describe the inventory the
+publisher has *written* (``SlicePublisher.published``), not the newest one read: a count must never
+run ahead of the node-local slice it promises, or the pod it steers finds only shared devices there.
+
+The keys are under NodeRestriction's label namespace (:data:`.resourcenames.NODE_LABEL_NAMESPACE`),
+so no kubelet can set them on its own Node. The keys earlier releases wrote for the same pools and
+warm counts (``pool.<driver>/…``, ``warm.<driver>/…``: :func:`.resourcenames.legacy_node_label_key`)
+count as this controller's and are never wanted: the first pass after an upgrade removes them, in
+the same patch of each node that adds the new keys.
 
 With :class:`.pluginpods.PluginNodes` (``--plugin-pod-selector``), a node the fabric reaches is
 labelled only while a plugin pod is Ready on it, and loses the labels when it has none: the
@@ -28,13 +35,18 @@ scheduler never allocates a device to a node whose kubelet could not prepare it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from dra_driver.controller.inventory_feed import InventorySource
 from dra_driver.controller.metrics import NODE_LABEL_PATCHES
 from dra_driver.controller.pluginpods import PluginNodes
-from dra_driver.controller.resourcenames import pool_label_key, pool_label_prefix, warm_label_key
+from dra_driver.controller.resourcenames import (
+    legacy_node_label_key,
+    pool_label_key,
+    pool_label_prefix,
+    warm_label_key,
+)
 from dra_driver.controller.slices import desired_node_labels, desired_warm_labels, slice_selector
 from manager_api.models import DeviceType, Inventory
 from plumbing.backoff import Backoff
@@ -47,6 +59,17 @@ from plumbing.logs import get_logger
 __all__ = ["NodeLabeler", "desired_node_labels"]
 
 log = get_logger(__name__)
+
+
+def _with_legacy(keys: Iterable[str]) -> frozenset[str]:
+    """``keys`` and, for each, the key an earlier release wrote for the same thing."""
+    out: set[str] = set()
+    for key in keys:
+        out.add(key)
+        legacy = legacy_node_label_key(key)
+        if legacy is not None:
+            out.add(legacy)
+    return frozenset(out)
 
 
 class NodeLabeler:
@@ -64,10 +87,12 @@ class NodeLabeler:
         self._warned_no_plugin: set[str] = set()
         self._driver = driver
         self._publisher = publisher
-        self._prefix = pool_label_prefix(driver) + "/"
+        #: the pool-label prefixes: this release's, and the one before NodeRestriction's namespace
+        self._prefixes = tuple(_with_legacy([pool_label_prefix(driver) + "/"]))
         #: the warm-count keys of this publisher: one per device type, known from the start
-        self._warm_keys = frozenset(warm_label_key(driver, t.value, publisher) for t in DeviceType)
-        #: label keys of every pool this controller owns or owned, and its warm keys (module docstring)
+        self._warm_keys = _with_legacy(warm_label_key(driver, t.value, publisher) for t in DeviceType)
+        #: label keys of every pool this controller owns or owned, and its warm keys (module
+        #: docstring); each with the key an earlier release wrote for it
         self._owned: set[str] = set(self._warm_keys)
         self._owned_listed = False
         #: node name → its labels, kept by list + watch
@@ -139,7 +164,9 @@ class NodeLabeler:
         return dict((node.get("metadata") or {}).get("labels") or {})
 
     def _ours(self, labels: dict[str, str] | None) -> dict[str, str]:
-        return {k: v for k, v in (labels or {}).items() if k.startswith(self._prefix) or k in self._warm_keys}
+        return {
+            k: v for k, v in (labels or {}).items() if k.startswith(self._prefixes) or k in self._warm_keys
+        }
 
     async def _learn_owned(self, inventory: Inventory) -> None:
         if not self._owned_listed:
@@ -152,15 +179,18 @@ class NodeLabeler:
                 spec = obj.get("spec") or {}
                 pool = (spec.get("pool") or {}).get("name")
                 if pool:
-                    self._owned.add(pool_label_key(self._driver, str(pool)))
-                # the reach-group labels its slices select on (a group may be gone since)
+                    self._owned |= _with_legacy([pool_label_key(self._driver, str(pool))])
+                # the reach-group labels its slices select on (a group may be gone since; a slice
+                # an earlier release wrote selects on the earlier key)
                 for term in (spec.get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
                     for expression in term.get("matchExpressions") or []:
-                        if str(expression.get("key") or "").startswith(self._prefix):
-                            self._owned.add(str(expression["key"]))
+                        if str(expression.get("key") or "").startswith(self._prefixes):
+                            self._owned |= _with_legacy([str(expression["key"])])
             self._owned_listed = True
-        self._owned.update(pool_label_key(self._driver, p.pool) for p in inventory.pools)
-        self._owned.update(k for keys in desired_node_labels(inventory, self._driver).values() for k in keys)
+        self._owned |= _with_legacy(pool_label_key(self._driver, p.pool) for p in inventory.pools)
+        self._owned |= _with_legacy(
+            k for keys in desired_node_labels(inventory, self._driver).values() for k in keys
+        )
 
     async def _reconcile_loop(self, feed: InventorySource) -> None:
         backoff = Backoff(initial=0.2, maximum=30.0)

@@ -22,6 +22,7 @@ __all__ = [
     "DRIVER_NAME_MAX",
     "MANAGED_BY_LABEL",
     "MANAGED_BY_VALUE",
+    "NODE_LABEL_NAMESPACE",
     "POOL_NAME_MAX",
     "SLICE_MAX_DEVICES",
     "SLICE_MAX_DEVICES_WITH_TAINTS",
@@ -31,6 +32,7 @@ __all__ = [
     "is_attribute_id",
     "is_driver_name",
     "is_pool_name",
+    "legacy_node_label_key",
     "pool_label_key",
     "pool_label_prefix",
     "publisher_label",
@@ -57,6 +59,14 @@ BINDING_CONDITIONS_MAX = 4
 #: Slices this role owns carry this label; it never touches other slices of the driver.
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "fabric-dra-controller"
+
+#: The node labels this role writes (pool reach, warm counts) live under subdomains of this label
+#: namespace, which the NodeRestriction admission plugin forbids kubelets to add, change or remove
+#: on their own Node (``getForbiddenLabels`` in kubernetes
+#: ``plugin/pkg/admission/noderestriction/admission.go``: a key whose prefix is this namespace or
+#: ends in ``.`` + it). Outside it a compromised node could set them on itself and pull in the
+#: pods that select them (docs/controller.md, "Node label keys").
+NODE_LABEL_NAMESPACE = "node-restriction.kubernetes.io"
 
 _NOT_LABEL_CHARS = re.compile(r"[^a-z0-9.-]+")
 
@@ -104,36 +114,60 @@ def _label_name(text: str, max_length: int = 63) -> str:
     return cleaned[: max_length - len(suffix)].rstrip("-.") + suffix
 
 
+def _node_label_prefix(kind: str, driver: str) -> str:
+    # ≤ 5 + 63 + 1 + 30 characters, well within the 253 of a label prefix; every DNS label of it is
+    # the driver's own or fixed, so the prefix is a DNS subdomain whenever the driver name is.
+    return f"{kind}.{driver}.{NODE_LABEL_NAMESPACE}"
+
+
 def pool_label_prefix(driver: str) -> str:
-    """Node labels saying "this node reaches pool P" live under ``pool.<driver>/``."""
-    return f"pool.{driver}"
+    """Node labels saying "this node reaches pool P" live under
+    ``pool.<driver>.node-restriction.kubernetes.io/``."""
+    return _node_label_prefix("pool", driver)
 
 
 def pool_label_key(driver: str, pool: str) -> str:
-    """``pool.<driver>/<pool>`` (value ``"true"``) on every node the pool's fabric reaches."""
+    """``pool.<driver>.node-restriction.kubernetes.io/<pool>`` (value ``"true"``) on every node the
+    pool's fabric reaches."""
     return f"{pool_label_prefix(driver)}/{_label_name(pool)}"
 
 
 def reach_label_key(driver: str, pool: str, group: str) -> str:
-    """``pool.<driver>/<pool>.<group>`` (value ``"true"``) on every node that reaches the devices of
-    one reach group of the pool (a switch cabled to some of the pool's hosts only)."""
+    """``pool.<driver>.node-restriction.kubernetes.io/<pool>.<group>`` (value ``"true"``) on every
+    node that reaches the devices of one reach group of the pool (a switch cabled to some of the
+    pool's hosts only)."""
     return f"{pool_label_prefix(driver)}/{_label_name(f'{pool}.{group}')}"
 
 
 def warm_label_prefix(driver: str) -> str:
-    """Node labels counting a node's warm devices live under ``warm.<driver>/``."""
-    return f"warm.{driver}"
+    """Node labels counting a node's warm devices live under
+    ``warm.<driver>.node-restriction.kubernetes.io/``."""
+    return _node_label_prefix("warm", driver)
 
 
 def warm_label_key(driver: str, device_type: str, publisher: str = "default") -> str:
-    """``warm.<driver>/<device type>`` (value: how many, e.g. ``"2"``; absent at 0) on a node where
-    devices of that type are warm; ``warm.<driver>/<publisher>.<device type>`` for a controller
-    whose ``--publisher`` is not ``default``, so the controllers of several fabric managers under
-    one driver each own their keys. Pods prefer nodes with ``Gt 0`` on it (docs/manager.md, "What
-    the scheduler guarantees about picking a warm device"); the name part stays a valid label name
-    part (a device type, or the publisher's, cleaned and hashed like pool names)."""
+    """``warm.<driver>.node-restriction.kubernetes.io/<device type>`` (value: how many, e.g.
+    ``"2"``; absent at 0) on a node where devices of that type are warm; ``…/<publisher>.<device
+    type>`` for a controller whose ``--publisher`` is not ``default``, so the controllers of several
+    fabric managers under one driver each own their keys. Pods prefer nodes with ``Gt 0`` on it
+    (docs/manager.md, "What the scheduler guarantees about picking a warm device"); the name part
+    stays a valid label name part (a device type, or the publisher's, cleaned and hashed like pool
+    names)."""
     name = device_type if publisher == "default" else f"{publisher}.{device_type}"
     return f"{warm_label_prefix(driver)}/{_label_name(name)}"
+
+
+def legacy_node_label_key(key: str) -> str | None:
+    """The key releases before the move under :data:`NODE_LABEL_NAMESPACE` wrote for the same
+    thing (``pool.<driver>/<name>``, ``warm.<driver>/<name>``), or None for a key of no such form.
+
+    The controller removes these from the nodes it labels: left behind, a kubelet could still
+    set them, and a pod or policy still selecting them would follow a forged label."""
+    prefix, slash, name = key.partition("/")
+    suffix = "." + NODE_LABEL_NAMESPACE
+    if not slash or not prefix.endswith(suffix) or not prefix.startswith(("pool.", "warm.")):
+        return None
+    return f"{prefix.removesuffix(suffix)}/{name}"
 
 
 def publisher_label(driver: str) -> str:

@@ -30,6 +30,7 @@ __all__ = [
     "TokenUser",
     "TokensFile",
     "TokensFileError",
+    "node_user",
     "service_account_user",
 ]
 
@@ -95,6 +96,12 @@ def service_account_user(
         extra=extra,
         audiences=list(audiences or []),
     )
+
+
+def node_user(node: str) -> TokenUser:
+    """A kubelet's identity, as its client certificate gives it (``CN=system:node:<node>``,
+    ``O=system:nodes``): the user NodeRestriction restricts (:mod:`.admission`)."""
+    return TokenUser(username=f"system:node:{node}", groups=["system:nodes"])
 
 
 def load_tokens_file(path: Path) -> TokensFile:

@@ -7,8 +7,9 @@ order of the real server's handler chain (``DefaultBuildHandlerChain`` in
    ``responsewriters.ErrorNegotiated``): a :class:`StatusError` as it is, anything else 500;
 2. paths that are no resource: health, ``/version``, OpenAPI, discovery, the test hooks
    (``/testing/v1``, unauthenticated);
-3. authentication: a known bearer token (``WithAuthentication``; there is no authorization
-   step: every authenticated user may do everything, as ``system:masters``);
+3. authentication: a known bearer token (``WithAuthentication``); the user is kept on the request
+   (``request.state.user``) for admission. There is no authorization step: every authenticated
+   user may do what the admission plugins (:mod:`kube_standin.apiserver.admission`) let it;
 4. request info: path, method and query resolved to a :class:`RequestInfo` (``WithRequestInfo``),
    404 for what is not served, 405 for a verb the resource lacks;
 5. the test hooks: the request is counted, then an armed fault may delay or answer it (where the
@@ -26,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kube_standin.apiserver import discovery, openapi
+from kube_standin.apiserver.auth import TokenUser
 from kube_standin.apiserver.handlers.create import create_resource
 from kube_standin.apiserver.handlers.delete import delete_collection, delete_resource
 from kube_standin.apiserver.handlers.get import get_resource, list_resource
@@ -105,7 +107,7 @@ class RequestPipeline:
             return json_response(discovery.version_info(self.server_version))
         if path.startswith(TESTING_PREFIX + "/"):
             return await self.hooks.handle(request, path[len(TESTING_PREFIX) + 1 :])
-        self._authenticate(request)
+        request.state.user = self._authenticate(request)
         segments = [s for s in path.split("/") if s]
         if not segments or segments[0] not in ("api", "apis"):
             raise not_found_path()
@@ -135,18 +137,20 @@ class RequestPipeline:
         )
         return await self._resource_request(request, info)
 
-    def _authenticate(self, request: Request) -> None:
-        """Stage 3: 401 unless the request carries a known bearer token (or none, where
-        anonymous requests are allowed)."""
+    def _authenticate(self, request: Request) -> TokenUser | None:
+        """Stage 3: the user of the request's bearer token; 401 unless it is a known one (or there is
+        none, where anonymous requests are allowed: None, as without a tokens file)."""
         auth = self.scope.auth
         if not auth.required:
-            return
+            return None
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         if not header and self.allow_anonymous:
-            return
-        if scheme.lower() != "bearer" or not token.strip() or auth.lookup(token.strip()) is None:
+            return None
+        user = auth.lookup(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
+        if user is None:
             raise unauthorized()
+        return user
 
     def _openapi(self, path: str) -> Response:
         if path == "/openapi/v3":

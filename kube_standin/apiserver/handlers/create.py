@@ -12,12 +12,15 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
+from kube_standin.apiserver import admission
+from kube_standin.apiserver.auth import TokenUser
 from kube_standin.apiserver.handlers.rest import (
     RequestScope,
     admit_create,
     check_type,
     dry_run,
     present,
+    request_user,
     storage_form,
 )
 from kube_standin.apiserver.jsonobj import Obj
@@ -31,8 +34,13 @@ __all__ = ["create_resource", "create_stored"]
 log = get_logger(__name__)
 
 
-def create_stored(scope: RequestScope, info: RequestInfo, stored: Obj, *, dry_run: bool) -> Response:
-    """Store ``stored`` (in its storage form) as a new object: 201 with what was created."""
+def create_stored(
+    scope: RequestScope, info: RequestInfo, stored: Obj, *, dry_run: bool, user: TokenUser | None
+) -> Response:
+    """Store ``stored`` (in its storage form) as a new object, if ``user``'s admission allows it:
+    201 with what was created."""
+    # create.go: the admission name is the object's metadata.name (not a generateName).
+    admission.admit(user, "CREATE", info.res, str(stored["metadata"].get("name") or ""), stored, None)
     created = scope.store.create(info.res, stored, dry_run=dry_run, admit=admit_create(info.res, scope.gates))
     log.debug("created", resource=info.res.group_resource, name=created["metadata"]["name"])
     return json_response(present(info, created), 201)
@@ -57,4 +65,4 @@ async def create_resource(scope: RequestScope, request: Request, info: RequestIn
     scope.schema_check(info, obj, name)
     if info.res.kind == "TokenReview":
         return _token_review(scope, obj)
-    return create_stored(scope, info, storage_form(info, obj), dry_run=is_dry_run)
+    return create_stored(scope, info, storage_form(info, obj), dry_run=is_dry_run, user=request_user(request))

@@ -14,12 +14,14 @@ import json
 from starlette.requests import Request
 from starlette.responses import Response
 
+from kube_standin.apiserver import admission
 from kube_standin.apiserver.handlers.rest import (
     RequestScope,
     dry_run,
     list_item,
     list_kind,
     present,
+    request_user,
     selection,
 )
 from kube_standin.apiserver.negotiation import read_limited_body
@@ -56,6 +58,7 @@ async def _delete_options(request: Request) -> tuple[str | None, str | None, boo
 async def delete_resource(scope: RequestScope, request: Request, info: RequestInfo) -> Response:
     assert info.name is not None
     uid, rv, is_dry_run, orphan = await _delete_options(request)
+    admission.admit(request_user(request), "DELETE", info.res, info.name, None, None)
     obj, deleted = scope.store.delete(
         info.res, info.namespace, info.name, uid=uid, resource_version=rv, dry_run=is_dry_run
     )
@@ -67,6 +70,8 @@ async def delete_resource(scope: RequestScope, request: Request, info: RequestIn
 async def delete_collection(scope: RequestScope, request: Request, info: RequestInfo) -> Response:
     match = selection(request, info.res)
     _, _, is_dry_run, _ = await _delete_options(request)
+    # delete.go's DeleteCollection admits the whole collection once, under an empty name.
+    admission.admit(request_user(request), "DELETE", info.res, "", None, None)
     deleted = []
     for obj in list(scope.store.objects(info.res, info.namespace)):
         if not match(obj):

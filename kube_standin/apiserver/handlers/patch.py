@@ -15,6 +15,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from kube_standin.apiserver.auth import TokenUser
 from kube_standin.apiserver.handlers.create import create_stored
 from kube_standin.apiserver.handlers.rest import (
     RequestScope,
@@ -22,6 +23,7 @@ from kube_standin.apiserver.handlers.rest import (
     dry_run,
     name_mismatch,
     present,
+    request_user,
     storage_form,
 )
 from kube_standin.apiserver.handlers.scale import scale_of, write_scale
@@ -52,12 +54,14 @@ def _patch_schema(scope: RequestScope, obj: Obj) -> SchemaNode | None:
     return SchemaNode(kind.top, schema_set.resolve)
 
 
-def _apply_create(scope: RequestScope, info: RequestInfo, patch: Any, *, dry_run: bool) -> Response:
+def _apply_create(
+    scope: RequestScope, info: RequestInfo, patch: Any, *, dry_run: bool, user: TokenUser | None
+) -> Response:
     obj = check_type(info, patch)
     if obj["metadata"].get("name") != info.name:
         raise name_mismatch(obj["metadata"].get("name"), info.name)
     scope.schema_check(info, obj, info.name or "")
-    return create_stored(scope, info, storage_form(info, obj), dry_run=dry_run)
+    return create_stored(scope, info, storage_form(info, obj), dry_run=dry_run, user=user)
 
 
 def _apply(scope: RequestScope, kind: str, base: Obj, patch: Any) -> Any:
@@ -84,7 +88,7 @@ async def patch_resource(scope: RequestScope, request: Request, info: RequestInf
         if not request.query_params.get("fieldManager"):
             raise bad_request("PATCH of type apply requires the fieldManager parameter")
         if current is None and not info.subresource:
-            return _apply_create(scope, info, patch, dry_run=is_dry_run)
+            return _apply_create(scope, info, patch, dry_run=is_dry_run, user=request_user(request))
     if current is None:
         raise not_found(res, info.name)
     base = scale_of(current) if info.subresource == "scale" else present(info, current)
@@ -100,4 +104,4 @@ async def patch_resource(scope: RequestScope, request: Request, info: RequestInf
         raise name_mismatch(meta.get("name"), info.name)
     obj = check_type(info, patched)
     scope.schema_check(info, obj, info.name)
-    return update_stored(scope, info, storage_form(info, obj), dry_run=is_dry_run)
+    return update_stored(scope, info, storage_form(info, obj), dry_run=is_dry_run, user=request_user(request))

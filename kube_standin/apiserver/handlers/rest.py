@@ -5,8 +5,9 @@ Modelled on ``k8s.io/apiserver/pkg/endpoints/handlers/rest.go``: ``RequestScope`
 handler needs besides the request), ``checkName`` (the name in the body must be the name on
 the URL), ``isDryRun``; and on ``create.go``/``update.go`` for the order of the steps: decode ->
 check group/version/kind and namespace -> validate against the schemas -> convert to the
-storage version -> default -> admit (the server's own rules, run by the store inside its
-compare-and-swap) -> store -> convert back to the version the client spoke.
+storage version -> default -> admission of the caller (:mod:`kube_standin.apiserver.admission`,
+the real server's mutating admission stage) -> admit (the server's own rules, run by the store
+inside its compare-and-swap) -> store -> convert back to the version the client spoke.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 from starlette.requests import Request
 
 from kube_standin.apiserver import rules
-from kube_standin.apiserver.auth import TokenAuthenticator
+from kube_standin.apiserver.auth import TokenAuthenticator, TokenUser
 from kube_standin.apiserver.convert import apply_defaults, from_storage, to_storage
 from kube_standin.apiserver.features import ALL_SERVED, NEWEST_DEFAULTS, FeatureGates, ServedVersions
 from kube_standin.apiserver.jsonobj import Obj
@@ -41,6 +42,7 @@ __all__ = [
     "list_kind",
     "name_mismatch",
     "present",
+    "request_user",
     "selection",
     "storage_form",
 ]
@@ -136,6 +138,13 @@ def selection(request: Request, res: ResourceType) -> Callable[[Obj], bool]:
 
 
 # -- writing objects in ---------------------------------------------------------------------
+
+
+def request_user(request: Request) -> TokenUser | None:
+    """Who sent the request (the pipeline's authentication stage); None when anonymous or when the
+    server runs without a tokens file."""
+    user = getattr(request.state, "user", None)
+    return user if isinstance(user, TokenUser) else None
 
 
 def dry_run(request: Request) -> bool:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
+from kube_standin.apiserver import admission
+from kube_standin.apiserver.auth import TokenUser
 from kube_standin.apiserver.handlers.create import create_stored
 from kube_standin.apiserver.handlers.rest import (
     RequestScope,
@@ -20,6 +22,7 @@ from kube_standin.apiserver.handlers.rest import (
     dry_run,
     name_mismatch,
     present,
+    request_user,
     storage_form,
 )
 from kube_standin.apiserver.handlers.scale import write_scale
@@ -32,8 +35,17 @@ from kube_standin.apiserver.status import not_found
 __all__ = ["update_resource", "update_stored"]
 
 
-def update_stored(scope: RequestScope, info: RequestInfo, stored: Obj, *, dry_run: bool) -> Response:
-    """Replace the object with ``stored`` (its storage form): 200 with the result."""
+def update_stored(
+    scope: RequestScope, info: RequestInfo, stored: Obj, *, dry_run: bool, user: TokenUser | None
+) -> Response:
+    """Replace the object with ``stored`` (its storage form), if ``user``'s admission allows it:
+    200 with the result."""
+    assert info.name is not None
+    old = scope.store.find(info.res, info.namespace, info.name)
+    if old is not None:
+        # Admission sees the object as the request makes it, before the store keeps a status
+        # write to the status (and nothing else: no await in between, so ``old`` stays current).
+        admission.admit(user, "UPDATE", info.res, info.name, stored, old)
     updated = scope.store.update(
         info.res,
         stored,
@@ -60,5 +72,5 @@ async def update_resource(scope: RequestScope, request: Request, info: RequestIn
         if not info.res.create_on_update or info.subresource:
             raise not_found(info.res, info.name)
         stored["metadata"].pop("resourceVersion", None)
-        return create_stored(scope, info, stored, dry_run=is_dry_run)
-    return update_stored(scope, info, stored, dry_run=is_dry_run)
+        return create_stored(scope, info, stored, dry_run=is_dry_run, user=request_user(request))
+    return update_stored(scope, info, stored, dry_run=is_dry_run, user=request_user(request))

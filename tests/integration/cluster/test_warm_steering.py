@@ -1,19 +1,19 @@
 """Pods steered to warm devices through the real controller and the stand-in scheduler (issue 20).
 
 The controller (a real process, over a stand-in fabric manager) keeps
-``warm.<driver>/<device type>=<count>`` on each node where the manager's inventory shows devices
-of that type warm and no claim is allocated them yet, absent at 0, touching no key it does not
-own. A pod carrying docs/manager.md's recipe — a preferred node affinity (weight 100) with
-``Gt 0`` on that key — is placed by the stand-in scheduler, which scores it as kube-scheduler's
-``NodeAffinity`` does, on the node where a GPU is warm, and the allocator gives it the warm device
-there; a required node affinity still wins over the preference."""
+``warm.<driver>.node-restriction.kubernetes.io/<device type>=<count>`` on each node where the
+manager's inventory shows devices of that type warm and no claim is allocated them yet, absent at 0,
+touching no key it does not own. A pod carrying docs/manager.md's recipe — a preferred node affinity
+(weight 100) with ``Gt 0`` on that key — is placed by the stand-in scheduler, which scores it as
+kube-scheduler's ``NodeAffinity`` does, on the node where a GPU is warm, and the allocator gives it
+the warm device there; a required node affinity still wins over the preference."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from dra_driver.controller.resourcenames import warm_label_key
+from dra_driver.controller.resourcenames import warm_label_key, warm_label_prefix
 from dra_driver.controller.slices import warm_node_preference
 from fabric_dra.standins import make_device, make_inventory
 from manager_api.models import BindingState, Device, DeviceType
@@ -32,11 +32,13 @@ FOREIGN_KEY = warm_label_key(DRIVER, "gpu", "other")
 
 
 async def warm_labels(world: World) -> dict[str, dict[str, str]]:
-    """Node → its labels under ``warm.<driver>/``, for this test's nodes."""
+    """Node → its warm-count labels (``warm_label_prefix``), for this test's nodes."""
     items, _ = await world.kube.list_all(NODES)
     return {
         n["metadata"]["name"]: {
-            k: v for k, v in (n["metadata"].get("labels") or {}).items() if k.startswith(f"warm.{DRIVER}/")
+            k: v
+            for k, v in (n["metadata"].get("labels") or {}).items()
+            if k.startswith(warm_label_prefix(DRIVER) + "/")
         }
         for n in items
         if n["metadata"]["name"] in world.nodes

@@ -8,11 +8,16 @@ from dra_driver.controller.resourcenames import (
     BindingConditionNames,
     fit_value,
     is_attribute_id,
+    is_driver_name,
     is_pool_name,
+    legacy_node_label_key,
     pool_label_key,
+    reach_label_key,
     slice_name,
+    warm_label_key,
 )
 from dra_driver.selection.quantity import format_bytes, parse_quantity
+from kube_standin.apiserver.admission import forbidden_node_labels
 from plumbing.names import is_dns1123_label as is_dns_label
 from plumbing.names import is_dns1123_subdomain as is_dns_subdomain
 from plumbing.names import is_qualified_name
@@ -56,7 +61,7 @@ def test_fit_value_keeps_short_values_and_distinguishes_cut_ones() -> None:
 
 def test_pool_label_keys_are_valid_and_distinct() -> None:
     key = pool_label_key("fabric-dra.io", "fabric-pcie")
-    assert key == "pool.fabric-dra.io/fabric-pcie"
+    assert key == "pool.fabric-dra.io.node-restriction.kubernetes.io/fabric-pcie"
     long_a = pool_label_key("fabric-dra.io", "a" * 100)
     long_b = pool_label_key("fabric-dra.io", "a" * 99 + "b")
     slashed = pool_label_key("fabric-dra.io", "rack-1/fabric-pcie")
@@ -64,6 +69,54 @@ def test_pool_label_keys_are_valid_and_distinct() -> None:
         assert is_qualified_name(k), k
     assert long_a != long_b
     assert slashed != pool_label_key("fabric-dra.io", "rack-1-fabric-pcie")
+
+
+#: the longest driver name there is (63), of several DNS labels, and a short one
+DRIVERS = ("fabric-dra.io", "d" * 30 + "." + "e" * 29 + ".io")
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_node_label_keys_are_ones_no_kubelet_may_set(driver: str) -> None:
+    """Every key the controller puts on nodes is a valid label key under a subdomain of
+    NodeRestriction's namespace, so the plugin refuses it to a kubelet on its own Node — whatever
+    the driver, pool, group or publisher name (long ones are cut and hashed into the name part)."""
+    assert is_driver_name(driver) and len(driver) in (13, 63)
+    keys = [
+        pool_label_key(driver, "fabric-pcie"),
+        pool_label_key(driver, "rack-1/" + "p" * 240),
+        reach_label_key(driver, "fabric-pcie", "r1"),
+        reach_label_key(driver, "p" * 200, "Switch Group 7" * 9),
+        warm_label_key(driver, "gpu"),
+        warm_label_key(driver, "cxl-memory", "A Very Long Publisher Name " * 4),
+    ]
+    for key in keys:
+        assert is_qualified_name(key), key
+        prefix, name = key.split("/")
+        assert len(prefix) <= 253 and len(name) <= 63
+        assert prefix.endswith(".node-restriction.kubernetes.io"), key
+    assert forbidden_node_labels(keys) == sorted(keys)
+
+
+def test_the_keys_of_earlier_releases_map_from_the_new_ones() -> None:
+    """What the controller removes after an upgrade: the same name under ``pool.<driver>/`` or
+    ``warm.<driver>/`` — keys a kubelet may set, so they must not stay on nodes."""
+    assert (
+        legacy_node_label_key(pool_label_key("fabric-dra.io", "fabric-pcie"))
+        == "pool.fabric-dra.io/fabric-pcie"
+    )
+    assert legacy_node_label_key(reach_label_key("fabric-dra.io", "p", "r1")) == "pool.fabric-dra.io/p.r1"
+    assert (
+        legacy_node_label_key(warm_label_key("fabric-dra.io", "gpu", "rack-2"))
+        == "warm.fabric-dra.io/rack-2.gpu"
+    )
+    assert forbidden_node_labels(["pool.fabric-dra.io/fabric-pcie", "warm.fabric-dra.io/gpu"]) == []
+    # keys of another shape are no one's earlier key
+    for key in (
+        "pool.fabric-dra.io/x",
+        "node-restriction.kubernetes.io/x",
+        "other.d.node-restriction.kubernetes.io/x",
+    ):
+        assert legacy_node_label_key(key) is None
 
 
 def test_slice_names_are_stable_dns_subdomains() -> None:

@@ -96,7 +96,11 @@ def test_a_pool_publishes_in_consistent_slices() -> None:
     assert selector == [
         {
             "matchExpressions": [
-                {"key": "pool.fabric-dra.io/fabric-pcie", "operator": "In", "values": ["true"]}
+                {
+                    "key": "pool.fabric-dra.io.node-restriction.kubernetes.io/fabric-pcie",
+                    "operator": "In",
+                    "values": ["true"],
+                }
             ]
         }
     ]
@@ -371,7 +375,10 @@ def test_devices_reached_by_some_nodes_get_slices_that_select_exactly_those_node
     # 3 devices every node reaches, then the group's 200 in slices of at most 128
     assert [len(s["devices"]) for s in specs] == [3, 128, 72]
     assert {s["pool"]["resourceSliceCount"] for s in specs} == {3}
-    everywhere, group = "pool.fabric-dra.io/fabric-pcie", "pool.fabric-dra.io/fabric-pcie.r1"
+    everywhere, group = (
+        "pool.fabric-dra.io.node-restriction.kubernetes.io/fabric-pcie",
+        "pool.fabric-dra.io.node-restriction.kubernetes.io/fabric-pcie.r1",
+    )
     assert [_selected_key(s) for s in specs] == [everywhere, group, group]
     assert all(d["name"].startswith("gpu-b") for s in specs[1:] for d in s["devices"])
     for write in plan.writes:
@@ -391,7 +398,7 @@ def test_a_pool_whose_devices_all_sit_behind_a_partial_switch_has_no_empty_slice
     )
     assert plan is not None
     assert [(len(w.obj["spec"]["devices"]), _selected_key(w.obj["spec"])) for w in plan.writes] == [
-        (5, "pool.fabric-dra.io/fabric-pcie.r1")
+        (5, "pool.fabric-dra.io.node-restriction.kubernetes.io/fabric-pcie.r1")
     ]
 
 
@@ -406,7 +413,9 @@ def test_a_device_changing_reach_group_is_a_new_generation() -> None:
         device.reach = None  # the switch is cabled to every host now
     plan = plan_pool("fabric-pcie", pool_of(desired_pools(recabled, POLICY)), stored, driver=DRIVER)
     assert plan is not None and plan.generation == 2
-    assert [_selected_key(w.obj["spec"]) for w in plan.writes] == ["pool.fabric-dra.io/fabric-pcie"]
+    assert [_selected_key(w.obj["spec"]) for w in plan.writes] == [
+        "pool.fabric-dra.io.node-restriction.kubernetes.io/fabric-pcie"
+    ]
     assert [name for name, _ in plan.deletes] == ["fabric-dra.io-fabric-pcie-1"]
 
 
@@ -438,8 +447,8 @@ def test_a_warm_device_is_published_node_local_first_with_the_warm_attribute() -
     assert [(_placement(s), [d["name"] for d in s["devices"]]) for s in specs] == [
         ("node b", ["gpu-b0001"]),
         ("node c", ["gpu-00001"]),
-        ("pool.fabric-dra.io/fabric-pcie", ["gpu-00000", "gpu-00002"]),
-        ("pool.fabric-dra.io/fabric-pcie.r1", ["gpu-b0000"]),
+        ("pool.fabric-dra.io.node-restriction.kubernetes.io/fabric-pcie", ["gpu-00000", "gpu-00002"]),
+        ("pool.fabric-dra.io.node-restriction.kubernetes.io/fabric-pcie.r1", ["gpu-b0000"]),
     ]
     assert {s["pool"]["resourceSliceCount"] for s in specs} == {4}
     assert {s["pool"]["generation"] for s in specs} == {1}
@@ -457,7 +466,9 @@ def test_a_device_warm_on_a_node_that_cannot_reach_it_stays_in_its_group() -> No
     inventory = _warm(_partially_cabled(0, 2), gpu_b0000="c")
     plan = plan_pool("fabric-pcie", pool_of(desired_pools(inventory, POLICY)), {}, driver=DRIVER)
     assert plan is not None
-    assert [_placement(w.obj["spec"]) for w in plan.writes] == ["pool.fabric-dra.io/fabric-pcie.r1"]
+    assert [_placement(w.obj["spec"]) for w in plan.writes] == [
+        "pool.fabric-dra.io.node-restriction.kubernetes.io/fabric-pcie.r1"
+    ]
     assert all(f"{DRIVER}/warm" not in d["attributes"] for d in plan.writes[0].obj["spec"]["devices"])
 
 
@@ -539,7 +550,7 @@ def test_a_warm_device_moving_to_another_node_recreates_the_node_local_slice() -
     assert [_placement(w.obj["spec"]) for w in plan.writes] == [
         "node c",
         "node d",
-        "pool.fabric-dra.io/fabric-pcie",
+        "pool.fabric-dra.io.node-restriction.kubernetes.io/fabric-pcie",
     ]
     # slice 1 was the shared one: nodeName is immutable, so it is deleted and created anew
     assert plan.deletes_first == [("fabric-dra.io-fabric-pcie-1", "2")]

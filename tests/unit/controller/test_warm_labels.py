@@ -1,5 +1,6 @@
-"""The warm-count node labels: ``warm.<driver>/<device type>=<count>`` (:func:`desired_warm_labels`),
-counting exactly the untainted devices published warm in each node's node-local slices."""
+"""The warm-count node labels: ``warm.<driver>.node-restriction.kubernetes.io/<type>=<count>``
+(:func:`desired_warm_labels`), counting exactly the untainted devices published warm in each node's
+node-local slices."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ def test_counts_per_node_and_type_absent_at_zero() -> None:
         pools={"fabric-pcie": ["node-a", "node-b", "node-c"]},
     )
     assert desired_warm_labels(inventory, DRIVER) == {
-        "node-a": {"warm.fabric-dra.io/gpu": "2"},
-        "node-b": {"warm.fabric-dra.io/nvme": "1"},
+        "node-a": {"warm.fabric-dra.io.node-restriction.kubernetes.io/gpu": "2"},
+        "node-b": {"warm.fabric-dra.io.node-restriction.kubernetes.io/nvme": "1"},
     }
 
 
@@ -55,7 +56,9 @@ def test_counts_match_the_untainted_devices_of_the_node_local_slices() -> None:
 def test_a_duplicate_device_name_counts_once() -> None:
     warm = make_device("gpu-0", state=BindingState.WARM, node="node-a")
     inventory = make_inventory([warm, warm.model_copy()])
-    assert desired_warm_labels(inventory, DRIVER) == {"node-a": {"warm.fabric-dra.io/gpu": "1"}}
+    assert desired_warm_labels(inventory, DRIVER) == {
+        "node-a": {"warm.fabric-dra.io.node-restriction.kubernetes.io/gpu": "1"}
+    }
 
 
 @pytest.mark.parametrize("publisher", ["default", "rack-2", "A Very Long Publisher Name " * 4])
@@ -63,9 +66,9 @@ def test_a_duplicate_device_name_counts_once() -> None:
 def test_every_key_is_a_label_name_and_publishers_keep_apart(publisher: str, device_type: DeviceType) -> None:
     key = warm_label_key(DRIVER, device_type.value, publisher)
     assert is_qualified_name(key), key
-    assert key.startswith("warm.fabric-dra.io/")
+    assert key.startswith("warm.fabric-dra.io.node-restriction.kubernetes.io/")
     if publisher == "default":
-        assert key == f"warm.fabric-dra.io/{device_type.value}"
+        assert key == f"warm.fabric-dra.io.node-restriction.kubernetes.io/{device_type.value}"
     else:
         assert key not in {warm_label_key(DRIVER, t.value) for t in DeviceType}
 
@@ -73,14 +76,20 @@ def test_every_key_is_a_label_name_and_publishers_keep_apart(publisher: str, dev
 def test_another_publisher_writes_its_own_keys() -> None:
     inventory = make_inventory([make_device("gpu-0", state=BindingState.WARM, node="node-a")])
     labels = desired_warm_labels(inventory, DRIVER, "rack-2")
-    assert labels == {"node-a": {"warm.fabric-dra.io/rack-2.gpu": "1"}}
+    assert labels == {"node-a": {"warm.fabric-dra.io.node-restriction.kubernetes.io/rack-2.gpu": "1"}}
 
 
 def test_the_recipe_prefers_the_count_above_zero() -> None:
     assert warm_node_preference(DRIVER, "gpu") == {
         "weight": 100,
         "preference": {
-            "matchExpressions": [{"key": "warm.fabric-dra.io/gpu", "operator": "Gt", "values": ["0"]}]
+            "matchExpressions": [
+                {
+                    "key": "warm.fabric-dra.io.node-restriction.kubernetes.io/gpu",
+                    "operator": "Gt",
+                    "values": ["0"],
+                }
+            ]
         },
     }
 
@@ -93,4 +102,4 @@ def test_a_warm_device_a_claim_is_allocated_is_not_counted() -> None:
     )
     taken = {("fabric-pcie", "gpu-0"), ("fabric-pcie", "gpu-2")}
     labels = desired_warm_labels(inventory, DRIVER, allocated=taken)
-    assert labels == {"node-a": {"warm.fabric-dra.io/gpu": "1"}}
+    assert labels == {"node-a": {"warm.fabric-dra.io.node-restriction.kubernetes.io/gpu": "1"}}

@@ -18,6 +18,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from dra_driver.controller.resourcenames import pool_label_key
 from dra_driver.plugin.cdi import SpecDevice, build_specs, write_specs
 from dra_driver.plugin.hostdev import HostDevice
 from fabric.status import render_json
@@ -67,7 +68,11 @@ def _slice(pool: str, devices: list[str], index: int = 0) -> dict[str, Any]:
                     "nodeSelectorTerms": [
                         {
                             "matchExpressions": [
-                                {"key": f"pool.{DRIVER_NAME}/{pool}", "operator": "In", "values": ["true"]}
+                                {
+                                    "key": pool_label_key(DRIVER_NAME, pool),
+                                    "operator": "In",
+                                    "values": ["true"],
+                                }
                             ]
                         }
                     ]

@@ -86,8 +86,8 @@ def test_spreading_follows_pod_topology_spreads_hostname_score() -> None:
 
 def test_a_preferred_warm_node_beats_the_emptiest_node() -> None:
     """200 points of NodeAffinity outweigh anything least-allocated can give (at most 100)."""
-    p = pod((100, [req("warm.fabric-dra.io/gpu", "Gt", "0")]))
-    nodes = [node("busy", **{"warm.fabric-dra.io/gpu": "1"}), node("empty")]
+    p = pod((100, [req("warm.fabric-dra.io.node-restriction.kubernetes.io/gpu", "Gt", "0")]))
+    nodes = [node("busy", **{"warm.fabric-dra.io.node-restriction.kubernetes.io/gpu": "1"}), node("empty")]
     scores = node_scores(p, nodes, None, Counter({"busy": 109}))
     assert scores["busy"] > scores["empty"]
 
