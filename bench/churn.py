@@ -1004,7 +1004,8 @@ async def manager_metrics(stack: ChurnStack) -> dict[str, float]:
     """Counters from the manager's /metrics: Redfish requests by method and resource, and the
     count and sum of its attach and detach durations."""
     assert stack.manager is not None
-    async with httpx.AsyncClient(timeout=30) as http:
+    auth = {"Authorization": f"Bearer {stack.operator_token}"}  # /metrics is for operators
+    async with httpx.AsyncClient(timeout=30, headers=auth) as http:
         text = (await http.get(f"{stack.manager.address}/metrics")).text
     out: dict[str, float] = defaultdict(float)
     for line in text.splitlines():

@@ -41,7 +41,8 @@ from dra_driver.selection import (
 )
 from dra_driver.selection.model import NodeSelector
 from dra_driver.selection.report import DeviceVerdict, RequestReport
-from plumbing.cli import SubParsers, add_output_option, dump_document
+from plumbing.cli import SubParsers, add_output_option, dump_document, emit
+from plumbing.terminal import visible
 
 if TYPE_CHECKING:
     from manager_api.models import Inventory as FabricInventory
@@ -379,8 +380,9 @@ async def load_cluster(args: argparse.Namespace, progress: TextIO) -> Inventory:
             "(pass --kubeconfig, or --slices/--classes to explain offline)"
         ) from err
     async with KubeClient(config, user_agent="fabric-dra-explain") as kube:
-        progress.write(
-            f"reading DeviceClasses, ResourceSlices, Nodes and ResourceClaims from {config.server}\n"
+        emit(
+            f"reading DeviceClasses, ResourceSlices, Nodes and ResourceClaims from {config.server}",
+            file=progress,
         )
         try:
             version = "v1"
@@ -401,9 +403,10 @@ async def load_cluster(args: argparse.Namespace, progress: TextIO) -> Inventory:
     slices = [ResourceSlice.model_validate(s) for s in raw_slices]
     classes = {c.name: c for c in (DeviceClass.model_validate(c) for c in raw_classes)}
     nodes = [Node.model_validate(n) for n in raw_nodes]
-    progress.write(
+    emit(
         f"found {len(slices)} ResourceSlices ({sum(len(s.spec.devices) for s in slices)} devices), "
-        f"{len(classes)} DeviceClasses, {len(nodes)} Nodes, {len(raw_claims)} ResourceClaims\n"
+        f"{len(classes)} DeviceClasses, {len(nodes)} Nodes, {len(raw_claims)} ResourceClaims",
+        file=progress,
     )
     return Inventory(slices, classes, nodes or _stand_in_nodes(slices), raw_claims, synthetic_nodes=not nodes)
 
@@ -442,15 +445,16 @@ async def load_manager(args: argparse.Namespace, progress: TextIO) -> Inventory:
             "--manager-url reads slices and nodes from the manager: drop --slices/--nodes"
         )
     token_file = _absolute(args.token_file)
-    if token_file is not None and not token_file.is_file():
+    if token_file is not None and not token_file.exists():
         raise ExplainInputError(f"--token-file {token_file} does not exist")
     client = ManagerClient(
         args.manager_url,
         token=None if token_file else os.environ.get("FABRIC_DRA_TOKEN"),
         token_file=token_file,
+        given_as="FABRIC_DRA_TOKEN",
         ca_file=str(args.ca_file) if args.ca_file else None,
     )
-    progress.write(f"reading the fabric inventory from {args.manager_url}\n")
+    emit(f"reading the fabric inventory from {args.manager_url}", file=progress)
     try:
         inventory = await client.inventory()
     except FabricError as err:
@@ -466,9 +470,10 @@ async def load_manager(args: argparse.Namespace, progress: TextIO) -> Inventory:
         for device_class in _parse_objects(path, _load_documents(path), "DeviceClass", DeviceClass):
             classes[device_class.name] = device_class
     claims = _manager_claims(inventory.devices, driver)
-    progress.write(
+    emit(
         f"found {len(inventory.devices)} devices in {len(slices)} ResourceSlices, {len(nodes)} nodes, "
-        f"{len(claims)} claims holding devices; {len(classes)} DeviceClasses from --classes\n"
+        f"{len(claims)} claims holding devices; {len(classes)} DeviceClasses from --classes",
+        file=progress,
     )
     return Inventory(slices, classes, nodes or _stand_in_nodes(slices), claims, synthetic_nodes=not nodes)
 
@@ -638,7 +643,9 @@ def render_text(verdicts: list[WorkloadVerdict], inventory: Inventory, all_devic
                 f"  constraint {constraint.kind} {constraint.attribute} ({state}): {constraint.message}"
             )
         out.append("")
-    return "\n".join(out)
+    # Each entry is one line; the names and messages in it come from the cluster or the manager,
+    # so a line feed or an escape in one of them is shown, never acted on.
+    return "\n".join(visible(line) for line in out)
 
 
 def render_json(verdicts: list[WorkloadVerdict]) -> str:
@@ -677,13 +684,13 @@ def main_explain(args: argparse.Namespace) -> int:
         _check_classes(workloads, inventory, args.manifest)
         verdicts = evaluate(workloads, inventory, args.node)
     except ExplainInputError as err:
-        sys.stderr.write(f"fabric-dra explain: error: {err}\n")
+        emit(f"fabric-dra explain: error: {visible(str(err))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if args.output == "json":
-        sys.stdout.write(render_json(verdicts) + "\n")
+        emit(render_json(verdicts))
     elif args.output == "yaml":
-        sys.stdout.write(dump_document(json.loads(render_json(verdicts)), "yaml") + "\n")
+        emit(dump_document(json.loads(render_json(verdicts)), "yaml"))
     else:  # table (or its old name, text); wide lists every device
         wide = args.all_devices or args.output == "wide"
-        sys.stdout.write(render_text(verdicts, inventory, wide) + "\n")
+        emit(render_text(verdicts, inventory, wide))
     return EXIT_FITS if all(v.satisfiable_on for v in verdicts) else EXIT_NO_FIT

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from plumbing.cli import CliError, SubParsers, add_output_option, dump_document, format_table, usage
+from plumbing.cli import CliError, SubParsers, add_output_option, dump_document, emit, format_table, usage
 
 __all__ = ["register"]
 
@@ -113,7 +113,7 @@ def _serve(args: argparse.Namespace) -> int:
         index = load_topology(args.topology or default_topology_path())
     except TopologyError as err:
         if len(err.problems) > 1:
-            print(f"fabric-dra: {err}:\n{err.details()}", file=sys.stderr)
+            emit(f"fabric-dra: {err}:\n{err.details()}", file=sys.stderr)
         raise CliError(f"{err}; fix the file and start again") from None
     try:
         latency = load_latency_profile(args.latency)
@@ -368,12 +368,12 @@ def _inject(args: argparse.Namespace, spec: dict[str, Any]) -> int:
     body = {k: v for k, v in spec.items() if v is not None}
     result = _Admin(args).request("POST", "/redfish/v1/Oem/FabricDRA/Faults", body)
     if "Id" in result:
-        print(
+        emit(
             f"fault {result['Id']}: {spec['Kind']} active "
             f"(remove it: fabric-dra emulator fault reset --id {result['Id']})"
         )
     else:
-        print(f"{spec['Kind']}: {result.get('Result', 'done')}")
+        emit(f"{spec['Kind']}: {result.get('Result', 'done')}")
     return 0
 
 
@@ -381,15 +381,15 @@ def _list_faults(args: argparse.Namespace) -> int:
     result = _Admin(args).request("GET", "/redfish/v1/Oem/FabricDRA/Faults")
     faults: list[dict[str, Any]] = result.get("Faults", [])
     if args.output in ("json", "yaml"):
-        print(dump_document({"faults": faults}, args.output))
+        emit(dump_document({"faults": faults}, args.output))
         return 0
     if not faults:
-        print("no active faults")
+        emit("no active faults")
         return 0
     if args.output == "wide":  # one column per field any fault has
         fields = list(dict.fromkeys(k for fault in faults for k in fault if k not in ("Id", "Kind")))
         rows = [[fault["Id"], fault["Kind"], *(_cell(fault.get(k)) for k in fields)] for fault in faults]
-        print(format_table(["ID", "KIND", *(k.upper() for k in fields)], rows))
+        emit(format_table(["ID", "KIND", *(k.upper() for k in fields)], rows))
         return 0
     rows = [
         [
@@ -399,7 +399,7 @@ def _list_faults(args: argparse.Namespace) -> int:
         ]
         for fault in faults
     ]
-    print(format_table(["ID", "KIND", "DETAILS"], rows))
+    emit(format_table(["ID", "KIND", "DETAILS"], rows))
     return 0
 
 
@@ -411,11 +411,11 @@ def _reset_faults(args: argparse.Namespace) -> int:
     admin = _Admin(args)
     if args.id:
         admin.request("DELETE", f"/redfish/v1/Oem/FabricDRA/Faults/{args.id}")
-        print(f"fault {args.id} removed")
+        emit(f"fault {args.id} removed")
     else:
         result = admin.request("DELETE", "/redfish/v1/Oem/FabricDRA/Faults")
         removed, resumed = result.get("Removed", 0), result.get("ResumedTasks", 0)
-        print(f"removed {removed} fault(s), resumed {resumed} hung task(s)")
+        emit(f"removed {removed} fault(s), resumed {resumed} hung task(s)")
     return 0
 
 
@@ -438,7 +438,7 @@ def _register_bindings(commands: SubParsers) -> None:
 def _bindings(args: argparse.Namespace) -> int:
     data = _Admin(args).request("GET", "/redfish/v1/Oem/FabricDRA/Bindings")
     if args.output in ("json", "yaml"):
-        print(dump_document(data, args.output))
+        emit(dump_document(data, args.output))
         return 0
     wide = args.output == "wide"
     rows: list[list[str]] = []
@@ -457,12 +457,12 @@ def _bindings(args: argparse.Namespace) -> int:
         if wide:
             rows[-1] += ["-", "-", "-", task]
     if not rows:
-        print("(nothing bound)")
+        emit("(nothing bound)")
         return 0
     headers = ["TARGET", "HOST", "STYLE", "VIA", "HOST ADDRESS"] + (
         ["FABRIC", "SINCE", "VISIBLE", "TASK"] if wide else []
     )
-    print(format_table(headers, rows))
+    emit(format_table(headers, rows))
     return 0
 
 
@@ -541,16 +541,16 @@ def _validate(args: argparse.Namespace) -> int:
                 }
                 for p, pos in zip(err.problems, err.positions, strict=True)
             ]
-            print(dump_document({"file": str(args.file), "valid": False, "problems": problems}, args.output))
+            emit(dump_document({"file": str(args.file), "valid": False, "problems": problems}, args.output))
         else:
-            print(f"{err.source}: {len(err.problems)} problem(s):", file=sys.stderr)
-            print(err.details(), file=sys.stderr)
+            emit(f"{err.source}: {len(err.problems)} problem(s):", file=sys.stderr)
+            emit(err.details(), file=sys.stderr)
         return 1
     summary = {"hosts": len(index.hosts), "devices": len(index.devices), "targets": len(index.targets)}
     if args.output in ("json", "yaml"):
-        print(dump_document({"file": str(args.file), "valid": True, "problems": [], **summary}, args.output))
+        emit(dump_document({"file": str(args.file), "valid": True, "problems": [], **summary}, args.output))
         return 0
-    print(
+    emit(
         f"{args.file}: valid: {summary['hosts']} hosts, {summary['devices']} devices, "
         f"{summary['targets']} bindable targets"
     )
@@ -589,13 +589,13 @@ def _show(args: argparse.Namespace) -> int:
         )
     if args.output in ("json", "yaml"):
         document = {"topology": str(path), "hosts": list(index.hosts), "switches": switches}
-        print(dump_document(document, args.output))
+        emit(dump_document(document, args.output))
         return 0
-    print(f"topology {path}")
-    print(f"hosts ({len(index.hosts)}): {', '.join(index.hosts)}")
+    emit(f"topology {path}")
+    emit(f"hosts ({len(index.hosts)}): {', '.join(index.hosts)}")
     wide = args.output == "wide"
     for summary in switches:
-        print(f"{summary['fabric']} switch {summary['id']}: hosts {', '.join(summary['hosts'])}")
+        emit(f"{summary['fabric']} switch {summary['id']}: hosts {', '.join(summary['hosts'])}")
         rows: list[list[str]] = []
         for d in summary["devices"]:
             extra = f", {d['chunks']} chunks of {d['chunkMib']} MiB" if d["chunks"] else ""
@@ -603,7 +603,7 @@ def _show(args: argparse.Namespace) -> int:
             if wide:
                 rows[-1] += [d["pciId"], _cell(d["memoryBytes"]), d["link"]]
         headers = ["PORT", "DEVICE", "TYPE", "MODEL"] + (["PCI ID", "MEMORY BYTES", "LINK"] if wide else [])
-        print("\n".join("  " + line for line in format_table(headers, rows).splitlines()))
+        emit("\n".join("  " + line for line in format_table(headers, rows).splitlines()))
     return 0
 
 
@@ -631,11 +631,11 @@ def _generate(args: argparse.Namespace) -> int:
 
         text = dump_document(yaml.safe_load(text), "json") + "\n"
     if args.output_file is None:
-        sys.stdout.write(text)
+        emit(text.rstrip("\n"))
     else:
         try:
             args.output_file.write_text(text, encoding="utf-8")
         except OSError as err:
             raise CliError(f"cannot write --output-file {args.output_file}: {err.strerror}") from None
-        print(f"wrote {args.output_file}", file=sys.stderr)
+        emit(f"wrote {args.output_file}", file=sys.stderr)
     return 0

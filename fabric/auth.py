@@ -1,18 +1,27 @@
-"""Who may call the manager, and for which node.
+"""Who may call the manager, for what, and for which node.
 
 Roles:
 
-* ``plugin`` — a node's kubelet plugin: reads the inventory, attaches and detaches *for its own
-  node only* (403 otherwise);
+* ``plugin`` — a node's kubelet plugin: reads the fabric's state, attaches and detaches *for its
+  own node only* (403 otherwise);
 * ``controller`` — the binding-condition controller / slice publisher: reads, and attaches and
   detaches for any node;
-* ``operator`` — people and tools: read only (``fabric-dra status``).
+* ``operator`` — people and tools: read only (``fabric-dra status``), and the only role that reads
+  what tenants used (``fabric-dra usage``) and ``/metrics``;
+* ``metrics`` — a scraper (Prometheus): ``/metrics`` and nothing else.
+
+What each role may do is one table, :data:`GRANTS` (docs/manager.md, "Who may read what"): device-
+seconds by namespace and workload, in ``GET /api/v1/usage`` and in ``/metrics`` labels, are the
+tenants' business, not a node's — a plugin token is on every node, and one node taken over must not
+read the whole cluster's usage.
 
 In a cluster a caller presents its service-account token and the manager asks the API server
 (``authentication.k8s.io/v1`` TokenReview). A projected (bound) token of a pod carries the pod's
 node in ``status.user.extra["authentication.kubernetes.io/node-name"]``; the plugin's node comes
 from there, never from the request. Which service accounts are plugins or controllers, and which
-groups are operators, is configuration. For local runs a static token file maps tokens to roles.
+groups are operators, is configuration. For local runs a static token file maps tokens to roles;
+``--metrics-token-file`` names a file holding the one token of the ``metrics`` role (a Secret that
+the ServiceMonitor presents too), re-read when it changes.
 Tokens are compared in constant time and never logged; TokenReview answers are cached under a hash
 of the token — an identity for ``cache_seconds``, a refusal (unknown token, or a user without a
 role) for :data:`NEGATIVE_CACHE_SECONDS` only, so a fresh token works soon; callers presenting a
@@ -36,20 +45,24 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from manager_api.errors import FabricUnavailable, PermissionDenied, TooManyRequests, Unauthenticated
 from plumbing.kube.client import ApiError, KubeClient
 from plumbing.kube.resources import TOKEN_REVIEWS
 from plumbing.logs import get_logger
+from plumbing.tokens import TokenError, bearer_token, read_token_file
 
 __all__ = [
+    "GRANTS",
     "NEGATIVE_CACHE_SECONDS",
     "NODE_NAME_EXTRA",
+    "Access",
     "AllowAll",
     "Authenticator",
     "Chain",
     "Identity",
+    "MetricsTokenFile",
     "ReviewBudget",
     "Role",
     "StaticTokens",
@@ -70,6 +83,29 @@ class Role(StrEnum):
     PLUGIN = "plugin"
     CONTROLLER = "controller"
     OPERATOR = "operator"
+    METRICS = "metrics"
+
+
+class Access(StrEnum):
+    """What a request does, as the grants speak of it."""
+
+    #: the fabric's state: inventory, devices, nodes, operations
+    READ = "read the fabric's state"
+    #: attach, detach, reset reports and claim reports (a plugin: for its own node only)
+    BIND = "attach or detach"
+    #: ``GET /api/v1/usage``: device-seconds by namespace and workload
+    USAGE = "read device-seconds by namespace and workload"
+    #: ``GET /metrics``: the Prometheus series, tenant namespaces among their labels
+    METRICS = "read /metrics"
+
+
+#: Who may do what: the one table of the manager's authorisation.
+GRANTS: dict[Role, frozenset[Access]] = {
+    Role.PLUGIN: frozenset({Access.READ, Access.BIND}),
+    Role.CONTROLLER: frozenset({Access.READ, Access.BIND}),
+    Role.OPERATOR: frozenset({Access.READ, Access.USAGE, Access.METRICS}),
+    Role.METRICS: frozenset({Access.METRICS}),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,11 +113,25 @@ class Identity:
     role: Role
     user: str
     node: str | None = None  # plugins only
+    #: ``--insecure-no-auth``: everything is allowed, whatever the role
+    unrestricted: bool = False
+
+    def may(self, access: Access) -> bool:
+        return self.unrestricted or access in GRANTS[self.role]
+
+    def check(self, access: Access) -> None:
+        """Raise :class:`PermissionDenied` unless this caller's role grants ``access``."""
+        if self.may(access):
+            return
+        allowed = [role.value for role, grants in GRANTS.items() if access in grants]
+        raise PermissionDenied(
+            f"{self.user} ({self.role} role) may not {access}: only the {' or '.join(allowed)} role may"
+        )
 
     def may_bind_for(self, node: str) -> bool:
-        if self.role is Role.CONTROLLER:
-            return True
-        return self.role is Role.PLUGIN and self.node == node
+        if not self.may(Access.BIND):
+            return False
+        return self.role is not Role.PLUGIN or self.node == node
 
     def check_bind(self, node: str) -> None:
         if self.may_bind_for(node):
@@ -106,7 +156,7 @@ class Authenticator(ABC):
         ``client`` is the caller's address."""
 
 
-ANONYMOUS = Identity(Role.CONTROLLER, "anonymous (--insecure-no-auth)")
+ANONYMOUS = Identity(Role.CONTROLLER, "anonymous (--insecure-no-auth)", unrestricted=True)
 
 
 class AllowAll(Authenticator):
@@ -124,6 +174,17 @@ class _StaticEntry(BaseModel):
     node: str | None = Field(default=None, description="required for the plugin role")
     user: str | None = None
 
+    @field_validator("token")
+    @classmethod
+    def _bearer_token(cls, token: str) -> str:
+        # A token no client can put in an Authorization header would only ever be refused.
+        try:
+            if bearer_token(token, "the token") == token:
+                return token
+        except TokenError as err:
+            raise ValueError(str(err)) from None
+        raise ValueError("the token has white space around it")
+
     @model_validator(mode="after")
     def _node_for_plugins(self) -> _StaticEntry:
         if self.role is Role.PLUGIN and not self.node:
@@ -140,7 +201,8 @@ class _StaticFile(BaseModel):
 
 
 def load_static_tokens(path: Path) -> list[_StaticEntry]:
-    """The ``--static-tokens`` file (YAML or JSON): ``tokens: [{token, role, node?, user?}]``."""
+    """The ``--static-tokens`` file (YAML or JSON): ``tokens: [{token, role, node?, user?}]``; each
+    token one RFC 6750 bearer token of at least 16 characters."""
     try:
         raw = yaml.safe_load(path.read_text())
         parsed = _StaticFile.model_validate(raw)
@@ -169,6 +231,58 @@ class StaticTokens(Authenticator):
             return None
         user = found.user or (f"plugin of {found.node}" if found.node else f"static {found.role}")
         return Identity(found.role, user, found.node)
+
+
+class MetricsTokenFile(Authenticator):
+    """``--metrics-token-file``: the token of the ``metrics`` role in a file — a mounted Secret that
+    the scraper's configuration names too — looked at again at most once a second and read again
+    when it changed (a Secret volume is updated in place). A file that is missing (an optional
+    Secret not created yet) or holds no bearer token gives no token; why is logged once per change,
+    never the content."""
+
+    USER = "metrics scraper (--metrics-token-file)"
+
+    def __init__(self, path: Path, *, recheck_seconds: float = 1.0) -> None:
+        self.path = path
+        self.recheck_seconds = recheck_seconds
+        self._checked_at = -recheck_seconds
+        self._seen: tuple[int, int, int] | None = None
+        self._secret: bytes | None = None
+        self._problem: str | None = ""
+
+    def _current(self) -> bytes | None:
+        now = time.monotonic()
+        if now - self._checked_at < self.recheck_seconds:
+            return self._secret
+        self._checked_at = now
+        try:
+            st = self.path.stat()
+            seen: tuple[int, int, int] | None = (st.st_mtime_ns, st.st_size, st.st_ino)
+        except OSError:
+            seen = None
+        if seen is not None and seen == self._seen:
+            return self._secret
+        self._seen = seen
+        problem: str | None = None
+        try:
+            self._secret = read_token_file(self.path).encode()
+        except TokenError as err:
+            self._secret, problem = None, str(err)
+        if problem != self._problem:
+            if problem is None:
+                log.info("metrics token read", file=str(self.path))
+            else:
+                log.warning(
+                    "no metrics token: /metrics is for operators only until it is fixed", reason=problem
+                )
+            self._problem = problem
+        return self._secret
+
+    async def authenticate(self, token: str, client: str | None = None) -> Identity | None:
+        secret = self._current()
+        if secret is not None and hmac.compare_digest(secret, token.encode()):
+            return Identity(Role.METRICS, self.USER)
+        return None
 
 
 class ReviewBudget:

@@ -29,7 +29,7 @@ def register(subparsers: SubParsers) -> None:
         "serve",
         help="run the manager's REST API",
         description=(
-            "Serve the fabric manager REST API (/api/v1, /healthz, /readyz, /metrics, /docs). "
+            "Serve the fabric manager REST API (/api/v1, /healthz, /readyz, /metrics, /openapi.json). "
             "Attach and detach are idempotent per claim UID + device; a device bound to one node is never "
             "bound to another before its detach completed."
         ),

@@ -366,7 +366,13 @@ class ManagerSettings(BaseModel):
     )
     static_tokens: Annotated[Path | None, Flag(AUTH)] = Field(
         default=None,
-        description="YAML/JSON {tokens: [{token, role: plugin|controller|operator, node}]} for local runs",
+        description="YAML/JSON {tokens: [{token, role: plugin|controller|operator|metrics, node}]} for "
+        "local runs",
+    )
+    metrics_token_file: Annotated[Path | None, Flag(AUTH)] = Field(
+        default=None,
+        description="file holding the bearer token that may read /metrics and nothing else (a Secret "
+        "the scraper presents too); re-read when it changes, no such token while it is missing",
     )
     insecure_no_auth: Annotated[bool, Flag(AUTH)] = Field(
         default=False, description="accept every request without a token (development only)"

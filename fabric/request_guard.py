@@ -14,6 +14,11 @@ front of the application that, from the head alone:
 
 A refusal that leaves a body unread closes the connection (``Connection: close``): nothing of it
 is read. Header size and read deadlines are :class:`plumbing.httpserve.ConnectionLimits`.
+
+On the way out, every answer gets :data:`DEFAULT_HEADERS` unless it set its own (the fabric map's
+page has a policy of its own): no answer of the API is a document a browser may run or frame. An
+exception no handler took becomes a 500 ``InternalError`` :class:`~manager_api.models.ErrorBody`
+and one structured log event, not a plain-text answer and a traceback on stderr.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from plumbing.names import DNS1123_LABEL_MAX_LENGTH
 
 __all__ = [
     "BODIES_IN_FLIGHT",
+    "DEFAULT_HEADERS",
     "IDENTITY_STATE",
     "MAX_DEVICES_PER_NODE",
     "MAX_REQUEST_BODY",
@@ -89,11 +95,20 @@ def _max_length(model: type[api.PreparedClaim], field: str) -> int:
     raise TypeError(f"{model.__name__}.{field} has no max_length")
 
 
-#: The cap on a request body: the largest claim report rounded up to whole KiB (≈ 230 KiB).
+#: The cap on a request body: the largest claim report rounded up to whole KiB (135 KiB).
 MAX_REQUEST_BODY = math.ceil(len(largest_claim_report()) / 1024) * 1024
 
 #: Bytes of request bodies being read at once, over all connections (128 bodies at the cap).
 BODIES_IN_FLIGHT = 128 * MAX_REQUEST_BODY
+
+
+#: Set on every answer that does not set them itself: JSON and text are never run as a page, framed
+#: or sniffed into one.
+DEFAULT_HEADERS: dict[str, str] = {
+    "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+}
+_DEFAULT_HEADERS = [(k.lower().encode(), v.encode()) for k, v in DEFAULT_HEADERS.items()]
 
 
 class BodyTooLarge(HTTPException):
@@ -117,6 +132,39 @@ class RequestGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        started = False
+
+        async def answer(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                present = {name.lower() for name, _ in message.get("headers", [])}
+                missing = [(k, v) for k, v in _DEFAULT_HEADERS if k not in present]
+                if missing:
+                    message = {**message, "headers": [*message.get("headers", []), *missing]}
+            await send(message)
+
+        try:
+            await self._guarded(scope, receive, answer)
+        except Exception as err:  # what no handler took: one log event, an ErrorBody if still possible
+            log.exception(
+                "unexpected error answering a request",
+                method=scope.get("method"),
+                path=scope.get("path"),
+                error_type=type(err).__name__,
+            )
+            if started:
+                return  # the answer is under way: the server ends the connection
+            body = api.ErrorBody(
+                code="InternalError",
+                message=f"the fabric manager failed to answer {scope.get('method')} {scope.get('path')} "
+                f"({type(err).__name__}); its log has the details",
+            )
+            await JSONResponse(
+                status_code=500, content=body.model_dump(mode="json", by_alias=True, exclude_none=True)
+            )(scope, receive, answer)
+
+    async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         length_header = headers.get("content-length")
         chunked = "chunked" in headers.get("transfer-encoding", "").lower()

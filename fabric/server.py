@@ -1,17 +1,23 @@
 """The manager's HTTP API (FastAPI): the contract of :mod:`manager_api.models`, plus health and metrics.
 
-Every ``/api/v1`` request needs a bearer token (:mod:`fabric.auth`) and a leader: a follower
-answers 503 NotLeader with ``Retry-After`` (its ``/readyz`` fails too, so a Service sends traffic to
-the leader only). Errors are :class:`manager_api.models.ErrorBody` with the status of their
-:mod:`manager_api.errors` class; a malformed request is 422 InvalidRequest naming the field.
-The token is checked, and the body's size bounded, before the body is read
+Every ``/api/v1`` request needs a bearer token whose role grants what it does (:mod:`fabric.auth`,
+``GRANTS``) and a leader: a follower answers 503 NotLeader with ``Retry-After`` (its ``/readyz``
+fails too, so a Service sends traffic to the leader only). ``/metrics`` needs a token too (the
+operator or metrics role), on every replica. Errors are :class:`manager_api.models.ErrorBody` with
+the status of their :mod:`manager_api.errors` class; a malformed request is 422 InvalidRequest
+naming the field. The token is checked, and the body's size bounded, before the body is read
 (:mod:`fabric.request_guard`).
+
+The OpenAPI document is served at ``/openapi.json``; no page renders it here (``/docs`` and
+``/redoc`` would run a third-party script on the origin where ``/ui`` keeps an operator's token:
+docs/manager.md, "The API's documentation pages").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
@@ -20,7 +26,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fabric.attachments import Attachments
-from fabric.auth import Chain, Identity
+from fabric.auth import Access, Chain, Identity
 from fabric.claims import ClaimView
 from fabric.inventory import Inventory
 from fabric.metrics import ManagerMetrics
@@ -52,6 +58,10 @@ from plumbing.names import (
 )
 
 __all__ = ["AppContext", "build_app"]
+
+#: ``GET /api/v1/usage?since=``: an RFC 3339 date-time is at most 35 characters
+#: (``2026-03-01T09:00:00.123456789+01:00``); a few more for longer fractions.
+_SINCE_MAX_LENGTH = 64
 
 log = get_logger(__name__)
 
@@ -99,8 +109,21 @@ async def _leader(request: Request, caller: Annotated[Identity, Depends(_identit
     return caller
 
 
+def _needs(access: Access) -> Callable[..., Awaitable[Identity]]:
+    """A dependency: the leader's caller, whose role grants ``access`` (else 403)."""
+
+    async def granted(caller: Annotated[Identity, Depends(_leader)]) -> Identity:
+        caller.check(access)
+        return caller
+
+    return granted
+
+
 # Module level, not inside build_app: FastAPI resolves these annotations by name.
+#: attach, detach and reports: each route checks the node too (``Identity.check_bind``)
 Caller = Annotated[Identity, Depends(_leader)]
+Reader = Annotated[Identity, Depends(_needs(Access.READ))]
+UsageReader = Annotated[Identity, Depends(_needs(Access.USAGE))]
 Wait = Annotated[
     float,
     Query(alias="waitSeconds", ge=0, le=api.MAX_WAIT_SECONDS, description="wait this long for the fabric"),
@@ -116,6 +139,9 @@ NodeName = Annotated[
         description="Kubernetes node name",
     ),
 ]
+OperationIdPath = Annotated[
+    str, Path(pattern=DNS1123_LABEL_PATTERN, max_length=DNS1123_LABEL_MAX_LENGTH, description="operation id")
+]
 NodeQuery = Annotated[
     str,
     Query(pattern=DNS1123_SUBDOMAIN_PATTERN, max_length=DNS1123_SUBDOMAIN_MAX_LENGTH),
@@ -126,6 +152,9 @@ def build_app(ctx: AppContext) -> FastAPI:
     app = FastAPI(
         title="fabric-dra fabric manager",
         version=__version__,
+        # No /docs or /redoc: the OpenAPI document alone (the module's docstring says why).
+        docs_url=None,
+        redoc_url=None,
         description=(
             "Binds composable PCIe/CXL devices to Kubernetes nodes over Redfish. Attach and detach "
             "are idempotent per claim UID + device. Authenticate with a bearer token."
@@ -179,7 +208,10 @@ def build_app(ctx: AppContext) -> FastAPI:
         )
 
     @app.get("/metrics", include_in_schema=False)
-    async def metrics() -> Response:
+    async def metrics(caller: Annotated[Identity, Depends(_identity)]) -> Response:
+        # Every replica serves it (a follower's process metrics too), to the roles that may read
+        # tenants' namespaces: operators and the metrics scraper.
+        caller.check(Access.METRICS)
         return Response(ctx.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     def _loaded() -> None:
@@ -190,7 +222,7 @@ def build_app(ctx: AppContext) -> FastAPI:
 
     @app.get(f"{api.API_PREFIX}/inventory", response_model=api.Inventory, response_model_by_alias=True)
     async def inventory(
-        caller: Caller,
+        caller: Reader,
         after: Annotated[int | None, Query(description="wait until the version differs from this")] = None,
         timeout_seconds: Annotated[float, Query(alias="timeoutSeconds", ge=0, le=300)] = 30.0,
     ) -> Response:
@@ -202,12 +234,12 @@ def build_app(ctx: AppContext) -> FastAPI:
         return Response(ctx.inventory.snapshot_json(), media_type="application/json")
 
     @app.get(f"{api.API_PREFIX}/devices", response_model=list[api.Device], response_model_by_alias=True)
-    async def devices(caller: Caller) -> list[api.Device]:
+    async def devices(caller: Reader) -> list[api.Device]:
         _loaded()
         return ctx.inventory.snapshot().devices
 
     @app.get(f"{api.API_PREFIX}/devices/{{device}}", response_model=api.Device, response_model_by_alias=True)
-    async def device(caller: Caller, device: DeviceName) -> api.Device:
+    async def device(caller: Reader, device: DeviceName) -> api.Device:
         _loaded()
         record = ctx.inventory.device(device)
         if record is None:
@@ -215,7 +247,7 @@ def build_app(ctx: AppContext) -> FastAPI:
         return ctx.inventory.render_device(record)
 
     @app.get(f"{api.API_PREFIX}/nodes", response_model=list[api.FabricNode], response_model_by_alias=True)
-    async def nodes(caller: Caller) -> list[api.FabricNode]:
+    async def nodes(caller: Reader) -> list[api.FabricNode]:
         _loaded()
         return ctx.inventory.snapshot().nodes
 
@@ -240,6 +272,7 @@ def build_app(ctx: AppContext) -> FastAPI:
             await ctx.claims.check_attach(
                 request.claim_uid, request.device, ctx.inventory.pool_of(record), request.node
             )
+            request = _trusted_namespace(ctx.claims, request)
         attachment, status = await ctx.attachments.attach(request, wait)
         return JSONResponse(status_code=status, content=attachment.model_dump(mode="json", by_alias=True))
 
@@ -277,7 +310,7 @@ def build_app(ctx: AppContext) -> FastAPI:
         return JSONResponse(status_code=status, content=attachment.model_dump(mode="json", by_alias=True))
 
     @app.get(f"{api.API_PREFIX}/operations", response_model=list[api.Operation], response_model_by_alias=True)
-    async def operations(caller: Caller) -> list[api.Operation]:
+    async def operations(caller: Reader) -> list[api.Operation]:
         return ctx.operations.all()
 
     @app.get(
@@ -285,7 +318,7 @@ def build_app(ctx: AppContext) -> FastAPI:
         response_model=api.Operation,
         response_model_by_alias=True,
     )
-    async def operation(caller: Caller, operation_id: str) -> api.Operation:
+    async def operation(caller: Reader, operation_id: OperationIdPath) -> api.Operation:
         found = ctx.operations.get(operation_id)
         if found is None:
             raise NotFoundError(
@@ -311,10 +344,11 @@ def build_app(ctx: AppContext) -> FastAPI:
         summary="device-seconds by namespace, model or workload since a time",
     )
     async def usage(
-        caller: Caller,
+        caller: UsageReader,
         since: Annotated[
             str,
             Query(
+                max_length=_SINCE_MAX_LENGTH,
                 description="RFC 3339 with a zone; counted from the start of its hour",
                 json_schema_extra={"format": "date-time"},
             ),
@@ -329,8 +363,43 @@ def build_app(ctx: AppContext) -> FastAPI:
                 f"malformed request: query.since: {since[:40]!r} is no RFC 3339 time with a zone "
                 "(e.g. 2026-12-01T00:00:00Z)"
             )
+        if not _in_utc_range(start):
+            # 0001-01-01T00:00:00+23:59 is a valid RFC 3339 time whose UTC is before the year 1.
+            raise InvalidRequest(
+                f"malformed request: query.since: {since!r} is before 0001-01-01 or after 9999-12-31 "
+                "in UTC; give a time within the years 1 to 9999"
+            )
         if ctx.usage is None or not ctx.usage.counting:
             raise FabricUnavailable("the usage record is not loaded yet", retry_after=2.0)
         return ctx.usage.report(start, by)
 
     return app
+
+
+def _trusted_namespace(claims: ClaimView, request: api.AttachRequest) -> api.AttachRequest:
+    """The attach with its claim's own namespace, as the API server has it: what a node's plugin
+    sends is only its word, and the namespace is who is billed (docs/manager.md, "What a node may
+    send")."""
+    claim = claims.get(request.claim_uid)
+    trusted = claim.metadata.namespace if claim is not None else None
+    if not trusted or trusted == request.namespace:
+        return request
+    if request.namespace is not None:
+        log.warning(
+            "attach names another namespace than its claim's; the claim's is recorded",
+            claim=request.claim_uid,
+            device=request.device,
+            node=request.node,
+            sent=request.namespace,
+            namespace=trusted,
+        )
+    return request.model_copy(update={"namespace": trusted})
+
+
+def _in_utc_range(moment: datetime) -> bool:
+    """Whether ``moment`` has a UTC time (a zone offset can push 0001-01-01 or 9999-12-31 past it)."""
+    try:
+        moment.astimezone(UTC)
+    except OverflowError:
+        return False
+    return True

@@ -22,6 +22,7 @@ from fabric.auth import (
     AllowAll,
     Authenticator,
     Chain,
+    MetricsTokenFile,
     StaticTokens,
     TokenReviewAuthenticator,
     load_static_tokens,
@@ -89,6 +90,8 @@ class ManagerService:
             chain.append(AllowAll())
         if s.static_tokens is not None:
             chain.append(StaticTokens(load_static_tokens(s.static_tokens)))
+        if s.metrics_token_file is not None and not s.insecure_no_auth:
+            chain.append(MetricsTokenFile(s.metrics_token_file))
         if kube is not None and not s.insecure_no_auth:
             chain.append(
                 TokenReviewAuthenticator(

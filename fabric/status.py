@@ -24,8 +24,9 @@ from pydantic import ValidationError
 from manager_api import models as api
 from manager_api.client import ManagerClient
 from manager_api.errors import FabricError, FabricUnavailable, Unauthenticated
-from plumbing.cli import CliError, dump_document
+from plumbing.cli import CliError, dump_document, emit
 from plumbing.cli import format_table as _table
+from plumbing.terminal import visible
 
 __all__ = [
     "explain_failure",
@@ -129,7 +130,8 @@ def render_table(inventory: api.Inventory, operations: list[api.Operation], *, w
     """The tables; ``wide`` adds each binding's host, binding style, serial and PCIe link."""
     parts = []
     if inventory.notices:
-        parts += ["NOTICES", *(f"- {notice}" for notice in inventory.notices), ""]
+        # A notice quotes the fabric's own names: one line each, whatever they hold.
+        parts += ["NOTICES", *(f"- {visible(notice)}" for notice in inventory.notices), ""]
     parts.append("POOL")
     pool_rows = [
         [
@@ -270,12 +272,15 @@ def manager_client(args: argparse.Namespace) -> tuple[ManagerClient, bool]:
     # One line per request at INFO would bury the table (and the one-line error) on a terminal.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     token = os.environ.get("FABRIC_DRA_TOKEN") if args.token_file is None else None
-    if args.token_file is not None and not args.token_file.is_file():
+    if args.token_file is not None and not args.token_file.exists():
         raise CliError(f"token file {args.token_file} does not exist")
+    # The client reads the file (and checks the variable) at its first request: a file that holds
+    # no bearer token is refused there in one line, never quoted.
     client = ManagerClient(
         args.manager_url,
         token=token,
         token_file=args.token_file,
+        given_as="FABRIC_DRA_TOKEN",
         ca_file=str(args.ca_file) if args.ca_file else None,
         insecure=args.insecure,
         timeout=args.timeout,
@@ -311,7 +316,7 @@ async def run_status(args: argparse.Namespace, out: TextIO | None = None) -> int
                     stream.write(_CLEAR)
                 elif watch:
                     stream.write(f"--- {datetime.now(UTC).strftime('%H:%M:%S')} UTC\n")
-                print(text, file=stream, flush=True)
+                emit(text, file=stream)
                 if not watch:
                     return 0
                 # Wake on the next inventory version, or after a short pause for the ages to move.

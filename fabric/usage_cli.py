@@ -7,13 +7,13 @@ import argparse
 import csv
 import io
 import re
-import sys
 from datetime import UTC, datetime, timedelta
 from typing import TextIO
 
 from fabric.status import manager_client, manager_errors
 from manager_api import models as api
-from plumbing.cli import CliError, dump_document, format_table
+from plumbing.cli import CliError, dump_document, emit, format_table
+from plumbing.terminal import visible
 
 __all__ = ["parse_since", "render", "run_usage"]
 
@@ -24,14 +24,23 @@ _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 def parse_since(text: str, now: datetime) -> datetime:
     """``24h``, ``90m``, ``7d``, ``30s`` before ``now``, or an RFC 3339 time with a zone."""
     found = _DURATION.match(text.strip())
-    if found:
-        return now - timedelta(**{_UNITS[found.group(2)]: float(found.group(1))})
-    moment = api.parse_rfc3339(text.strip())
-    if moment is None:
+    try:
+        if found:
+            moment = now - timedelta(**{_UNITS[found.group(2)]: float(found.group(1))})
+        else:
+            parsed = api.parse_rfc3339(text.strip())
+            if parsed is None:
+                raise CliError(
+                    f"--since '{visible(text)}': expected a duration (30m, 24h, 7d) or an RFC 3339 time "
+                    "with a zone (2026-03-01T09:00:00Z)"
+                )
+            moment = parsed
+        moment.astimezone(UTC)  # a zone offset can push 0001-01-01 or 9999-12-31 past UTC's years
+    except OverflowError:  # and 3000000d reaches before the year 1
         raise CliError(
-            f"--since {text!r}: expected a duration (30m, 24h, 7d) or an RFC 3339 time with a zone "
-            "(2026-03-01T09:00:00Z)"
-        )
+            f"--since '{visible(text)}' is before 0001-01-01 or after 9999-12-31 in UTC; the usage "
+            "record keeps 7 days: give a duration such as 7d or a time within them"
+        ) from None
     return moment
 
 
@@ -53,7 +62,8 @@ def render(report: api.UsageReport, fmt: str) -> str:
         writer = csv.writer(buffer, lineterminator="\n")
         writer.writerow([str(report.by), *states, "total"])
         for group in report.groups:
-            writer.writerow([group.name, *(getattr(group, s) for s in states), group.total])
+            # A name is a namespace, a model from the fabric or an owner's name: shown, never raw.
+            writer.writerow([visible(group.name), *(getattr(group, s) for s in states), group.total])
         return buffer.getvalue().rstrip("\n")
     cell = (lambda s: f"{s:.0f}") if fmt == "wide" else _hours
     unit = "device-seconds" if fmt == "wide" else "device-hours"
@@ -80,5 +90,5 @@ async def run_usage(args: argparse.Namespace, out: TextIO | None = None) -> int:
             report = await client.usage(since, api.UsageGrouping(args.by))
     finally:
         await client.aclose()
-    print(render(report, args.output), file=out or sys.stdout, flush=True)
+    emit(render(report, args.output), file=out)
     return 0

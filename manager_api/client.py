@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 from pydantic import TypeAdapter, ValidationError
 
-from manager_api.errors import FabricError, FabricUnavailable, error_class
+from manager_api.errors import AuthError, FabricError, FabricUnavailable, error_class
 from manager_api.models import (
     API_PREFIX,
     Attachment,
@@ -32,8 +32,9 @@ from manager_api.models import (
     UsageReport,
 )
 from plumbing.httplimits import CLIENT_KEEPALIVE_EXPIRY
+from plumbing.tokens import TokenError, bearer_token, read_token_file
 
-__all__ = ["ManagerClient", "ManagerUnreachable"]
+__all__ = ["BadToken", "ManagerClient", "ManagerUnreachable"]
 
 #: Seconds an idle connection is kept for reuse (through a slow network, a QEMU guest's user
 #: networking, the race it avoids is met in practice): :data:`plumbing.httplimits.CLIENT_KEEPALIVE_EXPIRY`.
@@ -52,6 +53,13 @@ class ManagerUnreachable(FabricUnavailable):
         super().__init__(message)
         #: the TLS handshake failed: the manager's certificate, not its availability, is the problem
         self.certificate_refused = certificate_refused
+
+
+class BadToken(AuthError):
+    """The token this client was given, or its token file, holds no bearer token (or cannot be
+    read): nothing was sent. The message names the file and what is wrong, never its content."""
+
+    code = "BadToken"
 
 
 def _causes(err: BaseException) -> Iterator[BaseException]:
@@ -80,7 +88,8 @@ def _transport_reason(err: BaseException) -> str:
 
 class ManagerClient:
     """Talks to one fabric manager URL. The bearer token is a string or a file re-read every minute
-    (projected service-account tokens rotate)."""
+    (projected service-account tokens rotate); either must hold one RFC 6750 bearer token
+    (:mod:`plumbing.tokens`), else a request raises :class:`BadToken` and sends nothing."""
 
     def __init__(
         self,
@@ -88,13 +97,22 @@ class ManagerClient:
         *,
         token: str | None = None,
         token_file: str | Path | None = None,
+        given_as: str = "the bearer token given",
         ca_file: str | None = None,
         insecure: bool = False,
         timeout: float = 10.0,
     ) -> None:
+        """``given_as`` names where ``token`` came from (an environment variable) in errors."""
         self._token = token
         self._token_file = Path(token_file) if token_file else None
         self._token_read_at = 0.0
+        #: why the token given as a string is none: raised at the first request, as a file's would be
+        self._token_problem: str | None = None
+        if token and self._token_file is None:
+            try:
+                self._token = bearer_token(token, given_as)
+            except TokenError as err:
+                self._token, self._token_problem = None, str(err)
         verify: ssl.SSLContext | bool = True
         if base_url.startswith("https"):
             if insecure:
@@ -120,9 +138,14 @@ class ManagerClient:
         await self.aclose()
 
     def _auth(self) -> dict[str, str]:
-        if self._token_file and time.monotonic() - self._token_read_at > 60.0:
-            self._token = self._token_file.read_text().strip()
-            self._token_read_at = time.monotonic()
+        try:
+            if self._token_file and time.monotonic() - self._token_read_at > 60.0:
+                self._token = read_token_file(self._token_file)
+                self._token_read_at = time.monotonic()
+        except TokenError as err:
+            raise BadToken(str(err)) from None
+        if self._token_problem is not None:
+            raise BadToken(self._token_problem)
         return {"Authorization": f"Bearer {self._token}"} if self._token else {}
 
     async def _request(

@@ -39,7 +39,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, GetCoreSchemaHandler, WithJsonSchema
 from pydantic.alias_generators import to_camel
 from pydantic_core import CoreSchema, core_schema
 
@@ -59,10 +59,13 @@ from plumbing.names import (
     UID_MAX_LENGTH,
     UID_PATTERN,
 )
+from plumbing.terminal import visible
 
 __all__ = [
     "API_PREFIX",
     "MAX_WAIT_SECONDS",
+    "POOL_NAME_MAX_LENGTH",
+    "POOL_NAME_PATTERN",
     "USAGE_STATES",
     "AttachRequest",
     "Attachment",
@@ -78,11 +81,14 @@ __all__ = [
     "FabricPool",
     "Health",
     "Inventory",
+    "NamespaceName",
     "NodeClaims",
     "NodeName",
     "Operation",
+    "OperationId",
     "OperationKind",
     "OperationState",
+    "PoolName",
     "PreparedClaim",
     "ReachGroup",
     "ResetOutcome",
@@ -232,26 +238,48 @@ ClaimUid = Annotated[
 DeviceName = Annotated[str, Field(pattern=DNS1123_LABEL_PATTERN, max_length=DNS1123_LABEL_MAX_LENGTH)]
 #: A Kubernetes node's name: a DNS subdomain.
 NodeName = Annotated[str, Field(pattern=DNS1123_SUBDOMAIN_PATTERN, max_length=DNS1123_SUBDOMAIN_MAX_LENGTH)]
+#: A namespace's name: a DNS label (``ValidateNamespaceName`` is ``IsDNS1123Label``).
+NamespaceName = Annotated[
+    str,
+    Field(
+        pattern=DNS1123_LABEL_PATTERN,
+        max_length=DNS1123_LABEL_MAX_LENGTH,
+        description="a Kubernetes namespace",
+    ),
+]
+#: An operation's id, as :class:`fabric.operations.OperationLog` makes them (``op-`` and hex): a DNS label.
+OperationId = Annotated[str, Field(pattern=DNS1123_LABEL_PATTERN, max_length=DNS1123_LABEL_MAX_LENGTH)]
+
+#: resource.k8s.io's ``ResourcePool.Name``: at most 253 characters, DNS subdomains separated by
+#: slashes (k8s.io/kubernetes pkg/apis/resource/validation ``validatePoolName``; the controller's
+#: ``dra_driver.controller.resourcenames.is_pool_name`` is the same rule, on a floor this one
+#: cannot import). A pattern, so the OpenAPI document says it too; each subdomain's own limit of 253
+#: is within the whole's.
+POOL_NAME_MAX_LENGTH = DNS1123_SUBDOMAIN_MAX_LENGTH
+_SUBDOMAIN = DNS1123_SUBDOMAIN_PATTERN.removeprefix("^").removesuffix("$")
+POOL_NAME_PATTERN = f"^{_SUBDOMAIN}(/{_SUBDOMAIN})*$"
+PoolName = Annotated[str, Field(pattern=POOL_NAME_PATTERN, max_length=POOL_NAME_MAX_LENGTH)]
 
 
 class AttachRequest(_Model):
     device: DeviceName
     node: NodeName
     claim_uid: ClaimUid
-    pool: str | None = Field(
+    pool: PoolName | None = Field(
         default=None,
         description="the DRA pool the claim's allocation names for the device; another pool is 404",
     )
-    namespace: str | None = Field(
+    namespace: NamespaceName | None = Field(
         default=None,
-        max_length=63,
-        description="the claim's namespace: recorded with the binding (a warm device's last tenant)",
+        description="the claim's namespace: recorded with the binding (a warm device's last tenant) and "
+        "billed its device-seconds. With Kubernetes API access the manager records the claim's own "
+        "namespace instead",
     )
 
 
 class PreparedClaim(_Model):
-    claim_uid: str = Field(min_length=1, max_length=128)
-    devices: list[str] = Field(max_length=256, description="names of the claim's devices on this node")
+    claim_uid: ClaimUid
+    devices: list[DeviceName] = Field(max_length=256, description="names of the claim's devices on this node")
 
 
 class NodeClaims(_Model):
@@ -294,7 +322,10 @@ class ResetReport(_Model):
     node: NodeName
     claim_uid: ClaimUid
     outcome: ResetOutcome
-    message: str = Field(default="", max_length=1024, description="why the reset failed (one line)")
+    # Free text from the node (an OS error): kept as one line that shows any control character.
+    message: Annotated[str, AfterValidator(visible)] = Field(
+        default="", max_length=1024, description="why the reset failed (one line)"
+    )
 
 
 class OperationKind(StrEnum):

@@ -1,5 +1,10 @@
 """What every role's command line shares: the error a user can act on, argparse types, the global
-logging options and the one way a parsed command is run.
+logging options, the one way a parsed command is run and the one way it prints.
+
+Every table, document and line a command prints goes through :func:`emit` (and a table's cells
+through :func:`format_table`), which show each control, bidi or other invisible character as an
+escape (:mod:`plumbing.terminal`): names from a Redfish service or a Kubernetes object reach the
+operator's terminal as text, never as control sequences or forged rows.
 
 Each role module defines ``register(subparsers)``; :mod:`fabric_dra.cli` puts them together.
 """
@@ -7,11 +12,13 @@ Each role module defines ``register(subparsers)``; :mod:`fabric_dra.cli` puts th
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Callable, Sequence
-from typing import TypeAlias
+from typing import Any, TextIO, TypeAlias
 
 from plumbing.logs import configure
+from plumbing.terminal import has_unsafe, visible, visible_lines
 
 __all__ = [
     "OUTPUT_FORMATS",
@@ -21,6 +28,7 @@ __all__ = [
     "add_log_options",
     "add_output_option",
     "dump_document",
+    "emit",
     "format_table",
     "positive_seconds",
     "run",
@@ -94,25 +102,58 @@ def add_output_option(parser: argparse.ArgumentParser, *, aliases: Sequence[str]
 
 
 def dump_document(document: object, fmt: str) -> str:
-    """``document`` (JSON-compatible) as ``json`` or ``yaml`` text."""
+    """``document`` (JSON-compatible) as ``json`` or ``yaml`` text that shows no unsafe character
+    raw and reads back as ``document``: JSON escapes every character outside printable ASCII; YAML
+    puts a string that holds an unsafe character in double quotes and escapes it there."""
     import json
 
     if fmt == "yaml":
         import yaml
 
-        text: str = yaml.safe_dump(document, sort_keys=False, allow_unicode=True).rstrip("\n")
-        return text
+        text: str = yaml.dump(document, Dumper=_yaml_dumper(), sort_keys=False, allow_unicode=True)
+        # Only double-quoted scalars hold unsafe characters now; PyYAML's emitter leaves some of them
+        # raw (it calls the bidi controls printable), and in double quotes their escapes read back
+        # as the same characters.
+        return visible_lines(text.rstrip("\n"))
     return json.dumps(document, indent=2)
 
 
+@functools.cache
+def _yaml_dumper() -> Any:
+    """PyYAML's safe dumper, writing a string that holds an unsafe character double-quoted (built
+    on first use: importing yaml costs every command line otherwise)."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        def represent_str(self, data: str) -> Any:
+            if has_unsafe(data):
+                return self.represent_scalar("tag:yaml.org,2002:str", data, style='"')
+            return super().represent_str(data)
+
+    Dumper.add_representer(str, Dumper.represent_str)
+    return Dumper
+
+
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Columns as wide as their widest cell, two spaces apart (kubectl's plain table)."""
-    widths = [len(h) for h in headers]
-    for row in rows:
+    """Columns as wide as their widest cell, two spaces apart (kubectl's plain table). Every cell is
+    shown :func:`~plumbing.terminal.visible`: one line, no control character raw."""
+    shown_headers = [visible(h) for h in headers]
+    shown_rows = [[visible(c) for c in row] for row in rows]
+    widths = [len(h) for h in shown_headers]
+    for row in shown_rows:
         widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(shown_headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in shown_rows]
     return "\n".join(lines)
+
+
+def emit(text: str, *, file: TextIO | None = None) -> None:
+    """Print ``text`` (lines joined by ``\\n``) and a line end, flushed: the one way a command
+    prints. Every unsafe character but the line feed is shown as an escape
+    (:func:`~plumbing.terminal.visible_lines`); a value that might hold a line feed is made
+    :func:`~plumbing.terminal.visible` where it is put in a line."""
+    stream = file if file is not None else sys.stdout
+    print(visible_lines(text), file=stream, flush=True)
 
 
 def usage(parser: argparse.ArgumentParser) -> Handler:
@@ -136,7 +177,8 @@ def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> i
     try:
         return int(handler(args))
     except CliError as err:
-        print(f"fabric-dra: error: {err}", file=sys.stderr)
+        # One line, whatever the message quotes (a manager's answer, a name from the fabric).
+        emit(f"fabric-dra: error: {visible(str(err))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 
+from plumbing.cli import emit
 from plumbing.logs import get_logger
 
 __all__ = ["ENV", "POINTS", "armed", "crash_point", "rearm"]
@@ -82,7 +83,7 @@ def _read_env() -> frozenset[str]:
     names = frozenset(n.strip() for n in os.environ.get(ENV, "").split(",") if n.strip())
     unknown = sorted(names - POINTS.keys())
     if unknown:
-        sys.stderr.write(f"fabric-dra: warning: {ENV} names unknown crash points: {', '.join(unknown)}\n")
+        emit(f"fabric-dra: warning: {ENV} names unknown crash points: {', '.join(unknown)}", file=sys.stderr)
     return names
 
 

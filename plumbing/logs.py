@@ -18,6 +18,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, Literal, TextIO
 
+from plumbing.terminal import UNSAFE_CHARACTER_CLASS, UNSAFE_CHARACTERS
+
 __all__ = ["LogFormat", "StructLogger", "configure", "get_logger"]
 
 LogFormat = Literal["logfmt", "json"]
@@ -25,16 +27,9 @@ _FIELDS = "fabric_dra_fields"
 
 
 # Characters a log line must never carry raw, whoever supplied the value (a claim UID, a device
-# name, a Redfish message): every C0 and C1 control character and DEL (Unicode "Cc": CR forges a
-# line, ESC drives the terminal, NUL truncates), the line and paragraph separators, and the
-# invisible format characters that reorder or hide text (bidi overrides and isolates, zero-width
-# characters, the byte order mark, tag characters), plus lone surrogates from undecodable bytes.
-_UNSAFE = (
-    "\x00-\x1f\x7f-\x9f\u00ad\u0600-\u0605\u061c\u06dd\u070f\u180e\u200b-\u200f"
-    "\u2028-\u202e\u2060-\u206f\ud800-\udfff\ufeff\ufff9-\ufffb\U000e0000-\U000e007f"
-)
-_UNSAFE_CHAR = re.compile(f"[{_UNSAFE}]")
-_NEEDS_QUOTES = re.compile(f'[ ="{_UNSAFE}]')
+# name, a Redfish message): plumbing.terminal declares them once for the log and the command line.
+_UNSAFE_CHAR = UNSAFE_CHARACTERS
+_NEEDS_QUOTES = re.compile(f'[ ="{UNSAFE_CHARACTER_CLASS}]')
 
 
 def _escape_char(match: re.Match[str]) -> str:
@@ -47,14 +42,15 @@ def _escape_char(match: re.Match[str]) -> str:
 
 
 def _escape_controls(text: str) -> str:
-    """``text`` with every character of :data:`_UNSAFE` written as a JSON ``\\uXXXX`` escape."""
+    """``text`` with every character of :data:`~plumbing.terminal.UNSAFE_CHARACTERS` written as a
+    JSON ``\\uXXXX`` escape."""
     return _UNSAFE_CHAR.sub(_escape_char, text)
 
 
 def _logfmt_value(value: object) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     if text == "" or _NEEDS_QUOTES.search(text):
-        # json.dumps escapes quotes, backslashes and C0 controls; the rest of _UNSAFE after it.
+        # json.dumps escapes quotes, backslashes and C0 controls; the other unsafe characters after it.
         return _escape_controls(json.dumps(text, ensure_ascii=False))
     return text
 

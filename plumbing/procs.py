@@ -21,6 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
+from plumbing.cli import emit
 from plumbing.forkserver import ForkedProcess, ForkServer, ForkServerError
 
 __all__ = ["CPU_LOG_ENV", "RoleProcess", "RoleStartError", "run", "use_fork_server"]
@@ -73,7 +74,7 @@ def _spawn(
         return server.spawn(module, args, env=env, stdout=stdout, stderr=stderr, cwd=cwd)
     except ForkServerError as err:
         _fork_server = None
-        sys.stderr.write(f"fabric-dra: starting roles as new interpreters from now on: {err}\n")
+        emit(f"fabric-dra: starting roles as new interpreters from now on: {err}", file=sys.stderr)
         return None
 
 

@@ -12,7 +12,7 @@ person should do — in one line::
 
 from __future__ import annotations
 
-from manager_api.client import ManagerUnreachable
+from manager_api.client import BadToken, ManagerUnreachable
 from manager_api.errors import (
     AttachTimeout,
     AuthError,
@@ -136,6 +136,12 @@ def _next_step(err: BaseException, device: str, node: str) -> str:
             f"node {node} has no port on the device's fabric; check the node's pool labels and "
             "the fabric's cabling, then delete the pod so the scheduler allocates again"
         )
+    if isinstance(err, BadToken):
+        return (
+            "nothing was sent to the fabric manager; check the plugin's token file "
+            "(--manager-token-file: the projected service-account token the kubelet writes); the "
+            "kubelet retries"
+        )
     if isinstance(err, AuthError):
         return (
             "the fabric manager refused this plugin; check the plugin's token (--manager-token-file, "
@@ -199,7 +205,7 @@ def detach_failure(err: FabricError, node: str) -> str:
     device = f"device {err.device}" if err.device else "a device"
     if isinstance(err, ManagerUnreachable):
         step = "check the fabric-dra-manager pods and Service"
-    elif isinstance(err, AuthError):
+    elif isinstance(err, AuthError):  # refused, or a token file that holds no token (BadToken)
         step = "check the plugin's token (--manager-token-file)"
     elif err.code == "DeviceInUse":
         step = "stop what uses it on the node (unmount it, end the process holding it)"

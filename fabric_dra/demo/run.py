@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 from fabric_dra.demo.scenario import DemoFailure, Scenario, Step, load_manifest
 from fabric_dra.stack import DemoStack, Role, StackOptions
+from plumbing.cli import emit
 from plumbing.logs import configure
 from plumbing.procs import RoleStartError
 
@@ -42,7 +43,7 @@ class _Printer:
         self.start = time.monotonic()
 
     def line(self, text: str = "") -> None:
-        print(text, file=self.out, flush=True)
+        emit(text, file=self.out)
 
     def progress(self, text: str) -> None:
         self.line(f"  [{time.monotonic() - self.start:5.1f}s] {text}")

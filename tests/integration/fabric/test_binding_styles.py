@@ -113,7 +113,7 @@ async def test_attach_and_detach(
 
 async def check_status_metrics_and_openapi(url: str, device: str) -> None:
     async with httpx.AsyncClient(base_url=url) as http:
-        metrics = (await http.get("/metrics")).text
+        metrics = (await http.get("/metrics", headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"})).text
         assert 'fabric_dra_attach_duration_seconds_count{outcome="success",type="gpu"} 1.0' in metrics
         assert 'fabric_dra_detach_duration_seconds_count{outcome="success",type="gpu"} 1.0' in metrics
         assert (

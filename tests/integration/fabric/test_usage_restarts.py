@@ -27,6 +27,7 @@ from manager_api.models import AttachmentState, UsageGroup, UsageGrouping, Usage
 from plumbing.kube.resources import CONFIGMAPS, NAMESPACES, NODES
 from tests.integration.fabric.conftest import (
     CONTROLLER_TOKEN,
+    OPERATOR_TOKEN,
     FabricAdmin,
     allocated_claim,
     leader_of,
@@ -62,7 +63,8 @@ _START = datetime.now(UTC)
 
 
 async def _usage(address: str) -> tuple[dict[str, UsageGroup], UsageReport]:
-    async with ManagerClient(address, token=CONTROLLER_TOKEN, timeout=30) as client:
+    # Device-seconds by namespace and workload are the operators' to read (docs/manager.md).
+    async with ManagerClient(address, token=OPERATOR_TOKEN, timeout=30) as client:
         report = await client.usage(_START, UsageGrouping.MODEL)
     return {g.name: g for g in report.groups}, report
 
@@ -138,7 +140,7 @@ async def test_device_seconds_survive_a_graceful_restart_and_a_kill(
 def _cli_started(address: str, *args: str) -> subprocess.Popen[str]:
     """``fabric-dra usage`` started, not waited for (:func:`_finished`): the runs that compare
     nothing with each other go side by side (each is mostly Python importing the command)."""
-    env = {**os.environ, "FABRIC_DRA_TOKEN": CONTROLLER_TOKEN}
+    env = {**os.environ, "FABRIC_DRA_TOKEN": OPERATOR_TOKEN}
     return subprocess.Popen(
         [sys.executable, "-m", "fabric_dra", "usage", "--manager-url", address, "--by", "model", *args],
         stdout=subprocess.PIPE,
@@ -206,7 +208,7 @@ async def _by(
     """The report of the replica at ``address``; retried while it is (again) not the leader: on a
     loaded machine a renewal can still be missed, and the Lease is taken back."""
     deadline = time.monotonic() + within
-    async with ManagerClient(address, token=CONTROLLER_TOKEN, timeout=30) as client:
+    async with ManagerClient(address, token=OPERATOR_TOKEN, timeout=30) as client:
         while True:
             try:
                 report = await client.usage(_START, by)
@@ -313,7 +315,7 @@ async def _following(process: Role, within: float = 30) -> None:
 
 
 async def _scrape(address: str) -> str:
-    async with httpx.AsyncClient(timeout=10) as http:
+    async with httpx.AsyncClient(timeout=10, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}) as http:
         return (await http.get(f"{address}/metrics")).text
 
 

@@ -22,7 +22,7 @@ import pytest
 from fabric_dra.stack import Role, wait_ready
 from manager_api.client import ManagerClient, ManagerUnreachable
 from manager_api.models import AttachmentState, BindingState, Device
-from tests.integration.fabric.conftest import CONTROLLER_TOKEN, FabricAdmin, manager_args
+from tests.integration.fabric.conftest import CONTROLLER_TOKEN, OPERATOR_TOKEN, FabricAdmin, manager_args
 from tests.support.fabric_manager import start_manager
 from tests.support.uids import claim_uid
 from tests.support.waiting import wait_until
@@ -83,7 +83,8 @@ async def until(check: Callable[[], Awaitable[T]], what: str, within: float = 30
 
 
 def scrape(role: Role) -> str:
-    return httpx.get(role.address.rstrip("/") + "/metrics", timeout=10).text
+    auth = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+    return httpx.get(role.address.rstrip("/") + "/metrics", headers=auth, timeout=10).text
 
 
 def sample(text: str, name: str, **labels: str) -> float:

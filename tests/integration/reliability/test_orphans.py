@@ -36,6 +36,7 @@ from manager_api.models import BindingState, Device, DeviceType
 from tests.integration.reliability.stack import (
     CONTROLLER_TOKEN,
     NODE,
+    OPERATOR_TOKEN,
     Stack,
     _target,
     kubelet_on,
@@ -49,7 +50,8 @@ pytestmark = pytest.mark.timeout(180)
 
 def _metric(stack: Stack, name: str) -> dict[str, float]:
     """``name{labels} value`` lines of the manager's /metrics, labels → value."""
-    text = httpx.get(f"{stack.manager_url}/metrics", timeout=10).text
+    auth = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+    text = httpx.get(f"{stack.manager_url}/metrics", headers=auth, timeout=10).text
     found: dict[str, float] = {}
     for line in text.splitlines():
         match = re.match(rf"^{name}(\{{[^}}]*\}})? ([0-9.e+-]+)$", line)

@@ -53,6 +53,11 @@ from tests.support.waiting import wait_until
 pytestmark = [pytest.mark.slow(seconds=23), pytest.mark.timeout(150)]
 
 
+def _operator() -> dict[str, str]:
+    """The manager's /metrics is for operators (and the metrics scraper)."""
+    return {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+
+
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
     with running_stack(plugin_args=["--attach-retry-seconds", "2"]) as running:
@@ -195,7 +200,7 @@ def test_credentials_never_in_logs_metrics_or_errors(stack: Stack, tmp_path: Pat
     assert status.returncode == 0, status.stderr
     seen.append(status.stdout + status.stderr)
     metrics = {
-        "manager": httpx.get(f"{stack.manager_url}/metrics", timeout=10).text,
+        "manager": httpx.get(f"{stack.manager_url}/metrics", headers=_operator(), timeout=10).text,
         "controller": httpx.get(f"http://127.0.0.1:{stack.controller_port}/metrics", timeout=10).text,
         "plugin": httpx.get(f"http://127.0.0.1:{stack.plugin_metrics_port}/metrics", timeout=10).text,
     }
@@ -229,7 +234,9 @@ def test_credentials_never_in_logs_metrics_or_errors(stack: Stack, tmp_path: Pat
                 assert "refused" in seen[-1] and "credentials" in seen[-1]
 
         asyncio.run(refused_login())
-        metrics["manager, failing login"] = httpx.get(f"{stack.manager_url}/metrics", timeout=10).text
+        metrics["manager, failing login"] = httpx.get(
+            f"{stack.manager_url}/metrics", headers=_operator(), timeout=10
+        ).text
     finally:
         stack.redfish_args = []
         stack.start_manager()

@@ -1,7 +1,8 @@
 """deploy/components/monitoring's ServiceMonitor (monitoring.coreos.com/v1): well formed by the
 ServiceMonitor API's fields, and scraping what the rendered deployment serves — every port of every
 metrics Service, with the scheme that port declares (http in the base, https for the production
-manager, verified with the manager's CA and certificate name)."""
+manager, verified with the manager's CA and certificate name), presenting to the manager the token
+the manager reads."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ ENDPOINT_FIELDS = {
     "metricRelabelings",
     "followRedirects",
     "enableHttp2",
+    "authorization",
 }
 TLS_FIELDS = {"ca", "cert", "keySecret", "serverName", "insecureSkipVerify"}
 
@@ -57,6 +59,10 @@ def test_the_service_monitor_is_well_formed() -> None:
         assert endpoint["interval"].endswith("s") and int(endpoint["interval"][:-1]) > 0
         tls = endpoint.get("tlsConfig")
         assert (tls is not None) == (endpoint["scheme"] == "https"), endpoint
+        authorization = endpoint.get("authorization")
+        if authorization is not None:  # SafeAuthorization: a Secret key, never a literal token
+            assert set(authorization) == {"type", "credentials"} and authorization["type"] == "Bearer"
+            assert set(authorization["credentials"]) == {"name", "key"}
         if tls is not None:
             assert set(tls) <= TLS_FIELDS
             assert set(tls["ca"]) == {"configMap"} and set(tls["ca"]["configMap"]) == {"name", "key"}
@@ -115,3 +121,31 @@ def test_in_production_it_verifies_the_manager_as_its_clients_do() -> None:
         if v["configMap"]["name"] == tls["ca"]["configMap"]["name"]
     }
     assert (tls["ca"]["configMap"]["name"], tls["ca"]["configMap"]["key"]) in ca_volumes
+
+
+def test_it_presents_to_the_manager_the_token_the_manager_reads() -> None:
+    """Every endpoint of a port the manager serves /metrics on presents a bearer token from a Secret,
+    and the manager reads that very Secret key as --metrics-token-file: the scrape is authorised."""
+    if kustomize_command() is None:
+        pytest.skip("kubectl (or kustomize) is not installed: cannot render deploy/")
+    objects = render_composition("production-complete")
+    (monitor,) = find(objects, "ServiceMonitor")
+    (service,) = find(objects, "Service", "fabric-dra-manager-metrics")
+    endpoints = {e["port"]: e for e in monitor["spec"]["endpoints"]}
+    credentials = {
+        (c["name"], c["key"])
+        for port in service["spec"]["ports"]
+        for c in [endpoints[port["name"]]["authorization"]["credentials"]]
+    }
+    assert len(credentials) == 1, credentials
+    ((secret, key),) = credentials
+    (manager,) = find(objects, "Deployment", "fabric-dra-manager")
+    pod = manager["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (token_file,) = [a.split("=", 1)[1] for a in container["args"] if a.startswith("--metrics-token-file=")]
+    directory, _, name = token_file.rpartition("/")
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == directory]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert (volume["secret"]["secretName"], name) == (secret, key)
+    # Without the Secret the manager still starts (operators scrape); the scrape waits for it.
+    assert volume["secret"]["optional"] is True

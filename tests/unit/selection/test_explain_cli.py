@@ -238,3 +238,37 @@ def test_relative_paths_are_read_from_the_working_directory(
     monkeypatch.chdir(tmp_path)
     code = main(["explain", claim.name, "--slices", slices.name, "--classes", classes.name])
     assert code == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("output", ["table", "wide", "yaml", "json"])
+def test_attribute_values_from_the_cluster_reach_the_terminal_as_text(
+    tmp_path: Path, cluster_files: tuple[Path, Path], capsys: pytest.CaptureFixture[str], output: str
+) -> None:
+    """A slice's string attribute is whatever the fabric named (the controller cuts it to 64 bytes,
+    Kubernetes checks nothing else): its escapes, CR/LF and bidi controls are shown, not acted on."""
+    from plumbing.terminal import has_unsafe
+
+    slices, classes = cluster_files
+    hostile = "sw\x1b]0;owned\x07\r\nFORGED\u202e1"
+    document = yaml.safe_load(slices.read_text())
+    for device in document["items"][0]["spec"]["devices"][:2]:
+        device["attributes"]["switch"] = {"string": hostile}
+    slices.write_text(yaml.safe_dump(document))
+    code = main(
+        [
+            "explain",
+            str(_claim(tmp_path, 3)),
+            "--slices",
+            str(slices),
+            "--classes",
+            str(classes),
+            "-o",
+            output,
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 1
+    assert not has_unsafe(out.replace("\n", "")), out
+    assert not any(line.lstrip().startswith("FORGED") for line in out.splitlines()), out
+    if output in ("table", "wide"):
+        assert "switch sw\\x1b]0;owned\\x07\\r\\nFORGED\\u202e1 has 2" in out, out
