@@ -1,38 +1,47 @@
 """Allocate devices to claims on one node, the way kube-scheduler's DRA plugin does.
 
-A port of the structured allocator (``k8s.io/dynamic-resource-allocation/structured``,
-``internal/stable/allocator_stable.go`` with the ``experimental`` additions:
-``distinctAttribute``, binding conditions, ``allowMultipleAllocations``): all claims of a pod
-are allocated together by a first-fit, depth-first search over requests and devices,
-backtracking when a constraint cannot be met. Its rules, which explanations rely on:
+A port of the structured allocator Kubernetes 1.36 runs with its default feature gates
+(``k8s.io/dynamic-resource-allocation/structured/internal/incubating/allocator_incubating.go``,
+``pools_incubating.go``, ``consumable_capacity.go``): all claims of a pod are allocated together
+by a first-fit, depth-first search over requests and devices, backtracking when a constraint,
+a counter or a capacity cannot be met. Its rules, which explanations rely on:
 
-- a device is usable when it is reachable from the node, not allocated to another claim
-  (admin access and ``allowMultipleAllocations`` excepted), matches the DeviceClass's and
-  the request's CEL selectors, serves the node (per-device node selection), and has no
-  NoSchedule/NoExecute taint the request does not tolerate;
+- a device is usable when it is reachable from the node, not allocated exclusively to another
+  claim (admin access excepted), matches the DeviceClass's and the request's CEL selectors,
+  serves the node (per-device node selection), and has no NoSchedule/NoExecute taint the
+  request does not tolerate;
 - a CEL *runtime* error on a device the search examines aborts the allocation for this node
   with that error (``selectorsMatch`` returns it), exactly as in Kubernetes — the search
   order therefore matters, and :mod:`dra_driver.selection.report` reports every device's
   outcome regardless;
+- partitionable devices (:mod:`.counters`): a device consuming shared counters fits only while
+  no counter of its pool goes below zero, counting every allocated device of the pool, on this
+  node or another; a pool whose devices reference a missing counter set or counter is invalid;
+- consumable capacity (:mod:`.capacity`): an ``allowMultipleAllocations`` device is shared; each
+  share's request is rounded up by the capacity's ``requestPolicy`` and all shares together must
+  fit the capacity; each share gets a ``shareID`` and its ``consumedCapacity``;
 - ``matchAttribute``: every device of the named requests has the attribute with one value;
   ``distinctAttribute``: values pairwise different; a device without the attribute fails both;
 - ``firstAvailable`` subrequests are tried in order, the first that can be satisfied wins;
-- ``allocationMode: All`` takes every matching device, and fails on incomplete pools.
+- ``allocationMode: All`` takes every matching device, and fails on incomplete or invalid pools;
+- when nothing fits and some pool was invalid, allocation on the node fails with
+  "invalid resource pools were encountered" rather than just not fitting.
 
 The work is split by responsibility: :mod:`.requests` plans a claim's request slots,
 :mod:`.eligibility` decides whether one device may serve one request, :mod:`.constraints` tracks
 a claim's constraints, :mod:`.search` is the backtracking search and :mod:`.results` writes
 ``status.allocation``. :class:`Allocator` ties them to one snapshot of slices and classes.
-
-Not covered: partitionable devices (shared counters) and consumable capacity requests.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from dra_driver.selection.allocated import AllocatedState
+from dra_driver.selection.capacity import CapacityUndefined, cmp_request_over_capacity
 from dra_driver.selection.celenv import SelectorCache, SelectorOutcome
 from dra_driver.selection.constraints import Constraint, build_constraints, lookup_attribute
+from dra_driver.selection.counters import Counters
 from dra_driver.selection.eligibility import Eligibility, SelectorCheck
 from dra_driver.selection.errors import AllocationError
 from dra_driver.selection.features import Features
@@ -44,6 +53,7 @@ from dra_driver.selection.search import ALLOCATION_RESULTS_MAX_SIZE, Search
 
 __all__ = [
     "ALLOCATION_RESULTS_MAX_SIZE",
+    "AllocatedState",
     "AllocationError",
     "AllocationResult",
     "Allocator",
@@ -58,8 +68,9 @@ __all__ = [
 class Allocator:
     """Allocation over one snapshot of slices, classes and existing allocations.
 
-    ``allocated`` maps every device already allocated (without admin access) to the claim
-    holding it, ``namespace/name``. Selector outcomes are cached per device content and
+    ``allocated`` is what existing claims hold (:class:`AllocatedState`), or simply every device
+    held exclusively mapped to its claim, ``namespace/name``. Selector outcomes are cached per
+    device content and
     expression, so one Allocator serves many nodes and claims cheaply; ``outcomes`` shares that
     cache between allocators of successive snapshots (a device whose slice was rewritten without
     changing the device keeps its outcomes).
@@ -69,7 +80,7 @@ class Allocator:
         self,
         slices: Sequence[ResourceSlice],
         classes: Mapping[str, DeviceClass],
-        allocated: Mapping[DeviceID, str] | None = None,
+        allocated: AllocatedState | Mapping[DeviceID, str] | None = None,
         *,
         features: Features | None = None,
         cache: SelectorCache | None = None,
@@ -78,20 +89,32 @@ class Allocator:
     ) -> None:
         self.slices = list(slices)
         self.classes = dict(classes)
-        self.allocated = dict(allocated or {})
         self.features = features or Features()
+        self.allocated = AllocatedState.of(allocated)
         self.max_steps = max_steps
         self.eligibility = Eligibility(
             self.classes, self.features, cache or SelectorCache(), {} if outcomes is None else outcomes
         )
         self._views: dict[str, PoolView] = {}
 
+    @property
+    def allocated(self) -> AllocatedState:
+        return self._allocated
+
+    @allocated.setter
+    def allocated(self, allocated: AllocatedState | Mapping[DeviceID, str]) -> None:
+        """What existing claims hold; the available counters follow it (``availableCounters``)."""
+        self._allocated = AllocatedState.of(allocated)
+        self.counters = Counters(self._allocated)
+
     # -- shared pieces, also used by explanations ---------------------------------------------
 
     def pool_view(self, node: Node) -> PoolView:
         view = self._views.get(node.name)
         if view is None:
-            view = self._views[node.name] = gather_pools(self.slices, node)
+            view = self._views[node.name] = gather_pools(
+                self.slices, node, partitionable=self.features.partitionable_devices
+            )
         return view
 
     def device_class(self, name: str, where: str) -> DeviceClass:
@@ -111,6 +134,17 @@ class Allocator:
 
     def shareable(self, ref: DeviceRef) -> bool:
         return self.eligibility.shareable(ref)
+
+    def capacity_fits(self, slot: RequestSlot, ref: DeviceRef) -> bool:
+        """Whether one share of ``slot`` fits beside the existing allocations (no search state)."""
+        if not self.features.consumable_capacity:
+            return True
+        try:
+            return cmp_request_over_capacity(
+                self.allocated.aggregated(ref.id), slot.capacity, ref.device, None
+            )
+        except CapacityUndefined:
+            return False
 
     # -- the search ---------------------------------------------------------------------------
 
@@ -133,9 +167,14 @@ class Allocator:
             constraints,
             eligibility=self.eligibility,
             allocated=self.allocated,
+            counters=self.counters,
             max_steps=self.max_steps,
         )
         if not search.run():
+            if any(pool.invalid_reason for pool in view.pools):
+                # Not fatal for the pod: upstream wraps it in ErrFailedAllocationOnNode, so the
+                # scheduler reports it only when no node fits.
+                raise AllocationError("invalid resource pools were encountered")
             return None
         return [build_result(search, i, claim, self.classes, self.features) for i, claim in enumerate(claims)]
 
@@ -147,7 +186,7 @@ class Allocator:
         per_request: dict[int, int] = {}
         for slot in self.slots_for(claim_index, claim):
             if slot.mode == "All":
-                slot.all_devices = self.eligibility.all_devices(slot, view, claim)
+                slot.all_devices = self.eligibility.all_devices(slot, view, claim, self.capacity_fits)
                 slot.num_devices = len(slot.all_devices)
             else:
                 slot.num_devices = slot.count

@@ -8,7 +8,7 @@ per (content, expression) and may be shared between allocators of successive sna
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from dra_driver.selection.celenv import CelCompileError, SelectorCache, SelectorOutcome
@@ -99,7 +99,7 @@ class Eligibility:
         return [t.display() for t in untolerated_taints(ref.device.taints, slot.tolerations)]
 
     def shareable(self, ref: DeviceRef) -> bool:
-        return self.features.multiple_allocations and bool(ref.device.allow_multiple_allocations)
+        return self.features.consumable_capacity and bool(ref.device.allow_multiple_allocations)
 
     def selectable(self, slot: RequestSlot, ref: DeviceRef, node: Node, claim: ClaimToAllocate) -> bool:
         """``isSelectable``; a CEL runtime error stops allocation, as ``selectorsMatch`` returns it."""
@@ -115,8 +115,16 @@ class Eligibility:
             return False
         return self.device_serves_node(ref, node)
 
-    def all_devices(self, slot: RequestSlot, view: PoolView, claim: ClaimToAllocate) -> list[DeviceRef]:
-        """The devices of ``allocationMode: All``; an incomplete or invalid pool stops allocation."""
+    def all_devices(
+        self,
+        slot: RequestSlot,
+        view: PoolView,
+        claim: ClaimToAllocate,
+        fits: Callable[[RequestSlot, DeviceRef], bool],
+    ) -> list[DeviceRef]:
+        """The devices of ``allocationMode: All`` (``validateDeviceRequest``): every selectable one
+        whose capacity can take the request (``fits``); an incomplete or invalid pool stops
+        allocation."""
         devices: list[DeviceRef] = []
         for pool in view.pools:
             if pool.incomplete:
@@ -130,6 +138,6 @@ class Eligibility:
                     f"{pool.driver}/{pool.name} is invalid: {pool.invalid_reason}"
                 )
             for ref in pool.refs:
-                if self.selectable(slot, ref, view.node, claim):
+                if self.selectable(slot, ref, view.node, claim) and fits(slot, ref):
                     devices.append(ref)
         return devices

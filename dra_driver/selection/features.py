@@ -15,4 +15,7 @@ class Features:
     prioritized_list: bool = True
     device_taints: bool = True
     binding_conditions: bool = True
-    multiple_allocations: bool = True
+    #: DRAPartitionableDevices: shared counters, per-device node selection
+    partitionable_devices: bool = True
+    #: DRAConsumableCapacity: ``allowMultipleAllocations``, capacity requests, ``distinctAttribute``
+    consumable_capacity: bool = True

@@ -142,7 +142,7 @@ def _verdict(
         return verdict(
             "taint", "tainted " + ", ".join(taints) + f"; request {slot.name} does not tolerate it"
         )
-    holder = allocator.allocated.get(ref.id)
+    holder = allocator.allocated.devices.get(ref.id)
     if (
         holder is not None
         and not slot.admin_access

@@ -10,6 +10,7 @@ from dra_driver.selection.errors import AllocationError
 from dra_driver.selection.features import Features
 from dra_driver.selection.model import DeviceClass, DeviceSelector, DeviceToleration, ResourceClaimSpec
 from dra_driver.selection.pools import DeviceRef
+from dra_driver.selection.quantity import Quantity
 
 __all__ = ["ClaimToAllocate", "RequestSlot", "find_device_class", "plan_slots"]
 
@@ -41,6 +42,8 @@ class RequestSlot:
     count: int
     admin_access: bool
     tolerations: list[DeviceToleration]
+    #: ``capacity.requests``: the share of each consumable capacity asked for, None when unset
+    capacity: dict[str, Quantity] | None = None
     num_devices: int = 0
     all_devices: list[DeviceRef] | None = None
 
@@ -73,6 +76,12 @@ def plan_slots(
         if request.first_available:
             if not features.prioritized_list:
                 raise AllocationError(f"{where}: has subrequests, but the DRAPrioritizedList feature is off")
+            for sub in request.first_available:
+                if sub.capacity is not None and not features.consumable_capacity:
+                    raise AllocationError(
+                        f"claim {claim.key}, subrequest {sub.name}: has capacity requests, but the "
+                        "DRAConsumableCapacity feature is disabled"
+                    )
             for sub_index, sub in enumerate(request.first_available):
                 slots.append(
                     RequestSlot(
@@ -87,10 +96,15 @@ def plan_slots(
                         sub.count,
                         False,
                         list(sub.tolerations),
+                        dict(sub.capacity.requests) if sub.capacity is not None else None,
                     )
                 )
         elif request.exactly is not None:
             exact = request.exactly
+            if exact.capacity is not None and not features.consumable_capacity:
+                raise AllocationError(
+                    f"{where}: has capacity requests, but the DRAConsumableCapacity feature is disabled"
+                )
             if exact.admin_access is not None and not features.admin_access:
                 raise AllocationError(f"{where}: admin access is requested, but the feature is off")
             slots.append(
@@ -106,6 +120,7 @@ def plan_slots(
                     exact.count,
                     bool(exact.admin_access),
                     list(exact.tolerations),
+                    dict(exact.capacity.requests) if exact.capacity is not None else None,
                 )
             )
         else:

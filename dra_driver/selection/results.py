@@ -44,6 +44,10 @@ def _result_entry(chosen: Chosen, features: Features) -> dict[str, Any]:
         entry["bindingFailureConditions"] = list(ref.device.binding_failure_conditions)
     if chosen.share_id:
         entry["shareID"] = chosen.share_id
+    if chosen.consumed:
+        entry["consumedCapacity"] = {
+            name: chosen.consumed[name].canonical() for name in sorted(chosen.consumed)
+        }
     return entry
 
 
