@@ -4,9 +4,14 @@ Mirrors kube-scheduler's DRA plugin (``pkg/scheduler/framework/plugins/dynamicre
 
 - Filter: a node fits when every allocated claim's ``allocation.nodeSelector`` matches it
   and the pod's unallocated claims can be allocated together there
-  (:class:`dra_driver.selection.Allocator`, the same code as ``fabric-dra explain``);
+  (:class:`dra_driver.selection.Allocator`, the same code as ``fabric-dra explain``), beside
+  what allocated claims hold (:mod:`.claim_cache`): devices held whole, shares of
+  ``allowMultipleAllocations`` devices with their ``consumedCapacity``, and through both the
+  pools' shared counters — the claims this scheduler wrote count at once, as in-flight
+  allocations do upstream;
 - PreBind: add the ``resource.kubernetes.io/delete-protection`` finalizer, then write
-  ``status.allocation`` and ``status.reservedFor`` in one status update (optimistic
+  ``status.allocation`` (a shared device's result with its ``shareID`` and ``consumedCapacity``,
+  as the allocator made it) and ``status.reservedFor`` in one status update (optimistic
   concurrency: a conflict means the world changed, so the pod is scheduled again);
 - binding conditions (``isPodReadyForBinding``): when any allocated device carries
   ``bindingConditions``, wait until each is True in ``status.devices`` before binding; a
