@@ -661,3 +661,45 @@ def test_the_1_34_layout_counters_count_and_devices_are_never_allocated() -> Non
     (pool,) = view.pools
     assert pool.refs == [] and pool.invalid_reason is None and "memory" in pool.counter_sets[SET1]
     assert "the Kubernetes 1.34 layout" in view.unreachable[(DRIVER_A, POOL1, "device-1")]
+
+
+@pytest.mark.parametrize(
+    ("devices", "count", "expected"),
+    [
+        ([("device-1", "4Gi", ["IsPrepare"])], 1, {"device-1": ["IsPrepare"]}),
+        (
+            [("device-1", "4Gi", ["IsPrepare"]), ("device-2", "4Gi", ["IsPrepare2"])],
+            2,
+            {"device-1": ["IsPrepare"], "device-2": ["IsPrepare2"]},
+        ),
+        (
+            [("device-1", "2Gi", ["IsPrepare"]), ("device-2", "2Gi", None), ("device-3", "4Gi", ["IsReady"])],
+            3,
+            {"device-1": ["IsPrepare"], "device-2": None, "device-3": ["IsReady"]},
+        ),
+    ],
+    ids=[
+        "with-binding-conditions",
+        "with-binding-conditions-multiple",
+        "with-binding-conditions-some-devices-no-conditions",
+    ],
+)
+def test_partitionable_devices_with_binding_conditions(
+    devices: list[tuple[str, str, list[str] | None]], count: int, expected: dict[str, list[str] | None]
+) -> None:
+    """``partitionable-devices-with-binding-conditions*``: conditions are copied into the results."""
+    built = [
+        mem_device(
+            name,
+            memory,
+            **({"bindingConditions": c, "bindingFailureConditions": ["BindingFailed"]} if c else {}),
+        )
+        for name, memory, c in devices
+    ]
+    slices = [
+        slice_with_devices("slice-1", NODE1, POOL1, *built, count=2),
+        slice_with_counter_sets("slice-2", NODE1, POOL1, MEM8, count=2),
+    ]
+    (result,) = allocate(slices, [claim("claim-0", request("req-0", CLASS_A, count))]) or []
+    found = {r["device"]: r.get("bindingConditions") for r in result.body["devices"]["results"]}
+    assert found == expected
