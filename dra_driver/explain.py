@@ -29,6 +29,7 @@ import yaml
 from pydantic import ValidationError
 
 from dra_driver.selection import (
+    AllocatedState,
     Allocator,
     ClaimToAllocate,
     DeviceClass,
@@ -36,7 +37,6 @@ from dra_driver.selection import (
     NodeReport,
     ResourceClaimSpec,
     ResourceSlice,
-    allocated_devices,
     explain_node,
 )
 from dra_driver.selection.model import NodeSelector
@@ -559,7 +559,7 @@ def evaluate(workloads: list[Workload], inventory: Inventory, only_node: str | N
     for workload in workloads:
         exclude = {c.key for c in workload.claims}
         allocator = Allocator(
-            inventory.slices, inventory.classes, allocated_devices(inventory.claims, exclude)
+            inventory.slices, inventory.classes, AllocatedState.from_claims(inventory.claims, exclude)
         )
         # Best fit first: nodes that fit, then by how many devices fit the requests; the device
         # table below the node list is the first node's.

@@ -2,7 +2,10 @@
 
 - :mod:`~dra_driver.selection.celenv`: DRA's CEL environment (``device.*``, quantity, semver)
 - :mod:`~dra_driver.selection.model`: the ResourceSlice / DeviceClass / claim models (v1, v1beta1)
-- :mod:`~dra_driver.selection.allocator`: the first-fit allocator of kube-scheduler's DRA plugin
+- :mod:`~dra_driver.selection.allocator`: the first-fit allocator of kube-scheduler's DRA plugin,
+  with shared counters (:mod:`~dra_driver.selection.counters`) and consumable capacity
+  (:mod:`~dra_driver.selection.capacity`)
+- :mod:`~dra_driver.selection.allocated`: what existing allocations hold (``AllocatedState``)
 - :mod:`~dra_driver.selection.report`: device-by-device explanations of an allocation attempt
 """
 
@@ -11,9 +14,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from plumbing.kube.dra import ResourceClaim
-
 if TYPE_CHECKING:
+    from dra_driver.selection.allocated import AllocatedState
     from dra_driver.selection.allocator import (
         AllocationError,
         AllocationResult,
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
 #: (the controller formats quantities) must not pay for the CEL environment and the allocator
 #: every time it starts.
 _SUBMODULE = {
+    "AllocatedState": "allocated",
     "AllocationError": "allocator",
     "AllocationResult": "allocator",
     "Allocator": "allocator",
@@ -61,6 +64,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AllocatedState",
     "AllocationError",
     "AllocationResult",
     "Allocator",
@@ -76,30 +80,6 @@ __all__ = [
     "ResourceClaimSpec",
     "ResourceSlice",
     "SelectorCache",
-    "allocated_devices",
     "explain_node",
     "parse_quantity",
 ]
-
-
-def allocated_devices(
-    claims: list[dict[str, object]], exclude: set[str] | None = None
-) -> dict[DeviceID, str]:
-    """Devices held by claims (JSON objects), ``namespace/name`` by device; admin access excluded.
-
-    ``exclude`` names claims (``namespace/name``) whose own allocation should not count,
-    e.g. the claim being explained.
-    """
-    held: dict[DeviceID, str] = {}
-    for obj in claims:
-        claim = ResourceClaim.read(obj)
-        if claim is None:
-            continue
-        key = f"{claim.metadata.namespace or ''}/{claim.metadata.name}"
-        if exclude and key in exclude:
-            continue
-        for result in claim.results:
-            if result.admin_access or result.share_id:
-                continue
-            held[(result.driver, result.pool, result.device)] = key
-    return held

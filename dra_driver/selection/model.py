@@ -8,20 +8,25 @@ request, as the API server's own conversion does. Unknown fields are ignored.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from dra_driver.selection.quantity import Quantity, parse_quantity
 
 __all__ = [
     "AllocationMode",
     "CELDeviceSelector",
+    "CapacityRequestPolicy",
+    "CapacityRequestPolicyRange",
+    "CapacityRequirements",
+    "CounterSet",
     "Device",
     "DeviceAttribute",
     "DeviceClaim",
     "DeviceClass",
     "DeviceConstraint",
+    "DeviceCounterConsumption",
     "DeviceRequest",
     "DeviceSelector",
     "DeviceSubRequest",
@@ -43,7 +48,31 @@ AllocationMode = Literal["ExactCount", "All"]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
+    model_config = ConfigDict(
+        extra="ignore", populate_by_name=True, frozen=True, arbitrary_types_allowed=True
+    )
+
+
+def _to_quantity(value: Any) -> Any:
+    if isinstance(value, Quantity) or value is None:
+        return value
+    if isinstance(value, bool):
+        raise ValueError("a quantity, not a boolean")
+    return parse_quantity(str(value))
+
+
+#: a ``resource.Quantity`` field, read from its string (or number) form
+QuantityField = Annotated[Quantity, BeforeValidator(_to_quantity)]
+
+
+def _counter_values(value: Any) -> Any:
+    """``counters: {name: {value: 4Gi}}`` → ``{name: Quantity}``."""
+    if not isinstance(value, dict):
+        return value
+    return {
+        name: _to_quantity(entry.get("value") if isinstance(entry, dict) else entry)
+        for name, entry in value.items()
+    }
 
 
 class Meta(_Model):
@@ -114,6 +143,34 @@ class DeviceTaint(_Model):
         return f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
 
 
+class CounterSet(_Model):
+    """``spec.sharedCounters[]``: a named set of counters devices of the pool consume from."""
+
+    name: str
+    counters: Annotated[dict[str, Quantity], BeforeValidator(_counter_values)] = Field(default_factory=dict)
+
+
+class DeviceCounterConsumption(_Model):
+    """``device.consumesCounters[]``: what the device takes from one counter set while allocated."""
+
+    counter_set: str = Field(alias="counterSet")
+    counters: Annotated[dict[str, Quantity], BeforeValidator(_counter_values)] = Field(default_factory=dict)
+
+
+class CapacityRequestPolicyRange(_Model):
+    min: QuantityField | None = None
+    max: QuantityField | None = None
+    step: QuantityField | None = None
+
+
+class CapacityRequestPolicy(_Model):
+    """``capacity[name].requestPolicy``: how a share's request is rounded (consumable capacity)."""
+
+    default: QuantityField | None = None
+    valid_values: list[QuantityField] | None = Field(default=None, alias="validValues")
+    valid_range: CapacityRequestPolicyRange | None = Field(default=None, alias="validRange")
+
+
 class Device(_Model):
     name: str
     attributes: dict[str, DeviceAttribute] = Field(default_factory=dict)
@@ -126,11 +183,9 @@ class Device(_Model):
     binding_conditions: list[str] = Field(default_factory=list, alias="bindingConditions")
     binding_failure_conditions: list[str] = Field(default_factory=list, alias="bindingFailureConditions")
     allow_multiple_allocations: bool | None = Field(default=None, alias="allowMultipleAllocations")
-    consumes_counters: list[dict[str, Any]] = Field(default_factory=list, alias="consumesCounters")
-
-    model_config = ConfigDict(
-        extra="ignore", populate_by_name=True, frozen=True, arbitrary_types_allowed=True
-    )
+    consumes_counters: list[DeviceCounterConsumption] = Field(default_factory=list, alias="consumesCounters")
+    #: ``capacity[name].requestPolicy``, by capacity name (read from the same ``capacity`` map)
+    request_policies: dict[str, CapacityRequestPolicy] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -139,7 +194,19 @@ class Device(_Model):
         if isinstance(data, dict) and isinstance(data.get("basic"), dict):
             merged = {k: v for k, v in data.items() if k != "basic"}
             merged.update(data["basic"])
-            return merged
+            data = merged
+        if (
+            isinstance(data, dict)
+            and isinstance(data.get("capacity"), dict)
+            and "request_policies" not in data
+        ):
+            policies = {
+                name: entry["requestPolicy"]
+                for name, entry in data["capacity"].items()
+                if isinstance(entry, dict) and isinstance(entry.get("requestPolicy"), dict)
+            }
+            if policies:
+                data = {**data, "request_policies": policies}
         return data
 
     @field_validator("capacity", mode="before")
@@ -173,7 +240,7 @@ class ResourceSliceSpec(_Model):
     all_nodes: bool | None = Field(default=None, alias="allNodes")
     per_device_node_selection: bool | None = Field(default=None, alias="perDeviceNodeSelection")
     devices: list[Device] = Field(default_factory=list)
-    shared_counters: list[dict[str, Any]] = Field(default_factory=list, alias="sharedCounters")
+    shared_counters: list[CounterSet] = Field(default_factory=list, alias="sharedCounters")
 
 
 class ResourceSlice(_Model):
@@ -215,12 +282,19 @@ class DeviceToleration(_Model):
     toleration_seconds: int | None = Field(default=None, alias="tolerationSeconds")
 
 
+class CapacityRequirements(_Model):
+    """``capacity.requests`` of a request: the share of each consumable capacity it asks for."""
+
+    requests: dict[str, QuantityField] = Field(default_factory=dict)
+
+
 class _RequestFields(_Model):
     device_class_name: str = Field(default="", alias="deviceClassName")
     selectors: list[DeviceSelector] = Field(default_factory=list)
     allocation_mode: AllocationMode = Field(default="ExactCount", alias="allocationMode")
     count: int = 1
     tolerations: list[DeviceToleration] = Field(default_factory=list)
+    capacity: CapacityRequirements | None = None
 
     @field_validator("allocation_mode", mode="before")
     @classmethod
@@ -252,7 +326,15 @@ class DeviceRequest(_Model):
         # v1beta1/v1beta2 requests carry the exact-request fields directly on the request.
         if not isinstance(data, dict) or "exactly" in data or data.get("firstAvailable"):
             return data
-        fields = {"deviceClassName", "selectors", "allocationMode", "count", "adminAccess", "tolerations"}
+        fields = {
+            "deviceClassName",
+            "selectors",
+            "allocationMode",
+            "count",
+            "adminAccess",
+            "tolerations",
+            "capacity",
+        }
         if any(k in data for k in fields):
             exactly = {k: data[k] for k in fields if k in data}
             rest = {k: v for k, v in data.items() if k not in fields}

@@ -13,7 +13,7 @@ import re
 from fractions import Fraction
 from functools import total_ordering
 
-__all__ = ["Quantity", "QuantityError", "format_bytes", "parse_quantity"]
+__all__ = ["Quantity", "QuantityError", "format_bytes", "format_quantity", "parse_quantity"]
 
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
@@ -78,6 +78,11 @@ class Quantity:
     def as_float(self) -> float:
         return float(self.value)
 
+    def canonical(self) -> str:
+        """The spelling Kubernetes writes the quantity back in (``Quantity.String()``): the format
+        it was written in (binary suffix or not), with the largest exact suffix."""
+        return format_quantity(self.value, binary=bool(_BINARY_SUFFIX.search(self.text)))
+
     def add(self, other: Quantity | int) -> Quantity:
         delta = other.value if isinstance(other, Quantity) else Fraction(other)
         return Quantity(self.value + delta)
@@ -114,6 +119,32 @@ def parse_quantity(text: str) -> Quantity:
     if match["sign"] == "-":
         value = -value
     return Quantity(value, text)
+
+
+_BINARY_SUFFIX = re.compile(r"(Ki|Mi|Gi|Ti|Pi|Ei)$")
+
+
+def format_quantity(value: Fraction | int, *, binary: bool) -> str:
+    """``Quantity.String()`` of a value in the ``BinarySI`` (``binary``) or ``DecimalSI`` format.
+
+    BinarySI keeps a binary suffix only for whole values of at least 1024 that one divides exactly
+    (``CanonicalizeBytes``); everything else is written with the largest decimal SI suffix whose
+    mantissa is whole, from n to E."""
+    value = Fraction(value)
+    if value == 0:
+        return "0"
+    sign = "-" if value < 0 else ""
+    magnitude = abs(value)
+    if binary and magnitude >= 1024 and magnitude.denominator == 1:
+        whole = magnitude.numerator
+        for suffix, factor in sorted(_BINARY.items(), key=lambda kv: -kv[1]):
+            if whole % factor == 0:
+                return f"{sign}{whole // factor}{suffix}"
+    for suffix, exponent in sorted(_DECIMAL.items(), key=lambda kv: -kv[1]):
+        scaled = magnitude / Fraction(10) ** exponent
+        if scaled.denominator == 1:
+            return f"{sign}{scaled.numerator}{suffix}"
+    return f"{sign}{math.ceil(magnitude * 10**9)}n"
 
 
 def format_bytes(count: int) -> str:

@@ -4,7 +4,8 @@
 stand-in scheduler uses, then looks at every published device for every request and says
 what decided about it, in this order: reachability from the node (slice node selection,
 pool generation), pool state, binding-condition support, DeviceClass selectors, request
-selectors, per-device node selection, taints, existing allocations. When the requests
+selectors, per-device node selection, existing allocations, consumable capacity, shared
+counters (:mod:`.misfits` says whose claims hold them), taints. When the requests
 could each be met but the claim still does not fit, the claim's constraints are analysed:
 for ``matchAttribute`` the fitting devices are grouped by the attribute's value ("needs 3
 devices with equal fabric-dra.io/switch; sw1 has 2, sw2 has 2").
@@ -24,8 +25,9 @@ from dra_driver.selection.allocator import (
     RequestSlot,
     lookup_attribute,
 )
+from dra_driver.selection.misfits import capacity_misfit, counter_misfit
 from dra_driver.selection.model import Node
-from dra_driver.selection.pools import DeviceID, DeviceRef, PoolView
+from dra_driver.selection.pools import DeviceID, DeviceRef, Pool, PoolView
 
 __all__ = ["ConstraintReport", "DeviceVerdict", "NodeReport", "Reason", "RequestReport", "explain_node"]
 
@@ -39,6 +41,8 @@ Reason = Literal[
     "node",
     "taint",
     "allocated",
+    "capacity",
+    "counters",
     "constraint",
 ]
 
@@ -89,9 +93,10 @@ class NodeReport:
     allocations: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _all_refs(allocator: Allocator, view: PoolView) -> list[tuple[DeviceRef, str | None]]:
-    """Every published device, usable ones first (in search order), each with why it is not."""
-    refs: list[tuple[DeviceRef, str | None]] = []
+def _all_refs(allocator: Allocator, view: PoolView) -> list[tuple[DeviceRef, Pool | None, str | None]]:
+    """Every published device, usable ones first (in search order), each with its pool in this
+    node's view and why it is not usable."""
+    refs: list[tuple[DeviceRef, Pool | None, str | None]] = []
     seen: set[DeviceID] = set()
     for pool in view.pools:
         if pool.incomplete:
@@ -101,14 +106,14 @@ def _all_refs(allocator: Allocator, view: PoolView) -> list[tuple[DeviceRef, str
         else:
             problem = None
         for ref in pool.refs:
-            refs.append((ref, problem))
+            refs.append((ref, pool, problem))
             seen.add(ref.id)
     for slice_ in sorted(allocator.slices, key=lambda s: (s.spec.driver, s.spec.pool.name, s.name)):
         for device in slice_.spec.devices:
             ref = DeviceRef(slice_, device)
             if ref.id not in seen:
                 seen.add(ref.id)
-                refs.append((ref, view.unreachable.get(ref.id, "not reachable from this node")))
+                refs.append((ref, None, view.unreachable.get(ref.id, "not reachable from this node")))
     return refs
 
 
@@ -116,16 +121,17 @@ def _verdict(
     allocator: Allocator,
     slot: RequestSlot,
     ref: DeviceRef,
+    pool: Pool | None,
     problem: str | None,
     view: PoolView,
-    claim_keys: set[str],
 ) -> DeviceVerdict:
     driver = ref.slice.spec.driver
 
     def verdict(reason: Reason, detail: str = "") -> DeviceVerdict:
         return DeviceVerdict(ref.label, driver, reason, detail)
 
-    if problem is not None:
+    if problem is not None or pool is None:
+        problem = problem or "not reachable from this node"
         reason: Reason = "pool" if problem.startswith("pool ") else "unreachable"
         return verdict(reason, problem)
     if ref.device.binding_conditions and not allocator.features.binding_conditions:
@@ -137,20 +143,36 @@ def _verdict(
         return verdict("selector", check.describe())
     if not allocator.device_serves_node(ref, view.node):
         return verdict("node", f"device does not serve node {view.node.name} (per-device node selection)")
+    holder = allocator.allocated.devices.get(ref.id)
+    if holder is not None and not slot.admin_access:
+        return verdict("allocated", f"allocated to claim {holder}")
+    found = _shared_resource_misfit(allocator, slot, ref, pool)
+    if found is not None:
+        return verdict(*found)
     taints = allocator.untolerated(ref, slot)
     if taints:
         return verdict(
             "taint", "tainted " + ", ".join(taints) + f"; request {slot.name} does not tolerate it"
         )
-    holder = allocator.allocated.get(ref.id)
-    if (
-        holder is not None
-        and not slot.admin_access
-        and not allocator.shareable(ref)
-        and holder not in claim_keys
-    ):
-        return verdict("allocated", f"allocated to claim {holder}")
     return verdict("fits")
+
+
+def _shared_resource_misfit(
+    allocator: Allocator, slot: RequestSlot, ref: DeviceRef, pool: Pool
+) -> tuple[Reason, str] | None:
+    """Consumable capacity, then shared counters (the allocator's order), over what is allocated."""
+    if allocator.features.consumable_capacity:
+        misfit = capacity_misfit(ref, slot.capacity, allocator.allocated)
+        if misfit is not None:
+            return "capacity", misfit
+    if not ref.device.consumes_counters:
+        return None
+    if not allocator.features.partitionable_devices:
+        return "counters", "consumes shared counters, which this scheduler does not support"
+    if allocator.shareable(ref) and allocator.allocated.aggregated(ref.id) is not None:
+        return None  # a shared device in use already holds its counters
+    shortfall = allocator.counters.shortfall(pool, ref)
+    return ("counters", counter_misfit(shortfall)) if shortfall is not None else None
 
 
 def _value_key(ref: DeviceRef, attribute: str) -> str | None:
@@ -235,7 +257,6 @@ def explain_node(allocator: Allocator, claims: Sequence[ClaimToAllocate], node: 
             chosen.setdefault((result.claim.key, entry["request"]), []).append(
                 f"{entry['pool']}/{entry['device']}"
             )
-    claim_keys = {c.key for c in claims}
     problems: list[str] = []
     for claim_index, claim in enumerate(claims):
         try:
@@ -255,8 +276,8 @@ def explain_node(allocator: Allocator, claims: Sequence[ClaimToAllocate], node: 
                 chosen=chosen.get((claim.key, slot.name), []),
             )
             fits: list[DeviceRef] = []
-            for ref, problem in refs:
-                verdict = _verdict(allocator, slot, ref, problem, view, claim_keys)
+            for ref, pool, problem in refs:
+                verdict = _verdict(allocator, slot, ref, pool, problem, view)
                 if verdict.reason == "fits":
                     fits.append(ref)
                 else:

@@ -9,7 +9,10 @@
   (``DRAPartitionableDevices``); ``allowMultipleAllocations`` and capacity request policies
   (``DRAConsumableCapacity``); node allocatable resource mappings
   (``DRANodeAllocatableResources``); a claim's tolerations, and the binding conditions copied into
-  its allocation results; ``status.devices`` (``DRAResourceClaimDeviceStatus``);
+  its allocation results; ``status.devices`` (``DRAResourceClaimDeviceStatus``); a claim's
+  capacity requests and ``distinctAttribute`` constraints, its results' ``shareID`` and
+  ``consumedCapacity`` and its ``status.devices`` share IDs (``DRAConsumableCapacity``:
+  ``dropDisabledDRAResourceClaimConsumableCapacityFields`` and ``…StatusFields``);
 * **a claim's ``status.devices`` entries of deallocated devices are dropped**
   (``dropDeallocatedStatusDevices`` in ``resourceclaim/strategy.go``).
 
@@ -103,7 +106,45 @@ def _results(claim: Obj | None) -> list[dict[str, Any]]:
     return [r for r in results if isinstance(r, dict)]
 
 
+def _constraints(claim_spec: Any) -> list[dict[str, Any]]:
+    devices = (claim_spec or {}).get("devices") or {} if isinstance(claim_spec, dict) else {}
+    return [c for c in devices.get("constraints") or [] if isinstance(c, dict)]
+
+
+def _status_devices(claim: Obj | None) -> list[dict[str, Any]]:
+    devices = ((claim or {}).get("status") or {}).get("devices") or []
+    return [d for d in devices if isinstance(d, dict)]
+
+
+def _drop_consumable_capacity(gates: FeatureGates, spec_holder: Obj, new: Obj, old: Obj | None) -> None:
+    """``dropDisabledDRAResourceClaimConsumableCapacityFields`` and its status counterpart."""
+    if gates.enabled("DRAConsumableCapacity"):
+        return
+    old_spec = ((old or {}).get("spec") or {}) if spec_holder is new else None
+    spec_in_use = any(r.get("capacity") is not None for r in _requests(old_spec)) or any(
+        c.get("distinctAttribute") is not None for c in _constraints(old_spec)
+    )
+    if not spec_in_use:
+        for request in _requests(spec_holder.get("spec")):
+            request.pop("capacity", None)
+        for constraint in _constraints(spec_holder.get("spec")):
+            constraint.pop("distinctAttribute", None)
+    status_in_use = any(r.get("shareID") or r.get("consumedCapacity") for r in _results(old)) or any(
+        d.get("shareID") for d in _status_devices(old)
+    )
+    if not status_in_use:
+        for result in _results(new):
+            result.pop("shareID", None)
+            result.pop("consumedCapacity", None)
+        status = new.get("status")
+        if isinstance(status, dict) and any(d.get("shareID") for d in _status_devices(new)):
+            # Copies: parts of ``new`` may be shared with the stored object, which never changes.
+            devices = [{k: v for k, v in d.items() if k != "shareID"} for d in _status_devices(new)]
+            new["status"] = {**status, "devices": devices}
+
+
 def _drop_claim_fields(gates: FeatureGates, spec_holder: Obj, new: Obj, old: Obj | None) -> None:
+    _drop_consumable_capacity(gates, spec_holder, new, old)
     old_spec = ((old or {}).get("spec") or {}) if spec_holder is new else None
     taints_in_use = any(r.get("tolerations") for r in _requests(old_spec)) or any(
         r.get("tolerations") for r in _results(old)

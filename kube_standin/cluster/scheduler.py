@@ -4,9 +4,14 @@ Mirrors kube-scheduler's DRA plugin (``pkg/scheduler/framework/plugins/dynamicre
 
 - Filter: a node fits when every allocated claim's ``allocation.nodeSelector`` matches it
   and the pod's unallocated claims can be allocated together there
-  (:class:`dra_driver.selection.Allocator`, the same code as ``fabric-dra explain``);
+  (:class:`dra_driver.selection.Allocator`, the same code as ``fabric-dra explain``), beside
+  what allocated claims hold (:mod:`.claim_cache`): devices held whole, shares of
+  ``allowMultipleAllocations`` devices with their ``consumedCapacity``, and through both the
+  pools' shared counters — the claims this scheduler wrote count at once, as in-flight
+  allocations do upstream;
 - PreBind: add the ``resource.kubernetes.io/delete-protection`` finalizer, then write
-  ``status.allocation`` and ``status.reservedFor`` in one status update (optimistic
+  ``status.allocation`` (a shared device's result with its ``shareID`` and ``consumedCapacity``,
+  as the allocator made it) and ``status.reservedFor`` in one status update (optimistic
   concurrency: a conflict means the world changed, so the pod is scheduled again);
 - binding conditions (``isPodReadyForBinding``): when any allocated device carries
   ``bindingConditions``, wait until each is True in ``status.devices`` before binding; a
@@ -78,6 +83,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from dra_driver.selection import (
+    AllocatedState,
     AllocationError,
     Allocator,
     ClaimToAllocate,
@@ -86,12 +92,11 @@ from dra_driver.selection import (
     ResourceClaimSpec,
     ResourceSlice,
     SelectorCache,
-    allocated_devices,
 )
 from dra_driver.selection.celenv import SelectorOutcome
 from dra_driver.selection.model import NodeSelector
 from dra_driver.selection.nodes import selector_matches
-from dra_driver.selection.pools import DeviceID
+from kube_standin.cluster.claim_cache import ClaimCache, claim_key
 from kube_standin.cluster.claims import DELETE_PROTECTION, pod_claim_names
 from kube_standin.cluster.events import EventRecorder
 from plumbing.kube import ApiError, Conflict, KubeClient, NotFound
@@ -163,12 +168,8 @@ class Scheduler:
         self._outcomes: dict[tuple[str, str], SelectorOutcome] = {}
         #: validated slices: name → (resourceVersion, model)
         self._slice_models: dict[str, tuple[str, ResourceSlice]] = {}
-        #: claims as this scheduler last wrote them, by ``namespace/name``, until the informer
-        #: has them (:meth:`_claims_now`)
-        self._assumed: dict[str, dict[str, Any]] = {}
-        #: the devices each claim holds, by ``namespace/name``, with the (uid, resourceVersion)
-        #: they were read from: :meth:`_held` reads each version of a claim once
-        self._held_by_claim: dict[str, tuple[tuple[str, str], dict[DeviceID, str]]] = {}
+        #: the claims with this scheduler's own writes, and what they hold
+        self.claim_cache = ClaimCache(claims)
 
     async def run(self) -> None:
         informers = (self.pods, self.nodes, self.claims, self.slices, self.classes)
@@ -204,7 +205,7 @@ class Scheduler:
             return
         namespace = pod["metadata"].get("namespace") or "default"
         claims: list[dict[str, Any]] = []
-        current = {_claim_key(c): c for c in self._claims_now()}
+        current = {claim_key(c): c for c in self.claim_cache.current()}
         for entry, claim_name in pod_claim_names(pod).items():
             claim = current.get(f"{namespace}/{claim_name}") if claim_name else None
             if claim is None:
@@ -234,7 +235,7 @@ class Scheduler:
     def _find_node(
         self, pod: dict[str, Any], claims: list[dict[str, Any]], state: _PodState
     ) -> tuple[str | None, dict[str, dict[str, Any]], dict[str, str]]:
-        allocator = self._allocator(self._held(exclude={_claim_key(c) for c in claims}))
+        allocator = self._allocator(self.claim_cache.held(exclude={claim_key(c) for c in claims}))
         to_allocate = [
             ClaimToAllocate(
                 c["metadata"].get("namespace") or "default",
@@ -301,8 +302,8 @@ class Scheduler:
         best = min((n for n in candidates if n.name in feasible), key=self._score_key(pod, candidates, dra))
         return best.name, feasible[best.name], reasons
 
-    def _allocator(self, held: dict[DeviceID, str]) -> Allocator:
-        """The allocator over the current slices, classes and nodes, ``held`` the devices in use.
+    def _allocator(self, held: AllocatedState) -> Allocator:
+        """The allocator over the current slices, classes and nodes, ``held`` what claims hold.
 
         kube-scheduler's DRA plugin takes a snapshot of the slices per scheduling cycle
         (``PreFilter`` in ``pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go``)
@@ -347,54 +348,6 @@ class Scheduler:
         if known is None or known[0] != version:
             known = self._slice_models[name] = (version, ResourceSlice.model_validate(obj))
         return known[1]
-
-    def _claims_now(self) -> list[dict[str, Any]]:
-        """The cached claims, each as this scheduler last wrote it while the informer trails.
-
-        A pod allocated earlier in this pass must count for the next: the informer takes our
-        writes (:meth:`Informer.apply`), but a watch event of an older version may still overwrite
-        them, and a claim would look free while it holds a device. kube-scheduler keeps its own
-        writes in an assume cache until the informer has a version at least as new
-        (``assumecache.AssumeCache``, and ``inFlightAllocations`` in ``dynamicresources.go``)."""
-        claims = {_claim_key(c): c for c in self.claims.values()}
-        for key, mine in list(self._assumed.items()):
-            if _own_write_wins(claims.get(key), mine):
-                claims[key] = mine
-            else:
-                del self._assumed[key]  # deleted since (nothing of it is held), or caught up
-        return list(claims.values())
-
-    def _claim(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """One claim as :meth:`_claims_now` sees it: our own write while the informer trails (a
-        stale watch event must not make a claim we allocated look unallocated, or un-reserve it
-        with an old resourceVersion)."""
-        cached = self.claims.get(namespace, name)
-        mine = self._assumed.get(f"{namespace}/{name}")
-        return mine if mine is not None and _own_write_wins(cached, mine) else cached
-
-    def _assume(self, claim: dict[str, Any]) -> None:
-        """Take our own write of a claim into the cache and keep it until the informer has it."""
-        self.claims.apply(claim)
-        self._assumed[_claim_key(claim)] = claim
-
-    def _held(self, exclude: set[str]) -> dict[DeviceID, str]:
-        """Devices allocated to the current claims but those in ``exclude`` (``namespace/name``)."""
-        held: dict[DeviceID, str] = {}
-        seen: set[str] = set()
-        for claim in self._claims_now():
-            key = _claim_key(claim)
-            seen.add(key)
-            if key in exclude:
-                continue
-            meta = claim["metadata"]
-            version = (str(meta.get("uid")), str(meta.get("resourceVersion")))
-            known = self._held_by_claim.get(key)
-            if known is None or known[0] != version or not meta.get("resourceVersion"):
-                known = self._held_by_claim[key] = (version, allocated_devices([claim]))
-            held.update(known[1])
-        for key in self._held_by_claim.keys() - seen:
-            del self._held_by_claim[key]
-        return held
 
     def _score_key(
         self, pod: dict[str, Any], candidates: list[Node], dra: dict[str, int] | None = None
@@ -465,7 +418,7 @@ class Scheduler:
             claim = await self.kube.replace(
                 RESOURCE_CLAIMS, {**claim, "status": status}, subresource="status"
             )
-            self._assume(claim)
+            self.claim_cache.assume(claim)
             written.append(claim)
             if allocation is not None:
                 devices = ", ".join(f"{r['pool']}/{r['device']}" for r in allocation["devices"]["results"])
@@ -484,7 +437,7 @@ class Scheduler:
         failure: str | None = None
         ready = True
         for namespace, name in binding.claims:
-            obj = self._claim(namespace, name)
+            obj = self.claim_cache.get(namespace, name)
             claim = ResourceClaim.read(obj) if obj is not None else None
             if claim is None or not claim.allocated:
                 failure = f"claim {name} lost its allocation"
@@ -508,7 +461,7 @@ class Scheduler:
 
     async def _unreserve(self, pod: dict[str, Any], binding: _Binding) -> None:
         for namespace, name in binding.claims:
-            claim = self._claim(namespace, name)
+            claim = self.claim_cache.get(namespace, name)
             if claim is None:
                 continue
             status = {
@@ -522,7 +475,7 @@ class Scheduler:
                 )
             except NotFound:
                 continue
-            self._assume(updated)
+            self.claim_cache.assume(updated)
             log.info("claim deallocated after failed binding", claim=name, pod=pod["metadata"]["name"])
 
     async def _bind(self, pod: dict[str, Any], node: str) -> None:
@@ -684,28 +637,6 @@ def first_available_score(claims: list[dict[str, Any]], allocations: Mapping[str
 
 def _pod_key(pod: dict[str, Any]) -> str:
     return f"{pod['metadata'].get('namespace')}/{pod['metadata']['name']}/{pod['metadata'].get('uid')}"
-
-
-def _claim_key(claim: dict[str, Any]) -> str:
-    """``namespace/name``, as :func:`allocated_devices` names the claim holding a device."""
-    return f"{claim['metadata'].get('namespace') or ''}/{claim['metadata']['name']}"
-
-
-def _own_write_wins(cached: dict[str, Any] | None, mine: dict[str, Any]) -> bool:
-    """Whether the scheduler's own write of a claim is newer than the informer's copy (the same
-    object, an older resourceVersion there); otherwise the copy is the truth."""
-    return (
-        cached is not None
-        and cached["metadata"].get("uid") == mine["metadata"].get("uid")
-        and _version(cached) < _version(mine)
-    )
-
-
-def _version(obj: dict[str, Any]) -> int:
-    try:
-        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
-    except ValueError:
-        return 0
 
 
 def _now() -> str:

@@ -111,6 +111,8 @@ class DeviceRequestAllocationResult(_View):
     binding_conditions: list[str] = Field(default_factory=list, alias="bindingConditions")
     binding_failure_conditions: list[str] = Field(default_factory=list, alias="bindingFailureConditions")
     share_id: str | None = Field(default=None, alias="shareID")
+    #: the share of each consumable capacity (``allowMultipleAllocations`` devices), as quantities
+    consumed_capacity: dict[str, str] | None = Field(default=None, alias="consumedCapacity")
 
 
 class _DeviceAllocation(_View):

@@ -225,7 +225,7 @@ def admit_create(res: ResourceType, gates: FeatureGates) -> Callable[[Obj], None
 
     def admit(obj: Obj) -> None:
         prepare_for_create(res, obj, gates)
-        _rules_check(res, obj["metadata"].get("name", ""), rules.validate_object(res, obj))
+        _rules_check(res, obj["metadata"].get("name", ""), rules.validate_object(res, obj, gates))
 
     return admit
 
@@ -238,6 +238,6 @@ def admit_update(
 
     def admit(new: Obj, old: Obj) -> None:
         prepare_for_update(res, new, old, gates)
-        _rules_check(res, new["metadata"]["name"], rules.validate_update(res, new, old, subresource))
+        _rules_check(res, new["metadata"]["name"], rules.validate_update(res, new, old, subresource, gates))
 
     return admit

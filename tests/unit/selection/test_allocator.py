@@ -118,7 +118,14 @@ def test_newest_generation_wins_and_duplicates_invalidate() -> None:
     results = Allocator([old, new], CLASSES).allocate([claim(gpus(1))], node())
     assert results is not None and devices_of(results) == ["fabric-pcie/gpu-new"]
     dup = [pool_slice([gpu("g", "sw1")], name="a", count=2), pool_slice([gpu("g", "sw1")], name="b", count=2)]
-    assert Allocator(dup, CLASSES).allocate([claim(gpus(1))], node()) is None
+    # nothing fits and a pool was invalid: upstream's Allocate says so instead of "no fit"
+    with pytest.raises(AllocationError, match=r"^invalid resource pools were encountered$"):
+        Allocator(dup, CLASSES).allocate([claim(gpus(1))], node())
+    # another pool that fits wins: an invalid pool is no error then
+    # ("invalid-pool-is-ok-if-devices-can-be-allocated-from-other" upstream)
+    other = pool_slice([gpu("h", "sw1")], name="c", pool="other")
+    results = Allocator([*dup, other], CLASSES).allocate([claim(gpus(1))], node())
+    assert results is not None and devices_of(results) == ["other/h"]
 
 
 def test_taints_block_unless_tolerated() -> None:

@@ -272,3 +272,159 @@ def test_attribute_values_from_the_cluster_reach_the_terminal_as_text(
     assert not any(line.lstrip().startswith("FORGED") for line in out.splitlines()), out
     if output in ("table", "wide"):
         assert "switch sw\\x1b]0;owned\\x07\\r\\nFORGED\\u202e1 has 2" in out, out
+
+
+def _documents(path: Path, *documents: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump_all(list(documents)))
+    return path
+
+
+def _allocated_claim(namespace: str, name: str, *results: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "fabric-any"}}]}},
+        "status": {"allocation": {"devices": {"results": list(results)}}},
+    }
+
+
+ANY_CLASS = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {"name": "fabric-any"},
+    "spec": {"selectors": [{"cel": {"expression": 'device.driver == "fabric-dra.io"'}}]},
+}
+
+
+def test_counter_exhaustion_is_explained_naming_the_claim(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pool = {"name": "node-a-gpus", "generation": 1, "resourceSliceCount": 2}
+    counters = {"memory-slice-2": {"value": "1"}, "memory-slice-3": {"value": "1"}}
+
+    def placement(name: str, *slices_used: int) -> dict[str, Any]:
+        used = {f"memory-slice-{i}": {"value": "1"} for i in slices_used}
+        return {"name": name, "consumesCounters": [{"counterSet": "gpu-3", "counters": used}]}
+
+    slices = _documents(
+        tmp_path / "slices.yaml",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": "gpu-3-counters"},
+            "spec": {
+                "driver": "fabric-dra.io",
+                "pool": pool,
+                "nodeName": "node-a",
+                "sharedCounters": [{"name": "gpu-3", "counters": counters}],
+            },
+        },
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": "gpu-3-devices"},
+            "spec": {
+                "driver": "fabric-dra.io",
+                "pool": pool,
+                "nodeName": "node-a",
+                "devices": [placement("gpu-3-mig-1g10gb-19-2", 2), placement("gpu-3-mig-2g20gb-14-2", 2, 3)],
+            },
+        },
+    )
+    held = _allocated_claim(
+        "team-a",
+        "trainer",
+        {"request": "r", "driver": "fabric-dra.io", "pool": "node-a-gpus", "device": "gpu-3-mig-1g10gb-19-2"},
+    )
+    claims = _documents(tmp_path / "claims.yaml", held)
+    classes = _documents(tmp_path / "classes.yaml", ANY_CLASS)
+    wanted = _documents(
+        tmp_path / "claim.yaml",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "notebook", "namespace": "team-b"},
+            "spec": {
+                "devices": {"requests": [{"name": "mig", "exactly": {"deviceClassName": "fabric-any"}}]}
+            },
+        },
+    )
+    code = main(
+        ["explain", str(wanted), "--slices", str(slices), "--classes", str(classes), "--claims", str(claims)]
+    )
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert (
+        "    counters (1): gpu-3: memory-slice-2 in use by claim team-a/trainer\n"
+        "      node-a-gpus/gpu-3-mig-2g20gb-14-2"
+    ) in out
+    assert "    allocated (1): allocated to claim team-a/trainer" in out
+
+
+def test_capacity_misfit_is_explained_naming_the_shares(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    device = {
+        "name": "cxl-pool-1",
+        "allowMultipleAllocations": True,
+        "capacity": {
+            "memory": {
+                "value": "256Gi",
+                "requestPolicy": {"default": "64Gi", "validRange": {"min": "64Gi", "step": "32Gi"}},
+            }
+        },
+    }
+    slices = _documents(
+        tmp_path / "slices.yaml",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": "cxl"},
+            "spec": {
+                "driver": "fabric-dra.io",
+                "pool": {"name": "cxl", "generation": 1, "resourceSliceCount": 1},
+                "allNodes": True,
+                "devices": [device],
+            },
+        },
+    )
+
+    def share(share_id: str, amount: str) -> dict[str, Any]:
+        return {
+            "request": "r",
+            "driver": "fabric-dra.io",
+            "pool": "cxl",
+            "device": "cxl-pool-1",
+            "shareID": share_id,
+            "consumedCapacity": {"memory": amount},
+        }
+
+    claims = _documents(
+        tmp_path / "claims.yaml",
+        _allocated_claim("team-a", "db", share("8d3f5b7e-2c4a-4e6b-9f1d-0a2b3c4d5e6f", "64Gi")),
+        _allocated_claim("team-b", "cache", share("1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9", "116Gi")),
+    )
+    classes = _documents(tmp_path / "classes.yaml", ANY_CLASS)
+    request = {
+        "name": "mem",
+        "exactly": {"deviceClassName": "fabric-any", "capacity": {"requests": {"memory": "96Gi"}}},
+    }
+    wanted = _documents(
+        tmp_path / "claim.yaml",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "analytics", "namespace": "team-c"},
+            "spec": {"devices": {"requests": [request]}},
+        },
+    )
+    code = main(
+        ["explain", str(wanted), "--slices", str(slices), "--classes", str(classes), "--claims", str(claims)]
+    )
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert (
+        "    capacity (1): cxl-pool-1: 180 GiB of 256 GiB in use; 96 GiB asked "
+        "(held by claims team-a/db 64 GiB, team-b/cache 116 GiB)\n      cxl/cxl-pool-1"
+    ) in out

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
+from dra_driver.selection.allocated import AllocatedState, Share
 from dra_driver.selection.allocator import Allocator, ClaimToAllocate
+from dra_driver.selection.model import ResourceSlice
+from dra_driver.selection.quantity import parse_quantity
 from dra_driver.selection.report import explain_node
 from tests.unit.selection.fixtures import claim_spec, device_class, gpu, gpus, node, nvme, pool_slice
 
@@ -104,3 +108,159 @@ def test_a_thousand_devices_are_explained_in_a_fraction_of_the_time_budget() -> 
     assert "switch sw0 has 4" in report.summary
     assert len(report.requests[0].rejected) == 1000
     print(f"explained 1000 devices in {elapsed:.3f}s")
+
+
+# -- shared counters and consumable capacity -------------------------------------------------
+
+MIG_CLASS = {"fabric-gpu": device_class("fabric-gpu", 'device.driver == "fabric-dra.io"')}
+
+
+GPU3_COUNTERS = {"memory": {"value": "80Gi"}, **{f"memory-slice-{i}": {"value": "1"} for i in range(8)}}
+
+
+def _placement(name: str, first: int, size: int, memory: str) -> dict[str, Any]:
+    consumed = {
+        "memory": {"value": memory},
+        **{f"memory-slice-{i}": {"value": "1"} for i in range(first, first + size)},
+    }
+    return {"name": name, "consumesCounters": [{"counterSet": "gpu-3", "counters": consumed}]}
+
+
+def _counter_slices(*extra: dict[str, Any]) -> list[ResourceSlice]:
+    """gpu-3 as NVIDIA models a GPU: one counter set in its own slice, a device per profile
+    placement consuming its memory slices."""
+    counters = ResourceSlice.model_validate(
+        {
+            "metadata": {"name": "gpu-3-counters"},
+            "spec": {
+                "driver": "fabric-dra.io",
+                "pool": {"name": "node-a-gpus", "generation": 1, "resourceSliceCount": 2},
+                "nodeName": "node-a",
+                "sharedCounters": [{"name": "gpu-3", "counters": GPU3_COUNTERS}],
+            },
+        }
+    )
+    devices = [
+        _placement("gpu-3-mig-1g10gb-19-2", 2, 1, "10Gi"),
+        _placement("gpu-3-mig-2g20gb-14-2", 2, 2, "20Gi"),
+        _placement("gpu-3-mig-3g40gb-9-4", 4, 4, "40Gi"),
+        *extra,
+    ]
+    return [
+        counters,
+        pool_slice(devices, name="gpu-3-devices", pool="node-a-gpus", count=2, nodeName="node-a"),
+    ]
+
+
+def _verdicts(report: Any) -> dict[str, tuple[str, str]]:
+    (request,) = report.requests
+    return {v.device: (v.reason, v.detail) for v in request.rejected}
+
+
+def test_counter_exhaustion_names_the_counter_and_the_claim_holding_it() -> None:
+    held = AllocatedState(
+        devices={("fabric-dra.io", "node-a-gpus", "gpu-3-mig-1g10gb-19-2"): "team-a/trainer"}
+    )
+    claim = ClaimToAllocate("default", "c", claim_spec([gpus(1)]))
+    allocator = Allocator(_counter_slices(), MIG_CLASS, held)
+    report = explain_node(allocator, [claim], node("node-a"))
+    verdicts = _verdicts(report)
+    assert verdicts["node-a-gpus/gpu-3-mig-1g10gb-19-2"] == ("allocated", "allocated to claim team-a/trainer")
+    assert verdicts["node-a-gpus/gpu-3-mig-2g20gb-14-2"] == (
+        "counters",
+        "gpu-3: memory-slice-2 in use by claim team-a/trainer",
+    )
+    assert report.satisfiable and report.requests[0].chosen == ["node-a-gpus/gpu-3-mig-3g40gb-9-4"]
+
+
+def test_counter_partly_in_use_says_how_much() -> None:
+    held = AllocatedState(
+        devices={
+            ("fabric-dra.io", "node-a-gpus", "gpu-3-mig-3g40gb-9-4"): "team-a/trainer",
+            ("fabric-dra.io", "node-a-gpus", "gpu-3-mig-1g10gb-19-2"): "team-b/notebook",
+        }
+    )
+    big = '"size" in device.attributes["fabric-dra.io"]'
+    whole = {
+        "name": "gpu-3-whole",
+        "attributes": {"size": {"string": "whole"}},
+        "consumesCounters": [{"counterSet": "gpu-3", "counters": {"memory": {"value": "40Gi"}}}],
+    }
+    slices = _counter_slices(whole)
+    claim = ClaimToAllocate("default", "c", claim_spec([gpus(1, selectors=[big])]))
+    report = explain_node(Allocator(slices, MIG_CLASS, held), [claim], node("node-a"))
+    assert _verdicts(report)["node-a-gpus/gpu-3-whole"] == (
+        "counters",
+        # holders in slice order
+        "gpu-3: memory 50 GiB of 80 GiB in use by claims team-b/notebook, team-a/trainer; 40 GiB needed",
+    )
+    assert not report.satisfiable and report.summary == "request gpus needs 1 device(s), 0 fit"
+
+
+def _cxl_pool(step: str | None = None) -> list[ResourceSlice]:
+    policy: dict[str, Any] = {"default": "64Gi", "validRange": {"min": "32Gi", "max": "256Gi"}}
+    if step:
+        policy["validRange"]["step"] = step
+    device = {
+        "name": "cxl-pool-1",
+        "allowMultipleAllocations": True,
+        "capacity": {"memory": {"value": "256Gi", "requestPolicy": policy}},
+    }
+    return [pool_slice([device], name="cxl", pool="cxl", allNodes=True)]
+
+
+def _shares(**by_claim: str) -> AllocatedState:
+    device = ("fabric-dra.io", "cxl", "cxl-pool-1")
+    return AllocatedState(
+        shares={
+            device: [
+                Share(
+                    claim.replace("__", "/"),
+                    f"0000000{i}-0000-4000-8000-000000000000",
+                    {"memory": parse_quantity(q)},
+                )
+                for i, (claim, q) in enumerate(by_claim.items())
+            ]
+        }
+    )
+
+
+def _memory_claim(amount: str) -> ClaimToAllocate:
+    request = {
+        "name": "mem",
+        "exactly": {"deviceClassName": "fabric-gpu", "capacity": {"requests": {"memory": amount}}},
+    }
+    return ClaimToAllocate("default", "c", claim_spec([request]))
+
+
+def test_capacity_misfit_says_what_is_in_use_what_is_asked_and_by_whom() -> None:
+    allocator = Allocator(_cxl_pool(), MIG_CLASS, _shares(team_a__db="64Gi", team_b__cache="116Gi"))
+    report = explain_node(allocator, [_memory_claim("96Gi")], node())
+    assert not report.satisfiable
+    assert _verdicts(report)["cxl/cxl-pool-1"] == (
+        "capacity",
+        "cxl-pool-1: 180 GiB of 256 GiB in use; 96 GiB asked "
+        "(held by claims team_a/db 64 GiB, team_b/cache 116 GiB)",
+    )
+    # the same request fits while less is in use, and gets its share
+    report = explain_node(
+        Allocator(_cxl_pool(), MIG_CLASS, _shares(team_a__db="64Gi")), [_memory_claim("96Gi")], node()
+    )
+    assert report.satisfiable
+    (entry,) = report.allocations[0]["allocation"]["devices"]["results"]
+    assert entry["consumedCapacity"] == {"memory": "96Gi"} and len(entry["shareID"]) == 36
+
+
+def test_capacity_misfit_shows_the_requestpolicy_rounding_and_its_limits() -> None:
+    allocator = Allocator(_cxl_pool(step="32Gi"), MIG_CLASS, _shares(team_a__db="192Gi"))
+    report = explain_node(allocator, [_memory_claim("90Gi")], node())
+    assert _verdicts(report)["cxl/cxl-pool-1"] == (
+        "capacity",
+        "cxl-pool-1: 192 GiB of 256 GiB in use; 96 GiB asked "
+        "(90 GiB requested, rounded up by the requestPolicy) (held by claim team_a/db 192 GiB)",
+    )
+    report = explain_node(Allocator(_cxl_pool(), MIG_CLASS), [_memory_claim("300Gi")], node())
+    assert _verdicts(report)["cxl/cxl-pool-1"] == (
+        "capacity",
+        "cxl-pool-1: 300 GiB asked, outside the requestPolicy (min 32 GiB, max 256 GiB)",
+    )
