@@ -102,9 +102,9 @@ def _register_serve(commands: SubParsers) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from emulator.redfish.auth import Credentials, load_or_create_credentials
-    from emulator.redfish.latency import load_latency_profile
-    from emulator.redfish.server import ServeConfig, serve
+    from emulator.redfish.model.latency import load_latency_profile
+    from emulator.redfish.service.server import ServeConfig, serve
+    from emulator.redfish.tree.auth import Credentials, load_or_create_credentials
     from emulator.topology import TopologyError, default_topology_path, load_topology
     from plumbing.logs import get_logger
 
@@ -230,7 +230,7 @@ class _Admin:
         username = args.username
         password = None
         if args.state_dir is not None:
-            from emulator.redfish.auth import CREDENTIALS_FILE, read_credentials
+            from emulator.redfish.tree.auth import CREDENTIALS_FILE, read_credentials
 
             path = args.state_dir / CREDENTIALS_FILE
             if path.exists():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from emulator.redfish import uris
-from emulator.redfish.nodes import Context, Node
+from emulator.redfish.model import uris
+from emulator.redfish.tree.nodes import Context, Node
 from emulator.redfish.views.chassis import ChassisCollectionNode
 from emulator.redfish.views.composition import CompositionServiceNode, root_blocks_node
 from emulator.redfish.views.fabrics import FabricsNode

@@ -15,9 +15,8 @@ from typing import ClassVar, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict
 
-from emulator.redfish import uris
-from emulator.redfish.http import Reply, Request, parse_body
-from emulator.redfish.models import (
+from emulator.redfish.model import uris
+from emulator.redfish.model.resources import (
     Action,
     Chassis,
     ChassisLinks,
@@ -46,8 +45,9 @@ from emulator.redfish.models import (
     ref,
     refs,
 )
-from emulator.redfish.nodes import CollectionNode, Context, Node, actions
-from emulator.redfish.pciconfig import dsn_from_serial
+from emulator.redfish.sysfs.pciconfig import dsn_from_serial
+from emulator.redfish.tree.http import Reply, Request, parse_body
+from emulator.redfish.tree.nodes import CollectionNode, Context, Node, actions
 from emulator.redfish.views.common import (
     device_class,
     device_status,

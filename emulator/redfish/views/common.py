@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from emulator.redfish import uris
-from emulator.redfish.models import PciId, Status
-from emulator.redfish.nodes import Context, Node
-from emulator.redfish.registries import RedfishError
+from emulator.redfish.model import uris
+from emulator.redfish.model.errors import RedfishError
+from emulator.redfish.model.resources import PciId, Status
+from emulator.redfish.tree.nodes import Context, Node
 from emulator.topology import Device
 from manager_api.devices import DeviceType
 
@@ -40,7 +40,7 @@ def hex16(value: int) -> str:
 
 
 def device_status(ctx: Context, device: Device) -> Status:
-    return Status(State="Enabled", Health=ctx.engine.health(device.id))
+    return Status(State="Enabled", Health=ctx.engine.conditions.health(device.id))
 
 
 def function_uri(device: Device) -> str:

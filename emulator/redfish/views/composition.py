@@ -13,8 +13,8 @@ list a Storage resource whose ``Drives`` link to the drive, instead of the drive
 
 from __future__ import annotations
 
-from emulator.redfish import uris
-from emulator.redfish.models import (
+from emulator.redfish.model import uris
+from emulator.redfish.model.resources import (
     CompositionService,
     CompositionStatus,
     NetworkInterface,
@@ -29,8 +29,8 @@ from emulator.redfish.models import (
     ref,
     refs,
 )
-from emulator.redfish.nodes import CollectionNode, Context, Node
-from emulator.redfish.state import OperationKind
+from emulator.redfish.model.state import OperationKind
+from emulator.redfish.tree.nodes import CollectionNode, Context, Node
 from emulator.redfish.views.common import Segment, device_status, primary_uri
 from emulator.topology import FABRIC_PCIE, Device
 from manager_api.devices import DeviceType
@@ -137,8 +137,8 @@ class ResourceBlockNode(Node):
         dev, engine = self.device, self.ctx.engine
         # behaviour.blockStatus "stale": the block never says it was composed (the system does)
         current = self.ctx.index.topology.behaviour.block_status == "current"
-        binding = engine.binding(dev.id) if current else None
-        task_id = engine.inflight.get(dev.id) if current else None
+        binding = engine.bindings.binding(dev.id) if current else None
+        task_id = engine.bindings.inflight.get(dev.id) if current else None
         task = engine.state.tasks.get(task_id) if task_id else None
         holders = [binding.host] if binding is not None else []
         shared = shared_holders(self.ctx, dev.id)

@@ -17,10 +17,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from emulator.redfish import uris
-from emulator.redfish.engine import Operation
-from emulator.redfish.http import Reply, Request, parse_body
-from emulator.redfish.models import (
+from emulator.redfish.engine.operation import Operation
+from emulator.redfish.model import uris
+from emulator.redfish.model.errors import RedfishError
+from emulator.redfish.model.resources import (
     ConnectedEntity,
     Connection,
     ConnectionLinks,
@@ -41,9 +41,9 @@ from emulator.redfish.models import (
     ref,
     refs,
 )
-from emulator.redfish.nodes import CollectionNode, Context, Node, actions, not_allowed
-from emulator.redfish.registries import RedfishError
-from emulator.redfish.state import OperationKind, id_order
+from emulator.redfish.model.state import OperationKind, id_order
+from emulator.redfish.tree.http import Reply, Request, parse_body
+from emulator.redfish.tree.nodes import CollectionNode, Context, Node, actions, not_allowed
 from emulator.redfish.views.common import (
     LinkIn,
     device_status,
@@ -52,7 +52,6 @@ from emulator.redfish.views.common import (
     primary_uri,
     resolve_endpoint,
 )
-from emulator.redfish.views.etags import check_action_etag
 from emulator.redfish.views.outcome import reply_for
 from emulator.topology import FABRIC_CXL, FABRIC_PCIE, Device, SwitchInfo
 from manager_api.devices import BindingStyle, DeviceType
@@ -218,7 +217,7 @@ class PortNode(Node):
                 raise RedfishError.of(500, "InternalError")
             generation, width = 5, 16
             endpoint = uris.endpoint(fabric, self.host)
-            up = self.ctx.engine.port_up(self.switch.id, self.host)
+            up = self.ctx.engine.conditions.port_up(self.switch.id, self.host)
             health = "OK" if up else "Critical"
         return Port(
             odata_id=self.uri,
@@ -316,13 +315,13 @@ class DeviceEndpointNode(Node):
                         EntityLink=ref(uris.chunk(dev.id, chunk.index)),
                     )
                 )
-                binding = engine.binding(chunk.id) if _links_current(self.ctx) else None
+                binding = engine.bindings.binding(chunk.id) if _links_current(self.ctx) else None
                 if binding is not None and binding.connection is not None:
                     uri = uris.connection(dev.fabric, binding.connection)
                     if uri not in connections:
                         connections.append(uri)
         elif _links_current(self.ctx):
-            binding = engine.binding(dev.id)
+            binding = engine.bindings.binding(dev.id)
             if binding is not None and binding.zone is not None:
                 zones.append(uris.zone(dev.fabric, binding.zone))
         return Endpoint(
@@ -485,11 +484,11 @@ class ZoneNode(Node):
         stored) and its targets — not the rest of the fabric's state."""
         record = self.ctx.engine.state.zones.get(self.zone_id) if self.client else None
         named = (record.name, record.description) if record is not None else None
-        return (self.host, named, self.ctx.engine.zone_targets(self.zone_id))
+        return (self.host, named, self.ctx.engine.bindings.zone_targets(self.zone_id))
 
     def render(self) -> Zone:
         engine = self.ctx.engine
-        targets = engine.zone_targets(self.zone_id)
+        targets = engine.bindings.zone_targets(self.zone_id)
         members = [uris.endpoint(self.fabric.fabric_id, self.host)] + [
             uris.endpoint(self.fabric.fabric_id, t) for t in targets
         ]
@@ -534,13 +533,14 @@ class ZoneNode(Node):
                 related=["/Endpoint"],
                 detail=f"{host} is a host initiator; a zone holds exactly one, {self.host}, and it stays.",
             )
-        check_action_etag(self, params.ZoneETag, "ZoneETag")
-        check_action_etag(DeviceEndpointNode(self.ctx, device), params.EndpointETag, "EndpointETag")
+        renderer = self.ctx.renderer
+        renderer.check_action_etag(self, params.ZoneETag, "ZoneETag")
+        renderer.check_action_etag(DeviceEndpointNode(self.ctx, device), params.EndpointETag, "EndpointETag")
         adding = name == "Zone.AddEndpoint"
         if adding:
             _reachable(self.ctx, device, self.host, "Endpoint", name)
         else:
-            binding = self.ctx.engine.binding(device.id)
+            binding = self.ctx.engine.bindings.binding(device.id)
             if binding is None or binding.zone != self.zone_id:
                 raise RedfishError.of(
                     400,
@@ -571,7 +571,7 @@ class ZoneNode(Node):
             style=BindingStyle.ZONE,
             fabric=self.fabric.fabric_id,
             host=self.host,
-            targets=list(self.ctx.engine.zone_targets(self.zone_id)),
+            targets=list(self.ctx.engine.bindings.zone_targets(self.zone_id)),
             method="DELETE",
             uri=self.uri,
             zone=self.zone_id,

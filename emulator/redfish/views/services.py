@@ -9,10 +9,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from emulator.redfish import uris
-from emulator.redfish.expand import expand_query, expand_served
-from emulator.redfish.http import Reply, Request, parse_body
-from emulator.redfish.models import (
+from emulator.redfish.model import uris
+from emulator.redfish.model.errors import RedfishError
+from emulator.redfish.model.registries import REGISTRIES
+from emulator.redfish.model.resources import (
     ALL_TYPES,
     AccountService,
     EventService,
@@ -33,8 +33,9 @@ from emulator.redfish.models import (
     ref,
     refs,
 )
-from emulator.redfish.nodes import CollectionNode, Context, Node
-from emulator.redfish.registries import REGISTRIES, RedfishError
+from emulator.redfish.tree.expand import expand_query, expand_served
+from emulator.redfish.tree.http import Reply, Request, parse_body
+from emulator.redfish.tree.nodes import CollectionNode, Context, Node
 from plumbing import __version__
 
 __all__ = [

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from emulator.redfish import uris
-from emulator.redfish.engine import Operation
-from emulator.redfish.http import Reply, Request, parse_body
-from emulator.redfish.models import (
+from emulator.redfish.engine.operation import Operation
+from emulator.redfish.model import uris
+from emulator.redfish.model.errors import RedfishError
+from emulator.redfish.model.resources import (
     Composition,
     ComputerSystem,
     ComputerSystemLinks,
@@ -30,12 +30,11 @@ from emulator.redfish.models import (
     ref,
     refs,
 )
-from emulator.redfish.nodes import CollectionNode, Context, Node, actions
-from emulator.redfish.registries import RedfishError
-from emulator.redfish.state import OperationKind
+from emulator.redfish.model.state import OperationKind
+from emulator.redfish.tree.http import Reply, Request, parse_body
+from emulator.redfish.tree.nodes import CollectionNode, Context, Node, actions
 from emulator.redfish.views.chassis import processor_model
 from emulator.redfish.views.common import LinkIn, device_status, function_uri, logical_device_uri
-from emulator.redfish.views.etags import check_action_etag
 from emulator.redfish.views.outcome import reply_for
 from emulator.topology import Device
 from manager_api.devices import BindingStyle, DeviceType
@@ -101,7 +100,7 @@ class SystemNode(Node):
     def bound_devices(self) -> list[Device]:
         """Devices with anything bound to this host (a CXL device counts once per host)."""
         seen: dict[str, Device] = {}
-        for binding in self.ctx.engine.host_bindings(self.host):
+        for binding in self.ctx.engine.bindings.host_bindings(self.host):
             device = self.ctx.index.targets[binding.target].device
             seen.setdefault(device.id, device)
         return list(seen.values())
@@ -207,7 +206,7 @@ class SystemNode(Node):
                 related=[pointer],
                 detail=f"{device.id} hangs off {device.switch}, which is not cabled to {self.host}.",
             )
-        binding = self.ctx.engine.binding(device.id)
+        binding = self.ctx.engine.bindings.binding(device.id)
         if not adding and (binding is None or binding.host != self.host):
             raise RedfishError.of(
                 400,
@@ -234,8 +233,11 @@ class SystemNode(Node):
 
         params = parse_body(_BlockParams, request.json(), action=name)
         device = self._block(params.ResourceBlock.odata_id, "/ResourceBlock", name)
-        check_action_etag(self, params.ComputerSystemETag, "ComputerSystemETag")
-        check_action_etag(ResourceBlockNode(self.ctx, device), params.ResourceBlockETag, "ResourceBlockETag")
+        renderer = self.ctx.renderer
+        renderer.check_action_etag(self, params.ComputerSystemETag, "ComputerSystemETag")
+        renderer.check_action_etag(
+            ResourceBlockNode(self.ctx, device), params.ResourceBlockETag, "ResourceBlockETag"
+        )
         op = self._composition(device, name == "ComputerSystem.AddResourceBlock", name, "/ResourceBlock")
         op.uri = f"{self.uri}/Actions/{name}"
         op.body = request.body.decode("utf-8", "replace")
@@ -324,7 +326,7 @@ class SystemMemoryDomainNode(Node):
         """Chunk target Id → its Id in this domain (the target Id)."""
         return {
             b.target: b.target
-            for b in self.ctx.engine.host_bindings(self.system.host)
+            for b in self.ctx.engine.bindings.host_bindings(self.system.host)
             if self.ctx.index.targets[b.target].chunk is not None
         }
 

@@ -9,11 +9,11 @@ finished tasks are kept). ``DELETE`` on the monitor of a running task cancels it
 
 from __future__ import annotations
 
-from emulator.redfish import uris
-from emulator.redfish.http import Reply, Request
-from emulator.redfish.models import Status, Task, TaskPayload, TaskService, ref
-from emulator.redfish.nodes import CollectionNode, Context, Node
-from emulator.redfish.state import TaskRecord, id_order
+from emulator.redfish.model import uris
+from emulator.redfish.model.resources import Status, Task, TaskPayload, TaskService, ref
+from emulator.redfish.model.state import TaskRecord, id_order
+from emulator.redfish.tree.http import Reply, Request
+from emulator.redfish.tree.nodes import CollectionNode, Context, Node
 
 __all__ = ["TaskServiceNode", "task_model"]
 
@@ -86,7 +86,7 @@ class TaskMonitorNode(Node):
         return task_reply(self.ctx, self.ctx.engine.state.tasks[self.task_id])
 
     async def delete(self, request: Request) -> Reply:
-        await self.ctx.engine.cancel_task(self.task_id)
+        await self.ctx.engine.tasks.cancel(self.task_id)
         return Reply(204)
 
 

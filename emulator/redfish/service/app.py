@@ -6,7 +6,7 @@ open); method dispatch with ``Allow`` on every answer and 405 otherwise; ``If-Ma
 changes and ``If-None-Match`` (304) on reads; ETags on every resource; Redfish error bodies;
 Server-Sent Events on the EventService's ``ServerSentEventUri``; ``Link: <schema>;
 rel=describedby`` on every resource read. ``$expand`` and ``$select`` are served on resources
-(:mod:`emulator.redfish.expand`); other ``$`` query options get 501 (DSP0266 "Query
+(:mod:`emulator.redfish.tree.expand`); other ``$`` query options get 501 (DSP0266 "Query
 parameters"), and so does a method outside DSP0266's method table (:data:`REDFISH_METHODS`).
 """
 
@@ -20,15 +20,17 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qsl
 
-from emulator.redfish import uris
-from emulator.redfish.events import EventFilter
-from emulator.redfish.expand import Expand, Select, expand, expand_served
-from emulator.redfish.http import Reply, Request
-from emulator.redfish.latency import LatencyProfile
-from emulator.redfish.nodes import ActionNode, Context, Node, not_allowed
-from emulator.redfish.registries import RedfishError, error_body, message
+from emulator.errors import FabricError
+from emulator.redfish.engine.events import EventFilter
+from emulator.redfish.model import uris
+from emulator.redfish.model.errors import RedfishError, error_body, redfish_error
+from emulator.redfish.model.latency import LatencyProfile
+from emulator.redfish.model.registries import message
+from emulator.redfish.tree.expand import Expand, Select, expand, expand_served
+from emulator.redfish.tree.http import Reply, Request
+from emulator.redfish.tree.nodes import ActionNode, Context, Node, not_allowed
+from emulator.redfish.tree.render import etag_matches
 from emulator.redfish.views import EventStreamNode, MetadataNode, resolve
-from emulator.redfish.views.etags import check_if_match, etag_matches
 from emulator.redfish.views.services import ServiceRootNode, described_by
 from plumbing.logs import get_logger
 
@@ -44,7 +46,7 @@ Send = Callable[[Message], Awaitable[None]]
 MAX_BODY = 1 << 20
 _KEEPALIVE_SECONDS = 15.0
 _JSON = b"application/json; charset=utf-8"
-#: on every answer, including those the HTTP layer gives itself (emulator.redfish.server)
+#: on every answer, including those the HTTP layer gives itself (emulator.redfish.service.server)
 COMMON_HEADERS = [
     (b"odata-version", b"4.0"),
     (b"x-content-type-options", b"nosniff"),
@@ -77,7 +79,11 @@ _REDFISH_VERSIONS = json.dumps({"v1": f"{uris.ROOT}/"}, separators=(",", ":")).e
 
 
 class _Disconnected(Exception):
-    pass
+    """The client went away while its request body was read: nothing is answered."""
+
+
+def _error_reply(err: RedfishError) -> Reply:
+    return Reply(err.status, error_body(err), dict(err.headers))
 
 
 class RedfishApp:
@@ -106,7 +112,9 @@ class RedfishApp:
         try:
             reply = await self._handle(request, receive, send)
         except RedfishError as err:
-            reply = Reply(err.status, error_body(err), dict(err.headers))
+            reply = _error_reply(err)
+        except FabricError as err:
+            reply = _error_reply(redfish_error(err))
         except _Disconnected:
             return
         except Exception:
@@ -178,10 +186,10 @@ class RedfishApp:
         if method == "POST":
             target = node.owner if isinstance(node, ActionNode) else node
             if target.is_resource:
-                check_if_match(target, request.header("if-match"))
+                self.ctx.renderer.check_if_match(target, request.header("if-match"))
             return await node.post(request)
         if node.is_resource:
-            check_if_match(node, request.header("if-match"))
+            self.ctx.renderer.check_if_match(node, request.header("if-match"))
         if method == "PATCH":
             return await node.patch(request)
         if method == "DELETE":
@@ -189,14 +197,14 @@ class RedfishApp:
         raise not_allowed(node, method)
 
     async def _apply_service_faults(self) -> None:
-        engine = self.ctx.engine
-        unavailable = engine.unavailable()
+        conditions = self.ctx.engine.conditions
+        unavailable = conditions.unavailable()
         if unavailable is not None:
             retry = unavailable.RetryAfterSeconds
             raise RedfishError.of(
                 503, "ServiceTemporarilyUnavailable", retry, headers={"Retry-After": str(retry)}
             )
-        slow = engine.slow_seconds()
+        slow = conditions.slow_seconds()
         if slow:
             await asyncio.sleep(slow)
 
@@ -272,7 +280,7 @@ class RedfishApp:
 
     def _expanded(self, body: bytes, query: Expand | None, chosen: Select | None) -> tuple[bytes, str]:
         """``body`` with the resources it links to inline and the properties ``$select`` keeps
-        (:mod:`emulator.redfish.expand`), and the ETag of that answer (it changes when any
+        (:mod:`emulator.redfish.tree.expand`), and the ETag of that answer (it changes when any
         resource inlined changes)."""
 
         def render(uri: str) -> dict[str, Any] | None:

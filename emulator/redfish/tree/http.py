@@ -14,7 +14,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from emulator.redfish.registries import RedfishError, message
+from emulator.redfish.model.errors import RedfishError
+from emulator.redfish.model.registries import message
 
 __all__ = ["Reply", "Request", "parse_body"]
 

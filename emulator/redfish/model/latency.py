@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
+from emulator.errors import ConfigError
 from manager_api.devices import DeviceType
 
 __all__ = ["INSTANT", "REALISTIC", "Delay", "LatencyProfile", "load_latency_profile"]
@@ -75,22 +76,22 @@ _BUILTIN = {"instant": INSTANT, "realistic": REALISTIC}
 
 
 def load_latency_profile(spec: str) -> LatencyProfile:
-    """``instant``, ``realistic`` or the path of a profile file; raises ValueError with the reason."""
+    """``instant``, ``realistic`` or the path of a profile file; raises ConfigError with the reason."""
     if spec in _BUILTIN:
         return _BUILTIN[spec]
     path = Path(spec)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as err:
-        raise ValueError(
+        raise ConfigError(
             f"latency profile {spec!r} is neither instant, realistic nor a readable file ({err.strerror})"
         ) from None
     except yaml.YAMLError as err:
-        raise ValueError(f"latency profile {spec}: not valid YAML/JSON: {err}") from None
+        raise ConfigError(f"latency profile {spec}: not valid YAML/JSON: {err}") from None
     try:
         profile = LatencyProfile.model_validate(data)
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         loc = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"latency profile {spec}: {loc}: {first['msg']}") from None
+        raise ConfigError(f"latency profile {spec}: {loc}: {first['msg']}") from None
     return profile if profile.name != "custom" else profile.model_copy(update={"name": path.stem})
