@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qsl
 
-from emulator.errors import FabricError
+from emulator.errors import EmulatorError, FabricError
 from emulator.redfish.engine.events import EventFilter
 from emulator.redfish.model import uris
 from emulator.redfish.model.errors import RedfishError, error_body, redfish_error
@@ -78,7 +78,7 @@ _INLINED_LIMIT = 1024
 _REDFISH_VERSIONS = json.dumps({"v1": f"{uris.ROOT}/"}, separators=(",", ":")).encode()
 
 
-class _Disconnected(Exception):
+class _Disconnected(EmulatorError):
     """The client went away while its request body was read: nothing is answered."""
 
 
