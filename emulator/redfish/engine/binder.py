@@ -4,6 +4,7 @@ the events — without an ``await`` between check and change (see :mod:`emulator
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 from emulator.errors import PortIsDown, TargetBusy
@@ -31,20 +32,13 @@ __all__ = ["Binder"]
 log = get_logger(__name__)
 
 
+@dataclass(eq=False)
 class Binder:
-    def __init__(
-        self,
-        index: FabricIndex,
-        table: BindingTable,
-        conditions: Conditions,
-        visibility: Visibility,
-        events: EventBus,
-    ) -> None:
-        self.index = index
-        self.table = table
-        self.conditions = conditions
-        self.visibility = visibility
-        self.events = events
+    index: FabricIndex
+    table: BindingTable
+    conditions: Conditions
+    visibility: Visibility
+    events: EventBus
 
     @property
     def state(self) -> FabricState:

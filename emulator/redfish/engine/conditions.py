@@ -9,6 +9,7 @@ and the events it raises, is :mod:`emulator.redfish.engine.injection`.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
 from typing import Any
 
 from emulator.errors import InjectedFailure, UnknownName
@@ -34,16 +35,16 @@ __all__ = ["Conditions"]
 log = get_logger(__name__)
 
 
+@dataclass(eq=False)
 class Conditions:
-    def __init__(self, index: FabricIndex, store: StateStore, revision: Revision) -> None:
-        self.index = index
-        self.store = store
-        self.revision = revision
-        #: fault Id → the fault in force
-        self.faults: dict[str, FaultSpec] = {}
-        #: Ids of tasks held by a HangTasks fault
-        self.hung: set[str] = set()
-        self._unhang = asyncio.Event()
+    index: FabricIndex
+    store: StateStore
+    revision: Revision
+    #: fault Id → the fault in force
+    faults: dict[str, FaultSpec] = field(default_factory=dict, init=False)
+    #: Ids of tasks held by a HangTasks fault
+    hung: set[str] = field(default_factory=set, init=False)
+    _unhang: asyncio.Event = field(default_factory=asyncio.Event, init=False)
 
     @property
     def state(self) -> FabricState:

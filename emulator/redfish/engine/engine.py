@@ -82,11 +82,29 @@ class Engine:
         self.binder = Binder(index, self.bindings, self.conditions, self.visibility, events)
         #: renders a resource URI, for the body of a 201 and of a task's final response (set by the service)
         self.render: Callable[[str], dict[str, Any] | None] = lambda _uri: None
+        #: ends every open session, for an ExpireSessions fault (set by the service)
+        self.expire_sessions: Callable[[], int] = lambda: 0
         self.tasks = TaskRunner(
-            index, self.bindings, self.conditions, self.binder, events, self.journal, latency, self.rng, qemu
+            index,
+            self.bindings,
+            self.conditions,
+            self.binder,
+            events,
+            self.journal,
+            latency,
+            self.rng,
+            qemu,
+            render=lambda uri: self.render(uri),
         )
-        self.tasks.render = lambda uri: self.render(uri)
-        self.injector = FaultInjector(index, self.conditions, self.visibility, events, self.journal, revision)
+        self.injector = FaultInjector(
+            index,
+            self.conditions,
+            self.visibility,
+            events,
+            self.journal,
+            revision,
+            expire_sessions=lambda: self.expire_sessions(),
+        )
 
     @property
     def state(self) -> FabricState:
@@ -98,7 +116,7 @@ class Engine:
         """Hooks into the service above: how a task renders the resource its final response
         returns, and how an ExpireSessions fault ends the open sessions."""
         self.render = render
-        self.injector.expire_sessions = expire_sessions
+        self.expire_sessions = expire_sessions
 
     # --- start and stop ----------------------------------------------------------------------
 

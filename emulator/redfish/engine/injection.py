@@ -34,24 +34,16 @@ class _Before:
     ports_down: set[tuple[str, str]]
 
 
+@dataclass(eq=False)
 class FaultInjector:
-    def __init__(
-        self,
-        index: FabricIndex,
-        conditions: Conditions,
-        visibility: Visibility,
-        events: EventBus,
-        journal: Journal,
-        revision: Revision,
-    ) -> None:
-        self.index = index
-        self.conditions = conditions
-        self.visibility = visibility
-        self.events = events
-        self.journal = journal
-        self.revision = revision
-        #: ends every open session, for an ExpireSessions fault (set by the service)
-        self.expire_sessions: Callable[[], int] = lambda: 0
+    index: FabricIndex
+    conditions: Conditions
+    visibility: Visibility
+    events: EventBus
+    journal: Journal
+    revision: Revision
+    #: ends every open session, for an ExpireSessions fault
+    expire_sessions: Callable[[], int]
 
     async def inject(self, fault: FaultSpec) -> tuple[str | None, str]:
         """Inject ``fault``; returns its Id (None when it acted once) and what it did."""

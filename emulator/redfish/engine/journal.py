@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from emulator.redfish.engine.events import EventBus, FabricEvent
 from emulator.redfish.model.state import SideEffect, StateStore
 
@@ -11,10 +13,10 @@ __all__ = ["Change", "Journal"]
 Change = tuple[list[SideEffect], list[FabricEvent]]
 
 
+@dataclass(eq=False)
 class Journal:
-    def __init__(self, store: StateStore, events: EventBus) -> None:
-        self.store = store
-        self.events = events
+    store: StateStore
+    events: EventBus
 
     async def commit(self, effects: list[SideEffect], events: list[FabricEvent]) -> None:
         """Write the state (with the event counter), run ``effects``, then publish ``events``."""

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import random
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from emulator.errors import FabricError, GuestFailed, GuestTimedOut, PortIsDown, TaskFinished
@@ -37,31 +38,21 @@ __all__ = ["TaskRunner"]
 log = get_logger(__name__)
 
 
+@dataclass(eq=False)
 class TaskRunner:
-    def __init__(
-        self,
-        index: FabricIndex,
-        table: BindingTable,
-        conditions: Conditions,
-        binder: Binder,
-        events: EventBus,
-        journal: Journal,
-        latency: LatencyProfile,
-        rng: random.Random,
-        qemu: QemuHosts | None,
-    ) -> None:
-        self.index = index
-        self.table = table
-        self.conditions = conditions
-        self.binder = binder
-        self.events = events
-        self.journal = journal
-        self.latency = latency
-        self.rng = rng
-        self.qemu = qemu
-        #: renders a resource URI for a task's final response (set by the engine)
-        self.render: Callable[[str], dict[str, Any] | None] = lambda _uri: None
-        self._runners: dict[str, asyncio.Task[None]] = {}
+    index: FabricIndex
+    table: BindingTable
+    conditions: Conditions
+    binder: Binder
+    events: EventBus
+    journal: Journal
+    latency: LatencyProfile
+    rng: random.Random
+    #: hosts of ``kind: qemu``: a task waits on the guest's own plug or unplug
+    qemu: QemuHosts | None
+    #: renders a resource URI for a task's final response
+    render: Callable[[str], dict[str, Any] | None]
+    _runners: dict[str, asyncio.Task[None]] = field(default_factory=dict, init=False)
 
     @property
     def state(self) -> FabricState:

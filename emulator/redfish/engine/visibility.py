@@ -4,6 +4,7 @@ host's port to the target's switch is up, as the entry this module makes of the 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 from emulator.redfish.engine.conditions import Conditions
 from emulator.redfish.model.state import BindingRecord, SideEffect
@@ -13,11 +14,11 @@ from emulator.topology import FabricIndex
 __all__ = ["Visibility"]
 
 
+@dataclass(eq=False)
 class Visibility:
-    def __init__(self, index: FabricIndex, conditions: Conditions, view: HostView) -> None:
-        self.index = index
-        self.conditions = conditions
-        self.view = view
+    index: FabricIndex
+    conditions: Conditions
+    view: HostView
 
     def visible(self, binding: BindingRecord) -> bool:
         return self.conditions.port_up(self.index.targets[binding.target].device.switch, binding.host)

@@ -52,23 +52,20 @@ class LatencyProfile(BaseModel):
 
 INSTANT = LatencyProfile(name="instant")
 
+#: a hot-add and a hot-remove of each device type: (seconds, jitter) of the bind, of the unbind
+_REALISTIC_SECONDS = {
+    DeviceType.GPU: ((3.0, 1.0), (1.5, 0.5)),
+    DeviceType.FPGA: ((2.0, 0.5), (1.0, 0.3)),
+    DeviceType.NVME: ((1.0, 0.3), (0.5, 0.2)),
+    DeviceType.NIC: ((1.0, 0.3), (0.5, 0.2)),
+    DeviceType.CXL_MEMORY: ((0.5, 0.2), (0.3, 0.1)),
+}
+
 REALISTIC = LatencyProfile(
     name="realistic",
     tasks=True,
-    bind={
-        DeviceType.GPU: Delay(seconds=3.0, jitter=1.0),
-        DeviceType.FPGA: Delay(seconds=2.0, jitter=0.5),
-        DeviceType.NVME: Delay(seconds=1.0, jitter=0.3),
-        DeviceType.NIC: Delay(seconds=1.0, jitter=0.3),
-        DeviceType.CXL_MEMORY: Delay(seconds=0.5, jitter=0.2),
-    },
-    unbind={
-        DeviceType.GPU: Delay(seconds=1.5, jitter=0.5),
-        DeviceType.FPGA: Delay(seconds=1.0, jitter=0.3),
-        DeviceType.NVME: Delay(seconds=0.5, jitter=0.2),
-        DeviceType.NIC: Delay(seconds=0.5, jitter=0.2),
-        DeviceType.CXL_MEMORY: Delay(seconds=0.3, jitter=0.1),
-    },
+    bind={t: Delay(seconds=s, jitter=j) for t, ((s, j), _) in _REALISTIC_SECONDS.items()},
+    unbind={t: Delay(seconds=s, jitter=j) for t, (_, (s, j)) in _REALISTIC_SECONDS.items()},
     read=Delay(seconds=0.005, jitter=0.003),
 )
 

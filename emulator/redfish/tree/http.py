@@ -37,6 +37,11 @@ class Request:
         return self.headers.get(name.lower())
 
     @property
+    def text(self) -> str:
+        """The body as text (a task's ``Payload.JsonBody`` records it), undecodable bytes replaced."""
+        return self.body.decode("utf-8", "replace")
+
+    @property
     def prefers_async(self) -> bool:
         """``Prefer: respond-async`` (RFC 7240), which DSP0266 lets a client use to ask for a task."""
         return "respond-async" in (self.header("prefer") or "").lower()

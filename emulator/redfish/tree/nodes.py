@@ -9,7 +9,7 @@ resource's ``Actions`` segment (``.../Actions/Zone.AddEndpoint``) and call
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Hashable, Iterable
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,7 @@ from emulator.redfish.tree.http import Reply, Request
 from emulator.redfish.tree.render import Renderer
 from emulator.topology import FabricIndex
 
-__all__ = ["ActionNode", "CollectionNode", "Context", "Node", "actions", "not_allowed"]
+__all__ = ["ActionNode", "CollectionNode", "Context", "Node", "actions", "collection_of", "not_allowed"]
 
 
 @dataclass
@@ -182,3 +182,17 @@ class CollectionNode(Node):
         if self.on_post is None:
             raise not_allowed(self, "POST")
         return await self.on_post(request)
+
+
+def collection_of(
+    ctx: Context, uri: str, collection_type: str, name: str, members: Mapping[str, Callable[[], Node]]
+) -> CollectionNode:
+    """A collection whose members are known when it is made: member Id → how to make its node."""
+    return CollectionNode(
+        ctx,
+        uri,
+        collection_type,
+        name,
+        lambda: list(members),
+        lambda i: members[i]() if i in members else None,
+    )
