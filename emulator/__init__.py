@@ -8,7 +8,7 @@ Its rooms, from the ground up; a module imports only its own room or those liste
 * ``topology`` topology files: the format, its checks, the index the service reads, a generator;
 * ``qemu``     hosts of ``kind: qemu``: QEMU guests whose kernel sees bound devices hot-plugged;
 * ``redfish``  the Redfish service (its own rooms are listed in ``emulator/redfish/__init__.py``);
-* ``cli``      ``fabric-dra emulator``: serve, faults, bindings, topology tools.
+* ``cli``      ``fabric-dra emulator``: serve, faults and bindings of a running one, topology tools.
 """
 
 FLOORS = ("errors", "topology", "qemu", "redfish", "cli")

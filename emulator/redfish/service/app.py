@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from emulator.errors import EmulatorError, FabricError
-from emulator.redfish.engine.events import EventFilter
+from emulator.redfish.engine.events import EventFilter, Subscription
 from emulator.redfish.model import uris
 from emulator.redfish.model.errors import RedfishError, error_body, redfish_error
 from emulator.redfish.model.latency import LatencyProfile
@@ -332,16 +332,7 @@ class RedfishApp:
 
     async def _stream_events(self, request: Request, receive: Receive, send: Send) -> None:
         """Server-Sent Events (DSP0266 "Server-sent events"): ``id:`` is the EventId."""
-        try:
-            event_filter = EventFilter.parse(request.query.get("$filter", ""))
-        except ValueError as err:
-            raise RedfishError.of(
-                400,
-                "PropertyValueFormatError",
-                request.query.get("$filter", ""),
-                "$filter",
-                detail=f"$filter: {err}",
-            ) from None
+        event_filter = _event_filter(request)
         last_id: int | None = None
         raw_last = request.header("last-event-id")
         if raw_last and raw_last.strip().isdigit():
@@ -351,45 +342,10 @@ class RedfishApp:
         try:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             if not complete:
-                lost = message("EventBufferExceeded")
-                payload = {
-                    "@odata.type": "#Event.v1_13_0.Event",
-                    "Id": str(self.ctx.events.seq),
-                    "Name": "Fabric event",
-                    "Events": [
-                        {
-                            "MemberId": "0",
-                            "EventId": str(self.ctx.events.seq),
-                            "MessageId": lost["MessageId"],
-                            "Message": lost["Message"],
-                            "MessageArgs": [],
-                            "MessageSeverity": lost["MessageSeverity"],
-                        }
-                    ],
-                }
-                await self._send_event(send, self.ctx.events.seq, payload)
+                await self._send_event(send, self.ctx.events.seq, _events_lost(self.ctx.events.seq))
             disconnected = asyncio.ensure_future(self._wait_disconnect(receive))
             try:
-                while not disconnected.done():
-                    getter = asyncio.ensure_future(sub.queue.get())
-                    done, _ = await asyncio.wait(
-                        {getter, disconnected},
-                        timeout=_KEEPALIVE_SECONDS,
-                        return_when=asyncio.FIRST_COMPLETED,
-                    )
-                    if getter not in done:
-                        getter.cancel()
-                        if not disconnected.done():
-                            await send(
-                                {"type": "http.response.body", "body": b": keep-alive\n\n", "more_body": True}
-                            )
-                        continue
-                    event = getter.result()
-                    if event is None:
-                        break
-                    await self._send_event(send, event.seq, event.payload())
-                    if sub.overflowed:
-                        break  # the client could not keep up; it reconnects with Last-Event-ID
+                await self._pump(sub, disconnected, send)
             finally:
                 disconnected.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -398,6 +354,28 @@ class RedfishApp:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             sub.close()
+
+    async def _pump(self, sub: Subscription, disconnected: asyncio.Task[None], send: Send) -> None:
+        """Send the subscription's events as they come, a keep-alive comment when none comes for a
+        while, until the client goes, the service closes the stream, or the client falls behind."""
+        while not disconnected.done():
+            getter = asyncio.ensure_future(sub.queue.get())
+            done, _ = await asyncio.wait(
+                {getter, disconnected},
+                timeout=_KEEPALIVE_SECONDS,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if getter not in done:
+                getter.cancel()
+                if not disconnected.done():
+                    await send({"type": "http.response.body", "body": b": keep-alive\n\n", "more_body": True})
+                continue
+            event = getter.result()
+            if event is None:
+                break
+            await self._send_event(send, event.seq, event.payload())
+            if sub.overflowed:
+                break  # the client could not keep up; it reconnects with Last-Event-ID
 
     async def _send_event(self, send: Send, seq: int, payload: dict[str, Any]) -> None:
         data = json.dumps(payload, separators=(",", ":"))
@@ -411,3 +389,38 @@ class RedfishApp:
             event = await receive()
             if event["type"] == "http.disconnect":
                 return
+
+
+def _event_filter(request: Request) -> EventFilter:
+    """The stream's ``$filter``; 400 PropertyValueFormatError naming what is wrong with it."""
+    try:
+        return EventFilter.parse(request.query.get("$filter", ""))
+    except ValueError as err:
+        raise RedfishError.of(
+            400,
+            "PropertyValueFormatError",
+            request.query.get("$filter", ""),
+            "$filter",
+            detail=f"$filter: {err}",
+        ) from None
+
+
+def _events_lost(seq: int) -> dict[str, Any]:
+    """The event that tells a reconnecting client the events it missed are gone (Base
+    EventBufferExceeded): it re-reads the resources it cares about."""
+    lost = message("EventBufferExceeded")
+    return {
+        "@odata.type": "#Event.v1_13_0.Event",
+        "Id": str(seq),
+        "Name": "Fabric event",
+        "Events": [
+            {
+                "MemberId": "0",
+                "EventId": str(seq),
+                "MessageId": lost["MessageId"],
+                "Message": lost["Message"],
+                "MessageArgs": [],
+                "MessageSeverity": lost["MessageSeverity"],
+            }
+        ],
+    }
