@@ -28,24 +28,33 @@ __all__ = ["FAULT_COMMANDS", "register"]
 
 
 def register(subparsers: SubParsers) -> None:
-    parser = subparsers.add_parser(
+    _command_group(
+        subparsers,
         "emulator",
-        help="a Redfish composable PCIe/CXL fabric in software, and its tools",
-        description=(
-            "Emulate a DMTF Redfish composable fabric (PCIe switches with GPUs, NVMe drives, NICs, "
-            "FPGAs; a CXL fabric with memory chunks) that binds devices to hosts, and show each host "
-            "a sysfs tree of what is bound to it. See docs/emulator.md."
-        ),
+        "a Redfish composable PCIe/CXL fabric in software, and its tools",
+        "Emulate a DMTF Redfish composable fabric (PCIe switches with GPUs, NVMe drives, NICs, "
+        "FPGAs; a CXL fabric with memory chunks) that binds devices to hosts, and show each host "
+        "a sysfs tree of what is bound to it. See docs/emulator.md.",
+        (_register_serve, _register_fault, _register_bindings, _register_topology),
     )
-    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
-    _register_serve(commands)
-    _register_fault(commands)
-    _register_bindings(commands)
-    _register_topology(commands)
-    parser.set_defaults(handler=usage(parser))
 
 
-# --- serve ------------------------------------------------------------------------------------
+def _command_group(
+    commands: SubParsers,
+    name: str,
+    help_text: str,
+    description: str,
+    members: tuple[Callable[[SubParsers], None], ...],
+) -> None:
+    """A command of commands (``emulator``, ``emulator topology``): alone, it prints its usage."""
+    p = commands.add_parser(name, help=help_text, description=description)
+    sub = p.add_subparsers(title="commands", metavar="COMMAND")
+    for register_member in members:
+        register_member(sub)
+    p.set_defaults(handler=usage(p))
+
+
+# --- serve ----------------------------------------------------------------------------------------
 
 
 def _register_serve(commands: SubParsers) -> None:
@@ -249,7 +258,7 @@ def _run(coro: Coroutine[Any, Any, None]) -> None:
         runner.run(coro)
 
 
-# --- a client of a running emulator -----------------------------------------------------------
+# --- a client of a running emulator ---------------------------------------------------------------
 
 
 _FAULTS = "/redfish/v1/Oem/FabricDRA/Faults"
@@ -346,7 +355,7 @@ def _tls_verify(insecure: bool, ca_file: Path | None) -> Any:
         raise CliError(f"cannot use --ca-file {ca_file}: {err}") from None
 
 
-# --- fault ------------------------------------------------------------------------------------
+# --- fault ----------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -533,7 +542,7 @@ def _reset_faults(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- bindings ---------------------------------------------------------------------------------
+# --- bindings -------------------------------------------------------------------------------------
 
 
 def _register_bindings(commands: SubParsers) -> None:
@@ -584,20 +593,20 @@ def _in_flight_row(op: dict[str, Any], wide: bool) -> list[str]:
     return [*row, "-", "-", "-", task] if wide else row
 
 
+# --- topology -------------------------------------------------------------------------------------
+
+
 def _register_topology(commands: SubParsers) -> None:
-    p = commands.add_parser(
+    _command_group(
+        commands,
         "topology",
-        help="check, summarise and generate topology files",
-        description="Validate, summarise or generate emulator topology files (docs/emulator.md).",
+        "check, summarise and generate topology files",
+        "Validate, summarise or generate emulator topology files (docs/emulator.md).",
+        (_register_validate, _register_show, _register_generate),
     )
-    sub = p.add_subparsers(title="commands", metavar="COMMAND")
-    _register_validate(sub)
-    _register_show(sub)
-    _register_generate(sub)
-    p.set_defaults(handler=usage(p))
 
 
-# --- topology validate ---------------------------------------------------------------------------------
+# --- topology validate ----------------------------------------------------------------------------
 
 
 def _register_validate(sub: SubParsers) -> None:
@@ -652,7 +661,7 @@ def _problems(err: TopologyError) -> list[dict[str, Any]]:
     ]
 
 
-# --- topology show -------------------------------------------------------------------------------------
+# --- topology show --------------------------------------------------------------------------------
 
 
 def _register_show(sub: SubParsers) -> None:
@@ -725,7 +734,7 @@ def _device_row(d: dict[str, Any], wide: bool) -> list[str]:
     return [*row, d["pciId"], _cell(d["memoryBytes"]), d["link"]] if wide else row
 
 
-# --- topology generate ---------------------------------------------------------------------------------
+# --- topology generate ----------------------------------------------------------------------------
 
 
 def _register_generate(sub: SubParsers) -> None:
