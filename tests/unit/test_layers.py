@@ -303,7 +303,7 @@ def test_the_check_sees_each_kind_of_import(source: str, expected: str, tmp_path
         ("__init__.py", "FLOORS = ('low', 'high', 'cli')\nfrom emulator.cli import main\n", False),
     ],
 )
-def test_the_floor_check_reads_the_folders(importer: str, source: str, reported: bool, tmp_path: Path) -> None:
+def test_the_floor_check_reads_folders(importer: str, source: str, reported: bool, tmp_path: Path) -> None:
     """The check itself: floors come from the package's FLOORS; an import up a floor is reported,
     one along or down a floor is not, nor any from the package's face."""
     package = tmp_path / "emulator"
