@@ -1,42 +1,60 @@
 """``fabric-dra emulator``: the Redfish fabric emulator and its tools.
 
-Subcommands: ``serve`` (run the emulator), ``fault`` (inject and reset faults in a running
-one), ``bindings`` (print its binding table), ``topology validate|show|generate``.
+Subcommands: ``serve`` (run the emulator); ``fault`` (inject and reset faults in a running one)
+and ``bindings`` (print its binding table), both through its OEM admin API
+(``/redfish/v1/Oem/FabricDRA``); ``topology validate|show|generate``. Each handler imports what
+it runs only when it runs, so ``--help`` stays quick.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plumbing.cli import CliError, SubParsers, add_output_option, dump_document, emit, format_table, usage
 
-__all__ = ["register"]
+if TYPE_CHECKING:  # what a command runs is imported when it runs: ``--help`` stays quick
+    from emulator.redfish.model.latency import LatencyProfile
+    from emulator.redfish.tree.auth import Credentials
+    from emulator.topology import Device, FabricIndex, TopologyError
+
+__all__ = ["FAULT_COMMANDS", "register"]
 
 
 def register(subparsers: SubParsers) -> None:
-    parser = subparsers.add_parser(
+    _command_group(
+        subparsers,
         "emulator",
-        help="a Redfish composable PCIe/CXL fabric in software, and its tools",
-        description=(
-            "Emulate a DMTF Redfish composable fabric (PCIe switches with GPUs, NVMe drives, NICs, "
-            "FPGAs; a CXL fabric with memory chunks) that binds devices to hosts, and show each host "
-            "a sysfs tree of what is bound to it. See docs/emulator.md."
-        ),
+        "a Redfish composable PCIe/CXL fabric in software, and its tools",
+        "Emulate a DMTF Redfish composable fabric (PCIe switches with GPUs, NVMe drives, NICs, "
+        "FPGAs; a CXL fabric with memory chunks) that binds devices to hosts, and show each host "
+        "a sysfs tree of what is bound to it. See docs/emulator.md.",
+        (_register_serve, _register_fault, _register_bindings, _register_topology),
     )
-    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
-    _register_serve(commands)
-    _register_fault(commands)
-    _register_bindings(commands)
-    _register_topology(commands)
-    parser.set_defaults(handler=usage(parser))
 
 
-# --- serve ------------------------------------------------------------------------------------
+def _command_group(
+    commands: SubParsers,
+    name: str,
+    help_text: str,
+    description: str,
+    members: tuple[Callable[[SubParsers], None], ...],
+) -> None:
+    """A command of commands (``emulator``, ``emulator topology``): alone, it prints its usage."""
+    p = commands.add_parser(name, help=help_text, description=description)
+    sub = p.add_subparsers(title="commands", metavar="COMMAND")
+    for register_member in members:
+        register_member(sub)
+    p.set_defaults(handler=usage(p))
+
+
+# --- serve ----------------------------------------------------------------------------------------
 
 
 def _register_serve(commands: SubParsers) -> None:
@@ -49,6 +67,20 @@ def _register_serve(commands: SubParsers) -> None:
             "<state-dir>/hosts/<host>/sys. Authentication is required unless --insecure-no-auth."
         ),
     )
+    _add_fabric_options(p)
+    _add_listen_options(p)
+    _add_account_options(p)
+    p.add_argument(
+        "--latency",
+        default="instant",
+        metavar="PROFILE",
+        help="'instant' (changes complete within the request), 'realistic' (202 + task monitor, seconds "
+        "per hot-add with jitter) or a profile file (docs/emulator.md); default: instant",
+    )
+    p.set_defaults(handler=_serve)
+
+
+def _add_fabric_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--topology",
         type=Path,
@@ -62,6 +94,9 @@ def _register_serve(commands: SubParsers) -> None:
         metavar="DIR",
         help="directory for durable state and host views",
     )
+
+
+def _add_listen_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="TCP port; 0 picks a free one (default: 0)")
     p.add_argument(
@@ -74,6 +109,9 @@ def _register_serve(commands: SubParsers) -> None:
         "--tls-cert", type=Path, metavar="PEM", help="serve HTTPS with this PEM certificate (chain)"
     )
     p.add_argument("--tls-key", type=Path, metavar="PEM", help="PEM private key of --tls-cert")
+
+
+def _add_account_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--username",
         help="account user name (default: the one in <state-dir>/credentials.json, or 'admin')",
@@ -91,87 +129,22 @@ def _register_serve(commands: SubParsers) -> None:
         action="store_true",
         help="development only: serve every resource without authentication (logs a warning)",
     )
-    p.add_argument(
-        "--latency",
-        default="instant",
-        metavar="PROFILE",
-        help="'instant' (changes complete within the request), 'realistic' (202 + task monitor, seconds "
-        "per hot-add with jitter) or a profile file (docs/emulator.md); default: instant",
-    )
-    p.set_defaults(handler=_serve)
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from emulator.redfish.auth import Credentials, load_or_create_credentials
-    from emulator.redfish.latency import load_latency_profile
-    from emulator.redfish.server import ServeConfig, serve
-    from emulator.topology import TopologyError, default_topology_path, load_topology
-    from plumbing.logs import get_logger
+    from emulator.redfish.service.server import ServeConfig, serve
 
-    log = get_logger("emulator.cli")
-    try:
-        index = load_topology(args.topology or default_topology_path())
-    except TopologyError as err:
-        if len(err.problems) > 1:
-            emit(f"fabric-dra: {err}:\n{err.details()}", file=sys.stderr)
-        raise CliError(f"{err}; fix the file and start again") from None
-    try:
-        latency = load_latency_profile(args.latency)
-    except ValueError as err:
-        raise CliError(str(err)) from None
-    if (args.tls_cert is None) != (args.tls_key is None):
-        raise CliError("--tls-cert and --tls-key go together: give both to serve HTTPS, or neither")
-    for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)):
-        if path is not None and not path.is_file():
-            raise CliError(f"{flag} {path}: no such file")
+    index = _topology(args.topology)
+    latency = _latency(args.latency)
+    _check_tls(args.tls_cert, args.tls_key)
     if args.password is not None and args.password_file is not None:
         raise CliError("give the password with --password or --password-file, not both")
-    state_dir: Path = args.state_dir
-    try:
-        state_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise CliError(f"cannot create the state directory {state_dir}: {err.strerror}") from None
-
-    credentials: Credentials | None
-    if args.insecure_no_auth:
-        if args.username or args.password or args.password_file:
-            raise CliError("--insecure-no-auth serves without accounts; drop --username/--password")
-        credentials = None
-        log.warning(
-            "authentication is disabled (--insecure-no-auth): anyone who can connect can change the fabric"
-        )
-    else:
-        password = args.password
-        if args.password_file is not None:
-            try:
-                password = args.password_file.read_text(encoding="utf-8").strip()
-            except OSError as err:
-                raise CliError(f"cannot read --password-file {args.password_file}: {err.strerror}") from None
-            if not password:
-                raise CliError(f"--password-file {args.password_file} is empty")
-        elif password is not None and not password.strip():
-            raise CliError(
-                "--password is empty: give a password, or leave it out to have one generated "
-                "(--insecure-no-auth serves without authentication, for development only)"
-            )
-        if password is not None:
-            credentials = Credentials(username=args.username or "admin", password=password)
-        else:
-            try:
-                credentials, created = load_or_create_credentials(state_dir, args.username)
-            except (OSError, ValueError) as err:
-                raise CliError(f"cannot set up credentials: {err}") from None
-            log.info(
-                "created account credentials" if created else "using stored account credentials",
-                username=credentials.username,
-                credentials_file=str(state_dir / "credentials.json"),
-            )
-
+    state_dir = _state_dir(args.state_dir)
     config = ServeConfig(
         index=index,
         state_dir=state_dir,
         latency=latency,
-        credentials=credentials,
+        credentials=_credentials(args, state_dir),
         host=args.host,
         port=args.port,
         ready_file=args.ready_file,
@@ -180,12 +153,98 @@ def _serve(args: argparse.Namespace) -> int:
     )
     try:
         _run(serve(config))
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError) as err:  # ValueError: a ConfigError among them (emulator.errors)
         raise CliError(f"the emulator stopped: {err}") from None
     return 0
 
 
-def _run(coro: Any) -> None:
+def _topology(path: Path | None) -> FabricIndex:
+    """The topology of ``--topology`` (the packaged one without it); every problem printed."""
+    from emulator.topology import TopologyError, default_topology_path, load_topology
+
+    try:
+        return load_topology(path or default_topology_path())
+    except TopologyError as err:
+        if len(err.problems) > 1:
+            emit(f"fabric-dra: {err}:\n{err.details()}", file=sys.stderr)
+        raise CliError(f"{err}; fix the file and start again") from None
+
+
+def _latency(spec: str) -> LatencyProfile:
+    from emulator.errors import ConfigError
+    from emulator.redfish.model.latency import load_latency_profile
+
+    try:
+        return load_latency_profile(spec)
+    except ConfigError as err:
+        raise CliError(str(err)) from None
+
+
+def _check_tls(cert: Path | None, key: Path | None) -> None:
+    if (cert is None) != (key is None):
+        raise CliError("--tls-cert and --tls-key go together: give both to serve HTTPS, or neither")
+    for flag, path in (("--tls-cert", cert), ("--tls-key", key)):
+        if path is not None and not path.is_file():
+            raise CliError(f"{flag} {path}: no such file")
+
+
+def _state_dir(state_dir: Path) -> Path:
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise CliError(f"cannot create the state directory {state_dir}: {err.strerror}") from None
+    return state_dir
+
+
+def _credentials(args: argparse.Namespace, state_dir: Path) -> Credentials | None:
+    """The account to serve with: none with ``--insecure-no-auth``; the password given; or the
+    stored one (created on first start)."""
+    from emulator.errors import ConfigError
+    from emulator.redfish.tree.auth import Credentials, load_or_create_credentials
+    from plumbing.logs import get_logger
+
+    log = get_logger("emulator.cli")
+    if args.insecure_no_auth:
+        if args.username or args.password or args.password_file:
+            raise CliError("--insecure-no-auth serves without accounts; drop --username/--password")
+        log.warning(
+            "authentication is disabled (--insecure-no-auth): anyone who can connect can change the fabric"
+        )
+        return None
+    password = _password(args.password, args.password_file)
+    if password is not None:
+        return Credentials(username=args.username or "admin", password=password)
+    try:
+        credentials, created = load_or_create_credentials(state_dir, args.username)
+    except (OSError, ConfigError) as err:
+        raise CliError(f"cannot set up credentials: {err}") from None
+    log.info(
+        "created account credentials" if created else "using stored account credentials",
+        username=credentials.username,
+        credentials_file=str(state_dir / "credentials.json"),
+    )
+    return credentials
+
+
+def _password(given: str | None, password_file: Path | None) -> str | None:
+    """The password of ``--password-file`` or ``--password``; None when neither is given."""
+    if password_file is not None:
+        try:
+            password = password_file.read_text(encoding="utf-8").strip()
+        except OSError as err:
+            raise CliError(f"cannot read --password-file {password_file}: {err.strerror}") from None
+        if not password:
+            raise CliError(f"--password-file {password_file} is empty")
+        return password
+    if given is not None and not given.strip():
+        raise CliError(
+            "--password is empty: give a password, or leave it out to have one generated "
+            "(--insecure-no-auth serves without authentication, for development only)"
+        )
+    return given
+
+
+def _run(coro: Coroutine[Any, Any, None]) -> None:
     import asyncio
 
     loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
@@ -199,10 +258,14 @@ def _run(coro: Any) -> None:
         runner.run(coro)
 
 
-# --- a client of a running emulator -----------------------------------------------------------
+# --- a client of a running emulator ---------------------------------------------------------------
 
 
-def _add_client_args(p: argparse.ArgumentParser) -> None:
+_FAULTS = "/redfish/v1/Oem/FabricDRA/Faults"
+_BINDINGS = "/redfish/v1/Oem/FabricDRA/Bindings"
+
+
+def _add_client_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--url",
         default=os.environ.get("FABRIC_DRA_EMULATOR_URL"),
@@ -226,36 +289,8 @@ class _Admin:
         if not args.url:
             raise CliError("say which emulator: --url http://HOST:PORT (or set FABRIC_DRA_EMULATOR_URL)")
         self.url = args.url.rstrip("/")
-        self.auth: tuple[str, str] | None = None
-        username = args.username
-        password = None
-        if args.state_dir is not None:
-            from emulator.redfish.auth import CREDENTIALS_FILE, read_credentials
-
-            path = args.state_dir / CREDENTIALS_FILE
-            if path.exists():
-                try:
-                    creds = read_credentials(path)
-                except ValueError as err:
-                    raise CliError(str(err)) from None
-                username, password = username or creds.username, creds.password
-        if args.password_file is not None:
-            try:
-                password = args.password_file.read_text(encoding="utf-8").strip()
-            except OSError as err:
-                raise CliError(f"cannot read --password-file {args.password_file}: {err.strerror}") from None
-        if password is not None:
-            self.auth = (username or "admin", password)
-        self.verify: Any = True
-        if args.insecure:
-            self.verify = False
-        elif args.ca_file is not None:
-            import ssl
-
-            try:
-                self.verify = ssl.create_default_context(cafile=str(args.ca_file))
-            except (OSError, ssl.SSLError) as err:
-                raise CliError(f"cannot use --ca-file {args.ca_file}: {err}") from None
+        self.auth = _basic_auth(args.state_dir, args.username, args.password_file)
+        self.verify = _tls_verify(args.insecure, args.ca_file)
 
     def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         import logging
@@ -282,7 +317,153 @@ class _Admin:
         return data
 
 
-# --- fault ------------------------------------------------------------------------------------
+def _basic_auth(
+    state_dir: Path | None, username: str | None, password_file: Path | None
+) -> tuple[str, str] | None:
+    """User name and password: the emulator's stored credentials, ``--password-file`` over them."""
+    password = None
+    if state_dir is not None:
+        from emulator.errors import ConfigError
+        from emulator.redfish.tree.auth import CREDENTIALS_FILE, read_credentials
+
+        path = state_dir / CREDENTIALS_FILE
+        if path.exists():
+            try:
+                creds = read_credentials(path)
+            except ConfigError as err:
+                raise CliError(str(err)) from None
+            username, password = username or creds.username, creds.password
+    if password_file is not None:
+        try:
+            password = password_file.read_text(encoding="utf-8").strip()
+        except OSError as err:
+            raise CliError(f"cannot read --password-file {password_file}: {err.strerror}") from None
+    return (username or "admin", password) if password is not None else None
+
+
+def _tls_verify(insecure: bool, ca_file: Path | None) -> Any:
+    """What httpx verifies an HTTPS emulator with: the system's CAs, ``--ca-file``, or nothing."""
+    if insecure:
+        return False
+    if ca_file is None:
+        return True
+    import ssl
+
+    try:
+        return ssl.create_default_context(cafile=str(ca_file))
+    except (OSError, ssl.SSLError) as err:
+        raise CliError(f"cannot use --ca-file {ca_file}: {err}") from None
+
+
+# --- fault ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FaultOption:
+    """A flag of a fault command and the property of the fault's body it fills."""
+
+    flag: str
+    prop: str
+    help: str
+    type: Callable[[str], Any] = str
+    default: Any = None
+    required: bool = False
+    choices: tuple[str, ...] | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class FaultCommand:
+    """``fabric-dra emulator fault NAME``: injects a fault of ``kind``."""
+
+    name: str
+    help: str
+    kind: str
+    options: tuple[FaultOption, ...] = ()
+
+
+_DEVICE = FaultOption("--device", "Target", "device or memory chunk Id (default: any)")
+
+FAULT_COMMANDS = (
+    FaultCommand(
+        "fail-binds",
+        "fail the next N binds, unbinds or resets of a device with a Base MessageId",
+        "FailOperations",
+        (
+            _DEVICE,
+            FaultOption("--count", "Count", "how many operations fail (default: 1)", int, 1),
+            FaultOption(
+                "--message-id",
+                "MessageId",
+                "Base MessageId (default: OperationFailed)",
+                str,
+                "OperationFailed",
+            ),
+            FaultOption(
+                "--http-status", "HttpStatus", "HTTP status to answer with (default: by MessageId)", int
+            ),
+            FaultOption(
+                "--operation",
+                "Operation",
+                "default: bind; any is any bind or unbind (a reset action fails only under reset)",
+                default="bind",
+                choices=("bind", "unbind", "reset", "any"),
+            ),
+        ),
+    ),
+    FaultCommand(
+        "hang-task",
+        "run the next N operations on a device as tasks that never finish until reset",
+        "HangTasks",
+        (_DEVICE, FaultOption("--count", "Count", "default: 1", int, 1)),
+    ),
+    FaultCommand(
+        "health",
+        "set a device's Status.Health",
+        "DeviceHealth",
+        (
+            FaultOption("--device", "Device", "device Id", required=True),
+            FaultOption(
+                "--health",
+                "Health",
+                "default: Critical",
+                default="Critical",
+                choices=("OK", "Warning", "Critical"),
+            ),
+        ),
+    ),
+    FaultCommand(
+        "port-down",
+        "take a host's upstream port down (binds to it fail; its devices vanish)",
+        "PortDown",
+        (
+            FaultOption("--host", "Host", "host (ComputerSystem Id)", required=True),
+            FaultOption("--switch", "Switch", "only this switch's port (default: every switch of the host)"),
+        ),
+    ),
+    FaultCommand(
+        "slow",
+        "delay every response (but the admin API's) by SECONDS",
+        "SlowResponses",
+        (FaultOption("--seconds", "Seconds", "delay per response", float, required=True),),
+    ),
+    FaultCommand(
+        "drop-connections",
+        "close the connection of the next N requests without a response",
+        "DropConnections",
+        (FaultOption("--count", "Count", "how many requests (default: all, until reset)", int),),
+    ),
+    FaultCommand(
+        "unavailable",
+        "answer every request (but the admin API's) with 503 until reset",
+        "Unavailable",
+        (FaultOption("--retry-after", "RetryAfterSeconds", "Retry-After seconds (default: 5)", int, 5),),
+    ),
+    FaultCommand("expire-sessions", "end every open session now", "ExpireSessions"),
+)
 
 
 def _register_fault(commands: SubParsers) -> None:
@@ -293,133 +474,75 @@ def _register_fault(commands: SubParsers) -> None:
     )
     kinds = p.add_subparsers(title="faults", metavar="FAULT")
 
-    def kind(name: str, help_text: str) -> argparse.ArgumentParser:
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
         sub = kinds.add_parser(name, help=help_text, description=help_text)
-        _add_client_args(sub)
+        _add_client_options(sub)
         return sub
 
-    sub = kind("fail-binds", "fail the next N binds, unbinds or resets of a device with a Base MessageId")
-    sub.add_argument("--device", help="device or memory chunk Id (default: any)")
-    sub.add_argument("--count", type=int, default=1, help="how many operations fail (default: 1)")
-    sub.add_argument(
-        "--message-id", default="OperationFailed", help="Base MessageId (default: OperationFailed)"
-    )
-    sub.add_argument("--http-status", type=int, help="HTTP status to answer with (default: by MessageId)")
-    sub.add_argument(
-        "--operation",
-        choices=["bind", "unbind", "reset", "any"],
-        default="bind",
-        help="default: bind; any is any bind or unbind (a reset action fails only under reset)",
-    )
-    sub.set_defaults(
-        handler=lambda a: _inject(
-            a,
-            {
-                "Kind": "FailOperations",
-                "Target": a.device,
-                "Count": a.count,
-                "MessageId": a.message_id,
-                "HttpStatus": a.http_status,
-                "Operation": a.operation,
-            },
-        )
-    )
-    sub = kind("hang-task", "run the next N operations on a device as tasks that never finish until reset")
-    sub.add_argument("--device", help="device or memory chunk Id (default: any)")
-    sub.add_argument("--count", type=int, default=1, help="default: 1")
-    sub.set_defaults(
-        handler=lambda a: _inject(a, {"Kind": "HangTasks", "Target": a.device, "Count": a.count})
-    )
-    sub = kind("health", "set a device's Status.Health")
-    sub.add_argument("--device", required=True, help="device Id")
-    sub.add_argument(
-        "--health", choices=["OK", "Warning", "Critical"], default="Critical", help="default: Critical"
-    )
-    sub.set_defaults(
-        handler=lambda a: _inject(a, {"Kind": "DeviceHealth", "Device": a.device, "Health": a.health})
-    )
-    sub = kind("port-down", "take a host's upstream port down (binds to it fail; its devices vanish)")
-    sub.add_argument("--host", required=True, help="host (ComputerSystem Id)")
-    sub.add_argument("--switch", help="only this switch's port (default: every switch of the host)")
-    sub.set_defaults(handler=lambda a: _inject(a, {"Kind": "PortDown", "Host": a.host, "Switch": a.switch}))
-    sub = kind("slow", "delay every response (but the admin API's) by SECONDS")
-    sub.add_argument("--seconds", type=float, required=True, help="delay per response")
-    sub.set_defaults(handler=lambda a: _inject(a, {"Kind": "SlowResponses", "Seconds": a.seconds}))
-    sub = kind("drop-connections", "close the connection of the next N requests without a response")
-    sub.add_argument("--count", type=int, help="how many requests (default: all, until reset)")
-    sub.set_defaults(handler=lambda a: _inject(a, {"Kind": "DropConnections", "Count": a.count}))
-    sub = kind("unavailable", "answer every request (but the admin API's) with 503 until reset")
-    sub.add_argument("--retry-after", type=int, default=5, help="Retry-After seconds (default: 5)")
-    sub.set_defaults(
-        handler=lambda a: _inject(a, {"Kind": "Unavailable", "RetryAfterSeconds": a.retry_after})
-    )
-    sub = kind("expire-sessions", "end every open session now")
-    sub.set_defaults(handler=lambda a: _inject(a, {"Kind": "ExpireSessions"}))
-    sub = kind("list", "print the active faults")
+    for fault in FAULT_COMMANDS:
+        sub = command(fault.name, fault.help)
+        for o in fault.options:
+            sub.add_argument(
+                o.flag, type=o.type, default=o.default, required=o.required, choices=o.choices, help=o.help
+            )
+        sub.set_defaults(handler=functools.partial(_inject, fault=fault))
+    sub = command("list", "print the active faults")
     add_output_option(sub)
     sub.set_defaults(handler=_list_faults)
-    sub = kind("reset", "remove every fault (hung tasks resume, ports come up, health returns to OK)")
+    sub = command("reset", "remove every fault (hung tasks resume, ports come up, health returns to OK)")
     sub.add_argument("--id", help="remove only this fault")
     sub.set_defaults(handler=_reset_faults)
     p.set_defaults(handler=usage(p))
 
 
-def _inject(args: argparse.Namespace, spec: dict[str, Any]) -> int:
-    body = {k: v for k, v in spec.items() if v is not None}
-    result = _Admin(args).request("POST", "/redfish/v1/Oem/FabricDRA/Faults", body)
+def _inject(args: argparse.Namespace, fault: FaultCommand) -> int:
+    body = {"Kind": fault.kind}
+    body |= {o.prop: value for o in fault.options if (value := getattr(args, o.dest)) is not None}
+    result = _Admin(args).request("POST", _FAULTS, body)
     if "Id" in result:
         emit(
-            f"fault {result['Id']}: {spec['Kind']} active "
+            f"fault {result['Id']}: {fault.kind} active "
             f"(remove it: fabric-dra emulator fault reset --id {result['Id']})"
         )
     else:
-        emit(f"{spec['Kind']}: {result.get('Result', 'done')}")
+        emit(f"{fault.kind}: {result.get('Result', 'done')}")
     return 0
 
 
 def _list_faults(args: argparse.Namespace) -> int:
-    result = _Admin(args).request("GET", "/redfish/v1/Oem/FabricDRA/Faults")
+    result = _Admin(args).request("GET", _FAULTS)
     faults: list[dict[str, Any]] = result.get("Faults", [])
     if args.output in ("json", "yaml"):
         emit(dump_document({"faults": faults}, args.output))
-        return 0
-    if not faults:
+    elif not faults:
         emit("no active faults")
-        return 0
-    if args.output == "wide":  # one column per field any fault has
+    elif args.output == "wide":  # one column per field any fault has
         fields = list(dict.fromkeys(k for fault in faults for k in fault if k not in ("Id", "Kind")))
         rows = [[fault["Id"], fault["Kind"], *(_cell(fault.get(k)) for k in fields)] for fault in faults]
         emit(format_table(["ID", "KIND", *(k.upper() for k in fields)], rows))
-        return 0
-    rows = [
-        [
-            fault["Id"],
-            fault["Kind"],
-            ", ".join(f"{k}={v}" for k, v in fault.items() if k not in ("Id", "Kind") and v is not None),
-        ]
-        for fault in faults
-    ]
-    emit(format_table(["ID", "KIND", "DETAILS"], rows))
+    else:
+        rows = [[fault["Id"], fault["Kind"], _details(fault)] for fault in faults]
+        emit(format_table(["ID", "KIND", "DETAILS"], rows))
     return 0
 
 
-def _cell(value: object) -> str:
-    return "-" if value is None or value == "" else str(value)
+def _details(fault: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in fault.items() if k not in ("Id", "Kind") and v is not None)
 
 
 def _reset_faults(args: argparse.Namespace) -> int:
     admin = _Admin(args)
     if args.id:
-        admin.request("DELETE", f"/redfish/v1/Oem/FabricDRA/Faults/{args.id}")
+        admin.request("DELETE", f"{_FAULTS}/{args.id}")
         emit(f"fault {args.id} removed")
     else:
-        result = admin.request("DELETE", "/redfish/v1/Oem/FabricDRA/Faults")
+        result = admin.request("DELETE", _FAULTS)
         removed, resumed = result.get("Removed", 0), result.get("ResumedTasks", 0)
         emit(f"removed {removed} fault(s), resumed {resumed} hung task(s)")
     return 0
 
 
-# --- bindings ---------------------------------------------------------------------------------
+# --- bindings -------------------------------------------------------------------------------------
 
 
 def _register_bindings(commands: SubParsers) -> None:
@@ -428,7 +551,7 @@ def _register_bindings(commands: SubParsers) -> None:
         help="print which device is bound to which host in a running emulator",
         description="Print the binding table of a running emulator (its OEM Bindings resource).",
     )
-    _add_client_args(p)
+    _add_client_options(p)
     add_output_option(p)
     # the word this command had before -o; kept so scripts that use it go on working
     p.add_argument("--json", dest="output", action="store_const", const="json", help="the same as -o json")
@@ -436,26 +559,13 @@ def _register_bindings(commands: SubParsers) -> None:
 
 
 def _bindings(args: argparse.Namespace) -> int:
-    data = _Admin(args).request("GET", "/redfish/v1/Oem/FabricDRA/Bindings")
+    data = _Admin(args).request("GET", _BINDINGS)
     if args.output in ("json", "yaml"):
         emit(dump_document(data, args.output))
         return 0
     wide = args.output == "wide"
-    rows: list[list[str]] = []
-    for b in data.get("Bindings", []):
-        via = b.get("Zone") or b.get("Connection") or "-"
-        address = ", ".join(f"{k}={v}" for k, v in b.get("HostAddress", {}).items()) or "-"
-        rows.append([b["Target"], b["Host"], b["Style"], via, address])
-        if wide:
-            visible = {True: "yes", False: "no (port down)"}.get(b.get("VisibleToHost"), "-")
-            rows[-1] += [_cell(b.get("Fabric")), _cell(b.get("Since")), visible, "-"]
-    for op in data.get("InFlight", []):
-        task = op["Task"]
-        rows.append(
-            [op["Target"], op["Host"], op["Operation"] + "ing", "-", f"task {task.rsplit('/', 1)[-1]}"]
-        )
-        if wide:
-            rows[-1] += ["-", "-", "-", task]
+    rows = [_binding_row(b, wide) for b in data.get("Bindings", [])]
+    rows += [_in_flight_row(op, wide) for op in data.get("InFlight", [])]
     if not rows:
         emit("(nothing bound)")
         return 0
@@ -466,16 +576,40 @@ def _bindings(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- topology ---------------------------------------------------------------------------------
+def _binding_row(b: dict[str, Any], wide: bool) -> list[str]:
+    via = b.get("Zone") or b.get("Connection") or "-"
+    address = ", ".join(f"{k}={v}" for k, v in b.get("HostAddress", {}).items()) or "-"
+    row = [b["Target"], b["Host"], b["Style"], via, address]
+    if wide:
+        shown = b.get("VisibleToHost")
+        visible = "yes" if shown is True else "no (port down)" if shown is False else "-"
+        row += [_cell(b.get("Fabric")), _cell(b.get("Since")), visible, "-"]
+    return row
+
+
+def _in_flight_row(op: dict[str, Any], wide: bool) -> list[str]:
+    task = op["Task"]
+    row = [op["Target"], op["Host"], op["Operation"] + "ing", "-", f"task {task.rsplit('/', 1)[-1]}"]
+    return [*row, "-", "-", "-", task] if wide else row
+
+
+# --- topology -------------------------------------------------------------------------------------
 
 
 def _register_topology(commands: SubParsers) -> None:
-    p = commands.add_parser(
+    _command_group(
+        commands,
         "topology",
-        help="check, summarise and generate topology files",
-        description="Validate, summarise or generate emulator topology files (docs/emulator.md).",
+        "check, summarise and generate topology files",
+        "Validate, summarise or generate emulator topology files (docs/emulator.md).",
+        (_register_validate, _register_show, _register_generate),
     )
-    sub = p.add_subparsers(title="commands", metavar="COMMAND")
+
+
+# --- topology validate ----------------------------------------------------------------------------
+
+
+def _register_validate(sub: SubParsers) -> None:
     v = sub.add_parser(
         "validate",
         help="check a topology file; print every problem with its line and field",
@@ -487,6 +621,50 @@ def _register_topology(commands: SubParsers) -> None:
     v.add_argument("file", type=Path, metavar="FILE")
     add_output_option(v)
     v.set_defaults(handler=_validate)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from emulator.topology import TopologyError, load_topology
+
+    document = args.output in ("json", "yaml")
+    try:
+        index = load_topology(args.file)
+    except TopologyError as err:
+        if document:
+            problems = _problems(err)
+            emit(dump_document({"file": str(args.file), "valid": False, "problems": problems}, args.output))
+        else:
+            emit(f"{err.source}: {len(err.problems)} problem(s):", file=sys.stderr)
+            emit(err.details(), file=sys.stderr)
+        return 1
+    summary = {"hosts": len(index.hosts), "devices": len(index.devices), "targets": len(index.targets)}
+    if document:
+        emit(dump_document({"file": str(args.file), "valid": True, "problems": [], **summary}, args.output))
+        return 0
+    emit(
+        f"{args.file}: valid: {summary['hosts']} hosts, {summary['devices']} devices, "
+        f"{summary['targets']} bindable targets"
+    )
+    return 0
+
+
+def _problems(err: TopologyError) -> list[dict[str, Any]]:
+    """Each problem of ``err`` with where the file has its field (line and column, when it does)."""
+    return [
+        {
+            "line": pos[0] if pos else None,
+            "column": pos[1] if pos else None,
+            "field": p.loc,
+            "problem": p.message,
+        }
+        for p, pos in zip(err.problems, err.positions, strict=True)
+    ]
+
+
+# --- topology show --------------------------------------------------------------------------------
+
+
+def _register_show(sub: SubParsers) -> None:
     s = sub.add_parser(
         "show",
         help="summarise a topology (the packaged default without FILE)",
@@ -496,6 +674,70 @@ def _register_topology(commands: SubParsers) -> None:
     s.add_argument("file", type=Path, nargs="?", metavar="FILE")
     add_output_option(s)
     s.set_defaults(handler=_show)
+
+
+def _show(args: argparse.Namespace) -> int:
+    from emulator.topology import TopologyError, default_topology_path, load_topology
+
+    path = args.file or default_topology_path()
+    try:
+        index = load_topology(path)
+    except TopologyError as err:
+        raise CliError(str(err)) from None
+    switches = _switches(index)
+    if args.output in ("json", "yaml"):
+        document = {"topology": str(path), "hosts": list(index.hosts), "switches": switches}
+        emit(dump_document(document, args.output))
+        return 0
+    emit(f"topology {path}")
+    emit(f"hosts ({len(index.hosts)}): {', '.join(index.hosts)}")
+    wide = args.output == "wide"
+    for summary in switches:
+        emit(f"{summary['fabric']} switch {summary['id']}: hosts {', '.join(summary['hosts'])}")
+        rows = [_device_row(d, wide) for d in summary["devices"]]
+        headers = ["PORT", "DEVICE", "TYPE", "MODEL"] + (["PCI ID", "MEMORY BYTES", "LINK"] if wide else [])
+        emit("\n".join("  " + line for line in format_table(headers, rows).splitlines()))
+    return 0
+
+
+def _switches(index: FabricIndex) -> list[dict[str, Any]]:
+    """Each switch with the hosts cabled to it and the devices behind it, as ``-o json`` shows them."""
+    return [
+        {
+            "fabric": sw.fabric,
+            "id": sw.id,
+            "hosts": list(sw.upstream_ports),
+            "devices": [_device(index.devices[d]) for d in sw.devices],
+        }
+        for sw in index.switches.values()
+    ]
+
+
+def _device(d: Device) -> dict[str, Any]:
+    return {
+        "port": d.port,
+        "id": d.id,
+        "type": d.type.value,
+        "model": d.model.model,
+        "serial": d.serial,
+        "pciId": f"{d.model.vendor_id:04x}:{d.model.device_id:04x}",
+        "memoryBytes": int(d.model.memory) if d.model.memory is not None else None,
+        "link": f"gen{d.model.pcie_generation} x{d.model.pcie_width}",
+        "chunks": len(d.chunks),
+        "chunkMib": d.chunks[0].size_mib if d.chunks else None,
+    }
+
+
+def _device_row(d: dict[str, Any], wide: bool) -> list[str]:
+    extra = f", {d['chunks']} chunks of {d['chunkMib']} MiB" if d["chunks"] else ""
+    row = [d["port"], d["id"], d["type"], f"{d['model']} (serial {d['serial']}{extra})"]
+    return [*row, d["pciId"], _cell(d["memoryBytes"]), d["link"]] if wide else row
+
+
+# --- topology generate ----------------------------------------------------------------------------
+
+
+def _register_generate(sub: SubParsers) -> None:
     g = sub.add_parser(
         "generate",
         help="write a large deterministic topology (e.g. 50 hosts, 200 devices) for load tests",
@@ -505,6 +747,7 @@ def _register_topology(commands: SubParsers) -> None:
             "always give the same file."
         ),
     )
+    # one flag per field of emulator.topology.generate.GenerateSpec, named as the field is
     g.add_argument("--hosts", type=int, default=4, help="number of hosts (default: 4)")
     g.add_argument("--gpus", type=int, default=8, help="GPUs, alternating between two models (default: 8)")
     g.add_argument("--nvme", type=int, default=2, help="NVMe drives (default: 2)")
@@ -522,107 +765,13 @@ def _register_topology(commands: SubParsers) -> None:
         "--output-file", type=Path, metavar="FILE", help="write the topology here instead of standard output"
     )
     g.set_defaults(handler=_generate)
-    p.set_defaults(handler=usage(p))
-
-
-def _validate(args: argparse.Namespace) -> int:
-    from emulator.topology import TopologyError, load_topology
-
-    try:
-        index = load_topology(args.file)
-    except TopologyError as err:
-        if args.output in ("json", "yaml"):
-            problems = [
-                {
-                    "line": pos[0] if pos else None,
-                    "column": pos[1] if pos else None,
-                    "field": p.loc,
-                    "problem": p.message,
-                }
-                for p, pos in zip(err.problems, err.positions, strict=True)
-            ]
-            emit(dump_document({"file": str(args.file), "valid": False, "problems": problems}, args.output))
-        else:
-            emit(f"{err.source}: {len(err.problems)} problem(s):", file=sys.stderr)
-            emit(err.details(), file=sys.stderr)
-        return 1
-    summary = {"hosts": len(index.hosts), "devices": len(index.devices), "targets": len(index.targets)}
-    if args.output in ("json", "yaml"):
-        emit(dump_document({"file": str(args.file), "valid": True, "problems": [], **summary}, args.output))
-        return 0
-    emit(
-        f"{args.file}: valid: {summary['hosts']} hosts, {summary['devices']} devices, "
-        f"{summary['targets']} bindable targets"
-    )
-    return 0
-
-
-def _show(args: argparse.Namespace) -> int:
-    from emulator.topology import TopologyError, default_topology_path, load_topology
-
-    path = args.file or default_topology_path()
-    try:
-        index = load_topology(path)
-    except TopologyError as err:
-        raise CliError(str(err)) from None
-    switches: list[dict[str, Any]] = []
-    for sw in index.switches.values():
-        devices: list[dict[str, Any]] = []
-        for device_id in sw.devices:
-            d = index.devices[device_id]
-            devices.append(
-                {
-                    "port": d.port,
-                    "id": d.id,
-                    "type": d.type.value,
-                    "model": d.model.model,
-                    "serial": d.serial,
-                    "pciId": f"{d.model.vendor_id:04x}:{d.model.device_id:04x}",
-                    "memoryBytes": int(d.model.memory) if d.model.memory is not None else None,
-                    "link": f"gen{d.model.pcie_generation} x{d.model.pcie_width}",
-                    "chunks": len(d.chunks),
-                    "chunkMib": d.chunks[0].size_mib if d.chunks else None,
-                }
-            )
-        switches.append(
-            {"fabric": sw.fabric, "id": sw.id, "hosts": list(sw.upstream_ports), "devices": devices}
-        )
-    if args.output in ("json", "yaml"):
-        document = {"topology": str(path), "hosts": list(index.hosts), "switches": switches}
-        emit(dump_document(document, args.output))
-        return 0
-    emit(f"topology {path}")
-    emit(f"hosts ({len(index.hosts)}): {', '.join(index.hosts)}")
-    wide = args.output == "wide"
-    for summary in switches:
-        emit(f"{summary['fabric']} switch {summary['id']}: hosts {', '.join(summary['hosts'])}")
-        rows: list[list[str]] = []
-        for d in summary["devices"]:
-            extra = f", {d['chunks']} chunks of {d['chunkMib']} MiB" if d["chunks"] else ""
-            rows.append([d["port"], d["id"], d["type"], f"{d['model']} (serial {d['serial']}{extra})"])
-            if wide:
-                rows[-1] += [d["pciId"], _cell(d["memoryBytes"]), d["link"]]
-        headers = ["PORT", "DEVICE", "TYPE", "MODEL"] + (["PCI ID", "MEMORY BYTES", "LINK"] if wide else [])
-        emit("\n".join("  " + line for line in format_table(headers, rows).splitlines()))
-    return 0
 
 
 def _generate(args: argparse.Namespace) -> int:
     from emulator.topology.generate import GenerateSpec, generate_topology_yaml
 
     try:
-        spec = GenerateSpec(
-            hosts=args.hosts,
-            gpus=args.gpus,
-            nvme=args.nvme,
-            nics=args.nics,
-            fpgas=args.fpgas,
-            cxl_devices=args.cxl_devices,
-            chunks=args.chunks,
-            devices_per_switch=args.devices_per_switch,
-            host_prefix=args.host_prefix,
-            seed=args.seed,
-        )
+        spec = GenerateSpec(**{field: getattr(args, field) for field in GenerateSpec.model_fields})
     except ValueError as err:
         raise CliError(str(err).splitlines()[-1] if "\n" in str(err) else str(err)) from None
     text = generate_topology_yaml(spec)
@@ -632,10 +781,15 @@ def _generate(args: argparse.Namespace) -> int:
         text = dump_document(yaml.safe_load(text), "json") + "\n"
     if args.output_file is None:
         emit(text.rstrip("\n"))
-    else:
-        try:
-            args.output_file.write_text(text, encoding="utf-8")
-        except OSError as err:
-            raise CliError(f"cannot write --output-file {args.output_file}: {err.strerror}") from None
-        emit(f"wrote {args.output_file}", file=sys.stderr)
+        return 0
+    try:
+        args.output_file.write_text(text, encoding="utf-8")
+    except OSError as err:
+        raise CliError(f"cannot write --output-file {args.output_file}: {err.strerror}") from None
+    emit(f"wrote {args.output_file}", file=sys.stderr)
     return 0
+
+
+def _cell(value: object) -> str:
+    """A table cell: ``-`` for a value that is not there."""
+    return "-" if value is None or value == "" else str(value)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from emulator.errors import ConfigError, GuestError
 from emulator.qemu.image import GUEST_AGENT, GUEST_INIT, GUEST_TMPFS, GuestImage, build_image, cache_dir
 from plumbing.logs import get_logger
 
@@ -81,12 +82,14 @@ class RootPort:
 def root_ports(fabric_ports: Sequence[str]) -> list[RootPort]:
     """Slots 1, 2, ... in the order given (the topology's order: stable across restarts)."""
     if len(fabric_ports) > _MAX_ROOT_PORTS:
-        raise ValueError(f"a QEMU host takes at most {_MAX_ROOT_PORTS} fabric ports, not {len(fabric_ports)}")
+        raise ConfigError(
+            f"a QEMU host takes at most {_MAX_ROOT_PORTS} fabric ports, not {len(fabric_ports)}"
+        )
     return [RootPort(port, n) for n, port in enumerate(fabric_ports, start=1)]
 
 
-class AgentError(RuntimeError):
-    pass
+class AgentError(GuestError):
+    """The guest agent did not answer, or answered with an error."""
 
 
 @dataclass
@@ -241,7 +244,7 @@ _PROJECT = Path(__file__).resolve().parents[2]
 def kept_paths(python: str, project: Path = _PROJECT) -> list[str]:
     """What the guest runs from this machine that lies under a directory the guest covers with a
     tmpfs (a checkout under ``/tmp``, a CI workspace under ``/var/lib``): the initramfs mounts
-    each back on top (image.py ``_INIT``). Raises ValueError for a path the kernel command line
+    each back on top (image.py ``_INIT``). Raises ConfigError for a path the kernel command line
     cannot carry."""
     prefix = Path(python).parent.parent  # <venv>/bin/python: the symlink, not what it points to
     wanted = sorted({str(project), os.path.abspath(prefix)})
@@ -252,7 +255,7 @@ def kept_paths(python: str, project: Path = _PROJECT) -> list[str]:
         if any(path.startswith(k + "/") for k in kept):
             continue
         if any(c.isspace() or c in ',"' for c in path):
-            raise ValueError(
+            raise ConfigError(
                 f"the guest cannot reach {path}: a path on its kernel command line "
                 "has no spaces, commas or quotes"
             )

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from emulator.errors import ConfigError, GuestError
 from emulator.qemu.guest import GuestConfig, QemuGuest, root_ports
 from emulator.qemu.qmp import QmpClient, QmpError
 from emulator.topology.index import FabricIndex, Problem
@@ -71,7 +72,7 @@ STAND_INS: dict[tuple[int, int], StandIn] = {
 }
 
 
-class HostUnplugError(RuntimeError):
+class HostUnplugError(GuestError):
     """The guest did not release a device (or QEMU refused the change); the binding stays."""
 
 
@@ -301,7 +302,7 @@ class QemuHosts:
     def __init__(self, index: FabricIndex, state_dir: Path) -> None:
         problems = check_qemu_hosts(index)
         if problems:
-            raise ValueError("topology: " + "; ".join(str(p) for p in problems))
+            raise ConfigError("topology: " + "; ".join(str(p) for p in problems))
         self.hosts = {
             name: QemuHost(name, index, options, state_dir) for name, options in qemu_hosts(index).items()
         }

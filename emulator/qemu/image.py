@@ -34,6 +34,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from emulator.errors import GuestError
+
 __all__ = [
     "GUEST_INIT",
     "GUEST_TMPFS",
@@ -112,7 +114,7 @@ exec switch_root $R "$init"
 """.replace("@TMPFS@", " ".join(GUEST_TMPFS))
 
 
-class ImageError(RuntimeError):
+class ImageError(GuestError):
     """The guest image cannot be built on this machine (with what is missing)."""
 
 

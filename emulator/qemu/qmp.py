@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from emulator.errors import GuestError
 from plumbing.logs import get_logger
 
 __all__ = ["QmpClient", "QmpError"]
@@ -21,7 +22,7 @@ __all__ = ["QmpClient", "QmpError"]
 log = get_logger(__name__)
 
 
-class QmpError(RuntimeError):
+class QmpError(GuestError):
     """QEMU answered a command with an error (``class`` and ``desc`` of the QMP error)."""
 
     def __init__(self, command: str, error_class: str, desc: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from emulator.errors import ConfigError
 from emulator.topology.index import (
     FABRIC_CXL,
     FABRIC_PCIE,
@@ -48,7 +49,7 @@ __all__ = [
 ]
 
 
-class TopologyError(ValueError):
+class TopologyError(ConfigError):
     """A topology file that cannot be used; ``problems`` name each field and what is wrong.
 
     ``positions`` (parallel to ``problems``, filled by :func:`load_topology`) hold the line and

@@ -11,7 +11,14 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from emulator.topology.model import PCIE_DEVICE_TYPES, CxlDevice, DeviceModel, PcieDevice, Topology
+from emulator.topology.model import (
+    PCIE_DEVICE_TYPES,
+    CxlDevice,
+    DeviceModel,
+    PcieDevice,
+    Topology,
+    _DeviceBase,
+)
 from manager_api.devices import DeviceType
 
 __all__ = [
@@ -211,6 +218,15 @@ class FabricIndex:
 
 def check_references(topology: Topology) -> list[Problem]:
     """Everything pydantic cannot see: references between sections, uniqueness, sizes."""
+    problems, host_names = _check_hosts(topology)
+    problems += _check_models(topology)
+    problems += _check_shared_blocks(topology, host_names)
+    problems += _SwitchChecks(topology, host_names).run()
+    return problems
+
+
+def _check_hosts(topology: Topology) -> tuple[list[Problem], dict[str, int]]:
+    """Unique host names and UUIDs; also each name's index, for the checks that refer to hosts."""
     problems: list[Problem] = []
     host_names: dict[str, int] = {}
     host_uuids: set[uuid.UUID] = set()
@@ -221,13 +237,22 @@ def check_references(topology: Topology) -> list[Problem]:
         if host.uuid in host_uuids:
             problems.append(Problem(f"hosts[{i}].uuid", f"UUID {host.uuid} is used by another host"))
         host_uuids.add(host.uuid)
+    return problems, host_names
 
+
+def _check_models(topology: Topology) -> list[Problem]:
+    problems = []
     for key, model in topology.models.items():
         if model.type in (DeviceType.OTHER, DeviceType.STORAGE):
             problems.append(Problem(f"models.{key}.type", "must be one of gpu, nvme, nic, fpga, cxl-memory"))
         if model.type == DeviceType.CXL_MEMORY and not model.memory:
             problems.append(Problem(f"models.{key}.memory", "a cxl-memory model needs its capacity"))
+    return problems
 
+
+def _check_shared_blocks(topology: Topology, host_names: dict[str, int]) -> list[Problem]:
+    """``behaviour.sharedBlocks``: each a pooled PCIe device shared by two or more known hosts."""
+    problems = []
     for block, holders in topology.behaviour.shared_blocks.items():
         loc = f"behaviour.sharedBlocks.{block}"
         if len(set(holders)) < 2:
@@ -249,72 +274,75 @@ def check_references(topology: Topology) -> list[Problem]:
             or (topology.models[found.model].type == DeviceType.CXL_MEMORY)
         ):
             problems.append(Problem(loc, f"{block!r} is no pooled PCIe device (no resource block)"))
-
-    # Host names and device/chunk Ids share one namespace: both are Endpoint Ids in a fabric.
-    seen_ids: dict[str, str] = {name: f"hosts[{i}].name" for name, i in host_names.items()}
-    serials: dict[str, str] = {}
-
-    def claim_id(ident: str, loc: str) -> None:
-        if ident in seen_ids:
-            problems.append(Problem(loc, f"Id {ident!r} is already used at {seen_ids[ident]}"))
-        else:
-            seen_ids[ident] = loc
-
-    for section, switches in topology.switch_sections():
-        switch_ids: set[str] = set()
-        for s, sw in enumerate(switches):
-            sw_loc = f"{section}.switches[{s}]"
-            if sw.id in switch_ids:
-                problems.append(Problem(f"{sw_loc}.id", f"duplicate switch {sw.id!r}"))
-            switch_ids.add(sw.id)
-            for h, name in enumerate(sw.hosts or []):
-                if name not in host_names:
-                    problems.append(Problem(f"{sw_loc}.hosts[{h}]", f"unknown host {name!r}"))
-            ports: set[str] = set()
-            for d, dev in enumerate(sw.device_list()):
-                loc = f"{sw_loc}.devices[{d}]"
-                claim_id(dev.id, f"{loc}.id")
-                if dev.port:
-                    if dev.port in ports or dev.port.startswith("UP"):
-                        problems.append(
-                            Problem(f"{loc}.port", f"port {dev.port!r} is taken (UP* are host ports)")
-                        )
-                    ports.add(dev.port)
-                if dev.serial in serials:
-                    problems.append(
-                        Problem(
-                            f"{loc}.serial", f"serial {dev.serial!r} is already used at {serials[dev.serial]}"
-                        )
-                    )
-                serials.setdefault(dev.serial, f"{loc}.serial")
-                device_model = topology.models.get(dev.model)
-                if device_model is None:
-                    known = ", ".join(sorted(topology.models)) or "none defined"
-                    problems.append(Problem(f"{loc}.model", f"unknown model {dev.model!r} (known: {known})"))
-                    continue
-                if isinstance(dev, PcieDevice) and device_model.type not in PCIE_DEVICE_TYPES:
-                    problems.append(
-                        Problem(
-                            f"{loc}.model",
-                            f"model {dev.model!r} is {device_model.type}, not a PCIe device type",
-                        )
-                    )
-                if isinstance(dev, CxlDevice):
-                    if device_model.type != DeviceType.CXL_MEMORY:
-                        problems.append(
-                            Problem(
-                                f"{loc}.model", f"model {dev.model!r} is {device_model.type}, not cxl-memory"
-                            )
-                        )
-                        continue
-                    total = int(device_model.memory or 0)
-                    if total % dev.chunks or (total // dev.chunks) % _MIB:
-                        problems.append(
-                            Problem(
-                                f"{loc}.chunks",
-                                f"{total} bytes do not split into {dev.chunks} chunks of whole MiB",
-                            )
-                        )
-                    for c in range(dev.chunks):
-                        claim_id(f"{dev.id}-chunk{c}", f"{loc} (chunk {c})")
     return problems
+
+
+class _SwitchChecks:
+    """The switches and the devices behind them: unique switch, device and chunk Ids, ports and
+    serials; hosts and models that exist; CXL memory that splits into whole-MiB chunks."""
+
+    def __init__(self, topology: Topology, host_names: dict[str, int]) -> None:
+        self.topology = topology
+        self.host_names = host_names
+        self.problems: list[Problem] = []
+        # Host names and device/chunk Ids share one namespace: both are Endpoint Ids in a fabric.
+        self.seen_ids: dict[str, str] = {name: f"hosts[{i}].name" for name, i in host_names.items()}
+        self.serials: dict[str, str] = {}
+
+    def run(self) -> list[Problem]:
+        for section, switches in self.topology.switch_sections():
+            switch_ids: set[str] = set()
+            for s, sw in enumerate(switches):
+                sw_loc = f"{section}.switches[{s}]"
+                if sw.id in switch_ids:
+                    self.problems.append(Problem(f"{sw_loc}.id", f"duplicate switch {sw.id!r}"))
+                switch_ids.add(sw.id)
+                for h, name in enumerate(sw.hosts or []):
+                    if name not in self.host_names:
+                        self.problems.append(Problem(f"{sw_loc}.hosts[{h}]", f"unknown host {name!r}"))
+                ports: set[str] = set()
+                for d, dev in enumerate(sw.device_list()):
+                    self._device(dev, f"{sw_loc}.devices[{d}]", ports)
+        return self.problems
+
+    def _claim_id(self, ident: str, loc: str) -> None:
+        if ident in self.seen_ids:
+            self.problems.append(Problem(loc, f"Id {ident!r} is already used at {self.seen_ids[ident]}"))
+        else:
+            self.seen_ids[ident] = loc
+
+    def _device(self, dev: _DeviceBase, loc: str, ports: set[str]) -> None:
+        self._claim_id(dev.id, f"{loc}.id")
+        if dev.port:
+            if dev.port in ports or dev.port.startswith("UP"):
+                self.problems.append(
+                    Problem(f"{loc}.port", f"port {dev.port!r} is taken (UP* are host ports)")
+                )
+            ports.add(dev.port)
+        if dev.serial in self.serials:
+            used = self.serials[dev.serial]
+            self.problems.append(Problem(f"{loc}.serial", f"serial {dev.serial!r} is already used at {used}"))
+        self.serials.setdefault(dev.serial, f"{loc}.serial")
+        device_model = self.topology.models.get(dev.model)
+        if device_model is None:
+            known = ", ".join(sorted(self.topology.models)) or "none defined"
+            self.problems.append(Problem(f"{loc}.model", f"unknown model {dev.model!r} (known: {known})"))
+            return
+        if isinstance(dev, PcieDevice) and device_model.type not in PCIE_DEVICE_TYPES:
+            what = f"model {dev.model!r} is {device_model.type}, not a PCIe device type"
+            self.problems.append(Problem(f"{loc}.model", what))
+        if isinstance(dev, CxlDevice):
+            self._memory(dev, device_model, loc)
+
+    def _memory(self, dev: CxlDevice, device_model: DeviceModel, loc: str) -> None:
+        """A CXL memory device: its model's capacity splits into its chunks, whose Ids are its own."""
+        if device_model.type != DeviceType.CXL_MEMORY:
+            what = f"model {dev.model!r} is {device_model.type}, not cxl-memory"
+            self.problems.append(Problem(f"{loc}.model", what))
+            return
+        total = int(device_model.memory or 0)
+        if total % dev.chunks or (total // dev.chunks) % _MIB:
+            what = f"{total} bytes do not split into {dev.chunks} chunks of whole MiB"
+            self.problems.append(Problem(f"{loc}.chunks", what))
+        for c in range(dev.chunks):
+            self._claim_id(f"{dev.id}-chunk{c}", f"{loc} (chunk {c})")

@@ -2,6 +2,13 @@
 
 Read from the source with ``ast``, so an import inside a function, behind ``TYPE_CHECKING`` or
 through ``importlib.import_module("...")`` counts as much as one at the top of a module.
+
+Inside a package, the floors are its folders: a package whose ``__init__.py`` declares
+``FLOORS = ("model", "engine", ...)`` — its subpackages (or lone modules), from the ground up —
+has every module import only its own floor or those below it, and every room of the package
+stands on one of them (:func:`floor_violations`). A floor may declare floors of its own
+(``emulator`` and ``emulator.redfish`` do). Packages that do not declare them yet keep a
+hand-written table of what must never be imported (:data:`NEVER`).
 """
 
 from __future__ import annotations
@@ -62,8 +69,6 @@ NEVER: dict[str, tuple[str, ...]] = {
     "dra_driver.plugin": ("dra_driver.controller", "dra_driver.explain"),
     "dra_driver.controller": ("dra_driver.plugin", "dra_driver.explain"),
     "dra_driver.proto": ("dra_driver.plugin", "dra_driver.controller", "dra_driver.selection"),
-    "emulator.topology": ("emulator.redfish", "emulator.cli"),
-    "emulator.redfish": ("emulator.cli",),
     "kube_standin.apiserver": ("kube_standin.cluster", "kube_standin.kubelet_client", "kube_standin.cli"),
     "kube_standin.kubelet_client": ("kube_standin.cluster", "kube_standin.apiserver", "kube_standin.cli"),
     "kube_standin.cluster": ("kube_standin.apiserver", "kube_standin.cli"),
@@ -173,6 +178,63 @@ def _source_files(root: Path) -> Iterator[Path]:
                 yield path
 
 
+def declared_floors(init: Path) -> tuple[str, ...] | None:
+    """The ``FLOORS`` a package's ``__init__.py`` declares, from the ground up; None without one."""
+    for node in ast.parse(init.read_text(), filename=str(init)).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
+        if not (isinstance(target, ast.Name) and target.id == "FLOORS"):
+            continue
+        if isinstance(value, ast.Tuple | ast.List) and all(
+            isinstance(e, ast.Constant) and isinstance(e.value, str) for e in value.elts
+        ):
+            return tuple(str(e.value) for e in value.elts if isinstance(e, ast.Constant))
+        raise AssertionError(f"{init}: FLOORS must be a literal tuple of folder (or module) names")
+    return None
+
+
+def floored_packages(root: Path) -> dict[str, tuple[str, ...]]:
+    """Dotted name → floors, of every package under ``root`` that declares them."""
+    found = {}
+    for package in PACKAGES:
+        for init in sorted((root / package).rglob("__init__.py")):
+            floors = declared_floors(init)
+            if floors is not None:
+                found[_module_name(init, root)] = floors
+    return found
+
+
+def _floor_of(module: str, package: str, floors: tuple[str, ...]) -> int | None:
+    """The floor of ``package`` that ``module`` stands on (its index); None outside the package,
+    for the package's face itself (its ``__init__.py``, above every floor) and for a room that is
+    on no floor (:func:`test_every_room_of_a_floored_package_is_on_a_floor` reports those)."""
+    if not module.startswith(package + "."):
+        return None
+    room = module[len(package) + 1 :].split(".")[0]
+    return floors.index(room) if room in floors else None
+
+
+def floor_violations(root: Path) -> list[str]:
+    """Every import from a floor of a package to one of its floors above."""
+    floored = floored_packages(root)
+    found = []
+    for path in _source_files(root):
+        importer = _module_name(path, root)
+        for line, module in _imports(path, root):
+            for package, floors in floored.items():
+                here, there = _floor_of(importer, package, floors), _floor_of(module, package, floors)
+                if here is not None and there is not None and there > here:
+                    found.append(
+                        f"{path.relative_to(root)}:{line}: {importer} (floor {floors[here]} of {package}) "
+                        f"imports {module} (floor {floors[there]}, above it)"
+                    )
+    return found
+
+
 def test_every_package_has_a_floor() -> None:
     assert set(PACKAGES) == set(MAY_IMPORT), "add the new package to MAY_IMPORT and docs/architecture.md"
 
@@ -199,6 +261,21 @@ def test_imports_point_down() -> None:
     assert _violations(REPO_ROOT) == []
 
 
+def test_imports_inside_a_package_point_down_its_floors() -> None:
+    assert floored_packages(REPO_ROOT), "emulator declares its floors"
+    assert floor_violations(REPO_ROOT) == []
+
+
+def test_every_room_of_a_floored_package_is_on_a_floor() -> None:
+    """A new folder or module is placed on a floor; a floor names a room that exists."""
+    for package, floors in floored_packages(REPO_ROOT).items():
+        directory = REPO_ROOT.joinpath(*package.split("."))
+        rooms = {p.stem for p in directory.glob("*.py") if p.name != "__init__.py"}
+        rooms |= {p.name for p in directory.iterdir() if (p / "__init__.py").is_file()}
+        assert len(set(floors)) == len(floors), f"{package}: a floor is named twice"
+        assert rooms == set(floors), f"{package}: rooms {sorted(rooms)}, floors {list(floors)}"
+
+
 @pytest.mark.parametrize(
     ("source", "expected"),
     [
@@ -212,3 +289,28 @@ def test_the_check_sees_each_kind_of_import(source: str, expected: str, tmp_path
     (tmp_path / "dra_driver").mkdir()
     (tmp_path / "dra_driver" / "probe.py").write_text(source)
     assert any(expected in v for v in _violations(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("importer", "source", "reported"),
+    [
+        ("low/probe.py", "from emulator.high.view import Node\n", True),
+        ("low/probe.py", "def f():\n    import emulator.high\n", True),
+        ("high/probe.py", "from emulator.low import store\n", False),
+        ("high/inner/probe.py", "from emulator.high.view import Node\n", False),
+        ("cli.py", "from emulator.high import view\n", False),
+        ("low/probe.py", "from emulator.cli import main\n", True),
+        ("__init__.py", "FLOORS = ('low', 'high', 'cli')\nfrom emulator.cli import main\n", False),
+    ],
+)
+def test_the_floor_check_reads_folders(importer: str, source: str, reported: bool, tmp_path: Path) -> None:
+    """The check itself: floors come from the package's FLOORS; an import up a floor is reported,
+    one along or down a floor is not, nor any from the package's face."""
+    package = tmp_path / "emulator"
+    for room in ("low", "high", "high/inner"):
+        (package / room).mkdir(parents=True)
+        (package / room / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("FLOORS = ('low', 'high', 'cli')\n")
+    (package / importer).write_text(source)
+    violations = floor_violations(tmp_path)
+    assert bool(violations) is reported, violations

@@ -4,24 +4,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from emulator.redfish import uris
-from emulator.redfish.nodes import Context, Node
+from emulator.redfish.model import uris
+from emulator.redfish.tree.nodes import Context, Node
 from emulator.redfish.views.chassis import ChassisCollectionNode
 from emulator.redfish.views.composition import CompositionServiceNode, root_blocks_node
-from emulator.redfish.views.fabrics import FabricsNode
+from emulator.redfish.views.fabrics import fabrics_node
 from emulator.redfish.views.oem import OemNode
 from emulator.redfish.views.services import (
     AccountServiceNode,
     EventServiceNode,
     EventStreamNode,
-    ManagersNode,
     MetadataNode,
     ODataNode,
-    RegistriesNode,
     ServiceRootNode,
     SessionServiceNode,
+    managers_node,
+    registries_node,
 )
-from emulator.redfish.views.systems import SystemsNode
+from emulator.redfish.views.systems import systems_node
 from emulator.redfish.views.tasks import TaskServiceNode
 
 __all__ = ["EventStreamNode", "MetadataNode", "build_tree", "resolve"]
@@ -39,16 +39,16 @@ def build_tree(ctx: Context) -> ServiceRootNode:
     children: dict[str, Node] = {
         "odata": ODataNode(ctx),
         "$metadata": MetadataNode(ctx),
-        "Systems": SystemsNode(ctx),
+        "Systems": systems_node(ctx),
         "Chassis": ChassisCollectionNode(ctx),
-        "Fabrics": FabricsNode(ctx),
-        "Managers": ManagersNode(ctx),
+        "Fabrics": fabrics_node(ctx),
+        "Managers": managers_node(ctx),
         "CompositionService": CompositionServiceNode(ctx),
         "SessionService": SessionServiceNode(ctx),
         "AccountService": AccountServiceNode(ctx),
         "TaskService": TaskServiceNode(ctx),
         "EventService": EventServiceNode(ctx),
-        "Registries": RegistriesNode(ctx),
+        "Registries": registries_node(ctx),
         "Oem": _Oem(ctx, f"{uris.ROOT}/Oem"),
     }
     if ctx.index.topology.behaviour.resource_blocks == "root-only":

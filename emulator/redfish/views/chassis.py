@@ -10,14 +10,14 @@ whose memory chunks are the unit a host binds.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import ClassVar, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict
 
-from emulator.redfish import uris
-from emulator.redfish.http import Reply, Request, parse_body
-from emulator.redfish.models import (
+from emulator.redfish.model import uris
+from emulator.redfish.model.resources import (
     Action,
     Chassis,
     ChassisLinks,
@@ -42,19 +42,23 @@ from emulator.redfish.models import (
     Processor,
     ProcessorLinks,
     ProcessorMemory,
+    Ref,
     Status,
     ref,
     refs,
 )
-from emulator.redfish.nodes import CollectionNode, Context, Node, actions
-from emulator.redfish.pciconfig import dsn_from_serial
+from emulator.redfish.sysfs.pciconfig import dsn_from_serial
+from emulator.redfish.tree.http import Reply, Request, parse_body
+from emulator.redfish.tree.nodes import CollectionNode, Context, Node, actions, collection_of
 from emulator.redfish.views.common import (
+    DeviceNode,
     device_class,
     device_status,
     function_uri,
     hex16,
     logical_device_uri,
     primary_uri,
+    product,
 )
 from emulator.redfish.views.composition import block_uri
 from emulator.topology import FABRIC_CXL, Device, SwitchInfo
@@ -75,12 +79,8 @@ def processor_model(ctx: Context, device: Device, uri: str) -> Processor:
     memory = device.model.memory
     return Processor(
         odata_id=uri,
-        Id=device.id,
-        Name=f"{device.id} ({device.model.model})",
+        **product(device),
         ProcessorType="GPU" if device.type == DeviceType.GPU else "FPGA",
-        Manufacturer=device.model.manufacturer,
-        Model=device.model.model,
-        SerialNumber=device.serial,
         UUID=str(device.uuid) if device.uuid else None,
         Status=device_status(ctx, device),
         ProcessorMemory=[ProcessorMemory(CapacityMiB=int(memory) // _MIB)] if memory else None,
@@ -98,6 +98,10 @@ def _gcxlid(serial: str) -> str:
     dsn = dsn_from_serial(serial)
     raw = f"{dsn:016X}" if dsn is not None else serial.encode().hex().upper()[:16].rjust(16, "0")
     return "-".join(raw[i : i + 2] for i in range(0, 16, 2)) + ":0000"
+
+
+def _memory_domain_uri(device: Device) -> str:
+    return f"{uris.chassis(device.id)}/MemoryDomains/0"
 
 
 class ChassisCollectionNode(CollectionNode):
@@ -118,37 +122,46 @@ class ChassisCollectionNode(CollectionNode):
         )
 
 
-def _device_collection(
-    ctx: Context,
-    uri: str,
-    collection_type: str,
-    name: str,
-    devices: list[Device],
-    make: Callable[[Context, Device], Node],
+def _devices(
+    ctx: Context, uri: str, collection_type: str, name: str, devices: list[Device], node: type[DeviceNode]
 ) -> CollectionNode:
-    by_id = {d.id: d for d in devices}
-    return CollectionNode(
-        ctx,
-        uri,
-        collection_type,
-        name,
-        lambda: list(by_id),
-        lambda i: make(ctx, by_id[i]) if i in by_id else None,
+    """The collection of ``devices``' resources of one kind (``node``), by device Id."""
+    return collection_of(
+        ctx, uri, collection_type, name, {d.id: functools.partial(node, ctx, d) for d in devices}
     )
 
 
+def _the_one(
+    ctx: Context, uri: str, collection_type: str, name: str, make: Callable[[], Node]
+) -> CollectionNode:
+    """A collection of one member, ``0`` (a device's one function, logical device, memory domain)."""
+    return collection_of(ctx, uri, collection_type, name, {"0": make})
+
+
 class SwitchChassisNode(Node):
+    #: the pooled devices' collections an enclosure has: segment → (collection type, name, device types)
+    COLLECTIONS: ClassVar[dict[str, tuple[str, str, frozenset[DeviceType] | None]]] = {
+        "PCIeDevices": ("PCIeDeviceCollection", "PCIe devices", None),
+        "Processors": ("ProcessorCollection", "Processors", frozenset({DeviceType.GPU, DeviceType.FPGA})),
+        "Drives": ("DriveCollection", "Drives", frozenset({DeviceType.NVME})),
+        "NetworkAdapters": ("NetworkAdapterCollection", "Network adapters", frozenset({DeviceType.NIC})),
+    }
+
     def __init__(self, ctx: Context, switch: SwitchInfo) -> None:
         super().__init__(ctx, uris.chassis(switch.id))
         self.switch = switch
         self.devices = [ctx.index.devices[d] for d in switch.devices] if switch.fabric != FABRIC_CXL else []
 
-    def _of(self, *types: DeviceType) -> list[Device]:
-        return [d for d in self.devices if d.type in types]
+    def _in(self, segment: str) -> list[Device]:
+        """The devices whose resources the collection at ``segment`` lists."""
+        types = self.COLLECTIONS[segment][2]
+        return [d for d in self.devices if types is None or d.type in types]
+
+    def _link(self, segment: str) -> Ref | None:
+        return ref(f"{self.uri}/{segment}") if self._in(segment) else None
 
     def render(self) -> Chassis:
         sw = self.switch
-        has = {d.type for d in self.devices}
         return Chassis(
             odata_id=self.uri,
             Id=sw.id,
@@ -158,10 +171,10 @@ class SwitchChassisNode(Node):
             Manufacturer=sw.manufacturer,
             Model=sw.model,
             Status=Status(),
-            PCIeDevices=ref(f"{self.uri}/PCIeDevices") if self.devices else None,
-            Processors=ref(f"{self.uri}/Processors") if has & {DeviceType.GPU, DeviceType.FPGA} else None,
-            Drives=ref(f"{self.uri}/Drives") if DeviceType.NVME in has else None,
-            NetworkAdapters=ref(f"{self.uri}/NetworkAdapters") if DeviceType.NIC in has else None,
+            PCIeDevices=self._link("PCIeDevices"),
+            Processors=self._link("Processors"),
+            Drives=self._link("Drives"),
+            NetworkAdapters=self._link("NetworkAdapters"),
             Links=ChassisLinks(
                 ManagedBy=[ref(uris.MANAGER)],
                 Switches=[ref(uris.switch(sw.fabric, sw.id))],
@@ -170,51 +183,17 @@ class SwitchChassisNode(Node):
         )
 
     def child(self, segment: str) -> Node | None:
-        ctx, uri = self.ctx, self.uri
-        if segment == "PCIeDevices" and self.devices:
-            return _device_collection(
-                ctx,
-                f"{uri}/PCIeDevices",
-                "PCIeDeviceCollection",
-                f"PCIe devices in {self.switch.id}",
-                self.devices,
-                PCIeDeviceNode,
-            )
-        if segment == "Processors" and self._of(DeviceType.GPU, DeviceType.FPGA):
-            return _device_collection(
-                ctx,
-                f"{uri}/Processors",
-                "ProcessorCollection",
-                f"Processors in {self.switch.id}",
-                self._of(DeviceType.GPU, DeviceType.FPGA),
-                ProcessorNode,
-            )
-        if segment == "Drives" and self._of(DeviceType.NVME):
-            return _device_collection(
-                ctx,
-                f"{uri}/Drives",
-                "DriveCollection",
-                f"Drives in {self.switch.id}",
-                self._of(DeviceType.NVME),
-                DriveNode,
-            )
-        if segment == "NetworkAdapters" and self._of(DeviceType.NIC):
-            return _device_collection(
-                ctx,
-                f"{uri}/NetworkAdapters",
-                "NetworkAdapterCollection",
-                f"Network adapters in {self.switch.id}",
-                self._of(DeviceType.NIC),
-                NetworkAdapterNode,
-            )
-        return None
+        if segment not in self.COLLECTIONS or not self._in(segment):
+            return None
+        collection_type, name, _ = self.COLLECTIONS[segment]
+        node = _POOLED_NODES[segment]
+        uri = f"{self.uri}/{segment}"
+        return _devices(
+            self.ctx, uri, collection_type, f"{name} in {self.switch.id}", self._in(segment), node
+        )
 
 
-class CxlChassisNode(Node):
-    def __init__(self, ctx: Context, device: Device) -> None:
-        super().__init__(ctx, uris.chassis(device.id))
-        self.device = device
-
+class CxlChassisNode(DeviceNode, at=lambda device: uris.chassis(device.id)):
     def render(self) -> Chassis:
         dev = self.device
         return Chassis(
@@ -226,53 +205,36 @@ class CxlChassisNode(Node):
             Manufacturer=dev.model.manufacturer,
             Model=dev.model.model,
             SerialNumber=dev.serial,
-            Status=device_status(self.ctx, dev),
+            Status=self.status(),
             PCIeDevices=ref(f"{self.uri}/PCIeDevices"),
             MemoryDomains=ref(f"{self.uri}/MemoryDomains"),
             Links=ChassisLinks(ManagedBy=[ref(uris.MANAGER)]),
         )
 
     def child(self, segment: str) -> Node | None:
-        ctx = self.ctx
+        ctx, dev = self.ctx, self.device
         if segment == "PCIeDevices":
-            return _device_collection(
-                ctx,
-                f"{self.uri}/PCIeDevices",
-                "PCIeDeviceCollection",
-                f"PCIe devices in {self.device.id}",
-                [self.device],
-                PCIeDeviceNode,
+            name = f"PCIe devices in {dev.id}"
+            return _devices(
+                ctx, f"{self.uri}/PCIeDevices", "PCIeDeviceCollection", name, [dev], PCIeDeviceNode
             )
         if segment == "MemoryDomains":
-            return CollectionNode(
-                ctx,
-                f"{self.uri}/MemoryDomains",
-                "MemoryDomainCollection",
-                f"Memory domains of {self.device.id}",
-                lambda: ["0"],
-                lambda m: MemoryDomainNode(ctx, self.device) if m == "0" else None,
-            )
+            name = f"Memory domains of {dev.id}"
+            make = functools.partial(MemoryDomainNode, ctx, dev)
+            return _the_one(ctx, f"{self.uri}/MemoryDomains", "MemoryDomainCollection", name, make)
         return None
 
 
-class PCIeDeviceNode(Node):
-    def __init__(self, ctx: Context, device: Device) -> None:
-        super().__init__(ctx, uris.pcie_device(device))
-        self.device = device
-
+class PCIeDeviceNode(DeviceNode, at=uris.pcie_device):
     def render(self) -> PCIeDevice:
         dev = self.device
         cxl = dev.type == DeviceType.CXL_MEMORY
         return PCIeDevice(
             odata_id=self.uri,
-            Id=dev.id,
-            Name=f"{dev.id} ({dev.model.model})",
-            Manufacturer=dev.model.manufacturer,
-            Model=dev.model.model,
-            SerialNumber=dev.serial,
+            **product(dev),
             UUID=str(dev.uuid) if dev.uuid else None,
             FirmwareVersion=dev.model.firmware_version,
-            Status=device_status(self.ctx, dev),
+            Status=self.status(),
             PCIeInterface=_interface(dev),
             PCIeFunctions=ref(f"{self.uri}/PCIeFunctions"),
             CXLDevice=CXLDevice() if cxl else None,
@@ -286,31 +248,17 @@ class PCIeDeviceNode(Node):
     def child(self, segment: str) -> Node | None:
         ctx, dev = self.ctx, self.device
         if segment == "PCIeFunctions":
-            return CollectionNode(
-                ctx,
-                f"{self.uri}/PCIeFunctions",
-                "PCIeFunctionCollection",
-                f"PCIe functions of {dev.id}",
-                lambda: ["0"],
-                lambda f: PCIeFunctionNode(ctx, dev) if f == "0" else None,
-            )
+            function = functools.partial(PCIeFunctionNode, ctx, dev)
+            name = f"PCIe functions of {dev.id}"
+            return _the_one(ctx, f"{self.uri}/PCIeFunctions", "PCIeFunctionCollection", name, function)
         if segment == "CXLLogicalDevices" and dev.type == DeviceType.CXL_MEMORY:
-            return CollectionNode(
-                ctx,
-                f"{self.uri}/CXLLogicalDevices",
-                "CXLLogicalDeviceCollection",
-                f"CXL logical devices of {dev.id}",
-                lambda: ["0"],
-                lambda ld: CXLLogicalDeviceNode(ctx, dev) if ld == "0" else None,
-            )
+            logical = functools.partial(CXLLogicalDeviceNode, ctx, dev)
+            name = f"CXL logical devices of {dev.id}"
+            return _the_one(ctx, f"{self.uri}/CXLLogicalDevices", "CXLLogicalDeviceCollection", name, logical)
         return None
 
 
-class PCIeFunctionNode(Node):
-    def __init__(self, ctx: Context, device: Device) -> None:
-        super().__init__(ctx, function_uri(device))
-        self.device = device
-
+class PCIeFunctionNode(DeviceNode, at=function_uri):
     def render(self) -> PCIeFunction:
         dev, m = self.device, self.device.model
         cxl = dev.type == DeviceType.CXL_MEMORY
@@ -321,7 +269,7 @@ class PCIeFunctionNode(Node):
             links.Drives = [ref(primary_uri(dev))]
         elif cxl:
             links.CXLLogicalDevice = ref(logical_device_uri(dev))
-            links.MemoryDomains = [ref(f"{uris.chassis(dev.id)}/MemoryDomains/0")]
+            links.MemoryDomains = [ref(_memory_domain_uri(dev))]
         return PCIeFunction(
             odata_id=self.uri,
             Id="0",
@@ -334,7 +282,7 @@ class PCIeFunctionNode(Node):
             SubsystemId=hex16(m.subsystem_id),
             ClassCode=f"0x{m.class_code:06x}",
             RevisionId=f"0x{m.revision_id:02x}",
-            Status=device_status(self.ctx, dev),
+            Status=self.status(),
             Links=links,
         )
 
@@ -356,16 +304,12 @@ class _ResetParams(BaseModel):
     ResetType: _ResetType | None = None
 
 
-class _ResettableNode(Node):
+class _ResettableNode(DeviceNode, at=primary_uri):
     """A device's own resource offering its schema's ``Reset`` action (Processor v1_6_0+, Drive
     v1_7_0+), as a composable service offers it to clean a device between tenants. The engine
     resets it at once and counts it on the device's binding (:meth:`Engine.reset_device`)."""
 
     schema: ClassVar[str]
-
-    def __init__(self, ctx: Context, device: Device) -> None:
-        super().__init__(ctx, primary_uri(device))
-        self.device = device
 
     def action_names(self) -> tuple[str, ...]:
         return (f"{self.schema}.Reset",)
@@ -401,13 +345,9 @@ class DriveNode(_ResettableNode):
         dev = self.device
         return Drive(
             odata_id=self.uri,
-            Id=dev.id,
-            Name=f"{dev.id} ({dev.model.model})",
-            Manufacturer=dev.model.manufacturer,
-            Model=dev.model.model,
-            SerialNumber=dev.serial,
+            **product(dev),
             CapacityBytes=int(dev.model.memory) if dev.model.memory else None,
-            Status=device_status(self.ctx, dev),
+            Status=self.status(),
             Links=DriveLinks(
                 Chassis=ref(uris.chassis(dev.switch)),
                 PCIeFunctions=[ref(function_uri(dev))],
@@ -417,21 +357,13 @@ class DriveNode(_ResettableNode):
         )
 
 
-class NetworkAdapterNode(Node):
-    def __init__(self, ctx: Context, device: Device) -> None:
-        super().__init__(ctx, primary_uri(device))
-        self.device = device
-
+class NetworkAdapterNode(DeviceNode, at=primary_uri):
     def render(self) -> NetworkAdapter:
         dev = self.device
         return NetworkAdapter(
             odata_id=self.uri,
-            Id=dev.id,
-            Name=f"{dev.id} ({dev.model.model})",
-            Manufacturer=dev.model.manufacturer,
-            Model=dev.model.model,
-            SerialNumber=dev.serial,
-            Status=device_status(self.ctx, dev),
+            **product(dev),
+            Status=self.status(),
             Controllers=[
                 Controller(
                     PCIeInterface=_interface(dev),
@@ -441,35 +373,36 @@ class NetworkAdapterNode(Node):
         )
 
 
-class CXLLogicalDeviceNode(Node):
-    def __init__(self, ctx: Context, device: Device) -> None:
-        super().__init__(ctx, logical_device_uri(device))
-        self.device = device
+#: the node of each pooled devices' collection of an enclosure (SwitchChassisNode.COLLECTIONS)
+_POOLED_NODES: dict[str, type[DeviceNode]] = {
+    "PCIeDevices": PCIeDeviceNode,
+    "Processors": ProcessorNode,
+    "Drives": DriveNode,
+    "NetworkAdapters": NetworkAdapterNode,
+}
 
+
+class CXLLogicalDeviceNode(DeviceNode, at=logical_device_uri):
     def render(self) -> CXLLogicalDevice:
         dev = self.device
         return CXLLogicalDevice(
             odata_id=self.uri,
             Id="0",
             Name=f"{dev.id} logical device 0",
-            Status=device_status(self.ctx, dev),
+            Status=self.status(),
             Identifiers=[Identifier(DurableName=_gcxlid(dev.serial), DurableNameFormat="GCXLID")],
             SemanticsSupported=["CXLio", "CXLmem"],
             MemorySizeMiB=int(dev.model.memory or 0) // _MIB,
             Links=CXLLogicalDeviceLinks(
                 PCIeFunctions=[ref(function_uri(dev))],
-                MemoryDomains=[ref(f"{uris.chassis(dev.id)}/MemoryDomains/0")],
+                MemoryDomains=[ref(_memory_domain_uri(dev))],
                 MemoryChunks=refs([uris.chunk(dev.id, c.index) for c in dev.chunks]),
                 Endpoints=[ref(uris.endpoint(dev.fabric, dev.id))],
             ),
         )
 
 
-class MemoryDomainNode(Node):
-    def __init__(self, ctx: Context, device: Device) -> None:
-        super().__init__(ctx, f"{uris.chassis(device.id)}/MemoryDomains/0")
-        self.device = device
-
+class MemoryDomainNode(DeviceNode, at=_memory_domain_uri):
     def render(self) -> MemoryDomain:
         dev = self.device
         return MemoryDomain(
@@ -477,7 +410,7 @@ class MemoryDomainNode(Node):
             Id="0",
             Name=f"Memory of {dev.id}",
             Description=f"{len(dev.chunks)} chunks of {dev.chunks[0].size_mib} MiB" if dev.chunks else None,
-            Status=device_status(self.ctx, dev),
+            Status=self.status(),
             MemoryChunks=ref(f"{self.uri}/MemoryChunks"),
             MemorySizeMiB=int(dev.model.memory or 0) // _MIB,
             Links=MemoryDomainLinks(
@@ -489,21 +422,16 @@ class MemoryDomainNode(Node):
         if segment != "MemoryChunks":
             return None
         ctx, dev = self.ctx, self.device
-        ids = [str(c.index) for c in dev.chunks]
-        return CollectionNode(
-            ctx,
-            f"{self.uri}/MemoryChunks",
-            "MemoryChunksCollection",
-            f"Memory chunks of {dev.id}",
-            lambda: ids,
-            lambda c: ChunkNode(ctx, dev, int(c)) if c in ids else None,
+        chunks = {str(c.index): functools.partial(ChunkNode, ctx, dev, c.index) for c in dev.chunks}
+        return collection_of(
+            ctx, f"{self.uri}/MemoryChunks", "MemoryChunksCollection", f"Memory chunks of {dev.id}", chunks
         )
 
 
-class ChunkNode(Node):
+class ChunkNode(DeviceNode):
     def __init__(self, ctx: Context, device: Device, index: int) -> None:
-        super().__init__(ctx, uris.chunk(device.id, index))
-        self.device, self.chunk = device, device.chunks[index]
+        super().__init__(ctx, device, uris.chunk(device.id, index))
+        self.chunk = device.chunks[index]
 
     def render(self) -> MemoryChunks:
         dev, chunk = self.device, self.chunk
@@ -512,7 +440,7 @@ class ChunkNode(Node):
             Id=str(chunk.index),
             Name=chunk.id,
             Description=f"Chunk {chunk.index} of {dev.id}; bind it with a CXL Connection",
-            Status=device_status(self.ctx, dev),
+            Status=self.status(),
             MemoryChunkSizeMiB=chunk.size_mib,
             AddressRangeOffsetMiB=chunk.offset_bytes // _MIB,
             MediaLocation="Local",

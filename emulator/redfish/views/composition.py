@@ -13,8 +13,10 @@ list a Storage resource whose ``Drives`` link to the drive, instead of the drive
 
 from __future__ import annotations
 
-from emulator.redfish import uris
-from emulator.redfish.models import (
+import functools
+
+from emulator.redfish.model import uris
+from emulator.redfish.model.resources import (
     CompositionService,
     CompositionStatus,
     NetworkInterface,
@@ -29,9 +31,9 @@ from emulator.redfish.models import (
     ref,
     refs,
 )
-from emulator.redfish.nodes import CollectionNode, Context, Node
-from emulator.redfish.state import OperationKind
-from emulator.redfish.views.common import Segment, device_status, primary_uri
+from emulator.redfish.model.state import OperationKind
+from emulator.redfish.tree.nodes import CollectionNode, Context, Node, collection_of
+from emulator.redfish.views.common import DeviceNode, Segment, ServiceNode, named, primary_uri
 from emulator.topology import FABRIC_PCIE, Device
 from manager_api.devices import DeviceType
 
@@ -74,15 +76,8 @@ def shared_holders(ctx: Context, device_id: str) -> list[str]:
 
 
 def _blocks_collection(ctx: Context, uri: str) -> CollectionNode:
-    devices = {d.id: d for d in _pcie_devices(ctx)}
-    return CollectionNode(
-        ctx,
-        uri,
-        "ResourceBlockCollection",
-        "Resource blocks",
-        lambda: list(devices),
-        lambda b: ResourceBlockNode(ctx, devices[b]) if b in devices else None,
-    )
+    blocks = {d.id: functools.partial(ResourceBlockNode, ctx, d) for d in _pcie_devices(ctx)}
+    return collection_of(ctx, uri, "ResourceBlockCollection", "Resource blocks", blocks)
 
 
 def root_blocks_node(ctx: Context) -> CollectionNode:
@@ -90,17 +85,11 @@ def root_blocks_node(ctx: Context) -> CollectionNode:
     return _blocks_collection(ctx, ROOT_BLOCKS)
 
 
-class CompositionServiceNode(Node):
-    def __init__(self, ctx: Context) -> None:
-        super().__init__(ctx, uris.COMPOSITION)
-
+class CompositionServiceNode(ServiceNode, at=uris.COMPOSITION):
     def render(self) -> CompositionService:
         return CompositionService(
-            odata_id=self.uri,
-            Id="CompositionService",
-            Name="Composition Service",
+            **self.service(),
             Description="Compose pooled PCIe devices into fabric hosts (expandable systems)",
-            Status=Status(),
             ResourceBlocks=ref(uris.RESOURCE_BLOCKS),
             ResourceZones=ref(uris.RESOURCE_ZONES),
         )
@@ -110,22 +99,17 @@ class CompositionServiceNode(Node):
         if segment == "ResourceBlocks":
             return _blocks_collection(ctx, uris.RESOURCE_BLOCKS)
         if segment == "ResourceZones":
-            switches = [s.id for s in ctx.index.fabric_switches(FABRIC_PCIE)]
-            return CollectionNode(
-                ctx,
-                uris.RESOURCE_ZONES,
-                "ZoneCollection",
-                "Resource zones",
-                lambda: switches,
-                lambda z: ResourceZoneNode(ctx, z) if z in switches else None,
-            )
+            zones = {
+                s.id: functools.partial(ResourceZoneNode, ctx, s.id)
+                for s in ctx.index.fabric_switches(FABRIC_PCIE)
+            }
+            return collection_of(ctx, uris.RESOURCE_ZONES, "ZoneCollection", "Resource zones", zones)
         return None
 
 
-class ResourceBlockNode(Node):
+class ResourceBlockNode(DeviceNode):
     def __init__(self, ctx: Context, device: Device) -> None:
-        super().__init__(ctx, block_uri(ctx, device.id))
-        self.device = device
+        super().__init__(ctx, device, block_uri(ctx, device.id))
 
     @property
     def _storage(self) -> bool:
@@ -137,8 +121,8 @@ class ResourceBlockNode(Node):
         dev, engine = self.device, self.ctx.engine
         # behaviour.blockStatus "stale": the block never says it was composed (the system does)
         current = self.ctx.index.topology.behaviour.block_status == "current"
-        binding = engine.binding(dev.id) if current else None
-        task_id = engine.inflight.get(dev.id) if current else None
+        binding = engine.bindings.binding(dev.id) if current else None
+        task_id = engine.bindings.inflight.get(dev.id) if current else None
         task = engine.state.tasks.get(task_id) if task_id else None
         holders = [binding.host] if binding is not None else []
         shared = shared_holders(self.ctx, dev.id)
@@ -156,11 +140,10 @@ class ResourceBlockNode(Node):
         interfaces = [ref(f"{self.uri}/NetworkInterfaces/{dev.id}")] if dev.type == DeviceType.NIC else []
         return ResourceBlock(
             odata_id=self.uri,
-            Id=dev.id,
-            Name=f"{dev.id} ({dev.model.model})",
+            **named(dev),
             Description=f"Pooled {dev.type.value} {dev.id} behind {dev.switch}",
             ResourceBlockType=[_BLOCK_TYPE.get(dev.type, "Expansion")],
-            Status=device_status(self.ctx, dev),
+            Status=self.status(),
             CompositionStatus=CompositionStatus(
                 CompositionState=state,
                 SharingCapable=bool(shared),
@@ -181,42 +164,40 @@ class ResourceBlockNode(Node):
     def child(self, segment: str) -> Node | None:
         if segment == "NetworkInterfaces" and self.device.type == DeviceType.NIC:
             uri = f"{self.uri}/NetworkInterfaces"
-            return Segment(self.ctx, uri, {self.device.id: NetworkInterfaceNode(self.ctx, self.device, uri)})
+            return Segment(
+                self.ctx,
+                uri,
+                {self.device.id: NetworkInterfaceNode(self.ctx, self.device, f"{uri}/{self.device.id}")},
+            )
         if segment == "Storage" and self._storage:
             uri = f"{self.uri}/Storage"
-            return Segment(self.ctx, uri, {self.device.id: StorageNode(self.ctx, self.device, uri)})
+            return Segment(
+                self.ctx, uri, {self.device.id: StorageNode(self.ctx, self.device, f"{uri}/{self.device.id}")}
+            )
         return None
 
 
-class StorageNode(Node):
+class StorageNode(DeviceNode):
     """The storage subsystem of an NVMe block: its one drive is the pooled device."""
-
-    def __init__(self, ctx: Context, device: Device, parent: str) -> None:
-        super().__init__(ctx, f"{parent}/{device.id}")
-        self.device = device
 
     def render(self) -> Storage:
         return Storage(
             odata_id=self.uri,
             Id=self.device.id,
             Name=f"{self.device.id} storage",
-            Status=device_status(self.ctx, self.device),
+            Status=self.status(),
             Drives=[ref(primary_uri(self.device))],
             Links=StorageLinks(Enclosures=[ref(uris.chassis(self.device.switch))]),
         )
 
 
-class NetworkInterfaceNode(Node):
-    def __init__(self, ctx: Context, device: Device, parent: str) -> None:
-        super().__init__(ctx, f"{parent}/{device.id}")
-        self.device = device
-
+class NetworkInterfaceNode(DeviceNode):
     def render(self) -> NetworkInterface:
         return NetworkInterface(
             odata_id=self.uri,
             Id=self.device.id,
             Name=f"{self.device.id} network interface",
-            Status=device_status(self.ctx, self.device),
+            Status=self.status(),
             Links=NetworkInterfaceLinks(NetworkAdapter=ref(primary_uri(self.device))),
         )
 

@@ -12,15 +12,16 @@ Binding styles served here:
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import functools
+from collections.abc import Hashable, Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from emulator.redfish import uris
-from emulator.redfish.engine import Operation
-from emulator.redfish.http import Reply, Request, parse_body
-from emulator.redfish.models import (
+from emulator.redfish.engine.operation import Operation
+from emulator.redfish.model import uris
+from emulator.redfish.model.errors import RedfishError
+from emulator.redfish.model.resources import (
     ConnectedEntity,
     Connection,
     ConnectionLinks,
@@ -41,23 +42,26 @@ from emulator.redfish.models import (
     ref,
     refs,
 )
-from emulator.redfish.nodes import CollectionNode, Context, Node, actions, not_allowed
-from emulator.redfish.registries import RedfishError
-from emulator.redfish.state import OperationKind, id_order
+from emulator.redfish.model.state import ClientRecord, OperationKind, id_order
+from emulator.redfish.tree.http import Reply, Request, parse_body
+from emulator.redfish.tree.nodes import CollectionNode, Context, Node, actions, collection_of, not_allowed
 from emulator.redfish.views.common import (
+    Body,
+    DeviceNode,
     LinkIn,
-    device_status,
+    check_reachable,
     entity_type,
+    named,
+    parameter_error,
     pci_id,
     primary_uri,
     resolve_endpoint,
 )
-from emulator.redfish.views.etags import check_action_etag
 from emulator.redfish.views.outcome import reply_for
 from emulator.topology import FABRIC_CXL, FABRIC_PCIE, Device, SwitchInfo
 from manager_api.devices import BindingStyle, DeviceType
 
-__all__ = ["FabricsNode"]
+__all__ = ["fabrics_node"]
 
 #: Zones a client may create; each binds at least a host, so more means a leak on the client side.
 MAX_CLIENT_ZONES = 4096
@@ -71,16 +75,9 @@ def _lane_gbps(generation: int) -> float:
     return _GT_PER_LANE[generation] * encoding
 
 
-class FabricsNode(CollectionNode):
-    def __init__(self, ctx: Context) -> None:
-        super().__init__(
-            ctx,
-            f"{uris.ROOT}/Fabrics",
-            "FabricCollection",
-            "Fabrics",
-            ctx.index.fabrics,
-            lambda f: FabricNode(ctx, f) if f in ctx.index.fabrics() else None,
-        )
+def fabrics_node(ctx: Context) -> CollectionNode:
+    fabrics = {f: functools.partial(FabricNode, ctx, f) for f in ctx.index.fabrics()}
+    return collection_of(ctx, f"{uris.ROOT}/Fabrics", "FabricCollection", "Fabrics", fabrics)
 
 
 class FabricNode(Node):
@@ -104,23 +101,17 @@ class FabricNode(Node):
             Links=FabricLinks(ManagedBy=[ref(uris.MANAGER)]),
         )
 
-    def _switches(self) -> dict[str, SwitchInfo]:
-        return {s.id: s for s in self.ctx.index.fabric_switches(self.fabric_id)}
-
     def host_ids(self) -> list[str]:
         return list(self.ctx.index.fabric_hosts(self.fabric_id))
 
     def child(self, segment: str) -> Node | None:
         ctx, fabric = self.ctx, self.fabric_id
         if segment == "Switches":
-            switches = self._switches()
-            return CollectionNode(
-                ctx,
-                f"{self.uri}/Switches",
-                "SwitchCollection",
-                f"{fabric} switches",
-                lambda: list(switches),
-                lambda s: SwitchNode(ctx, switches[s]) if s in switches else None,
+            switches = {
+                s.id: functools.partial(SwitchNode, ctx, s) for s in ctx.index.fabric_switches(fabric)
+            }
+            return collection_of(
+                ctx, f"{self.uri}/Switches", "SwitchCollection", f"{fabric} switches", switches
             )
         if segment == "Endpoints":
             hosts = self.host_ids()
@@ -182,14 +173,11 @@ class SwitchNode(Node):
     def child(self, segment: str) -> Node | None:
         if segment != "Ports":
             return None
-        ports = self._ports()
-        return CollectionNode(
-            self.ctx,
-            f"{self.uri}/Ports",
-            "PortCollection",
-            f"Ports of {self.switch.id}",
-            lambda: list(ports),
-            lambda p: PortNode(self.ctx, self.switch, p, *ports[p]) if p in ports else None,
+        ports = {
+            p: functools.partial(PortNode, self.ctx, self.switch, p, *at) for p, at in self._ports().items()
+        }
+        return collection_of(
+            self.ctx, f"{self.uri}/Ports", "PortCollection", f"Ports of {self.switch.id}", ports
         )
 
 
@@ -218,7 +206,7 @@ class PortNode(Node):
                 raise RedfishError.of(500, "InternalError")
             generation, width = 5, 16
             endpoint = uris.endpoint(fabric, self.host)
-            up = self.ctx.engine.port_up(self.switch.id, self.host)
+            up = self.ctx.engine.conditions.port_up(self.switch.id, self.host)
             health = "OK" if up else "Critical"
         return Port(
             odata_id=self.uri,
@@ -288,12 +276,8 @@ class HostEndpointNode(Node):
         )
 
 
-class DeviceEndpointNode(Node):
+class DeviceEndpointNode(DeviceNode, at=lambda device: uris.endpoint(device.fabric, device.id)):
     """A pooled device's target endpoint; a CXL one lists each memory chunk as an entity."""
-
-    def __init__(self, ctx: Context, device: Device) -> None:
-        super().__init__(ctx, uris.endpoint(device.fabric, device.id))
-        self.device = device
 
     def render(self) -> Endpoint:
         dev, engine = self.device, self.ctx.engine
@@ -316,22 +300,21 @@ class DeviceEndpointNode(Node):
                         EntityLink=ref(uris.chunk(dev.id, chunk.index)),
                     )
                 )
-                binding = engine.binding(chunk.id) if _links_current(self.ctx) else None
+                binding = engine.bindings.binding(chunk.id) if _links_current(self.ctx) else None
                 if binding is not None and binding.connection is not None:
                     uri = uris.connection(dev.fabric, binding.connection)
                     if uri not in connections:
                         connections.append(uri)
         elif _links_current(self.ctx):
-            binding = engine.binding(dev.id)
+            binding = engine.bindings.binding(dev.id)
             if binding is not None and binding.zone is not None:
                 zones.append(uris.zone(dev.fabric, binding.zone))
         return Endpoint(
             odata_id=self.uri,
-            Id=dev.id,
-            Name=f"{dev.id} ({dev.model.model})",
+            **named(dev),
             Description=f"Target endpoint of {dev.type.value} {dev.id}",
             EndpointProtocol=dev.fabric,
-            Status=device_status(self.ctx, dev),
+            Status=self.status(),
             ConnectedEntities=entities,
             Links=_endpoint_links(
                 self.ctx, [ref(uris.port(dev.fabric, dev.switch, dev.port))], zones, connections
@@ -358,66 +341,108 @@ def _endpoint_links(
 # --- PCIe zones --------------------------------------------------------------------------------
 
 
-class _ZoneLinksIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _ZoneLinksIn(Body):
     Endpoints: list[LinkIn] = Field(min_length=1)
 
 
-class _ZoneCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Creation(Body):
+    """What the body of a POST that creates a zone or a connection may name it."""
+
     Name: str | None = Field(default=None, max_length=255)
     Description: str | None = Field(default=None, max_length=1024)
+
+
+class _ZoneCreate(_Creation):
     ZoneType: Literal["ZoneOfEndpoints"] = "ZoneOfEndpoints"
     Links: _ZoneLinksIn
 
 
-class _EndpointParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _EndpointParams(Body):
     Endpoint: LinkIn
     EndpointETag: str | None = None
     ZoneETag: str | None = None
 
 
-def _reachable(ctx: Context, device: Device, host: str, prop: str, action: str | None = None) -> None:
-    if ctx.index.host_reaches(host, device):
-        return
-    detail = f"{device.id} hangs off {device.switch}, which is not cabled to {host}."
-    if action is not None:
-        raise RedfishError.of(
-            400, "ActionParameterValueError", prop, action, related=[f"/{prop}"], detail=detail
-        )
-    raise RedfishError.of(400, "PropertyValueError", prop, related=[f"/{prop}"], detail=detail)
+class _ClientCollection(CollectionNode):
+    """The zones or connections of a fabric that clients create with POST, in order of creation."""
 
-
-class ZonesNode(CollectionNode):
-    def __init__(self, ctx: Context, fabric: FabricNode) -> None:
+    def __init__(self, ctx: Context, fabric: FabricNode, segment: str, collection_type: str) -> None:
         self.fabric = fabric
         super().__init__(
             ctx,
-            f"{fabric.uri}/Zones",
-            "ZoneCollection",
-            f"{fabric.fabric_id} zones",
+            f"{fabric.uri}/{segment}",
+            collection_type,
+            f"{fabric.fabric_id} {segment.lower()}",
             self._ids,
             self._make,
             on_post=self._create,
         )
 
-    def _client_zones(self) -> list[str]:
+    def records(self) -> Mapping[str, ClientRecord]:
+        raise NotImplementedError
+
+    def record(self, ident: str) -> ClientRecord | None:
+        """The client-made zone or connection ``ident`` of this fabric."""
+        record = self.records().get(ident)
+        return record if record is not None and record.fabric == self.fabric.fabric_id else None
+
+    def client_ids(self) -> list[str]:
         return sorted(
-            (z.id for z in self.ctx.engine.state.zones.values() if z.fabric == self.fabric.fabric_id),
-            key=id_order,
+            (r.id for r in self.records().values() if r.fabric == self.fabric.fabric_id), key=id_order
         )
 
     def _ids(self) -> list[str]:
-        return self.fabric.host_ids() + self._client_zones()
+        return self.client_ids()
 
-    def _make(self, zone_id: str) -> Node | None:
-        if zone_id in self.fabric.host_ids():
-            return ZoneNode(self.ctx, self.fabric, zone_id, zone_id, client=False)
-        record = self.ctx.engine.state.zones.get(zone_id)
-        if record is not None and record.fabric == self.fabric.fabric_id:
-            return ZoneNode(self.ctx, self.fabric, zone_id, record.host, client=True)
-        return None
+    def _make(self, ident: str) -> Node | None:
+        raise NotImplementedError
+
+    async def _create(self, request: Request) -> Reply:
+        raise NotImplementedError
+
+    def creation(
+        self,
+        request: Request,
+        body: _Creation,
+        style: BindingStyle,
+        host: str,
+        targets: list[str],
+        ident: str,
+    ) -> Operation:
+        """The bind that creates member ``ident`` of this collection for ``host``, answered 201 with it."""
+        return Operation(
+            kind=OperationKind.BIND,
+            style=style,
+            fabric=self.fabric.fabric_id,
+            host=host,
+            targets=targets,
+            method="POST",
+            uri=self.uri,
+            body=request.text,
+            name=body.Name,
+            description=body.Description,
+            success_status=201,
+            location=f"{self.uri}/{ident}",
+        )
+
+
+class ZonesNode(_ClientCollection):
+    def __init__(self, ctx: Context, fabric: FabricNode) -> None:
+        super().__init__(ctx, fabric, "Zones", "ZoneCollection")
+
+    def records(self) -> Mapping[str, ClientRecord]:
+        return self.ctx.engine.state.zones
+
+    def _ids(self) -> list[str]:
+        return self.fabric.host_ids() + self.client_ids()
+
+    def _make(self, ident: str) -> Node | None:
+        if ident in self.fabric.host_ids():
+            return ZoneNode(self.ctx, self.fabric, ident, ident, client=False)
+        record = self.record(ident)
+        return (
+            ZoneNode(self.ctx, self.fabric, ident, record.host, client=True) if record is not None else None
+        )
 
     async def _create(self, request: Request) -> Reply:
         body = parse_body(_ZoneCreate, request.json())
@@ -447,30 +472,16 @@ class ZonesNode(CollectionNode):
             )
         host = hosts[0]
         for device in targets:
-            _reachable(self.ctx, device, host, "Links/Endpoints")
-        if len(self._client_zones()) >= MAX_CLIENT_ZONES:
+            check_reachable(self.ctx, device, host, "Links/Endpoints")
+        if len(self.client_ids()) >= MAX_CLIENT_ZONES:
             raise RedfishError.of(
                 503,
                 "CreateLimitReachedForResource",
                 detail=f"There are {MAX_CLIENT_ZONES} client zones already; delete unused ones.",
             )
         zone_id = self.ctx.engine.state.allocate_id()
-        op = Operation(
-            kind=OperationKind.BIND,
-            style=BindingStyle.ZONE,
-            fabric=fabric_id,
-            host=host,
-            targets=[d.id for d in targets],
-            method="POST",
-            uri=self.uri,
-            body=request.body.decode("utf-8", "replace"),
-            zone=zone_id,
-            create_zone=True,
-            name=body.Name,
-            description=body.Description,
-            success_status=201,
-            location=uris.zone(fabric_id, zone_id),
-        )
+        op = self.creation(request, body, BindingStyle.ZONE, host, [d.id for d in targets], zone_id)
+        op.zone, op.create_zone = zone_id, True
         return await reply_for(self.ctx, op, request)
 
 
@@ -485,11 +496,11 @@ class ZoneNode(Node):
         stored) and its targets — not the rest of the fabric's state."""
         record = self.ctx.engine.state.zones.get(self.zone_id) if self.client else None
         named = (record.name, record.description) if record is not None else None
-        return (self.host, named, self.ctx.engine.zone_targets(self.zone_id))
+        return (self.host, named, self.ctx.engine.bindings.zone_targets(self.zone_id))
 
     def render(self) -> Zone:
         engine = self.ctx.engine
-        targets = engine.zone_targets(self.zone_id)
+        targets = engine.bindings.zone_targets(self.zone_id)
         members = [uris.endpoint(self.fabric.fabric_id, self.host)] + [
             uris.endpoint(self.fabric.fabric_id, t) for t in targets
         ]
@@ -526,30 +537,18 @@ class ZoneNode(Node):
         fabric_id = self.fabric.fabric_id
         host, device = resolve_endpoint(self.ctx, fabric_id, params.Endpoint.odata_id, "Endpoint")
         if device is None:
-            raise RedfishError.of(
-                400,
-                "ActionParameterValueError",
-                "Endpoint",
-                name,
-                related=["/Endpoint"],
-                detail=f"{host} is a host initiator; a zone holds exactly one, {self.host}, and it stays.",
-            )
-        check_action_etag(self, params.ZoneETag, "ZoneETag")
-        check_action_etag(DeviceEndpointNode(self.ctx, device), params.EndpointETag, "EndpointETag")
+            detail = f"{host} is a host initiator; a zone holds exactly one, {self.host}, and it stays."
+            raise parameter_error("Endpoint", name, detail)
+        renderer = self.ctx.renderer
+        renderer.check_action_etag(self, params.ZoneETag, "ZoneETag")
+        renderer.check_action_etag(DeviceEndpointNode(self.ctx, device), params.EndpointETag, "EndpointETag")
         adding = name == "Zone.AddEndpoint"
         if adding:
-            _reachable(self.ctx, device, self.host, "Endpoint", name)
+            check_reachable(self.ctx, device, self.host, "Endpoint", name)
         else:
-            binding = self.ctx.engine.binding(device.id)
+            binding = self.ctx.engine.bindings.binding(device.id)
             if binding is None or binding.zone != self.zone_id:
-                raise RedfishError.of(
-                    400,
-                    "ActionParameterValueError",
-                    "Endpoint",
-                    name,
-                    related=["/Endpoint"],
-                    detail=f"{device.id} is not in zone {self.zone_id}.",
-                )
+                raise parameter_error("Endpoint", name, f"{device.id} is not in zone {self.zone_id}.")
         op = Operation(
             kind=OperationKind.BIND if adding else OperationKind.UNBIND,
             style=BindingStyle.ZONE,
@@ -558,7 +557,7 @@ class ZoneNode(Node):
             targets=[device.id],
             method="POST",
             uri=f"{self.uri}/Actions/{name}",
-            body=request.body.decode("utf-8", "replace"),
+            body=request.text,
             zone=self.zone_id,
         )
         return await reply_for(self.ctx, op, request)
@@ -571,7 +570,7 @@ class ZoneNode(Node):
             style=BindingStyle.ZONE,
             fabric=self.fabric.fabric_id,
             host=self.host,
-            targets=list(self.ctx.engine.zone_targets(self.zone_id)),
+            targets=list(self.ctx.engine.bindings.zone_targets(self.zone_id)),
             method="DELETE",
             uri=self.uri,
             zone=self.zone_id,
@@ -590,52 +589,34 @@ def _read_write() -> list[_Access]:
     return ["Read", "Write"]
 
 
-class _ChunkInfoIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _ChunkInfoIn(Body):
     MemoryChunk: LinkIn
     AccessCapabilities: list[_Access] = Field(default_factory=_read_write, min_length=1)
     AccessState: str | None = None
 
 
-class _ConnectionLinksIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _ConnectionLinksIn(Body):
     InitiatorEndpoints: list[LinkIn] = Field(min_length=1, max_length=1)
     TargetEndpoints: list[LinkIn] = Field(default_factory=list)
 
 
-class _ConnectionCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    Name: str | None = Field(default=None, max_length=255)
-    Description: str | None = Field(default=None, max_length=1024)
+class _ConnectionCreate(_Creation):
     ConnectionType: Literal["Memory"] = "Memory"
     MemoryChunkInfo: list[_ChunkInfoIn] = Field(min_length=1)
     Links: _ConnectionLinksIn
 
 
-class ConnectionsNode(CollectionNode):
+class ConnectionsNode(_ClientCollection):
     def __init__(self, ctx: Context, fabric: FabricNode) -> None:
-        self.fabric = fabric
-        super().__init__(
-            ctx,
-            f"{fabric.uri}/Connections",
-            "ConnectionCollection",
-            f"{fabric.fabric_id} connections",
-            self._ids,
-            self._make,
-            on_post=self._create,
-        )
+        super().__init__(ctx, fabric, "Connections", "ConnectionCollection")
 
-    def _ids(self) -> list[str]:
-        return sorted(
-            (c.id for c in self.ctx.engine.state.connections.values() if c.fabric == self.fabric.fabric_id),
-            key=id_order,
-        )
+    def records(self) -> Mapping[str, ClientRecord]:
+        return self.ctx.engine.state.connections
 
-    def _make(self, conn_id: str) -> Node | None:
-        record = self.ctx.engine.state.connections.get(conn_id)
-        if record is None or record.fabric != self.fabric.fabric_id:
+    def _make(self, ident: str) -> Node | None:
+        if self.record(ident) is None:
             return None
-        return ConnectionNode(self.ctx, self.fabric.fabric_id, conn_id)
+        return ConnectionNode(self.ctx, self.fabric.fabric_id, ident)
 
     def _chunk_target(self, uri: str, index: int) -> str:
         """The chunk target Id for a MemoryChunk link; 400 naming the property otherwise."""
@@ -695,25 +676,10 @@ class ConnectionsNode(CollectionNode):
                     detail=f"{link.odata_id} is not the endpoint of a chunk in MemoryChunkInfo.",
                 )
         for t in targets:
-            _reachable(self.ctx, self.ctx.index.targets[t].device, host, "Links/InitiatorEndpoints/0")
+            check_reachable(self.ctx, self.ctx.index.targets[t].device, host, "Links/InitiatorEndpoints/0")
         conn_id = self.ctx.engine.state.allocate_id()
-        op = Operation(
-            kind=OperationKind.BIND,
-            style=BindingStyle.CONNECTION,
-            fabric=fabric_id,
-            host=host,
-            targets=targets,
-            method="POST",
-            uri=self.uri,
-            body=request.body.decode("utf-8", "replace"),
-            connection=conn_id,
-            access=sorted(access),
-            create_connection=True,
-            name=body.Name,
-            description=body.Description,
-            success_status=201,
-            location=uris.connection(fabric_id, conn_id),
-        )
+        op = self.creation(request, body, BindingStyle.CONNECTION, host, targets, conn_id)
+        op.connection, op.access, op.create_connection = conn_id, sorted(access), True
         return await reply_for(self.ctx, op, request)
 
 

@@ -3,7 +3,7 @@
 * ``Bindings`` (GET): every binding — target, host, style, zone/connection, host-side names —
   and every operation in flight, straight from the durable state. Tests use it to prove that
   no device is ever bound to two hosts.
-* ``Faults`` (GET lists, POST injects one — see :mod:`emulator.redfish.faults` — DELETE resets
+* ``Faults`` (GET lists, POST injects one — see :mod:`emulator.redfish.model.faults` — DELETE resets
   all) and ``Faults/{Id}`` (GET, DELETE).
 
 These resources are not linked from the service root (they are not part of any DMTF schema);
@@ -16,11 +16,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from emulator.redfish import uris
-from emulator.redfish.faults import fault_adapter
-from emulator.redfish.http import Reply, Request
-from emulator.redfish.nodes import Context, Node
-from emulator.redfish.registries import RedfishError, message
+from emulator.redfish.model import uris
+from emulator.redfish.model.errors import RedfishError
+from emulator.redfish.model.faults import fault_adapter
+from emulator.redfish.model.registries import message
+from emulator.redfish.tree.http import Reply, Request
+from emulator.redfish.tree.nodes import Context, Node
 
 __all__ = ["OemNode"]
 
@@ -69,7 +70,7 @@ class BindingsNode(Node):
                     "Connection": b.connection,
                     "Since": b.since.isoformat(),
                     "HostAddress": b.address.model_dump(exclude_none=True),
-                    "VisibleToHost": engine.port_up(target.device.switch, b.host),
+                    "VisibleToHost": engine.conditions.port_up(target.device.switch, b.host),
                     "Resets": b.resets,
                     "LastReset": b.last_reset.isoformat() if b.last_reset else None,
                     # the host's own function-level resets (sysfs "reset" writes) in this binding
@@ -77,7 +78,7 @@ class BindingsNode(Node):
                 }
             )
         in_flight = []
-        for target_id, task_id in sorted(engine.inflight.items()):
+        for target_id, task_id in sorted(engine.bindings.inflight.items()):
             task = engine.state.tasks[task_id]
             in_flight.append(
                 {
@@ -104,7 +105,7 @@ class FaultsNode(Node):
         super().__init__(ctx, uris.OEM_FAULTS)
 
     def render(self) -> dict[str, Any]:
-        faults = self.ctx.engine.faults
+        faults = self.ctx.engine.conditions.faults
         return {
             "@odata.id": self.uri,
             "Id": "Faults",
@@ -115,7 +116,7 @@ class FaultsNode(Node):
         }
 
     def child(self, segment: str) -> Node | None:
-        if segment in self.ctx.engine.faults:
+        if segment in self.ctx.engine.conditions.faults:
             return FaultNode(self.ctx, segment)
         return None
 
@@ -135,14 +136,14 @@ class FaultsNode(Node):
                 for e in errors
             ] or [message("MalformedJSON")]
             raise RedfishError(400, messages) from None
-        fault_id, outcome = await self.ctx.engine.add_fault(fault)
+        fault_id, outcome = await self.ctx.engine.injector.inject(fault)
         if fault_id is None:
             return Reply(200, {"Kind": fault.Kind, "Result": outcome})
         node = FaultNode(self.ctx, fault_id)
         return Reply(201, node.payload(), {"Location": node.uri})
 
     async def delete(self, request: Request) -> Reply:
-        removed, resumed = await self.ctx.engine.remove_faults()
+        removed, resumed = await self.ctx.engine.injector.remove()
         return Reply(200, {"Removed": removed, "ResumedTasks": resumed})
 
 
@@ -154,9 +155,9 @@ class FaultNode(Node):
         self.fault_id = fault_id
 
     def render(self) -> dict[str, Any]:
-        fault = self.ctx.engine.faults[self.fault_id]
+        fault = self.ctx.engine.conditions.faults[self.fault_id]
         return {"@odata.id": self.uri, "Id": self.fault_id, **fault.model_dump()}
 
     async def delete(self, request: Request) -> Reply:
-        await self.ctx.engine.remove_faults(self.fault_id)
+        await self.ctx.engine.injector.remove(self.fault_id)
         return Reply(204)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from emulator.redfish.engine import Operation
-from emulator.redfish.http import Reply, Request
-from emulator.redfish.nodes import Context
+from emulator.redfish.engine.operation import Operation
+from emulator.redfish.tree.http import Reply, Request
+from emulator.redfish.tree.nodes import Context
 from emulator.redfish.views.tasks import task_reply
 
 __all__ = ["reply_for"]

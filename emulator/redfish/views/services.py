@@ -3,16 +3,17 @@ the manager, and the OData documents (service document and ``$metadata``)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from emulator.redfish import uris
-from emulator.redfish.expand import expand_query, expand_served
-from emulator.redfish.http import Reply, Request, parse_body
-from emulator.redfish.models import (
+from emulator.redfish.model import uris
+from emulator.redfish.model.errors import RedfishError
+from emulator.redfish.model.registries import REGISTRIES
+from emulator.redfish.model.resources import (
     ALL_TYPES,
     AccountService,
     EventService,
@@ -33,8 +34,10 @@ from emulator.redfish.models import (
     ref,
     refs,
 )
-from emulator.redfish.nodes import CollectionNode, Context, Node
-from emulator.redfish.registries import REGISTRIES, RedfishError
+from emulator.redfish.tree.expand import expand_query, expand_served
+from emulator.redfish.tree.http import Reply, Request, parse_body
+from emulator.redfish.tree.nodes import CollectionNode, Context, Node, collection_of
+from emulator.redfish.views.common import ServiceNode
 from plumbing import __version__
 
 __all__ = [
@@ -42,14 +45,14 @@ __all__ = [
     "AccountServiceNode",
     "EventServiceNode",
     "EventStreamNode",
-    "ManagersNode",
     "MetadataNode",
     "ODataNode",
-    "RegistriesNode",
     "ServiceRootNode",
     "SessionServiceNode",
     "described_by",
+    "managers_node",
     "metadata_document",
+    "registries_node",
 ]
 
 #: Where DMTF publishes the schemas (CSDL ``<Name>_v1.xml``, JSON Schema ``<Namespace>.json``):
@@ -242,18 +245,12 @@ class _SessionServicePatch(BaseModel):
     SessionTimeout: int | None = None
 
 
-class SessionServiceNode(Node):
+class SessionServiceNode(ServiceNode, at=uris.SESSION_SERVICE):
     allow = ("GET", "HEAD", "PATCH")
-
-    def __init__(self, ctx: Context) -> None:
-        super().__init__(ctx, uris.SESSION_SERVICE)
 
     def render(self) -> SessionService:
         return SessionService(
-            odata_id=self.uri,
-            Id="SessionService",
-            Name="Session Service",
-            Status=Status(),
+            **self.service(),
             ServiceEnabled=True,
             SessionTimeout=self.ctx.sessions.timeout_seconds,
             Sessions=ref(uris.SESSIONS),
@@ -359,16 +356,10 @@ class SessionNode(Node):
         return Reply(204)
 
 
-class AccountServiceNode(Node):
-    def __init__(self, ctx: Context) -> None:
-        super().__init__(ctx, uris.ACCOUNT_SERVICE)
-
+class AccountServiceNode(ServiceNode, at=uris.ACCOUNT_SERVICE):
     def render(self) -> AccountService:
         return AccountService(
-            odata_id=self.uri,
-            Id="AccountService",
-            Name="Account Service",
-            Status=Status(),
+            **self.service(),
             MinPasswordLength=8,
             Accounts=ref(uris.ACCOUNTS),
             Roles=ref(uris.ROLES),
@@ -377,24 +368,11 @@ class AccountServiceNode(Node):
     def child(self, segment: str) -> Node | None:
         ctx = self.ctx
         if segment == "Accounts":
-            ids = ["1"] if ctx.account is not None else []
-            return CollectionNode(
-                ctx,
-                uris.ACCOUNTS,
-                "ManagerAccountCollection",
-                "Accounts",
-                lambda: ids,
-                lambda a: AccountNode(ctx) if a in ids else None,
-            )
+            accounts = {"1": functools.partial(AccountNode, ctx)} if ctx.account is not None else {}
+            return collection_of(ctx, uris.ACCOUNTS, "ManagerAccountCollection", "Accounts", accounts)
         if segment == "Roles":
-            return CollectionNode(
-                ctx,
-                uris.ROLES,
-                "RoleCollection",
-                "Roles",
-                lambda: list(_ROLES),
-                lambda r: RoleNode(ctx, r) if r in _ROLES else None,
-            )
+            roles = {r: functools.partial(RoleNode, ctx, r) for r in _ROLES}
+            return collection_of(ctx, uris.ROLES, "RoleCollection", "Roles", roles)
         return None
 
 
@@ -443,22 +421,16 @@ class EventStreamNode(Node):
         super().__init__(ctx, uris.SSE)
 
 
-class EventServiceNode(Node):
-    def __init__(self, ctx: Context) -> None:
-        super().__init__(ctx, uris.EVENT_SERVICE)
-
+class EventServiceNode(ServiceNode, at=uris.EVENT_SERVICE):
     def render(self) -> EventService:
         return EventService(
-            odata_id=self.uri,
-            Id="EventService",
-            Name="Event Service",
+            **self.service(),
             # SSE only, stated as the EventService schema allows: no property of it says "no push"
             # (DSP8010 2025.x), so ServerSentEventUri is the one delivery offered, the push-only
             # delivery settings (DeliveryRetry*) are left out, Subscriptions takes no POST (its
             # Allow header), and the Description says so in words.
             Description="Fabric events as Server-Sent Events at ServerSentEventUri only; "
             "push-style subscriptions (POST to Subscriptions) are not offered",
-            Status=Status(),
             ServerSentEventUri=uris.SSE,
             SSEFilterPropertiesSupported=SSEFilterPropertiesSupported(),
             RegistryPrefixes=sorted(REGISTRIES),
@@ -482,28 +454,15 @@ class EventServiceNode(Node):
         if segment == "SSE":
             return EventStreamNode(self.ctx)
         if segment == "Subscriptions":
-            return CollectionNode(
-                self.ctx,
-                f"{self.uri}/Subscriptions",
-                "EventDestinationCollection",
-                "Event subscriptions",
-                lambda: [],
-                lambda _s: None,
-            )
+            uri = f"{self.uri}/Subscriptions"
+            return collection_of(self.ctx, uri, "EventDestinationCollection", "Event subscriptions", {})
         return None
 
 
-class RegistriesNode(CollectionNode):
-    def __init__(self, ctx: Context) -> None:
-        files = {f"{prefix}.{version}": prefix for prefix, version in REGISTRIES.items()}
-        super().__init__(
-            ctx,
-            uris.REGISTRIES,
-            "MessageRegistryFileCollection",
-            "Message registries",
-            lambda: sorted(files),
-            lambda r: RegistryFileNode(ctx, r, files[r]) if r in files else None,
-        )
+def registries_node(ctx: Context) -> CollectionNode:
+    files = {f"{prefix}.{version}": prefix for prefix, version in REGISTRIES.items()}
+    members = {f: functools.partial(RegistryFileNode, ctx, f, files[f]) for f in sorted(files)}
+    return collection_of(ctx, uris.REGISTRIES, "MessageRegistryFileCollection", "Message registries", members)
 
 
 class RegistryFileNode(Node):
@@ -525,16 +484,9 @@ class RegistryFileNode(Node):
         )
 
 
-class ManagersNode(CollectionNode):
-    def __init__(self, ctx: Context) -> None:
-        super().__init__(
-            ctx,
-            uris.MANAGERS,
-            "ManagerCollection",
-            "Managers",
-            lambda: ["FabricManager"],
-            lambda m: ManagerNode(ctx) if m == "FabricManager" else None,
-        )
+def managers_node(ctx: Context) -> CollectionNode:
+    managers = {"FabricManager": functools.partial(ManagerNode, ctx)}
+    return collection_of(ctx, uris.MANAGERS, "ManagerCollection", "Managers", managers)
 
 
 class ManagerNode(Node):

@@ -11,12 +11,12 @@ ComputerSystem CSDL) with ``If-Match`` composes and decomposes instead.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+import functools
 
-from emulator.redfish import uris
-from emulator.redfish.engine import Operation
-from emulator.redfish.http import Reply, Request, parse_body
-from emulator.redfish.models import (
+from emulator.redfish.engine.operation import Operation
+from emulator.redfish.model import uris
+from emulator.redfish.model.errors import RedfishError
+from emulator.redfish.model.resources import (
     Composition,
     ComputerSystem,
     ComputerSystemLinks,
@@ -30,47 +30,47 @@ from emulator.redfish.models import (
     ref,
     refs,
 )
-from emulator.redfish.nodes import CollectionNode, Context, Node, actions
-from emulator.redfish.registries import RedfishError
-from emulator.redfish.state import OperationKind
+from emulator.redfish.model.state import OperationKind
+from emulator.redfish.tree.http import Reply, Request, parse_body
+from emulator.redfish.tree.nodes import CollectionNode, Context, Node, actions, collection_of
 from emulator.redfish.views.chassis import processor_model
-from emulator.redfish.views.common import LinkIn, device_status, function_uri, logical_device_uri
-from emulator.redfish.views.etags import check_action_etag
+from emulator.redfish.views.common import (
+    Body,
+    LinkIn,
+    check_reachable,
+    device_status,
+    function_uri,
+    logical_device_uri,
+    parameter_error,
+)
+from emulator.redfish.views.composition import ResourceBlockNode, block_uri
 from emulator.redfish.views.outcome import reply_for
 from emulator.topology import Device
 from manager_api.devices import BindingStyle, DeviceType
 
-__all__ = ["SystemsNode"]
+__all__ = ["systems_node"]
 
 _MIB = 1 << 20
 
 
-class SystemsNode(CollectionNode):
-    def __init__(self, ctx: Context) -> None:
-        super().__init__(
-            ctx,
-            f"{uris.ROOT}/Systems",
-            "ComputerSystemCollection",
-            "Computer systems (fabric hosts)",
-            lambda: list(ctx.index.hosts),
-            lambda h: SystemNode(ctx, h) if h in ctx.index.hosts else None,
-        )
+def systems_node(ctx: Context) -> CollectionNode:
+    systems = {h: functools.partial(SystemNode, ctx, h) for h in ctx.index.hosts}
+    return collection_of(
+        ctx, f"{uris.ROOT}/Systems", "ComputerSystemCollection", "Computer systems (fabric hosts)", systems
+    )
 
 
-class _BlockLinks(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _BlockLinks(Body):
     ResourceBlocks: list[LinkIn]
 
 
-class _SystemPatch(BaseModel):
+class _SystemPatch(Body):
     """What a PATCH of a system may change: its composed resource blocks."""
 
-    model_config = ConfigDict(extra="forbid")
     Links: _BlockLinks
 
 
-class _BlockParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _BlockParams(Body):
     ResourceBlock: LinkIn
     ResourceBlockETag: str | None = None
     ComputerSystemETag: str | None = None
@@ -91,8 +91,6 @@ class SystemNode(Node):
     def block_uris(self) -> list[str]:
         """The resource blocks composed into this host: every bound PCIe device's (whichever
         style bound it), and the shared blocks that name it."""
-        from emulator.redfish.views.composition import block_uri  # the two views link to each other
-
         shared = self.ctx.index.topology.behaviour.shared_blocks
         ids = [d.id for d in self.bound_devices() if d.type != DeviceType.CXL_MEMORY]
         ids += [b for b, hosts in shared.items() if self.host in hosts and b not in ids]
@@ -101,7 +99,7 @@ class SystemNode(Node):
     def bound_devices(self) -> list[Device]:
         """Devices with anything bound to this host (a CXL device counts once per host)."""
         seen: dict[str, Device] = {}
-        for binding in self.ctx.engine.host_bindings(self.host):
+        for binding in self.ctx.engine.bindings.host_bindings(self.host):
             device = self.ctx.index.targets[binding.target].device
             seen.setdefault(device.id, device)
         return list(seen.values())
@@ -156,14 +154,9 @@ class SystemNode(Node):
                 lambda p: SystemProcessorNode(ctx, self, p) if p in ids() else None,
             )
         if segment == "MemoryDomains":
-            return CollectionNode(
-                ctx,
-                f"{self.uri}/MemoryDomains",
-                "MemoryDomainCollection",
-                f"Memory domains of {self.host}",
-                lambda: ["CXL"],
-                lambda m: SystemMemoryDomainNode(ctx, self) if m == "CXL" else None,
-            )
+            domains = {"CXL": functools.partial(SystemMemoryDomainNode, ctx, self)}
+            name = f"Memory domains of {self.host}"
+            return collection_of(ctx, f"{self.uri}/MemoryDomains", "MemoryDomainCollection", name, domains)
         return self.actions_child(segment)
 
     def action_names(self) -> tuple[str, ...]:
@@ -173,8 +166,6 @@ class SystemNode(Node):
 
     def _block(self, uri: str, pointer: str, what: str) -> Device:
         """The pooled device of the resource block at ``uri``; 400 when it is none."""
-        from emulator.redfish.views.composition import block_uri
-
         device = self.ctx.index.devices.get(uri.rstrip("/").rsplit("/", 1)[-1])
         if device is None or device.type == DeviceType.CXL_MEMORY or block_uri(self.ctx, device.id) != uri:
             raise RedfishError.of(
@@ -198,25 +189,12 @@ class SystemNode(Node):
                 related=[pointer],
                 detail=f"{device.id} is composed into {', '.join(shared)} and cannot be changed.",
             )
-        if adding and not self.ctx.index.host_reaches(self.host, device):
-            raise RedfishError.of(
-                400,
-                "ActionParameterValueError",
-                "ResourceBlock",
-                what,
-                related=[pointer],
-                detail=f"{device.id} hangs off {device.switch}, which is not cabled to {self.host}.",
-            )
-        binding = self.ctx.engine.binding(device.id)
+        if adding:
+            check_reachable(self.ctx, device, self.host, "ResourceBlock", what, pointer=pointer)
+        binding = self.ctx.engine.bindings.binding(device.id)
         if not adding and (binding is None or binding.host != self.host):
-            raise RedfishError.of(
-                400,
-                "ActionParameterValueError",
-                "ResourceBlock",
-                what,
-                related=[pointer],
-                detail=f"{device.id} is not composed into {self.host}.",
-            )
+            detail = f"{device.id} is not composed into {self.host}."
+            raise parameter_error("ResourceBlock", what, detail, pointer=pointer)
         return Operation(
             kind=OperationKind.BIND if adding else OperationKind.UNBIND,
             style=BindingStyle.COMPOSITION,
@@ -230,15 +208,16 @@ class SystemNode(Node):
         )
 
     async def action(self, name: str, request: Request) -> Reply:
-        from emulator.redfish.views.composition import ResourceBlockNode  # the two views link to each other
-
         params = parse_body(_BlockParams, request.json(), action=name)
         device = self._block(params.ResourceBlock.odata_id, "/ResourceBlock", name)
-        check_action_etag(self, params.ComputerSystemETag, "ComputerSystemETag")
-        check_action_etag(ResourceBlockNode(self.ctx, device), params.ResourceBlockETag, "ResourceBlockETag")
+        renderer = self.ctx.renderer
+        renderer.check_action_etag(self, params.ComputerSystemETag, "ComputerSystemETag")
+        renderer.check_action_etag(
+            ResourceBlockNode(self.ctx, device), params.ResourceBlockETag, "ResourceBlockETag"
+        )
         op = self._composition(device, name == "ComputerSystem.AddResourceBlock", name, "/ResourceBlock")
         op.uri = f"{self.uri}/Actions/{name}"
-        op.body = request.body.decode("utf-8", "replace")
+        op.body = request.text
         return await reply_for(self.ctx, op, request)
 
     async def patch(self, request: Request) -> Reply:
@@ -256,8 +235,6 @@ class SystemNode(Node):
         body = parse_body(_SystemPatch, request.json())
         pointer = "/Links/ResourceBlocks"
         wanted = [self._block(link.odata_id, pointer, "ResourceBlocks") for link in body.Links.ResourceBlocks]
-        from emulator.redfish.views.composition import block_uri
-
         current = set(self.block_uris())
 
         wanted_uris = {block_uri(self.ctx, d.id) for d in wanted}
@@ -279,7 +256,7 @@ class SystemNode(Node):
         device, adding = (adds[0], True) if adds else (removes[0], False)
         op = self._composition(device, adding, "ResourceBlocks", pointer)
         op.method = "PATCH"
-        op.body = request.body.decode("utf-8", "replace")
+        op.body = request.text
         return await reply_for(self.ctx, op, request)
 
 
@@ -324,7 +301,7 @@ class SystemMemoryDomainNode(Node):
         """Chunk target Id → its Id in this domain (the target Id)."""
         return {
             b.target: b.target
-            for b in self.ctx.engine.host_bindings(self.system.host)
+            for b in self.ctx.engine.bindings.host_bindings(self.system.host)
             if self.ctx.index.targets[b.target].chunk is not None
         }
 

@@ -9,11 +9,12 @@ finished tasks are kept). ``DELETE`` on the monitor of a running task cancels it
 
 from __future__ import annotations
 
-from emulator.redfish import uris
-from emulator.redfish.http import Reply, Request
-from emulator.redfish.models import Status, Task, TaskPayload, TaskService, ref
-from emulator.redfish.nodes import CollectionNode, Context, Node
-from emulator.redfish.state import TaskRecord, id_order
+from emulator.redfish.model import uris
+from emulator.redfish.model.resources import Task, TaskPayload, TaskService, ref
+from emulator.redfish.model.state import TaskRecord, id_order
+from emulator.redfish.tree.http import Reply, Request
+from emulator.redfish.tree.nodes import CollectionNode, Context, Node
+from emulator.redfish.views.common import ServiceNode
 
 __all__ = ["TaskServiceNode", "task_model"]
 
@@ -86,7 +87,7 @@ class TaskMonitorNode(Node):
         return task_reply(self.ctx, self.ctx.engine.state.tasks[self.task_id])
 
     async def delete(self, request: Request) -> Reply:
-        await self.ctx.engine.cancel_task(self.task_id)
+        await self.ctx.engine.tasks.cancel(self.task_id)
         return Reply(204)
 
 
@@ -100,18 +101,9 @@ class _MonitorsSegment(Node):
         return None
 
 
-class TaskServiceNode(Node):
-    def __init__(self, ctx: Context) -> None:
-        super().__init__(ctx, uris.TASK_SERVICE)
-
+class TaskServiceNode(ServiceNode, at=uris.TASK_SERVICE):
     def render(self) -> TaskService:
-        return TaskService(
-            odata_id=self.uri,
-            Id="TaskService",
-            Name="Task Service",
-            Status=Status(),
-            Tasks=ref(uris.TASKS),
-        )
+        return TaskService(**self.service(), Tasks=ref(uris.TASKS))
 
     def child(self, segment: str) -> Node | None:
         ctx = self.ctx

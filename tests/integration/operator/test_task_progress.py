@@ -1,7 +1,7 @@
 """``fabric-dra status`` shows, for each operation in flight, the Redfish task's percent complete
 (the DMTF Task's ``PercentComplete``) as the manager last read it while polling the task monitor,
 and how long ago that read was: an emulator whose GPU hot-add takes 30 s reports 0 %, then 50 %
-half way (emulator/redfish/engine.py), and the manager's API and ``status`` carry it."""
+half way (emulator/redfish/engine/tasks.py), and the manager's API and ``status`` carry it."""
 
 from __future__ import annotations
 

@@ -11,12 +11,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from emulator.redfish.auth import Credentials
-from emulator.redfish.events import EventBus, EventFilter
-from emulator.redfish.faults import fault_adapter
-from emulator.redfish.latency import INSTANT, REALISTIC, LatencyProfile, load_latency_profile
-from emulator.redfish.server import ServeConfig, build_service
-from emulator.redfish.state import (
+from emulator.redfish.engine.events import EventBus, EventFilter
+from emulator.redfish.model.faults import fault_adapter
+from emulator.redfish.model.latency import INSTANT, REALISTIC, LatencyProfile, load_latency_profile
+from emulator.redfish.model.state import (
     BindingRecord,
     FabricState,
     HostAddress,
@@ -25,6 +23,8 @@ from emulator.redfish.state import (
     TaskRecord,
     utcnow,
 )
+from emulator.redfish.service.server import ServeConfig, build_service
+from emulator.redfish.tree.auth import Credentials
 from emulator.topology import default_topology_path, load_topology
 from manager_api.devices import BindingStyle
 from manager_api.models import DeviceType
@@ -84,7 +84,7 @@ def test_recovery_interrupts_running_tasks_and_rebuilds_host_views(tmp_path: Pat
         assert bind_task.result is not None and bind_task.result.status == 503
         assert "gpu1 was not bound to kind-worker" in json.dumps(bind_task.messages)
         assert "gpu0 is still bound to kind-worker" in json.dumps(unbind_task.messages)
-        assert engine.inflight == {}
+        assert engine.bindings.inflight == {}
         assert not stale.exists()
         assert (
             tmp_path / "hosts" / "kind-worker" / "sys" / "bus" / "pci" / "devices" / "0000:41:00.0"

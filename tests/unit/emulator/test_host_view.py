@@ -6,9 +6,9 @@ import os
 import struct
 from pathlib import Path
 
-from emulator.redfish.hostview import HOST_BRIDGE, HostEntry, HostView, allocate_address
-from emulator.redfish.pciconfig import CONFIG_SIZE, config_space, dsn_from_serial
-from emulator.redfish.state import BindingRecord, HostAddress, utcnow
+from emulator.redfish.model.state import BindingRecord, HostAddress, utcnow
+from emulator.redfish.sysfs.hostview import HOST_BRIDGE, HostEntry, HostView, allocate_address
+from emulator.redfish.sysfs.pciconfig import CONFIG_SIZE, config_space, dsn_from_serial
 from manager_api.devices import BindingStyle
 from manager_api.models import DeviceType
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import emulator.redfish
-from emulator.redfish.models import ALL_TYPES
-from emulator.redfish.registries import REGISTRIES, all_message_defs, message
+from emulator.redfish.model.registries import REGISTRIES, all_message_defs, message
+from emulator.redfish.model.resources import ALL_TYPES
 from emulator.redfish.views.services import COLLECTION_TYPES, metadata_document
 
 PACKAGE = Path(emulator.redfish.__file__).parent
@@ -66,7 +66,7 @@ def test_every_message_the_code_sends_is_defined_with_its_arguments() -> None:
     for key, prefix, nargs, exact, where in calls:
         if (prefix, key) not in defined:
             # events.make("ZoneCreated", ..., prefix="Fabric") etc. name their registry explicitly
-            pytest.fail(f"{where}: {prefix}.{key} is not defined in emulator.redfish.registries")
+            pytest.fail(f"{where}: {prefix}.{key} is not defined in emulator.redfish.model.registries")
         if exact:
             assert nargs == defined[(prefix, key)].nargs, (
                 f"{where}: {prefix}.{key} takes {defined[(prefix, key)].nargs}"

@@ -13,11 +13,11 @@ import httpx
 import pytest
 import yaml
 
-from emulator.redfish.auth import Credentials
-from emulator.redfish.expand import Select
-from emulator.redfish.latency import INSTANT
-from emulator.redfish.registries import RedfishError
-from emulator.redfish.server import ServeConfig, build_service
+from emulator.redfish.model.errors import RedfishError
+from emulator.redfish.model.latency import INSTANT
+from emulator.redfish.service.server import ServeConfig, build_service
+from emulator.redfish.tree.auth import Credentials
+from emulator.redfish.tree.expand import Select
 from emulator.topology import default_topology_path, parse_topology
 from tests.support.emulator import (
     BLOCKS,
@@ -278,7 +278,7 @@ def test_task_times_have_milliseconds(tmp_path: Path) -> None:
     fabric's own time from attach-to-ready with them)."""
     from datetime import datetime
 
-    from emulator.redfish.latency import Delay, LatencyProfile
+    from emulator.redfish.model.latency import Delay, LatencyProfile
 
     profile = LatencyProfile(name="tasks", tasks=True, bind={"gpu": Delay(seconds=0.02)})
 
@@ -308,7 +308,7 @@ def test_task_times_have_milliseconds(tmp_path: Path) -> None:
 
 
 def test_select_keeps_what_it_names_and_the_annotations() -> None:
-    """``$select`` (emulator.redfish.expand.Select): named properties and ``/`` paths, every
+    """``$select`` (emulator.redfish.tree.expand.Select): named properties and ``/`` paths, every
     ``@odata`` annotation; on a collection, each inlined member is selected and the collection
     keeps its Members."""
     zone = {

@@ -1,4 +1,4 @@
-"""Redfish messages the emulator speaks, and the error that carries them to an HTTP response.
+"""Redfish messages the emulator speaks (the error that carries them: :mod:`emulator.redfish.model.errors`).
 
 MessageIds follow DSP0266 ("RegistryPrefix.Major.Minor.MessageKey") and name keys of DMTF's
 published registries (Base 1.22, ResourceEvent 1.4, TaskEvent 1.0, Fabric 1.0, Composition
@@ -8,15 +8,14 @@ texts are our own wording of what happened, with the arguments filled in.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 __all__ = [
     "REGISTRIES",
     "MessageDef",
-    "RedfishError",
     "Severity",
-    "error_body",
+    "all_message_defs",
     "message",
     "message_def",
 ]
@@ -379,49 +378,3 @@ def message(
     if related:
         body["RelatedProperties"] = related
     return body
-
-
-@dataclass
-class RedfishError(Exception):
-    """A request that fails with ``status`` and Redfish ``@Message.ExtendedInfo`` messages."""
-
-    status: int
-    messages: list[dict[str, Any]]
-    headers: dict[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        super().__init__(self.summary)
-
-    @property
-    def message_id(self) -> str:
-        return str(self.messages[0]["MessageId"]) if self.messages else "Base.1.22.GeneralError"
-
-    @property
-    def summary(self) -> str:
-        return "; ".join(str(m["Message"]) for m in self.messages) or "error"
-
-    @classmethod
-    def of(
-        cls,
-        status: int,
-        key: str,
-        *args: object,
-        prefix: str = "Base",
-        related: list[str] | None = None,
-        detail: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> RedfishError:
-        return cls(
-            status, [message(key, *args, prefix=prefix, related=related, detail=detail)], headers or {}
-        )
-
-
-def error_body(err: RedfishError) -> dict[str, Any]:
-    """The Redfish error response body (DSP0266 "Error responses")."""
-    return {
-        "error": {
-            "code": err.message_id,
-            "message": err.summary,
-            "@Message.ExtendedInfo": err.messages,
-        }
-    }

@@ -1,6 +1,6 @@
 """The resource tree: every URI is a :class:`Node` reached segment by segment from the root.
 
-A node renders its payload (a model from :mod:`emulator.redfish.models`), names its children,
+A node renders its payload (a model from :mod:`emulator.redfish.model.resources`), names its children,
 and handles the methods it allows; ``Allow`` headers and 405 answers come from
 :attr:`Node.allow`, so they cannot disagree with what the node does. Actions are children of a
 resource's ``Actions`` segment (``.../Actions/Zone.AddEndpoint``) and call
@@ -9,22 +9,21 @@ resource's ``Actions`` segment (``.../Actions/Zone.AddEndpoint``) and call
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Hashable, Iterable
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from emulator.redfish.http import Reply, Request
-from emulator.redfish.models import Action, Collection, Ref, Typed
-from emulator.redfish.registries import RedfishError
+from emulator.redfish.engine.bindings import Revision
+from emulator.redfish.engine.engine import Engine
+from emulator.redfish.engine.events import EventBus
+from emulator.redfish.model.errors import RedfishError
+from emulator.redfish.model.resources import Action, Collection, Ref, Typed
+from emulator.redfish.tree.auth import Account, Sessions
+from emulator.redfish.tree.http import Reply, Request
+from emulator.redfish.tree.render import Renderer
+from emulator.topology import FabricIndex
 
-if TYPE_CHECKING:
-    from emulator.redfish.auth import Account, Sessions
-    from emulator.redfish.engine import Engine, Revision
-    from emulator.redfish.events import EventBus
-    from emulator.redfish.views.etags import Renderer
-    from emulator.topology import FabricIndex
-
-__all__ = ["ActionNode", "CollectionNode", "Context", "Node", "actions", "not_allowed"]
+__all__ = ["ActionNode", "CollectionNode", "Context", "Node", "actions", "collection_of", "not_allowed"]
 
 
 @dataclass
@@ -82,7 +81,7 @@ class Node:
     def fingerprint(self) -> Hashable | None:
         """What :meth:`render` depends on, when that is a few facts cheaper to get than the
         rendering: its serialisation is then kept across state revisions while they stay the same
-        (:class:`emulator.redfish.views.etags.Renderer`). None: rendered again on every revision."""
+        (:class:`emulator.redfish.tree.render.Renderer`). None: rendered again on every revision."""
         return None
 
     def child(self, segment: str) -> Node | None:
@@ -183,3 +182,17 @@ class CollectionNode(Node):
         if self.on_post is None:
             raise not_allowed(self, "POST")
         return await self.on_post(request)
+
+
+def collection_of(
+    ctx: Context, uri: str, collection_type: str, name: str, members: Mapping[str, Callable[[], Node]]
+) -> CollectionNode:
+    """A collection whose members are known when it is made: member Id → how to make its node."""
+    return CollectionNode(
+        ctx,
+        uri,
+        collection_type,
+        name,
+        lambda: list(members),
+        lambda i: members[i]() if i in members else None,
+    )

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
+from emulator.errors import ConfigError
 from manager_api.devices import DeviceType
 
 __all__ = ["INSTANT", "REALISTIC", "Delay", "LatencyProfile", "load_latency_profile"]
@@ -51,23 +52,20 @@ class LatencyProfile(BaseModel):
 
 INSTANT = LatencyProfile(name="instant")
 
+#: a hot-add and a hot-remove of each device type: (seconds, jitter) of the bind, of the unbind
+_REALISTIC_SECONDS = {
+    DeviceType.GPU: ((3.0, 1.0), (1.5, 0.5)),
+    DeviceType.FPGA: ((2.0, 0.5), (1.0, 0.3)),
+    DeviceType.NVME: ((1.0, 0.3), (0.5, 0.2)),
+    DeviceType.NIC: ((1.0, 0.3), (0.5, 0.2)),
+    DeviceType.CXL_MEMORY: ((0.5, 0.2), (0.3, 0.1)),
+}
+
 REALISTIC = LatencyProfile(
     name="realistic",
     tasks=True,
-    bind={
-        DeviceType.GPU: Delay(seconds=3.0, jitter=1.0),
-        DeviceType.FPGA: Delay(seconds=2.0, jitter=0.5),
-        DeviceType.NVME: Delay(seconds=1.0, jitter=0.3),
-        DeviceType.NIC: Delay(seconds=1.0, jitter=0.3),
-        DeviceType.CXL_MEMORY: Delay(seconds=0.5, jitter=0.2),
-    },
-    unbind={
-        DeviceType.GPU: Delay(seconds=1.5, jitter=0.5),
-        DeviceType.FPGA: Delay(seconds=1.0, jitter=0.3),
-        DeviceType.NVME: Delay(seconds=0.5, jitter=0.2),
-        DeviceType.NIC: Delay(seconds=0.5, jitter=0.2),
-        DeviceType.CXL_MEMORY: Delay(seconds=0.3, jitter=0.1),
-    },
+    bind={t: Delay(seconds=s, jitter=j) for t, ((s, j), _) in _REALISTIC_SECONDS.items()},
+    unbind={t: Delay(seconds=s, jitter=j) for t, (_, (s, j)) in _REALISTIC_SECONDS.items()},
     read=Delay(seconds=0.005, jitter=0.003),
 )
 
@@ -75,22 +73,22 @@ _BUILTIN = {"instant": INSTANT, "realistic": REALISTIC}
 
 
 def load_latency_profile(spec: str) -> LatencyProfile:
-    """``instant``, ``realistic`` or the path of a profile file; raises ValueError with the reason."""
+    """``instant``, ``realistic`` or the path of a profile file; raises ConfigError with the reason."""
     if spec in _BUILTIN:
         return _BUILTIN[spec]
     path = Path(spec)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as err:
-        raise ValueError(
+        raise ConfigError(
             f"latency profile {spec!r} is neither instant, realistic nor a readable file ({err.strerror})"
         ) from None
     except yaml.YAMLError as err:
-        raise ValueError(f"latency profile {spec}: not valid YAML/JSON: {err}") from None
+        raise ConfigError(f"latency profile {spec}: not valid YAML/JSON: {err}") from None
     try:
         profile = LatencyProfile.model_validate(data)
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         loc = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"latency profile {spec}: {loc}: {first['msg']}") from None
+        raise ConfigError(f"latency profile {spec}: {loc}: {first['msg']}") from None
     return profile if profile.name != "custom" else profile.model_copy(update={"name": path.stem})

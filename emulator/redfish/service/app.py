@@ -6,7 +6,7 @@ open); method dispatch with ``Allow`` on every answer and 405 otherwise; ``If-Ma
 changes and ``If-None-Match`` (304) on reads; ETags on every resource; Redfish error bodies;
 Server-Sent Events on the EventService's ``ServerSentEventUri``; ``Link: <schema>;
 rel=describedby`` on every resource read. ``$expand`` and ``$select`` are served on resources
-(:mod:`emulator.redfish.expand`); other ``$`` query options get 501 (DSP0266 "Query
+(:mod:`emulator.redfish.tree.expand`); other ``$`` query options get 501 (DSP0266 "Query
 parameters"), and so does a method outside DSP0266's method table (:data:`REDFISH_METHODS`).
 """
 
@@ -20,15 +20,17 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qsl
 
-from emulator.redfish import uris
-from emulator.redfish.events import EventFilter
-from emulator.redfish.expand import Expand, Select, expand, expand_served
-from emulator.redfish.http import Reply, Request
-from emulator.redfish.latency import LatencyProfile
-from emulator.redfish.nodes import ActionNode, Context, Node, not_allowed
-from emulator.redfish.registries import RedfishError, error_body, message
+from emulator.errors import EmulatorError, FabricError
+from emulator.redfish.engine.events import EventFilter, Subscription
+from emulator.redfish.model import uris
+from emulator.redfish.model.errors import RedfishError, error_body, redfish_error
+from emulator.redfish.model.latency import LatencyProfile
+from emulator.redfish.model.registries import message
+from emulator.redfish.tree.expand import Expand, Select, expand, expand_served
+from emulator.redfish.tree.http import Reply, Request
+from emulator.redfish.tree.nodes import ActionNode, Context, Node, not_allowed
+from emulator.redfish.tree.render import etag_matches
 from emulator.redfish.views import EventStreamNode, MetadataNode, resolve
-from emulator.redfish.views.etags import check_if_match, etag_matches
 from emulator.redfish.views.services import ServiceRootNode, described_by
 from plumbing.logs import get_logger
 
@@ -44,7 +46,7 @@ Send = Callable[[Message], Awaitable[None]]
 MAX_BODY = 1 << 20
 _KEEPALIVE_SECONDS = 15.0
 _JSON = b"application/json; charset=utf-8"
-#: on every answer, including those the HTTP layer gives itself (emulator.redfish.server)
+#: on every answer, including those the HTTP layer gives itself (emulator.redfish.service.server)
 COMMON_HEADERS = [
     (b"odata-version", b"4.0"),
     (b"x-content-type-options", b"nosniff"),
@@ -76,8 +78,12 @@ _INLINED_LIMIT = 1024
 _REDFISH_VERSIONS = json.dumps({"v1": f"{uris.ROOT}/"}, separators=(",", ":")).encode()
 
 
-class _Disconnected(Exception):
-    pass
+class _Disconnected(EmulatorError):
+    """The client went away while its request body was read: nothing is answered."""
+
+
+def _error_reply(err: RedfishError) -> Reply:
+    return Reply(err.status, error_body(err), dict(err.headers))
 
 
 class RedfishApp:
@@ -106,7 +112,9 @@ class RedfishApp:
         try:
             reply = await self._handle(request, receive, send)
         except RedfishError as err:
-            reply = Reply(err.status, error_body(err), dict(err.headers))
+            reply = _error_reply(err)
+        except FabricError as err:
+            reply = _error_reply(redfish_error(err))
         except _Disconnected:
             return
         except Exception:
@@ -178,10 +186,10 @@ class RedfishApp:
         if method == "POST":
             target = node.owner if isinstance(node, ActionNode) else node
             if target.is_resource:
-                check_if_match(target, request.header("if-match"))
+                self.ctx.renderer.check_if_match(target, request.header("if-match"))
             return await node.post(request)
         if node.is_resource:
-            check_if_match(node, request.header("if-match"))
+            self.ctx.renderer.check_if_match(node, request.header("if-match"))
         if method == "PATCH":
             return await node.patch(request)
         if method == "DELETE":
@@ -189,14 +197,14 @@ class RedfishApp:
         raise not_allowed(node, method)
 
     async def _apply_service_faults(self) -> None:
-        engine = self.ctx.engine
-        unavailable = engine.unavailable()
+        conditions = self.ctx.engine.conditions
+        unavailable = conditions.unavailable()
         if unavailable is not None:
             retry = unavailable.RetryAfterSeconds
             raise RedfishError.of(
                 503, "ServiceTemporarilyUnavailable", retry, headers={"Retry-After": str(retry)}
             )
-        slow = engine.slow_seconds()
+        slow = conditions.slow_seconds()
         if slow:
             await asyncio.sleep(slow)
 
@@ -272,7 +280,7 @@ class RedfishApp:
 
     def _expanded(self, body: bytes, query: Expand | None, chosen: Select | None) -> tuple[bytes, str]:
         """``body`` with the resources it links to inline and the properties ``$select`` keeps
-        (:mod:`emulator.redfish.expand`), and the ETag of that answer (it changes when any
+        (:mod:`emulator.redfish.tree.expand`), and the ETag of that answer (it changes when any
         resource inlined changes)."""
 
         def render(uri: str) -> dict[str, Any] | None:
@@ -324,16 +332,7 @@ class RedfishApp:
 
     async def _stream_events(self, request: Request, receive: Receive, send: Send) -> None:
         """Server-Sent Events (DSP0266 "Server-sent events"): ``id:`` is the EventId."""
-        try:
-            event_filter = EventFilter.parse(request.query.get("$filter", ""))
-        except ValueError as err:
-            raise RedfishError.of(
-                400,
-                "PropertyValueFormatError",
-                request.query.get("$filter", ""),
-                "$filter",
-                detail=f"$filter: {err}",
-            ) from None
+        event_filter = _event_filter(request)
         last_id: int | None = None
         raw_last = request.header("last-event-id")
         if raw_last and raw_last.strip().isdigit():
@@ -343,45 +342,10 @@ class RedfishApp:
         try:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             if not complete:
-                lost = message("EventBufferExceeded")
-                payload = {
-                    "@odata.type": "#Event.v1_13_0.Event",
-                    "Id": str(self.ctx.events.seq),
-                    "Name": "Fabric event",
-                    "Events": [
-                        {
-                            "MemberId": "0",
-                            "EventId": str(self.ctx.events.seq),
-                            "MessageId": lost["MessageId"],
-                            "Message": lost["Message"],
-                            "MessageArgs": [],
-                            "MessageSeverity": lost["MessageSeverity"],
-                        }
-                    ],
-                }
-                await self._send_event(send, self.ctx.events.seq, payload)
+                await self._send_event(send, self.ctx.events.seq, _events_lost(self.ctx.events.seq))
             disconnected = asyncio.ensure_future(self._wait_disconnect(receive))
             try:
-                while not disconnected.done():
-                    getter = asyncio.ensure_future(sub.queue.get())
-                    done, _ = await asyncio.wait(
-                        {getter, disconnected},
-                        timeout=_KEEPALIVE_SECONDS,
-                        return_when=asyncio.FIRST_COMPLETED,
-                    )
-                    if getter not in done:
-                        getter.cancel()
-                        if not disconnected.done():
-                            await send(
-                                {"type": "http.response.body", "body": b": keep-alive\n\n", "more_body": True}
-                            )
-                        continue
-                    event = getter.result()
-                    if event is None:
-                        break
-                    await self._send_event(send, event.seq, event.payload())
-                    if sub.overflowed:
-                        break  # the client could not keep up; it reconnects with Last-Event-ID
+                await self._pump(sub, disconnected, send)
             finally:
                 disconnected.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -390,6 +354,28 @@ class RedfishApp:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             sub.close()
+
+    async def _pump(self, sub: Subscription, disconnected: asyncio.Task[None], send: Send) -> None:
+        """Send the subscription's events as they come, a keep-alive comment when none comes for a
+        while, until the client goes, the service closes the stream, or the client falls behind."""
+        while not disconnected.done():
+            getter = asyncio.ensure_future(sub.queue.get())
+            done, _ = await asyncio.wait(
+                {getter, disconnected},
+                timeout=_KEEPALIVE_SECONDS,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if getter not in done:
+                getter.cancel()
+                if not disconnected.done():
+                    await send({"type": "http.response.body", "body": b": keep-alive\n\n", "more_body": True})
+                continue
+            event = getter.result()
+            if event is None:
+                break
+            await self._send_event(send, event.seq, event.payload())
+            if sub.overflowed:
+                break  # the client could not keep up; it reconnects with Last-Event-ID
 
     async def _send_event(self, send: Send, seq: int, payload: dict[str, Any]) -> None:
         data = json.dumps(payload, separators=(",", ":"))
@@ -403,3 +389,38 @@ class RedfishApp:
             event = await receive()
             if event["type"] == "http.disconnect":
                 return
+
+
+def _event_filter(request: Request) -> EventFilter:
+    """The stream's ``$filter``; 400 PropertyValueFormatError naming what is wrong with it."""
+    try:
+        return EventFilter.parse(request.query.get("$filter", ""))
+    except ValueError as err:
+        raise RedfishError.of(
+            400,
+            "PropertyValueFormatError",
+            request.query.get("$filter", ""),
+            "$filter",
+            detail=f"$filter: {err}",
+        ) from None
+
+
+def _events_lost(seq: int) -> dict[str, Any]:
+    """The event that tells a reconnecting client the events it missed are gone (Base
+    EventBufferExceeded): it re-reads the resources it cares about."""
+    lost = message("EventBufferExceeded")
+    return {
+        "@odata.type": "#Event.v1_13_0.Event",
+        "Id": str(seq),
+        "Name": "Fabric event",
+        "Events": [
+            {
+                "MemberId": "0",
+                "EventId": str(seq),
+                "MessageId": lost["MessageId"],
+                "Message": lost["Message"],
+                "MessageArgs": [],
+                "MessageSeverity": lost["MessageSeverity"],
+            }
+        ],
+    }

@@ -18,19 +18,21 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from emulator.errors import ConfigError
 from emulator.qemu.host import QemuHosts, qemu_hosts
-from emulator.redfish import uris
-from emulator.redfish.app import COMMON_HEADERS, RedfishApp, method_not_implemented
-from emulator.redfish.auth import Account, Credentials, Sessions
-from emulator.redfish.engine import Engine, Revision
-from emulator.redfish.events import EventBus
-from emulator.redfish.hostview import HostView
-from emulator.redfish.latency import LatencyProfile
-from emulator.redfish.nodes import Context
-from emulator.redfish.registries import error_body
-from emulator.redfish.state import StateStore
+from emulator.redfish.engine.bindings import Revision
+from emulator.redfish.engine.engine import Engine
+from emulator.redfish.engine.events import EventBus
+from emulator.redfish.model import uris
+from emulator.redfish.model.errors import error_body
+from emulator.redfish.model.latency import LatencyProfile
+from emulator.redfish.model.state import StateStore
+from emulator.redfish.service.app import COMMON_HEADERS, RedfishApp, method_not_implemented
+from emulator.redfish.sysfs.hostview import HostView
+from emulator.redfish.tree.auth import Account, Credentials, Sessions
+from emulator.redfish.tree.nodes import Context
+from emulator.redfish.tree.render import Renderer
 from emulator.redfish.views import build_tree, render_uri
-from emulator.redfish.views.etags import Renderer
 from emulator.topology import FabricIndex
 from plumbing.httpserve import HttpServer
 from plumbing.logs import get_logger
@@ -68,7 +70,7 @@ def build_service(config: ServeConfig) -> EmulatorService:
     try:
         store.load()
     except ValueError as err:
-        raise ValueError(
+        raise ConfigError(
             f"the state file {store.path} is not valid ({str(err).splitlines()[0]}); "
             "move it away to start with an unbound fabric"
         ) from None
@@ -76,9 +78,8 @@ def build_service(config: ServeConfig) -> EmulatorService:
     events = EventBus(store.state.event_seq)
     guests = frozenset(qemu_hosts(config.index))
     hostview = HostView(config.state_dir / "hosts", guests)
-    engine = Engine(config.index, store, hostview, events, config.latency, revision)
-    if guests:
-        engine.qemu = QemuHosts(config.index, config.state_dir)
+    qemu = QemuHosts(config.index, config.state_dir) if guests else None
+    engine = Engine(config.index, store, hostview, events, config.latency, revision, qemu=qemu)
     engine.recover()
     sessions = Sessions(on_change=revision.bump)
     service = config.index.topology.service
@@ -92,22 +93,20 @@ def build_service(config: ServeConfig) -> EmulatorService:
         account=account,
         events=events,
         revision=revision,
-        renderer=Renderer(),
+        renderer=Renderer(revision),
         service_uuid=str(service.uuid),
         service_name=service.name,
         vendor=service.vendor,
         product=service.product,
     )
     root = build_tree(ctx)
-    engine.render = lambda uri: render_uri(root, uri)
-
-    engine.expire_sessions = sessions.expire_all
+    engine.serve_with(render=lambda uri: render_uri(root, uri), expire_sessions=sessions.expire_all)
     return EmulatorService(ctx, RedfishApp(ctx, root, config.latency), engine, store)
 
 
 def _unknown_method_response() -> bytes:
     """The whole answer to a request whose method the HTTP parser cannot read: the 501 the
-    application gives any method outside DSP0266's table (emulator.redfish.app.REDFISH_METHODS),
+    application gives any method outside DSP0266's table (emulator.redfish.service.app.REDFISH_METHODS),
     with the same headers and Redfish error body; the connection closes after it, since the
     parser cannot find where that request ends."""
     body = json.dumps(error_body(method_not_implemented(None)), separators=(",", ":")).encode()
@@ -167,7 +166,7 @@ def _emulator_protocol(engine: Engine) -> type[asyncio.Protocol]:
 
         def on_headers_complete(self) -> None:
             path = self.url.split(b"?", 1)[0].decode("latin-1")
-            if not path.startswith(uris.OEM) and engine.take_drop():
+            if not path.startswith(uris.OEM) and engine.conditions.take_drop():
                 self._dropping = True
                 self.transport.abort()
                 return

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from emulator.redfish.state import utcnow
+from emulator.errors import ConfigError
+from emulator.redfish.model.state import utcnow
 from plumbing.fsutil import atomic_write
 
 __all__ = [
@@ -52,13 +53,15 @@ class Credentials(BaseModel):
 
 
 def read_credentials(path: Path) -> Credentials:
-    """Read a credentials file; raises ValueError saying what is wrong with it."""
+    """Read a credentials file; raises ConfigError saying what is wrong with it."""
     try:
         return Credentials.model_validate_json(path.read_text(encoding="utf-8"))
     except OSError as err:
-        raise ValueError(f"cannot read {path}: {err.strerror}") from None
+        raise ConfigError(f"cannot read {path}: {err.strerror}") from None
     except ValidationError:
-        raise ValueError(f'{path} is not a credentials file ({{"username": ..., "password": ...}})') from None
+        raise ConfigError(
+            f'{path} is not a credentials file ({{"username": ..., "password": ...}})'
+        ) from None
 
 
 def load_or_create_credentials(state_dir: Path, username: str | None) -> tuple[Credentials, bool]:

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
-from emulator.redfish.registries import REGISTRIES, all_message_defs
+from emulator.redfish.model.registries import REGISTRIES, all_message_defs
 
 __all__ = [
     "DeviceHealth",

@@ -15,9 +15,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from emulator.redfish.models import Event, EventRecord, ref
-from emulator.redfish.registries import message, message_def
-from emulator.redfish.state import utcnow
+from emulator.redfish.model.registries import message, message_def
+from emulator.redfish.model.resources import Event, EventRecord, ref
+from emulator.redfish.model.state import utcnow
 
 __all__ = ["EventBus", "EventFilter", "FabricEvent", "Subscription"]
 

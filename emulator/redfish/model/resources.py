@@ -137,6 +137,14 @@ class Collection(_Obj):
 # --- service root and services -----------------------------------------------------------------
 
 
+class _Service(Resource):
+    """Common to the services (SessionService, AccountService, TaskService, EventService,
+    CompositionService): their status, and that they are enabled."""
+
+    Status: Status
+    ServiceEnabled: bool = True
+
+
 class ExpandQuery(_Obj):
     ExpandAll: bool = False
     Levels: bool = False
@@ -185,10 +193,8 @@ class ServiceRoot(Resource):
     Links: ServiceRootLinks
 
 
-class SessionService(Resource):
+class SessionService(_Service):
     ODATA_TYPE = "SessionService.v1_2_0.SessionService"
-    Status: Status
-    ServiceEnabled: bool
     SessionTimeout: int
     Sessions: Ref
 
@@ -201,10 +207,8 @@ class Session(Resource):
     ClientOriginIPAddress: str | None = None
 
 
-class AccountService(Resource):
+class AccountService(_Service):
     ODATA_TYPE = "AccountService.v1_18_1.AccountService"
-    Status: Status
-    ServiceEnabled: bool = True
     MinPasswordLength: int
     Accounts: Ref
     Roles: Ref
@@ -231,10 +235,8 @@ class Role(Resource):
     AssignedPrivileges: list[str]
 
 
-class TaskService(Resource):
+class TaskService(_Service):
     ODATA_TYPE = "TaskService.v1_3_0.TaskService"
-    Status: Status
-    ServiceEnabled: bool = True
     CompletedTaskOverWritePolicy: str = "Oldest"
     LifeCycleEventOnTaskStateChange: bool = True
     Tasks: Ref
@@ -270,10 +272,8 @@ class SSEFilterPropertiesSupported(_Obj):
     SubordinateResources: bool = False
 
 
-class EventService(Resource):
+class EventService(_Service):
     ODATA_TYPE = "EventService.v1_12_0.EventService"
-    Status: Status
-    ServiceEnabled: bool = True
     # push delivery settings: left out by a service that only streams (SSE)
     DeliveryRetryAttempts: int | None = None
     DeliveryRetryIntervalSeconds: int | None = None
@@ -372,6 +372,14 @@ class ComputerSystem(Resource):
 # --- chassis and the pooled hardware --------------------------------------------------------
 
 
+class _Product(Resource):
+    """Common to a pooled device's own resources (PCIeDevice, Drive, NetworkAdapter): what it is."""
+
+    Manufacturer: str
+    Model: str
+    SerialNumber: str
+
+
 class ChassisLinks(_Obj):
     ManagedBy: list[Ref]
     Switches: list[Ref] | None = None
@@ -417,11 +425,8 @@ class PCIeDeviceLinks(_Obj):
     Processors: list[Ref] = Field(default_factory=list)
 
 
-class PCIeDevice(Resource):
+class PCIeDevice(_Product):
     ODATA_TYPE = "PCIeDevice.v1_21_0.PCIeDevice"
-    Manufacturer: str
-    Model: str
-    SerialNumber: str
     UUID: str | None = None
     FirmwareVersion: str | None = None
     DeviceType: str = "SingleFunction"
@@ -491,11 +496,8 @@ class DriveLinks(_Obj):
     Endpoints: list[Ref] = Field(default_factory=list)
 
 
-class Drive(Resource):
+class Drive(_Product):
     ODATA_TYPE = "Drive.v1_22_0.Drive"
-    Manufacturer: str
-    Model: str
-    SerialNumber: str
     CapacityBytes: int | None = None
     MediaType: str = "SSD"
     Protocol: str = "NVMe"
@@ -513,11 +515,8 @@ class Controller(_Obj):
     Links: ControllerLinks
 
 
-class NetworkAdapter(Resource):
+class NetworkAdapter(_Product):
     ODATA_TYPE = "NetworkAdapter.v1_14_0.NetworkAdapter"
-    Manufacturer: str
-    Model: str
-    SerialNumber: str
     Status: Status
     Controllers: list[Controller]
 
@@ -702,10 +701,8 @@ class Connection(Resource):
 # --- composition ---------------------------------------------------------------------------
 
 
-class CompositionService(Resource):
+class CompositionService(_Service):
     ODATA_TYPE = "CompositionService.v1_2_3.CompositionService"
-    Status: Status
-    ServiceEnabled: bool = True
     AllowOverprovisioning: bool = False
     AllowZoneAffinity: bool = True
     ResourceBlocks: Ref

@@ -26,9 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from emulator.redfish.models import ExpandQuery
-from emulator.redfish.nodes import Context
-from emulator.redfish.registries import RedfishError
+from emulator.redfish.model.errors import RedfishError
+from emulator.redfish.model.resources import ExpandQuery
+from emulator.redfish.tree.nodes import Context
 
 __all__ = ["MAX_LEVELS", "Expand", "Select", "expand", "expand_query", "expand_served"]
 

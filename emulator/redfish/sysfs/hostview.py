@@ -27,8 +27,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from emulator.redfish.pciconfig import config_space, dsn_from_serial, link_speed_text
-from emulator.redfish.state import BindingRecord, HostAddress
+from emulator.redfish.model.state import BindingRecord, HostAddress
+from emulator.redfish.sysfs.pciconfig import config_space, dsn_from_serial, link_speed_text
 from manager_api.devices import DeviceType
 
 __all__ = ["HOST_BRIDGE", "HostEntry", "HostView", "allocate_address"]

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
-from emulator.redfish.registries import RedfishError, message
+from emulator.redfish.model.errors import RedfishError
+from emulator.redfish.model.registries import message
 
 __all__ = ["Reply", "Request", "parse_body"]
 
@@ -34,6 +36,11 @@ class Request:
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())
+
+    @property
+    def text(self) -> str:
+        """The body as text (a task's ``Payload.JsonBody`` records it), undecodable bytes replaced."""
+        return self.body.decode("utf-8", "replace")
 
     @property
     def prefers_async(self) -> bool:
@@ -88,52 +95,32 @@ def parse_body(model: type[M], data: Any, *, action: str | None = None) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        messages = []
-        for e in err.errors(include_url=False):
-            prop = _prop_path(e["loc"])
-            pointer = "/" + prop
-            kind = e["type"]
-            value = e.get("input")
-            if kind == "extra_forbidden":
-                messages.append(
-                    message("ActionParameterUnknown", action, prop, related=[pointer])
-                    if action
-                    else message("PropertyUnknown", prop, related=[pointer])
-                )
-            elif kind == "missing":
-                messages.append(
-                    message("ActionParameterMissing", action, prop, related=[pointer])
-                    if action
-                    else message("PropertyMissing", prop, related=[pointer])
-                )
-            elif kind in ("literal_error", "enum"):
-                messages.append(
-                    message("ActionParameterValueNotInList", _short(value), prop, action, related=[pointer])
-                    if action
-                    else message("PropertyValueNotInList", _short(value), prop, related=[pointer])
-                )
-            elif kind.endswith("_type") or kind in ("model_type", "model_attributes_type", "dict_type"):
-                messages.append(
-                    message("ActionParameterValueTypeError", _short(value), prop, action, related=[pointer])
-                    if action
-                    else message("PropertyValueTypeError", _short(value), prop, related=[pointer])
-                )
-            else:
-                messages.append(
-                    message(
-                        "ActionParameterValueError",
-                        prop,
-                        action,
-                        related=[pointer],
-                        detail=f"{prop}: {e['msg']}",
-                    )
-                    if action
-                    else message(
-                        "PropertyValueFormatError",
-                        _short(value),
-                        prop,
-                        related=[pointer],
-                        detail=f"{prop}: {e['msg']}",
-                    )
-                )
-        raise RedfishError(400, messages) from None
+        raise RedfishError(400, [_problem(e, action) for e in err.errors(include_url=False)]) from None
+
+
+def _problem(e: ErrorDetails, action: str | None) -> dict[str, Any]:
+    """The Base message for one validation problem: a property's, or an action parameter's."""
+    prop = _prop_path(e["loc"])
+    pointer = "/" + prop
+    kind = e["type"]
+    value = e.get("input")
+    if kind == "extra_forbidden":
+        if action:
+            return message("ActionParameterUnknown", action, prop, related=[pointer])
+        return message("PropertyUnknown", prop, related=[pointer])
+    if kind == "missing":
+        if action:
+            return message("ActionParameterMissing", action, prop, related=[pointer])
+        return message("PropertyMissing", prop, related=[pointer])
+    if kind in ("literal_error", "enum"):
+        if action:
+            return message("ActionParameterValueNotInList", _short(value), prop, action, related=[pointer])
+        return message("PropertyValueNotInList", _short(value), prop, related=[pointer])
+    if kind.endswith("_type") or kind in ("model_type", "model_attributes_type", "dict_type"):
+        if action:
+            return message("ActionParameterValueTypeError", _short(value), prop, action, related=[pointer])
+        return message("PropertyValueTypeError", _short(value), prop, related=[pointer])
+    detail = f"{prop}: {e['msg']}"
+    if action:
+        return message("ActionParameterValueError", prop, action, related=[pointer], detail=detail)
+    return message("PropertyValueFormatError", _short(value), prop, related=[pointer], detail=detail)

@@ -32,6 +32,7 @@ from plumbing.logs import get_logger
 __all__ = [
     "STATE_FILE",
     "BindingRecord",
+    "ClientRecord",
     "ConnectionRecord",
     "FabricState",
     "HostAddress",
@@ -92,8 +93,8 @@ class BindingRecord(_Model):
     last_reset: datetime | None = None
 
 
-class ZoneRecord(_Model):
-    """A zone a client created with POST; each host's own zone is implicit."""
+class ClientRecord(_Model):
+    """A zone or connection a client created with POST, in its fabric, for its host."""
 
     id: str
     fabric: str
@@ -103,15 +104,15 @@ class ZoneRecord(_Model):
     created: datetime
 
 
-class ConnectionRecord(_Model):
-    id: str
-    fabric: str
-    host: str
+class ZoneRecord(ClientRecord):
+    """A zone of endpoints; each host's own zone is implicit, this is one a client created."""
+
+
+class ConnectionRecord(ClientRecord):
+    """A CXL connection: the memory chunks bound through it, and their access."""
+
     chunks: list[str]
     access: list[str]
-    name: str | None = None
-    description: str | None = None
-    created: datetime
 
 
 class TaskResult(_Model):

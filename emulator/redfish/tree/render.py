@@ -1,0 +1,110 @@
+"""Rendered payloads, their ETags, and the checks of ``If-Match`` and action ETag parameters.
+
+A payload is serialised once per state revision and cached with its ETag, a weak validator
+derived from the bytes (so an unrelated change elsewhere does not change it). The body also
+carries it as ``@odata.etag``. A resource with a :meth:`Renderable.fingerprint` keeps its
+serialisation across revisions while the fingerprint is the same: a zone is not serialised
+again because another zone changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Hashable
+from typing import Any, Protocol
+
+from emulator.redfish.engine.bindings import Revision
+from emulator.redfish.model.errors import RedfishError
+
+__all__ = ["Renderable", "Renderer", "etag_matches"]
+
+_CACHE_LIMIT = 8192
+
+
+class Renderable(Protocol):
+    """What the renderer needs of a resource (a :class:`~emulator.redfish.tree.nodes.Node`)."""
+
+    uri: str
+    #: rendered once per state revision; False for a payload that also reads what changes without one
+    cached: bool
+
+    def fingerprint(self) -> Hashable | None:
+        """What the payload depends on, when that is cheaper to get than the payload; None: always render."""
+        ...
+
+    def payload(self) -> dict[str, Any]: ...
+
+
+class Renderer:
+    def __init__(self, revision: Revision) -> None:
+        self.revision = revision
+        self._revision = -1
+        self._cache: dict[str, tuple[bytes, str]] = {}
+        #: uri → (fingerprint, body, ETag) of nodes that have one, kept across revisions
+        self._kept: dict[str, tuple[Hashable, bytes, str]] = {}
+
+    def render(self, node: Renderable) -> tuple[bytes, str]:
+        """(JSON body with ``@odata.etag``, ETag header value) of a resource node."""
+        revision = self.revision.value
+        if revision != self._revision:
+            self._cache.clear()
+            self._revision = revision
+        hit = self._cache.get(node.uri)
+        if hit is not None:
+            return hit
+        fingerprint = node.fingerprint()
+        if fingerprint is not None:
+            kept = self._kept.get(node.uri)
+            if kept is not None and kept[0] == fingerprint:
+                return kept[1], kept[2]
+        raw = json.dumps(node.payload(), separators=(",", ":"), ensure_ascii=False).encode()
+        etag = 'W/"' + hashlib.blake2b(raw, digest_size=8).hexdigest() + '"'
+        # splice the annotation in rather than serialising twice: raw is a JSON object "{...}"
+        body = (
+            raw[:-1] + (b"," if len(raw) > 2 else b"") + b'"@odata.etag":' + json.dumps(etag).encode() + b"}"
+        )
+        if node.cached and len(self._cache) < _CACHE_LIMIT:
+            self._cache[node.uri] = (body, etag)
+        if fingerprint is not None:
+            if len(self._kept) >= _CACHE_LIMIT:
+                self._kept.clear()
+            self._kept[node.uri] = (fingerprint, body, etag)
+        return body, etag
+
+    def check_if_match(self, node: Renderable, header: str | None) -> None:
+        """``If-Match`` on a change: 412 PreconditionFailed unless it names the current ETag or ``*``."""
+        if header is None or header.strip() == "*":
+            return
+        _, current = self.render(node)
+        if not any(etag_matches(tag, current) for tag in header.split(",")):
+            raise RedfishError.of(
+                412,
+                "PreconditionFailed",
+                detail=f"If-Match {header} does not match the current ETag {current} of {node.uri}.",
+            )
+
+    def check_action_etag(self, node: Renderable, given: str | None, parameter: str) -> None:
+        """An action's ETag parameter; the CSDL (Zone 1.5, ComputerSystem 1.16) asks for 428 on mismatch."""
+        if given is None:
+            return
+        _, current = self.render(node)
+        if not etag_matches(given, current):
+            raise RedfishError.of(
+                428,
+                "PreconditionFailed",
+                related=[f"/{parameter}"],
+                detail=f"{parameter} {given} does not match the current ETag {current} of {node.uri}.",
+            )
+
+
+def _opaque(tag: str) -> str:
+    tag = tag.strip()
+    if tag.startswith("W/"):
+        tag = tag[2:]
+    return tag.strip('"')
+
+
+def etag_matches(given: str, current: str) -> bool:
+    """Weak comparison (RFC 9110 §8.8.3.2), also accepting the tag without quotes."""
+    return _opaque(given) == _opaque(current)
