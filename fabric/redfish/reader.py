@@ -13,7 +13,7 @@ stacked; ``br``, ``zstd`` and anything else are refused with an error naming the
 is asked for, and a Brotli or Zstandard decoder would need its own output and window bounds).
 Each layer is decoded here, incrementally, with zlib's ``max_length``: no single call produces
 more than :data:`PIECE` bytes or more than the room left, and every layer's output counts against
-the limit, so 587 bytes of ``gzip, gzip`` stop at the limit instead of growing to 256 MiB. An
+the limit, so 596 bytes of ``gzip, gzip`` stop at the limit instead of growing to 256 MiB. An
 answer's limit is fixed (``max_response_bytes``); an event stream has no end, so each layer of it
 may produce at most :data:`EVENT_BYTES` plus :data:`STREAM_EXPANSION` times the bytes that arrived.
 
@@ -30,9 +30,10 @@ one more) or nesting deeper than ``depth``. The count is exact for valid JSON an
 for invalid JSON up to where ``json.loads`` stops. Strings longer than ``string`` characters are
 cut in the bytes, also before parsing, to their first characters and a marker, ``…(cut from N
 bytes, sha256 H)``, that holds the length and a hash of the whole string as sent: two long
-strings that differ anywhere stay different, so a cut ``Id``, ``SerialNumber`` or ``@odata.id``
-never collides with another, and the marker shows what happened (a link cut so names no resource
-the service has: reading it finds nothing). A cut string is at most ``string`` characters, marker
+strings that differ anywhere stay different, so a cut ``Id``, ``SerialNumber`` or ``Name`` never
+collides with another, and the marker shows what happened. A cut link (``@odata.id``...) holds
+spaces, so it is no URI reference: it is never followed, and the read that needs it fails naming
+it (:func:`fabric.redfish.links.resolve`). A cut string is at most ``string`` characters, marker
 included.
 """
 
@@ -286,21 +287,30 @@ _QUOTING_ESCAPE = re.compile(rb'\\[\\"]')
 _STRIP_PIECE = 256 << 10
 
 
-def _structure(data: bytes | bytearray) -> bytes:
+def _structure(data: bytes | bytearray, budget: Budget) -> bytes:
     """The structural characters of ``data`` outside strings, in order.
 
     Keeping only ``"[]{},`` (and what escapes need) shrinks a Redfish answer about seven-fold at
     C speed. Escaped backslashes and quotes are resolved first; every other escape's second
-    character is kept too, so no backslash meets a character it does not escape. Then adjacent
-    quotes — strings with no structural character, nearly all of them — go: removing two quotes
-    next to each other leaves every other character's quote parity as it was, so the quotes left
-    still pair up as strings, and what they enclose (structure inside strings) is removed."""
+    character is kept too, so no backslash meets a character it does not escape. When every
+    quote then has its partner next to it — strings with no structural character, nearly always —
+    the quotes are all there is to drop. Otherwise adjacent quotes go: removing two quotes next to
+    each other leaves every other character's quote parity as it was, so the quotes left still
+    pair up as strings, and what they enclose (structure inside strings) is removed."""
     if b"\\" in data:
         reduced = data.translate(None, _NOT_STRUCTURE_OR_ESCAPE)
         reduced = _unescape(reduced).translate(None, _NOT_STRUCTURE)
     else:
         reduced = data.translate(None, _NOT_STRUCTURE)
-    return bytes(reduced.replace(b'""', b""))
+    if 2 * reduced.count(b'""') == reduced.count(b'"'):
+        # the leftmost quote pairs with the next one, and so on: no string holds structure
+        return bytes(reduced.translate(None, b'"'))
+    reduced = reduced.replace(b'""', b"")
+    # Every string left holds structure; each is a value or a member's name, and each of those
+    # counts at least one value: more than 4 * values quotes is over budget for sure.
+    if reduced.count(b'"') > 4 * budget.values:
+        raise Refused(f"the JSON holds more than {budget.values:,} values")
+    return _strip_strings(bytes(reduced))
 
 
 def _unescape(reduced: bytes | bytearray) -> bytearray:
@@ -349,13 +359,7 @@ def _depth(brackets: bytes, limit: int) -> int:
 
 def _count(data: bytes | bytearray, budget: Budget) -> int:
     """The values of ``data``, refused beyond the budget (values, then depth)."""
-    reduced = _structure(data)
-    if b'"' in reduced:
-        # Every string left holds structure; each is a value or a member's name, and each of
-        # those counts at least one value: more than 4 * values quotes is over budget for sure.
-        if reduced.count(b'"') > 4 * budget.values:
-            raise Refused(f"the JSON holds more than {budget.values:,} values")
-        reduced = _strip_strings(reduced)
+    reduced = _structure(data, budget)
     values = reduced.count(b",") + reduced.count(b"[") + reduced.count(b"{") + 1
     if values > budget.values:
         raise Refused(f"the JSON holds more than {budget.values:,} values ({values:,})")

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from fabric.redfish import RedfishClient, RedfishSettings
 from fabric.redfish.events import EventStream
+from fabric.redfish.links import ForeignLink, same_service
 from fabric.redfish.reader import (
     ANSWER_BUDGET,
     PIECE,
@@ -227,6 +228,15 @@ def test_long_strings_are_cut_with_a_marker_that_keeps_them_apart() -> None:
             assert "…(cut from " in value[key] and "sha256 " in value[key]
             assert document[key].startswith(value[key].split("…(cut from ")[0])
         assert value["SerialNumber"] != value["Other"]  # the hash of the whole string differs
+
+
+def test_a_cut_link_is_never_followed() -> None:
+    """A link cut with its marker names no resource of the service: it holds spaces, so it is no
+    URI reference and the read that needs it fails naming it, instead of asking for another one."""
+    link = "/redfish/v1/Fabrics/PCIe/Endpoints/" + "e" * 2000
+    cut = parse(json.dumps({"@odata.id": link}).encode(), ANSWER_BUDGET).value["@odata.id"]
+    with pytest.raises(ForeignLink, match="no URI reference"):
+        same_service("https://bmc.example", cut, link="@odata.id")
 
 
 def test_a_string_of_exactly_the_bound_is_kept() -> None:
