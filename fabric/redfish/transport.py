@@ -229,7 +229,8 @@ class _BoundedAdapter(requests.adapters.HTTPAdapter):
     without ``Content-Length`` or many at once — would exhaust memory. The body is read here as
     it arrives (chunked answers too), so the limits hold while streaming. It is read raw: the
     :class:`fabric.redfish.reader.Decoder` undoes its ``Content-Encoding`` a bounded piece at a
-    time (urllib3 would decode all that one read brought, 256 MiB from 587 bytes)."""
+    time (urllib3 before 2.6, which requests allows, decoded all that one read brought:
+    CVE-2025-66471)."""
 
     def __init__(self, *, max_bytes: int, deadline: float, budget: _ByteBudget, **kwargs: Any) -> None:
         self.max_bytes = max_bytes
