@@ -10,7 +10,10 @@ A hostile or broken service must not keep a pass going for ever: ``Members@odata
 resolved on the service (:func:`fabric.redfish.links.resolve`, another origin fails the pass), a
 page seen before ends it as a cycle, and a collection of more than :data:`MAX_PAGES` pages or a
 pass of more than :data:`MAX_MEMBERS` members fails it, naming the collection — the cause
-``/readyz`` and the log then give.
+``/readyz`` and the log then give. A pass keeps what it read until it ends, so it also reads at most
+:data:`MAX_PASS_BYTES` of answers and :data:`MAX_PASS_VALUES` JSON values in all: each answer is
+bounded by the reader (:mod:`fabric.redfish.reader`), but many answers within their bounds would
+still add up.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from fabric.redfish.client import RedfishClient
 from fabric.redfish.links import same_service
 from manager_api.errors import FabricError, FabricUnavailable, NotFoundError
 
-__all__ = ["MAX_MEMBERS", "MAX_PAGES", "MAX_PASS_BYTES", "Walk", "path_ids"]
+__all__ = ["MAX_MEMBERS", "MAX_PAGES", "MAX_PASS_BYTES", "MAX_PASS_VALUES", "Walk", "path_ids"]
 
 V = TypeVar("V", bound=View)
 
@@ -37,6 +40,11 @@ MAX_MEMBERS = 100_000
 #: transport's bounds per answer and in flight alone would let 16 answers of 60 MB each be kept
 #: (a real fabric of thousands of resources reads a few MiB)
 MAX_PASS_BYTES = 64 << 20
+#: JSON values (:class:`fabric.redfish.reader.Budget`) of the answers one pass may read: bytes
+#: alone do not bound what they cost, since 64 MiB of ``[{},{},…]`` would be 22 million objects. A
+#: full pass over 8,600 devices and 200 hosts (the emulator, expanded collections) reads 1,561,687
+#: values in 41 MB; at most about 100 bytes a value, this keeps at most about 200 MiB
+MAX_PASS_VALUES = 2 << 20
 
 
 def _page_key(uri: str) -> str:
@@ -70,6 +78,8 @@ class Walk:
         self.listed = 0
         #: bytes of the answers read in this pass (bounded by :data:`MAX_PASS_BYTES`)
         self.read_bytes = 0
+        #: JSON values of the answers read in this pass (bounded by :data:`MAX_PASS_VALUES`)
+        self.read_values = 0
 
     def seed(self, resource: Mapping[str, Any]) -> None:
         uri = odata_id(resource)
@@ -109,10 +119,16 @@ class Walk:
     async def _fetch(self, uri: str) -> JSON:
         response = await self.client.get(uri)
         self.read_bytes += response.size
+        self.read_values += response.values
         if self.read_bytes > MAX_PASS_BYTES:
             raise FabricUnavailable(
                 f"the Redfish service's answers in one pass exceed {MAX_PASS_BYTES >> 20} MiB "
                 f"(the last: {uri}, {response.size} bytes); not read further"
+            )
+        if self.read_values > MAX_PASS_VALUES:
+            raise FabricUnavailable(
+                f"the Redfish service's answers in one pass hold more than {MAX_PASS_VALUES:,} JSON "
+                f"values (the last: {uri}, {response.values:,}); not read further"
             )
         return response.body
 

@@ -5,13 +5,19 @@ DSP0266 "Server-sent events": ``EventService.ServerSentEventUri`` streams ``text
 (``{"Events": [{"MessageId": ..., "OriginOfCondition": {"@odata.id": ...}}]}``). The stream may end
 at any time (service restart, idle proxies); the reader reconnects with backoff and tells its owner
 so it can re-read everything it may have missed. A service without SSE is fine: the owner polls.
+
+The body is read raw and handed to :class:`fabric.redfish.reader.EventReader`, the bounded reader
+answers go through too: it undoes the ``Content-Encoding`` a bounded piece at a time, ends the
+connection at a line or an event of more than 1 MiB or a stream that decodes to more than 100 times
+what arrived, and parses each event within its JSON budget. Whatever is refused, the stream
+reconnects after a growing pause.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -19,11 +25,12 @@ import httpx
 
 from fabric.redfish.client import RedfishClient
 from fabric.redfish.links import ForeignLink, same_service
+from fabric.redfish.reader import ACCEPT_ENCODING, EventReader, Refused
 from manager_api.errors import FabricError
 from plumbing.backoff import Backoff
 from plumbing.logs import get_logger
 
-__all__ = ["MAX_LINE", "EventStream", "bounded_lines", "parse_sse"]
+__all__ = ["EventStream"]
 
 _REGISTRIES = ("ResourceEvent", "TaskEvent", "Fabric", "Composition", "Base")
 
@@ -31,53 +38,6 @@ log = get_logger(__name__)
 
 EventHandler = Callable[[list[dict[str, Any]]], Awaitable[None] | None]
 ConnectHandler = Callable[[], Awaitable[None] | None]
-
-
-#: the longest line of an event stream this reader keeps; a longer one ends the connection
-MAX_LINE = 1 << 20
-
-
-async def bounded_lines(chunks: AsyncIterator[str], max_line: int = MAX_LINE) -> AsyncIterator[str]:
-    """The lines of a text stream (``\n``, ``\r\n`` or ``\r`` end one, as the event-stream
-    format says); a line longer than ``max_line`` raises ValueError instead of growing for ever."""
-    buffer = ""
-    async for chunk in chunks:
-        buffer += chunk
-        while True:
-            cut = min((i for i in (buffer.find("\n"), buffer.find("\r")) if i >= 0), default=-1)
-            if cut < 0 or (cut == len(buffer) - 1 and buffer[cut] == "\r"):
-                break  # no end yet, or a "\r" whose "\n" may still come
-            line, rest = buffer[:cut], buffer[cut + 1 :]
-            if buffer[cut] == "\r" and rest.startswith("\n"):
-                rest = rest[1:]
-            yield line
-            buffer = rest
-        if len(buffer) > max_line:
-            raise ValueError(f"event stream line longer than {max_line} characters")
-    if buffer:
-        yield buffer.rstrip("\r")
-
-
-async def parse_sse(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str | None, str]]:
-    """(id, data) of each event in a ``text/event-stream``; comments and other fields are skipped."""
-    data: list[str] = []
-    event_id: str | None = None
-    async for line in lines:
-        if line == "":
-            if data:
-                yield event_id, "\n".join(data)
-            data = []
-            continue
-        if line.startswith(":"):
-            continue
-        name, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if name == "data":
-            data.append(value)
-        elif name == "id":
-            event_id = value
-    if data:
-        yield event_id, "\n".join(data)
 
 
 class EventStream:
@@ -139,6 +99,7 @@ class EventStream:
     async def run(self) -> None:
         backoff = Backoff(self.backoff_initial, self.backoff_max)
         failures = 0
+        followed = 0.0
         while True:
             try:
                 uri = await self._stream_uri()
@@ -158,10 +119,14 @@ class EventStream:
                 continue
             self.supported = True
             try:
+                followed = time.monotonic()
                 await self._follow(uri)
-                backoff.reset()  # a clean end: reconnect at once
+                if time.monotonic() - followed >= self.backoff_max:
+                    # A clean end of a stream that lasted: reconnect at once. One that ends as soon
+                    # as it begins (each start asks the owner to read everything) keeps backing off.
+                    backoff.reset()
                 failures = 0
-            except (httpx.HTTPError, FabricError, ValueError) as err:
+            except (httpx.HTTPError, FabricError, Refused, ValueError) as err:
                 failures += 1
                 # Say it once; a stream that keeps failing is polled around, not logged every 10 s.
                 report = log.info if failures == 1 else log.debug
@@ -178,6 +143,7 @@ class EventStream:
     async def _follow(self, uri: str) -> None:
         headers = await asyncio.to_thread(self.client.auth_headers)
         headers["Accept"] = "text/event-stream"
+        headers["Accept-Encoding"] = ACCEPT_ENCODING
         if self._last_id:
             headers["Last-Event-ID"] = self._last_id
         timeout = httpx.Timeout(self.client.settings.connect_timeout, read=None)
@@ -199,19 +165,22 @@ class EventStream:
                 result = self.on_connect()
                 if result is not None:
                     await result
-            async for event_id, data in parse_sse(bounded_lines(response.aiter_text())):
-                if event_id and event_id.isprintable() and len(event_id) <= 256:
-                    self._last_id = event_id  # sent back as Last-Event-ID: a header value
-                try:
-                    payload = json.loads(data)
-                except (ValueError, RecursionError):
-                    continue
-                events = payload.get("Events") if isinstance(payload, dict) else None
-                if not isinstance(events, list):
-                    continue
-                try:
-                    result = self.on_events([e for e in events if isinstance(e, dict)])
-                    if result is not None:
-                        await result
-                except Exception:
-                    log.exception("handling a Redfish event failed")
+            reader = EventReader(response.headers.get("Content-Encoding"))
+            # Raw bytes: httpx would decode all that one read brought (256 MiB from 587 bytes).
+            async for wire in response.aiter_raw():
+                for event in reader.feed(wire):
+                    await self._deliver(event.id, event.payload)
+            reader.finish()
+
+    async def _deliver(self, event_id: str | None, payload: object) -> None:
+        if event_id and event_id.isprintable() and len(event_id) <= 256:
+            self._last_id = event_id  # sent back as Last-Event-ID: a header value
+        events = payload.get("Events") if isinstance(payload, dict) else None
+        if not isinstance(events, list):
+            return
+        try:
+            result = self.on_events([e for e in events if isinstance(e, dict)])
+            if result is not None:
+                await result
+        except Exception:
+            log.exception("handling a Redfish event failed")

@@ -9,7 +9,9 @@ headers with ``X-Auth-Token`` unmasked. :class:`Transport` wraps it so that:
 * TLS is verified by default (``ca_file``, else the certifi bundle); ``insecure`` turns it off with
   a warning.
 * Every request has a connect and a read timeout, and every answer a size limit and a deadline for
-  its whole body (:class:`_BoundedAdapter`).
+  its whole body (:class:`_BoundedAdapter`). Bodies are read raw and decoded and parsed by
+  :mod:`fabric.redfish.reader` — the limit counts decoded bytes, every content-coding layer
+  included, and JSON is parsed within a budget of values, depth and string length.
 * The library never retries (``max_retry=0``). GETs are retried here with backoff and jitter,
   honouring ``Retry-After``; POST/PATCH/DELETE are sent exactly once. When a mutation was sent but
   no answer came back, :class:`OutcomeUnknown` says so, and the caller reads the fabric to find out
@@ -32,7 +34,6 @@ import contextlib
 import ctypes
 import email.utils
 import functools
-import json
 import logging
 import socket
 import ssl
@@ -54,6 +55,7 @@ from redfish.rest.v1 import HttpClient, RetriesExhaustedError, redfish_client
 
 from fabric.redfish.error_mapping import OutcomeUnknown, error_for_response, one_line
 from fabric.redfish.links import SERVICE_ROOT, resolve
+from fabric.redfish.reader import ACCEPT_ENCODING, ANSWER_BUDGET, Decoder, NotJson, Refused, parse
 from fabric.redfish.settings import RedfishSettings
 from manager_api.errors import FabricError, FabricUnavailable
 from plumbing.backoff import Backoff
@@ -90,11 +92,13 @@ class RedfishResponse:
     status: int
     headers: Mapping[str, str] = field(default_factory=dict)  # lower-case names
     body: dict[str, Any] = field(default_factory=dict)
-    #: why ``body`` is empty although a resource was expected: the answer had no body, or one
-    #: that is no JSON object (``{}`` stands in for it)
+    #: why ``body`` is empty although a resource was expected: the answer had no body, one that
+    #: is no JSON object, or one beyond the parse budget (``{}`` stands in for it)
     unreadable: str | None = None
-    #: bytes of the answer's body as it arrived
+    #: bytes of the answer's body, decoded
     size: int = 0
+    #: JSON values of the body (:class:`fabric.redfish.reader.Budget`)
+    values: int = 0
 
     @property
     def etag(self) -> str | None:
@@ -223,7 +227,10 @@ class _BoundedAdapter(requests.adapters.HTTPAdapter):
     A read timeout bounds each read, not the answer: a service that trickles a byte a second
     would otherwise hold a worker thread for ever, and one that sends gigabytes — one answer
     without ``Content-Length`` or many at once — would exhaust memory. The body is read here as
-    it arrives (chunked answers too), so the limits hold while streaming."""
+    it arrives (chunked answers too), so the limits hold while streaming. It is read raw: the
+    :class:`fabric.redfish.reader.Decoder` undoes its ``Content-Encoding`` a bounded piece at a
+    time (urllib3 before 2.6, which requests allows, decoded all that one read brought:
+    CVE-2025-66471)."""
 
     def __init__(self, *, max_bytes: int, deadline: float, budget: _ByteBudget, **kwargs: Any) -> None:
         self.max_bytes = max_bytes
@@ -288,27 +295,35 @@ class _BoundedAdapter(requests.adapters.HTTPAdapter):
         limit = _size(self.max_bytes)
         held = 0
         # One growing buffer, not a list of chunks joined at the end: the join held the answer
-        # twice at its peak. json.loads reads a bytearray as it reads bytes.
+        # twice at its peak. The reader parses a bytearray as it parses bytes.
         chunks = bytearray()
         try:
             declared = response.headers.get("Content-Length", "")
             if declared.isdigit() and int(declared) > self.max_bytes:
                 raise _AnswerRefused(f"the answer is larger than {limit} (Content-Length {declared})")
             give_up = time.monotonic() + self.deadline
-            size = 0
-            while chunk := response.raw.read1(64 << 10, decode_content=True):  # what has arrived
-                size += len(chunk)
-                if size > self.max_bytes:
-                    raise _AnswerRefused(f"the answer is larger than {limit}")
-                if time.monotonic() > give_up:
-                    raise _AnswerRefused(f"the answer did not arrive within {self.deadline:.0f} s")
-                if not self.budget.take(len(chunk), min(_BUDGET_WAIT, give_up - time.monotonic())):
-                    raise _AnswerRefused(
-                        f"more than {_size(self.budget.total)} of answers in flight at once; "
-                        f"this one ({_size(size)} so far) was given up"
-                    )
-                held += len(chunk)
-                chunks += chunk
+            wire = 0
+            try:
+                decoder = Decoder(response.headers.get("Content-Encoding"), limit=self.max_bytes)
+                while chunk := response.raw.read1(64 << 10, decode_content=False):  # what has arrived
+                    wire += len(chunk)
+                    if wire > self.max_bytes:
+                        raise _AnswerRefused(f"the answer is larger than {limit}")
+                    for piece in decoder.feed(chunk):
+                        if time.monotonic() > give_up:
+                            raise _AnswerRefused(f"the answer did not arrive within {self.deadline:.0f} s")
+                        if not self.budget.take(len(piece), min(_BUDGET_WAIT, give_up - time.monotonic())):
+                            raise _AnswerRefused(
+                                f"more than {_size(self.budget.total)} of answers in flight at once; "
+                                f"this one ({_size(len(chunks))} so far) was given up"
+                            )
+                        held += len(piece)
+                        chunks += piece
+                    if time.monotonic() > give_up:
+                        raise _AnswerRefused(f"the answer did not arrive within {self.deadline:.0f} s")
+                decoder.finish()
+            except Refused as err:
+                raise _AnswerRefused(str(err)) from None
             if self.aborts != aborts:
                 raise _AnswerRefused("the read was cut short: the client is shutting down")
         except BaseException:
@@ -502,12 +517,15 @@ class Transport:
         there. Raises :class:`TransportError` when no usable answer came."""
         path = resolve(self.base_url, uri)
         started = time.perf_counter()
+        # Only the codings the reader decodes (requests would also offer zstd when a decoder for
+        # it happens to be installed).
+        request_headers = {"Accept-Encoding": ACCEPT_ENCODING, **(headers or {})}
         try:
             raw = self._rf._rest_request(
                 path,
                 method=method,
                 body=body,
-                headers=dict(headers) if headers else None,
+                headers=request_headers,
                 allow_redirects=False,
                 timeout=timeout,
                 max_retry=0,
@@ -521,8 +539,21 @@ class Transport:
         self._observe(method, uri, str(raw.status), started)
         answer_headers = {k.lower(): v for k, v in raw._http_response.headers.items()}
         content = raw._http_response.content
+        resource: dict[str, Any] = {}
+        unreadable: str | None = None
+        values = 0
         try:
-            parsed = _json_object(content)
+            parsed = parse(content, ANSWER_BUDGET)
+        except NotJson:
+            unreadable = _what_body(content, answer_headers)
+        except Refused as err:
+            unreadable = f"a body beyond what fabric-dra parses: {err}"
+        else:
+            values = parsed.values
+            if isinstance(parsed.value, dict):
+                resource = parsed.value
+            else:
+                unreadable = _what_body(content, answer_headers)
         finally:
             # the answer's bytes count against the budget until parsed, then are dropped here
             self._adapter.budget.give(getattr(raw._http_response, _HELD, 0))
@@ -531,9 +562,10 @@ class Transport:
             uri=uri,
             status=int(raw.status),
             headers=answer_headers,
-            body=parsed if parsed is not None else {},
-            unreadable=None if parsed is not None else _what_body(content, answer_headers),
+            body=resource,
+            unreadable=unreadable,
             size=len(content or b""),
+            values=values,
         )
 
     def exchange(
@@ -643,7 +675,7 @@ class Transport:
                     if last:
                         raise FabricUnavailable(
                             f"Redfish service at {self.base_url} answered badly: GET {uri} answered "
-                            f"{response.status} with {response.unreadable}, not a JSON object"
+                            f"{response.status} with {response.unreadable}"
                         )
                 elif response.status < 400:
                     raise self._refuse_redirect(response)
@@ -694,20 +726,8 @@ def _valid_etag(value: str) -> bool:
     return 0 < len(value) <= 1024 and all(0x21 <= ord(c) <= 0x7E or 0x80 <= ord(c) <= 0xFF for c in value)
 
 
-def _json_object(content: bytes | str | None) -> dict[str, Any] | None:
-    """The JSON object ``content`` holds; None when it is empty, not JSON, nested too deeply to
-    decode, or another JSON value."""
-    if not content:
-        return None
-    try:
-        value = json.loads(content)
-    except (ValueError, RecursionError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
 def _what_body(content: bytes | None, headers: Mapping[str, str]) -> str:
     if not content:
         return "an empty body"
     kind = headers.get("content-type") or "no Content-Type"
-    return f"{len(content)} bytes of {one_line(kind, 60)}"
+    return f"{len(content)} bytes of {one_line(kind, 60)}, not a JSON object"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import subprocess
 import sys
 import time
@@ -26,10 +27,11 @@ import pytest
 from fabric_dra.stack import Role
 from manager_api.client import ManagerClient
 from manager_api.errors import FabricError
-from manager_api.models import AttachmentState
+from manager_api.models import AttachmentState, Device
 from tests.conftest import REPO_ROOT
 from tests.support.emulator import RunningEmulator, run_emulator
 from tests.support.fabric_manager import start_manager, static_tokens_file
+from tests.support.hostile_redfish import LONG_STRING, SSE_PATH
 
 pytestmark = [pytest.mark.slow(seconds=95), pytest.mark.timeout(180)]
 
@@ -129,8 +131,11 @@ class Attack:
 
 
 @contextlib.contextmanager
-def attack(tmp_path: Path, mode: str, *, ready: bool, args: tuple[str, ...] = ()) -> Iterator[Attack]:
-    """The emulator, the hostile service in ``mode`` in front of it, and a manager on the latter."""
+def attack(
+    tmp_path: Path, mode: str, *, ready: bool, args: tuple[str, ...] = (), events: bool = False
+) -> Iterator[Attack]:
+    """The emulator, the hostile service in ``mode`` in front of it, and a manager on the latter
+    (following the service's event stream only with ``events``)."""
     with (
         run_emulator(tmp_path) as emulator,
         hostile_service(tmp_path, emulator.url, mode) as hostile,
@@ -143,7 +148,8 @@ def attack(tmp_path: Path, mode: str, *, ready: bool, args: tuple[str, ...] = ()
                 *("--redfish-credentials-file", str(emulator.state_dir / "credentials.json")),
                 *("--state-dir", str(tmp_path / "manager-state")),
                 *("--static-tokens", str(tokens)),
-                *("--poll-seconds", "1", "--redfish-timeout", "30", "--no-events"),
+                *("--poll-seconds", "1", "--redfish-timeout", "30"),
+                *(() if events else ("--no-events",)),
                 *args,
             ],
             ready=ready,
@@ -288,3 +294,103 @@ def test_sigterm_cancels_a_hung_redfish_read(tmp_path: Path) -> None:
         took = time.monotonic() - started
         assert took < 5, f"exit took {took:.1f} s"
         assert code == 0
+
+
+def test_an_event_stream_bomb_is_cut_at_one_event(tmp_path: Path) -> None:
+    """Issue 33, finding 1: the event stream answered ``Content-Encoding: gzip, gzip`` with 596
+    bytes that decode to one 256 MiB line (the manager went to 580 MB, on every reconnect). The
+    bounded reader decodes a piece at a time and ends the connection once about 1 MiB is decoded
+    (a line over 1 MiB, or a stream of 100 times its wire bytes plus 1 MiB); the stream reconnects
+    after a growing pause, not in a loop, and the manager stays ready: polling reads the fabric,
+    as for any service whose stream is down."""
+    with attack(tmp_path, "event-bomb", ready=True, events=True) as run:
+        deadline = time.monotonic() + 25
+        while time.monotonic() < deadline:
+            assert run.sample() < MEMORY_LIMIT_MIB, f"manager at {max(run.peak)} MiB"
+            status, body = run.readyz
+            assert status == 200, body
+            time.sleep(0.2)
+        streams = [r for r in run.hostile.requests("service") if r["path"].startswith(SSE_PATH)]
+        # pauses of 0.5, 1, 2, 4, 8, 10 s (± 20 %): six or seven in 25 s; a loop would be hundreds
+        assert 3 <= len(streams) <= 10, f"{len(streams)} event streams opened in 25 s"
+        # cut at about 1 MiB decoded: the line bound or the stream's expansion bound, whichever first
+        log = run.manager.log_file.read_text().splitlines()
+        interrupted = [line for line in log if "event stream interrupted" in line]
+        assert interrupted and "1 MiB" in interrupted[0], interrupted
+
+
+def test_a_collection_of_millions_of_members_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
+    """Issue 33, finding 2: every Zones collection answered with 16 MiB of ``{"Members": [{}, {},
+    …]}``, gzipped to 16 KiB — under the 32 MiB cap, but 5.6 million objects once parsed (871 MB
+    peak, 458 MB left resident; the 100,000-member limit came after parsing). The reader counts
+    values before ``json.loads`` and refuses: ``/readyz`` names the collection and the bound."""
+    with attack(tmp_path, "members-bomb", ready=False) as run:
+        reason = run.until_not_ready(lambda r: "values" in r, within=60)
+        assert "Zones" in reason and "1,048,576" in reason, reason
+        deadline = time.monotonic() + 10  # the retries and the next passes stay bounded too
+        while time.monotonic() < deadline:
+            assert run.sample() < MEMORY_LIMIT_MIB, f"manager at {max(run.peak)} MiB"
+            time.sleep(0.2)
+
+
+def test_a_refused_collection_is_a_failed_read_not_an_empty_one(tmp_path: Path) -> None:
+    """Issue 33, finding 2, on a manager that has read the fabric: refusing the bomb fails the pass,
+    and the view stays as it was — an empty Zones collection would say that nothing is bound."""
+    with attack(tmp_path, "passthrough", ready=True) as run:
+        asyncio.run(_attach(run, "gpu0"))
+        failures = _discovery_failures(run)
+        run.hostile.mode("members-bomb")
+        deadline = time.monotonic() + 60
+        while _discovery_failures(run) < failures + 3:
+            assert time.monotonic() < deadline, "the passes under attack did not fail"
+            assert run.sample() < MEMORY_LIMIT_MIB, f"manager at {max(run.peak)} MiB"
+            time.sleep(0.2)
+        assert "more than 1,048,576 values" in run.manager.log_file.read_text()
+        device = asyncio.run(_device(run, "gpu0"))
+        assert device.node == "kind-worker", device
+
+
+def test_long_redfish_strings_are_cut_with_a_marker_that_keeps_them_apart(tmp_path: Path) -> None:
+    """Issue 33, finding 9: 200,000-character Model, Manufacturer and SerialNumber strings were
+    kept verbatim (18 devices: a 10.8 MB inventory, sent to every long poll). Every string from
+    Redfish is cut at 1,024 characters, marker included; serial numbers that differ only after
+    the cut stay different, by the hash in the marker."""
+    with attack(tmp_path, "long-strings", ready=True) as run:
+        answer = httpx.get(
+            f"{run.manager.address}/api/v1/inventory",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=30,
+        )
+        answer.raise_for_status()
+        devices = answer.json()["devices"]
+        assert len(devices) >= 10
+        assert len(answer.content) < 1_000_000, f"the inventory is {len(answer.content):,} bytes"
+        serials = {d["serial"] for d in devices if d.get("serial")}
+        # one serial number a device; the memory chunks of a CXL device (<endpoint>-chunk<n>) share it
+        owners = {re.sub(r"-chunk\d+$", "", d["name"]) for d in devices if d.get("serial")}
+        assert len(owners) > 1 and len(serials) == len(owners), f"cut serial numbers collide: {serials}"
+        for device in devices:
+            for field in ("model", "vendor", "serial"):
+                value = device.get(field) or ""
+                assert len(value) <= 1024, f"{device['name']} {field}: {len(value)} characters"
+            assert f"cut from {LONG_STRING}" in device["model"], device["model"][-80:]
+
+
+async def _attach(run: Attack, device: str) -> None:
+    async with ManagerClient(run.manager.address, token=TOKEN, timeout=60) as client:
+        attachment = await client.attach(device, "kind-worker", CLAIM, wait_seconds=30)
+        for _ in range(60):
+            if attachment.state == AttachmentState.ATTACHED:
+                return
+            await asyncio.sleep(0.5)
+            attachment = await client.attach(device, "kind-worker", CLAIM, wait_seconds=5)
+        raise AssertionError(f"attach answered {attachment.state}")
+
+
+async def _device(run: Attack, name: str) -> Device:
+    async with ManagerClient(run.manager.address, token=TOKEN, timeout=60) as client:
+        return await client.device(name)
+
+
+def _discovery_failures(run: Attack) -> int:
+    return run.manager.log_file.read_text().count("discovery failed")

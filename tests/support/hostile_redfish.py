@@ -21,21 +21,30 @@ Modes, one per attack of docs/reliability.md's "Hostile Redfish service" table:
   ``@127.0.0.1:RECORDER/...`` and no ``Location``, and not forwarded: nothing is bound.
 * ``foreign-location`` — the same with ``Location: http://127.0.0.1:RECORDER/...``.
 * ``huge`` — every read below a collection (members) is answered with 31 MB of chunked JSON
-  (no ``Content-Length``), just under the 64 MiB cap of one answer.
+  (no ``Content-Length``), just under the 32 MiB cap of one answer.
 * ``endless`` — the same, but the answer never ends.
 * ``pages`` — every collection pages on for ever: ``Members@odata.nextLink`` always names a new page.
 * ``expire`` — every 5th authenticated GET is answered 401, as if the session had expired.
 * ``hang`` — every GET but the service root is never answered (the connection stays open).
+* ``event-bomb`` — the event stream (``/redfish/v1/EventService/SSE``) is answered with
+  ``Content-Encoding: gzip, gzip``: 590 bytes that decode to one 256 MiB ``data:`` line.
+* ``members-bomb`` — every Zones collection is answered ``Content-Encoding: gzip`` with 16 MiB of
+  ``{"Members": [{}, {}, …]}`` (16 KiB on the wire): 5.6 million members, under the 32 MiB cap.
+* ``long-strings`` — every ``Model``, ``Manufacturer`` and ``SerialNumber`` the emulator answers is
+  200,000 characters long; serial numbers differ only in their last characters (the emulator's).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import http.client
 import itertools
 import json
 import threading
 import time
+import zlib
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -54,10 +63,58 @@ MODES = (
     "pages",
     "expire",
     "hang",
+    "event-bomb",
+    "members-bomb",
+    "long-strings",
 )
 
 HUGE_BYTES = 31_000_000  # just below the manager's 32 MiB per-answer cap
 PAGE_MEMBERS = 50
+EVENT_BOMB_BYTES = 256 << 20  # decoded
+MEMBERS_BOMB_BYTES = 16 << 20  # decoded
+LONG_STRING = 200_000
+LONG_FIELDS = ("Model", "Manufacturer", "SerialNumber")
+SSE_PATH = "/redfish/v1/EventService/SSE"
+
+
+def _gzip(chunks: Iterator[bytes]) -> bytes:
+    """gzip of what ``chunks`` yield, compressed as they come (the bombs are never whole in memory)."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    return b"".join(packer.compress(chunk) for chunk in chunks) + packer.flush()
+
+
+def _repeat(head: bytes, unit: bytes, size: int, tail: bytes) -> Iterator[bytes]:
+    yield head
+    block = unit * ((1 << 20) // len(unit))
+    for _ in range(size // len(block)):
+        yield block
+    yield tail
+
+
+@functools.cache
+def event_bomb() -> bytes:
+    """One ``data:`` line of 256 MiB, gzipped twice."""
+    return _gzip(iter([_gzip(_repeat(b"data: ", b"x", EVENT_BOMB_BYTES, b"\n\n"))]))
+
+
+@functools.cache
+def members_bomb() -> bytes:
+    """16 MiB of ``{"Members": [{}, {}, …]}``, gzipped once."""
+    return _gzip(_repeat(b'{"Members": [', b"{},", MEMBERS_BOMB_BYTES, b"{}]}"))
+
+
+def _lengthen(value: Any) -> Any:
+    """Every Model, Manufacturer and SerialNumber in ``value`` 200,000 characters long."""
+    if isinstance(value, list):
+        return [_lengthen(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {k: _lengthen(v) for k, v in value.items()}
+    for name in LONG_FIELDS:
+        if isinstance(out.get(name), str):
+            # the emulator's value at the end: a cut that keeps only the start makes them all one
+            out[name] = (name[0] * LONG_STRING + out[name])[-LONG_STRING:]
+    return out
 
 
 class _State:
@@ -175,6 +232,17 @@ class _Handler(BaseHTTPRequestHandler):
             return 202
         if self.command != "GET":
             return None
+        if mode == "event-bomb" and path == SSE_PATH:
+            self._answer(
+                200,
+                event_bomb(),
+                {"Content-Type": "text/event-stream", "Content-Encoding": "gzip, gzip"},
+            )
+            return 200
+        if mode == "members-bomb" and path.endswith("/Zones"):
+            headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+            self._answer(200, members_bomb(), headers)
+            return 200
         depth = len([p for p in path.split("/") if p])
         if mode in ("huge", "endless") and depth >= 4:
             self._stream_huge(endless=mode == "endless")
@@ -234,7 +302,7 @@ class _Handler(BaseHTTPRequestHandler):
         if (
             self.command != "GET"
             or status != 200
-            or mode not in ("foreign-sessions", "foreign-sessions-url", "pages")
+            or mode not in ("foreign-sessions", "foreign-sessions-url", "pages", "long-strings")
         ):
             return content
         try:
@@ -243,6 +311,8 @@ class _Handler(BaseHTTPRequestHandler):
             return content
         if not isinstance(resource, dict):
             return content
+        if mode == "long-strings":
+            return json.dumps(_lengthen(resource)).encode()
         path, _, query = self.path.partition("?")
         if mode.startswith("foreign-sessions") and path.rstrip("/") == "/redfish/v1":
             where = (
@@ -283,6 +353,10 @@ def main() -> None:
     parser.add_argument("--record", type=Path, required=True)
     args = parser.parse_args()
     state = _State(args.upstream, args.mode, args.record)
+    if args.mode == "event-bomb":
+        event_bomb()  # made before the port is announced: the first stream gets it at once
+    elif args.mode == "members-bomb":
+        members_bomb()
     service_handler = type("ServiceHandler", (_Handler,), {"state": state})
     recorder_handler = type("RecorderHandler", (_Recorder,), {"state": state})
     service = ThreadingHTTPServer(("127.0.0.1", 0), service_handler)

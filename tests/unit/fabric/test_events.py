@@ -67,3 +67,38 @@ async def test_refused_filter_falls_back_and_events_flow() -> None:
     assert len(connects) >= 2  # every (re)connect asks the owner to read everything again
     # each stream that was up and ended was reported (the refused one never connected)
     assert len(connects) - 1 <= len(drops) <= len(connects)
+
+
+async def test_a_stream_that_ends_at_once_keeps_backing_off() -> None:
+    """Each connect asks the owner to read the whole fabric: a service whose stream ends as soon
+    as it begins must not get a reconnect (and a full pass) every initial pause."""
+    opened: list[str] = []
+
+    def service(request: Request) -> Reply:
+        if request.path.rstrip("/") == "/redfish/v1":
+            return Reply(200, {"EventService": {"@odata.id": "/redfish/v1/EventService"}})
+        if request.path == "/redfish/v1/EventService":
+            return Reply(200, {"ServerSentEventUri": "/sse"})
+        opened.append(request.path)
+        return Reply(200, ": nothing\n\n", {"Content-Type": "text/event-stream"})
+
+    with ScriptedServer(service) as server:
+        client = RedfishClient(RedfishSettings(base_url=server.url, auth="none"))
+        connects: list[int] = []
+        stream = EventStream(
+            client,
+            lambda _events: None,
+            on_connect=lambda: connects.append(1),
+            backoff_initial=0.02,
+            backoff_max=0.4,
+        )
+        task = asyncio.create_task(stream.run())
+        try:
+            await asyncio.sleep(1.5)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await client.aclose()
+    # pauses of 0.02, 0.04, ... 0.4 s (± 20 %): about eight in 1.5 s; a reset after each would be ~40
+    assert 3 <= len(opened) <= 14, len(opened)
+    assert len(connects) == len(opened)
