@@ -36,9 +36,10 @@ from dra_driver.controller.inventory_feed import InventoryFeed
 from dra_driver.controller.metrics import BIND_SECONDS, BIND_TOTAL
 from dra_driver.controller.quarantine import Quarantine
 from dra_driver.controller.resourcenames import BindingConditionNames
+from manager_api.attaching import AttachPolicy, AttachProgress, attach_until_attached
 from manager_api.client import ManagerClient
-from manager_api.errors import DeviceBusy, FabricError
-from manager_api.models import MAX_WAIT_SECONDS, AttachmentState
+from manager_api.errors import AttachStillRunning, DeviceBusy, FabricError
+from manager_api.models import MAX_WAIT_SECONDS, Attachment
 from plumbing.backoff import Backoff
 from plumbing.crashpoints import crash_point
 from plumbing.kube import ApiError, Conflict, KubeClient, NotFound
@@ -84,6 +85,35 @@ class _Held:
 
     attached: bool = False
     release_at: float | None = None
+
+
+class _ConditionProgress(AttachProgress):
+    """What the claim hears while its device is attached: a device still held for an allocation
+    that is gone is released sooner, and ``Attached=False`` says ``Attaching`` once."""
+
+    def __init__(self, binder: ClaimBinder, uid: str, target: Target) -> None:
+        self._binder, self._uid, self._target = binder, uid, target
+        self._said_attaching = False
+
+    def busy(self, err: DeviceBusy) -> None:
+        self._binder.expedite(self._target.device, claim=self._uid)
+
+    async def attaching(self, attachment: Attachment, waited: float) -> None:
+        if self._said_attaching:
+            return
+        self._said_attaching = True
+        binder = self._binder
+        await binder.set_conditions(
+            self._uid,
+            self._target,
+            {
+                binder.names.attached: (
+                    "False",
+                    "Attaching",
+                    f"the fabric is attaching the device to {self._target.node}",
+                )
+            },
+        )
 
 
 class ClaimBinder:
@@ -281,7 +311,7 @@ class ClaimBinder:
             self._held.pop(uid, None)
             self._doomed.discard(uid)
 
-    def _expedite(self, device: str, *, claim: str) -> None:
+    def expedite(self, device: str, *, claim: str) -> None:
         """``device`` is allocated anew (to ``claim``) but still held for an allocation that is gone:
         cut that release's grace short — the scheduler has given the device to someone else."""
         now = time.monotonic()
@@ -294,6 +324,8 @@ class ClaimBinder:
     async def _bind(
         self, uid: str, claim: ResourceClaim, target: Target, status: AllocatedDeviceStatus | None
     ) -> None:
+        """Attach ``target``'s device for the claim and say so in its binding conditions, unless
+        they already tell the outcome."""
         attached = status is not None and status.is_true(self.names.attached)
         failed = status is not None and status.is_true(self.names.failed)
         if attached and target.node:
@@ -311,90 +343,67 @@ class ClaimBinder:
             return
         node = target.node
         started = self._first_seen.setdefault((uid, target.device), time.monotonic())
+        # Recorded before the call: an attach interrupted here may still complete in the manager.
+        held = self._held.setdefault(uid, {}).setdefault((target.device, node), _Held())
+        log.info("attaching for binding condition", claim=uid, device=target.device, node=node)
+        try:
+            await attach_until_attached(
+                self._manager,
+                target.device,
+                node,
+                uid,
+                self._policy(claim, started),
+                progress=_ConditionProgress(self, uid, target),
+                limit=self._sem,
+            )
+        except FabricError as err:
+            await self._fail(uid, target, *self._failure(err), started=started)
+            return
+        held.attached = True
+        held.release_at = None
+        crash_point("controller.attach.after-request")
+        await self.set_conditions(
+            uid,
+            target,
+            {
+                self.names.attached: ("True", "Attached", f"attached to node {node} by the fabric"),
+                self.names.failed: ("False", "Attached", ""),
+            },
+        )
+        crash_point("controller.attach.after-status")
+        if self.quarantine is not None:
+            self.quarantine.attach_succeeded(target.pool, target.device)
+        BIND_TOTAL.labels(result="attached", reason="").inc()
+        BIND_SECONDS.labels(result="attached").observe(time.monotonic() - started)
+        log.info("device attached; binding condition set", claim=uid, device=target.device, node=node)
+
+    def _policy(self, claim: ResourceClaim, started: float) -> AttachPolicy:
+        """``--bind-timeout`` from when this controller first saw the device, or from the
+        allocation's timestamp when that is sooner; ``--busy-timeout`` for a device held elsewhere."""
         allocation = claim.status.allocation
         allocated_at = _parse_time(allocation.allocation_timestamp if allocation is not None else None)
         deadline = started + self.bind_timeout
         if allocated_at is not None:
             deadline = min(deadline, time.monotonic() + (allocated_at + self.bind_timeout - time.time()))
-        # Recorded before the call: an attach interrupted here may still complete in the manager.
-        held = self._held.setdefault(uid, {}).setdefault((target.device, node), _Held())
-        backoff = Backoff(initial=0.5, maximum=5.0)
-        busy_since: float | None = None
-        said_attaching = False
-        log.info("attaching for binding condition", claim=uid, device=target.device, node=node)
-        while True:
-            crash_point("controller.attach.before-request")
-            try:
-                async with self._sem:
-                    attachment = await self._manager.attach(
-                        target.device, node, uid, wait_seconds=self.attach_wait
-                    )
-            except DeviceBusy as err:
-                if busy_since is None:
-                    self._expedite(target.device, claim=uid)
-                busy_since = busy_since or time.monotonic()
-                if time.monotonic() - busy_since >= self.busy_timeout or time.monotonic() >= deadline:
-                    await self._fail(uid, target, "DeviceBusy", err.message, started=started)
-                    return
-                await asyncio.sleep(backoff.next())
-                continue
-            except FabricError as err:
-                if not err.retriable:
-                    await self._fail(uid, target, err.code, err.message, started=started)
-                    return
-                if time.monotonic() >= deadline:
-                    await self._fail(
-                        uid,
-                        target,
-                        "Timeout",
-                        f"the attach did not finish within {self.bind_timeout:.0f}s: {err.message}",
-                        started=started,
-                    )
-                    return
-                await asyncio.sleep(err.retry_after or backoff.next())
-                continue
-            busy_since = None
-            if attachment.state is AttachmentState.ATTACHED:
-                held.attached = True
-                held.release_at = None
-                crash_point("controller.attach.after-request")
-                await self._set(
-                    uid,
-                    target,
-                    {
-                        self.names.attached: ("True", "Attached", f"attached to node {node} by the fabric"),
-                        self.names.failed: ("False", "Attached", ""),
-                    },
-                )
-                crash_point("controller.attach.after-status")
-                if self.quarantine is not None:
-                    self.quarantine.attach_succeeded(target.pool, target.device)
-                BIND_TOTAL.labels(result="attached", reason="").inc()
-                BIND_SECONDS.labels(result="attached").observe(time.monotonic() - started)
-                log.info("device attached; binding condition set", claim=uid, device=target.device, node=node)
-                return
-            if time.monotonic() >= deadline:
-                await self._fail(
-                    uid,
-                    target,
-                    "Timeout",
-                    f"the fabric did not finish attaching within {self.bind_timeout:.0f}s",
-                    started=started,
-                )
-                return
-            if not said_attaching:
-                said_attaching = True
-                await self._set(
-                    uid,
-                    target,
-                    {
-                        self.names.attached: (
-                            "False",
-                            "Attaching",
-                            f"the fabric is attaching the device to {node}",
-                        )
-                    },
-                )
+        return AttachPolicy(
+            wait_seconds=self.attach_wait,
+            retry_until=deadline,
+            attaching_until=deadline,
+            busy_for=self.busy_timeout,
+            backoff_initial=0.5,
+            backoff_maximum=5.0,
+            crash_at="controller.attach.before-request",
+        )
+
+    def _failure(self, err: FabricError) -> tuple[str, str]:
+        """The AttachFailed reason and message for an attach that ended in ``err``."""
+        if isinstance(err, DeviceBusy):
+            return "DeviceBusy", err.message
+        if isinstance(err, AttachStillRunning):
+            return "Timeout", f"the fabric did not finish attaching within {self.bind_timeout:.0f}s"
+        if err.retriable:  # asked again until the deadline
+            return "Timeout", f"the attach did not finish within {self.bind_timeout:.0f}s: {err.message}"
+        return err.code, err.message
 
     async def _fail(
         self, uid: str, target: Target, reason: str, message: str, *, started: float | None = None
@@ -404,7 +413,7 @@ class ClaimBinder:
         # Counted before any await: the status write below makes the scheduler deallocate, and
         # that change of allocation cancels this worker (_observe) — the count must stand.
         self._count_failure(uid, target, reason, message)
-        await self._set(
+        await self.set_conditions(
             uid,
             target,
             {
@@ -453,7 +462,9 @@ class ClaimBinder:
 
     # -- status -------------------------------------------------------------------------------
 
-    async def _set(self, uid: str, target: Target, changes: dict[str, tuple[str, str, str]]) -> bool:
+    async def set_conditions(
+        self, uid: str, target: Target, changes: dict[str, tuple[str, str, str]]
+    ) -> bool:
         """Merge conditions into the claim's ``status.devices`` entry of ``target``.
 
         A compare-and-swap PUT on ``/status``, retried on conflict; only this driver's entry is
