@@ -13,6 +13,7 @@ health              the probe endpoint
 inventory_feed      the manager's inventory as an event source (long poll)
 devices             one inventory device → one DRA ``Device``
 quarantine          devices out of allocation after failed attaches
+reconciler          the one loop of a level-triggered pass: triggers, debounce, retry after a backoff
 slices              one pool → its ResourceSlices; semantic comparison with what is stored
 publisher           writes the slices, event-driven, with zero writes when nothing changed
 nodelabels          the per-pool node labels the slices' node selectors match
@@ -31,6 +32,7 @@ FLOORS = (
     "inventory_feed",
     "devices",
     "quarantine",
+    "reconciler",
     "slices",
     "publisher",
     "nodelabels",
