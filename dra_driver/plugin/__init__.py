@@ -12,6 +12,7 @@ state          per-claim locks (in-process and across pods) and background attac
 claims         reading ResourceClaims (resource.k8s.io v1, older versions as fallback)
 registration   ``pluginregistration.Registration`` on the registry socket
 hostdev        host-side detection in sysfs (+ udev), PCI rescan, host-side removal
+facts          what the node knows of a claim's device, declared once (checkpoint, CDI, manager)
 cdi            transient CDI spec files
 probes         readiness (registered, checkpoint loaded) and liveness (gRPC answers) for the kubelet
 checkpoint     the on-disk record of prepared claims
@@ -33,6 +34,7 @@ FLOORS = (
     "claims",
     "registration",
     "hostdev",
+    "facts",
     "cdi",
     "probes",
     "checkpoint",

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dra_driver.plugin.checkpoint import PreparedDevice
+from dra_driver.plugin.facts import DeviceFacts
 from dra_driver.plugin.hostdev import DeviceIdentity, HostDevice, HostScanner
 from dra_driver.plugin.metrics import observe_phase
 from manager_api.attaching import AttachPolicy, AttachProgress, attach_until_attached
@@ -101,14 +102,8 @@ class DeviceBackend(Protocol):
 
 
 def identity_of(device: Device) -> DeviceIdentity:
-    return DeviceIdentity(
-        name=device.name,
-        type=device.type.value,
-        vendor_id=device.vendor_id,
-        device_id=device.device_id,
-        serial=device.serial,
-        memory_bytes=device.memory_bytes,
-    )
+    """What the host scanner looks for, of the manager's answer about ``device``."""
+    return DeviceFacts(**DeviceFacts.of(device)).identity()
 
 
 class _Pending(AttachProgress):

@@ -34,6 +34,7 @@ from dra_driver.plugin.backend import AttachedDevice, DeviceBackend
 from dra_driver.plugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
 from dra_driver.plugin.claims import ClaimNotFound, ClaimSource
 from dra_driver.plugin.config import HostMode, PluginConfig
+from dra_driver.plugin.facts import DeviceFacts
 from dra_driver.plugin.hostdev import DeviceNotVisible, HostDevice
 from dra_driver.plugin.metrics import CLAIM_RESULTS, observe_phase
 from dra_driver.plugin.state import ClaimLocks, InflightWork
@@ -356,17 +357,10 @@ class Driver:
                     f"attaching device {device} to node {self.node} was cancelled; the kubelet retries"
                 )
             else:
-                info = attached.device
+                asked = next(d for d in entry.devices if d.device == device)
                 updated[device] = PreparedDevice(
-                    device=device,
-                    pool=next(d.pool for d in entry.devices if d.device == device),
-                    type=info.type.value,
-                    request_names=next(d.request_names for d in entry.devices if d.device == device),
-                    model=info.model,
-                    serial=info.serial,
-                    vendor_id=info.vendor_id,
-                    device_id=info.device_id,
-                    memory_bytes=info.memory_bytes,
+                    **{**DeviceFacts.of(attached.device), "device": device, "pool": asked.pool},
+                    request_names=asked.request_names,
                     attached=True,
                     host=attached.host,
                 )

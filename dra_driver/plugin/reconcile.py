@@ -23,7 +23,8 @@ from pathlib import Path
 from dra_driver.plugin import cdi
 from dra_driver.plugin.backend import DeviceBackend
 from dra_driver.plugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
-from dra_driver.plugin.hostdev import DeviceIdentity, HostScanner
+from dra_driver.plugin.facts import DeviceFacts
+from dra_driver.plugin.hostdev import HostScanner
 from manager_api.models import Device
 from plumbing.logs import get_logger
 
@@ -69,26 +70,13 @@ def _adopt_from_specs(
         for item in spec_devices:
             host = None
             if scanner is not None:
-                identity = DeviceIdentity(
-                    name=item.device,
-                    type=item.type,
-                    vendor_id=item.vendor_id,
-                    device_id=item.device_id,
-                    serial=item.serial,
-                )
-                host = scanner.find(identity, taken)
+                host = scanner.find(item.identity(), taken)
                 if host is not None:
                     taken.add(host.sysfs_path)
             devices.append(
                 PreparedDevice(
-                    device=item.device,
-                    pool=item.pool,
-                    type=item.type,
+                    **item.facts(),
                     request_names=list(item.request_names),
-                    model=item.model,
-                    serial=item.serial,
-                    vendor_id=item.vendor_id,
-                    device_id=item.device_id,
                     attached=True,
                     host=host,
                     cdi_device_ids=[cdi.cdi_device_id(driver, item.type, uid, item.device)],
@@ -107,17 +95,7 @@ def _missing(paths: list[str]) -> list[str]:
 
 
 def _device_record(device: Device) -> PreparedDevice:
-    return PreparedDevice(
-        device=device.name,
-        pool=device.pool,
-        type=device.type.value,
-        model=device.model,
-        serial=device.serial,
-        vendor_id=device.vendor_id,
-        device_id=device.device_id,
-        memory_bytes=device.memory_bytes,
-        attached=False,
-    )
+    return PreparedDevice(**DeviceFacts.of(device), attached=False)
 
 
 async def reconcile(
