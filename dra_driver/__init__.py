@@ -5,6 +5,7 @@ Its rooms, from the ground up; a module imports only its own room or those on a 
 and the two roles, side by side on one floor, never import each other (``tests/unit/test_layers.py``
 reads this list):
 
+* ``errors``      the one exception tree (``DriverError``) and the bases callers catch;
 * ``proto``       the kubelet's gRPC protocols (registration, DRA v1 and v1beta1, health), generated;
 * ``selection``   the scheduler's device selection of ``resource.k8s.io/v1`` with DRA's CEL;
 * ``plugin``      ``fabric-dra plugin``, the kubelet plugin on every node (its rooms:
@@ -15,4 +16,4 @@ reads this list):
   the scheduler's selection.
 """
 
-FLOORS = ("proto", "selection", ("plugin", "controller"), "explain")
+FLOORS = ("errors", "proto", "selection", ("plugin", "controller"), "explain")

@@ -20,7 +20,6 @@ from manager_api.client import ManagerClient
 from manager_api.errors import AttachStillRunning, DeviceBusy, FabricError
 from manager_api.models import Attachment, AttachmentState
 from plumbing.backoff import Backoff
-from plumbing.crashpoints import crash_point
 
 __all__ = ["AttachPolicy", "AttachProgress", "attach_until_attached"]
 
@@ -41,12 +40,13 @@ class AttachPolicy:
     #: the pause between tries grows from ``initial`` to ``maximum`` seconds
     backoff_initial: float = 0.1
     backoff_maximum: float = 5.0
-    #: the crash point (docs/reliability.md) reached before each request
-    crash_at: str | None = None
 
 
 class AttachProgress:
     """What the caller hears while an attach goes on; each hook does nothing unless overridden."""
+
+    def before_request(self) -> None:
+        """Each request is about to leave (where a role places its crash point, docs/reliability.md)."""
 
     def busy(self, err: DeviceBusy) -> None:
         """The first ``DeviceBusy`` answer of a run of them (with ``busy_for`` set)."""
@@ -82,8 +82,7 @@ async def attach_until_attached(
     backoff = Backoff(initial=policy.backoff_initial, maximum=policy.backoff_maximum)
     busy_since: float | None = None
     while True:
-        if policy.crash_at is not None:
-            crash_point(policy.crash_at)
+        hear.before_request()
         try:
             async with limit if limit is not None else contextlib.nullcontext():
                 attachment = await client.attach(

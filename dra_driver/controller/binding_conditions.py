@@ -95,6 +95,9 @@ class _ConditionProgress(AttachProgress):
         self._binder, self._uid, self._target = binder, uid, target
         self._said_attaching = False
 
+    def before_request(self) -> None:
+        crash_point("controller.attach.before-request")
+
     def busy(self, err: DeviceBusy) -> None:
         self._binder.expedite(self._target.device, claim=self._uid)
 
@@ -392,7 +395,6 @@ class ClaimBinder:
             busy_for=self.busy_timeout,
             backoff_initial=0.5,
             backoff_maximum=5.0,
-            crash_at="controller.attach.before-request",
         )
 
     def _failure(self, err: FabricError) -> tuple[str, str]:

@@ -34,6 +34,7 @@ from dra_driver.controller.slices import (
     plan_pool,
     slice_selector,
 )
+from dra_driver.errors import ControllerError
 from manager_api.models import Inventory
 from plumbing.backoff import Backoff
 from plumbing.kube import AlreadyExists, ApiError, Conflict, KubeClient, NotFound
@@ -55,7 +56,7 @@ class PublishResult:
     pools_changed: list[str] = field(default_factory=list)
 
 
-class _Stale(Exception):
+class _Stale(ControllerError):
     """The stored slices are not what we thought; re-list and plan again."""
 
 

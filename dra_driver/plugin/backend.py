@@ -20,6 +20,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Protocol
 
+from dra_driver.errors import KubeletPluginError
 from dra_driver.plugin.checkpoint import PreparedDevice
 from dra_driver.plugin.facts import DeviceFacts
 from dra_driver.plugin.hostdev import DeviceIdentity, HostDevice, HostScanner
@@ -49,7 +50,7 @@ __all__ = [
 log = get_logger(__name__)
 
 
-class StillDetaching(FabricError):
+class StillDetaching(KubeletPluginError, FabricError):
     """The fabric accepted the detach but has not finished it yet (retriable)."""
 
     code = "StillDetaching"
@@ -111,6 +112,9 @@ class _Pending(AttachProgress):
 
     def __init__(self, backend: FabricBackend, claim_uid: str, device: str) -> None:
         self._backend, self._key = backend, (claim_uid, device)
+
+    def before_request(self) -> None:
+        crash_point("plugin.prepare.before-attach")
 
     def retrying(self, err: FabricError) -> None:
         claim_uid, device = self._key
@@ -179,7 +183,6 @@ class FabricBackend:
             wait_seconds=MAX_WAIT_SECONDS,
             retry_until=started + self.retry_budget,
             attaching_until=started + self.attach_give_up,
-            crash_at="plugin.prepare.before-attach",
         )
         try:
             return await attach_until_attached(

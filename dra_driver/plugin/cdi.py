@@ -23,6 +23,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from dra_driver.errors import InputError
 from dra_driver.plugin.facts import DeviceFacts
 from dra_driver.plugin.hostdev import HostDevice
 from plumbing.fsutil import atomic_write
@@ -67,7 +68,7 @@ CONTAINER_DEVICE_DIR = "/run/fabric-dra/devices"
 _NAME = re.compile(QUALIFIED_NAME_PART_PATTERN)
 
 
-class CdiSpecError(ValueError):
+class CdiSpecError(InputError):
     """A spec that a CDI runtime would reject."""
 
 

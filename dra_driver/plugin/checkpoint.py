@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from dra_driver.errors import KubeletPluginError
 from dra_driver.plugin import cdi
 from dra_driver.plugin.facts import DeviceFacts
 from dra_driver.plugin.hostdev import HostDevice
@@ -52,7 +53,7 @@ CHECKPOINT_VERSION = 1
 _KIND = "FabricDraPluginCheckpoint"
 
 
-class CheckpointCorrupt(Exception):
+class CheckpointCorrupt(KubeletPluginError):
     """The checkpoint file cannot be trusted; the message says why."""
 
 

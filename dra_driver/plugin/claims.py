@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from dra_driver.errors import KubeletPluginError
 from plumbing.kube import KubeClient, NotFound
 from plumbing.kube.dra import ResourceClaim
 from plumbing.kube.resources import RESOURCE_API_VERSIONS, RESOURCE_CLAIMS
@@ -18,7 +19,7 @@ __all__ = ["RESOURCE_VERSIONS", "ClaimNotFound", "ClaimReader", "ClaimSource"]
 RESOURCE_VERSIONS = RESOURCE_API_VERSIONS
 
 
-class ClaimNotFound(Exception):
+class ClaimNotFound(KubeletPluginError):
     pass
 
 

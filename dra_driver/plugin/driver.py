@@ -29,6 +29,7 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 
+from dra_driver.errors import KubeletPluginError
 from dra_driver.plugin import cdi, prepare_errors
 from dra_driver.plugin.backend import AttachedDevice, DeviceBackend
 from dra_driver.plugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
@@ -59,7 +60,7 @@ __all__ = [
 log = get_logger(__name__)
 
 
-class PrepareFailed(Exception):
+class PrepareFailed(KubeletPluginError):
     """A per-claim failure, reported to the kubelet in the claim's ``error`` field."""
 
 

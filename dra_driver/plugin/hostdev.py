@@ -35,6 +35,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dra_driver.errors import KubeletPluginError
 from manager_api.errors import FabricError
 from plumbing.backoff import Backoff
 from plumbing.logs import get_logger
@@ -66,11 +67,11 @@ _EVENT_SAFETY_NET_SECONDS = 2.0
 _POLL_MAX_SECONDS = 0.25
 
 
-class DeviceNotVisible(Exception):
+class DeviceNotVisible(KubeletPluginError):
     """The fabric bound the device, but this host did not see it in time."""
 
 
-class DeviceInUse(FabricError):
+class DeviceInUse(KubeletPluginError, FabricError):
     """A prepared device is still used on this host (mounted, held open): it is neither removed nor
     detached under its user; the kubelet's retry tries again."""
 

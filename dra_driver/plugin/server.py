@@ -19,6 +19,7 @@ from pathlib import Path
 
 import grpc
 
+from dra_driver.errors import KubeletPluginError
 from dra_driver.plugin.backend import DeviceBackend, FabricBackend, NoopBackend
 from dra_driver.plugin.checkpoint import CheckpointCorrupt, CheckpointStore
 from dra_driver.plugin.claims import ClaimReader, ClaimSource
@@ -40,7 +41,7 @@ __all__ = ["PluginError", "PluginServer", "serve"]
 log = get_logger(__name__)
 
 
-class PluginError(Exception):
+class PluginError(KubeletPluginError):
     """A startup failure the operator can act on (one line)."""
 
 
