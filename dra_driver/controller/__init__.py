@@ -18,6 +18,7 @@ slices              one pool → its ResourceSlices; semantic comparison with wh
 publisher           writes the slices, event-driven, with zero writes when nothing changed
 nodelabels          the per-pool node labels the slices' node selectors match
 binding_conditions  the binding-condition flow on ResourceClaims
+settings            every setting of the command, declared once (flags, environment, file)
 app                 wiring and leader election
 cli                 the command line
 =================== ==========================================================================
@@ -37,6 +38,7 @@ FLOORS = (
     "publisher",
     "nodelabels",
     "binding_conditions",
+    "settings",
     "app",
     "cli",
 )
