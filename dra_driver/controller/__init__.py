@@ -17,6 +17,8 @@ reconciler          the one loop of a level-triggered pass: triggers, debounce, 
 slices              one pool → its ResourceSlices; semantic comparison with what is stored
 publisher           writes the slices, event-driven, with zero writes when nothing changed
 nodelabels          the per-pool node labels the slices' node selectors match
+workqueue           one worker per claim, a failed pass retried after a backoff
+claimstatus         binding conditions written into a claim's status (compare-and-swap)
 binding_conditions  the binding-condition flow on ResourceClaims
 settings            every setting of the command, declared once (flags, environment, file)
 app                 wiring and leader election
@@ -37,6 +39,8 @@ FLOORS = (
     "slices",
     "publisher",
     "nodelabels",
+    "workqueue",
+    "claimstatus",
     "binding_conditions",
     "settings",
     "app",

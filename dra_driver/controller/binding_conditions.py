@@ -25,24 +25,24 @@ the holder.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
+from dra_driver.controller.claimstatus import ConditionWriter, Target
 from dra_driver.controller.inventory_feed import InventoryFeed
 from dra_driver.controller.metrics import BIND_SECONDS, BIND_TOTAL
 from dra_driver.controller.quarantine import Quarantine
 from dra_driver.controller.resourcenames import BindingConditionNames
+from dra_driver.controller.workqueue import KeyedWork
 from manager_api.attaching import AttachPolicy, AttachProgress, attach_until_attached
 from manager_api.client import ManagerClient
 from manager_api.errors import AttachStillRunning, DeviceBusy, FabricError
 from manager_api.models import MAX_WAIT_SECONDS, Attachment
-from plumbing.backoff import Backoff
 from plumbing.crashpoints import crash_point
-from plumbing.kube import ApiError, Conflict, KubeClient, NotFound
+from plumbing.kube import KubeClient
 from plumbing.kube.dra import AllocatedDeviceStatus, ResourceClaim
 from plumbing.kube.events import EventRecorder, ObjectRef
 from plumbing.kube.informer import Change, Informer, Origin, object_uid
@@ -53,12 +53,6 @@ __all__ = ["ClaimBinder", "Target"]
 
 log = get_logger(__name__)
 
-_STATUS_RETRIES = 8
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
 
 def _parse_time(value: str | None) -> float | None:
     """A metav1.Time as a wall-clock timestamp."""
@@ -68,15 +62,6 @@ def _parse_time(value: str | None) -> float | None:
         return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """One allocated device that waits for its binding condition."""
-
-    pool: str
-    device: str
-    node: str | None
 
 
 @dataclass
@@ -149,10 +134,10 @@ class ClaimBinder:
         self._sem = asyncio.Semaphore(concurrency)
         #: claim UID → latest object seen (raw JSON)
         self._claims: dict[str, dict[str, Any]] = {}
-        self._dirty: set[str] = set()
-        self._workers: dict[str, asyncio.Task[None]] = {}
-        self._retry: dict[str, asyncio.TimerHandle] = {}
-        self._backoff: dict[str, Backoff] = {}
+        self._work = KeyedWork(
+            lambda uid: self.reconcile(uid, self._claims.get(uid)), what="binding-condition work"
+        )
+        self._conditions = ConditionWriter(kube, driver, self._claims, self._allocates)
         #: claim UID → (device, node) → what we did for it
         self._held: dict[str, dict[tuple[str, str], _Held]] = {}
         self._first_seen: dict[tuple[str, str], float] = {}
@@ -169,10 +154,9 @@ class ClaimBinder:
         try:
             await Informer(self._kube, RESOURCE_CLAIMS, on_changes=self._on_changes).run()
         finally:
-            for task in [*self._workers.values(), *self._side_tasks]:
+            self._work.stop()
+            for task in self._side_tasks:
                 task.cancel()
-            for handle in self._retry.values():
-                handle.cancel()
 
     def _on_changes(self, changes: Sequence[Change], origin: Origin) -> None:
         for change in changes:
@@ -193,69 +177,17 @@ class ClaimBinder:
         if not targets and uid not in self._held:
             return
         if previous is not None and self._wanted(previous) != self._wanted(obj):
-            self._cancel(uid)  # an attach for an allocation that changed must not go on
-        self._schedule(uid)
+            self._work.cancel(uid)  # an attach for an allocation that changed must not go on
+        self._work.schedule(uid)
 
     def _forget(self, uid: str) -> None:
         self._claims.pop(uid, None)
         if uid in self._held:
-            self._cancel(uid)
-            self._schedule(uid)
+            self._work.cancel(uid)
+            self._work.schedule(uid)
 
     def _wanted(self, obj: dict[str, Any]) -> set[tuple[str, str | None]]:
         return {(t.device, t.node) for t in self.targets(obj)}
-
-    def _cancel(self, uid: str) -> None:
-        task = self._workers.pop(uid, None)
-        if task is not None and not task.done():
-            task.cancel()
-
-    def _schedule(self, uid: str) -> None:
-        self._dirty.add(uid)
-        handle = self._retry.pop(uid, None)
-        if handle is not None:
-            handle.cancel()
-        task = self._workers.get(uid)
-        if task is None or task.done():
-            self._workers[uid] = asyncio.get_running_loop().create_task(self._work(uid))
-
-    def _schedule_later(self, uid: str, delay: float) -> None:
-        loop = asyncio.get_running_loop()
-        pending = self._retry.get(uid)
-        if pending is not None:
-            if pending.when() <= loop.time() + delay:
-                return  # an earlier pass is already due
-            pending.cancel()
-
-        def fire() -> None:
-            self._retry.pop(uid, None)
-            self._schedule(uid)
-
-        self._retry[uid] = loop.call_later(delay, fire)
-
-    async def _work(self, uid: str) -> None:
-        try:
-            while uid in self._dirty:
-                self._dirty.discard(uid)
-                try:
-                    await self.reconcile(uid, self._claims.get(uid))
-                except Exception as err:
-                    delay = self._backoff.setdefault(uid, Backoff(initial=0.5, maximum=30.0)).next()
-                    if isinstance(err, ApiError | FabricError):
-                        log.warning(
-                            "binding-condition work failed; retrying",
-                            claim=uid,
-                            error=str(err).splitlines()[0],
-                            retry_in=round(delay, 2),
-                        )
-                    else:  # a bug or an answer nobody expected: keep the claim in work, loudly
-                        log.exception("binding-condition work failed unexpectedly; retrying", claim=uid)
-                    self._schedule_later(uid, delay)
-                    return
-                self._backoff.pop(uid, None)
-        finally:
-            if self._workers.get(uid) is asyncio.current_task():
-                del self._workers[uid]
 
     # -- one claim ----------------------------------------------------------------------------
 
@@ -301,7 +233,7 @@ class ClaimBinder:
                 if state.release_at is None:
                     state.release_at = now + self.release_grace
                 if now < state.release_at:
-                    self._schedule_later(uid, state.release_at - now)
+                    self._work.schedule_later(uid, state.release_at - now)
                     continue
             crash_point("controller.release.before-detach")
             await self._manager.detach(device, node, uid, wait_seconds=self.attach_wait)
@@ -322,7 +254,7 @@ class ClaimBinder:
             for (held_device, _), state in held.items():
                 if uid != claim and held_device == device and state.release_at is not None:
                     state.release_at = now
-                    self._schedule(uid)
+                    self._work.schedule(uid)
 
     async def _bind(
         self, uid: str, claim: ResourceClaim, target: Target, status: AllocatedDeviceStatus | None
@@ -467,94 +399,11 @@ class ClaimBinder:
     async def set_conditions(
         self, uid: str, target: Target, changes: dict[str, tuple[str, str, str]]
     ) -> bool:
-        """Merge conditions into the claim's ``status.devices`` entry of ``target``.
-
-        A compare-and-swap PUT on ``/status``, retried on conflict; only this driver's entry is
-        touched. False when the claim no longer allocates the device (nothing to report then).
-        """
-        obj = self._claims.get(uid)
-        for _ in range(_STATUS_RETRIES):
-            if obj is None:
-                return False
-            meta = obj.get("metadata") or {}
-            if not self._allocates(obj, target):
-                return False
-            status = dict(obj.get("status") or {})
-            devices = [dict(d) for d in status.get("devices") or []]
-            entry = next(
-                (
-                    d
-                    for d in devices
-                    if d.get("driver") == self.driver
-                    and d.get("pool") == target.pool
-                    and d.get("device") == target.device
-                    and not d.get("shareID")
-                ),
-                None,
-            )
-            if entry is None:
-                entry = {"driver": self.driver, "pool": target.pool, "device": target.device}
-                devices.append(entry)
-            merged = self._merge(entry.get("conditions") or [], changes, meta.get("generation"))
-            if merged == (entry.get("conditions") or []):
-                return True
-            entry["conditions"] = merged
-            status["devices"] = devices
-            try:
-                stored = await self._kube.replace(
-                    RESOURCE_CLAIMS, {**obj, "status": status}, subresource="status"
-                )
-            except Conflict:
-                obj = await self._get(obj)
-                continue
-            except NotFound:
-                return False
-            if self._uid(stored) == uid:
-                self._claims[uid] = stored
-            return True
-        raise Conflict(409, "Conflict", f"claim {uid}: status kept changing under {_STATUS_RETRIES} updates")
-
-    async def _get(self, obj: dict[str, Any]) -> dict[str, Any] | None:
-        meta = obj.get("metadata") or {}
-        try:
-            fresh = await self._kube.get(RESOURCE_CLAIMS, str(meta.get("name")), str(meta.get("namespace")))
-        except NotFound:
-            return None
-        return fresh if self._uid(fresh) == self._uid(obj) else None
+        """Merge conditions into the claim's entry of ``target`` (:class:`.claimstatus.ConditionWriter`)."""
+        return await self._conditions.set(uid, target, changes)
 
     def _allocates(self, obj: dict[str, Any], target: Target) -> bool:
         return any(t.pool == target.pool and t.device == target.device for t in self.targets(obj))
-
-    @staticmethod
-    def _merge(
-        current: list[dict[str, Any]], changes: dict[str, tuple[str, str, str]], generation: Any
-    ) -> list[dict[str, Any]]:
-        """``current`` with ``changes`` (type → status, reason, message) applied, as metav1
-        conditions: lastTransitionTime moves only when the status does; an unchanged condition
-        keeps its stored form exactly, so a no-op makes no write."""
-        merged = [dict(c) for c in current]
-        now = _now()
-        for kind, (status, reason, message) in changes.items():
-            index = next((i for i, c in enumerate(merged) if c.get("type") == kind), None)
-            old = merged[index] if index is not None else None
-            condition: dict[str, Any] = {
-                "type": kind,
-                "status": status,
-                "reason": reason,
-                "message": message[:32768],
-                "lastTransitionTime": old["lastTransitionTime"]
-                if old and old.get("status") == status and old.get("lastTransitionTime")
-                else now,
-            }
-            if isinstance(generation, int):
-                condition["observedGeneration"] = generation
-            if old is not None and all(old.get(k) == v for k, v in condition.items()):
-                continue
-            if index is None:
-                merged.append(condition)
-            else:
-                merged[index] = condition
-        return merged
 
     # -- test / status hooks --------------------------------------------------------------------
 
@@ -563,6 +412,4 @@ class ClaimBinder:
 
     async def drain(self) -> None:
         """Wait until no claim work is queued or running (for tests and shutdown)."""
-        while self._workers:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.gather(*list(self._workers.values()), return_exceptions=True)
+        await self._work.drain()
