@@ -19,6 +19,7 @@ checkpoint     the on-disk record of prepared claims
 metrics        per-phase latency histograms, served with the probes
 backend        how a device gets here and away: the fabric manager, or no-op for benchmarks
 report         the prepared claims reported to the manager
+attach         a claim's devices attached at prepare, recorded; rolled back where they cannot work
 driver         the gRPC-facing callbacks (NodePrepareResources / NodeUnprepareResources)
 health         the DRAResourceHealth stream
 reconcile      startup repair of checkpoint vs CDI specs vs the fabric's bindings
@@ -41,6 +42,7 @@ FLOORS = (
     "metrics",
     "backend",
     "report",
+    "attach",
     "driver",
     "health",
     "reconcile",
