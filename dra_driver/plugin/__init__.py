@@ -11,7 +11,10 @@ config         flags and environment, validated once
 state          per-claim locks (in-process and across pods) and background attaches
 claims         reading ResourceClaims (resource.k8s.io v1, older versions as fallback)
 registration   ``pluginregistration.Registration`` on the registry socket
-hostdev        host-side detection in sysfs (+ udev), PCI rescan, host-side removal
+hostview       what the host sees of a device: its records, the small sysfs readers
+readiness      whether a real host's device is ready (drivers, /dev nodes, NVMe namespaces, udev)
+hostside       acting on the host: who uses a device, function-level reset, unbind and remove
+hostdev        finding a device in sysfs and waiting for it (udev events, PCI rescan)
 facts          what the node knows of a claim's device, declared once (checkpoint, CDI, manager)
 cdi            transient CDI spec files
 probes         readiness (registered, checkpoint loaded) and liveness (gRPC answers) for the kubelet
@@ -34,6 +37,9 @@ FLOORS = (
     "state",
     "claims",
     "registration",
+    "hostview",
+    "readiness",
+    "hostside",
     "hostdev",
     "facts",
     "cdi",
