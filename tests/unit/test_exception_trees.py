@@ -113,4 +113,3 @@ def test_kubernetes_status_reasons_map_to_their_classes() -> None:
         err = client._error_for(status, {"reason": reason, "message": "m"})
         assert type(err) is cls and isinstance(err, plumbing.errors.PlumbingError)
         assert (err.status, err.reason) == (status, reason)
-
