@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import yaml
 from pydantic import ValidationError
 
+from dra_driver.errors import InputError
 from dra_driver.selection import (
     AllocatedState,
     Allocator,
@@ -54,7 +55,7 @@ _WORKLOAD_KINDS = {"Pod", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet"
 _DEVICE_LIST_LIMIT = 8
 
 
-class ExplainInputError(Exception):
+class ExplainInputError(InputError):
     """Input that cannot be explained; the message names the file and field."""
 
 

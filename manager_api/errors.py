@@ -18,6 +18,8 @@ into the same classes — so callers on every side catch the same types, never s
     ├── NotLeader               503  this manager replica is a follower (retriable)
     ├── FabricUnavailable       503  the Redfish service is unreachable or failing (retriable)
     ├── AttachTimeout           504  the fabric did not finish in time; the operation goes on (retriable)
+    ├── AttachStillRunning           a client gave up asking about an attach still running (never
+    │                                on the wire: :mod:`manager_api.attaching` raises it)
     └── BindFailed              502  the fabric refused or failed the bind/unbind
         └── BindRefused         502  the fabric refuses this device/node pair for good (a device
                                      behind a switch not cabled to the host): never retriable
@@ -28,6 +30,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
+    "AttachStillRunning",
     "AttachTimeout",
     "AuthError",
     "BindFailed",
@@ -151,6 +154,13 @@ class AttachTimeout(FabricError):
     code = "AttachTimeout"
     http_status = 504
     retriable = True
+
+
+class AttachStillRunning(FabricError):
+    """The fabric was still attaching when the caller's patience ran out; the manager goes on with
+    the operation, and the same request later picks it up (idempotent per claim UID + device)."""
+
+    code = "AttachStillRunning"
 
 
 class BindFailed(FabricError):

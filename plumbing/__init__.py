@@ -1,13 +1,34 @@
 """fabric-dra's plumbing: what every role uses and nothing of the project's roles.
 
-Logging, atomic files, sockets, crash points, the command-line base, running roles as child
-processes, the one backoff, Kubernetes name rules and the Kubernetes client (with the one
+Logging, atomic files, sockets, crash points, the command-line base, settings, running roles as
+child processes, the one backoff, Kubernetes name rules and the Kubernetes client (with the one
 informer, leader election and events). Nothing here imports another fabric-dra package.
+
+Its rooms, from the ground up; a module imports only rooms on a floor below its own, never one
+beside it (``tests/unit/test_layers.py`` reads this list):
+
+* ``errors``      the root of every error plumbing raises (``PlumbingError``);
+* the small tools: ``terminal`` (characters no output carries raw), ``names`` (Kubernetes name
+  rules), ``backoff``, ``fsutil`` (atomic writes), ``httplimits``, ``forkserver``;
+* what reads or writes the outside: ``tokens`` (bearer tokens), ``netutil`` (listening sockets),
+  ``logs`` (structured logs);
+* the frames every role is built in: ``cli`` (the command-line base and its output), ``settings``
+  (one declaration per setting: flags, environment, file), ``httpserve`` (the one uvicorn runner),
+  ``kube`` (the Kubernetes client; its rooms in ``plumbing/kube/__init__.py``);
+* on top: ``crashpoints``, ``procs`` (a role as a child process), ``promstats``.
 """
 
 from importlib.metadata import PackageNotFoundError, version
 
 __all__ = ["DEFAULT_DRIVER_NAME", "__version__"]
+
+FLOORS = (
+    "errors",
+    ("terminal", "names", "backoff", "fsutil", "httplimits", "forkserver"),
+    ("tokens", "netutil", "logs"),
+    ("cli", "settings", "httpserve", "kube"),
+    ("crashpoints", "procs", "promstats"),
+)
 
 try:
     __version__ = version("fabric-dra")

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO, TypeAlias
 
+from plumbing.errors import PlumbingError
 from plumbing.logs import configure
 from plumbing.terminal import has_unsafe, visible, visible_lines
 
@@ -58,7 +59,7 @@ def skip_unused_imports() -> None:
         sys.modules.setdefault(name, None)  # type: ignore[arg-type] # None: "import fails", by design
 
 
-class CliError(Exception):
+class CliError(PlumbingError):
     """A failure the user can act on: printed as one line, without a traceback."""
 
 

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import socket
 
+from plumbing.errors import PlumbingError
+
 __all__ = ["ListenError", "listen_tcp"]
 
 
-class ListenError(OSError):
+class ListenError(PlumbingError, OSError):
     """The address cannot be listened on; ``str()`` is the whole one-line message."""
 
     def __str__(self) -> str:

@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import IO
 
 from plumbing.cli import emit
+from plumbing.errors import PlumbingError
 from plumbing.forkserver import ForkedProcess, ForkServer, ForkServerError
 
 __all__ = ["CPU_LOG_ENV", "RoleProcess", "RoleStartError", "run", "use_fork_server"]
@@ -44,8 +45,8 @@ def _cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-class RoleStartError(RuntimeError):
-    pass
+class RoleStartError(PlumbingError, RuntimeError):
+    """A role's child process did not come up (exited, or wrote no ready file in time)."""
 
 
 #: where :class:`RoleProcess` starts its children; None: a new interpreter each (the default)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from plumbing.errors import PlumbingError
+
 __all__ = ["MAX_TOKEN_BYTES", "TokenError", "bearer_token", "read_token_file"]
 
 #: The most a token file may hold. A bearer token travels in a request head, which every server
@@ -25,7 +27,7 @@ _B64TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 _TOKEN_CHAR = re.compile(r"[A-Za-z0-9\-._~+/=]")
 
 
-class TokenError(ValueError):
+class TokenError(PlumbingError, ValueError):
     """A token file or variable that holds no bearer token; the message never quotes it."""
 
 

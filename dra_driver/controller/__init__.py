@@ -1,18 +1,48 @@
 """``fabric-dra controller``: publishes each fabric pool as ResourceSlices, keeps the nodes' pool
 labels right, and (in binding-condition mode) attaches allocated devices before the pod is bound.
 
-One job per module:
+Its rooms, from the ground up (a module imports only its own room or those before it;
+``tests/unit/test_layers.py`` reads this list):
 
-- :mod:`.naming` — the names and syntax rules of ``resource.k8s.io/v1`` that this role writes
-- :mod:`.quantity` — Kubernetes quantities (capacity values)
-- :mod:`.devices` — one inventory device → one DRA ``Device``
-- :mod:`.slices` — one pool → its ResourceSlices; semantic comparison with what is stored
-- :mod:`.inventory` — the manager's inventory as an event source (long poll)
-- :mod:`.publisher` — writes the slices, event-driven, with zero writes when nothing changed
-- :mod:`.nodelabels` — the per-pool node labels the slices' node selectors match
-- :mod:`.pluginpods` — which nodes have a Ready kubelet plugin (only they get pool labels)
-- :mod:`.features` — what the cluster serves (device taints)
-- :mod:`.binding` — the binding-condition flow on ResourceClaims
-- :mod:`.metrics`, :mod:`.health` — Prometheus metrics and the probe endpoint
-- :mod:`.app`, :mod:`.cli` — wiring, leader election and the command line
+=================== ==========================================================================
+metrics             Prometheus metrics of every part
+features            what the cluster serves (device taints, binding conditions)
+pluginpods          which nodes have a Ready kubelet plugin (only they get pool labels)
+resourcenames       the names and syntax rules of ``resource.k8s.io/v1`` that this role writes
+health              the probe endpoint
+inventory_feed      the manager's inventory as an event source (long poll)
+devices             one inventory device → one DRA ``Device``
+quarantine          devices out of allocation after failed attaches
+reconciler          the one loop of a level-triggered pass: triggers, debounce, retry after a backoff
+slices              one pool → its ResourceSlices; semantic comparison with what is stored
+publisher           writes the slices, event-driven, with zero writes when nothing changed
+nodelabels          the per-pool node labels the slices' node selectors match
+workqueue           one worker per claim, a failed pass retried after a backoff
+claimstatus         binding conditions written into a claim's status (compare-and-swap)
+binding_conditions  the binding-condition flow on ResourceClaims
+settings            every setting of the command, declared once (flags, environment, file)
+app                 wiring and leader election
+cli                 the command line
+=================== ==========================================================================
 """
+
+FLOORS = (
+    "metrics",
+    "features",
+    "pluginpods",
+    "resourcenames",
+    "health",
+    "inventory_feed",
+    "devices",
+    "quarantine",
+    "reconciler",
+    "slices",
+    "publisher",
+    "nodelabels",
+    "workqueue",
+    "claimstatus",
+    "binding_conditions",
+    "settings",
+    "app",
+    "cli",
+)

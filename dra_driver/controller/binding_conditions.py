@@ -25,23 +25,24 @@ the holder.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
+from dra_driver.controller.claimstatus import ConditionWriter, Target
 from dra_driver.controller.inventory_feed import InventoryFeed
 from dra_driver.controller.metrics import BIND_SECONDS, BIND_TOTAL
 from dra_driver.controller.quarantine import Quarantine
 from dra_driver.controller.resourcenames import BindingConditionNames
+from dra_driver.controller.workqueue import KeyedWork
+from manager_api.attaching import AttachPolicy, AttachProgress, attach_until_attached
 from manager_api.client import ManagerClient
-from manager_api.errors import DeviceBusy, FabricError
-from manager_api.models import MAX_WAIT_SECONDS, AttachmentState
-from plumbing.backoff import Backoff
+from manager_api.errors import AttachStillRunning, DeviceBusy, FabricError
+from manager_api.models import MAX_WAIT_SECONDS, Attachment
 from plumbing.crashpoints import crash_point
-from plumbing.kube import ApiError, Conflict, KubeClient, NotFound
+from plumbing.kube import KubeClient
 from plumbing.kube.dra import AllocatedDeviceStatus, ResourceClaim
 from plumbing.kube.events import EventRecorder, ObjectRef
 from plumbing.kube.informer import Change, Informer, Origin, object_uid
@@ -51,12 +52,6 @@ from plumbing.logs import get_logger
 __all__ = ["ClaimBinder", "Target"]
 
 log = get_logger(__name__)
-
-_STATUS_RETRIES = 8
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _parse_time(value: str | None) -> float | None:
@@ -69,21 +64,44 @@ def _parse_time(value: str | None) -> float | None:
         return None
 
 
-@dataclass(frozen=True, slots=True)
-class Target:
-    """One allocated device that waits for its binding condition."""
-
-    pool: str
-    device: str
-    node: str | None
-
-
 @dataclass
 class _Held:
     """A device this controller attached (or tried to) for a claim."""
 
     attached: bool = False
     release_at: float | None = None
+
+
+class _ConditionProgress(AttachProgress):
+    """What the claim hears while its device is attached: a device still held for an allocation
+    that is gone is released sooner, and ``Attached=False`` says ``Attaching`` once."""
+
+    def __init__(self, binder: ClaimBinder, uid: str, target: Target) -> None:
+        self._binder, self._uid, self._target = binder, uid, target
+        self._said_attaching = False
+
+    def before_request(self) -> None:
+        crash_point("controller.attach.before-request")
+
+    def busy(self, err: DeviceBusy) -> None:
+        self._binder.expedite(self._target.device, claim=self._uid)
+
+    async def attaching(self, attachment: Attachment, waited: float) -> None:
+        if self._said_attaching:
+            return
+        self._said_attaching = True
+        binder = self._binder
+        await binder.set_conditions(
+            self._uid,
+            self._target,
+            {
+                binder.names.attached: (
+                    "False",
+                    "Attaching",
+                    f"the fabric is attaching the device to {self._target.node}",
+                )
+            },
+        )
 
 
 class ClaimBinder:
@@ -116,10 +134,10 @@ class ClaimBinder:
         self._sem = asyncio.Semaphore(concurrency)
         #: claim UID → latest object seen (raw JSON)
         self._claims: dict[str, dict[str, Any]] = {}
-        self._dirty: set[str] = set()
-        self._workers: dict[str, asyncio.Task[None]] = {}
-        self._retry: dict[str, asyncio.TimerHandle] = {}
-        self._backoff: dict[str, Backoff] = {}
+        self._work = KeyedWork(
+            lambda uid: self.reconcile(uid, self._claims.get(uid)), what="binding-condition work"
+        )
+        self._conditions = ConditionWriter(kube, driver, self._claims, self._allocates)
         #: claim UID → (device, node) → what we did for it
         self._held: dict[str, dict[tuple[str, str], _Held]] = {}
         self._first_seen: dict[tuple[str, str], float] = {}
@@ -136,10 +154,9 @@ class ClaimBinder:
         try:
             await Informer(self._kube, RESOURCE_CLAIMS, on_changes=self._on_changes).run()
         finally:
-            for task in [*self._workers.values(), *self._side_tasks]:
+            self._work.stop()
+            for task in self._side_tasks:
                 task.cancel()
-            for handle in self._retry.values():
-                handle.cancel()
 
     def _on_changes(self, changes: Sequence[Change], origin: Origin) -> None:
         for change in changes:
@@ -160,69 +177,17 @@ class ClaimBinder:
         if not targets and uid not in self._held:
             return
         if previous is not None and self._wanted(previous) != self._wanted(obj):
-            self._cancel(uid)  # an attach for an allocation that changed must not go on
-        self._schedule(uid)
+            self._work.cancel(uid)  # an attach for an allocation that changed must not go on
+        self._work.schedule(uid)
 
     def _forget(self, uid: str) -> None:
         self._claims.pop(uid, None)
         if uid in self._held:
-            self._cancel(uid)
-            self._schedule(uid)
+            self._work.cancel(uid)
+            self._work.schedule(uid)
 
     def _wanted(self, obj: dict[str, Any]) -> set[tuple[str, str | None]]:
         return {(t.device, t.node) for t in self.targets(obj)}
-
-    def _cancel(self, uid: str) -> None:
-        task = self._workers.pop(uid, None)
-        if task is not None and not task.done():
-            task.cancel()
-
-    def _schedule(self, uid: str) -> None:
-        self._dirty.add(uid)
-        handle = self._retry.pop(uid, None)
-        if handle is not None:
-            handle.cancel()
-        task = self._workers.get(uid)
-        if task is None or task.done():
-            self._workers[uid] = asyncio.get_running_loop().create_task(self._work(uid))
-
-    def _schedule_later(self, uid: str, delay: float) -> None:
-        loop = asyncio.get_running_loop()
-        pending = self._retry.get(uid)
-        if pending is not None:
-            if pending.when() <= loop.time() + delay:
-                return  # an earlier pass is already due
-            pending.cancel()
-
-        def fire() -> None:
-            self._retry.pop(uid, None)
-            self._schedule(uid)
-
-        self._retry[uid] = loop.call_later(delay, fire)
-
-    async def _work(self, uid: str) -> None:
-        try:
-            while uid in self._dirty:
-                self._dirty.discard(uid)
-                try:
-                    await self.reconcile(uid, self._claims.get(uid))
-                except Exception as err:
-                    delay = self._backoff.setdefault(uid, Backoff(initial=0.5, maximum=30.0)).next()
-                    if isinstance(err, ApiError | FabricError):
-                        log.warning(
-                            "binding-condition work failed; retrying",
-                            claim=uid,
-                            error=str(err).splitlines()[0],
-                            retry_in=round(delay, 2),
-                        )
-                    else:  # a bug or an answer nobody expected: keep the claim in work, loudly
-                        log.exception("binding-condition work failed unexpectedly; retrying", claim=uid)
-                    self._schedule_later(uid, delay)
-                    return
-                self._backoff.pop(uid, None)
-        finally:
-            if self._workers.get(uid) is asyncio.current_task():
-                del self._workers[uid]
 
     # -- one claim ----------------------------------------------------------------------------
 
@@ -268,7 +233,7 @@ class ClaimBinder:
                 if state.release_at is None:
                     state.release_at = now + self.release_grace
                 if now < state.release_at:
-                    self._schedule_later(uid, state.release_at - now)
+                    self._work.schedule_later(uid, state.release_at - now)
                     continue
             crash_point("controller.release.before-detach")
             await self._manager.detach(device, node, uid, wait_seconds=self.attach_wait)
@@ -281,7 +246,7 @@ class ClaimBinder:
             self._held.pop(uid, None)
             self._doomed.discard(uid)
 
-    def _expedite(self, device: str, *, claim: str) -> None:
+    def expedite(self, device: str, *, claim: str) -> None:
         """``device`` is allocated anew (to ``claim``) but still held for an allocation that is gone:
         cut that release's grace short — the scheduler has given the device to someone else."""
         now = time.monotonic()
@@ -289,11 +254,13 @@ class ClaimBinder:
             for (held_device, _), state in held.items():
                 if uid != claim and held_device == device and state.release_at is not None:
                     state.release_at = now
-                    self._schedule(uid)
+                    self._work.schedule(uid)
 
     async def _bind(
         self, uid: str, claim: ResourceClaim, target: Target, status: AllocatedDeviceStatus | None
     ) -> None:
+        """Attach ``target``'s device for the claim and say so in its binding conditions, unless
+        they already tell the outcome."""
         attached = status is not None and status.is_true(self.names.attached)
         failed = status is not None and status.is_true(self.names.failed)
         if attached and target.node:
@@ -311,90 +278,66 @@ class ClaimBinder:
             return
         node = target.node
         started = self._first_seen.setdefault((uid, target.device), time.monotonic())
+        # Recorded before the call: an attach interrupted here may still complete in the manager.
+        held = self._held.setdefault(uid, {}).setdefault((target.device, node), _Held())
+        log.info("attaching for binding condition", claim=uid, device=target.device, node=node)
+        try:
+            await attach_until_attached(
+                self._manager,
+                target.device,
+                node,
+                uid,
+                self._policy(claim, started),
+                progress=_ConditionProgress(self, uid, target),
+                limit=self._sem,
+            )
+        except FabricError as err:
+            await self._fail(uid, target, *self._failure(err), started=started)
+            return
+        held.attached = True
+        held.release_at = None
+        crash_point("controller.attach.after-request")
+        await self.set_conditions(
+            uid,
+            target,
+            {
+                self.names.attached: ("True", "Attached", f"attached to node {node} by the fabric"),
+                self.names.failed: ("False", "Attached", ""),
+            },
+        )
+        crash_point("controller.attach.after-status")
+        if self.quarantine is not None:
+            self.quarantine.attach_succeeded(target.pool, target.device)
+        BIND_TOTAL.labels(result="attached", reason="").inc()
+        BIND_SECONDS.labels(result="attached").observe(time.monotonic() - started)
+        log.info("device attached; binding condition set", claim=uid, device=target.device, node=node)
+
+    def _policy(self, claim: ResourceClaim, started: float) -> AttachPolicy:
+        """``--bind-timeout`` from when this controller first saw the device, or from the
+        allocation's timestamp when that is sooner; ``--busy-timeout`` for a device held elsewhere."""
         allocation = claim.status.allocation
         allocated_at = _parse_time(allocation.allocation_timestamp if allocation is not None else None)
         deadline = started + self.bind_timeout
         if allocated_at is not None:
             deadline = min(deadline, time.monotonic() + (allocated_at + self.bind_timeout - time.time()))
-        # Recorded before the call: an attach interrupted here may still complete in the manager.
-        held = self._held.setdefault(uid, {}).setdefault((target.device, node), _Held())
-        backoff = Backoff(initial=0.5, maximum=5.0)
-        busy_since: float | None = None
-        said_attaching = False
-        log.info("attaching for binding condition", claim=uid, device=target.device, node=node)
-        while True:
-            crash_point("controller.attach.before-request")
-            try:
-                async with self._sem:
-                    attachment = await self._manager.attach(
-                        target.device, node, uid, wait_seconds=self.attach_wait
-                    )
-            except DeviceBusy as err:
-                if busy_since is None:
-                    self._expedite(target.device, claim=uid)
-                busy_since = busy_since or time.monotonic()
-                if time.monotonic() - busy_since >= self.busy_timeout or time.monotonic() >= deadline:
-                    await self._fail(uid, target, "DeviceBusy", err.message, started=started)
-                    return
-                await asyncio.sleep(backoff.next())
-                continue
-            except FabricError as err:
-                if not err.retriable:
-                    await self._fail(uid, target, err.code, err.message, started=started)
-                    return
-                if time.monotonic() >= deadline:
-                    await self._fail(
-                        uid,
-                        target,
-                        "Timeout",
-                        f"the attach did not finish within {self.bind_timeout:.0f}s: {err.message}",
-                        started=started,
-                    )
-                    return
-                await asyncio.sleep(err.retry_after or backoff.next())
-                continue
-            busy_since = None
-            if attachment.state is AttachmentState.ATTACHED:
-                held.attached = True
-                held.release_at = None
-                crash_point("controller.attach.after-request")
-                await self._set(
-                    uid,
-                    target,
-                    {
-                        self.names.attached: ("True", "Attached", f"attached to node {node} by the fabric"),
-                        self.names.failed: ("False", "Attached", ""),
-                    },
-                )
-                crash_point("controller.attach.after-status")
-                if self.quarantine is not None:
-                    self.quarantine.attach_succeeded(target.pool, target.device)
-                BIND_TOTAL.labels(result="attached", reason="").inc()
-                BIND_SECONDS.labels(result="attached").observe(time.monotonic() - started)
-                log.info("device attached; binding condition set", claim=uid, device=target.device, node=node)
-                return
-            if time.monotonic() >= deadline:
-                await self._fail(
-                    uid,
-                    target,
-                    "Timeout",
-                    f"the fabric did not finish attaching within {self.bind_timeout:.0f}s",
-                    started=started,
-                )
-                return
-            if not said_attaching:
-                said_attaching = True
-                await self._set(
-                    uid,
-                    target,
-                    {
-                        self.names.attached: (
-                            "False",
-                            "Attaching",
-                            f"the fabric is attaching the device to {node}",
-                        )
-                    },
-                )
+        return AttachPolicy(
+            wait_seconds=self.attach_wait,
+            retry_until=deadline,
+            attaching_until=deadline,
+            busy_for=self.busy_timeout,
+            backoff_initial=0.5,
+            backoff_maximum=5.0,
+        )
+
+    def _failure(self, err: FabricError) -> tuple[str, str]:
+        """The AttachFailed reason and message for an attach that ended in ``err``."""
+        if isinstance(err, DeviceBusy):
+            return "DeviceBusy", err.message
+        if isinstance(err, AttachStillRunning):
+            return "Timeout", f"the fabric did not finish attaching within {self.bind_timeout:.0f}s"
+        if err.retriable:  # asked again until the deadline
+            return "Timeout", f"the attach did not finish within {self.bind_timeout:.0f}s: {err.message}"
+        return err.code, err.message
 
     async def _fail(
         self, uid: str, target: Target, reason: str, message: str, *, started: float | None = None
@@ -404,7 +347,7 @@ class ClaimBinder:
         # Counted before any await: the status write below makes the scheduler deallocate, and
         # that change of allocation cancels this worker (_observe) — the count must stand.
         self._count_failure(uid, target, reason, message)
-        await self._set(
+        await self.set_conditions(
             uid,
             target,
             {
@@ -453,95 +396,14 @@ class ClaimBinder:
 
     # -- status -------------------------------------------------------------------------------
 
-    async def _set(self, uid: str, target: Target, changes: dict[str, tuple[str, str, str]]) -> bool:
-        """Merge conditions into the claim's ``status.devices`` entry of ``target``.
-
-        A compare-and-swap PUT on ``/status``, retried on conflict; only this driver's entry is
-        touched. False when the claim no longer allocates the device (nothing to report then).
-        """
-        obj = self._claims.get(uid)
-        for _ in range(_STATUS_RETRIES):
-            if obj is None:
-                return False
-            meta = obj.get("metadata") or {}
-            if not self._allocates(obj, target):
-                return False
-            status = dict(obj.get("status") or {})
-            devices = [dict(d) for d in status.get("devices") or []]
-            entry = next(
-                (
-                    d
-                    for d in devices
-                    if d.get("driver") == self.driver
-                    and d.get("pool") == target.pool
-                    and d.get("device") == target.device
-                    and not d.get("shareID")
-                ),
-                None,
-            )
-            if entry is None:
-                entry = {"driver": self.driver, "pool": target.pool, "device": target.device}
-                devices.append(entry)
-            merged = self._merge(entry.get("conditions") or [], changes, meta.get("generation"))
-            if merged == (entry.get("conditions") or []):
-                return True
-            entry["conditions"] = merged
-            status["devices"] = devices
-            try:
-                stored = await self._kube.replace(
-                    RESOURCE_CLAIMS, {**obj, "status": status}, subresource="status"
-                )
-            except Conflict:
-                obj = await self._get(obj)
-                continue
-            except NotFound:
-                return False
-            if self._uid(stored) == uid:
-                self._claims[uid] = stored
-            return True
-        raise Conflict(409, "Conflict", f"claim {uid}: status kept changing under {_STATUS_RETRIES} updates")
-
-    async def _get(self, obj: dict[str, Any]) -> dict[str, Any] | None:
-        meta = obj.get("metadata") or {}
-        try:
-            fresh = await self._kube.get(RESOURCE_CLAIMS, str(meta.get("name")), str(meta.get("namespace")))
-        except NotFound:
-            return None
-        return fresh if self._uid(fresh) == self._uid(obj) else None
+    async def set_conditions(
+        self, uid: str, target: Target, changes: dict[str, tuple[str, str, str]]
+    ) -> bool:
+        """Merge conditions into the claim's entry of ``target`` (:class:`.claimstatus.ConditionWriter`)."""
+        return await self._conditions.set(uid, target, changes)
 
     def _allocates(self, obj: dict[str, Any], target: Target) -> bool:
         return any(t.pool == target.pool and t.device == target.device for t in self.targets(obj))
-
-    @staticmethod
-    def _merge(
-        current: list[dict[str, Any]], changes: dict[str, tuple[str, str, str]], generation: Any
-    ) -> list[dict[str, Any]]:
-        """``current`` with ``changes`` (type → status, reason, message) applied, as metav1
-        conditions: lastTransitionTime moves only when the status does; an unchanged condition
-        keeps its stored form exactly, so a no-op makes no write."""
-        merged = [dict(c) for c in current]
-        now = _now()
-        for kind, (status, reason, message) in changes.items():
-            index = next((i for i, c in enumerate(merged) if c.get("type") == kind), None)
-            old = merged[index] if index is not None else None
-            condition: dict[str, Any] = {
-                "type": kind,
-                "status": status,
-                "reason": reason,
-                "message": message[:32768],
-                "lastTransitionTime": old["lastTransitionTime"]
-                if old and old.get("status") == status and old.get("lastTransitionTime")
-                else now,
-            }
-            if isinstance(generation, int):
-                condition["observedGeneration"] = generation
-            if old is not None and all(old.get(k) == v for k, v in condition.items()):
-                continue
-            if index is None:
-                merged.append(condition)
-            else:
-                merged[index] = condition
-        return merged
 
     # -- test / status hooks --------------------------------------------------------------------
 
@@ -550,6 +412,4 @@ class ClaimBinder:
 
     async def drain(self) -> None:
         """Wait until no claim work is queued or running (for tests and shutdown)."""
-        while self._workers:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.gather(*list(self._workers.values()), return_exceptions=True)
+        await self._work.drain()

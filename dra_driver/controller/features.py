@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from dra_driver.errors import ControllerError
 from plumbing.kube import ApiError, KubeClient, NotFound
 from plumbing.kube.resources import RESOURCE_SLICES
 from plumbing.logs import get_logger
@@ -35,7 +36,7 @@ TaintsMode = Literal["auto", "on", "off"]
 GROUP = "resource.k8s.io"
 
 
-class ResourceApiMissing(RuntimeError):
+class ResourceApiMissing(ControllerError, RuntimeError):
     """The cluster does not serve resource.k8s.io/v1 ResourceSlices."""
 
 

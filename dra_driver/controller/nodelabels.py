@@ -41,6 +41,7 @@ from typing import Any
 from dra_driver.controller.inventory_feed import InventorySource
 from dra_driver.controller.metrics import NODE_LABEL_PATCHES
 from dra_driver.controller.pluginpods import PluginNodes
+from dra_driver.controller.reconciler import Reconciler
 from dra_driver.controller.resourcenames import (
     legacy_node_label_key,
     pool_label_key,
@@ -101,16 +102,21 @@ class NodeLabeler:
         #: claim (namespace/name) → the (pool, device) of this driver it is allocated
         self._allocated: dict[str, frozenset[tuple[str, str]]] = {}
         self._claims = Informer(kube, RESOURCE_CLAIMS, on_changes=self._on_claims)
-        self._trigger = asyncio.Event()
-        self._debounce = debounce
+        self._loop = Reconciler(
+            self.sync,
+            retried=(ApiError,),
+            on_failure=self._failed,
+            debounce=debounce,
+            backoff=Backoff(initial=0.2, maximum=30.0),
+        )
         self._warned_missing: set[str] = set()
 
     async def run(self, feed: InventorySource) -> None:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._informer.run())
             tasks.create_task(self._claims.run())
-            tasks.create_task(self._follow(feed))
-            tasks.create_task(self._reconcile_loop(feed))
+            tasks.create_task(self._loop.follow(feed))
+            tasks.create_task(self._reconcile_when_synced(feed))
             if self._plugin_nodes is not None:
                 tasks.create_task(self._plugin_nodes.run())
                 tasks.create_task(self._follow_plugins(self._plugin_nodes))
@@ -119,14 +125,20 @@ class NodeLabeler:
         while True:
             await plugins.changed.wait()
             plugins.changed.clear()
-            self._trigger.set()
+            self._loop.trigger()
 
-    async def _follow(self, feed: InventorySource) -> None:
-        version: int | None = None
-        while True:
-            inventory = await feed.wait_newer(version)
-            version = inventory.version
-            self._trigger.set()
+    async def _reconcile_when_synced(self, feed: InventorySource) -> None:
+        """Passes once the nodes, the claims (and the plugin pods) are listed: before that, a
+        node would seem to lack labels it has, or a warm device to be free that a claim holds."""
+        await self._informer.synced.wait()
+        await self._claims.synced.wait()
+        if self._plugin_nodes is not None:
+            await self._plugin_nodes.synced.wait()
+        await self._loop.run(feed)
+
+    @staticmethod
+    def _failed(err: Exception, retry_in: float) -> None:
+        log.warning("labelling nodes failed; retrying", error=str(err), retry_in=round(retry_in, 2))
 
     def _on_changes(self, changes: Sequence[Change], origin: Origin) -> None:
         for change in changes:
@@ -136,10 +148,10 @@ class NodeLabeler:
                 continue
             labels = self._labels(change.object)
             if name not in self._nodes or self._ours(self._nodes[name]) != self._ours(labels):
-                self._trigger.set()
+                self._loop.trigger()
             self._nodes[name] = labels
         if origin != "watch":
-            self._trigger.set()  # a (re)list: reconcile everything once
+            self._loop.trigger()  # a (re)list: reconcile everything once
 
     def _on_claims(self, changes: Sequence[Change], origin: Origin) -> None:
         for change in changes:
@@ -149,7 +161,7 @@ class NodeLabeler:
             results = claim.results if claim is not None else ()
             held = frozenset((r.pool, r.device) for r in results if r.driver == self._driver)
             if held != self._allocated.get(key, frozenset()):
-                self._trigger.set()
+                self._loop.trigger()
             if held:
                 self._allocated[key] = held
             else:
@@ -191,29 +203,6 @@ class NodeLabeler:
         self._owned |= _with_legacy(
             k for keys in desired_node_labels(inventory, self._driver).values() for k in keys
         )
-
-    async def _reconcile_loop(self, feed: InventorySource) -> None:
-        backoff = Backoff(initial=0.2, maximum=30.0)
-        await self._informer.synced.wait()
-        await self._claims.synced.wait()
-        if self._plugin_nodes is not None:
-            await self._plugin_nodes.synced.wait()
-        while True:
-            await self._trigger.wait()
-            self._trigger.clear()
-            await asyncio.sleep(self._debounce)
-            self._trigger.clear()
-            inventory = feed.latest
-            if inventory is None:
-                continue
-            try:
-                await self.sync(inventory)
-                backoff.reset()
-            except ApiError as err:
-                delay = backoff.next()
-                log.warning("labelling nodes failed; retrying", error=str(err), retry_in=round(delay, 2))
-                await asyncio.sleep(delay)
-                self._trigger.set()
 
     async def sync(self, inventory: Inventory) -> int:
         """Patch every node whose pool or warm labels differ; returns the number of patches."""

@@ -22,6 +22,7 @@ from dra_driver.controller.devices import PublishPolicy, WithheldReason
 from dra_driver.controller.inventory_feed import InventoryFeed, InventorySource
 from dra_driver.controller.metrics import POOL_DEVICES, POOL_GENERATION, SLICE_RECONCILE_SECONDS, SLICE_WRITES
 from dra_driver.controller.quarantine import Quarantine
+from dra_driver.controller.reconciler import Reconciler
 from dra_driver.controller.slices import (
     DesiredPool,
     NormalCache,
@@ -33,6 +34,7 @@ from dra_driver.controller.slices import (
     plan_pool,
     slice_selector,
 )
+from dra_driver.errors import ControllerError
 from manager_api.models import Inventory
 from plumbing.backoff import Backoff
 from plumbing.kube import AlreadyExists, ApiError, Conflict, KubeClient, NotFound
@@ -54,7 +56,7 @@ class PublishResult:
     pools_changed: list[str] = field(default_factory=list)
 
 
-class _Stale(Exception):
+class _Stale(ControllerError):
     """The stored slices are not what we thought; re-list and plan again."""
 
 
@@ -75,7 +77,6 @@ class SlicePublisher:
         self._taints_dropped = False
         self._bindings_dropped = False
         self._sem = asyncio.Semaphore(write_concurrency)
-        self._debounce = debounce
         #: our slices by name, as last listed or written
         self._slices: dict[str, dict[str, Any]] = {}
         self._stale = True
@@ -85,7 +86,13 @@ class SlicePublisher:
         self._deleted: set[str] = set()
         #: names with a write in flight: their watch event may arrive before the response
         self._writing: set[str] = set()
-        self._trigger = asyncio.Event()
+        self._loop = Reconciler(
+            self.sync,
+            retried=(ApiError, _Stale, SliceInvalid),
+            on_failure=self._failed,
+            debounce=debounce,
+            backoff=Backoff(initial=0.1, maximum=30.0),
+        )
         self._desired_key: tuple[int, PublishPolicy, int] | None = None
         self._desired: dict[str, DesiredPool] = {}
         self._normal = NormalCache()
@@ -122,22 +129,15 @@ class SlicePublisher:
     def trigger(self, *, relist: bool = False) -> None:
         if relist:
             self._stale = True
-        self._trigger.set()
+        self._loop.trigger()
 
     async def run(self, feed: InventoryFeed, *, resync_period: float) -> None:
         """Publish until cancelled (leadership lost or shutdown)."""
         async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(self._follow(feed))
+            tasks.create_task(self._loop.follow(feed))
             tasks.create_task(self._watcher().run())
             tasks.create_task(self._resync(resync_period))
-            tasks.create_task(self._reconcile_loop(feed))
-
-    async def _follow(self, feed: InventoryFeed) -> None:
-        version: int | None = None
-        while True:
-            inventory = await feed.wait_newer(version)
-            version = inventory.version
-            self.trigger()
+            tasks.create_task(self._loop.run(feed))
 
     async def _resync(self, period: float) -> None:
         while True:
@@ -145,36 +145,18 @@ class SlicePublisher:
             log.debug("periodic resync of resource slices")
             self.trigger(relist=True)
 
-    async def _reconcile_loop(self, feed: InventoryFeed) -> None:
-        backoff = Backoff(initial=0.1, maximum=30.0)
-        while True:
-            await self._trigger.wait()
-            self._trigger.clear()
-            await asyncio.sleep(self._debounce)  # let a burst of triggers become one pass
-            self._trigger.clear()
-            inventory = feed.latest
-            if inventory is None:
-                continue
-            try:
-                await self.sync(inventory)
-            except (ApiError, _Stale) as err:
-                delay = backoff.next()
-                log.warning(
-                    "publishing resource slices failed; retrying",
-                    error=str(err).splitlines()[0],
-                    retry_in=round(delay, 2),
-                )
-                self._stale = True
-                await asyncio.sleep(delay)
-                self._trigger.set()
-            except SliceInvalid as err:
-                # A bug or an inventory value this code cannot make fit: never write it; retry
-                # slowly in case the inventory changes.
-                log.error("refusing to write an invalid resource slice", error=str(err))
-                await asyncio.sleep(backoff.next())
-                self._trigger.set()
-            else:
-                backoff.reset()
+    def _failed(self, err: Exception, retry_in: float) -> None:
+        if isinstance(err, SliceInvalid):
+            # A bug or an inventory value this code cannot make fit: never write it; retry
+            # slowly in case the inventory changes.
+            log.error("refusing to write an invalid resource slice", error=str(err))
+            return
+        log.warning(
+            "publishing resource slices failed; retrying",
+            error=str(err).splitlines()[0],
+            retry_in=round(retry_in, 2),
+        )
+        self._stale = True
 
     def _watcher(self) -> Informer:
         """Our slices, listed and watched only to notice what other writers change."""
@@ -281,7 +263,7 @@ class SlicePublisher:
         if self.on_synced is not None:
             self.on_synced(inventory.version)
         if self._policy_changed_by(result):
-            self._trigger.set()
+            self._loop.trigger()
         return result
 
     def _record(

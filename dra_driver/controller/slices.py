@@ -62,6 +62,7 @@ from dra_driver.controller.resourcenames import (
     slice_name,
     warm_label_key,
 )
+from dra_driver.errors import InputError
 from dra_driver.selection.quantity import parse_quantity
 from manager_api.models import BindingState, Device, Health, Inventory
 from plumbing.names import is_dns1123_label, is_dns1123_subdomain, is_label_value, is_qualified_name
@@ -88,7 +89,7 @@ __all__ = [
 API_VERSION = "resource.k8s.io/v1"
 
 
-class SliceInvalid(ValueError):
+class SliceInvalid(InputError):
     """A slice breaks a rule the API server enforces; writing it would be rejected."""
 
 

@@ -1,23 +1,57 @@
 """The DRA kubelet plugin (``fabric-dra plugin``): registration, DRA v1/v1beta1 gRPC, prepare and
 unprepare through the fabric manager, CDI specs, checkpoint, host-side detection and device health.
 
-One module per job, as in kubernetes-sigs/dra-example-driver's kubelet plugin:
+One module per job, as in kubernetes-sigs/dra-example-driver's kubelet plugin; its rooms, from the
+ground up (a module imports only its own room or those before it; ``tests/unit/test_layers.py``
+reads this list):
 
 ============== ================================================================================
+prepare_errors why a prepare failed, as the kubelet and the claim's events read it
 config         flags and environment, validated once
-registration   ``pluginregistration.Registration`` on the registry socket
-driver         the gRPC-facing callbacks (NodePrepareResources / NodeUnprepareResources)
-claims         reading ResourceClaims (resource.k8s.io v1, older versions as fallback)
 state          per-claim locks (in-process and across pods) and background attaches
-backend        how a device gets here and away: the fabric manager, or no-op for benchmarks
-hostdev        host-side detection in sysfs (+ udev), PCI rescan, host-side removal
+claims         reading ResourceClaims (resource.k8s.io v1, older versions as fallback)
+registration   ``pluginregistration.Registration`` on the registry socket
+hostview       what the host sees of a device: its records, the small sysfs readers
+readiness      whether a real host's device is ready (drivers, /dev nodes, NVMe namespaces, udev)
+hostside       acting on the host: who uses a device, function-level reset, unbind and remove
+hostdev        finding a device in sysfs and waiting for it (udev events, PCI rescan)
+facts          what the node knows of a claim's device, declared once (checkpoint, CDI, manager)
 cdi            transient CDI spec files
-checkpoint     the on-disk record of prepared claims
-reconcile      startup repair of checkpoint vs CDI specs vs the fabric's bindings
-health         the DRAResourceHealth stream
-metrics        per-phase latency histograms, served with the probes
 probes         readiness (registered, checkpoint loaded) and liveness (gRPC answers) for the kubelet
+checkpoint     the on-disk record of prepared claims
+metrics        per-phase latency histograms, served with the probes
+backend        how a device gets here and away: the fabric manager, or no-op for benchmarks
+report         the prepared claims reported to the manager
+attach         a claim's devices attached at prepare, recorded; rolled back where they cannot work
+driver         the gRPC-facing callbacks (NodePrepareResources / NodeUnprepareResources)
+health         the DRAResourceHealth stream
+reconcile      startup repair of checkpoint vs CDI specs vs the fabric's bindings
 server         wiring, sockets, signals
 cli            ``register(subparsers)`` for the root command line
 ============== ================================================================================
 """
+
+FLOORS = (
+    "prepare_errors",
+    "config",
+    "state",
+    "claims",
+    "registration",
+    "hostview",
+    "readiness",
+    "hostside",
+    "hostdev",
+    "facts",
+    "cdi",
+    "probes",
+    "checkpoint",
+    "metrics",
+    "backend",
+    "report",
+    "attach",
+    "driver",
+    "health",
+    "reconcile",
+    "server",
+    "cli",
+)

@@ -20,11 +20,14 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Protocol
 
+from dra_driver.errors import KubeletPluginError
 from dra_driver.plugin.checkpoint import PreparedDevice
+from dra_driver.plugin.facts import DeviceFacts
 from dra_driver.plugin.hostdev import DeviceIdentity, HostDevice, HostScanner
 from dra_driver.plugin.metrics import observe_phase
+from manager_api.attaching import AttachPolicy, AttachProgress, attach_until_attached
 from manager_api.client import ManagerClient
-from manager_api.errors import DeviceBusy, DeviceNotFound, FabricError
+from manager_api.errors import DeviceNotFound, FabricError
 from manager_api.models import (
     MAX_WAIT_SECONDS,
     Attachment,
@@ -33,7 +36,6 @@ from manager_api.models import (
     Device,
     DeviceType,
 )
-from plumbing.backoff import Backoff
 from plumbing.crashpoints import crash_point
 from plumbing.logs import get_logger
 
@@ -48,7 +50,7 @@ __all__ = [
 log = get_logger(__name__)
 
 
-class StillDetaching(FabricError):
+class StillDetaching(KubeletPluginError, FabricError):
     """The fabric accepted the detach but has not finished it yet (retriable)."""
 
     code = "StillDetaching"
@@ -101,14 +103,36 @@ class DeviceBackend(Protocol):
 
 
 def identity_of(device: Device) -> DeviceIdentity:
-    return DeviceIdentity(
-        name=device.name,
-        type=device.type.value,
-        vendor_id=device.vendor_id,
-        device_id=device.device_id,
-        serial=device.serial,
-        memory_bytes=device.memory_bytes,
-    )
+    """What the host scanner looks for, of the manager's answer about ``device``."""
+    return DeviceFacts(**DeviceFacts.of(device)).identity()
+
+
+class _Pending(AttachProgress):
+    """Keeps why an attach still running has not finished, for the kubelet's answer meanwhile."""
+
+    def __init__(self, backend: FabricBackend, claim_uid: str, device: str) -> None:
+        self._backend, self._key = backend, (claim_uid, device)
+
+    def before_request(self) -> None:
+        crash_point("plugin.prepare.before-attach")
+
+    def retrying(self, err: FabricError) -> None:
+        claim_uid, device = self._key
+        self._backend.note_pending(claim_uid, device, err)
+        log.warning(
+            "attach failed, retrying", claim=claim_uid, device=device, node=self._backend.node, error=str(err)
+        )
+
+    async def attaching(self, attachment: Attachment, waited: float) -> None:
+        claim_uid, device = self._key
+        # 202 attaching: the same request is a long poll on the same operation (no second bind).
+        progress = FabricError(
+            f"the fabric has been working on it for {waited:.0f}s "
+            f"(operation {attachment.operation_id or 'unknown'})",
+            device=device,
+            node=self._backend.node,
+        )
+        self._backend.note_pending(claim_uid, device, progress)
 
 
 class FabricBackend:
@@ -137,6 +161,10 @@ class FabricBackend:
         #: (claim UID, device) → when its attach started (``time.monotonic()``)
         self._started: dict[tuple[str, str], float] = {}
 
+    def note_pending(self, claim_uid: str, device: str, err: FabricError) -> None:
+        """Why the attach of ``device`` for ``claim_uid``, still running, has not finished yet."""
+        self._pending[(claim_uid, device)] = err
+
     def pending_error(self, claim_uid: str, device: str) -> FabricError | None:
         key = (claim_uid, device)
         if key in self._pending:
@@ -150,56 +178,26 @@ class FabricBackend:
         self, claim_uid: str, device: str, pool: str | None = None, namespace: str | None = None
     ) -> Attachment:
         """POST the attachment until the fabric says attached; transient failures are retried."""
-        self._started[(claim_uid, device)] = time.monotonic()
+        started = self._started[(claim_uid, device)] = time.monotonic()
+        policy = AttachPolicy(
+            wait_seconds=MAX_WAIT_SECONDS,
+            retry_until=started + self.retry_budget,
+            attaching_until=started + self.attach_give_up,
+        )
         try:
-            return await self._bind_retrying(claim_uid, device, pool, namespace)
+            return await attach_until_attached(
+                self.client,
+                device,
+                self.node,
+                claim_uid,
+                policy,
+                pool=pool,
+                namespace=namespace,
+                progress=_Pending(self, claim_uid, device),
+            )
         finally:
             self._pending.pop((claim_uid, device), None)
             self._started.pop((claim_uid, device), None)
-
-    async def _bind_retrying(
-        self, claim_uid: str, device: str, pool: str | None, namespace: str | None
-    ) -> Attachment:
-        started = time.monotonic()
-        backoff = Backoff(initial=0.1, maximum=5.0)
-        while True:
-            crash_point("plugin.prepare.before-attach")
-            try:
-                attachment = await self.client.attach(
-                    device,
-                    self.node,
-                    claim_uid,
-                    wait_seconds=MAX_WAIT_SECONDS,
-                    pool=pool,
-                    namespace=namespace,
-                )
-            except DeviceBusy:
-                raise  # held by another claim or node: only the kubelet's retry can help
-            except FabricError as err:
-                if not err.retriable or time.monotonic() - started > self.retry_budget:
-                    raise
-                self._pending[(claim_uid, device)] = err
-                log.warning(
-                    "attach failed, retrying", claim=claim_uid, device=device, node=self.node, error=str(err)
-                )
-                delay = backoff.next()  # grows even while the manager names its own Retry-After
-                await asyncio.sleep(err.retry_after or delay)
-                continue
-            if attachment.state is AttachmentState.ATTACHED:
-                return attachment
-            if time.monotonic() - started > self.attach_give_up:
-                raise FabricError(
-                    f"the fabric has been attaching device {device} for over {self.attach_give_up:.0f}s",
-                    device=device,
-                    node=self.node,
-                )
-            # 202 attaching: the same request is a long poll on the same operation (no second bind).
-            self._pending[(claim_uid, device)] = FabricError(
-                f"the fabric has been working on it for {time.monotonic() - started:.0f}s "
-                f"(operation {attachment.operation_id or 'unknown'})",
-                device=device,
-                node=self.node,
-            )
 
     async def attach(
         self,

@@ -19,11 +19,12 @@ import json
 import os
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from dra_driver.errors import InputError
+from dra_driver.plugin.facts import DeviceFacts
 from dra_driver.plugin.hostdev import HostDevice
 from plumbing.fsutil import atomic_write
 from plumbing.names import (
@@ -67,7 +68,7 @@ CONTAINER_DEVICE_DIR = "/run/fabric-dra/devices"
 _NAME = re.compile(QUALIFIED_NAME_PART_PATTERN)
 
 
-class CdiSpecError(ValueError):
+class CdiSpecError(InputError):
     """A spec that a CDI runtime would reject."""
 
 
@@ -111,21 +112,15 @@ class CdiSpec(_Cdi):
         return self.model_dump_json(by_alias=True, exclude_none=True, exclude_defaults=False, indent=2)
 
 
-@dataclass(frozen=True, slots=True)
-class SpecDevice:
-    """One prepared device as the CDI layer needs it."""
+class SpecDevice(DeviceFacts):
+    """One prepared device as the CDI layer needs it: its facts, and the claim's part."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     claim_uid: str
-    device: str
-    pool: str
-    type: str
     request_names: tuple[str, ...] = ()
-    model: str | None = None
-    serial: str | None = None
-    vendor_id: str | None = None
-    device_id: str | None = None
     host: HostDevice | None = None
-    extra_env: dict[str, str] = field(default_factory=dict)
+    extra_env: dict[str, str] = Field(default_factory=dict)
 
 
 def kind_for(driver: str, device_type: str) -> str:
@@ -243,19 +238,8 @@ def validate_spec(spec: CdiSpec) -> None:
 
 def _device_edits(item: SpecDevice, *, real_host: bool) -> ContainerEdits:
     p = env_prefix(item.device)
-    env = {
-        f"{p}DEVICE": item.device,
-        f"{p}POOL": item.pool,
-        f"{p}TYPE": item.type,
-        f"{p}CLAIM_UID": item.claim_uid,
-        f"{p}REQUEST": ",".join(item.request_names),
-    }
-    optional = {
-        f"{p}MODEL": item.model,
-        f"{p}SERIAL": item.serial,
-        f"{p}VENDOR_ID": item.vendor_id,
-        f"{p}DEVICE_ID": item.device_id,
-    }
+    facts, optional = item.cdi_env(p)
+    env = {**facts, f"{p}CLAIM_UID": item.claim_uid, f"{p}REQUEST": ",".join(item.request_names)}
     host = item.host
     mounts: list[Mount] = []
     nodes: list[DeviceNode] = []
@@ -351,14 +335,8 @@ def read_spec_devices(path: Path) -> list[SpecDevice]:
         found.append(
             SpecDevice(
                 claim_uid=env.get(f"{p}CLAIM_UID", ""),
-                device=device_name,
-                pool=env.get(f"{p}POOL", ""),
-                type=env.get(f"{p}TYPE", device_type),
                 request_names=requests,
-                model=env.get(f"{p}MODEL"),
-                serial=env.get(f"{p}SERIAL"),
-                vendor_id=env.get(f"{p}VENDOR_ID"),
-                device_id=env.get(f"{p}DEVICE_ID"),
+                **DeviceFacts.from_cdi_env(env, p, type_of_kind=device_type),
             )
         )
     return found

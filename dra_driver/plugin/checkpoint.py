@@ -30,7 +30,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from dra_driver.errors import KubeletPluginError
 from dra_driver.plugin import cdi
+from dra_driver.plugin.facts import DeviceFacts
 from dra_driver.plugin.hostdev import HostDevice
 from plumbing.fsutil import atomic_write
 from plumbing.logs import get_logger
@@ -51,7 +53,7 @@ CHECKPOINT_VERSION = 1
 _KIND = "FabricDraPluginCheckpoint"
 
 
-class CheckpointCorrupt(Exception):
+class CheckpointCorrupt(KubeletPluginError):
     """The checkpoint file cannot be trusted; the message says why."""
 
 
@@ -66,16 +68,11 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
-class PreparedDevice(_Record):
-    device: str
-    pool: str
-    type: str
+class PreparedDevice(DeviceFacts):
+    """A device of a prepared claim: its facts (:class:`DeviceFacts`, stored under their names) and
+    how far this node got with it."""
+
     request_names: list[str] = Field(default_factory=list)
-    model: str | None = None
-    serial: str | None = None
-    vendor_id: str | None = None
-    device_id: str | None = None
-    memory_bytes: int | None = None
     #: the fabric manager reported the device attached to this node for this claim
     attached: bool = False
     host: HostDevice | None = None
@@ -84,16 +81,7 @@ class PreparedDevice(_Record):
     def spec_device(self, claim_uid: str) -> cdi.SpecDevice:
         """What the claim's CDI spec says of this device."""
         return cdi.SpecDevice(
-            claim_uid=claim_uid,
-            device=self.device,
-            pool=self.pool,
-            type=self.type,
-            request_names=tuple(self.request_names),
-            model=self.model,
-            serial=self.serial,
-            vendor_id=self.vendor_id,
-            device_id=self.device_id,
-            host=self.host,
+            claim_uid=claim_uid, request_names=tuple(self.request_names), host=self.host, **self.facts()
         )
 
 

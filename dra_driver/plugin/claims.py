@@ -6,20 +6,31 @@ allocation result has the same shape in v1, v1beta2 and v1beta1, so one typed vi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
+from dra_driver.errors import KubeletPluginError
 from plumbing.kube import KubeClient, NotFound
 from plumbing.kube.dra import ResourceClaim
 from plumbing.kube.resources import RESOURCE_API_VERSIONS, RESOURCE_CLAIMS
 
-__all__ = ["RESOURCE_VERSIONS", "ClaimNotFound", "ClaimReader", "ClaimSource"]
+__all__ = ["RESOURCE_VERSIONS", "ClaimNotFound", "ClaimReader", "ClaimRef", "ClaimSource"]
 
 #: Tried in this order; the first one the API server serves is remembered.
 RESOURCE_VERSIONS = RESOURCE_API_VERSIONS
 
 
-class ClaimNotFound(Exception):
+class ClaimNotFound(KubeletPluginError):
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    """A claim as the kubelet names it."""
+
+    uid: str
+    namespace: str
+    name: str
 
 
 class ClaimSource(Protocol):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -30,13 +30,14 @@ from typing import Any, Protocol, TypeVar
 import grpc
 
 from dra_driver.plugin import cdi, prepare_errors
-from dra_driver.plugin.backend import AttachedDevice, DeviceBackend
+from dra_driver.plugin.attach import ClaimAttacher
+from dra_driver.plugin.backend import DeviceBackend
 from dra_driver.plugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
-from dra_driver.plugin.claims import ClaimNotFound, ClaimSource
+from dra_driver.plugin.claims import ClaimNotFound, ClaimRef, ClaimSource
 from dra_driver.plugin.config import HostMode, PluginConfig
-from dra_driver.plugin.hostdev import DeviceNotVisible, HostDevice
 from dra_driver.plugin.metrics import CLAIM_RESULTS, observe_phase
-from dra_driver.plugin.state import ClaimLocks, InflightWork
+from dra_driver.plugin.prepare_errors import PrepareFailed
+from dra_driver.plugin.state import ClaimLocks
 from dra_driver.proto.dra_v1 import api_pb2 as v1_pb2
 from dra_driver.proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver.proto.dra_v1beta1 import api_pb2 as v1beta1_pb2
@@ -50,23 +51,13 @@ __all__ = [
     "ClaimOutcome",
     "ClaimRef",
     "Driver",
+    "PrepareFailed",
     "PreparedResultDevice",
     "base_request_name",
     "dra_servicers",
 ]
 
 log = get_logger(__name__)
-
-
-class PrepareFailed(Exception):
-    """A per-claim failure, reported to the kubelet in the claim's ``error`` field."""
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimRef:
-    uid: str
-    namespace: str
-    name: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,11 +116,11 @@ class Driver:
         self.locks = locks
         self.backend = backend
         self.claims = claims
-        self.inflight = InflightWork()
         self.health: HealthNotifier | None = None
         self._clock = clock
-        #: sysfs paths found for a claim but not yet in its checkpoint entry
-        self._reserved: dict[str, str] = {}
+        self.attacher = ClaimAttacher(backend, store, node=self.node, clock=clock)
+        #: attaches still running in the background, by (claim UID, device)
+        self.inflight = self.attacher.inflight
         self._real_host = config.host_mode is HostMode.REAL
 
     # -- deadlines -----------------------------------------------------------------------------
@@ -138,24 +129,6 @@ class Driver:
         """When to answer: the kubelet's deadline (45 s) minus a margin."""
         remaining = self.config.default_call_timeout if time_remaining is None else time_remaining
         return self._clock() + max(0.0, remaining - self.config.deadline_margin)
-
-    # -- host devices held by claims -----------------------------------------------------------
-
-    def held_paths(self, except_uid: str) -> set[str]:
-        held = {path for path, uid in self._reserved.items() if uid != except_uid}
-        for uid, entry in self.store.claims().items():
-            if uid == except_uid:
-                continue
-            held.update(d.host.sysfs_path for d in entry.devices if d.host is not None)
-        return held
-
-    def _reserve(self, uid: str, host: HostDevice | None) -> None:
-        if host is not None:
-            self._reserved[host.sysfs_path] = uid
-
-    def _drop_reservations(self, uid: str) -> None:
-        for path in [p for p, owner in self._reserved.items() if owner == uid]:
-            del self._reserved[path]
 
     # -- prepare -------------------------------------------------------------------------------
 
@@ -270,7 +243,7 @@ class Driver:
             await self.store.commit(durable=False)
         crash_point("plugin.prepare.after-checkpoint-started")
 
-        entry = await self._attach_all(ref, entry, deadline)
+        entry = await self.attacher.attach_all(ref, entry, deadline)
 
         with observe_phase("cdi_write"):
             specs = cdi.build_specs(
@@ -302,7 +275,7 @@ class Driver:
             crash_point("plugin.prepare.before-checkpoint-completed")
             await self.store.commit()
         crash_point("plugin.prepare.after-checkpoint-completed")
-        self._drop_reservations(ref.uid)
+        self.attacher.drop_reservations(ref.uid)
         log.info(
             "claim prepared",
             claim=ref.uid,
@@ -311,131 +284,6 @@ class Driver:
             devices=",".join(d.device for d in completed.devices),
         )
         return self._answer(completed)
-
-    async def _attach_all(self, ref: ClaimRef, entry: ClaimEntry, deadline: float) -> ClaimEntry:
-        """Attach every device not yet attached; record progress; raise if any is not done by the deadline."""
-        todo = [d for d in entry.devices if not self._in_place(d)]
-        if not todo:
-            return entry
-
-        def exclude() -> Collection[str]:
-            return self.held_paths(ref.uid)
-
-        def start(device: str, pool: str) -> Callable[[], Any]:
-            async def run() -> AttachedDevice:
-                attached = await self.backend.attach(
-                    ref.uid, device, exclude=exclude, pool=pool, namespace=ref.namespace
-                )
-                self._reserve(ref.uid, attached.host)  # before any await: no other claim may take it
-                return attached
-
-            return run
-
-        tasks = {
-            d.device: self.inflight.get_or_start((ref.uid, d.device), start(d.device, d.pool)) for d in todo
-        }
-        budget = max(0.0, deadline - self._clock())
-        done, _pending = await asyncio.wait(tasks.values(), timeout=budget)
-
-        updated: dict[str, PreparedDevice] = {}
-        failures: list[str] = []
-        permanent = False
-        still: list[str] = []
-        for device, task in tasks.items():
-            if task not in done:
-                still.append(device)
-                continue
-            self.inflight.finished((ref.uid, device))
-            try:
-                attached = task.result()
-            except (FabricError, DeviceNotVisible) as err:
-                failures.append(prepare_errors.attach_failure(err, device, self.node, ref.uid))
-                permanent = permanent or prepare_errors.cannot_work_here(err, ref.uid, self.node)
-            except asyncio.CancelledError:
-                failures.append(
-                    f"attaching device {device} to node {self.node} was cancelled; the kubelet retries"
-                )
-            else:
-                info = attached.device
-                updated[device] = PreparedDevice(
-                    device=device,
-                    pool=next(d.pool for d in entry.devices if d.device == device),
-                    type=info.type.value,
-                    request_names=next(d.request_names for d in entry.devices if d.device == device),
-                    model=info.model,
-                    serial=info.serial,
-                    vendor_id=info.vendor_id,
-                    device_id=info.device_id,
-                    memory_bytes=info.memory_bytes,
-                    attached=True,
-                    host=attached.host,
-                )
-        if updated:
-            entry = entry.model_copy(update={"devices": [updated.get(d.device, d) for d in entry.devices]})
-            self.store.put(entry)
-        if not failures and not still:
-            return entry
-        if permanent:
-            # This allocation cannot work on this node: give back what the claim holds here, so no
-            # device stays bound to a node whose pod has to be deleted.
-            entry, note = await self._roll_back(ref, entry, still, deadline)
-            messages = [*failures, note]
-        else:
-            # Retriable: keep what did get attached for the kubelet's retry, and say so.
-            kept = [d.device for d in entry.devices if d.attached]
-            waiting = [
-                prepare_errors.still_attaching(d, self.node, self.backend.pending_error(ref.uid, d))
-                for d in sorted(still)
-            ]
-            messages = failures + waiting + ([prepare_errors.kept_attached(kept, self.node)] if kept else [])
-        if updated or permanent:
-            # The call ends here: record what is attached now (the completed record covers the rest).
-            with observe_phase("checkpoint"):
-                await self.store.commit()
-        raise PrepareFailed(f"claim {ref.namespace}/{ref.name}: " + " | ".join(messages))
-
-    async def _roll_back(
-        self, ref: ClaimRef, entry: ClaimEntry, still: list[str], deadline: float
-    ) -> tuple[ClaimEntry, str]:
-        """Detach every device the claim holds (or is still attaching) on this node; the entry
-        with what stays attached, and one line saying what was released and what was not."""
-        await self.inflight.cancel_claim(ref.uid)  # the manager rolls back an attach it is still running
-        held = [d for d in entry.devices if d.attached or d.device in still]
-        budget = max(0.0, deadline - self._clock())
-        results = await asyncio.gather(
-            *(self.backend.release(ref.uid, d, within=budget) for d in held), return_exceptions=True
-        )
-        released: list[str] = []
-        kept: list[tuple[str, BaseException]] = []
-        for prepared, result in zip(held, results, strict=True):
-            if isinstance(result, BaseException):
-                kept.append((prepared.device, result))
-            else:
-                released.append(prepared.device)
-        gone = set(released)
-        entry = entry.model_copy(
-            update={
-                "devices": [
-                    d.model_copy(update={"attached": False, "host": None}) if d.device in gone else d
-                    for d in entry.devices
-                ]
-            }
-        )
-        self.store.put(entry)
-        if not kept:
-            self._drop_reservations(ref.uid)
-        log.warning(
-            "claim cannot be prepared on this node; rolled back",
-            claim=ref.uid,
-            node=self.node,
-            released=",".join(released) or None,
-            kept=",".join(d for d, _ in kept) or None,
-        )
-        return entry, prepare_errors.rolled_back(released, kept, self.node)
-
-    def _in_place(self, device: PreparedDevice) -> bool:
-        """Attached, and (unless the backend has no host side) seen by the host."""
-        return device.attached and (device.host is not None or self.backend.name == "noop")
 
     def _ensure_specs(self, entry: ClaimEntry) -> bool:
         """Rewrite the claim's CDI specs if any is missing (e.g. /var/run was cleared by a reboot)."""
@@ -476,12 +324,12 @@ class Driver:
 
     async def _unprepare_locked(self, ref: ClaimRef, deadline: float) -> None:
         self.store.refresh()
-        await self.inflight.cancel_claim(ref.uid)
+        await self.attacher.inflight.cancel_claim(ref.uid)
         entry = self.store.get(ref.uid)
         if entry is None:
             # Never prepared here, or already unprepared: nothing to undo but stray spec files.
             cdi.remove_spec_files(cdi.spec_files_of_claim(self.config.cdi_root, self.driver_name, ref.uid))
-            self._drop_reservations(ref.uid)
+            self.attacher.drop_reservations(ref.uid)
             log.info("claim was not prepared on this node; nothing to do", claim=ref.uid)
             return
         budget = max(0.0, deadline - self._clock())
@@ -504,7 +352,7 @@ class Driver:
             self.store.delete(ref.uid)
             await self.store.commit()
         crash_point("plugin.unprepare.after-checkpoint")
-        self._drop_reservations(ref.uid)
+        self.attacher.drop_reservations(ref.uid)
         log.info(
             "claim unprepared",
             claim=ref.uid,

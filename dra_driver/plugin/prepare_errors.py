@@ -12,6 +12,7 @@ person should do — in one line::
 
 from __future__ import annotations
 
+from dra_driver.errors import KubeletPluginError
 from manager_api.client import BadToken, ManagerUnreachable
 from manager_api.errors import (
     AttachTimeout,
@@ -29,6 +30,7 @@ from manager_api.errors import (
 
 __all__ = [
     "SHARED_CLAIM_RECIPE",
+    "PrepareFailed",
     "attach_failure",
     "cannot_work_here",
     "detach_failure",
@@ -37,6 +39,11 @@ __all__ = [
     "rolled_back",
     "still_attaching",
 ]
+
+
+class PrepareFailed(KubeletPluginError):
+    """A per-claim failure, reported to the kubelet in the claim's ``error`` field."""
+
 
 #: where the recipe for pods sharing a claim is documented
 SHARED_CLAIM_RECIPE = "docs/plugin.md, 'Pods sharing a claim'"

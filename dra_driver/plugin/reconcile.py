@@ -23,7 +23,8 @@ from pathlib import Path
 from dra_driver.plugin import cdi
 from dra_driver.plugin.backend import DeviceBackend
 from dra_driver.plugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
-from dra_driver.plugin.hostdev import DeviceIdentity, HostScanner
+from dra_driver.plugin.facts import DeviceFacts
+from dra_driver.plugin.hostdev import HostScanner
 from manager_api.models import Device
 from plumbing.logs import get_logger
 
@@ -69,26 +70,13 @@ def _adopt_from_specs(
         for item in spec_devices:
             host = None
             if scanner is not None:
-                identity = DeviceIdentity(
-                    name=item.device,
-                    type=item.type,
-                    vendor_id=item.vendor_id,
-                    device_id=item.device_id,
-                    serial=item.serial,
-                )
-                host = scanner.find(identity, taken)
+                host = scanner.find(item.identity(), taken)
                 if host is not None:
                     taken.add(host.sysfs_path)
             devices.append(
                 PreparedDevice(
-                    device=item.device,
-                    pool=item.pool,
-                    type=item.type,
+                    **item.facts(),
                     request_names=list(item.request_names),
-                    model=item.model,
-                    serial=item.serial,
-                    vendor_id=item.vendor_id,
-                    device_id=item.device_id,
                     attached=True,
                     host=host,
                     cdi_device_ids=[cdi.cdi_device_id(driver, item.type, uid, item.device)],
@@ -107,17 +95,7 @@ def _missing(paths: list[str]) -> list[str]:
 
 
 def _device_record(device: Device) -> PreparedDevice:
-    return PreparedDevice(
-        device=device.name,
-        pool=device.pool,
-        type=device.type.value,
-        model=device.model,
-        serial=device.serial,
-        vendor_id=device.vendor_id,
-        device_id=device.device_id,
-        memory_bytes=device.memory_bytes,
-        attached=False,
-    )
+    return PreparedDevice(**DeviceFacts.of(device), attached=False)
 
 
 async def reconcile(
@@ -130,97 +108,135 @@ async def reconcile(
     scanner: HostScanner | None,
     rebuild: bool,
 ) -> ReconcileReport:
-    report = ReconcileReport()
-    changed = False
-    claims = store.claims()
-    on_disk = spec_files_by_claim(cdi_root, driver)
+    """Bring the checkpoint, the CDI specs and the fabric's bindings to this node into agreement
+    (module docstring), commit what changed and log every repair and problem."""
+    repair = _Repair(store, ReconcileReport(), store.claims(), cdi_root, driver)
+    bound = await _fabric_bindings(backend, repair.report)
+    by_claim: dict[str, dict[str, Device]] = {}
+    for device in bound or []:
+        if device.claim_uid:
+            by_claim.setdefault(device.claim_uid, {})[device.name] = device
+    repair.specs_without_entries(by_claim, scanner=scanner, rebuild=rebuild)
+    repair.entries(bound is not None, by_claim, real_host=real_host)
+    repair.bindings_without_entries(by_claim)
+    if repair.changed:
+        await store.commit()
+    _log(repair.report, store)
+    return repair.report
 
-    bound: list[Device] | None
+
+async def _fabric_bindings(backend: DeviceBackend, report: ReconcileReport) -> list[Device] | None:
+    """The fabric's bindings to this node; None (and a problem reported) when it cannot say."""
     try:
         bound = await backend.bindings()
     except Exception as err:  # the fabric side is re-checked by later calls
         report.problems.append(f"the fabric manager could not be asked for this node's bindings: {err}")
         bound = None
-    by_claim: dict[str, dict[str, Device]] = {}
-    for device in bound or []:
-        if device.claim_uid:
-            by_claim.setdefault(device.claim_uid, {})[device.name] = device
     report.fabric_checked = bound is not None
+    return bound
 
-    taken = {d.host.sysfs_path for e in claims.values() for d in e.devices if d.host is not None}
-    for uid, paths in on_disk.items():
-        if uid in claims:
-            continue
-        if rebuild or uid in by_claim:
-            entry = _adopt_from_specs(uid, paths, driver, scanner, taken)
-            if entry is not None:
-                store.put(entry)
-                claims[uid] = entry
-                changed = True
-                report.repaired.append(f"claim {uid}: re-adopted from its CDI spec files")
+
+@dataclass
+class _Repair:
+    """One reconcile pass over the three records: what it has changed and found so far."""
+
+    store: CheckpointStore
+    report: ReconcileReport
+    claims: dict[str, ClaimEntry]
+    cdi_root: Path
+    driver: str
+    changed: bool = False
+
+    def _put(self, entry: ClaimEntry) -> None:
+        self.store.put(entry)
+        self.claims[entry.uid] = entry
+        self.changed = True
+
+    def specs_without_entries(
+        self, by_claim: dict[str, dict[str, Device]], *, scanner: HostScanner | None, rebuild: bool
+    ) -> None:
+        """Spec files of a claim the checkpoint does not know: re-adopted when the checkpoint was
+        rebuilt or the fabric still binds the claim's devices, else removed once a minute old."""
+        taken = {d.host.sysfs_path for e in self.claims.values() for d in e.devices if d.host is not None}
+        for uid, paths in spec_files_by_claim(self.cdi_root, self.driver).items():
+            if uid in self.claims:
                 continue
-        young = [p for p in paths if time.time() - p.stat().st_mtime < ORPHAN_SPEC_MIN_AGE]
-        if young:
-            report.problems.append(
-                f"claim {uid}: recent CDI spec files without a checkpoint entry; left alone"
-            )
-            continue
-        cdi.remove_spec_files(paths)
-        names = ", ".join(p.name for p in paths)
-        report.repaired.append(f"claim {uid}: removed orphaned CDI spec files {names}")
-
-    for uid, entry in list(claims.items()):
-        if entry.state is ClaimState.PREPARE_STARTED:
-            report.problems.append(
-                f"claim {uid}: preparation was interrupted; the kubelet's next call finishes it"
-            )
-            continue
-        missing = _missing(entry.cdi_spec_files)
-        if missing or not entry.cdi_spec_files:
-            specs = cdi.build_specs(
-                driver,
-                [d.spec_device(uid) for d in entry.devices],
-                real_host=real_host,
-            )
-            paths = cdi.write_specs(cdi_root, driver, uid, specs)
-            entry = entry.model_copy(update={"cdi_spec_files": [str(p) for p in paths]})
-            store.put(entry)
-            claims[uid] = entry
-            changed = True
-            report.repaired.append(f"claim {uid}: rewrote missing CDI spec files")
-        if bound is not None:
-            held = by_claim.get(uid, {})
-            lost = [d.device for d in entry.devices if d.device not in held]
-            if lost:
-                devices = [
-                    d.model_copy(update={"attached": False, "host": None}) if d.device in lost else d
-                    for d in entry.devices
-                ]
-                store.put(entry.model_copy(update={"state": ClaimState.PREPARE_STARTED, "devices": devices}))
-                changed = True
-                report.problems.append(
-                    f"claim {uid}: the fabric no longer binds {', '.join(lost)} to this node; the claim goes "
-                    f"back to PrepareStarted so the kubelet's next prepare re-attaches"
+            if rebuild or uid in by_claim:
+                entry = _adopt_from_specs(uid, paths, self.driver, scanner, taken)
+                if entry is not None:
+                    self._put(entry)
+                    self.report.repaired.append(f"claim {uid}: re-adopted from its CDI spec files")
+                    continue
+            young = [p for p in paths if time.time() - p.stat().st_mtime < ORPHAN_SPEC_MIN_AGE]
+            if young:
+                self.report.problems.append(
+                    f"claim {uid}: recent CDI spec files without a checkpoint entry; left alone"
                 )
+                continue
+            cdi.remove_spec_files(paths)
+            names = ", ".join(p.name for p in paths)
+            self.report.repaired.append(f"claim {uid}: removed orphaned CDI spec files {names}")
 
-    for uid, held_devices in by_claim.items():
-        if uid in claims:
-            continue
-        store.put(
-            ClaimEntry(
-                uid=uid,
-                state=ClaimState.PREPARE_STARTED,
-                devices=[_device_record(d) for d in held_devices.values()],
+    def entries(
+        self, fabric_checked: bool, by_claim: dict[str, dict[str, Device]], *, real_host: bool
+    ) -> None:
+        """Each recorded claim: its missing spec files rewritten; sent back to PrepareStarted when
+        the fabric no longer binds one of its devices here."""
+        for uid, entry in list(self.claims.items()):
+            if entry.state is ClaimState.PREPARE_STARTED:
+                self.report.problems.append(
+                    f"claim {uid}: preparation was interrupted; the kubelet's next call finishes it"
+                )
+                continue
+            missing = _missing(entry.cdi_spec_files)
+            if missing or not entry.cdi_spec_files:
+                specs = cdi.build_specs(
+                    self.driver, [d.spec_device(uid) for d in entry.devices], real_host=real_host
+                )
+                paths = cdi.write_specs(self.cdi_root, self.driver, uid, specs)
+                entry = entry.model_copy(update={"cdi_spec_files": [str(p) for p in paths]})
+                self._put(entry)
+                self.report.repaired.append(f"claim {uid}: rewrote missing CDI spec files")
+            if fabric_checked:
+                self._lost_bindings(entry, by_claim.get(uid, {}))
+
+    def _lost_bindings(self, entry: ClaimEntry, held: dict[str, Device]) -> None:
+        lost = [d.device for d in entry.devices if d.device not in held]
+        if not lost:
+            return
+        devices = [
+            d.model_copy(update={"attached": False, "host": None}) if d.device in lost else d
+            for d in entry.devices
+        ]
+        # Recorded in the store only: the pass goes on with the entry as it was (no spec to rewrite).
+        self.store.put(entry.model_copy(update={"state": ClaimState.PREPARE_STARTED, "devices": devices}))
+        self.changed = True
+        self.report.problems.append(
+            f"claim {entry.uid}: the fabric no longer binds {', '.join(lost)} to this node; the claim goes "
+            f"back to PrepareStarted so the kubelet's next prepare re-attaches"
+        )
+
+    def bindings_without_entries(self, by_claim: dict[str, dict[str, Device]]) -> None:
+        """Devices the fabric binds here for a claim with no record: recorded, so the kubelet's
+        unprepare detaches them."""
+        for uid, held_devices in by_claim.items():
+            if uid in self.claims:
+                continue
+            self.store.put(
+                ClaimEntry(
+                    uid=uid,
+                    state=ClaimState.PREPARE_STARTED,
+                    devices=[_device_record(d) for d in held_devices.values()],
+                )
             )
-        )
-        changed = True
-        report.problems.append(
-            f"claim {uid}: the fabric binds {', '.join(sorted(held_devices))} to this node but this plugin "
-            f"had no record; recorded so that the kubelet's unprepare detaches it"
-        )
+            self.changed = True
+            self.report.problems.append(
+                f"claim {uid}: the fabric binds {', '.join(sorted(held_devices))} to this node but this "
+                f"plugin had no record; recorded so that the kubelet's unprepare detaches it"
+            )
 
-    if changed:
-        await store.commit()
+
+def _log(report: ReconcileReport, store: CheckpointStore) -> None:
     for line in report.repaired:
         log.warning("reconcile repaired", detail=line)
     for line in report.problems:
@@ -232,4 +248,3 @@ async def reconcile(
         problems=len(report.problems),
         fabric_checked=report.fabric_checked,
     )
-    return report

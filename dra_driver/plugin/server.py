@@ -19,6 +19,7 @@ from pathlib import Path
 
 import grpc
 
+from dra_driver.errors import KubeletPluginError
 from dra_driver.plugin.backend import DeviceBackend, FabricBackend, NoopBackend
 from dra_driver.plugin.checkpoint import CheckpointCorrupt, CheckpointStore
 from dra_driver.plugin.claims import ClaimReader, ClaimSource
@@ -40,7 +41,7 @@ __all__ = ["PluginError", "PluginServer", "serve"]
 log = get_logger(__name__)
 
 
-class PluginError(Exception):
+class PluginError(KubeletPluginError):
     """A startup failure the operator can act on (one line)."""
 
 
@@ -137,6 +138,42 @@ class PluginServer:
         return ClaimReader(kube)
 
     async def start(self) -> None:
+        """Come up in the order the kubelet needs: directories, probes, the record of prepared
+        claims (repaired against the CDI specs and the fabric), the DRA services, registration."""
+        cfg = self.config
+        self._prepare_directories()
+        self._serve_probes()
+        backend, scanner = self._backend()
+        self.backend = backend
+        claims = await self._claims()
+        store = await self._load_checkpoint(backend, scanner)
+        self.locks = ClaimLocks(cfg.lock_file)
+        self.driver = Driver(cfg, store=store, locks=self.locks, backend=backend, claims=claims)
+        self.health = HealthMonitor(backend, store, node=cfg.node_name, scanner=scanner)
+        self.driver.health = self.health
+        self.health.start()
+        await self._serve_dra(self.driver, self.health)
+        self.probes.phase = Phase.SERVING
+        if cfg.ready_file is not None:
+            atomic_write(cfg.ready_file, f"{cfg.dra_socket}\n", durable=False)
+        self._watchdog = asyncio.create_task(self._watch(), name="registration-watchdog")
+        if isinstance(backend, FabricBackend):
+            reporter = PreparedReporter(
+                backend.client, store, node=cfg.node_name, interval=cfg.report_seconds
+            )
+            self._reporter = asyncio.create_task(reporter.run(), name="prepared-claims-report")
+        log.info(
+            "plugin serving",
+            driver=cfg.driver_name,
+            node=cfg.node_name,
+            dra_socket=str(cfg.dra_socket),
+            registration_socket=str(cfg.registration_socket),
+            backend=backend.name,
+            host_mode=cfg.host_mode.value,
+            claims=len(store.claims()),
+        )
+
+    def _prepare_directories(self) -> None:
         cfg = self.config
         problem = socket_path_problem(cfg)
         if problem is not None:
@@ -146,19 +183,22 @@ class PluginServer:
                 directory.mkdir(parents=True, exist_ok=True)
             except OSError as err:
                 raise PluginError(f"cannot create directory {directory}: {err.strerror}") from err
-        # First, so that probes and scrapes are answered (503 "starting") while state is loaded.
-        if cfg.metrics_port is not None:
-            self._metrics = serve_metrics(cfg.metrics_host, cfg.metrics_port, probes=self.probes)
-            log.info(
-                "serving metrics and probes",
-                address=f"http://{cfg.metrics_host}:{self._metrics.port}",
-                paths="/metrics /healthz /readyz",
-            )
 
-        backend, scanner = self._backend()
-        self.backend = backend
-        claims = await self._claims()
+    def _serve_probes(self) -> None:
+        """First, so that probes and scrapes are answered (503 "starting") while state is loaded."""
+        cfg = self.config
+        if cfg.metrics_port is None:
+            return
+        self._metrics = serve_metrics(cfg.metrics_host, cfg.metrics_port, probes=self.probes)
+        log.info(
+            "serving metrics and probes",
+            address=f"http://{cfg.metrics_host}:{self._metrics.port}",
+            paths="/metrics /healthz /readyz",
+        )
 
+    async def _load_checkpoint(self, backend: DeviceBackend, scanner: HostScanner | None) -> CheckpointStore:
+        """The record of prepared claims, reconciled; a corrupt one is moved aside and rebuilt."""
+        cfg = self.config
         store = CheckpointStore(cfg.checkpoint_file, driver=cfg.driver_name, node=cfg.node_name)
         rebuild = False
         try:
@@ -181,42 +221,18 @@ class PluginServer:
             scanner=scanner,
             rebuild=rebuild,
         )
+        return store
 
-        self.locks = ClaimLocks(cfg.lock_file)
-        self.driver = Driver(cfg, store=store, locks=self.locks, backend=backend, claims=claims)
-        self.health = HealthMonitor(backend, store, node=cfg.node_name, scanner=scanner)
-        self.driver.health = self.health
-        self.health.start()
-
-        # DRA services first: the kubelet may call them as soon as it knows the endpoint.
+    async def _serve_dra(self, driver: Driver, health: HealthMonitor) -> None:
+        """DRA services first: the kubelet may call them as soon as registration names the endpoint."""
+        cfg = self.config
         _remove_socket(cfg.dra_socket)
         self.dra_server = grpc.aio.server()
-        services = dra_servicers(self.driver, self.dra_server) + health_servicer(self.health, self.dra_server)
+        services = dra_servicers(driver, self.dra_server) + health_servicer(health, self.dra_server)
         _listen(self.dra_server, cfg.dra_socket, "--plugin-dir")
         await self.dra_server.start()
-
         self.registration = RegistrationServicer(cfg.driver_name, str(cfg.dra_socket), services)
         await self._start_registration()
-
-        self.probes.phase = Phase.SERVING
-        if cfg.ready_file is not None:
-            atomic_write(cfg.ready_file, f"{cfg.dra_socket}\n", durable=False)
-        self._watchdog = asyncio.create_task(self._watch(), name="registration-watchdog")
-        if isinstance(backend, FabricBackend):
-            reporter = PreparedReporter(
-                backend.client, store, node=cfg.node_name, interval=cfg.report_seconds
-            )
-            self._reporter = asyncio.create_task(reporter.run(), name="prepared-claims-report")
-        log.info(
-            "plugin serving",
-            driver=cfg.driver_name,
-            node=cfg.node_name,
-            dra_socket=str(cfg.dra_socket),
-            registration_socket=str(cfg.registration_socket),
-            backend=backend.name,
-            host_mode=cfg.host_mode.value,
-            claims=len(store.claims()),
-        )
 
     async def _start_registration(self) -> None:
         if self.registration is None:

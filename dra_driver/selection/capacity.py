@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from dra_driver.errors import InputError
 from dra_driver.selection.model import CapacityRequestPolicy, CapacityRequestPolicyRange, Device
 from dra_driver.selection.pools import DeviceID
 from dra_driver.selection.quantity import Quantity, format_quantity
@@ -29,7 +30,7 @@ __all__ = [
 ]
 
 
-class CapacityUndefined(ValueError):
+class CapacityUndefined(InputError):
     """A request names a capacity the device does not publish: ``CmpRequestOverCapacity`` errors and
     the allocator skips the device (``"some requested capacity has not been defined"``)."""
 

@@ -36,6 +36,7 @@ from celpy import celtypes
 from celpy.celparser import CELParseError, CELParser
 from celpy.evaluation import CELEvalError, TranspilerTree
 
+from dra_driver.errors import InputError
 from dra_driver.selection.quantity import Quantity, QuantityError, parse_quantity
 from dra_driver.selection.semver import Semver, SemverError, parse_semver
 
@@ -64,7 +65,7 @@ _celpy_evaluation.__dict__.setdefault("dra_driver", sys.modules["dra_driver"])
 _LOCK = threading.RLock()  # celpy's compiled runner keeps its activation in module globals
 
 
-class CelCompileError(ValueError):
+class CelCompileError(InputError):
     """An expression that does not parse."""
 
 

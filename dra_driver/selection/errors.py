@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dra_driver.errors import DriverError
+
 __all__ = ["AllocationError"]
 
 
-class AllocationError(Exception):
+class AllocationError(DriverError):
     """Allocation on this node must stop (Kubernetes returns an error from ``Allocate``)."""

@@ -13,6 +13,8 @@ import re
 from fractions import Fraction
 from functools import total_ordering
 
+from dra_driver.errors import InputError
+
 __all__ = ["Quantity", "QuantityError", "format_bytes", "format_quantity", "parse_quantity"]
 
 _INT64_MIN = -(2**63)
@@ -29,7 +31,7 @@ _QUANTITY = re.compile(
 )
 
 
-class QuantityError(ValueError):
+class QuantityError(InputError):
     """A string that is not a Kubernetes quantity."""
 
 

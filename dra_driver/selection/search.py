@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dra_driver.errors import DriverError
 from dra_driver.selection.allocated import AllocatedState
 from dra_driver.selection.capacity import (
     CapacityShares,
@@ -43,7 +44,7 @@ SlotKey = tuple[int, int, int]
 Undo = Callable[[], None]
 
 
-class _MaxSizeExceeded(Exception):
+class _MaxSizeExceeded(DriverError):
     """``errAllocationResultMaxSizeExceeded``: this branch would put more than 32 results in a
     claim; a ``firstAvailable`` request tries its next subrequest, a claim boundary gives up."""
 

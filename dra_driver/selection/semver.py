@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from functools import total_ordering
 
+from dra_driver.errors import InputError
+
 __all__ = ["Semver", "SemverError", "parse_semver"]
 
 _IDENT = r"[0-9A-Za-z-]+"
@@ -21,7 +23,7 @@ _SEMVER = re.compile(
 )
 
 
-class SemverError(ValueError):
+class SemverError(InputError):
     pass
 
 

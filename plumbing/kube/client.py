@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import httpx
 
+from plumbing.errors import PlumbingError
 from plumbing.httplimits import CLIENT_KEEPALIVE_EXPIRY
 from plumbing.kube.resources import Resource
 from plumbing.logs import get_logger
@@ -52,7 +53,7 @@ _PATCH_CONTENT_TYPES: dict[str, str] = {
 }
 
 
-class ApiError(Exception):
+class ApiError(PlumbingError):
     """The API server answered with an error Status."""
 
     def __init__(self, status: int, reason: str, message: str, body: Mapping[str, Any] | None = None):

@@ -6,9 +6,11 @@ through ``importlib.import_module("...")`` counts as much as one at the top of a
 Inside a package, the floors are its folders: a package whose ``__init__.py`` declares
 ``FLOORS = ("model", "engine", ...)`` — its subpackages (or lone modules), from the ground up —
 has every module import only its own floor or those below it, and every room of the package
-stands on one of them (:func:`floor_violations`). A floor may declare floors of its own
-(``emulator`` and ``emulator.redfish`` do). Packages that do not declare them yet keep a
-hand-written table of what must never be imported (:data:`NEVER`).
+stands on one of them (:func:`floor_violations`). A floor may hold rooms side by side, written as
+a tuple inside the tuple (``FLOORS = ("proto", "selection", ("plugin", "controller"), "explain")``):
+they stand on one floor and never import each other. A floor may declare floors of its own
+(``emulator``, ``emulator.redfish``, ``dra_driver`` and its roles do). Packages that do not declare
+them yet keep a hand-written table of what must never be imported (:data:`NEVER`).
 """
 
 from __future__ import annotations
@@ -65,10 +67,6 @@ _FABRIC_REACH = (*_REDFISH_CONVERSATION, "fabric.backends.discovery")
 
 #: Inside a package: module prefix → prefixes of the same package it must never import.
 NEVER: dict[str, tuple[str, ...]] = {
-    "dra_driver.selection": ("dra_driver.plugin", "dra_driver.controller", "dra_driver.explain"),
-    "dra_driver.plugin": ("dra_driver.controller", "dra_driver.explain"),
-    "dra_driver.controller": ("dra_driver.plugin", "dra_driver.explain"),
-    "dra_driver.proto": ("dra_driver.plugin", "dra_driver.controller", "dra_driver.selection"),
     "kube_standin.apiserver": ("kube_standin.cluster", "kube_standin.kubelet_client", "kube_standin.cli"),
     "kube_standin.kubelet_client": ("kube_standin.cluster", "kube_standin.apiserver", "kube_standin.cli"),
     "kube_standin.cluster": ("kube_standin.apiserver", "kube_standin.cli"),
@@ -178,7 +176,22 @@ def _source_files(root: Path) -> Iterator[Path]:
                 yield path
 
 
-def declared_floors(init: Path) -> tuple[str, ...] | None:
+#: A package's floors from the ground up, each the rooms that stand on it (most floors hold one).
+Floors = tuple[tuple[str, ...], ...]
+
+
+def _names(value: ast.expr) -> tuple[str, ...] | None:
+    """A literal room name, or a literal tuple of them (rooms side by side); None otherwise."""
+    if isinstance(value, ast.Constant) and isinstance(value.value, str):
+        return (value.value,)
+    if isinstance(value, ast.Tuple | ast.List) and value.elts:
+        names = [e.value for e in value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+        if len(names) == len(value.elts):
+            return tuple(names)
+    return None
+
+
+def declared_floors(init: Path) -> Floors | None:
     """The ``FLOORS`` a package's ``__init__.py`` declares, from the ground up; None without one."""
     for node in ast.parse(init.read_text(), filename=str(init)).body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
@@ -189,15 +202,18 @@ def declared_floors(init: Path) -> tuple[str, ...] | None:
             continue
         if not (isinstance(target, ast.Name) and target.id == "FLOORS"):
             continue
-        if isinstance(value, ast.Tuple | ast.List) and all(
-            isinstance(e, ast.Constant) and isinstance(e.value, str) for e in value.elts
-        ):
-            return tuple(str(e.value) for e in value.elts if isinstance(e, ast.Constant))
-        raise AssertionError(f"{init}: FLOORS must be a literal tuple of folder (or module) names")
+        if isinstance(value, ast.Tuple | ast.List):
+            floors = [_names(e) for e in value.elts]
+            if all(floors):
+                return tuple(f for f in floors if f)
+        raise AssertionError(
+            f"{init}: FLOORS must be a literal tuple of folder (or module) names, "
+            "or of tuples of them for rooms side by side"
+        )
     return None
 
 
-def floored_packages(root: Path) -> dict[str, tuple[str, ...]]:
+def floored_packages(root: Path) -> dict[str, Floors]:
     """Dotted name → floors, of every package under ``root`` that declares them."""
     found = {}
     for package in PACKAGES:
@@ -208,30 +224,36 @@ def floored_packages(root: Path) -> dict[str, tuple[str, ...]]:
     return found
 
 
-def _floor_of(module: str, package: str, floors: tuple[str, ...]) -> int | None:
-    """The floor of ``package`` that ``module`` stands on (its index); None outside the package,
-    for the package's face itself (its ``__init__.py``, above every floor) and for a room that is
-    on no floor (:func:`test_every_room_of_a_floored_package_is_on_a_floor` reports those)."""
+def _room_of(module: str, package: str, floors: Floors) -> tuple[int, str] | None:
+    """The floor of ``package`` that ``module`` stands on (its index) and its room; None outside
+    the package, for the package's face itself (its ``__init__.py``, above every floor) and for a
+    room that is on no floor (:func:`test_every_room_of_a_floored_package_is_on_a_floor` reports
+    those)."""
     if not module.startswith(package + "."):
         return None
     room = module[len(package) + 1 :].split(".")[0]
-    return floors.index(room) if room in floors else None
+    for index, rooms in enumerate(floors):
+        if room in rooms:
+            return index, room
+    return None
 
 
 def floor_violations(root: Path) -> list[str]:
-    """Every import from a floor of a package to one of its floors above."""
+    """Every import from a floor of a package to one of its floors above, or to a room beside it."""
     floored = floored_packages(root)
     found = []
     for path in _source_files(root):
         importer = _module_name(path, root)
         for line, module in _imports(path, root):
             for package, floors in floored.items():
-                here, there = _floor_of(importer, package, floors), _floor_of(module, package, floors)
-                if here is not None and there is not None and there > here:
-                    found.append(
-                        f"{path.relative_to(root)}:{line}: {importer} (floor {floors[here]} of {package}) "
-                        f"imports {module} (floor {floors[there]}, above it)"
-                    )
+                here, there = _room_of(importer, package, floors), _room_of(module, package, floors)
+                if here is None or there is None:
+                    continue
+                where = f"{path.relative_to(root)}:{line}: {importer} (room {here[1]} of {package})"
+                if there[0] > here[0]:
+                    found.append(f"{where} imports {module} (room {there[1]}, a floor above it)")
+                elif there[0] == here[0] and there[1] != here[1]:
+                    found.append(f"{where} imports {module} (room {there[1]}, beside it)")
     return found
 
 
@@ -272,8 +294,9 @@ def test_every_room_of_a_floored_package_is_on_a_floor() -> None:
         directory = REPO_ROOT.joinpath(*package.split("."))
         rooms = {p.stem for p in directory.glob("*.py") if p.name != "__init__.py"}
         rooms |= {p.name for p in directory.iterdir() if (p / "__init__.py").is_file()}
-        assert len(set(floors)) == len(floors), f"{package}: a floor is named twice"
-        assert rooms == set(floors), f"{package}: rooms {sorted(rooms)}, floors {list(floors)}"
+        named = [room for floor in floors for room in floor]
+        assert len(set(named)) == len(named), f"{package}: a room is named twice"
+        assert rooms == set(named), f"{package}: rooms {sorted(rooms)}, floors {list(floors)}"
 
 
 @pytest.mark.parametrize(
@@ -301,16 +324,21 @@ def test_the_check_sees_each_kind_of_import(source: str, expected: str, tmp_path
         ("cli.py", "from emulator.high import view\n", False),
         ("low/probe.py", "from emulator.cli import main\n", True),
         ("__init__.py", "FLOORS = ('low', 'high', 'cli')\nfrom emulator.cli import main\n", False),
+        ("left/probe.py", "from emulator.right import view\n", True),
+        ("right/probe.py", "def f():\n    import emulator.left\n", True),
+        ("left/probe.py", "from emulator.low import store\n", False),
+        ("cli.py", "from emulator.left import probe\n", False),
     ],
 )
 def test_the_floor_check_reads_folders(importer: str, source: str, reported: bool, tmp_path: Path) -> None:
     """The check itself: floors come from the package's FLOORS; an import up a floor is reported,
-    one along or down a floor is not, nor any from the package's face."""
+    one along or down a floor is not, nor any from the package's face; rooms side by side on one
+    floor (``left`` and ``right``) never import each other."""
     package = tmp_path / "emulator"
-    for room in ("low", "high", "high/inner"):
+    for room in ("low", "high", "high/inner", "left", "right"):
         (package / room).mkdir(parents=True)
         (package / room / "__init__.py").write_text("")
-    (package / "__init__.py").write_text("FLOORS = ('low', 'high', 'cli')\n")
+    (package / "__init__.py").write_text("FLOORS = ('low', 'high', ('left', 'right'), 'cli')\n")
     (package / importer).write_text(source)
     violations = floor_violations(tmp_path)
     assert bool(violations) is reported, violations

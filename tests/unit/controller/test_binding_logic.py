@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.controller.binding_conditions import ClaimBinder
+from dra_driver.controller.claimstatus import merge_conditions
 from plumbing.kube.dra import allocated_node
 
 
@@ -55,10 +55,10 @@ def test_conditions_keep_their_transition_time_while_the_status_holds() -> None:
             "lastTransitionTime": "2026-01-01T00:00:00Z",
         }
     ]
-    same_status = ClaimBinder._merge(old, {"d/Attached": ("False", "Attaching", "still")}, 3)
+    same_status = merge_conditions(old, {"d/Attached": ("False", "Attaching", "still")}, 3)
     assert same_status[0]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
     assert same_status[0]["message"] == "still" and same_status[0]["observedGeneration"] == 3
-    flipped = ClaimBinder._merge(
+    flipped = merge_conditions(
         old, {"d/Attached": ("True", "Attached", "ok"), "d/AttachFailed": ("False", "Attached", "")}, 3
     )
     assert flipped[0]["status"] == "True" and flipped[0]["lastTransitionTime"] != "2026-01-01T00:00:00Z"
@@ -76,4 +76,4 @@ def test_an_unchanged_condition_is_left_exactly_as_stored() -> None:
             "observedGeneration": 1,
         }
     ]
-    assert ClaimBinder._merge(stored, {"d/Attached": ("True", "Attached", "ok")}, 1) == stored
+    assert merge_conditions(stored, {"d/Attached": ("True", "Attached", "ok")}, 1) == stored

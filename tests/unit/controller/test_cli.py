@@ -100,3 +100,29 @@ def test_a_port_in_use_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture
     assert code == 1
     err = capsys.readouterr().err.strip()
     assert "cannot listen on 127.0.0.1" in err and len(err.splitlines()) == 1
+
+
+def test_settings_come_from_the_environment_and_a_file_as_from_flags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One declaration per setting: a flag wins over its variable, which wins over the file."""
+    from dra_driver.controller.cli import _settings
+
+    settings_file = tmp_path / "controller.yaml"
+    settings_file.write_text("manager-url: http://from-file:8080\nbusy-timeout: 12\npublisher: rack-7\n")
+    monkeypatch.setenv("FABRIC_DRA_BUSY_TIMEOUT", "20")
+    monkeypatch.setenv("POD_NAMESPACE", "fabric-dra")
+    monkeypatch.delenv("FABRIC_DRA_MANAGER_URL", raising=False)
+    argv = ["controller", "--config", str(settings_file), "--publisher", "rack-8"]
+    args = build_parser(argv).parse_args(argv)
+    settings = _settings(args)
+    assert settings.manager_url == "http://from-file:8080"
+    assert settings.busy_timeout == 20.0
+    assert settings.publisher == "rack-8"
+    assert settings.lease_namespace == settings.plugin_namespace == "fabric-dra"
+
+
+def test_help_names_the_environment_variable_of_each_setting() -> None:
+    text = " ".join(controller_help().split())
+    assert "env FABRIC_DRA_MANAGER_URL" in text and "env FABRIC_DRA_BIND_TIMEOUT; default 300.0" in text
+    assert "env POD_NAMESPACE" in text and "--config FILE" in text

@@ -1,0 +1,205 @@
+"""Every setting of ``fabric-dra controller``, declared once (:mod:`plumbing.settings`): a flag,
+an environment variable (``FABRIC_DRA_…``; ``POD_NAME`` and ``POD_NAMESPACE`` from the downward
+API as Kubernetes names them) and a key of the ``--config`` file each; checked once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from dra_driver.controller.features import TaintsMode
+from dra_driver.controller.resourcenames import is_driver_name
+from plumbing import DEFAULT_DRIVER_NAME
+from plumbing.cli import positive_seconds
+from plumbing.names import is_label_value
+from plumbing.settings import Setting
+
+__all__ = ["ControllerSettings"]
+
+_MANAGER, _KUBE, _PUBLISH, _PROBES = ("fabric manager", "Kubernetes", "publishing", "probes and metrics")
+_BINDING = "binding conditions (Kubernetes >= 1.36, or the DRADeviceBindingConditions gate)"
+
+
+def _seconds(help: str, group: str) -> Setting:
+    return Setting(help, group, metavar="SECONDS", check=positive_seconds)
+
+
+class ControllerSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    manager_url: Annotated[
+        str, Setting("the fabric manager's base URL, e.g. http://fabric-dra-manager:8080", _MANAGER)
+    ]
+    manager_token_file: Annotated[
+        Path | None,
+        Setting(
+            "file holding the bearer token for the manager (re-read every minute: projected "
+            "service-account tokens rotate); the manager must grant it the controller role",
+            _MANAGER,
+        ),
+    ] = None
+    manager_ca_file: Annotated[
+        Path | None, Setting("CA bundle to verify the manager's TLS certificate", _MANAGER)
+    ] = None
+    manager_insecure: Annotated[
+        bool, Setting("do not verify the manager's TLS certificate (development only)", _MANAGER)
+    ] = False
+    # Not $KUBECONFIG: the client tries the in-cluster service account first, then $KUBECONFIG.
+    kubeconfig: Annotated[
+        str | None,
+        Setting(
+            "kubeconfig file (default: in-cluster service account, else $KUBECONFIG or ~/.kube/config)",
+            _KUBE,
+            env="",
+        ),
+    ] = None
+    driver_name: Annotated[
+        str, Setting("DRA driver name written into slices, attributes and conditions", _KUBE)
+    ] = DEFAULT_DRIVER_NAME
+    publisher: Annotated[
+        str,
+        Setting(
+            "name of this controller among several that publish one driver (one per fabric manager); "
+            "it owns only the slices and node labels it wrote",
+            _KUBE,
+        ),
+    ] = "default"
+    leader_elect: Annotated[
+        bool,
+        Setting(
+            "elect one writer among replicas through a coordination.k8s.io Lease (use with >1 replica)", _KUBE
+        ),
+    ] = False
+    lease_name: Annotated[str, Setting("name of the Lease", _KUBE)] = "fabric-dra-controller"
+    lease_namespace: Annotated[
+        str | None,
+        Setting("namespace of the Lease (default: the kubeconfig's namespace)", _KUBE, env="POD_NAMESPACE"),
+    ] = None
+    plugin_pod_selector: Annotated[
+        str | None,
+        Setting(
+            "label selector of the kubelet plugin's pods (e.g. app.kubernetes.io/component=plugin): "
+            "label a node for a pool only while one of them is Ready on it (default: every node the "
+            "fabric reaches)",
+            _KUBE,
+        ),
+    ] = None
+    plugin_namespace: Annotated[
+        str | None,
+        Setting(
+            "namespace of the plugin's pods (default: the kubeconfig's namespace)", _KUBE, env="POD_NAMESPACE"
+        ),
+    ] = None
+    identity: Annotated[
+        str | None,
+        Setting("this replica's identity in the Lease (default: hostname-pid)", _KUBE, env="POD_NAME"),
+    ] = None
+    device_taints: Annotated[
+        TaintsMode,
+        Setting(
+            "unhealthy devices get a NoSchedule taint (on) or are withheld from the slices (off); "
+            "auto: taint when the API server keeps a taint on a dry-run write",
+            _PUBLISH,
+        ),
+    ] = "auto"
+    binds_to_node: Annotated[
+        TaintsMode,
+        Setting(
+            "publish devices with bindsToNode, so pods sharing a claim all run on the node it was "
+            "allocated for; auto: when the API server keeps the field on a dry-run write",
+            _PUBLISH,
+        ),
+    ] = "auto"
+    resync_period: Annotated[
+        float,
+        _seconds(
+            "re-read every slice from the API server this often and repair drift; an unchanged pool "
+            "costs no write",
+            _PUBLISH,
+        ),
+    ] = Field(default=300.0, gt=0)
+    binding_conditions: Annotated[
+        bool,
+        Setting(
+            "publish devices with bindsToNode and the binding conditions <driver>/Attached and "
+            "<driver>/AttachFailed, and attach each allocated device before the pod is bound",
+            _BINDING,
+        ),
+    ] = False
+    quarantine_after: Annotated[
+        int,
+        Setting(
+            "take a device out of allocation (attach-failed taint, or withheld) after N consecutive "
+            "failed attaches, or one that retrying cannot cure",
+            _BINDING,
+            metavar="N",
+        ),
+    ] = 3
+    quarantine_seconds: Annotated[
+        float,
+        _seconds(
+            "how long a failing device stays out of allocation; doubles each time it is taken out "
+            "again, up to an hour; a successful attach ends it",
+            _BINDING,
+        ),
+    ] = Field(default=60.0, gt=0)
+    bind_timeout: Annotated[
+        float,
+        _seconds(
+            "after this long without a finished attach, report AttachFailed so the scheduler picks "
+            "again (the scheduler itself gives up after 600)",
+            _BINDING,
+        ),
+    ] = Field(default=300.0, gt=0)
+    busy_timeout: Annotated[
+        float,
+        _seconds(
+            "how long a device may stay busy (held by another claim or node) before AttachFailed", _BINDING
+        ),
+    ] = Field(default=30.0, gt=0)
+    release_grace: Annotated[
+        float,
+        _seconds(
+            "after an attached device's allocation is gone, wait this long for the node plugin's own "
+            "detach before detaching it here",
+            _BINDING,
+        ),
+    ] = Field(default=30.0, gt=0)
+    host: Annotated[str, Setting("address for /healthz, /readyz, /metrics, /status", _PROBES)] = "0.0.0.0"  # noqa: S104 - kubelet probes reach the pod IP
+    port: Annotated[int, Setting("port for the same (0 picks a free one)", _PROBES)] = Field(
+        default=8081, ge=0, le=65535
+    )
+    ready_file: Annotated[
+        Path | None,
+        Setting("once running, write the probe endpoint's URL to this file (atomically)", _PROBES),
+    ] = None
+
+    @field_validator("manager_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("expected an http:// or https:// URL")
+        return value
+
+    @field_validator("driver_name")
+    @classmethod
+    def _driver_name(cls, value: str) -> str:
+        if not is_driver_name(value):
+            raise ValueError("must be a lowercase DNS subdomain of at most 63 characters")
+        return value
+
+    @field_validator("publisher")
+    @classmethod
+    def _publisher(cls, value: str) -> str:
+        if not value or not is_label_value(value):
+            raise ValueError("must be a label value (letters, digits, '-', '_', '.'; ≤ 63)")
+        return value
+
+    @field_validator("manager_token_file")
+    @classmethod
+    def _token_file_exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError("no such file")
+        return value
