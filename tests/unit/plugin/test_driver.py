@@ -87,7 +87,12 @@ async def test_claims_of_one_call_are_prepared_concurrently(tmp_path: Path) -> N
     h = Harness(tmp_path, backend)
     a, b = h.add("a", [("gpu", "gpu-0")]), h.add("b", [("gpu", "gpu-1")])
     call = asyncio.create_task(h.prepare(a, b))
-    await asyncio.sleep(0.05)
+    # Neither attach can finish while its gate is shut: both must start anyway (a busy machine may
+    # take a while to get there, so wait for it rather than for a fixed time).
+    for _ in range(500):
+        if len(backend.attach_calls) == 2 or call.done():
+            break
+        await asyncio.sleep(0.01)
     assert {d for _, d in backend.attach_calls} == {"gpu-0", "gpu-1"}  # both started before either finished
     backend.gates["gpu-1"].set()
     backend.gates["gpu-0"].set()
