@@ -55,7 +55,11 @@ def test_the_installed_demo_runs_outside_the_tree_with_the_usual_ports_taken(
     installed: Path, tmp_path: Path, busy_ports: list[int]
 ) -> None:
     where = subprocess.run(
-        [sys.executable, "-c", "import fabric_dra.demo.run as r; print(r.__file__, r.packaged_manifests())"],
+        [
+            sys.executable,
+            "-c",
+            "import fabric_dra_testbed.demo.run as r; print(r.__file__, r.packaged_manifests())",
+        ],
         capture_output=True,
         text=True,
         env=_environment(installed),

@@ -37,7 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from emulator.qemu.guest import HOST_ADDRESS_IN_GUEST, GuestConfig, QemuGuest, temporary_run_dir
 from emulator.qemu.image import missing_tools
 from emulator.qemu.qmp import QmpClient
-from fabric_dra.stack import Role
+from fabric_dra_testbed.stack import Role
 from kube_standin.apiserver.kubeconfig import write_kubeconfig
 from tests.support.apiserver import ApiServerProcess, start_apiserver
 from tests.support.emulator import RunningEmulator, run_emulator, zone_add, zone_remove
@@ -392,7 +392,7 @@ def _compile_for_guest() -> None:
 
     prefix, sys.pycache_prefix = sys.pycache_prefix, None
     try:
-        for package in ("plumbing", "manager_api", "dra_driver", "kube_standin", "fabric_dra"):
+        for package in ("plumbing", "manager_api", "dra_driver", "fabric_dra", "testbed/kube_standin"):
             compileall.compile_dir(str(REPO / package), quiet=1)
     finally:
         sys.pycache_prefix = prefix

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import yaml
 
 from dra_driver.plugin.cdi import spec_files_of_claim
-from fabric_dra.stack import DemoStack
+from fabric_dra_testbed.stack import DemoStack
 from kube_standin.cluster import NodeSpec, StandInCluster
 from manager_api.client import ManagerClient
 from manager_api.models import BindingState, Device

@@ -16,8 +16,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TextIO
 
-from fabric_dra.demo.scenario import DemoFailure, Scenario, Step, load_manifest
-from fabric_dra.stack import DemoStack, Role, StackOptions
+from fabric_dra_testbed.demo.scenario import DemoFailure, Scenario, Step, load_manifest
+from fabric_dra_testbed.stack import DemoStack, Role, StackOptions
 from plumbing.cli import emit
 from plumbing.logs import configure
 from plumbing.procs import RoleStartError
@@ -72,7 +72,7 @@ _IN_DEPLOY_DIR = {
 
 def packaged_manifests() -> Path:
     """The directory of the manifests installed with fabric-dra."""
-    return Path(str(resources.files("fabric_dra.demo").joinpath("manifests")))
+    return Path(str(resources.files("fabric_dra_testbed.demo").joinpath("manifests")))
 
 
 def _manifest_file(options: DemoOptions, which: str) -> Path:

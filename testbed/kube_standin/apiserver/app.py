@@ -43,7 +43,7 @@ def _served_kinds() -> list[tuple[str, str]]:
 
 def preload() -> None:
     """Compile the validators of the default versions' served kinds into this process's shared
-    catalog: a fork server runs this once (``fabric_dra.stack.ROLE_MODULES``), and the API servers
+    catalog: a fork server runs this once (``fabric_dra_testbed.stack.ROLE_MODULES``), and the API servers
     forked from it start with them compiled."""
     shared_catalog(ApiServerConfig().validate_versions).warm(_served_kinds())
 

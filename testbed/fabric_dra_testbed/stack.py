@@ -111,8 +111,9 @@ CLIENT_TIER = "client"
 #: left out is imported by the child itself, as in a new interpreter; ``module:function`` also runs
 #: ``function()`` there once.
 ROLE_MODULES: tuple[str, ...] = (
-    "fabric_dra.cli",
+    "fabric_dra.cli:added_commands",  # the testbed's subcommands, found once
     "kube_standin.cli",
+    "fabric_dra_testbed.demo.cli",
     "emulator.cli",
     "emulator.redfish.service.server",
     "emulator.redfish.tree.auth",

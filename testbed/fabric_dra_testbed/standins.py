@@ -1,5 +1,5 @@
 """Stand-ins for what surrounds a role under test or benchmark, beside the processes of
-:mod:`fabric_dra.stack`: a small real HTTP server that speaks the fabric manager's inventory and
+:mod:`fabric_dra_testbed.stack`: a small real HTTP server that speaks the fabric manager's inventory and
 attachment API (``manager_api.models``), its inventory factories, and pool ResourceSlices shaped as
 the publisher writes them.
 
@@ -22,7 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from dra_driver.controller.devices import ATTRIBUTE_NAMES
-from fabric_dra.stack import free_port
+from fabric_dra_testbed.stack import free_port
 from manager_api.models import (
     API_PREFIX,
     Attachment,

@@ -65,7 +65,7 @@ def register(subparsers: Any) -> None:
 
 
 def _handle(args: argparse.Namespace) -> int:
-    from fabric_dra.demo.run import DemoOptions, run_demo
+    from fabric_dra_testbed.demo.run import DemoOptions, run_demo
 
     return run_demo(
         DemoOptions(
