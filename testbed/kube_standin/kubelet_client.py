@@ -48,6 +48,7 @@ from dra_driver.proto.dra_v1beta1 import api_pb2 as v1beta1_pb2
 from dra_driver.proto.dra_v1beta1 import api_pb2_grpc as v1beta1_grpc
 from dra_driver.proto.pluginregistration_v1 import api_pb2 as reg_pb2
 from dra_driver.proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
+from kube_standin.errors import KubeletError
 from plumbing.backoff import Backoff
 from plumbing.kube.dra import ResourceClaim
 from plumbing.logs import get_logger
@@ -88,10 +89,6 @@ RECONCILE_PERIOD = 1.0
 HEALTH_RETRY_PERIOD = 5.0
 BACKOFF_INITIAL = 0.5
 BACKOFF_MAX = 122.0
-
-
-class KubeletError(Exception):
-    """A failure the kubelet would report (its message says what, where and why)."""
 
 
 class RegistrationFailed(KubeletError):

@@ -25,6 +25,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kube_standin.errors import ConfigError
+
 __all__ = [
     "TokenAuthenticator",
     "TokenUser",
@@ -41,8 +43,8 @@ POD_UID_KEY = "authentication.kubernetes.io/pod-uid"
 CREDENTIAL_ID_KEY = "authentication.kubernetes.io/credential-id"
 
 
-class TokensFileError(ValueError):
-    pass
+class TokensFileError(ConfigError, ValueError):
+    """A --tokens file that does not read as a map of bearer tokens to identities."""
 
 
 class TokenUser(BaseModel):

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from kube_standin.errors import ConfigError
+
 __all__ = [
     "BETA_OFF_BY_DEFAULT",
     "GATE_DEFAULTS",
@@ -54,7 +56,7 @@ GATE_DEFAULTS: Mapping[str, tuple[tuple[str, bool], ...]] = {
 BETA_OFF_BY_DEFAULT: frozenset[str] = frozenset({"resource.k8s.io/v1beta1", "resource.k8s.io/v1beta2"})
 
 
-class FeatureGateError(ValueError):
+class FeatureGateError(ConfigError, ValueError):
     """A ``--feature-gates`` or ``--runtime-config`` value the real server would refuse too."""
 
 

@@ -14,6 +14,8 @@ import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kube_standin.errors import RequestError
+
 __all__ = [
     "PatchError",
     "SchemaNode",
@@ -23,7 +25,7 @@ __all__ = [
 ]
 
 
-class PatchError(ValueError):
+class PatchError(RequestError, ValueError):
     """The patch cannot be applied to the object (answered 422)."""
 
 

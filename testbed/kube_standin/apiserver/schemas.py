@@ -26,6 +26,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from kube_standin.errors import ConfigError
+
 __all__ = [
     "DEFAULT_VERSIONS",
     "FieldError",
@@ -44,7 +46,7 @@ Path_ = tuple[Any, str] | None
 Check = Callable[[Any, Path_, list["FieldError"]], None]
 
 
-class SchemasUnavailable(RuntimeError):
+class SchemasUnavailable(ConfigError, RuntimeError):
     """The schema files for a requested Kubernetes version are not installed."""
 
 
@@ -443,7 +445,7 @@ def schema_root() -> Path:
 def shared_catalog(versions: tuple[str, ...]) -> SchemaCatalog:
     """One catalog per set of versions in this process. What it compiles is derived from read-only
     schema files, so every API server of the process shares it, and so does every process forked
-    from one that warmed it (``fabric_dra.stack.ROLE_MODULES``: compiling all served kinds costs
+    from one that warmed it (``fabric_dra_testbed.stack.ROLE_MODULES``: compiling all served kinds costs
     ~0.2 s of CPU per start otherwise)."""
     return SchemaCatalog(versions)
 

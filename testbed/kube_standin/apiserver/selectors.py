@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kube_standin.errors import RequestError
+
 __all__ = [
     "FieldSelector",
     "LabelSelector",
@@ -23,7 +25,7 @@ __all__ = [
 ]
 
 
-class SelectorError(ValueError):
+class SelectorError(RequestError, ValueError):
     """A selector that does not parse or names an unsupported field."""
 
 

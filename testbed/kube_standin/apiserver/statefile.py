@@ -8,6 +8,7 @@ import asyncio
 from pathlib import Path
 
 from kube_standin.apiserver.store import Store, StoreState
+from kube_standin.errors import ConfigError
 from plumbing.fsutil import atomic_write
 from plumbing.logs import get_logger
 
@@ -19,7 +20,7 @@ log = get_logger(__name__)
 _BATCH_SECONDS = 0.2
 
 
-class StateFileError(RuntimeError):
+class StateFileError(ConfigError, RuntimeError):
     """The --state-file exists but is not a state this server wrote."""
 
 

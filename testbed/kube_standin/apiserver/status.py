@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kube_standin.apiserver.registry import ResourceType
+from kube_standin.errors import StandinError
 
 __all__ = [
     "Cause",
@@ -38,7 +39,9 @@ class Cause:
 
 
 @dataclass
-class StatusError(Exception):
+class StatusError(StandinError):
+    """The API server refuses a request with this Kubernetes Status (code, reason, message, details)."""
+
     code: int
     reason: str
     message: str

@@ -64,7 +64,7 @@ class DraNodeClient(Protocol):
 
 
 class PluginNotRegistered(KubeletError):
-    pass
+    """No plugin of the driver is registered with this kubelet (the kubelet's own words)."""
 
 
 class PluginManagerClient:
