@@ -24,12 +24,13 @@ from starlette.routing import Route
 
 from kube_standin.apiserver.auth import TokenAuthenticator
 from kube_standin.apiserver.features import FeatureGates, ServedVersions
-from kube_standin.apiserver.handlers.rest import RequestScope
+from kube_standin.apiserver.handlers.scope import RequestScope
 from kube_standin.apiserver.pipeline import RequestPipeline
 from kube_standin.apiserver.registry import RESOURCES
 from kube_standin.apiserver.schemas import DEFAULT_VERSIONS, shared_catalog
 from kube_standin.apiserver.statefile import StateFile
-from kube_standin.apiserver.store import Change, Store
+from kube_standin.apiserver.storage import Change
+from kube_standin.apiserver.store import Store
 from kube_standin.apiserver.testhooks import FaultInjector, RequestCounter, TestHookEndpoints
 
 __all__ = ["ApiServer", "ApiServerConfig"]

@@ -11,16 +11,20 @@ Kubernetes 1.34):
 
 ``events.k8s.io/v1`` Events are stored as core ``v1`` Events, with the field mapping of
 ``k8s.io/kubernetes/pkg/apis/events/v1/conversion.go``.
+
+The verb handlers take a written object to its stored form with :func:`storage_form` and a stored
+one back to the client's version with :func:`from_storage` (:func:`list_item` inside a list).
 """
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 from typing import Any
 
 from kube_standin.apiserver.registry import ResourceType
 
-__all__ = ["apply_defaults", "from_storage", "to_storage"]
+__all__ = ["apply_defaults", "from_storage", "list_item", "storage_form", "to_storage"]
 
 Obj = dict[str, Any]
 
@@ -190,3 +194,34 @@ def apply_defaults(res: ResourceType, obj: Obj) -> None:
             spec.setdefault("schedulerName", "default-scheduler")
             spec.setdefault("dnsPolicy", "ClusterFirst")
             spec.setdefault("terminationGracePeriodSeconds", 30)
+
+
+def _fold_string_data(res: ResourceType, obj: Obj) -> None:
+    # The API server folds stringData into data (base64) and never stores stringData
+    # (Convert_v1_Secret_To_core_Secret in pkg/apis/core/v1/conversion.go).
+    if res.kind != "Secret":
+        return
+    string_data = obj.pop("stringData", None)
+    if isinstance(string_data, dict) and string_data:
+        data = obj.setdefault("data", {}) or {}
+        for key, value in string_data.items():
+            data[key] = base64.b64encode(str(value).encode()).decode()
+        obj["data"] = data
+
+
+def storage_form(res: ResourceType, version: str, obj: Obj) -> Obj:
+    """A written object (checked, as sent in ``version``) as the store keeps it: in the storage
+    version, with the server's defaults, a Secret's ``stringData`` folded into ``data``."""
+    stored = to_storage(res, version, obj)
+    apply_defaults(res, stored)
+    _fold_string_data(res, stored)
+    return stored
+
+
+def list_item(res: ResourceType, version: str, obj: Obj) -> Obj:
+    """A stored object as an item of a list in ``version``: a list's items carry no apiVersion or
+    kind of their own, as on a real server."""
+    shown = dict(from_storage(res, version, obj))
+    shown.pop("apiVersion", None)
+    shown.pop("kind", None)
+    return shown

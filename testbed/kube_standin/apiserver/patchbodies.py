@@ -6,6 +6,9 @@ Strategic merge takes each list's patch strategy and merge key from the official
 real server reads from the Go types. Supported directives: ``$patch: replace|delete|merge``
 on maps and list items, ``$retainKeys``, ``$deleteFromPrimitiveList/<field>`` and
 ``$setElementOrder/<field>`` (accepted, order is kept as merged).
+
+:func:`apply_patch` applies a PATCH request's body in its format (``patch_type`` of
+:mod:`kube_standin.apiserver.negotiation`), strategic merge with :func:`patch_schema`.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kube_standin.apiserver.schemas import SchemaCatalog
 from kube_standin.errors import RequestError
 
 __all__ = [
@@ -21,7 +25,9 @@ __all__ = [
     "SchemaNode",
     "apply_json_patch",
     "apply_merge_patch",
+    "apply_patch",
     "apply_strategic_merge_patch",
+    "patch_schema",
 ]
 
 
@@ -275,3 +281,26 @@ def _merge_list(original: Any, patch: list[Any], schema: SchemaNode) -> list[Any
             else:
                 merged[position] = result
     return merged
+
+
+def patch_schema(catalog: SchemaCatalog, obj: Mapping[str, Any]) -> SchemaNode | None:
+    """Where strategic merge reads ``obj``'s list merge keys: the newest configured release's schema."""
+    if not catalog.sets:
+        return None
+    schema_set = catalog.sets[-1]
+    kind = schema_set.kind(str(obj.get("apiVersion")), str(obj.get("kind")))
+    if kind is None:
+        return None
+    return SchemaNode(kind.top, schema_set.resolve)
+
+
+def apply_patch(kind: str, base: Any, patch: Any, catalog: SchemaCatalog) -> Any:
+    """``patch`` of the format ``kind`` (``merge``, ``json``, ``strategic``, ``apply``: merged as a
+    strategic merge patch, without field ownership) applied to ``base``."""
+    if kind == "merge":
+        return apply_merge_patch(base, patch)
+    if kind == "json":
+        return apply_json_patch(base, patch)
+    if not isinstance(patch, dict):
+        raise PatchError("a strategic merge patch must be a JSON object")
+    return apply_strategic_merge_patch(base, patch, patch_schema(catalog, base))

@@ -32,7 +32,7 @@ from kube_standin.apiserver.handlers.create import create_resource
 from kube_standin.apiserver.handlers.delete import delete_collection, delete_resource
 from kube_standin.apiserver.handlers.get import get_resource, list_resource
 from kube_standin.apiserver.handlers.patch import patch_resource
-from kube_standin.apiserver.handlers.rest import RequestScope
+from kube_standin.apiserver.handlers.scope import RequestScope
 from kube_standin.apiserver.handlers.update import update_resource
 from kube_standin.apiserver.handlers.watch import watch_resource
 from kube_standin.apiserver.requestinfo import RequestInfo, not_found_path, resolve_request_info

@@ -10,9 +10,11 @@ handlers, the request counts — speaks in these terms.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from kube_standin.apiserver.jsonobj import Obj
 from kube_standin.apiserver.registry import ResourceType, find_resource
-from kube_standin.apiserver.status import StatusError
+from kube_standin.apiserver.status import StatusError, bad_request
 
 __all__ = ["RequestInfo", "not_found_path", "resolve_request_info"]
 
@@ -48,6 +50,45 @@ class RequestInfo:
     def api_version(self) -> str:
         """``group/version`` as objects in this request carry it."""
         return self.res.api_version(self.version)
+
+    def check_object(self, obj: Any) -> Obj:
+        """``obj`` as an object of the request's kind and version (missing ``apiVersion``/``kind``
+        filled in), in the request's namespace; 400 when it names another."""
+        if not isinstance(obj, dict):
+            raise bad_request("the request body must be a JSON object")
+        expected_av = self.api_version
+        api_version = obj.setdefault("apiVersion", expected_av)
+        kind = obj.setdefault("kind", self.res.kind)
+        if api_version != expected_av:
+            raise bad_request(
+                f"the API version in the data ({api_version}) does not match "
+                f"the expected API version ({expected_av})"
+            )
+        if kind != self.res.kind:
+            raise bad_request(
+                f"the kind in the data ({kind}) does not match the expected kind ({self.res.kind})"
+            )
+        meta = obj.get("metadata")
+        if meta is None:
+            obj["metadata"] = meta = {}
+        if not isinstance(meta, dict):
+            raise bad_request("metadata must be a JSON object")
+        if self.res.namespaced:
+            body_ns = meta.get("namespace")
+            if body_ns and self.namespace and body_ns != self.namespace:
+                raise bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
+            if self.namespace:
+                meta["namespace"] = self.namespace
+        return obj
+
+    def check_name(self, body_name: Any) -> None:
+        """rest.go ``checkName``: 400 unless the object's name is the one on the URL."""
+        if body_name != self.name:
+            raise bad_request(
+                f"the name of the object ({body_name or ''}) does not match the name on the URL ({self.name})"
+            )
 
 
 def not_found_path() -> StatusError:

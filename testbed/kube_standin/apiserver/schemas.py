@@ -26,6 +26,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from kube_standin.apiserver.registry import ResourceType
+from kube_standin.apiserver.status import Cause, invalid
 from kube_standin.errors import ConfigError
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "SchemaCatalog",
     "SchemaSet",
     "SchemasUnavailable",
+    "check_written",
     "format_path",
     "shared_catalog",
 ]
@@ -507,3 +510,26 @@ class SchemaCatalog:
         for api_version, kind in kinds:
             for _, schema in self.plan(api_version, kind):
                 _ = schema.check
+
+
+def check_written(catalog: SchemaCatalog, res: ResourceType, obj: Mapping[str, Any], name: str) -> None:
+    """422 unless a written ``obj`` satisfies the schemas of every configured Kubernetes version
+    that serves its kind (none configured: no check); a cause names the versions that reject it
+    when not all of them do."""
+    api_version = str(obj.get("apiVersion"))
+    kind = str(obj.get("kind"))
+    if not catalog.versions:
+        return
+    if not catalog.plan(api_version, kind):
+        served = ", ".join(catalog.versions)
+        why = f"{kind} {api_version} is not served by Kubernetes {served}"
+        raise invalid(res, name, [Cause("apiVersion", "FieldValueNotSupported", why)])
+    problems = catalog.validate(obj)
+    if problems:
+        all_versions = set(catalog.served_by(api_version, kind))
+        causes = []
+        for versions, error in problems[:50]:
+            rejecting = set(versions)
+            where = "" if rejecting == all_versions else f" (Kubernetes {', '.join(sorted(rejecting))})"
+            causes.append(Cause(error.path, error.reason, error.detail + where))
+        raise invalid(res, name, causes)

@@ -4,7 +4,8 @@ Label selectors: ``a=b``, ``a==b``, ``a!=b``, ``a in (x,y)``, ``a notin (x,y)``,
 (exists), ``!a`` (does not exist), ``a>1``, ``a<1``, joined by commas (AND).
 Field selectors: ``f=v``, ``f==v``, ``f!=v`` joined by commas; ``\\,``, ``\\=`` and ``\\\\``
 escape separators inside values. Only fields a resource declares selectable are accepted,
-as on a real server ("field label not supported").
+as on a real server ("field label not supported"). :func:`selection` reads both from a request's
+query, as the list, watch and deletecollection handlers need them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kube_standin.apiserver.registry import ResourceType
+from kube_standin.apiserver.status import bad_request
 from kube_standin.errors import RequestError
 
 __all__ = [
@@ -22,6 +25,7 @@ __all__ = [
     "SelectorError",
     "parse_field_selector",
     "parse_label_selector",
+    "selection",
 ]
 
 
@@ -280,3 +284,20 @@ def parse_field_selector(
             raise SelectorError(f"field label not supported: {name}")
         reqs.append(_FieldRequirement(name, getter, _unescape(value.strip()), negate))
     return FieldSelector(tuple(reqs))
+
+
+def selection(query: Mapping[str, str], res: ResourceType) -> Callable[[Mapping[str, Any]], bool]:
+    """Which objects of ``res`` a request's ``labelSelector`` and ``fieldSelector`` select (400 for
+    a selector that does not parse or names a field the kind cannot be selected by)."""
+    try:
+        labels = parse_label_selector(query.get("labelSelector"))
+        fields = parse_field_selector(query.get("fieldSelector"), res.selectable_fields())
+    except SelectorError as err:
+        raise bad_request(str(err)) from err
+    if labels.empty and fields.empty:
+        return lambda obj: True
+
+    def match(obj: Mapping[str, Any]) -> bool:
+        return labels.matches((obj.get("metadata") or {}).get("labels")) and fields.matches(obj)
+
+    return match

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from kube_standin.apiserver.store import Store, StoreState
+from kube_standin.apiserver.storage import Storage, StoreState
 from kube_standin.errors import ConfigError
 from plumbing.fsutil import atomic_write
 from plumbing.logs import get_logger
@@ -28,7 +28,7 @@ class StateFile:
     """The state file of ``store``: :meth:`load` it once, then :meth:`run` while serving
     (call :meth:`changed` on every commit) and :meth:`flush` at the end."""
 
-    def __init__(self, path: Path, store: Store) -> None:
+    def __init__(self, path: Path, store: Storage) -> None:
         self.path = path
         self.store = store
         self._dirty = asyncio.Event()

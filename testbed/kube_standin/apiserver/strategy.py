@@ -18,17 +18,25 @@
 
 A client sees the result in the answer to its write, as on a real server: the write succeeds,
 the field is just not there.
+
+:func:`before_create` and :func:`before_update` are what ``rest.BeforeCreate`` / ``BeforeUpdate``
+do with a strategy (``k8s.io/apiserver/pkg/registry/rest/create.go``, ``update.go``): prepare, then
+validate with the server's own rules (:mod:`kube_standin.apiserver.rules`); the store runs them
+as its admission step, on the object it is about to keep.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from kube_standin.apiserver import rules
 from kube_standin.apiserver.features import FeatureGates
 from kube_standin.apiserver.jsonobj import Obj
 from kube_standin.apiserver.registry import ResourceType
+from kube_standin.apiserver.status import Cause, invalid
 
-__all__ = ["prepare_for_create", "prepare_for_update"]
+__all__ = ["before_create", "before_update", "prepare_for_create", "prepare_for_update"]
 
 _BINDING_FIELDS = ("bindsToNode", "bindingConditions", "bindingFailureConditions")
 _PER_DEVICE_NODE = ("consumesCounters", "nodeName", "nodeSelector", "allNodes")
@@ -211,3 +219,32 @@ def prepare_for_update(res: ResourceType, new: Obj, old: Obj, gates: FeatureGate
         _drop_deallocated_status_devices(new, old)
     elif res.kind == "ResourceClaimTemplate":
         _drop_claim_fields(gates, new.get("spec") or {}, new, None)
+
+
+def _refuse(res: ResourceType, name: str, causes: list[Cause]) -> None:
+    if causes:
+        raise invalid(res, name, causes)
+
+
+def before_create(res: ResourceType, gates: FeatureGates) -> Callable[[Obj], None]:
+    """The strategy's ``PrepareForCreate`` (fields of disabled gates dropped), then the server's
+    own rules for a new object, as the store's admission step."""
+
+    def admit(obj: Obj) -> None:
+        prepare_for_create(res, obj, gates)
+        _refuse(res, obj["metadata"].get("name", ""), rules.validate_object(res, obj, gates))
+
+    return admit
+
+
+def before_update(
+    res: ResourceType, subresource: str | None, gates: FeatureGates
+) -> Callable[[Obj, Obj], None]:
+    """``PrepareForUpdate``, then the server's own rules for an update (of ``subresource``), as the
+    store's admission step."""
+
+    def admit(new: Obj, old: Obj) -> None:
+        prepare_for_update(res, new, old, gates)
+        _refuse(res, new["metadata"]["name"], rules.validate_update(res, new, old, subresource, gates))
+
+    return admit

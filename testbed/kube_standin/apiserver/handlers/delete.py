@@ -15,18 +15,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kube_standin.apiserver import admission
-from kube_standin.apiserver.handlers.rest import (
-    RequestScope,
-    dry_run,
-    list_item,
-    list_kind,
-    present,
-    request_user,
-    selection,
-)
+from kube_standin.apiserver.convert import from_storage, list_item
+from kube_standin.apiserver.handlers.scope import RequestScope, dry_run, request_user
 from kube_standin.apiserver.negotiation import read_limited_body
 from kube_standin.apiserver.requestinfo import RequestInfo
 from kube_standin.apiserver.responses import json_response
+from kube_standin.apiserver.selectors import selection
 from kube_standin.apiserver.status import bad_request
 
 __all__ = ["delete_collection", "delete_resource"]
@@ -64,11 +58,12 @@ async def delete_resource(scope: RequestScope, request: Request, info: RequestIn
     )
     # delete.go: 202 only when the deletion is pending and the client asked for
     # orphanDependents=false; everything else is 200 (changing that would break clients).
-    return json_response(present(info, obj), 202 if not deleted and orphan is False else 200)
+    shown = from_storage(info.res, info.version, obj)
+    return json_response(shown, 202 if not deleted and orphan is False else 200)
 
 
 async def delete_collection(scope: RequestScope, request: Request, info: RequestInfo) -> Response:
-    match = selection(request, info.res)
+    match = selection(request.query_params, info.res)
     _, _, is_dry_run, _ = await _delete_options(request)
     # delete.go's DeleteCollection admits the whole collection once, under an empty name.
     admission.admit(request_user(request), "DELETE", info.res, "", None, None)
@@ -78,12 +73,11 @@ async def delete_collection(scope: RequestScope, request: Request, info: Request
             continue
         meta = obj["metadata"]
         gone_obj, _ = scope.store.delete(info.res, meta.get("namespace"), meta["name"], dry_run=is_dry_run)
-        deleted.append(list_item(info, gone_obj))
-    kind, api_version = list_kind(info)
+        deleted.append(list_item(info.res, info.version, gone_obj))
     return json_response(
         {
-            "kind": kind,
-            "apiVersion": api_version,
+            "kind": f"{info.res.kind}List",
+            "apiVersion": info.api_version,
             "metadata": {"resourceVersion": str(scope.store.rv)},
             "items": deleted,
         }

@@ -17,12 +17,14 @@ import json
 from starlette.requests import Request
 from starlette.responses import Response
 
-from kube_standin.apiserver.handlers.rest import RequestScope, list_item, list_kind, present, selection
+from kube_standin.apiserver.convert import from_storage, list_item
 from kube_standin.apiserver.handlers.scale import scale_of
+from kube_standin.apiserver.handlers.scope import RequestScope
 from kube_standin.apiserver.jsonobj import Obj
 from kube_standin.apiserver.negotiation import table_include
 from kube_standin.apiserver.requestinfo import RequestInfo
 from kube_standin.apiserver.responses import json_response
+from kube_standin.apiserver.selectors import selection
 from kube_standin.apiserver.status import StatusError, bad_request
 from kube_standin.apiserver.tables import table
 
@@ -52,8 +54,9 @@ async def get_resource(scope: RequestScope, request: Request, info: RequestInfo)
     include = table_include(request)
     if include is not None:
         rv = obj["metadata"]["resourceVersion"]
-        return json_response(table(info.res, [present(info, obj)], resource_version=rv, include=include))
-    return json_response(present(info, obj))
+        shown = from_storage(info.res, info.version, obj)
+        return json_response(table(info.res, [shown], resource_version=rv, include=include))
+    return json_response(from_storage(info.res, info.version, obj))
 
 
 def _list_position(scope: RequestScope, request: Request) -> tuple[int | None, tuple[str, str] | None]:
@@ -85,7 +88,7 @@ def _list_position(scope: RequestScope, request: Request) -> tuple[int | None, t
 
 
 async def list_resource(scope: RequestScope, request: Request, info: RequestInfo) -> Response:
-    match = selection(request, info.res)
+    match = selection(request.query_params, info.res)
     limit_text = request.query_params.get("limit")
     try:
         limit = int(limit_text) if limit_text else None
@@ -102,15 +105,16 @@ async def list_resource(scope: RequestScope, request: Request, info: RequestInfo
     )
     include = table_include(request)
     if include is not None:
-        rows = [present(info, obj) for obj in page.items]
+        rows = [from_storage(info.res, info.version, obj) for obj in page.items]
         rv = str(page.resource_version)
         return json_response(
             table(info.res, rows, resource_version=rv, include=include, continue_token=continue_token)
         )
-    items = [list_item(info, obj) for obj in page.items]
+    items = [list_item(info.res, info.version, obj) for obj in page.items]
     meta: Obj = {"resourceVersion": str(page.resource_version)}
     if continue_token is not None:
         meta["continue"] = continue_token
         meta["remainingItemCount"] = page.remaining
-    kind, api_version = list_kind(info)
-    return json_response({"kind": kind, "apiVersion": api_version, "metadata": meta, "items": items})
+    return json_response(
+        {"kind": f"{info.res.kind}List", "apiVersion": info.api_version, "metadata": meta, "items": items}
+    )

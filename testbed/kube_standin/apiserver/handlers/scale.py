@@ -1,8 +1,9 @@
-"""The ``/scale`` subresource: an ``autoscaling/v1`` Scale over an object's ``spec.replicas``.
+"""The ``/scale`` subresource's storage: an ``autoscaling/v1`` Scale over an object's ``spec.replicas``.
 
 As ``ScaleREST`` in ``kubernetes/pkg/registry/apps/deployment/storage/storage.go``: a read
-shows the Scale, a write changes only ``spec.replicas`` (with the Scale's resourceVersion as
-the precondition). The get, update and patch handlers come here for ``.../scale``.
+shows the Scale (:func:`scale_of`), a write changes only ``spec.replicas`` (:func:`write_scale`,
+with the Scale's resourceVersion as the precondition). The get, update and patch handlers use it
+for ``.../scale`` as they use the store for the object itself.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 from starlette.responses import Response
 
-from kube_standin.apiserver.handlers.rest import RequestScope
+from kube_standin.apiserver.handlers.scope import RequestScope
 from kube_standin.apiserver.jsonobj import Obj
 from kube_standin.apiserver.requestinfo import RequestInfo
 from kube_standin.apiserver.responses import json_response

@@ -25,14 +25,16 @@ from dataclasses import dataclass
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from kube_standin.apiserver.handlers.rest import RequestScope, present, selection
+from kube_standin.apiserver.convert import from_storage
+from kube_standin.apiserver.handlers.scope import RequestScope
 from kube_standin.apiserver.jsonobj import Obj
 from kube_standin.apiserver.negotiation import table_include
 from kube_standin.apiserver.registry import ResourceType
 from kube_standin.apiserver.requestinfo import RequestInfo
 from kube_standin.apiserver.responses import json_line
+from kube_standin.apiserver.selectors import selection
 from kube_standin.apiserver.status import Cause, StatusError, bad_request, invalid
-from kube_standin.apiserver.store import Change, Store, Watcher
+from kube_standin.apiserver.storage import Change, Storage, Watcher
 from kube_standin.apiserver.tables import table
 
 __all__ = ["WatchOptions", "open_watch", "translate", "watch_resource"]
@@ -66,7 +68,7 @@ def translate(change: Change, match: Callable[[Obj], bool]) -> str | None:
 
 
 def open_watch(
-    store: Store,
+    store: Storage,
     info: RequestInfo,
     *,
     present: Callable[[Obj], Obj],
@@ -102,7 +104,7 @@ def _event(present: Callable[[Obj], Obj], event_type: str, obj: Obj) -> bytes:
     return json_line({"type": event_type, "object": present(obj)})
 
 
-def _bookmark(store: Store, res: ResourceType, api_version: str, *, initial_end: bool = False) -> bytes:
+def _bookmark(store: Storage, res: ResourceType, api_version: str, *, initial_end: bool = False) -> bytes:
     meta: Obj = {"resourceVersion": str(store.rv), "creationTimestamp": None}
     if initial_end:
         meta["annotations"] = {"k8s.io/initial-events-end": "true"}
@@ -112,7 +114,7 @@ def _bookmark(store: Store, res: ResourceType, api_version: str, *, initial_end:
 
 
 async def _stream(
-    store: Store,
+    store: Storage,
     res: ResourceType,
     api_version: str,
     present: Callable[[Obj], Obj],
@@ -226,15 +228,16 @@ def _watch_options(scope: RequestScope, request: Request, info: RequestInfo) -> 
 
 
 async def watch_resource(scope: RequestScope, request: Request, info: RequestInfo) -> Response:
-    match = selection(request, info.res)
+    match = selection(request.query_params, info.res)
     options = _watch_options(scope, request, info)
     include = table_include(request)
 
     def shown(obj: Obj) -> Obj:
+        presented = from_storage(info.res, info.version, obj)
         if include is None:
-            return present(info, obj)
+            return presented
         rv = str(obj["metadata"].get("resourceVersion", ""))
-        return table(info.res, [present(info, obj)], resource_version=rv, include=include)
+        return table(info.res, [presented], resource_version=rv, include=include)
 
     stream = open_watch(scope.store, info, present=shown, match=match, options=options)
     return StreamingResponse(stream, media_type="application/json")
