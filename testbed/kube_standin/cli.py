@@ -13,10 +13,14 @@ import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from kube_standin.errors import ConfigError
 from plumbing.cli import CliError, SubParsers, positive_seconds, usage
 from plumbing.netutil import ListenError
+
+if TYPE_CHECKING:  # the server's modules are imported when it runs, not for --help
+    from kube_standin.apiserver.app import ApiServerConfig
 
 __all__ = ["register", "register_role"]
 
@@ -62,6 +66,16 @@ def _register_apiserver(subparsers: SubParsers) -> None:
             "inject failures and count requests (see docs/testing.md)."
         ),
     )
+    # in the order --help lists them
+    _listening_options(parser)
+    _authentication_options(parser)
+    _release_options(parser)
+    _storage_options(parser)
+    _tls_and_kubeconfig_options(parser)
+    parser.set_defaults(handler=_run_apiserver)
+
+
+def _listening_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="TCP port; 0 picks a free one (default: 0)")
     parser.add_argument(
@@ -69,6 +83,9 @@ def _register_apiserver(subparsers: SubParsers) -> None:
         type=Path,
         help="once serving, write the base URL (e.g. http://127.0.0.1:40123) to this file atomically",
     )
+
+
+def _authentication_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tokens",
         type=Path,
@@ -82,6 +99,10 @@ def _register_apiserver(subparsers: SubParsers) -> None:
         help="with --tokens: also accept requests that carry no token at all "
         "(a wrong token is still rejected)",
     )
+
+
+def _release_options(parser: argparse.ArgumentParser) -> None:
+    """The Kubernetes releases the server stands in for: schemas, version, gates, API versions."""
     parser.add_argument(
         "--validate-versions",
         type=_versions,
@@ -108,6 +129,10 @@ def _register_apiserver(subparsers: SubParsers) -> None:
         help="serve API versions that are off by default (resource.k8s.io/v1beta1, v1beta2), as "
         "kube-apiserver's flag",
     )
+
+
+def _storage_options(parser: argparse.ArgumentParser) -> None:
+    """What the server keeps: objects across restarts, changes for watches and pages."""
     parser.add_argument(
         "--state-file",
         type=Path,
@@ -129,6 +154,9 @@ def _register_apiserver(subparsers: SubParsers) -> None:
         metavar="SECONDS",
         help="how often an idle watch that allows bookmarks receives one (default: 60, as a real server)",
     )
+
+
+def _tls_and_kubeconfig_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-cert-file", type=Path, help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--tls-private-key-file", type=Path, help="private key of --tls-cert-file (PEM)")
     parser.add_argument(
@@ -142,34 +170,28 @@ def _register_apiserver(subparsers: SubParsers) -> None:
         metavar="TOKEN",
         help="bearer token to put into --write-kubeconfig (one of the --tokens)",
     )
-    parser.set_defaults(handler=_run_apiserver)
 
 
-def _run_apiserver(args: argparse.Namespace) -> int:
+def _apiserver_config(args: argparse.Namespace) -> ApiServerConfig:
+    """The server's configuration from the command line; one line for what cannot be served."""
     from kube_standin.apiserver.app import ApiServerConfig
-    from kube_standin.apiserver.auth import TokensFileError
-    from kube_standin.apiserver.kubeconfig import write_kubeconfig
-    from kube_standin.apiserver.schemas import SchemasUnavailable
-    from kube_standin.apiserver.serve import serve_apiserver
-    from kube_standin.apiserver.statefile import StateFileError
+    from kube_standin.apiserver.features import parse_feature_gates, parse_runtime_config
 
     if bool(args.tls_cert_file) != bool(args.tls_private_key_file):
         raise CliError("--tls-cert-file and --tls-private-key-file go together; give both or neither")
     if args.history < 100:
         raise CliError("--history must be at least 100 changes")
-    from kube_standin.apiserver.features import FeatureGateError, parse_feature_gates, parse_runtime_config
-
     try:
         gates = parse_feature_gates(args.feature_gates)
         runtime_config = parse_runtime_config(args.runtime_config)
-    except FeatureGateError as err:
+    except ConfigError as err:
         raise CliError(str(err)) from err
     versions = (
         args.validate_versions
         if isinstance(args.validate_versions, tuple)
         else _versions(args.validate_versions)
     )
-    config = ApiServerConfig(
+    return ApiServerConfig(
         validate_versions=versions,
         server_version=args.server_version,
         tokens_file=args.tokens,
@@ -180,6 +202,13 @@ def _run_apiserver(args: argparse.Namespace) -> int:
         feature_gates=gates,
         runtime_config=runtime_config,
     )
+
+
+def _run_apiserver(args: argparse.Namespace) -> int:
+    from kube_standin.apiserver.kubeconfig import write_kubeconfig
+    from kube_standin.apiserver.serve import serve_apiserver
+
+    config = _apiserver_config(args)
 
     def on_ready(url: str) -> None:
         if args.write_kubeconfig is not None:
@@ -199,7 +228,7 @@ def _run_apiserver(args: argparse.Namespace) -> int:
 
     try:
         asyncio.run(main())
-    except (SchemasUnavailable, TokensFileError, StateFileError) as err:
+    except ConfigError as err:  # schemas, tokens, state file, the release of --server-version
         raise CliError(str(err)) from err
     except ListenError as err:
         raise CliError(str(err)) from None
