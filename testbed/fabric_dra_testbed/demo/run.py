@@ -212,7 +212,7 @@ def _missing(options: DemoOptions) -> str | None:
     """What the demo needs and does not have, in one line."""
     if importlib.util.find_spec("kubernetes_validate") is None:
         # the stand-in API server validates every object against the official schemas it ships
-        return "the demo needs kubernetes-validate: pip install 'fabric-dra[demo]'"
+        return "the demo needs kubernetes-validate: pip install 'fabric-dra[testbed]'"
     needed = [_manifest_file(options, "classes")]
     if options.manifest in ("v1", "v1beta1"):
         needed.append(_manifest_file(options, options.manifest))
