@@ -1,6 +1,8 @@
 # The two commands of the README:  `make demo`  (set up, then run the main scenario)
 #                                  `make test`  (set up, then lint, type-check and run every test)
-# Both create ./.venv on first use; nothing is installed outside this directory.
+# Both create ./.venv on first use; nothing is installed outside this directory. They install the
+# product and its testbed (testbed/: the Kubernetes stand-ins, the stack builder, the demo), which a
+# plain `pip install fabric-dra` and the image leave out.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -45,10 +47,10 @@ push:
 	$(foreach ref,$(IMAGE_REFS),$(DOCKER) push $(ref) &&) true
 	@$(DOCKER) image inspect --format '{{range .RepoDigests}}{{println .}}{{end}}' $(IMAGE):$(VERSION) | grep -F '$(IMAGE)@' || true
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml testbed/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet -e ".[test]" -e ./testbed
 	@touch $(STAMP)
 
 venv: $(STAMP)
@@ -75,7 +77,7 @@ test-qemu: $(STAMP)
 	$(BIN)/python -m pytest -n 0 -m qemu tests/integration/qemu -s
 
 bench: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e ".[test,bench]"
+	$(BIN)/python -m pip install --quiet -e ".[test,bench]" -e ./testbed
 	$(BIN)/python -m bench
 
 kind-e2e:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import REPO_ROOT, BenchContext, machine, work_dir
-from fabric_dra.stack import ROLE_MODULES
+from fabric_dra_testbed.stack import ROLE_MODULES
 from plumbing.forkserver import ForkServer
 from plumbing.procs import use_fork_server
 

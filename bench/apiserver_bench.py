@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import BenchContext
-from fabric_dra.stack import Stack
-from fabric_dra.standins import resource_slice
+from fabric_dra_testbed.stack import Stack
+from fabric_dra_testbed.standins import resource_slice
 from kube_standin.apiserver.schemas import DEFAULT_VERSIONS, SchemaCatalog
 from plumbing.kube import KubeClient
 from plumbing.kube.resources import RESOURCE_SLICES

@@ -65,7 +65,7 @@ from dra_driver.plugin import cdi
 from dra_driver.plugin.backend import identity_of
 from dra_driver.plugin.checkpoint import CheckpointStore
 from dra_driver.plugin.hostdev import HostScanner, normalize_serial
-from fabric_dra.stack import ApiServer, Emulator, Manager, NodeDirs, Plugin, Role, Stack
+from fabric_dra_testbed.stack import ApiServer, Emulator, Manager, NodeDirs, Plugin, Role, Stack
 from kube_standin.kubelet_client import ClaimRef, DraCallError, DRAPluginClient, PluginManager, PrepareResult
 from manager_api.client import ManagerClient
 from manager_api.models import BindingState, Device, DeviceType
@@ -163,7 +163,8 @@ def _rss_mib(pid: int) -> float:
 
 class ChurnStack:
     """Emulator (HTTPS, authentication), API test server, manager (static tokens: one per node);
-    plugins started and stopped per wave. Built with :class:`fabric_dra.stack.Stack`; always stopped."""
+    plugins started and stopped per wave. Built with :class:`fabric_dra_testbed.stack.Stack`; always
+    stopped."""
 
     def __init__(self, config: ChurnConfig) -> None:
         self.config = config

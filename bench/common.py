@@ -2,7 +2,7 @@
 plugin's phase metrics, the machine, and the real processes a section runs against.
 
 Everything here starts *real* processes on real sockets through the one stack builder
-(:mod:`fabric_dra.stack`): the API test server, ``fabric-dra emulator serve``, ``fabric-dra manager
+(:mod:`fabric_dra_testbed.stack`): the API test server, ``fabric-dra emulator serve``, ``fabric-dra manager
 serve`` and one ``fabric-dra plugin`` per node, driven through the kubelet-protocol client of
 :mod:`kube_standin.kubelet_client` the way the kubelet drives them. Figures come from here, never
 from timed tests.
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fabric_dra.stack import ApiServer, Emulator, Manager, Plugin, Role, Stack, free_port
+from fabric_dra_testbed.stack import ApiServer, Emulator, Manager, Plugin, Role, Stack, free_port
 from kube_standin.kubelet_client import DRAPluginClient, register_plugin
 from plumbing.kube import KubeClient
 from plumbing.kube.resources import RESOURCE_CLAIMS
@@ -308,7 +308,7 @@ class PluginProcess:
 @dataclass
 class FabricStack:
     """API test server + emulator (``latency`` profile, generated topology, no authentication) +
-    fabric manager, from :class:`fabric_dra.stack.Stack`; plugins are started per node with
+    fabric manager, from :class:`fabric_dra_testbed.stack.Stack`; plugins are started per node with
     :meth:`plugin`. Use as a context manager: everything it started is stopped on exit."""
 
     root: Path

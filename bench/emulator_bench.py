@@ -30,8 +30,8 @@ import httpx
 
 from bench.common import BenchContext, check, progress, rss_mib, summary_ms
 from emulator.topology.generate import GenerateSpec, generate_topology_yaml
-from fabric_dra.stack import Emulator as RunningEmulator
-from fabric_dra.stack import Stack, zone_add, zone_remove
+from fabric_dra_testbed.stack import Emulator as RunningEmulator
+from fabric_dra_testbed.stack import Stack, zone_add, zone_remove
 
 __all__ = ["run"]
 

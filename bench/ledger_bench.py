@@ -48,7 +48,7 @@ from bench.common import (
     work_dir,
 )
 from fabric.ledger import ConfigMapLedgerStore, Ledger, LedgerDocument, LedgerEntry, LedgerState, shard_names
-from fabric_dra.stack import Stack
+from fabric_dra_testbed.stack import Stack
 from manager_api.client import ManagerClient
 from manager_api.models import AttachmentState
 from plumbing.kube.client import ApiError

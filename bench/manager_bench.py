@@ -30,7 +30,7 @@ from bench.common import BenchContext, summary_ms
 from fabric.backends.discovery import Discovery
 from fabric.config import load_credentials
 from fabric.redfish.client import RedfishClient, RedfishSettings
-from fabric_dra.stack import Stack
+from fabric_dra_testbed.stack import Stack
 from manager_api.client import ManagerClient
 
 __all__ = ["run"]

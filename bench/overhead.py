@@ -34,7 +34,7 @@ from bench.common import (
     rss_mib,
     summary_ms,
 )
-from fabric_dra.stack import Role, Stack, free_port
+from fabric_dra_testbed.stack import Role, Stack, free_port
 from kube_standin.kubelet_client import ClaimRef, DRAPluginClient, register_plugin
 
 __all__ = ["run"]

@@ -3,9 +3,9 @@ unchanged resyncs.
 
 Real processes, fresh for each size: the API test server (strict validation of every slice for
 Kubernetes 1.34 to 1.37) and ``fabric-dra controller``, fed by the HTTP inventory stand-in of
-:mod:`fabric_dra.standins`. The controller first publishes the four pools empty; the clock starts when the
-full inventory is served and stops when the controller reports that inventory version synced
-(every slice acknowledged by the API server). Then the slices are checked complete and
+:mod:`fabric_dra_testbed.standins`. The controller first publishes the four pools empty; the clock
+starts when the full inventory is served and stops when the controller reports that inventory
+version synced (every slice acknowledged by the API server). Then the slices are checked complete and
 consistent, the server's write counter is reset, and three periodic resyncs run (period 1 s).
 Targets: 10,000 devices in <= 5 s, 0 writes on an unchanged resync.
 
@@ -25,9 +25,9 @@ from typing import Any
 import httpx
 
 from bench.common import BenchContext, check, progress
-from fabric_dra.stack import ApiServerHooks as TestHooks
-from fabric_dra.stack import Stack
-from fabric_dra.standins import InventoryServer, make_device, make_inventory
+from fabric_dra_testbed.stack import ApiServerHooks as TestHooks
+from fabric_dra_testbed.stack import Stack
+from fabric_dra_testbed.standins import InventoryServer, make_device, make_inventory
 from manager_api.models import DeviceType
 
 __all__ = ["run"]

@@ -27,7 +27,7 @@ from bench.common import BenchContext, check, generate_topology, progress, work_
 from fabric.redfish.reader import ANSWER_BUDGET, parse
 from fabric.redfish.reader import _count as count_values
 from fabric.redfish.reader import _may_hold_long_strings as may_hold_long_strings
-from fabric_dra.stack import Stack
+from fabric_dra_testbed.stack import Stack
 
 __all__ = ["run"]
 

@@ -1,2 +1,2 @@
-"""The ``fabric-dra`` command (every role behind one entry point), the local demo and the stack
-builder that starts every process of a local fabric-dra for the demo, the benchmarks and the tests."""
+"""The ``fabric-dra`` command: every role of the product behind one entry point (the testbed adds
+``demo`` and ``standin`` when it is installed, :mod:`fabric_dra.cli`)."""

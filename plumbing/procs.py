@@ -72,7 +72,7 @@ def _spawn(
     if server is None or server.python != sys.executable or not server.serves(env):
         return None
     try:
-        return server.spawn(module, args, env=env, stdout=stdout, stderr=stderr, cwd=cwd)
+        return server.spawn(["-m", module, *args], env=env, stdout=stdout, stderr=stderr, cwd=cwd)
     except ForkServerError as err:
         _fork_server = None
         emit(f"fabric-dra: starting roles as new interpreters from now on: {err}", file=sys.stderr)

@@ -17,7 +17,7 @@ from typing import Any
 import httpx._transports.default as httpx_transports
 import pytest
 
-from fabric_dra.stack import ROLE_MODULES, default_trust
+from fabric_dra_testbed.stack import ROLE_MODULES, default_trust
 from plumbing.forkserver import ForkServer
 from plumbing.procs import use_fork_server
 
@@ -26,7 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 def _share_default_trust() -> None:
     """Every httpx client the tests open with the default ``verify=True`` gets one shared context
-    (:func:`fabric_dra.stack.default_trust`, the same certifi bundle) instead of building its own.
+    (:func:`fabric_dra_testbed.stack.default_trust`, the same certifi bundle) instead of building its own.
     Building it costs ~50 ms of CPU, and a module-level ``httpx.get`` is a new client: the tests'
     polls (``wait_until(lambda: httpx.get(...))`` every 30 ms, the reliability stack's binding
     monitor every 50 ms) spent most of a core on it. Only this process's clients, only the
@@ -168,11 +168,11 @@ def _compile_checkout() -> None:
     Up-to-date files are only stat'ed; a read-only checkout stays as it is."""
     if not sys.dont_write_bytecode:
         return  # each import writes what it compiled
-    from tests.support.deploy import PACKAGES
+    from tests.support.deploy import PACKAGE_DIRS
 
-    for package in PACKAGES:
+    for directory in PACKAGE_DIRS.values():
         with contextlib.suppress(OSError):
-            compileall.compile_dir(str(REPO_ROOT / package), quiet=2)
+            compileall.compile_dir(str(directory), quiet=2)
 
 
 def _rewrite_test_modules_once(config: pytest.Config) -> None:

@@ -137,17 +137,18 @@ class GuestAgent:
     def spawn(
         self, argv: Sequence[str], *, log: str, env: dict[str, str] | None = None, timeout: float = 600.0
     ) -> int:
-        """Start ``argv`` in the background (forked from the zygote when it serves it, waiting up
-        to ``timeout`` for its imports); its pid in the guest."""
+        """Start ``argv`` in the background (forked from the preloaded fork server when it serves
+        it, waiting up to ``timeout`` for its imports); its pid in the guest."""
         answer = self.request(
             wait_for=timeout, op="spawn", argv=list(argv), env=env or {}, log=log, timeout=timeout
         )
         return int(answer["pid"])
 
     def preload(self, python: str, modules: Sequence[str], *, env: dict[str, str] | None = None) -> None:
-        """Start the agent's zygote (agent.py): ``python`` imports ``modules`` once, in the
-        background; later :meth:`spawn` calls of ``python -m ...`` or ``python script.py`` with
-        the same ``PYTHONPATH`` fork from it instead of starting a new interpreter."""
+        """Start a fork server in the guest (agent.py, :mod:`plumbing.forkserver`): ``python``
+        imports ``modules`` once, in the background; later :meth:`spawn` calls of ``python -m ...``
+        or ``python script.py`` with the same ``PYTHON*`` variables fork from it instead of
+        starting a new interpreter."""
         self.request(op="preload", python=python, modules=list(modules), env=env or {})
 
     def preloaded(self, timeout: float = 600.0) -> float:

@@ -27,7 +27,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dra_driver.plugin import cdi
-from fabric_dra.stack import Role
+from fabric_dra_testbed.stack import Role
 from kube_standin.kubelet_client import ClaimRef, DRAPluginClient, PrepareResult
 from manager_api.client import ManagerClient
 from manager_api.models import BindingState, Device, DeviceType

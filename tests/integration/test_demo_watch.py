@@ -1,5 +1,5 @@
 """The demo notices at once when one of its processes exits, and says which, with that process's
-last error, instead of letting a step wait out its timeout (``fabric_dra.demo.run``)."""
+last error, instead of letting a step wait out its timeout (``fabric_dra_testbed.demo.run``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import asyncio
 import time
 from pathlib import Path
 
-from fabric_dra.demo.run import watch_processes
-from fabric_dra.stack import Stack
+from fabric_dra_testbed.demo.run import watch_processes
+from fabric_dra_testbed.stack import Stack
 
 
 def test_an_exited_process_is_named_with_its_last_error(tmp_path: Path) -> None:

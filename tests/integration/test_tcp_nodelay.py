@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from fabric_dra.stack import Role, Stack, free_port, short_dir, wait_ready
+from fabric_dra_testbed.stack import Role, Stack, free_port, short_dir, wait_ready
 from plumbing.netutil import ListenError, listen_tcp
 from tests.support.apiserver import ApiServerProcess, shared_apiserver  # noqa: F401 - fixture
 

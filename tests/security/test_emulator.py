@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from fabric_dra.stack import Emulator
+from fabric_dra_testbed.stack import Emulator
 from tests.support.emulator import run_emulator
 
 pytestmark = pytest.mark.timeout(120)

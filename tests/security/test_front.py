@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from emulator.topology import default_topology_path
-from fabric_dra.stack import ApiServer, Emulator, Manager, Role, Stack
+from fabric_dra_testbed.stack import ApiServer, Emulator, Manager, Role, Stack
 from plumbing.procs import run
 from plumbing.terminal import UNSAFE_CHARACTERS
 from tests.support.waiting import wait_until

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from dra_driver.controller.resourcenames import pool_label_key, reach_label_key, warm_label_key
-from fabric_dra.stack import Stack
+from fabric_dra_testbed.stack import Stack
 from kube_standin.apiserver.auth import node_user
 from manager_api.models import BindingState, ReachGroup
 from plumbing.kube import ApiError, KubeClient

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from fabric_dra.stack import Role
+from fabric_dra_testbed.stack import Role
 from manager_api.client import ManagerClient
 from manager_api.errors import FabricError
 from manager_api.models import AttachmentState, Device

@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from fabric_dra.stack import ADMIN_USER, Stack
-from fabric_dra.stack import ApiServer as ApiServerProcess
-from fabric_dra.stack import ApiServerHooks as TestHooks
+from fabric_dra_testbed.stack import ADMIN_USER, Stack
+from fabric_dra_testbed.stack import ApiServer as ApiServerProcess
+from fabric_dra_testbed.stack import ApiServerHooks as TestHooks
 from plumbing.kube import KubeClient
 
 __all__ = [

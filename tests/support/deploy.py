@@ -33,7 +33,10 @@ __all__ = [
     "OVERLAYS_DIR",
     "PACKAGED_MANIFESTS",
     "PACKAGES",
+    "PACKAGE_DIRS",
     "REPO_ROOT",
+    "TESTBED_DIR",
+    "TESTBED_PACKAGES",
     "Container",
     "component_names",
     "containers",
@@ -54,24 +57,36 @@ __all__ = [
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEPLOY_DIR = REPO_ROOT / "deploy"
+
+
+def _top_level_packages(project: Path) -> tuple[str, ...]:
+    """The top-level packages a project's pyproject.toml lists for setuptools, in its order."""
+    setuptools = tomllib.loads((project / "pyproject.toml").read_text())["tool"]["setuptools"]
+    include = setuptools["packages"]["find"]["include"]
+    return tuple(dict.fromkeys(pattern.split(".")[0].rstrip("*") for pattern in include))
+
+
 #: The product's top-level packages, as pyproject.toml lists them for setuptools.
-PACKAGES: tuple[str, ...] = tuple(
-    dict.fromkeys(
-        pattern.split(".")[0].rstrip("*")
-        for pattern in tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
-            "packages"
-        ]["find"]["include"]
-    )
-)
+PACKAGES: tuple[str, ...] = _top_level_packages(REPO_ROOT)
+#: The testbed: a distribution of its own, built from this directory (docs/architecture.md).
+TESTBED_DIR = REPO_ROOT / "testbed"
+#: The testbed's top-level packages, as testbed/pyproject.toml lists them.
+TESTBED_PACKAGES: tuple[str, ...] = _top_level_packages(TESTBED_DIR)
+#: Every top-level package of the repository → its directory: the product's, then the testbed's.
+PACKAGE_DIRS: dict[str, Path] = {
+    **{package: REPO_ROOT / package for package in PACKAGES},
+    **{package: TESTBED_DIR / package for package in TESTBED_PACKAGES},
+}
 OVERLAYS_DIR = DEPLOY_DIR / "overlays"
 COMPONENTS_DIR = DEPLOY_DIR / "components"
 #: What a platform engineer composes from the shipped pieces (docs/deploy.md, "Production
 #: checklist"): an overlay plus opt-in components, rendered like an overlay of their own, so every
 #: check of the rendered overlays holds for them too. name → (overlay, components).
-#: The deploy/ files the package ships (fabric_dra/demo/manifests links to them), repository-relative.
+#: The deploy/ files the testbed ships (testbed/fabric_dra_testbed/demo/manifests links to them),
+#: repository-relative.
 PACKAGED_MANIFESTS = sorted(
     str((p.parent / os.readlink(p)).resolve().relative_to(REPO_ROOT))
-    for p in (REPO_ROOT / "fabric_dra" / "demo" / "manifests").iterdir()
+    for p in (TESTBED_DIR / "fabric_dra_testbed" / "demo" / "manifests").iterdir()
 )
 COMPOSITIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "production-complete": (

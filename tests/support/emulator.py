@@ -1,5 +1,5 @@
 """Run ``fabric-dra emulator serve`` as a real process in tests (a thin wrapper of
-:meth:`fabric_dra.stack.Stack.emulator`), and talk to it.
+:meth:`fabric_dra_testbed.stack.Stack.emulator`), and talk to it.
 
     with run_emulator(tmp_path) as emu:
         emu.client().post(f"/redfish/v1/Systems/kind-worker/Actions/ComputerSystem.AddResourceBlock", ...)
@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from fabric_dra.stack import (
+from fabric_dra_testbed.stack import (
     BLOCKS,
     CONNECTIONS,
     ENDPOINTS,
@@ -27,7 +27,7 @@ from fabric_dra.stack import (
     zone_add,
     zone_remove,
 )
-from fabric_dra.stack import Emulator as RunningEmulator
+from fabric_dra_testbed.stack import Emulator as RunningEmulator
 
 __all__ = [
     "BLOCKS",

@@ -1,7 +1,7 @@
 """Start ``fabric-dra manager serve`` as a real process for tests (a thin wrapper of
-:meth:`fabric_dra.stack.Stack.manager`).
+:meth:`fabric_dra_testbed.stack.Stack.manager`).
 
-:func:`running_manager` yields a started :class:`fabric_dra.stack.Role` whose ``address`` is the
+:func:`running_manager` yields a started :class:`fabric_dra_testbed.stack.Role` whose ``address`` is the
 manager's base URL, once its ``/readyz`` answered 200 (leader, ledger loaded, first inventory read),
 and stops it afterwards. The flags are exactly the caller's: ``args`` say how it logs in to the
 Redfish service, where its ledger is and how clients authenticate.
@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from fabric_dra.stack import Role, Stack, static_tokens_file, wait_ready
+from fabric_dra_testbed.stack import Role, Stack, static_tokens_file, wait_ready
 
 __all__ = ["running_manager", "start_manager", "static_tokens_file", "wait_ready"]
 

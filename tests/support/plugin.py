@@ -24,8 +24,8 @@ import grpc
 
 from dra_driver.proto.dra_v1 import api_pb2 as dra_pb2
 from dra_driver.proto.dra_v1 import api_pb2_grpc as dra_grpc
-from fabric_dra.stack import ApiServer as ApiServerProcess
-from fabric_dra.stack import Emulator, Manager, NodeDirs, Plugin, Role, Stack, free_port, short_dir
+from fabric_dra_testbed.stack import ApiServer as ApiServerProcess
+from fabric_dra_testbed.stack import Emulator, Manager, NodeDirs, Plugin, Role, Stack, free_port, short_dir
 from plumbing.kube import KubeClient
 from plumbing.kube.resources import RESOURCE_CLAIMS
 
@@ -74,7 +74,7 @@ class ClaimRef:
 
 class PluginStack:
     """API test server + one `fabric-dra plugin` process for node ``node`` (a
-    :class:`fabric_dra.stack.Stack` under ``root``); the plugin can be stopped, killed and started
+    :class:`fabric_dra_testbed.stack.Stack` under ``root``); the plugin can be stopped, killed and started
     again on the same directories."""
 
     def __init__(

@@ -1,4 +1,5 @@
-"""The fork server starts ``python -m MODULE`` as a new interpreter would, and leaves nothing behind."""
+"""The fork server starts ``python -m MODULE`` (or a script) as a new interpreter would, and leaves
+nothing behind."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from plumbing.crashpoints import ENV as CRASH_ENV
-from plumbing.forkserver import ForkedProcess, ForkServer, ForkServerError
+from plumbing.forkserver import ForkedProcess, ForkServer, ForkServerError, runs
 from plumbing.procs import RoleProcess, run, use_fork_server
 
 PROGRAM = textwrap.dedent(
@@ -58,7 +59,7 @@ def program(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def _spawn(server: ForkServer, log: Path, *args: str, **env: str) -> ForkedProcess:
     with log.open("ab") as output:
         return server.spawn(
-            "probe", list(args), env={**os.environ, **env}, stdout=output.fileno(), stderr=output.fileno()
+            ["-m", "probe", *args], env={**os.environ, **env}, stdout=output.fileno(), stderr=output.fileno()
         )
 
 
@@ -131,13 +132,72 @@ def test_a_module_function_entry_runs_once_in_the_server(
             log = tmp_path / f"child{n}.log"
             with log.open("ab") as output:
                 child = fork.spawn(
-                    "reads", [], env=dict(os.environ), stdout=output.fileno(), stderr=output.fileno()
+                    ["-m", "reads"], env=dict(os.environ), stdout=output.fileno(), stderr=output.fileno()
                 )
             assert child.wait(timeout=30) == 0, log.read_text()
             seen.append(json.loads(log.read_text()))
         (runs_a, pid_a), (runs_b, pid_b) = seen
         assert runs_a == runs_b and len(runs_a) == 1  # the server's one call, not the children's
         assert runs_a[0] not in (pid_a, pid_b)
+    finally:
+        fork.close()
+
+
+def test_a_script_runs_as_python_script_would(server: ForkServer, program: Path) -> None:
+    """``python SCRIPT ARGS``: argv[0] is the script as given, sys.path[0] its directory."""
+    (program / "tools").mkdir()
+    script = program / "tools" / "probe_script.py"
+    script.write_text(PROGRAM)
+    log = program / "script.log"
+    with log.open("ab") as output:
+        child = server.spawn(
+            [str(script), "exit", "4"], env=dict(os.environ), stdout=output.fileno(), stderr=output.fileno()
+        )
+    assert child.wait(timeout=30) == 4
+    said = _said(log)
+    assert said["argv"] == [str(script), "exit", "4"]
+    assert said["path0"] == str(program / "tools") and said["cwd"] == str(program)
+    assert said["name"] == "__main__"
+    assert child.args == [server.python, str(script), "exit", "4"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "served"),
+    [
+        (["-m", "probe"], True),
+        (["probe.py", "x"], True),
+        (["-c", "print(1)"], False),
+        (["-m"], False),
+        ([], False),
+    ],
+)
+def test_only_a_module_or_a_script_is_forked(server: ForkServer, argv: list[str], served: bool) -> None:
+    """Interpreter options take effect at an interpreter's start: a fork cannot honour them."""
+    assert runs(argv) is served
+    if not served:
+        with pytest.raises(ForkServerError, match="a fork runs -m MODULE or a script"):
+            server.spawn(argv, env=dict(os.environ), stdout=1, stderr=2)
+
+
+def test_a_server_importing_for_long_is_waited_for_as_long_as_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """start() returns at once; wait_ready() says when the imports take longer than its timeout and
+    may be called again (the guest agent preloads in the background, for minutes under TCG)."""
+    (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(1.5)\n")
+    (tmp_path / "probe.py").write_text(PROGRAM)
+    monkeypatch.chdir(tmp_path)
+    fork = ForkServer(["slow_import"])
+    try:
+        started = time.monotonic()
+        fork.start()
+        assert time.monotonic() - started < 1.0
+        with pytest.raises(TimeoutError, match="takes longer than"):
+            fork.wait_ready(0.1)
+        assert fork.failure is None
+        assert fork.wait_ready(60) >= 1.5
+        assert fork.import_seconds is not None and fork.import_seconds >= 1.5
+        assert _spawn(fork, tmp_path / "child.log", "exit", "0").wait(timeout=30) == 0
     finally:
         fork.close()
 
@@ -178,7 +238,7 @@ def test_children_stop_with_the_server_and_the_server_with_its_caller(tmp_path: 
         import os, sys, time
         from plumbing.forkserver import ForkServer
         server = ForkServer(["json"])
-        child = server.spawn("probe", ["sleep"], env=dict(os.environ), stdout=1, stderr=2)
+        child = server.spawn(["-m", "probe", "sleep"], env=dict(os.environ), stdout=1, stderr=2)
         print(child.pid, server.proc.pid, flush=True)
         time.sleep(60)
         """

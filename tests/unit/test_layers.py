@@ -6,11 +6,13 @@ through ``importlib.import_module("...")`` counts as much as one at the top of a
 Inside a package, the floors are its folders: a package whose ``__init__.py`` declares
 ``FLOORS = ("model", "engine", ...)`` — its subpackages (or lone modules), from the ground up —
 has every module import only its own floor or those below it, and every room of the package
-stands on one of them (:func:`floor_violations`). A floor may hold rooms side by side, written as
-a tuple inside the tuple (``FLOORS = ("proto", "selection", ("plugin", "controller"), "explain")``):
-they stand on one floor and never import each other. A floor may declare floors of its own
-(``emulator``, ``emulator.redfish``, ``dra_driver`` and its roles do). Packages that do not declare
-them yet keep a hand-written table of what must never be imported (:data:`NEVER`).
+stands on one of them (:func:`floor_violations`). Rooms side by side on one floor are a tuple,
+``("apiserver", "cluster")``: neither imports the other. A floor may declare floors of its own
+(``emulator``, ``emulator.redfish``, ``dra_driver`` and its roles do). Packages that do not declare them yet keep a
+hand-written table of what must never be imported (:data:`NEVER`).
+
+The product and its testbed are two distributions (``pyproject.toml``, ``testbed/pyproject.toml``):
+the testbed may import the product, never the reverse (:func:`test_the_product_never_imports_its_testbed`).
 """
 
 from __future__ import annotations
@@ -21,20 +23,24 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.deploy import PACKAGES, REPO_ROOT
+from tests.support.deploy import PACKAGES, REPO_ROOT, TESTBED_PACKAGES
 
-#: package → the packages it may import. The floors, from the ground up: plumbing; the manager's
-#: API contract; the roles (Kubernetes side, fabric side) and the Redfish fabric emulator, which
-#: never import each other; the Kubernetes stand-ins (which drive the Kubernetes side's protocol
-#: bindings and device selection); the ``fabric-dra`` command with the demo and the stack builder.
+#: package → the packages it may import. The product's floors, from the ground up: plumbing; the
+#: manager's API contract; the roles (Kubernetes side, fabric side) and the Redfish fabric emulator,
+#: which never import each other; the ``fabric-dra`` command. Above them the testbed: the Kubernetes
+#: stand-ins (which drive the Kubernetes side's protocol bindings and device selection), then the
+#: stack builder and the demo.
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "plumbing": frozenset(),
     "manager_api": frozenset({"plumbing"}),
     "dra_driver": frozenset({"plumbing", "manager_api"}),
     "fabric": frozenset({"plumbing", "manager_api"}),
     "emulator": frozenset({"plumbing", "manager_api"}),
+    "fabric_dra": frozenset({"plumbing", "manager_api", "dra_driver", "fabric", "emulator"}),
     "kube_standin": frozenset({"plumbing", "dra_driver"}),
-    "fabric_dra": frozenset({"plumbing", "manager_api", "dra_driver", "fabric", "emulator", "kube_standin"}),
+    "fabric_dra_testbed": frozenset(
+        {"plumbing", "manager_api", "dra_driver", "fabric", "emulator", "fabric_dra", "kube_standin"}
+    ),
 }
 
 # The fabric manager inside ``fabric``, floor by floor from the top (docs/architecture.md, "Inside
@@ -67,9 +73,6 @@ _FABRIC_REACH = (*_REDFISH_CONVERSATION, "fabric.backends.discovery")
 
 #: Inside a package: module prefix → prefixes of the same package it must never import.
 NEVER: dict[str, tuple[str, ...]] = {
-    "kube_standin.apiserver": ("kube_standin.cluster", "kube_standin.kubelet_client", "kube_standin.cli"),
-    "kube_standin.kubelet_client": ("kube_standin.cluster", "kube_standin.apiserver", "kube_standin.cli"),
-    "kube_standin.cluster": ("kube_standin.apiserver", "kube_standin.cli"),
     "fabric.redfish": ("fabric.device_names", "fabric.metrics", "fabric.reports", *_FABRIC_BACKENDS),
     "fabric.redfish.error_mapping": ("fabric.redfish.settings", *_REDFISH_CONVERSATION),
     "fabric.redfish.settings": ("fabric.redfish.error_mapping", *_REDFISH_CONVERSATION),
@@ -134,8 +137,23 @@ NEVER: dict[str, tuple[str, ...]] = {
 }
 
 
+def _package_dirs(root: Path) -> dict[str, Path]:
+    """Every top-level package under the repository ``root`` → its directory: the product's at the
+    root, the testbed's in ``testbed/``."""
+    return {
+        **{package: root / package for package in PACKAGES},
+        **{package: root / "testbed" / package for package in TESTBED_PACKAGES},
+    }
+
+
 def _module_name(path: Path, root: Path) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
+    """The dotted name of ``path``, a file of one of the packages under the repository ``root``."""
+    for directory in _package_dirs(root).values():
+        if path.is_relative_to(directory):
+            parts = list(path.relative_to(directory.parent).with_suffix("").parts)
+            break
+    else:
+        raise AssertionError(f"{path} is in no package of {root}")
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -170,29 +188,19 @@ def _imports(path: Path, root: Path) -> Iterator[tuple[int, str]]:
 
 
 def _source_files(root: Path) -> Iterator[Path]:
-    for package in PACKAGES:
-        for path in sorted((root / package).rglob("*.py")):
+    for directory in _package_dirs(root).values():
+        for path in sorted(directory.rglob("*.py")):
             if "__pycache__" not in path.parts:
                 yield path
 
 
-#: A package's floors from the ground up, each the rooms that stand on it (most floors hold one).
 Floors = tuple[tuple[str, ...], ...]
-
-
-def _names(value: ast.expr) -> tuple[str, ...] | None:
-    """A literal room name, or a literal tuple of them (rooms side by side); None otherwise."""
-    if isinstance(value, ast.Constant) and isinstance(value.value, str):
-        return (value.value,)
-    if isinstance(value, ast.Tuple | ast.List) and value.elts:
-        names = [e.value for e in value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
-        if len(names) == len(value.elts):
-            return tuple(names)
-    return None
+"""A package's floors from the ground up, each the rooms that stand side by side on it."""
 
 
 def declared_floors(init: Path) -> Floors | None:
-    """The ``FLOORS`` a package's ``__init__.py`` declares, from the ground up; None without one."""
+    """The ``FLOORS`` a package's ``__init__.py`` declares, from the ground up, each floor as its
+    rooms (a lone name is a floor of one room); None without one."""
     for node in ast.parse(init.read_text(), filename=str(init)).body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target, value = node.targets[0], node.value
@@ -202,22 +210,26 @@ def declared_floors(init: Path) -> Floors | None:
             continue
         if not (isinstance(target, ast.Name) and target.id == "FLOORS"):
             continue
-        if isinstance(value, ast.Tuple | ast.List):
-            floors = [_names(e) for e in value.elts]
-            if all(floors):
-                return tuple(f for f in floors if f)
-        raise AssertionError(
-            f"{init}: FLOORS must be a literal tuple of folder (or module) names, "
-            "or of tuples of them for rooms side by side"
-        )
+        floors = []
+        for element in value.elts if isinstance(value, ast.Tuple | ast.List) else [value]:
+            rooms = element.elts if isinstance(element, ast.Tuple) else [element]
+            if not (isinstance(value, ast.Tuple | ast.List) and rooms) or not all(
+                isinstance(r, ast.Constant) and isinstance(r.value, str) for r in rooms
+            ):
+                raise AssertionError(
+                    f"{init}: FLOORS must be a literal tuple of folder (or module) names, "
+                    "or of tuples of the names side by side on one floor"
+                )
+            floors.append(tuple(str(r.value) for r in rooms if isinstance(r, ast.Constant)))
+        return tuple(floors)
     return None
 
 
 def floored_packages(root: Path) -> dict[str, Floors]:
     """Dotted name → floors, of every package under ``root`` that declares them."""
     found = {}
-    for package in PACKAGES:
-        for init in sorted((root / package).rglob("__init__.py")):
+    for directory in _package_dirs(root).values():
+        for init in sorted(directory.rglob("__init__.py")):
             floors = declared_floors(init)
             if floors is not None:
                 found[_module_name(init, root)] = floors
@@ -225,21 +237,19 @@ def floored_packages(root: Path) -> dict[str, Floors]:
 
 
 def _room_of(module: str, package: str, floors: Floors) -> tuple[int, str] | None:
-    """The floor of ``package`` that ``module`` stands on (its index) and its room; None outside
-    the package, for the package's face itself (its ``__init__.py``, above every floor) and for a
-    room that is on no floor (:func:`test_every_room_of_a_floored_package_is_on_a_floor` reports
-    those)."""
+    """The floor of ``package`` that ``module`` stands on (its index) and its room there; None
+    outside the package, for the package's face itself (its ``__init__.py``, above every floor)
+    and for a room that is on no floor (:func:`test_every_room_of_a_floored_package_is_on_a_floor`
+    reports those)."""
     if not module.startswith(package + "."):
         return None
     room = module[len(package) + 1 :].split(".")[0]
-    for index, rooms in enumerate(floors):
-        if room in rooms:
-            return index, room
-    return None
+    return next(((level, room) for level, rooms in enumerate(floors) if room in rooms), None)
 
 
 def floor_violations(root: Path) -> list[str]:
-    """Every import from a floor of a package to one of its floors above, or to a room beside it."""
+    """Every import from a floor of a package to one of its floors above, or to another room
+    beside it on its own floor."""
     floored = floored_packages(root)
     found = []
     for path in _source_files(root):
@@ -251,14 +261,39 @@ def floor_violations(root: Path) -> list[str]:
                     continue
                 where = f"{path.relative_to(root)}:{line}: {importer} (room {here[1]} of {package})"
                 if there[0] > here[0]:
-                    found.append(f"{where} imports {module} (room {there[1]}, a floor above it)")
+                    found.append(f"{where} imports {module} (room {there[1]}, a floor above)")
                 elif there[0] == here[0] and there[1] != here[1]:
                     found.append(f"{where} imports {module} (room {there[1]}, beside it)")
     return found
 
 
 def test_every_package_has_a_floor() -> None:
-    assert set(PACKAGES) == set(MAY_IMPORT), "add the new package to MAY_IMPORT and docs/architecture.md"
+    assert set(PACKAGES) | set(TESTBED_PACKAGES) == set(MAY_IMPORT), (
+        "add the new package to MAY_IMPORT and docs/architecture.md"
+    )
+
+
+def _testbed_imports(root: Path) -> list[str]:
+    """Every import of a testbed package from a product module."""
+    found = []
+    for path in _source_files(root):
+        importer = _module_name(path, root)
+        if importer.split(".")[0] not in PACKAGES:
+            continue
+        for line, module in _imports(path, root):
+            if module.split(".")[0] in TESTBED_PACKAGES:
+                found.append(f"{path.relative_to(root)}:{line}: {importer} imports {module} (the testbed)")
+    return found
+
+
+def test_the_product_never_imports_its_testbed() -> None:
+    """The testbed may import the product, never the reverse: a plain install of the product (the
+    image, ``pip install fabric-dra``) has no testbed, and the testbed's commands reach the
+    ``fabric-dra`` command line through entry points (``fabric_dra.cli.COMMANDS_GROUP``)."""
+    assert not set(PACKAGES) & set(TESTBED_PACKAGES)
+    for package in PACKAGES:
+        assert not MAY_IMPORT[package] & set(TESTBED_PACKAGES), f"{package} may not import the testbed"
+    assert _testbed_imports(REPO_ROOT) == []
 
 
 def _violations(root: Path) -> list[str]:
@@ -290,13 +325,17 @@ def test_imports_inside_a_package_point_down_its_floors() -> None:
 
 def test_every_room_of_a_floored_package_is_on_a_floor() -> None:
     """A new folder or module is placed on a floor; a floor names a room that exists."""
-    for package, floors in floored_packages(REPO_ROOT).items():
-        directory = REPO_ROOT.joinpath(*package.split("."))
+    floored = floored_packages(REPO_ROOT)
+    assert {"emulator", "emulator.redfish", "kube_standin"} <= set(floored)
+    dirs = _package_dirs(REPO_ROOT)
+    for package, floors in floored.items():
+        top, *inner = package.split(".")
+        directory = dirs[top].joinpath(*inner)
         rooms = {p.stem for p in directory.glob("*.py") if p.name != "__init__.py"}
         rooms |= {p.name for p in directory.iterdir() if (p / "__init__.py").is_file()}
-        named = [room for floor in floors for room in floor]
-        assert len(set(named)) == len(named), f"{package}: a room is named twice"
-        assert rooms == set(named), f"{package}: rooms {sorted(rooms)}, floors {list(floors)}"
+        placed = [room for floor in floors for room in floor]
+        assert len(set(placed)) == len(placed), f"{package}: a room is named twice"
+        assert rooms == set(placed), f"{package}: rooms {sorted(rooms)}, floors {list(floors)}"
 
 
 @pytest.mark.parametrize(
@@ -314,6 +353,10 @@ def test_the_check_sees_each_kind_of_import(source: str, expected: str, tmp_path
     assert any(expected in v for v in _violations(tmp_path))
 
 
+#: the floors of the probe package the floor check is tried on: two rooms side by side on the middle floor
+_PROBE_FLOORS = ("low", ("left", "right"), "high", "cli")
+
+
 @pytest.mark.parametrize(
     ("importer", "source", "reported"),
     [
@@ -323,22 +366,35 @@ def test_the_check_sees_each_kind_of_import(source: str, expected: str, tmp_path
         ("high/inner/probe.py", "from emulator.high.view import Node\n", False),
         ("cli.py", "from emulator.high import view\n", False),
         ("low/probe.py", "from emulator.cli import main\n", True),
-        ("__init__.py", "FLOORS = ('low', 'high', 'cli')\nfrom emulator.cli import main\n", False),
-        ("left/probe.py", "from emulator.right import view\n", True),
-        ("right/probe.py", "def f():\n    import emulator.left\n", True),
+        ("__init__.py", f"FLOORS = {_PROBE_FLOORS!r}\nfrom emulator.cli import main\n", False),
+        ("left/probe.py", "from emulator.right import thing\n", True),
+        ("right/probe.py", "import emulator.left.probe\n", True),
+        ("left/probe.py", "from emulator.high import view\n", True),
         ("left/probe.py", "from emulator.low import store\n", False),
-        ("cli.py", "from emulator.left import probe\n", False),
+        ("high/probe.py", "from emulator.left import thing\n", False),
     ],
 )
 def test_the_floor_check_reads_folders(importer: str, source: str, reported: bool, tmp_path: Path) -> None:
-    """The check itself: floors come from the package's FLOORS; an import up a floor is reported,
-    one along or down a floor is not, nor any from the package's face; rooms side by side on one
-    floor (``left`` and ``right``) never import each other."""
+    """The check itself: floors come from the package's FLOORS; an import up a floor or to a room
+    beside it on its floor is reported, one within a room or down a floor is not, nor any from the
+    package's face."""
     package = tmp_path / "emulator"
     for room in ("low", "high", "high/inner", "left", "right"):
         (package / room).mkdir(parents=True)
         (package / room / "__init__.py").write_text("")
-    (package / "__init__.py").write_text("FLOORS = ('low', 'high', ('left', 'right'), 'cli')\n")
+    (package / "__init__.py").write_text(f"FLOORS = {_PROBE_FLOORS!r}\n")
     (package / importer).write_text(source)
     violations = floor_violations(tmp_path)
     assert bool(violations) is reported, violations
+
+
+def test_the_floor_check_finds_the_testbed_in_its_folder(tmp_path: Path) -> None:
+    """The check itself: the testbed's packages are read from testbed/, and a product module that
+    imports one is reported."""
+    (tmp_path / "fabric").mkdir()
+    (tmp_path / "fabric" / "probe.py").write_text("def f():\n    import kube_standin.cli\n")
+    (tmp_path / "testbed" / "kube_standin").mkdir(parents=True)
+    (tmp_path / "testbed" / "kube_standin" / "probe.py").write_text("from fabric import probe\n")
+    expected = "fabric/probe.py:2: fabric.probe imports kube_standin.cli (the testbed)"
+    assert _testbed_imports(tmp_path) == [expected]
+    assert _module_name(tmp_path / "testbed" / "kube_standin" / "probe.py", tmp_path) == "kube_standin.probe"

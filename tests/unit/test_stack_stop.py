@@ -1,4 +1,4 @@
-"""How :meth:`fabric_dra.stack.Stack.stop` groups a stack's parts: roles of one tier next to each
+"""How :meth:`fabric_dra_testbed.stack.Stack.stop` groups a stack's parts: roles of one tier next to each
 other in reverse start order stop side by side; nothing stops before a part it used to follow."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from fabric_dra.stack import CLIENT_TIER, MANAGER_TIER, SERVICE_TIER, Role, Stack
+from fabric_dra_testbed.stack import CLIENT_TIER, MANAGER_TIER, SERVICE_TIER, Role, Stack
 
 
 def _order(stack: Stack) -> list[list[str]]:

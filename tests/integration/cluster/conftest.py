@@ -16,7 +16,7 @@ from dra_driver.proto.dra_v1 import api_pb2 as dra_v1
 from dra_driver.proto.dra_v1 import api_pb2_grpc as dra_v1_grpc
 from dra_driver.proto.pluginregistration_v1 import api_pb2 as reg
 from dra_driver.proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
-from fabric_dra.stack import Stack
+from fabric_dra_testbed.stack import Stack
 from manager_api.errors import DeviceBusy
 from plumbing.kube import KubeClient, KubeConfig
 

@@ -27,8 +27,8 @@ import httpx
 
 from dra_driver.plugin.prepare_errors import attach_failure
 from dra_driver.proto.dra_v1 import api_pb2 as dra_v1
-from fabric_dra.stack import Stack
-from fabric_dra.standins import InventoryServer, make_device, make_inventory
+from fabric_dra_testbed.stack import Stack
+from fabric_dra_testbed.standins import InventoryServer, make_device, make_inventory
 from kube_standin.apiserver.kubeconfig import write_kubeconfig
 from manager_api.client import ManagerClient
 from manager_api.errors import FabricError

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fabric_dra.standins import make_device, make_inventory
+from fabric_dra_testbed.standins import make_device, make_inventory
 from manager_api.models import BindingState, Device
 from plumbing.kube import KubeClient
 from plumbing.kube.resources import PODS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_SLICES

@@ -15,7 +15,7 @@ from typing import Any
 
 from dra_driver.controller.resourcenames import warm_label_key, warm_label_prefix
 from dra_driver.controller.slices import warm_node_preference
-from fabric_dra.standins import make_device, make_inventory
+from fabric_dra_testbed.standins import make_device, make_inventory
 from manager_api.models import BindingState, Device, DeviceType
 from plumbing.kube import KubeClient
 from plumbing.kube.resources import NODES

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from fabric_dra.stack import Role, Stack
+from fabric_dra_testbed.stack import Role, Stack
 from tests.support.apiserver import ApiServerProcess, start_apiserver
 from tests.support.controller import InventoryServer
 

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from fabric_dra.stack import Role, Stack, short_dir
+from fabric_dra_testbed.stack import Role, Stack, short_dir
 from manager_api.client import ManagerClient
 from manager_api.models import BindingState, Device, DeviceType, Inventory
 from tests.integration.controller.conftest import ApiServer, ControllerFactory

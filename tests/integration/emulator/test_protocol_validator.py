@@ -26,7 +26,7 @@ import httpx
 import pytest
 import trustme
 
-from fabric_dra.stack import Emulator, Stack
+from fabric_dra_testbed.stack import Emulator, Stack
 
 pytestmark = pytest.mark.slow
 

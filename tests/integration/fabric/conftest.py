@@ -20,7 +20,7 @@ import httpx
 import pytest
 import trustme
 
-from fabric_dra.stack import Role
+from fabric_dra_testbed.stack import Role
 from plumbing.kube.resources import RESOURCE_CLAIMS
 from tests.support.apiserver import ApiServerProcess
 from tests.support.emulator import RunningEmulator, run_emulator

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from fabric.ledger import ConfigMapLedgerStore, Ledger, LedgerEntry, LedgerState, shard_of
-from fabric_dra.stack import Role
+from fabric_dra_testbed.stack import Role
 from kube_standin.apiserver.auth import TokenUser
 from manager_api.client import ManagerClient
 from manager_api.errors import DeviceBusy, NotLeader, PermissionDenied, Unauthenticated

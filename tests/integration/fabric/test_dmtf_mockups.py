@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import trustme
 
-from fabric_dra.stack import Role
+from fabric_dra_testbed.stack import Role
 from manager_api.client import ManagerClient
 from manager_api.errors import BindFailed, PermissionDenied
 from manager_api.models import AttachmentState, BindingState, Device, DeviceType, Inventory

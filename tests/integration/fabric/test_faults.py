@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from fabric_dra.stack import Role
+from fabric_dra_testbed.stack import Role
 from manager_api.client import ManagerClient
 from manager_api.errors import AttachTimeout, BindFailed, DeviceUnhealthy, FabricUnavailable
 from manager_api.models import AttachmentState, BindingState, Health

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from dra_driver.controller.devices import PublishPolicy, WithheldReason, to_dra_device
-from fabric_dra.stack import Role
+from fabric_dra_testbed.stack import Role
 from manager_api.client import ManagerClient
 from manager_api.devices import DeviceType
 from manager_api.errors import DeviceBusy

@@ -19,7 +19,7 @@ from typing import TypeVar
 import httpx
 import pytest
 
-from fabric_dra.stack import Role, wait_ready
+from fabric_dra_testbed.stack import Role, wait_ready
 from manager_api.client import ManagerClient, ManagerUnreachable
 from manager_api.models import AttachmentState, BindingState, Device
 from tests.integration.fabric.conftest import CONTROLLER_TOKEN, OPERATOR_TOKEN, FabricAdmin, manager_args

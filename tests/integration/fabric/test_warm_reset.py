@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from fabric_dra.stack import Role, wait_ready
+from fabric_dra_testbed.stack import Role, wait_ready
 from manager_api.models import AttachmentState, BindingState
 from plumbing.kube.resources import EVENTS, NODES
 from tests.integration.fabric.conftest import FabricAdmin, allocated_claim, manager_args

@@ -27,7 +27,7 @@ from fabric.backends.discovery import Discovery
 from fabric.backends.model import DeviceRecord, HostRecord
 from fabric.backends.zones import ZoneBackend
 from fabric.redfish.client import RedfishClient, RedfishResponse, RedfishSettings
-from fabric_dra.stack import Emulator as RunningEmulator
+from fabric_dra_testbed.stack import Emulator as RunningEmulator
 from tests.support.emulator import ZONES, run_emulator, zone_add
 
 HOSTS = 10

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import yaml
 
-from fabric_dra.stack import Stack, free_port
+from fabric_dra_testbed.stack import Stack, free_port
 from tests.support.deploy import COMPONENTS_DIR
 from tests.support.monitoring import exposed_names, metric_names, used_expressions
 from tests.support.tools import find_tool, needs_tool

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from fabric_dra.stack import Emulator, Manager, Stack
+from fabric_dra_testbed.stack import Emulator, Manager, Stack
 from plumbing import procs
 from tests.support.uids import claim_uid
 

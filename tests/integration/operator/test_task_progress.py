@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from fabric_dra.stack import Emulator, Manager, Stack
+from fabric_dra_testbed.stack import Emulator, Manager, Stack
 from plumbing import procs
 from tests.support.uids import claim_uid
 

@@ -22,7 +22,7 @@ import pytest
 from dra_driver.plugin import cdi
 from dra_driver.plugin.backend import identity_of
 from dra_driver.plugin.hostdev import HostScanner
-from fabric_dra.stack import Role
+from fabric_dra_testbed.stack import Role
 from kube_standin.kubelet_client import ClaimRef as KubeletClaim
 from manager_api.client import ManagerClient
 from manager_api.models import AttachmentState, BindingState, Device, DeviceType, FabricNode

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from dra_driver.plugin import cdi
-from fabric_dra.stack import Emulator, Manager
+from fabric_dra_testbed.stack import Emulator, Manager
 from manager_api.client import ManagerClient
 from manager_api.models import BindingState, Device
 from plumbing.kube.resources import EVENTS, NAMESPACES, NODES

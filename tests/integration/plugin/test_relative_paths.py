@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fabric_dra.stack import short_dir
+from fabric_dra_testbed.stack import short_dir
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@
 One guest per run: the scenarios are steps of one test item (why: its docstring). On the
 machine: the emulator (its ``node-q`` host is ``kind: qemu``, attached to the guest's monitor),
 the fabric manager and the API test server. In the guest: ``fabric-dra plugin --host-mode real``
-and a kubelet-protocol client (guest_kubelet.py), both forked from the guest agent's zygote
+and a kubelet-protocol client (guest_kubelet.py), both forked from the guest agent's fork server
 (emulator/qemu/agent.py) and reaching the machine through QEMU user networking.
 
 Every scenario leaves the node as it found it (:meth:`Node.clean` unprepares what a failed one
@@ -37,7 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from emulator.qemu.guest import HOST_ADDRESS_IN_GUEST, GuestConfig, QemuGuest, temporary_run_dir
 from emulator.qemu.image import missing_tools
 from emulator.qemu.qmp import QmpClient
-from fabric_dra.stack import Role
+from fabric_dra_testbed.stack import Role
 from kube_standin.apiserver.kubeconfig import write_kubeconfig
 from tests.support.apiserver import ApiServerProcess, start_apiserver
 from tests.support.emulator import RunningEmulator, run_emulator, zone_add, zone_remove
@@ -73,7 +73,7 @@ RELEASE_SECONDS = 6
 #: the plugin's --visible-timeout: a prepare still waiting then answers a retriable error and the
 #: kubelet (here GuestKubelet.prepare) calls again, so it bounds only the failed-probe test's wait
 VISIBLE_TIMEOUT = 8
-#: What the guest's programs import, preloaded once per boot by the agent's zygote: the plugin
+#: What the guest's programs import, preloaded once per boot by the agent's fork server: the plugin
 #: and the kubelet client then start in seconds instead of 30-60 s each.
 #: Exactly what they import (``fabric-dra plugin`` imports only the plugin's role, and a plain
 #: kubeconfig is read with yaml alone): each module costs some 15 times its import time on this
@@ -266,7 +266,7 @@ class Node:
 
     def active_namespaces(self, controller: str) -> str:
         """What the plugin's scanner reads as the active namespace count of ``controller``
-        (``/dev/nvmeN``) in the guest, run forked from the zygote (which imported the scanner)."""
+        (``/dev/nvmeN``) in the guest, run forked from the fork server (which imported the scanner)."""
         script, out = self.share / "namespaces.py", self.share / "namespaces.out"
         script.write_text(
             "import sys\nfrom dra_driver.plugin.hostdev import active_nvme_namespaces\n"
@@ -392,7 +392,7 @@ def _compile_for_guest() -> None:
 
     prefix, sys.pycache_prefix = sys.pycache_prefix, None
     try:
-        for package in ("plumbing", "manager_api", "dra_driver", "kube_standin", "fabric_dra"):
+        for package in ("plumbing", "manager_api", "dra_driver", "fabric_dra", "testbed/kube_standin"):
             compileall.compile_dir(str(REPO / package), quiet=1)
     finally:
         sys.pycache_prefix = prefix

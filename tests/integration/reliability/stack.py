@@ -33,7 +33,7 @@ import httpx
 from dra_driver.plugin import cdi
 from dra_driver.plugin.backend import identity_of
 from dra_driver.plugin.hostdev import HostScanner
-from fabric_dra.stack import (
+from fabric_dra_testbed.stack import (
     ApiServer,
     Controller,
     Emulator,
@@ -44,7 +44,7 @@ from fabric_dra.stack import (
     short_dir,
     trust,
 )
-from fabric_dra.stack import Stack as Builder
+from fabric_dra_testbed.stack import Stack as Builder
 from kube_standin.kubelet_client import ClaimRef, DraCallError, DRAPluginClient, PluginManager
 from manager_api.models import BindingState, Device, DeviceType, Inventory
 from tests.support.kubelet import running_kubelet
@@ -147,7 +147,7 @@ class BindingMonitor:
 
 
 class Stack:
-    """The processes (from :class:`fabric_dra.stack.Stack`, logging to ``root/<role>.log``) and what
+    """The processes (from :class:`fabric_dra_testbed.stack.Stack`, logging to ``root/<role>.log``) and what
     a reliability test asks of them. The TLS and Redfish attributes are read when a role (re)starts."""
 
     def __init__(

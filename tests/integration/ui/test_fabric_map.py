@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fabric_dra.stack import Manager, Stack
+from fabric_dra_testbed.stack import Manager, Stack
 from tests.support.browser import Browser, artifacts_dir, chromium_binary
 from tests.support.tools import needs_tool
 from tests.support.uids import claim_uid

@@ -1,6 +1,8 @@
-"""The image gets the whole program: the build context that .dockerignore lets through builds a
-package holding every file of the three packages (code, protos, the emulator's topology, typing
-markers), and the ``fabric-dra`` command the image's ENTRYPOINT runs.
+"""The image gets the whole product and nothing of its testbed: the build context that .dockerignore
+lets through builds a package holding every file of the product's packages (code, protos, the
+emulator's topology, typing markers) and the ``fabric-dra`` command the image's ENTRYPOINT runs, and
+that package, installed alone, runs every role's command line. The testbed's own package
+(testbed/pyproject.toml) holds the demo's manifests as files and adds its commands.
 
 No Docker needed: the same ``pip`` step the Dockerfile runs (without build isolation, so no
 download) on a copy of exactly the files the Docker build would receive.
@@ -11,12 +13,12 @@ from __future__ import annotations
 import fnmatch
 import os
 import shutil
-import subprocess
-import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
-from tests.support.deploy import PACKAGED_MANIFESTS, PACKAGES, REPO_ROOT
+from tests.support.deploy import PACKAGED_MANIFESTS, PACKAGES, REPO_ROOT, TESTBED_DIR, TESTBED_PACKAGES
+from tests.support.install import build_wheel, copy_project, install, wheel_names
 
 
 def _dockerignore() -> tuple[list[str], list[str]]:
@@ -48,53 +50,61 @@ def _build_context(target: Path) -> None:
             shutil.copy2(source, target / name)
 
 
-def _source_files() -> set[str]:
+def _source_files(root: Path, packages: tuple[str, ...]) -> set[str]:
     files = set()
-    for package in PACKAGES:
-        for root, dirs, names in os.walk(REPO_ROOT / package):
+    for package in packages:
+        for directory, dirs, names in os.walk(root / package):
             dirs[:] = [d for d in dirs if d != "__pycache__"]
-            rel = Path(root).relative_to(REPO_ROOT)
+            rel = Path(directory).relative_to(root)
             files |= {str(rel / n) for n in names if not n.endswith(".pyc")}
     return files
 
 
-def test_the_build_context_builds_the_whole_program(tmp_path: Path) -> None:
+def test_the_build_context_builds_the_whole_product_and_no_testbed(tmp_path: Path) -> None:
     context = tmp_path / "context"
     context.mkdir()
     _build_context(context)
-    assert sorted(p.name for p in context.iterdir()) == sorted(
-        ["README.md", "pyproject.toml", "deploy", *PACKAGES]
-    )
-    wheels = tmp_path / "wheels"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--wheel-dir",
-            str(wheels),
-            str(context),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    (wheel,) = wheels.glob("fabric_dra-*.whl")
+    assert sorted(p.name for p in context.iterdir()) == sorted(["README.md", "pyproject.toml", *PACKAGES])
+    wheel = build_wheel(context, tmp_path / "wheels")
+    names = wheel_names(wheel)
     with zipfile.ZipFile(wheel) as archive:
-        names = set(archive.namelist())
         (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         scripts = archive.read(entry_points).decode()
-    missing = sorted(_source_files() - names)
+    missing = sorted(_source_files(REPO_ROOT, PACKAGES) - names)
     assert missing == [], "files the image would lack (pyproject.toml package-data?)"
     assert "emulator/topology/default.yaml" in names
-    for manifest in PACKAGED_MANIFESTS:  # the demo's, as files with deploy/'s content
-        with zipfile.ZipFile(wheel) as archive:
-            shipped = archive.read(f"fabric_dra/demo/manifests/{Path(manifest).name}")
-        assert shipped == (REPO_ROOT / manifest).read_bytes(), manifest
+    assert not {name.split("/")[0] for name in names} & set(TESTBED_PACKAGES), "the testbed is in the image"
     assert "fabric-dra = fabric_dra.cli:main" in scripts
+    assert "fabric_dra.commands" not in scripts, "the product adds no command of the testbed's"
+
+    image = install(tmp_path / "venv", [wheel], tmp_path / "dependencies")
+    version = image.run("--version", cwd=tmp_path)  # the Dockerfile's check of its build
+    assert version.returncode == 0 and version.stdout.startswith("fabric-dra "), version.stderr
+    for command in (["--help"], ["manager", "serve", "--help"], ["emulator", "serve", "--help"]):
+        done = image.run(*command, cwd=tmp_path)
+        assert done.returncode == 0 and done.stdout.startswith("usage: fabric-dra"), done.stderr
+
+
+def test_the_testbed_package_holds_its_manifests_and_commands(tmp_path: Path) -> None:
+    project = copy_project(TESTBED_DIR, TESTBED_PACKAGES, tmp_path / "testbed")
+    wheel = build_wheel(project, tmp_path / "wheels")
+    names = wheel_names(wheel)
+    assert sorted(_source_files(TESTBED_DIR, TESTBED_PACKAGES) - names) == []
+    tops = {name.split("/")[0] for name in names}
+    assert {top for top in tops if not top.endswith(".dist-info")} == set(TESTBED_PACKAGES)
+    with zipfile.ZipFile(wheel) as archive:
+        for manifest in PACKAGED_MANIFESTS:  # the demo's, as files with deploy/'s content
+            shipped = archive.read(f"fabric_dra_testbed/demo/manifests/{Path(manifest).name}")
+            assert shipped == (REPO_ROOT / manifest).read_bytes(), manifest
+        (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        commands = archive.read(entry_points).decode()
+        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        requires = archive.read(metadata).decode()
+    assert "[fabric_dra.commands]" in commands
+    assert "demo = fabric_dra_testbed.demo.cli:register" in commands
+    assert "standin = kube_standin.cli:register_role" in commands
+    # one version for both: the [testbed] extra of the product names the testbed of its own version
+    product = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    assert f"Version: {product['version']}" in requires.splitlines()
+    assert f"Requires-Dist: fabric-dra=={product['version']}" in requires.splitlines()
+    assert product["optional-dependencies"]["testbed"] == [f"fabric-dra-testbed=={product['version']}"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from fabric_dra.standins import SLICE_ATTRIBUTES as ATTRIBUTES
-from fabric_dra.standins import pool_device as device
-from fabric_dra.standins import resource_slice
+from fabric_dra_testbed.standins import SLICE_ATTRIBUTES as ATTRIBUTES
+from fabric_dra_testbed.standins import pool_device as device
+from fabric_dra_testbed.standins import resource_slice
 from kube_standin.apiserver.registry import ResourceType, find_resource
 from plumbing import DEFAULT_DRIVER_NAME
 

@@ -9,12 +9,10 @@ import re
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 from plumbing import crashpoints
-from tests.support.deploy import PACKAGES
+from tests.support.deploy import PACKAGE_DIRS
 
-ROOT = Path(__file__).resolve().parents[3]
 _PROGRAM = """
 from plumbing.logs import configure
 configure()
@@ -60,8 +58,8 @@ def test_an_unknown_point_is_reported_and_ignored() -> None:
 def _placed_points() -> set[str]:
     placed: set[str] = set()
     pattern = re.compile(r'"((?:plugin|manager|controller|emulator)\.[a-z]+\.[a-z-]+)"')
-    for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
+    for directory in PACKAGE_DIRS.values():
+        for path in directory.rglob("*.py"):
             if path.name == "crashpoints.py":
                 continue
             for line in path.read_text().splitlines():

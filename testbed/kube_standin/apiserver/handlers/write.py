@@ -1,0 +1,62 @@
+"""Where every writing verb ends: the caller's admission (:mod:`kube_standin.apiserver.admission`),
+then the store, which runs the kind's strategy and the server's own rules
+(:mod:`kube_standin.apiserver.strategy`) inside its compare-and-swap; the answer is the result in
+the version the client spoke.
+
+As ``Create``/``Update`` of ``k8s.io/apiserver/pkg/registry/generic/registry/store.go``, handed the
+admission of the request: a create, an update of a missing object whose kind allows it
+(``AllowCreateOnUpdate``) and an apply patch of a missing object store a new object
+(:func:`create_stored`); an update and a patch replace one (:func:`update_stored`).
+"""
+
+from __future__ import annotations
+
+from starlette.responses import Response
+
+from kube_standin.apiserver import admission
+from kube_standin.apiserver.auth import TokenUser
+from kube_standin.apiserver.convert import from_storage
+from kube_standin.apiserver.handlers.scope import RequestScope
+from kube_standin.apiserver.jsonobj import Obj
+from kube_standin.apiserver.requestinfo import RequestInfo
+from kube_standin.apiserver.responses import json_response
+from kube_standin.apiserver.strategy import before_create, before_update
+from plumbing.logs import get_logger
+
+__all__ = ["create_stored", "update_stored"]
+
+log = get_logger(__name__)
+
+
+def create_stored(
+    scope: RequestScope, info: RequestInfo, stored: Obj, *, dry_run: bool, user: TokenUser | None
+) -> Response:
+    """Store ``stored`` (in its storage form) as a new object, if ``user``'s admission allows it:
+    201 with what was created."""
+    # create.go: the admission name is the object's metadata.name (not a generateName).
+    admission.admit(user, "CREATE", info.res, str(stored["metadata"].get("name") or ""), stored, None)
+    admit = before_create(info.res, scope.gates)
+    created = scope.store.create(info.res, stored, dry_run=dry_run, admit=admit)
+    log.debug("created", resource=info.res.group_resource, name=created["metadata"]["name"])
+    return json_response(from_storage(info.res, info.version, created), 201)
+
+
+def update_stored(
+    scope: RequestScope, info: RequestInfo, stored: Obj, *, dry_run: bool, user: TokenUser | None
+) -> Response:
+    """Replace the object with ``stored`` (its storage form), if ``user``'s admission allows it:
+    200 with the result."""
+    assert info.name is not None
+    old = scope.store.find(info.res, info.namespace, info.name)
+    if old is not None:
+        # Admission sees the object as the request makes it, before the store keeps a status
+        # write to the status (and nothing else: no await in between, so ``old`` stays current).
+        admission.admit(user, "UPDATE", info.res, info.name, stored, old)
+    updated = scope.store.update(
+        info.res,
+        stored,
+        subresource=info.subresource,
+        dry_run=dry_run,
+        admit=before_update(info.res, info.subresource, scope.gates),
+    )
+    return json_response(from_storage(info.res, info.version, updated))
