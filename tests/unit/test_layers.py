@@ -8,8 +8,8 @@ Inside a package, the floors are its folders: a package whose ``__init__.py`` de
 has every module import only its own floor or those below it, and every room of the package
 stands on one of them (:func:`floor_violations`). Rooms side by side on one floor are a tuple,
 ``("apiserver", "cluster")``: neither imports the other. A floor may declare floors of its own
-(``emulator``, ``emulator.redfish``, ``dra_driver`` and its roles do). Packages that do not declare them yet keep a
-hand-written table of what must never be imported (:data:`NEVER`).
+(``emulator``, ``emulator.redfish``, ``dra_driver`` and its roles do). Packages that do not
+declare them yet keep a hand-written table of what must never be imported (:data:`NEVER`).
 
 The product and its testbed are two distributions (``pyproject.toml``, ``testbed/pyproject.toml``):
 the testbed may import the product, never the reverse (:func:`test_the_product_never_imports_its_testbed`).
