@@ -408,9 +408,10 @@ FAULT_COMMANDS = (
             FaultOption(
                 "--operation",
                 "Operation",
-                "default: bind; any is any bind or unbind (a reset action fails only under reset)",
+                "default: bind; any is any bind or unbind (a reset action fails only under reset, a "
+                "carved memory chunk's DELETE only under release)",
                 default="bind",
-                choices=("bind", "unbind", "reset", "any"),
+                choices=("bind", "unbind", "reset", "release", "any"),
             ),
         ),
     ),

@@ -38,6 +38,7 @@ from emulator.redfish.tree.expand import expand_query, expand_served
 from emulator.redfish.tree.http import Reply, Request, parse_body
 from emulator.redfish.tree.nodes import CollectionNode, Context, Node, collection_of
 from emulator.redfish.views.common import ServiceNode
+from emulator.topology import FABRIC_CXL
 from plumbing import __version__
 
 __all__ = [
@@ -510,7 +511,7 @@ class ManagerNode(Node):
                 ManagerForChassis=refs(
                     [
                         uris.chassis(c)
-                        for c in list(index.switches) + [d.id for d in index.devices.values() if d.chunks]
+                        for c in list(index.switches) + [d.id for d in index.fabric_devices(FABRIC_CXL)]
                     ]
                 ),
                 ManagerForSwitches=refs([uris.switch(s.fabric, s.id) for s in index.switches.values()]),

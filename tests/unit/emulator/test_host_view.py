@@ -7,7 +7,13 @@ import struct
 from pathlib import Path
 
 from emulator.redfish.model.state import BindingRecord, HostAddress, utcnow
-from emulator.redfish.sysfs.hostview import HOST_BRIDGE, HostEntry, HostView, allocate_address
+from emulator.redfish.sysfs.hostview import (
+    CXL_WINDOW_BASE,
+    HOST_BRIDGE,
+    HostEntry,
+    HostView,
+    allocate_address,
+)
 from emulator.redfish.sysfs.pciconfig import CONFIG_SIZE, config_space, dsn_from_serial
 from manager_api.devices import BindingStyle
 from manager_api.models import DeviceType
@@ -185,9 +191,32 @@ def test_addresses_are_lowest_free_like_hot_plug() -> None:
     ]
     assert allocate_address(taken, DeviceType.NIC, "nic0") == HostAddress(bdf="0000:42:00.0", iommu_group=33)
     assert allocate_address(taken, DeviceType.NVME, "nvme0") == HostAddress(bdf="0000:42:00.0", nvme=0)
-    chunks = [(_binding("c0", HostAddress(memdev=0, region=0)), "cxl0")]
-    assert allocate_address(chunks, DeviceType.CXL_MEMORY, "cxl0") == HostAddress(memdev=0, region=1)
-    assert allocate_address(chunks, DeviceType.CXL_MEMORY, "cxl1") == HostAddress(memdev=1, region=1)
+    gib = 1 << 30
+    window = CXL_WINDOW_BASE
+    chunks = [
+        (_binding("c0", HostAddress(memdev=0, region=0, hpa=window, hpa_bytes=2 * gib, node=1)), "cxl0")
+    ]
+    # the next region: after the first in the CXL window, block-aligned, on a node of its own
+    assert allocate_address(
+        chunks, DeviceType.CXL_MEMORY, "cxl0", size_bytes=gib + 1, first_memory_node=1
+    ) == HostAddress(memdev=0, region=1, hpa=window + 2 * gib, hpa_bytes=2 * gib, node=2)
+    assert allocate_address(chunks, DeviceType.CXL_MEMORY, "cxl1", size_bytes=gib, first_memory_node=2) == (
+        HostAddress(memdev=1, region=1, hpa=window + 2 * gib, hpa_bytes=gib, node=2)
+    )
+    # a hole left by a released region is used again when the new one fits in it
+    gap = [
+        *chunks,
+        (
+            _binding("c2", HostAddress(memdev=0, region=2, hpa=window + 4 * gib, hpa_bytes=gib, node=2)),
+            "cxl0",
+        ),
+    ]
+    gap[0] = (
+        _binding("c0", HostAddress(memdev=0, region=0, hpa=window + gib, hpa_bytes=gib, node=1)),
+        "cxl0",
+    )
+    assert allocate_address(gap, DeviceType.CXL_MEMORY, "cxl0", size_bytes=gib).hpa == window
+    assert allocate_address(gap, DeviceType.CXL_MEMORY, "cxl0", size_bytes=2 * gib).hpa == window + 2 * gib
     # past the last bus of a domain, hot-plugged devices continue in the next PCI domain
     full: list[tuple[BindingRecord, str]] = []
     for i in range(0xFF - 0x41):

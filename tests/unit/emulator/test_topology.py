@@ -42,10 +42,17 @@ def test_default_topology_has_what_the_issue_asks_for() -> None:
     types = {d.type for d in index.devices.values()}
     assert {DeviceType.GPU, DeviceType.NVME, DeviceType.NIC, DeviceType.FPGA, DeviceType.CXL_MEMORY} <= types
     gpu_models = {d.model.model for d in index.devices.values() if d.type == DeviceType.GPU}
-    assert len(gpu_models) == 2
+    assert len(gpu_models) == 3
+    # partitionable GPUs of both built-in tables (issue 35), beside whole-only ones
+    tables = {d.model.partitions.name if d.model.partitions else None for d in index.devices.values()}
+    assert tables == {"h100-80gb", "a100-40gb", None}
     cxl = list(index.fabric_devices(FABRIC_CXL))
-    assert cxl and all(len(d.chunks) > 1 for d in cxl)
-    assert sum(c.size_bytes for c in cxl[0].chunks) == int(cxl[0].model.memory or 0)
+    premade = [d for d in cxl if d.pool is None]
+    assert premade and all(len(d.chunks) > 1 for d in premade)
+    assert sum(c.size_bytes for c in premade[0].chunks) == int(premade[0].model.memory or 0)
+    # and a pool whose chunks clients create (issue 36), with none made yet
+    pools = [d for d in cxl if d.pool is not None]
+    assert pools and all(d.chunks == () for d in pools)
     # some serials are 16 hex digits (they get a Device Serial Number capability), some are not
     assert any(len(d.serial) == 16 for d in index.devices.values())
     assert any(len(d.serial) != 16 for d in index.devices.values())
