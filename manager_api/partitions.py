@@ -96,7 +96,10 @@ class PartitionProfile(_Model):
     """One way to carve a partition out of the GPU (a MIG GPU-instance profile)."""
 
     name: str = Field(
-        min_length=1, max_length=32, pattern=r"^[0-9a-z][0-9a-z.+]*$", description="e.g. 1g.10gb"
+        min_length=1,
+        max_length=32,
+        pattern=r"^[0-9a-z][0-9a-z.+]*$",
+        description="the profile's name (1g.10gb)",
     )
     label: str = Field(
         default="",
@@ -106,7 +109,7 @@ class PartitionProfile(_Model):
     )
     memory_slices: int = Field(ge=1, le=MAX_MEMORY_SLICES, description="slices one placement takes")
     multiprocessors: int = Field(ge=1, description="streaming multiprocessors of one partition")
-    memory_bytes: ByteSize = Field(gt=0, description="GPU memory of one partition, e.g. 9984MiB")
+    memory_bytes: ByteSize = Field(gt=0, description="GPU memory of one partition, in bytes")
     placements: list[int] = Field(min_length=1, description="valid start slices, ascending")
 
     @model_validator(mode="after")
@@ -123,11 +126,15 @@ class PartitionProfile(_Model):
 class PartitionTable(_Model):
     """How one GPU model splits into partitions; refused with one line naming the profile at fault."""
 
-    name: str = Field(pattern=DNS1123_LABEL_PATTERN, max_length=DNS1123_LABEL_MAX_LENGTH)
-    memory_slices: int = Field(ge=1, le=MAX_MEMORY_SLICES)
-    multiprocessors: int = Field(ge=1)
-    memory_bytes: ByteSize = Field(gt=0)
-    profiles: list[PartitionProfile] = Field(min_length=1)
+    name: str = Field(
+        pattern=DNS1123_LABEL_PATTERN,
+        max_length=DNS1123_LABEL_MAX_LENGTH,
+        description="the table's name (h100-80gb)",
+    )
+    memory_slices: int = Field(ge=1, le=MAX_MEMORY_SLICES, description="memory slices: the placement grid")
+    multiprocessors: int = Field(ge=1, description="streaming multiprocessors the partitions share")
+    memory_bytes: ByteSize = Field(gt=0, description="GPU memory the partitions share, in bytes")
+    profiles: list[PartitionProfile] = Field(min_length=1, description="the ways to carve a partition")
 
     @model_validator(mode="after")
     def _profiles_fit(self) -> PartitionTable:

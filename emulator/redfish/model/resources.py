@@ -245,7 +245,8 @@ class TaskService(_Service):
 class TaskPayload(_Obj):
     HttpOperation: str
     TargetUri: str
-    JsonBody: str
+    #: absent for a request without a body (a DELETE): a service omits what it has not
+    JsonBody: str | None = None
     HttpHeaders: list[str] = Field(default_factory=list)
 
 

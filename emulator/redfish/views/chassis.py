@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from emulator.redfish.engine.operation import Operation
 from emulator.redfish.model import uris
+from emulator.redfish.model.oem import OEM_NAMESPACE, PCIE_DEVICE_OEM_TYPE
 from emulator.redfish.model.resources import (
     Action,
     Chassis,
@@ -116,7 +117,12 @@ def _partition_oem(device: Device) -> dict[str, Any] | None:
     table = device.model.partitions
     if table is None:
         return None
-    return {"FabricDRA": {"PartitionTable": table.model_dump(mode="json", by_alias=True)}}
+    return {
+        OEM_NAMESPACE: {
+            "@odata.type": PCIE_DEVICE_OEM_TYPE,
+            "PartitionTable": table.model_dump(mode="json", by_alias=True),
+        }
+    }
 
 
 class ChassisCollectionNode(CollectionNode):

@@ -48,7 +48,7 @@ def task_model(task: TaskRecord) -> Task:
         Payload=TaskPayload(
             HttpOperation=task.method,
             TargetUri=task.uri,
-            JsonBody=task.body,
+            JsonBody=task.body or None,
             HttpHeaders=[],
         ),
         Messages=task.messages,
