@@ -336,3 +336,67 @@ def test_select_keeps_what_it_names_and_the_annotations() -> None:
     assert listed["Members"] == [Select.parse("Id").apply(zone), {"@odata.id": "/z/2"}]
     with pytest.raises(RedfishError):
         Select.parse("Id;Name")
+
+
+def _small_pool(tmp_path: Path, body: Callable[[Client], Awaitable[None]]) -> None:
+    """``_run`` against the default topology with the pool cut to 8 GiB (chunks of 1 GiB and up)."""
+    data = yaml.safe_load(default_topology_path().read_text())
+    data["models"]["cxl-256g"]["memory"] = "8GiB"
+
+    async def main() -> None:
+        service = build_service(
+            ServeConfig(
+                index=parse_topology(data),
+                state_dir=tmp_path / "state",
+                latency=INSTANT,
+                credentials=Credentials(username="admin", password="secret-password"),
+            )
+        )
+        transport = httpx.ASGITransport(app=service.app)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://emulator", auth=("admin", "secret-password")
+        ) as client:
+            await body(client)
+        service.engine.close()
+
+    asyncio.run(main())
+
+
+def test_a_pool_hands_out_its_free_memory_even_when_it_is_in_pieces(tmp_path: Path) -> None:
+    """The domain counts its free memory by the total: a chunk may be made of several ranges (as a
+    CXL dynamic-capacity device hands out extents), so 3 GiB free in three holes is 3 GiB."""
+    chunks = "/redfish/v1/Chassis/cxlpool0/MemoryDomains/0/MemoryChunks"
+
+    async def body(client: Client) -> None:
+        made = [
+            (await client.post(chunks, json={"MemoryChunkSizeMiB": 1024})).headers["Location"]
+            for _ in range(8)
+        ]
+        assert (await client.post(chunks, json={"MemoryChunkSizeMiB": 1024})).status_code == 409
+        for uri in made[1::2][:3]:  # holes at 1, 3 and 5 GiB
+            assert (await client.delete(uri)).status_code == 204
+        spread = await client.post(chunks, json={"MemoryChunkSizeMiB": 3072})
+        assert spread.status_code == 201, spread.text
+        assert spread.json()["AddressRangeOffsetMiB"] == 1024  # its first range
+        pools = (await _json(client, "/redfish/v1/Oem/FabricDRA/Bindings"))["Pools"]
+        extents = next(c["Extents"] for c in pools[0]["Chunks"] if c["SizeMiB"] == 3072)
+        assert extents == [[1024, 1024], [3072, 1024], [5120, 1024]]
+        assert pools[0]["FreeMiB"] == 0
+        domain = await _json(client, "/redfish/v1/Chassis/cxlpool0/MemoryDomains/0")
+        assert "8192 MiB: 8192 MiB in 6 chunks, 0 MiB free" in domain["Description"]
+
+    _small_pool(tmp_path, body)
+
+
+def test_concurrent_creates_in_one_event_loop_never_over_carve(tmp_path: Path) -> None:
+    chunks = "/redfish/v1/Chassis/cxlpool0/MemoryDomains/0/MemoryChunks"
+
+    async def body(client: Client) -> None:
+        answers = await asyncio.gather(
+            *(client.post(chunks, json={"MemoryChunkSizeMiB": 3072}) for _ in range(10))
+        )
+        assert sorted(a.status_code for a in answers) == [201, 201] + [409] * 8
+        listed = await _json(client, chunks)
+        assert listed["Members@odata.count"] == 2
+
+    _small_pool(tmp_path, body)
