@@ -400,3 +400,79 @@ def test_concurrent_creates_in_one_event_loop_never_over_carve(tmp_path: Path) -
         assert listed["Members@odata.count"] == 2
 
     _small_pool(tmp_path, body)
+
+
+def test_pool_domain_chunk_and_connection_have_the_schemas_shapes(tmp_path: Path) -> None:
+    """The bodies a client reads, against bodies written by hand from DMTF's CSDL (MemoryDomain
+    v1_5_1: AllowsMemoryChunkCreation, MinMemoryChunkSizeMiB, MemoryChunkIncrementMiB,
+    MemorySizeMiB v1_5_0; MemoryChunks v1_6_2: AddressRangeType Redfish.Required,
+    RequestedOperationalState and Links.CXLLogicalDevices v1_5_0; Connection v1_4_0:
+    MemoryChunkInfo v1_1_0), not from a mockup."""
+    chassis = "/redfish/v1/Chassis/cxlpool0"
+    logical = f"{chassis}/PCIeDevices/cxlpool0/CXLLogicalDevices/0"
+
+    def plain(body: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in body.items() if k not in ("@odata.etag", "Description")}
+
+    async def body(client: Client) -> None:
+        made = await client.post(f"{chassis}/MemoryDomains/0/MemoryChunks", json={"MemoryChunkSizeMiB": 2048})
+        chunk = made.headers["Location"]
+        ident = chunk.rsplit("/", 1)[-1]
+        connected = await client.post(
+            CONNECTIONS, json=connection_body("kind-worker2", "cxlpool0", int(ident))
+        )
+        assert connected.status_code == 201, connected.text
+        assert plain(await _json(client, f"{chassis}/MemoryDomains/0")) == {
+            "@odata.type": "#MemoryDomain.v1_5_1.MemoryDomain",
+            "@odata.id": f"{chassis}/MemoryDomains/0",
+            "Id": "0",
+            "Name": "Memory of cxlpool0",
+            "Status": {"State": "Enabled", "Health": "OK"},
+            "MemoryChunks": {"@odata.id": f"{chassis}/MemoryDomains/0/MemoryChunks"},
+            "AllowsMemoryChunkCreation": True,
+            "MinMemoryChunkSizeMiB": 1024,
+            "MemoryChunkIncrementMiB": 1024,
+            "MemorySizeMiB": 262144,
+            "Links": {
+                "CXLLogicalDevices": [{"@odata.id": logical}],
+                "PCIeFunctions": [{"@odata.id": f"{chassis}/PCIeDevices/cxlpool0/PCIeFunctions/0"}],
+            },
+        }
+        assert plain(await _json(client, chunk)) == {
+            "@odata.type": "#MemoryChunks.v1_6_2.MemoryChunks",
+            "@odata.id": chunk,
+            "Id": ident,
+            "Name": f"cxlpool0-chunk{ident}",
+            "Status": {"State": "Enabled", "Health": "OK"},
+            "MemoryChunkSizeMiB": 2048,
+            "AddressRangeOffsetMiB": 0,
+            "AddressRangeType": "Volatile",
+            "MediaLocation": "Local",
+            "RequestedOperationalState": "Online",
+            "Links": {
+                "CXLLogicalDevices": [{"@odata.id": logical}],
+                "Endpoints": [{"@odata.id": "/redfish/v1/Fabrics/CXL/Endpoints/cxlpool0"}],
+            },
+        }
+        connection = connected.headers["Location"]
+        assert plain(await _json(client, connection)) == {
+            "@odata.type": "#Connection.v1_4_0.Connection",
+            "@odata.id": connection,
+            "Id": connection.rsplit("/", 1)[-1],
+            "Name": f"Connection {connection.rsplit('/', 1)[-1]} to kind-worker2",
+            "ConnectionType": "Memory",
+            "Status": {"State": "Enabled", "Health": "OK"},
+            "MemoryChunkInfo": [
+                {
+                    "AccessCapabilities": ["Read", "Write"],
+                    "AccessState": "Optimized",
+                    "MemoryChunk": {"@odata.id": chunk},
+                }
+            ],
+            "Links": {
+                "InitiatorEndpoints": [{"@odata.id": "/redfish/v1/Fabrics/CXL/Endpoints/kind-worker2"}],
+                "TargetEndpoints": [{"@odata.id": "/redfish/v1/Fabrics/CXL/Endpoints/cxlpool0"}],
+            },
+        }
+
+    _run(tmp_path, body)
