@@ -281,8 +281,9 @@ class HostView:
 
     def reset(self, hosts: dict[str, str], cpu_nodes: Mapping[str, int] | None = None) -> None:
         """Remove every host tree and lay out empty skeletons for ``hosts`` (name → UUID), each
-        with its ``cpu_nodes`` (default 1)."""
-        self.memory.forget()
+        with its ``cpu_nodes`` (default 1). Memory blocks a node agent onlined come back online
+        when their region does: the hosts did not restart with the fabric service."""
+        self.memory.forget(self.hosts_dir)
         for stale in (self.hosts_dir, self.stage_dir, self.trash_dir):
             if stale.exists():
                 shutil.rmtree(stale)
@@ -558,6 +559,8 @@ class MemoryHotplug:
         self._lock = threading.Lock()
         self._hosts: dict[str, _HostMemory] = {}
         self._thread: threading.Thread | None = None
+        #: (host, block) → (state, valid_zones) of blocks online when the trees were last laid out
+        self._online: dict[tuple[str, int], tuple[str, str]] = {}
 
     def prepare(self, sys_root: Path, cpu_nodes: int) -> None:
         """A host's memory and node directories with nothing hot-added."""
@@ -576,9 +579,18 @@ class MemoryHotplug:
             self._hosts[sys_root.parent.name] = host
             self._lists(host)
 
-    def forget(self) -> None:
+    def forget(self, hosts_dir: Path) -> None:
+        """Before the trees under ``hosts_dir`` are laid out anew: keep which blocks are online."""
         with self._lock:
             self._hosts.clear()
+            self._online.clear()
+            for state in hosts_dir.glob("*/sys/devices/system/memory/memory[0-9]*/state"):
+                block = state.parent
+                with contextlib.suppress(OSError, ValueError):
+                    if state.read_text().strip() == "online":
+                        host = block.parents[4].name  # <hosts>/<host>/sys/devices/system/memory
+                        zones = (block / "valid_zones").read_text().strip()
+                        self._online[(host, int(block.name.removeprefix("memory")))] = ("online", zones)
 
     def add(self, host_name: str, node: int, blocks: range) -> None:
         """CPU-less node ``node`` with memory ``blocks`` (as ``auto_online_blocks`` says: offline)."""
@@ -594,8 +606,11 @@ class MemoryHotplug:
                 auto = (system / "memory" / "auto_online_blocks").read_text().strip()
             except FileNotFoundError:
                 auto = "offline"
-            state, online, zones = _ONLINE_AS.get(auto, _OFFLINE)
             for block in blocks:
+                state, online, zones = _ONLINE_AS.get(auto, _OFFLINE)
+                kept = self._online.pop((host_name, block), None)
+                if kept is not None:
+                    (state, zones), online = kept, "1"
                 path = system / "memory" / f"memory{block}"
                 path.mkdir(parents=True, exist_ok=True)
                 _write(path / "state", f"{state}\n")

@@ -125,7 +125,10 @@ def test_create_connect_see_release(tmp_path: Path) -> None:
             (sys_root / "devices" / "system" / "memory" / block / "state").write_text("online_movable\n")
         _wait(
             "the blocks onlined",
-            lambda: f"MemTotal:        {4 * GIB >> 10} kB" in (node / "meminfo").read_text(),
+            lambda: (
+                f"MemTotal:        {4 * GIB >> 10} kB" in (node / "meminfo").read_text()
+                and _host_memory(sys_root)["has_memory"] == "0-2\n"
+            ),
         )
         first = sys_root / "devices" / "system" / "memory" / seen["blocks"][0]
         assert (first / "state").read_text() == "online\n" and (
@@ -214,9 +217,17 @@ def test_chunks_and_connections_survive_restarts_and_kills(tmp_path: Path) -> No
         connection = _connect(client, "kind-worker2", kept).headers["Location"]
         before = _host_memory(emu.sysfs("kind-worker2"))
         assert before["regions"] == ["region0"] and len(before["blocks"]) == 8
+        # the node agent onlined one block: the host keeps it online across the fabric's restart
+        memory = emu.sysfs("kind-worker2") / "devices" / "system" / "memory"
+        (memory / before["blocks"][0] / "state").write_text("online_movable\n")
+        _wait("the block onlined", lambda: _host_memory(emu.sysfs("kind-worker2"))["has_memory"] == "0-1\n")
+        assert (memory / before["blocks"][0] / "state").read_text() == "online\n"
+        before = _host_memory(emu.sysfs("kind-worker2"))
         emu.stop()
         emu.restart()
         client = emu.client()
+        assert (memory / before["blocks"][0] / "valid_zones").read_text() == "Movable\n"
+        assert (memory / before["blocks"][1] / "state").read_text() == "offline\n"
         assert client.get(kept).json()["MemoryChunkSizeMiB"] == 8192
         assert client.get(loose).status_code == 200
         assert client.get(connection).json()["MemoryChunkInfo"][0]["MemoryChunk"]["@odata.id"] == kept
