@@ -207,6 +207,14 @@ def _symlink(link: Path, target: str) -> None:
     os.symlink(target, link)
 
 
+def _new_symlink(link: Path, target: str) -> None:
+    """A symlink in a directory that exists, where none is expected (one call, not three)."""
+    try:
+        os.symlink(target, link)
+    except FileExistsError:
+        _symlink(link, target)
+
+
 def _unlink(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
@@ -611,15 +619,17 @@ class MemoryHotplug:
                 kept = self._online.pop((host_name, block), None)
                 if kept is not None:
                     (state, zones), online = kept, "1"
+                # a new directory of new files, made with the fewest calls: a 64 GiB region has 64
                 path = system / "memory" / f"memory{block}"
-                path.mkdir(parents=True, exist_ok=True)
+                with contextlib.suppress(FileExistsError):  # only a tree edited by hand has it
+                    os.mkdir(path)
                 _write(path / "state", f"{state}\n")
                 _write(path / "online", f"{online}\n")
                 _write(path / "valid_zones", f"{zones}\n")
                 _write(path / "removable", "1\n")
                 _write(path / "phys_index", f"{block:08x}\n")
-                _symlink(path / f"node{node}", f"../../node/node{node}")
-                _symlink(node_dir / f"memory{block}", f"../../memory/memory{block}")
+                _new_symlink(path / f"node{node}", f"../../node/node{node}")
+                _new_symlink(node_dir / f"memory{block}", f"../../memory/memory{block}")
                 host.states[block] = f"{state}\n"
             host.nodes[node] = list(blocks)
             self._meminfo(host, node)
