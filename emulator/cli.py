@@ -590,7 +590,8 @@ def _binding_row(b: dict[str, Any], wide: bool) -> list[str]:
 
 def _in_flight_row(op: dict[str, Any], wide: bool) -> list[str]:
     task = op["Task"]
-    row = [op["Target"], op["Host"], op["Operation"] + "ing", "-", f"task {task.rsplit('/', 1)[-1]}"]
+    doing = op["Operation"].removesuffix("e") + "ing"  # binding, unbinding, releasing (a chunk's DELETE)
+    row = [op["Target"], _cell(op["Host"]), doing, "-", f"task {task.rsplit('/', 1)[-1]}"]
     return [*row, "-", "-", "-", task] if wide else row
 
 
