@@ -14,6 +14,8 @@ here, once, for the controller (which publishes), the manager (which binds) and 
   ``<gpu>-<label>-<start>`` (``gpu0-1g10gb-3``), consuming its memory slices and its share.
 * :func:`parse_partition` — a partition device name back to its GPU, profile and start.
 * :func:`overlaps` and :func:`conflict` — whether placements of one GPU can be held together.
+* :func:`fit_problem` — why a table does not fit a GPU's memory (or multiprocessors), in one line
+  naming the profile; a table whose own profiles do not fit it is refused by its validation.
 
 The naming follows NVIDIA's DRA driver (``gpu-<minor>-mig-<profile>-<gi>-<start>``, profile
 without dots) and its counter set (``memory-slice-<i>`` counters encode the placement, so
