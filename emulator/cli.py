@@ -408,9 +408,10 @@ FAULT_COMMANDS = (
             FaultOption(
                 "--operation",
                 "Operation",
-                "default: bind; any is any bind or unbind (a reset action fails only under reset)",
+                "default: bind; any is any bind or unbind (a reset action fails only under reset, a "
+                "carved memory chunk's DELETE only under release)",
                 default="bind",
-                choices=("bind", "unbind", "reset", "any"),
+                choices=("bind", "unbind", "reset", "release", "any"),
             ),
         ),
     ),
@@ -589,7 +590,8 @@ def _binding_row(b: dict[str, Any], wide: bool) -> list[str]:
 
 def _in_flight_row(op: dict[str, Any], wide: bool) -> list[str]:
     task = op["Task"]
-    row = [op["Target"], op["Host"], op["Operation"] + "ing", "-", f"task {task.rsplit('/', 1)[-1]}"]
+    doing = op["Operation"].removesuffix("e") + "ing"  # binding, unbinding, releasing (a chunk's DELETE)
+    row = [op["Target"], _cell(op["Host"]), doing, "-", f"task {task.rsplit('/', 1)[-1]}"]
     return [*row, "-", "-", "-", task] if wide else row
 
 
@@ -725,11 +727,20 @@ def _device(d: Device) -> dict[str, Any]:
         "link": f"gen{d.model.pcie_generation} x{d.model.pcie_width}",
         "chunks": len(d.chunks),
         "chunkMib": d.chunks[0].size_mib if d.chunks else None,
+        "pool": {"minChunkMiB": d.pool.min_chunk_mib, "incrementMiB": d.pool.increment_mib}
+        if d.pool is not None
+        else None,
+        "partitions": d.model.partitions.name if d.model.partitions is not None else None,
     }
 
 
 def _device_row(d: dict[str, Any], wide: bool) -> list[str]:
     extra = f", {d['chunks']} chunks of {d['chunkMib']} MiB" if d["chunks"] else ""
+    if d["pool"] is not None:
+        pool = d["pool"]
+        extra += f", a pool: chunks of {pool['minChunkMiB']} MiB and up by {pool['incrementMiB']} MiB"
+    if d["partitions"] is not None:
+        extra += f", partitions {d['partitions']}"
     row = [d["port"], d["id"], d["type"], f"{d['model']} (serial {d['serial']}{extra})"]
     return [*row, d["pciId"], _cell(d["memoryBytes"]), d["link"]] if wide else row
 
@@ -755,6 +766,18 @@ def _register_generate(sub: SubParsers) -> None:
     g.add_argument("--fpgas", type=int, default=1, help="FPGAs (default: 1)")
     g.add_argument("--cxl-devices", type=int, default=2, help="CXL Type-3 memory devices (default: 2)")
     g.add_argument("--chunks", type=int, default=4, help="memory chunks per CXL device (default: 4)")
+    g.add_argument(
+        "--cxl-pools",
+        type=int,
+        default=0,
+        help="CXL memory pools (256 GiB each) whose chunks clients create by the GiB (default: 0)",
+    )
+    g.add_argument(
+        "--partitionable-gpus",
+        action="store_true",
+        help="the H100 model declares its built-in partition table (h100-80gb), and a third of the "
+        "GPUs are A100s with theirs (a100-40gb)",
+    )
     g.add_argument("--devices-per-switch", type=int, default=16, help="PCIe devices per switch (default: 16)")
     g.add_argument("--host-prefix", default="kind-worker", help="host name prefix (default: kind-worker)")
     g.add_argument("--seed", default="fabric-dra", help="seed of serials and UUIDs (default: fabric-dra)")

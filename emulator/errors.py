@@ -17,7 +17,9 @@
     │   ├── InjectedFailure         a FailOperations fault refused the operation
     │   ├── GuestFailed             a QEMU host's guest could not plug or unplug a device
     │   ├── GuestTimedOut           a QEMU host's guest did not release a device in time
-    │   └── Interrupted             a restart of the service ended a running task
+    │   ├── Interrupted             a restart of the service ended a running task
+    │   ├── ChunkSizeRefused        a memory chunk size its domain cannot carve (range, increment)
+    │   └── DomainExhausted         a memory domain has too little free memory, or too many chunks
     └── RedfishError                a request refused with its HTTP status and Redfish messages
                                     (emulator.redfish.model.errors)
 
@@ -30,7 +32,9 @@ task's recorded result both use.
 from __future__ import annotations
 
 __all__ = [
+    "ChunkSizeRefused",
     "ConfigError",
+    "DomainExhausted",
     "EmulatorError",
     "FabricError",
     "GuestError",
@@ -108,3 +112,23 @@ class GuestTimedOut(FabricError):
 
 class Interrupted(FabricError):
     """A restart of the service ended a running task before it completed."""
+
+
+class ChunkSizeRefused(FabricError):
+    """A memory chunk of ``size_mib`` its domain cannot carve: below its minimum or above its size,
+    or (``misaligned``) not the minimum plus a whole number of increments."""
+
+    def __init__(self, detail: str, size_mib: int, *, misaligned: bool) -> None:
+        super().__init__(detail)
+        self.size_mib = size_mib
+        self.misaligned = misaligned
+
+
+class DomainExhausted(FabricError):
+    """The memory domain at ``domain`` (its URI) cannot hold the chunk asked for: too little free
+    memory, or (``limit``) as many chunks as it can hold."""
+
+    def __init__(self, detail: str, domain: str, *, limit: bool = False) -> None:
+        super().__init__(detail)
+        self.domain = domain
+        self.limit = limit

@@ -2,7 +2,9 @@
 
 Hosts are named like kind's workers (``kind-worker``, ``kind-worker2``, ...). PCIe devices are
 dealt round-robin by type onto switches of ``devices_per_switch`` each, so every switch holds a
-mix; GPUs alternate between two models. Serial numbers and UUIDs are derived from ``seed`` with
+mix; GPUs alternate between two models (with ``partitionable_gpus``, every third is a partitionable
+A100 and the H100 model names its partition table). CXL devices have pre-made chunks, or are
+pools whose chunks clients create (``cxl_pools``). Serial numbers and UUIDs are derived from ``seed`` with
 UUIDv5 / BLAKE2, so the same spec always yields the same file.
 """
 
@@ -77,6 +79,30 @@ _MODELS: dict[str, dict[str, Any]] = {
         "pcieGeneration": 4,
         "pcieWidth": 16,
     },
+    "a100": {
+        "type": "gpu",
+        "manufacturer": "NVIDIA Corporation",
+        "model": "NVIDIA A100-PCIE-40GB",
+        "vendorId": "0x10de",
+        "deviceId": "0x20f1",
+        "subsystemId": "0x145f",
+        "classCode": "0x030200",
+        "memory": "40GiB",
+        "pcieGeneration": 4,
+        "pcieWidth": 16,
+        "partitions": "a100-40gb",
+    },
+    "cxl-256g": {
+        "type": "cxl-memory",
+        "manufacturer": "fabric-dra",
+        "model": "CXL Type-3 memory pool 256GiB",
+        "vendorId": "0x8086",
+        "deviceId": "0x0d93",
+        "classCode": "0x050210",
+        "memory": "256GiB",
+        "pcieGeneration": 5,
+        "pcieWidth": 16,
+    },
     "cxl-64g": {
         "type": "cxl-memory",
         "manufacturer": "fabric-dra",
@@ -101,15 +127,25 @@ class GenerateSpec(BaseModel):
     fpgas: int = Field(default=1, ge=0, le=10000)
     cxl_devices: int = Field(default=2, ge=0, le=1000)
     chunks: int = Field(default=4, ge=1, le=64)
+    cxl_pools: int = Field(default=0, ge=0, le=1000)
+    #: the H100 model names its partition table, and every third GPU is a partitionable A100
+    partitionable_gpus: bool = False
     devices_per_switch: int = Field(default=16, ge=1, le=1000)
     host_prefix: str = Field(default="kind-worker", pattern=DNS1123_LABEL_PATTERN, max_length=40)
     seed: str = "fabric-dra"
 
     @model_validator(mode="after")
     def _something_to_bind(self) -> GenerateSpec:
-        if self.gpus + self.nvme + self.nics + self.fpgas + self.cxl_devices == 0:
+        if self.gpus + self.nvme + self.nics + self.fpgas + self.cxl_devices + self.cxl_pools == 0:
             raise ValueError("a topology needs at least one device")
         return self
+
+
+def _gpu_model(spec: GenerateSpec, i: int) -> str:
+    """GPUs alternate H100 and L40S; with partitionable GPUs every third is an A100 instead."""
+    if spec.partitionable_gpus and i % 3 == 2:
+        return "a100"
+    return "h100" if i % 2 == 0 else "l40s"
 
 
 def _hex_serial(seed: str, name: str) -> str:
@@ -128,7 +164,7 @@ def generate_topology(spec: GenerateSpec) -> dict[str, Any]:
     ]
     # deal devices round-robin by type so every switch gets a mix of kinds
     queues: list[list[tuple[str, str]]] = [
-        [(f"gpu{i}", "h100" if i % 2 == 0 else "l40s") for i in range(spec.gpus)],
+        [(f"gpu{i}", _gpu_model(spec, i)) for i in range(spec.gpus)],
         [(f"nvme{i}", "pm1743") for i in range(spec.nvme)],
         [(f"nic{i}", "cx7") for i in range(spec.nics)],
         [(f"fpga{i}", "u55c") for i in range(spec.fpgas)],
@@ -152,27 +188,35 @@ def generate_topology(spec: GenerateSpec) -> dict[str, Any]:
             devices.append(device)
         switches.append({"id": f"switch{n}", "devices": devices})
     cxl: dict[str, Any] = {"switches": []}
-    if spec.cxl_devices:
-        cxl["switches"].append(
-            {
-                "id": "cxlswitch0",
-                "devices": [
-                    {
-                        "id": f"cxlmem{i}",
-                        "model": "cxl-64g",
-                        "serial": _hex_serial(spec.seed, f"cxlmem{i}"),
-                        "chunks": spec.chunks,
-                    }
-                    for i in range(spec.cxl_devices)
-                ],
-            }
-        )
-    used = {m for _, m in dealt} | ({"cxl-64g"} if spec.cxl_devices else set())
+    memory: list[dict[str, Any]] = [
+        {
+            "id": f"cxlmem{i}",
+            "model": "cxl-64g",
+            "serial": _hex_serial(spec.seed, f"cxlmem{i}"),
+            "chunks": spec.chunks,
+        }
+        for i in range(spec.cxl_devices)
+    ]
+    memory += [
+        {
+            "id": f"cxlpool{i}",
+            "model": "cxl-256g",
+            "serial": _hex_serial(spec.seed, f"cxlpool{i}"),
+            "pool": {"minChunkMiB": 1024, "incrementMiB": 1024},
+        }
+        for i in range(spec.cxl_pools)
+    ]
+    if memory:
+        cxl["switches"].append({"id": "cxlswitch0", "devices": memory})
+    used = {m for _, m in dealt} | {d["model"] for d in memory}
+    models = {k: dict(v) for k, v in _MODELS.items() if k in used}
+    if spec.partitionable_gpus and "h100" in models:
+        models["h100"]["partitions"] = "h100-80gb"
     return {
         "version": 1,
         "service": {"uuid": str(uuid.uuid5(namespace, "service"))},
         "hosts": hosts,
-        "models": {k: v for k, v in _MODELS.items() if k in used},
+        "models": models,
         "pcie": {"switches": switches},
         "cxl": cxl,
     }
@@ -183,7 +227,9 @@ def generate_topology_yaml(spec: GenerateSpec) -> str:
         "# Generated by `fabric-dra emulator topology generate` "
         f"--hosts {spec.hosts} --gpus {spec.gpus} --nvme {spec.nvme} --nics {spec.nics} --fpgas {spec.fpgas} "
         f"--cxl-devices {spec.cxl_devices} --chunks {spec.chunks} "
-        f"--devices-per-switch {spec.devices_per_switch} "
+        + (f"--cxl-pools {spec.cxl_pools} " if spec.cxl_pools else "")
+        + ("--partitionable-gpus " if spec.partitionable_gpus else "")
+        + f"--devices-per-switch {spec.devices_per_switch} "
         f"--seed {spec.seed}\n"
     )
     return header + yaml.safe_dump(generate_topology(spec), sort_keys=False, width=120)

@@ -7,6 +7,7 @@ cross references of the file were checked.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -15,11 +16,13 @@ from emulator.topology.model import (
     PCIE_DEVICE_TYPES,
     CxlDevice,
     DeviceModel,
+    MemoryPool,
     PcieDevice,
     Topology,
     _DeviceBase,
 )
 from manager_api.devices import DeviceType
+from manager_api.partitions import fit_problem
 
 __all__ = [
     "FABRIC_CXL",
@@ -32,6 +35,7 @@ __all__ = [
     "SwitchInfo",
     "Target",
     "check_references",
+    "chunk_id",
 ]
 
 #: Redfish Fabric Ids; pools are named after them (``fabric-pcie``, ``fabric-cxl``).
@@ -80,15 +84,22 @@ class SwitchInfo:
     devices: tuple[str, ...]
 
 
+def chunk_id(device: str, index: int) -> str:
+    """The target Id of memory chunk ``index`` of CXL device ``device``: ``cxlmem0-chunk2``."""
+    return f"{device}-chunk{index}"
+
+
 @dataclass(frozen=True)
 class Chunk:
-    """One allocatable slice of a CXL Type-3 device's memory."""
+    """One allocatable slice of a CXL Type-3 device's memory: pre-made (from the topology), or
+    carved at run time from a device's pool (``carved``)."""
 
     id: str
     device: str
     index: int
     size_bytes: int
     offset_bytes: int
+    carved: bool = False
 
     @property
     def size_mib(self) -> int:
@@ -106,7 +117,10 @@ class Device:
     model: DeviceModel
     serial: str
     uuid: uuid.UUID | None
+    #: the pre-made chunks; a pool's carved ones are :meth:`FabricIndex.chunks_of`
     chunks: tuple[Chunk, ...] = ()
+    #: clients carve this CXL device's chunks (behaviour.memoryChunks "creatable")
+    pool: MemoryPool | None = None
 
     @property
     def subsystem_vendor_id(self) -> int:
@@ -141,6 +155,28 @@ class FabricIndex:
     #: fabric → the hosts cabled to any of its switches, in host order (the index does not change
     #: once built; every request of the emulator asks, so it is computed once per fabric)
     _cabled: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False, compare=False)
+    #: pool device → its carved chunks by Id, in order of creation: the durable state's chunks,
+    #: entered by :meth:`carve` and left by :meth:`uncarve` as they come and go
+    _carved: dict[str, dict[str, Chunk]] = field(default_factory=dict, repr=False, compare=False)
+
+    def chunks_of(self, device: Device) -> tuple[Chunk, ...]:
+        """``device``'s memory chunks: the pre-made ones, then those carved from its pool."""
+        carved = self._carved.get(device.id)
+        return device.chunks + tuple(carved.values()) if carved else device.chunks
+
+    def carve(self, chunk: Chunk) -> None:
+        """``chunk``, carved from its device's pool, is a target (and a chunk) from now on."""
+        device = self.devices[chunk.device]
+        self._carved.setdefault(device.id, {})[chunk.id] = chunk
+        self.chunks[chunk.id] = chunk
+        self.targets[chunk.id] = Target(chunk.id, device, chunk)
+
+    def uncarve(self, ident: str) -> None:
+        """The carved chunk ``ident`` is gone (deleted)."""
+        chunk = self.chunks.pop(ident, None)
+        self.targets.pop(ident, None)
+        if chunk is not None:
+            self._carved.get(chunk.device, {}).pop(ident, None)
 
     def fabric_switches(self, fabric: str) -> Iterator[SwitchInfo]:
         return (s for s in self.switches.values() if s.fabric == fabric)
@@ -170,6 +206,7 @@ class FabricIndex:
     def build(cls, topology: Topology) -> FabricIndex:
         """Index a topology whose references :func:`check_references` found sound."""
         index = cls(topology=topology)
+        creatable = topology.behaviour.memory_chunks == "creatable"
         for i, host in enumerate(topology.hosts):
             index.hosts[host.name] = HostInfo(host.name, host.uuid, host.numa_node, i)
         all_hosts = [h.name for h in topology.hosts]
@@ -181,10 +218,13 @@ class FabricIndex:
                 for n, dev in enumerate(sw.device_list()):
                     model = topology.models[dev.model]
                     chunks: tuple[Chunk, ...] = ()
-                    if isinstance(dev, CxlDevice):
-                        size = int(model.memory or 0) // dev.chunks
+                    pool = dev.pool if isinstance(dev, CxlDevice) and creatable else None
+                    if isinstance(dev, CxlDevice) and pool is None:
+                        # a pool on a service without chunk creation: one chunk of the whole memory
+                        count = dev.chunks or 1
+                        size = int(model.memory or 0) // count
                         chunks = tuple(
-                            Chunk(f"{dev.id}-chunk{c}", dev.id, c, size, c * size) for c in range(dev.chunks)
+                            Chunk(chunk_id(dev.id, c), dev.id, c, size, c * size) for c in range(count)
                         )
                     device = Device(
                         id=dev.id,
@@ -197,13 +237,14 @@ class FabricIndex:
                         serial=dev.serial,
                         uuid=dev.uuid if isinstance(dev, PcieDevice) else None,
                         chunks=chunks,
+                        pool=pool,
                     )
                     index.devices[dev.id] = device
                     ids.append(dev.id)
                     for chunk in chunks:
                         index.chunks[chunk.id] = chunk
                         index.targets[chunk.id] = Target(chunk.id, device, chunk)
-                    if not chunks:
+                    if isinstance(dev, PcieDevice):
                         index.targets[dev.id] = Target(dev.id, device)
                 index.switches[sw.id] = SwitchInfo(
                     id=sw.id,
@@ -247,6 +288,16 @@ def _check_models(topology: Topology) -> list[Problem]:
             problems.append(Problem(f"models.{key}.type", "must be one of gpu, nvme, nic, fpga, cxl-memory"))
         if model.type == DeviceType.CXL_MEMORY and not model.memory:
             problems.append(Problem(f"models.{key}.memory", "a cxl-memory model needs its capacity"))
+        if model.partitions is not None:
+            loc = f"models.{key}.partitions"
+            if model.type != DeviceType.GPU:
+                problems.append(Problem(loc, f"only a gpu model is partitioned; this one is {model.type}"))
+            elif not model.memory:
+                problems.append(Problem(f"models.{key}.memory", "a partitioned gpu model needs its memory"))
+            else:
+                misfit = fit_problem(model.partitions, int(model.memory))
+                if misfit is not None:
+                    problems.append(Problem(loc, misfit))
     return problems
 
 
@@ -288,6 +339,8 @@ class _SwitchChecks:
         # Host names and device/chunk Ids share one namespace: both are Endpoint Ids in a fabric.
         self.seen_ids: dict[str, str] = {name: f"hosts[{i}].name" for name, i in host_names.items()}
         self.serials: dict[str, str] = {}
+        #: pool devices (their chunks are carved as "<id>-chunk<n>"), by Id, with where they are
+        self.pools: dict[str, str] = {}
 
     def run(self) -> list[Problem]:
         for section, switches in self.topology.switch_sections():
@@ -303,6 +356,12 @@ class _SwitchChecks:
                 ports: set[str] = set()
                 for d, dev in enumerate(sw.device_list()):
                     self._device(dev, f"{sw_loc}.devices[{d}]", ports)
+        for pool, where in self.pools.items():
+            carved = re.compile(rf"{re.escape(pool)}-chunk[0-9]+")
+            for ident, loc in self.seen_ids.items():
+                if carved.fullmatch(ident):
+                    what = f"Id {ident!r} is taken by the chunks clients carve from {where}"
+                    self.problems.append(Problem(loc, what))
         return self.problems
 
     def _claim_id(self, ident: str, loc: str) -> None:
@@ -341,8 +400,21 @@ class _SwitchChecks:
             self.problems.append(Problem(f"{loc}.model", what))
             return
         total = int(device_model.memory or 0)
-        if total % dev.chunks or (total // dev.chunks) % _MIB:
-            what = f"{total} bytes do not split into {dev.chunks} chunks of whole MiB"
+        if dev.pool is not None:
+            self._pool(dev, dev.pool, total, loc)
+        count = 1 if dev.pool is not None else dev.chunks or 1
+        if total % count or (total // count) % _MIB:
+            what = f"{total} bytes do not split into {count} chunks of whole MiB"
+            self.problems.append(Problem(f"{loc}.chunks" if count > 1 else f"{loc}.model", what))
+        if dev.pool is None:
+            for c in range(count):
+                self._claim_id(chunk_id(dev.id, c), f"{loc} (chunk {c})")
+
+    def _pool(self, dev: CxlDevice, pool: MemoryPool, total: int, loc: str) -> None:
+        self.pools[dev.id] = f"{loc}.pool"
+        if dev.chunks is not None:
+            what = "a pool's chunks are carved by clients; leave chunks out"
             self.problems.append(Problem(f"{loc}.chunks", what))
-        for c in range(dev.chunks):
-            self._claim_id(f"{dev.id}-chunk{c}", f"{loc} (chunk {c})")
+        if pool.min_chunk_mib * _MIB > total:
+            what = f"a chunk of {pool.min_chunk_mib} MiB does not fit in the device's {total // _MIB} MiB"
+            self.problems.append(Problem(f"{loc}.pool.minChunkMiB", what))

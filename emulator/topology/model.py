@@ -18,6 +18,7 @@ from pydantic import BaseModel, BeforeValidator, ByteSize, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from manager_api.devices import DeviceType
+from manager_api.partitions import PartitionTableRef
 from plumbing.names import (
     DNS1123_LABEL_MAX_LENGTH,
     DNS1123_LABEL_PATTERN,
@@ -33,6 +34,7 @@ __all__ = [
     "CxlSwitch",
     "DeviceModel",
     "Host",
+    "MemoryPool",
     "PcieDevice",
     "PcieFabric",
     "PcieSwitch",
@@ -146,6 +148,12 @@ class DeviceModel(_Model):
     pcie_generation: int = Field(default=4, ge=1, le=6)
     pcie_width: Literal[1, 2, 4, 8, 16, 32] = 16
     firmware_version: str | None = None
+    partitions: PartitionTableRef | None = Field(
+        default=None,
+        description="a gpu model's partition table: a built-in table's name (h100-80gb, a100-40gb, "
+        "manager_api.partitions) or the table itself; shown on each such GPU's PCIeDevice as "
+        "Oem.FabricDRA.PartitionTable",
+    )
 
 
 class _DeviceBase(_Model):
@@ -164,10 +172,35 @@ class PcieDevice(_DeviceBase):
     uuid: UUID | None = None
 
 
+class MemoryPool(_Model):
+    """A memory domain whose chunks clients create and delete (MemoryDomain v1_5_0:
+    ``AllowsMemoryChunkCreation``, ``MinMemoryChunkSizeMiB``, ``MemoryChunkIncrementMiB``)."""
+
+    min_chunk_mib: int = Field(
+        alias="minChunkMiB", ge=1, le=1 << 30, description="MinMemoryChunkSizeMiB: the smallest chunk"
+    )
+    increment_mib: int = Field(
+        alias="incrementMiB",
+        ge=1,
+        le=1 << 30,
+        description="MemoryChunkIncrementMiB: a chunk is the minimum plus a whole number of increments",
+    )
+    max_chunks: int = Field(
+        default=64, ge=1, le=1024, description="chunks the domain holds at most; past it a create is refused"
+    )
+
+
 class CxlDevice(_DeviceBase):
     # chunk Ids are "<id>-chunk<n>" and must stay DNS labels of at most 63 characters
     id: str = Field(pattern=DNS1123_LABEL_PATTERN, max_length=55)
-    chunks: int = Field(default=1, ge=1, le=64, description="equal memory chunks the capacity is split into")
+    chunks: int | None = Field(
+        default=None, ge=1, le=64, description="equal memory chunks the capacity is split into (default 1)"
+    )
+    pool: MemoryPool | None = Field(
+        default=None,
+        description="the device's memory is a pool clients carve chunks from (POST to its domain's "
+        "MemoryChunks) instead of pre-made chunks",
+    )
 
 
 class SwitchBase(_Model):
@@ -275,6 +308,15 @@ class Behaviour(_Model):
             "resource blocks (device Ids) the service says are composed into every listed host at "
             "once (two or more): ComposedAndAvailable, in each system's Links.ResourceBlocks; their "
             "composition into any other system is refused"
+        ),
+    )
+    memory_chunks: Literal["creatable", "fixed"] = Field(
+        default="creatable",
+        description=(
+            "creatable: a CXL device with a pool offers a memory domain with AllowsMemoryChunkCreation "
+            "whose chunks clients create and delete; fixed: a service without chunk creation "
+            "(MemoryDomain before v1_5): such a device shows one pre-made chunk of its whole memory "
+            "and its domain takes no POST"
         ),
     )
     resource_blocks: Literal["composition-service", "root-only"] = Field(

@@ -41,6 +41,8 @@ def test_everything_that_needs_authentication_answers_401_found_or_not(emulator:
             ("DELETE", f"{SESSIONS}/no-such-session"),
             ("POST", "/redfish/v1/Fabrics/NoSuchFabric/Actions/Fabric.Nothing"),
             ("GET", "/redfish/v1/Oem/NoSuch"),
+            ("POST", "/redfish/v1/Chassis/cxlpool0/MemoryDomains/0/MemoryChunks"),
+            ("DELETE", "/redfish/v1/Chassis/cxlpool0/MemoryDomains/0/MemoryChunks/1"),
         ):
             answer = client.request(method, path, json={} if method in ("PATCH", "POST") else None)
             assert answer.status_code == 401, (method, path, answer.status_code)
@@ -48,7 +50,13 @@ def test_everything_that_needs_authentication_answers_401_found_or_not(emulator:
             assert answer.headers["www-authenticate"].startswith("Basic")
         # With credentials a missing resource is a 404; what is open stays open.
         assert client.get("/redfish/v1/NoSuchCollection", auth=creds).status_code == 404
-        for path in ("/redfish", "/redfish/v1/", "/redfish/v1/$metadata", "/redfish/v1/odata"):
+        for path in (
+            "/redfish",
+            "/redfish/v1/",
+            "/redfish/v1/$metadata",
+            "/redfish/v1/odata",
+            "/redfish/v1/Schemas/FabricDRA_v1.xml",
+        ):
             assert client.get(path).status_code == 200, path
 
 
@@ -83,3 +91,25 @@ def test_repeated_login_failures_are_slowed_down(emulator: Emulator) -> None:
     statuses, elapsed = asyncio.run(attempts("127.0.6.3", [(username, password)]))
     assert statuses == [201]
     assert elapsed < 2.0
+
+
+def test_hostile_chunk_requests_are_refused_in_one_line_and_carve_nothing(emulator: Emulator) -> None:
+    """Bodies no parser should choke on: a number of 5,000 digits, arrays nested 100,000 deep,
+    sizes of every wrong sign and type. Each is a 400 naming the problem; the pool stays whole."""
+    chunks = "/redfish/v1/Chassis/cxlpool0/MemoryDomains/0/MemoryChunks"
+    with httpx.Client(
+        base_url=emulator.url, timeout=30, verify=emulator.verify, auth=emulator.auth
+    ) as client:
+        for raw in (
+            b'{"MemoryChunkSizeMiB": 1' + b"0" * 5000 + b"}",
+            b'{"MemoryChunkSizeMiB": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        ):
+            answer = client.post(chunks, content=raw, headers={"Content-Type": "application/json"})
+            assert answer.status_code == 400, answer.text[:300]
+            assert answer.json()["error"]["code"] == "Base.1.22.MalformedJSON"
+        for size in (0, -1024, 1 << 62, 1.5e3, True, None, "1024", [1024]):
+            answer = client.post(chunks, json={"MemoryChunkSizeMiB": size})
+            assert answer.status_code == 400, (size, answer.text)
+            assert "\n" not in answer.json()["error"]["message"]
+        members = client.get(chunks).json()["Members"]
+        assert members == []

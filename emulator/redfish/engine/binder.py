@@ -23,7 +23,7 @@ from emulator.redfish.model.state import (
     ZoneRecord,
     utcnow,
 )
-from emulator.redfish.sysfs.hostview import allocate_address
+from emulator.redfish.sysfs.hostview import allocate_address, cpu_nodes
 from emulator.topology import FabricIndex, Target
 from plumbing.logs import get_logger
 
@@ -108,6 +108,13 @@ class Binder:
         for t in op.targets:
             target = self.index.targets[t]
             others = [(b, self.index.targets[b.target].device.id) for b in self.table.host_bindings(op.host)]
+            address = allocate_address(
+                others,
+                target.device.type,
+                target.device.id,
+                size_bytes=target.chunk.size_bytes if target.chunk else 0,
+                first_memory_node=cpu_nodes(self.index.hosts[op.host].numa_node),
+            )
             binding = BindingRecord(
                 target=t,
                 host=op.host,
@@ -115,7 +122,7 @@ class Binder:
                 zone=op.zone,
                 connection=op.connection,
                 since=now,
-                address=allocate_address(others, target.device.type, target.device.id),
+                address=address,
             )
             self.state.bindings[t] = binding
             if self.visibility.visible(binding):
@@ -175,6 +182,10 @@ class Binder:
             key = "ConnectionCreated" if op.binds else "ConnectionRemoved"
             origin = uris.connection(op.fabric, op.connection)
             events.append(self.events.make(key, op.connection, op.fabric, prefix="Fabric", origin=origin))
+            # and in the words of any resource's life (ResourceEvent 1.4), for clients that
+            # follow resources rather than fabric events
+            life = "ResourceCreated" if op.binds else "ResourceRemoved"
+            events.append(self.events.make(life, prefix="ResourceEvent", origin=origin))
         return events
 
     def _target_events(self, target: Target) -> list[FabricEvent]:

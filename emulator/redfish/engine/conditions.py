@@ -107,12 +107,12 @@ class Conditions:
         return False
 
     def take_failure(self, kind: str, targets: list[str]) -> InjectedFailure | None:
-        """The first FailOperations fault for ``kind`` (bind, unbind, reset) of ``targets``, used."""
+        """The first FailOperations fault for ``kind`` (bind, unbind, reset, release) of ``targets``, used."""
         for fault_id, fault in list(self.faults.items()):
             if not isinstance(fault, FailOperations):
                 continue
-            # "any" is any binding change; a reset fails only when a fault names it
-            wanted = (kind,) if kind == "reset" else ("any", kind)
+            # "any" is any binding change; a reset or a chunk's release fails only when a fault names it
+            wanted = (kind,) if kind in ("reset", "release") else ("any", kind)
             if fault.Operation not in wanted or not self._names(fault.Target, targets):
                 continue
             self._consume(fault_id, fault)

@@ -32,6 +32,7 @@ from typing import Any
 from emulator.qemu.host import QemuHosts
 from emulator.redfish.engine.binder import Binder
 from emulator.redfish.engine.bindings import BindingTable, Revision
+from emulator.redfish.engine.carving import Carver
 from emulator.redfish.engine.conditions import Conditions
 from emulator.redfish.engine.events import EventBus
 from emulator.redfish.engine.injection import FaultInjector
@@ -42,9 +43,9 @@ from emulator.redfish.engine.tasks import TaskRunner
 from emulator.redfish.engine.visibility import Visibility
 from emulator.redfish.model import uris
 from emulator.redfish.model.latency import LatencyProfile
-from emulator.redfish.model.state import BindingRecord, FabricState, StateStore, utcnow
+from emulator.redfish.model.state import BindingRecord, FabricState, OperationKind, StateStore, utcnow
 from emulator.redfish.sysfs.hostview import HostView
-from emulator.topology import FabricIndex
+from emulator.topology import Chunk, Device, FabricIndex
 from plumbing.crashpoints import crash_point
 from plumbing.logs import get_logger
 
@@ -80,6 +81,7 @@ class Engine:
         self.visibility = Visibility(index, self.conditions, hostview)
         self.journal = Journal(store, events)
         self.binder = Binder(index, self.bindings, self.conditions, self.visibility, events)
+        self.carver = Carver(index, self.bindings, events)
         #: renders a resource URI, for the body of a 201 and of a task's final response (set by the service)
         self.render: Callable[[str], dict[str, Any] | None] = lambda _uri: None
         #: ends every open session, for an ExpireSessions fault (set by the service)
@@ -95,6 +97,7 @@ class Engine:
             self.rng,
             qemu,
             render=lambda uri: self.render(uri),
+            carver=self.carver,
         )
         self.injector = FaultInjector(
             index,
@@ -124,6 +127,7 @@ class Engine:
         """Make the loaded state consistent before serving; rebuild every host view from it."""
         state = self.state
         interrupt_unfinished_tasks(state)
+        self.carver.restore()  # carved chunks are targets again before bindings are checked against them
         drop_what_the_topology_lacks(state, self.index)
         self.conditions.load()
         state.prune_tasks()
@@ -141,7 +145,11 @@ class Engine:
     async def execute(self, op: Operation, *, force_task: bool = False) -> Outcome:
         """Run ``op``: complete it now, or start a task for it. Raises
         :class:`~emulator.errors.FabricError` when the fabric refuses it."""
-        self.binder.check(op)
+        releases = op.kind == OperationKind.RELEASE
+        if releases:
+            self.carver.check_release(op)
+        else:
+            self.binder.check(op)
         failure = self.conditions.take_failure(op.kind.value, op.targets)
         hang = self.conditions.take_hang(op.targets)
         # A QEMU host's change waits on its guest (device_del until DEVICE_DELETED): always a task,
@@ -153,11 +161,25 @@ class Engine:
         if failure is not None:
             await self.journal.commit([], [])  # the fault's count went down
             raise failure
+        if releases:
+            effects, events = self.carver.release(op)
+            await self.journal.commit(effects, events)
+            return Outcome(op.success_status, op.location)
         crash_point("emulator.bind.before-commit" if op.binds else "emulator.unbind.before-commit")
         effects, events = self.binder.apply(op)
         await self.journal.commit(effects, events)
         crash_point("emulator.bind.after-commit" if op.binds else "emulator.unbind.after-commit")
         return Outcome(op.success_status, op.location)
+
+    async def create_chunk(
+        self, device: Device, size_mib: int, *, name: str | None = None, description: str | None = None
+    ) -> Chunk:
+        """Carve a memory chunk of ``size_mib`` from ``device``'s pool, durably (always at once: a
+        pool hands out free memory; only its release takes time). Raises
+        :class:`~emulator.errors.FabricError` when the domain cannot."""
+        chunk, (effects, events) = self.carver.create(device, size_mib, name=name, description=description)
+        await self.journal.commit(effects, events)
+        return chunk
 
     async def reset_device(self, device_id: str, reset_type: str | None) -> list[BindingRecord]:
         """Reset the device ``device_id`` (``#Processor.Reset``, ``#Drive.Reset``): done at once,

@@ -24,7 +24,10 @@ def interrupt_unfinished_tasks(state: FabricState) -> None:
         if task.finished:
             continue
         held = [t for t in task.targets if t in state.bindings]
-        if task.kind == OperationKind.BIND:
+        if task.kind == OperationKind.RELEASE:
+            # a chunk's release changes the state only when it completes: the chunk is still there
+            outcome = f"{fmt_targets(task.targets)} was not deleted"
+        elif task.kind == OperationKind.BIND:
             outcome = f"{fmt_targets(task.targets)} was not bound to {task.host}"
         else:
             outcome = f"{fmt_targets(held)} is still bound to {task.host}" if held else "nothing was unbound"

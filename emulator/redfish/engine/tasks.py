@@ -20,6 +20,7 @@ from emulator.qemu.host import HostUnplugError, QemuHosts
 from emulator.qemu.qmp import QmpError
 from emulator.redfish.engine.binder import Binder
 from emulator.redfish.engine.bindings import BindingTable
+from emulator.redfish.engine.carving import Carver
 from emulator.redfish.engine.conditions import Conditions
 from emulator.redfish.engine.events import EventBus, FabricEvent
 from emulator.redfish.engine.journal import Change, Journal
@@ -28,7 +29,7 @@ from emulator.redfish.model import uris
 from emulator.redfish.model.errors import RedfishError, error_body, redfish_error
 from emulator.redfish.model.latency import LatencyProfile
 from emulator.redfish.model.registries import message
-from emulator.redfish.model.state import FabricState, TaskRecord, TaskResult, utcnow
+from emulator.redfish.model.state import FabricState, OperationKind, TaskRecord, TaskResult, utcnow
 from emulator.topology import FabricIndex
 from plumbing.crashpoints import crash_point
 from plumbing.logs import get_logger
@@ -52,6 +53,8 @@ class TaskRunner:
     qemu: QemuHosts | None
     #: renders a resource URI for a task's final response
     render: Callable[[str], dict[str, Any] | None]
+    #: deletes carved memory chunks (a task for their sanitize time)
+    carver: Carver
     _runners: dict[str, asyncio.Task[None]] = field(default_factory=dict, init=False)
 
     @property
@@ -77,7 +80,7 @@ class TaskRunner:
             id=self.state.allocate_id(),
             kind=op.kind,
             style=op.style,
-            host=op.host,
+            host=op.host or None,
             targets=list(op.targets),
             zone=op.zone,
             connection=op.connection,
@@ -98,7 +101,7 @@ class TaskRunner:
             task=task.id,
             operation=op.kind.value,
             device=fmt_targets(op.targets),
-            node=op.host,
+            node=op.host or None,
             style=op.style.value,
         )
         return task
@@ -127,8 +130,11 @@ class TaskRunner:
 
     async def _take_time(self, task: TaskRecord, op: Operation) -> None:
         """The latency profile's time for ``op``, reporting 50 % half way."""
-        types = [self.index.targets[t].device.type for t in op.targets]
-        seconds = self.latency.operation_seconds(op.binds, types, self.rng)
+        if op.kind == OperationKind.RELEASE:
+            seconds = self.latency.sanitize_seconds(self.rng)
+        else:
+            types = [self.index.targets[t].device.type for t in op.targets]
+            seconds = self.latency.operation_seconds(op.binds, types, self.rng)
         await asyncio.sleep(seconds / 2)
         if seconds:
             task.percent = 50
@@ -181,7 +187,8 @@ class TaskRunner:
         task.percent = 100
         if failure is not None:
             return self._fail(task, op, failure)
-        effects, events = self.binder.apply(op)
+        releases = op.kind == OperationKind.RELEASE
+        effects, events = self.carver.release(op) if releases else self.binder.apply(op)
         task.state = "Completed"
         task.messages.append(message("TaskCompletedOK", task.id, prefix="TaskEvent"))
         body = self.render(op.location) if op.location else None
@@ -202,7 +209,7 @@ class TaskRunner:
             "task failed",
             task=task.id,
             device=fmt_targets(op.targets),
-            node=op.host,
+            node=op.host or None,
             error=error.summary,
         )
         self.table.revision.bump()

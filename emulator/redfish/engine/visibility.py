@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from emulator.redfish.engine.conditions import Conditions
 from emulator.redfish.model.state import BindingRecord, SideEffect
-from emulator.redfish.sysfs.hostview import HostEntry, HostView
+from emulator.redfish.sysfs.hostview import HostEntry, HostView, cpu_nodes
 from emulator.topology import FabricIndex
 
 __all__ = ["Visibility"]
@@ -32,7 +32,8 @@ class Visibility:
 
     def rebuild(self, bindings: list[BindingRecord]) -> None:
         """Every host's tree anew, holding the visible ``bindings`` (at start, from the durable state)."""
-        self.view.reset({h.name: str(h.uuid) for h in self.index.hosts.values()})
+        hosts = self.index.hosts.values()
+        self.view.reset({h.name: str(h.uuid) for h in hosts}, {h.name: cpu_nodes(h.numa_node) for h in hosts})
         for binding in bindings:
             if self.visible(binding):
                 self.view.add(self.entry(binding))

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from emulator.errors import (
+    ChunkSizeRefused,
+    DomainExhausted,
     EmulatorError,
     FabricError,
     GuestFailed,
@@ -31,6 +33,7 @@ __all__ = ["STATUS_OF_MESSAGE", "RedfishError", "error_body", "redfish_error"]
 #: HTTP status of a Base MessageId a fault injects without naming a status; 400 for the others.
 STATUS_OF_MESSAGE = {
     "ResourceInUse": 409,
+    "ResourceExhaustion": 409,
     "ConditionInRelatedResource": 409,
     "PreconditionFailed": 412,
     "NoValidSession": 401,
@@ -109,4 +112,21 @@ def redfish_error(err: FabricError) -> RedfishError:
         return RedfishError.of(500, "OperationFailed", detail=detail)
     if isinstance(err, Interrupted):
         return RedfishError.of(503, "ServiceShuttingDown", detail=detail)
+    if isinstance(err, ChunkSizeRefused):
+        # Base 1.22.1: PropertyValueIncorrect's arguments are (property, value), the other way
+        # round from PropertyValueOutOfRange's (value, property)
+        prop, related = "MemoryChunkSizeMiB", ["/MemoryChunkSizeMiB"]
+        if err.misaligned:
+            return RedfishError.of(
+                400, "PropertyValueIncorrect", prop, err.size_mib, related=related, detail=detail
+            )
+        return RedfishError.of(
+            400, "PropertyValueOutOfRange", err.size_mib, prop, related=related, detail=detail
+        )
+    if isinstance(err, DomainExhausted):
+        # DSP0266 maps neither to a status; 409 Conflict: the request is sound, the domain's
+        # present state cannot take it (another chunk's release may make room)
+        if err.limit:
+            return RedfishError.of(409, "CreateLimitReachedForResource", detail=detail)
+        return RedfishError.of(409, "ResourceExhaustion", err.domain, detail=detail)
     return RedfishError.of(500, "OperationFailed", detail=detail)

@@ -34,11 +34,11 @@ class _Fault(BaseModel):
 class FailOperations(_Fault):
     """The next ``Count`` binds (or unbinds, or resets) of ``Target`` fail with ``MessageId``.
     ``any`` is any bind or unbind; a reset (``#Processor.Reset``, ``#Drive.Reset``) fails only
-    under ``Operation: reset``."""
+    under ``Operation: reset``, and the DELETE of a carved memory chunk only under ``release``."""
 
     Kind: Literal["FailOperations"]
     Target: str | None = Field(default=None, description="device or memory chunk Id; any when absent")
-    Operation: Literal["bind", "unbind", "reset", "any"] = "bind"
+    Operation: Literal["bind", "unbind", "reset", "release", "any"] = "bind"
     Count: int = Field(default=1, ge=1, le=1_000_000)
     MessageId: str = "OperationFailed"
     HttpStatus: int | None = Field(default=None, ge=400, le=599)

@@ -41,6 +41,11 @@ class LatencyProfile(BaseModel):
     tasks: bool = Field(default=False, description="answer binds/unbinds with 202 and a task monitor")
     bind: dict[DeviceType, Delay] = Field(default_factory=dict)
     unbind: dict[DeviceType, Delay] = Field(default_factory=dict)
+    sanitize: Delay = Field(
+        default_factory=Delay,
+        description="the DELETE of a memory chunk carved from a pool: its memory is sanitized before "
+        "it is free again (MemoryRegion.SanitizeOnRelease); a task when the profile has tasks",
+    )
     read: Delay = Field(default_factory=Delay)
     retry_after_seconds: int = Field(default=1, ge=1, le=60, description="Retry-After of task monitors")
 
@@ -48,6 +53,9 @@ class LatencyProfile(BaseModel):
         """An operation on several targets takes as long as its slowest one."""
         table = self.bind if bind else self.unbind
         return max((table.get(t, Delay()).sample(rng) for t in types), default=0.0)
+
+    def sanitize_seconds(self, rng: random.Random) -> float:
+        return self.sanitize.sample(rng)
 
 
 INSTANT = LatencyProfile(name="instant")
@@ -66,6 +74,9 @@ REALISTIC = LatencyProfile(
     tasks=True,
     bind={t: Delay(seconds=s, jitter=j) for t, ((s, j), _) in _REALISTIC_SECONDS.items()},
     unbind={t: Delay(seconds=s, jitter=j) for t, (_, (s, j)) in _REALISTIC_SECONDS.items()},
+    # a CXL device overwrites a released range before another host may have it (the realistic
+    # profile's stand-in for a sanitize of a few GiB; real devices take longer for more)
+    sanitize=Delay(seconds=1.0, jitter=0.3),
     read=Delay(seconds=0.005, jitter=0.003),
 )
 

@@ -102,6 +102,20 @@ _MESSAGES: dict[str, dict[str, MessageDef]] = {
             ),
             ("PropertyValueError", "Warning", 1, "The value of %1 is not valid here.", "Correct %1."),
             (
+                "PropertyValueIncorrect",
+                "Warning",
+                2,
+                "The value '%2' of %1 is not acceptable.",
+                "Correct the value of %1.",
+            ),
+            (
+                "ResourceExhaustion",
+                "Critical",
+                1,
+                "'%1' cannot satisfy the request: not enough of it is free.",
+                "Free some of it, or ask for less.",
+            ),
+            (
                 "PropertyValueFormatError",
                 "Warning",
                 2,

@@ -245,7 +245,8 @@ class TaskService(_Service):
 class TaskPayload(_Obj):
     HttpOperation: str
     TargetUri: str
-    JsonBody: str
+    #: absent for a request without a body (a DELETE): a service omits what it has not
+    JsonBody: str | None = None
     HttpHeaders: list[str] = Field(default_factory=list)
 
 
@@ -427,6 +428,8 @@ class PCIeDeviceLinks(_Obj):
 
 class PCIeDevice(_Product):
     ODATA_TYPE = "PCIeDevice.v1_21_0.PCIeDevice"
+    #: Resource.Oem: ``{"FabricDRA": {"PartitionTable": {...}}}`` on a partitionable GPU
+    Oem: dict[str, Any] | None = None
     UUID: str | None = None
     FirmwareVersion: str | None = None
     DeviceType: str = "SingleFunction"
@@ -557,6 +560,9 @@ class MemoryDomain(Resource):
     Status: Status
     MemoryChunks: Ref
     AllowsMemoryChunkCreation: bool = False
+    #: a domain that allows chunk creation: the smallest chunk, and the step above it (v1_5_0)
+    MinMemoryChunkSizeMiB: int | None = None
+    MemoryChunkIncrementMiB: int | None = None
     MemorySizeMiB: int | None = None
     Links: MemoryDomainLinks | None = None
 

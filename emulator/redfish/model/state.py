@@ -32,6 +32,7 @@ from plumbing.logs import get_logger
 __all__ = [
     "STATE_FILE",
     "BindingRecord",
+    "ChunkRecord",
     "ClientRecord",
     "ConnectionRecord",
     "FabricState",
@@ -68,6 +69,8 @@ class _Model(BaseModel):
 class OperationKind(StrEnum):
     BIND = "bind"
     UNBIND = "unbind"
+    #: the DELETE of a memory chunk carved from a pool: its memory is sanitized, then free again
+    RELEASE = "release"
 
 
 class HostAddress(_Model):
@@ -78,6 +81,12 @@ class HostAddress(_Model):
     nvme: int | None = None
     memdev: int | None = None
     region: int | None = None
+    #: a CXL region's host physical address range (bytes, block-aligned): its memory blocks are
+    #: ``memory<hpa / block size>`` on
+    hpa: int | None = None
+    hpa_bytes: int | None = None
+    #: the CPU-less NUMA node a CXL region's memory comes up on
+    node: int | None = None
 
 
 class BindingRecord(_Model):
@@ -108,6 +117,23 @@ class ZoneRecord(ClientRecord):
     """A zone of endpoints; each host's own zone is implicit, this is one a client created."""
 
 
+class ChunkRecord(_Model):
+    """A memory chunk a client carved from a CXL device's pool (POST to its domain's MemoryChunks)."""
+
+    #: target Id, ``<device>-chunk<index>``
+    id: str
+    device: str
+    #: its Id in the domain's MemoryChunks collection
+    index: int
+    size_mib: int
+    #: where its memory lies in the domain, ``(offset, size)`` in MiB, lowest first: a chunk may be
+    #: made of several ranges, as a CXL dynamic-capacity device hands out extents
+    extents: list[tuple[int, int]]
+    name: str | None = None
+    description: str | None = None
+    created: datetime
+
+
 class ConnectionRecord(ClientRecord):
     """A CXL connection: the memory chunks bound through it, and their access."""
 
@@ -127,7 +153,8 @@ class TaskRecord(_Model):
     id: str
     kind: OperationKind
     style: BindingStyle
-    host: str
+    #: the host a bind or unbind is for; None for a chunk's release
+    host: str | None
     targets: list[str]
     zone: str | None = None
     connection: str | None = None
@@ -162,6 +189,8 @@ class FabricState(_Model):
     bindings: dict[str, BindingRecord] = Field(default_factory=dict)
     zones: dict[str, ZoneRecord] = Field(default_factory=dict)
     connections: dict[str, ConnectionRecord] = Field(default_factory=dict)
+    #: memory chunks carved from pools, by target Id
+    chunks: dict[str, ChunkRecord] = Field(default_factory=dict)
     tasks: dict[str, TaskRecord] = Field(default_factory=dict)
     faults: dict[str, FaultRecord] = Field(default_factory=dict)
 

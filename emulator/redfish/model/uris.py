@@ -51,6 +51,7 @@ __all__ = [
     "connection",
     "endpoint",
     "fabric",
+    "memory_domain",
     "pcie_device",
     "port",
     "resource_block",
@@ -100,8 +101,13 @@ def pcie_device(device: Device) -> str:
     return f"{chassis(chassis_of(device))}/PCIeDevices/{device.id}"
 
 
+def memory_domain(device_id: str) -> str:
+    """A CXL memory device's one memory domain."""
+    return f"{chassis(device_id)}/MemoryDomains/0"
+
+
 def chunk(device_id: str, index: int) -> str:
-    return f"{chassis(device_id)}/MemoryDomains/0/MemoryChunks/{index}"
+    return f"{memory_domain(device_id)}/MemoryChunks/{index}"
 
 
 def fabric(fabric_id: str) -> str:

@@ -52,9 +52,11 @@ class Request:
             raise RedfishError.of(400, "MalformedJSON", detail="The request has no body; send a JSON object.")
         try:
             return json.loads(self.body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        except (ValueError, UnicodeDecodeError, RecursionError) as err:
+            # ValueError beyond JSONDecodeError: a number of more digits than Python converts;
+            # RecursionError: arrays nested deeper than the parser goes
             raise RedfishError.of(
-                400, "MalformedJSON", detail=f"The request body is not valid JSON: {err}."
+                400, "MalformedJSON", detail=f"The request body is not valid JSON: {str(err)[:200]}."
             ) from None
 
 

@@ -20,6 +20,7 @@ from emulator.redfish.views.services import (
     SessionServiceNode,
     managers_node,
     registries_node,
+    schemas_node,
 )
 from emulator.redfish.views.systems import systems_node
 from emulator.redfish.views.tasks import TaskServiceNode
@@ -39,6 +40,7 @@ def build_tree(ctx: Context) -> ServiceRootNode:
     children: dict[str, Node] = {
         "odata": ODataNode(ctx),
         "$metadata": MetadataNode(ctx),
+        "Schemas": schemas_node(ctx),
         "Systems": systems_node(ctx),
         "Chassis": ChassisCollectionNode(ctx),
         "Fabrics": fabrics_node(ctx),

@@ -3,20 +3,25 @@
 Each switch has an enclosure chassis (``Chassis/{switch}``); PCIe devices live in their switch's
 enclosure as a PCIeDevice (with one PCIeFunction, ``0``) plus the resource that *is* the device:
 a Processor (GPU ``ProcessorType: GPU``, FPGA ``FPGA``), a Drive (NVMe) or a NetworkAdapter
-(NIC). Each CXL Type-3 memory device is a module chassis of its own (``Chassis/{device}``, as in
-DMTF's public-cxl mockup) with its PCIeDevice, CXL logical device ``0`` and memory domain ``0``,
-whose memory chunks are the unit a host binds.
+(NIC). A partitionable GPU's PCIeDevice carries its partition table as
+``Oem.FabricDRA.PartitionTable`` (manager_api.partitions, camelCase). Each CXL Type-3 memory
+device is a module chassis of its own (``Chassis/{device}``, as in DMTF's public-cxl mockup) with
+its PCIeDevice, CXL logical device ``0`` and memory domain ``0``, whose memory chunks are the unit
+a host binds. A device with a pool has a domain that allows chunk creation (MemoryDomain v1_5_0):
+a POST to its ``MemoryChunks`` carves a chunk, a DELETE of the chunk gives its memory back.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import ClassVar, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
+from emulator.redfish.engine.operation import Operation
 from emulator.redfish.model import uris
+from emulator.redfish.model.oem import OEM_NAMESPACE, PCIE_DEVICE_OEM_TYPE
 from emulator.redfish.model.resources import (
     Action,
     Chassis,
@@ -47,10 +52,12 @@ from emulator.redfish.model.resources import (
     ref,
     refs,
 )
+from emulator.redfish.model.state import OperationKind
 from emulator.redfish.sysfs.pciconfig import dsn_from_serial
 from emulator.redfish.tree.http import Reply, Request, parse_body
 from emulator.redfish.tree.nodes import CollectionNode, Context, Node, actions, collection_of
 from emulator.redfish.views.common import (
+    Body,
     DeviceNode,
     device_class,
     device_status,
@@ -61,8 +68,9 @@ from emulator.redfish.views.common import (
     product,
 )
 from emulator.redfish.views.composition import block_uri
-from emulator.topology import FABRIC_CXL, Device, SwitchInfo
-from manager_api.devices import DeviceType
+from emulator.redfish.views.outcome import reply_for
+from emulator.topology import FABRIC_CXL, Chunk, Device, SwitchInfo
+from manager_api.devices import BindingStyle, DeviceType
 
 __all__ = ["ChassisCollectionNode", "processor_model"]
 
@@ -101,7 +109,20 @@ def _gcxlid(serial: str) -> str:
 
 
 def _memory_domain_uri(device: Device) -> str:
-    return f"{uris.chassis(device.id)}/MemoryDomains/0"
+    return uris.memory_domain(device.id)
+
+
+def _partition_oem(device: Device) -> dict[str, Any] | None:
+    """``Oem.FabricDRA.PartitionTable`` of a partitionable GPU: its model's table, camelCase."""
+    table = device.model.partitions
+    if table is None:
+        return None
+    return {
+        OEM_NAMESPACE: {
+            "@odata.type": PCIE_DEVICE_OEM_TYPE,
+            "PartitionTable": table.model_dump(mode="json", by_alias=True),
+        }
+    }
 
 
 class ChassisCollectionNode(CollectionNode):
@@ -239,6 +260,7 @@ class PCIeDeviceNode(DeviceNode, at=uris.pcie_device):
             PCIeFunctions=ref(f"{self.uri}/PCIeFunctions"),
             CXLDevice=CXLDevice() if cxl else None,
             CXLLogicalDevices=ref(f"{self.uri}/CXLLogicalDevices") if cxl else None,
+            Oem=_partition_oem(dev),
             Links=PCIeDeviceLinks(
                 Chassis=[ref(uris.chassis(uris.chassis_of(dev)))],
                 Processors=[ref(primary_uri(dev))] if dev.type in (DeviceType.GPU, DeviceType.FPGA) else [],
@@ -396,22 +418,49 @@ class CXLLogicalDeviceNode(DeviceNode, at=logical_device_uri):
             Links=CXLLogicalDeviceLinks(
                 PCIeFunctions=[ref(function_uri(dev))],
                 MemoryDomains=[ref(_memory_domain_uri(dev))],
-                MemoryChunks=refs([uris.chunk(dev.id, c.index) for c in dev.chunks]),
+                MemoryChunks=refs([uris.chunk(dev.id, c.index) for c in self.ctx.index.chunks_of(dev)]),
                 Endpoints=[ref(uris.endpoint(dev.fabric, dev.id))],
             ),
         )
 
 
+class _ChunkCreate(Body):
+    """The body of a POST to a pool's MemoryChunks. MemoryChunks v1_6 marks nothing
+    ``RequiredOnCreate``; this service needs the size (it cannot guess one), takes the chunk's
+    names, and makes Volatile memory only (the one ``AddressRangeType`` a RAM pool has)."""
+
+    MemoryChunkSizeMiB: int = Field(strict=True)
+    AddressRangeType: Literal["Volatile"] = "Volatile"
+    Name: str | None = Field(default=None, max_length=255)
+    Description: str | None = Field(default=None, max_length=1024)
+
+
 class MemoryDomainNode(DeviceNode, at=_memory_domain_uri):
     def render(self) -> MemoryDomain:
-        dev = self.device
+        dev, pool = self.device, self.device.pool
+        chunks = self.ctx.index.chunks_of(dev)
+        if pool is not None:
+            carver = self.ctx.engine.carver
+            total, used = carver.total_mib(dev), carver.used_mib(dev)
+            description = (
+                f"Pool of {total} MiB: {used} MiB in {len(chunks)} chunks, {total - used} MiB free; "
+                f"POST a chunk of {pool.min_chunk_mib} MiB plus multiples of {pool.increment_mib} MiB "
+                "to MemoryChunks"
+            )
+        elif chunks:
+            description = f"{len(chunks)} chunks of {chunks[0].size_bytes // _MIB} MiB"
+        else:
+            description = None
         return MemoryDomain(
             odata_id=self.uri,
             Id="0",
             Name=f"Memory of {dev.id}",
-            Description=f"{len(dev.chunks)} chunks of {dev.chunks[0].size_mib} MiB" if dev.chunks else None,
+            Description=description,
             Status=self.status(),
             MemoryChunks=ref(f"{self.uri}/MemoryChunks"),
+            AllowsMemoryChunkCreation=pool is not None,
+            MinMemoryChunkSizeMiB=pool.min_chunk_mib if pool is not None else None,
+            MemoryChunkIncrementMiB=pool.increment_mib if pool is not None else None,
             MemorySizeMiB=int(dev.model.memory or 0) // _MIB,
             Links=MemoryDomainLinks(
                 CXLLogicalDevices=[ref(logical_device_uri(dev))], PCIeFunctions=[ref(function_uri(dev))]
@@ -422,30 +471,89 @@ class MemoryDomainNode(DeviceNode, at=_memory_domain_uri):
         if segment != "MemoryChunks":
             return None
         ctx, dev = self.ctx, self.device
-        chunks = {str(c.index): functools.partial(ChunkNode, ctx, dev, c.index) for c in dev.chunks}
-        return collection_of(
-            ctx, f"{self.uri}/MemoryChunks", "MemoryChunksCollection", f"Memory chunks of {dev.id}", chunks
+
+        def chunk(ident: str) -> Node | None:
+            found = next((c for c in ctx.index.chunks_of(dev) if str(c.index) == ident), None)
+            return ChunkNode(ctx, dev, found) if found is not None else None
+
+        return CollectionNode(
+            ctx,
+            f"{self.uri}/MemoryChunks",
+            "MemoryChunksCollection",
+            f"Memory chunks of {dev.id}",
+            lambda: [str(c.index) for c in ctx.index.chunks_of(dev)],
+            chunk,
+            on_post=self._create if dev.pool is not None else None,
         )
+
+    async def _create(self, request: Request) -> Reply:
+        """POST to the pool's MemoryChunks: 201 with ``Location``, ``ETag`` and the chunk made
+        (DSP0266 "POST (create)"), or the domain's refusal (emulator.redfish.model.errors)."""
+        body = parse_body(_ChunkCreate, request.json())
+        chunk = await self.ctx.engine.create_chunk(
+            self.device, body.MemoryChunkSizeMiB, name=body.Name, description=body.Description
+        )
+        node = ChunkNode(self.ctx, self.device, chunk)
+        raw, etag = self.ctx.renderer.render(node)
+        return Reply(201, None, {"Location": node.uri, "ETag": etag}, raw=raw)
 
 
 class ChunkNode(DeviceNode):
-    def __init__(self, ctx: Context, device: Device, index: int) -> None:
-        super().__init__(ctx, device, uris.chunk(device.id, index))
-        self.chunk = device.chunks[index]
+    """A memory chunk: pre-made (read only), or carved from a pool (DELETE gives it back)."""
+
+    def __init__(self, ctx: Context, device: Device, chunk: Chunk) -> None:
+        super().__init__(ctx, device, uris.chunk(device.id, chunk.index))
+        self.chunk = chunk
+        if chunk.carved:
+            self.allow = ("GET", "HEAD", "DELETE")
+
+    def _releasing(self) -> bool:
+        task_id = self.ctx.engine.bindings.inflight.get(self.chunk.id)
+        return task_id is not None and self.ctx.engine.state.tasks[task_id].kind == OperationKind.RELEASE
 
     def render(self) -> MemoryChunks:
         dev, chunk = self.device, self.chunk
+        record = self.ctx.engine.state.chunks.get(chunk.id) if chunk.carved else None
+        releasing = self._releasing()
+        if record is not None:
+            name = record.name or chunk.id
+            description = record.description or (
+                f"Carved from the pool of {dev.id}; connect it with a CXL Connection, DELETE it to "
+                "give the memory back"
+            )
+        else:
+            name = chunk.id
+            description = f"Chunk {chunk.index} of {dev.id}; bind it with a CXL Connection"
+        status = self.status()
+        if releasing:
+            status = status.model_copy(update={"State": "Disabled"})
         return MemoryChunks(
             odata_id=self.uri,
             Id=str(chunk.index),
-            Name=chunk.id,
-            Description=f"Chunk {chunk.index} of {dev.id}; bind it with a CXL Connection",
-            Status=self.status(),
-            MemoryChunkSizeMiB=chunk.size_mib,
+            Name=name,
+            Description=description,
+            Status=status,
+            MemoryChunkSizeMiB=chunk.size_bytes // _MIB,
             AddressRangeOffsetMiB=chunk.offset_bytes // _MIB,
             MediaLocation="Local",
+            # MemoryChunks v1_5_0: Offline asks consumers to let go; a release sanitizes it meanwhile
+            RequestedOperationalState="Offline" if releasing else "Online",
             Links=MemoryChunksLinks(
                 CXLLogicalDevices=[ref(logical_device_uri(dev))],
                 Endpoints=[ref(uris.endpoint(dev.fabric, dev.id))],
             ),
         )
+
+    async def delete(self, request: Request) -> Reply:
+        if not self.chunk.carved:
+            return await super().delete(request)
+        op = Operation(
+            kind=OperationKind.RELEASE,
+            style=BindingStyle.CONNECTION,
+            fabric=self.device.fabric,
+            host="",
+            targets=[self.chunk.id],
+            method="DELETE",
+            uri=self.uri,
+        )
+        return await reply_for(self.ctx, op, request)

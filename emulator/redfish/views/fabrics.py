@@ -292,7 +292,7 @@ class DeviceEndpointNode(DeviceNode, at=lambda device: uris.endpoint(device.fabr
         zones: list[str] = []
         connections: list[str] = []
         if dev.type == DeviceType.CXL_MEMORY:
-            for chunk in dev.chunks:
+            for chunk in self.ctx.index.chunks_of(dev):
                 entities.append(
                     ConnectedEntity(
                         EntityType="MemoryChunk",
@@ -623,7 +623,7 @@ class ConnectionsNode(_ClientCollection):
         prop = f"MemoryChunkInfo/{index}/MemoryChunk"
         clean = uri.rstrip("/")
         for device in self.ctx.index.fabric_devices(self.fabric.fabric_id):
-            for chunk in device.chunks:
+            for chunk in self.ctx.index.chunks_of(device):
                 if clean == uris.chunk(device.id, chunk.index):
                     return chunk.id
         raise RedfishError.of(

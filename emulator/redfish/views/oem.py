@@ -88,6 +88,25 @@ class BindingsNode(Node):
                     "Task": uris.task(task_id),
                 }
             )
+        pools = []
+        for device in index.devices.values():
+            if device.pool is None:
+                continue
+            carver = engine.carver
+            used = carver.used_mib(device)
+            pools.append(
+                {
+                    "Device": device.id,
+                    "MemoryDomain": uris.memory_domain(device.id),
+                    "SizeMiB": carver.total_mib(device),
+                    "UsedMiB": used,
+                    "FreeMiB": carver.total_mib(device) - used,
+                    "Chunks": [
+                        {"Target": r.id, "SizeMiB": r.size_mib, "Extents": [list(e) for e in r.extents]}
+                        for r in carver.records(device)
+                    ],
+                }
+            )
         return {
             "@odata.id": self.uri,
             "Id": "Bindings",
@@ -95,6 +114,7 @@ class BindingsNode(Node):
             "StateVersion": engine.state.version,
             "Bindings": bindings,
             "InFlight": in_flight,
+            "Pools": pools,
         }
 
 

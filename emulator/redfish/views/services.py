@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from emulator.redfish.model import uris
 from emulator.redfish.model.errors import RedfishError
+from emulator.redfish.model.oem import OEM_NAMESPACES, OEM_SCHEMA_URI, oem_schema
 from emulator.redfish.model.registries import REGISTRIES
 from emulator.redfish.model.resources import (
     ALL_TYPES,
@@ -37,7 +38,8 @@ from emulator.redfish.model.resources import (
 from emulator.redfish.tree.expand import expand_query, expand_served
 from emulator.redfish.tree.http import Reply, Request, parse_body
 from emulator.redfish.tree.nodes import CollectionNode, Context, Node, collection_of
-from emulator.redfish.views.common import ServiceNode
+from emulator.redfish.views.common import Segment, ServiceNode
+from emulator.topology import FABRIC_CXL
 from plumbing import __version__
 
 __all__ = [
@@ -53,11 +55,13 @@ __all__ = [
     "managers_node",
     "metadata_document",
     "registries_node",
+    "schemas_node",
 ]
 
 #: Where DMTF publishes the schemas (CSDL ``<Name>_v1.xml``, JSON Schema ``<Namespace>.json``):
-#: the emulator serves no schema files of its own, so ``$metadata`` and the ``Link`` headers
-#: point there, as DSP0266 allows ("a URI to a local version" or the published one).
+#: the emulator serves none of DMTF's schema files, so ``$metadata`` and the ``Link`` headers
+#: point there, as DSP0266 allows ("a URI to a local version" or the published one). Its own OEM
+#: schema (emulator.redfish.model.oem) it serves itself, under ``/redfish/v1/Schemas``.
 DMTF_SCHEMAS = "http://redfish.dmtf.org/schemas/v1"
 _TYPE_FIRST = b'{"@odata.type":"#'
 
@@ -189,6 +193,9 @@ def metadata_document() -> str:
         lines.append(f'  <edmx:Reference Uri="{DMTF_SCHEMAS}/{schema}_v1.xml">')
         lines += [f'    <edmx:Include Namespace="{ns}"/>' for ns in sorted(namespaces[schema])]
         lines.append("  </edmx:Reference>")
+    lines.append(f'  <edmx:Reference Uri="{OEM_SCHEMA_URI}">')
+    lines += [f'    <edmx:Include Namespace="{ns}"/>' for ns in OEM_NAMESPACES]
+    lines.append("  </edmx:Reference>")
     root_version = next(m for m in ALL_TYPES if m.__name__ == "ServiceRoot").ODATA_TYPE.rsplit(".", 1)[0]
     lines += [
         "  <edmx:DataServices>",
@@ -219,15 +226,25 @@ def described_by(body: bytes) -> str | None:
 
 
 class MetadataNode(Node):
+    """``$metadata``, and every other CSDL document the service serves: open to all, as XML."""
+
     public = True
     is_resource = False
 
-    def __init__(self, ctx: Context) -> None:
-        super().__init__(ctx, f"{uris.ROOT}/$metadata")
-        self.document = metadata_document().encode()
+    def __init__(
+        self, ctx: Context, uri: str = f"{uris.ROOT}/$metadata", document: str | None = None
+    ) -> None:
+        super().__init__(ctx, uri)
+        self.document = (document if document is not None else metadata_document()).encode()
 
     async def get(self, request: Request) -> Reply:
         raise AssertionError("served by the application as XML")
+
+
+def schemas_node(ctx: Context) -> Node:
+    """``/redfish/v1/Schemas``: the service's own schema files (its OEM extension's CSDL)."""
+    oem = MetadataNode(ctx, OEM_SCHEMA_URI, oem_schema())
+    return Segment(ctx, OEM_SCHEMA_URI.rsplit("/", 1)[0], {OEM_SCHEMA_URI.rsplit("/", 1)[1]: oem})
 
 
 # --- sessions and accounts -------------------------------------------------------------------
@@ -510,7 +527,7 @@ class ManagerNode(Node):
                 ManagerForChassis=refs(
                     [
                         uris.chassis(c)
-                        for c in list(index.switches) + [d.id for d in index.devices.values() if d.chunks]
+                        for c in list(index.switches) + [d.id for d in index.fabric_devices(FABRIC_CXL)]
                     ]
                 ),
                 ManagerForSwitches=refs([uris.switch(s.fabric, s.id) for s in index.switches.values()]),

@@ -30,11 +30,15 @@ def _stamp(value: object) -> str | None:
 
 def task_model(task: TaskRecord) -> Task:
     devices = ", ".join(task.targets) or "(no devices)"
-    direction = "to" if task.kind.value == "bind" else "from"
+    if task.host is None:
+        name = f"Task {task.id}: {task.kind.value} {devices}"
+    else:
+        direction = "to" if task.kind.value == "bind" else "from"
+        name = f"Task {task.id}: {task.kind.value} {devices} {direction} {task.host}"
     return Task(
         odata_id=uris.task(task.id),
         Id=task.id,
-        Name=f"Task {task.id}: {task.kind.value} {devices} {direction} {task.host}",
+        Name=name,
         TaskState=task.state,
         TaskStatus=task.status,
         StartTime=_stamp(task.start) or "",
@@ -44,7 +48,7 @@ def task_model(task: TaskRecord) -> Task:
         Payload=TaskPayload(
             HttpOperation=task.method,
             TargetUri=task.uri,
-            JsonBody=task.body,
+            JsonBody=task.body or None,
             HttpHeaders=[],
         ),
         Messages=task.messages,

@@ -136,3 +136,20 @@ def test_a_closed_pipe_is_no_traceback() -> None:
     error = shown.stderr.read().decode()
     assert shown.wait(timeout=60) == 141
     assert "Traceback" not in error and error == ""
+
+
+def test_bindings_show_a_chunk_being_released(tmp_path: Path) -> None:
+    """A carved chunk's release in flight has no host: the table says ``-`` and ``releasing``."""
+    with run_emulator(tmp_path) as emu:
+        client = emu.client()
+        made = client.post(
+            "/redfish/v1/Chassis/cxlpool0/MemoryDomains/0/MemoryChunks", json={"MemoryChunkSizeMiB": 1024}
+        )
+        target = f"cxlpool0-chunk{made.json()['Id']}"
+        emu.inject({"Kind": "HangTasks", "Target": target})
+        assert client.delete(made.headers["Location"]).status_code == 202
+        done = _cli("emulator", "bindings", *_client(emu))
+        assert done.returncode == 0, done.stderr
+        row = next(line.split() for line in done.stdout.splitlines() if line.startswith(target))
+        assert row[1:3] == ["-", "releasing"]
+        emu.reset_faults()

@@ -1,9 +1,11 @@
 """DMTF's Redfish Service Validator over the whole resource tree of a running emulator.
 
 The emulator is put in a state where every kind of resource exists — bindings of all three
-styles, a zone a client created, a CXL connection, a finished and a running task, a session —
-then ``rf_service_validator`` (PyPI redfish-service-validator) crawls it from the service root,
-offline, against DMTF's CSDL (``--schema_directory <redfish_dir>/csdl --skipschema``). Its
+styles, a zone a client created, a CXL connection, chunks carved from a memory pool (one
+connected, one being released), partitionable GPUs with their OEM partition table, a finished
+and a running task, a session — then ``rf_service_validator`` (PyPI redfish-service-validator)
+crawls it from the service root, offline, against DMTF's CSDL and the service's own OEM schema
+(``--schema_directory`` with both, ``--skipschema``). Its
 debug log is parsed: no result may be FAIL; any WARN is listed (docs/emulator.md says why each
 remains, and today there are none).
 """
@@ -18,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from emulator.redfish.model.oem import OEM_SCHEMA_FILE, OEM_SCHEMA_URI
 from tests.support.emulator import (
     CONNECTIONS,
     ENDPOINTS,
@@ -76,6 +79,25 @@ def test_validator_reports_no_failures(tmp_path: Path, redfish_dir: Path) -> Non
         while done.status_code == 202:
             done = client.get(connection.headers["Location"])
         assert done.status_code == 201, done.text
+        # chunks carved from the pool: one connected to a host, one being released (sanitized)
+        pool = "/redfish/v1/Chassis/cxlpool0/MemoryDomains/0/MemoryChunks"
+        carved = client.post(pool, json={"MemoryChunkSizeMiB": 4096})
+        assert carved.status_code == 201, carved.text
+        memory = client.post(
+            CONNECTIONS,
+            json={
+                "ConnectionType": "Memory",
+                "MemoryChunkInfo": [{"MemoryChunk": {"@odata.id": carved.headers["Location"]}}],
+                "Links": {
+                    "InitiatorEndpoints": [{"@odata.id": "/redfish/v1/Fabrics/CXL/Endpoints/kind-worker3"}]
+                },
+            },
+        )
+        assert memory.status_code == 201, memory.text
+        releasing = client.post(pool, json={"MemoryChunkSizeMiB": 2048})
+        assert releasing.status_code == 201, releasing.text
+        emu.inject({"Kind": "HangTasks", "Target": f"cxlpool0-chunk{releasing.json()['Id']}"})
+        assert client.delete(releasing.headers["Location"]).status_code == 202
         # a task that is still running while the validator reads it
         emu.inject({"Kind": "HangTasks", "Target": "gpu5"})
         uri, body = zone_add("kind-worker4", "gpu5")
@@ -87,6 +109,15 @@ def test_validator_reports_no_failures(tmp_path: Path, redfish_dir: Path) -> Non
             json={"UserName": emu.username, "Password": emu.password},
         )
         assert login.status_code == 201
+
+        # DMTF's schemas and the service's own OEM schema (Oem.FabricDRA), side by side
+        schemas = tmp_path / "schemas"
+        schemas.mkdir()
+        for csdl in (redfish_dir / "csdl").iterdir():
+            (schemas / csdl.name).symlink_to(csdl)
+        oem = client.get(OEM_SCHEMA_URI)
+        assert oem.status_code == 200 and oem.headers["content-type"].startswith("application/xml")
+        (schemas / OEM_SCHEMA_FILE).write_bytes(oem.content)
 
         logdir = tmp_path / "validator"
         result = subprocess.run(
@@ -100,7 +131,7 @@ def test_validator_reports_no_failures(tmp_path: Path, redfish_dir: Path) -> Non
                 "--authtype",
                 "Session",
                 "--schema_directory",
-                str(redfish_dir / "csdl"),
+                str(schemas),
                 "--skipschema",
                 "--logdir",
                 str(logdir),
@@ -140,6 +171,13 @@ def test_validator_reports_no_failures(tmp_path: Path, redfish_dir: Path) -> Non
         "/redfish/v1/Chassis/cxlmem1/PCIeDevices/cxlmem1/CXLLogicalDevices/0",
         "/redfish/v1/TaskService/Tasks",
         "/redfish/v1/Registries/Base.1.22.1",
+        "/redfish/v1/Chassis/switch0/PCIeDevices/gpu0",
+        "/redfish/v1/Chassis/cxlpool0/MemoryDomains/0",
+        carved.headers["Location"],
+        releasing.headers["Location"],
+        f"/redfish/v1/Fabrics/CXL/Connections/{memory.json()['Id']}",
+        "/redfish/v1/Systems/kind-worker3/MemoryDomains/CXL/MemoryChunks/"
+        f"cxlpool0-chunk{carved.json()['Id']}",
     ):
         assert uri in validated, f"the validator never reached {uri}"
     assert len(validated) >= 200, f"only {len(validated)} resources were validated"

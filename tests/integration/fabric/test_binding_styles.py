@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from emulator.topology import default_topology_path, load_topology
 from manager_api.client import ManagerClient
 from manager_api.errors import DeviceBusy, FabricUnavailable, PermissionDenied
 from manager_api.models import AttachmentState, BindingState
@@ -178,7 +179,11 @@ async def test_manager_listener_over_tls(fabric: FabricAdmin, tmp_path: Path) ->
     with manager_for(fabric, tmp_path, "--tls-cert", str(tls.cert), "--tls-key", str(tls.key)) as manager:
         assert manager.address.startswith("https://")
         async with ManagerClient(manager.address, token=OPERATOR_TOKEN, ca_file=str(tls.ca)) as client:
-            assert len((await client.inventory()).devices) == 18
+            # every target of the default topology: whole PCIe devices and pre-made CXL chunks (a
+            # pool's memory domain holds no chunk until one is carved)
+            assert len((await client.inventory()).devices) == len(
+                load_topology(default_topology_path()).targets
+            )
         async with ManagerClient(manager.address, token=OPERATOR_TOKEN) as untrusting:
             with pytest.raises(FabricUnavailable, match="its TLS certificate was not accepted"):
                 await untrusting.devices()

@@ -71,7 +71,8 @@ def bind_tasks(fabric: FabricAdmin, target: str) -> list[dict[str, object]]:
     tasks = []
     for member in fabric.get("/redfish/v1/TaskService/Tasks")["Members"]:
         task = fabric.get(member["@odata.id"])
-        if task["Payload"]["JsonBody"] and target in json.dumps(task["Payload"]["JsonBody"]):
+        body = task["Payload"].get("JsonBody")  # absent for a request without a body (DELETE)
+        if body and target in json.dumps(body):
             tasks.append({"state": task["TaskState"], "status": task["TaskStatus"]})
     return tasks
 

@@ -13,6 +13,8 @@ import pytest
 import emulator
 import emulator.errors
 from emulator.errors import (
+    ChunkSizeRefused,
+    DomainExhausted,
     EmulatorError,
     FabricError,
     GuestFailed,
@@ -70,6 +72,16 @@ ANSWERS: dict[type[FabricError], tuple[FabricError, int, str]] = {
     GuestFailed: (GuestFailed("QMP failed"), 500, "OperationFailed"),
     GuestTimedOut: (GuestTimedOut("the guest kept the device"), 504, "OperationTimeout"),
     Interrupted: (Interrupted("a restart ended the task"), 503, "ServiceShuttingDown"),
+    ChunkSizeRefused: (
+        ChunkSizeRefused("512 MiB is too small", 512, misaligned=False),
+        400,
+        "PropertyValueOutOfRange",
+    ),
+    DomainExhausted: (
+        DomainExhausted("1024 MiB free", "/redfish/v1/Chassis/p/MemoryDomains/0"),
+        409,
+        "ResourceExhaustion",
+    ),
 }
 
 
@@ -93,3 +105,29 @@ def test_every_fabric_error_has_its_redfish_answer() -> None:
 def test_an_injected_failure_answers_with_its_faults_status(status: int | None, expected: int) -> None:
     assert redfish_error(InjectedFailure("refused", "ResourceInUse", status)).status == expected
     assert redfish_error(InjectedFailure("refused", "MalformedJSON", None)).status == 400
+
+
+def test_memory_domain_refusals_carry_the_registry_arguments_in_its_order() -> None:
+    """Base 1.22.1: PropertyValueOutOfRange is (value, property), PropertyValueIncorrect (property,
+    value), ResourceExhaustion (the resource's URI); CreateLimitReachedForResource takes none."""
+    domain = "/redfish/v1/Chassis/cxlpool0/MemoryDomains/0"
+    cases = [
+        (
+            ChunkSizeRefused("small", 512, misaligned=False),
+            400,
+            "PropertyValueOutOfRange",
+            ["512", "MemoryChunkSizeMiB"],
+        ),
+        (
+            ChunkSizeRefused("off", 1500, misaligned=True),
+            400,
+            "PropertyValueIncorrect",
+            ["MemoryChunkSizeMiB", "1500"],
+        ),
+        (DomainExhausted("full", domain), 409, "ResourceExhaustion", [domain]),
+        (DomainExhausted("many", domain, limit=True), 409, "CreateLimitReachedForResource", []),
+    ]
+    for error, status, key, args in cases:
+        answer = redfish_error(error)
+        first = answer.messages[0]
+        assert (answer.status, first["MessageId"], first["MessageArgs"]) == (status, f"Base.1.22.{key}", args)

@@ -7,7 +7,14 @@ import struct
 from pathlib import Path
 
 from emulator.redfish.model.state import BindingRecord, HostAddress, utcnow
-from emulator.redfish.sysfs.hostview import HOST_BRIDGE, HostEntry, HostView, allocate_address
+from emulator.redfish.sysfs.hostview import (
+    CXL_WINDOW_BASE,
+    HOST_BRIDGE,
+    MEMORY_BLOCK_BYTES,
+    HostEntry,
+    HostView,
+    allocate_address,
+)
 from emulator.redfish.sysfs.pciconfig import CONFIG_SIZE, config_space, dsn_from_serial
 from manager_api.devices import BindingStyle
 from manager_api.models import DeviceType
@@ -185,9 +192,32 @@ def test_addresses_are_lowest_free_like_hot_plug() -> None:
     ]
     assert allocate_address(taken, DeviceType.NIC, "nic0") == HostAddress(bdf="0000:42:00.0", iommu_group=33)
     assert allocate_address(taken, DeviceType.NVME, "nvme0") == HostAddress(bdf="0000:42:00.0", nvme=0)
-    chunks = [(_binding("c0", HostAddress(memdev=0, region=0)), "cxl0")]
-    assert allocate_address(chunks, DeviceType.CXL_MEMORY, "cxl0") == HostAddress(memdev=0, region=1)
-    assert allocate_address(chunks, DeviceType.CXL_MEMORY, "cxl1") == HostAddress(memdev=1, region=1)
+    gib = 1 << 30
+    window = CXL_WINDOW_BASE
+    chunks = [
+        (_binding("c0", HostAddress(memdev=0, region=0, hpa=window, hpa_bytes=2 * gib, node=1)), "cxl0")
+    ]
+    # the next region: after the first in the CXL window, block-aligned, on a node of its own
+    assert allocate_address(
+        chunks, DeviceType.CXL_MEMORY, "cxl0", size_bytes=gib + 1, first_memory_node=1
+    ) == HostAddress(memdev=0, region=1, hpa=window + 2 * gib, hpa_bytes=2 * gib, node=2)
+    assert allocate_address(chunks, DeviceType.CXL_MEMORY, "cxl1", size_bytes=gib, first_memory_node=2) == (
+        HostAddress(memdev=1, region=1, hpa=window + 2 * gib, hpa_bytes=gib, node=2)
+    )
+    # a hole left by a released region is used again when the new one fits in it
+    gap = [
+        *chunks,
+        (
+            _binding("c2", HostAddress(memdev=0, region=2, hpa=window + 4 * gib, hpa_bytes=gib, node=2)),
+            "cxl0",
+        ),
+    ]
+    gap[0] = (
+        _binding("c0", HostAddress(memdev=0, region=0, hpa=window + gib, hpa_bytes=gib, node=1)),
+        "cxl0",
+    )
+    assert allocate_address(gap, DeviceType.CXL_MEMORY, "cxl0", size_bytes=gib).hpa == window
+    assert allocate_address(gap, DeviceType.CXL_MEMORY, "cxl0", size_bytes=2 * gib).hpa == window + 2 * gib
     # past the last bus of a domain, hot-plugged devices continue in the next PCI domain
     full: list[tuple[BindingRecord, str]] = []
     for i in range(0xFF - 0x41):
@@ -195,3 +225,108 @@ def test_addresses_are_lowest_free_like_hot_plug() -> None:
         full.append((_binding(f"n{i}", address), f"n{i}"))
     assert full[-1][0].address.bdf == "0000:fe:00.0"
     assert allocate_address(full, DeviceType.NVME, "last").bdf == "0001:41:00.0"
+
+
+def _cxl(target: str, region: int, node: int, size: int, hpa: int) -> HostEntry:
+    return HostEntry(
+        **{
+            **_gpu().__dict__,
+            "target": target,
+            "type": DeviceType.CXL_MEMORY,
+            "serial": "0000c0ffee000100",
+            "size_bytes": size,
+            "device_size_bytes": 256 << 30,
+            "address": HostAddress(memdev=0, region=region, hpa=hpa, hpa_bytes=size, node=node),
+        }
+    )
+
+
+def test_cxl_memory_brings_blocks_and_a_cpu_less_node_the_kernel_onlines(tmp_path: Path) -> None:
+    view = HostView(tmp_path)
+    view.reset({"h1": "256ebd99-678f-4f37-b1b6-3b826ce5e7a8"}, {"h1": 2})
+    system = view.sys_root("h1") / "devices" / "system"
+    assert (system / "memory" / "block_size_bytes").read_text() == f"{MEMORY_BLOCK_BYTES:x}\n"
+    assert (system / "node" / "online").read_text() == "0-1\n"
+    assert (system / "node" / "node1" / "cpulist").read_text() == "8-15\n"
+    gib = 1 << 30
+    entry = _cxl("pool-c1", 0, 2, 3 * gib + gib // 2, CXL_WINDOW_BASE)
+    view.add(entry)
+    # whole blocks only (kmem onlines no part of one): 3.5 GiB is 3 blocks of 1 GiB
+    first = CXL_WINDOW_BASE // MEMORY_BLOCK_BYTES
+    blocks = sorted(p.name for p in (system / "memory").glob("memory[0-9]*"))
+    assert blocks == [f"memory{first + i}" for i in range(3)]
+    block = system / "memory" / blocks[0]
+    assert (block / "state").read_text() == "offline\n" and (block / "online").read_text() == "0\n"
+    assert (block / "phys_index").read_text() == f"{first:08x}\n"
+    assert (block / "node2").resolve() == (system / "node" / "node2").resolve()
+    assert (system / "node" / "node2" / blocks[1]).resolve() == (system / "memory" / blocks[1]).resolve()
+    assert (system / "node" / "node2" / "cpulist").read_text() == "\n"
+    assert (system / "node" / "online").read_text() == "0-2\n"
+    assert (system / "node" / "has_memory").read_text() == "0-1\n", "nothing of node2 is online yet"
+    dax = view.sys_root("h1") / "bus" / "dax" / "devices" / "dax0.0"
+    assert (dax / "target_node").read_text() == "2\n" and (dax / "numa_node").read_text() == "1\n"
+    region = view.sys_root("h1") / "bus" / "cxl" / "devices" / "region0"
+    assert (region / "resource").read_text() == f"{CXL_WINDOW_BASE:#x}\n"
+
+    # a node agent onlines two blocks movable and writes nonsense to the third
+    (block / "state").write_text("online_movable\n")
+    (system / "memory" / blocks[1] / "state").write_text("online\n")
+    (system / "memory" / blocks[2] / "state").write_text("sideways\n")
+    view.memory.settle()
+    assert (block / "state").read_text() == "online\n" and (block / "valid_zones").read_text() == "Movable\n"
+    assert (system / "memory" / blocks[1] / "valid_zones").read_text() == "Normal\n"
+    assert (system / "memory" / blocks[2] / "state").read_text() == "offline\n", "refused, as EINVAL"
+    meminfo = (system / "node" / "node2" / "meminfo").read_text()
+    assert meminfo.startswith(f"Node 2 MemTotal:       {2 * gib >> 10:8d} kB\n")
+    assert (system / "node" / "has_memory").read_text() == "0-2\n"
+    assert (system / "node" / "has_normal_memory").read_text() == "0-2\n"
+    (block / "state").write_text("offline\n")
+    (system / "memory" / blocks[1] / "state").write_text("offline\n")
+    view.memory.settle()
+    assert (system / "node" / "has_memory").read_text() == "0-1\n"
+    assert "MemTotal:              0 kB" in (system / "node" / "node2" / "meminfo").read_text()
+
+    view.remove(entry)
+    assert list((system / "memory").glob("memory[0-9]*")) == []
+    assert sorted(p.name for p in (system / "node").glob("node[0-9]*")) == ["node0", "node1"]
+    assert (system / "node" / "online").read_text() == "0-1\n"
+
+
+def test_hot_added_memory_follows_auto_online_blocks(tmp_path: Path) -> None:
+    view = HostView(tmp_path)
+    view.reset({"h1": "256ebd99-678f-4f37-b1b6-3b826ce5e7a8"})
+    system = view.sys_root("h1") / "devices" / "system"
+    assert (system / "memory" / "auto_online_blocks").read_text() == "offline\n"
+    (system / "memory" / "auto_online_blocks").write_text("online_movable\n")
+    view.add(_cxl("pool-c1", 0, 1, 2 << 30, CXL_WINDOW_BASE))
+    states = {(p / "state").read_text() for p in (system / "memory").glob("memory[0-9]*")}
+    assert states == {"online\n"}
+    assert (system / "node" / "has_memory").read_text() == "0-1\n"
+
+
+def test_what_a_node_agent_made_under_a_device_goes_with_it(tmp_path: Path) -> None:
+    """A GPU's partitions (docs/emulator.md: the plugin writes ``mig/<label>-<start>/``) vanish
+    when the GPU is unbound, and the next host it is bound to finds none of them."""
+    view = HostView(tmp_path)
+    view.reset({"h1": "256ebd99-678f-4f37-b1b6-3b826ce5e7a8", "h2": "cada35a1-97be-4c3e-813e-f502cc82b866"})
+    entry = _gpu()
+    view.add(entry)
+    device = view.sys_root("h1") / "bus" / "pci" / "devices" / "0000:41:00.0"
+    partition = device / "mig" / "1g10gb-3"
+    partition.mkdir(parents=True)
+    for name, text in {
+        "uuid": "MIG-5f0e…",
+        "profile": "1g.10gb",
+        "start": "3",
+        "size": "1",
+        "minor": "7",
+    }.items():
+        (partition / name).write_text(text + "\n")
+    (device / "agent-note").write_text("a file of the node agent's\n")
+    view.remove(entry)
+    assert not device.exists()
+    moved = HostEntry(**{**entry.__dict__, "host": "h2"})
+    view.add(moved)
+    again = view.sys_root("h2") / "bus" / "pci" / "devices" / "0000:41:00.0"
+    assert (again / "vendor").read_text() == "0x10de\n"
+    assert not (again / "mig").exists() and not (again / "agent-note").exists()

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 import emulator.redfish
+from emulator.redfish.model.oem import OEM_SCHEMA_URI, oem_schema
 from emulator.redfish.model.registries import REGISTRIES, all_message_defs, message
 from emulator.redfish.model.resources import ALL_TYPES
 from emulator.redfish.views.services import COLLECTION_TYPES, metadata_document
+from manager_api.partitions import PartitionProfile, PartitionTable
 
 PACKAGE = Path(emulator.redfish.__file__).parent
 
@@ -87,14 +89,33 @@ def test_metadata_references_real_schemas(redfish_dir: Path) -> None:
     edmx = "{http://docs.oasis-open.org/odata/ns/edmx}"
     included: set[str] = set()
     for reference in root.findall(f"{edmx}Reference"):
-        schema_file = redfish_dir / "csdl" / reference.attrib["Uri"].rsplit("/", 1)[-1]
-        assert schema_file.exists(), schema_file.name
-        text = schema_file.read_text()
+        if reference.attrib["Uri"] == OEM_SCHEMA_URI:
+            text = oem_schema()  # the service's own, which it serves (emulator.redfish.model.oem)
+        else:
+            schema_file = redfish_dir / "csdl" / reference.attrib["Uri"].rsplit("/", 1)[-1]
+            assert schema_file.exists(), schema_file.name
+            text = schema_file.read_text()
         for include in reference.findall(f"{edmx}Include"):
             namespace = include.attrib["Namespace"]
-            assert f'Namespace="{namespace}"' in text, (schema_file.name, namespace)
+            assert f'Namespace="{namespace}"' in text, (reference.attrib["Uri"], namespace)
             included.add(namespace)
     for model in ALL_TYPES:
         assert model.ODATA_TYPE.rsplit(".", 1)[0] in included, model.ODATA_TYPE
     for collection in COLLECTION_TYPES:
         assert collection in included
+    assert {"FabricDRA", "FabricDRA.v1_0_0"} <= included
+
+
+def test_the_oem_schema_declares_what_the_partition_table_model_has() -> None:
+    """``FabricDRA_v1.xml`` is derived from manager_api.partitions: every field, by its JSON name."""
+    root = ET.fromstring(oem_schema())
+    edm = "{http://docs.oasis-open.org/odata/ns/edm}"
+    types = {t.attrib["Name"]: t for s in root.iter(f"{edm}Schema") for t in s.findall(f"{edm}ComplexType")}
+    for model in (PartitionTable, PartitionProfile):
+        declared = {
+            p.attrib["Name"]: p.attrib["Type"] for p in types[model.__name__].findall(f"{edm}Property")
+        }
+        assert set(declared) == set(model.model_json_schema(by_alias=True)["properties"])
+    placements = types["PartitionProfile"].find(f"{edm}Property[@Name='placements']")
+    assert placements is not None and placements.attrib["Type"] == "Collection(Edm.Int64)"
+    assert types["PCIeDevice"].attrib["BaseType"] in ("Resource.OemObject", "FabricDRA.PCIeDevice")

@@ -27,6 +27,26 @@ def _base() -> dict[str, Any]:
     return loaded
 
 
+def _inline(**profile: object) -> dict[str, Any]:
+    """An inline partition table of one profile (changed by ``profile``) on an 8-slice GPU."""
+    return {
+        "name": "custom-80gb",
+        "memorySlices": 8,
+        "multiprocessors": 132,
+        "memoryBytes": "79GiB",
+        "profiles": [
+            {
+                "name": "4g.20gb",
+                "memorySlices": 4,
+                "multiprocessors": 64,
+                "memoryBytes": "20GiB",
+                "placements": [0, 4],
+            }
+            | profile
+        ],
+    }
+
+
 def _problems(data: dict[str, Any]) -> list[str]:
     with pytest.raises(TopologyError) as info:
         parse_topology(data, "test.yaml")
@@ -42,10 +62,17 @@ def test_default_topology_has_what_the_issue_asks_for() -> None:
     types = {d.type for d in index.devices.values()}
     assert {DeviceType.GPU, DeviceType.NVME, DeviceType.NIC, DeviceType.FPGA, DeviceType.CXL_MEMORY} <= types
     gpu_models = {d.model.model for d in index.devices.values() if d.type == DeviceType.GPU}
-    assert len(gpu_models) == 2
+    assert len(gpu_models) == 3
+    # partitionable GPUs of both built-in tables (issue 35), beside whole-only ones
+    tables = {d.model.partitions.name if d.model.partitions else None for d in index.devices.values()}
+    assert tables == {"h100-80gb", "a100-40gb", None}
     cxl = list(index.fabric_devices(FABRIC_CXL))
-    assert cxl and all(len(d.chunks) > 1 for d in cxl)
-    assert sum(c.size_bytes for c in cxl[0].chunks) == int(cxl[0].model.memory or 0)
+    premade = [d for d in cxl if d.pool is None]
+    assert premade and all(len(d.chunks) > 1 for d in premade)
+    assert sum(c.size_bytes for c in premade[0].chunks) == int(premade[0].model.memory or 0)
+    # and a pool whose chunks clients create (issue 36), with none made yet
+    pools = [d for d in cxl if d.pool is not None]
+    assert pools and all(d.chunks == () for d in pools)
     # some serials are 16 hex digits (they get a Device Serial Number capability), some are not
     assert any(len(d.serial) == 16 for d in index.devices.values())
     assert any(len(d.serial) != 16 for d in index.devices.values())
@@ -99,6 +126,53 @@ def test_ports_and_reachability() -> None:
             "pcie.switches[0].hosts[0]: unknown host 'kind-worker9'",
         ),
         (lambda d: d.update(version=2), "version: Input should be 1"),
+        # partition tables (issue 35): by built-in name or inline, on gpu models whose memory holds them
+        (
+            lambda d: d["models"]["h100"].update(partitions="h200-141gb"),
+            "models.h100.partitions: Value error, no built-in partition table 'h200-141gb' "
+            "(built in: a100-40gb, h100-80gb)",
+        ),
+        (
+            lambda d: d["models"]["h100"].update(memory="40GiB"),
+            "models.h100.partitions: table h100-80gb: profile 7g.80gb needs 79.25 GiB of GPU memory; "
+            "the GPU has 40 GiB",
+        ),
+        (
+            lambda d: d["models"]["pm1743"].update(partitions="a100-40gb"),
+            "models.pm1743.partitions: only a gpu model is partitioned; this one is nvme",
+        ),
+        (
+            lambda d: d["models"]["h100"].update(partitions=_inline(placements=[0, 5])),
+            "models.h100.partitions: Value error, profile 4g.20gb: a placement at 5 takes slices 5..8; "
+            "the GPU has 0..7",
+        ),
+        (
+            lambda d: d["models"]["h100"].update(partitions=_inline(memorySlices=9)),
+            "models.h100.partitions: Value error, profile 4g.20gb takes 9 memory slices; the GPU has 8",
+        ),
+        # pools (issue 36): chunks are carved, never declared; their Ids are the pool's
+        (
+            lambda d: d["cxl"]["switches"][0]["devices"][2].update(chunks=4),
+            "cxl.switches[0].devices[2].chunks: a pool's chunks are carved by clients; leave chunks out",
+        ),
+        (
+            lambda d: d["cxl"]["switches"][0]["devices"][2]["pool"].update(minChunkMiB=300 * 1024),
+            "cxl.switches[0].devices[2].pool.minChunkMiB: a chunk of 307200 MiB does not fit in the "
+            "device's 262144 MiB",
+        ),
+        (
+            lambda d: d["cxl"]["switches"][0]["devices"][2]["pool"].update(incrementMiB=0),
+            "cxl.switches[0].devices[2].pool.incrementMiB: Input should be greater than or equal to 1",
+        ),
+        (
+            lambda d: d["pcie"]["switches"][0]["devices"][4].update(id="cxlpool0-chunk7"),
+            "pcie.switches[0].devices[4].id: Id 'cxlpool0-chunk7' is taken by the chunks clients carve "
+            "from cxl.switches[0].devices[2].pool",
+        ),
+        (
+            lambda d: d.update(behaviour={"memoryChunks": "sometimes"}),
+            "behaviour.memoryChunks: Input should be 'creatable' or 'fixed'",
+        ),
     ],
 )
 def test_problems_name_the_field(change: Any, expected: str) -> None:
@@ -187,3 +261,33 @@ def test_topology_cli(tmp_path: Path) -> None:
     assert refused.returncode == 1
     assert "2 problem(s)" in refused.stderr and "hosts[0].uuid" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_an_inline_partition_table_and_the_fixed_chunk_quirk() -> None:
+    data = _base()
+    data["models"]["h100"]["partitions"] = _inline()
+    data["behaviour"] = {"memoryChunks": "fixed"}
+    index = parse_topology(data)
+    table = index.devices["gpu0"].model.partitions
+    assert table is not None and table.name == "custom-80gb" and table.profiles[0].label == "4g20gb"
+    # a service without chunk creation: the pool is one pre-made chunk of its whole memory
+    pool = index.devices["cxlpool0"]
+    assert pool.pool is None and [c.id for c in pool.chunks] == ["cxlpool0-chunk0"]
+    assert pool.chunks[0].size_bytes == 256 << 30 and "cxlpool0-chunk0" in index.targets
+    creatable = parse_topology(_base())
+    assert creatable.devices["cxlpool0"].pool is not None and creatable.devices["cxlpool0"].chunks == ()
+    assert not any(t.startswith("cxlpool0") for t in creatable.targets)
+
+
+def test_generated_topologies_with_partitionable_gpus_and_pools() -> None:
+    spec = GenerateSpec(hosts=3, gpus=9, cxl_devices=1, cxl_pools=2, partitionable_gpus=True)
+    index = parse_topology(generate_topology(spec))
+    tables = sorted(
+        (d.id, d.model.partitions.name) for d in index.devices.values() if d.model.partitions is not None
+    )
+    assert [t for _, t in tables].count("a100-40gb") == 3 and [t for _, t in tables].count("h100-80gb") == 3
+    assert sorted(d.id for d in index.devices.values() if d.pool is not None) == ["cxlpool0", "cxlpool1"]
+    assert "--cxl-pools 2 --partitionable-gpus" in generate_topology_yaml(spec).splitlines()[0]
+    # without them the generated files are what they always were
+    plain = generate_topology(GenerateSpec(hosts=3, gpus=9))
+    assert "a100" not in plain["models"] and "partitions" not in plain["models"]["h100"]

@@ -336,3 +336,143 @@ def test_select_keeps_what_it_names_and_the_annotations() -> None:
     assert listed["Members"] == [Select.parse("Id").apply(zone), {"@odata.id": "/z/2"}]
     with pytest.raises(RedfishError):
         Select.parse("Id;Name")
+
+
+def _small_pool(tmp_path: Path, body: Callable[[Client], Awaitable[None]]) -> None:
+    """``_run`` against the default topology with the pool cut to 8 GiB (chunks of 1 GiB and up)."""
+    data = yaml.safe_load(default_topology_path().read_text())
+    data["models"]["cxl-256g"]["memory"] = "8GiB"
+
+    async def main() -> None:
+        service = build_service(
+            ServeConfig(
+                index=parse_topology(data),
+                state_dir=tmp_path / "state",
+                latency=INSTANT,
+                credentials=Credentials(username="admin", password="secret-password"),
+            )
+        )
+        transport = httpx.ASGITransport(app=service.app)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://emulator", auth=("admin", "secret-password")
+        ) as client:
+            await body(client)
+        service.engine.close()
+
+    asyncio.run(main())
+
+
+def test_a_pool_hands_out_its_free_memory_even_when_it_is_in_pieces(tmp_path: Path) -> None:
+    """The domain counts its free memory by the total: a chunk may be made of several ranges (as a
+    CXL dynamic-capacity device hands out extents), so 3 GiB free in three holes is 3 GiB."""
+    chunks = "/redfish/v1/Chassis/cxlpool0/MemoryDomains/0/MemoryChunks"
+
+    async def body(client: Client) -> None:
+        made = [
+            (await client.post(chunks, json={"MemoryChunkSizeMiB": 1024})).headers["Location"]
+            for _ in range(8)
+        ]
+        assert (await client.post(chunks, json={"MemoryChunkSizeMiB": 1024})).status_code == 409
+        for uri in made[1::2][:3]:  # holes at 1, 3 and 5 GiB
+            assert (await client.delete(uri)).status_code == 204
+        spread = await client.post(chunks, json={"MemoryChunkSizeMiB": 3072})
+        assert spread.status_code == 201, spread.text
+        assert spread.json()["AddressRangeOffsetMiB"] == 1024  # its first range
+        pools = (await _json(client, "/redfish/v1/Oem/FabricDRA/Bindings"))["Pools"]
+        extents = next(c["Extents"] for c in pools[0]["Chunks"] if c["SizeMiB"] == 3072)
+        assert extents == [[1024, 1024], [3072, 1024], [5120, 1024]]
+        assert pools[0]["FreeMiB"] == 0
+        domain = await _json(client, "/redfish/v1/Chassis/cxlpool0/MemoryDomains/0")
+        assert "8192 MiB: 8192 MiB in 6 chunks, 0 MiB free" in domain["Description"]
+
+    _small_pool(tmp_path, body)
+
+
+def test_concurrent_creates_in_one_event_loop_never_over_carve(tmp_path: Path) -> None:
+    chunks = "/redfish/v1/Chassis/cxlpool0/MemoryDomains/0/MemoryChunks"
+
+    async def body(client: Client) -> None:
+        answers = await asyncio.gather(
+            *(client.post(chunks, json={"MemoryChunkSizeMiB": 3072}) for _ in range(10))
+        )
+        assert sorted(a.status_code for a in answers) == [201, 201] + [409] * 8
+        listed = await _json(client, chunks)
+        assert listed["Members@odata.count"] == 2
+
+    _small_pool(tmp_path, body)
+
+
+def test_pool_domain_chunk_and_connection_have_the_schemas_shapes(tmp_path: Path) -> None:
+    """The bodies a client reads, against bodies written by hand from DMTF's CSDL (MemoryDomain
+    v1_5_1: AllowsMemoryChunkCreation, MinMemoryChunkSizeMiB, MemoryChunkIncrementMiB,
+    MemorySizeMiB v1_5_0; MemoryChunks v1_6_2: AddressRangeType Redfish.Required,
+    RequestedOperationalState and Links.CXLLogicalDevices v1_5_0; Connection v1_4_0:
+    MemoryChunkInfo v1_1_0), not from a mockup."""
+    chassis = "/redfish/v1/Chassis/cxlpool0"
+    logical = f"{chassis}/PCIeDevices/cxlpool0/CXLLogicalDevices/0"
+
+    def plain(body: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in body.items() if k not in ("@odata.etag", "Description")}
+
+    async def body(client: Client) -> None:
+        made = await client.post(f"{chassis}/MemoryDomains/0/MemoryChunks", json={"MemoryChunkSizeMiB": 2048})
+        chunk = made.headers["Location"]
+        ident = chunk.rsplit("/", 1)[-1]
+        connected = await client.post(
+            CONNECTIONS, json=connection_body("kind-worker2", "cxlpool0", int(ident))
+        )
+        assert connected.status_code == 201, connected.text
+        assert plain(await _json(client, f"{chassis}/MemoryDomains/0")) == {
+            "@odata.type": "#MemoryDomain.v1_5_1.MemoryDomain",
+            "@odata.id": f"{chassis}/MemoryDomains/0",
+            "Id": "0",
+            "Name": "Memory of cxlpool0",
+            "Status": {"State": "Enabled", "Health": "OK"},
+            "MemoryChunks": {"@odata.id": f"{chassis}/MemoryDomains/0/MemoryChunks"},
+            "AllowsMemoryChunkCreation": True,
+            "MinMemoryChunkSizeMiB": 1024,
+            "MemoryChunkIncrementMiB": 1024,
+            "MemorySizeMiB": 262144,
+            "Links": {
+                "CXLLogicalDevices": [{"@odata.id": logical}],
+                "PCIeFunctions": [{"@odata.id": f"{chassis}/PCIeDevices/cxlpool0/PCIeFunctions/0"}],
+            },
+        }
+        assert plain(await _json(client, chunk)) == {
+            "@odata.type": "#MemoryChunks.v1_6_2.MemoryChunks",
+            "@odata.id": chunk,
+            "Id": ident,
+            "Name": f"cxlpool0-chunk{ident}",
+            "Status": {"State": "Enabled", "Health": "OK"},
+            "MemoryChunkSizeMiB": 2048,
+            "AddressRangeOffsetMiB": 0,
+            "AddressRangeType": "Volatile",
+            "MediaLocation": "Local",
+            "RequestedOperationalState": "Online",
+            "Links": {
+                "CXLLogicalDevices": [{"@odata.id": logical}],
+                "Endpoints": [{"@odata.id": "/redfish/v1/Fabrics/CXL/Endpoints/cxlpool0"}],
+            },
+        }
+        connection = connected.headers["Location"]
+        assert plain(await _json(client, connection)) == {
+            "@odata.type": "#Connection.v1_4_0.Connection",
+            "@odata.id": connection,
+            "Id": connection.rsplit("/", 1)[-1],
+            "Name": f"Connection {connection.rsplit('/', 1)[-1]} to kind-worker2",
+            "ConnectionType": "Memory",
+            "Status": {"State": "Enabled", "Health": "OK"},
+            "MemoryChunkInfo": [
+                {
+                    "AccessCapabilities": ["Read", "Write"],
+                    "AccessState": "Optimized",
+                    "MemoryChunk": {"@odata.id": chunk},
+                }
+            ],
+            "Links": {
+                "InitiatorEndpoints": [{"@odata.id": "/redfish/v1/Fabrics/CXL/Endpoints/kind-worker2"}],
+                "TargetEndpoints": [{"@odata.id": "/redfish/v1/Fabrics/CXL/Endpoints/cxlpool0"}],
+            },
+        }
+
+    _run(tmp_path, body)
