@@ -51,6 +51,7 @@ from manager_api.devices import (
     Health,
     spoken_list,
 )
+from manager_api.partitions import PartitionTable
 from plumbing.names import (
     DNS1123_LABEL_MAX_LENGTH,
     DNS1123_LABEL_PATTERN,
@@ -152,6 +153,49 @@ else:
     WireBindingStyle = Annotated[str, _WireString, WithJsonSchema({"type": "string"})]
 
 
+class PartitionHolder(_Model):
+    """One partition of a GPU in use: the GPU is bound to ``node`` for as long as any holder is."""
+
+    partition: str = Field(description="the partition's device name, e.g. gpu0-1g10gb-3")
+    claim_uid: str
+    node: str
+
+
+#: An allocation's ``shareID`` (resource.k8s.io/v1 ``DeviceRequestAllocationResult.ShareID``): a
+#: lowercase UUID, which ``validateDeviceRequestAllocationResult`` requires in its normalized form.
+SHARE_ID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+ShareId = Annotated[
+    str, Field(pattern=SHARE_ID_PATTERN, max_length=36, description="the allocation's shareID")
+]
+
+
+class MemoryShare(_Model):
+    """One share of a memory pool: a chunk carved for one allocation (claim and shareID) and
+    connected to one node."""
+
+    share_id: str
+    claim_uid: str
+    node: str
+    memory_bytes: int = Field(ge=0, description="the chunk's size: the allocation's consumedCapacity")
+    state: BindingState = BindingState.BOUND
+    chunk: str | None = Field(default=None, description="@odata.id of the MemoryChunks member, once made")
+    connection: str | None = Field(default=None, description="@odata.id of the memory Connection, once made")
+
+
+class MemoryPool(_Model):
+    """A Redfish MemoryDomain that makes chunks on demand (``AllowsMemoryChunkCreation``): its device
+    is shared by size (DRA consumable capacity) instead of bound whole."""
+
+    size_bytes: int = Field(ge=0, description="the domain's MemorySizeMiB in bytes")
+    outside_bytes: int = Field(
+        default=0, ge=0, description="carved by chunks fabric-dra did not make (never offered)"
+    )
+    min_chunk_bytes: int = Field(gt=0, description="MinMemoryChunkSizeMiB in bytes")
+    increment_bytes: int = Field(gt=0, description="MemoryChunkIncrementMiB in bytes")
+    max_chunks: int | None = Field(default=None, description="the most chunks the domain makes, if it says")
+    shares: list[MemoryShare] = Field(default_factory=list, description="this manager's shares of the pool")
+
+
 class Device(DeviceAttributes, DeviceIdentity):
     """One allocatable unit of a fabric: a PCIe device, or one memory chunk of a CXL device."""
 
@@ -188,6 +232,17 @@ class Device(DeviceAttributes, DeviceIdentity):
         default=None,
         description="the reach group of its pool (FabricPool.reachGroups) whose nodes alone can reach it; "
         "None: every node of the pool reaches it",
+    )
+    partition_table: PartitionTable | None = Field(
+        default=None,
+        description="a GPU that can be split into partitions (manager_api.partitions): its profiles",
+    )
+    partitions: list[PartitionHolder] = Field(
+        default_factory=list,
+        description="partitions in use: the GPU is bound to their node while any is (one GPU, one node)",
+    )
+    memory_pool: MemoryPool | None = Field(
+        default=None, description="a CXL memory pool shared by size; None for a device bound whole"
     )
 
 
@@ -275,6 +330,16 @@ class AttachRequest(_Model):
         "billed its device-seconds. With Kubernetes API access the manager records the claim's own "
         "namespace instead",
     )
+    share_id: ShareId | None = Field(
+        default=None,
+        description="for a share of a memory pool (a device allocated many times): the allocation's "
+        "shareID; with memoryBytes",
+    )
+    memory_bytes: int | None = Field(
+        default=None,
+        gt=0,
+        description="for a share of a memory pool: the allocation's consumedCapacity of memory, in bytes",
+    )
 
 
 class PreparedClaim(_Model):
@@ -301,6 +366,13 @@ class Attachment(_Model):
     claim_uid: str
     state: AttachmentState
     operation_id: str | None = None
+    partition: str | None = Field(
+        default=None,
+        description="the partition device the claim holds, when ``device`` is the GPU it is carved from",
+    )
+    share: MemoryShare | None = Field(
+        default=None, description="the claim's share, when ``device`` is a memory pool"
+    )
     reset_required: bool = Field(
         default=False,
         description=(
