@@ -23,7 +23,7 @@ __all__ = ["ROLES", "build_parser", "main"]
 #: (module, its ``register(subparsers)``, the subcommands it adds), in the order ``--help`` lists them.
 ROLES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("emulator.cli", "register", ("emulator",)),
-    ("fabric.cli", "register", ("manager", "status", "usage")),
+    ("fabric.commands.cli", "register", ("manager", "status", "usage")),
     ("dra_driver.plugin.cli", "register", ("plugin",)),
     ("dra_driver.controller.cli", "register", ("controller",)),
     ("dra_driver.explain", "register", ("explain",)),

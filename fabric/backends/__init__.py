@@ -2,7 +2,7 @@
 
 from fabric.backends.base import Backend, BindContext
 from fabric.backends.discovery import BindingPlan, Discovery, StyleChoice
-from fabric.backends.model import (
+from fabric.state.model import (
     DeviceRecord,
     DiscoveredAttributes,
     FabricInfo,

@@ -18,7 +18,6 @@ import re
 from collections.abc import Sequence
 from typing import TypeVar
 
-from fabric.backends.model import DiscoveredAttributes
 from fabric.backends.views import (
     CXLLogicalDevice,
     DeviceResource,
@@ -38,6 +37,7 @@ from fabric.backends.views import (
     view_of_kind,
 )
 from fabric.backends.walk import Walk, path_ids
+from fabric.state.model import DiscoveredAttributes
 from manager_api.devices import DeviceType, Health
 
 __all__ = ["DEVICE_ENTITY_TYPES", "RESET_TYPE", "describe", "locate_port", "status_of"]

@@ -32,14 +32,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from fabric.backends.base import Backend, DiscoveryResult
 from fabric.backends.composition import COMPOSITION_FABRIC, CompositionBackend, RootBlocksBackend
 from fabric.backends.connections import ConnectionBackend
-from fabric.backends.model import DeviceRecord, FabricInfo, FabricSnapshot, HostRecord
 from fabric.backends.reach import narrow_reach
 from fabric.backends.views import ComputerSystem, Fabric, ServiceRoot
 from fabric.backends.walk import Walk
 from fabric.backends.zones import ZoneBackend
-from fabric.device_names import assign_names
 from fabric.redfish.client import SERVICE_ROOT, RedfishClient
 from fabric.redfish.error_mapping import one_line
+from fabric.state.model import DeviceRecord, FabricInfo, FabricSnapshot, HostRecord
+from fabric.state.names import assign_names
 from manager_api.devices import BindingStyle
 from manager_api.errors import FabricError, FabricUnavailable
 from plumbing.logs import get_logger

@@ -34,10 +34,10 @@ from fabric.backends.base import (
     read_endpoints,
 )
 from fabric.backends.describe import describe
-from fabric.backends.model import DeviceRecord, HostRecord
 from fabric.backends.views import JSON, Endpoint, Fabric, ServiceRoot, Zone, odata_id
 from fabric.backends.walk import Walk
 from fabric.redfish.client import SERVICE_ROOT, RedfishResponse
+from fabric.state.model import DeviceRecord, HostRecord
 from manager_api.devices import BindingStyle
 from manager_api.errors import BindFailed, FabricError, FabricUnavailable, NotFoundError
 

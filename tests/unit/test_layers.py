@@ -37,23 +37,29 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
 
 # The fabric manager inside ``fabric``, floor by floor from the top (docs/architecture.md, "Inside
 # fabric"): what stands above each floor, which it must never import.
-_FABRIC_CLI = ("fabric.cli", "fabric.status", "fabric.usage_cli")
-_FABRIC_SERVICE = ("fabric.service", "fabric.config", *_FABRIC_CLI)
+_FABRIC_CLI = ("fabric.commands.cli", "fabric.commands.status", "fabric.commands.usage")
+_FABRIC_SERVICE = ("fabric.service.manager", "fabric.service.config", *_FABRIC_CLI)
 _FABRIC_HTTP = (
-    "fabric.server",
-    "fabric.orphans",
-    "fabric.auth",
-    "fabric.openapi",
-    "fabric.ui",
-    "fabric.request_guard",
-    "fabric.claims",
-    "fabric.usage",
+    "fabric.api.app",
+    "fabric.bindings.orphans",
+    "fabric.api.auth",
+    "fabric.api.openapi",
+    "fabric.api.ui",
+    "fabric.api.request_guard",
+    "fabric.state.claims",
+    "fabric.bindings.usage",
     *_FABRIC_SERVICE,
 )
-_FABRIC_FRONT = ("fabric.attachments", "fabric.reconcile", *_FABRIC_HTTP)
-_FABRIC_DRIVER = ("fabric.operations_driver", *_FABRIC_FRONT)
-_FABRIC_ATTEMPTS = ("fabric.fabric_attempts", *_FABRIC_DRIVER)
-_FABRIC_STATE = ("fabric.inventory", "fabric.ledger", "fabric.nodes", "fabric.operations", *_FABRIC_ATTEMPTS)
+_FABRIC_FRONT = ("fabric.bindings.attachments", "fabric.bindings.reconcile", *_FABRIC_HTTP)
+_FABRIC_DRIVER = ("fabric.driver.operations", *_FABRIC_FRONT)
+_FABRIC_ATTEMPTS = ("fabric.driver.attempts", *_FABRIC_DRIVER)
+_FABRIC_STATE = (
+    "fabric.state.inventory",
+    "fabric.state.ledger",
+    "fabric.state.nodes",
+    "fabric.state.operation_log",
+    *_FABRIC_ATTEMPTS,
+)
 _FABRIC_BACKENDS = ("fabric.backends", *_FABRIC_STATE)
 # Inside the Redfish client: transport, then sessions and task monitors, then the facade and events.
 _REDFISH_FACADE = ("fabric.redfish.client", "fabric.redfish.events")
@@ -72,67 +78,83 @@ NEVER: dict[str, tuple[str, ...]] = {
     "kube_standin.apiserver": ("kube_standin.cluster", "kube_standin.kubelet_client", "kube_standin.cli"),
     "kube_standin.kubelet_client": ("kube_standin.cluster", "kube_standin.apiserver", "kube_standin.cli"),
     "kube_standin.cluster": ("kube_standin.apiserver", "kube_standin.cli"),
-    "fabric.redfish": ("fabric.device_names", "fabric.metrics", "fabric.reports", *_FABRIC_BACKENDS),
+    "fabric.redfish": (
+        "fabric.state.names",
+        "fabric.state.metrics",
+        "fabric.state.reports",
+        *_FABRIC_BACKENDS,
+    ),
     "fabric.redfish.error_mapping": ("fabric.redfish.settings", *_REDFISH_CONVERSATION),
     "fabric.redfish.settings": ("fabric.redfish.error_mapping", *_REDFISH_CONVERSATION),
     "fabric.redfish.transport": _REDFISH_ABOVE_TRANSPORT,
     "fabric.redfish.sessions": ("fabric.redfish.tasks", *_REDFISH_FACADE),
     "fabric.redfish.tasks": ("fabric.redfish.sessions", *_REDFISH_FACADE),
     "fabric.redfish.client": ("fabric.redfish.events",),
-    "fabric.device_names": _FABRIC_BACKENDS,
-    "fabric.metrics": _FABRIC_BACKENDS,
-    "fabric.reports": _FABRIC_BACKENDS,
+    "fabric.state.names": _FABRIC_BACKENDS,
+    "fabric.state.metrics": _FABRIC_BACKENDS,
+    "fabric.state.reports": _FABRIC_BACKENDS,
     "fabric.backends": _FABRIC_STATE,
-    "fabric.nodes": ("fabric.inventory", *_FABRIC_ATTEMPTS),
-    "fabric.ledger": ("fabric.inventory", "fabric.operations", *_FABRIC_ATTEMPTS),
-    "fabric.operations": ("fabric.inventory", "fabric.ledger", *_FABRIC_ATTEMPTS),
-    "fabric.inventory": _FABRIC_ATTEMPTS,
-    "fabric.fabric_attempts": (*_FABRIC_DRIVER, *_FABRIC_REACH),
-    "fabric.operations_driver": (*_FABRIC_FRONT, *_FABRIC_REACH),
+    "fabric.state.nodes": ("fabric.state.inventory", *_FABRIC_ATTEMPTS),
+    "fabric.state.ledger": ("fabric.state.inventory", "fabric.state.operation_log", *_FABRIC_ATTEMPTS),
+    "fabric.state.operation_log": ("fabric.state.inventory", "fabric.state.ledger", *_FABRIC_ATTEMPTS),
+    "fabric.state.inventory": _FABRIC_ATTEMPTS,
+    "fabric.driver.attempts": (*_FABRIC_DRIVER, *_FABRIC_REACH),
+    "fabric.driver.operations": (*_FABRIC_FRONT, *_FABRIC_REACH),
     # The request front and reconciliation reach the fabric only through the operation driver.
-    "fabric.attachments": (
-        "fabric.reconcile",
-        "fabric.fabric_attempts",
+    "fabric.bindings.attachments": (
+        "fabric.bindings.reconcile",
+        "fabric.driver.attempts",
         "fabric.redfish",
         "fabric.backends.base",
         "fabric.backends.discovery",
         *_FABRIC_HTTP,
     ),
-    # The warm pool too (fabric.warm; its policy, fabric.warm_policy, imports none of these either).
-    "fabric.warm": (
-        "fabric.attachments",
-        "fabric.reconcile",
-        "fabric.fabric_attempts",
+    # The warm pool too (fabric.bindings.warm; its policy, fabric.bindings.warm_policy, imports none of
+    # these either).
+    "fabric.bindings.warm": (
+        "fabric.bindings.attachments",
+        "fabric.bindings.reconcile",
+        "fabric.driver.attempts",
         "fabric.redfish",
         "fabric.backends.base",
         "fabric.backends.discovery",
         *_FABRIC_HTTP,
     ),
-    "fabric.reconcile": (
-        "fabric.attachments",
-        "fabric.fabric_attempts",
+    "fabric.bindings.reconcile": (
+        "fabric.bindings.attachments",
+        "fabric.driver.attempts",
         "fabric.redfish",
         *_FABRIC_REACH,
         *_FABRIC_HTTP,
     ),
-    "fabric.orphans": ("fabric.server", *_FABRIC_SERVICE),
-    "fabric.server": ("fabric.orphans", *_FABRIC_SERVICE),
-    "fabric.auth": ("fabric.server", "fabric.orphans", *_FABRIC_SERVICE),
-    "fabric.openapi": ("fabric.server", "fabric.orphans", *_FABRIC_SERVICE),
+    "fabric.bindings.orphans": ("fabric.api.app", *_FABRIC_SERVICE),
+    "fabric.api.app": ("fabric.bindings.orphans", *_FABRIC_SERVICE),
+    "fabric.api.auth": ("fabric.api.app", "fabric.bindings.orphans", *_FABRIC_SERVICE),
+    "fabric.api.openapi": ("fabric.api.app", "fabric.bindings.orphans", *_FABRIC_SERVICE),
     # the fabric map is static files: it reads the API as any client does, never the manager's insides
-    "fabric.ui": ("fabric.server", "fabric.orphans", "fabric.auth", *_FABRIC_SERVICE),
-    "fabric.request_guard": ("fabric.server", "fabric.orphans", "fabric.claims", *_FABRIC_SERVICE),
-    "fabric.claims": (
-        "fabric.server",
-        "fabric.orphans",
-        "fabric.auth",
-        "fabric.request_guard",
+    "fabric.api.ui": ("fabric.api.app", "fabric.bindings.orphans", "fabric.api.auth", *_FABRIC_SERVICE),
+    "fabric.api.request_guard": (
+        "fabric.api.app",
+        "fabric.bindings.orphans",
+        "fabric.state.claims",
+        *_FABRIC_SERVICE,
+    ),
+    "fabric.state.claims": (
+        "fabric.api.app",
+        "fabric.bindings.orphans",
+        "fabric.api.auth",
+        "fabric.api.request_guard",
         *_FABRIC_SERVICE,
     ),
     # the accounting reads the ledger, the inventory and the claims; the API serves it
-    "fabric.usage": ("fabric.server", "fabric.orphans", "fabric.auth", *_FABRIC_SERVICE),
-    "fabric.config": ("fabric.service", *_FABRIC_CLI),
-    "fabric.service": _FABRIC_CLI,
+    "fabric.bindings.usage": (
+        "fabric.api.app",
+        "fabric.bindings.orphans",
+        "fabric.api.auth",
+        *_FABRIC_SERVICE,
+    ),
+    "fabric.service.config": ("fabric.service.manager", *_FABRIC_CLI),
+    "fabric.service.manager": _FABRIC_CLI,
 }
 
 

@@ -12,22 +12,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fabric.attachments import Attachments
 from fabric.backends.base import Backend, BindContext, DiscoveryResult
-from fabric.backends.model import (
+from fabric.backends.walk import Walk
+from fabric.bindings.attachments import Attachments
+from fabric.bindings.reconcile import Reconciler
+from fabric.driver.operations import OperationDriver
+from fabric.state.inventory import Inventory
+from fabric.state.ledger import FileLedgerStore, Ledger
+from fabric.state.model import (
     DeviceRecord,
     DiscoveredAttributes,
     FabricInfo,
     FabricSnapshot,
     HostRecord,
 )
-from fabric.backends.walk import Walk
-from fabric.inventory import Inventory
-from fabric.ledger import FileLedgerStore, Ledger
-from fabric.nodes import NodeResolver
-from fabric.operations import OperationSettings
-from fabric.operations_driver import OperationDriver
-from fabric.reconcile import Reconciler
+from fabric.state.nodes import NodeResolver
+from fabric.state.operation_log import OperationSettings
 from manager_api.devices import BindingStyle, DeviceType
 from manager_api.errors import FabricError, FabricUnavailable
 

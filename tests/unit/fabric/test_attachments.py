@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fabric.ledger import LedgerState
-from fabric.operations import OperationSettings
 from fabric.redfish.error_mapping import OutcomeUnknown
+from fabric.state.ledger import LedgerState
+from fabric.state.operation_log import OperationSettings
 from manager_api import models as api
 from manager_api.errors import (
     AttachTimeout,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fabric.backends.model import DeviceRecord
-from fabric.inventory import Inventory
-from fabric.ledger import LedgerEntry, LedgerState
+from fabric.state.inventory import Inventory
+from fabric.state.ledger import LedgerEntry, LedgerState
+from fabric.state.model import DeviceRecord
 from manager_api import models as api
 from tests.unit.fabric.fakes import make_harness
 

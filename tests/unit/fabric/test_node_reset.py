@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fabric.ledger import LedgerEntry, LedgerState, ResetState
-from fabric.operations_driver import reset_by_node, resettable
+from fabric.driver.operations import reset_by_node, resettable
+from fabric.state.ledger import LedgerEntry, LedgerState, ResetState
 from manager_api import models as api
 from manager_api.errors import DeviceBusy
 from tests.unit.fabric.fakes import FakeFabric, Harness, make_harness

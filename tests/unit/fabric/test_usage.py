@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fabric.ledger import WARM_HOLDER, Ledger, LedgerEntry, LedgerState
-from fabric.usage import (
+from fabric.bindings.usage import (
     BUCKET,
     RETENTION,
     FileUsageStore,
@@ -25,6 +24,7 @@ from fabric.usage import (
     split_hours,
     workload_of,
 )
+from fabric.state.ledger import WARM_HOLDER, Ledger, LedgerEntry, LedgerState
 from manager_api import models as api
 from plumbing.kube.dra import ResourceClaim
 from tests.unit.fabric.fakes import make_harness

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from fabric.backends.base import BindContext
-from fabric.backends.model import DeviceRecord
-from fabric.ledger import WARM_HOLDER, FileLedgerStore, Ledger, LedgerEntry, LedgerState, ResetState
+from fabric.state.ledger import WARM_HOLDER, FileLedgerStore, Ledger, LedgerEntry, LedgerState, ResetState
+from fabric.state.model import DeviceRecord
 from manager_api import models as api
 from manager_api.errors import BindFailed, FabricError
 from tests.unit.fabric.fakes import Harness, make_harness

@@ -3,7 +3,7 @@
 The fabric is the truth for what is bound where; the ledger records intent. An attach writes its
 entry (state ``attaching``) durably *before* the first request to the fabric, and a detach moves the
 entry to ``detaching`` durably before unbinding, so after a crash at any point the manager knows
-what it was doing and finishes or rolls it back (:mod:`fabric.reconcile`), instead of forgetting a
+what it was doing and finishes or rolls it back (:mod:`fabric.bindings.reconcile`), instead of forgetting a
 binding or making it twice.
 
 The outcome of an operation (``bound``, or the entry removed after an unbind) is written without
@@ -18,7 +18,7 @@ refuses ConfigMap data over 1 MiB (about 3,000 entries), and a write must not co
 binding. Writes are group-committed: operations that change the ledger at the same time share one
 write (of the shards whose entries they changed).
 
-An entry held by no claim (:data:`WARM_HOLDER`) belongs to the warm pool (:mod:`fabric.warm`): it
+An entry held by no claim (:data:`WARM_HOLDER`) belongs to the warm pool (:mod:`fabric.bindings.warm`): it
 is attached and detached like a claim's, and settles in ``warm`` (bound to its node) instead of
 ``bound``; :meth:`Ledger.warm_held_on` finds a node's.
 
@@ -107,7 +107,7 @@ class LedgerState(StrEnum):
     ATTACHING = "attaching"  # intent to bind recorded; the fabric may or may not have done it yet
     BOUND = "bound"  # the fabric confirmed the binding
     DETACHING = "detaching"  # intent to unbind recorded (a detach, or the rollback of a failed attach)
-    #: bound to a node with no claim, kept ready for the next claim there (:mod:`fabric.warm`)
+    #: bound to a node with no claim, kept ready for the next claim there (:mod:`fabric.bindings.warm`)
     WARM = "warm"
 
     @property

@@ -5,7 +5,7 @@ token check among them: an unauthenticated client could make the manager buffer 
 it liked (one 100 MB body peaked at 341 MB RSS). :class:`RequestGuard` is an ASGI middleware in
 front of the application that, from the head alone:
 
-1. authenticates every ``/api/v1`` request (:meth:`fabric.auth.Chain.require`) and hands the
+1. authenticates every ``/api/v1`` request (:meth:`fabric.api.auth.Chain.require`) and hands the
    identity on in the request's state, so the route's dependency does not ask again;
 2. refuses a body larger than :data:`MAX_REQUEST_BODY` with 413 — at once from ``Content-Length``,
    or as soon as a chunked body grows past it;
@@ -33,8 +33,8 @@ from typing import Any
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
-from fabric.auth import Chain
-from fabric.operations import error_body
+from fabric.api.auth import Chain
+from fabric.state.operation_log import error_body
 from manager_api import models as api
 from manager_api.errors import FabricError, FabricUnavailable
 from plumbing.logs import get_logger

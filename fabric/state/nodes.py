@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from fabric.backends.model import HostRecord
+from fabric.state.model import HostRecord
 from plumbing.backoff import Backoff
 from plumbing.kube.client import ApiError, KubeClient
 from plumbing.kube.informer import Change, Informer, Origin

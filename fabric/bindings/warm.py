@@ -2,18 +2,18 @@
 hot-add.
 
 * **Warm up, cool down.** Every ``interval_seconds`` the leader compares each covered node's warm
-  devices with the policy's target (:mod:`fabric.warm_policy`) and attaches free matching devices
-  (ledger entries held by :data:`fabric.ledger.WARM_HOLDER`, ending ``warm``), or detaches the
+  devices with the policy's target (:mod:`fabric.bindings.warm_policy`) and attaches free matching devices
+  (ledger entries held by :data:`fabric.state.ledger.WARM_HOLDER`, ending ``warm``), or detaches the
   extra ones. Attaches and detaches go through the operation driver like a claim's: intent before
   action, one operation per device, rolled back when they fail.
 * **Taken, given back.** A claim allocated a device warm on its own node gets it with one ledger
-  write (:meth:`fabric.operations_driver.OperationDriver.take_warm`: a *hit*). Warm on another
+  write (:meth:`fabric.driver.operations.OperationDriver.take_warm`: a *hit*). Warm on another
   node, it is detached there and attached to the claim's node (a *miss*: never refused, never bound
   twice). A released device stays bound as warm when its node's pool is below target
   (:meth:`wants_back`) and it can be reset (Redfish ``Reset``, or its node): before another claim uses it.
 * **Leaves when unfit.** A warm device the fabric reports unavailable or Critical is detached.
 * **Device-seconds.** What warmth costs next to what claims use is counted by
-  :mod:`fabric.usage`, whether a warm policy runs or not.
+  :mod:`fabric.bindings.usage`, whether a warm policy runs or not.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from fabric.backends.model import DeviceRecord
-from fabric.inventory import Inventory
-from fabric.ledger import WARM_HOLDER, Ledger, LedgerEntry, LedgerState
-from fabric.metrics import ManagerMetrics
-from fabric.operations_driver import OperationDriver, resettable
-from fabric.warm_policy import DemandTracker, NodeGroup, WarmSettings, model_of, sized_as
+from fabric.bindings.warm_policy import DemandTracker, NodeGroup, WarmSettings, model_of, sized_as
+from fabric.driver.operations import OperationDriver, resettable
+from fabric.state.inventory import Inventory
+from fabric.state.ledger import WARM_HOLDER, Ledger, LedgerEntry, LedgerState
+from fabric.state.metrics import ManagerMetrics
+from fabric.state.model import DeviceRecord
 from manager_api.errors import FabricError
 from plumbing.logs import get_logger
 

@@ -17,8 +17,8 @@ import signal
 import socket
 import ssl
 
-from fabric.attachments import Attachments
-from fabric.auth import (
+from fabric.api.app import AppContext, build_app
+from fabric.api.auth import (
     AllowAll,
     Authenticator,
     Chain,
@@ -27,22 +27,28 @@ from fabric.auth import (
     TokenReviewAuthenticator,
     load_static_tokens,
 )
+from fabric.api.request_guard import server_refusal
 from fabric.backends.discovery import Discovery
-from fabric.claims import ClaimView
-from fabric.config import ManagerSettings
-from fabric.inventory import Inventory
-from fabric.ledger import ConfigMapLedgerStore, FileLedgerStore, Ledger, LedgerStore
-from fabric.metrics import ManagerMetrics
-from fabric.nodes import NodeResolver, load_node_map
-from fabric.operations_driver import OperationDriver
-from fabric.orphans import OrphanReconciler
-from fabric.reconcile import ForeignBindings, Reconciler
+from fabric.bindings.attachments import Attachments
+from fabric.bindings.orphans import OrphanReconciler
+from fabric.bindings.reconcile import ForeignBindings, Reconciler
+from fabric.bindings.usage import (
+    ConfigMapUsageStore,
+    FileUsageStore,
+    UsageMeter,
+    UsageStore,
+    usage_record_name,
+)
+from fabric.bindings.warm import WarmPool
+from fabric.driver.operations import OperationDriver
 from fabric.redfish.client import RedfishClient
-from fabric.reports import PluginReports
-from fabric.request_guard import server_refusal
-from fabric.server import AppContext, build_app
-from fabric.usage import ConfigMapUsageStore, FileUsageStore, UsageMeter, UsageStore, usage_record_name
-from fabric.warm import WarmPool
+from fabric.service.config import ManagerSettings
+from fabric.state.claims import ClaimView
+from fabric.state.inventory import Inventory
+from fabric.state.ledger import ConfigMapLedgerStore, FileLedgerStore, Ledger, LedgerStore
+from fabric.state.metrics import ManagerMetrics
+from fabric.state.nodes import NodeResolver, load_node_map
+from fabric.state.reports import PluginReports
 from manager_api.errors import FabricError
 from plumbing.httpserve import ConnectionLimits, HttpServer
 from plumbing.kube.client import KubeClient, load_config

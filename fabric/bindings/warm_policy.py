@@ -39,7 +39,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fabric.backends.model import DeviceRecord
+from fabric.state.model import DeviceRecord
 from manager_api.devices import DeviceType, Health
 
 __all__ = [

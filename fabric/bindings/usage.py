@@ -42,10 +42,10 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from fabric.claims import ClaimView
-from fabric.inventory import Inventory
-from fabric.ledger import Ledger, LedgerEntry, LedgerState
-from fabric.warm_policy import model_of
+from fabric.bindings.warm_policy import model_of
+from fabric.state.claims import ClaimView
+from fabric.state.inventory import Inventory
+from fabric.state.ledger import Ledger, LedgerEntry, LedgerState
 from manager_api import models as api
 from manager_api.errors import FabricError, FabricUnavailable
 from plumbing.fsutil import atomic_write

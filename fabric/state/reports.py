@@ -1,9 +1,9 @@
 """What each node's plugin says it has prepared: ``PUT /api/v1/nodes/{node}/claims`` (the route is
-in :mod:`fabric.server`).
+in :mod:`fabric.api.app`).
 
 A plugin sends the claims its checkpoint records as *PrepareCompleted* (every 30 s, see
 :mod:`dra_driver.plugin.report`); only that node's plugin (or a controller) may report for a node.
-The orphan reconciler (:mod:`fabric.orphans`) never detaches a device a fresh report lists: a
+The orphan reconciler (:mod:`fabric.bindings.orphans`) never detaches a device a fresh report lists: a
 container may be using it, whatever the API server says. Reports live in the leader's memory; a new
 leader waits one report period before it judges a node's plugin silent.
 """

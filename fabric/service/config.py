@@ -2,7 +2,7 @@
 
 Each option of ``fabric-dra manager serve`` is a field of :class:`ManagerSettings` with a :class:`Flag`
 in its ``Annotated`` metadata (or a field of a nested settings model named by a :class:`Section`);
-:func:`manager_flags` derives the options from them, and :mod:`fabric.cli` builds its parser and the
+:func:`manager_flags` derives the options from them, and :mod:`fabric.commands.cli` builds its parser and the
 settings from those.
 
 Redfish credentials come from ``--redfish-credentials-file`` — a YAML/JSON file
@@ -30,10 +30,10 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from fabric.backends.discovery import BindingPlan
-from fabric.ledger import DEFAULT_MAX_ENTRIES_PER_NODE
-from fabric.operations import OperationSettings
+from fabric.bindings.warm_policy import WarmSettings
 from fabric.redfish.client import RedfishSettings
-from fabric.warm_policy import WarmSettings
+from fabric.state.ledger import DEFAULT_MAX_ENTRIES_PER_NODE
+from fabric.state.operation_log import OperationSettings
 from manager_api.devices import BindingStyle, spoken_list
 from plumbing.names import DNS1123_SUBDOMAIN_MAX_LENGTH, DNS1123_SUBDOMAIN_PATTERN
 

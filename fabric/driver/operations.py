@@ -2,7 +2,7 @@
 
 * **One operation at a time per device.** Each device has at most one *driver* task that moves its
   ledger entry to where it should be (``attaching`` → bound, ``detaching`` → gone). Requests
-  (:mod:`fabric.attachments`) never touch the fabric themselves: they record intent here, start
+  (:mod:`fabric.bindings.attachments`) never touch the fabric themselves: they record intent here, start
   (or join) the driver, and wait for it.
 * **Intent before action.** An attach writes its ledger entry durably before the first Redfish
   request; a detach moves the entry to ``detaching`` durably before unbinding.
@@ -21,8 +21,8 @@
   docs/manager.md "Hygiene between tenants".
 
 What one operation does on the fabric, reading before every change, is
-:class:`fabric.fabric_attempts.FabricAttempts`; resuming what was left unfinished is
-:mod:`fabric.reconcile`.
+:class:`fabric.driver.attempts.FabricAttempts`; resuming what was left unfinished is
+:mod:`fabric.bindings.reconcile`.
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fabric.backends.base import Backend, BindContext
-from fabric.backends.model import DeviceRecord, HostRecord
-from fabric.fabric_attempts import FabricAttempts, TaskControl, Unresolved
-from fabric.inventory import Inventory
-from fabric.ledger import WARM_HOLDER, Ledger, LedgerEntry, LedgerState, ResetState
-from fabric.metrics import ManagerMetrics
-from fabric.operations import OperationLog, OperationSettings
+from fabric.driver.attempts import FabricAttempts, TaskControl, Unresolved
+from fabric.state.inventory import Inventory
+from fabric.state.ledger import WARM_HOLDER, Ledger, LedgerEntry, LedgerState, ResetState
+from fabric.state.metrics import ManagerMetrics
+from fabric.state.model import DeviceRecord, HostRecord
+from fabric.state.operation_log import OperationLog, OperationSettings
 from manager_api import models as api
 from manager_api.errors import DeviceBusy, DeviceNotFound, FabricError, NotLeader
 from plumbing.backoff import Backoff

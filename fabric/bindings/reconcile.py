@@ -1,7 +1,7 @@
 """Reconciliation: the ledger against the fabric, at start-up and after every discovery pass.
 
 * **Crash-safe.** Every unfinished ledger entry (``attaching``, ``detaching``) is resumed from the
-  fabric's state by its device's driver (:mod:`fabric.operations_driver`): finished, or rolled back,
+  fabric's state by its device's driver (:mod:`fabric.driver.operations`): finished, or rolled back,
   never sent twice. An operation that paused (fabric unreachable, task still running, refused
   unbind) is resumed after its pause, or at once when the fabric comes back.
 * **The fabric is the truth.** A ``bound`` entry whose binding the fabric no longer has (removed
@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable
 
 from fabric.backends.base import Backend
-from fabric.backends.model import DeviceRecord
-from fabric.inventory import Inventory
-from fabric.ledger import Ledger, LedgerEntry
-from fabric.operations_driver import OperationDriver
+from fabric.driver.operations import OperationDriver
+from fabric.state.inventory import Inventory
+from fabric.state.ledger import Ledger, LedgerEntry
+from fabric.state.model import DeviceRecord
 from manager_api import models as api
 from manager_api.errors import FabricError
 from plumbing.logs import get_logger

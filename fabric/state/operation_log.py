@@ -1,6 +1,6 @@
 """Attach and detach operations: how they run (:class:`OperationSettings`) and the record of them
 that ``GET /api/v1/operations`` shows (:class:`OperationLog`). What runs them is
-:mod:`fabric.operations_driver`."""
+:mod:`fabric.driver.operations`."""
 
 from __future__ import annotations
 

@@ -23,13 +23,13 @@ from collections.abc import Awaitable, Callable
 from pydantic import TypeAdapter
 
 from fabric.backends.discovery import Discovery
-from fabric.backends.model import DeviceRecord, FabricInfo, HostRecord
-from fabric.device_names import pool_name
-from fabric.ledger import LedgerEntry, LedgerState
-from fabric.nodes import NodeResolver
 from fabric.redfish.error_mapping import message_key
 from fabric.redfish.events import EventStream
 from fabric.redfish.tasks import FINAL_TASK_EVENTS
+from fabric.state.ledger import LedgerEntry, LedgerState
+from fabric.state.model import DeviceRecord, FabricInfo, HostRecord
+from fabric.state.names import pool_name
+from fabric.state.nodes import NodeResolver
 from manager_api import models as api
 from manager_api.devices import DeviceAttributes
 from manager_api.errors import FabricError, FabricUnavailable

@@ -16,7 +16,7 @@ cache to change before it refuses (403 ``PermissionDenied``, naming what is miss
 first list arrived the check waits as long, then answers 503 (the API server cannot be read).
 
 Without Kubernetes API access (``manager serve`` without ``--kubeconfig`` outside a pod: the
-embedded demo, tests with a static token file) there are no claims to check: :mod:`fabric.service`
+embedded demo, tests with a static token file) there are no claims to check: :mod:`fabric.service.manager`
 builds no view and every attach is checked for node scope and device only, as before. The manager
 logs this once at start.
 """

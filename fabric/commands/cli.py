@@ -130,7 +130,7 @@ class _ServeParser(argparse.ArgumentParser):
 
 
 def _serve_flags(p: argparse.ArgumentParser) -> None:
-    from fabric.config import FlagKind, manager_flags
+    from fabric.service.config import FlagKind, manager_flags
 
     groups: dict[str, argparse._ArgumentGroup] = {}
     for flag in manager_flags():
@@ -156,7 +156,7 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
 def _settings(args: argparse.Namespace) -> Any:
     from pydantic import ValidationError
 
-    from fabric.config import FlagKind, ManagerSettings, load_credentials, manager_flags
+    from fabric.service.config import FlagKind, ManagerSettings, load_credentials, manager_flags
 
     flags = manager_flags()
     given: dict[str, Any] = {}
@@ -224,11 +224,11 @@ def _serve(args: argparse.Namespace) -> int:
         if secret is not None and secret.is_file() and secret.stat().st_mode & 0o077:
             from plumbing.logs import get_logger
 
-            get_logger("fabric.cli").warning(
+            get_logger("fabric.commands.cli").warning(
                 "a file with secrets is readable by other users; chmod 600 it", path=str(secret)
             )
 
-    from fabric.service import ManagerService
+    from fabric.service.manager import ManagerService
 
     try:
         return asyncio.run(ManagerService(settings).run())
@@ -242,14 +242,14 @@ def _resolve_token_file(args: argparse.Namespace) -> None:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from fabric.status import run_status
+    from fabric.commands.status import run_status
 
     _resolve_token_file(args)
     return asyncio.run(run_status(args))
 
 
 def _usage(args: argparse.Namespace) -> int:
-    from fabric.usage_cli import run_usage
+    from fabric.commands.usage import run_usage
 
     _resolve_token_file(args)
     return asyncio.run(run_usage(args))

@@ -1,5 +1,5 @@
 """``fabric-dra usage``: device-seconds since a time, by namespace, model or workload, read from the
-fabric manager's accounting (``GET /api/v1/usage``, :mod:`fabric.usage`)."""
+fabric manager's accounting (``GET /api/v1/usage``, :mod:`fabric.bindings.usage`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import TextIO
 
-from fabric.status import manager_client, manager_errors
+from fabric.commands.status import manager_client, manager_errors
 from manager_api import models as api
 from plumbing.cli import CliError, dump_document, emit, format_table
 from plumbing.terminal import visible

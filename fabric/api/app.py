@@ -1,12 +1,12 @@
 """The manager's HTTP API (FastAPI): the contract of :mod:`manager_api.models`, plus health and metrics.
 
-Every ``/api/v1`` request needs a bearer token whose role grants what it does (:mod:`fabric.auth`,
+Every ``/api/v1`` request needs a bearer token whose role grants what it does (:mod:`fabric.api.auth`,
 ``GRANTS``) and a leader: a follower answers 503 NotLeader with ``Retry-After`` (its ``/readyz``
 fails too, so a Service sends traffic to the leader only). ``/metrics`` needs a token too (the
 operator or metrics role), on every replica. Errors are :class:`manager_api.models.ErrorBody` with
 the status of their :mod:`manager_api.errors` class; a malformed request is 422 InvalidRequest
 naming the field. The token is checked, and the body's size bounded, before the body is read
-(:mod:`fabric.request_guard`).
+(:mod:`fabric.api.request_guard`).
 
 The OpenAPI document is served at ``/openapi.json``; no page renders it here (``/docs`` and
 ``/redoc`` would run a third-party script on the origin where ``/ui`` keeps an operator's token:
@@ -25,17 +25,17 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from fabric.attachments import Attachments
-from fabric.auth import Access, Chain, Identity
-from fabric.claims import ClaimView
-from fabric.inventory import Inventory
-from fabric.metrics import ManagerMetrics
-from fabric.openapi import install_openapi
-from fabric.operations import OperationLog
-from fabric.reports import PluginReports
-from fabric.request_guard import IDENTITY_STATE, RequestGuard, error_response
-from fabric.ui import router as ui_router
-from fabric.usage import UsageMeter
+from fabric.api.auth import Access, Chain, Identity
+from fabric.api.openapi import install_openapi
+from fabric.api.request_guard import IDENTITY_STATE, RequestGuard, error_response
+from fabric.api.ui import router as ui_router
+from fabric.bindings.attachments import Attachments
+from fabric.bindings.usage import UsageMeter
+from fabric.state.claims import ClaimView
+from fabric.state.inventory import Inventory
+from fabric.state.metrics import ManagerMetrics
+from fabric.state.operation_log import OperationLog
+from fabric.state.reports import PluginReports
 from manager_api import models as api
 from manager_api.errors import (
     BindRefused,

@@ -2,7 +2,7 @@
 
 This is the request front of ``POST /api/v1/attachments`` and ``DELETE /api/v1/attachments/{device}``:
 it checks a request, decides from the ledger what it means, has the operation driver
-(:mod:`fabric.operations_driver`) record the intent and run the operation, and answers attached
+(:mod:`fabric.driver.operations`) record the intent and run the operation, and answers attached
 (200), still attaching or detaching (202), or why not. It never touches the fabric itself.
 
 * **Idempotent per claim UID + device.** A repeated attach joins or returns the existing binding;
@@ -11,7 +11,7 @@ it checks a request, decides from the ledger what it means, has the operation dr
   detached is 409 DeviceBusy with who holds it; the new holder gets it only after the fabric
   confirmed the unbind.
 * **Leader only.** A follower refuses every request (:class:`manager_api.errors.NotLeader`).
-* **Warm devices** (:mod:`fabric.warm`). A device warm on the claim's node is the claim's after
+* **Warm devices** (:mod:`fabric.bindings.warm`). A device warm on the claim's node is the claim's after
   one ledger write (no Redfish request) once it was reset since its last claim; warm on another
   node, it is detached there and attached here; released while its node's pool is below target,
   it goes back to warm instead of unbinding, to be reset before another claim gets it. A device
@@ -19,8 +19,8 @@ it checks a request, decides from the ledger what it means, has the operation dr
   ``resetRequired`` until the plugin reports the reset (:meth:`Attachments.report_reset`).
 
 How the operation runs (one at a time per device, intent before action, never blind, rolled back
-when it fails) is :mod:`fabric.operations_driver` and :mod:`fabric.fabric_attempts`; how unfinished
-ones are resumed after a restart is :mod:`fabric.reconcile`.
+when it fails) is :mod:`fabric.driver.operations` and :mod:`fabric.driver.attempts`; how unfinished
+ones are resumed after a restart is :mod:`fabric.bindings.reconcile`.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ import asyncio
 import contextlib
 import time
 
-from fabric.backends.model import DeviceRecord
-from fabric.inventory import Inventory
-from fabric.ledger import Ledger, LedgerEntry, LedgerState, ResetState
-from fabric.operations_driver import OperationDriver, reset_by_node
-from fabric.warm import COLD, HIT, MISS, WarmPool
+from fabric.bindings.warm import COLD, HIT, MISS, WarmPool
+from fabric.driver.operations import OperationDriver, reset_by_node
+from fabric.state.inventory import Inventory
+from fabric.state.ledger import Ledger, LedgerEntry, LedgerState, ResetState
+from fabric.state.model import DeviceRecord
 from manager_api import models as api
 from manager_api.errors import (
     AttachTimeout,

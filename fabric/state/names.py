@@ -23,7 +23,7 @@ __all__ = ["NamedDevice", "assign_names", "dns_label", "pool_name"]
 
 
 class NamedDevice(Protocol):
-    """What naming reads of a device (a :class:`fabric.backends.model.DeviceRecord`): a dataclass
+    """What naming reads of a device (a :class:`fabric.state.model.DeviceRecord`): a dataclass
     whose ``name`` is set from its Redfish Id, fabric and URI. Structural, so that this module
     sits below the backends that name their devices with it."""
 

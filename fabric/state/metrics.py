@@ -82,7 +82,7 @@ STRANDED_REASONS = ("warm", "orphan-grace", "outside")
 
 
 class _UsageCollector(Collector):
-    """Device-seconds from the durable usage record (:mod:`fabric.usage`): the counter carries on
+    """Device-seconds from the durable usage record (:mod:`fabric.bindings.usage`): the counter carries on
     across restarts and leader changes instead of starting from zero in each process."""
 
     def __init__(

@@ -8,7 +8,7 @@ cancelled and the next read decides. An unreachable fabric or a busy device is w
 growing pauses (:class:`plumbing.backoff.Backoff`) until the operation's time is up, then the
 operation pauses (:class:`Unresolved`) and is resumed later.
 
-The driver of each device (:mod:`fabric.operations_driver`) calls :meth:`FabricAttempts.ensure`;
+The driver of each device (:mod:`fabric.driver.operations`) calls :meth:`FabricAttempts.ensure`;
 the backend (:mod:`fabric.backends`) speaks Redfish, and :class:`TaskControl` (the Redfish client)
 asks about and cancels the tasks recorded before.
 """
@@ -23,10 +23,10 @@ from collections.abc import Callable
 from typing import Protocol
 
 from fabric.backends.base import Backend, BindContext
-from fabric.backends.model import DeviceRecord, HostRecord
-from fabric.ledger import Ledger, LedgerEntry, LedgerState
-from fabric.operations import OperationLog, OperationSettings
 from fabric.redfish.error_mapping import OutcomeUnknown, PreconditionFailed
+from fabric.state.ledger import Ledger, LedgerEntry, LedgerState
+from fabric.state.model import DeviceRecord, HostRecord
+from fabric.state.operation_log import OperationLog, OperationSettings
 from manager_api.errors import (
     AttachTimeout,
     BindFailed,

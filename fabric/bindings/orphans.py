@@ -23,7 +23,7 @@ its own, so a fail-over never costs a pod its device. Without API access, or whi
 be listed, nothing is judged (so nothing is detached).
 
 **Bindings made outside fabric-dra** (on the fabric, with no ledger entry) are never touched by
-anything here: they have no claim to explain them, and :class:`fabric.reconcile.ForeignBindings`
+anything here: they have no claim to explain them, and :class:`fabric.bindings.reconcile.ForeignBindings`
 reports them.
 """
 
@@ -35,10 +35,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fabric.attachments import Attachments
-from fabric.ledger import LedgerEntry, LedgerState
-from fabric.metrics import ManagerMetrics
-from fabric.reports import PluginReports
+from fabric.bindings.attachments import Attachments
+from fabric.state.ledger import LedgerEntry, LedgerState
+from fabric.state.metrics import ManagerMetrics
+from fabric.state.reports import PluginReports
 from manager_api.errors import FabricError
 from plumbing.kube.client import ApiError, KubeClient, NotFound
 from plumbing.kube.dra import ResourceClaim
@@ -148,7 +148,7 @@ class OrphanReconciler:
         return "not-reserved"
 
     def in_grace(self) -> int:
-        """Bindings judged orphans and not detached yet (stranded capacity, :mod:`fabric.usage`)."""
+        """Bindings judged orphans and not detached yet (stranded capacity, :mod:`fabric.bindings.usage`)."""
         return len(self._candidates)
 
     def _forget(self) -> None:
