@@ -47,6 +47,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from fabric.errors import ConfigError
 from manager_api.errors import FabricUnavailable, PermissionDenied, TooManyRequests, Unauthenticated
 from plumbing.kube.client import ApiError, KubeClient
 from plumbing.kube.resources import TOKEN_REVIEWS
@@ -207,13 +208,13 @@ def load_static_tokens(path: Path) -> list[_StaticEntry]:
         raw = yaml.safe_load(path.read_text())
         parsed = _StaticFile.model_validate(raw)
     except OSError as err:
-        raise ValueError(f"cannot read static tokens {path}: {err.strerror}") from None
+        raise ConfigError(f"cannot read static tokens {path}: {err.strerror}") from None
     except yaml.YAMLError:
-        raise ValueError(f"static tokens {path} is not YAML/JSON") from None
+        raise ConfigError(f"static tokens {path} is not YAML/JSON") from None
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"static tokens {path}: {where}: {first['msg']}") from None
+        raise ConfigError(f"static tokens {path}: {where}: {first['msg']}") from None
     return parsed.tokens
 
 
@@ -454,5 +455,5 @@ def _service_account_user(account: str) -> str:
         return account
     namespace, _, name = account.replace("/", ":").partition(":")
     if not namespace or not name:
-        raise ValueError(f"service account {account!r} is not NAMESPACE:NAME")
+        raise ConfigError(f"service account {account!r} is not NAMESPACE:NAME")
     return f"system:serviceaccount:{namespace}:{name}"

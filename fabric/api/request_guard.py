@@ -34,7 +34,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
 from fabric.api.auth import Chain
-from fabric.state.operation_log import error_body
+from fabric.errors import ManagerError, error_body
 from manager_api import models as api
 from manager_api.errors import FabricError, FabricUnavailable
 from plumbing.logs import get_logger
@@ -111,7 +111,7 @@ DEFAULT_HEADERS: dict[str, str] = {
 _DEFAULT_HEADERS = [(k.lower().encode(), v.encode()) for k, v in DEFAULT_HEADERS.items()]
 
 
-class BodyTooLarge(HTTPException):
+class BodyTooLarge(HTTPException, ManagerError):
     """A chunked body grew past the cap while FastAPI read it (an HTTPException, so FastAPI passes
     it on as it is instead of calling it a parse error)."""
 

@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 
 from fabric.bindings.warm_policy import DemandTracker, NodeGroup, WarmSettings, model_of, sized_as
 from fabric.driver.operations import OperationDriver, resettable
+from fabric.errors import ConfigError
 from fabric.state.inventory import Inventory
 from fabric.state.ledger import WARM_HOLDER, Ledger, LedgerEntry, LedgerState
 from fabric.state.metrics import ManagerMetrics
@@ -42,7 +43,7 @@ log = get_logger(__name__)
 HIT, MISS, COLD = "hit", "miss", "cold"
 
 
-class WarmPolicyRefused(ValueError):
+class WarmPolicyRefused(ConfigError):
     """The policy can match no device of the fabric (a model it lacks): the manager does not start."""
 
 

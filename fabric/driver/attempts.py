@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from fabric.backends.base import Backend, BindContext
+from fabric.errors import ManagerError
 from fabric.redfish.error_mapping import OutcomeUnknown, PreconditionFailed
 from fabric.state.ledger import Ledger, LedgerEntry, LedgerState
 from fabric.state.model import DeviceRecord, HostRecord
@@ -47,7 +48,7 @@ log = get_logger(__name__)
 _CONFIRM_READS = 4
 
 
-class Unresolved(Exception):
+class Unresolved(ManagerError):
     """The driver cannot finish now (fabric unreachable, task still running, not the leader);
     the ledger entry stays and is resumed later."""
 

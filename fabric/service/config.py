@@ -31,6 +31,7 @@ from pydantic_core import PydanticUndefined
 
 from fabric.backends.discovery import BindingPlan
 from fabric.bindings.warm_policy import WarmSettings
+from fabric.errors import ConfigError
 from fabric.redfish.client import RedfishSettings
 from fabric.state.ledger import DEFAULT_MAX_ENTRIES_PER_NODE
 from fabric.state.operation_log import OperationSettings
@@ -81,14 +82,14 @@ def load_credentials(
         else:
             raw = yaml.safe_load(path.read_text())
     except OSError as err:
-        raise ValueError(f"cannot read Redfish credentials {path}: {err.strerror}") from None
+        raise ConfigError(f"cannot read Redfish credentials {path}: {err.strerror}") from None
     except yaml.YAMLError:
-        raise ValueError(f"Redfish credentials {path} are not YAML/JSON") from None
+        raise ConfigError(f"Redfish credentials {path} are not YAML/JSON") from None
     try:
         return RedfishCredentials.model_validate(raw)
     except ValidationError as err:
         fields = ", ".join(".".join(str(p) for p in e["loc"]) or "file" for e in err.errors())
-        raise ValueError(
+        raise ConfigError(
             f"Redfish credentials {path}: missing or invalid {fields} (need username and password)"
         ) from None
 

@@ -41,6 +41,7 @@ from fabric.bindings.usage import (
 )
 from fabric.bindings.warm import WarmPool
 from fabric.driver.operations import OperationDriver
+from fabric.errors import ConfigError
 from fabric.redfish.client import RedfishClient
 from fabric.service.config import ManagerSettings
 from fabric.state.claims import ClaimView
@@ -141,14 +142,14 @@ class ManagerService:
         usage_store: UsageStore  # beside the ledger, in a store of the same kind
         if s.ledger == "configmap":
             if kube is None:
-                raise ValueError("--ledger configmap needs Kubernetes API access")
+                raise ConfigError("--ledger configmap needs Kubernetes API access")
             store = ConfigMapLedgerStore(kube, name=s.ledger_name, namespace=namespace)
             usage_store = ConfigMapUsageStore(
                 kube, name=usage_record_name(s.ledger_name), namespace=namespace
             )
         else:
             if s.state_dir is None:
-                raise ValueError("--ledger file needs --state-dir")
+                raise ConfigError("--ledger file needs --state-dir")
             s.state_dir.mkdir(parents=True, exist_ok=True)
             store = FileLedgerStore(s.state_dir)
             usage_store = FileUsageStore(s.state_dir)
@@ -278,7 +279,7 @@ class ManagerService:
             log.info("no Kubernetes API access: orphaned bindings are not detached (claims cannot be read)")
         if s.leader_elect:
             if kube is None:
-                raise ValueError("--leader-elect needs Kubernetes API access")
+                raise ConfigError("--leader-elect needs Kubernetes API access")
             if s.ledger == "file":
                 log.warning(
                     "--leader-elect with a ledger file: replicas share it only if --state-dir is shared "
@@ -335,5 +336,5 @@ class ManagerService:
         if lease_client is not None:
             await lease_client.aclose()
         if warm_task.done() and not warm_task.cancelled() and warm_task.exception() is not None:
-            raise ValueError(str(warm_task.exception()))
+            raise ConfigError(str(warm_task.exception()))
         return 0

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from fabric.errors import ConfigError
 from fabric.state.model import HostRecord
 from plumbing.backoff import Backoff
 from plumbing.kube.client import ApiError, KubeClient
@@ -44,21 +45,21 @@ class NodeMapFile(BaseModel):
 
 
 def load_node_map(path: Path) -> dict[str, str]:
-    """The ``--node-map`` file; raises ValueError with one clear line when it is wrong."""
+    """The ``--node-map`` file; raises ConfigError with one clear line when it is wrong."""
     try:
         raw = yaml.safe_load(path.read_text()) or {}
         parsed = NodeMapFile.model_validate(raw)
     except OSError as err:
-        raise ValueError(f"cannot read node map {path}: {err.strerror}") from None
+        raise ConfigError(f"cannot read node map {path}: {err.strerror}") from None
     except yaml.YAMLError as err:
-        raise ValueError(f"node map {path} is not YAML/JSON: {err}") from None
+        raise ConfigError(f"node map {path} is not YAML/JSON: {err}") from None
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"node map {path}: {where}: {first['msg']}") from None
+        raise ConfigError(f"node map {path}: {where}: {first['msg']}") from None
     for key, node in parsed.hosts.items():
         if not is_dns1123_subdomain(node):
-            raise ValueError(f"node map {path}: hosts.{key}: {node!r} is not a valid node name")
+            raise ConfigError(f"node map {path}: hosts.{key}: {node!r} is not a valid node name")
     return {k.lower(): v for k, v in parsed.hosts.items()}
 
 

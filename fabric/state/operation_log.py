@@ -9,10 +9,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from fabric.errors import error_body
 from manager_api import models as api
 from manager_api.errors import FabricError
 
-__all__ = ["OperationLog", "OperationSettings", "error_body"]
+__all__ = ["OperationLog", "OperationSettings"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,18 +28,6 @@ class OperationSettings:
     settle_seconds: float = 0.5
     #: how often unfinished ledger entries are resumed
     retry_seconds: float = 5.0
-
-
-def error_body(err: FabricError) -> api.ErrorBody:
-    return api.ErrorBody(
-        code=err.code,
-        message=err.message,
-        device=err.device,
-        node=err.node,
-        held_by=err.held_by,
-        retry_after_seconds=err.retry_after if err.retriable else None,
-        message_id=err.message_id,
-    )
 
 
 class OperationLog:
