@@ -45,7 +45,6 @@ class Reconciler:
         self.ledger = ledger
         self.driver = driver
         self.backend_for = backend_for
-        inventory.after_refresh.append(self.reconcile)
 
     async def reconcile(self) -> None:
         """Resume unfinished entries; drop bound entries whose binding the fabric no longer has."""

@@ -29,6 +29,7 @@ from fabric.api.auth import (
 )
 from fabric.api.request_guard import server_refusal
 from fabric.backends.discovery import Discovery
+from fabric.backends.watch import InventoryWatch
 from fabric.bindings.attachments import Attachments
 from fabric.bindings.orphans import OrphanReconciler
 from fabric.bindings.reconcile import ForeignBindings, Reconciler
@@ -130,10 +131,11 @@ class ManagerService:
         redfish = RedfishClient(s.redfish, observer=metrics.observe_redfish)
         discovery = Discovery(redfish, s.binding)
         resolver = NodeResolver(load_node_map(s.node_map) if s.node_map else None, kube)
-        inventory = Inventory(
+        inventory = Inventory(fabric_name=s.fabric_name)
+        watch = InventoryWatch(
             discovery,
+            inventory,
             resolver,
-            fabric_name=s.fabric_name,
             resync_seconds=s.resync_seconds,
             poll_seconds=s.poll_seconds,
             use_events=s.events,
@@ -175,11 +177,12 @@ class ManagerService:
         driver.attach_observers.append(warm.attached)
         attachments = Attachments(inventory, ledger, driver, warm=warm)
         reconciler = Reconciler(inventory, ledger, driver, discovery.backend_for)
+        watch.after_refresh.append(reconciler.reconcile)
         metrics.watch_inventory(
             inventory.snapshot, lambda: inventory.loaded.is_set() and inventory.last_error is None
         )
         metrics.is_leader.set_function(lambda: 1.0 if self.is_leader() else 0.0)
-        inventory.after_refresh.append(ForeignBindings(inventory.snapshot).check)
+        watch.after_refresh.append(ForeignBindings(inventory.snapshot).check)
         reports = PluginReports(ttl=s.plugin_report_ttl_seconds)
         claims = ClaimView(kube) if kube is not None else None
         if claims is None:
@@ -250,14 +253,14 @@ class ManagerService:
                 # to be counted again. Accounting never holds up binding: a record that cannot be
                 # read is retried by the usage loop.
                 await usage.try_resume()
-            inventory.request_refresh()
+            watch.request_refresh()
             with contextlib.suppress(FabricError):
                 if inventory.loaded.is_set():
                     await reconciler.reconcile()
 
-        tasks.append(asyncio.create_task(inventory.run(), name="inventory"))
+        tasks.append(asyncio.create_task(watch.run(), name="inventory"))
         if kube is not None:
-            tasks.append(asyncio.create_task(resolver.watch(inventory.remap_nodes), name="node-watch"))
+            tasks.append(asyncio.create_task(resolver.watch(watch.remap_nodes), name="node-watch"))
         if claims is not None:
             tasks.append(asyncio.create_task(claims.run(), name="claims"))
         tasks.append(asyncio.create_task(reconciler.run(), name="reconciler"))

@@ -1,11 +1,8 @@
 """The manager's view of the fabric: devices, hosts → nodes, bindings, and a version that moves.
 
-Discovery passes (:class:`fabric.backends.Discovery`) run at start, whenever the Redfish service
-sends an event (debounced; binding events cause at most one pass per ``bindings_interval``), after
-the event stream reconnects (it may have missed events, or the service restarted), and every
-``resync`` seconds — more often while no event stream is up. The manager's own binds and unbinds
-update the view at once (:meth:`Inventory.note_binding`); a pass that started before such a change
-does not undo it.
+Discovery passes (:mod:`fabric.backends.watch`) load what they found (:meth:`Inventory.load`,
+:meth:`Inventory.load_bindings`). The manager's own binds and unbinds update the view at once
+(:meth:`Inventory.note_binding`); a pass that started before such a change does not undo it.
 
 ``version`` grows whenever the rendered inventory changes (a device, a binding, a health, a node);
 it starts from the wall clock in milliseconds so it also grows across restarts and fail-overs,
@@ -18,22 +15,16 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Mapping
 
 from pydantic import TypeAdapter
 
-from fabric.backends.discovery import Discovery
-from fabric.redfish.error_mapping import message_key
-from fabric.redfish.events import EventStream
-from fabric.redfish.tasks import FINAL_TASK_EVENTS
 from fabric.state.ledger import LedgerEntry, LedgerState
-from fabric.state.model import DeviceRecord, FabricInfo, HostRecord
+from fabric.state.model import DeviceRecord, FabricInfo, FabricSnapshot, HostRecord
 from fabric.state.names import pool_name
-from fabric.state.nodes import NodeResolver
 from manager_api import models as api
 from manager_api.devices import DeviceAttributes
 from manager_api.errors import FabricError, FabricUnavailable
-from plumbing.backoff import Backoff
 from plumbing.logs import get_logger
 
 __all__ = ["Inventory"]
@@ -55,28 +46,8 @@ _STATE_OF_ENTRY = {
 
 
 class Inventory:
-    def __init__(
-        self,
-        discovery: Discovery,
-        resolver: NodeResolver,
-        *,
-        fabric_name: str = "fabric",
-        resync_seconds: float = 60.0,
-        poll_seconds: float = 10.0,
-        use_events: bool = True,
-        event_debounce: float = 0.2,
-        bindings_interval: float = 1.0,
-    ) -> None:
-        self.discovery = discovery
-        self.resolver = resolver
+    def __init__(self, *, fabric_name: str = "fabric") -> None:
         self.fabric_name = fabric_name
-        self.resync_seconds = resync_seconds
-        self.poll_seconds = poll_seconds
-        self.use_events = use_events
-        self.event_debounce = event_debounce
-        #: at least this long between the starts of two bindings-only passes (events come with
-        #: every bind; under load one pass a second reads them all)
-        self.bindings_interval = bindings_interval
         self.version = time.time_ns() // 1_000_000
         self.loaded = asyncio.Event()
         #: why the last discovery pass failed (None after a good one)
@@ -85,11 +56,8 @@ class Inventory:
         self.last_refresh_seconds: float | None = None
         #: ``time.monotonic()`` of the first good pass after failed ones (the fabric came back)
         self.recovered_at = 0.0
-        #: the ledger entry of a device, set by the binder: claim, node and operation state
+        #: the ledger entry of a device (the wiring sets it): claim, node and operation state
         self.overlay: Callable[[str], LedgerEntry | None] = lambda name: None
-        #: called after each discovery pass (the binder reconciles its ledger with it)
-        self.after_refresh: list[Callable[[], Awaitable[None]]] = []
-        self.stream: EventStream | None = None
         self._records: dict[str, DeviceRecord] = {}
         self._hosts: dict[str, HostRecord] = {}
         self._fabrics: dict[str, FabricInfo] = {}
@@ -121,9 +89,6 @@ class Inventory:
         self._built_version = self.version
         self._changed = asyncio.Condition()
         self._closing = False
-        self._refresh_lock = asyncio.Lock()
-        self._refresh_wanted = asyncio.Event()
-        self._full_wanted = True
 
     # -- lookups ----------------------------------------------------------------------------------
 
@@ -132,6 +97,11 @@ class Inventory:
 
     def devices(self) -> list[DeviceRecord]:
         return list(self._records.values())
+
+    @property
+    def hosts(self) -> Mapping[str, HostRecord]:
+        """The hosts of the last full pass, by ComputerSystem Id."""
+        return self._hosts
 
     def host(self, host_id: str) -> HostRecord | None:
         return self._hosts.get(host_id)
@@ -163,53 +133,35 @@ class Inventory:
             groups[record.name] = reach_group_id(record.reachable_hosts) if partial else None
         return groups
 
-    # -- discovery ----------------------------------------------------------------------------------
+    # -- what discovery found ---------------------------------------------------------------------
 
-    async def refresh(self, *, bindings_only: bool = False) -> None:
-        """One discovery pass; raises :class:`FabricError` when the service cannot be read.
+    def pass_failed(self, err: FabricError) -> None:
+        """A discovery pass could not read the service: the view stays as it was."""
+        self.last_error = err
 
-        ``bindings_only`` re-reads just who is bound (zones, connections, resource blocks) — the
-        cheap pass that follows binding events — once a full pass has run.
-        """
-        async with self._refresh_lock:
-            if bindings_only and self.loaded.is_set():
-                await self._refresh_bindings()
-            else:
-                await self._refresh_all()
-        for hook in self.after_refresh:
-            await hook()
-
-    def _refreshed(self, started: float) -> None:
+    def _pass_done(self, started: float) -> None:
         if self.last_error is not None:
             self.recovered_at = time.monotonic()
         self.last_error = None
         self.last_refresh_at = time.time()
         self.last_refresh_seconds = time.monotonic() - started
 
-    async def _refresh_bindings(self) -> None:
-        try:
-            bindings, gets, started = await self.discovery.scan_bindings()
-        except FabricError as err:
-            self.last_error = err
-            raise
-        self._refreshed(started)
+    def load_bindings(self, bindings: Mapping[str, tuple[str, ...]], started: float) -> None:
+        """A bindings-only pass that started at ``started`` (monotonic) found ``bindings`` (device
+        key → bound hosts); a device the manager itself changed since keeps what it did."""
+        self._pass_done(started)
         for name, record in list(self._records.items()):
             hosts = bindings.get(record.key)
             if hosts is None or hosts == record.bound_hosts or self._touched.get(name, 0.0) > started:
                 continue
             self._records[name] = record.with_binding(hosts)
             self.changed(name)
-        log.debug("fabric bindings read", gets=gets, seconds=round(time.monotonic() - started, 3))
 
-    async def _refresh_all(self) -> None:
-        started = time.monotonic()
-        try:
-            await self.resolver.refresh()
-            snapshot = await self.discovery.scan()
-        except FabricError as err:
-            self.last_error = err
-            raise
-        self._refreshed(started)
+    def load(self, snapshot: FabricSnapshot, host_nodes: Mapping[str, str], started: float) -> None:
+        """A full pass that started at ``started`` (monotonic) found ``snapshot``, whose hosts are
+        the nodes ``host_nodes`` names; a device the manager itself changed since the scan began
+        keeps its binding."""
+        self._pass_done(started)
         records: dict[str, DeviceRecord] = {}
         for record in snapshot.devices:
             current = self._records.get(record.name)
@@ -221,34 +173,18 @@ class Inventory:
         self._fabrics = snapshot.fabrics
         self._reach = self._reach_groups()
         self.notices = snapshot.notices
-        self._host_nodes = self.resolver.resolve(snapshot.hosts)
+        self._host_nodes = dict(host_nodes)
         self._node_hosts = {node: host for host, node in self._host_nodes.items()}
-        log.debug(
-            "fabric discovered",
-            devices=len(records),
-            hosts=len(snapshot.hosts),
-            gets=snapshot.gets,
-            seconds=round(time.monotonic() - started, 3),
-        )
         self.changed()
         self.loaded.set()
 
-    def remap_nodes(self) -> None:
-        """The cluster's Nodes changed: map the known hosts to nodes again (no fabric re-read)."""
-        if not self.loaded.is_set():
-            return
-        host_nodes = self.resolver.resolve(self._hosts)
-        if host_nodes != self._host_nodes:
+    def map_nodes(self, host_nodes: Mapping[str, str]) -> None:
+        """The hosts are the nodes ``host_nodes`` names now (the cluster's Nodes changed)."""
+        if dict(host_nodes) != self._host_nodes:
             log.info("hosts mapped to nodes again", nodes=sorted(host_nodes.values()))
-            self._host_nodes = host_nodes
-            self._node_hosts = {node: host for host, node in host_nodes.items()}
+            self._host_nodes = dict(host_nodes)
+            self._node_hosts = {node: host for host, node in self._host_nodes.items()}
             self.changed()
-
-    def request_refresh(self, *, bindings_only: bool = False) -> None:
-        """Ask the run loop for a pass soon; any request for a full pass wins."""
-        if not bindings_only:
-            self._full_wanted = True
-        self._refresh_wanted.set()
 
     def note_binding(self, name: str, hosts: tuple[str, ...]) -> None:
         """The manager itself changed a binding: show it now, and keep it over older passes."""
@@ -267,66 +203,6 @@ class Inventory:
             failures = self._attach_failures.get(name, (0, ""))[0]
             self._attach_failures[name] = (failures + 1, error)
         self.changed(name)
-
-    async def run(self) -> None:
-        """Keep the view current until cancelled: events first, polling as the fallback."""
-        stream_task: asyncio.Task[None] | None = None
-        if self.use_events:
-            # A (re)connected stream may have missed events, or the service restarted: read everything.
-            self.stream = EventStream(
-                self.discovery.client,
-                self._on_events,
-                on_connect=self._stream_connected,
-                on_disconnect=self.discovery.client.tasks.stream_changed,
-            )
-            stream_task = asyncio.create_task(self.stream.run(), name="redfish-events")
-        backoff = Backoff(initial=0.5, maximum=self.poll_seconds)
-        try:
-            while True:
-                bindings_only, self._full_wanted = not self._full_wanted, False
-                started = time.monotonic()
-                try:
-                    await self.refresh(bindings_only=bindings_only)
-                    backoff.reset()
-                except FabricError as err:
-                    log.warning("fabric discovery failed, retrying", error=err.message)
-                    self._full_wanted = True  # the service may have restarted: read everything
-                    await backoff.sleep()
-                    continue
-                streaming = self.stream is not None and self.stream.connected
-                interval = self.resync_seconds if streaming else self.poll_seconds
-                try:
-                    await asyncio.wait_for(self._refresh_wanted.wait(), interval)
-                except TimeoutError:
-                    self._full_wanted = True  # the periodic resync reads everything
-                else:
-                    await asyncio.sleep(self.event_debounce)  # let a burst of events arrive
-                    pause = self.bindings_interval - (time.monotonic() - started)
-                    if not self._full_wanted and pause > 0:
-                        # The manager's own binds are in the view already; events of others'
-                        # changes wait for the next pass, at most this interval away.
-                        await asyncio.sleep(pause)
-                self._refresh_wanted.clear()
-        finally:
-            if stream_task is not None:
-                stream_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await stream_task
-
-    def _stream_connected(self) -> None:
-        self.discovery.client.tasks.stream_changed()
-        self.request_refresh()
-
-    def _on_events(self, events: list[dict[str, object]]) -> None:
-        for event in events:
-            registry, name = message_key(str(event.get("MessageId") or ""))
-            if registry == "TaskEvent":
-                origin = event.get("OriginOfCondition")
-                uri = origin.get("@odata.id") if isinstance(origin, dict) else None
-                final = name in FINAL_TASK_EVENTS
-                self.discovery.client.tasks.changed(str(uri) if uri else None, final=final)
-        if events:
-            self.request_refresh(bindings_only=all(_is_binding_event(e) for e in events))
 
     # -- rendering --------------------------------------------------------------------------------
 
@@ -530,23 +406,3 @@ class Inventory:
 def reach_group_id(hosts: tuple[str, ...]) -> str:
     """A reach group's id: a short hash of the ComputerSystem Ids that reach its devices."""
     return "r" + hashlib.sha256("\n".join(sorted(hosts)).encode()).hexdigest()[:10]
-
-
-#: resources whose changes are bindings, not device attributes or health
-_BINDING_COLLECTIONS = ("Endpoints", "Zones", "Connections", "Systems", "TaskService")
-
-
-def _is_binding_event(event: dict[str, object]) -> bool:
-    """Whether an event only says who is bound to what (a bindings-only pass covers it)."""
-    prefix, key = message_key(str(event.get("MessageId") or ""))
-    if prefix == "TaskEvent":
-        return True
-    if prefix == "Fabric":
-        return key.startswith(("Connection", "Zone"))
-    if prefix == "Composition":
-        return key == "ResourceBlockCompositionStateChanged"
-    if prefix == "ResourceEvent" and key in ("ResourceChanged", "ResourceCreated", "ResourceRemoved"):
-        origin = event.get("OriginOfCondition")
-        uri = str(origin.get("@odata.id") or "") if isinstance(origin, dict) else ""
-        return any(f"/{c}/" in uri or uri.endswith(f"/{c}") for c in _BINDING_COLLECTIONS)
-    return False

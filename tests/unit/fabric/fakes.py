@@ -14,6 +14,7 @@ from typing import Any
 
 from fabric.backends.base import Backend, BindContext, DiscoveryResult
 from fabric.backends.walk import Walk
+from fabric.backends.watch import InventoryWatch
 from fabric.bindings.attachments import Attachments
 from fabric.bindings.reconcile import Reconciler
 from fabric.driver.operations import OperationDriver
@@ -204,6 +205,8 @@ class FakeDiscovery:
 class Harness:
     fabric: FakeFabric
     inventory: Inventory
+    #: the discovery passes that land in the inventory (``await h.watch.refresh()``)
+    watch: InventoryWatch
     ledger: Ledger
     attachments: Attachments
     driver: OperationDriver
@@ -223,7 +226,8 @@ async def make_harness(
         hosts=[f"node-{i}" for i in range(hosts)], devices=[f"gpu{i}" for i in range(devices)]
     )
     discovery = FakeDiscovery(fake)
-    inventory = Inventory(discovery, NodeResolver(), use_events=False)  # type: ignore[arg-type]
+    inventory = Inventory()
+    watch = InventoryWatch(discovery, inventory, NodeResolver(), use_events=False)  # type: ignore[arg-type]
     ledger = Ledger(FileLedgerStore(tmp))
     await ledger.load()
     leader = [True]
@@ -240,5 +244,6 @@ async def make_harness(
     )
     attachments = Attachments(inventory, ledger, driver)
     reconciler = Reconciler(inventory, ledger, driver, discovery.backend_for)
-    await inventory.refresh()
-    return Harness(fake, inventory, ledger, attachments, driver, reconciler, leader)
+    watch.after_refresh.append(reconciler.reconcile)
+    await watch.refresh()
+    return Harness(fake, inventory, watch, ledger, attachments, driver, reconciler, leader)

@@ -172,7 +172,7 @@ async def test_restart_completes_half_done_operations(tmp_path: Path) -> None:
 async def test_unmanaged_binding_is_reported_and_never_touched(tmp_path: Path) -> None:
     h = await make_harness(tmp_path)
     h.fabric.bound["gpu0"] = "node-1"  # bound outside fabric-dra
-    await h.inventory.refresh()
+    await h.watch.refresh()
     device = h.inventory.render_device(h.inventory.device("gpu0"))  # type: ignore[arg-type]
     assert (device.state, device.managed, device.node) == (api.BindingState.BOUND, False, "node-1")
     with pytest.raises(DeviceBusy, match="bound outside fabric-dra"):
