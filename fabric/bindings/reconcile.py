@@ -19,7 +19,6 @@ import contextlib
 import time
 from collections.abc import Callable
 
-from fabric.backends.base import Backend
 from fabric.driver.operations import OperationDriver
 from fabric.state.inventory import Inventory
 from fabric.state.ledger import Ledger, LedgerEntry
@@ -34,17 +33,10 @@ log = get_logger(__name__)
 
 
 class Reconciler:
-    def __init__(
-        self,
-        inventory: Inventory,
-        ledger: Ledger,
-        driver: OperationDriver,
-        backend_for: Callable[[DeviceRecord], Backend],
-    ) -> None:
+    def __init__(self, inventory: Inventory, ledger: Ledger, driver: OperationDriver) -> None:
         self.inventory = inventory
         self.ledger = ledger
         self.driver = driver
-        self.backend_for = backend_for
 
     async def reconcile(self) -> None:
         """Resume unfinished entries; drop bound entries whose binding the fabric no longer has."""
@@ -64,10 +56,8 @@ class Reconciler:
 
     async def _verify_bound(self, entry: LedgerEntry, record: DeviceRecord | None) -> None:
         if record is not None:
-            try:
-                host = self.inventory.host(entry.host)
-                current = await self.backend_for(record).read_binding(record, (host,) if host else ())
-            except (FabricError, KeyError):
+            current = await self.driver.read_binding(record, entry.host)
+            if current is None:
                 return
             if entry.host in current:
                 self.inventory.note_binding(entry.device, current)

@@ -142,6 +142,16 @@ class OperationDriver:
         if not self.is_leader():
             raise NotLeader("this fabric manager replica lost its leadership", retry_after=2.0)
 
+    async def read_binding(self, record: DeviceRecord, host_id: str) -> tuple[str, ...] | None:
+        """The hosts the fabric binds ``record`` to, read now through its backend (asking
+        ``host_id``'s side too where a style keeps the binding there); None when it cannot be read
+        (the service failed, or no backend serves the device's fabric any more)."""
+        try:
+            host = self.inventory.host(host_id)
+            return await self.backend_for(record).read_binding(record, (host,) if host else ())
+        except (FabricError, KeyError):
+            return None
+
     def slot(self, device: str) -> DeviceSlot:
         slot = self._slots.get(device)
         if slot is None:

@@ -176,7 +176,7 @@ class ManagerService:
         warm = WarmPool(s.warm, inventory, ledger, driver, metrics=metrics)
         driver.attach_observers.append(warm.attached)
         attachments = Attachments(inventory, ledger, driver, warm=warm)
-        reconciler = Reconciler(inventory, ledger, driver, discovery.backend_for)
+        reconciler = Reconciler(inventory, ledger, driver)
         watch.after_refresh.append(reconciler.reconcile)
         metrics.watch_inventory(
             inventory.snapshot, lambda: inventory.loaded.is_set() and inventory.last_error is None

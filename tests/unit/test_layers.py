@@ -35,40 +35,6 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "fabric_dra": frozenset({"plumbing", "manager_api", "dra_driver", "fabric", "emulator", "kube_standin"}),
 }
 
-# The fabric manager inside ``fabric``, floor by floor from the top (docs/architecture.md, "Inside
-# fabric"): what stands above each floor, which it must never import.
-_FABRIC_CLI = ("fabric.commands.cli", "fabric.commands.status", "fabric.commands.usage")
-_FABRIC_SERVICE = ("fabric.service.manager", "fabric.service.config", *_FABRIC_CLI)
-_FABRIC_HTTP = (
-    "fabric.api.app",
-    "fabric.bindings.orphans",
-    "fabric.api.auth",
-    "fabric.api.openapi",
-    "fabric.api.ui",
-    "fabric.api.request_guard",
-    "fabric.state.claims",
-    "fabric.bindings.usage",
-    *_FABRIC_SERVICE,
-)
-_FABRIC_FRONT = ("fabric.bindings.attachments", "fabric.bindings.reconcile", *_FABRIC_HTTP)
-_FABRIC_DRIVER = ("fabric.driver.operations", *_FABRIC_FRONT)
-_FABRIC_ATTEMPTS = ("fabric.driver.attempts", *_FABRIC_DRIVER)
-_FABRIC_STATE = (
-    "fabric.state.inventory",
-    "fabric.state.ledger",
-    "fabric.state.nodes",
-    "fabric.state.operation_log",
-    *_FABRIC_ATTEMPTS,
-)
-_FABRIC_BACKENDS = ("fabric.backends", *_FABRIC_STATE)
-# Inside the Redfish client: transport, then sessions and task monitors, then the facade and events.
-_REDFISH_FACADE = ("fabric.redfish.client", "fabric.redfish.events")
-_REDFISH_ABOVE_TRANSPORT = ("fabric.redfish.sessions", "fabric.redfish.tasks", *_REDFISH_FACADE)
-_REDFISH_CONVERSATION = ("fabric.redfish.transport", *_REDFISH_ABOVE_TRANSPORT)
-#: the Redfish conversation and the discovery that holds the client: the operation driver is handed
-#: the backends and the task control it needs instead (the error types are fine)
-_FABRIC_REACH = (*_REDFISH_CONVERSATION, "fabric.backends.discovery")
-
 #: Inside a package: module prefix → prefixes of the same package it must never import.
 NEVER: dict[str, tuple[str, ...]] = {
     "dra_driver.selection": ("dra_driver.plugin", "dra_driver.controller", "dra_driver.explain"),
@@ -78,83 +44,6 @@ NEVER: dict[str, tuple[str, ...]] = {
     "kube_standin.apiserver": ("kube_standin.cluster", "kube_standin.kubelet_client", "kube_standin.cli"),
     "kube_standin.kubelet_client": ("kube_standin.cluster", "kube_standin.apiserver", "kube_standin.cli"),
     "kube_standin.cluster": ("kube_standin.apiserver", "kube_standin.cli"),
-    "fabric.redfish": (
-        "fabric.state.names",
-        "fabric.state.metrics",
-        "fabric.state.reports",
-        *_FABRIC_BACKENDS,
-    ),
-    "fabric.redfish.error_mapping": ("fabric.redfish.settings", *_REDFISH_CONVERSATION),
-    "fabric.redfish.settings": ("fabric.redfish.error_mapping", *_REDFISH_CONVERSATION),
-    "fabric.redfish.transport": _REDFISH_ABOVE_TRANSPORT,
-    "fabric.redfish.sessions": ("fabric.redfish.tasks", *_REDFISH_FACADE),
-    "fabric.redfish.tasks": ("fabric.redfish.sessions", *_REDFISH_FACADE),
-    "fabric.redfish.client": ("fabric.redfish.events",),
-    "fabric.state.names": _FABRIC_BACKENDS,
-    "fabric.state.metrics": _FABRIC_BACKENDS,
-    "fabric.state.reports": _FABRIC_BACKENDS,
-    "fabric.backends": _FABRIC_STATE,
-    "fabric.state.nodes": ("fabric.state.inventory", *_FABRIC_ATTEMPTS),
-    "fabric.state.ledger": ("fabric.state.inventory", "fabric.state.operation_log", *_FABRIC_ATTEMPTS),
-    "fabric.state.operation_log": ("fabric.state.inventory", "fabric.state.ledger", *_FABRIC_ATTEMPTS),
-    "fabric.state.inventory": _FABRIC_ATTEMPTS,
-    "fabric.driver.attempts": (*_FABRIC_DRIVER, *_FABRIC_REACH),
-    "fabric.driver.operations": (*_FABRIC_FRONT, *_FABRIC_REACH),
-    # The request front and reconciliation reach the fabric only through the operation driver.
-    "fabric.bindings.attachments": (
-        "fabric.bindings.reconcile",
-        "fabric.driver.attempts",
-        "fabric.redfish",
-        "fabric.backends.base",
-        "fabric.backends.discovery",
-        *_FABRIC_HTTP,
-    ),
-    # The warm pool too (fabric.bindings.warm; its policy, fabric.bindings.warm_policy, imports none of
-    # these either).
-    "fabric.bindings.warm": (
-        "fabric.bindings.attachments",
-        "fabric.bindings.reconcile",
-        "fabric.driver.attempts",
-        "fabric.redfish",
-        "fabric.backends.base",
-        "fabric.backends.discovery",
-        *_FABRIC_HTTP,
-    ),
-    "fabric.bindings.reconcile": (
-        "fabric.bindings.attachments",
-        "fabric.driver.attempts",
-        "fabric.redfish",
-        *_FABRIC_REACH,
-        *_FABRIC_HTTP,
-    ),
-    "fabric.bindings.orphans": ("fabric.api.app", *_FABRIC_SERVICE),
-    "fabric.api.app": ("fabric.bindings.orphans", *_FABRIC_SERVICE),
-    "fabric.api.auth": ("fabric.api.app", "fabric.bindings.orphans", *_FABRIC_SERVICE),
-    "fabric.api.openapi": ("fabric.api.app", "fabric.bindings.orphans", *_FABRIC_SERVICE),
-    # the fabric map is static files: it reads the API as any client does, never the manager's insides
-    "fabric.api.ui": ("fabric.api.app", "fabric.bindings.orphans", "fabric.api.auth", *_FABRIC_SERVICE),
-    "fabric.api.request_guard": (
-        "fabric.api.app",
-        "fabric.bindings.orphans",
-        "fabric.state.claims",
-        *_FABRIC_SERVICE,
-    ),
-    "fabric.state.claims": (
-        "fabric.api.app",
-        "fabric.bindings.orphans",
-        "fabric.api.auth",
-        "fabric.api.request_guard",
-        *_FABRIC_SERVICE,
-    ),
-    # the accounting reads the ledger, the inventory and the claims; the API serves it
-    "fabric.bindings.usage": (
-        "fabric.api.app",
-        "fabric.bindings.orphans",
-        "fabric.api.auth",
-        *_FABRIC_SERVICE,
-    ),
-    "fabric.service.config": ("fabric.service.manager", *_FABRIC_CLI),
-    "fabric.service.manager": _FABRIC_CLI,
 }
 
 
@@ -257,6 +146,32 @@ def floor_violations(root: Path) -> list[str]:
     return found
 
 
+#: Inside fabric, only the operation driver is handed the backends and the Redfish task control: the
+#: floors above ``driver``, up to the wiring (``service``) that builds every part, import nothing of
+#: these. The attach/detach front, the warm pool, reconciliation and the API reach the fabric
+#: through the driver (docs/architecture.md, "Inside fabric").
+THROUGH_THE_DRIVER = ("fabric.redfish", "fabric.backends")
+
+
+def driver_bypasses(root: Path) -> list[str]:
+    """Every import of the Redfish client or the backends from a floor of fabric between the
+    operation driver and the wiring."""
+    floors = declared_floors(root / "fabric" / "__init__.py") or ()
+    between = range(floors.index("driver") + 1, floors.index("service"))
+    found = []
+    for path in _source_files(root):
+        importer = _module_name(path, root)
+        if _floor_of(importer, "fabric", floors) not in between:
+            continue
+        for line, module in _imports(path, root):
+            if any(module == sealed or module.startswith(sealed + ".") for sealed in THROUGH_THE_DRIVER):
+                found.append(
+                    f"{path.relative_to(root)}:{line}: {importer} imports {module} "
+                    "(only the operation driver is handed the fabric)"
+                )
+    return found
+
+
 def test_every_package_has_a_floor() -> None:
     assert set(PACKAGES) == set(MAY_IMPORT), "add the new package to MAY_IMPORT and docs/architecture.md"
 
@@ -286,6 +201,10 @@ def test_imports_point_down() -> None:
 def test_imports_inside_a_package_point_down_its_floors() -> None:
     assert floored_packages(REPO_ROOT), "emulator declares its floors"
     assert floor_violations(REPO_ROOT) == []
+
+
+def test_only_the_operation_driver_reaches_the_fabric() -> None:
+    assert driver_bypasses(REPO_ROOT) == []
 
 
 def test_every_room_of_a_floored_package_is_on_a_floor() -> None:
@@ -336,3 +255,27 @@ def test_the_floor_check_reads_folders(importer: str, source: str, reported: boo
     (package / importer).write_text(source)
     violations = floor_violations(tmp_path)
     assert bool(violations) is reported, violations
+
+
+@pytest.mark.parametrize(
+    ("importer", "source", "reported"),
+    [
+        ("bindings/probe.py", "from fabric.backends.base import Backend\n", True),
+        ("api/probe.py", "def f():\n    from fabric.redfish import error_mapping\n", True),
+        ("bindings/probe.py", "from fabric.state.model import DeviceRecord\n", False),
+        ("driver/probe.py", "from fabric.backends.base import Backend\n", False),
+        ("service/probe.py", "from fabric.redfish.client import RedfishClient\n", False),
+    ],
+)
+def test_the_driver_rule_sees_a_bypass(importer: str, source: str, reported: bool, tmp_path: Path) -> None:
+    """The check itself: a floor between the driver and the wiring importing the Redfish client or
+    the backends is reported; the driver and the wiring may, and anyone may import the state."""
+    package = tmp_path / "fabric"
+    package.mkdir()
+    floors = ("redfish", "state", "backends", "driver", "bindings", "api", "service")
+    (package / "__init__.py").write_text(f"FLOORS = {floors!r}\n")
+    for room in floors:
+        (package / room).mkdir()
+        (package / room / "__init__.py").write_text("")
+    (package / importer).write_text(source)
+    assert bool(driver_bypasses(tmp_path)) is reported

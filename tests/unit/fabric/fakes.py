@@ -243,7 +243,7 @@ async def make_harness(
         ),
     )
     attachments = Attachments(inventory, ledger, driver)
-    reconciler = Reconciler(inventory, ledger, driver, discovery.backend_for)
+    reconciler = Reconciler(inventory, ledger, driver)
     watch.after_refresh.append(reconciler.reconcile)
     await watch.refresh()
     return Harness(fake, inventory, watch, ledger, attachments, driver, reconciler, leader)
