@@ -31,7 +31,6 @@ from fabric.api.request_guard import IDENTITY_STATE, RequestGuard, error_respons
 from fabric.api.ui import router as ui_router
 from fabric.bindings.attachments import Attachments
 from fabric.bindings.usage import UsageMeter
-from fabric.state.claims import ClaimView
 from fabric.state.inventory import Inventory
 from fabric.state.metrics import ManagerMetrics
 from fabric.state.operation_log import OperationLog
@@ -78,8 +77,6 @@ class AppContext:
     is_leader: Callable[[], bool]
     #: None when ready to serve, else why not
     not_ready: Callable[[], str | None]
-    #: the cluster's ResourceClaims that an attach must match; None without Kubernetes API access
-    claims: ClaimView | None = None
     #: the device-seconds accounting (``GET /api/v1/usage``); None: not served
     usage: UsageMeter | None = None
 
@@ -260,19 +257,6 @@ def build_app(ctx: AppContext) -> FastAPI:
     async def attach(caller: Caller, request: api.AttachRequest, wait: Wait = 0.0) -> JSONResponse:
         caller.check_bind(request.node)
         _loaded()
-        record = ctx.inventory.device(request.device)
-        if request.pool is not None and record is not None and ctx.inventory.pool_of(record) != request.pool:
-            # (pool, device) names a DRA device: the same name in another pool is another device.
-            raise DeviceNotFound(
-                f"device {request.device} is in pool {ctx.inventory.pool_of(record)}, not in pool "
-                f"{request.pool} that the claim's allocation names; this fabric has no such device",
-                device=request.device,
-            )
-        if ctx.claims is not None and record is not None:
-            await ctx.claims.check_attach(
-                request.claim_uid, request.device, ctx.inventory.pool_of(record), request.node
-            )
-            request = _trusted_namespace(ctx.claims, request)
         attachment, status = await ctx.attachments.attach(request, wait)
         return JSONResponse(status_code=status, content=attachment.model_dump(mode="json", by_alias=True))
 
@@ -374,26 +358,6 @@ def build_app(ctx: AppContext) -> FastAPI:
         return ctx.usage.report(start, by)
 
     return app
-
-
-def _trusted_namespace(claims: ClaimView, request: api.AttachRequest) -> api.AttachRequest:
-    """The attach with its claim's own namespace, as the API server has it: what a node's plugin
-    sends is only its word, and the namespace is who is billed (docs/manager.md, "What a node may
-    send")."""
-    claim = claims.get(request.claim_uid)
-    trusted = claim.metadata.namespace if claim is not None else None
-    if not trusted or trusted == request.namespace:
-        return request
-    if request.namespace is not None:
-        log.warning(
-            "attach names another namespace than its claim's; the claim's is recorded",
-            claim=request.claim_uid,
-            device=request.device,
-            node=request.node,
-            sent=request.namespace,
-            namespace=trusted,
-        )
-    return request.model_copy(update={"namespace": trusted})
 
 
 def _in_utc_range(moment: datetime) -> bool:

@@ -7,7 +7,7 @@ hot-add.
   extra ones. Attaches and detaches go through the operation driver like a claim's: intent before
   action, one operation per device, rolled back when they fail.
 * **Taken, given back.** A claim allocated a device warm on its own node gets it with one ledger
-  write (:meth:`fabric.driver.operations.OperationDriver.take_warm`: a *hit*). Warm on another
+  write (:meth:`fabric.driver.records.OperationRecords.take_warm`: a *hit*). Warm on another
   node, it is detached there and attached to the claim's node (a *miss*: never refused, never bound
   twice). A released device stays bound as warm when its node's pool is below target
   (:meth:`wants_back`) and it can be reset (Redfish ``Reset``, or its node): before another claim uses it.
@@ -26,7 +26,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from fabric.bindings.warm_policy import DemandTracker, NodeGroup, WarmSettings, model_of, sized_as
-from fabric.driver.operations import OperationDriver, resettable
+from fabric.driver.operations import OperationDriver
+from fabric.driver.resets import resettable
 from fabric.errors import ConfigError
 from fabric.state.inventory import Inventory
 from fabric.state.ledger import WARM_HOLDER, Ledger, LedgerEntry, LedgerState
@@ -276,13 +277,14 @@ class WarmPool:
                 return  # taken meanwhile
             if self.ledger.entries_of(node) >= self.ledger.max_entries_per_node:
                 return
-            await self.driver.start_attach(current, host, node, WARM_HOLDER)
+            await self.driver.records.start_attach(current, host, node, WARM_HOLDER)
+            self.driver.kick(record.name)
         log.info("warming a device", device=record.name, node=node)
 
     async def _cool(self, entry: LedgerEntry, why: str) -> None:
         async with self.driver.slot(entry.device).lock:
             if self.ledger.get(entry.device) is not entry or entry.state is not LedgerState.WARM:
                 return
-            await self.driver.start_detach(entry)
+            await self.driver.records.start_detach(entry)
             self.driver.kick(entry.device)
         log.info("warm device leaves the pool", device=entry.device, node=entry.node, reason=why)

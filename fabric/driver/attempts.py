@@ -20,14 +20,16 @@ import contextlib
 import functools
 import time
 from collections.abc import Callable
+from dataclasses import InitVar, dataclass, field
 from typing import Protocol
 
 from fabric.backends.base import Backend, BindContext
+from fabric.driver.settings import OperationSettings
 from fabric.errors import ManagerError
-from fabric.redfish.error_mapping import OutcomeUnknown, PreconditionFailed
+from fabric.redfish.error_mapping import OutcomeUnknown
 from fabric.state.ledger import Ledger, LedgerEntry, LedgerState
 from fabric.state.model import DeviceRecord, HostRecord
-from fabric.state.operation_log import OperationLog, OperationSettings
+from fabric.state.operation_log import OperationLog
 from manager_api.errors import (
     AttachTimeout,
     BindFailed,
@@ -72,6 +74,32 @@ class ErrorHolder(Protocol):
     error: FabricError | None
 
 
+@dataclass(slots=True)
+class _Run:
+    """One call of :meth:`FabricAttempts.ensure`: what it changes, and how far it got."""
+
+    entry: LedgerEntry
+    record: DeviceRecord
+    host: HostRecord
+    backend: Backend
+    progress: ErrorHolder
+    bound: bool
+    timeout: InitVar[float]
+    #: ``time.monotonic()`` when the operation's time is up
+    deadline: float = 0.0
+    #: changes sent (an unsent one, or one the fabric was busy for, does not count)
+    attempts: int = 0
+    last_error: FabricError | None = None
+    backoff: Backoff = field(default_factory=lambda: Backoff(0.25, 5.0))
+
+    def __post_init__(self, timeout: float) -> None:
+        self.deadline = time.monotonic() + timeout
+
+    @property
+    def verb(self) -> str:
+        return "bind" if self.bound else "unbind"
+
+
 class FabricAttempts:
     def __init__(
         self,
@@ -100,111 +128,142 @@ class FabricAttempts:
         *,
         bound: bool,
     ) -> None:
-        """Make the fabric bind (``bound``) or unbind ``record`` ↔ ``host``, reading before acting."""
-        deadline = time.monotonic() + self.settings.operation_timeout
-        attempts = 0
-        backoff = Backoff(0.25, 5.0)
-        verb = "bind" if bound else "unbind"
-
-        async def record_task(monitor: str) -> None:
-            if bound:
-                crash_point("manager.attach.task-accepted")
-            entry.task_monitor = monitor
-            self.ledger.put(entry)
-            self.operations.running(entry.operation_id, redfish_task=monitor)
-            await self.ledger.commit()
-            crash_point("manager.attach.task-recorded" if bound else "manager.detach.task-recorded")
-
-        last_error: FabricError | None = None
-        while True:
-            if bound and entry.state is not LedgerState.ATTACHING:
-                return  # the claim asked for a detach meanwhile: do not bind, let the driver unbind
-            try:
-                self.fence()
-                if entry.task_monitor:
-                    await self.settle_task(entry, deadline)
-                if bound:
-                    # What the bind will need (a zone's ETag...) is read alongside, not after.
-                    current, _ = await asyncio.gather(
-                        backend.read_binding(record, (host,)), backend.prepare_bind(record, host)
-                    )
-                else:
-                    current = await backend.read_binding(record, (host,))
-            except NotLeader as err:
-                raise Unresolved(err) from None
-            except FabricUnavailable as err:
-                progress.error = err
-                if not await _pause(backoff, deadline):
-                    raise Unresolved(err) from None
-                continue
-            if bound:
-                if host.id in current:
-                    return
-                if current:
-                    node = self.node_for_host(current[0])
-                    held = f"{node or 'host ' + current[0]} (bound outside fabric-dra)"
-                    raise DeviceBusy(f"device {entry.device} is bound to {held}", held_by=held)
-            elif host.id not in current:
+        """Make the fabric bind (``bound``) or unbind ``record`` ↔ ``host``, reading before acting:
+        read; done when the fabric already shows it; else send the change (at most
+        ``max_attempts`` times) and confirm it by reading again."""
+        run = _Run(entry, record, host, backend, progress, bound, self.settings.operation_timeout)
+        # An attach stops when the claim asked for a detach meanwhile: the driver unbinds then.
+        while not (bound and entry.state is not LedgerState.ATTACHING):
+            current = await self._read(run)
+            if current is None:
+                continue  # the fabric was unreachable for a while: read again
+            if self._in_place(run, current):
                 return
-            if attempts >= self.settings.max_attempts:
-                if isinstance(last_error, DeviceBusy):
-                    raise last_error
-                detail = f": {last_error.message}" if last_error else ""
-                raise BindFailed(
-                    f"the fabric did not {verb} {entry.device} after {attempts} attempts{detail}"
-                )
-            attempts += 1
-            ctx = BindContext(
-                deadline=min(deadline, time.monotonic() + self.settings.task_timeout),
-                fence=self.fence,
-                on_task=record_task,
-                on_progress=functools.partial(self.operations.progress, entry.operation_id),
-                action=f"{verb} {entry.device} {'to' if bound else 'from'} {host.id}",
+            self._count_attempt(run)
+            if await self._send(run):
+                return
+
+    async def _read(self, run: _Run) -> tuple[str, ...] | None:
+        """The hosts the device is bound to now, read after any recorded task ended; None after a
+        pause for an unreachable fabric (read again)."""
+        try:
+            self.fence()
+            if run.entry.task_monitor:
+                await self.settle_task(run.entry, run.deadline)
+            if not run.bound:
+                return await run.backend.read_binding(run.record, (run.host,))
+            # What the bind will need (a zone's ETag...) is read alongside, not after.
+            current, _ = await asyncio.gather(
+                run.backend.read_binding(run.record, (run.host,)),
+                run.backend.prepare_bind(run.record, run.host),
             )
-            try:
-                if bound:
-                    await backend.bind(record, host, ctx)
-                else:
-                    await backend.unbind(record, host, ctx)
-            except NotLeader as err:
+            return current
+        except NotLeader as err:
+            raise Unresolved(err) from None
+        except FabricUnavailable as err:
+            run.progress.error = err
+            if not await _pause(run.backoff, run.deadline):
                 raise Unresolved(err) from None
-            except AttachTimeout as err:
-                # A task that did not finish in time: cancel it and let the next read decide.
-                progress.error = err
-                if entry.task_monitor:
-                    await self.tasks.cancel_task(entry.task_monitor)
-                log.warning("fabric task timed out, cancelled", device=entry.device, task=entry.task_monitor)
-                with contextlib.suppress(Unresolved):
-                    await self.settle_task(entry, time.monotonic() + self.settings.task_timeout)
-                if entry.task_monitor:
-                    raise Unresolved(err) from None
-                if bound:
-                    after = await _read_or_none(backend, record, host)
-                    if after is not None and host.id not in after:
-                        raise err from None
-                continue
-            except DeviceBusy as err:
-                # The read said "not bound" but the fabric is busy with the device (a task of an
-                # earlier run of ours, or a change in flight): wait for it, do not burn attempts.
-                progress.error = last_error = err
-                attempts -= 1
-                if not await _pause(backoff, deadline):
-                    raise
-                continue
-            except (OutcomeUnknown, PreconditionFailed) as err:
-                progress.error = last_error = err
-                await asyncio.sleep(self.settings.settle_seconds)
-                continue
-            except FabricUnavailable as err:  # not sent: nothing happened
-                progress.error = err
-                attempts -= 1
-                if not await _pause(backoff, deadline):
-                    raise Unresolved(err) from None
-                continue
-            crash_point("manager.attach.after-fabric-call" if bound else "manager.detach.after-fabric-call")
-            entry.task_monitor = None
-            await self._confirm(entry, record, host, backend, bound=bound)
-            return
+            return None
+
+    def _in_place(self, run: _Run, current: tuple[str, ...]) -> bool:
+        """Whether the fabric shows the change already; DeviceBusy when another host holds the
+        device (bound outside fabric-dra: never taken from it)."""
+        if not run.bound:
+            return run.host.id not in current
+        if run.host.id in current:
+            return True
+        if current:
+            node = self.node_for_host(current[0])
+            held = f"{node or 'host ' + current[0]} (bound outside fabric-dra)"
+            raise DeviceBusy(f"device {run.entry.device} is bound to {held}", held_by=held)
+        return False
+
+    def _count_attempt(self, run: _Run) -> None:
+        """One more change to send; when the attempts are spent, the last refusal (a busy device)
+        or BindFailed."""
+        if run.attempts >= self.settings.max_attempts:
+            if isinstance(run.last_error, DeviceBusy):
+                raise run.last_error
+            detail = f": {run.last_error.message}" if run.last_error else ""
+            raise BindFailed(
+                f"the fabric did not {run.verb} {run.entry.device} after {run.attempts} attempts{detail}"
+            )
+        run.attempts += 1
+
+    async def _send(self, run: _Run) -> bool:
+        """Send the bind or unbind once; True when the fabric took it and shows it, False when the
+        next read decides (a task cancelled, a busy device, an answer lost, an unreachable fabric)."""
+        entry = run.entry
+        ctx = BindContext(
+            deadline=min(run.deadline, time.monotonic() + self.settings.task_timeout),
+            fence=self.fence,
+            on_task=functools.partial(self._record_task, entry, run.bound),
+            on_progress=functools.partial(self.operations.progress, entry.operation_id),
+            action=f"{run.verb} {entry.device} {'to' if run.bound else 'from'} {run.host.id}",
+        )
+        try:
+            if run.bound:
+                await run.backend.bind(run.record, run.host, ctx)
+            else:
+                await run.backend.unbind(run.record, run.host, ctx)
+        except NotLeader as err:
+            raise Unresolved(err) from None
+        except AttachTimeout as err:
+            await self._task_timed_out(run, err)
+            return False
+        except DeviceBusy as err:
+            # The read said "not bound" but the fabric is busy with the device (a task of an
+            # earlier run of ours, a change in flight, or a PreconditionFailed: it changed since
+            # the read): wait for it, do not burn attempts.
+            run.progress.error = run.last_error = err
+            run.attempts -= 1
+            if not await _pause(run.backoff, run.deadline):
+                raise
+            return False
+        except OutcomeUnknown as err:
+            run.progress.error = run.last_error = err
+            await asyncio.sleep(self.settings.settle_seconds)
+            return False
+        except FabricUnavailable as err:  # not sent: nothing happened
+            run.progress.error = err
+            run.attempts -= 1
+            if not await _pause(run.backoff, run.deadline):
+                raise Unresolved(err) from None
+            return False
+        crash_point("manager.attach.after-fabric-call" if run.bound else "manager.detach.after-fabric-call")
+        entry.task_monitor = None
+        await self._confirm(entry, run.record, run.host, run.backend, bound=run.bound)
+        return True
+
+    async def _record_task(self, entry: LedgerEntry, bound: bool, monitor: str) -> None:
+        """The fabric answered 202: its task monitor goes into the ledger entry, durably, before it
+        is followed, so a restart waits for the task instead of sending the change again."""
+        if bound:
+            crash_point("manager.attach.task-accepted")
+        entry.task_monitor = monitor
+        self.ledger.put(entry)
+        self.operations.running(entry.operation_id, redfish_task=monitor)
+        await self.ledger.commit()
+        crash_point("manager.attach.task-recorded" if bound else "manager.detach.task-recorded")
+
+    async def _task_timed_out(self, run: _Run, err: AttachTimeout) -> None:
+        """A task that did not finish in time: cancel it and let the next read decide; the
+        operation pauses while the task still runs, and an attach whose binding is not there
+        fails."""
+        entry = run.entry
+        run.progress.error = err
+        if entry.task_monitor:
+            await self.tasks.cancel_task(entry.task_monitor)
+        log.warning("fabric task timed out, cancelled", device=entry.device, task=entry.task_monitor)
+        with contextlib.suppress(Unresolved):
+            await self.settle_task(entry, time.monotonic() + self.settings.task_timeout)
+        if entry.task_monitor:
+            raise Unresolved(err) from None
+        if run.bound:
+            after = await _read_or_none(run.backend, run.record, run.host)
+            if after is not None and run.host.id not in after:
+                raise err from None
 
     async def _confirm(
         self, entry: LedgerEntry, record: DeviceRecord, host: HostRecord, backend: Backend, *, bound: bool

@@ -31,10 +31,10 @@ from pydantic_core import PydanticUndefined
 
 from fabric.backends.discovery import BindingPlan
 from fabric.bindings.warm_policy import WarmSettings
+from fabric.driver.settings import OperationSettings
 from fabric.errors import ConfigError
 from fabric.redfish.client import RedfishSettings
 from fabric.state.ledger import DEFAULT_MAX_ENTRIES_PER_NODE
-from fabric.state.operation_log import OperationSettings
 from manager_api.devices import BindingStyle, spoken_list
 from plumbing.names import DNS1123_SUBDOMAIN_MAX_LENGTH, DNS1123_SUBDOMAIN_PATTERN
 

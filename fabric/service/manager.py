@@ -156,6 +156,7 @@ class ManagerService:
             store = FileLedgerStore(s.state_dir)
             usage_store = FileUsageStore(s.state_dir)
         ledger = Ledger(store, max_entries_per_node=s.max_bindings_per_node)
+        inventory.follow(ledger)
         # One name for this replica in the Lease and in the Events it records.
         identity = s.identity or f"{socket.gethostname()}-{os.getpid()}"
         events = (
@@ -174,8 +175,11 @@ class ManagerService:
             events=events,
         )
         warm = WarmPool(s.warm, inventory, ledger, driver, metrics=metrics)
-        driver.attach_observers.append(warm.attached)
-        attachments = Attachments(inventory, ledger, driver, warm=warm)
+        driver.records.attach_observers.append(warm.attached)
+        claims = ClaimView(kube) if kube is not None else None
+        if claims is None:
+            log.info("no Kubernetes API access: attaches are not checked against ResourceClaims")
+        attachments = Attachments(inventory, ledger, driver, warm=warm, claims=claims)
         reconciler = Reconciler(inventory, ledger, driver)
         watch.after_refresh.append(reconciler.reconcile)
         metrics.watch_inventory(
@@ -184,9 +188,6 @@ class ManagerService:
         metrics.is_leader.set_function(lambda: 1.0 if self.is_leader() else 0.0)
         watch.after_refresh.append(ForeignBindings(inventory.snapshot).check)
         reports = PluginReports(ttl=s.plugin_report_ttl_seconds)
-        claims = ClaimView(kube) if kube is not None else None
-        if claims is None:
-            log.info("no Kubernetes API access: attaches are not checked against ResourceClaims")
         orphans: OrphanReconciler | None = None
         usage = UsageMeter(
             ledger,
@@ -206,7 +207,6 @@ class ManagerService:
                 metrics=metrics,
                 is_leader=self.is_leader,
                 not_ready=lambda: self._not_ready(inventory),
-                claims=claims,
                 usage=usage,
             )
         )

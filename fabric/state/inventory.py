@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 
 from pydantic import TypeAdapter
 
-from fabric.state.ledger import LedgerEntry, LedgerState
+from fabric.state.ledger import Ledger, LedgerEntry, LedgerState
 from fabric.state.model import DeviceRecord, FabricInfo, FabricSnapshot, HostRecord
 from fabric.state.names import pool_name
 from manager_api import models as api
@@ -89,6 +89,12 @@ class Inventory:
         self._built_version = self.version
         self._changed = asyncio.Condition()
         self._closing = False
+
+    def follow(self, ledger: Ledger) -> None:
+        """Show each device's claim, node and operation state from ``ledger``, and re-render a
+        device whenever its entry is put or removed."""
+        self.overlay = ledger.get
+        ledger.listeners.append(self.changed)
 
     # -- lookups ----------------------------------------------------------------------------------
 

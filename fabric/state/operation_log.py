@@ -1,33 +1,17 @@
-"""Attach and detach operations: how they run (:class:`OperationSettings`) and the record of them
-that ``GET /api/v1/operations`` shows (:class:`OperationLog`). What runs them is
-:mod:`fabric.driver.operations`."""
+"""The record of attach and detach operations that ``GET /api/v1/operations`` shows
+(:class:`OperationLog`). What runs them is :mod:`fabric.driver`."""
 
 from __future__ import annotations
 
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from fabric.errors import error_body
 from manager_api import models as api
 from manager_api.errors import FabricError
 
-__all__ = ["OperationLog", "OperationSettings"]
-
-
-@dataclass(frozen=True, slots=True)
-class OperationSettings:
-    #: how long one operation keeps trying while the fabric is unreachable or a task runs
-    operation_timeout: float = 120.0
-    #: how long one Redfish task may run before it is cancelled and the operation rolled back
-    task_timeout: float = 60.0
-    #: binds (or unbinds) sent for one operation at most, each after a read showed it not done
-    max_attempts: int = 3
-    #: pause before re-reading after a request whose outcome is unknown
-    settle_seconds: float = 0.5
-    #: how often unfinished ledger entries are resumed
-    retry_seconds: float = 5.0
+__all__ = ["OperationLog"]
 
 
 class OperationLog:

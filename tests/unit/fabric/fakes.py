@@ -18,6 +18,7 @@ from fabric.backends.watch import InventoryWatch
 from fabric.bindings.attachments import Attachments
 from fabric.bindings.reconcile import Reconciler
 from fabric.driver.operations import OperationDriver
+from fabric.driver.settings import OperationSettings
 from fabric.state.inventory import Inventory
 from fabric.state.ledger import FileLedgerStore, Ledger
 from fabric.state.model import (
@@ -28,7 +29,6 @@ from fabric.state.model import (
     HostRecord,
 )
 from fabric.state.nodes import NodeResolver
-from fabric.state.operation_log import OperationSettings
 from manager_api.devices import BindingStyle, DeviceType
 from manager_api.errors import FabricError, FabricUnavailable
 
@@ -230,6 +230,7 @@ async def make_harness(
     watch = InventoryWatch(discovery, inventory, NodeResolver(), use_events=False)  # type: ignore[arg-type]
     ledger = Ledger(FileLedgerStore(tmp))
     await ledger.load()
+    inventory.follow(ledger)
     leader = [True]
     driver = OperationDriver(
         inventory,

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from fabric.driver.settings import OperationSettings
 from fabric.redfish.error_mapping import OutcomeUnknown
 from fabric.state.ledger import LedgerState
-from fabric.state.operation_log import OperationSettings
 from manager_api import models as api
 from manager_api.errors import (
     AttachTimeout,
@@ -226,7 +226,7 @@ async def test_concurrent_attaches_never_bind_a_device_twice(tmp_path: Path) -> 
 
 async def _settled(h: Harness) -> None:
     for _ in range(200):
-        if all(slot.driver is None for slot in h.driver._slots.values()):
+        if all(slot.driver is None for slot in h.driver.slots.all()):
             return
         await asyncio.sleep(0.01)
     raise AssertionError("drivers still running")

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from fabric.commands.cli import _settings
+from fabric.driver.settings import OperationSettings
 from fabric.redfish.client import RedfishSettings
 from fabric.service.config import FlagKind, ManagerSettings, manager_flags
-from fabric.state.operation_log import OperationSettings
 from fabric_dra.cli import build_parser
 from manager_api.devices import BindingStyle
 from plumbing.cli import CliError

@@ -110,7 +110,8 @@ async def _harness_with_a_returned_device(
     assert entry is not None
     reset.gate.clear()  # the reset the return starts waits until the test lets it go
     async with h.driver.slot("gpu0").lock:
-        await h.driver.keep_warm(entry)
+        await h.driver.records.keep_warm(entry)
+        h.driver.kick("gpu0")  # its reset
     assert (entry.state, entry.reset) == (LedgerState.WARM, ResetState.PENDING)
     return h, reset, entry
 
