@@ -1,4 +1,5 @@
-"""``fabric-dra manager serve``: wires the parts together and runs them until SIGTERM.
+"""``fabric-dra manager serve``: builds the parts (:mod:`fabric.service.wiring`) and runs them until
+SIGTERM.
 
 Start-up order: HTTP listener (so probes answer at once; ``/readyz`` says why it is not ready yet),
 ready file, then leadership — at once without ``--leader-elect``, else through the Lease. On
@@ -12,49 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
-import socket
 import ssl
 
-from fabric.api.app import AppContext, build_app
-from fabric.api.auth import (
-    AllowAll,
-    Authenticator,
-    Chain,
-    MetricsTokenFile,
-    StaticTokens,
-    TokenReviewAuthenticator,
-    load_static_tokens,
-)
+from fastapi import FastAPI
+
 from fabric.api.request_guard import server_refusal
-from fabric.backends.discovery import Discovery
-from fabric.backends.watch import InventoryWatch
-from fabric.bindings.attachments import Attachments
-from fabric.bindings.orphans import OrphanReconciler
-from fabric.bindings.reconcile import ForeignBindings, Reconciler
-from fabric.bindings.usage import (
-    ConfigMapUsageStore,
-    FileUsageStore,
-    UsageMeter,
-    UsageStore,
-    usage_record_name,
-)
-from fabric.bindings.warm import WarmPool
-from fabric.driver.operations import OperationDriver
 from fabric.errors import ConfigError
-from fabric.redfish.client import RedfishClient
 from fabric.service.config import ManagerSettings
-from fabric.state.claims import ClaimView
+from fabric.service.wiring import ManagerParts, build_parts
 from fabric.state.inventory import Inventory
-from fabric.state.ledger import ConfigMapLedgerStore, FileLedgerStore, Ledger, LedgerStore
-from fabric.state.metrics import ManagerMetrics
-from fabric.state.nodes import NodeResolver, load_node_map
-from fabric.state.reports import PluginReports
 from manager_api.errors import FabricError
 from plumbing.httpserve import ConnectionLimits, HttpServer
 from plumbing.kube.client import KubeClient, load_config
-from plumbing.kube.events import EventRecorder
 from plumbing.kube.leader import LeaderElector
 from plumbing.logs import get_logger
 
@@ -69,6 +40,7 @@ class ManagerService:
         self._leading = False
         self._ledger_loaded = False
         self._elector: LeaderElector | None = None
+        self._lease_client: KubeClient | None = None
         self._stop = asyncio.Event()
         self.url = ""
 
@@ -90,128 +62,52 @@ class ManagerService:
             return "reading the fabric" + (f": {err.message}" if err else "")
         return None
 
-    def _authenticator(self, kube: KubeClient | None, namespace: str) -> Chain:
-        s = self.settings
-        chain: list[Authenticator] = []
-        if s.insecure_no_auth:
-            log.warning("authentication is OFF (--insecure-no-auth): anyone may attach any device")
-            chain.append(AllowAll())
-        if s.static_tokens is not None:
-            chain.append(StaticTokens(load_static_tokens(s.static_tokens)))
-        if s.metrics_token_file is not None and not s.insecure_no_auth:
-            chain.append(MetricsTokenFile(s.metrics_token_file))
-        if kube is not None and not s.insecure_no_auth:
-            chain.append(
-                TokenReviewAuthenticator(
-                    kube,
-                    plugin_accounts=s.plugin_accounts or [f"{namespace}:fabric-dra-plugin"],
-                    controller_accounts=s.controller_accounts or [f"{namespace}:fabric-dra-controller"],
-                    operator_groups=s.operator_groups,
-                    operator_users=s.operator_users,
-                    audiences=s.token_audiences,
-                )
-            )
-        return Chain(chain)
-
     async def run(self) -> int:
-        s = self.settings
+        """Serve until SIGTERM (or until the warm pool refuses its policy): listen, run every
+        loop, lead, then shut down in order."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
+        kube, namespace = self._kube()
+        parts = build_parts(
+            self.settings, kube, namespace, is_leader=self.is_leader, not_ready=self._not_ready
+        )
+        server = self._server(parts.app)
+        self.url = server.url
+        await server.start(self.settings.ready_file)
+        log.info(
+            "fabric manager listening",
+            url=self.url,
+            redfish=self.settings.redfish.base_url,
+            ledger=parts.store.describe(),
+        )
+        loops, warm_task = self._start_loops(parts, kube)
+        tasks = [server.serving, *loops]
+        await self._lead(parts, kube, namespace, tasks)
+        stop = asyncio.create_task(self._stop.wait())
+        # The warm pool's task ends early only to refuse its policy (a model the fabric lacks).
+        await asyncio.wait([stop, server.serving, warm_task], return_when=asyncio.FIRST_COMPLETED)
+        await self._shut_down(parts, server, tasks)
+        stop.cancel()
+        await parts.redfish.aclose()
+        for client in (kube, self._lease_client):
+            if client is not None:
+                await client.aclose()
+        if warm_task.done() and not warm_task.cancelled() and warm_task.exception() is not None:
+            raise ConfigError(str(warm_task.exception()))
+        return 0
 
-        kube: KubeClient | None = None
-        lease_client: KubeClient | None = None
-        namespace = s.namespace or "default"
-        if s.uses_kube:
-            config = load_config(s.kubeconfig)
-            kube = KubeClient(config)
-            namespace = s.namespace or config.namespace
+    def _kube(self) -> tuple[KubeClient | None, str]:
+        """The Kubernetes API client (None without API access) and the namespace to work in."""
+        s = self.settings
+        if not s.uses_kube:
+            return None, s.namespace or "default"
+        config = load_config(s.kubeconfig)
+        return KubeClient(config), s.namespace or config.namespace
 
-        metrics = ManagerMetrics()
-        redfish = RedfishClient(s.redfish, observer=metrics.observe_redfish)
-        discovery = Discovery(redfish, s.binding)
-        resolver = NodeResolver(load_node_map(s.node_map) if s.node_map else None, kube)
-        inventory = Inventory(fabric_name=s.fabric_name)
-        watch = InventoryWatch(
-            discovery,
-            inventory,
-            resolver,
-            resync_seconds=s.resync_seconds,
-            poll_seconds=s.poll_seconds,
-            use_events=s.events,
-        )
-        store: LedgerStore
-        usage_store: UsageStore  # beside the ledger, in a store of the same kind
-        if s.ledger == "configmap":
-            if kube is None:
-                raise ConfigError("--ledger configmap needs Kubernetes API access")
-            store = ConfigMapLedgerStore(kube, name=s.ledger_name, namespace=namespace)
-            usage_store = ConfigMapUsageStore(
-                kube, name=usage_record_name(s.ledger_name), namespace=namespace
-            )
-        else:
-            if s.state_dir is None:
-                raise ConfigError("--ledger file needs --state-dir")
-            s.state_dir.mkdir(parents=True, exist_ok=True)
-            store = FileLedgerStore(s.state_dir)
-            usage_store = FileUsageStore(s.state_dir)
-        ledger = Ledger(store, max_entries_per_node=s.max_bindings_per_node)
-        inventory.follow(ledger)
-        # One name for this replica in the Lease and in the Events it records.
-        identity = s.identity or f"{socket.gethostname()}-{os.getpid()}"
-        events = (
-            EventRecorder(kube, controller="fabric-dra.io/manager", instance=identity)
-            if kube is not None
-            else None
-        )
-        driver = OperationDriver(
-            inventory,
-            ledger,
-            discovery.backend_for,
-            redfish,
-            metrics=metrics,
-            is_leader=self.is_leader,
-            settings=s.binder,
-            events=events,
-        )
-        warm = WarmPool(s.warm, inventory, ledger, driver, metrics=metrics)
-        driver.records.attach_observers.append(warm.attached)
-        claims = ClaimView(kube) if kube is not None else None
-        if claims is None:
-            log.info("no Kubernetes API access: attaches are not checked against ResourceClaims")
-        attachments = Attachments(inventory, ledger, driver, warm=warm, claims=claims)
-        reconciler = Reconciler(inventory, ledger, driver)
-        watch.after_refresh.append(reconciler.reconcile)
-        metrics.watch_inventory(
-            inventory.snapshot, lambda: inventory.loaded.is_set() and inventory.last_error is None
-        )
-        metrics.is_leader.set_function(lambda: 1.0 if self.is_leader() else 0.0)
-        watch.after_refresh.append(ForeignBindings(inventory.snapshot).check)
-        reports = PluginReports(ttl=s.plugin_report_ttl_seconds)
-        orphans: OrphanReconciler | None = None
-        usage = UsageMeter(
-            ledger,
-            inventory,
-            usage_store,
-            claims=claims,
-            orphans_in_grace=lambda: orphans.in_grace() if orphans else 0,
-        )
-        metrics.watch_usage(lambda: usage.tick() if self.is_leader() else None, usage.totals, usage.stranded)
-        app = build_app(
-            AppContext(
-                inventory=inventory,
-                attachments=attachments,
-                operations=driver.operations,
-                reports=reports,
-                auth=self._authenticator(kube, namespace),
-                metrics=metrics,
-                is_leader=self.is_leader,
-                not_ready=lambda: self._not_ready(inventory),
-                usage=usage,
-            )
-        )
-
-        server = HttpServer(
+    def _server(self, app: FastAPI) -> HttpServer:
+        s = self.settings
+        return HttpServer(
             app,
             host=s.host,
             port=s.port,
@@ -227,98 +123,106 @@ class ManagerService:
             error_body=server_refusal,
             limits=ConnectionLimits(max_connections=s.max_connections),
         )
-        self.url = server.url
-        await server.start(s.ready_file)
-        tasks = [server.serving]
-        log.info(
-            "fabric manager listening", url=self.url, redfish=s.redfish.base_url, ledger=store.describe()
-        )
+
+    def _start_loops(
+        self, parts: ManagerParts, kube: KubeClient | None
+    ) -> tuple[list[asyncio.Task[None]], asyncio.Task[None]]:
+        """Every loop of the replica, started: the inventory's watch, the node and claim watches,
+        the reconciler, the warm pool (also returned alone), the accounting, the orphan reconciler."""
+        loops = [asyncio.create_task(parts.watch.run(), name="inventory")]
+        if kube is not None:
+            loops.append(
+                asyncio.create_task(parts.resolver.watch(parts.watch.remap_nodes), name="node-watch")
+            )
+        if parts.holders.claims is not None:
+            loops.append(asyncio.create_task(parts.holders.claims.run(), name="claims"))
+        loops.append(asyncio.create_task(parts.holders.reconciler.run(), name="reconciler"))
+        warm = asyncio.create_task(parts.holders.warm.run(), name="warm-pool")
+        loops.append(warm)
+        loops.append(asyncio.create_task(parts.usage.run(self.is_leader), name="usage"))
+        if parts.holders.orphans is not None:
+            loops.append(asyncio.create_task(parts.holders.orphans.run(), name="orphans"))
+        elif self.settings.orphan_grace_seconds > 0:
+            log.info("no Kubernetes API access: orphaned bindings are not detached (claims cannot be read)")
+        return loops, warm
+
+    async def _lead(
+        self, parts: ManagerParts, kube: KubeClient | None, namespace: str, tasks: list[asyncio.Task[None]]
+    ) -> None:
+        """Lead at once, or (``--leader-elect``) run for the Lease in a task of its own."""
+        s = self.settings
 
         async def on_leadership(leading: bool) -> None:
-            if not leading:
-                self._leading = False
-                self._ledger_loaded = False
-                await usage.pause()  # what was counted is written (fenced: refused once another leads)
-                return
-            self._leading = True
-            while self._leading and not self._ledger_loaded:
-                try:
-                    await ledger.load()
-                    self._ledger_loaded = True
-                except FabricError as err:
-                    log.error("cannot load the ledger, retrying", error=err.message)
-                    await asyncio.sleep(2.0)
-            if self._ledger_loaded:
-                # The record after the ledger: its countedUntil is where the ledger's entries start
-                # to be counted again. Accounting never holds up binding: a record that cannot be
-                # read is retried by the usage loop.
-                await usage.try_resume()
-            watch.request_refresh()
-            with contextlib.suppress(FabricError):
-                if inventory.loaded.is_set():
-                    await reconciler.reconcile()
+            await self._leadership_changed(parts, leading)
 
-        tasks.append(asyncio.create_task(watch.run(), name="inventory"))
-        if kube is not None:
-            tasks.append(asyncio.create_task(resolver.watch(watch.remap_nodes), name="node-watch"))
-        if claims is not None:
-            tasks.append(asyncio.create_task(claims.run(), name="claims"))
-        tasks.append(asyncio.create_task(reconciler.run(), name="reconciler"))
-        warm_task = asyncio.create_task(warm.run(), name="warm-pool")
-        tasks.append(warm_task)
-        tasks.append(asyncio.create_task(usage.run(self.is_leader), name="usage"))
-        if kube is not None and s.orphan_grace_seconds > 0:
-            orphans = OrphanReconciler(
-                kube,
-                attachments,
-                grace_seconds=s.orphan_grace_seconds,
-                interval=s.orphan_interval_seconds,
-                reports=reports,
-                metrics=metrics,
-                events=events,
-            )
-            tasks.append(asyncio.create_task(orphans.run(), name="orphans"))
-        elif s.orphan_grace_seconds > 0:
-            log.info("no Kubernetes API access: orphaned bindings are not detached (claims cannot be read)")
-        if s.leader_elect:
-            if kube is None:
-                raise ConfigError("--leader-elect needs Kubernetes API access")
-            if s.ledger == "file":
-                log.warning(
-                    "--leader-elect with a ledger file: replicas share it only if --state-dir is shared "
-                    "storage; use --ledger configmap",
-                    ledger=store.describe(),
-                )
-            # The Lease gets a connection pool of its own: the ledger's load reads its 256 shards
-            # at once through the shared client, and a renewal queued behind them on a busy API
-            # server missed the renew deadline 2 s after the replica became leader (it stepped
-            # down while its /readyz had just said ready).
-            lease_client = KubeClient(kube.config, max_connections=2)
-            self._elector = LeaderElector(
-                lease_client,
-                name=s.lease_name,
-                namespace=namespace,
-                identity=identity,
-                lease_duration=s.lease_duration,
-                renew_deadline=s.renew_deadline,
-                retry_period=s.retry_period,
-                on_change=on_leadership,
-            )
-            tasks.append(asyncio.create_task(self._elector.run(), name="leader-election"))
-        else:
+        if not s.leader_elect:
             await on_leadership(True)
+            return
+        if kube is None:
+            raise ConfigError("--leader-elect needs Kubernetes API access")
+        if s.ledger == "file":
+            log.warning(
+                "--leader-elect with a ledger file: replicas share it only if --state-dir is shared "
+                "storage; use --ledger configmap",
+                ledger=parts.store.describe(),
+            )
+        # The Lease gets a connection pool of its own: the ledger's load reads its 256 shards
+        # at once through the shared client, and a renewal queued behind them on a busy API
+        # server missed the renew deadline 2 s after the replica became leader (it stepped
+        # down while its /readyz had just said ready).
+        self._lease_client = KubeClient(kube.config, max_connections=2)
+        self._elector = LeaderElector(
+            self._lease_client,
+            name=s.lease_name,
+            namespace=namespace,
+            identity=parts.identity,
+            lease_duration=s.lease_duration,
+            renew_deadline=s.renew_deadline,
+            retry_period=s.retry_period,
+            on_change=on_leadership,
+        )
+        tasks.append(asyncio.create_task(self._elector.run(), name="leader-election"))
 
-        stop = asyncio.create_task(self._stop.wait())
-        # The warm pool's task ends early only to refuse its policy (a model the fabric lacks).
-        await asyncio.wait([stop, tasks[0], warm_task], return_when=asyncio.FIRST_COMPLETED)
+    async def _leadership_changed(self, parts: ManagerParts, leading: bool) -> None:
+        """Leading: load the ledger (retried until it reads), resume the accounting, and reconcile
+        with the fabric. No longer leading: stop at once (every mutation is fenced), and write what
+        was counted."""
+        if not leading:
+            self._leading = False
+            self._ledger_loaded = False
+            await parts.usage.pause()  # what was counted is written (fenced: refused once another leads)
+            return
+        self._leading = True
+        while self._leading and not self._ledger_loaded:
+            try:
+                await parts.ledger.load()
+                self._ledger_loaded = True
+            except FabricError as err:
+                log.error("cannot load the ledger, retrying", error=err.message)
+                await asyncio.sleep(2.0)
+        if self._ledger_loaded:
+            # The record after the ledger: its countedUntil is where the ledger's entries start
+            # to be counted again. Accounting never holds up binding: a record that cannot be
+            # read is retried by the usage loop.
+            await parts.usage.try_resume()
+        parts.watch.request_refresh()
+        with contextlib.suppress(FabricError):
+            if parts.inventory.loaded.is_set():
+                await parts.holders.reconciler.reconcile()
+
+    async def _shut_down(
+        self, parts: ManagerParts, server: HttpServer, tasks: list[asyncio.Task[None]]
+    ) -> None:
+        """Answer the long polls, write what is pending while still leader, stop listening, and end
+        every loop (``tasks[0]`` is the server's own)."""
         log.info("fabric manager stopping")
-        await inventory.release_waiters()
+        await parts.inventory.release_waiters()
         if self._ledger_loaded:
             # Outcomes written in the background, and the seconds counted, reach the store before
             # the Lease is given up.
             with contextlib.suppress(FabricError):
-                await ledger.commit()
-            await usage.pause()
+                await parts.ledger.commit()
+            await parts.usage.pause()
         server.stop()
         for task in tasks[1:]:
             task.cancel()
@@ -332,12 +236,3 @@ class ManagerService:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         server.listener.close()
-        stop.cancel()
-        await redfish.aclose()
-        if kube is not None:
-            await kube.aclose()
-        if lease_client is not None:
-            await lease_client.aclose()
-        if warm_task.done() and not warm_task.cancelled() and warm_task.exception() is not None:
-            raise ConfigError(str(warm_task.exception()))
-        return 0
