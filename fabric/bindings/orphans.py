@@ -227,20 +227,15 @@ class OrphanReconciler:
             reason=candidate.reason,
             grace_seconds=self.grace_seconds,
         )
-        if self.events is not None:
-            regarding, related = self._refs(entry, claim)
-            await self.events.record(
-                regarding,
-                reason="OrphanedBinding",
-                action="Found",
-                event_type="Warning",
-                related=related,
-                note=(
-                    f"device {entry.device} is bound to node {entry.node} for claim {entry.claim_uid}, "
-                    f"but {why} and the node's plugin does not report it prepared; it will be detached in "
-                    f"{self.grace_seconds:.0f}s unless a claim or the plugin explains it again"
-                ),
-            )
+        await self._event(
+            entry,
+            claim,
+            "OrphanedBinding",
+            "Found",
+            f"device {entry.device} is bound to node {entry.node} for claim {entry.claim_uid}, "
+            f"but {why} and the node's plugin does not report it prepared; it will be detached in "
+            f"{self.grace_seconds:.0f}s unless a claim or the plugin explains it again",
+        )
 
     async def _detach(
         self, entry: LedgerEntry, claim: Mapping[str, Any] | None, candidate: _Candidate
@@ -263,21 +258,27 @@ class OrphanReconciler:
         )
         if self.metrics is not None:
             self.metrics.orphans_detached.labels(candidate.reason).inc()
+        await self._event(
+            entry,
+            claim,
+            "OrphanDetached",
+            "Detach",
+            f"detached device {entry.device} from node {entry.node}: it was bound for claim "
+            f"{entry.claim_uid}, but {why} and the node's plugin has not reported it prepared "
+            f"for {unexplained:.0f}s; the device returns to the free pool",
+        )
+        return True
+
+    async def _event(
+        self, entry: LedgerEntry, claim: Mapping[str, Any] | None, reason: str, action: str, note: str
+    ) -> None:
+        """A Warning Event about the binding of ``entry``: on its claim (the node related), or on
+        the node when the claim is gone."""
         if self.events is not None:
             regarding, related = self._refs(entry, claim)
             await self.events.record(
-                regarding,
-                reason="OrphanDetached",
-                action="Detach",
-                event_type="Warning",
-                related=related,
-                note=(
-                    f"detached device {entry.device} from node {entry.node}: it was bound for claim "
-                    f"{entry.claim_uid}, but {why} and the node's plugin has not reported it prepared "
-                    f"for {unexplained:.0f}s; the device returns to the free pool"
-                ),
+                regarding, reason=reason, action=action, event_type="Warning", related=related, note=note
             )
-        return True
 
     async def run(self) -> None:
         while True:

@@ -128,12 +128,26 @@ def render_json(inventory: api.Inventory, operations: list[api.Operation]) -> st
 
 def render_table(inventory: api.Inventory, operations: list[api.Operation], *, wide: bool = False) -> str:
     """The tables; ``wide`` adds each binding's host, binding style, serial and PCIe link."""
-    parts = []
-    if inventory.notices:
-        # A notice quotes the fabric's own names: one line each, whatever they hold.
-        parts += ["NOTICES", *(f"- {visible(notice)}" for notice in inventory.notices), ""]
-    parts.append("POOL")
-    pool_rows = [
+    parts = [
+        *_notices_table(inventory),
+        *_pool_table(inventory),
+        *_bindings_table(inventory, wide=wide),
+        *_operations_table(operations),
+        *_unhealthy_table(inventory),
+        f"inventory version {inventory.version}; {len(inventory.nodes)} node(s)",
+    ]
+    return "\n".join(parts)
+
+
+def _notices_table(inventory: api.Inventory) -> list[str]:
+    if not inventory.notices:
+        return []
+    # A notice quotes the fabric's own names: one line each, whatever they hold.
+    return ["NOTICES", *(f"- {visible(notice)}" for notice in inventory.notices), ""]
+
+
+def _pool_table(inventory: api.Inventory) -> list[str]:
+    rows = [
         [
             row["pool"],
             row["fabric"],
@@ -146,13 +160,11 @@ def render_table(inventory: api.Inventory, operations: list[api.Operation], *, w
         ]
         for row in _summary(inventory)
     ]
-    parts.append(
-        _table(["POOL", "FABRIC", "TYPE", "MODEL", "FREE", "BOUND", "BUSY", "UNAVAILABLE"], pool_rows)
-        if pool_rows
-        else "(no devices)"
-    )
-    parts.append("")
-    parts.append("BINDINGS")
+    headers = ["POOL", "FABRIC", "TYPE", "MODEL", "FREE", "BOUND", "BUSY", "UNAVAILABLE"]
+    return ["POOL", _table(headers, rows) if rows else "(no devices)", ""]
+
+
+def _bindings_table(inventory: api.Inventory, *, wide: bool) -> list[str]:
     bound = sorted(
         (
             d
@@ -161,7 +173,7 @@ def render_table(inventory: api.Inventory, operations: list[api.Operation], *, w
         ),
         key=lambda d: (d.node or f"~{d.host or ''}", d.name),
     )
-    binding_rows = [
+    rows = [
         [
             _holder_names(inventory, d),
             d.name,
@@ -178,18 +190,13 @@ def render_table(inventory: api.Inventory, operations: list[api.Operation], *, w
         for d in bound
     ]
     headers = ["NODE", "DEVICE", "TYPE", "MODEL", "SWITCH", "PORT", "HEALTH", "STATE", "CLAIM", "MANAGED"]
-    parts.append(
-        _table(
-            headers + (["HOST", "STYLE", "SERIAL", "LINK"] if wide else []),
-            binding_rows,
-        )
-        if binding_rows
-        else "(no device is bound)"
-    )
-    parts.append("")
-    parts.append("OPERATIONS IN FLIGHT")
+    headers += ["HOST", "STYLE", "SERIAL", "LINK"] if wide else []
+    return ["BINDINGS", _table(headers, rows) if rows else "(no device is bound)", ""]
+
+
+def _operations_table(operations: list[api.Operation]) -> list[str]:
     running = [o for o in operations if o.state in (api.OperationState.PENDING, api.OperationState.RUNNING)]
-    op_rows = [
+    rows = [
         [
             o.id,
             str(o.kind),
@@ -203,38 +210,23 @@ def render_table(inventory: api.Inventory, operations: list[api.Operation], *, w
         ]
         for o in running
     ]
-    parts.append(
-        _table(
-            ["ID", "KIND", "DEVICE", "NODE", "CLAIM", "AGE", "TASK DONE", "REDFISH TASK", "LAST ERROR"],
-            op_rows,
-        )
-        if op_rows
-        else "(none)"
-    )
-    parts.append("")
-    unhealthy = [d for d in inventory.devices if d.health is not api.Health.OK]
-    if unhealthy:
-        parts.append("UNHEALTHY DEVICES")
-        parts.append(
-            _table(
-                ["DEVICE", "POOL", "SWITCH", "PORT", "HEALTH", "STATE", "NODE"],
-                [
-                    [
-                        d.name,
-                        d.pool,
-                        d.switch or "-",
-                        d.port or "-",
-                        str(d.health),
-                        str(d.state),
-                        d.node or "-",
-                    ]
-                    for d in sorted(unhealthy, key=lambda d: d.name)
-                ],
-            )
-        )
-        parts.append("")
-    parts.append(f"inventory version {inventory.version}; {len(inventory.nodes)} node(s)")
-    return "\n".join(parts)
+    headers = ["ID", "KIND", "DEVICE", "NODE", "CLAIM", "AGE", "TASK DONE", "REDFISH TASK", "LAST ERROR"]
+    return ["OPERATIONS IN FLIGHT", _table(headers, rows) if rows else "(none)", ""]
+
+
+def _unhealthy_table(inventory: api.Inventory) -> list[str]:
+    unhealthy = sorted((d for d in inventory.devices if d.health is not api.Health.OK), key=lambda d: d.name)
+    if not unhealthy:
+        return []
+    rows = [
+        [d.name, d.pool, d.switch or "-", d.port or "-", str(d.health), str(d.state), d.node or "-"]
+        for d in unhealthy
+    ]
+    return [
+        "UNHEALTHY DEVICES",
+        _table(["DEVICE", "POOL", "SWITCH", "PORT", "HEALTH", "STATE", "NODE"], rows),
+        "",
+    ]
 
 
 #: with --watch: redraw at least this often, so the ages of operations in flight move

@@ -122,6 +122,13 @@ class ManagerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         register_process_metrics(self.registry, "manager")
+        self._declare_operations()
+        self._declare_replica()
+        self._declare_holders()
+
+    def _declare_operations(self) -> None:
+        """Attaches and detaches: how long they take, how many run, the Redfish requests they
+        make, and those refused for good."""
         self.attach_seconds = Histogram(
             "fabric_dra_attach_duration_seconds",
             "Time from an attach request to the device bound (or the attach failed)",
@@ -142,6 +149,8 @@ class ManagerMetrics:
             ["operation"],
             registry=self.registry,
         )
+        for operation in ("attach", "detach"):
+            self.in_flight.labels(operation).set(0)
         self.redfish_seconds = Histogram(
             "fabric_dra_redfish_request_duration_seconds",
             "Latency of requests to the Redfish service",
@@ -162,6 +171,9 @@ class ManagerMetrics:
             ["refused_by"],
             registry=self.registry,
         )
+
+    def _declare_replica(self) -> None:
+        """This replica: its inventory's version, whether the fabric reads, whether it leads."""
         self.inventory_version = Gauge(
             "fabric_dra_inventory_version", "Current inventory version", registry=self.registry
         )
@@ -173,6 +185,9 @@ class ManagerMetrics:
         self.is_leader = Gauge(
             "fabric_dra_manager_leader", "1 while this replica is the leader", registry=self.registry
         )
+
+    def _declare_holders(self) -> None:
+        """Who holds devices: orphans, the warm pool and its resets."""
         self.orphan_bindings = Gauge(
             "fabric_dra_orphan_bindings",
             "Bindings made by fabric-dra that nothing explains now (detached after the grace period)",
@@ -204,8 +219,6 @@ class ManagerMetrics:
             ["model"],
             registry=self.registry,
         )
-        for operation in ("attach", "detach"):
-            self.in_flight.labels(operation).set(0)
 
     def watch_inventory(
         self, snapshot: Callable[[], api.Inventory], reachable: Callable[[], bool] | None = None

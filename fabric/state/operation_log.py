@@ -24,29 +24,15 @@ class OperationLog:
         self._finished: OrderedDict[str, None] = OrderedDict()
 
     def start(self, kind: api.OperationKind, device: str, node: str, claim_uid: str) -> api.Operation:
-        op = api.Operation(
-            id=f"op-{uuid.uuid4().hex[:16]}",
-            kind=kind,
-            device=device,
-            node=node,
-            claim_uid=claim_uid,
-            state=api.OperationState.PENDING,
-            started_at=datetime.now(UTC),
+        op = _operation(
+            f"op-{uuid.uuid4().hex[:16]}", kind, device, node, claim_uid, api.OperationState.PENDING
         )
         self._ops[op.id] = op
         return op
 
     def adopt(self, op_id: str, kind: api.OperationKind, device: str, node: str, claim_uid: str) -> None:
         """Show an operation that an earlier run of the manager started (resumed from the ledger)."""
-        self._ops[op_id] = api.Operation(
-            id=op_id,
-            kind=kind,
-            device=device,
-            node=node,
-            claim_uid=claim_uid,
-            state=api.OperationState.RUNNING,
-            started_at=datetime.now(UTC),
-        )
+        self._ops[op_id] = _operation(op_id, kind, device, node, claim_uid, api.OperationState.RUNNING)
 
     def get(self, op_id: str) -> api.Operation | None:
         return self._ops.get(op_id)
@@ -103,3 +89,17 @@ class OperationLog:
             oldest, _ = self._finished.popitem(last=False)
             self._ops.pop(oldest, None)
         return finished
+
+
+def _operation(
+    op_id: str, kind: api.OperationKind, device: str, node: str, claim_uid: str, state: api.OperationState
+) -> api.Operation:
+    return api.Operation(
+        id=op_id,
+        kind=kind,
+        device=device,
+        node=node,
+        claim_uid=claim_uid,
+        state=state,
+        started_at=datetime.now(UTC),
+    )
