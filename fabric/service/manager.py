@@ -132,7 +132,7 @@ class ManagerService:
         loops = [asyncio.create_task(parts.watch.run(), name="inventory")]
         if kube is not None:
             loops.append(
-                asyncio.create_task(parts.resolver.watch(parts.watch.remap_nodes), name="node-watch")
+                asyncio.create_task(parts.watch.resolver.watch(parts.watch.remap_nodes), name="node-watch")
             )
         if parts.holders.claims is not None:
             loops.append(asyncio.create_task(parts.holders.claims.run(), name="claims"))

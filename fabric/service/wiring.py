@@ -62,9 +62,7 @@ log = get_logger(__name__)
 class ManagerParts:
     """Every part of one manager replica, wired."""
 
-    metrics: ManagerMetrics
     redfish: RedfishClient
-    resolver: NodeResolver
     inventory: Inventory
     watch: InventoryWatch
     store: LedgerStore
@@ -90,12 +88,11 @@ def build_parts(
     metrics = ManagerMetrics()
     redfish = RedfishClient(s.redfish, observer=metrics.observe_redfish)
     discovery = Discovery(redfish, s.binding)
-    resolver = NodeResolver(load_node_map(s.node_map) if s.node_map else None, kube)
     inventory = Inventory(fabric_name=s.fabric_name)
     watch = InventoryWatch(
         discovery,
         inventory,
-        resolver,
+        NodeResolver(load_node_map(s.node_map) if s.node_map else None, kube),
         resync_seconds=s.resync_seconds,
         poll_seconds=s.poll_seconds,
         use_events=s.events,
@@ -130,31 +127,20 @@ def build_parts(
         orphans_in_grace=holders.orphans.in_grace if holders.orphans is not None else lambda: 0,
     )
     _watch_metrics(metrics, inventory, usage, is_leader)
-    context = AppContext(
-        inventory=inventory,
-        attachments=holders.attachments,
-        operations=driver.operations,
-        reports=holders.reports,
-        auth=_authenticator(s, kube, namespace),
-        metrics=metrics,
-        is_leader=is_leader,
-        not_ready=lambda: not_ready(inventory),
-        usage=usage,
+    app = build_app(
+        AppContext(
+            inventory=inventory,
+            attachments=holders.attachments,
+            operations=driver.operations,
+            reports=holders.reports,
+            auth=_authenticator(s, kube, namespace),
+            metrics=metrics,
+            is_leader=is_leader,
+            not_ready=lambda: not_ready(inventory),
+            usage=usage,
+        )
     )
-    return ManagerParts(
-        metrics=metrics,
-        redfish=redfish,
-        resolver=resolver,
-        inventory=inventory,
-        watch=watch,
-        store=store,
-        ledger=ledger,
-        driver=driver,
-        holders=holders,
-        usage=usage,
-        app=build_app(context),
-        identity=identity,
-    )
+    return ManagerParts(redfish, inventory, watch, store, ledger, driver, holders, usage, app, identity)
 
 
 @dataclass
