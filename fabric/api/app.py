@@ -49,9 +49,9 @@ def build_app(ctx: AppContext) -> FastAPI:
     install_openapi(app)
     app.include_router(ui_router)
     app.add_middleware(RequestGuard, auth=ctx.auth)
-    app.add_exception_handler(FabricError, _fabric_error)  # type: ignore[arg-type]
-    app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
-    app.add_exception_handler(StarletteHTTPException, _refused)  # type: ignore[arg-type]
+    app.exception_handler(FabricError)(_fabric_error)
+    app.exception_handler(RequestValidationError)(_invalid)
+    app.exception_handler(StarletteHTTPException)(_refused)
     for router in ROUTERS:
         app.include_router(router)
     return app

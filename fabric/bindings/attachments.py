@@ -107,9 +107,8 @@ class Attachments:
         deadline = time.monotonic() + max(0.0, wait)
         while True:
             async with slot.lock:
-                record = (
-                    self.inventory.device(request.device) or record
-                )  # a move changed its binding meanwhile
+                # a move changed its binding meanwhile
+                record = self.inventory.device(request.device) or record
                 step = await self._claim(record, host, request)
                 event = slot.event
             if step is _Wait.OPERATION:
