@@ -2,19 +2,20 @@
 reach on a workload, without the stack's noise (``python -m bench.warm_model``).
 
 Sized by the manager's own code: every ``interval`` seconds a
-:class:`fabric.bindings.warm_policy.DemandTracker` fed with the model's arrivals and hot-add times
-gives the targets (``rule`` ``held``: with the peak hold and the burst cover; ``rate``: the
-quantile of the current λ·T alone, the rule before them), and the pass brings each node to its
-target as fabric/bindings/warm.py does: it attaches the shortfall (pooled: never above the group's
-size) and detaches the extra (pooled: only what the group holds above its size). A claim on a node
-with a warm device takes it (a hit), else waits for a hot-add; a released device stays warm while
-its node is below target (or, pooled, while the group is). Arrivals come from the bench's own
-generators (:func:`bench.warm_bench.steady`, :func:`bench.warm_bench.bursty`); a claim is pinned to
-the node the generator drew (``pinned``), placed on the node with the fewest claims, ties at random
-(``fewest``: the default spreading and least-allocated scores), or on a node holding a warm device
-when one does, the fewest claims first (``warm``: placement follows warmth, the case the issue's
-targets assume). Hot-adds take U(2, 4) s (the emulator's realistic 3 ± 1 s); devices are never
-short. The figures are the model's, not a measurement: docs/manager.md ("Auto sizing") cites them.
+:class:`fabric.bindings.warm_policy.DemandTracker` fed with the model's arrivals and hot-add
+times gives the targets (``rule`` ``held``: with the
+peak hold and the burst cover; ``rate``: the quantile of the current λ·T alone, the rule before
+them), and the pass brings each node to its target as fabric/bindings/warm.py does: it attaches the
+shortfall (pooled: never above the group's size) and detaches the extra (pooled: only what the
+group holds above its size). A claim on a node with a warm device takes it (a hit), else waits for
+a hot-add; a released device stays warm while its node is below target (or, pooled, while the
+group is). Arrivals come from the bench's own generators (:func:`bench.warm_bench.steady`,
+:func:`bench.warm_bench.bursty`); a claim is pinned to the node the generator drew (``pinned``),
+placed on the node with the fewest claims, ties at random (``fewest``: the default spreading and
+least-allocated scores), or on a node holding a warm device when one does, the fewest claims
+first (``warm``: placement follows warmth, the case the issue's targets assume). Hot-adds take
+U(2, 4) s (the emulator's realistic 3 ± 1 s); devices are never short. The figures are the
+model's, not a measurement: docs/manager.md ("Auto sizing") cites them.
 """
 
 from __future__ import annotations

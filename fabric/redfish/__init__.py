@@ -4,10 +4,10 @@
 Its rooms, from the ground up; a module imports only its own room or those listed before it
 (``tests/unit/test_layers.py`` reads this list):
 
+* ``error_mapping``  Redfish MessageIds to :mod:`manager_api.errors`, once;
 * ``links``          service-provided URIs resolved against the service root, and kept to it;
 * ``reader``         the one bounded reader of every byte that comes back (answers, events);
 * ``settings``       how to reach the service (URL, TLS, authentication, timeouts);
-* ``error_mapping``  Redfish MessageIds to :mod:`manager_api.errors`, once;
 * ``transport``      every request leaves through ``Transport.send``;
 * ``sessions``       the Redfish session (X-Auth-Token), re-created when it expires;
 * ``tasks``          task monitors followed to their end;
@@ -21,10 +21,10 @@ from fabric.redfish.settings import RedfishSettings
 from fabric.redfish.transport import RedfishResponse, RequestObserver
 
 FLOORS = (
+    "error_mapping",
     "links",
     "reader",
     "settings",
-    "error_mapping",
     "transport",
     "sessions",
     "tasks",
