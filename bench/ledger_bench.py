@@ -9,7 +9,7 @@ Real processes: the API test server, the ``instant`` emulator with a generated t
   bindings in the ledger, and again with 10,000 (the issue's target: within 20 %);
 - the bulk attach of 10,000 devices (64 at a time): operations per second;
 
-The manager attaches only for a ResourceClaim that allocates the device (:mod:`fabric.claims`), so
+The manager attaches only for a ResourceClaim that allocates the device (:mod:`fabric.state.claims`), so
 every attach here has one, allocated as the scheduler leaves it; the claims are written before the
 attaches they serve and are not part of any figure.
 - the manager's RSS with 10 and with 10,000 bindings;
@@ -47,7 +47,14 @@ from bench.common import (
     summary_ms,
     work_dir,
 )
-from fabric.ledger import ConfigMapLedgerStore, Ledger, LedgerDocument, LedgerEntry, LedgerState, shard_names
+from fabric.state.ledger import (
+    ConfigMapLedgerStore,
+    Ledger,
+    LedgerDocument,
+    LedgerEntry,
+    LedgerState,
+    shard_names,
+)
 from fabric_dra_testbed.stack import Stack
 from manager_api.client import ManagerClient
 from manager_api.models import AttachmentState

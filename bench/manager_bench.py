@@ -28,8 +28,8 @@ from typing import Any
 
 from bench.common import BenchContext, summary_ms
 from fabric.backends.discovery import Discovery
-from fabric.config import load_credentials
 from fabric.redfish.client import RedfishClient, RedfishSettings
+from fabric.service.config import load_credentials
 from fabric_dra_testbed.stack import Stack
 from manager_api.client import ManagerClient
 

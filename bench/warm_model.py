@@ -1,10 +1,11 @@
 """The warm pool's rules in a discrete-event model: what hit rate and warm idle time a sizing can
 reach on a workload, without the stack's noise (``python -m bench.warm_model``).
 
-Sized by the manager's own code: every ``interval`` seconds a :class:`fabric.warm_policy.DemandTracker`
-fed with the model's arrivals and hot-add times gives the targets (``rule`` ``held``: with the
+Sized by the manager's own code: every ``interval`` seconds a
+:class:`fabric.bindings.warm_policy.DemandTracker` fed with the model's arrivals and hot-add
+times gives the targets (``rule`` ``held``: with the
 peak hold and the burst cover; ``rate``: the quantile of the current λ·T alone, the rule before
-them), and the pass brings each node to its target as fabric/warm.py does: it attaches the
+them), and the pass brings each node to its target as fabric/bindings/warm.py does: it attaches the
 shortfall (pooled: never above the group's size) and detaches the extra (pooled: only what the
 group holds above its size). A claim on a node with a warm device takes it (a hit), else waits for
 a hot-add; a released device stays warm while its node is below target (or, pooled, while the
@@ -25,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from bench.warm_bench import Workload, bursty, steady
-from fabric.warm_policy import DemandTracker, WarmSettings
+from fabric.bindings.warm_policy import DemandTracker, WarmSettings
 
 __all__ = ["Outcome", "bursty_load", "simulate", "steady_load"]
 

@@ -29,7 +29,7 @@ __all__ = ["COMMANDS_GROUP", "ROLES", "TESTBED_COMMANDS", "added_commands", "bui
 #: (module, its ``register(subparsers)``, the subcommands it adds), in the order ``--help`` lists them.
 ROLES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("emulator.cli", "register", ("emulator",)),
-    ("fabric.cli", "register", ("manager", "status", "usage")),
+    ("fabric.commands.cli", "register", ("manager", "status", "usage")),
     ("dra_driver.plugin.cli", "register", ("plugin",)),
     ("dra_driver.controller.cli", "register", ("controller",)),
     ("dra_driver.explain", "register", ("explain",)),

@@ -3,7 +3,7 @@
 :class:`DeviceAttributes` is that table. Each field is declared once — its API name, type, default and
 description, and (in its ``Annotated`` metadata) how the ResourceSlice publisher shows it to the
 scheduler — and everything else is derived from it: discovery fills it in
-(:class:`fabric.backends.model.DiscoveredAttributes` adds what only discovery needs), the manager's
+(:class:`fabric.state.model.DiscoveredAttributes` adds what only discovery needs), the manager's
 API model :class:`manager_api.models.Device` inherits its fields, the inventory copies it into that
 model without naming a field, and :mod:`dra_driver.controller.devices` publishes every field that
 carries a :class:`SliceAttribute` or :class:`SliceCapacity`. Adding an attribute is one line here.

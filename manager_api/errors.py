@@ -131,7 +131,7 @@ class PermissionDenied(AuthError):
 
 
 class TooManyRequests(AuthError):
-    """A client asked for more token reviews than its share (:mod:`fabric.auth`)."""
+    """A client asked for more token reviews than its share (:mod:`fabric.api.auth`)."""
 
     code = "TooManyRequests"
     http_status = 429

@@ -302,7 +302,8 @@ NamespaceName = Annotated[
         description="a Kubernetes namespace",
     ),
 ]
-#: An operation's id, as :class:`fabric.operations.OperationLog` makes them (``op-`` and hex): a DNS label.
+#: An operation's id, as :class:`fabric.state.operation_log.OperationLog` makes them (``op-`` and hex):
+#: a DNS label.
 OperationId = Annotated[str, Field(pattern=DNS1123_LABEL_PATTERN, max_length=DNS1123_LABEL_MAX_LENGTH)]
 
 #: resource.k8s.io's ``ResourcePool.Name``: at most 253 characters, DNS subdomains separated by

@@ -36,7 +36,6 @@ fabric or an operator's catalog says so.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -45,7 +44,7 @@ from typing import Annotated
 from pydantic import BaseModel, BeforeValidator, ByteSize, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from plumbing.names import DNS1123_LABEL_MAX_LENGTH, DNS1123_LABEL_PATTERN, is_dns1123_label
+from plumbing.names import DNS1123_LABEL_MAX_LENGTH, DNS1123_LABEL_PATTERN, dns_label, is_dns1123_label
 
 __all__ = [
     "BUILTIN_TABLES",
@@ -234,21 +233,9 @@ def counter_set(gpu: str, table: PartitionTable) -> tuple[str, dict[str, int]]:
     return gpu, whole_gpu_consumes(table)
 
 
-def _fit_label(text: str, identity: str) -> str:
-    """``text`` if it is at most 63 characters; else cut and suffixed with a hash of ``identity``.
-
-    The rule of every other device name (fabric.device_names.dns_label; a unit test holds the two
-    to the same answer), so a long GPU name cuts the same way for its partitions.
-    """
-    if len(text) <= DNS1123_LABEL_MAX_LENGTH:
-        return text
-    digest = hashlib.sha256(identity.encode()).hexdigest()[:_HASH_LEN]
-    return text[: DNS1123_LABEL_MAX_LENGTH - _HASH_LEN - 1].rstrip("-") + "-" + digest
-
-
 def partition_device_name(gpu: str, profile: PartitionProfile, start: int) -> str:
     """``<gpu>-<label>-<start>`` (``gpu0-1g10gb-3``), cut and hashed to a DNS label when too long."""
-    return _fit_label(f"{gpu}-{profile.label}-{start}", f"{gpu}/{profile.name}/{start}")
+    return dns_label(f"{gpu}-{profile.label}-{start}", f"{gpu}/{profile.name}/{start}")
 
 
 @dataclass(frozen=True)

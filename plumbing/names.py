@@ -12,6 +12,7 @@ driver names, 32-character attribute names) live with their users, not here.
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "QUALIFIED_NAME_PART_PATTERN",
     "UID_MAX_LENGTH",
     "UID_PATTERN",
+    "dns_label",
     "is_c_identifier",
     "is_dns1123_label",
     "is_dns1123_subdomain",
@@ -33,6 +35,7 @@ __all__ = [
     "is_qualified_name",
     "is_qualified_name_part",
     "is_uid",
+    "short_hash",
 ]
 
 # The formats exactly as validation.go spells them (unanchored there; anchored below).
@@ -109,3 +112,28 @@ def is_c_identifier(value: str) -> bool:
 def is_uid(value: str) -> bool:
     """An object UID as the API server makes them: a UUID in its 36-character text form."""
     return len(value) <= UID_MAX_LENGTH and _UID.fullmatch(value) is not None
+
+
+#: hex digits of the hash that keeps names apart once cut
+_HASH_LEN = 8
+
+
+def short_hash(identity: str) -> str:
+    """The first hex digits of ``identity``'s SHA-256: the suffix a cut name carries."""
+    return hashlib.sha256(identity.encode()).hexdigest()[:_HASH_LEN]
+
+
+def dns_label(text: str, identity: str | None = None) -> str:
+    """``text`` as a DNS label (lowercased, every run of other characters one ``-``); when longer
+    than 63 characters, cut and suffixed with a short hash of ``identity`` (or ``text``), so two
+    names that differ only past the cut stay apart. The one rule every derived name follows
+    (device names, partition names)."""
+    label = re.sub(r"[^a-z0-9-]+", "-", text.lower())
+    label = re.sub(r"-{2,}", "-", label).strip("-")
+    if not label:
+        return f"device-{short_hash(identity or text)}"
+    if len(label) > DNS1123_LABEL_MAX_LENGTH:
+        label = (
+            label[: DNS1123_LABEL_MAX_LENGTH - _HASH_LEN - 1].rstrip("-") + "-" + short_hash(identity or text)
+        )
+    return label

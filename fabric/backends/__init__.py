@@ -1,24 +1,7 @@
-"""Binding backends — PCIe zones, composition ResourceBlocks, CXL Connections — and discovery."""
+"""The fabric over Redfish: binding backends — PCIe zones, composition ResourceBlocks, CXL
+Connections —, discovery, and the watch that keeps the inventory current (:mod:`.watch`)."""
 
 from fabric.backends.base import Backend, BindContext
 from fabric.backends.discovery import BindingPlan, Discovery, StyleChoice
-from fabric.backends.model import (
-    DeviceRecord,
-    DiscoveredAttributes,
-    FabricInfo,
-    FabricSnapshot,
-    HostRecord,
-)
 
-__all__ = [
-    "Backend",
-    "BindContext",
-    "BindingPlan",
-    "DeviceRecord",
-    "DiscoveredAttributes",
-    "Discovery",
-    "FabricInfo",
-    "FabricSnapshot",
-    "HostRecord",
-    "StyleChoice",
-]
+__all__ = ["Backend", "BindContext", "BindingPlan", "Discovery", "StyleChoice"]

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from fabric.backends.describe import DEVICE_ENTITY_TYPES, RESET_TYPE
-from fabric.backends.model import DeviceRecord, HostRecord
 from fabric.backends.views import Endpoint, Fabric
 from fabric.backends.walk import Walk, path_ids
 from fabric.redfish.client import RedfishClient, RedfishResponse
+from fabric.state.model import DeviceRecord, HostRecord
 from manager_api.devices import BindingStyle
 from manager_api.errors import BindRefused, NodeNotFound
 

@@ -28,7 +28,6 @@ from typing import Literal
 
 from fabric.backends.base import Backend, BindContext, DiscoveryResult
 from fabric.backends.describe import describe
-from fabric.backends.model import DeviceRecord, HostRecord
 from fabric.backends.views import (
     JSON,
     Chassis,
@@ -39,6 +38,7 @@ from fabric.backends.views import (
     ResourceBlock,
 )
 from fabric.backends.walk import Walk, path_ids
+from fabric.state.model import DeviceRecord, HostRecord
 from manager_api.devices import BindingStyle
 from manager_api.errors import NodeNotFound
 

@@ -27,9 +27,9 @@ from fabric.backends.base import (
     read_endpoints,
 )
 from fabric.backends.describe import describe
-from fabric.backends.model import DeviceRecord, HostRecord
 from fabric.backends.views import Connection, Endpoint, Fabric, MemoryChunks, Zone, odata_id
 from fabric.backends.walk import Walk, path_ids
+from fabric.state.model import DeviceRecord, HostRecord
 from manager_api.devices import BindingStyle
 from manager_api.errors import BindFailed
 

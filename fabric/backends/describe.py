@@ -16,10 +16,11 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TypeVar
 
-from fabric.backends.model import DiscoveredAttributes
 from fabric.backends.views import (
+    Controller,
     CXLLogicalDevice,
     DeviceResource,
     Drive,
@@ -38,6 +39,7 @@ from fabric.backends.views import (
     view_of_kind,
 )
 from fabric.backends.walk import Walk, path_ids
+from fabric.state.model import DiscoveredAttributes
 from manager_api.devices import DeviceType, Health
 
 __all__ = ["DEVICE_ENTITY_TYPES", "RESET_TYPE", "describe", "locate_port", "status_of"]
@@ -165,6 +167,41 @@ def _as(resource: DeviceResource | None, view: type[D]) -> D | None:
     return resource if isinstance(resource, view) else None
 
 
+@dataclass(slots=True)
+class _Parts:
+    """The resources one device is made of, as read (each None where the device has none)."""
+
+    endpoint: Endpoint | None
+    container: Resource | None
+    processor: Processor | None = None
+    drives: list[Drive] = field(default_factory=list)
+    storage: Storage | None = None
+    simple: SimpleStorage | None = None
+    network: DeviceResource | None = None
+    logical: CXLLogicalDevice | None = None
+    chunk: MemoryChunks | None = None
+    function: PCIeFunction | None = None
+    pcie_device: PCIeDevice | None = None
+
+    @property
+    def drive(self) -> Drive | None:
+        return self.drives[0] if self.drives else None
+
+    @property
+    def trays(self) -> list[SimpleStorageDevice]:
+        """The drives a SimpleStorage describes inline (a SAS tray)."""
+        return list(self.simple.devices or ()) if self.simple is not None else []
+
+    @property
+    def controller(self) -> Controller | None:
+        return self.network.controller if isinstance(self.network, NetworkAdapter) else None
+
+    @property
+    def primary(self) -> DeviceResource | None:
+        """The resource that says most about the device: its vendor, model, serial number."""
+        return self.processor or self.drive or self.network or self.pcie_device or self.logical
+
+
 async def describe(
     walk: Walk,
     entities: Sequence[tuple[str, str]],
@@ -178,154 +215,18 @@ async def describe(
     ``endpoint`` is its target endpoint (zone and connection styles), ``container`` its resource
     block (composition), ``chunk`` the memory chunk that is the unit of binding (connection style).
     """
-    by_kind: dict[str, DeviceResource] = {}
-    for body in await asyncio.gather(*(walk.get(uri) for uri in dict.fromkeys(uri for _, uri in entities))):
-        if body is not None:
-            resource = view_of_kind(body)
-            by_kind.setdefault(resource.kind, resource)
-    processor = _as(by_kind.get("Processor"), Processor)
-    drive = _as(by_kind.get("Drive"), Drive)
-    storage = _as(by_kind.get("Storage"), Storage)
-    simple = _as(by_kind.get("SimpleStorage"), SimpleStorage)
-    drives: list[Drive] = [drive] if drive is not None else []
-    if not drives and storage is not None:
-        drives = await walk.read_all(storage.drives, Drive)
-        drive = drives[0] if drives else None
-    trays: list[SimpleStorageDevice] = list(simple.devices or ()) if simple is not None else []
-    network: DeviceResource | None = next(
-        (
-            by_kind[kind]
-            for kind in ("NetworkAdapter", "NetworkDeviceFunction", "NetworkInterface", "EthernetInterface")
-            if kind in by_kind
-        ),
-        None,
-    )
-    if network is not None and not isinstance(network, NetworkAdapter):
-        # A system's NetworkInterface (composition) stands for a NetworkAdapter: describe that.
-        adapter = await walk.read(network.links.network_adapter, NetworkAdapter)
-        if adapter is not None:
-            network = by_kind["NetworkAdapter"] = adapter
-    logical = _as(by_kind.get("CXLLogicalDevice"), CXLLogicalDevice)
-    if chunk is None:
-        chunk = _as(by_kind.get("MemoryChunks"), MemoryChunks)
-    if logical is None and chunk is not None:
-        logical = await walk.read(chunk.links.cxl_logical_devices, CXLLogicalDevice)
-
-    function = _as(by_kind.get("PCIeFunction"), PCIeFunction)
-    if function is None:
-        for holder in (processor, drive, network, logical):
-            uri = (holder.links.pcie_functions or holder.links.pcie_function) if holder else None
-            if uri:
-                function = await walk.read(uri, PCIeFunction)
-                if function:
-                    break
-    pcie_device = _as(by_kind.get("PCIeDevice"), PCIeDevice)
-    controller = network.controller if isinstance(network, NetworkAdapter) else None
-    if pcie_device is None:
-        uri = (
-            (function.links.pcie_device if function else None)
-            or (processor.links.pcie_device if processor else None)
-            or (drive.links.pcie_device if drive else None)
-            or (controller.links.pcie_devices if controller else None)
-        )
-        pcie_device = await walk.read(uri, PCIeDevice)
-    if function is None and pcie_device is not None:
-        function = await walk.read(pcie_device.pcie_functions, PCIeFunction)
-        if function is not None and "members" in function.model_fields_set:
-            function = await walk.read(function.members, PCIeFunction)  # the collection: its first
-    # Endpoints may carry the PCI IDs themselves (Endpoint 1.x ConnectedEntities[].EntityPciId).
-    pci_id = endpoint.entity_pci_id if endpoint else None
-    if function is None and pci_id:
-        function = PCIeFunction.model_validate(
-            {"VendorId": pci_id.vendor_id, "DeviceId": pci_id.device_id, "ClassCode": pci_id.class_code}
-        )
-
-    kind = DeviceType.OTHER
-    if processor and processor.processor_type in _PROCESSOR_TYPES:
-        kind = _PROCESSOR_TYPES[processor.processor_type]
-    elif drive and drive.protocol in ("NVMe", "NVMeOverFabrics"):
-        kind = DeviceType.NVME
-    elif drive is not None or trays:
-        # SAS, SATA, or a drive that names no protocol: NVMe only when its PCI class says so
-        kind = DeviceType.NVME if _type_from_class(function) is DeviceType.NVME else DeviceType.STORAGE
-    elif network is not None:
-        kind = DeviceType.NIC
-    elif (guess := _type_from_class(function)) is not None:
-        kind = guess
-    elif chunk is not None or (logical and "CXLmem" in (logical.semantics_supported or ())):
-        kind = DeviceType.CXL_MEMORY
-
-    memory: int | None = None
-    if kind in (DeviceType.GPU, DeviceType.FPGA) and processor:
-        memory = _mib(processor.memory_summary.total_memory_size_mib)
-        if memory is None:
-            total = sum(
-                m.capacity_mib or 0 for m in processor.processor_memory or () if not m.integrated_memory
-            )
-            memory = _mib(total)
-    if memory is None and chunk is not None:
-        memory = _mib(chunk.memory_chunk_size_mib)
-    if memory is None and logical is not None:
-        memory = _mib(logical.memory_size_mib)
-
-    capacity = _total([d.capacity_bytes for d in drives] if drives else [t.capacity_bytes for t in trays])
-
-    primary: DeviceResource | None = processor or drive or network or pcie_device or logical
+    parts = await _read_parts(walk, entities, _Parts(endpoint, container, chunk=chunk))
+    kind = _kind(parts)
+    primary, pcie_device, trays = parts.primary, parts.pcie_device, parts.trays
     interface = (
         (pcie_device.pcie_interface if pcie_device else None)
-        or (controller.pcie_interface if controller else None)
+        or (parts.controller.pcie_interface if parts.controller else None)
         or PCIeInterface()
     )
-    serial = _first(
-        primary.serial_number if primary else None, pcie_device.serial_number if pcie_device else None
-    )
-    if serial is None and logical is not None:
-        serial = next((i.durable_name for i in logical.identifiers or () if i.durable_name), None)
     uuid = _first(primary.uuid if primary else None, pcie_device.uuid if pcie_device else None)
-
-    health: Health = Health.OK
-    available = True
-    parts: list[Resource | SimpleStorageDevice | None] = [
-        *(endpoint, container, processor, network, chunk, pcie_device, logical, storage, simple),
-        *drives,
-        *trays,
-    ]
-    for part in parts:
-        resource_health, state = status_of(part)
-        if resource_health is not None and _HEALTH_ORDER[resource_health] > _HEALTH_ORDER[health]:
-            health = resource_health
-        if state in _UNAVAILABLE_STATES:
-            available = False
-
-    switch, port = None, None
-    if endpoint is not None:
-        switch, port = await locate_port(walk, _endpoint_ports(endpoint))
-    if switch is None:
-        for holder in (processor, drive, network):
-            endpoints = holder.links.endpoints if holder else ()
-            if endpoints:
-                switch, port = await locate_port(
-                    walk, _endpoint_ports(await walk.read(endpoints[0], Endpoint))
-                )
-                if switch:
-                    break
-
-    # The reset the manager sends is ForceRestart (Backend.reset): a resource whose Reset does not
-    # allow it is not reset through Redfish (its node resets the function instead).
-    reset_target = next(
-        (
-            target
-            for holder, action in ((processor, "Processor.Reset"), (drive, "Drive.Reset"))
-            if holder is not None
-            and (target := holder.actions.target(action))
-            and holder.actions.allows(action, "ResetType", RESET_TYPE)
-        ),
-        None,
-    )
-    identities = {uri for _, uri in entities}
-    for linked in (function, pcie_device, logical, chunk, *drives):
-        if linked and linked.uri:
-            identities.add(linked.uri)
+    health, available = _health(parts)
+    switch, port = await _location(walk, parts)
+    function, processor = parts.function, parts.processor
     return DiscoveredAttributes(
         type=kind,
         vendor=_first(
@@ -341,16 +242,206 @@ async def describe(
             pcie_device.model if pcie_device else None,
             _shared([t.model for t in trays]),
         ),
-        serial=serial,
+        serial=_serial(parts),
         uuid=uuid.lower() if uuid else None,
-        memory_bytes=memory,
-        capacity_bytes=capacity,
+        memory_bytes=_memory(parts, kind),
+        capacity_bytes=_total(
+            [d.capacity_bytes for d in parts.drives] if parts.drives else [t.capacity_bytes for t in trays]
+        ),
         pcie_generation=_generation(_first(interface.pcie_type, interface.max_pcie_type)),
         pcie_width=interface.max_lanes if interface.lanes_in_use is None else interface.lanes_in_use,
         switch=switch,
         port=port,
         health=health,
         available=available,
-        identities=frozenset(identities),
-        reset_target=reset_target,
+        identities=_identities(parts, entities),
+        reset_target=_reset_target(parts),
     )
+
+
+async def _read_parts(walk: Walk, entities: Sequence[tuple[str, str]], parts: _Parts) -> _Parts:
+    """The resources of ``entities``, and those their standard links name, read into ``parts``."""
+    by_kind: dict[str, DeviceResource] = {}
+    for body in await asyncio.gather(*(walk.get(uri) for uri in dict.fromkeys(uri for _, uri in entities))):
+        if body is not None:
+            resource = view_of_kind(body)
+            by_kind.setdefault(resource.kind, resource)
+    parts.processor = _as(by_kind.get("Processor"), Processor)
+    drive = _as(by_kind.get("Drive"), Drive)
+    parts.storage = _as(by_kind.get("Storage"), Storage)
+    parts.simple = _as(by_kind.get("SimpleStorage"), SimpleStorage)
+    parts.drives = [drive] if drive is not None else []
+    if not parts.drives and parts.storage is not None:
+        parts.drives = await walk.read_all(parts.storage.drives, Drive)
+    parts.network = await _network(walk, by_kind)
+    logical = _as(by_kind.get("CXLLogicalDevice"), CXLLogicalDevice)
+    if parts.chunk is None:
+        parts.chunk = _as(by_kind.get("MemoryChunks"), MemoryChunks)
+    if logical is None and parts.chunk is not None:
+        logical = await walk.read(parts.chunk.links.cxl_logical_devices, CXLLogicalDevice)
+    parts.logical = logical
+    await _read_pcie(walk, by_kind, parts)
+    return parts
+
+
+async def _network(walk: Walk, by_kind: dict[str, DeviceResource]) -> DeviceResource | None:
+    """The network part of a device; a system's NetworkInterface (composition) stands for a
+    NetworkAdapter, which is read in its place."""
+    network: DeviceResource | None = next(
+        (
+            by_kind[kind]
+            for kind in ("NetworkAdapter", "NetworkDeviceFunction", "NetworkInterface", "EthernetInterface")
+            if kind in by_kind
+        ),
+        None,
+    )
+    if network is not None and not isinstance(network, NetworkAdapter):
+        adapter = await walk.read(network.links.network_adapter, NetworkAdapter)
+        if adapter is not None:
+            network = by_kind["NetworkAdapter"] = adapter
+    return network
+
+
+async def _read_pcie(walk: Walk, by_kind: dict[str, DeviceResource], parts: _Parts) -> None:
+    """The PCIe function (with the PCI IDs) and the PCIe device (link, serial) of ``parts``, from
+    the entities or the links of the parts that name them; the endpoint's own PCI IDs at last."""
+    function = _as(by_kind.get("PCIeFunction"), PCIeFunction)
+    if function is None:
+        for holder in (parts.processor, parts.drive, parts.network, parts.logical):
+            uri = (holder.links.pcie_functions or holder.links.pcie_function) if holder else None
+            if uri:
+                function = await walk.read(uri, PCIeFunction)
+                if function:
+                    break
+    pcie_device = _as(by_kind.get("PCIeDevice"), PCIeDevice)
+    if pcie_device is None:
+        processor, drive, controller = parts.processor, parts.drive, parts.controller
+        uri = (
+            (function.links.pcie_device if function else None)
+            or (processor.links.pcie_device if processor else None)
+            or (drive.links.pcie_device if drive else None)
+            or (controller.links.pcie_devices if controller else None)
+        )
+        pcie_device = await walk.read(uri, PCIeDevice)
+    if function is None and pcie_device is not None:
+        function = await walk.read(pcie_device.pcie_functions, PCIeFunction)
+        if function is not None and "members" in function.model_fields_set:
+            function = await walk.read(function.members, PCIeFunction)  # the collection: its first
+    # Endpoints may carry the PCI IDs themselves (Endpoint 1.x ConnectedEntities[].EntityPciId).
+    pci_id = parts.endpoint.entity_pci_id if parts.endpoint else None
+    if function is None and pci_id:
+        function = PCIeFunction.model_validate(
+            {"VendorId": pci_id.vendor_id, "DeviceId": pci_id.device_id, "ClassCode": pci_id.class_code}
+        )
+    parts.function, parts.pcie_device = function, pcie_device
+
+
+def _kind(parts: _Parts) -> DeviceType:
+    """What the device is: the processor's type, the drive's protocol, a network part, the PCI
+    class, or CXL memory."""
+    processor, drive = parts.processor, parts.drive
+    if processor and processor.processor_type in _PROCESSOR_TYPES:
+        return _PROCESSOR_TYPES[processor.processor_type]
+    if drive and drive.protocol in ("NVMe", "NVMeOverFabrics"):
+        return DeviceType.NVME
+    if drive is not None or parts.trays:
+        # SAS, SATA, or a drive that names no protocol: NVMe only when its PCI class says so
+        return DeviceType.NVME if _type_from_class(parts.function) is DeviceType.NVME else DeviceType.STORAGE
+    if parts.network is not None:
+        return DeviceType.NIC
+    if (guess := _type_from_class(parts.function)) is not None:
+        return guess
+    if parts.chunk is not None or (parts.logical and "CXLmem" in (parts.logical.semantics_supported or ())):
+        return DeviceType.CXL_MEMORY
+    return DeviceType.OTHER
+
+
+def _memory(parts: _Parts, kind: DeviceType) -> int | None:
+    """Device memory in bytes: a GPU's or FPGA's own, else the memory chunk's or the CXL device's."""
+    processor, chunk, logical = parts.processor, parts.chunk, parts.logical
+    memory: int | None = None
+    if kind in (DeviceType.GPU, DeviceType.FPGA) and processor:
+        memory = _mib(processor.memory_summary.total_memory_size_mib)
+        if memory is None:
+            total = sum(
+                m.capacity_mib or 0 for m in processor.processor_memory or () if not m.integrated_memory
+            )
+            memory = _mib(total)
+    if memory is None and chunk is not None:
+        memory = _mib(chunk.memory_chunk_size_mib)
+    if memory is None and logical is not None:
+        memory = _mib(logical.memory_size_mib)
+    return memory
+
+
+def _serial(parts: _Parts) -> str | None:
+    primary, pcie_device, logical = parts.primary, parts.pcie_device, parts.logical
+    serial = _first(
+        primary.serial_number if primary else None, pcie_device.serial_number if pcie_device else None
+    )
+    if serial is None and logical is not None:
+        serial = next((i.durable_name for i in logical.identifiers or () if i.durable_name), None)
+    return serial
+
+
+def _health(parts: _Parts) -> tuple[Health, bool]:
+    """The worst health of any part, and whether none is absent, disabled or offline."""
+    health: Health = Health.OK
+    available = True
+    every: list[Resource | SimpleStorageDevice | None] = [
+        *(parts.endpoint, parts.container, parts.processor, parts.network, parts.chunk),
+        *(parts.pcie_device, parts.logical, parts.storage, parts.simple),
+        *parts.drives,
+        *parts.trays,
+    ]
+    for part in every:
+        resource_health, state = status_of(part)
+        if resource_health is not None and _HEALTH_ORDER[resource_health] > _HEALTH_ORDER[health]:
+            health = resource_health
+        if state in _UNAVAILABLE_STATES:
+            available = False
+    return health, available
+
+
+async def _location(walk: Walk, parts: _Parts) -> tuple[str | None, str | None]:
+    """(Switch Id, Port Id) the device hangs off: from its endpoint, else from the first endpoint
+    its processor, drive or network part links."""
+    switch, port = None, None
+    if parts.endpoint is not None:
+        switch, port = await locate_port(walk, _endpoint_ports(parts.endpoint))
+    if switch is None:
+        for holder in (parts.processor, parts.drive, parts.network):
+            endpoints = holder.links.endpoints if holder else ()
+            if endpoints:
+                switch, port = await locate_port(
+                    walk, _endpoint_ports(await walk.read(endpoints[0], Endpoint))
+                )
+                if switch:
+                    break
+    return switch, port
+
+
+def _reset_target(parts: _Parts) -> str | None:
+    """The ``Reset`` action of the processor or drive, when it allows :data:`RESET_TYPE`.
+
+    The reset the manager sends is ForceRestart (Backend.reset): a resource whose Reset does not
+    allow it is not reset through Redfish (its node resets the function instead)."""
+    return next(
+        (
+            target
+            for holder, action in ((parts.processor, "Processor.Reset"), (parts.drive, "Drive.Reset"))
+            if holder is not None
+            and (target := holder.actions.target(action))
+            and holder.actions.allows(action, "ResetType", RESET_TYPE)
+        ),
+        None,
+    )
+
+
+def _identities(parts: _Parts, entities: Sequence[tuple[str, str]]) -> frozenset[str]:
+    """The URIs of the resources the device is made of (to recognise it from another binding style)."""
+    identities = {uri for _, uri in entities}
+    for linked in (parts.function, parts.pcie_device, parts.logical, parts.chunk, *parts.drives):
+        if linked and linked.uri:
+            identities.add(linked.uri)
+    return frozenset(identities)

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,14 +34,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from fabric.backends.base import Backend, DiscoveryResult
 from fabric.backends.composition import COMPOSITION_FABRIC, CompositionBackend, RootBlocksBackend
 from fabric.backends.connections import ConnectionBackend
-from fabric.backends.model import DeviceRecord, FabricInfo, FabricSnapshot, HostRecord
 from fabric.backends.reach import narrow_reach
 from fabric.backends.views import ComputerSystem, Fabric, ServiceRoot
 from fabric.backends.walk import Walk
 from fabric.backends.zones import ZoneBackend
-from fabric.device_names import assign_names
 from fabric.redfish.client import SERVICE_ROOT, RedfishClient
 from fabric.redfish.error_mapping import one_line
+from fabric.state.model import DeviceRecord, FabricInfo, FabricSnapshot, HostRecord
+from fabric.state.names import assign_names
 from manager_api.devices import BindingStyle
 from manager_api.errors import FabricError, FabricUnavailable
 from plumbing.logs import get_logger
@@ -139,103 +141,147 @@ class Discovery:
             return await self._scan()
 
     async def _scan(self) -> FabricSnapshot:
-        snapshot = FabricSnapshot()
+        started = time.monotonic()  # a binding the manager changes after this wins over the pass
         probe = Walk(self.client)
         body = await probe.get(SERVICE_ROOT) or {}
         root = ServiceRoot.model_validate(body)
         self._expand = root.supports_expand
         walk = Walk(self.client, concurrency=self.concurrency, expand=self._expand)
         walk.seed(body)
+        hosts = await _hosts(walk, root)
+        planned = await self._plan(walk, root)
+        results = await asyncio.gather(*(b.discover(walk, hosts) for b in planned))
+        found = self._merge(planned, results)
+        hosts = _with_initiators(hosts, found.initiators)
+        devices = assign_names(await narrow_reach(walk, found.devices, hosts))
+        return FabricSnapshot(
+            devices=devices,
+            hosts=hosts,
+            fabrics=found.fabrics(planned),
+            started_at=started,
+            gets=probe.gets + walk.gets,
+            notices=self._notices(planned, results, found.kept, bool(hosts)),
+        )
 
-        hosts: dict[str, HostRecord] = {}
-        for system in await walk.members(root.systems, ComputerSystem):
-            system_id = system.id or ""
-            uri = system.uri
-            if system_id and uri:
-                hosts[system_id] = HostRecord(
-                    id=system_id,
-                    uri=uri,
-                    uuid=system.uuid.lower() if system.uuid else None,
-                    name=system.name,
-                    host_name=system.host_name,
-                )
-
+    async def _plan(self, walk: Walk, root: ServiceRoot) -> list[Backend]:
+        """The backends of this pass: each fabric's chosen styles, then the CompositionService's
+        (or the root's ResourceBlocks) unless composition is turned off."""
         planned: list[Backend] = []
         for fabric in await walk.members(root.fabrics, Fabric):
             planned.extend(self._plan_fabric(fabric))
-        composition_uri = root.composition_service
-        composition_choice = self.plan.choice(COMPOSITION_FABRIC)
-        if composition_choice in ("auto", BindingStyle.COMPOSITION):
-            if composition_uri:
-                planned.append(self._backend(CompositionBackend, COMPOSITION_FABRIC, composition_uri))
+        if self.plan.choice(COMPOSITION_FABRIC) in ("auto", BindingStyle.COMPOSITION):
+            if root.composition_service:
+                planned.append(
+                    self._backend(CompositionBackend, COMPOSITION_FABRIC, root.composition_service)
+                )
             elif root.resource_blocks:
                 planned.append(self._backend(RootBlocksBackend, COMPOSITION_FABRIC, root.resource_blocks))
+        return planned
 
-        results = await asyncio.gather(*(b.discover(walk, hosts) for b in planned))
-        devices: list[DeviceRecord] = []
-        initiators: dict[str, dict[str, tuple[str, ...]]] = {}
-        fabric_hosts: dict[str, set[str]] = {}
-        styles: dict[str, list[BindingStyle]] = {}
-        kept: dict[int, list[DeviceRecord]] = {}
+    def _merge(self, planned: list[Backend], results: list[DiscoveryResult]) -> _Found:
+        """Every backend's devices (a resource block that a fabric offers too is left out under
+        ``auto``), each host's initiators per fabric, and which styles and hosts each fabric has;
+        a backend serves every fabric its devices name."""
+        found = _Found()
+        auto = self.plan.choice(COMPOSITION_FABRIC) == "auto"
         for backend, result in zip(planned, results, strict=True):
-            found = result.devices
-            if backend.style is BindingStyle.COMPOSITION and composition_choice == "auto":
-                found = _without_duplicates(found, devices)
-            kept[id(backend)] = found
-            backend.serving([d.key for d in found])
-            devices.extend(found)
+            devices = result.devices
+            if backend.style is BindingStyle.COMPOSITION and auto:
+                devices = _without_duplicates(devices, found.devices)
+            found.kept[id(backend)] = devices
+            backend.serving([d.key for d in devices])
+            found.devices.extend(devices)
             for host, uris in result.initiators.items():
-                merged = initiators.setdefault(host, {})
+                merged = found.initiators.setdefault(host, {})
                 merged[backend.fabric_id] = tuple(sorted(set(merged.get(backend.fabric_id, ())) | set(uris)))
             # Resource blocks name the fabric their device sits on: the backend serves those too.
-            for fabric_id in {backend.fabric_id} | {d.fabric for d in found}:
+            for fabric_id in {backend.fabric_id} | {d.fabric for d in devices}:
                 self.backends[(fabric_id, backend.style)] = backend
-                fabric_hosts.setdefault(fabric_id, set()).update(result.hosts)
-                if backend.style not in styles.setdefault(fabric_id, []):
-                    styles[fabric_id].append(backend.style)
+                found.fabric_hosts.setdefault(fabric_id, set()).update(result.hosts)
+                if backend.style not in found.styles.setdefault(fabric_id, []):
+                    found.styles[fabric_id].append(backend.style)
+        return found
 
-        for host_id, by_fabric in initiators.items():
-            record = hosts[host_id]
-            hosts[host_id] = HostRecord(
-                id=record.id,
-                uri=record.uri,
-                uuid=record.uuid,
-                name=record.name,
-                host_name=record.host_name,
-                initiators=by_fabric,
-            )
-        snapshot.hosts = hosts
-        used = {d.fabric for d in devices} | {
-            b.fabric_id for b in planned if b.style is not BindingStyle.COMPOSITION
-        }
-        styles = {f: s for f, s in styles.items() if f in used}
-        snapshot.fabrics = {
-            fabric_id: FabricInfo(
-                id=fabric_id,
-                uri=next((b.fabric_uri for b in planned if b.fabric_id == fabric_id), None),
-                styles=tuple(styles[fabric_id]),
-                hosts=tuple(sorted(fabric_hosts[fabric_id])),
-            )
-            for fabric_id in styles
-        }
-        snapshot.devices = assign_names(await narrow_reach(walk, devices, hosts))
-        snapshot.gets = probe.gets + walk.gets
+    def _notices(
+        self,
+        planned: list[Backend],
+        results: list[DiscoveryResult],
+        kept: dict[int, list[DeviceRecord]],
+        has_systems: bool,
+    ) -> list[str]:
+        """What must be said about resource blocks found but not poolable; each logged once."""
         reached = {
             h
             for b, r in zip(planned, results, strict=True)
             if b.style is not BindingStyle.COMPOSITION
             for h in r.hosts
         }
+        notices = []
         for backend, result in zip(planned, results, strict=True):
             if isinstance(backend, CompositionBackend):
-                notice = _composition_notice(backend, result, kept[id(backend)], reached, bool(hosts))
+                notice = _composition_notice(backend, result, kept[id(backend)], reached, has_systems)
                 if notice:
-                    snapshot.notices.append(notice)
-        for notice in snapshot.notices:
+                    notices.append(notice)
+        for notice in notices:
             if notice not in self._noticed:
                 self._noticed.add(notice)
                 log.warning("the Redfish service has devices fabric-dra cannot offer", detail=notice)
-        return snapshot
+        return notices
+
+
+@dataclass(slots=True)
+class _Found:
+    """What the backends of one pass found, merged."""
+
+    devices: list[DeviceRecord] = field(default_factory=list)
+    #: ComputerSystem Id → Fabric Id → its initiator endpoint URIs there
+    initiators: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
+    fabric_hosts: dict[str, set[str]] = field(default_factory=dict)
+    styles: dict[str, list[BindingStyle]] = field(default_factory=dict)
+    #: backend (by id) → the devices kept of what it found
+    kept: dict[int, list[DeviceRecord]] = field(default_factory=dict)
+
+    def fabrics(self, planned: list[Backend]) -> dict[str, FabricInfo]:
+        """The fabrics with a device, or a binding style of their own (composition names none)."""
+        used = {d.fabric for d in self.devices} | {
+            b.fabric_id for b in planned if b.style is not BindingStyle.COMPOSITION
+        }
+        return {
+            fabric_id: FabricInfo(
+                id=fabric_id,
+                uri=next((b.fabric_uri for b in planned if b.fabric_id == fabric_id), None),
+                styles=tuple(styles),
+                hosts=tuple(sorted(self.fabric_hosts[fabric_id])),
+            )
+            for fabric_id, styles in self.styles.items()
+            if fabric_id in used
+        }
+
+
+async def _hosts(walk: Walk, root: ServiceRoot) -> dict[str, HostRecord]:
+    """The service's ComputerSystems, by Id."""
+    hosts: dict[str, HostRecord] = {}
+    for system in await walk.members(root.systems, ComputerSystem):
+        system_id = system.id or ""
+        uri = system.uri
+        if system_id and uri:
+            hosts[system_id] = HostRecord(
+                id=system_id,
+                uri=uri,
+                uuid=system.uuid.lower() if system.uuid else None,
+                name=system.name,
+                host_name=system.host_name,
+            )
+    return hosts
+
+
+def _with_initiators(
+    hosts: dict[str, HostRecord], initiators: dict[str, dict[str, tuple[str, ...]]]
+) -> dict[str, HostRecord]:
+    """``hosts`` with the initiator endpoints each has on each fabric."""
+    for host_id, by_fabric in initiators.items():
+        hosts[host_id] = dataclasses.replace(hosts[host_id], initiators=by_fabric)
+    return hosts
 
 
 @contextlib.contextmanager

@@ -25,9 +25,9 @@ import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from fabric.backends.model import DeviceRecord, HostRecord
 from fabric.backends.views import Endpoint, Port
 from fabric.backends.walk import Walk, path_ids
+from fabric.state.model import DeviceRecord, HostRecord
 
 __all__ = ["endpoint_switches", "narrow_reach"]
 

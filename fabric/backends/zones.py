@@ -34,12 +34,13 @@ from fabric.backends.base import (
     read_endpoints,
 )
 from fabric.backends.describe import describe
-from fabric.backends.model import DeviceRecord, HostRecord
 from fabric.backends.views import JSON, Endpoint, Fabric, ServiceRoot, Zone, odata_id
 from fabric.backends.walk import Walk
+from fabric.backends.zone_reads import ZoneReads, get_or_none
 from fabric.redfish.client import SERVICE_ROOT, RedfishResponse
+from fabric.state.model import DeviceRecord, HostRecord
 from manager_api.devices import BindingStyle
-from manager_api.errors import BindFailed, FabricError, FabricUnavailable, NotFoundError
+from manager_api.errors import BindFailed
 
 __all__ = ["ZONE_NAME_PREFIX", "ZoneBackend"]
 
@@ -47,13 +48,6 @@ ZONE_NAME_PREFIX = "fabric-dra "
 _BINDING_ZONE_TYPES = (None, "ZoneOfEndpoints")
 #: how long the read before a bind or unbind may stand in for the read the action needs
 _SNAPSHOT_SECONDS = 2.0
-#: The Zones collection read for which zones exist and the ETag of each, not their members:
-#: DSP0266 "Query parameters" evaluates ``$expand`` before ``$select`` and keeps the ``@odata``
-#: annotations of what it selects from, so each inlined zone comes back as its Id, ``@odata.id``
-#: and ``@odata.etag`` (the zone's own ETag, DSP0266 "ETags"). The zones whose ETag differs from
-#: the one last read are read again; the answer's size follows the number of zones, not the
-#: endpoints they hold.
-_ETAG_LISTING = "$expand=.($levels=1)&$select=Id"
 
 
 @dataclass(slots=True)
@@ -90,6 +84,96 @@ class _Snapshot:
     linked_only: frozenset[str] = frozenset()
 
 
+class _Roles:
+    """Who each endpoint of the fabric is: a host's initiator (and whose), or a device target —
+    as the last discovery found them, else read and remembered."""
+
+    def __init__(self) -> None:
+        self.initiator_hosts: dict[str, str] = {}
+        self.targets: frozenset[str] = frozenset()
+
+    def learn(self, initiators: Mapping[str, tuple[str, ...]], endpoints: list[EndpointView]) -> None:
+        """What a discovery pass found: each host's initiators, and the device targets."""
+        self.initiator_hosts = {uri: host for host, uris in initiators.items() for uri in uris}
+        self.targets = frozenset(v.uri for v in endpoints if v.is_target)
+
+    def known_hosts(self, zone: _Zone) -> set[str]:
+        """The hosts whose initiators (as discovered) ``zone`` holds."""
+        return {self.initiator_hosts[e] for e in zone.endpoints if e in self.initiator_hosts}
+
+    def own_zones(self, zones: list[_Zone]) -> dict[str, str]:
+        """host → a zone whose initiators are that host's alone and that offers AddEndpoint."""
+        own: dict[str, str] = {}
+        for zone in sorted(zones, key=lambda z: z.uri):
+            hosts = self.known_hosts(zone)
+            if len(hosts) == 1 and zone.action("Zone.AddEndpoint"):
+                own.setdefault(hosts.pop(), zone.uri)
+        return own
+
+    def bound_by(self, zones: list[_Zone]) -> dict[str, set[str]]:
+        """Endpoint → the hosts whose initiators share a zone with it: one pass over every zone's
+        members, instead of every zone per device (10,000 devices times the zones was the bindings
+        pass's cost)."""
+        bound: dict[str, set[str]] = {}
+        for zone in zones:
+            hosts = self.known_hosts(zone)
+            if hosts:
+                for e in zone.endpoints:
+                    bound.setdefault(e, set()).update(hosts)
+        return bound
+
+    async def host_of(self, walk: Walk, endpoint_uri: str) -> str | None:
+        if endpoint_uri in self.initiator_hosts:
+            return self.initiator_hosts[endpoint_uri]
+        if endpoint_uri in self.targets:
+            return None  # a device target of the last discovery, no host's initiator
+        view = classify_endpoint(await walk.read(endpoint_uri, Endpoint))
+        if view is not None and view.host:
+            self.initiator_hosts[endpoint_uri] = view.host
+            return view.host
+        return None
+
+    async def hosts_of(self, walk: Walk, zone: _Zone) -> set[str]:
+        """The hosts whose initiators ``zone`` holds, those not discovered read now."""
+        hosts = set()
+        for uri in zone.endpoints:
+            host = await self.host_of(walk, uri)
+            if host:
+                hosts.add(host)
+        return hosts
+
+    async def is_device(self, walk: Walk, endpoint_uri: str) -> bool:
+        if endpoint_uri in self.targets:
+            return True
+        view = classify_endpoint(await walk.read(endpoint_uri, Endpoint))
+        return bool(view and view.is_target)
+
+
+class _Turns:
+    """Our own actions on each shared zone go one at a time from reading its ETag to sending the
+    action (not while a task runs): each reads the ETag the last one left, instead of failing with
+    412 against a concurrent action of our own on the same zone. How many of them changed a zone
+    says whether a read of it is stale."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._changes: dict[str, int] = {}
+
+    def lock(self, zone_uri: str | None) -> asyncio.Lock:
+        if zone_uri is None:
+            return asyncio.Lock()  # no shared zone known: nothing to take turns on
+        lock = self._locks.get(zone_uri)
+        if lock is None:
+            lock = self._locks[zone_uri] = asyncio.Lock()
+        return lock
+
+    def changed(self, zone_uri: str) -> None:
+        self._changes[zone_uri] = self._changes.get(zone_uri, 0) + 1
+
+    def changes(self, zone_uri: str) -> int:
+        return self._changes.get(zone_uri, 0)
+
+
 class ZoneBackend(Backend):
     style = BindingStyle.ZONE
     authority = "Zones collection and its zones"
@@ -98,37 +182,29 @@ class ZoneBackend(Backend):
         super().__init__(*args, **kwargs)
         #: leave targets with memory chunks to a Connection backend on the same fabric
         self.skip_memory_targets = skip_memory_targets
-        self._initiator_hosts: dict[str, str] = {}
+        self.roles = _Roles()
         self._targets: list[str] = []
-        self._target_set: frozenset[str] = frozenset()
         #: host → the zone of that host alone that offers Zone.AddEndpoint (from discovery)
         self._host_zones: dict[str, str] = {}
         self._snapshots: dict[str, _Snapshot] = {}
-        #: actions on one shared zone go one at a time from reading its ETag to sending the action
-        #: (not while a task runs): each reads the ETag the last one left, instead of failing
-        #: with 412 against a concurrent action of our own on the same zone
-        self._zone_locks: dict[str, asyncio.Lock] = {}
-        #: zone URI → how many of our actions changed it (a snapshot older than that is stale)
-        self._zone_changes: dict[str, int] = {}
+        self.turns = _Turns()
         #: host → its own zone read by :meth:`prepare_bind` (zone, ETag, our changes then, when)
         self._prefetched: dict[str, tuple[_Zone, str | None, int, float]] = {}
         #: the fabric's Zones collection (from discovery)
         self._zones_uri: str | None = None
-        #: the service serves ``$select`` (ProtocolFeaturesSupported.SelectQuery) and, with
-        #: ``$expand``, keeps each zone's ``@odata.etag``: :data:`_ETAG_LISTING` is used
-        self.select = False
-        #: zone URI → (its ETag, its JSON) as last read; the ETag listing says which are current
-        self._zone_bodies: dict[str, tuple[str, JSON]] = {}
-        #: zone URI → (the JSON of :attr:`_zone_bodies`, read as a view): a bindings pass reads
-        #: again only the zones that changed (validating 10,000 endpoint links was its cost)
-        self._zone_views: dict[str, tuple[JSON, Zone, frozenset[str]]] = {}
-        #: zone URI → the GET of it under way: (its ETag, its JSON), or None when it is gone
-        self._zone_fetches: dict[str, asyncio.Future[tuple[str, JSON] | None]] = {}
-        #: zone GETs at once, all reads together (a cold cache must not send 100 at once per
-        #: bind), on the event loop it was made for
-        self._zone_gate: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+        #: the zones as last read, read again where their ETags changed
+        self.reads = ZoneReads(self.client)
         #: device key → the zone its last bind added it to or created (:meth:`witnessed` reads it)
         self.bind_changed: dict[str, str] = {}
+
+    @property
+    def select(self) -> bool:
+        """The service lists the zones' ETags (``$select`` with ``$expand``): :mod:`.zone_reads`."""
+        return self.reads.select
+
+    @select.setter
+    def select(self, value: bool) -> None:
+        self.reads.select = value
 
     async def discover(self, walk: Walk, hosts: Mapping[str, HostRecord]) -> DiscoveryResult:
         fabric = await walk.read(self.fabric_uri, Fabric)
@@ -139,21 +215,13 @@ class ZoneBackend(Backend):
         root = await walk.read(SERVICE_ROOT, ServiceRoot)
         self.select = bool(root and root.supports_select)
         zones = await self._zones(walk, fabric, endpoints)
-        # the zones as this pass read them: the next ETag listing reads only those changed since
-        kept: dict[str, tuple[str, JSON]] = {}
-        for zone in zones:
-            body = await walk.get(zone.uri)
-            tag = body.get("@odata.etag") if body is not None else None
-            if body is not None and isinstance(tag, str):
-                kept[zone.uri] = (tag, body)
-        self._zone_bodies = kept
+        await self.reads.remember(walk, [zone.uri for zone in zones])
         endpoints += await linked_initiators(walk, endpoints, (e for z in zones for e in z.endpoints))
         result = host_initiators(endpoints, hosts)
-        self._initiator_hosts = {uri: host for host, uris in result.initiators.items() for uri in uris}
+        self.roles.learn(result.initiators, endpoints)
         self._targets = []
-        self._target_set = frozenset(v.uri for v in endpoints if v.is_target)
-        self._host_zones = self._own_zones(zones)
-        bound_by = self._bound_by(zones)
+        self._host_zones = self.roles.own_zones(zones)
+        bound_by = self.roles.bound_by(zones)
         for view in endpoints:
             if not view.is_target or (self.skip_memory_targets and view.chunks):
                 continue
@@ -174,39 +242,18 @@ class ZoneBackend(Backend):
             )
         return result
 
-    def _own_zones(self, zones: list[_Zone]) -> dict[str, str]:
-        """host → a zone whose initiators are that host's alone and that offers AddEndpoint."""
-        own: dict[str, str] = {}
-        for zone in sorted(zones, key=lambda z: z.uri):
-            hosts = {self._initiator_hosts[e] for e in zone.endpoints if e in self._initiator_hosts}
-            if len(hosts) == 1 and zone.action("Zone.AddEndpoint"):
-                own.setdefault(hosts.pop(), zone.uri)
-        return own
-
-    def _bound_by(self, zones: list[_Zone]) -> dict[str, set[str]]:
-        """Endpoint → the hosts whose initiators share a zone with it: one pass over every zone's
-        members, instead of every zone per device (10,000 devices times the zones was the bindings
-        pass's cost)."""
-        bound: dict[str, set[str]] = {}
-        for zone in zones:
-            hosts = {self._initiator_hosts[e] for e in zone.endpoints if e in self._initiator_hosts}
-            if hosts:
-                for e in zone.endpoints:
-                    bound.setdefault(e, set()).update(hosts)
-        return bound
-
     async def read_bindings(self, walk: Walk) -> dict[str, tuple[str, ...]]:
         fabric = await walk.read(self.fabric_uri, Fabric)
         collection = fabric.zones if fabric else None
-        current = await self._current_zones(walk, collection)
+        current = await self.reads.current(walk, collection)
         zones: dict[str, _Zone] = {}
         if current is not None:
             for uri, body in current.items():
-                self._add_zone(zones, self._view_of(uri, body))
+                self._add_zone(zones, self.reads.view(uri, body)[1])
         else:
             for zone in await walk.members(collection, Zone):
                 self._add_zone(zones, zone)
-        bound = self._bound_by(list(zones.values()))
+        bound = self.roles.bound_by(list(zones.values()))
         return {t: tuple(sorted(bound.get(t, ()))) for t in self._targets}
 
     async def _zones(self, walk: Walk, fabric: Fabric, endpoints: list[EndpointView]) -> list[_Zone]:
@@ -239,115 +286,16 @@ class ZoneBackend(Backend):
         fabric = await walk.read(self.fabric_uri, Fabric)
         return fabric.zones if fabric else None
 
-    def _view_of(self, uri: str, body: JSON) -> Zone:
-        return self._kept_view(uri, body)[1]
-
-    def _kept_view(self, uri: str, body: JSON) -> tuple[JSON, Zone, frozenset[str]]:
-        """The zone's JSON read as a view, and the endpoints it links, once per version read."""
-        kept = self._zone_views.get(uri)
-        if kept is None or kept[0] is not body:
-            view = Zone.model_validate(body)
-            kept = self._zone_views[uri] = (body, view, frozenset(view.links.endpoints))
-        return kept
-
-    async def _current_zones(self, walk: Walk, collection: str | None) -> dict[str, JSON] | None:
-        """Every zone the collection lists, each as it is now, put in ``walk`` (:meth:`Walk.get`
-        answers from it); from :data:`_ETAG_LISTING` and a GET of each zone that changed since it
-        was last read. None when the service cannot list the ETags: the caller reads the
-        collection as before.
-
-        As authoritative as the expanded collection: the listing is read now, and each zone it
-        lists is taken at the ETag it lists (the JSON last read with that ETag, the same
-        representation) or read after it."""
-        if not (collection and self.select and walk.expand):
-            return None
-        try:
-            page = (await self.client.get(f"{collection}?{_ETAG_LISTING}")).body
-        except FabricUnavailable:
-            raise
-        except FabricError:
-            self.select = False  # advertised but refused: read the collection as before from now on
-            return None
-        tags = _member_etags(page)
-        if tags is None:
-            return None  # paged, or a member without its ETag: the listing cannot say what changed
-        current: dict[str, JSON] = {}
-        stale = []
-        for uri, tag in tags.items():
-            kept = self._zone_bodies.get(uri)
-            if kept is not None and kept[0] == tag:
-                current[uri] = kept[1]
-            else:
-                stale.append(uri)
-        for uri, read in zip(
-            stale, await asyncio.gather(*(self._zone_at(u, tags[u]) for u in stale)), strict=True
-        ):
-            if read is not None:  # else deleted since the listing
-                current[uri] = read[1]
-        for uri in [u for u in self._zone_bodies if u not in tags]:
-            del self._zone_bodies[uri]
-            self._zone_views.pop(uri, None)
-        for body in current.values():
-            walk.seed(body)
-        return {u: current[u] for u in tags if u in current}
-
-    async def _zone_at(self, uri: str, listed: str) -> tuple[str, JSON] | None:
-        """The zone at ``uri`` as the listing that gave it the ETag ``listed`` saw it, or newer:
-        a GET of it already under way serves when it answers with that ETag (it then is that
-        version, whenever it started); otherwise a GET started now."""
-        pending = self._zone_fetches.get(uri)
-        if pending is not None:
-            try:
-                read = await asyncio.shield(pending)
-            except Exception:
-                read = None  # that read failed: this one tries for itself
-            if read is not None and read[0] == listed:
-                return read
-        return await self._fetch_zone(uri, listed)
-
-    def _zone_reads(self) -> asyncio.Semaphore:
-        loop = asyncio.get_running_loop()
-        if self._zone_gate is None or self._zone_gate[0] is not loop:
-            self._zone_gate = (loop, asyncio.Semaphore(8))
-        return self._zone_gate[1]
-
-    async def _fetch_zone(self, uri: str, listed: str) -> tuple[str, JSON] | None:
-        future: asyncio.Future[tuple[str, JSON] | None] = asyncio.get_running_loop().create_future()
-        self._zone_fetches[uri] = future
-        try:
-            async with self._zone_reads():
-                response = await self._get_or_none(uri)
-        except BaseException as err:
-            # waiters read for themselves on an error; never hand them this task's cancellation
-            future.set_exception(
-                err if isinstance(err, Exception) else FabricUnavailable(f"reading {uri} stopped")
-            )
-            future.exception()  # consumed here
-            raise
-        finally:
-            if self._zone_fetches.get(uri) is future:
-                del self._zone_fetches[uri]
-        read: tuple[str, JSON] | None = None
-        if response is not None:
-            annotated = response.body.get("@odata.etag")
-            tag = annotated if isinstance(annotated, str) else response.etag or listed
-            read = (tag, response.body)
-            # a slower read of an older version may land over a newer one: that only costs
-            # another read when a listing shows the newer ETag, never a stale answer
-            self._zone_bodies[uri] = read
-        future.set_result(read)
-        return read
-
     async def _candidates(self, walk: Walk, endpoint: Endpoint) -> tuple[list[str], frozenset[str]]:
         """The zones to read to learn which hold ``endpoint`` (:func:`authoritative_members`):
         when the service expanded the collection, only those whose members hold it."""
         collection = await self._zones_collection(walk)
         linked = endpoint.links.zones or ()
-        current = await self._current_zones(walk, collection)
+        current = await self.reads.current(walk, collection)
         if current is not None:
             linked_only = frozenset(u for u in dict.fromkeys(linked) if u not in current)
             uri = endpoint.uri
-            held = [u for u, body in current.items() if uri in self._kept_view(u, body)[2]]
+            held = [u for u, body in current.items() if uri in self.reads.view(u, body)[2]]
             return [*held, *linked_only], linked_only
         uris, linked_only = await authoritative_members(walk, collection, linked)
         if walk.expand:
@@ -376,30 +324,8 @@ class ZoneBackend(Backend):
                 found.append(zone)
         return found
 
-    async def _host_of(self, walk: Walk, endpoint_uri: str) -> str | None:
-        if endpoint_uri in self._initiator_hosts:
-            return self._initiator_hosts[endpoint_uri]
-        if endpoint_uri in self._target_set:
-            return None  # a device target of the last discovery, no host's initiator
-        view = classify_endpoint(await walk.read(endpoint_uri, Endpoint))
-        if view is not None and view.host:
-            self._initiator_hosts[endpoint_uri] = view.host
-            return view.host
-        return None
-
-    async def _zone_hosts(self, walk: Walk, zone: _Zone) -> set[str]:
-        hosts = set()
-        for uri in zone.endpoints:
-            host = await self._host_of(walk, uri)
-            if host:
-                hosts.add(host)
-        return hosts
-
     async def _get_or_none(self, uri: str) -> RedfishResponse | None:
-        try:
-            return await self.client.get(uri)
-        except NotFoundError:
-            return None
+        return await get_or_none(self.client, uri)
 
     async def _zones_with_etags(
         self, endpoint: Endpoint
@@ -433,24 +359,13 @@ class ZoneBackend(Backend):
         response = await self._get_or_none(uri)
         return (response.body, response.etag) if response is not None else (None, None)
 
-    def _zone_lock(self, zone_uri: str | None) -> asyncio.Lock:
-        if zone_uri is None:
-            return asyncio.Lock()  # no shared zone known: nothing to take turns on
-        lock = self._zone_locks.get(zone_uri)
-        if lock is None:
-            lock = self._zone_locks[zone_uri] = asyncio.Lock()
-        return lock
-
-    def _changed_by_us(self, zone_uri: str) -> None:
-        self._zone_changes[zone_uri] = self._zone_changes.get(zone_uri, 0) + 1
-
     async def _snapshot(self, device: DeviceRecord) -> _Snapshot | None:
         endpoint = await self._get_or_none(str(device.endpoint))
         if endpoint is None:
             self._snapshots.pop(device.key, None)
             return None
         holding, linked_only = await self._zones_with_etags(Endpoint.model_validate(endpoint.body))
-        zones = [(zone, etag, self._zone_changes.get(zone.uri, 0)) for zone, etag in holding]
+        zones = [(zone, etag, self.turns.changes(zone.uri)) for zone, etag in holding]
         snapshot = _Snapshot(time.monotonic(), endpoint, zones, linked_only)
         self._snapshots[device.key] = snapshot
         return snapshot
@@ -469,7 +384,7 @@ class ZoneBackend(Backend):
         walk = self.fresh_walk()
         bound: set[str] = set()
         for zone, _etag, _seen in snapshot.zones:
-            bound |= await self._zone_hosts(walk, zone)
+            bound |= await self.roles.hosts_of(walk, zone)
         return tuple(sorted(bound))
 
     async def witnessed(self, device: DeviceRecord, host: HostRecord) -> bool:
@@ -500,21 +415,21 @@ class ZoneBackend(Backend):
         return (
             zone is not None
             and str(device.endpoint) in zone.endpoints
-            and host.id in await self._zone_hosts(walk, zone)
+            and host.id in await self.roles.hosts_of(walk, zone)
         )
 
     async def _is_own_zone(self, walk: Walk, zone: _Zone, host: HostRecord) -> bool:
         return (
             zone.zone.zone_type in _BINDING_ZONE_TYPES
             and zone.action("Zone.AddEndpoint") is not None
-            and await self._zone_hosts(walk, zone) == {host.id}
+            and await self.roles.hosts_of(walk, zone) == {host.id}
         )
 
     async def prepare_bind(self, device: DeviceRecord, host: HostRecord) -> None:
         known = self._host_zones.get(host.id)
-        if known is None or self._zone_lock(known).locked():
+        if known is None or self.turns.lock(known).locked():
             return  # another action of ours is on the zone: the bind reads it after that one
-        seen = self._zone_changes.get(known, 0)
+        seen = self.turns.changes(known)
         fresh = await self._get_or_none(known)
         if fresh is not None:
             zone = _Zone.of(known, Zone.model_validate(fresh.body))
@@ -530,7 +445,7 @@ class ZoneBackend(Backend):
             fresh_enough = time.monotonic() - at <= _SNAPSHOT_SECONDS
             if (
                 fresh_enough
-                and self._zone_changes.get(zone.uri, 0) == seen
+                and self.turns.changes(zone.uri) == seen
                 and await self._is_own_zone(walk, zone, host)
             ):
                 return zone, etag
@@ -555,7 +470,7 @@ class ZoneBackend(Backend):
         initiators = self.initiators_of(host)
         walk = self.fresh_walk()
         snapshot = self._take_snapshot(device)
-        async with self._zone_lock(self._host_zones.get(host.id)):
+        async with self.turns.lock(self._host_zones.get(host.id)):
             if snapshot is not None:
                 target, own = snapshot.endpoint, await self._own_zone(walk, host)
             else:
@@ -570,7 +485,7 @@ class ZoneBackend(Backend):
                 try:
                     response = await self.client.post(str(host_zone.action("Zone.AddEndpoint")), body)
                 finally:
-                    self._changed_by_us(host_zone.uri)
+                    self.turns.changed(host_zone.uri)
             else:
                 fabric = await walk.read(self.fabric_uri, Fabric)
                 collection = fabric.zones if fabric else None
@@ -596,7 +511,7 @@ class ZoneBackend(Backend):
             await self._finish(response, ctx)
         finally:
             if own is not None:  # a task changes the zone when it ends, after the answer above
-                self._changed_by_us(own[0].uri)
+                self.turns.changed(own[0].uri)
 
     async def unbind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
         walk = self.fresh_walk()
@@ -606,10 +521,10 @@ class ZoneBackend(Backend):
         self._snapshots.pop(device.key, None)
         target_etag = snapshot.endpoint.etag
         for zone, zone_etag, seen in snapshot.zones:
-            if host.id not in await self._zone_hosts(walk, zone):
+            if host.id not in await self.roles.hosts_of(walk, zone):
                 continue
-            async with self._zone_lock(zone.uri):
-                if self._zone_changes.get(zone.uri, 0) != seen:
+            async with self.turns.lock(zone.uri):
+                if self.turns.changes(zone.uri) != seen:
                     # One of our own actions changed the zone since the read: its ETag is stale.
                     fresh = await self._get_or_none(zone.uri)
                     if fresh is None:
@@ -624,8 +539,8 @@ class ZoneBackend(Backend):
                     uri
                     for uri in zone.endpoints
                     if uri != device.endpoint
-                    and not await self._host_of(walk, uri)
-                    and await self._is_device(walk, uri)
+                    and not await self.roles.host_of(walk, uri)
+                    and await self.roles.is_device(walk, uri)
                 ]
                 remove = zone.action("Zone.RemoveEndpoint")
                 if not (zone.ours and not others) and not remove and others:
@@ -642,34 +557,11 @@ class ZoneBackend(Backend):
                     else:  # our own zone for this binding alone, or a zone without RemoveEndpoint
                         response = await self.client.delete(zone.uri, etag=zone_etag)
                 finally:
-                    self._changed_by_us(zone.uri)
+                    self.turns.changed(zone.uri)
             try:
                 await self._finish(response, ctx)
             finally:
-                self._changed_by_us(zone.uri)
-
-    async def _is_device(self, walk: Walk, endpoint_uri: str) -> bool:
-        if endpoint_uri in self._target_set:
-            return True
-        view = classify_endpoint(await walk.read(endpoint_uri, Endpoint))
-        return bool(view and view.is_target)
-
-
-def _member_etags(page: JSON) -> dict[str, str] | None:
-    """Member URI → ``@odata.etag`` of an :data:`_ETAG_LISTING` answer; None when a member lacks
-    either, ``Members`` is no list, or the answer is one page of several (each would need the
-    same care; the collection is then read as before)."""
-    members = page.get("Members")
-    if not isinstance(members, list) or page.get("Members@odata.nextLink"):
-        return None
-    tags: dict[str, str] = {}
-    for member in members:
-        uri = odata_id(member)
-        tag = member.get("@odata.etag") if isinstance(member, dict) else None
-        if not uri or not isinstance(tag, str):
-            return None
-        tags[uri.rstrip("/")] = tag
-    return tags
+                self.turns.changed(zone.uri)
 
 
 def _links_to(zone: JSON | None, endpoint: str) -> bool:

@@ -225,7 +225,7 @@ class InventoryServer:
                 return error(404, "DeviceNotFound", f"device {body.device} not found", device=body.device)
             if body.device in self.fail_attach or body.device in self.fail_every_attach:
                 code = self.fail_attach.pop(body.device, None) or self.fail_every_attach[body.device]
-                # Counted in the inventory as the manager does (fabric.inventory.note_attach).
+                # Counted in the inventory as the manager does (fabric.state.inventory.note_attach).
                 self._replace(
                     device.model_copy(
                         update={"attach_failures": device.attach_failures + 1, "attach_error": code}

@@ -89,7 +89,7 @@ values = CLAIMS
 "query.node" = {dictionary = "nodes", probability = 0.7}
 "body.claimUid" = {dictionary = "claims", probability = 0.7}
 "query.claimUid" = {dictionary = "claims", probability = 0.7}
-# 413: the manager caps every body at the largest claim report (fabric/request_guard.py), a bound on
+# 413: the manager caps every body at the largest claim report (fabric/api/request_guard.py), a bound on
 # the total size that no JSON schema of the body expresses; the defaults otherwise.
 [checks.negative_data_rejection]
 expected-statuses = [

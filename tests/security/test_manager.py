@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fabric.request_guard import MAX_REQUEST_BODY, largest_claim_report
+from fabric.api.request_guard import MAX_REQUEST_BODY, largest_claim_report
 from manager_api.client import ManagerClient
 from manager_api.errors import PermissionDenied
 from manager_api.models import DeviceType

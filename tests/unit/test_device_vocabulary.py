@@ -16,7 +16,7 @@ from dra_driver.controller.devices import (
     PublishPolicy,
     to_dra_device,
 )
-from fabric.backends.model import DeviceRecord, DiscoveredAttributes
+from fabric.state.model import DeviceRecord, DiscoveredAttributes
 from manager_api.devices import BindingStyle, DeviceAttributes, DeviceIdentity, DeviceType, Health
 from manager_api.models import Device
 from tests.unit.fabric.fakes import make_harness

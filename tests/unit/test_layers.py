@@ -8,8 +8,9 @@ Inside a package, the floors are its folders: a package whose ``__init__.py`` de
 has every module import only its own floor or those below it, and every room of the package
 stands on one of them (:func:`floor_violations`). Rooms side by side on one floor are a tuple,
 ``("apiserver", "cluster")``: neither imports the other. A floor may declare floors of its own
-(``emulator``, ``emulator.redfish``, ``dra_driver`` and its roles do). Packages that do not
-declare them yet keep a hand-written table of what must never be imported (:data:`NEVER`).
+(``emulator.redfish``, ``fabric.redfish``, ``fabric.api``, ``dra_driver``'s roles do). No table of
+modules: the folders and their ``FLOORS`` are the whole rule, with one exception inside ``fabric``
+(:func:`driver_bypasses`: only the operation driver reaches the Redfish client and the backends).
 
 The product and its testbed are two distributions (``pyproject.toml``, ``testbed/pyproject.toml``):
 the testbed may import the product, never the reverse (:func:`test_the_product_never_imports_its_testbed`).
@@ -41,99 +42,6 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "fabric_dra_testbed": frozenset(
         {"plumbing", "manager_api", "dra_driver", "fabric", "emulator", "fabric_dra", "kube_standin"}
     ),
-}
-
-# The fabric manager inside ``fabric``, floor by floor from the top (docs/architecture.md, "Inside
-# fabric"): what stands above each floor, which it must never import.
-_FABRIC_CLI = ("fabric.cli", "fabric.status", "fabric.usage_cli")
-_FABRIC_SERVICE = ("fabric.service", "fabric.config", *_FABRIC_CLI)
-_FABRIC_HTTP = (
-    "fabric.server",
-    "fabric.orphans",
-    "fabric.auth",
-    "fabric.openapi",
-    "fabric.ui",
-    "fabric.request_guard",
-    "fabric.claims",
-    "fabric.usage",
-    *_FABRIC_SERVICE,
-)
-_FABRIC_FRONT = ("fabric.attachments", "fabric.reconcile", *_FABRIC_HTTP)
-_FABRIC_DRIVER = ("fabric.operations_driver", *_FABRIC_FRONT)
-_FABRIC_ATTEMPTS = ("fabric.fabric_attempts", *_FABRIC_DRIVER)
-_FABRIC_STATE = ("fabric.inventory", "fabric.ledger", "fabric.nodes", "fabric.operations", *_FABRIC_ATTEMPTS)
-_FABRIC_BACKENDS = ("fabric.backends", *_FABRIC_STATE)
-# Inside the Redfish client: transport, then sessions and task monitors, then the facade and events.
-_REDFISH_FACADE = ("fabric.redfish.client", "fabric.redfish.events")
-_REDFISH_ABOVE_TRANSPORT = ("fabric.redfish.sessions", "fabric.redfish.tasks", *_REDFISH_FACADE)
-_REDFISH_CONVERSATION = ("fabric.redfish.transport", *_REDFISH_ABOVE_TRANSPORT)
-#: the Redfish conversation and the discovery that holds the client: the operation driver is handed
-#: the backends and the task control it needs instead (the error types are fine)
-_FABRIC_REACH = (*_REDFISH_CONVERSATION, "fabric.backends.discovery")
-
-#: Inside a package: module prefix → prefixes of the same package it must never import.
-NEVER: dict[str, tuple[str, ...]] = {
-    "fabric.redfish": ("fabric.device_names", "fabric.metrics", "fabric.reports", *_FABRIC_BACKENDS),
-    "fabric.redfish.error_mapping": ("fabric.redfish.settings", *_REDFISH_CONVERSATION),
-    "fabric.redfish.settings": ("fabric.redfish.error_mapping", *_REDFISH_CONVERSATION),
-    "fabric.redfish.transport": _REDFISH_ABOVE_TRANSPORT,
-    "fabric.redfish.sessions": ("fabric.redfish.tasks", *_REDFISH_FACADE),
-    "fabric.redfish.tasks": ("fabric.redfish.sessions", *_REDFISH_FACADE),
-    "fabric.redfish.client": ("fabric.redfish.events",),
-    "fabric.device_names": _FABRIC_BACKENDS,
-    "fabric.metrics": _FABRIC_BACKENDS,
-    "fabric.reports": _FABRIC_BACKENDS,
-    "fabric.backends": _FABRIC_STATE,
-    "fabric.nodes": ("fabric.inventory", *_FABRIC_ATTEMPTS),
-    "fabric.ledger": ("fabric.inventory", "fabric.operations", *_FABRIC_ATTEMPTS),
-    "fabric.operations": ("fabric.inventory", "fabric.ledger", *_FABRIC_ATTEMPTS),
-    "fabric.inventory": _FABRIC_ATTEMPTS,
-    "fabric.fabric_attempts": (*_FABRIC_DRIVER, *_FABRIC_REACH),
-    "fabric.operations_driver": (*_FABRIC_FRONT, *_FABRIC_REACH),
-    # The request front and reconciliation reach the fabric only through the operation driver.
-    "fabric.attachments": (
-        "fabric.reconcile",
-        "fabric.fabric_attempts",
-        "fabric.redfish",
-        "fabric.backends.base",
-        "fabric.backends.discovery",
-        *_FABRIC_HTTP,
-    ),
-    # The warm pool too (fabric.warm; its policy, fabric.warm_policy, imports none of these either).
-    "fabric.warm": (
-        "fabric.attachments",
-        "fabric.reconcile",
-        "fabric.fabric_attempts",
-        "fabric.redfish",
-        "fabric.backends.base",
-        "fabric.backends.discovery",
-        *_FABRIC_HTTP,
-    ),
-    "fabric.reconcile": (
-        "fabric.attachments",
-        "fabric.fabric_attempts",
-        "fabric.redfish",
-        *_FABRIC_REACH,
-        *_FABRIC_HTTP,
-    ),
-    "fabric.orphans": ("fabric.server", *_FABRIC_SERVICE),
-    "fabric.server": ("fabric.orphans", *_FABRIC_SERVICE),
-    "fabric.auth": ("fabric.server", "fabric.orphans", *_FABRIC_SERVICE),
-    "fabric.openapi": ("fabric.server", "fabric.orphans", *_FABRIC_SERVICE),
-    # the fabric map is static files: it reads the API as any client does, never the manager's insides
-    "fabric.ui": ("fabric.server", "fabric.orphans", "fabric.auth", *_FABRIC_SERVICE),
-    "fabric.request_guard": ("fabric.server", "fabric.orphans", "fabric.claims", *_FABRIC_SERVICE),
-    "fabric.claims": (
-        "fabric.server",
-        "fabric.orphans",
-        "fabric.auth",
-        "fabric.request_guard",
-        *_FABRIC_SERVICE,
-    ),
-    # the accounting reads the ledger, the inventory and the claims; the API serves it
-    "fabric.usage": ("fabric.server", "fabric.orphans", "fabric.auth", *_FABRIC_SERVICE),
-    "fabric.config": ("fabric.service", *_FABRIC_CLI),
-    "fabric.service": _FABRIC_CLI,
 }
 
 
@@ -267,6 +175,34 @@ def floor_violations(root: Path) -> list[str]:
     return found
 
 
+#: Inside fabric, only the operation driver is handed the backends and the Redfish task control: the
+#: floors above ``driver``, up to the wiring (``service``) that builds every part, import nothing of
+#: these. The attach/detach front, the warm pool, reconciliation and the API reach the fabric
+#: through the driver (docs/architecture.md, "Inside fabric").
+THROUGH_THE_DRIVER = ("fabric.redfish", "fabric.backends")
+
+
+def driver_bypasses(root: Path) -> list[str]:
+    """Every import of the Redfish client or the backends from a floor of fabric between the
+    operation driver and the wiring."""
+    floors = declared_floors(root / "fabric" / "__init__.py") or ()
+    level = {room: index for index, rooms in enumerate(floors) for room in rooms}
+    between = range(level["driver"] + 1, level["service"])
+    found = []
+    for path in _source_files(root):
+        importer = _module_name(path, root)
+        here = _room_of(importer, "fabric", floors)
+        if here is None or here[0] not in between:
+            continue
+        for line, module in _imports(path, root):
+            if any(module == sealed or module.startswith(sealed + ".") for sealed in THROUGH_THE_DRIVER):
+                found.append(
+                    f"{path.relative_to(root)}:{line}: {importer} imports {module} "
+                    "(only the operation driver is handed the fabric)"
+                )
+    return found
+
+
 def test_every_package_has_a_floor() -> None:
     assert set(PACKAGES) | set(TESTBED_PACKAGES) == set(MAY_IMPORT), (
         "add the new package to MAY_IMPORT and docs/architecture.md"
@@ -306,11 +242,6 @@ def _violations(root: Path) -> list[str]:
             top = module.split(".")[0]
             if top in MAY_IMPORT and top != own and top not in MAY_IMPORT[own]:
                 found.append(f"{rel}:{line}: {own} imports {module} (a floor it may not use)")
-            for prefix, banned in NEVER.items():
-                if importer == prefix or importer.startswith(prefix + "."):
-                    for other in banned:
-                        if module == other or module.startswith(other + "."):
-                            found.append(f"{rel}:{line}: {importer} imports {module}")
     return found
 
 
@@ -321,6 +252,10 @@ def test_imports_point_down() -> None:
 def test_imports_inside_a_package_point_down_its_floors() -> None:
     assert floored_packages(REPO_ROOT), "emulator declares its floors"
     assert floor_violations(REPO_ROOT) == []
+
+
+def test_only_the_operation_driver_reaches_the_fabric() -> None:
+    assert driver_bypasses(REPO_ROOT) == []
 
 
 def test_every_room_of_a_floored_package_is_on_a_floor() -> None:
@@ -398,3 +333,27 @@ def test_the_floor_check_finds_the_testbed_in_its_folder(tmp_path: Path) -> None
     expected = "fabric/probe.py:2: fabric.probe imports kube_standin.cli (the testbed)"
     assert _testbed_imports(tmp_path) == [expected]
     assert _module_name(tmp_path / "testbed" / "kube_standin" / "probe.py", tmp_path) == "kube_standin.probe"
+
+
+@pytest.mark.parametrize(
+    ("importer", "source", "reported"),
+    [
+        ("bindings/probe.py", "from fabric.backends.base import Backend\n", True),
+        ("api/probe.py", "def f():\n    from fabric.redfish import error_mapping\n", True),
+        ("bindings/probe.py", "from fabric.state.model import DeviceRecord\n", False),
+        ("driver/probe.py", "from fabric.backends.base import Backend\n", False),
+        ("service/probe.py", "from fabric.redfish.client import RedfishClient\n", False),
+    ],
+)
+def test_the_driver_rule_sees_a_bypass(importer: str, source: str, reported: bool, tmp_path: Path) -> None:
+    """The check itself: a floor between the driver and the wiring importing the Redfish client or
+    the backends is reported; the driver and the wiring may, and anyone may import the state."""
+    package = tmp_path / "fabric"
+    package.mkdir()
+    floors = ("redfish", "state", "backends", "driver", "bindings", "api", "service")
+    (package / "__init__.py").write_text(f"FLOORS = {floors!r}\n")
+    for room in floors:
+        (package / room).mkdir()
+        (package / room / "__init__.py").write_text("")
+    (package / importer).write_text(source)
+    assert bool(driver_bypasses(tmp_path)) is reported

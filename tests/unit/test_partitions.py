@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from fabric.device_names import dns_label
 from manager_api.partitions import (
     BUILTIN_TABLES,
     PartitionDevice,
@@ -24,7 +23,7 @@ from manager_api.partitions import (
     resolve_table,
     whole_gpu_consumes,
 )
-from plumbing.names import is_dns1123_label
+from plumbing.names import dns_label, is_dns1123_label
 
 H100 = BUILTIN_TABLES["h100-80gb"]
 A100 = BUILTIN_TABLES["a100-40gb"]

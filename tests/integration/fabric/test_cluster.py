@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from fabric.ledger import ConfigMapLedgerStore, Ledger, LedgerEntry, LedgerState, shard_of
+from fabric.state.ledger import ConfigMapLedgerStore, Ledger, LedgerEntry, LedgerState, shard_of
 from fabric_dra_testbed.stack import Role
 from kube_standin.apiserver.auth import TokenUser
 from manager_api.client import ManagerClient

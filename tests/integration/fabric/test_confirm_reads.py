@@ -21,8 +21,8 @@ import pytest
 
 from fabric.backends.base import Backend, BindContext
 from fabric.backends.discovery import Discovery
-from fabric.backends.model import DeviceRecord, HostRecord
 from fabric.redfish.client import RedfishClient, RedfishResponse, RedfishSettings
+from fabric.state.model import DeviceRecord, HostRecord
 from tests.support.emulator import run_emulator
 
 ZONES = "/redfish/v1/Fabrics/PCIe/Zones"

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from fabric.ledger import (
+from fabric.state.ledger import (
     LEDGER_LABEL,
     MIGRATED_ANNOTATION,
     ConfigMapLedgerStore,

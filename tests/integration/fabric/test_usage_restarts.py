@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from fabric.usage import FLUSH_SECONDS, TICK_SECONDS, usage_record_name
+from fabric.bindings.usage import FLUSH_SECONDS, TICK_SECONDS, usage_record_name
 from fabric_dra_testbed.stack import Role
 from manager_api.client import ManagerClient
 from manager_api.errors import NotLeader

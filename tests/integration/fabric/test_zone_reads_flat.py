@@ -24,9 +24,9 @@ import pytest
 from bench.common import generate_topology, host_name
 from fabric.backends.base import Backend, BindContext
 from fabric.backends.discovery import Discovery
-from fabric.backends.model import DeviceRecord, HostRecord
 from fabric.backends.zones import ZoneBackend
 from fabric.redfish.client import RedfishClient, RedfishResponse, RedfishSettings
+from fabric.state.model import DeviceRecord, HostRecord
 from fabric_dra_testbed.stack import Emulator as RunningEmulator
 from tests.support.emulator import ZONES, run_emulator, zone_add
 
@@ -84,7 +84,7 @@ async def _bind_directly(client: RedfishClient, devices: range) -> None:
 
 
 async def _cycle(backend: Backend, device: DeviceRecord, host: HostRecord) -> None:
-    """An attach and a detach as the manager runs them (fabric.fabric_attempts)."""
+    """An attach and a detach as the manager runs them (fabric.driver.attempts)."""
     ctx = BindContext(deadline=time.monotonic() + 30, fence=lambda: None, action="bind")
     current, _ = await asyncio.gather(
         backend.read_binding(device, (host,)), backend.prepare_bind(device, host)

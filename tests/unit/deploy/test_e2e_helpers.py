@@ -21,7 +21,7 @@ import pytest
 from dra_driver.controller.resourcenames import pool_label_key
 from dra_driver.plugin.cdi import SpecDevice, build_specs, write_specs
 from dra_driver.plugin.hostdev import HostDevice
-from fabric.status import render_json
+from fabric.commands.status import render_json
 from manager_api import models as api
 from tests.support.deploy import DEPLOY_DIR, DRIVER_NAME, KUBERNETES_VERSIONS, REPO_ROOT, make_image_refs
 

@@ -12,22 +12,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fabric.attachments import Attachments
 from fabric.backends.base import Backend, BindContext, DiscoveryResult
-from fabric.backends.model import (
+from fabric.backends.walk import Walk
+from fabric.backends.watch import InventoryWatch
+from fabric.bindings.attachments import Attachments
+from fabric.bindings.reconcile import Reconciler
+from fabric.driver.operations import OperationDriver
+from fabric.driver.settings import OperationSettings
+from fabric.state.inventory import Inventory
+from fabric.state.ledger import FileLedgerStore, Ledger
+from fabric.state.model import (
     DeviceRecord,
     DiscoveredAttributes,
     FabricInfo,
     FabricSnapshot,
     HostRecord,
 )
-from fabric.backends.walk import Walk
-from fabric.inventory import Inventory
-from fabric.ledger import FileLedgerStore, Ledger
-from fabric.nodes import NodeResolver
-from fabric.operations import OperationSettings
-from fabric.operations_driver import OperationDriver
-from fabric.reconcile import Reconciler
+from fabric.state.nodes import NodeResolver
 from manager_api.devices import BindingStyle, DeviceType
 from manager_api.errors import FabricError, FabricUnavailable
 
@@ -204,6 +205,8 @@ class FakeDiscovery:
 class Harness:
     fabric: FakeFabric
     inventory: Inventory
+    #: the discovery passes that land in the inventory (``await h.watch.refresh()``)
+    watch: InventoryWatch
     ledger: Ledger
     attachments: Attachments
     driver: OperationDriver
@@ -223,9 +226,11 @@ async def make_harness(
         hosts=[f"node-{i}" for i in range(hosts)], devices=[f"gpu{i}" for i in range(devices)]
     )
     discovery = FakeDiscovery(fake)
-    inventory = Inventory(discovery, NodeResolver(), use_events=False)  # type: ignore[arg-type]
+    inventory = Inventory()
+    watch = InventoryWatch(discovery, inventory, NodeResolver(), use_events=False)  # type: ignore[arg-type]
     ledger = Ledger(FileLedgerStore(tmp))
     await ledger.load()
+    inventory.follow(ledger)
     leader = [True]
     driver = OperationDriver(
         inventory,
@@ -239,6 +244,7 @@ async def make_harness(
         ),
     )
     attachments = Attachments(inventory, ledger, driver)
-    reconciler = Reconciler(inventory, ledger, driver, discovery.backend_for)
-    await inventory.refresh()
-    return Harness(fake, inventory, ledger, attachments, driver, reconciler, leader)
+    reconciler = Reconciler(inventory, ledger, driver)
+    watch.after_refresh.append(reconciler.reconcile)
+    await watch.refresh()
+    return Harness(fake, inventory, watch, ledger, attachments, driver, reconciler, leader)

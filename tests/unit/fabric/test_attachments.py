@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fabric.ledger import LedgerState
-from fabric.operations import OperationSettings
+from fabric.driver.settings import OperationSettings
 from fabric.redfish.error_mapping import OutcomeUnknown
+from fabric.state.ledger import LedgerState
 from manager_api import models as api
 from manager_api.errors import (
     AttachTimeout,
@@ -172,7 +172,7 @@ async def test_restart_completes_half_done_operations(tmp_path: Path) -> None:
 async def test_unmanaged_binding_is_reported_and_never_touched(tmp_path: Path) -> None:
     h = await make_harness(tmp_path)
     h.fabric.bound["gpu0"] = "node-1"  # bound outside fabric-dra
-    await h.inventory.refresh()
+    await h.watch.refresh()
     device = h.inventory.render_device(h.inventory.device("gpu0"))  # type: ignore[arg-type]
     assert (device.state, device.managed, device.node) == (api.BindingState.BOUND, False, "node-1")
     with pytest.raises(DeviceBusy, match="bound outside fabric-dra"):
@@ -226,7 +226,7 @@ async def test_concurrent_attaches_never_bind_a_device_twice(tmp_path: Path) -> 
 
 async def _settled(h: Harness) -> None:
     for _ in range(200):
-        if all(slot.driver is None for slot in h.driver._slots.values()):
+        if all(slot.driver is None for slot in h.driver.slots.all()):
             return
         await asyncio.sleep(0.01)
     raise AssertionError("drivers still running")

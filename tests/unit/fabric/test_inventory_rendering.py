@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fabric.backends.model import DeviceRecord
-from fabric.inventory import Inventory
-from fabric.ledger import LedgerEntry, LedgerState
+from fabric.state.inventory import Inventory
+from fabric.state.ledger import LedgerEntry, LedgerState
+from fabric.state.model import DeviceRecord
 from manager_api import models as api
 from tests.unit.fabric.fakes import make_harness
 
@@ -44,12 +44,12 @@ async def test_served_json_is_the_whole_inventory_after_every_change(tmp_path: P
     assert next(d for d in freed.devices if d.name == "gpu1").state is api.BindingState.FREE
 
     h.fabric.bound["gpu2"] = "node-1"  # bound outside fabric-dra, seen by the next pass
-    await inventory.refresh()
+    await h.watch.refresh()
     outside = next(d for d in check().devices if d.name == "gpu2")
     assert (outside.state, outside.node, outside.managed) == (api.BindingState.BOUND, "node-1", False)
 
     version = inventory.version
-    await inventory.refresh()  # nothing changed: same version, same bytes
+    await h.watch.refresh()  # nothing changed: same version, same bytes
     assert inventory.version == version
 
 

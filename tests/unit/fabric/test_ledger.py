@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from fabric.ledger import (
+from fabric.state.ledger import (
     LEDGER_SHARDS,
     ConfigMapLedgerStore,
     FileLedgerStore,
@@ -148,7 +148,7 @@ def test_a_devices_shard_never_moves() -> None:
 
 
 def test_rbac_names_every_configmap_of_the_deployed_ledger() -> None:
-    from fabric.usage import usage_record_name
+    from fabric.bindings.usage import usage_record_name
 
     deploy = Path(__file__).parents[3] / "deploy" / "base"
     manager = (deploy / "manager.yaml").read_text()

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from fabric.cli import _settings
-from fabric.config import FlagKind, ManagerSettings, manager_flags
-from fabric.operations import OperationSettings
+from fabric.commands.cli import _settings
+from fabric.driver.settings import OperationSettings
 from fabric.redfish.client import RedfishSettings
+from fabric.service.config import FlagKind, ManagerSettings, manager_flags
 from fabric_dra.cli import build_parser
 from manager_api.devices import BindingStyle
 from plumbing.cli import CliError

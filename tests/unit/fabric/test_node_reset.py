@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fabric.ledger import LedgerEntry, LedgerState, ResetState
-from fabric.operations_driver import reset_by_node, resettable
+from fabric.driver.resets import reset_by_node, resettable
+from fabric.state.ledger import LedgerEntry, LedgerState, ResetState
 from manager_api import models as api
 from manager_api.errors import DeviceBusy
 from tests.unit.fabric.fakes import FakeFabric, Harness, make_harness
@@ -28,7 +28,8 @@ async def _nic_given_back(tmp_path: Path) -> tuple[Harness, LedgerEntry]:
     entry = h.ledger.get("nic0")
     assert entry is not None
     async with h.driver.slot("nic0").lock:
-        await h.driver.keep_warm(entry)
+        await h.driver.records.keep_warm(entry)
+        h.driver.kick("nic0")
     assert (entry.state, entry.reset) == (LedgerState.WARM, ResetState.PENDING)
     return h, entry
 

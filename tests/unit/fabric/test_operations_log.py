@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fabric.operations import OperationLog
+from fabric.state.operation_log import OperationLog
 from manager_api import models as api
 from manager_api.errors import BindFailed
 

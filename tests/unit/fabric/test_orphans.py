@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fabric.config import ManagerSettings
-from fabric.ledger import LedgerEntry, LedgerState
-from fabric.orphans import OrphanReconciler, _Claims
+from fabric.bindings.orphans import OrphanReconciler, _Claims
 from fabric.redfish.client import RedfishSettings
-from fabric.reports import PluginReports
+from fabric.service.config import ManagerSettings
+from fabric.state.ledger import LedgerEntry, LedgerState
+from fabric.state.reports import PluginReports
 from fabric_dra.cli import build_parser
 
 

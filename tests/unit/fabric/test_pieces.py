@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from fabric.auth import Identity, Role, StaticTokens, load_static_tokens
-from fabric.backends.model import DeviceRecord, DiscoveredAttributes, HostRecord
-from fabric.config import load_credentials
-from fabric.device_names import assign_names, dns_label, pool_name
-from fabric.nodes import NodeResolver, load_node_map
+from fabric.api.auth import Identity, Role, StaticTokens, load_static_tokens
 from fabric.redfish.error_mapping import PreconditionFailed, error_for_response, error_for_task, message_key
 from fabric.redfish.reader import Event, EventReader
+from fabric.service.config import load_credentials
+from fabric.state.model import DeviceRecord, DiscoveredAttributes, HostRecord
+from fabric.state.names import assign_names, dns_label, pool_name
+from fabric.state.nodes import NodeResolver, load_node_map
 from manager_api.devices import BindingStyle, DeviceType
 from manager_api.errors import (
     AttachTimeout,

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fabric.backends.model import DeviceRecord, DiscoveredAttributes, HostRecord
 from fabric.backends.reach import narrow_reach
 from fabric.backends.walk import Walk
 from fabric.redfish import RedfishClient, RedfishSettings
+from fabric.state.model import DeviceRecord, DiscoveredAttributes, HostRecord
 from manager_api.devices import BindingStyle, DeviceType
 from tests.support.fabric_http import Reply, Request, ScriptedServer
 

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from fabric.operations import OperationLog
 from fabric.redfish.tasks import percent_complete
+from fabric.state.operation_log import OperationLog
 from manager_api import models as api
 
 

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fabric.ledger import WARM_HOLDER, Ledger, LedgerEntry, LedgerState
-from fabric.usage import (
+from fabric.bindings.usage import (
     BUCKET,
     RETENTION,
     FileUsageStore,
@@ -25,6 +24,7 @@ from fabric.usage import (
     split_hours,
     workload_of,
 )
+from fabric.state.ledger import WARM_HOLDER, Ledger, LedgerEntry, LedgerState
 from manager_api import models as api
 from plumbing.kube.dra import ResourceClaim
 from tests.unit.fabric.fakes import make_harness
@@ -258,7 +258,7 @@ async def test_an_unreadable_record_stops_the_counting_not_the_manager(tmp_path:
 async def test_a_binding_no_ledger_entry_explains_counts_as_outside_once(tmp_path: Path) -> None:
     h = await make_harness(tmp_path, devices=2)
     h.fabric.bound.update({"gpu0": "node-0", "gpu1": "node-1"})
-    await h.inventory.refresh()
+    await h.watch.refresh()
     clock = _Clock(T0)
     meter = UsageMeter(h.ledger, h.inventory, FileUsageStore(tmp_path), clock=clock)
     await meter.resume()

@@ -10,11 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from dra_driver.controller.devices import PublishPolicy, to_dra_device
-from fabric.backends.model import DeviceRecord, DiscoveredAttributes
-from fabric.cli import _settings
-from fabric.config import manager_flags
-from fabric.ledger import WARM_HOLDER, Ledger, LedgerEntry, LedgerState
-from fabric.warm_policy import (
+from fabric.bindings.warm_policy import (
     DemandTracker,
     WarmSettings,
     is_burst,
@@ -23,6 +19,10 @@ from fabric.warm_policy import (
     poisson_tail,
     sized_as,
 )
+from fabric.commands.cli import _settings
+from fabric.service.config import manager_flags
+from fabric.state.ledger import WARM_HOLDER, Ledger, LedgerEntry, LedgerState
+from fabric.state.model import DeviceRecord, DiscoveredAttributes
 from fabric_dra.cli import build_parser
 from manager_api.devices import BindingStyle, DeviceType, Health
 from manager_api.models import BindingState, Device

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from fabric.backends.base import BindContext
-from fabric.backends.model import DeviceRecord
-from fabric.ledger import WARM_HOLDER, FileLedgerStore, Ledger, LedgerEntry, LedgerState, ResetState
+from fabric.state.ledger import WARM_HOLDER, FileLedgerStore, Ledger, LedgerEntry, LedgerState, ResetState
+from fabric.state.model import DeviceRecord
 from manager_api import models as api
 from manager_api.errors import BindFailed, FabricError
 from tests.unit.fabric.fakes import Harness, make_harness
@@ -110,7 +110,8 @@ async def _harness_with_a_returned_device(
     assert entry is not None
     reset.gate.clear()  # the reset the return starts waits until the test lets it go
     async with h.driver.slot("gpu0").lock:
-        await h.driver.keep_warm(entry)
+        await h.driver.records.keep_warm(entry)
+        h.driver.kick("gpu0")  # its reset
     assert (entry.state, entry.reset) == (LedgerState.WARM, ResetState.PENDING)
     return h, reset, entry
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fabric.backends.views import ServiceRoot
-from fabric.backends.zones import _member_etags
+from fabric.backends.zone_reads import _member_etags
 
 ZONES = "/redfish/v1/Fabrics/PCIe/Zones"
 

@@ -1,0 +1,238 @@
+"""The routes of the manager's API, grouped as the API document lists them: probes and metrics, the
+fabric's inventory, attachments, operations, the plugins' claim reports, usage. Each route checks
+its caller and its names, then hands the request to the part that owns it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse, Response
+
+from fabric.api.auth import Access
+from fabric.api.context import (
+    Anyone,
+    Caller,
+    Ctx,
+    DeviceName,
+    NodeName,
+    NodeQuery,
+    OperationIdPath,
+    Reader,
+    UsageReader,
+    Wait,
+    require_loaded,
+)
+from manager_api import models as api
+from manager_api.errors import DeviceNotFound, FabricUnavailable, InvalidRequest, NotFoundError
+from plumbing.names import UID_MAX_LENGTH, UID_PATTERN
+
+__all__ = ["ROUTERS"]
+
+#: ``GET /api/v1/usage?since=``: an RFC 3339 date-time is at most 35 characters
+#: (``2026-03-01T09:00:00.123456789+01:00``); a few more for longer fractions.
+_SINCE_MAX_LENGTH = 64
+
+PROBES = APIRouter()
+FABRIC = APIRouter()
+ATTACHMENTS = APIRouter()
+OPERATIONS = APIRouter()
+REPORTS = APIRouter()
+USAGE = APIRouter()
+
+#: in the order the API document lists them
+ROUTERS = (PROBES, FABRIC, ATTACHMENTS, OPERATIONS, REPORTS, USAGE)
+
+
+@PROBES.get("/healthz", include_in_schema=False)
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@PROBES.get("/readyz", include_in_schema=False)
+async def readyz(ctx: Ctx) -> JSONResponse:
+    reason = ctx.not_ready()
+    if reason:
+        return JSONResponse(status_code=503, content={"status": "not ready", "reason": reason})
+    # Ready, yet the fabric may have devices it cannot offer: say so rather than look empty.
+    notices = ctx.inventory.notices
+    return JSONResponse(
+        status_code=200, content={"status": "ready", **({"detail": notices} if notices else {})}
+    )
+
+
+@PROBES.get("/metrics", include_in_schema=False)
+async def metrics(caller: Anyone, ctx: Ctx) -> Response:
+    # Every replica serves it (a follower's process metrics too), to the roles that may read
+    # tenants' namespaces: operators and the metrics scraper.
+    caller.check(Access.METRICS)
+    return Response(ctx.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+@FABRIC.get(f"{api.API_PREFIX}/inventory", response_model=api.Inventory, response_model_by_alias=True)
+async def inventory(
+    caller: Reader,
+    ctx: Ctx,
+    after: Annotated[int | None, Query(description="wait until the version differs from this")] = None,
+    timeout_seconds: Annotated[float, Query(alias="timeoutSeconds", ge=0, le=300)] = 30.0,
+) -> Response:
+    require_loaded(ctx)
+    if after is not None:
+        await ctx.inventory.wait_newer(after, timeout_seconds)
+    # The JSON of each version is encoded once (the model above documents it): every plugin's
+    # long poll that a change wakes gets the same bytes.
+    return Response(ctx.inventory.snapshot_json(), media_type="application/json")
+
+
+@FABRIC.get(f"{api.API_PREFIX}/devices", response_model=list[api.Device], response_model_by_alias=True)
+async def devices(caller: Reader, ctx: Ctx) -> list[api.Device]:
+    require_loaded(ctx)
+    return ctx.inventory.snapshot().devices
+
+
+@FABRIC.get(f"{api.API_PREFIX}/devices/{{device}}", response_model=api.Device, response_model_by_alias=True)
+async def device(caller: Reader, device: DeviceName, ctx: Ctx) -> api.Device:
+    require_loaded(ctx)
+    record = ctx.inventory.device(device)
+    if record is None:
+        raise DeviceNotFound(f"device {device} is not in the fabric inventory", device=device)
+    return ctx.inventory.render_device(record)
+
+
+@FABRIC.get(f"{api.API_PREFIX}/nodes", response_model=list[api.FabricNode], response_model_by_alias=True)
+async def nodes(caller: Reader, ctx: Ctx) -> list[api.FabricNode]:
+    require_loaded(ctx)
+    return ctx.inventory.snapshot().nodes
+
+
+def _answered(answer: tuple[api.Attachment, int]) -> JSONResponse:
+    """An attachment with the status the front chose (200 done, 202 ask again)."""
+    attachment, status = answer
+    return JSONResponse(status_code=status, content=attachment.model_dump(mode="json", by_alias=True))
+
+
+@ATTACHMENTS.post(
+    f"{api.API_PREFIX}/attachments",
+    response_model=api.Attachment,
+    response_model_by_alias=True,
+    responses={202: {"model": api.Attachment, "description": "still attaching: ask again"}},
+)
+async def attach(caller: Caller, request: api.AttachRequest, ctx: Ctx, wait: Wait = 0.0) -> JSONResponse:
+    caller.check_bind(request.node)
+    require_loaded(ctx)
+    return _answered(await ctx.attachments.attach(request, wait))
+
+
+@ATTACHMENTS.post(
+    f"{api.API_PREFIX}/devices/{{device}}/reset",
+    response_model=api.Attachment,
+    response_model_by_alias=True,
+    responses={202: {"model": api.Attachment, "description": "being power-cycled: attach again"}},
+    summary="a node's plugin reports the reset of a device its claim got resetRequired",
+)
+async def report_reset(
+    caller: Caller, device: DeviceName, report: api.ResetReport, ctx: Ctx, wait: Wait = 0.0
+) -> JSONResponse:
+    caller.check_bind(report.node)  # a plugin's token reports only for its own node
+    require_loaded(ctx)
+    return _answered(await ctx.attachments.report_reset(device, report, wait))
+
+
+@ATTACHMENTS.delete(
+    f"{api.API_PREFIX}/attachments/{{device}}",
+    response_model=api.Attachment,
+    response_model_by_alias=True,
+    responses={202: {"model": api.Attachment, "description": "still detaching: ask again"}},
+)
+async def detach(
+    caller: Caller,
+    device: DeviceName,
+    claim_uid: Annotated[str, Query(alias="claimUid", pattern=UID_PATTERN, max_length=UID_MAX_LENGTH)],
+    node: NodeQuery,
+    ctx: Ctx,
+    wait: Wait = 0.0,
+) -> JSONResponse:
+    caller.check_bind(node)
+    require_loaded(ctx)
+    return _answered(await ctx.attachments.detach(device, claim_uid, node, wait))
+
+
+@OPERATIONS.get(
+    f"{api.API_PREFIX}/operations", response_model=list[api.Operation], response_model_by_alias=True
+)
+async def operations(caller: Reader, ctx: Ctx) -> list[api.Operation]:
+    return ctx.operations.all()
+
+
+@OPERATIONS.get(
+    f"{api.API_PREFIX}/operations/{{operation_id}}",
+    response_model=api.Operation,
+    response_model_by_alias=True,
+)
+async def operation(caller: Reader, operation_id: OperationIdPath, ctx: Ctx) -> api.Operation:
+    found = ctx.operations.get(operation_id)
+    if found is None:
+        raise NotFoundError(
+            f"operation {operation_id} is not known (finished long ago, or another replica's)"
+        )
+    return found
+
+
+@REPORTS.put(
+    f"{api.API_PREFIX}/nodes/{{node}}/claims",
+    status_code=204,
+    responses={204: {"description": "recorded"}},
+    summary="the claims a node's plugin has prepared",
+)
+async def node_claims(caller: Caller, node: NodeName, report: api.NodeClaims, ctx: Ctx) -> Response:
+    caller.check_bind(node)
+    ctx.reports.record(node, {c.claim_uid: c.devices for c in report.claims})
+    return Response(status_code=204)
+
+
+@USAGE.get(
+    f"{api.API_PREFIX}/usage",
+    response_model=api.UsageReport,
+    response_model_by_alias=True,
+    summary="device-seconds by namespace, model or workload since a time",
+)
+async def usage(
+    caller: UsageReader,
+    since: Annotated[
+        str,
+        Query(
+            max_length=_SINCE_MAX_LENGTH,
+            description="RFC 3339 with a zone; counted from the start of its hour",
+            json_schema_extra={"format": "date-time"},
+        ),
+    ],
+    ctx: Ctx,
+    by: Annotated[api.UsageGrouping, Query(description="what the seconds are grouped by")] = (
+        api.UsageGrouping.NAMESPACE
+    ),
+) -> api.UsageReport:
+    start = api.parse_rfc3339(since)
+    if start is None:
+        raise InvalidRequest(
+            f"malformed request: query.since: {since[:40]!r} is no RFC 3339 time with a zone "
+            "(e.g. 2026-12-01T00:00:00Z)"
+        )
+    if not _in_utc_range(start):
+        # 0001-01-01T00:00:00+23:59 is a valid RFC 3339 time whose UTC is before the year 1.
+        raise InvalidRequest(
+            f"malformed request: query.since: {since!r} is before 0001-01-01 or after 9999-12-31 "
+            "in UTC; give a time within the years 1 to 9999"
+        )
+    if ctx.usage is None or not ctx.usage.counting:
+        raise FabricUnavailable("the usage record is not loaded yet", retry_after=2.0)
+    return ctx.usage.report(start, by)
+
+
+def _in_utc_range(moment: datetime) -> bool:
+    """Whether ``moment`` has a UTC time (a zone offset can push 0001-01-01 or 9999-12-31 past it)."""
+    try:
+        moment.astimezone(UTC)
+    except OverflowError:
+        return False
+    return True

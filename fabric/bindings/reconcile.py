@@ -1,0 +1,109 @@
+"""Reconciliation: the ledger against the fabric, at start-up and after every discovery pass.
+
+* **Crash-safe.** Every unfinished ledger entry (``attaching``, ``detaching``) is resumed from the
+  fabric's state by its device's driver (:mod:`fabric.driver.operations`): finished, or rolled back,
+  never sent twice. An operation that paused (fabric unreachable, task still running, refused
+  unbind) is resumed after its pause, or at once when the fabric comes back.
+* **The fabric is the truth.** A ``bound`` entry whose binding the fabric no longer has (removed
+  outside fabric-dra) is dropped and logged.
+* **Bindings made outside fabric-dra** (on the fabric, with no ledger entry) are never touched:
+  :class:`ForeignBindings` logs each once when it appears and when it goes; the inventory shows
+  them ``managed: false`` and the metrics count them (``fabric_dra_unmanaged_bindings{pool}``).
+* **Leader only.** A follower reconciles nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+from fabric.driver.operations import OperationDriver
+from fabric.state.inventory import Inventory
+from fabric.state.ledger import Ledger, LedgerEntry
+from fabric.state.model import DeviceRecord
+from manager_api import models as api
+from manager_api.errors import FabricError
+from plumbing.logs import get_logger
+
+__all__ = ["ForeignBindings", "Reconciler"]
+
+log = get_logger(__name__)
+
+
+class Reconciler:
+    def __init__(self, inventory: Inventory, ledger: Ledger, driver: OperationDriver) -> None:
+        self.inventory = inventory
+        self.ledger = ledger
+        self.driver = driver
+
+    async def reconcile(self) -> None:
+        """Resume unfinished entries; drop bound entries whose binding the fabric no longer has."""
+        if not self.driver.is_leader():
+            return
+        now = time.monotonic()
+        for entry in self.ledger.entries():
+            if self.driver.slot(entry.device).running:
+                continue
+            if not entry.state.settled:  # bound, or warm: both are bindings the fabric must hold
+                self.driver.resume(entry.device, now=now, fabric_back_at=self.inventory.recovered_at)
+                continue
+            record = self.inventory.device(entry.device)
+            if record is not None and entry.host in record.bound_hosts:
+                continue
+            await self._verify_bound(entry, record)
+
+    async def _verify_bound(self, entry: LedgerEntry, record: DeviceRecord | None) -> None:
+        if record is not None:
+            current = await self.driver.read_binding(record, entry.host)
+            if current is None:
+                return
+            if entry.host in current:
+                self.inventory.note_binding(entry.device, current)
+                return
+        async with self.driver.slot(entry.device).lock:
+            if self.ledger.get(entry.device) is not entry or not entry.state.settled:
+                return
+            self.ledger.remove(entry.device)
+            with contextlib.suppress(FabricError):
+                await self.ledger.commit()
+        log.warning(
+            "binding removed outside fabric-dra; forgetting it",
+            device=entry.device,
+            node=entry.node,
+            claim=entry.claim_uid,
+        )
+        self.inventory.changed(entry.device)
+
+    async def run(self) -> None:
+        """Resume paused operations every ``retry_seconds`` until cancelled."""
+        while True:
+            await asyncio.sleep(self.driver.settings.retry_seconds)
+            with contextlib.suppress(FabricError):
+                await self.reconcile()
+
+
+class ForeignBindings:
+    """Logs bindings made outside fabric-dra as they appear and go (never touches them)."""
+
+    def __init__(self, snapshot: Callable[[], api.Inventory]) -> None:
+        self._snapshot = snapshot
+        self._known: dict[str, str] = {}
+
+    async def check(self) -> None:
+        seen = {
+            d.name: (d.node or f"host {d.host}")
+            for d in self._snapshot().devices
+            if not d.managed and d.state is api.BindingState.BOUND
+        }
+        for device, where in sorted(seen.items()):
+            if self._known.get(device) != where:
+                log.warning(
+                    "device bound outside fabric-dra; reported, never touched",
+                    device=device,
+                    node=where,
+                )
+        for device in sorted(set(self._known) - set(seen)):
+            log.info("binding made outside fabric-dra is gone", device=device, node=self._known[device])
+        self._known = seen

@@ -1,0 +1,614 @@
+"""Device-seconds: what each device spent bound to a claim, warm, attaching, detaching, or bound
+outside fabric-dra — by namespace, model and the claim's owning workload — kept in a durable record
+beside the ledger so that restarts and leader changes lose nothing (docs/manager.md, "Accounting").
+
+* **Counting.** The leader's :class:`UsageMeter` adds, at every :meth:`UsageMeter.tick` (every
+  :data:`TICK_SECONDS`, and before every scrape, write and ``GET /api/v1/usage``), the time since
+  the previous tick to each ledger entry's key (namespace, model, workload, state) and to each
+  device the fabric binds outside fabric-dra (state ``outside``); and at every change of an entry
+  (put or removed), the time since it was last counted to the key it had, so a state's seconds end
+  when the state does, not at the next tick. An entry the meter has not seen before counts from
+  its ledger ``updated_at`` when that is later, so a new attach is not charged for the time before
+  it existed. Seconds are split at hour boundaries into hourly buckets
+  (:func:`split_hours`).
+* **Attribution.** A claim's namespace and workload come from the claim itself, as the manager's
+  informer of ResourceClaims sees it: the workload is the claim's controller ``ownerReference``
+  (``Kind/name``; for a claim made from a pod's ``resourceClaimTemplate``, the Pod), else
+  ``ResourceClaim/<name>``. Following the chain further (Pod → ReplicaSet → Deployment) would need
+  ``get`` on pods and replicasets in every namespace, which the manager does not have. Remembered
+  per claim UID, so a claim deleted before its device is detached keeps its attribution.
+* **Durable.** :meth:`UsageMeter.flush` (every :data:`FLUSH_SECONDS`, on losing leadership, at
+  shutdown) writes the buckets and the lifetime totals with ``countedUntil``, the time up to which
+  everything is counted, through a :class:`UsageStore` of the ledger's kind (a file beside
+  ``ledger.json``, or one ConfigMap replaced with its ``resourceVersion``). A new leader, or a
+  restarted manager, loads the record and counts from ``countedUntil``: the time the manager was
+  down is charged to what the durable ledger says each device was doing.
+* **Bounded.** Hourly buckets older than :data:`RETENTION` are dropped; a ConfigMap holds its
+  record gzipped (``binaryData``), and when even that would pass 1 MiB the oldest buckets go first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import gzip
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fabric.bindings.warm_policy import model_of
+from fabric.state.claims import ClaimView
+from fabric.state.inventory import Inventory
+from fabric.state.ledger import Ledger, LedgerEntry, LedgerState
+from manager_api import models as api
+from manager_api.errors import FabricError, FabricUnavailable
+from plumbing.fsutil import atomic_write
+from plumbing.kube.client import AlreadyExists, ApiError, Conflict, KubeClient, NotFound
+from plumbing.kube.dra import ResourceClaim
+from plumbing.kube.resources import CONFIGMAPS
+from plumbing.logs import get_logger
+
+__all__ = [
+    "BUCKET",
+    "FLUSH_SECONDS",
+    "RETENTION",
+    "TICK_SECONDS",
+    "ConfigMapUsageStore",
+    "FileUsageStore",
+    "UsageBook",
+    "UsageError",
+    "UsageKey",
+    "UsageMeter",
+    "UsageRecord",
+    "UsageStore",
+    "split_hours",
+    "usage_record_name",
+    "workload_of",
+]
+
+log = get_logger(__name__)
+
+#: the width of a bucket: a report starts at the hour its ``since`` falls in
+BUCKET = timedelta(hours=1)
+#: how long a bucket is kept: 7 days of 24 = 168 buckets
+RETENTION = timedelta(days=7)
+#: how often the leader integrates the ledger between scrapes
+TICK_SECONDS = 5.0
+#: how often the record is written: what a kill -9 can lose, at most, of a device whose ledger entry
+#: changed or went in that time (docs/manager.md, "Accounting")
+FLUSH_SECONDS = 30.0
+#: the ConfigMap's key of the gzipped record (``binaryData``: the API server counts its decoded size)
+_DATA_KEY = "usage.json.gz"
+#: stay under a ConfigMap's 1 MiB of data (the server's limit is 1,048,576 decoded bytes)
+_DATA_LIMIT = 1000 * 1024
+
+OUTSIDE = "outside"
+
+
+class UsageKey(NamedTuple):
+    namespace: str
+    model: str
+    #: ``Kind/name`` of the claim's owner; "" when no claim holds the device
+    workload: str
+    state: str
+
+
+class UsageError(FabricUnavailable):
+    """The usage record could not be read or written."""
+
+
+def usage_record_name(ledger_name: str) -> str:
+    """The ConfigMap of the usage record of the ledger ``ledger_name`` (RBAC names it)."""
+    return f"{ledger_name}-usage"
+
+
+def hour_of(moment: datetime) -> datetime:
+    """The start of the bucket ``moment`` falls in."""
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def split_hours(start: datetime, end: datetime) -> list[tuple[datetime, float]]:
+    """``[start, end)`` as (bucket start, seconds in that bucket), in order; empty when ``end`` is
+    not after ``start``. The seconds add up to ``end - start`` exactly (no bucket is rounded)."""
+    parts: list[tuple[datetime, float]] = []
+    cursor = start
+    while cursor < end:
+        bucket = hour_of(cursor)
+        stop = min(end, bucket + BUCKET)
+        parts.append((bucket, (stop - cursor).total_seconds()))
+        cursor = stop
+    return parts
+
+
+def workload_of(claim: ResourceClaim) -> str:
+    """``Kind/name`` of the claim's controller owner (the first owner when none is the controller);
+    ``ResourceClaim/<name>`` for a claim nothing owns."""
+    owners = claim.metadata.owner_references
+    owner = next((o for o in owners if o.get("controller")), owners[0] if owners else None)
+    if owner and owner.get("kind") and owner.get("name"):
+        return f"{owner['kind']}/{owner['name']}"
+    return f"ResourceClaim/{claim.metadata.name}"
+
+
+class UsageRecord(BaseModel):
+    """The durable record: what :class:`UsageBook` keeps, in compact rows."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    kind: Literal["FabricDraUsage"] = "FabricDraUsage"
+    version: Literal[1] = 1
+    counted_until: datetime | None = Field(default=None, alias="countedUntil")
+    #: (namespace, model, state, seconds) since the record began: the Prometheus counter
+    totals: list[tuple[str, str, str, float]] = Field(default_factory=list)
+    #: every (namespace, model, workload, state) the buckets name, once: a bucket's row names its
+    #: key by index, so a week of buckets repeats numbers, not names
+    keys: list[tuple[str, str, str, str]] = Field(default_factory=list)
+    #: bucket start (RFC 3339) → (index in ``keys``, seconds)
+    buckets: dict[str, list[tuple[int, float]]] = Field(default_factory=dict)
+
+
+@dataclass
+class UsageBook:
+    """Device-seconds in hourly buckets, plus lifetime totals by (namespace, model, state)."""
+
+    hours: dict[datetime, dict[UsageKey, float]] = field(default_factory=dict)
+    totals: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    counted_until: datetime | None = None
+
+    def add(self, key: UsageKey, start: datetime, end: datetime) -> None:
+        for bucket, seconds in split_hours(start, end):
+            row = self.hours.setdefault(bucket, {})
+            row[key] = row.get(key, 0.0) + seconds
+            total = (key.namespace, key.model, key.state)
+            self.totals[total] = self.totals.get(total, 0.0) + seconds
+
+    def merged(self, other: UsageBook) -> UsageBook:
+        """This book plus ``other``'s seconds; ``counted_until`` the later of the two."""
+        result = UsageBook(
+            {hour: dict(rows) for hour, rows in self.hours.items()}, dict(self.totals), self.counted_until
+        )
+        for hour, rows in other.hours.items():
+            into = result.hours.setdefault(hour, {})
+            for key, seconds in rows.items():
+                into[key] = into.get(key, 0.0) + seconds
+        for total, seconds in other.totals.items():
+            result.totals[total] = result.totals.get(total, 0.0) + seconds
+        if other.counted_until is not None and (
+            result.counted_until is None or other.counted_until > result.counted_until
+        ):
+            result.counted_until = other.counted_until
+        return result
+
+    def prune(self, now: datetime) -> None:
+        """Drop the buckets that ended more than :data:`RETENTION` ago (the totals stay)."""
+        oldest = hour_of(now) - RETENTION
+        for hour in [h for h in self.hours if h < oldest]:
+            del self.hours[hour]
+
+    def drop_oldest(self) -> datetime | None:
+        """Drop the oldest bucket (to fit a store's size limit); its start, or None when empty."""
+        if not self.hours:
+            return None
+        oldest = min(self.hours)
+        del self.hours[oldest]
+        return oldest
+
+    def groups(self, since: datetime, by: api.UsageGrouping) -> list[api.UsageGroup]:
+        """Seconds from the bucket ``since`` falls in onwards, grouped ``by``, by state."""
+        start = hour_of(since)
+        found: dict[str, dict[str, float]] = {}
+        for hour, rows in self.hours.items():
+            if hour < start:
+                continue
+            for key, seconds in rows.items():
+                states = found.setdefault(_group_name(key, by), {})
+                states[key.state] = states.get(key.state, 0.0) + seconds
+        return [
+            api.UsageGroup(name=name, total=round(sum(states.values()), 3), **_rounded(states))
+            for name, states in sorted(found.items())
+        ]
+
+    def to_record(self) -> UsageRecord:
+        keys = sorted({key for rows in self.hours.values() for key in rows})
+        index = {key: i for i, key in enumerate(keys)}
+        return UsageRecord(
+            counted_until=self.counted_until,
+            totals=[(*total, round(s, 3)) for total, s in sorted(self.totals.items())],
+            keys=list(keys),
+            buckets={
+                hour.isoformat(): sorted((index[key], round(s, 3)) for key, s in rows.items())
+                for hour, rows in sorted(self.hours.items())
+            },
+        )
+
+    @classmethod
+    def from_record(cls, record: UsageRecord) -> UsageBook:
+        """The book of ``record``; ValueError when a row names no key."""
+        keys = [UsageKey(*key) for key in record.keys]
+        hours: dict[datetime, dict[UsageKey, float]] = {}
+        for hour, rows in record.buckets.items():
+            found = hours.setdefault(hour_of(datetime.fromisoformat(hour)), {})
+            for i, seconds in rows:
+                if not 0 <= i < len(keys):
+                    raise ValueError(f"bucket {hour} names key {i} of {len(keys)}")
+                found[keys[i]] = found.get(keys[i], 0.0) + seconds
+        totals = {(ns, model, state): seconds for ns, model, state, seconds in record.totals}
+        return cls(hours, totals, record.counted_until)
+
+
+def _group_name(key: UsageKey, by: api.UsageGrouping) -> str:
+    if by is api.UsageGrouping.MODEL:
+        return key.model
+    if by is api.UsageGrouping.WORKLOAD:
+        return f"{key.namespace}/{key.workload}" if key.workload else ""
+    return key.namespace
+
+
+def _rounded(states: dict[str, float]) -> dict[str, float]:
+    return {state: round(seconds, 3) for state, seconds in states.items() if state in api.USAGE_STATES}
+
+
+# -- stores ------------------------------------------------------------------------------------------
+
+
+class UsageStore(ABC):
+    @abstractmethod
+    async def load(self) -> UsageBook: ...
+
+    @abstractmethod
+    async def save(self, book: UsageBook) -> None:
+        """Write ``book``; raise :class:`Conflict` (or :class:`NotFound`, :class:`AlreadyExists`)
+        when the record changed since it was read: another replica wrote it."""
+
+    @abstractmethod
+    def describe(self) -> str: ...
+
+
+def _fitting(book: UsageBook, encode: Callable[[UsageBook], bytes], limit: int | None) -> bytes:
+    """``book`` encoded, its oldest buckets dropped until it fits ``limit`` (logged)."""
+    payload = encode(book)
+    dropped: list[datetime] = []
+    while limit is not None and len(payload) > limit:
+        oldest = book.drop_oldest()
+        if oldest is None:
+            raise UsageError(f"the usage record's totals alone take {len(payload)} bytes, beyond {limit}")
+        dropped.append(oldest)
+        payload = encode(book)
+    if dropped:
+        log.warning(
+            "usage record at its size limit: oldest hours dropped",
+            dropped=len(dropped),
+            now_from=min(book.hours).isoformat() if book.hours else "-",
+        )
+    return payload
+
+
+def _json(book: UsageBook) -> bytes:
+    return book.to_record().model_dump_json(by_alias=True).encode()
+
+
+class FileUsageStore(UsageStore):
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / "usage.json"
+
+    def describe(self) -> str:
+        return str(self.path)
+
+    async def load(self) -> UsageBook:
+        def read() -> UsageBook:
+            if not self.path.exists():
+                return UsageBook()
+            return UsageBook.from_record(UsageRecord.model_validate_json(self.path.read_bytes()))
+
+        try:
+            return await asyncio.to_thread(read)
+        except (OSError, ValidationError, ValueError) as err:
+            raise UsageError(f"cannot read the usage record {self.path}: {_first_line(err)}") from None
+
+    async def save(self, book: UsageBook) -> None:
+        payload = _fitting(book, _json, None).decode()
+        try:
+            await asyncio.to_thread(atomic_write, self.path, payload, mode=0o600)
+        except OSError as err:
+            raise UsageError(f"cannot write the usage record {self.path}: {err}") from None
+
+
+class ConfigMapUsageStore(UsageStore):
+    """One ConfigMap, replaced with its ``resourceVersion``: a deposed leader's write fails
+    (:class:`Conflict`) instead of overwriting the new leader's."""
+
+    def __init__(self, client: KubeClient, *, name: str, namespace: str) -> None:
+        self.client = client
+        self.name = name
+        self.namespace = namespace
+        self._version: str | None = None
+
+    def describe(self) -> str:
+        return f"configmap {self.namespace}/{self.name}"
+
+    async def load(self) -> UsageBook:
+        try:
+            obj = await self.client.get(CONFIGMAPS, self.name, self.namespace)
+        except NotFound:
+            self._version = None
+            return UsageBook()
+        except ApiError as err:
+            raise UsageError(f"cannot read the usage record {self.describe()}: {err}") from None
+        self._version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        raw = (obj.get("binaryData") or {}).get(_DATA_KEY)
+        if not raw:
+            return UsageBook()
+        try:
+            record = UsageRecord.model_validate_json(gzip.decompress(base64.b64decode(raw)))
+        except (OSError, ValidationError, ValueError) as err:
+            raise UsageError(f"the usage record {self.describe()} is corrupt: {_first_line(err)}") from None
+        return UsageBook.from_record(record)
+
+    async def save(self, book: UsageBook) -> None:
+        payload = _fitting(book, lambda b: gzip.compress(_json(b), mtime=0), _DATA_LIMIT)
+        labels = {"app.kubernetes.io/name": "fabric-dra", "app.kubernetes.io/component": "manager"}
+        metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace, "labels": labels}
+        body = {"metadata": metadata, "binaryData": {_DATA_KEY: base64.b64encode(payload).decode()}}
+        try:
+            if self._version is None:
+                saved = await self.client.create(CONFIGMAPS, body, self.namespace)
+            else:
+                saved = await self.client.replace(
+                    CONFIGMAPS, {**body, "metadata": {**metadata, "resourceVersion": self._version}}
+                )
+        except (Conflict, AlreadyExists, NotFound):
+            raise  # (ApiErrors too) the record changed since it was read: the meter decides
+        except ApiError as err:
+            raise UsageError(f"cannot write the usage record {self.describe()}: {err}") from None
+        self._version = str((saved.get("metadata") or {}).get("resourceVersion") or "")
+
+
+# -- the meter ---------------------------------------------------------------------------------------
+
+
+class UsageMeter:
+    """The leader's accounting: integrates the ledger (and the fabric's foreign bindings) into a
+    :class:`UsageBook` and keeps it durable through a :class:`UsageStore`."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        inventory: Inventory,
+        store: UsageStore,
+        *,
+        claims: ClaimView | None = None,
+        orphans_in_grace: Callable[[], int] | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.ledger = ledger
+        self.inventory = inventory
+        self.store = store
+        self.claims = claims
+        #: bindings the orphan reconciler judges unexplained and has not detached yet
+        self.orphans_in_grace = orphans_in_grace
+        self.clock = clock
+        #: the durable record as last loaded or written
+        self._book = UsageBook()
+        #: counted since, not written yet
+        self._pending = UsageBook()
+        #: counted up to here; None while not counting (a follower, or before the record is loaded)
+        self._last: datetime | None = None
+        #: when this replica began counting: foreign bindings are counted from here on only
+        self._resumed_at: datetime | None = None
+        #: device → the key its entry had when last counted and since when it is not counted yet:
+        #: a change closes the interval at the moment it happens (:meth:`_ledger_changed`)
+        self._open: dict[str, tuple[UsageKey, datetime]] = {}
+        #: claim UID → (namespace, workload), kept after the claim is gone
+        self._owners: dict[str, tuple[str, str]] = {}
+        self._write_lock = asyncio.Lock()
+        self._resume_lock = asyncio.Lock()
+        ledger.listeners.append(self._ledger_changed)
+
+    @property
+    def counting(self) -> bool:
+        return self._last is not None
+
+    async def resume(self) -> None:
+        """Load the record and count on from its ``countedUntil`` (now, for a first start)."""
+        book = await self.store.load()
+        now = self.clock()
+        self._book, self._pending = book, UsageBook()
+        self._last = book.counted_until if book.counted_until is not None else now
+        self._resumed_at = now
+        self._open = {}
+        if self._ready():  # else the first tick that can opens them, from the same start
+            last = self._last
+            self._open = {e.device: (self._key(e), max(last, e.updated_at)) for e in self.ledger.entries()}
+        log.info(
+            "usage record loaded",
+            record=self.store.describe(),
+            counted_until=book.counted_until.isoformat() if book.counted_until else "-",
+            hours=len(book.hours),
+        )
+
+    async def try_resume(self) -> bool:
+        """:meth:`resume`, logging (not raising) a record that cannot be read: nothing is counted
+        until it can be, so nothing is written over it."""
+        async with self._resume_lock:  # the leadership change and the loop may both try
+            if self.counting:
+                return True
+            try:
+                await self.resume()
+            except FabricError as err:
+                log.error("cannot load the usage record; accounting waits for it", error=err.message)
+                return False
+            return True
+
+    async def pause(self) -> None:
+        """Count up to now and write it, then count nothing until :meth:`resume`."""
+        if self._last is None:
+            return
+        self.tick()
+        with contextlib.suppress(FabricError):
+            await self.flush()
+        self._last = None
+
+    def _key(self, entry: LedgerEntry) -> UsageKey:
+        record = self.inventory.device(entry.device)
+        model = model_of(record) if record else "unknown"
+        if entry.warm_held:
+            return UsageKey("", model, "", str(entry.state))
+        owner = self._owners.get(entry.claim_uid)
+        if owner is None and self.claims is not None:
+            claim = self.claims.get(entry.claim_uid)
+            if claim is not None:
+                owner = self._owners[entry.claim_uid] = (claim.metadata.namespace or "", workload_of(claim))
+        # Not known from a claim (no API access, or a claim gone before a restart): the namespace
+        # the plugin sent with the attach, as the entry keeps it.
+        namespace, workload = owner or (entry.namespace or "", "")
+        return UsageKey(namespace, model, workload, str(entry.state))
+
+    def _ready(self) -> bool:
+        """Counting, with the models (the inventory) and the owners (the claims) known."""
+        if self._last is None or not self.inventory.loaded.is_set():
+            return False
+        return self.claims is None or self.claims.synced.is_set()
+
+    def _ledger_changed(self, device: str | None) -> None:
+        """A ledger entry was put or removed: the time since it was last counted goes to the key it
+        had, and its new key counts from now. Counting only at ticks gave a whole tick's seconds to
+        the state an entry had at the tick — a warm refill's hot-add counted as warm, a warm device
+        taken by a claim uncounted since the last tick (docs/performance.md, "Warm devices")."""
+        if device is None:  # the whole ledger loaded: every entry counts from its own change
+            self._open = {}
+            return
+        last = self._last
+        if last is None or not self._ready():
+            return  # the next tick counts it from its updated_at
+        now = self.clock()
+        opened = self._open.pop(device, None)
+        if opened is not None:
+            self._pending.add(opened[0], max(opened[1], last), now)
+        entry = self.ledger.get(device)
+        if entry is not None:
+            self._open[device] = (self._key(entry), now)
+
+    def tick(self) -> None:
+        """Count the time since the previous tick. Nothing while not counting, and nothing (the time
+        carried to the next tick) while the inventory is not read or the claims not listed yet, as
+        the models and the owners are not known. An entry counts from when it was last counted
+        (a tick or its last change, :meth:`_ledger_changed`), or — first seen — from its
+        ``updated_at`` when that is later than the previous tick."""
+        last = self._last
+        if last is None or not self._ready():
+            return
+        now = self.clock()
+        if now <= last:
+            return
+        held: set[str] = set()
+        for entry in self.ledger.entries():
+            opened = self._open.get(entry.device)
+            start = max(last, opened[1] if opened is not None else entry.updated_at)
+            key = self._key(entry)  # the same state as when opened; owners may be known better now
+            self._pending.add(key, start, now)
+            self._open[entry.device] = (key, now)
+            held.add(entry.claim_uid)
+        for gone in [d for d in self._open if self.ledger.get(d) is None]:
+            del self._open[gone]
+        foreign_from = max(last, self._resumed_at or last)
+        for device in self._outside():
+            record = self.inventory.device(device.name)
+            model = model_of(record) if record else device.model or str(device.type)
+            self._pending.add(UsageKey("", model, "", OUTSIDE), foreign_from, now)
+        self._pending.counted_until = self._last = now
+        # Forget owners of claims no entry holds any more (the entries just counted).
+        for uid in [u for u in self._owners if u not in held]:
+            del self._owners[uid]
+
+    async def flush(self) -> None:
+        """Make what was counted durable.
+
+        A write refused because the record changed means another replica wrote it as leader, and
+        counted the same devices over the same time: this replica's unwritten seconds are dropped
+        rather than added twice (a leader change racing a flush loses at most one flush interval,
+        and never counts a second twice)."""
+        # Seconds a change counted since the last tick are in the book: count everything up to now,
+        # so that countedUntil covers them and a restart from it counts none twice.
+        self.tick()
+        async with self._write_lock:
+            pending = self._pending
+            if pending.counted_until is None:
+                return
+            self._pending = UsageBook()
+            merged = self._book.merged(pending)
+            merged.prune(self.clock())
+            try:
+                await self.store.save(merged)
+            except (Conflict, AlreadyExists, NotFound):
+                log.warning(
+                    "usage record written by another replica; reloading it", record=self.store.describe()
+                )
+                self._book = await self.store.load()
+                if self._last is not None and self._book.counted_until is not None:
+                    self._last = max(self._last, self._book.counted_until)
+                return
+            except BaseException:
+                self._pending = pending.merged(self._pending)  # the next write carries them
+                raise
+            self._book = merged
+
+    def totals(self) -> dict[tuple[str, str, str], float]:
+        """Lifetime seconds by (namespace, model, state), counted so far (written or not)."""
+        return self._book.merged(self._pending).totals if self.counting else {}
+
+    def report(self, since: datetime, by: api.UsageGrouping) -> api.UsageReport:
+        self.tick()
+        book = self._book.merged(self._pending)
+        return api.UsageReport(
+            since=hour_of(since),
+            until=book.counted_until or self.clock(),
+            by=by,
+            bucket_seconds=int(BUCKET.total_seconds()),
+            oldest=min(book.hours) if book.hours else None,
+            groups=book.groups(since, by),
+        )
+
+    def _outside(self) -> list[api.Device]:
+        """Devices the fabric binds that no ledger entry explains. The ledger decides, not the
+        snapshot's ``managed``: a snapshot rendered before a new leader loaded its ledger still
+        shows that leader's bindings as foreign, and they would count twice."""
+        return [
+            d
+            for d in self.inventory.snapshot().devices
+            if not d.managed and d.state is api.BindingState.BOUND and self.ledger.get(d.name) is None
+        ]
+
+    def stranded(self) -> dict[str, int]:
+        """Devices bound to a node with no claim using them, by why."""
+        warm = sum(1 for e in self.ledger.entries() if e.state is LedgerState.WARM)
+        outside = sum(1 for d in self._outside() if d.node)
+        orphans = self.orphans_in_grace() if self.orphans_in_grace is not None else 0
+        return {"warm": warm, "orphan-grace": orphans, "outside": outside}
+
+    async def run(self, is_leader: Callable[[], bool]) -> None:
+        """Tick every :data:`TICK_SECONDS`, write every :data:`FLUSH_SECONDS`, while leading."""
+        since_flush = 0.0
+        while True:
+            await asyncio.sleep(TICK_SECONDS)
+            if not is_leader():
+                continue
+            if not self.counting and not await self.try_resume():
+                continue
+            self.tick()
+            since_flush += TICK_SECONDS
+            if since_flush >= FLUSH_SECONDS:
+                since_flush = 0.0
+                try:
+                    await self.flush()
+                except FabricError as err:
+                    log.warning("cannot write the usage record; the next write carries it", error=str(err))
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

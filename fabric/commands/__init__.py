@@ -1,0 +1,1 @@
+"""The command lines of the fabric side: ``fabric-dra manager``, ``status`` and ``usage``."""

@@ -1,0 +1,321 @@
+"""``fabric-dra status``: the pool, the bindings per node and the operations in flight, and first
+what the fabric has that cannot be offered (the inventory's notices).
+
+``--watch`` redraws on every inventory change (the long poll) and at least every few seconds, so
+the ages of operations in flight move.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from pydantic import ValidationError
+
+from manager_api import models as api
+from manager_api.client import ManagerClient
+from manager_api.errors import FabricError, FabricUnavailable, Unauthenticated
+from plumbing.cli import CliError, dump_document, emit
+from plumbing.cli import format_table as _table
+from plumbing.terminal import visible
+
+__all__ = [
+    "explain_failure",
+    "manager_client",
+    "render_json",
+    "render_table",
+    "run_status",
+    "status_document",
+]
+
+
+def _summary(inventory: api.Inventory) -> list[dict[str, Any]]:
+    counts: Counter[tuple[str, str, str, str, str]] = Counter()
+    for d in inventory.devices:
+        counts[(d.pool, d.fabric, str(d.type), d.model or "-", str(d.state))] += 1
+    groups: dict[tuple[str, str, str, str], dict[str, int]] = {}
+    for (pool, fabric, kind, model, state), n in counts.items():
+        groups.setdefault((pool, fabric, kind, model), {})[state] = n
+    result = []
+    for (pool, fabric, kind, model), states in sorted(groups.items()):
+        result.append(
+            {
+                "pool": pool,
+                "fabric": fabric,
+                "type": kind,
+                "model": model,
+                "free": states.get("free", 0),
+                "bound": states.get("bound", 0),
+                "busy": states.get("attaching", 0) + states.get("detaching", 0),
+                "unavailable": states.get("unavailable", 0),
+            }
+        )
+    return result
+
+
+def _wide_columns(device: api.Device) -> list[str]:
+    link = (
+        f"gen{device.pcie_generation} x{device.pcie_width}"
+        if device.pcie_generation and device.pcie_width
+        else "-"
+    )
+    return [device.host or "-", str(device.binding_style) or "-", device.serial or "-", link]
+
+
+def _holder_names(inventory: api.Inventory, device: api.Device) -> str:
+    """Who holds ``device``: its node, or — held by several systems at once — every holder's node
+    (or host, when it is no node)."""
+    if len(device.holders) < 2:
+        return device.node or f"(host {device.host})"
+    nodes = {n.host: n.name for n in inventory.nodes}
+    return ", ".join(nodes.get(h, f"(host {h})") for h in device.holders)
+
+
+def _age(started: datetime) -> str:
+    seconds = int((datetime.now(UTC) - started).total_seconds())
+    return f"{seconds}s" if seconds < 120 else f"{seconds // 60}m"
+
+
+def _task_progress(op: api.Operation) -> str:
+    """The Redfish task's percent complete and how long ago the manager read it: ``40% (3s ago)``."""
+    if op.redfish_task_percent is None:
+        return "-"
+    read = f" ({_age(op.redfish_task_percent_at)} ago)" if op.redfish_task_percent_at else ""
+    return f"{op.redfish_task_percent}%{read}"
+
+
+def status_document(inventory: api.Inventory, operations: list[api.Operation]) -> dict[str, Any]:
+    """What ``-o json`` and ``-o yaml`` print."""
+    bindings = [
+        d.model_dump(
+            mode="json",
+            by_alias=True,
+            include={
+                *("name", "node", "host", "holders", "claim_uid", "state"),
+                *("managed", "switch", "port", "health"),
+            },
+        )
+        for d in inventory.devices
+        if d.state not in (api.BindingState.FREE, api.BindingState.UNAVAILABLE)
+    ]
+    in_flight = [
+        o.model_dump(mode="json", by_alias=True)
+        for o in operations
+        if o.state in (api.OperationState.PENDING, api.OperationState.RUNNING)
+    ]
+    return {
+        "inventoryVersion": inventory.version,
+        "pools": _summary(inventory),
+        "nodes": [n.model_dump(mode="json", by_alias=True) for n in inventory.nodes],
+        "bindings": bindings,
+        "operations": in_flight,
+        "notices": inventory.notices,
+    }
+
+
+def render_json(inventory: api.Inventory, operations: list[api.Operation]) -> str:
+    return json.dumps(status_document(inventory, operations), indent=2)
+
+
+def render_table(inventory: api.Inventory, operations: list[api.Operation], *, wide: bool = False) -> str:
+    """The tables; ``wide`` adds each binding's host, binding style, serial and PCIe link."""
+    parts = [
+        *_notices_table(inventory),
+        *_pool_table(inventory),
+        *_bindings_table(inventory, wide=wide),
+        *_operations_table(operations),
+        *_unhealthy_table(inventory),
+        f"inventory version {inventory.version}; {len(inventory.nodes)} node(s)",
+    ]
+    return "\n".join(parts)
+
+
+def _notices_table(inventory: api.Inventory) -> list[str]:
+    if not inventory.notices:
+        return []
+    # A notice quotes the fabric's own names: one line each, whatever they hold.
+    return ["NOTICES", *(f"- {visible(notice)}" for notice in inventory.notices), ""]
+
+
+def _pool_table(inventory: api.Inventory) -> list[str]:
+    rows = [
+        [
+            row["pool"],
+            row["fabric"],
+            row["type"],
+            row["model"],
+            str(row["free"]),
+            str(row["bound"]),
+            str(row["busy"]),
+            str(row["unavailable"]),
+        ]
+        for row in _summary(inventory)
+    ]
+    headers = ["POOL", "FABRIC", "TYPE", "MODEL", "FREE", "BOUND", "BUSY", "UNAVAILABLE"]
+    return ["POOL", _table(headers, rows) if rows else "(no devices)", ""]
+
+
+def _bindings_table(inventory: api.Inventory, *, wide: bool) -> list[str]:
+    bound = sorted(
+        (
+            d
+            for d in inventory.devices
+            if d.state not in (api.BindingState.FREE, api.BindingState.UNAVAILABLE)
+        ),
+        key=lambda d: (d.node or f"~{d.host or ''}", d.name),
+    )
+    rows = [
+        [
+            _holder_names(inventory, d),
+            d.name,
+            str(d.type),
+            d.model or "-",
+            d.switch or "-",
+            d.port or "-",
+            str(d.health),
+            str(d.state),
+            d.claim_uid or "-",
+            "yes" if d.managed else "no (outside fabric-dra)",
+        ]
+        + (_wide_columns(d) if wide else [])
+        for d in bound
+    ]
+    headers = ["NODE", "DEVICE", "TYPE", "MODEL", "SWITCH", "PORT", "HEALTH", "STATE", "CLAIM", "MANAGED"]
+    headers += ["HOST", "STYLE", "SERIAL", "LINK"] if wide else []
+    return ["BINDINGS", _table(headers, rows) if rows else "(no device is bound)", ""]
+
+
+def _operations_table(operations: list[api.Operation]) -> list[str]:
+    running = [o for o in operations if o.state in (api.OperationState.PENDING, api.OperationState.RUNNING)]
+    rows = [
+        [
+            o.id,
+            str(o.kind),
+            o.device,
+            o.node,
+            o.claim_uid,
+            _age(o.started_at),
+            _task_progress(o),
+            o.redfish_task or "-",
+            o.error.message if o.error else "-",
+        ]
+        for o in running
+    ]
+    headers = ["ID", "KIND", "DEVICE", "NODE", "CLAIM", "AGE", "TASK DONE", "REDFISH TASK", "LAST ERROR"]
+    return ["OPERATIONS IN FLIGHT", _table(headers, rows) if rows else "(none)", ""]
+
+
+def _unhealthy_table(inventory: api.Inventory) -> list[str]:
+    unhealthy = sorted((d for d in inventory.devices if d.health is not api.Health.OK), key=lambda d: d.name)
+    if not unhealthy:
+        return []
+    rows = [
+        [d.name, d.pool, d.switch or "-", d.port or "-", str(d.health), str(d.state), d.node or "-"]
+        for d in unhealthy
+    ]
+    return [
+        "UNHEALTHY DEVICES",
+        _table(["DEVICE", "POOL", "SWITCH", "PORT", "HEALTH", "STATE", "NODE"], rows),
+        "",
+    ]
+
+
+#: with --watch: redraw at least this often, so the ages of operations in flight move
+WATCH_REDRAW_SECONDS = 2.0
+_CLEAR = "\x1b[H\x1b[2J"
+
+
+def explain_failure(err: FabricError, args: argparse.Namespace, token_given: bool, reading: str) -> str:
+    """What went wrong reading ``reading`` from the manager, and what to do about it, in one line."""
+    if isinstance(err, Unauthenticated) and not token_given:
+        why = (
+            f"the fabric manager at {args.manager_url} wants a bearer token and none was given: pass "
+            "--token-file FILE (or set FABRIC_DRA_TOKEN_FILE), or put the token in FABRIC_DRA_TOKEN"
+        )
+    elif isinstance(err, Unauthenticated):
+        source = f"--token-file {args.token_file}" if args.token_file else "FABRIC_DRA_TOKEN"
+        why = f"the fabric manager refused the token from {source}: {err.message}"
+    elif isinstance(err, FabricUnavailable):
+        why = (
+            f"{err.message}; check --manager-url (or FABRIC_DRA_MANAGER_URL) and that the fabric manager runs"
+        )
+    else:
+        why = err.message
+    return f"cannot read {reading}: {why}"
+
+
+def _render(args: argparse.Namespace, inventory: api.Inventory, operations: list[api.Operation]) -> str:
+    if args.output in ("json", "yaml"):
+        return dump_document(status_document(inventory, operations), args.output)
+    return render_table(inventory, operations, wide=args.output == "wide")
+
+
+def manager_client(args: argparse.Namespace) -> tuple[ManagerClient, bool]:
+    """A client of the manager the command's connection options name, and whether a token is given."""
+    # One line per request at INFO would bury the table (and the one-line error) on a terminal.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    token = os.environ.get("FABRIC_DRA_TOKEN") if args.token_file is None else None
+    if args.token_file is not None and not args.token_file.exists():
+        raise CliError(f"token file {args.token_file} does not exist")
+    # The client reads the file (and checks the variable) at its first request: a file that holds
+    # no bearer token is refused there in one line, never quoted.
+    client = ManagerClient(
+        args.manager_url,
+        token=token,
+        token_file=args.token_file,
+        given_as="FABRIC_DRA_TOKEN",
+        ca_file=str(args.ca_file) if args.ca_file else None,
+        insecure=args.insecure,
+        timeout=args.timeout,
+    )
+    return client, bool(token or args.token_file)
+
+
+@contextlib.contextmanager
+def manager_errors(args: argparse.Namespace, token_given: bool, reading: str) -> Iterator[None]:
+    """The manager's errors, and answers that are not the manager's, as one-line :class:`CliError`."""
+    try:
+        yield
+    except FabricError as err:
+        raise CliError(explain_failure(err, args, token_given, reading)) from None
+    except ValidationError:
+        raise CliError(
+            f"{args.manager_url} is not a fabric-dra manager: its /api/v1 answers are not the manager's"
+        ) from None
+
+
+async def run_status(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    client, token_given = manager_client(args)
+    stream = out or sys.stdout
+    watch = bool(getattr(args, "watch", False))
+    clear = watch and stream.isatty()
+    try:
+        with manager_errors(args, token_given, "the fabric manager's pool"):
+            inventory = await client.inventory()
+            while True:
+                operations = await client.operations()
+                text = _render(args, inventory, operations)
+                if clear:
+                    stream.write(_CLEAR)
+                elif watch:
+                    stream.write(f"--- {datetime.now(UTC).strftime('%H:%M:%S')} UTC\n")
+                emit(text, file=stream)
+                if not watch:
+                    return 0
+                # Wake on the next inventory version, or after a short pause for the ages to move.
+                inventory = await client.inventory(
+                    after=inventory.version, timeout_seconds=WATCH_REDRAW_SECONDS
+                )
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        return 0
+    finally:
+        await client.aclose()

@@ -1,0 +1,414 @@
+"""The manager's view of the fabric: devices, hosts → nodes, bindings, and a version that moves.
+
+Discovery passes (:mod:`fabric.backends.watch`) load what they found (:meth:`Inventory.load`,
+:meth:`Inventory.load_bindings`). The manager's own binds and unbinds update the view at once
+(:meth:`Inventory.note_binding`); a pass that started before such a change does not undo it.
+
+``version`` grows whenever the rendered inventory changes (a device, a binding, a health, a node);
+it starts from the wall clock in milliseconds so it also grows across restarts and fail-overs,
+which lets ``GET /api/v1/inventory?after=V`` long-polls resume safely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from collections.abc import Callable, Mapping
+
+from pydantic import TypeAdapter
+
+from fabric.state.ledger import Ledger, LedgerEntry, LedgerState
+from fabric.state.model import DeviceRecord, FabricInfo, FabricSnapshot, HostRecord
+from fabric.state.names import pool_name
+from manager_api import models as api
+from manager_api.devices import DeviceAttributes
+from manager_api.errors import FabricError, FabricUnavailable
+from plumbing.logs import get_logger
+
+__all__ = ["Inventory"]
+
+#: the table of device attributes: what discovery found of a device is what the API shows of it
+_ATTRIBUTE_FIELDS = tuple(DeviceAttributes.model_fields)
+_POOLS = TypeAdapter(list[api.FabricPool])
+_NODES = TypeAdapter(list[api.FabricNode])
+_NOTICES = TypeAdapter(list[str])
+
+log = get_logger(__name__)
+
+_STATE_OF_ENTRY = {
+    LedgerState.ATTACHING: api.BindingState.ATTACHING,
+    LedgerState.BOUND: api.BindingState.BOUND,
+    LedgerState.DETACHING: api.BindingState.DETACHING,
+    LedgerState.WARM: api.BindingState.WARM,
+}
+
+
+class Inventory:
+    def __init__(self, *, fabric_name: str = "fabric") -> None:
+        self.fabric_name = fabric_name
+        self.version = time.time_ns() // 1_000_000
+        self.loaded = asyncio.Event()
+        #: why the last discovery pass failed (None after a good one)
+        self.last_error: FabricError | None = None
+        self.last_refresh_at: float | None = None
+        self.last_refresh_seconds: float | None = None
+        #: ``time.monotonic()`` of the first good pass after failed ones (the fabric came back)
+        self.recovered_at = 0.0
+        #: the ledger entry of a device (the wiring sets it): claim, node and operation state
+        self.overlay: Callable[[str], LedgerEntry | None] = lambda name: None
+        self._records: dict[str, DeviceRecord] = {}
+        self._hosts: dict[str, HostRecord] = {}
+        self._fabrics: dict[str, FabricInfo] = {}
+        #: device name → its reach group (:meth:`reach_of`)
+        self._reach: dict[str, str | None] = {}
+        #: what the last full pass found and cannot offer (FabricSnapshot.notices)
+        self.notices: list[str] = []
+        self._host_nodes: dict[str, str] = {}
+        self._node_hosts: dict[str, str] = {}
+        self._touched: dict[str, float] = {}
+        #: device → (attaches failed in a row, the latest one's error code); shown in the inventory
+        self._attach_failures: dict[str, tuple[int, str]] = {}
+        self._dirty = False
+        #: a change anything may depend on (a discovery pass, nodes remapped): the next flush
+        #: re-checks every device; otherwise only the devices named here are re-checked
+        self._dirty_all = True
+        self._dirty_names: set[str] = set()
+        #: device name → (record, overlay key, rendered device, its JSON)
+        self._views: dict[str, tuple[DeviceRecord, object, api.Device, str]] = {}
+        #: the device names in the order served, and the rest of the inventory, as of the last
+        #: full flush (they change only with a discovery pass or a remap, which flush in full)
+        self._order: list[str] = []
+        self._pools: list[api.FabricPool] = []
+        self._nodes: list[api.FabricNode] = []
+        self._tail = ""
+        #: built on demand from the views, once per version (:meth:`_built`)
+        self._rendered = api.Inventory(version=self.version, pools=[], devices=[], nodes=[])
+        self._rendered_json = self._rendered.model_dump_json(by_alias=True).encode()
+        self._built_version = self.version
+        self._changed = asyncio.Condition()
+        self._closing = False
+
+    def follow(self, ledger: Ledger) -> None:
+        """Show each device's claim, node and operation state from ``ledger``, and re-render a
+        device whenever its entry is put or removed."""
+        self.overlay = ledger.get
+        ledger.listeners.append(self.changed)
+
+    # -- lookups ----------------------------------------------------------------------------------
+
+    def device(self, name: str) -> DeviceRecord | None:
+        return self._records.get(name)
+
+    def devices(self) -> list[DeviceRecord]:
+        return list(self._records.values())
+
+    @property
+    def hosts(self) -> Mapping[str, HostRecord]:
+        """The hosts of the last full pass, by ComputerSystem Id."""
+        return self._hosts
+
+    def host(self, host_id: str) -> HostRecord | None:
+        return self._hosts.get(host_id)
+
+    def host_for_node(self, node: str) -> HostRecord | None:
+        host_id = self._node_hosts.get(node)
+        return self._hosts.get(host_id) if host_id else None
+
+    def node_for_host(self, host_id: str) -> str | None:
+        return self._host_nodes.get(host_id)
+
+    def pool_of(self, record: DeviceRecord) -> str:
+        return pool_name(self.fabric_name, record.fabric)
+
+    def reach_of(self, record: DeviceRecord) -> str | None:
+        """The reach group of a device that only some hosts of its fabric reach (None: all do)."""
+        return self._reach.get(record.name)
+
+    def _reach_groups(self) -> dict[str, str | None]:
+        """Each device's reach group, once per discovery pass (reach changes with nothing else).
+
+        Named after the reaching *hosts*, not nodes: a node joining, leaving or being renamed moves
+        node labels only, while the group, and the slices published for it, stay as they are."""
+        every = {f.id: set(f.hosts) for f in self._fabrics.values()}
+        groups: dict[str, str | None] = {}
+        for record in self._records.values():
+            hosts = every.get(record.fabric)
+            partial = hosts is not None and not hosts <= set(record.reachable_hosts)
+            groups[record.name] = reach_group_id(record.reachable_hosts) if partial else None
+        return groups
+
+    # -- what discovery found ---------------------------------------------------------------------
+
+    def pass_failed(self, err: FabricError) -> None:
+        """A discovery pass could not read the service: the view stays as it was."""
+        self.last_error = err
+
+    def _pass_done(self, started: float) -> None:
+        if self.last_error is not None:
+            self.recovered_at = time.monotonic()
+        self.last_error = None
+        self.last_refresh_at = time.time()
+        self.last_refresh_seconds = time.monotonic() - started
+
+    def load_bindings(self, bindings: Mapping[str, tuple[str, ...]], started: float) -> None:
+        """A bindings-only pass that started at ``started`` (monotonic) found ``bindings`` (device
+        key → bound hosts); a device the manager itself changed since keeps what it did."""
+        self._pass_done(started)
+        for name, record in list(self._records.items()):
+            hosts = bindings.get(record.key)
+            if hosts is None or hosts == record.bound_hosts or self._touched.get(name, 0.0) > started:
+                continue
+            self._records[name] = record.with_binding(hosts)
+            self.changed(name)
+
+    def load(self, snapshot: FabricSnapshot, host_nodes: Mapping[str, str], started: float) -> None:
+        """A full pass that started at ``started`` (monotonic) found ``snapshot``, whose hosts are
+        the nodes ``host_nodes`` names; a device the manager itself changed since the scan began
+        keeps its binding."""
+        self._pass_done(started)
+        records: dict[str, DeviceRecord] = {}
+        for record in snapshot.devices:
+            current = self._records.get(record.name)
+            if current is not None and self._touched.get(record.name, 0.0) > snapshot.started_at:
+                record = record.with_binding(current.bound_hosts)
+            records[record.name] = record
+        self._records = records
+        self._hosts = snapshot.hosts
+        self._fabrics = snapshot.fabrics
+        self._reach = self._reach_groups()
+        self.notices = snapshot.notices
+        self._host_nodes = dict(host_nodes)
+        self._node_hosts = {node: host for host, node in self._host_nodes.items()}
+        self.changed()
+        self.loaded.set()
+
+    def map_nodes(self, host_nodes: Mapping[str, str]) -> None:
+        """The hosts are the nodes ``host_nodes`` names now (the cluster's Nodes changed)."""
+        if dict(host_nodes) != self._host_nodes:
+            log.info("hosts mapped to nodes again", nodes=sorted(host_nodes.values()))
+            self._host_nodes = dict(host_nodes)
+            self._node_hosts = {node: host for host, node in self._host_nodes.items()}
+            self.changed()
+
+    def note_binding(self, name: str, hosts: tuple[str, ...]) -> None:
+        """The manager itself changed a binding: show it now, and keep it over older passes."""
+        record = self._records.get(name)
+        if record is not None:
+            self._records[name] = record.with_binding(hosts)
+        self._touched[name] = time.monotonic()
+        self.changed(name)
+
+    def note_attach(self, name: str, error: str | None) -> None:
+        """An attach of ``name`` ended: failed with ``error`` (a code), or succeeded (None)."""
+        if error is None:
+            if self._attach_failures.pop(name, None) is None:
+                return
+        else:
+            failures = self._attach_failures.get(name, (0, ""))[0]
+            self._attach_failures[name] = (failures + 1, error)
+        self.changed(name)
+
+    # -- rendering --------------------------------------------------------------------------------
+
+    def render_device(self, record: DeviceRecord) -> api.Device:
+        a = record.attributes
+        entry = self.overlay(record.name)
+        host = record.bound_hosts[0] if record.bound_hosts else None
+        if entry is not None:
+            state = _STATE_OF_ENTRY[entry.state]
+            node: str | None = entry.node
+            host = entry.host
+            claim: str | None = entry.claim_uid or None  # a warm pool's entry has no claim
+            managed = True
+        elif record.bound_hosts:
+            state = api.BindingState.BOUND
+            node = self._host_nodes.get(record.bound_hosts[0])
+            claim = None
+            managed = False
+        else:
+            state = api.BindingState.FREE if a.available else api.BindingState.UNAVAILABLE
+            node = claim = None
+            managed = True
+        return api.Device(
+            name=record.name,
+            pool=self.pool_of(record),
+            fabric=record.fabric,
+            **{field: getattr(a, field) for field in _ATTRIBUTE_FIELDS},
+            state=state,
+            node=node,
+            host=host,
+            holders=list(record.bound_hosts),
+            claim_uid=claim,
+            managed=managed,
+            binding_style=record.style,
+            redfish_uri=record.key,
+            attach_failures=self._attach_failures.get(record.name, (0, None))[0],
+            attach_error=self._attach_failures.get(record.name, (0, None))[1],
+            reach=self.reach_of(record),
+        )
+
+    def _view_changed(self, record: DeviceRecord) -> bool:
+        """Bring the device's rendering up to date; whether what it serves changed. Re-rendered only
+        when its record, its ledger entry, the node of its host, its attach failures or its reach
+        group changed (a pass re-reads every device; most come back unchanged)."""
+        entry = self.overlay(record.name)
+        overlay = (entry.state, entry.node, entry.host, entry.claim_uid) if entry is not None else None
+        bound_node = self._host_nodes.get(record.bound_hosts[0]) if record.bound_hosts else None
+        key = (overlay, bound_node, self._attach_failures.get(record.name), self.reach_of(record))
+        cached = self._views.get(record.name)
+        if cached is not None and cached[1] == key and (cached[0] is record or cached[0] == record):
+            return False
+        device = self.render_device(record)
+        text = device.model_dump_json(by_alias=True)
+        self._views[record.name] = (record, key, device, text)
+        return cached is None or cached[3] != text
+
+    def _refresh_all_views(self) -> bool:
+        """Every device, the pools and the nodes checked again; whether anything served changed."""
+        nodes: list[api.FabricNode] = []
+        for host_id, node in sorted(self._host_nodes.items(), key=lambda item: item[1]):
+            host = self._hosts.get(host_id)
+            fabrics = sorted(f.id for f in self._fabrics.values() if host_id in f.hosts)
+            nodes.append(
+                api.FabricNode(
+                    name=node,
+                    host=host_id,
+                    system_uuid=host.uuid if host else None,
+                    fabrics=fabrics,
+                    pools=[pool_name(self.fabric_name, f) for f in fabrics],
+                )
+            )
+        groups: dict[str, dict[str, tuple[str, ...]]] = {}
+        for record in self._records.values():
+            group = self._reach.get(record.name)
+            if group is not None:
+                groups.setdefault(record.fabric, {})[group] = record.reachable_hosts
+        pools = [
+            api.FabricPool(
+                pool=pool_name(self.fabric_name, fabric.id),
+                fabric=fabric.id,
+                nodes=self._nodes_of(fabric.hosts),
+                reach_groups=[
+                    api.ReachGroup(id=group, nodes=self._nodes_of(hosts))
+                    for group, hosts in sorted(groups.get(fabric.id, {}).items())
+                ],
+            )
+            for fabric in sorted(self._fabrics.values(), key=lambda f: f.id)
+        ]
+        order = sorted(self._records)
+        changed = order != self._order
+        for name in order:
+            changed |= self._view_changed(self._records[name])
+        if len(self._views) > len(self._records):
+            self._views = {k: v for k, v in self._views.items() if k in self._records}
+        tail = (
+            f'"nodes":{_NODES.dump_json(nodes, by_alias=True).decode()},'
+            f'"notices":{_NOTICES.dump_json(self.notices).decode()}}}'
+        )
+        changed |= pools != self._pools or tail != self._tail
+        self._order, self._pools, self._nodes, self._tail = order, pools, nodes, tail
+        return changed
+
+    def _built(self) -> None:
+        """The served inventory and its JSON for the current version, built once per version: at
+        10,000 devices the join is megabytes, paid only when someone reads it."""
+        if self._built_version == self.version:
+            return
+        views = [self._views[name] for name in self._order]
+        pools = _POOLS.dump_json(self._pools, by_alias=True).decode()
+        devices = ",".join(text for _, _, _, text in views)
+        self._rendered = api.Inventory.model_construct(
+            version=self.version,
+            pools=self._pools,
+            devices=[device for _, _, device, _ in views],
+            nodes=self._nodes,
+            notices=list(self.notices),
+        )
+        self._rendered_json = (
+            f'{{"version":{self.version},"pools":{pools},"devices":[{devices}],{self._tail}'.encode()
+        )
+        self._built_version = self.version
+
+    def _nodes_of(self, hosts: tuple[str, ...]) -> list[str]:
+        return sorted(self._host_nodes[h] for h in hosts if h in self._host_nodes)
+
+    def changed(self, device: str | None = None) -> None:
+        """Something may have changed — about ``device`` only, or (None) anything: re-check soon
+        (changes of one loop iteration coalesce). Naming the device keeps an attach at 10,000
+        bindings from re-checking the other 9,999."""
+        if device is None:
+            self._dirty_all = True
+        else:
+            self._dirty_names.add(device)
+        if not self._dirty:
+            self._dirty = True
+            with contextlib.suppress(RuntimeError):  # no loop running: the next read flushes
+                asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Re-check what changed; bump the version and wake long-polls when anything served did."""
+        if not self._dirty:
+            return
+        self._dirty = False
+        names, self._dirty_names = self._dirty_names, set()
+        if self._dirty_all:
+            self._dirty_all = False
+            changed = self._refresh_all_views()
+        else:
+            changed = False
+            for name in names:
+                record = self._records.get(name)
+                if record is not None:  # a device no pass has found is not served
+                    changed |= self._view_changed(record)
+        if not changed:
+            return
+        self.version += 1
+        with contextlib.suppress(RuntimeError):
+            asyncio.get_running_loop().create_task(self._notify())
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    def snapshot(self) -> api.Inventory:
+        self._flush()
+        self._built()
+        return self._rendered
+
+    def snapshot_json(self) -> bytes:
+        """:meth:`snapshot` as the JSON the API serves (camelCase), encoded once per version: every
+        long poll woken by a change gets the same bytes."""
+        self._flush()
+        self._built()
+        return self._rendered_json
+
+    async def wait_newer(self, after: int, wait_seconds: float) -> api.Inventory:
+        """The inventory once its version differs from ``after``, or as it is when ``wait_seconds`` pass.
+
+        A version from another manager incarnation (higher than ours) returns at once, so a client
+        never waits for a number this replica will not reach.
+        """
+        if not self.loaded.is_set():
+            raise FabricUnavailable("the fabric inventory is not loaded yet", retry_after=1.0)
+        self._flush()
+        async with self._changed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._changed.wait_for(lambda: self.version != after or self._closing), wait_seconds
+                )
+        self._built()
+        return self._rendered
+
+    async def release_waiters(self) -> None:
+        """Answer every long poll now, with the inventory as it is: the service is shutting down and
+        must not hold its clients (or its own exit) until their timeouts pass."""
+        self._closing = True
+        async with self._changed:
+            self._changed.notify_all()
+
+
+def reach_group_id(hosts: tuple[str, ...]) -> str:
+    """A reach group's id: a short hash of the ComputerSystem Ids that reach its devices."""
+    return "r" + hashlib.sha256("\n".join(sorted(hosts)).encode()).hexdigest()[:10]
