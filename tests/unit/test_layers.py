@@ -55,10 +55,12 @@ _FABRIC_DRIVER = ("fabric.operations_driver", *_FABRIC_FRONT)
 _FABRIC_ATTEMPTS = ("fabric.fabric_attempts", *_FABRIC_DRIVER)
 _FABRIC_STATE = ("fabric.inventory", "fabric.ledger", "fabric.nodes", "fabric.operations", *_FABRIC_ATTEMPTS)
 _FABRIC_BACKENDS = ("fabric.backends", *_FABRIC_STATE)
-# Inside the Redfish client: transport, then sessions and task monitors, then the facade and events.
+# Inside the Redfish client: the wire (HTTP, no Redfish), the transport, then sessions and task
+# monitors, then the facade and events.
 _REDFISH_FACADE = ("fabric.redfish.client", "fabric.redfish.events")
 _REDFISH_ABOVE_TRANSPORT = ("fabric.redfish.sessions", "fabric.redfish.tasks", *_REDFISH_FACADE)
-_REDFISH_CONVERSATION = ("fabric.redfish.transport", *_REDFISH_ABOVE_TRANSPORT)
+_REDFISH_ABOVE_WIRE = ("fabric.redfish.transport", *_REDFISH_ABOVE_TRANSPORT)
+_REDFISH_CONVERSATION = ("fabric.redfish.wire", *_REDFISH_ABOVE_WIRE)
 #: the Redfish conversation and the discovery that holds the client: the operation driver is handed
 #: the backends and the task control it needs instead (the error types are fine)
 _FABRIC_REACH = (*_REDFISH_CONVERSATION, "fabric.backends.discovery")
@@ -75,6 +77,12 @@ NEVER: dict[str, tuple[str, ...]] = {
     "fabric.redfish": ("fabric.device_names", "fabric.metrics", "fabric.reports", *_FABRIC_BACKENDS),
     "fabric.redfish.error_mapping": ("fabric.redfish.settings", *_REDFISH_CONVERSATION),
     "fabric.redfish.settings": ("fabric.redfish.error_mapping", *_REDFISH_CONVERSATION),
+    "fabric.redfish.wire": (
+        "fabric.redfish.settings",
+        "fabric.redfish.reader",
+        "fabric.redfish.links",
+        *_REDFISH_ABOVE_WIRE,
+    ),
     "fabric.redfish.transport": _REDFISH_ABOVE_TRANSPORT,
     "fabric.redfish.sessions": ("fabric.redfish.tasks", *_REDFISH_FACADE),
     "fabric.redfish.tasks": ("fabric.redfish.sessions", *_REDFISH_FACADE),
