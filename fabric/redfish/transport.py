@@ -175,9 +175,16 @@ class _ByteBudget:
         #: reads waiting for room, woken by every :meth:`give`
         self._waiters: list[asyncio.Future[None]] = []
 
-    async def take(self, size: int, wait: float) -> bool:
+    def take_now(self, size: int) -> bool:
+        """Take ``size`` bytes if they are free now (no waiting, no coroutine)."""
         if self.free >= size:
             self.free -= size
+            return True
+        return False
+
+    async def take(self, size: int, wait: float) -> bool:
+        """Take ``size`` bytes, waiting up to ``wait`` seconds for others to give some back."""
+        if self.take_now(size):
             return True
         loop = asyncio.get_running_loop()
         give_up = loop.time() + wait
@@ -381,21 +388,25 @@ class Transport:
         # twice at its peak. The reader parses a bytearray as it parses bytes.
         content = bytearray()
         try:
-            decoder = Decoder(answer.headers.get("content-encoding"), limit=limit)
+            coding = answer.headers.get("content-encoding")
+            # no coding (most answers): the bytes as they came, the wire's size limit is the limit
+            decoder = Decoder(coding, limit=limit) if coding else None
             wire = 0
             while chunk := await answer.read():
                 wire += len(chunk)
                 if wire > limit:
                     raise _AnswerRefused(f"the answer is larger than {_size(limit)}")
-                for piece in decoder.feed(chunk):
-                    if not await self.budget.take(len(piece), _BUDGET_WAIT):
+                for piece in decoder.feed(chunk) if decoder is not None else (chunk,):
+                    size = len(piece)
+                    if not (self.budget.take_now(size) or await self.budget.take(size, _BUDGET_WAIT)):
                         raise _AnswerRefused(
                             f"more than {_size(self.budget.total)} of answers in flight at once; "
                             f"this one ({_size(len(content))} so far) was given up"
                         )
-                    held += len(piece)
+                    held += size
                     content += piece
-            decoder.finish()
+            if decoder is not None:
+                decoder.finish()
         except Refused as err:
             content.clear()
             self.budget.give(held)
