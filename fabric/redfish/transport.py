@@ -24,10 +24,11 @@ through :meth:`Transport.send` or :meth:`Transport.stream`: the one place that p
 wire. A transport is safe to share between any number of tasks of one event loop.
 
 DMTF's ``redfish`` library, which this transport was first built on, no longer fits anywhere: its
-requests are blocking (worker threads cost a Redfish request ~0.45 ms of CPU against ~0.05 ms
-here), it follows redirects and retries POSTs unless told not to, its login appends
-``Links.Sessions`` to the base URL (the trap :mod:`fabric.redfish.links` exists for), and reading
-an answer raw, bounded, took its private attributes (docs/manager.md, "The Redfish client").
+requests block (with the worker threads they need, a GET cost the manager 0.66 to 0.70 ms of CPU
+against 0.08 ms here: ``bench/redfish_bench.py``), it follows redirects and retries POSTs unless
+told not to, its login appends ``Links.Sessions`` to the base URL (the trap
+:mod:`fabric.redfish.links` exists for), and reading an answer raw, bounded, took its private
+attributes (docs/manager.md, "The Redfish client").
 """
 
 from __future__ import annotations
