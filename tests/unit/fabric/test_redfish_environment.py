@@ -128,9 +128,7 @@ async def test_a_proxy_that_is_no_http_proxy_is_named(monkeypatch: pytest.Monkey
         RedfishSettings(base_url="https://fabric.example:8443", auth="none", get_attempts=1)
     )
     try:
-        with pytest.raises(
-            FabricUnavailable, match=r"socks5://127.0.0.1:1080 .* no http:// proxy.*NO_PROXY"
-        ):
+        with pytest.raises(FabricUnavailable, match=r"socks5://127.0.0.1:1080 .* no http:// proxy.*NO_PROXY"):
             await client.get("/redfish/v1/")
     finally:
         await client.aclose()
