@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from fabric.redfish import OutcomeUnknown, RedfishClient, RedfishSettings
-from manager_api.errors import FabricUnavailable
+from manager_api.errors import FabricError, FabricUnavailable
 
 #: writes the answer to one request (its head and body as received) on the socket; False: close
 Script = Callable[[socket.socket, bytes], bool | None]
@@ -320,3 +320,59 @@ async def test_abort_cuts_a_read_in_flight(
             await asyncio.wait_for(post, 10)
     finally:
         await client.aclose()
+
+
+async def test_a_service_that_never_accepts_times_out_and_nothing_was_sent(
+    settings: Callable[..., RedfishSettings],
+) -> None:
+    """A listener whose accept queue is full drops the SYN: the connect timeout ends the wait, and
+    a mutation that never left is FabricUnavailable, not OutcomeUnknown."""
+    with socket.create_server(("127.0.0.1", 0), backlog=0) as listener:
+        port = listener.getsockname()[1]
+        queued = []
+        for _ in range(4):  # fill the accept queue (never accepted)
+            sock = socket.socket()
+            sock.setblocking(False)
+            sock.connect_ex(("127.0.0.1", port))
+            queued.append(sock)
+        client = RedfishClient(settings(f"http://127.0.0.1:{port}", connect_timeout=0.5))
+        try:
+            with pytest.raises(FabricUnavailable, match="unreachable: connection timed out"):
+                await client.get_json("/redfish/v1/")
+            with pytest.raises(FabricUnavailable, match="connection timed out") as caught:
+                await client.post("/redfish/v1/Fabrics/PCIe/Zones", {})
+            assert not isinstance(caught.value, OutcomeUnknown)
+        finally:
+            await client.aclose()
+            for sock in queued:
+                sock.close()
+
+
+async def test_every_exchange_is_observed_with_its_outcome(
+    served: Callable[[Script], RawServer], settings: Callable[..., RedfishSettings]
+) -> None:
+    def script(sock: socket.socket, request: bytes) -> bool | None:
+        if b"/Gone" in request.split(b"\r\n", 1)[0]:
+            return False  # no answer
+        sock.sendall(answer({}, status="404 Not Found" if b"/Missing" in request else "200 OK"))
+        return None
+
+    server = served(script)
+    seen: list[tuple[str, str, str]] = []
+    client = RedfishClient(
+        settings(server.url),
+        observer=lambda method, kind, outcome, _seconds: seen.append((method, kind, outcome)),
+    )
+    try:
+        await client.get_json("/redfish/v1/Systems/node-1")
+        with pytest.raises(FabricUnavailable):
+            await client.get_json("/redfish/v1/Chassis/Gone")
+        with pytest.raises(FabricError):
+            await client.delete("/redfish/v1/Fabrics/PCIe/Zones/Missing")
+    finally:
+        await client.aclose()
+    assert seen == [
+        ("GET", "Systems", "200"),
+        ("GET", "Chassis", "transport"),
+        ("DELETE", "Zones", "404"),
+    ]
