@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from fabric.redfish.error_mapping import error_for_response
 from fabric.redfish.links import same_service
@@ -27,11 +29,24 @@ __all__ = ["Sessions"]
 
 log = get_logger(__name__)
 
+T = TypeVar("T")
+
 #: (connect, read) seconds for a session's DELETE: a logout must not hold a shutdown
 _LOGOUT_TIMEOUT = (2.0, 2.0)
 #: sessions whose DELETE failed, kept to be deleted again; more than this many undeletable
 #: sessions means the service refuses DELETEs, and the oldest is left to its timeout
 _UNDELETED_MAX = 8
+
+
+async def _unabandoned(work: Coroutine[Any, Any, T]) -> T:
+    """``work`` (a login) in a task of its own: a request that stops waiting for it (its deadline
+    passed, it was cancelled) leaves it to finish. Cut off, a login whose POST reached the service
+    leaves a session nobody knows the token of, holding one of a BMC's few slots until it times
+    out."""
+    task = asyncio.ensure_future(work)
+    # a failure nobody waits for any more is not "never retrieved": the next request logs in again
+    task.add_done_callback(lambda done: done.cancelled() or done.exception())
+    return await asyncio.shield(task)
 
 
 class Sessions:
@@ -72,6 +87,9 @@ class Sessions:
     async def ensure(self) -> int:
         if self._generation and not self._closed:  # logged in: no lock on every request's path
             return self._generation
+        return await _unabandoned(self._ensure())
+
+    async def _ensure(self) -> int:
         async with self._lock:
             if self._closed:
                 raise FabricUnavailable("the Redfish client is closed")
@@ -86,6 +104,9 @@ class Sessions:
         return True
 
     async def _relogin(self, failed_generation: int) -> None:
+        await _unabandoned(self._relogin_now(failed_generation))
+
+    async def _relogin_now(self, failed_generation: int) -> None:
         async with self._lock:
             if self._closed:
                 raise FabricUnavailable("the Redfish client is closed")
