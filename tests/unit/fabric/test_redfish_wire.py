@@ -8,6 +8,7 @@ import asyncio
 import json
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -376,3 +377,32 @@ async def test_every_exchange_is_observed_with_its_outcome(
         ("GET", "Chassis", "transport"),
         ("DELETE", "Zones", "404"),
     ]
+
+
+async def test_answers_in_flight_share_one_budget_and_give_it_back(
+    served: Callable[[Script], RawServer], settings: Callable[..., RedfishSettings]
+) -> None:
+    """Three 400 KB answers at once against 1 MB of answers in flight: two hold their bytes while
+    their last ones take 3 s to come; the third finds no room within 2 s and fails naming the
+    budget. Whatever ended how, every byte is given back."""
+    payload = json.dumps({"Padding": "x" * 400_000}).encode()
+
+    def script(sock: socket.socket, _request: bytes) -> None:
+        sock.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload[:-10])
+        time.sleep(3)
+        sock.sendall(payload[-10:])
+
+    server = served(script)
+    client = RedfishClient(settings(server.url, max_response_bytes=600_000, max_inflight_bytes=1_000_000))
+    budget = client.transport.budget
+    try:
+        results = await asyncio.gather(
+            *(client.get_json(f"/redfish/v1/Systems/{n}") for n in range(3)), return_exceptions=True
+        )
+    finally:
+        await client.aclose()
+    failed = [r for r in results if isinstance(r, BaseException)]
+    assert len(failed) == 1, results
+    assert isinstance(failed[0], FabricUnavailable)
+    assert "more than 1000000 bytes of answers in flight at once" in failed[0].message, failed[0].message
+    assert budget.free == budget.total == 1_000_000
