@@ -2,10 +2,11 @@
 
 Built like sushy's ``connector`` / ``auth`` / ``taskmonitor``, each job in its module:
 
-* :mod:`fabric.redfish.transport` — HTTP over DMTF's ``redfish`` library: verified TLS, timeouts,
-  bounded answers, GETs retried with backoff, mutations sent exactly once (:class:`OutcomeUnknown`
-  when the answer is lost), ``If-Match``, no redirects, errors mapped by
-  :mod:`fabric.redfish.error_mapping`. Every request leaves through :meth:`Transport.send`.
+* :mod:`fabric.redfish.transport` — HTTP on the event loop (:mod:`fabric.redfish.wire`): verified
+  TLS, timeouts, bounded answers, GETs retried with backoff, mutations sent exactly once
+  (:class:`OutcomeUnknown` when the answer is lost), ``If-Match``, no redirects, errors mapped by
+  :mod:`fabric.redfish.error_mapping`. Every request leaves through :meth:`Transport.send` (the
+  event stream through :meth:`Transport.stream`).
 * :mod:`fabric.redfish.sessions` — login on first use, a new login and one resend after a 401,
   HTTP Basic when the service has no session service.
 * :mod:`fabric.redfish.tasks` — 202 responses followed through their task monitor, woken by the
@@ -16,7 +17,6 @@ Built like sushy's ``connector`` / ``auth`` / ``taskmonitor``, each job in its m
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,6 +31,7 @@ from fabric.redfish.transport import (
     Transport,
     resource_kind,
 )
+from fabric.redfish.wire import Answer
 
 __all__ = [
     "SERVICE_ROOT",
@@ -95,27 +96,24 @@ class RedfishClient:
         """Ask the service to stop a task; best effort."""
         await self.monitor.cancel(monitor)
 
-    # -- for requests made with another HTTP library (the SSE stream) ----------------------------
+    # -- the event stream (fabric.redfish.events) ------------------------------------------------
 
-    def auth_headers(self) -> dict[str, str]:
-        """Headers that authenticate a request made outside this client (blocking: a login)."""
-        return self.sessions.auth_headers()
+    async def stream(self, uri: str, headers: Mapping[str, str]) -> Answer:
+        """Open the event stream at ``uri`` with the session (logging in first if need be); the
+        caller reads it raw and closes it (:meth:`Transport.stream`)."""
+        await self.sessions.ensure()
+        return await self.transport.stream(uri, headers)
 
-    def reauthenticate(self) -> None:
-        """Log in again (e.g. after the SSE stream got 401; blocking)."""
-        self.sessions.reauthenticate()
-
-    def ssl_context(self) -> ssl.SSLContext | bool:
-        """The TLS settings of this client."""
-        return self.transport.ssl_context()
+    async def reauthenticate(self) -> None:
+        """Log in again (the event stream got 401)."""
+        await self.sessions.reauthenticate()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def aclose(self) -> None:
         """Let a login in flight finish (bounded), cut the reads still in flight, delete our
-        session on the service and release the thread pool. Bounded (a few seconds) whatever the
-        service does: it runs on SIGTERM, and a hung read would otherwise hold the process's exit
-        (worker threads are joined at exit)."""
+        session on the service and close every connection. Bounded (a few seconds) whatever the
+        service does: it runs on SIGTERM."""
         if self.transport.closed:
             return
         await self.sessions.settle(_LOGIN_SETTLE_SECONDS)

@@ -6,7 +6,9 @@ DSP0266 "Server-sent events": ``EventService.ServerSentEventUri`` streams ``text
 at any time (service restart, idle proxies); the reader reconnects with backoff and tells its owner
 so it can re-read everything it may have missed. A service without SSE is fine: the owner polls.
 
-The body is read raw and handed to :class:`fabric.redfish.reader.EventReader`, the bounded reader
+The stream is read through the client's transport (:meth:`fabric.redfish.transport.Transport.stream`:
+the same origin, TLS and proxy as every request, no read timeout: a quiet stream is no dead one)
+and its body, raw, handed to :class:`fabric.redfish.reader.EventReader`, the bounded reader
 answers go through too: it undoes the ``Content-Encoding`` a bounded piece at a time, ends the
 connection at a line or an event of more than 1 MiB or a stream that decodes to more than 100 times
 what arrived, and parses each event within its JSON budget. Whatever is refused, the stream
@@ -21,11 +23,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
 
-import httpx
-
+from fabric.errors import ManagerError
 from fabric.redfish.client import RedfishClient
 from fabric.redfish.links import ForeignLink, same_service
-from fabric.redfish.reader import ACCEPT_ENCODING, EventReader, Refused
+from fabric.redfish.reader import EventReader, Refused
+from fabric.redfish.transport import TransportError
 from manager_api.errors import FabricError
 from plumbing.backoff import Backoff
 from plumbing.logs import get_logger
@@ -38,6 +40,10 @@ log = get_logger(__name__)
 
 EventHandler = Callable[[list[dict[str, Any]]], Awaitable[None] | None]
 ConnectHandler = Callable[[], Awaitable[None] | None]
+
+
+class _StreamRefused(ManagerError):
+    """The service answered the stream's request with something other than a stream."""
 
 
 class EventStream:
@@ -126,7 +132,7 @@ class EventStream:
                     # as it begins (each start asks the owner to read everything) keeps backing off.
                     backoff.reset()
                 failures = 0
-            except (httpx.HTTPError, FabricError, Refused, ValueError) as err:
+            except (TransportError, _StreamRefused, FabricError, Refused, ValueError) as err:
                 failures += 1
                 # Say it once; a stream that keeps failing is polled around, not logged every 10 s.
                 report = log.info if failures == 1 else log.debug
@@ -141,36 +147,34 @@ class EventStream:
             await asyncio.sleep(backoff.next())
 
     async def _follow(self, uri: str) -> None:
-        headers = await asyncio.to_thread(self.client.auth_headers)
-        headers["Accept"] = "text/event-stream"
-        headers["Accept-Encoding"] = ACCEPT_ENCODING
+        headers = {"Accept": "text/event-stream"}
         if self._last_id:
             headers["Last-Event-ID"] = self._last_id
-        timeout = httpx.Timeout(self.client.settings.connect_timeout, read=None)
-        async with (
-            httpx.AsyncClient(base_url=self.client.base_url, verify=self.client.ssl_context()) as http,
-            http.stream("GET", uri, headers=headers, timeout=timeout) as response,
-        ):
-            if response.status_code == 401:
-                await asyncio.to_thread(self.client.reauthenticate)
-                raise httpx.HTTPError("event stream: session rejected (401), logged in again")
-            if response.status_code == 400 and "$filter" in uri:
+        # The client's own transport: the same origin check, TLS settings and proxy as every
+        # request, and shutdown's abort cuts the stream too. Read raw: the reader decodes.
+        answer = await self.client.stream(uri, headers)
+        try:
+            if answer.status == 401:
+                await self.client.reauthenticate()
+                raise _StreamRefused("event stream: session rejected (401), logged in again")
+            if answer.status == 400 and "$filter" in uri:
                 self._filter = False  # the service advertises filters it then refuses: take everything
-                raise httpx.HTTPError("event stream refused its $filter (HTTP 400); reconnecting without")
-            if response.status_code >= 400:
-                raise httpx.HTTPError(f"event stream answered HTTP {response.status_code}")
+                raise _StreamRefused("event stream refused its $filter (HTTP 400); reconnecting without")
+            if answer.status >= 300:
+                raise _StreamRefused(f"event stream answered HTTP {answer.status}")
             self.connected = True
             log.info("following Redfish server-sent events", uri=uri)
             if self.on_connect is not None:
                 result = self.on_connect()
                 if result is not None:
                     await result
-            reader = EventReader(response.headers.get("Content-Encoding"))
-            # Raw bytes: httpx would decode all that one read brought (256 MiB from 587 bytes).
-            async for wire in response.aiter_raw():
+            reader = EventReader(answer.headers.get("content-encoding"))
+            while wire := await answer.read():
                 for event in reader.feed(wire):
                     await self._deliver(event.id, event.payload)
             reader.finish()
+        finally:
+            answer.close()
 
     async def _deliver(self, event_id: str | None, payload: object) -> None:
         if event_id and event_id.isprintable() and len(event_id) <= 256:

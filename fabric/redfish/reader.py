@@ -48,6 +48,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from fabric.errors import ManagerError
+
 __all__ = [
     "ACCEPT_ENCODING",
     "ANSWER_BUDGET",
@@ -80,16 +82,16 @@ EVENT_BYTES = 1 << 20
 STREAM_EXPANSION = 100
 
 
-class Refused(Exception):
+class Refused(ManagerError):
     """What the service sent is beyond a bound, or in a coding this reader does not decode. The
     message is one line that says which bound."""
 
 
-class NotJson(ValueError):
+class NotJson(ManagerError, ValueError):
     """The body is no JSON (empty, truncated, not UTF-8, not JSON at all)."""
 
 
-class _TooLarge(Exception):
+class _TooLarge(ManagerError):
     """A layer produced more than it may; :class:`Decoder` says so as :class:`Refused`."""
 
 

@@ -7,7 +7,7 @@ one resend are safe. A service without a session service (404/405/501 on the log
 Basic authentication instead. Credentials never appear in a log line or an error.
 
 :class:`Sessions` is the :class:`fabric.redfish.transport.Authentication` of a
-:class:`~fabric.redfish.transport.Transport`: logins run in its worker threads, one at a time.
+:class:`~fabric.redfish.transport.Transport`: one login at a time, the requests that need it wait.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from fabric.redfish.error_mapping import error_for_response
 from fabric.redfish.links import same_service
@@ -28,11 +29,24 @@ __all__ = ["Sessions"]
 
 log = get_logger(__name__)
 
+T = TypeVar("T")
+
 #: (connect, read) seconds for a session's DELETE: a logout must not hold a shutdown
 _LOGOUT_TIMEOUT = (2.0, 2.0)
 #: sessions whose DELETE failed, kept to be deleted again; more than this many undeletable
 #: sessions means the service refuses DELETEs, and the oldest is left to its timeout
 _UNDELETED_MAX = 8
+
+
+async def _unabandoned(work: Coroutine[Any, Any, T]) -> T:
+    """``work`` (a login) in a task of its own: a request that stops waiting for it (its deadline
+    passed, it was cancelled) leaves it to finish. Cut off, a login whose POST reached the service
+    leaves a session nobody knows the token of, holding one of a BMC's few slots until it times
+    out."""
+    task = asyncio.ensure_future(work)
+    # a failure nobody waits for any more is not "never retrieved": the next request logs in again
+    task.add_done_callback(lambda done: done.cancelled() or done.exception())
+    return await asyncio.shield(task)
 
 
 class Sessions:
@@ -41,7 +55,9 @@ class Sessions:
     def __init__(self, settings: RedfishSettings, transport: Transport) -> None:
         self.settings = settings
         self.transport = transport
-        self._lock = threading.Lock()
+        #: the event loop :attr:`_lock` belongs to (a client may serve one loop after another)
+        self._lock_loop: asyncio.AbstractEventLoop | None = None
+        self._login_lock = asyncio.Lock()
         #: how many logins have happened; a request that got 401 names the one it used
         self._generation = 0
         self._mode = settings.auth if settings.username else "none"
@@ -58,31 +74,47 @@ class Sessions:
     def base_url(self) -> str:
         return self.settings.base_url
 
-    # -- Authentication (worker threads) ---------------------------------------------------------
+    @property
+    def _lock(self) -> asyncio.Lock:
+        """One login at a time; a lock of an event loop that has ended is of no use in the next."""
+        loop = asyncio.get_running_loop()
+        if self._lock_loop is not loop:
+            self._lock_loop, self._login_lock = loop, asyncio.Lock()
+        return self._login_lock
 
-    def ensure(self) -> int:
-        with self._lock:
+    # -- Authentication --------------------------------------------------------------------------
+
+    async def ensure(self) -> int:
+        if self._generation and not self._closed:  # logged in: no lock on every request's path
+            return self._generation
+        return await _unabandoned(self._ensure())
+
+    async def _ensure(self) -> int:
+        async with self._lock:
             if self._closed:
                 raise FabricUnavailable("the Redfish client is closed")
             if self._generation == 0:
-                self._login_locked()
+                await self._login_locked()
             return self._generation
 
-    def rejected(self, generation: int) -> bool:
+    async def rejected(self, generation: int) -> bool:
         if self._mode == "none":
             return False
-        self._relogin(generation)
+        await self._relogin(generation)
         return True
 
-    def _relogin(self, failed_generation: int) -> None:
-        with self._lock:
+    async def _relogin(self, failed_generation: int) -> None:
+        await _unabandoned(self._relogin_now(failed_generation))
+
+    async def _relogin_now(self, failed_generation: int) -> None:
+        async with self._lock:
             if self._closed:
                 raise FabricUnavailable("the Redfish client is closed")
             if failed_generation == self._generation:  # nobody logged in again meanwhile
                 log.info("Redfish session rejected, logging in again", url=self.base_url)
-                self._login_locked()
+                await self._login_locked()
 
-    def _login_locked(self) -> None:
+    async def _login_locked(self) -> None:
         if self._mode == "none":
             self._generation += 1
             return
@@ -90,8 +122,8 @@ class Sessions:
         if self._mode == "session":
             self.transport.use_credentials()
             try:
-                sessions_uri = self._sessions_uri()
-                answer = self._send(
+                sessions_uri = await self._sessions_uri()
+                answer = await self._send(
                     "POST", sessions_uri, body={"UserName": self.settings.username, "Password": password}
                 )
             except BaseException:
@@ -100,6 +132,11 @@ class Sessions:
                 self.transport.use_credentials(session_key=self._session_token)
                 raise
             token = answer.headers.get("x-auth-token")
+            if token and not (token.isprintable() and token.isascii() and len(token) <= 4096):
+                # sent back on every request, it must be a field value; nor is it ever logged
+                raise FabricUnavailable(
+                    f"Redfish login at {self.base_url} answered an X-Auth-Token that is no header value"
+                )
             if 200 <= answer.status < 300 and token:  # any 2xx, as DMTF's library (some answer 204)
                 replaced = self._session_uri
                 location = answer.location or answer.body.get("@odata.id")
@@ -112,7 +149,7 @@ class Sessions:
                     # A BMC has few session slots: the one this login replaces must not wait for
                     # its timeout (it may be alive still, only refused once).
                     self._undeleted.insert(0, replaced)
-                self._delete_undeleted()
+                await self._delete_undeleted()
                 return
             if answer.status in (404, 405, 501):
                 log.warning(
@@ -133,15 +170,17 @@ class Sessions:
         self.transport.use_credentials(authorization=f"Basic {token}")
         self._generation += 1
 
-    def _send(self, method: str, uri: str, *, body: dict[str, str | None] | None = None) -> RedfishResponse:
+    async def _send(
+        self, method: str, uri: str, *, body: dict[str, str | None] | None = None
+    ) -> RedfishResponse:
         """A request of the login itself: unauthenticated, never resent."""
         try:
-            return self.transport.send(method, uri, body=body)
+            return await self.transport.send(method, uri, body=body)
         except TransportError as err:
             raise FabricUnavailable(f"Redfish service at {self.base_url} unreachable: {err}") from None
 
-    def _sessions_uri(self) -> str:
-        answer = self._send("GET", SERVICE_ROOT)
+    async def _sessions_uri(self) -> str:
+        answer = await self._send("GET", SERVICE_ROOT)
         root = answer.body if answer.status == 200 else {}
         links = root.get("Links") if isinstance(root.get("Links"), dict) else {}
         sessions = (links or {}).get("Sessions")
@@ -152,22 +191,22 @@ class Sessions:
                 return uri
         return "/redfish/v1/SessionService/Sessions"  # fixed by DSP0266 1.6 when Links is missing
 
-    def _delete_undeleted(self) -> None:
+    async def _delete_undeleted(self) -> None:
         """Send the DELETE of every remembered session, newest first, until one fails again (a
         service that is slow now would make each of the rest wait its full timeout too)."""
         while self._undeleted:
-            if not self._delete(self._undeleted[0]):
+            if not await self._delete(self._undeleted[0]):
                 del self._undeleted[_UNDELETED_MAX:]
                 return
             self._undeleted.pop(0)
 
-    def _delete(self, session_uri: str) -> bool:
+    async def _delete(self, session_uri: str) -> bool:
         """Delete a session of ours with the credentials in use; bounded, never a new login (a 401
         here must not open yet another session). False: try again later — no answer, or an
         answer that says the service may act if asked again (DSP0266 "Retry-After": 503, and
         429/408/5xx in general); a 4xx other than those is final (404: already gone)."""
         try:
-            answer = self.transport.send("DELETE", session_uri, timeout=_LOGOUT_TIMEOUT)
+            answer = await self.transport.send("DELETE", session_uri, http_timeout=_LOGOUT_TIMEOUT)
         except (TransportError, FabricError) as err:
             log.info("could not delete a Redfish session, will try again", error=str(err)[:200])
             return False
@@ -178,41 +217,34 @@ class Sessions:
             log.info("Redfish session not deleted", status=answer.status)
         return True
 
-    # -- for requests made outside the transport (the SSE stream) --------------------------------
+    # -- for requests that are no single exchange (the event stream) ----------------------------
 
-    def auth_headers(self) -> dict[str, str]:
-        """Headers that authenticate a request made outside this client (the SSE stream)."""
-        self.ensure()
-        return self.transport.credential_headers()
-
-    def reauthenticate(self) -> None:
-        """Log in again (e.g. after the SSE stream got 401)."""
-        self._relogin(self._generation)
+    async def reauthenticate(self) -> None:
+        """Log in again (e.g. after the event stream got 401)."""
+        await self._relogin(self._generation)
 
     async def settle(self, within: float) -> None:
         """Let a login in flight finish, for at most ``within`` seconds, and allow no new one: run
         before shutdown cuts the connections, because a login whose answer is cut leaves a session
         on the service that nobody knows the token of (it holds a slot until it times out)."""
         self._closed = True
-
-        def wait() -> None:
-            if self._lock.acquire(timeout=within):
-                self._lock.release()
-
-        with contextlib.suppress(Exception):
-            await asyncio.to_thread(wait)
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for may take the lock and still time
+        # out (python/cpython#86296), which would leave it held for ever.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within), self._lock:
+                pass
 
     async def logout(self) -> None:
         """Delete our session on the service, for good (requests still in flight get no new
         one); best effort, bounded."""
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.transport.in_thread(self._logout), 5.0)
+            await asyncio.wait_for(self._logout(), 5.0)
 
-    def _logout(self) -> None:
-        with self._lock:  # after a login in progress, before any other
+    async def _logout(self) -> None:
+        async with self._lock:  # after a login in progress, before any other
             self._closed = True
             session_uri, self._session_uri = self._session_uri, None
             if session_uri and self._mode == "session":
                 # the others first: deleting our own session ends the credentials they need
-                self._delete_undeleted()
-                self._delete(session_uri)
+                await self._delete_undeleted()
+                await self._delete(session_uri)

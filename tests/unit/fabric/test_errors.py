@@ -16,12 +16,6 @@ from manager_api.errors import DeviceBusy, FabricError, error_class
 
 PACKAGE = Path(fabric.__file__).parent
 
-#: Their own exceptions travel inside the Redfish transport (a ``requests`` exception carries a
-#: refused answer through the library; the reader's refusals become a FabricError at the
-#: transport's edge), which is rewritten on its own (issue 34, public APIs of libraries only): its
-#: exceptions join the tree with that rewrite.
-TRANSPORT = frozenset({"fabric.redfish.transport", "fabric.redfish.reader"})
-
 ROOTS = (FabricError, ManagerError)
 
 
@@ -43,7 +37,7 @@ def strays(root: Path, package: str, *, apart: frozenset[str] = frozenset()) -> 
 
 
 def test_every_fabric_exception_derives_from_one_of_the_roots() -> None:
-    assert strays(PACKAGE.parent, "fabric", apart=TRANSPORT) == []
+    assert strays(PACKAGE.parent, "fabric") == []
 
 
 def test_the_check_sees_a_stray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

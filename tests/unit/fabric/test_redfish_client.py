@@ -224,6 +224,30 @@ async def test_shutdown_lets_a_login_in_flight_finish_and_deletes_its_session(
     assert server.count("DELETE", "/redfish/v1/SessionService/Sessions/1") == 1
 
 
+async def test_a_request_that_stops_waiting_does_not_cut_its_login_short(
+    service: tuple[FakeService, ScriptedServer],
+) -> None:
+    """A request whose deadline passes while it waits for the login (an attach's, say) stops
+    waiting; the login goes on, and its session is the one the next request uses and shutdown
+    deletes. Cut off with the request, the session would be left on the service with nobody
+    knowing its token, and the next request would open a second one."""
+    fake, server = service
+    fake.routes[("GET", "/redfish/v1/Fabrics")] = Reply(200, {"Members": []})
+    fake.login_delay = 0.5
+    client = RedfishClient(settings(server.url))
+    try:
+        request = asyncio.ensure_future(client.get_json("/redfish/v1/Fabrics"))
+        assert await asyncio.to_thread(fake.logged_in.wait, 10), "the login never reached the service"
+        request.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await request
+        assert await client.get_json("/redfish/v1/Fabrics") == {"Members": []}
+    finally:
+        await client.aclose()
+    assert server.count("POST", "/redfish/v1/SessionService/Sessions") == 1
+    assert fake.sessions == {}
+
+
 async def test_bad_credentials_are_one_clear_error(service: tuple[FakeService, ScriptedServer]) -> None:
     _, server = service
     client = RedfishClient(settings(server.url, password="wrong"))
