@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from dra_driver.plugin import cdihook
 from dra_driver.plugin.config import add_arguments
 from plumbing.cli import SubParsers
 
@@ -49,3 +50,4 @@ def register(subparsers: SubParsers) -> None:
     )
     add_arguments(parser)
     parser.set_defaults(handler=_run)
+    cdihook.register(subparsers)

@@ -7,13 +7,13 @@ import asyncio
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dra_driver.plugin.backend import AttachedDevice
+from dra_driver.plugin.backend import AttachedDevice, AttachNotes, ShareAsk
 from dra_driver.plugin.checkpoint import PreparedDevice
 from dra_driver.plugin.claims import ClaimNotFound
 from dra_driver.plugin.config import DeviceBackendKind, HostMode, PluginConfig
@@ -147,9 +147,11 @@ class ScriptedBackend:
         claim_uid: str,
         device: str,
         *,
-        exclude: Callable[[], Collection[str]],
+        notes: AttachNotes,
         pool: str | None = None,
         namespace: str | None = None,
+        share: ShareAsk | None = None,
+        known: PreparedDevice | None = None,
     ) -> AttachedDevice:
         self.attach_calls.append((claim_uid, device))
         self.attach_namespaces[device] = namespace
@@ -165,7 +167,9 @@ class ScriptedBackend:
             device=fabric_device(device, state=BindingState.BOUND, node=self.node), host=host
         )
 
-    async def release(self, claim_uid: str, prepared: PreparedDevice, *, within: float) -> None:
+    async def release(
+        self, claim_uid: str, prepared: PreparedDevice, *, within: float, last_on_gpu: bool = True
+    ) -> None:
         self.release_calls.append((claim_uid, prepared.device))
         if self.attached.get(prepared.device) == claim_uid:
             del self.attached[prepared.device]
