@@ -57,6 +57,7 @@ __all__ = [
     "kind_for",
     "minimum_version",
     "read_spec_devices",
+    "read_spec_entries",
     "remove_spec_files",
     "spec_file",
     "spec_files_of_claim",
@@ -397,23 +398,28 @@ def read_spec_devices(path: Path) -> list[SpecDevice]:
 
     Raises :class:`CdiSpecError` when the file is not a spec this plugin wrote.
     """
+    return [device for device, _prefix, _env in read_spec_entries(path)]
+
+
+def read_spec_entries(path: Path) -> list[tuple[SpecDevice, str, dict[str, str]]]:
+    """Each device of one of our spec files with its variables' prefix and every variable it
+    gives (a partition's placement, a share's mode: what the facts do not carry)."""
     try:
         spec = CdiSpec.model_validate_json(path.read_bytes())
     except (OSError, ValidationError, json.JSONDecodeError) as err:
         raise CdiSpecError(f"{path}: not a readable CDI spec: {err}") from err
     device_type = spec.kind.partition("/")[2]
-    found = []
+    found: list[tuple[SpecDevice, str, dict[str, str]]] = []
     for cdi_device in spec.devices:
         env = dict(e.partition("=")[::2] for e in cdi_device.container_edits.env)
         p = next((k.removesuffix("DEVICE") for k in env if _is_device_variable(k, env)), None)
         if p is None:
             raise CdiSpecError(f"{path}: device {cdi_device.name} has no FABRIC_DRA_*_DEVICE variable")
         requests = tuple(r for r in env.get(f"{p}REQUEST", "").split(",") if r)
-        found.append(
-            SpecDevice(
-                claim_uid=env.get(f"{p}CLAIM_UID", ""),
-                request_names=requests,
-                **DeviceFacts.from_cdi_env(env, p, type_of_kind=device_type),
-            )
+        device = SpecDevice(
+            claim_uid=env.get(f"{p}CLAIM_UID", ""),
+            request_names=requests,
+            **DeviceFacts.from_cdi_env(env, p, type_of_kind=device_type),
         )
+        found.append((device, p, env))
     return found

@@ -228,6 +228,9 @@ class PluginServer:
             real_host=cfg.host_mode is HostMode.REAL,
             scanner=scanner,
             rebuild=rebuild,
+            node=cfg.node_name,
+            partitioner=backend.partitioner if isinstance(backend, FabricBackend) else None,
+            hook_path=cfg.cdi_hook_path,
         )
         return store
 
