@@ -103,7 +103,7 @@ class Hook(_Cdi):
     hook_name: str = Field(alias="hookName")
     path: str
     args: list[str] = Field(default_factory=list)
-    env: list[str] = Field(default_factory=list)
+    env: list[str] | None = None
     timeout: int | None = None
 
 
@@ -111,7 +111,8 @@ class ContainerEdits(_Cdi):
     env: list[str] = Field(default_factory=list)
     device_nodes: list[DeviceNode] = Field(default_factory=list, alias="deviceNodes")
     mounts: list[Mount] = Field(default_factory=list)
-    hooks: list[Hook] = Field(default_factory=list)
+    #: left out when there are none: a spec without hooks is written as before CDI hooks were used
+    hooks: list[Hook] | None = None
 
 
 class CdiDevice(_Cdi):
@@ -253,7 +254,7 @@ def validate_spec(spec: CdiSpec) -> None:
                 raise CdiSpecError(
                     f"mount {mount.host_path!r} -> {mount.container_path!r}: paths not absolute"
                 )
-        for hook in edits.hooks:
+        for hook in edits.hooks or ():
             if hook.hook_name not in OCI_HOOKS:
                 raise CdiSpecError(f"hook name {hook.hook_name!r} is none of {', '.join(OCI_HOOKS)}")
             if not hook.path.startswith("/"):
@@ -335,7 +336,7 @@ def _device_edits(item: SpecDevice, *, real_host: bool, hook_path: str) -> Conta
         env=[f"{k}={v}" for k, v in env.items()],
         device_nodes=[DeviceNode(path=path, permissions="rw") for path in nodes],
         mounts=mounts,
-        hooks=hooks,
+        hooks=hooks or None,
     )
 
 

@@ -291,7 +291,7 @@ def test_a_devdax_share_is_its_dax_device(tmp_path: Path) -> None:
     (device,) = spec.devices
     assert device.name == f"{UID}-cxlpool0-{SHARE_A}"
     assert [n.path for n in device.container_edits.device_nodes] == ["/dev/dax0.0"]
-    assert device.container_edits.hooks == []
+    assert device.container_edits.hooks is None
     env = env_of(device)
     p = cdi.env_prefix(f"cxlpool0-{SHARE_A}")
     assert (env[f"{p}SHARE_ID"], env[f"{p}MEMORY_MODE"], env[f"{p}MEMORY_BYTES"], env[f"{p}DAX"]) == (
@@ -314,7 +314,7 @@ def test_a_kmem_share_has_no_node_and_a_hook_binding_the_container_to_its_numa_n
     )["cxl-memory"]
     (device,) = spec.devices
     assert device.container_edits.device_nodes == []
-    (hook,) = device.container_edits.hooks
+    (hook,) = device.container_edits.hooks or []
     assert (hook.hook_name, hook.path, hook.args, hook.timeout) == (
         "createRuntime",
         "/usr/local/bin/fabric-dra",

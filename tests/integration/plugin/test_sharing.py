@@ -1,0 +1,375 @@
+"""GPU partitions and CXL memory shares on a node, with real processes: the plugin (``fabric-dra
+plugin``), the kubelet's side of the DRA protocol, the API test server, and the manager stand-in
+(:class:`fabric_dra_testbed.standins.InventoryServer`), whose bindings appear in the node's emulated
+host view as the emulator's do (:mod:`fabric_dra_testbed.standin_hosts`). The real manager learns
+partitions and shares separately; these run on the stand-in's contract (design 35-36, A4 and B4).
+
+- a partition claim: the GPU bound, the partition made under its PCI directory, the CDI spec names
+  only the partition; unprepare: the partition gone, then the GPU;
+- two partitions of one GPU on one node, prepared in one call: one GPU, two partitions, the GPU
+  unbound only with the last;
+- a partition that cannot be made leaves nothing of its own behind, never touches what is not
+  its own, and a restarted plugin removes a partition no claim records;
+- memory shares in devdax and kmem mode: the region of the share, its blocks onlined (kmem) and
+  offlined before the memory goes; pages in use are retried and the memory never taken away online.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_driver.plugin import cdi
+from dra_driver.plugin.backend import identity_of
+from dra_driver.plugin.hostdev import HostDevice, HostScanner
+from dra_driver.plugin.hostmemory import node_list
+from dra_driver.plugin.partitioner import EmulatedPartitioner
+from fabric_dra_testbed.standins import EmulatedHosts, InventoryServer, make_device, make_inventory, make_pool
+from kube_standin.kubelet_client import ClaimRef as KubeletClaim
+from kube_standin.kubelet_client import PluginManager
+from manager_api.models import Device
+from manager_api.partitions import BUILTIN_TABLES
+from tests.support.cdischema import assert_valid_cdi_spec
+from tests.support.kubelet import running_kubelet
+from tests.support.plugin import DRIVER, ClaimRef, PluginStack, short_dir
+
+pytestmark = [pytest.mark.slow(seconds=30), pytest.mark.timeout(180)]
+
+NODE = "node-a"
+GIB = 1 << 30
+H100 = BUILTIN_TABLES["h100-80gb"]
+
+
+@dataclass
+class Sharing:
+    hosts: EmulatedHosts
+    manager: InventoryServer
+    stack: PluginStack
+
+    @property
+    def sysfs(self) -> Path:
+        return self.hosts.sysfs(NODE)
+
+    def device(self, name: str) -> Device:
+        return next(d for d in self.manager.inventory.devices if d.name == name)
+
+    def gpu(self, name: str) -> HostDevice | None:
+        return HostScanner(self.sysfs, real_host=False).find(identity_of(self.device(name)))
+
+    def partitions(self, gpu: str) -> dict[str, dict[str, str]]:
+        """Directory name → files of every partition on the GPU (none while it is not here)."""
+        host = self.gpu(gpu)
+        mig = Path(host.sysfs_path) / "mig" if host is not None else None
+        if mig is None or not mig.is_dir():
+            return {}
+        return {
+            d.name: {f.name: f.read_text().strip() for f in d.iterdir()}
+            for d in sorted(mig.iterdir())
+            if not d.name.startswith(".")
+        }
+
+    def spec(self, ref: ClaimRef) -> dict[str, Any]:
+        (path,) = cdi.spec_files_of_claim(self.stack.cdi_root, DRIVER, ref.uid)
+        cdi.validate_spec(cdi.CdiSpec.model_validate_json(path.read_text()))
+        return assert_valid_cdi_spec(path)
+
+    async def claim_partition(self, name: str, partition: str) -> ClaimRef:
+        return await self.stack.create_claim(name, [("gpu", partition)], pool="fabric-pcie")
+
+    async def claim_share(self, name: str, share: str, memory: str, mode: str | None = None) -> ClaimRef:
+        result = {
+            "request": "memory",
+            "driver": DRIVER,
+            "pool": "fabric-cxl",
+            "device": "cxlpool0",
+            "shareID": share,
+            "consumedCapacity": {"memory": memory},
+        }
+        config = []
+        if mode is not None:
+            parameters = {"apiVersion": "fabric-dra.io/v1alpha1", "kind": "MemoryConfig", "mode": mode}
+            config.append({"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": parameters}})
+        return await self.stack.create_claim(name, [], results=[result], config=config)
+
+    def shares(self) -> list[str]:
+        pool = self.device("cxlpool0").memory_pool
+        assert pool is not None
+        return [s.share_id for s in pool.shares]
+
+
+@pytest.fixture(scope="module")
+def sharing() -> Iterator[Sharing]:
+    root = short_dir("fds-")
+    hosts = EmulatedHosts(root / "emu", [NODE])
+    devices = [
+        *(make_device(f"gpu{i}", partition_table=H100) for i in range(3)),
+        make_pool("cxlpool0", 64 * GIB, serial="0xc0ffee000001"),
+    ]
+    inventory = make_inventory(devices, pools={"fabric-pcie": [NODE], "fabric-cxl": [NODE]})
+    manager = InventoryServer(inventory, hosts=hosts).start()
+    try:
+        (root / "k").mkdir()
+        stack = PluginStack(
+            root / "k", node=NODE, backend="fabric", manager_url=manager.url, sysfs_root=hosts.sysfs(NODE)
+        )
+        with stack:
+            yield Sharing(hosts, manager, stack)
+    finally:
+        manager.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def kubelet_claim(ref: ClaimRef) -> KubeletClaim:
+    return KubeletClaim(ref.namespace, ref.name, ref.uid)
+
+
+async def plugin_of(kubelet: PluginManager) -> Any:
+    return await kubelet.wait_for_plugin(DRIVER)
+
+
+def env_of(spec: dict[str, Any], index: int = 0) -> dict[str, str]:
+    return dict(e.split("=", 1) for e in spec["devices"][index]["containerEdits"]["env"])
+
+
+# -- GPU partitions ---------------------------------------------------------------------------------
+
+
+def test_a_partition_is_made_handed_over_alone_and_removed_before_its_gpu(sharing: Sharing) -> None:
+    async def scenario() -> None:
+        ref = await sharing.claim_partition("mig-one", "gpu0-1g10gb-3")
+        async with running_kubelet(sharing.stack.registry_dir) as kubelet:
+            plugin = await plugin_of(kubelet)
+            results = await plugin.prepare([kubelet_claim(ref)])
+            (answered,) = results[ref.uid].devices
+            assert (answered.device, answered.pool) == ("gpu0-1g10gb-3", "fabric-pcie")
+            assert answered.cdi_device_ids == (f"k8s.fabric-dra.io/gpu-partition={ref.uid}-gpu0-1g10gb-3",)
+
+            gpu = sharing.device("gpu0")
+            assert [(h.partition, h.claim_uid, h.node) for h in gpu.partitions] == [
+                ("gpu0-1g10gb-3", ref.uid, NODE)
+            ]
+            (made,) = sharing.partitions("gpu0").items()
+            assert made[0] == "1g10gb-3"
+            files = made[1]
+            assert (files["profile"], files["start"], files["size"]) == ("1g.10gb", "3", "1")
+            spec = sharing.spec(ref)
+            assert spec["kind"] == "k8s.fabric-dra.io/gpu-partition"
+            env = env_of(spec)
+            assert env["NVIDIA_VISIBLE_DEVICES"] == files["uuid"]
+            assert env["FABRIC_DRA_GPU0_1G10GB_3_PARTITION_UUID"] == files["uuid"]
+            assert env["FABRIC_DRA_GPU0_1G10GB_3_DEVICE_NODES"] == files["dev"]
+            (mount,) = spec["devices"][0]["containerEdits"]["mounts"]
+            assert mount["hostPath"].endswith("/mig/1g10gb-3")  # the partition, not its GPU
+
+            await plugin.unprepare([kubelet_claim(ref)])
+        assert sharing.gpu("gpu0") is None, "the GPU stayed on the node after its last partition"
+        assert sharing.device("gpu0").partitions == []
+        assert cdi.spec_files_of_claim(sharing.stack.cdi_root, DRIVER, ref.uid) == []
+
+    asyncio.run(scenario())
+
+
+def test_two_partitions_of_one_gpu_on_one_node(sharing: Sharing) -> None:
+    async def scenario() -> None:
+        small = await sharing.claim_partition("mig-small", "gpu1-1g10gb-0")
+        large = await sharing.claim_partition("mig-large", "gpu1-3g40gb-4")
+        async with running_kubelet(sharing.stack.registry_dir) as kubelet:
+            plugin = await plugin_of(kubelet)
+            await plugin.prepare([kubelet_claim(small), kubelet_claim(large)])  # one call, concurrently
+            made = sharing.partitions("gpu1")
+            assert sorted(made) == ["1g10gb-0", "3g40gb-4"]
+            assert made["1g10gb-0"]["uuid"] != made["3g40gb-4"]["uuid"]
+            assert made["1g10gb-0"]["minor"] != made["3g40gb-4"]["minor"]
+            assert env_of(sharing.spec(small))["NVIDIA_VISIBLE_DEVICES"] == made["1g10gb-0"]["uuid"]
+            assert env_of(sharing.spec(large))["NVIDIA_VISIBLE_DEVICES"] == made["3g40gb-4"]["uuid"]
+            assert len(sharing.device("gpu1").partitions) == 2
+
+            await plugin.unprepare([kubelet_claim(small)])
+            assert sorted(sharing.partitions("gpu1")) == ["3g40gb-4"], "the other claim's partition went too"
+            assert sharing.hosts.bound().get("gpu1") == NODE, "the GPU left with a partition still in use"
+
+            await plugin.unprepare([kubelet_claim(large)])
+        assert "gpu1" not in sharing.hosts.bound()
+
+    asyncio.run(scenario())
+
+
+def test_a_partition_that_cannot_be_made_leaves_nothing_and_takes_nothing_of_others(sharing: Sharing) -> None:
+    async def scenario() -> None:
+        first = await sharing.claim_partition("mig-first", "gpu2-1g10gb-0")
+        async with running_kubelet(sharing.stack.registry_dir) as kubelet:
+            plugin = await plugin_of(kubelet)
+            await plugin.prepare([kubelet_claim(first)])
+            gpu = sharing.gpu("gpu2")
+            assert gpu is not None
+            # made on the node outside fabric-dra (an operator's nvidia-smi): slices 2 and 3
+            stray = EmulatedPartitioner(sharing.sysfs).create(gpu, H100.profile("2g.20gb"), 2)  # type: ignore[arg-type]
+
+            second = await sharing.claim_partition("mig-second", "gpu2-1g10gb-3")
+            results = await plugin.node_prepare_resources([kubelet_claim(second)])
+            error = results[second.uid].error
+            assert "device gpu2-1g10gb-3 was bound to node node-a but could not be made usable there" in error
+            assert f"memory slice 3 is taken by partition {stray.uuid} (2g.20gb at 2)" in error
+            assert "\n" not in error
+            assert sorted(sharing.partitions("gpu2")) == ["1g10gb-0", "2g20gb-2"]  # nothing half-made
+            assert cdi.spec_files_of_claim(sharing.stack.cdi_root, DRIVER, second.uid) == []
+
+            await plugin.unprepare([kubelet_claim(second)])  # the pod goes: its placement is released
+            assert [h.claim_uid for h in sharing.device("gpu2").partitions] == [first.uid]
+            assert sorted(sharing.partitions("gpu2")) == ["1g10gb-0", "2g20gb-2"]  # never another's
+
+        # a restarted plugin finds the partition its record knows, and removes the one no claim has
+        sharing.stack.stop_plugin()
+        sharing.stack.start_plugin()
+        assert sorted(sharing.partitions("gpu2")) == ["1g10gb-0"]
+        assert "removed partition" in sharing.stack.plugin.log_since_start()  # type: ignore[union-attr]
+        async with running_kubelet(sharing.stack.registry_dir) as kubelet:
+            plugin = await plugin_of(kubelet)
+            again = await plugin.prepare([kubelet_claim(first)])  # answered from the checkpoint
+            assert again[first.uid].devices[0].device == "gpu2-1g10gb-0"
+            await plugin.unprepare([kubelet_claim(first)])
+        assert "gpu2" not in sharing.hosts.bound()
+
+    asyncio.run(scenario())
+
+
+# -- CXL memory shares ------------------------------------------------------------------------------
+
+
+def blocks_of_node(sharing: Sharing, node: int) -> dict[str, str]:
+    """memory<B> → its state, of every block of NUMA node ``node``."""
+    base = sharing.sysfs / "devices" / "system" / "node" / f"node{node}"
+    return {
+        link.name: (link / "state").read_text().strip()
+        for link in sorted(base.iterdir())
+        if link.name.startswith("memory")
+    }
+
+
+def test_a_devdax_share_is_its_dax_device_and_goes_with_its_region(sharing: Sharing) -> None:
+    async def scenario() -> None:
+        share = str(uuid.uuid4())
+        ref = await sharing.claim_share("mem-devdax", share, "4Gi")
+        async with running_kubelet(sharing.stack.registry_dir) as kubelet:
+            plugin = await plugin_of(kubelet)
+            results = await plugin.prepare([kubelet_claim(ref)])
+            (answered,) = results[ref.uid].devices
+            assert answered.cdi_device_ids == (f"k8s.fabric-dra.io/cxl-memory={ref.uid}-cxlpool0-{share}",)
+            assert share in sharing.shares()
+            spec = sharing.spec(ref)
+            env = env_of(spec)
+            p = cdi.env_prefix(f"cxlpool0-{share}")
+            assert (env[f"{p}SHARE_ID"], env[f"{p}MEMORY_MODE"], env[f"{p}MEMORY_BYTES"]) == (
+                share,
+                "devdax",
+                str(4 * GIB),
+            )
+            assert env[f"{p}DEVICE_NODES"] == f"/dev/{env[f'{p}DAX']}"
+            assert spec["devices"][0]["containerEdits"].get("hooks") is None
+            node = int(
+                (sharing.sysfs / "bus" / "dax" / "devices" / env[f"{p}DAX"] / "target_node").read_text()
+            )
+            assert set(blocks_of_node(sharing, node).values()) == {"offline"}
+            await plugin.unprepare([kubelet_claim(ref)])
+        assert share not in sharing.shares()
+        assert f"cxlpool0/{share}" not in sharing.hosts.bound()
+        assert sharing.hosts.yanked == []
+
+    asyncio.run(scenario())
+
+
+def test_a_kmem_share_is_system_ram_of_its_node_and_offline_before_it_goes(sharing: Sharing) -> None:
+    async def scenario() -> None:
+        share = str(uuid.uuid4())
+        ref = await sharing.claim_share("mem-kmem", share, "2Gi", mode="kmem")
+        async with running_kubelet(sharing.stack.registry_dir) as kubelet:
+            plugin = await plugin_of(kubelet)
+            await plugin.prepare([kubelet_claim(ref)])
+            spec = sharing.spec(ref)
+            env = env_of(spec)
+            p = cdi.env_prefix(f"cxlpool0-{share}")
+            node = int(env[f"{p}NUMA_NODE"])
+            assert env[f"{p}MEMORY_MODE"] == "kmem" and f"{p}DEVICE_NODES" not in env
+            (hook,) = spec["devices"][0]["containerEdits"]["hooks"]
+            assert hook == {
+                "hookName": "createRuntime",
+                "path": "/opt/fabric-dra/bin/fabric-dra",
+                "args": ["fabric-dra", "cdi-hook", "set-mems", "--node", str(node)],
+                "timeout": 10,
+            }
+            assert blocks_of_node(sharing, node) and set(blocks_of_node(sharing, node).values()) == {"online"}
+            has_memory = (sharing.sysfs / "devices" / "system" / "node" / "has_memory").read_text()
+            assert node in node_list(has_memory)
+            await plugin.unprepare([kubelet_claim(ref)])
+        assert share not in sharing.shares()
+        assert sharing.hosts.yanked == [], "the memory was taken away while blocks were online"
+
+    asyncio.run(scenario())
+
+
+def test_pages_in_use_are_retried_and_the_memory_is_never_taken_away_online(sharing: Sharing) -> None:
+    async def scenario() -> None:
+        share = str(uuid.uuid4())
+        ref = await sharing.claim_share("mem-busy", share, "2Gi", mode="kmem")
+        async with running_kubelet(sharing.stack.registry_dir) as kubelet:
+            plugin = await plugin_of(kubelet)
+            await plugin.prepare([kubelet_claim(ref)])
+            node = int(env_of(sharing.spec(ref))[f"{cdi.env_prefix(f'cxlpool0-{share}')}NUMA_NODE"])
+
+            # a few refusals: retried within the call
+            sharing.hosts.pages_in_use(NODE, f"cxlpool0/{share}", refusals=3)
+            other = str(uuid.uuid4())
+            second = await sharing.claim_share("mem-busy-2", other, "1Gi", mode="kmem")
+            await plugin.prepare([kubelet_claim(second)])
+            # pages that stay in use: the call ends with a retriable error, nothing detached
+            sharing.hosts.pages_in_use(NODE, f"cxlpool0/{share}", refusals=1_000_000)
+            detaches = len(sharing.manager.detach_calls)
+            errors = await plugin.node_unprepare_resources([kubelet_claim(ref)], deadline=8)
+            error = errors[ref.uid]
+            assert "the kernel would not offline 2 memory block(s) of cxlpool0-" in error
+            assert "the memory stays online and attached to this node" in error
+            assert "nothing is detached while they are online" in error and "\n" not in error
+            assert len(sharing.manager.detach_calls) == detaches, "detached with blocks online"
+            assert share in sharing.shares()
+            assert set(blocks_of_node(sharing, node).values()) == {"online"}
+
+            sharing.hosts.kernel.pinned.clear()  # the pages could be migrated now
+            await plugin.unprepare([kubelet_claim(ref), kubelet_claim(second)])
+        assert share not in sharing.shares() and other not in sharing.shares()
+        assert sharing.hosts.yanked == []
+
+    asyncio.run(scenario())
+
+
+def test_the_checkpoint_records_the_partition_and_the_share(sharing: Sharing) -> None:
+    """What a restart and the next unprepare work from: the partition's placement and record, the
+    share's ID, size, mode and onlined blocks."""
+
+    async def scenario() -> None:
+        part = await sharing.claim_partition("rec-mig", "gpu0-7g80gb-0")
+        share = str(uuid.uuid4())
+        mem = await sharing.claim_share("rec-mem", share, "1Gi", mode="kmem")
+        async with running_kubelet(sharing.stack.registry_dir) as kubelet:
+            plugin = await plugin_of(kubelet)
+            await plugin.prepare([kubelet_claim(part), kubelet_claim(mem)])
+            claims = json.loads(sharing.stack.plugin_dir.joinpath("checkpoint.json").read_text())["data"][
+                "claims"
+            ]
+            (gpu,) = claims[part.uid]["devices"]
+            assert (gpu["parent"], gpu["partition_profile"], gpu["partition_start"]) == ("gpu0", "7g.80gb", 0)
+            assert gpu["partition"]["uuid"] == sharing.partitions("gpu0")["7g80gb-0"]["uuid"]
+            (memory,) = claims[mem.uid]["devices"]
+            assert (memory["share_id"], memory["memory_bytes"], memory["memory_mode"]) == (share, GIB, "kmem")
+            assert len(memory["memory"]["blocks"]) == 1
+            await plugin.unprepare([kubelet_claim(part), kubelet_claim(mem)])
+        assert sharing.hosts.yanked == [] and "gpu0" not in sharing.hosts.bound()
+
+    asyncio.run(scenario())
