@@ -130,7 +130,8 @@ class PluginStack:
     def dra_socket(self) -> Path:
         return Path(self.plugin.address) if self.plugin else self.plugin_dir / "dra.sock"
 
-    def start_plugin(self) -> Role:
+    def start_plugin(self, crash_at: Sequence[str] = (), *, kill_previous: bool = False) -> Role:
+        """Start the plugin (again), armed at ``crash_at`` (``plumbing.crashpoints``)."""
         if self._plugin is None:
             self._plugin = self.stack.plugin(
                 self.node,
@@ -144,7 +145,7 @@ class PluginStack:
                 start=False,
             )
         self._plugin.role.env["POD_UID"] = self.pod_uid or ""
-        return self._plugin.role.start()
+        return self._plugin.role.start(crash_at, kill_previous=kill_previous)
 
     def kill_plugin(self) -> None:
         if self.plugin is not None:

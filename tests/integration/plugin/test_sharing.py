@@ -17,126 +17,35 @@ partitions and shares separately; these run on the stand-in's contract (design 3
 from __future__ import annotations
 
 import asyncio
-import json
-import shutil
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 from dra_driver.plugin import cdi
-from dra_driver.plugin.backend import identity_of
-from dra_driver.plugin.hostdev import HostDevice, HostScanner
 from dra_driver.plugin.hostmemory import node_list
 from dra_driver.plugin.partitioner import EmulatedPartitioner
-from fabric_dra_testbed.standins import EmulatedHosts, InventoryServer, make_device, make_inventory, make_pool
-from kube_standin.kubelet_client import ClaimRef as KubeletClaim
-from kube_standin.kubelet_client import PluginManager
-from manager_api.models import Device
-from manager_api.partitions import BUILTIN_TABLES
-from tests.support.cdischema import assert_valid_cdi_spec
 from tests.support.kubelet import running_kubelet
-from tests.support.plugin import DRIVER, ClaimRef, PluginStack, short_dir
+from tests.support.plugin import DRIVER
+from tests.support.sharing import (
+    GIB,
+    H100,
+    NODE,
+    Sharing,
+    blocks_of_node,
+    env_of,
+    kubelet_claim,
+    plugin_of,
+    sharing_stack,
+)
 
 pytestmark = [pytest.mark.slow(seconds=30), pytest.mark.timeout(180)]
-
-NODE = "node-a"
-GIB = 1 << 30
-H100 = BUILTIN_TABLES["h100-80gb"]
-
-
-@dataclass
-class Sharing:
-    hosts: EmulatedHosts
-    manager: InventoryServer
-    stack: PluginStack
-
-    @property
-    def sysfs(self) -> Path:
-        return self.hosts.sysfs(NODE)
-
-    def device(self, name: str) -> Device:
-        return next(d for d in self.manager.inventory.devices if d.name == name)
-
-    def gpu(self, name: str) -> HostDevice | None:
-        return HostScanner(self.sysfs, real_host=False).find(identity_of(self.device(name)))
-
-    def partitions(self, gpu: str) -> dict[str, dict[str, str]]:
-        """Directory name → files of every partition on the GPU (none while it is not here)."""
-        host = self.gpu(gpu)
-        mig = Path(host.sysfs_path) / "mig" if host is not None else None
-        if mig is None or not mig.is_dir():
-            return {}
-        return {
-            d.name: {f.name: f.read_text().strip() for f in d.iterdir()}
-            for d in sorted(mig.iterdir())
-            if not d.name.startswith(".")
-        }
-
-    def spec(self, ref: ClaimRef) -> dict[str, Any]:
-        (path,) = cdi.spec_files_of_claim(self.stack.cdi_root, DRIVER, ref.uid)
-        cdi.validate_spec(cdi.CdiSpec.model_validate_json(path.read_text()))
-        return assert_valid_cdi_spec(path)
-
-    async def claim_partition(self, name: str, partition: str) -> ClaimRef:
-        return await self.stack.create_claim(name, [("gpu", partition)], pool="fabric-pcie")
-
-    async def claim_share(self, name: str, share: str, memory: str, mode: str | None = None) -> ClaimRef:
-        result = {
-            "request": "memory",
-            "driver": DRIVER,
-            "pool": "fabric-cxl",
-            "device": "cxlpool0",
-            "shareID": share,
-            "consumedCapacity": {"memory": memory},
-        }
-        config = []
-        if mode is not None:
-            parameters = {"apiVersion": "fabric-dra.io/v1alpha1", "kind": "MemoryConfig", "mode": mode}
-            config.append({"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": parameters}})
-        return await self.stack.create_claim(name, [], results=[result], config=config)
-
-    def shares(self) -> list[str]:
-        pool = self.device("cxlpool0").memory_pool
-        assert pool is not None
-        return [s.share_id for s in pool.shares]
 
 
 @pytest.fixture(scope="module")
 def sharing() -> Iterator[Sharing]:
-    root = short_dir("fds-")
-    hosts = EmulatedHosts(root / "emu", [NODE])
-    devices = [
-        *(make_device(f"gpu{i}", partition_table=H100) for i in range(3)),
-        make_pool("cxlpool0", 64 * GIB, serial="0xc0ffee000001"),
-    ]
-    inventory = make_inventory(devices, pools={"fabric-pcie": [NODE], "fabric-cxl": [NODE]})
-    manager = InventoryServer(inventory, hosts=hosts).start()
-    try:
-        (root / "k").mkdir()
-        stack = PluginStack(
-            root / "k", node=NODE, backend="fabric", manager_url=manager.url, sysfs_root=hosts.sysfs(NODE)
-        )
-        with stack:
-            yield Sharing(hosts, manager, stack)
-    finally:
-        manager.stop()
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def kubelet_claim(ref: ClaimRef) -> KubeletClaim:
-    return KubeletClaim(ref.namespace, ref.name, ref.uid)
-
-
-async def plugin_of(kubelet: PluginManager) -> Any:
-    return await kubelet.wait_for_plugin(DRIVER)
-
-
-def env_of(spec: dict[str, Any], index: int = 0) -> dict[str, str]:
-    return dict(e.split("=", 1) for e in spec["devices"][index]["containerEdits"]["env"])
+    with sharing_stack() as running:
+        yield running
 
 
 # -- GPU partitions ---------------------------------------------------------------------------------
@@ -242,16 +151,6 @@ def test_a_partition_that_cannot_be_made_leaves_nothing_and_takes_nothing_of_oth
 
 
 # -- CXL memory shares ------------------------------------------------------------------------------
-
-
-def blocks_of_node(sharing: Sharing, node: int) -> dict[str, str]:
-    """memory<B> → its state, of every block of NUMA node ``node``."""
-    base = sharing.sysfs / "devices" / "system" / "node" / f"node{node}"
-    return {
-        link.name: (link / "state").read_text().strip()
-        for link in sorted(base.iterdir())
-        if link.name.startswith("memory")
-    }
 
 
 def test_a_devdax_share_is_its_dax_device_and_goes_with_its_region(sharing: Sharing) -> None:
@@ -360,13 +259,12 @@ def test_the_checkpoint_records_the_partition_and_the_share(sharing: Sharing) ->
         async with running_kubelet(sharing.stack.registry_dir) as kubelet:
             plugin = await plugin_of(kubelet)
             await plugin.prepare([kubelet_claim(part), kubelet_claim(mem)])
-            claims = json.loads(sharing.stack.plugin_dir.joinpath("checkpoint.json").read_text())["data"][
-                "claims"
-            ]
-            (gpu,) = claims[part.uid]["devices"]
+            part_entry, mem_entry = sharing.entry(part), sharing.entry(mem)
+            assert part_entry is not None and mem_entry is not None
+            (gpu,) = part_entry["devices"]
             assert (gpu["parent"], gpu["partition_profile"], gpu["partition_start"]) == ("gpu0", "7g.80gb", 0)
             assert gpu["partition"]["uuid"] == sharing.partitions("gpu0")["7g80gb-0"]["uuid"]
-            (memory,) = claims[mem.uid]["devices"]
+            (memory,) = mem_entry["devices"]
             assert (memory["share_id"], memory["memory_bytes"], memory["memory_mode"]) == (share, GIB, "kmem")
             assert len(memory["memory"]["blocks"]) == 1
             await plugin.unprepare([kubelet_claim(part), kubelet_claim(mem)])
