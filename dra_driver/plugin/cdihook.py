@@ -15,7 +15,7 @@ The command reads the container's cgroup from ``/proc/<pid>/cgroup`` (its cgroup
 answers a request it cannot grant by treating it as empty — the container would silently keep
 every node — so anything but exactly ``K`` there fails the hook (exit 1, one line on stderr),
 and the runtime fails the container's start. cgroup v1 is refused: kubelet 1.35 and later do not
-start on it by default (``failCgroupV1``).
+start on it by default (``failCgroupV1``, KEP-5573).
 """
 
 from __future__ import annotations
