@@ -319,7 +319,14 @@ class _Notes(AttachNotes):
         self._attacher, self._ref, self._device = attacher, ref, device
 
     def exclude(self, *, shared: bool) -> Collection[str]:
-        return self._attacher.held_paths(self._ref.uid, shared=shared)
+        held = self._attacher.held_paths(self._ref.uid, shared=shared)
+        # and what the claim's own other devices hold (two shares of one pool and size), but never
+        # a GPU the claim's other partitions share
+        entry = self._attacher.store.get(self._ref.uid)
+        for d in entry.devices if entry is not None else ():
+            if d.key != self._device.key and d.host is not None and d.parent is None:
+                held.add(d.host.sysfs_path)
+        return held
 
     def reserve(self, host: HostDevice) -> None:
         # asked for a partition's GPU (shared with other partitions) or a share's region (its own)

@@ -271,3 +271,39 @@ def test_the_checkpoint_records_the_partition_and_the_share(sharing: Sharing) ->
         assert sharing.hosts.yanked == [] and "gpu0" not in sharing.hosts.bound()
 
     asyncio.run(scenario())
+
+
+def test_two_shares_of_one_size_in_one_claim_get_a_region_each(sharing: Sharing) -> None:
+    """Two new regions of one size carry nothing that tells them apart: each share must still
+    end up with its own, never both with one."""
+
+    async def scenario() -> None:
+        shares = sorted(str(uuid.uuid4()) for _ in range(2))
+        results = [
+            {
+                "request": request,
+                "driver": DRIVER,
+                "pool": "fabric-cxl",
+                "device": "cxlpool0",
+                "shareID": share,
+                "consumedCapacity": {"memory": "1Gi"},
+            }
+            for request, share in zip(("left", "right"), shares, strict=True)
+        ]
+        ref = await sharing.stack.create_claim("mem-twins", [], results=results)
+        async with running_kubelet(sharing.stack.registry_dir) as kubelet:
+            plugin = await plugin_of(kubelet)
+            answer = await plugin.prepare([kubelet_claim(ref)])
+            assert sorted(d.request_names for d in answer[ref.uid].devices) == [("left",), ("right",)]
+            entry = sharing.entry(ref)
+            assert entry is not None
+            regions = {d["share_id"]: d["host"]["region"] for d in entry["devices"]}
+            assert sorted(regions) == shares and len(set(regions.values())) == 2
+            spec = sharing.spec(ref)
+            daxes = {env_of(spec, i)[f"{cdi.env_prefix(f'cxlpool0-{s}')}DAX"] for i, s in enumerate(shares)}
+            assert len(daxes) == 2
+            await plugin.unprepare([kubelet_claim(ref)])
+        assert not set(shares) & set(sharing.shares())
+        assert sharing.hosts.yanked == []
+
+    asyncio.run(scenario())
