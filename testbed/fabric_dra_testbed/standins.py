@@ -44,6 +44,7 @@ from manager_api.models import (
     MemoryPool,
     MemoryShare,
     PartitionHolder,
+    ResetReport,
 )
 from manager_api.partitions import PartitionDevice, conflict, parse_partition
 from plumbing import DEFAULT_DRIVER_NAME
@@ -177,6 +178,10 @@ class InventoryServer:
         self.hosts = hosts
         #: every share made, in order (a chunk each)
         self.shares_made: list[MemoryShare] = []
+        #: devices whose attach answers ``resetRequired`` (warm after another tenant, no Redfish
+        #: reset) until the node reports the reset; the reports, as (device, node, outcome)
+        self.reset_required: set[str] = set()
+        self.reset_reports: list[tuple[str, str, str]] = []
         self.fail_attach: dict[str, str] = {}
         self.fail_every_attach: dict[str, str] = {}
         self.attach_calls: list[tuple[str, str, str]] = []
@@ -312,7 +317,28 @@ class InventoryServer:
                 self.hosts.plug(body.node, bound)
             self._replace(bound)
             return Attachment(
-                device=bound, node=body.node, claim_uid=body.claim_uid, state=AttachmentState.ATTACHED
+                device=bound,
+                node=body.node,
+                claim_uid=body.claim_uid,
+                state=AttachmentState.ATTACHED,
+                reset_required=bound.name in self.reset_required,
+            )
+
+        @app.post(API_PREFIX + "/devices/{name}/reset")
+        async def report_reset(request: Request, name: str, waitSeconds: float = 0.0) -> Any:
+            """The node reset the device it was answered ``resetRequired`` for: recorded, and the
+            attach is answered without it from now on (after a failed reset the manager power-
+            cycles the device for the claim; here it is taken as done)."""
+            if (resp := denied(request)) is not None:
+                return resp
+            report = ResetReport.model_validate(await request.json())
+            device = next((d for d in self.inventory.devices if d.name == name), None)
+            if device is None:
+                return error(404, "DeviceNotFound", f"device {name} not found", device=name)
+            self.reset_reports.append((name, report.node, report.outcome.value))
+            self.reset_required.discard(name)
+            return Attachment(
+                device=device, node=report.node, claim_uid=report.claim_uid, state=AttachmentState.ATTACHED
             )
 
         @app.delete(API_PREFIX + "/attachments/{name}")
@@ -390,6 +416,7 @@ class InventoryServer:
             claim_uid=body.claim_uid,
             state=AttachmentState.ATTACHED,
             partition=partition.name,
+            reset_required=gpu.name in self.reset_required,
         )
 
     def _detach_partition(self, gpu: Device, partition: PartitionDevice, claim_uid: str, node: str) -> Any:

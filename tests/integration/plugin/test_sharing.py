@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -305,5 +306,32 @@ def test_two_shares_of_one_size_in_one_claim_get_a_region_each(sharing: Sharing)
             await plugin.unprepare([kubelet_claim(ref)])
         assert not set(shares) & set(sharing.shares())
         assert sharing.hosts.yanked == []
+
+    asyncio.run(scenario())
+
+
+def test_the_reset_between_tenants_removes_the_last_tenants_partitions(sharing: Sharing) -> None:
+    """A GPU handed over warm on this node after another tenant (the manager answers
+    ``resetRequired``): the partitions that tenant left go before the function-level reset, and the
+    new claim gets only its own."""
+
+    async def scenario() -> None:
+        sharing.hosts.plug(NODE, sharing.device("gpu2"))  # warm here from the last tenant
+        gpu = sharing.gpu("gpu2")
+        assert gpu is not None
+        left = EmulatedPartitioner(sharing.sysfs)
+        leftovers = [left.create(gpu, H100.profile(p), s) for p, s in (("1g.10gb", 0), ("3g.40gb", 4))]  # type: ignore[arg-type]
+        sharing.manager.reset_required.add("gpu2")
+        ref = await sharing.claim_partition("mig-next-tenant", "gpu2-1g10gb-0")
+        async with running_kubelet(sharing.stack.registry_dir) as kubelet:
+            plugin = await plugin_of(kubelet)
+            await plugin.prepare([kubelet_claim(ref)])
+            made = sharing.partitions("gpu2")
+            assert list(made) == ["1g10gb-0"]
+            assert made["1g10gb-0"]["uuid"] not in {p.uuid for p in leftovers}, "the last tenant's partition"
+            assert (Path(gpu.sysfs_path) / "reset").read_text() == "1\n"  # then the function-level reset
+            assert sharing.manager.reset_reports == [("gpu2", NODE, "ok")]
+            await plugin.unprepare([kubelet_claim(ref)])
+        assert "gpu2" not in sharing.hosts.bound()
 
     asyncio.run(scenario())
