@@ -256,9 +256,9 @@ class FabricBackend:
         #: one partition change at a time per GPU (its sysfs path): a placement is checked and
         #: taken without another claim's change in between
         self._gpu_locks: dict[str, asyncio.Lock] = {}
-        #: one share of a pool's device and size at a time between its request and its region
+        #: one share of a pool device and size at a time between its request and its region
         #: being taken: two new regions of one size could not be told apart
-        self._share_locks: dict[tuple[str | None, int], asyncio.Lock] = {}
+        self._share_locks: dict[tuple[str, int], asyncio.Lock] = {}
 
     def note_pending(self, claim_uid: str, device: str, err: FabricError) -> None:
         """Why the attach of ``device`` for ``claim_uid``, still running, has not finished yet."""
@@ -449,7 +449,7 @@ class FabricBackend:
         share: ShareAsk,
     ) -> AttachedDevice:
         key = f"{device}-{share.share_id}"
-        async with self._locked(self._share_locks, (pool, share.memory_bytes)):
+        async with self._locked(self._share_locks, (device, share.memory_bytes)):
             # the regions of this size already here are someone's: the share's is a new one
             before = {h.sysfs_path for h in self._regions(share.memory_bytes)}
             with observe_phase("attach"):
@@ -545,7 +545,9 @@ class FabricBackend:
         again for this claim (a slot power cycle): bind again and wait for it to be visible. A GPU
         that can be partitioned loses the last tenant's partitions first."""
         failure: str | None = None
-        if info.partition_table is not None and self.partitioner is not None:
+        # a real GPU's partitions are NVML's to see only while the nvidia driver has it (not vfio)
+        partitioned = not self.scanner.real_host or host.driver == "nvidia"
+        if info.partition_table is not None and self.partitioner is not None and partitioned:
             users = notes.partition_users(host.sysfs_path) - {claim_uid}
             if users:
                 # cannot happen while the manager keeps one GPU on one node: never take them away
@@ -557,7 +559,10 @@ class FabricBackend:
                 try:
                     gone = await asyncio.to_thread(self.partitioner.reset, host)
                 except PartitionFailed as err:
-                    failure = str(err)
+                    if not err.permanent:  # a partition still in use: not reset, never yanked
+                        failure = str(err)
+                    else:  # no NVML on this node: nothing can be listed; the device reset goes on
+                        log.warning("the last tenant's partitions could not be listed", error=str(err))
                 else:
                     if gone:
                         log.info("the last tenant's partitions removed", device=info.name, count=len(gone))
