@@ -230,18 +230,25 @@ class HostMemory:
             )
         if dax.target_node is None:
             raise MemoryFailed(f"{dax.name} of {device} names no target NUMA node")
+        # every write first, then every answer: an emulated kernel answers them all in one tick
+        written: list[int] = []
         for block in blocks:
             state, _flag = self._read(block)
             if state == "online":
                 continue
             refused = self._write_state(block, "online_movable")
-            if refused is None and await self._await_answer(block, online=True):
-                continue
-            why = refused.strerror if refused is not None else "the kernel did not take it"
-            raise MemoryFailed(
-                f"memory block {block} of {device} could not be onlined as movable memory ({why}); "
-                "check the kernel log"
-            )
+            if refused is not None:
+                raise MemoryFailed(
+                    f"memory block {block} of {device} could not be onlined as movable memory "
+                    f"({refused.strerror}); check the kernel log"
+                )
+            written.append(block)
+        for block in written:
+            if not await self._await_answer(block, online=True):
+                raise MemoryFailed(
+                    f"memory block {block} of {device} could not be onlined as movable memory (the "
+                    "kernel did not take it); check the kernel log"
+                )
         await self._await_node_memory(dax.target_node, device)
         log.info("memory onlined", device=device, dax=dax.name, node=dax.target_node, blocks=len(blocks))
         return MemoryRecord(mode=MemoryMode.KMEM, dax=dax.name, node=dax.target_node, blocks=blocks)
@@ -276,16 +283,20 @@ class HostMemory:
         backoff = Backoff(initial=0.1, maximum=2.0, jitter=0)
         while True:
             busy: list[tuple[int, str]] = []
+            written: list[int] = []
             for block in sorted(record.blocks, reverse=True):
                 state, _flag = self._read(block)
                 if state is None or state == "offline":
                     continue  # gone with its region, or offline already
                 refused = self._write_state(block, "offline")
-                if refused is not None:
-                    if refused.errno not in (errno.EBUSY, errno.EINVAL, errno.EAGAIN, errno.EINTR):
-                        raise MemoryFailed(f"memory block {block} of {device}: {refused.strerror}")
+                if refused is None:
+                    written.append(block)
+                elif refused.errno in (errno.EBUSY, errno.EINVAL, errno.EAGAIN, errno.EINTR):
                     busy.append((block, refused.strerror or "refused"))
-                elif not await self._await_answer(block, online=False):
+                else:
+                    raise MemoryFailed(f"memory block {block} of {device}: {refused.strerror}")
+            for block in written:
+                if not await self._await_answer(block, online=False):
                     busy.append((block, os.strerror(errno.EBUSY)))
             if not busy:
                 break
