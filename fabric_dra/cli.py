@@ -30,9 +30,10 @@ __all__ = ["COMMANDS_GROUP", "ROLES", "TESTBED_COMMANDS", "added_commands", "bui
 ROLES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("emulator.cli", "register", ("emulator",)),
     ("fabric.cli", "register", ("manager", "status", "usage")),
-    ("dra_driver.plugin.cli", "register", ("plugin", "cdi-hook")),
+    ("dra_driver.plugin.cli", "register", ("plugin",)),
     ("dra_driver.controller.cli", "register", ("controller",)),
     ("dra_driver.explain", "register", ("explain",)),
+    ("dra_driver.plugin.cdihook", "register", ("cdi-hook",)),
 )
 #: The entry points through which another distribution adds subcommands: name → ``register(subparsers)``.
 COMMANDS_GROUP = "fabric_dra.commands"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from dra_driver.plugin import cdihook
 from dra_driver.plugin.config import add_arguments
 from plumbing.cli import SubParsers
 
@@ -50,4 +49,3 @@ def register(subparsers: SubParsers) -> None:
     )
     add_arguments(parser)
     parser.set_defaults(handler=_run)
-    cdihook.register(subparsers)
