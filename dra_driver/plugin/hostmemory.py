@@ -55,6 +55,8 @@ log = get_logger(__name__)
 
 #: how long the emulated kernel (or a slow real one) may take to answer a ``state`` write
 STATE_ANSWER_SECONDS = 10.0
+#: how long an offline written at the deadline still waits for its answer
+_LAST_ANSWER_SECONDS = 1.0
 
 
 class MemoryFailed(KubeletPluginError):
@@ -192,9 +194,10 @@ class HostMemory:
         base = self._memory / f"memory{block}"
         return read_attr(base / "state"), read_attr(base / "online")
 
-    async def _await_answer(self, block: int, *, online: bool) -> bool:
+    async def _await_answer(self, block: int, *, online: bool, until: float | None = None) -> bool:
         """Whether the kernel took the change: ``online`` reads ``1``/``0`` → True; ``state``
-        reads what it was before the write → False (refused)."""
+        reads what it was before the write → False (refused); no answer by ``until`` → False
+        (not yet: asked again)."""
         deadline = self._clock() + self.answer_seconds
         backoff = Backoff(initial=0.005, maximum=0.1, jitter=0)
         while True:
@@ -204,6 +207,8 @@ class HostMemory:
             # the kernel put it back as it was: it refused the change (our own write reads
             # ``offline`` or ``online_movable``, never the state it replaced)
             if state == ("offline" if online else "online"):
+                return False
+            if until is not None and self._clock() >= until:
                 return False
             if self._clock() >= deadline:
                 raise MemoryFailed(
@@ -295,8 +300,10 @@ class HostMemory:
                     busy.append((block, refused.strerror or "refused"))
                 else:
                     raise MemoryFailed(f"memory block {block} of {device}: {refused.strerror}")
+            # a write is given a moment for its answer even at the deadline: none left pending
+            until = max(deadline, self._clock() + _LAST_ANSWER_SECONDS)
             for block in written:
-                if not await self._await_answer(block, online=False):
+                if not await self._await_answer(block, online=False, until=until):
                     busy.append((block, os.strerror(errno.EBUSY)))
             if not busy:
                 break

@@ -5,12 +5,12 @@ and finds exactly the files it finds beside the real emulator (docs/emulator.md,
 sees"): a bound PCIe device's directory, a CXL region with its dax device, memory blocks and
 CPU-less NUMA node, and the emulated kernel that answers the blocks' ``state`` writes.
 
-One thing the emulator cannot play, this kernel can: an offline that fails because pages are in
-use (:meth:`EmulatedHosts.pages_in_use`). Memory/hot-plug's real answer is ``EBUSY`` on the write;
-the emulated kernel answers a node agent's writes a tick later, so it refuses by putting ``online``
-back into ``state``, as its answer to anything else it refuses. And where the emulator's release
-does not wait for the host, this one checks: a region taken away while a block of it is online
-is recorded (:attr:`EmulatedHosts.yanked`), the failure a node agent must never cause.
+Pages in use that refuse an offline (:meth:`EmulatedHosts.pages_in_use`) are the emulated kernel's
+``pinned`` blocks: the real kernel's answer is ``EBUSY`` on the write; the emulated kernel answers a
+node agent's writes a tick later, so it refuses by putting ``online`` back into ``state``, as its
+answer to anything else it refuses. And where the emulator's release does not wait for the host,
+this one checks: a region taken away while a block of it is online is recorded
+(:attr:`EmulatedHosts.yanked`), the failure a node agent must never cause.
 """
 
 from __future__ import annotations
@@ -18,14 +18,12 @@ from __future__ import annotations
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from emulator.redfish.model.state import BindingRecord, HostAddress
 from emulator.redfish.sysfs.hostview import (
     MEMORY_BLOCK_BYTES,
     HostEntry,
     HostView,
-    MemoryHotplug,
     allocate_address,
 )
 from manager_api.devices import BindingStyle, DeviceType
@@ -41,40 +39,13 @@ _CLASS_CODES = {
 }
 
 
-class _KernelWithPinnedPages(MemoryHotplug):
-    """The emulator's memory hot-plug, and pages that cannot be migrated off chosen blocks."""
-
-    def __init__(self, view: HostView) -> None:
-        super().__init__(view)
-        #: (host, block) → how many more offline writes are refused
-        self.pinned: dict[tuple[str, int], int] = {}
-
-    def _settle(self, host: Any) -> None:  # the emulator's _HostMemory, under its lock
-        memory = host.sys_root / "devices" / "system" / "memory"
-        name = host.sys_root.parent.name
-        for blocks in host.nodes.values():
-            for block in blocks:
-                left = self.pinned.get((name, block), 0)
-                if not left:
-                    continue
-                try:
-                    written = (memory / f"memory{block}" / "state").read_text().strip()
-                except FileNotFoundError:
-                    continue
-                if written == "offline" and host.states.get(block, "").strip() == "online":
-                    # mm/memory_hotplug.c offline_pages: the pages could not be migrated (EBUSY)
-                    (memory / f"memory{block}" / "state").write_text("online\n")
-                    self.pinned[(name, block)] = left - 1
-        super()._settle(host)
-
-
 class EmulatedHosts:
     """The nodes' host views under ``root/hosts``; each node's tree at :meth:`sysfs`."""
 
     def __init__(self, root: Path, nodes: list[str]) -> None:
         self.view = HostView(root / "hosts")
-        self.kernel = _KernelWithPinnedPages(self.view)
-        self.view.memory = self.kernel
+        #: the emulated kernel's part in memory hot-plug (its ``pinned`` blocks refuse offlines)
+        self.kernel = self.view.memory
         self.view.reset({node: f"00000000-0000-4000-8000-{i:012x}" for i, node in enumerate(nodes)})
         self._lock = threading.Lock()
         #: target → (its record, its entry, the device it comes from) while bound

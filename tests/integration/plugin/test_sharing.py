@@ -217,33 +217,35 @@ def test_a_kmem_share_is_system_ram_of_its_node_and_offline_before_it_goes(shari
 
 def test_pages_in_use_are_retried_and_the_memory_is_never_taken_away_online(sharing: Sharing) -> None:
     async def scenario() -> None:
-        share = str(uuid.uuid4())
-        ref = await sharing.claim_share("mem-busy", share, "2Gi", mode="kmem")
+        brief, stuck = str(uuid.uuid4()), str(uuid.uuid4())
+        passing = await sharing.claim_share("mem-busy-brief", brief, "2Gi", mode="kmem")
+        pinned = await sharing.claim_share("mem-busy-stuck", stuck, "2Gi", mode="kmem")
         async with running_kubelet(sharing.stack.registry_dir) as kubelet:
             plugin = await plugin_of(kubelet)
-            await plugin.prepare([kubelet_claim(ref)])
-            node = int(env_of(sharing.spec(ref))[f"{cdi.env_prefix(f'cxlpool0-{share}')}NUMA_NODE"])
+            await plugin.prepare([kubelet_claim(passing), kubelet_claim(pinned)])
 
-            # a few refusals: retried within the call
-            sharing.hosts.pages_in_use(NODE, f"cxlpool0/{share}", refusals=3)
-            other = str(uuid.uuid4())
-            second = await sharing.claim_share("mem-busy-2", other, "1Gi", mode="kmem")
-            await plugin.prepare([kubelet_claim(second)])
+            # pages in use for a while: the offline is retried within the call, then it succeeds
+            sharing.hosts.pages_in_use(NODE, f"cxlpool0/{brief}", refusals=3)
+            await plugin.unprepare([kubelet_claim(passing)])
+            assert brief not in sharing.shares()
+            assert all(n == 0 for n in sharing.hosts.kernel.pinned.values()), "the refusals were not met"
+
             # pages that stay in use: the call ends with a retriable error, nothing detached
-            sharing.hosts.pages_in_use(NODE, f"cxlpool0/{share}", refusals=1_000_000)
+            node = int(env_of(sharing.spec(pinned))[f"{cdi.env_prefix(f'cxlpool0-{stuck}')}NUMA_NODE"])
+            sharing.hosts.pages_in_use(NODE, f"cxlpool0/{stuck}", refusals=1_000_000)
             detaches = len(sharing.manager.detach_calls)
-            errors = await plugin.node_unprepare_resources([kubelet_claim(ref)], deadline=8)
-            error = errors[ref.uid]
-            assert "the kernel would not offline 2 memory block(s) of cxlpool0-" in error
-            assert "the memory stays online and attached to this node" in error
+            errors = await plugin.node_unprepare_resources([kubelet_claim(pinned)], deadline=8)
+            error = errors[pinned.uid]
+            assert "the kernel would not offline 2 memory block(s) of cxlpool0-" in error, error
+            assert "the memory stays online and attached to this node" in error, error
             assert "nothing is detached while they are online" in error and "\n" not in error
             assert len(sharing.manager.detach_calls) == detaches, "detached with blocks online"
-            assert share in sharing.shares()
+            assert stuck in sharing.shares()
             assert set(blocks_of_node(sharing, node).values()) == {"online"}
 
             sharing.hosts.kernel.pinned.clear()  # the pages could be migrated now
-            await plugin.unprepare([kubelet_claim(ref), kubelet_claim(second)])
-        assert share not in sharing.shares() and other not in sharing.shares()
+            await plugin.unprepare([kubelet_claim(pinned)])
+        assert stuck not in sharing.shares()
         assert sharing.hosts.yanked == []
 
     asyncio.run(scenario())
