@@ -10,8 +10,10 @@
     ├── KubeletPluginError           the kubelet plugin could not do its part on this node
     │   ├── PluginError              at start: the operator must act (printed as one line)
     │   ├── PrepareFailed            a claim not prepared; its message is the kubelet's error
-    │   ├── ClaimNotFound, DeviceNotVisible, CheckpointCorrupt
-    │   └── DeviceInUse, StillDetaching    also manager_api FabricErrors: retriable
+    │   ├── ClaimNotFound, DeviceNotVisible, CheckpointCorrupt, ConfigError
+    │   ├── PartitionFailed, MemoryFailed  a GPU partition, a CXL share's memory not made usable
+    │   ├── HookError            ``fabric-dra cdi-hook``: a container not bound to its NUMA node
+    │   └── DeviceInUse, StillDetaching, MemoryInUse    also manager_api FabricErrors: retriable
     └── ControllerError              the ResourceSlice and binding-condition controller
         └── ResourceApiMissing (RuntimeError)   the cluster serves no resource.k8s.io/v1
 

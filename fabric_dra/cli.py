@@ -33,6 +33,7 @@ ROLES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("dra_driver.plugin.cli", "register", ("plugin",)),
     ("dra_driver.controller.cli", "register", ("controller",)),
     ("dra_driver.explain", "register", ("explain",)),
+    ("dra_driver.plugin.cdihook", "register", ("cdi-hook",)),
 )
 #: The entry points through which another distribution adds subcommands: name → ``register(subparsers)``.
 COMMANDS_GROUP = "fabric_dra.commands"

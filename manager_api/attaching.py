@@ -69,13 +69,16 @@ async def attach_until_attached(
     namespace: str | None = None,
     progress: AttachProgress | None = None,
     limit: asyncio.Semaphore | None = None,
+    share_id: str | None = None,
+    memory_bytes: int | None = None,
 ) -> Attachment:
     """POST the attachment until the fabric says attached (the answer is returned).
 
     Raises a non-retriable :class:`FabricError` at once, a transient one past
     ``policy.retry_until``, ``DeviceBusy`` as :attr:`AttachPolicy.busy_for` says, and
     :class:`AttachStillRunning` when the fabric is still attaching at ``policy.attaching_until``.
-    ``limit`` bounds how many requests are in flight at once (the controller's concurrency).
+    ``limit`` bounds how many requests are in flight at once (the controller's concurrency). A
+    share of a memory pool is asked for with the allocation's ``share_id`` and ``memory_bytes``.
     """
     hear = progress or AttachProgress()
     started = time.monotonic()
@@ -92,6 +95,8 @@ async def attach_until_attached(
                     wait_seconds=policy.wait_seconds,
                     pool=pool,
                     namespace=namespace,
+                    share_id=share_id,
+                    memory_bytes=memory_bytes,
                 )
         except DeviceBusy as err:
             if policy.busy_for is None:

@@ -233,11 +233,20 @@ class ManagerClient:
         wait_seconds: float = 0.0,
         pool: str | None = None,
         namespace: str | None = None,
+        share_id: str | None = None,
+        memory_bytes: int | None = None,
     ) -> Attachment:
         """Bind ``device`` to ``node`` for ``claim_uid``; idempotent. State ``attaching`` means: ask again.
-        With ``pool``, a device that is not in that pool is refused (404) rather than bound."""
+        With ``pool``, a device that is not in that pool is refused (404) rather than bound. A share
+        of a memory pool names the allocation's ``share_id`` and its ``memory_bytes``."""
         body = AttachRequest(
-            device=device, node=node, claim_uid=claim_uid, pool=pool, namespace=namespace
+            device=device,
+            node=node,
+            claim_uid=claim_uid,
+            pool=pool,
+            namespace=namespace,
+            share_id=share_id,
+            memory_bytes=memory_bytes,
         ).model_dump(by_alias=True, exclude_none=True)
         response = await self._request(
             "POST",
@@ -277,13 +286,20 @@ class ManagerClient:
         return Attachment.model_validate_json(response.content)
 
     async def detach(
-        self, device: str, node: str, claim_uid: str, *, wait_seconds: float = 0.0
+        self,
+        device: str,
+        node: str,
+        claim_uid: str,
+        *,
+        wait_seconds: float = 0.0,
+        share_id: str | None = None,
     ) -> Attachment:
-        """Unbind ``device`` if ``claim_uid`` holds it on ``node``; a no-op success otherwise."""
+        """Unbind ``device`` if ``claim_uid`` holds it on ``node``; a no-op success otherwise. A
+        share of a memory pool is named by its ``share_id`` (a claim may hold several of one pool)."""
         response = await self._request(
             "DELETE",
             f"/attachments/{device}",
-            params={"claimUid": claim_uid, "node": node, "waitSeconds": wait_seconds},
+            params={"claimUid": claim_uid, "node": node, "waitSeconds": wait_seconds, "shareId": share_id},
             wait_seconds=wait_seconds,
         )
         return Attachment.model_validate_json(response.content)

@@ -15,10 +15,11 @@ GET      /api/v1/nodes                                ``list[FabricNode]``
 POST     /api/v1/attachments?waitSeconds=W            body :class:`AttachRequest` → :class:`Attachment`;
                                                       200 when attached, 202 while attaching (poll the
                                                       operation or POST again: idempotent per claim+device)
-DELETE   /api/v1/attachments/{device}?claimUid=C&node=N&waitSeconds=W
+DELETE   /api/v1/attachments/{device}?claimUid=C&node=N&waitSeconds=W[&shareId=S]
                                                       → :class:`Attachment` with state ``detached`` (200)
                                                       or ``detaching`` (202); a device not held by C is a
-                                                      no-op success (idempotent)
+                                                      no-op success (idempotent); a partition is named
+                                                      by its partition device, a pool's share by S
 GET      /api/v1/operations/{id}                      :class:`Operation`
 GET      /api/v1/operations                           ``list[Operation]`` in flight and recent
 PUT      /api/v1/nodes/{node}/claims                  body :class:`NodeClaims`: the claims the node's plugin

@@ -7,7 +7,9 @@ block runs, nothing is flushed or closed — as after a power cut of the contain
 Unset (every real deployment), :func:`crash_point` is one truth test of an empty set.
 
 Points are named ``<role>.<operation>.<step>``; :data:`POINTS` lists each with what has and has
-not happened when it fires. The crash-point matrix (``tests/integration/reliability/``) kills
+not happened when it fires. The plugin's partition and memory points (:data:`SHARING_POINTS`)
+fire only for a claim of a GPU partition or of a memory share. The crash-point matrix
+(``tests/integration/reliability/``) kills
 every role at every point, restarts it, and checks that the system converges: the claim is
 prepared exactly once or fails cleanly, no binding leaks, no device is ever bound twice.
 docs/reliability.md has the results.
@@ -22,7 +24,7 @@ import sys
 from plumbing.cli import emit
 from plumbing.logs import get_logger
 
-__all__ = ["ENV", "POINTS", "armed", "crash_point", "rearm"]
+__all__ = ["ENV", "POINTS", "SHARING_POINTS", "armed", "crash_point", "rearm"]
 
 ENV = "FABRIC_DRA_CRASH_AT"
 
@@ -33,12 +35,28 @@ POINTS: dict[str, str] = {
     "plugin.prepare.after-checkpoint-started": "PrepareStarted written; no attach request sent",
     "plugin.prepare.before-attach": "about to send POST /attachments to the manager",
     "plugin.prepare.after-attach": "the manager answered attached; the host has not been checked",
+    "plugin.prepare.before-partition": (
+        "a partition's GPU is bound and visible, the claim's record names the placement it makes; "
+        "no partition yet"
+    ),
+    "plugin.prepare.after-partition": (
+        "the partition is made on the GPU; the claim's record does not say so yet"
+    ),
+    "plugin.prepare.before-memory-online": (
+        "a share's memory is connected and visible, the claim's record names its region; its blocks "
+        "are offline"
+    ),
+    "plugin.prepare.after-memory-online": (
+        "the share's blocks are online; the claim's record does not say so yet"
+    ),
     "plugin.prepare.after-visible": "the device is visible on the host; no CDI spec yet",
     "plugin.prepare.before-cdi-write": "about to write the CDI spec files",
     "plugin.prepare.after-cdi-write": "CDI specs written; the checkpoint still says PrepareStarted",
     "plugin.prepare.before-checkpoint-completed": "about to record PrepareCompleted",
     "plugin.prepare.after-checkpoint-completed": "PrepareCompleted durable; the kubelet has no answer",
     # -- plugin: NodeUnprepareResources ----------------------------------------------------------
+    "plugin.unprepare.after-partition-destroy": "the claim's partition is gone from its GPU; no detach sent",
+    "plugin.unprepare.after-memory-offline": "the share's blocks are offline; no detach sent",
     "plugin.unprepare.before-detach": "about to send DELETE /attachments to the manager",
     "plugin.unprepare.after-detach": "the manager answered detached; CDI specs and entry still there",
     "plugin.unprepare.after-cdi-remove": "CDI specs removed; the checkpoint entry still there",
@@ -75,6 +93,11 @@ POINTS: dict[str, str] = {
     "emulator.task.before-complete": "a task's work is done; its result is not durable",
     "emulator.task.after-complete": "a task's result is durable; clients polling it have not seen it",
 }
+
+#: the plugin's points that only a GPU partition's or a memory share's prepare reaches
+SHARING_POINTS = frozenset(
+    p for p in POINTS if p.startswith("plugin.") and ("partition" in p or "memory" in p)
+)
 
 log = get_logger(__name__)
 

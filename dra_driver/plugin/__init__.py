@@ -7,6 +7,7 @@ reads this list):
 
 ============== ================================================================================
 prepare_errors why a prepare failed, as the kubelet and the claim's events read it
+cdihook        ``fabric-dra cdi-hook set-mems``: the CDI hook binding a container to a NUMA node
 config         flags and environment, validated once
 state          per-claim locks (in-process and across pods) and background attaches
 claims         reading ResourceClaims (resource.k8s.io v1, older versions as fallback)
@@ -15,6 +16,9 @@ hostview       what the host sees of a device: its records, the small sysfs read
 readiness      whether a real host's device is ready (drivers, /dev nodes, NVMe namespaces, udev)
 hostside       acting on the host: who uses a device, function-level reset, unbind and remove
 hostdev        finding a device in sysfs and waiting for it (udev events, PCI rescan)
+partitioner    GPU partitions: the ``Partitioner`` interface, its record, the emulated one
+nvml           MIG partitions of real NVIDIA GPUs through NVML (``fabric-dra[nvidia]``)
+hostmemory     a CXL share's memory: devdax, or onlined as system RAM of its NUMA node (kmem)
 facts          what the node knows of a claim's device, declared once (checkpoint, CDI, manager)
 cdi            transient CDI spec files
 probes         readiness (registered, checkpoint loaded) and liveness (gRPC answers) for the kubelet
@@ -33,6 +37,7 @@ cli            ``register(subparsers)`` for the root command line
 
 FLOORS = (
     "prepare_errors",
+    "cdihook",
     "config",
     "state",
     "claims",
@@ -41,6 +46,9 @@ FLOORS = (
     "readiness",
     "hostside",
     "hostdev",
+    "partitioner",
+    "nvml",
+    "hostmemory",
     "facts",
     "cdi",
     "probes",

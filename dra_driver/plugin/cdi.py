@@ -24,8 +24,11 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dra_driver.errors import InputError
+from dra_driver.plugin.cdihook import DEFAULT_HOOK_PATH, HOOK_NAME, HOOK_TIMEOUT_SECONDS, set_mems_args
 from dra_driver.plugin.facts import DeviceFacts
 from dra_driver.plugin.hostdev import HostDevice
+from dra_driver.plugin.hostmemory import MemoryMode, MemoryRecord
+from dra_driver.plugin.partitioner import Partition
 from plumbing.fsutil import atomic_write
 from plumbing.names import (
     QUALIFIED_NAME_PART_PATTERN,
@@ -37,11 +40,14 @@ from plumbing.names import (
 __all__ = [
     "CDI_VERSIONS",
     "CONTAINER_DEVICE_DIR",
+    "DEFAULT_HOOK_PATH",
+    "OCI_HOOKS",
     "CdiDevice",
     "CdiSpec",
     "CdiSpecError",
     "ContainerEdits",
     "DeviceNode",
+    "Hook",
     "Mount",
     "SpecDevice",
     "build_specs",
@@ -51,6 +57,7 @@ __all__ = [
     "kind_for",
     "minimum_version",
     "read_spec_devices",
+    "read_spec_entries",
     "remove_spec_files",
     "spec_file",
     "spec_files_of_claim",
@@ -62,6 +69,9 @@ __all__ = [
 CDI_VERSIONS = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0")
 #: Where an emulated device's sysfs directory appears inside the container.
 CONTAINER_DEVICE_DIR = "/run/fabric-dra/devices"
+#: The hook names of an OCI runtime (runtime-spec config.md, "POSIX-platform Hooks"); CDI passes
+#: a hook's name through to the runtime's spec (CDI SPEC.md, "Hooks").
+OCI_HOOKS = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop")
 
 # CDI's own name rule ([a-zA-Z0-9], then [a-zA-Z0-9_.-], alphanumeric at the end) is the character
 # set of a Kubernetes qualified-name part; a class is also at most 63 long, a device name is not.
@@ -89,10 +99,20 @@ class Mount(_Cdi):
     type: str | None = None
 
 
+class Hook(_Cdi):
+    hook_name: str = Field(alias="hookName")
+    path: str
+    args: list[str] = Field(default_factory=list)
+    env: list[str] | None = None
+    timeout: int | None = None
+
+
 class ContainerEdits(_Cdi):
     env: list[str] = Field(default_factory=list)
     device_nodes: list[DeviceNode] = Field(default_factory=list, alias="deviceNodes")
     mounts: list[Mount] = Field(default_factory=list)
+    #: left out when there are none: a spec without hooks is written as before CDI hooks were used
+    hooks: list[Hook] | None = None
 
 
 class CdiDevice(_Cdi):
@@ -120,6 +140,8 @@ class SpecDevice(DeviceFacts):
     claim_uid: str
     request_names: tuple[str, ...] = ()
     host: HostDevice | None = None
+    partition: Partition | None = None
+    memory: MemoryRecord | None = None
     extra_env: dict[str, str] = Field(default_factory=dict)
 
 
@@ -127,12 +149,13 @@ def kind_for(driver: str, device_type: str) -> str:
     return f"k8s.{driver}/{device_type}"
 
 
-def cdi_device_name(claim_uid: str, device: str) -> str:
-    return f"{claim_uid}-{device}"
+def cdi_device_name(claim_uid: str, key: str) -> str:
+    """``<claim-uid>-<device>``, or ``<claim-uid>-<device>-<share-id>`` for a share (its ``key``)."""
+    return f"{claim_uid}-{key}"
 
 
-def cdi_device_id(driver: str, device_type: str, claim_uid: str, device: str) -> str:
-    return f"{kind_for(driver, device_type)}={cdi_device_name(claim_uid, device)}"
+def cdi_device_id(driver: str, device_type: str, claim_uid: str, key: str) -> str:
+    return f"{kind_for(driver, device_type)}={cdi_device_name(claim_uid, key)}"
 
 
 def spec_file(cdi_root: Path, driver: str, device_type: str, claim_uid: str) -> Path:
@@ -231,18 +254,26 @@ def validate_spec(spec: CdiSpec) -> None:
                 raise CdiSpecError(
                     f"mount {mount.host_path!r} -> {mount.container_path!r}: paths not absolute"
                 )
+        for hook in edits.hooks or ():
+            if hook.hook_name not in OCI_HOOKS:
+                raise CdiSpecError(f"hook name {hook.hook_name!r} is none of {', '.join(OCI_HOOKS)}")
+            if not hook.path.startswith("/"):
+                raise CdiSpecError(f"hook path {hook.path!r} must be an absolute path")
+            if hook.timeout is not None and not 0 < hook.timeout < 1 << 32:
+                raise CdiSpecError(f"hook timeout {hook.timeout} must be a positive number of seconds")
 
 
 # -- building, writing, reading ---------------------------------------------------------------
 
 
-def _device_edits(item: SpecDevice, *, real_host: bool) -> ContainerEdits:
-    p = env_prefix(item.device)
+def _device_edits(item: SpecDevice, *, real_host: bool, hook_path: str) -> ContainerEdits:
+    p = env_prefix(item.key)
     facts, optional = item.cdi_env(p)
     env = {**facts, f"{p}CLAIM_UID": item.claim_uid, f"{p}REQUEST": ",".join(item.request_names)}
     host = item.host
     mounts: list[Mount] = []
-    nodes: list[DeviceNode] = []
+    nodes: list[str] = []
+    hooks: list[Hook] = []
     if host is not None:
         optional |= {
             f"{p}PCI_ADDRESS": host.pci_address,
@@ -254,13 +285,46 @@ def _device_edits(item: SpecDevice, *, real_host: bool) -> ContainerEdits:
             # a NIC's interface is no /dev node: the runtime (or a CNI plugin) moves it by name
             f"{p}NET_INTERFACES": ",".join(host.net_interfaces) or None,
         }
-        if real_host:
-            nodes = [DeviceNode(path=path, permissions="rw") for path in host.device_nodes]
-        else:
-            container_dir = f"{CONTAINER_DEVICE_DIR}/{item.device}"
+        nodes = list(host.device_nodes)
+        exposed = host.sysfs_path
+        if item.partition is not None:
+            # the container gets the partition, never its whole GPU
+            part = item.partition
+            nodes = list(part.device_nodes)
+            exposed = part.path or exposed
+            optional |= {
+                f"{p}PARTITION_UUID": part.uuid,
+                f"{p}PARTITION_PROFILE": part.profile,
+                f"{p}PARTITION_START": str(part.start),
+                f"{p}DEVICE_NODES": ",".join(part.device_nodes) or None,
+            }
+            env |= part.env
+        if item.memory is not None:
+            memory = item.memory
+            optional |= {
+                f"{p}MEMORY_MODE": memory.mode.value,
+                f"{p}MEMORY_BYTES": str(item.memory_bytes) if item.memory_bytes else None,
+            }
+            if memory.mode is MemoryMode.KMEM:
+                # system RAM of its own NUMA node: no device node; the hook binds the container to it
+                nodes = []
+                optional |= {f"{p}NUMA_NODE": str(memory.node), f"{p}DEVICE_NODES": None}
+                if memory.node is not None:
+                    hooks.append(
+                        Hook(
+                            hook_name=HOOK_NAME,
+                            path=hook_path,
+                            args=set_mems_args(memory.node),
+                            timeout=HOOK_TIMEOUT_SECONDS,
+                        )
+                    )
+        if not real_host:
+            # an emulated host has no /dev: the nodes are named, its sysfs directory is shown
+            nodes = []
+            container_dir = f"{CONTAINER_DEVICE_DIR}/{item.key}"
             mounts.append(
                 Mount(
-                    host_path=os.path.realpath(host.sysfs_path),
+                    host_path=os.path.realpath(exposed),
                     container_path=container_dir,
                     options=["ro", "nosuid", "nodev", "noexec", "bind"],
                 )
@@ -268,17 +332,24 @@ def _device_edits(item: SpecDevice, *, real_host: bool) -> ContainerEdits:
             optional[f"{p}SYSFS"] = container_dir
     env |= {k: v for k, v in optional.items() if v}
     env |= item.extra_env
-    return ContainerEdits(env=[f"{k}={v}" for k, v in env.items()], device_nodes=nodes, mounts=mounts)
+    return ContainerEdits(
+        env=[f"{k}={v}" for k, v in env.items()],
+        device_nodes=[DeviceNode(path=path, permissions="rw") for path in nodes],
+        mounts=mounts,
+        hooks=hooks or None,
+    )
 
 
-def build_specs(driver: str, devices: Sequence[SpecDevice], *, real_host: bool) -> dict[str, CdiSpec]:
+def build_specs(
+    driver: str, devices: Sequence[SpecDevice], *, real_host: bool, hook_path: str = DEFAULT_HOOK_PATH
+) -> dict[str, CdiSpec]:
     """One spec per device type, keyed by type, each validated."""
     by_type: dict[str, list[CdiDevice]] = {}
     for item in devices:
         by_type.setdefault(item.type, []).append(
             CdiDevice(
-                name=cdi_device_name(item.claim_uid, item.device),
-                container_edits=_device_edits(item, real_host=real_host),
+                name=cdi_device_name(item.claim_uid, item.key),
+                container_edits=_device_edits(item, real_host=real_host, hook_path=hook_path),
             )
         )
     specs: dict[str, CdiSpec] = {}
@@ -314,29 +385,42 @@ def remove_spec_files(paths: Iterable[Path]) -> None:
             path.unlink()
 
 
+def _is_device_variable(name: str, env: dict[str, str]) -> bool:
+    """``FABRIC_DRA_<KEY>_DEVICE`` whose prefix is the one its device (and share) make."""
+    if not name.endswith("_DEVICE") or not name.startswith("FABRIC_DRA_"):
+        return False
+    prefix = name.removesuffix("DEVICE")
+    share = env.get(f"{prefix}SHARE_ID")
+    return prefix == env_prefix(env[name] if share is None else f"{env[name]}-{share}")
+
+
 def read_spec_devices(path: Path) -> list[SpecDevice]:
     """The devices one of our spec files describes (for rebuilding a lost checkpoint).
 
     Raises :class:`CdiSpecError` when the file is not a spec this plugin wrote.
     """
+    return [device for device, _prefix, _env in read_spec_entries(path)]
+
+
+def read_spec_entries(path: Path) -> list[tuple[SpecDevice, str, dict[str, str]]]:
+    """Each device of one of our spec files with its variables' prefix and every variable it
+    gives (a partition's placement, a share's mode: what the facts do not carry)."""
     try:
         spec = CdiSpec.model_validate_json(path.read_bytes())
     except (OSError, ValidationError, json.JSONDecodeError) as err:
         raise CdiSpecError(f"{path}: not a readable CDI spec: {err}") from err
     device_type = spec.kind.partition("/")[2]
-    found = []
+    found: list[tuple[SpecDevice, str, dict[str, str]]] = []
     for cdi_device in spec.devices:
         env = dict(e.partition("=")[::2] for e in cdi_device.container_edits.env)
-        device_name = next((v for k, v in env.items() if k == f"{env_prefix(v)}DEVICE"), None)
-        if device_name is None:
+        p = next((k.removesuffix("DEVICE") for k in env if _is_device_variable(k, env)), None)
+        if p is None:
             raise CdiSpecError(f"{path}: device {cdi_device.name} has no FABRIC_DRA_*_DEVICE variable")
-        p = env_prefix(device_name)
         requests = tuple(r for r in env.get(f"{p}REQUEST", "").split(",") if r)
-        found.append(
-            SpecDevice(
-                claim_uid=env.get(f"{p}CLAIM_UID", ""),
-                request_names=requests,
-                **DeviceFacts.from_cdi_env(env, p, type_of_kind=device_type),
-            )
+        device = SpecDevice(
+            claim_uid=env.get(f"{p}CLAIM_UID", ""),
+            request_names=requests,
+            **DeviceFacts.from_cdi_env(env, p, type_of_kind=device_type),
         )
+        found.append((device, p, env))
     return found

@@ -28,12 +28,21 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+)
 
 from dra_driver.errors import KubeletPluginError
 from dra_driver.plugin import cdi
 from dra_driver.plugin.facts import DeviceFacts
 from dra_driver.plugin.hostdev import HostDevice
+from dra_driver.plugin.hostmemory import MemoryMode, MemoryRecord
+from dra_driver.plugin.partitioner import Partition
 from plumbing.fsutil import atomic_write
 from plumbing.logs import get_logger
 
@@ -68,6 +77,18 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
+#: what a device of a GPU partition or a memory share adds to its record, left out when unset
+_SHARING_FIELDS = (
+    "share_id",
+    "parent",
+    "partition_profile",
+    "partition_start",
+    "partition",
+    "memory_mode",
+    "memory",
+)
+
+
 class PreparedDevice(DeviceFacts):
     """A device of a prepared claim: its facts (:class:`DeviceFacts`, stored under their names) and
     how far this node got with it."""
@@ -77,11 +98,35 @@ class PreparedDevice(DeviceFacts):
     attached: bool = False
     host: HostDevice | None = None
     cdi_device_ids: list[str] = Field(default_factory=list)
+    #: a GPU partition's device: the placement this claim makes (recorded before it is made, so a
+    #: crash in between finds it again as this claim's) and the partition made (once made)
+    partition_profile: str | None = None
+    partition_start: int | None = None
+    partition: Partition | None = None
+    #: a memory pool's share: how the claim asked for its memory (devdax or kmem)
+    memory_mode: MemoryMode | None = None
+    #: a memory pool's share: how its memory was handed over (once done)
+    memory: MemoryRecord | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_unset_shares(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A device of neither a partition nor a share is stored as before those existed: a node
+        keeps its claims across an upgrade byte for byte, and a downgrade reads them still."""
+        data: dict[str, Any] = handler(self)
+        for name in _SHARING_FIELDS:
+            if data.get(name, 0) is None:
+                del data[name]
+        return data
 
     def spec_device(self, claim_uid: str) -> cdi.SpecDevice:
         """What the claim's CDI spec says of this device."""
         return cdi.SpecDevice(
-            claim_uid=claim_uid, request_names=tuple(self.request_names), host=self.host, **self.facts()
+            claim_uid=claim_uid,
+            request_names=tuple(self.request_names),
+            host=self.host,
+            partition=self.partition,
+            memory=self.memory,
+            **self.facts(),
         )
 
 

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from dra_driver.plugin.cdihook import DEFAULT_HOOK_PATH
 from plumbing import DEFAULT_DRIVER_NAME
 from plumbing.names import is_dns1123_subdomain
 from plumbing.settings import Setting, SettingsError, add_settings_arguments, read_settings
@@ -30,6 +31,7 @@ __all__ = [
     "MAX_SOCKET_PATH",
     "DeviceBackendKind",
     "HostMode",
+    "MemoryMode",
     "PluginConfig",
     "add_arguments",
     "config_from_args",
@@ -51,6 +53,15 @@ class DeviceBackendKind(StrEnum):
     FABRIC = "fabric"
     #: no fabric, no host: measures the plugin's own overhead (benchmarks only)
     NOOP = "noop"
+
+
+class MemoryMode(StrEnum):
+    """How a CXL memory share is handed to its container (docs/plugin.md, "CXL memory shares")."""
+
+    #: the region's dax device node in the container
+    DEVDAX = "devdax"
+    #: onlined as system RAM of a CPU-less NUMA node, the container bound to that node
+    KMEM = "kmem"
 
 
 class HostMode(StrEnum):
@@ -156,6 +167,23 @@ class PluginConfig(BaseModel):
             _HOST,
         ),
     ] = True
+    memory_mode: Annotated[
+        MemoryMode,
+        Setting(
+            "how a CXL memory share reaches its container unless the claim's configuration says: "
+            "devdax (the /dev/dax device) or kmem (system RAM of its own NUMA node, the container "
+            "bound to it by a CDI hook)",
+            _HOST,
+        ),
+    ] = MemoryMode.DEVDAX
+    cdi_hook_path: Annotated[
+        str,
+        Setting(
+            "the fabric-dra command on the node (not in the plugin's container) that the kmem mode's "
+            "CDI hook runs to set the container's cpuset.mems",
+            _HOST,
+        ),
+    ] = Field(default=DEFAULT_HOOK_PATH, pattern=r"^/")
     #: how long a device may take to appear on the host once the fabric bound it
     visible_timeout: Annotated[
         float, Setting("seconds a bound device may take to appear on the host before prepare fails", _HOST)

@@ -33,18 +33,22 @@ from dra_driver.plugin import cdi, prepare_errors
 from dra_driver.plugin.attach import ClaimAttacher
 from dra_driver.plugin.backend import DeviceBackend
 from dra_driver.plugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
-from dra_driver.plugin.claims import ClaimNotFound, ClaimRef, ClaimSource
+from dra_driver.plugin.claims import ClaimNotFound, ClaimRef, ClaimSource, ConfigError, memory_mode
 from dra_driver.plugin.config import HostMode, PluginConfig
+from dra_driver.plugin.hostmemory import MemoryFailed
 from dra_driver.plugin.metrics import CLAIM_RESULTS, observe_phase
+from dra_driver.plugin.partitioner import PartitionFailed
 from dra_driver.plugin.prepare_errors import PrepareFailed
 from dra_driver.plugin.state import ClaimLocks
 from dra_driver.proto.dra_v1 import api_pb2 as v1_pb2
 from dra_driver.proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver.proto.dra_v1beta1 import api_pb2 as v1beta1_pb2
 from dra_driver.proto.dra_v1beta1 import api_pb2_grpc as v1beta1_grpc
+from dra_driver.selection.quantity import QuantityError, parse_quantity
 from manager_api.errors import FabricError
 from plumbing.crashpoints import crash_point
 from plumbing.kube import ApiError
+from plumbing.kube.dra import DeviceRequestAllocationResult, ResourceClaim
 from plumbing.logs import get_logger
 
 __all__ = [
@@ -188,16 +192,16 @@ class Driver:
             raise PrepareFailed(f"{what} is not allocated; the scheduler allocates it before the pod runs")
         if not claim.status.reserved_for:
             raise PrepareFailed(f"{what} is not reserved for any pod (status.reservedFor is empty)")
-        devices: dict[tuple[str, str], PreparedDevice] = {}
+        devices: dict[tuple[str, str, str | None], PreparedDevice] = {}
         for result in claim.results_for(self.driver_name):
             if result.admin_access:
                 raise PrepareFailed(
                     f"{what} requests admin access to device {result.device}; fabric-dra does not support "
                     f"adminAccess (a fabric device is bound to one node for one claim)"
                 )
-            key = (result.pool, result.device)
+            key = (result.pool, result.device, result.share_id)
             request = base_request_name(result.request)
-            other_pool = next((p for p, d in devices if d == result.device and p != result.pool), None)
+            other_pool = next((p for p, d, _ in devices if d == result.device and p != result.pool), None)
             if other_pool is not None:
                 raise PrepareFailed(
                     f"{what} names device {result.device} in two pools ({other_pool}, {result.pool}); "
@@ -208,9 +212,44 @@ class Driver:
                     devices[key].request_names.append(request)
                 continue
             devices[key] = PreparedDevice(
-                device=result.device, pool=result.pool, type="other", request_names=[request]
+                device=result.device,
+                pool=result.pool,
+                type="other",
+                request_names=[request],
+                **self._share_of(what, claim, result),
             )
         return list(devices.values())
+
+    def _share_of(
+        self, what: str, claim: ResourceClaim, result: DeviceRequestAllocationResult
+    ) -> dict[str, Any]:
+        """A share's facts from its allocation result: its ID, its consumed memory and the mode the
+        claim's configuration (else ``--memory-mode``) asks for; none for a device allocated whole."""
+        if result.share_id is None:
+            return {}
+        asked = (result.consumed_capacity or {}).get("memory")
+        if asked is None:
+            raise PrepareFailed(
+                f"{what} allocates share {result.share_id} of device {result.device} without a consumed "
+                "capacity of memory; a share of a memory pool is its memory: the allocation is wrong"
+            )
+        try:
+            size = parse_quantity(asked)
+            memory_bytes = size.as_integer() if size.is_integer() else None
+        except QuantityError as err:
+            raise PrepareFailed(f"{what}: share {result.share_id} consumes memory {asked!r}: {err}") from err
+        if memory_bytes is None or memory_bytes <= 0:
+            raise PrepareFailed(
+                f"{what}: share {result.share_id} consumes memory {asked!r}, not a whole number of bytes"
+            )
+        try:
+            mode = memory_mode(claim, result, self.driver_name) or self.config.memory_mode
+        except ConfigError as err:
+            raise PrepareFailed(
+                f"{what}: the configuration of request {result.request} for {self.driver_name} is not "
+                f"usable: {err}"
+            ) from err
+        return {"share_id": result.share_id, "memory_bytes": memory_bytes, "memory_mode": mode}
 
     async def _prepare_locked(self, ref: ClaimRef, deadline: float) -> list[PreparedResultDevice]:
         self.store.refresh()
@@ -223,9 +262,9 @@ class Driver:
         if not wanted:
             log.info("claim has no devices of this driver", claim=ref.uid, driver=self.driver_name)
             return []
-        known = {(d.pool, d.device): d for d in entry.devices} if entry is not None else {}
+        known = {(d.pool, d.key): d for d in entry.devices} if entry is not None else {}
         devices = [
-            known.get((d.pool, d.device), d).model_copy(update={"request_names": d.request_names})
+            known.get((d.pool, d.key), d).model_copy(update={"request_names": d.request_names})
             for d in wanted
         ]
         entry = ClaimEntry(
@@ -250,6 +289,7 @@ class Driver:
                 self.driver_name,
                 [d.spec_device(ref.uid) for d in entry.devices],
                 real_host=self._real_host,
+                hook_path=self.config.cdi_hook_path,
             )
             crash_point("plugin.prepare.before-cdi-write")
             paths = cdi.write_specs(self.config.cdi_root, self.driver_name, ref.uid, specs)
@@ -263,7 +303,7 @@ class Driver:
                         d.model_copy(
                             update={
                                 "cdi_device_ids": [
-                                    cdi.cdi_device_id(self.driver_name, d.type, ref.uid, d.device)
+                                    cdi.cdi_device_id(self.driver_name, d.type, ref.uid, d.key)
                                 ]
                             }
                         )
@@ -293,6 +333,7 @@ class Driver:
             self.driver_name,
             [d.spec_device(entry.uid) for d in entry.devices],
             real_host=self._real_host,
+            hook_path=self.config.cdi_hook_path,
         )
         cdi.write_specs(self.config.cdi_root, self.driver_name, entry.uid, specs)
         log.warning("rewrote missing CDI spec files", claim=entry.uid)
@@ -313,6 +354,13 @@ class Driver:
             log.warning("claim not unprepared", claim=ref.uid, error=err.message)
             reason = prepare_errors.detach_failure(err, self.node)
             return f"unpreparing claim {ref.namespace}/{ref.name}: {reason}"
+        except (PartitionFailed, MemoryFailed) as err:
+            CLAIM_RESULTS.labels("unprepare", "error").inc()
+            log.warning("claim not unprepared", claim=ref.uid, error=str(err))
+            return (
+                f"unpreparing claim {ref.namespace}/{ref.name}: {str(err).rstrip('. ')}; nothing was "
+                f"detached: the claim stays recorded on node {self.node} and the kubelet retries"
+            )
         except Exception as err:
             CLAIM_RESULTS.labels("unprepare", "error").inc()
             log.exception("claim unprepare failed unexpectedly", claim=ref.uid)
@@ -333,11 +381,16 @@ class Driver:
             log.info("claim was not prepared on this node; nothing to do", claim=ref.uid)
             return
         budget = max(0.0, deadline - self._clock())
+        last = self.attacher.last_on_gpu
         if len(entry.devices) == 1:
-            await self.backend.release(ref.uid, entry.devices[0], within=budget)
+            device = entry.devices[0]
+            await self.backend.release(ref.uid, device, within=budget, last_on_gpu=last(ref.uid, device))
         else:
             results = await asyncio.gather(
-                *(self.backend.release(ref.uid, d, within=budget) for d in entry.devices),
+                *(
+                    self.backend.release(ref.uid, d, within=budget, last_on_gpu=last(ref.uid, d))
+                    for d in entry.devices
+                ),
                 return_exceptions=True,
             )
             failed = [r for r in results if isinstance(r, BaseException)]

@@ -23,7 +23,12 @@ from pydantic import BaseModel, ConfigDict
 from dra_driver.plugin.hostdev import DeviceIdentity
 from manager_api.models import Device
 
-__all__ = ["CdiEnv", "DeviceFacts"]
+__all__ = ["CLAIM_FACTS", "CdiEnv", "DeviceFacts"]
+
+#: facts of the claim's own allocation, never of the manager's description of the device: a
+#: share's ID, and the GPU a partition device is carved from
+CLAIM_FACTS = ("share_id", "parent")
+_ASKED = ("device", "type", *CLAIM_FACTS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +52,13 @@ class DeviceFacts(BaseModel):
     serial: Annotated[str | None, CdiEnv("SERIAL")] = None
     vendor_id: Annotated[str | None, CdiEnv("VENDOR_ID")] = None
     device_id: Annotated[str | None, CdiEnv("DEVICE_ID")] = None
-    #: a CXL memory chunk's size, by which the host tells its region apart (not in the CDI spec)
+    #: a CXL memory chunk's size (a share's: its consumed capacity), by which the host tells its
+    #: region apart (not in the CDI spec)
     memory_bytes: int | None = None
+    #: a share of a memory pool: the allocation's shareID (one claim may hold several of one pool)
+    share_id: Annotated[str | None, CdiEnv("SHARE_ID")] = None
+    #: a GPU partition: the fabric's GPU it is carved from (the device is the partition's name)
+    parent: Annotated[str | None, CdiEnv("PARENT")] = None
 
     @classmethod
     def fact_names(cls) -> tuple[str, ...]:
@@ -56,9 +66,15 @@ class DeviceFacts(BaseModel):
 
     @classmethod
     def of(cls, device: Device) -> dict[str, Any]:
-        """The facts of the manager's answer about ``device``, by name."""
-        values = {name: getattr(device, name) for name in cls.fact_names() if name not in ("device", "type")}
+        """The facts of the manager's answer about ``device``, by name (the claim's own facts —
+        which device it asked for, its share — are the caller's)."""
+        values = {name: getattr(device, name) for name in cls.fact_names() if name not in _ASKED}
         return {**values, "device": device.name, "type": device.type.value}
+
+    @property
+    def key(self) -> str:
+        """What tells this device apart among its claim's: its name, and a share's ID with it."""
+        return self.device if self.share_id is None else f"{self.device}-{self.share_id}"
 
     def facts(self) -> dict[str, Any]:
         """These facts alone, to make another record of the same device."""

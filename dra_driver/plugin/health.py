@@ -4,7 +4,9 @@ The fabric is the source: the manager's inventory long poll (``GET /api/v1/inven
 carries every device's Redfish ``Status.Health`` and binding. A prepared device is
 
 - HEALTHY when the fabric reports it ``OK`` or ``Warning`` (still usable) and bound to this node
-  for the claim, and (where the host is scanned) its sysfs directory still exists;
+  for the claim (a partition: its GPU, with the partition held here for the claim; a share: its
+  pool, with the share connected here for the claim), and (where the host is scanned) its sysfs
+  directory still exists;
 - UNHEALTHY when it is ``Critical``, unavailable, bound elsewhere or no longer bound, or gone
   from the host;
 - UNKNOWN while the fabric manager cannot be reached (or with the no-op backend).
@@ -36,7 +38,7 @@ from typing import Any
 import grpc
 
 from dra_driver.plugin.backend import DeviceBackend
-from dra_driver.plugin.checkpoint import CheckpointStore, ClaimState
+from dra_driver.plugin.checkpoint import CheckpointStore, ClaimState, PreparedDevice
 from dra_driver.plugin.hostdev import HostScanner
 from dra_driver.proto.dra_health_v1alpha1 import api_pb2 as health_pb2
 from dra_driver.proto.dra_health_v1alpha1 import api_pb2_grpc as health_grpc
@@ -179,21 +181,38 @@ class HealthMonitor:
                 # prepared here is the exception: one read, at once, confirms its device.
                 await asyncio.sleep(self.min_poll_interval)
 
-    def _status(self, uid: str, device: str, host_path: str | None) -> int:
+    def _status(self, uid: str, device: PreparedDevice) -> int:
+        host_path = device.host.sysfs_path if device.host else None
         if self.scanner is not None and host_path is not None and not self.scanner.present_path(host_path):
             return health_pb2.UNHEALTHY
         if self._fabric is None:
             return health_pb2.UNKNOWN
-        info = self._fabric.get(device)
+        # a partition's health is its GPU's, a share's its pool's
+        info = self._fabric.get(device.parent or device.device)
         if self._fabric_since <= self._prepared.get(uid, math.inf):
             # read before this claim's attach: only the device's own health counts
             critical = info is not None and info.health is Health.CRITICAL
             return health_pb2.UNHEALTHY if critical else health_pb2.HEALTHY
         if info is None or info.state is BindingState.UNAVAILABLE:
             return health_pb2.UNHEALTHY
-        if info.node != self.node or (info.claim_uid is not None and info.claim_uid != uid):
+        if not self._held_here(uid, device, info):
             return health_pb2.UNHEALTHY
         return health_pb2.UNHEALTHY if info.health is Health.CRITICAL else health_pb2.HEALTHY
+
+    def _held_here(self, uid: str, device: PreparedDevice, info: Device) -> bool:
+        """Whether the fabric holds the claim's device on this node: bound to it, its partition
+        held here for the claim, its share connected here for it."""
+        if device.share_id is not None:
+            pool = info.memory_pool
+            share = next((s for s in pool.shares if s.share_id == device.share_id), None) if pool else None
+            return share is not None and (share.node, share.claim_uid) == (self.node, uid)
+        if info.node != self.node:
+            return False
+        if device.parent is not None:
+            return any(
+                (h.partition, h.claim_uid, h.node) == (device.device, uid, self.node) for h in info.partitions
+            )
+        return info.claim_uid is None or info.claim_uid == uid
 
     def report(self) -> DeviceHealthReport:
         self._note_prepared()
@@ -202,8 +221,7 @@ class HealthMonitor:
             if entry.state is not ClaimState.PREPARE_COMPLETED:
                 continue
             for d in entry.devices:
-                path = d.host.sysfs_path if d.host else None
-                out.append((d.pool, d.device, self._status(uid, d.device, path)))
+                out.append((d.pool, d.device, self._status(uid, d)))
         return out
 
     async def reports(self) -> AsyncGenerator[DeviceHealthReport, None]:

@@ -216,6 +216,10 @@ def detach_failure(err: FabricError, node: str) -> str:
         step = "check the plugin's token (--manager-token-file)"
     elif err.code == "DeviceInUse":
         step = "stop what uses it on the node (unmount it, end the process holding it)"
+    elif err.code == "MemoryInUse":
+        step = (
+            "the kernel is asked again to migrate the pages away (nothing is detached while they are online)"
+        )
     else:
         step = "the fabric manager keeps the detach and finishes it when the fabric answers"
     return (

@@ -23,9 +23,10 @@ log = get_logger(__name__)
 
 
 def prepared_claims(store: CheckpointStore) -> dict[str, list[str]]:
-    """Claim UID → device names of every PrepareCompleted claim in the checkpoint."""
+    """Claim UID → device names of every PrepareCompleted claim in the checkpoint (a partition by
+    its partition device, the shares of a pool once by the pool)."""
     return {
-        uid: sorted(d.device for d in entry.devices)
+        uid: sorted({d.device for d in entry.devices})
         for uid, entry in store.claims().items()
         if entry.state is ClaimState.PREPARE_COMPLETED
     }

@@ -27,7 +27,10 @@ from dra_driver.plugin.config import DeviceBackendKind, HostMode, PluginConfig, 
 from dra_driver.plugin.driver import Driver, dra_servicers
 from dra_driver.plugin.health import HealthMonitor, health_servicer
 from dra_driver.plugin.hostdev import HostScanner, SysfsChanges
+from dra_driver.plugin.hostmemory import HostMemory
 from dra_driver.plugin.metrics import MetricsServer, serve_metrics
+from dra_driver.plugin.nvml import NvmlPartitioner
+from dra_driver.plugin.partitioner import EmulatedPartitioner, Partitioner
 from dra_driver.plugin.probes import Phase, PluginProbes
 from dra_driver.plugin.reconcile import reconcile
 from dra_driver.plugin.registration import RegistrationServicer, add_registration_servicer
@@ -112,6 +115,9 @@ class PluginServer:
             token_file=cfg.manager_token_file,
             ca_file=str(cfg.manager_ca_file) if cfg.manager_ca_file else None,
         )
+        # a real host's GPUs are partitioned through NVML (imported on the first partition), an
+        # emulated host's in its tree
+        partitioner: Partitioner = NvmlPartitioner() if real else EmulatedPartitioner(cfg.sysfs_root)
         backend = FabricBackend(
             client,
             scanner,
@@ -119,6 +125,8 @@ class PluginServer:
             visible_timeout=cfg.visible_timeout,
             host_removal=cfg.host_removal,
             retry_budget=cfg.attach_retry_seconds,
+            partitioner=partitioner,
+            memory=HostMemory(cfg.sysfs_root, real_host=real),
         )
         return backend, scanner
 
@@ -220,6 +228,9 @@ class PluginServer:
             real_host=cfg.host_mode is HostMode.REAL,
             scanner=scanner,
             rebuild=rebuild,
+            node=cfg.node_name,
+            partitioner=backend.partitioner if isinstance(backend, FabricBackend) else None,
+            hook_path=cfg.cdi_hook_path,
         )
         return store
 

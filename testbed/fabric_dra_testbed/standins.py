@@ -5,7 +5,11 @@ the publisher writes them.
 
 The manager stand-in speaks the REST contract exactly (same paths, bodies and error bodies), so a
 controller under test uses the real :class:`manager_api.client.ManagerClient`; it runs in a
-background thread of the caller.
+background thread of the caller. It binds partitions of a GPU (design 35-36, A4: the GPU bound to
+the node of its first partition, placements held per claim, 409 ``DeviceBusy`` naming what is in
+the way) and shares of a memory pool (B4: a share per allocation's share ID, never more than the
+pool holds). Given :class:`~fabric_dra_testbed.standin_hosts.EmulatedHosts`, what it binds appears
+in the nodes' emulated host views, as the emulator's own bindings do, for a plugin under test.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from fastapi.responses import JSONResponse
 
 from dra_driver.controller.devices import ATTRIBUTE_NAMES
 from fabric_dra_testbed.stack import free_port
+from fabric_dra_testbed.standin_hosts import EmulatedHosts
 from manager_api.models import (
     API_PREFIX,
     Attachment,
@@ -36,14 +41,21 @@ from manager_api.models import (
     FabricPool,
     Health,
     Inventory,
+    MemoryPool,
+    MemoryShare,
+    PartitionHolder,
+    ResetReport,
 )
+from manager_api.partitions import PartitionDevice, conflict, parse_partition
 from plumbing import DEFAULT_DRIVER_NAME
 
 __all__ = [
+    "EmulatedHosts",
     "InventoryServer",
     "inventory_server",
     "make_device",
     "make_inventory",
+    "make_pool",
     "pool_device",
     "resource_slice",
 ]
@@ -96,6 +108,31 @@ def make_device(
     return Device(**fields)
 
 
+def make_pool(
+    name: str,
+    size_bytes: int,
+    *,
+    min_chunk_bytes: int = 1 << 30,
+    increment_bytes: int = 1 << 30,
+    pool: str = "fabric-cxl",
+    fabric: str = "CXL",
+    **overrides: Any,
+) -> Device:
+    """A CXL memory pool that makes chunks on demand (a creatable MemoryDomain's device)."""
+    memory_pool = MemoryPool(
+        size_bytes=size_bytes, min_chunk_bytes=min_chunk_bytes, increment_bytes=increment_bytes
+    )
+    return make_device(
+        name,
+        pool=pool,
+        fabric=fabric,
+        type=DeviceType.CXL_MEMORY,
+        memory_bytes=size_bytes,
+        memory_pool=memory_pool,
+        **overrides,
+    )
+
+
 def make_inventory(
     devices: list[Device],
     *,
@@ -132,9 +169,19 @@ class InventoryServer:
     ``fail_every_attach[device] = code`` makes every attach of it fail so.
     """
 
-    def __init__(self, inventory: Inventory, *, token: str | None = None) -> None:
+    def __init__(
+        self, inventory: Inventory, *, token: str | None = None, hosts: EmulatedHosts | None = None
+    ) -> None:
         self._inventory = inventory
         self.token = token
+        #: the nodes' emulated host views the bindings appear in (None: no host side)
+        self.hosts = hosts
+        #: every share made, in order (a chunk each)
+        self.shares_made: list[MemoryShare] = []
+        #: devices whose attach answers ``resetRequired`` (warm after another tenant, no Redfish
+        #: reset) until the node reports the reset; the reports, as (device, node, outcome)
+        self.reset_required: set[str] = set()
+        self.reset_reports: list[tuple[str, str, str]] = []
         self.fail_attach: dict[str, str] = {}
         self.fail_every_attach: dict[str, str] = {}
         self.attach_calls: list[tuple[str, str, str]] = []
@@ -220,7 +267,9 @@ class InventoryServer:
                 return resp
             body = AttachRequest.model_validate(await request.json())
             self.attach_calls.append((body.device, body.node, body.claim_uid))
-            device = next((d for d in self.inventory.devices if d.name == body.device), None)
+            partition = self._partition(body.device)
+            name = partition.gpu if partition is not None else body.device
+            device = next((d for d in self.inventory.devices if d.name == name), None)
             if device is None:
                 return error(404, "DeviceNotFound", f"device {body.device} not found", device=body.device)
             if body.device in self.fail_attach or body.device in self.fail_every_attach:
@@ -232,6 +281,21 @@ class InventoryServer:
                     )
                 )
                 return error(502, code, f"injected failure of {body.device}", device=body.device)
+            if device.memory_pool is not None:
+                return self._attach_share(device, body, error)
+            if (body.share_id is None) != (body.memory_bytes is None) or body.share_id is not None:
+                return error(
+                    422, "InvalidRequest", f"device {body.device} is no memory pool: it has no shares",
+                    device=body.device,
+                )  # fmt: skip
+            if partition is not None:
+                return self._attach_partition(device, partition, body, error)
+            if device.partitions:
+                holders = ", ".join(f"{h.node}/{h.claim_uid}" for h in device.partitions)
+                return error(
+                    409, "DeviceBusy", f"device {body.device} serves partitions ({holders})",
+                    device=body.device, held_by=holders,
+                )  # fmt: skip
             if device.claim_uid and (device.claim_uid, device.node) != (body.claim_uid, body.node):
                 return error(
                     409,
@@ -249,29 +313,202 @@ class InventoryServer:
                     "attach_error": None,
                 }
             )
+            if self.hosts is not None:
+                self.hosts.plug(body.node, bound)
             self._replace(bound)
             return Attachment(
-                device=bound, node=body.node, claim_uid=body.claim_uid, state=AttachmentState.ATTACHED
+                device=bound,
+                node=body.node,
+                claim_uid=body.claim_uid,
+                state=AttachmentState.ATTACHED,
+                reset_required=bound.name in self.reset_required,
+            )
+
+        @app.post(API_PREFIX + "/devices/{name}/reset")
+        async def report_reset(request: Request, name: str, waitSeconds: float = 0.0) -> Any:
+            """The node reset the device it was answered ``resetRequired`` for: recorded, and the
+            attach is answered without it from now on (after a failed reset the manager power-
+            cycles the device for the claim; here it is taken as done)."""
+            if (resp := denied(request)) is not None:
+                return resp
+            report = ResetReport.model_validate(await request.json())
+            device = next((d for d in self.inventory.devices if d.name == name), None)
+            if device is None:
+                return error(404, "DeviceNotFound", f"device {name} not found", device=name)
+            self.reset_reports.append((name, report.node, report.outcome.value))
+            self.reset_required.discard(name)
+            return Attachment(
+                device=device, node=report.node, claim_uid=report.claim_uid, state=AttachmentState.ATTACHED
             )
 
         @app.delete(API_PREFIX + "/attachments/{name}")
         async def detach(
-            request: Request, name: str, claimUid: str, node: str, waitSeconds: float = 0.0
+            request: Request,
+            name: str,
+            claimUid: str,
+            node: str,
+            waitSeconds: float = 0.0,
+            shareId: str | None = None,
         ) -> Any:
             if (resp := denied(request)) is not None:
                 return resp
             self.detach_calls.append((name, node, claimUid))
-            device = next((d for d in self.inventory.devices if d.name == name), None)
+            partition = self._partition(name)
+            device = next(
+                (d for d in self.inventory.devices if d.name == (partition.gpu if partition else name)), None
+            )
             if device is None:
                 return error(404, "DeviceNotFound", f"device {name} not found", device=name)
+            if device.memory_pool is not None:
+                return self._detach_share(device, claimUid, node, shareId)
+            if partition is not None:
+                return self._detach_partition(device, partition, claimUid, node)
             if (device.claim_uid, device.node) == (claimUid, node):
                 device = device.model_copy(
                     update={"state": BindingState.FREE, "node": None, "claim_uid": None}
                 )
+                if self.hosts is not None:
+                    self.hosts.unplug(name)
                 self._replace(device)
             return Attachment(device=device, node=node, claim_uid=claimUid, state=AttachmentState.DETACHED)
 
         return app
+
+    # -- partitions and shares (design 35-36, A4 and B4) ------------------------------------
+
+    def _partition(self, name: str) -> PartitionDevice | None:
+        tables = {d.name: d.partition_table for d in self.inventory.devices if d.partition_table is not None}
+        return parse_partition(name, tables)
+
+    def _attach_partition(
+        self, gpu: Device, partition: PartitionDevice, body: AttachRequest, error: Callable[..., JSONResponse]
+    ) -> Any:
+        """The GPU is bound to the node of its first partition; a placement is held by one claim,
+        and none overlaps another (``conflict``); the GPU held whole, or for another node, is busy."""
+        mine = PartitionHolder(partition=partition.name, claim_uid=body.claim_uid, node=body.node)
+        if mine not in gpu.partitions:
+            if gpu.claim_uid is not None or (gpu.node not in (None, body.node)):
+                holder = f"{gpu.node}/{gpu.claim_uid or 'partitions'}"
+                return error(
+                    409, "DeviceBusy", f"GPU {gpu.name} of partition {partition.name} is held by {holder}",
+                    device=partition.name, held_by=holder,
+                )  # fmt: skip
+            held = [self._partition(h.partition) for h in gpu.partitions]
+            why = conflict(partition, [h for h in held if h is not None])
+            if why is not None:
+                holders = ", ".join(f"{h.node}/{h.claim_uid}" for h in gpu.partitions)
+                return error(409, "DeviceBusy", why, device=partition.name, held_by=holders)
+            gpu = gpu.model_copy(
+                update={
+                    "state": BindingState.BOUND,
+                    "node": body.node,
+                    "partitions": [*gpu.partitions, mine],
+                    "attach_failures": 0,
+                    "attach_error": None,
+                }
+            )
+            if self.hosts is not None:
+                self.hosts.plug(body.node, gpu)
+            self._replace(gpu)
+        return Attachment(
+            device=gpu,
+            node=body.node,
+            claim_uid=body.claim_uid,
+            state=AttachmentState.ATTACHED,
+            partition=partition.name,
+            reset_required=gpu.name in self.reset_required,
+        )
+
+    def _detach_partition(self, gpu: Device, partition: PartitionDevice, claim_uid: str, node: str) -> Any:
+        """The holder goes; the GPU is unbound only with its last partition."""
+        mine = PartitionHolder(partition=partition.name, claim_uid=claim_uid, node=node)
+        if mine in gpu.partitions:
+            left = [h for h in gpu.partitions if h != mine]
+            update: dict[str, Any] = {"partitions": left}
+            if not left:
+                update |= {"state": BindingState.FREE, "node": None}
+                if self.hosts is not None:
+                    self.hosts.unplug(gpu.name)
+            gpu = gpu.model_copy(update=update)
+            self._replace(gpu)
+        return Attachment(
+            device=gpu,
+            node=node,
+            claim_uid=claim_uid,
+            state=AttachmentState.DETACHED,
+            partition=partition.name,
+        )
+
+    def _attach_share(self, pool: Device, body: AttachRequest, error: Callable[..., JSONResponse]) -> Any:
+        """A chunk of exactly the share's size, connected to the node; never more than the pool
+        holds (what the manager checks even when the scheduler's view is stale)."""
+        assert pool.memory_pool is not None
+        if body.share_id is None or body.memory_bytes is None:
+            return error(
+                422,
+                "InvalidRequest",
+                f"device {body.device} is a memory pool: ask for a share (shareId, memoryBytes)",
+                device=body.device,
+            )
+        memory = pool.memory_pool
+        share = next((s for s in memory.shares if s.share_id == body.share_id), None)
+        if share is not None:
+            if (share.claim_uid, share.node, share.memory_bytes) != (
+                body.claim_uid,
+                body.node,
+                body.memory_bytes,
+            ):
+                return error(
+                    409, "DeviceBusy", f"share {body.share_id} of {pool.name} is another allocation's",
+                    device=body.device, held_by=f"{share.node}/{share.claim_uid}",
+                )  # fmt: skip
+        else:
+            used = memory.outside_bytes + sum(s.memory_bytes for s in memory.shares)
+            if used + body.memory_bytes > memory.size_bytes:
+                return error(
+                    409, "DeviceBusy",
+                    f"{pool.name}: {used} of {memory.size_bytes} bytes in use; {body.memory_bytes} asked",
+                    device=body.device,
+                )  # fmt: skip
+            chunk = f"{pool.redfish_uri}/MemoryDomains/0/MemoryChunks/{len(self.shares_made)}"
+            share = MemoryShare(
+                share_id=body.share_id,
+                claim_uid=body.claim_uid,
+                node=body.node,
+                memory_bytes=body.memory_bytes,
+                chunk=chunk,
+                connection=f"/redfish/v1/Fabrics/{pool.fabric}/Connections/{len(self.shares_made)}",
+            )
+            self.shares_made.append(share)
+            if self.hosts is not None:
+                self.hosts.plug(
+                    body.node, pool, target=f"{pool.name}/{share.share_id}", size=share.memory_bytes
+                )
+            pool = pool.model_copy(
+                update={"memory_pool": memory.model_copy(update={"shares": [*memory.shares, share]})}
+            )
+            self._replace(pool)
+        return Attachment(
+            device=pool, node=body.node, claim_uid=body.claim_uid, state=AttachmentState.ATTACHED, share=share
+        )
+
+    def _detach_share(self, pool: Device, claim_uid: str, node: str, share_id: str | None) -> Any:
+        """The connection goes, then the chunk (the host's region with it)."""
+        assert pool.memory_pool is not None
+        memory = pool.memory_pool
+        share = next(
+            (s for s in memory.shares if (s.share_id, s.claim_uid, s.node) == (share_id, claim_uid, node)),
+            None,
+        )
+        if share is not None:
+            if self.hosts is not None:
+                self.hosts.unplug(f"{pool.name}/{share.share_id}")
+            left = [s for s in memory.shares if s is not share]
+            pool = pool.model_copy(update={"memory_pool": memory.model_copy(update={"shares": left})})
+            self._replace(pool)
+        return Attachment(
+            device=pool, node=node, claim_uid=claim_uid, state=AttachmentState.DETACHED, share=share
+        )
 
     def _replace(self, device: Device) -> None:
         with self._lock:
@@ -342,8 +579,10 @@ class InventoryServer:
 
 
 @contextlib.contextmanager
-def inventory_server(inventory: Inventory, *, token: str | None = None) -> Iterator[InventoryServer]:
-    server = InventoryServer(inventory, token=token).start()
+def inventory_server(
+    inventory: Inventory, *, token: str | None = None, hosts: EmulatedHosts | None = None
+) -> Iterator[InventoryServer]:
+    server = InventoryServer(inventory, token=token, hosts=hosts).start()
     try:
         yield server
     finally:

@@ -15,7 +15,7 @@ import shutil
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,7 +130,8 @@ class PluginStack:
     def dra_socket(self) -> Path:
         return Path(self.plugin.address) if self.plugin else self.plugin_dir / "dra.sock"
 
-    def start_plugin(self) -> Role:
+    def start_plugin(self, crash_at: Sequence[str] = (), *, kill_previous: bool = False) -> Role:
+        """Start the plugin (again), armed at ``crash_at`` (``plumbing.crashpoints``)."""
         if self._plugin is None:
             self._plugin = self.stack.plugin(
                 self.node,
@@ -144,7 +145,7 @@ class PluginStack:
                 start=False,
             )
         self._plugin.role.env["POD_UID"] = self.pod_uid or ""
-        return self._plugin.role.start()
+        return self._plugin.role.start(crash_at, kill_previous=kill_previous)
 
     def kill_plugin(self) -> None:
         if self.plugin is not None:
@@ -184,12 +185,18 @@ class PluginStack:
         pool: str = "fabric-pcie",
         namespace: str = "default",
         kube: KubeClient | None = None,
+        results: Sequence[Mapping[str, Any]] = (),
+        config: Sequence[Mapping[str, Any]] = (),
     ) -> ClaimRef:
         """A ResourceClaim allocated to ``devices`` ((request, device) pairs) and reserved for a pod,
-        as the scheduler leaves it."""
+        as the scheduler leaves it; ``results`` are allocation results of its own (a share's
+        ``shareID`` and ``consumedCapacity``), ``config`` the allocation's device configuration."""
         client = kube or self.kube()
+        allocated = [{"request": r, "driver": driver, "pool": pool, "device": d} for r, d in devices] + [
+            dict(r) for r in results
+        ]
         try:
-            requests = sorted({r for r, _ in devices})
+            requests = sorted({str(r["request"]).partition("/")[0] for r in allocated})
             created = await client.create(
                 RESOURCE_CLAIMS,
                 {
@@ -207,11 +214,7 @@ class PluginStack:
             )
             created["status"] = {
                 "allocation": {
-                    "devices": {
-                        "results": [
-                            {"request": r, "driver": driver, "pool": pool, "device": d} for r, d in devices
-                        ]
-                    },
+                    "devices": {"results": allocated, **({"config": list(config)} if config else {})},
                     "nodeSelector": {
                         "nodeSelectorTerms": [
                             {

@@ -23,6 +23,7 @@ EXPECTED_ROLES = {
     "status",
     "usage",
     "plugin",
+    "cdi-hook",
     "controller",
     "explain",
     "demo",

@@ -569,6 +569,9 @@ class MemoryHotplug:
         self._thread: threading.Thread | None = None
         #: (host, block) → (state, valid_zones) of blocks online when the trees were last laid out
         self._online: dict[tuple[str, int], tuple[str, str]] = {}
+        #: (host, block) → how many more offlines of that block fail as pages in use would (a
+        #: test's fault: mm/memory_hotplug.c offline_pages cannot migrate them, EBUSY)
+        self.pinned: dict[tuple[str, int], int] = {}
 
     def prepare(self, sys_root: Path, cpu_nodes: int) -> None:
         """A host's memory and node directories with nothing hot-added."""
@@ -685,6 +688,9 @@ class MemoryHotplug:
                     state, online, zones = _ONLINE_AS[request]
                     if last is not None and last.strip() == "online" and request != "online":
                         state, zones = "online", (path / "valid_zones").read_text().strip()  # EINVAL
+                elif request == "offline" and self._pinned(host, block, last):
+                    # refused: the block stays online (the real kernel's write fails with EBUSY)
+                    state, online, zones = "online", "1", (path / "valid_zones").read_text().strip()
                 elif request == "offline":
                     state, online, zones = _OFFLINE
                 else:  # the kernel refuses anything else (EINVAL): the block stays as it was
@@ -700,6 +706,15 @@ class MemoryHotplug:
             self._meminfo(host, node)
         if changed:
             self._lists(host)
+
+    def _pinned(self, host: _HostMemory, block: int, last: str | None) -> bool:
+        """Whether an offline of an online ``block`` is refused now (and one refusal used)."""
+        key = (host.sys_root.parent.name, block)
+        left = self.pinned.get(key, 0)
+        if left <= 0 or (last or "").strip() != "online":
+            return False
+        self.pinned[key] = left - 1
+        return True
 
     def _online_blocks(self, host: _HostMemory, node: int) -> list[int]:
         return [b for b in host.nodes.get(node, []) if host.states.get(b, "").strip() == "online"]

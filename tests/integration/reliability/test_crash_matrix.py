@@ -13,23 +13,35 @@ retries as it would. Then the system must have converged:
 
 The stack lives for the whole module (only the killed role restarts). A fabric task exists only
 where the point needs one: a ``HangTasks`` fault holds it until the test lets it finish.
+
+The plugin's points between a GPU bound and its partition made, and between a memory share
+connected and its memory onlined (``plumbing.crashpoints.SHARING_POINTS``), are reached only by a
+partition or a share claim; they run against the manager stand-in, which binds partitions and
+shares into the node's emulated host view (``tests/support/sharing.py``), until the real manager
+binds them: the partition or share is prepared exactly once, then nothing of it is left, and the
+share's memory was never taken away while a block of it was online.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
 
+from dra_driver.plugin import cdi
 from kube_standin.kubelet_client import DraCallError
 from manager_api.models import BindingState, Device, DeviceType
-from plumbing.crashpoints import POINTS
+from plumbing.crashpoints import POINTS, SHARING_POINTS
 from tests.integration.reliability.stack import Kubelet, Stack, _target, kubelet_on, ref_of
+from tests.support.kubelet import running_kubelet
+from tests.support.plugin import DRIVER, ClaimRef
+from tests.support.sharing import Sharing, blocks_of_node, env_of, kubelet_claim, sharing_stack
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow(seconds=52), pytest.mark.timeout(120)]
@@ -68,7 +80,7 @@ _TASK_POINTS = {
     "emulator.task.after-complete",
 }
 CASES = [
-    *(Case(p, task=p in _TASK_POINTS) for p in POINTS if p.startswith("plugin.")),
+    *(Case(p, task=p in _TASK_POINTS) for p in POINTS if p.startswith("plugin.") and p not in SHARING_POINTS),
     Case(DURING_TASK[0], task=True, external=True),
     Case(DURING_TASK[1], task=True, external=True),
     # The warm pool's points need a warm pool: tests/integration/fabric/test_warm.py covers them.
@@ -245,3 +257,95 @@ async def _controller_case(
     # reconciler releases it (no claim allocates it any more) after its grace period.
     await until(lambda: target not in stack.bound_hosts(), what=f"{target} released", within=30)
     await until(lambda: stack.device(device.name).state is BindingState.FREE, what="the manager's view")
+
+
+# -- a GPU partition's and a memory share's own points (the manager stand-in) -----------------------
+
+PARTITION = "gpu0-3g40gb-4"
+
+
+@pytest.fixture(scope="module")
+def sharing() -> Iterator[Sharing]:
+    with sharing_stack(gpus=1) as running:
+        yield running
+
+
+#: each point; a prepare's also with the pod deleted before the kubelet's retry could finish it
+SHARING_CASES = [
+    *((p, True) for p in sorted(SHARING_POINTS)),
+    *((p, False) for p in sorted(SHARING_POINTS) if ".prepare." in p),
+]
+
+
+@pytest.mark.parametrize(
+    ("point", "retried"), SHARING_CASES, ids=[p if r else f"{p}-then-deleted" for p, r in SHARING_CASES]
+)
+def test_partition_and_memory_crash_point(sharing: Sharing, point: str, retried: bool) -> None:
+    asyncio.run(_sharing_scenario(sharing, point, retried=retried))
+
+
+async def _sharing_scenario(sharing: Sharing, point: str, *, retried: bool) -> None:
+    stack = sharing.stack
+    yanked = len(sharing.hosts.yanked)
+    await asyncio.to_thread(stack.start_plugin, [point], kill_previous=True)
+    name = f"crash-{uuid.uuid4().hex[:8]}"
+    share = str(uuid.uuid4())
+    if "partition" in point:
+        ref = await sharing.claim_partition(name, PARTITION)
+    else:
+        ref = await sharing.claim_share(name, share, "2Gi", mode="kmem")
+    claim = kubelet_claim(ref)
+    async with running_kubelet(stack.registry_dir, watch_health=False) as manager:
+        kubelet = Kubelet(manager)
+        plugin = await kubelet.plugin()
+        call: asyncio.Task[Any]
+        if ".prepare." in point:
+            call = asyncio.create_task(plugin.prepare([claim]))
+        else:
+            await kubelet.prepare_until_done(claim)
+            _assert_prepared_once(sharing, ref, share, point)
+            call = asyncio.create_task(plugin.unprepare([claim]))
+        role = stack.plugin
+        assert role is not None
+        await asyncio.to_thread(role.wait_crashed, point)
+        attempts = kubelet.attempts()
+        await asyncio.to_thread(stack.start_plugin)
+        with pytest.raises(DraCallError):
+            await call
+        await kubelet.plugin(newer_than=attempts)
+        if ".prepare." in point and retried:
+            await kubelet.prepare_until_done(claim)
+            _assert_prepared_once(sharing, ref, share, point)
+        # (not retried: the pod was deleted meanwhile; the unprepare undoes the half-made prepare)
+        await kubelet.unprepare_until_done(claim)
+    _assert_released(sharing, ref, share)
+    assert sharing.hosts.yanked[yanked:] == [], "a share's memory was taken away while online"
+
+
+def _assert_prepared_once(sharing: Sharing, ref: ClaimRef, share: str, point: str) -> None:
+    entry = sharing.entry(ref)
+    assert entry is not None and entry["state"] == "PrepareCompleted"
+    (device,) = entry["devices"]
+    spec = sharing.spec(ref)
+    if "partition" in point:
+        made = sharing.partitions("gpu0")
+        assert list(made) == ["3g40gb-4"], f"not exactly the claim's partition: {made}"
+        assert (
+            env_of(spec)["NVIDIA_VISIBLE_DEVICES"] == made["3g40gb-4"]["uuid"] == device["partition"]["uuid"]
+        )
+        assert [(h.partition, h.claim_uid) for h in sharing.device("gpu0").partitions] == [
+            (PARTITION, ref.uid)
+        ]
+        return
+    assert [s.share_id for s in sharing.manager.shares_made].count(share) == 1, "the share was made twice"
+    node = int(env_of(spec)[f"{cdi.env_prefix(f'cxlpool0-{share}')}NUMA_NODE"])
+    assert device["memory"]["node"] == node
+    assert set(blocks_of_node(sharing, node).values()) == {"online"}
+
+
+def _assert_released(sharing: Sharing, ref: ClaimRef, share: str) -> None:
+    assert sharing.entry(ref) is None
+    assert cdi.spec_files_of_claim(sharing.stack.cdi_root, DRIVER, ref.uid) == []
+    assert "gpu0" not in sharing.hosts.bound(), "the GPU stayed bound"
+    assert sharing.device("gpu0").partitions == []
+    assert share not in sharing.shares() and f"cxlpool0/{share}" not in sharing.hosts.bound()

@@ -7,17 +7,18 @@ import asyncio
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dra_driver.plugin.backend import AttachedDevice
+from dra_driver.plugin.backend import AttachedDevice, AttachNotes, ShareAsk
 from dra_driver.plugin.checkpoint import PreparedDevice
 from dra_driver.plugin.claims import ClaimNotFound
-from dra_driver.plugin.config import DeviceBackendKind, HostMode, PluginConfig
+from dra_driver.plugin.config import DeviceBackendKind, HostMode, MemoryMode, PluginConfig
 from dra_driver.plugin.hostdev import HostDevice
+from dra_driver.plugin.hostmemory import MemoryRecord
 from manager_api.errors import DeviceBusy, FabricError
 from manager_api.models import BindingState, Device, DeviceType
 from plumbing.kube.dra import ResourceClaim
@@ -139,6 +140,8 @@ class ScriptedBackend:
         self.attach_calls: list[tuple[str, str]] = []
         self.attach_pools: dict[str, str | None] = {}
         self.attach_namespaces: dict[str, str | None] = {}
+        #: device key → the share asked for (None: the device whole)
+        self.attach_shares: dict[str, ShareAsk | None] = {}
         self.release_calls: list[tuple[str, str]] = []
         self.root = Path("/nonexistent")
 
@@ -147,28 +150,39 @@ class ScriptedBackend:
         claim_uid: str,
         device: str,
         *,
-        exclude: Callable[[], Collection[str]],
+        notes: AttachNotes,
         pool: str | None = None,
         namespace: str | None = None,
+        share: ShareAsk | None = None,
+        known: PreparedDevice | None = None,
     ) -> AttachedDevice:
         self.attach_calls.append((claim_uid, device))
         self.attach_namespaces[device] = namespace
         self.attach_pools[device] = pool
+        key = device if share is None else f"{device}-{share.share_id}"
+        self.attach_shares[key] = share
         if device in self.gates:
             await self.gates[device].wait()
-        holder = self.attached.get(device)
+        holder = self.attached.get(key)
         if device in self.busy or (holder is not None and holder != claim_uid):
             raise DeviceBusy(f"device {device} is held", device=device, held_by=self.busy.get(device, holder))
-        self.attached[device] = claim_uid
-        host = HostDevice(sysfs_path=f"{self.root}/bus/pci/devices/{device}", pci_address="0000:41:00.0")
-        return AttachedDevice(
-            device=fabric_device(device, state=BindingState.BOUND, node=self.node), host=host
+        self.attached[key] = claim_uid
+        host = HostDevice(sysfs_path=f"{self.root}/bus/pci/devices/{key}", pci_address="0000:41:00.0")
+        if share is None:
+            info = fabric_device(device, state=BindingState.BOUND, node=self.node)
+            return AttachedDevice(device=info, host=host)
+        info = fabric_device(device, type=DeviceType.CXL_MEMORY, vendor_id=None, device_id=None)
+        memory = MemoryRecord(
+            mode=share.mode, dax="dax0.0", node=1 if share.mode is MemoryMode.KMEM else None
         )
+        return AttachedDevice(device=info, host=host, memory=memory, share_bytes=share.memory_bytes)
 
-    async def release(self, claim_uid: str, prepared: PreparedDevice, *, within: float) -> None:
+    async def release(
+        self, claim_uid: str, prepared: PreparedDevice, *, within: float, last_on_gpu: bool = True
+    ) -> None:
         self.release_calls.append((claim_uid, prepared.device))
-        if self.attached.get(prepared.device) == claim_uid:
-            del self.attached[prepared.device]
+        if self.attached.get(prepared.key) == claim_uid:
+            del self.attached[prepared.key]
 
     async def bindings(self) -> list[Device] | None:
         return [

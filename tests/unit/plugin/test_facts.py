@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dra_driver.plugin import cdi
 from dra_driver.plugin.checkpoint import PreparedDevice
-from dra_driver.plugin.facts import CdiEnv, DeviceFacts
+from dra_driver.plugin.facts import CLAIM_FACTS, CdiEnv, DeviceFacts
 from manager_api.models import BindingState, Device, DeviceType
 
 GPU = Device(
@@ -26,7 +26,9 @@ GPU = Device(
 
 def test_every_fact_is_a_field_of_the_managers_device() -> None:
     wire = set(Device.model_fields) | {"device"}  # the manager names the device ``name``
-    assert set(DeviceFacts.fact_names()) <= wire
+    assert set(DeviceFacts.fact_names()) - set(CLAIM_FACTS) <= wire
+    # a share's ID and a partition's GPU come from the claim's allocation, never from the manager
+    assert not set(CLAIM_FACTS) & wire
 
 
 def test_the_records_inherit_the_facts_rather_than_copy_them() -> None:
@@ -39,6 +41,9 @@ def test_the_managers_answer_reaches_the_checkpoint_the_spec_and_the_scanner_who
     prepared = PreparedDevice(**DeviceFacts.of(GPU), request_names=["gpu"], attached=True)
     spec = prepared.spec_device("uid-1")
     for name in DeviceFacts.fact_names():
+        if name in CLAIM_FACTS:
+            assert getattr(prepared, name) is None, name
+            continue
         expected = GPU.name if name == "device" else GPU.type.value if name == "type" else getattr(GPU, name)
         assert getattr(prepared, name) == expected, name
         assert getattr(spec, name) == expected, name

@@ -9,7 +9,15 @@ from dra_driver.plugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState
 from dra_driver.plugin.health import HealthMonitor
 from dra_driver.plugin.hostdev import HostDevice, HostScanner
 from dra_driver.proto.dra_health_v1alpha1 import api_pb2 as health_pb2
-from manager_api.models import BindingState, Device, Health
+from manager_api.models import (
+    BindingState,
+    Device,
+    DeviceType,
+    Health,
+    MemoryPool,
+    MemoryShare,
+    PartitionHolder,
+)
 from tests.unit.plugin.conftest import DRIVER, NODE, ScriptedBackend, fabric_device
 
 
@@ -212,4 +220,63 @@ async def test_an_inventory_read_before_the_prepare_is_no_evidence_of_its_bindin
         await _next_read(backend, 4)  # that read was taken in
         assert {d: s for _, d, s in monitor.report()}["gpu-new"] == health_pb2.UNHEALTHY
     finally:
+        await monitor.stop()
+
+
+async def test_a_partition_is_as_healthy_as_its_gpu_held_here_and_a_share_as_its_pool(tmp_path: Path) -> None:
+    """A partition's fabric device is its GPU (held for the claim's partition on this node); a
+    share's is its pool (the share connected here for the claim)."""
+    store = CheckpointStore(tmp_path / "checkpoint.json", driver=DRIVER, node=NODE)
+    store.load()
+    (tmp_path / "gpu0").mkdir()
+    (tmp_path / "region0").mkdir()
+    share_a, share_b = "3f0e6b9c-6f21-4d3b-8a51-0c8d1e2f3a4b", "9a1b2c3d-4e5f-4a6b-8c7d-0e1f2a3b4c5d"
+    for uid, name in (("u1", "gpu0-1g10gb-0"), ("u2", "gpu0-1g10gb-1")):
+        device = PreparedDevice(
+            device=name, pool="fabric-pcie", type="gpu-partition", parent="gpu0", attached=True,
+            host=HostDevice(sysfs_path=str(tmp_path / "gpu0")),
+        )  # fmt: skip
+        store.put(ClaimEntry(uid=uid, state=ClaimState.PREPARE_COMPLETED, devices=[device]))
+    for uid, share in (("u3", share_a), ("u4", share_b)):
+        device = PreparedDevice(
+            device="cxlpool0", pool="fabric-cxl", type="cxl-memory", share_id=share, attached=True,
+            host=HostDevice(sysfs_path=str(tmp_path / "region0")),
+        )  # fmt: skip
+        store.put(ClaimEntry(uid=uid, state=ClaimState.PREPARE_COMPLETED, devices=[device]))
+    gpu = fabric_device(
+        "gpu0",
+        state=BindingState.BOUND,
+        node=NODE,
+        partitions=[PartitionHolder(partition="gpu0-1g10gb-0", claim_uid="u1", node=NODE)],
+    )
+    pool = fabric_device(
+        "cxlpool0",
+        type=DeviceType.CXL_MEMORY,
+        memory_pool=MemoryPool(
+            size_bytes=64 << 30,
+            min_chunk_bytes=1 << 30,
+            increment_bytes=1 << 30,
+            shares=[
+                MemoryShare(share_id=share_a, claim_uid="u3", node=NODE, memory_bytes=1 << 30),
+                MemoryShare(share_id=share_b, claim_uid="u4", node="node-b", memory_bytes=1 << 30),
+            ],
+        ),
+    )
+    backend = InventoryBackend()
+    monitor = HealthMonitor(backend, store, node=NODE, scanner=HostScanner(tmp_path, real_host=False))
+    await backend.snapshots.put({"gpu0": gpu, "cxlpool0": pool})
+    monitor.start()
+    reports = monitor.reports()
+    try:
+        report = await asyncio.wait_for(anext(reports), 5)
+        while report[0][2] == health_pb2.UNKNOWN:
+            report = await asyncio.wait_for(anext(reports), 5)
+        assert report == [
+            ("fabric-pcie", "gpu0-1g10gb-0", health_pb2.HEALTHY),
+            ("fabric-pcie", "gpu0-1g10gb-1", health_pb2.UNHEALTHY),  # the GPU holds no such partition for it
+            ("fabric-cxl", "cxlpool0", health_pb2.HEALTHY),
+            ("fabric-cxl", "cxlpool0", health_pb2.UNHEALTHY),  # its share is connected elsewhere
+        ]
+    finally:
+        await reports.aclose()
         await monitor.stop()
