@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from dra_driver.errors import KubeletPluginError
-from plumbing.cli import SubParsers
+from plumbing.cli import SubParsers, emit
 
 __all__ = [
     "DEFAULT_HOOK_PATH",
@@ -133,7 +133,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         set_mems(args.node, sys.stdin.read(), proc_root=args.proc_root, cgroup_root=args.cgroup_root)
     except HookError as err:
-        sys.stderr.write(f"fabric-dra cdi-hook set-mems: {err}\n")
+        emit(f"fabric-dra cdi-hook set-mems: {err}", file=sys.stderr)
         return 1
     return 0
 
