@@ -11,60 +11,35 @@ What is the guest's own and what is described: the memory blocks (``state``, ``o
 ``/sys/devices/system``. A DIMM has no CXL region and so no dax device, which is how the plugin
 finds a share's blocks and node; the dax device the kernel would show for a region of that range
 is written into a small tree beside them (``resource``, ``size``, ``target_node``, from QEMU's
-``query-memory-devices``), and ``HostMemory`` runs with ``real_host=False``, so that it does not
-move that made-up dax device between the ``kmem`` and ``device_dax`` drivers.
+``query-memory-devices``), with the dax drivers' ``new_id`` and ``unbind`` files beside it.
 
-The offline write is bounded here: a 6.1 kernel offlining a movable block whose pages it cannot
-migrate (pinned) does not answer ``EBUSY``, it retries the migration until the writer gets a
-signal, and then answers ``EINTR`` (Documentation/admin-guide/mm/memory-hotplug.rst: "the
-offlining context can be terminated by sending a signal"). Each ``offline`` write is given
-:data:`WRITE_SECONDS` by a one-shot ``SIGALRM``; ``HostMemory`` counts ``EINTR`` as a refusal and
-retries.
+``HostMemory`` runs as on a real host (``real_host=True``): its offline writes are made by a child
+process it kills after its time, because a 6.1 kernel offlining a movable block whose pages it
+cannot migrate (pinned) does not answer ``EBUSY``: it retries the migration until the writer gets
+a signal, then answers ``EINTR``. Its dax driver moves (``kmem/new_id``) land in the described
+tree.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import sys
 import time
 from pathlib import Path
-from types import FrameType
 
 from dra_driver.plugin.config import MemoryMode
 from dra_driver.plugin.hostmemory import HostMemory, MemoryRecord
 from dra_driver.plugin.hostview import HostDevice
 
 SYSTEM = Path("/sys/devices/system")
-#: how long one offline write may run before its signal ends it (the kernel then answers EINTR)
-WRITE_SECONDS = 2.0
-
-
-def _interrupted(_signum: int, _frame: FrameType | None) -> None:
-    # the write fails with the kernel's EINTR instead of being retried (PEP 475)
-    raise InterruptedError(4, "Interrupted system call")
-
-
-class BoundedHostMemory(HostMemory):
-    """``HostMemory`` whose offline writes a signal ends after :data:`WRITE_SECONDS`."""
-
-    def _write_state(self, block: int, value: str) -> OSError | None:
-        if value != "offline":
-            return super()._write_state(block, value)
-        previous = signal.signal(signal.SIGALRM, _interrupted)
-        signal.setitimer(signal.ITIMER_REAL, WRITE_SECONDS)
-        try:
-            return super()._write_state(block, value)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
+DESCRIBED = Path("/run/fdq-memory")
 
 
 def described_root(dimm: str, addr: int, size: int, node: int) -> Path:
     """A sysfs root whose ``devices/system`` is the kernel's and whose one dax device describes
     the DIMM's range (module docstring)."""
-    root = Path("/run/fdq-memory") / dimm
+    root = DESCRIBED / dimm
     (root / "devices").mkdir(parents=True, exist_ok=True)
     for name in ("memory", "node"):
         link = root / "devices" / "system" / name
@@ -76,20 +51,26 @@ def described_root(dimm: str, addr: int, size: int, node: int) -> Path:
     (dax / "resource").write_text(f"{addr:#x}\n")
     (dax / "size").write_text(f"{size}\n")
     (dax / "target_node").write_text(f"{node}\n")
+    for driver in ("device_dax", "kmem"):
+        (root / "bus" / "dax" / "drivers" / driver).mkdir(parents=True, exist_ok=True)
+        for name in ("unbind", "new_id"):
+            (root / "bus" / "dax" / "drivers" / driver / name).touch()
     return root
 
 
 async def online(dimm: str, addr: int, size: int, node: int) -> dict[str, object]:
     root = described_root(dimm, addr, size, node)
-    memory = HostMemory(root, real_host=False)
+    memory = HostMemory(root, real_host=True)
     host = HostDevice(sysfs_path=str(root / "bus" / "dax" / "devices" / "dax0.0"), region=dimm, dax="dax0.0")
     record = await memory.online(host, device=dimm)
-    return {"record": record.model_dump(mode="json")}
+    moved = (root / "bus" / "dax" / "drivers" / "kmem" / "new_id").read_text()
+    return {"record": record.model_dump(mode="json"), "kmem_new_id": moved}
 
 
 async def offline(dimm: str, blocks: list[int], within: float) -> dict[str, object]:
-    memory = BoundedHostMemory(Path("/sys"), real_host=False)
-    await memory.offline(MemoryRecord(mode=MemoryMode.KMEM, blocks=blocks), device=dimm, within=within)
+    memory = HostMemory(DESCRIBED / dimm, real_host=True)
+    record = MemoryRecord(mode=MemoryMode.KMEM, dax="dax0.0", blocks=blocks)
+    await memory.offline(record, device=dimm, within=within)
     return {"offline": blocks}
 
 
