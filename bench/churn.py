@@ -458,44 +458,20 @@ class Violation:
     message: str
 
 
-class Churn:
-    """The scheduler, the kubelets and the checks, for one run over a stack."""
+class ChurnScheduler:
+    """The scheduler of a run: allocates free devices of the catalog to each claim (a stale
+    allocation on purpose where the pod's kind asks), and writes the claim as the scheduler
+    leaves it, allocated and reserved for its pod."""
 
-    def __init__(self, stack: ChurnStack, config: ChurnConfig, catalog: list[Device]) -> None:
-        self.stack = stack
-        self.config = config
+    def __init__(self, catalog: list[Device]) -> None:
         self.catalog = {d.name: d for d in catalog}
         #: device → names of the live claims allocated to it (two only with a stale allocation)
         self.allocated: dict[str, set[str]] = {d.name: set() for d in catalog}
         self.freed = asyncio.Condition()
-        self.windows: dict[str, list[Window]] = defaultdict(list)
-        self.held: dict[str, list[Held]] = defaultdict(list)
-        self.records: list[ClaimRecord] = []
-        self.violations: list[Violation] = []
-        self.kubelets: dict[str, PluginManager] = {}
-        self.prepare_calls: list[float] = []
-        self.unprepare_calls: list[float] = []
-        self.call_errors: Counter[str] = Counter()
-        self.error_kinds: Counter[str] = Counter()
-        self.pod_kinds: Counter[str] = Counter()
-        self.binding_polls = 0
-        self.sysfs_polls = 0
-        self.max_bound = 0
+        #: the API server's client, once the run has one
         self.kube: KubeClient | None = None
-        self.stopped = asyncio.Event()
-        self.claims_planned = 0
-        self.pods_started = 0
-        #: CPU seconds per role while pods ran
-        self.cpu: dict[str, float] = defaultdict(float)
-        #: what the manager counted while pods ran (see :func:`manager_metrics`)
-        self.manager_metrics: dict[str, float] = defaultdict(float)
 
-    def violation(self, category: str, message: str) -> None:
-        self.violations.append(Violation(category, message))
-
-    # the scheduler -------------------------------------------------------------------------
-
-    async def _allocate(self, rng: random.Random, claim: str, count: int, stale: bool) -> list[Device]:
+    async def allocate(self, rng: random.Random, claim: str, count: int, stale: bool) -> list[Device]:
         """``count`` devices for ``claim``: free ones (waits until enough are free, as a pending
         pod does); with ``stale`` one of them is a device another live claim holds."""
         picked: list[str] = []
@@ -514,14 +490,14 @@ class Churn:
                 self.allocated[name].add(claim)
         return [self.catalog[name] for name in picked]
 
-    async def _release(self, records: Sequence[ClaimRecord]) -> None:
+    async def release(self, records: Sequence[ClaimRecord]) -> None:
         async with self.freed:
             for record in records:
                 for device in record.devices:
                     self.allocated[device.name].discard(record.name)
             self.freed.notify_all()
 
-    async def _create_claim(self, name: str, node: str, devices: list[Device]) -> str:
+    async def create_claim(self, name: str, node: str, devices: list[Device]) -> str:
         """A ResourceClaim allocated to ``devices`` on ``node`` and reserved for a pod, as the
         scheduler leaves it; returns its UID."""
         assert self.kube is not None
@@ -560,10 +536,43 @@ class Churn:
         updated = await self.kube.replace(RESOURCE_CLAIMS, created, subresource="status")
         return str(updated["metadata"]["uid"])
 
-    async def _delete_claim(self, record: ClaimRecord) -> None:
+    async def delete_claim(self, record: ClaimRecord) -> None:
         assert self.kube is not None
         with contextlib.suppress(NotFound):
             await self.kube.delete(RESOURCE_CLAIMS, record.name, NAMESPACE)
+
+
+class Churn:
+    """The scheduler, the kubelets and the checks, for one run over a stack."""
+
+    def __init__(self, stack: ChurnStack, config: ChurnConfig, catalog: list[Device]) -> None:
+        self.stack = stack
+        self.config = config
+        self.scheduler = ChurnScheduler(catalog)
+        self.catalog = self.scheduler.catalog
+        self.windows: dict[str, list[Window]] = defaultdict(list)
+        self.held: dict[str, list[Held]] = defaultdict(list)
+        self.records: list[ClaimRecord] = []
+        self.violations: list[Violation] = []
+        self.kubelets: dict[str, PluginManager] = {}
+        self.prepare_calls: list[float] = []
+        self.unprepare_calls: list[float] = []
+        self.call_errors: Counter[str] = Counter()
+        self.error_kinds: Counter[str] = Counter()
+        self.pod_kinds: Counter[str] = Counter()
+        self.binding_polls = 0
+        self.sysfs_polls = 0
+        self.max_bound = 0
+        self.stopped = asyncio.Event()
+        self.claims_planned = 0
+        self.pods_started = 0
+        #: CPU seconds per role while pods ran
+        self.cpu: dict[str, float] = defaultdict(float)
+        #: what the manager counted while pods ran (see :func:`manager_metrics`)
+        self.manager_metrics: dict[str, float] = defaultdict(float)
+
+    def violation(self, category: str, message: str) -> None:
+        self.violations.append(Violation(category, message))
 
     # the kubelet ---------------------------------------------------------------------------
 
@@ -732,11 +741,11 @@ class Churn:
             for c, size in enumerate(plan.sizes):
                 name = f"p{plan.index}-c{c}"
                 stale = plan.kind == "stale-allocation" and c == 0
-                devices = await self._allocate(rng, name, size, stale)
+                devices = await self.scheduler.allocate(rng, name, size, stale)
                 record = ClaimRecord(name, plan.node, devices, plan.kind)
                 records.append(record)
                 self.records.append(record)
-                record.uid = await self._create_claim(name, plan.node, devices)
+                record.uid = await self.scheduler.create_claim(name, plan.node, devices)
             now = time.monotonic()
             for record in records:
                 for device in record.devices:
@@ -744,13 +753,13 @@ class Churn:
             deleter: asyncio.Task[None] | None = None
             if plan.kind == "delete-before-prepare":
                 for record in records:
-                    await self._delete_claim(record)
+                    await self.scheduler.delete_claim(record)
             elif plan.kind == "delete-mid-prepare":
 
                 async def delete_soon() -> None:
                     await asyncio.sleep(plan.delete_after)
                     for record in records:
-                        await self._delete_claim(record)
+                        await self.scheduler.delete_claim(record)
 
                 deleter = asyncio.create_task(delete_soon())
             if plan.kind == "double-prepare":
@@ -765,13 +774,13 @@ class Churn:
                 self._hold_end(record)
             await self._unprepare(records, twice=plan.kind == "double-unprepare")
             for record in records:
-                await self._delete_claim(record)
+                await self.scheduler.delete_claim(record)
         except Exception as err:
             for record in records:
                 record.broken = True
                 record.errors.append(f"the pod's run failed: {err!r}")
         finally:
-            await self._release(records)
+            await self.scheduler.release(records)
 
     # monitors --------------------------------------------------------------------------------
 
@@ -1039,7 +1048,7 @@ async def _churn(stack: ChurnStack, config: ChurnConfig) -> tuple[Churn, dict[st
     churn = Churn(stack, config, catalog)
     timings: dict[str, float] = {"plugin_start_s": 0.0, "churn_s": 0.0}
     async with stack.apiserver.client() as kube:
-        churn.kube = kube
+        churn.scheduler.kube = kube
         with contextlib.suppress(ApiError):
             await kube.create(NAMESPACES, {"metadata": {"name": NAMESPACE}})
         monitors = [

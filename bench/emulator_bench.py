@@ -20,9 +20,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import tempfile
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,47 +89,54 @@ def _host(i: int) -> str:
     return "kind-worker" if i == 0 else f"kind-worker{i + 1}"
 
 
+#: one request on one client's connection: (method, URI, JSON body) → the answer's status
+_Request = Callable[..., Awaitable[int]]
+
+
+@contextlib.asynccontextmanager
+async def _clients(emu: RunningEmulator, workers: int, lean: bool) -> AsyncIterator[list[_Request]]:
+    """One way of sending requests per worker: its own lean keep-alive connection, or one httpx
+    client with a connection per worker; closed on exit."""
+    if lean:
+        connections = [await _LeanConnection.open(emu) for _ in range(workers)]
+        try:
+            yield [c.request for c in connections]
+        finally:
+            for connection in connections:
+                connection.close()
+        return
+    limits = httpx.Limits(max_connections=workers, max_keepalive_connections=workers)
+    async with emu.async_client(limits=limits) as client:
+
+        async def request(method: str, uri: str, body: dict[str, Any] | None = None) -> int:
+            return (await client.request(method, uri, json=body)).status_code
+
+        yield [request] * workers
+
+
 async def _pairs(emu: RunningEmulator, workers: int, seconds: float, lean: bool) -> dict[str, Any]:
     """Bind+unbind pairs for ``seconds`` with ``workers`` concurrent clients on distinct devices."""
     durations: list[float] = []
     deadline = 0.0
 
-    async def pair_loop(post: Any, w: int) -> None:
+    async def pair_loop(request: _Request, w: int) -> None:
         device, host = f"gpu{w}", _host(w % _HOSTS)
         bind, unbind = zone_add(host, device), zone_remove(host, device)
         while time.perf_counter() < deadline:
             t0 = time.perf_counter()
-            first = await post(*bind)
-            second = await post(*unbind)
+            first = await request("POST", *bind)
+            second = await request("POST", *unbind)
             if first != 204 or second != 204:
                 raise RuntimeError(f"bind/unbind of {device} on {host} answered {first}/{second}")
             durations.append(time.perf_counter() - t0)
 
-    if lean:
-        connections = [await _LeanConnection.open(emu) for _ in range(workers)]
+    async with _clients(emu, workers, lean) as requests:
+        if not lean:  # httpx opens its connections on first use: open them before the clock
+            await asyncio.gather(*(request("GET", "/redfish/v1/") for request in requests))
         deadline = time.perf_counter() + seconds
         start = time.perf_counter()
-        await asyncio.gather(
-            *(
-                pair_loop(lambda uri, body, c=c: c.request("POST", uri, body), w)
-                for w, c in enumerate(connections)
-            )
-        )
+        await asyncio.gather(*(pair_loop(request, w) for w, request in enumerate(requests)))
         elapsed = time.perf_counter() - start
-        for connection in connections:
-            connection.close()
-    else:
-        limits = httpx.Limits(max_connections=workers, max_keepalive_connections=workers)
-        async with emu.async_client(limits=limits) as client:
-            await asyncio.gather(*(client.get("/redfish/v1/") for _ in range(workers)))  # warm connections
-
-            async def post(uri: str, body: dict[str, Any]) -> int:
-                return (await client.post(uri, json=body)).status_code
-
-            deadline = time.perf_counter() + seconds
-            start = time.perf_counter()
-            await asyncio.gather(*(pair_loop(post, w) for w in range(workers)))
-            elapsed = time.perf_counter() - start
     return {
         "client": "lean" if lean else "httpx",
         "workers": workers,
@@ -150,38 +159,21 @@ async def _gets(emu: RunningEmulator, workers: int, count: int, lean: bool) -> d
     ]
     latencies: list[float] = []
 
-    async def get_loop(get: Any, w: int) -> None:
+    async def get_loop(request: _Request, w: int) -> None:
         for i in range(count // workers):
             uri = uris[(i + w) % len(uris)]
             t0 = time.perf_counter()
-            status = await get(uri)
+            status = await request("GET", uri)
             latencies.append(time.perf_counter() - t0)
             if status != 200:
                 raise RuntimeError(f"GET {uri}: {status}")
 
-    if lean:
-        connections = [await _LeanConnection.open(emu) for _ in range(workers)]
-        await get_loop(lambda uri: connections[0].request("GET", uri), 0)  # warm the render cache
+    async with _clients(emu, workers, lean) as requests:
+        await get_loop(requests[0], 0)  # warm the render cache
         latencies.clear()
         start = time.perf_counter()
-        await asyncio.gather(
-            *(get_loop(lambda uri, c=c: c.request("GET", uri), w) for w, c in enumerate(connections))
-        )
+        await asyncio.gather(*(get_loop(request, w) for w, request in enumerate(requests)))
         elapsed = time.perf_counter() - start
-        for connection in connections:
-            connection.close()
-    else:
-        limits = httpx.Limits(max_connections=workers, max_keepalive_connections=workers)
-        async with emu.async_client(limits=limits) as client:
-
-            async def get(uri: str) -> int:
-                return (await client.get(uri)).status_code
-
-            await get_loop(get, 0)
-            latencies.clear()
-            start = time.perf_counter()
-            await asyncio.gather(*(get_loop(get, w) for w in range(workers)))
-            elapsed = time.perf_counter() - start
     return {
         "client": "lean" if lean else "httpx",
         "workers": workers,

@@ -40,7 +40,7 @@ import random
 import sys
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -387,116 +387,151 @@ async def replay_pods(stack: FabricStack, workload: Workload, nodes: int) -> dic
     fabric.controller(stack.manager_handle, api)
     fabric.cluster(api, names)
     namespace = "default"
-    gpu_only = f'device.driver == "{DRIVER}" && device.attributes["fabric-dra.io"].type == "gpu"'
-    # docs/manager.md's recipe, both halves: the claim prefers a warm device (firstAvailable,
-    # scored by the scheduler's DRA plugin) and the pod a node with one (the warm-count label)
-    request = warm_first_request(DRIVER, "gpu", "warm-bench-gpu")
-    preferred = [warm_node_preference(DRIVER, "gpu")]
-    steer = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": preferred}}
+    pods = _PodMilestones(
+        {f"warm-{workload.name}-{i}": asyncio.Event() for i in range(len(workload.arrivals))}
+    )
+    measured = [f"warm-{workload.name}-{i}" for i in _measured(workload)]
     async with api.client() as kube:
-        await kube.create(
-            DEVICE_CLASSES,
-            {
-                "metadata": {"name": "warm-bench-gpu"},
-                "spec": {"selectors": [{"cel": {"expression": gpu_only}}]},
-            },
-        )
-        await kube.create(
-            RESOURCE_CLAIM_TEMPLATES,
-            {
-                "metadata": {"name": "one-gpu", "namespace": namespace},
-                "spec": {"spec": {"devices": {"requests": [request]}}},
-            },
-            namespace,
-        )
+        await _create_warm_template(kube, namespace)
         await _until_published(kube, nodes)
-        created: dict[str, float] = {}
-        running: dict[str, float] = {}
-        #: pod name → milestone (:data:`_MILESTONES`) → when the watch first showed it
-        seen: dict[str, dict[str, float]] = {}
-        settled = {f"warm-{workload.name}-{i}": asyncio.Event() for i in range(len(workload.arrivals))}
-
-        def mark(name: str, milestone: str) -> None:
-            if name in created:
-                seen.setdefault(name, {}).setdefault(milestone, time.perf_counter())
-
-        def on_pod(pod: dict[str, Any]) -> None:
-            meta = pod.get("metadata") or {}
-            name = str(meta.get("name"))
-            if (pod.get("spec") or {}).get("nodeName"):
-                mark(name, "bound")
-            if KUBELET_FINALIZER in (meta.get("finalizers") or []):
-                mark(name, "kubelet")
-            phase = (pod.get("status") or {}).get("phase")
-            if phase == "Running" and name in created and name not in running:
-                running[name] = time.perf_counter()
-                mark(name, "running")
-                settled[name].set()
-
-        def on_claim(claim: dict[str, Any]) -> None:
-            for owner in (claim.get("metadata") or {}).get("ownerReferences") or []:
-                mark(str(owner.get("name")), "claim")
-                if (claim.get("status") or {}).get("allocation"):
-                    mark(str(owner.get("name")), "allocated")
-
-        async def follow(resource: Resource, seen: Callable[[dict[str, Any]], None]) -> None:
-            version: str | None = None
-            while True:
-                with contextlib.suppress(ApiError):
-                    async for event in kube.watch(resource, namespace, resource_version=version):
-                        version = (event.object.get("metadata") or {}).get("resourceVersion") or version
-                        seen(event.object)
-
-        async def one(index: int, arrival: Arrival) -> None:
-            name = f"warm-{workload.name}-{index}"
-            created[name] = time.perf_counter()
-            container = {"name": "c", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}
-            await kube.create(
-                PODS,
-                {
-                    "metadata": {"name": name, "namespace": namespace},
-                    "spec": {
-                        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
-                        "containers": [container],
-                        # docs/manager.md's recipe, as a user (or its admission policy) adds it
-                        "affinity": steer,
-                    },
-                },
-                namespace,
-            )
-            await settled[name].wait()
-            await asyncio.sleep(arrival.hold)
-            await kube.delete(PODS, name, namespace)
-
-        measured = [f"warm-{workload.name}-{i}" for i in _measured(workload)]
         watchers = [
-            asyncio.create_task(follow(PODS, on_pod)),
-            asyncio.create_task(follow(RESOURCE_CLAIMS, on_claim)),
+            asyncio.create_task(_follow(kube, PODS, namespace, pods.on_pod)),
+            asyncio.create_task(_follow(kube, RESOURCE_CLAIMS, namespace, pods.on_claim)),
         ]
         tasks: list[asyncio.Task[None]] = []
         try:
-            delta, tasks = await _drive(stack, workload, one)
-            await asyncio.wait_for(asyncio.gather(*(settled[n].wait() for n in measured)), 180)
+            delta, tasks = await _drive(stack, workload, _pod_arrivals(kube, namespace, workload, pods))
+            await asyncio.wait_for(asyncio.gather(*(pods.settled[n].wait() for n in measured)), 180)
         finally:
             for task in [*tasks, *watchers]:
                 task.cancel()
             await asyncio.gather(*tasks, *watchers, return_exceptions=True)
+    return _pod_figures(workload, pods, measured, delta)
 
-    # A pod whose take-up the watch missed counts from its creation: never shorter than it was.
-    def attach(name: str) -> float:
-        return running[name] - seen.get(name, {}).get("kubelet", created[name])
 
-    every = [attach(n) for n in sorted(running)]
+async def _create_warm_template(kube: KubeClient, namespace: str) -> None:
+    """The DeviceClass of the driver's GPUs and the ResourceClaimTemplate every pod's claim comes
+    from: docs/manager.md's recipe, the claim's half (``firstAvailable: [warm, any]``)."""
+    gpu_only = f'device.driver == "{DRIVER}" && device.attributes["fabric-dra.io"].type == "gpu"'
+    request = warm_first_request(DRIVER, "gpu", "warm-bench-gpu")
+    await kube.create(
+        DEVICE_CLASSES,
+        {
+            "metadata": {"name": "warm-bench-gpu"},
+            "spec": {"selectors": [{"cel": {"expression": gpu_only}}]},
+        },
+    )
+    await kube.create(
+        RESOURCE_CLAIM_TEMPLATES,
+        {
+            "metadata": {"name": "one-gpu", "namespace": namespace},
+            "spec": {"spec": {"devices": {"requests": [request]}}},
+        },
+        namespace,
+    )
+
+
+@dataclass
+class _PodMilestones:
+    """When the bench's watches first saw each pod reach each milestone (:data:`_MILESTONES`)."""
+
+    #: pod name → set once the pod runs
+    settled: dict[str, asyncio.Event]
+    created: dict[str, float] = field(default_factory=dict)
+    running: dict[str, float] = field(default_factory=dict)
+    #: pod name → milestone → when the watch first showed it
+    seen: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def mark(self, name: str, milestone: str) -> None:
+        if name in self.created:
+            self.seen.setdefault(name, {}).setdefault(milestone, time.perf_counter())
+
+    def on_pod(self, pod: dict[str, Any]) -> None:
+        meta = pod.get("metadata") or {}
+        name = str(meta.get("name"))
+        if (pod.get("spec") or {}).get("nodeName"):
+            self.mark(name, "bound")
+        if KUBELET_FINALIZER in (meta.get("finalizers") or []):
+            self.mark(name, "kubelet")
+        phase = (pod.get("status") or {}).get("phase")
+        if phase == "Running" and name in self.created and name not in self.running:
+            self.running[name] = time.perf_counter()
+            self.mark(name, "running")
+            self.settled[name].set()
+
+    def on_claim(self, claim: dict[str, Any]) -> None:
+        for owner in (claim.get("metadata") or {}).get("ownerReferences") or []:
+            self.mark(str(owner.get("name")), "claim")
+            if (claim.get("status") or {}).get("allocation"):
+                self.mark(str(owner.get("name")), "allocated")
+
+    def attach(self, name: str) -> float:
+        """The kubelet's take-up to Running. A pod whose take-up the watch missed counts from its
+        creation: never shorter than it was."""
+        return self.running[name] - self.seen.get(name, {}).get("kubelet", self.created[name])
+
+
+async def _follow(
+    kube: KubeClient, resource: Resource, namespace: str, seen: Callable[[dict[str, Any]], None]
+) -> None:
+    """Every object of ``resource`` the watch shows, to ``seen``; the watch resumed when it ends."""
+    version: str | None = None
+    while True:
+        with contextlib.suppress(ApiError):
+            async for event in kube.watch(resource, namespace, resource_version=version):
+                version = (event.object.get("metadata") or {}).get("resourceVersion") or version
+                seen(event.object)
+
+
+def _pod_arrivals(
+    kube: KubeClient, namespace: str, workload: Workload, pods: _PodMilestones
+) -> Callable[[int, Arrival], Coroutine[Any, Any, None]]:
+    """What one arrival does: create its pod, wait until it runs, hold it, delete it."""
+    # docs/manager.md's recipe, the pod's half: a node with a warm GPU preferred
+    steer = {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [warm_node_preference(DRIVER, "gpu")]
+        }
+    }
+
+    async def one(index: int, arrival: Arrival) -> None:
+        name = f"warm-{workload.name}-{index}"
+        pods.created[name] = time.perf_counter()
+        container = {"name": "c", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}
+        await kube.create(
+            PODS,
+            {
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {
+                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+                    "containers": [container],
+                    # docs/manager.md's recipe, as a user (or its admission policy) adds it
+                    "affinity": steer,
+                },
+            },
+            namespace,
+        )
+        await pods.settled[name].wait()
+        await asyncio.sleep(arrival.hold)
+        await kube.delete(PODS, name, namespace)
+
+    return one
+
+
+def _pod_figures(
+    workload: Workload, pods: _PodMilestones, measured: list[str], delta: dict[str, float]
+) -> dict[str, Any]:
+    every = [pods.attach(n) for n in sorted(pods.running)]
     placed = "(placed by the stand-in scheduler)"
-    found = _figures(workload, [attach(n) for n in measured], delta, placed, every)
-    found["pod_start"] = _latency([running[n] - created[n] for n in measured])
-    found["phases"] = _phases({n: {"created": created[n], **seen.get(n, {})} for n in measured})
+    found = _figures(workload, [pods.attach(n) for n in measured], delta, placed, every)
+    found["pod_start"] = _latency([pods.running[n] - pods.created[n] for n in measured])
+    found["phases"] = _phases({n: {"created": pods.created[n], **pods.seen.get(n, {})} for n in measured})
     # The measured pods whose prepare outlasted a second (a hot-add: cold, or a move), by arrival
     # time: whether they open an active phase (a spike) or come later says why they were cold.
     found["slow_arrivals"] = [
-        [round(workload.arrivals[i].at, 2), round(attach(f"warm-{workload.name}-{i}") * 1000)]
+        [round(workload.arrivals[i].at, 2), round(pods.attach(f"warm-{workload.name}-{i}") * 1000)]
         for i in _measured(workload)
-        if attach(f"warm-{workload.name}-{i}") > 1.0
+        if pods.attach(f"warm-{workload.name}-{i}") > 1.0
     ]
     return found
 

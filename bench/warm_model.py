@@ -77,96 +77,138 @@ def simulate(
     the bench's auto mode (ε 1 %, half-life 60 s, idle TTL 120 s, cap 32)."""
     load = load or steady_load()
     settings = (settings or _bench_settings()).model_copy(update={"scope": scope})
-    rng = random.Random(seed)
-    demand = DemandTracker(settings, hold=rule == "held")
-    demand.observe_from(0.0)
-    names = [f"n{i}" for i in range(nodes)]
-    groups = {_MODEL: [names]}
-    target = [0] * nodes
-    warm, adding, claimed = [0] * nodes, [0] * nodes, [0] * nodes
-    # (when, order, kind, node or arrival index, seconds of a hot-add); order keeps ties stable
-    events: list[tuple[float, int, str, int, float]] = [
-        (a.at, i, "arrive", i, 0.0) for i, a in enumerate(load.arrivals)
-    ]
-    events.append((0.0, -1, "pass", -1, 0.0))
-    heapq.heapify(events)
-    order = len(load.arrivals)
-    hits = colds = 0
-    warm_seconds = claimed_seconds = size_seconds = 0.0
-    last = load.measure_from
-
-    def push(at: float, kind: str, node: int, seconds: float = 0.0) -> None:
-        nonlocal order
-        order += 1
-        heapq.heappush(events, (at, order, kind, node, seconds))
-
-    def slack() -> int | None:
-        """The group's target minus its holdings (pooled), or None (each node alone)."""
-        return sum(target) - sum(warm) - sum(adding) if scope == "group" else None
-
-    def balance(now: float) -> None:
-        for node in range(nodes):
-            held = warm[node] + adding[node]
-            pooled = slack()
-            if held > target[node]:
-                extra = held - target[node] if pooled is None else min(held - target[node], -pooled)
-                warm[node] -= min(warm[node], max(0, extra))
-                continue
-            missing = target[node] - held if pooled is None else min(target[node] - held, pooled)
-            for _ in range(max(0, missing)):
-                adding[node] += 1
-                seconds = rng.uniform(*hot_add)
-                push(now + seconds, "added", node, seconds)
-
-    while events:
-        now, _, kind, index, seconds = heapq.heappop(events)
-        if now > load.measure_to:
-            break
-        if now > load.measure_from:
-            span = now - max(last, load.measure_from)
-            warm_seconds += sum(warm) * span
-            claimed_seconds += sum(claimed) * span
-            size_seconds += sum(target) * span
-            last = now
-        if kind == "pass":
-            found = demand.targets(now, groups)
-            target = [found.get((n, _MODEL), 0) for n in names]
-            demand.forget_idle(now)
-            balance(now)
-            push(now + interval, "pass", -1)
-        elif kind == "arrive":
-            arrival = load.arrivals[index]
-            node = _place(placement, arrival.node, warm, claimed, rng)
-            demand.arrival(names[node], _MODEL, now)
-            hit = warm[node] > 0
-            warm[node] -= hit
-            if now >= load.measure_from:
-                hits, colds = hits + hit, colds + (not hit)
-            claimed[node] += 1
-            wait = 0.0
-            if not hit:
-                wait = rng.uniform(*hot_add)
-                demand.attached(_MODEL, wait)
-            push(now + wait + arrival.hold, "release", node)
-        elif kind == "release":
-            claimed[index] -= 1
-            pooled = slack()
-            below = warm[index] + adding[index] < target[index]
-            if below or (target[index] > 0 and pooled is not None and pooled > 0):
-                warm[index] += 1
-        else:  # a warming hot-add completed
-            adding[index] -= 1
-            warm[index] += 1
-            demand.attached(_MODEL, seconds)
-    window = max(1e-9, load.measure_to - load.measure_from)
-    return Outcome(
-        scope,
-        placement,
-        rule,
-        round(size_seconds / window, 1),
-        round(100 * hits / max(1, hits + colds), 1),
-        round(100 * warm_seconds / max(1e-9, claimed_seconds), 1),
+    simulation = _Simulation(
+        scope, placement, load, DemandTracker(settings, hold=rule == "held"), nodes, hot_add, interval, seed
     )
+    simulation.run()
+    return simulation.outcome(rule)
+
+
+class _Simulation:
+    """One replay: the pool's state on each node, the event queue, and what the measured window
+    counted. Each event kind is a method; :meth:`run` takes them in time order."""
+
+    def __init__(
+        self,
+        scope: Literal["node", "group"],
+        placement: Placement,
+        load: Workload,
+        demand: DemandTracker,
+        nodes: int,
+        hot_add: tuple[float, float],
+        interval: float,
+        seed: int,
+    ) -> None:
+        self.scope, self.placement, self.load, self.demand = scope, placement, load, demand
+        self.nodes, self.hot_add, self.interval = nodes, hot_add, interval
+        self.rng = random.Random(seed)
+        demand.observe_from(0.0)
+        self.names = [f"n{i}" for i in range(nodes)]
+        self.groups = {_MODEL: [self.names]}
+        self.target = [0] * nodes
+        self.warm, self.adding, self.claimed = [0] * nodes, [0] * nodes, [0] * nodes
+        # (when, order, kind, node or arrival index, seconds of a hot-add); order keeps ties stable
+        self.events: list[tuple[float, int, str, int, float]] = [
+            (a.at, i, "arrive", i, 0.0) for i, a in enumerate(load.arrivals)
+        ]
+        self.events.append((0.0, -1, "pass", -1, 0.0))
+        heapq.heapify(self.events)
+        self.order = len(load.arrivals)
+        self.hits = self.colds = 0
+        self.warm_seconds = self.claimed_seconds = self.size_seconds = 0.0
+        self.last = load.measure_from
+
+    def push(self, at: float, kind: str, node: int, seconds: float = 0.0) -> None:
+        self.order += 1
+        heapq.heappush(self.events, (at, self.order, kind, node, seconds))
+
+    def slack(self) -> int | None:
+        """The group's target minus its holdings (pooled), or None (each node alone)."""
+        return sum(self.target) - sum(self.warm) - sum(self.adding) if self.scope == "group" else None
+
+    def balance(self, now: float) -> None:
+        for node in range(self.nodes):
+            held = self.warm[node] + self.adding[node]
+            pooled = self.slack()
+            if held > self.target[node]:
+                extra = held - self.target[node] if pooled is None else min(held - self.target[node], -pooled)
+                self.warm[node] -= min(self.warm[node], max(0, extra))
+                continue
+            missing = self.target[node] - held if pooled is None else min(self.target[node] - held, pooled)
+            for _ in range(max(0, missing)):
+                self.adding[node] += 1
+                seconds = self.rng.uniform(*self.hot_add)
+                self.push(now + seconds, "added", node, seconds)
+
+    def run(self) -> None:
+        load = self.load
+        while self.events:
+            now, _, kind, index, seconds = heapq.heappop(self.events)
+            if now > load.measure_to:
+                break
+            if now > load.measure_from:
+                self.account(now)
+            if kind == "pass":
+                self.on_pass(now)
+            elif kind == "arrive":
+                self.on_arrival(now, index)
+            elif kind == "release":
+                self.on_release(index)
+            else:  # a warming hot-add completed
+                self.on_added(index, seconds)
+
+    def account(self, now: float) -> None:
+        """The device-seconds since the last event, inside the measured window."""
+        span = now - max(self.last, self.load.measure_from)
+        self.warm_seconds += sum(self.warm) * span
+        self.claimed_seconds += sum(self.claimed) * span
+        self.size_seconds += sum(self.target) * span
+        self.last = now
+
+    def on_pass(self, now: float) -> None:
+        found = self.demand.targets(now, self.groups)
+        self.target = [found.get((n, _MODEL), 0) for n in self.names]
+        self.demand.forget_idle(now)
+        self.balance(now)
+        self.push(now + self.interval, "pass", -1)
+
+    def on_arrival(self, now: float, index: int) -> None:
+        arrival = self.load.arrivals[index]
+        node = _place(self.placement, arrival.node, self.warm, self.claimed, self.rng)
+        self.demand.arrival(self.names[node], _MODEL, now)
+        hit = self.warm[node] > 0
+        self.warm[node] -= hit
+        if now >= self.load.measure_from:
+            self.hits, self.colds = self.hits + hit, self.colds + (not hit)
+        self.claimed[node] += 1
+        wait = 0.0
+        if not hit:
+            wait = self.rng.uniform(*self.hot_add)
+            self.demand.attached(_MODEL, wait)
+        self.push(now + wait + arrival.hold, "release", node)
+
+    def on_release(self, node: int) -> None:
+        self.claimed[node] -= 1
+        pooled = self.slack()
+        below = self.warm[node] + self.adding[node] < self.target[node]
+        if below or (self.target[node] > 0 and pooled is not None and pooled > 0):
+            self.warm[node] += 1
+
+    def on_added(self, node: int, seconds: float) -> None:
+        self.adding[node] -= 1
+        self.warm[node] += 1
+        self.demand.attached(_MODEL, seconds)
+
+    def outcome(self, rule: Literal["held", "rate"]) -> Outcome:
+        window = max(1e-9, self.load.measure_to - self.load.measure_from)
+        return Outcome(
+            self.scope,
+            self.placement,
+            rule,
+            round(self.size_seconds / window, 1),
+            round(100 * self.hits / max(1, self.hits + self.colds), 1),
+            round(100 * self.warm_seconds / max(1e-9, self.claimed_seconds), 1),
+        )
 
 
 def _place(placement: Placement, pinned: int, warm: list[int], claimed: list[int], rng: random.Random) -> int:

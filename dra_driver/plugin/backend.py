@@ -15,8 +15,8 @@ A **partition** device (``gpu0-1g10gb-3``) is answered with its GPU: once the GP
 backend carves the partition out of it (:class:`~dra_driver.plugin.partitioner.Partitioner`), after
 the claim's record says it is about to (:class:`AttachNotes`), so that a crash in between finds
 its own partition again and never takes another's. A **share** of a memory pool is attached with
-the allocation's share ID and size; the backend waits until the host sees a new region of that
-size from the pool's device and, in kmem mode, onlines its memory
+the allocation's share ID and size (:class:`MemoryShares`); the backend waits until the host sees
+a new region of that size from the pool's device and, in kmem mode, onlines its memory
 (:class:`~dra_driver.plugin.hostmemory.HostMemory`). Release undoes each in reverse before the
 detach: the partition destroyed, the memory offlined (never taken away online).
 """
@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -68,6 +68,16 @@ __all__ = [
 log = get_logger(__name__)
 
 _K = TypeVar("_K")
+
+#: :meth:`FabricBackend._bind`: POST the attachment until the fabric says attached
+_Bind = Callable[[str, str, str | None, str | None, "ShareAsk | None", str | None], Awaitable[Attachment]]
+
+
+@contextlib.asynccontextmanager
+async def _locked(locks: dict[_K, asyncio.Lock], key: _K) -> AsyncIterator[None]:
+    lock = locks.setdefault(key, asyncio.Lock())
+    async with lock:
+        yield
 
 
 class StillDetaching(KubeletPluginError, FabricError):
@@ -256,9 +266,10 @@ class FabricBackend:
         #: one partition change at a time per GPU (its sysfs path): a placement is checked and
         #: taken without another claim's change in between
         self._gpu_locks: dict[str, asyncio.Lock] = {}
-        #: one share of a pool device and size at a time between its request and its region
-        #: being taken: two new regions of one size could not be told apart
-        self._share_locks: dict[tuple[str, int], asyncio.Lock] = {}
+        #: attaches and releases the shares of a memory pool
+        self.shares = MemoryShares(
+            self._bind, scanner, self.memory, node=node, visible_timeout=visible_timeout
+        )
 
     def note_pending(self, claim_uid: str, device: str, err: FabricError) -> None:
         """Why the attach of ``device`` for ``claim_uid``, still running, has not finished yet."""
@@ -272,12 +283,6 @@ class FabricBackend:
             waited = time.monotonic() - self._started[key]
             return FabricError(f"the fabric manager has been attaching it for {waited:.0f}s", device=device)
         return None
-
-    @contextlib.asynccontextmanager
-    async def _locked(self, locks: dict[_K, asyncio.Lock], key: _K) -> AsyncIterator[None]:
-        lock = locks.setdefault(key, asyncio.Lock())
-        async with lock:
-            yield
 
     async def _bind(
         self,
@@ -325,7 +330,7 @@ class FabricBackend:
         known: PreparedDevice | None = None,
     ) -> AttachedDevice:
         if share is not None:
-            return await self._attach_share(claim_uid, device, notes, pool, namespace, share)
+            return await self.shares.attach(claim_uid, device, notes, pool, namespace, share)
         with observe_phase("attach"):
             attachment = await self._bind(claim_uid, device, pool, namespace)
         crash_point("plugin.prepare.after-attach")
@@ -397,7 +402,7 @@ class FabricBackend:
         ours = (
             known is not None and known.partition_profile == profile.name and known.partition_start == start
         )
-        async with self._locked(self._gpu_locks, host.sysfs_path):
+        async with _locked(self._gpu_locks, host.sysfs_path):
             existing = await asyncio.to_thread(partitioner.existing, host)
             for found in existing:
                 if not found.is_placement(profile.name, start):
@@ -419,7 +424,7 @@ class FabricBackend:
         """The claim's partition gone: the recorded one, else the one at its placement it was
         making (never another placement: that is another claim's)."""
         partitioner = self._partitioner(f"partition {prepared.device}")
-        async with self._locked(self._gpu_locks, host.sysfs_path):
+        async with _locked(self._gpu_locks, host.sysfs_path):
             if not self.scanner.present(host):
                 return  # the GPU left this host, and its partitions with it
             targets: list[Partition] = []
@@ -437,9 +442,169 @@ class FabricBackend:
                     await asyncio.to_thread(partitioner.destroy, partition)
         crash_point("plugin.unprepare.after-partition-destroy")
 
-    # -- shares of a memory pool ----------------------------------------------------------------
+    # -- the reset between tenants --------------------------------------------------------------
 
-    async def _attach_share(
+    async def _reset(
+        self,
+        claim_uid: str,
+        info: Device,
+        host: HostDevice,
+        notes: AttachNotes,
+        pool: str | None,
+        namespace: str | None,
+        placement: PartitionDevice | None,
+    ) -> tuple[Device, HostDevice]:
+        """Reset the device another claim used before this one (the manager answered
+        ``resetRequired``) and report it; after a failed reset the manager detached and attached it
+        again for this claim (a slot power cycle): bind again and wait for it to be visible. A GPU
+        that can be partitioned loses the last tenant's partitions first."""
+        failure: str | None = None
+        # a real GPU's partitions are NVML's to see only while the nvidia driver has it (not vfio)
+        partitioned = not self.scanner.real_host or host.driver == "nvidia"
+        if info.partition_table is not None and self.partitioner is not None and partitioned:
+            users = notes.partition_users(host.sysfs_path) - {claim_uid}
+            if users:
+                # cannot happen while the manager keeps one GPU on one node: never take them away
+                raise PartitionFailed(
+                    f"GPU {info.name} is due a reset between tenants, but partitions of claims "
+                    f"{', '.join(sorted(users))} are on it here; it was not reset"
+                )
+            async with _locked(self._gpu_locks, host.sysfs_path):
+                try:
+                    gone = await asyncio.to_thread(self.partitioner.reset, host)
+                except PartitionFailed as err:
+                    if not err.permanent:  # a partition still in use: not reset, never yanked
+                        failure = str(err)
+                    else:  # no NVML on this node: nothing can be listed; the device reset goes on
+                        log.warning("the last tenant's partitions could not be listed", error=str(err))
+                else:
+                    if gone:
+                        log.info("the last tenant's partitions removed", device=info.name, count=len(gone))
+        with observe_phase("reset"):
+            failure = failure or await asyncio.to_thread(self.scanner.reset, host)
+        # A crash before the report leaves the manager's "pending": the retried prepare resets again.
+        answer = await self.client.report_reset(
+            info.name,
+            self.node,
+            claim_uid,
+            ok=failure is None,
+            message=failure or "",
+            wait_seconds=MAX_WAIT_SECONDS,
+        )
+        if failure is None:
+            log.info(
+                "device reset before its claim uses it", claim=claim_uid, device=info.name, node=self.node
+            )
+            return info, host
+        log.warning(
+            "device could not be reset; the fabric power-cycles it for the claim",
+            claim=claim_uid,
+            device=info.name,
+            node=self.node,
+            error=failure,
+        )
+        asked = placement.name if placement is not None else info.name
+        if answer.state is not AttachmentState.ATTACHED or answer.reset_required:
+            answer = await self._bind(claim_uid, asked, pool, namespace)
+        if answer.reset_required:  # cannot happen after a power cycle: never use it unreset
+            raise FabricError(
+                f"device {info.name} is still due a reset after its power cycle",
+                device=info.name,
+                node=self.node,
+            )
+
+        def exclude() -> Collection[str]:
+            return notes.exclude(shared=placement is not None)
+
+        return answer.device, await self._visible(answer.device, exclude)
+
+    # -- release ---------------------------------------------------------------------------------
+
+    async def release(
+        self, claim_uid: str, prepared: PreparedDevice, *, within: float, last_on_gpu: bool = True
+    ) -> None:
+        deadline = time.monotonic() + within
+        host = prepared.host
+        if host is not None and prepared.parent is not None:
+            await self._destroy_partition(prepared, host)
+        if host is not None and prepared.share_id is not None:
+            with observe_phase("memory_offline"):
+                await self.shares.release(prepared, host, deadline)
+        # A partition's GPU leaves the host only with its last partition (the manager unbinds it then).
+        whole = (prepared.parent is None or last_on_gpu) and prepared.share_id is None
+        if self.host_removal and whole and host is not None and self.scanner.present(host):
+            with observe_phase("host_removal"):
+                await asyncio.to_thread(self.scanner.remove, host)
+        with observe_phase("detach"):
+            while True:
+                wait = max(0.0, min(MAX_WAIT_SECONDS, deadline - time.monotonic()))
+                crash_point("plugin.unprepare.before-detach")
+                try:
+                    attachment = await self.client.detach(
+                        prepared.device, self.node, claim_uid, wait_seconds=wait, share_id=prepared.share_id
+                    )
+                except DeviceNotFound:
+                    log.warning(
+                        "device is gone from the fabric; nothing to detach",
+                        claim=claim_uid,
+                        device=prepared.device,
+                        node=self.node,
+                    )
+                    return
+                if attachment.state is AttachmentState.DETACHED:
+                    crash_point("plugin.unprepare.after-detach")
+                    return
+                if time.monotonic() >= deadline:
+                    raise StillDetaching(
+                        f"the fabric is still detaching device {prepared.device}; the kubelet will retry",
+                        device=prepared.device,
+                        node=self.node,
+                    )
+
+    async def bindings(self) -> list[Device] | None:
+        inventory = await self.client.inventory()
+        return [
+            d
+            for d in inventory.devices
+            if (d.node == self.node and d.state in (BindingState.BOUND, BindingState.ATTACHING))
+            or (d.memory_pool is not None and any(s.node == self.node for s in d.memory_pool.shares))
+        ]
+
+    async def watch_devices(
+        self, after: int | None, wait_seconds: float
+    ) -> tuple[int, dict[str, Device]] | None:
+        inventory = await self.client.inventory(after=after, timeout_seconds=wait_seconds)
+        return inventory.version, {d.name: d for d in inventory.devices}
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+        self.scanner.changes.stop()
+
+
+class MemoryShares:
+    """The shares of a memory pool on this host: bound with the allocation's share ID and size,
+    the new region of that size found (and, in kmem mode, its memory onlined); on release, all of
+    the region's blocks offline before the fabric takes it."""
+
+    def __init__(
+        self,
+        bind: _Bind,
+        scanner: HostScanner,
+        memory: HostMemory,
+        *,
+        node: str,
+        visible_timeout: float,
+    ) -> None:
+        self._bind = bind
+        self.scanner = scanner
+        self.memory = memory
+        self.node = node
+        self.visible_timeout = visible_timeout
+        #: one share of a pool device and size at a time between its request and its region
+        #: being taken: two new regions of one size could not be told apart
+        self._share_locks: dict[tuple[str, int], asyncio.Lock] = {}
+
+    async def attach(
         self,
         claim_uid: str,
         device: str,
@@ -449,7 +614,7 @@ class FabricBackend:
         share: ShareAsk,
     ) -> AttachedDevice:
         key = f"{device}-{share.share_id}"
-        async with self._locked(self._share_locks, (device, share.memory_bytes)):
+        async with _locked(self._share_locks, (device, share.memory_bytes)):
             # the regions of this size already here are someone's: the share's is a new one
             before = {h.sysfs_path for h in self._regions(share.memory_bytes)}
             with observe_phase("attach"):
@@ -528,126 +693,7 @@ class FabricBackend:
                 MemoryRecord(mode=MemoryMode.KMEM, dax=host.dax, blocks=blocks), device=key, within=within
             )
 
-    # -- the reset between tenants --------------------------------------------------------------
-
-    async def _reset(
-        self,
-        claim_uid: str,
-        info: Device,
-        host: HostDevice,
-        notes: AttachNotes,
-        pool: str | None,
-        namespace: str | None,
-        placement: PartitionDevice | None,
-    ) -> tuple[Device, HostDevice]:
-        """Reset the device another claim used before this one (the manager answered
-        ``resetRequired``) and report it; after a failed reset the manager detached and attached it
-        again for this claim (a slot power cycle): bind again and wait for it to be visible. A GPU
-        that can be partitioned loses the last tenant's partitions first."""
-        failure: str | None = None
-        # a real GPU's partitions are NVML's to see only while the nvidia driver has it (not vfio)
-        partitioned = not self.scanner.real_host or host.driver == "nvidia"
-        if info.partition_table is not None and self.partitioner is not None and partitioned:
-            users = notes.partition_users(host.sysfs_path) - {claim_uid}
-            if users:
-                # cannot happen while the manager keeps one GPU on one node: never take them away
-                raise PartitionFailed(
-                    f"GPU {info.name} is due a reset between tenants, but partitions of claims "
-                    f"{', '.join(sorted(users))} are on it here; it was not reset"
-                )
-            async with self._locked(self._gpu_locks, host.sysfs_path):
-                try:
-                    gone = await asyncio.to_thread(self.partitioner.reset, host)
-                except PartitionFailed as err:
-                    if not err.permanent:  # a partition still in use: not reset, never yanked
-                        failure = str(err)
-                    else:  # no NVML on this node: nothing can be listed; the device reset goes on
-                        log.warning("the last tenant's partitions could not be listed", error=str(err))
-                else:
-                    if gone:
-                        log.info("the last tenant's partitions removed", device=info.name, count=len(gone))
-        with observe_phase("reset"):
-            failure = failure or await asyncio.to_thread(self.scanner.reset, host)
-        # A crash before the report leaves the manager's "pending": the retried prepare resets again.
-        answer = await self.client.report_reset(
-            info.name,
-            self.node,
-            claim_uid,
-            ok=failure is None,
-            message=failure or "",
-            wait_seconds=MAX_WAIT_SECONDS,
-        )
-        if failure is None:
-            log.info(
-                "device reset before its claim uses it", claim=claim_uid, device=info.name, node=self.node
-            )
-            return info, host
-        log.warning(
-            "device could not be reset; the fabric power-cycles it for the claim",
-            claim=claim_uid,
-            device=info.name,
-            node=self.node,
-            error=failure,
-        )
-        asked = placement.name if placement is not None else info.name
-        if answer.state is not AttachmentState.ATTACHED or answer.reset_required:
-            answer = await self._bind(claim_uid, asked, pool, namespace)
-        if answer.reset_required:  # cannot happen after a power cycle: never use it unreset
-            raise FabricError(
-                f"device {info.name} is still due a reset after its power cycle",
-                device=info.name,
-                node=self.node,
-            )
-
-        def exclude() -> Collection[str]:
-            return notes.exclude(shared=placement is not None)
-
-        return answer.device, await self._visible(answer.device, exclude)
-
-    # -- release ---------------------------------------------------------------------------------
-
-    async def release(
-        self, claim_uid: str, prepared: PreparedDevice, *, within: float, last_on_gpu: bool = True
-    ) -> None:
-        deadline = time.monotonic() + within
-        host = prepared.host
-        if host is not None and prepared.parent is not None:
-            await self._destroy_partition(prepared, host)
-        if host is not None and prepared.share_id is not None:
-            with observe_phase("memory_offline"):
-                await self._release_memory(prepared, host, deadline)
-        # A partition's GPU leaves the host only with its last partition (the manager unbinds it then).
-        whole = (prepared.parent is None or last_on_gpu) and prepared.share_id is None
-        if self.host_removal and whole and host is not None and self.scanner.present(host):
-            with observe_phase("host_removal"):
-                await asyncio.to_thread(self.scanner.remove, host)
-        with observe_phase("detach"):
-            while True:
-                wait = max(0.0, min(MAX_WAIT_SECONDS, deadline - time.monotonic()))
-                crash_point("plugin.unprepare.before-detach")
-                try:
-                    attachment = await self.client.detach(
-                        prepared.device, self.node, claim_uid, wait_seconds=wait, share_id=prepared.share_id
-                    )
-                except DeviceNotFound:
-                    log.warning(
-                        "device is gone from the fabric; nothing to detach",
-                        claim=claim_uid,
-                        device=prepared.device,
-                        node=self.node,
-                    )
-                    return
-                if attachment.state is AttachmentState.DETACHED:
-                    crash_point("plugin.unprepare.after-detach")
-                    return
-                if time.monotonic() >= deadline:
-                    raise StillDetaching(
-                        f"the fabric is still detaching device {prepared.device}; the kubelet will retry",
-                        device=prepared.device,
-                        node=self.node,
-                    )
-
-    async def _release_memory(self, prepared: PreparedDevice, host: HostDevice, deadline: float) -> None:
+    async def release(self, prepared: PreparedDevice, host: HostDevice, deadline: float) -> None:
         """The share's memory offline before the fabric takes it: all of its region's blocks
         (also those a crash left onlined before the record said so)."""
         if not self.scanner.present(host):
@@ -655,25 +701,6 @@ class FabricBackend:
         budget = max(0.0, deadline - time.monotonic() - 1.0)
         await self._offline_region(host, prepared.key, within=budget)
         crash_point("plugin.unprepare.after-memory-offline")
-
-    async def bindings(self) -> list[Device] | None:
-        inventory = await self.client.inventory()
-        return [
-            d
-            for d in inventory.devices
-            if (d.node == self.node and d.state in (BindingState.BOUND, BindingState.ATTACHING))
-            or (d.memory_pool is not None and any(s.node == self.node for s in d.memory_pool.shares))
-        ]
-
-    async def watch_devices(
-        self, after: int | None, wait_seconds: float
-    ) -> tuple[int, dict[str, Device]] | None:
-        inventory = await self.client.inventory(after=after, timeout_seconds=wait_seconds)
-        return inventory.version, {d.name: d for d in inventory.devices}
-
-    async def aclose(self) -> None:
-        await self.client.aclose()
-        self.scanner.changes.stop()
 
 
 class NoopBackend:

@@ -14,7 +14,13 @@ On unprepare the blocks are offlined before the fabric takes the memory away. Th
 to offline a block whose pages it cannot migrate (``EBUSY``, or ``EINVAL`` for a block that spans
 zones): :class:`MemoryInUse`, retriable — the memory is never detached while a block is online.
 
-On a real host a ``state`` write is answered at once (the write fails with the kernel's errno).
+On a real host a ``state`` write is answered at once (the write fails with the kernel's errno),
+except an offline of movable memory whose pages the kernel cannot migrate (pinned): Linux retries
+that inside the write until the writer gets a signal, then answers ``EINTR``
+(Documentation/admin-guide/mm/memory-hotplug.rst: "the offlining context can be terminated by
+sending a signal"; seen on a 6.1 kernel, tests/integration/qemu/test_qemu_memory.py). So a real
+host's offline is written by a child process ended after :data:`OFFLINE_WRITE_SECONDS`, and its
+``EINTR`` counts as a refusal.
 The emulated host's kernel answers within a tick (docs/emulator.md, "What a host sees"): the
 write is taken, and ``online`` (``1``/``0``) and ``state`` change when it acts; a refusal there
 is ``state`` reading ``online`` again after ``offline`` was written. Both are read the same way:
@@ -28,6 +34,8 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,6 +65,17 @@ log = get_logger(__name__)
 STATE_ANSWER_SECONDS = 10.0
 #: how long an offline written at the deadline still waits for its answer
 _LAST_ANSWER_SECONDS = 1.0
+#: on a real host, how long one offline write may run before its writer is killed (module doc)
+OFFLINE_WRITE_SECONDS = 2.0
+#: the child that writes one offline: the kernel's errno as its exit status
+_WRITE_OFFLINE = (
+    "import os, sys\n"
+    "try:\n"
+    "    fd = os.open(sys.argv[1], os.O_WRONLY | os.O_TRUNC)\n"
+    "    os.write(fd, b'offline\\n')\n"
+    "except OSError as err:\n"
+    "    sys.exit(err.errno or 1)\n"
+)
 
 
 class MemoryFailed(KubeletPluginError):
@@ -127,11 +146,13 @@ class HostMemory:
         real_host: bool,
         clock: Callable[[], float] = time.monotonic,
         answer_seconds: float = STATE_ANSWER_SECONDS,
+        write_seconds: float = OFFLINE_WRITE_SECONDS,
     ) -> None:
         self.root = sysfs_root
         self.real_host = real_host
         self._clock = clock
         self.answer_seconds = answer_seconds
+        self.write_seconds = write_seconds
 
     @property
     def _memory(self) -> Path:
@@ -178,6 +199,8 @@ class HostMemory:
     def _write_state(self, block: int, value: str) -> OSError | None:
         """Write ``value`` to the block's ``state``; the kernel's refusal, if it gave one at once."""
         path = self._memory / f"memory{block}" / "state"
+        if value == "offline" and self.real_host:
+            return self._write_offline_bounded(path)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
         except OSError as err:
@@ -189,6 +212,26 @@ class HostMemory:
         finally:
             os.close(fd)
         return None
+
+    def _write_offline_bounded(self, path: Path) -> OSError | None:
+        """``offline`` written by a child process killed after ``write_seconds`` (module doc):
+        a write in this process could not be ended, and would hold it while the pages stay
+        pinned. Killed, the kernel gives up the offline (``EINTR``)."""
+        try:
+            done = subprocess.run(  # noqa: S603 - this interpreter, our own script
+                [sys.executable, "-S", "-c", _WRITE_OFFLINE, str(path)],
+                timeout=self.write_seconds,
+                capture_output=True,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return OSError(errno.EINTR, os.strerror(errno.EINTR))
+        except OSError as err:
+            return err
+        if done.returncode == 0:
+            return None
+        code = done.returncode if 0 < done.returncode < 256 else errno.EIO
+        return OSError(code, os.strerror(code))
 
     def _read(self, block: int) -> tuple[str | None, str | None]:
         base = self._memory / f"memory{block}"
@@ -293,7 +336,8 @@ class HostMemory:
                 state, _flag = self._read(block)
                 if state is None or state == "offline":
                     continue  # gone with its region, or offline already
-                refused = self._write_state(block, "offline")
+                # in a thread: a real host's write may take up to write_seconds
+                refused = await asyncio.to_thread(self._write_state, block, "offline")
                 if refused is None:
                     written.append(block)
                 elif refused.errno in (errno.EBUSY, errno.EINVAL, errno.EAGAIN, errno.EINTR):

@@ -36,6 +36,7 @@ from plumbing.logs import get_logger
 __all__ = [
     "AGENT_GUEST_PORT",
     "HOST_ADDRESS_IN_GUEST",
+    "MEMORY_NODE",
     "AgentError",
     "GuestAgent",
     "GuestConfig",
@@ -53,6 +54,8 @@ AGENT_GUEST_PORT = 7000
 #: Root ports start at this device number of pcie.0, eight functions each (multifunction).
 _FIRST_ROOT_SLOT = 0x10
 _MAX_ROOT_PORTS = 8 * (0x1F - _FIRST_ROOT_SLOT)
+#: The guest's NUMA node of hot-added memory, when it has DIMM slots (:meth:`GuestConfig.memory_args`).
+MEMORY_NODE = 1
 
 
 @dataclass(frozen=True)
@@ -276,6 +279,28 @@ class GuestConfig:
     python: str = field(default_factory=lambda: sys.executable)
     #: more guest TCP ports to forward from this machine's loopback (see ``QemuGuest.forwarded``)
     forwards: Sequence[int] = ()
+    #: memory hot-add (:mod:`emulator.qemu.memory`): this many DIMM slots, room for this much
+    #: more memory than ``memory_mib``, and a second NUMA node without CPUs or boot memory for
+    #: the DIMMs (0: none of it)
+    dimm_slots: int = 0
+    hotplug_mib: int = 0
+
+    def memory_args(self) -> list[str]:
+        """``-m`` and, with DIMM slots, the two NUMA nodes: node 0 has the CPUs and the boot
+        memory, :data:`MEMORY_NODE` only what is hot-added to it, as the
+        CPU-less node a CXL memory region becomes (QEMU docs/memory-hotplug.txt; ``mem=`` is
+        refused for node memory on current machine types, so the boot memory is a backend)."""
+        if not self.dimm_slots:
+            return ["-m", str(self.memory_mib)]
+        if self.hotplug_mib <= 0:
+            raise ConfigError(f"guest {self.name}: {self.dimm_slots} DIMM slots need hotplug_mib > 0")
+        last_cpu = self.cpus - 1
+        return [
+            "-m", f"{self.memory_mib}M,slots={self.dimm_slots},maxmem={self.memory_mib + self.hotplug_mib}M",
+            "-object", f"memory-backend-ram,id=boot-mem,size={self.memory_mib}M",
+            "-numa", f"node,nodeid=0,cpus=0-{last_cpu},memdev=boot-mem",
+            "-numa", f"node,nodeid={MEMORY_NODE}",
+        ]  # fmt: skip
 
 
 class QemuGuest:
@@ -344,7 +369,7 @@ class QemuGuest:
             # rdrand: the kernel's random pool is ready at once, so nothing blocks on getrandom().
             "-cpu", "host" if accel == "kvm" else "qemu64,+rdrand",
             "-smp", str(self.config.cpus),
-            "-m", str(self.config.memory_mib),
+            *self.config.memory_args(),
             "-nodefaults", "-nographic", "-no-user-config",
             "-serial", f"file:{self.console_log}",
             "-kernel", str(image.kernel),

@@ -77,6 +77,7 @@ __all__ = [
     "RoleStartError",
     "Stack",
     "StackOptions",
+    "StopOrder",
     "block_action",
     "connection_body",
     "default_trust",
@@ -847,6 +848,69 @@ class Controller:
 # -- the builder ---------------------------------------------------------------------------------
 
 
+class StopOrder:
+    """What a stack stops, and in which order: its roles (stopped) and callbacks (called), in the
+    reverse order they were added, a run of roles of one tier side by side."""
+
+    def __init__(self) -> None:
+        #: roles and callbacks, in the order they were added
+        self._closers: list[Role | Callable[[], object]] = []
+
+    def add(self, closer: Role | Callable[[], object]) -> None:
+        self._closers.append(closer)
+
+    def __bool__(self) -> bool:
+        return bool(self._closers)
+
+    def stop(self, timeout: float) -> list[BaseException]:
+        """Stop every role and call every callback; the errors raised on the way. A run of roles
+        of one tier (callbacks among them are called first: they close the caller's own clients)
+        is sent SIGTERM together, then each is given ``timeout`` seconds from then and killed
+        after it. Stopping one after another cost a stack the sum of its parts' shutdowns; side
+        by side it costs about the slowest of each tier."""
+        errors: list[BaseException] = []
+        while self._closers:
+            callbacks, roles = self.next_run()
+            for close in callbacks:
+                try:
+                    close()
+                except Exception as err:  # every other part still has to stop
+                    errors.append(err)
+            for role in roles:
+                try:
+                    role.terminate()
+                except Exception as err:
+                    errors.append(err)
+            deadline = time.monotonic() + timeout
+            for role in roles:
+                try:
+                    role.reap(max(0.0, deadline - time.monotonic()))
+                except Exception as err:
+                    errors.append(err)
+        return errors
+
+    def next_run(self) -> tuple[list[Callable[[], object]], list[Role]]:
+        """Take from the end of the closers the next run that stops together: callbacks and the
+        roles of one tier (a role without a tier alone). Callbacks after the run's last role in
+        stop order stay for the next run, so none is called before a role it used to follow."""
+        callbacks: list[Callable[[], object]] = []
+        roles: list[Role] = []
+        pending: list[Callable[[], object]] = []  # callbacks since the run's last role
+        while self._closers:
+            closer = self._closers.pop()
+            if not isinstance(closer, Role):
+                (pending if roles else callbacks).append(closer)
+            elif not roles or (closer.tier is not None and closer.tier == roles[0].tier):
+                callbacks += pending
+                pending.clear()
+                roles.append(closer)
+            else:
+                self._closers.append(closer)
+                break
+        self._closers.extend(reversed(pending))
+        return callbacks, roles
+
+
 class Stack:
     """Starts the parts of a local fabric-dra system under one work dir and stops them all, in the
     reverse order of their first start (also when a start fails: use it as a context manager)."""
@@ -870,8 +934,8 @@ class Stack:
         #: a loaded CI machine (the whole suite on two cores) is slow to import a role
         self.start_timeout = start_timeout
         self.roles: dict[str, Role] = {}
-        #: roles (stopped) and callbacks (called), in the order they were added
-        self._closers: list[Role | Callable[[], object]] = []
+        #: roles (stopped) and callbacks (called) when the stack stops
+        self.stop_order = StopOrder()
         self._nodes_root: Path | None = None
         self._short_nodes_root: Path | None = None
         root.mkdir(parents=True, exist_ok=True)
@@ -934,66 +998,24 @@ class Stack:
             tier=tier,
         )
         self.roles[name] = role
-        self._closers.append(role)
+        self.stop_order.add(role)
         self.ready_file(name).parent.mkdir(parents=True, exist_ok=True)
         return role
 
     def callback(self, close: Callable[[], object]) -> None:
         """Run ``close`` when the stack stops (in reverse order with the roles)."""
-        self._closers.append(close)
+        self.stop_order.add(close)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop every role and call every callback, in the reverse order they were added; a run of
-        roles of one tier in that order (callbacks among them are called first: they close the
-        caller's own clients) is sent SIGTERM together, then each is given ``timeout`` seconds from
-        then and killed after it. Stopping one after another cost a stack the sum of its parts'
-        shutdowns; side by side it costs about the slowest of each tier."""
-        errors: list[BaseException] = []
-        while self._closers:
-            callbacks, roles = self._next_stop_run()
-            for close in callbacks:
-                try:
-                    close()
-                except Exception as err:  # every other part still has to stop
-                    errors.append(err)
-            for role in roles:
-                try:
-                    role.terminate()
-                except Exception as err:
-                    errors.append(err)
-            deadline = time.monotonic() + timeout
-            for role in roles:
-                try:
-                    role.reap(max(0.0, deadline - time.monotonic()))
-                except Exception as err:
-                    errors.append(err)
+        """Stop every role and call every callback (:meth:`StopOrder.stop`), then remove the
+        directories the stack made for itself; the first error raised, once all is stopped."""
+        errors = self.stop_order.stop(timeout)
         if self._short_nodes_root is not None:
             shutil.rmtree(self._short_nodes_root, ignore_errors=True)
         if self.owns_root:
             shutil.rmtree(self.root, ignore_errors=True)
         if errors:
             raise errors[0]
-
-    def _next_stop_run(self) -> tuple[list[Callable[[], object]], list[Role]]:
-        """Take from the end of the closers the next run that stops together: callbacks and the
-        roles of one tier (a role without a tier alone). Callbacks after the run's last role in
-        stop order stay for the next run, so none is called before a role it used to follow."""
-        callbacks: list[Callable[[], object]] = []
-        roles: list[Role] = []
-        pending: list[Callable[[], object]] = []  # callbacks since the run's last role
-        while self._closers:
-            closer = self._closers.pop()
-            if not isinstance(closer, Role):
-                (pending if roles else callbacks).append(closer)
-            elif not roles or (closer.tier is not None and closer.tier == roles[0].tier):
-                callbacks += pending
-                pending.clear()
-                roles.append(closer)
-            else:
-                self._closers.append(closer)
-                break
-        self._closers.extend(reversed(pending))
-        return callbacks, roles
 
     def __enter__(self) -> Stack:
         return self

@@ -13,8 +13,8 @@ from fabric_dra_testbed.stack import CLIENT_TIER, MANAGER_TIER, SERVICE_TIER, Ro
 def _order(stack: Stack) -> list[list[str]]:
     """The runs ``stop`` would take, each as its callbacks' and roles' names in order."""
     runs = []
-    while stack._closers:
-        callbacks, roles = stack._next_stop_run()
+    while stack.stop_order:
+        callbacks, roles = stack.stop_order.next_run()
         runs.append([getattr(c, "__name__", "?") for c in callbacks] + [r.name for r in roles])
     return runs
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import re
 import socket
 import sys
@@ -35,7 +34,6 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from emulator.qemu.guest import HOST_ADDRESS_IN_GUEST, GuestConfig, QemuGuest, temporary_run_dir
-from emulator.qemu.image import missing_tools
 from emulator.qemu.qmp import QmpClient
 from fabric_dra_testbed.stack import Role
 from kube_standin.apiserver.kubeconfig import write_kubeconfig
@@ -46,26 +44,20 @@ from tests.support.plugin import ClaimRef, PluginStack
 from tests.support.waiting import wait_until
 
 from .guest_kubelet import REPLACED
+from .guests import GUEST_ENV, compile_for_guest, skip_without_tools, tail
 
 # Generous limits: under TCG on a loaded 2-core machine the guest runs 20-30 times slower than
 # the machine; a slow run must not fail. The one test item is the whole suite: a run with QEMU at
 # a quarter of a core (load average 22) took 883 s. Run first (slow): 2-5 minutes on one worker.
 pytestmark = [pytest.mark.qemu, pytest.mark.slow(seconds=150), pytest.mark.timeout(1200)]
 
-# Runs wherever QEMU, a kernel, a static busybox and udev are installed; .ci/run installs them and
-# sets FABRIC_DRA_REQUIRE_TOOLS, with which their absence fails the run instead of skipping it.
-_MISSING = missing_tools()
-if _MISSING:
-    _WHY = "QEMU hosts cannot run here: missing " + "; ".join(_MISSING)
-    if os.environ.get("FABRIC_DRA_REQUIRE_TOOLS"):
-        pytest.fail(f"$FABRIC_DRA_REQUIRE_TOOLS is set but {_WHY}", pytrace=False)
-    pytest.skip(_WHY, allow_module_level=True)
+# Runs wherever QEMU, a kernel, a static busybox and udev are installed.
+skip_without_tools()
 
 NODE = "node-q"
 #: guest ports forwarded from this machine's loopback: the kubelet client, the plugin's metrics
 KUBELET_PORT = 7001
 METRICS_PORT = 7002
-REPO = Path(__file__).resolve().parents[3]
 #: where the guest reaches the machine's loopback services
 GUEST_HOST = HOST_ADDRESS_IN_GUEST
 #: how long a release may take in the guest before the emulator's unbind gives up
@@ -89,9 +81,6 @@ PRELOAD = [
     "yaml",
     "kube_standin.kubelet_client",
 ]
-#: the guest's Python has no byte-code cache prefix: it reads the ``__pycache__`` directories
-#: that :func:`_compile_for_guest` fills
-GUEST_ENV = {"PYTHONPATH": str(REPO)}
 
 TOPOLOGY: dict[str, Any] = {
     "version": 1,
@@ -376,31 +365,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / 100  # utime, stime (clock ticks of 1/100 s)
 
 
-def tail(path: Path, lines: int = 40) -> str:
-    with contextlib.suppress(OSError):
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    return f"(no {path})"
-
-
-def _compile_for_guest() -> None:
-    """Byte-compile the project's packages into their ``__pycache__`` directories. The guest's
-    root is this machine's, read-only, and a checkout run with ``PYTHONDONTWRITEBYTECODE`` (or a
-    ``PYTHONPYCACHEPREFIX`` the guest does not share) holds no byte-code where the guest looks:
-    it would compile every module on every import, under emulation (minutes). The virtualenv's
-    packages were compiled by pip."""
-    import compileall
-
-    prefix, sys.pycache_prefix = sys.pycache_prefix, None
-    try:
-        for package in ("plumbing", "manager_api", "dra_driver", "fabric_dra", "testbed/kube_standin"):
-            compileall.compile_dir(str(REPO / package), quiet=1)
-    finally:
-        sys.pycache_prefix = prefix
-
-
 @pytest.fixture(scope="module")
 def node() -> Iterator[Node]:
-    _compile_for_guest()
+    compile_for_guest()
     started = time.monotonic()
     run_dir = temporary_run_dir(NODE)
     # One vCPU: under TCG a second one costs more than it gives on a loaded machine (this test at

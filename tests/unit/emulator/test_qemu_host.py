@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
-from emulator.qemu.guest import kept_paths, root_ports
+from emulator.errors import ConfigError
+from emulator.qemu.guest import MEMORY_NODE, GuestConfig, kept_paths, root_ports
 from emulator.qemu.host import check_qemu_hosts, fabric_ports, mac_of_serial
+from emulator.qemu.memory import Dimm
 from emulator.topology import parse_topology
 
 
@@ -73,3 +75,25 @@ def test_a_checkout_under_a_guest_tmpfs_is_kept_visible() -> None:
     assert kept_paths("/usr/bin/python3", Path("/srv/tmp/tree")) == []
     with pytest.raises(ValueError, match="no spaces"):
         kept_paths("/usr/bin/python3", Path("/tmp/my tree"))
+
+
+def test_a_guest_with_dimm_slots_has_a_memory_only_node() -> None:
+    plain = GuestConfig("g", [], Path("/tmp/g"), memory_mib=512)
+    assert plain.memory_args() == ["-m", "512"]
+    args = GuestConfig(
+        "g", [], Path("/tmp/g"), memory_mib=512, cpus=2, dimm_slots=2, hotplug_mib=256
+    ).memory_args()
+    assert args == [
+        "-m", "512M,slots=2,maxmem=768M",
+        "-object", "memory-backend-ram,id=boot-mem,size=512M",
+        "-numa", "node,nodeid=0,cpus=0-1,memdev=boot-mem",
+        "-numa", f"node,nodeid={MEMORY_NODE}",
+    ]  # fmt: skip
+    with pytest.raises(ConfigError, match="hotplug_mib"):
+        GuestConfig("g", [], Path("/tmp/g"), dimm_slots=1).memory_args()
+
+
+def test_a_dimm_names_the_memory_blocks_of_its_range() -> None:
+    dimm = Dimm(id="d", addr=4 << 30, size=256 << 20, node=MEMORY_NODE)
+    assert dimm.blocks(128 << 20) == [32, 33]
+    assert dimm.backend == "d-mem"

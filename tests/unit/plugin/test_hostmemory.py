@@ -1,7 +1,8 @@
 """A CXL share's memory on a host view the emulator laid out, with its kernel answering the memory
 blocks' ``state`` writes (docs/emulator.md, "What a host sees"): onlined as movable system RAM of
 its CPU-less node (kmem), offlined again before it goes, a refused offline retried and never
-taken away online; and on a real kernel the same, where the refusal is the write's EBUSY."""
+taken away online; and on a real kernel the same, where the refusal is the write's EBUSY, or the
+EINTR of an offline writer ended after its time."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dra_driver.plugin import hostmemory
 from dra_driver.plugin.backend import identity_of
 from dra_driver.plugin.config import MemoryMode
 from dra_driver.plugin.hostdev import HostDevice, HostScanner
@@ -175,3 +177,54 @@ async def test_a_real_kernel_that_keeps_refusing_is_memory_in_use(tmp_path: Path
         MemoryInUse, match=r"would not offline 2 memory block\(s\) of share \(memory5, memory4: "
     ):
         await memory.offline(record, device="share", within=0.3)
+
+
+def _online_blocks(root: Path) -> MemoryRecord:
+    for block in (4, 5):
+        base = root / "devices" / "system" / "memory" / f"memory{block}"
+        (base / "state").write_text("online\n")
+        (base / "online").write_text("1\n")
+    return MemoryRecord(mode=MemoryMode.KMEM, blocks=[4, 5])
+
+
+async def test_a_real_kernel_offline_that_never_returns_is_ended_and_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Linux retries an offline whose pages it cannot migrate inside the write, until the writer
+    gets a signal (seen on a QEMU guest's kernel: tests/integration/qemu/test_qemu_memory.py).
+    Here the writer hangs as that write does: it is killed after ``write_seconds``, the block
+    counts as refused, and after ``within`` the memory is in use and stays online."""
+    real_tree(tmp_path)
+    record = _online_blocks(tmp_path)
+    monkeypatch.setattr(hostmemory, "_WRITE_OFFLINE", "import time\ntime.sleep(600)\n")
+    memory = HostMemory(tmp_path, real_host=True, write_seconds=0.2)
+    with pytest.raises(MemoryInUse, match=r"would not offline 2 memory block\(s\) .*Interrupted system call"):
+        await memory.offline(record, device="share", within=0.5)
+    assert states_of(tmp_path, [4, 5]) == ["online", "online"]
+
+
+async def test_a_real_kernel_refusal_comes_back_as_the_writers_errno(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_tree(tmp_path)
+    record = _online_blocks(tmp_path)
+    monkeypatch.setattr(hostmemory, "_WRITE_OFFLINE", f"import sys\nsys.exit({errno.EBUSY})\n")
+    memory = HostMemory(tmp_path, real_host=True)
+    with pytest.raises(MemoryInUse, match="Device or resource busy"):
+        await memory.offline(record, device="share", within=0.3)
+
+
+async def test_a_real_kernel_offline_is_written_by_the_child(tmp_path: Path) -> None:
+    real_tree(tmp_path)
+    record = _online_blocks(tmp_path)
+    memory = HostMemory(tmp_path, real_host=True, answer_seconds=0.5)
+    # the file takes the write but nothing answers it as a kernel would: the state the child wrote
+    # is there, and the answer never comes
+    with pytest.raises(MemoryFailed, match="did not go offline"):
+        await memory.offline(record, device="share", within=0.3)
+    assert states_of(tmp_path, [4, 5])[1] == "offline"
+
+
+def states_of(root: Path, blocks: list[int]) -> list[str]:
+    memory = root / "devices" / "system" / "memory"
+    return [(memory / f"memory{b}" / "state").read_text().strip() for b in blocks]
