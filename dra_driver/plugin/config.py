@@ -233,6 +233,14 @@ class PluginConfig(BaseModel):
             env="KUBECONFIG",
         ),
     ] = None
+    claim_status: Annotated[
+        bool,
+        Setting(
+            "write each prepared device's Ready condition and whereabouts into its ResourceClaim's "
+            "status.devices (needs patch on resourceclaims/status)",
+            _KUBE,
+        ),
+    ] = True
     ready_file: Annotated[
         Path | None, Setting("once serving, write the DRA socket path to this file (atomically)", _RUNTIME)
     ] = None

@@ -345,7 +345,10 @@ def test_each_role_holds_only_its_own_rights(objects: list[Obj]) -> None:
         labels_nodes = _grants(objects, account, "", "nodes", "patch")
         assert labels_nodes == (account == "fabric-dra-controller"), account
     plugin_rules = [rule for _, rule in _rules(objects, "fabric-dra-plugin")]
-    assert plugin_rules == [{"apiGroups": [resource], "resources": ["resourceclaims"], "verbs": ["get"]}]
+    assert plugin_rules == [
+        {"apiGroups": [resource], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": [resource], "resources": ["resourceclaims/status"], "verbs": ["patch"]},
+    ]
     assert not list(_rules(objects, "fabric-dra-emulator"))
 
 
