@@ -22,6 +22,7 @@ import pytest
 from fabric_dra_testbed.stack import Role
 from manager_api.client import ManagerClient
 from manager_api.models import BindingState, Device, DeviceType, FabricNode
+from plumbing.kube import Invalid
 from plumbing.kube.resources import RESOURCE_CLAIMS
 from tests.support.plugin import DRIVER, ClaimRef, PluginStack, short_dir, start_fabric
 
@@ -171,5 +172,28 @@ def test_a_device_that_cannot_be_attached_is_not_ready_and_says_why(fabric: Fabr
         assert (ready["status"], ready["reason"]) == ("False", "AttachFailed")
         assert ready["message"] and ready["message"] in error
         assert "data" not in entry, "nothing is attached: there is no whereabouts to tell"
+
+    asyncio.run(scenario())
+
+
+def test_the_api_server_refuses_an_entry_of_a_device_the_claim_does_not_allocate(fabric: Fabric) -> None:
+    """Over HTTP, as the plugin writes: a merge patch of ``/status`` naming another device is a 422."""
+
+    async def scenario() -> None:
+        pool = fabric.node.pools[0]
+        ref = await fabric.stack.create_claim("status-foreign", [("gpu", "gpu0")], pool=pool)
+        claim = await _claim(fabric.stack, ref)
+        entry = {"driver": DRIVER, "pool": pool, "device": "gpu1"}
+        patch = {
+            "metadata": {"resourceVersion": claim["metadata"]["resourceVersion"]},
+            "status": {"devices": [entry]},
+        }
+        async with fabric.stack.kube() as kube:
+            with pytest.raises(Invalid) as refused:
+                await kube.patch(RESOURCE_CLAIMS, ref.name, patch, ref.namespace, subresource="status")
+        assert f"status.devices[0]: Invalid value: {DRIVER}/{pool}/gpu1: must be an allocated device" in str(
+            refused.value
+        )
+        assert "devices" not in (await _claim(fabric.stack, ref)).get("status", {})
 
     asyncio.run(scenario())
