@@ -214,7 +214,9 @@ class Driver:
                 ),
             )
             fabric, seconds = self.attacher.attached_facts(ref.uid, d.key)
-            data = device_data(self.node, d, fabric, seconds) if d.attached else None
+            # Never without the node: where the allocation names none, admission holds a plugin
+            # to the entries that name its own (deploy/base/admission-policy.yaml).
+            data = device_data(self.node, d, fabric, seconds) if d.attached else {"node": self.node}
             said.append(DeviceReadiness(d.pool, d.device, d.share_id, False, reason, message, data))
         self.status.publish(ref, said)
         self._said.add(ref.uid)

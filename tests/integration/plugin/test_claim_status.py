@@ -171,7 +171,7 @@ def test_a_device_that_cannot_be_attached_is_not_ready_and_says_why(fabric: Fabr
         assert ready is not None
         assert (ready["status"], ready["reason"]) == ("False", "AttachFailed")
         assert ready["message"] and ready["message"] in error
-        assert "data" not in entry, "nothing is attached: there is no whereabouts to tell"
+        assert entry["data"] == {"node": fabric.node.name}, "nothing is attached: only whose entry it is"
 
     asyncio.run(scenario())
 
