@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,10 +53,12 @@ from plumbing.logs import get_logger
 
 __all__ = [
     "DATA_MAX_BYTES",
+    "LINK_HEALTHY",
     "READY",
     "ClaimStatusWriter",
     "DeviceKey",
     "DeviceReadiness",
+    "LinkHealth",
     "Reason",
     "device_data",
     "merge_entries",
@@ -66,6 +68,10 @@ log = get_logger(__name__)
 
 #: the condition type KEP-4817 names for "configured as the class and claim ask"
 READY = "Ready"
+#: the device's PCIe link still runs as it was negotiated at attach (:mod:`.linkhealth`)
+LINK_HEALTHY = "LinkHealthy"
+#: the condition types this plugin writes (and takes back on unprepare)
+OWNED_CONDITIONS = (READY, LINK_HEALTHY)
 #: ``AllocatedDeviceStatusDataMaxLength`` (k8s.io/api/resource/v1/types.go)
 DATA_MAX_BYTES = 10 * 1024
 _CONFLICT_RETRIES = 8
@@ -105,9 +111,13 @@ STATUS_WRITES = Counter(
 )
 
 
+#: a condition's (status, reason, message)
+Said = tuple[str, str, str]
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceReadiness:
-    """What one device's entry is to say."""
+    """What one device's entry is to say: its ``Ready`` condition and (when given) its ``data``."""
 
     pool: str
     device: str
@@ -120,6 +130,53 @@ class DeviceReadiness:
     @property
     def key(self) -> DeviceKey:
         return (self.pool, self.device, self.share_id)
+
+    def conditions(self) -> dict[str, Said]:
+        return {READY: ("True" if self.ready else "False", self.reason, self.message)}
+
+
+@dataclass(frozen=True, slots=True)
+class LinkHealth:
+    """A device's ``LinkHealthy`` condition, alone (its ``Ready`` and ``data`` stay as they are)."""
+
+    pool: str
+    device: str
+    share_id: str | None
+    healthy: bool
+    reason: str
+    message: str
+    data: None = None
+
+    @property
+    def key(self) -> DeviceKey:
+        return (self.pool, self.device, self.share_id)
+
+    def conditions(self) -> dict[str, Said]:
+        return {LINK_HEALTHY: ("True" if self.healthy else "False", self.reason, self.message)}
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """What is still to be written of one device: conditions by type, and its data when new."""
+
+    said: dict[str, Said]
+    data: dict[str, Any] | None
+
+    def conditions(self) -> dict[str, Said]:
+        return self.said
+
+    def then(self, later: Statement | None) -> _Pending | None:
+        if later is None:
+            return None
+        data = later.data if later.data is not None else self.data
+        return _Pending({**self.said, **later.conditions()}, data)
+
+
+Statement = DeviceReadiness | LinkHealth | _Pending
+
+
+def _pending(statement: Statement | None) -> _Pending | None:
+    return None if statement is None else _Pending(dict(statement.conditions()), statement.data)
 
 
 def _compact(value: Any) -> Any:
@@ -184,12 +241,13 @@ def _entry_key(entry: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
 def merge_entries(
     current: list[dict[str, Any]],
     driver: str,
-    wanted: dict[DeviceKey, DeviceReadiness | None],
+    wanted: Mapping[DeviceKey, Statement | None],
     allocated: set[DeviceKey],
     generation: Any,
 ) -> list[dict[str, Any]]:
     """``current`` (a claim's ``status.devices``) with this driver's entries as ``wanted`` says:
-    a :class:`DeviceReadiness` sets the entry's ``Ready`` and ``data``; None withdraws them. Entries
+    a statement sets its conditions (and ``data``, when it has some); None withdraws this plugin's
+    conditions and ``data``. Entries
     of devices the claim does not allocate (any more) are not added: the API server refuses them.
     Everything else is kept as it is."""
     devices = [dict(d) for d in current]
@@ -200,7 +258,7 @@ def merge_entries(
             if index is None:
                 continue
             entry = devices[index]
-            conditions = [c for c in entry.get("conditions") or [] if c.get("type") != READY]
+            conditions = [c for c in entry.get("conditions") or [] if c.get("type") not in OWNED_CONDITIONS]
             entry.pop("data", None)
             if conditions:
                 entry["conditions"] = conditions
@@ -218,13 +276,26 @@ def merge_entries(
             devices.append(entry)
         else:
             entry = devices[index]
-        status = "True" if want.ready else "False"
-        entry["conditions"] = merge_conditions(
-            entry.get("conditions") or [], {READY: (status, want.reason, want.message)}, generation
-        )
+        entry["conditions"] = merge_conditions(entry.get("conditions") or [], want.conditions(), generation)
         if want.data is not None:
             entry["data"] = want.data
     return devices
+
+
+def _merged(
+    earlier: dict[DeviceKey, _Pending | None], later: dict[DeviceKey, Any]
+) -> dict[DeviceKey, _Pending | None]:
+    """What is to be written once ``later`` is said after ``earlier``: per device, a withdrawal
+    replaces everything, a statement adds its conditions to what is pending."""
+    merged = dict(earlier)
+    for key, statement in later.items():
+        if key in merged and merged[key] is not None:
+            pending = merged[key]
+            assert pending is not None
+            merged[key] = pending.then(statement)
+        else:
+            merged[key] = _pending(statement)
+    return merged
 
 
 class ClaimStatusWriter:
@@ -244,7 +315,7 @@ class ClaimStatusWriter:
         self._node = node
         self._version = version
         #: claim UID → (the claim, what its entries are to say next)
-        self._wanted: dict[str, tuple[ClaimRef, dict[DeviceKey, DeviceReadiness | None]]] = {}
+        self._wanted: dict[str, tuple[ClaimRef, dict[DeviceKey, _Pending | None]]] = {}
         self._workers: dict[str, asyncio.Task[None]] = {}
         #: what each device's Ready says now (None: True, else the reason), for the gauges
         self._said: dict[tuple[str, DeviceKey], str | None] = {}
@@ -252,23 +323,23 @@ class ClaimStatusWriter:
 
     # -- what the plugin says ---------------------------------------------------------------------
 
-    def publish(self, ref: ClaimRef, devices: Iterable[DeviceReadiness]) -> None:
+    def publish(self, ref: ClaimRef, devices: Iterable[DeviceReadiness | LinkHealth]) -> None:
         self._want(ref, {d.key: d for d in devices})
 
     def withdraw(self, ref: ClaimRef, keys: Iterable[DeviceKey]) -> None:
         self._want(ref, dict.fromkeys(keys))
 
-    def _want(self, ref: ClaimRef, wanted: dict[DeviceKey, DeviceReadiness | None]) -> None:
+    def _want(self, ref: ClaimRef, wanted: dict[DeviceKey, DeviceReadiness | LinkHealth | None]) -> None:
         if not wanted:
             return
         for key, want in wanted.items():
             if want is None:
                 self._said.pop((ref.uid, key), None)
-            else:
+            elif isinstance(want, DeviceReadiness):
                 self._said[(ref.uid, key)] = None if want.ready else want.reason
         self._count()
         _, pending = self._wanted.get(ref.uid, (ref, {}))
-        self._wanted[ref.uid] = (ref, {**pending, **wanted})
+        self._wanted[ref.uid] = (ref, _merged(pending, wanted))
         worker = self._workers.get(ref.uid)
         if worker is None or worker.done():
             self._workers[ref.uid] = asyncio.get_running_loop().create_task(
@@ -306,7 +377,7 @@ class ClaimStatusWriter:
                 STATUS_WRITES.labels("retried").inc()
                 # Newer wishes win over this one; what they do not mention is still to be written.
                 _, newer = self._wanted.get(uid, (ref, {}))
-                self._wanted[uid] = (ref, {**wanted, **newer})
+                self._wanted[uid] = (ref, _merged(wanted, newer))
                 log.warning(
                     "claim device status not written; retrying",
                     claim=ref.uid,
@@ -318,7 +389,7 @@ class ClaimStatusWriter:
                 backoff.reset()
         self._workers.pop(uid, None)
 
-    async def _write(self, ref: ClaimRef, wanted: dict[DeviceKey, DeviceReadiness | None]) -> None:
+    async def _write(self, ref: ClaimRef, wanted: dict[DeviceKey, _Pending | None]) -> None:
         version = self._version()
         for _ in range(_CONFLICT_RETRIES):
             try:

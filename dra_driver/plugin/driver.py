@@ -37,6 +37,7 @@ from dra_driver.plugin.claims import ClaimNotFound, ClaimRef, ClaimSource, Confi
 from dra_driver.plugin.claimstatus import ClaimStatusWriter, DeviceReadiness, Reason, device_data
 from dra_driver.plugin.config import HostMode, PluginConfig
 from dra_driver.plugin.hostmemory import MemoryFailed
+from dra_driver.plugin.linkhealth import Link, LinkJudge
 from dra_driver.plugin.metrics import CLAIM_RESULTS, observe_phase
 from dra_driver.plugin.partitioner import PartitionFailed
 from dra_driver.plugin.prepare_errors import PrepareFailed
@@ -113,6 +114,7 @@ class Driver:
         backend: DeviceBackend,
         claims: ClaimSource,
         status: ClaimStatusWriter | None = None,
+        links: LinkJudge | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
@@ -124,6 +126,8 @@ class Driver:
         self.claims = claims
         #: writes the claims' ``status.devices`` (None: the claims' status is left alone)
         self.status = status
+        #: told the link each device negotiated at attach (health judges it against that)
+        self.links = links
         #: claims whose device status this process has said since it started
         self._said: set[str] = set()
         self.health: HealthNotifier | None = None
@@ -170,7 +174,13 @@ class Driver:
 
     def _say_ready(self, ref: ClaimRef, entry: ClaimEntry) -> None:
         """Every device of the prepared claim: Ready, and where it is."""
+        if self.links is not None:
+            for d in entry.devices:
+                fabric, _ = self.attacher.attached_facts(ref.uid, d.key)
+                if fabric is not None:
+                    self.links.negotiated(ref.uid, d.key, Link(fabric.pcie_generation, fabric.pcie_width))
         if self.status is None:
+            self.attacher.forget(ref.uid)
             return
         said = []
         for d in entry.devices:

@@ -29,6 +29,7 @@ from dra_driver.plugin.driver import Driver, dra_servicers
 from dra_driver.plugin.health import HealthMonitor, health_servicer
 from dra_driver.plugin.hostdev import HostScanner, SysfsChanges
 from dra_driver.plugin.hostmemory import HostMemory
+from dra_driver.plugin.linkhealth import LinkJudge
 from dra_driver.plugin.metrics import MetricsServer, serve_metrics
 from dra_driver.plugin.nvml import NvmlPartitioner
 from dra_driver.plugin.partitioner import EmulatedPartitioner, Partitioner
@@ -166,10 +167,19 @@ class PluginServer:
         claims = await self._claims()
         store = await self._load_checkpoint(backend, scanner)
         self.locks = ClaimLocks(cfg.lock_file)
+        links = LinkJudge(hold_seconds=cfg.link_hold_seconds, recover_seconds=cfg.link_recover_seconds)
         self.driver = Driver(
-            cfg, store=store, locks=self.locks, backend=backend, claims=claims, status=self.status_writer
+            cfg,
+            store=store,
+            locks=self.locks,
+            backend=backend,
+            claims=claims,
+            status=self.status_writer,
+            links=links,
         )
-        self.health = HealthMonitor(backend, store, node=cfg.node_name, scanner=scanner)
+        self.health = HealthMonitor(
+            backend, store, node=cfg.node_name, scanner=scanner, links=links, status=self.status_writer
+        )
         self.driver.health = self.health
         self.health.start()
         await self._serve_dra(self.driver, self.health)
