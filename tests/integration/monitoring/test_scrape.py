@@ -18,7 +18,7 @@ import httpx
 import yaml
 from prometheus_client import generate_latest
 
-from dra_driver.plugin import claimstatus  # noqa: F401  (registers the claim status series)
+from dra_driver.plugin import claimstatus, linkhealth  # noqa: F401  (register their series)
 from dra_driver.plugin.metrics import REGISTRY as PLUGIN_REGISTRY
 from fabric_dra_testbed.stack import Stack, free_port
 from tests.support.deploy import COMPONENTS_DIR
