@@ -69,7 +69,7 @@ def _written(api: ScriptedApi) -> list[dict[str, Any]]:
 
 
 def _count(outcome: str) -> float:
-    return STATUS_WRITES.labels(outcome)._value.get()
+    return float(STATUS_WRITES.labels(outcome)._value.get())
 
 
 def test_a_conflict_is_read_again_and_retried() -> None:
