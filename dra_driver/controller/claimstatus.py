@@ -9,18 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from plumbing.kube import Conflict, KubeClient, NotFound
+from plumbing.kube.dra import ConditionChanges as Changes
+from plumbing.kube.dra import merge_conditions
 from plumbing.kube.informer import object_uid
 from plumbing.kube.resources import RESOURCE_CLAIMS
 
 __all__ = ["ConditionWriter", "Target", "merge_conditions"]
 
 _STATUS_RETRIES = 8
-#: a condition's type → (status, reason, message)
-Changes = dict[str, tuple[str, str, str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,41 +29,6 @@ class Target:
     pool: str
     device: str
     node: str | None
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def merge_conditions(
-    current: list[dict[str, Any]], changes: Changes, generation: Any
-) -> list[dict[str, Any]]:
-    """``current`` with ``changes`` (type → status, reason, message) applied, as metav1
-    conditions: lastTransitionTime moves only when the status does; an unchanged condition
-    keeps its stored form exactly, so a no-op makes no write."""
-    merged = [dict(c) for c in current]
-    now = _now()
-    for kind, (status, reason, message) in changes.items():
-        index = next((i for i, c in enumerate(merged) if c.get("type") == kind), None)
-        old = merged[index] if index is not None else None
-        condition: dict[str, Any] = {
-            "type": kind,
-            "status": status,
-            "reason": reason,
-            "message": message[:32768],
-            "lastTransitionTime": old["lastTransitionTime"]
-            if old and old.get("status") == status and old.get("lastTransitionTime")
-            else now,
-        }
-        if isinstance(generation, int):
-            condition["observedGeneration"] = generation
-        if old is not None and all(old.get(k) == v for k, v in condition.items()):
-            continue
-        if index is None:
-            merged.append(condition)
-        else:
-            merged[index] = condition
-    return merged
 
 
 class ConditionWriter:

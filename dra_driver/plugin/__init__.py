@@ -26,6 +26,8 @@ checkpoint     the on-disk record of prepared claims
 metrics        per-phase latency histograms, served with the probes
 backend        how a device gets here and away: the fabric manager, or no-op for benchmarks
 report         the prepared claims reported to the manager
+claimstatus    the claim's ``status.devices``: Ready and where each device is (KEP-4817)
+linkhealth     whether a device's PCIe link still runs as negotiated at attach (with hysteresis)
 attach         a claim's devices attached at prepare, recorded; rolled back where they cannot work
 driver         the gRPC-facing callbacks (NodePrepareResources / NodeUnprepareResources)
 health         the DRAResourceHealth stream
@@ -56,6 +58,8 @@ FLOORS = (
     "metrics",
     "backend",
     "report",
+    "claimstatus",
+    "linkhealth",
     "attach",
     "driver",
     "health",

@@ -21,6 +21,7 @@ from dra_driver.plugin import prepare_errors
 from dra_driver.plugin.backend import AttachedDevice, AttachNotes, DeviceBackend, ShareAsk
 from dra_driver.plugin.checkpoint import CheckpointStore, ClaimEntry, PreparedDevice
 from dra_driver.plugin.claims import ClaimRef
+from dra_driver.plugin.claimstatus import Reason
 from dra_driver.plugin.config import MemoryMode
 from dra_driver.plugin.facts import DeviceFacts
 from dra_driver.plugin.hostdev import DeviceNotVisible, HostDevice
@@ -30,6 +31,7 @@ from dra_driver.plugin.partitioner import PartitionFailed
 from dra_driver.plugin.prepare_errors import PrepareFailed
 from dra_driver.plugin.state import InflightWork
 from manager_api.errors import FabricError
+from manager_api.models import Device
 from plumbing.logs import get_logger
 
 __all__ = ["PARTITION_TYPE", "ClaimAttacher"]
@@ -73,6 +75,11 @@ class ClaimAttacher:
         #: (sysfs path, claim UID) found for a claim but not yet in its checkpoint entry → whether
         #: the claim shares it (a GPU it makes a partition of)
         self._reserved: dict[tuple[str, str], bool] = {}
+        #: (claim UID, device key) → the manager's answer and how long the attach took, for the
+        #: claim's device status (kept until the claim's status is said: :meth:`take_attached`)
+        self._attached: dict[tuple[str, str], tuple[Device, float]] = {}
+        #: (claim UID, device key) → why the device is not ready (a ``Ready`` reason, the message)
+        self.verdicts: dict[tuple[str, str], tuple[str, str]] = {}
 
     # -- host devices held by claims -----------------------------------------------------------
 
@@ -115,6 +122,18 @@ class ClaimAttacher:
         for key in [k for k in self._reserved if k[1] == uid]:
             del self._reserved[key]
 
+    def attached_facts(self, uid: str, key: str) -> tuple[Device | None, float | None]:
+        """The manager's answer about the claim's device and how long its attach took, when this
+        process attached it (a device prepared before a restart has neither)."""
+        found = self._attached.get((uid, key))
+        return (None, None) if found is None else found
+
+    def forget(self, uid: str) -> None:
+        """The claim's status is said (or the claim is gone): drop what was kept for it."""
+        for table in (self._attached, self.verdicts):
+            for key in [k for k in table if k[0] == uid]:
+                del table[key]
+
     # -- attaching ------------------------------------------------------------------------------
 
     async def attach_all(self, ref: ClaimRef, entry: ClaimEntry, deadline: float) -> ClaimEntry:
@@ -149,6 +168,7 @@ class ClaimAttacher:
             )
 
         async def run() -> AttachedDevice:
+            started = self._clock()
             attached = await self.backend.attach(
                 ref.uid,
                 device.device,
@@ -160,6 +180,7 @@ class ClaimAttacher:
             )
             # before any await: no other claim may take it
             self.reserve(ref.uid, attached.host, shared=attached.placement is not None)
+            self._attached[(ref.uid, device.key)] = (attached.device, self._clock() - started)
             return attached
 
         return run
@@ -195,6 +216,10 @@ class ClaimAttacher:
             asked = next(d for d in entry.devices if d.key == key)
             if task not in done:
                 outcome.still.append(key)
+                self.verdicts[(ref.uid, key)] = (
+                    Reason.ATTACHING,
+                    prepare_errors.still_attaching(key, self.node, self.backend.pending_error(ref.uid, key)),
+                )
                 continue
             self.inflight.finished((ref.uid, key))
             try:
@@ -212,6 +237,8 @@ class ClaimAttacher:
                     )
                 )
                 outcome.permanent = outcome.permanent or err.permanent
+                reason = Reason.PARTITION_FAILED if isinstance(err, PartitionFailed) else Reason.MEMORY_FAILED
+                self.verdicts[(ref.uid, key)] = (reason, outcome.failures[-1])
             except (FabricError, DeviceNotVisible) as err:
                 if isinstance(err, DeviceNotVisible):
                     outcome.unusable.append(key)
@@ -219,12 +246,16 @@ class ClaimAttacher:
                 outcome.permanent = outcome.permanent or prepare_errors.cannot_work_here(
                     err, ref.uid, self.node
                 )
+                reason = Reason.NOT_VISIBLE if isinstance(err, DeviceNotVisible) else Reason.ATTACH_FAILED
+                self.verdicts[(ref.uid, key)] = (reason, outcome.failures[-1])
             except asyncio.CancelledError:
                 outcome.failures.append(
                     f"attaching device {asked.device} to node {self.node} was cancelled; the kubelet retries"
                 )
+                self.verdicts[(ref.uid, key)] = (Reason.ATTACH_FAILED, outcome.failures[-1])
             else:
                 outcome.attached[key] = self.record(ref.uid, attached, asked)
+                self.verdicts.pop((ref.uid, key), None)
         return outcome
 
     async def _failure(

@@ -233,6 +233,30 @@ class PluginConfig(BaseModel):
             env="KUBECONFIG",
         ),
     ] = None
+    link_hold_seconds: Annotated[
+        float,
+        Setting(
+            "seconds a device's PCIe link must stay below what it negotiated at attach before the "
+            "device is reported unhealthy (a retrain blip moves nothing)",
+            _FABRIC,
+        ),
+    ] = Field(default=30.0, ge=0)
+    link_recover_seconds: Annotated[
+        float,
+        Setting(
+            "seconds a degraded device's link must stay back at what it negotiated before it is "
+            "reported healthy again",
+            _FABRIC,
+        ),
+    ] = Field(default=120.0, ge=0)
+    claim_status: Annotated[
+        bool,
+        Setting(
+            "write each prepared device's Ready condition and whereabouts into its ResourceClaim's "
+            "status.devices (needs patch on resourceclaims/status)",
+            _KUBE,
+        ),
+    ] = True
     ready_file: Annotated[
         Path | None, Setting("once serving, write the DRA socket path to this file (atomically)", _RUNTIME)
     ] = None

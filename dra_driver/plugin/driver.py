@@ -34,8 +34,10 @@ from dra_driver.plugin.attach import ClaimAttacher
 from dra_driver.plugin.backend import DeviceBackend
 from dra_driver.plugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
 from dra_driver.plugin.claims import ClaimNotFound, ClaimRef, ClaimSource, ConfigError, memory_mode
+from dra_driver.plugin.claimstatus import ClaimStatusWriter, DeviceReadiness, Reason, device_data
 from dra_driver.plugin.config import HostMode, PluginConfig
 from dra_driver.plugin.hostmemory import MemoryFailed
+from dra_driver.plugin.linkhealth import Link, LinkJudge
 from dra_driver.plugin.metrics import CLAIM_RESULTS, observe_phase
 from dra_driver.plugin.partitioner import PartitionFailed
 from dra_driver.plugin.prepare_errors import PrepareFailed
@@ -111,6 +113,8 @@ class Driver:
         locks: ClaimLocks,
         backend: DeviceBackend,
         claims: ClaimSource,
+        status: ClaimStatusWriter | None = None,
+        links: LinkJudge | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
@@ -120,6 +124,12 @@ class Driver:
         self.locks = locks
         self.backend = backend
         self.claims = claims
+        #: writes the claims' ``status.devices`` (None: the claims' status is left alone)
+        self.status = status
+        #: told the link each device negotiated at attach (health judges it against that)
+        self.links = links
+        #: claims whose device status this process has said since it started
+        self._said: set[str] = set()
         self.health: HealthNotifier | None = None
         self._clock = clock
         self.attacher = ClaimAttacher(backend, store, node=self.node, clock=clock)
@@ -149,6 +159,7 @@ class Driver:
             log.warning(
                 "claim not prepared", claim=ref.uid, name=f"{ref.namespace}/{ref.name}", error=str(err)
             )
+            self._say_not_ready(ref)
             return ClaimOutcome(error=str(err))
         except Exception as err:
             CLAIM_RESULTS.labels("prepare", "error").inc()
@@ -158,6 +169,67 @@ class Driver:
         if self.health is not None:
             self.health.notify()
         return ClaimOutcome(devices=devices)
+
+    # -- what the claim's owner sees (status.devices) -------------------------------------------
+
+    def _say_ready(self, ref: ClaimRef, entry: ClaimEntry) -> None:
+        """Every device of the prepared claim: Ready, and where it is."""
+        if self.links is not None:
+            for d in entry.devices:
+                fabric, _ = self.attacher.attached_facts(ref.uid, d.key)
+                if fabric is not None:
+                    self.links.negotiated(ref.uid, d.key, Link(fabric.pcie_generation, fabric.pcie_width))
+        if self.status is None:
+            self.attacher.forget(ref.uid)
+            return
+        said = []
+        for d in entry.devices:
+            fabric, seconds = self.attacher.attached_facts(ref.uid, d.key)
+            data = device_data(self.node, d, fabric, seconds)
+            where = f" at PCI address {data['pciAddress']}" if "pciAddress" in data else ""
+            path = ", ".join(f"{k} {data[k]}" for k in ("fabric", "switch", "port") if k in data)
+            said.append(
+                DeviceReadiness(
+                    d.pool,
+                    d.device,
+                    d.share_id,
+                    ready=True,
+                    reason=Reason.PREPARED,
+                    message=f"{d.key} is attached to node {self.node}"
+                    + (f" through {path}" if path else "")
+                    + f", visible{where} and prepared",
+                    data=data,
+                )
+            )
+        self.status.publish(ref, said)
+        self._said.add(ref.uid)
+        self.attacher.forget(ref.uid)
+
+    def _say_not_ready(self, ref: ClaimRef) -> None:
+        """The devices of a claim whose prepare failed on the fabric or the host: not Ready, and why.
+        A claim refused before any attach (not allocated, replaced) has nothing to say."""
+        verdicts = {key: v for (uid, key), v in self.attacher.verdicts.items() if uid == ref.uid}
+        entry = self.store.get(ref.uid)
+        if self.status is None or not verdicts or entry is None:
+            return
+        blocking = "; ".join(f"{key}: {reason}" for key, (reason, _) in sorted(verdicts.items()))
+        said = []
+        for d in entry.devices:
+            reason, message = verdicts.get(
+                d.key,
+                (
+                    Reason.CLAIM_NOT_PREPARED,
+                    f"{d.key} is in place on node {self.node}, but the claim's other devices are not "
+                    f"({blocking})",
+                ),
+            )
+            fabric, seconds = self.attacher.attached_facts(ref.uid, d.key)
+            # Never without the node: where the allocation names none, admission holds a plugin
+            # to the entries that name its own (deploy/base/admission-policy.yaml).
+            data = device_data(self.node, d, fabric, seconds) if d.attached else {"node": self.node}
+            said.append(DeviceReadiness(d.pool, d.device, d.share_id, False, reason, message, data))
+        self.status.publish(ref, said)
+        self._said.add(ref.uid)
 
     def _answer(self, entry: ClaimEntry) -> list[PreparedResultDevice]:
         return [
@@ -256,6 +328,8 @@ class Driver:
         entry = self.store.get(ref.uid)
         if entry is not None and entry.state is ClaimState.PREPARE_COMPLETED:
             self._ensure_specs(entry)
+            if entry.uid not in self._said:  # prepared by an earlier run, whose write may be lost
+                self._say_ready(ref, entry)
             return self._answer(entry)
 
         wanted = await self._read_claim(ref)
@@ -316,6 +390,7 @@ class Driver:
             await self.store.commit()
         crash_point("plugin.prepare.after-checkpoint-completed")
         self.attacher.drop_reservations(ref.uid)
+        self._say_ready(ref, completed)
         log.info(
             "claim prepared",
             claim=ref.uid,
@@ -348,7 +423,7 @@ class Driver:
         try:
             with observe_phase("unprepare"):
                 async with self.locks.hold(ref.uid):
-                    await self._unprepare_locked(ref, deadline)
+                    released = await self._unprepare_locked(ref, deadline)
         except FabricError as err:
             CLAIM_RESULTS.labels("unprepare", "error").inc()
             log.warning("claim not unprepared", claim=ref.uid, error=err.message)
@@ -366,11 +441,16 @@ class Driver:
             log.exception("claim unprepare failed unexpectedly", claim=ref.uid)
             return f"unpreparing claim {ref.namespace}/{ref.name} failed: {err!r}"
         CLAIM_RESULTS.labels("unprepare", "ok").inc()
+        self.attacher.forget(ref.uid)
+        self._said.discard(ref.uid)
+        if self.status is not None and released is not None:
+            self.status.withdraw(ref, [(d.pool, d.device, d.share_id) for d in released.devices])
         if self.health is not None:
             self.health.notify()
         return ""
 
-    async def _unprepare_locked(self, ref: ClaimRef, deadline: float) -> None:
+    async def _unprepare_locked(self, ref: ClaimRef, deadline: float) -> ClaimEntry | None:
+        """Release the claim; its entry as it was (None when there was nothing to release)."""
         self.store.refresh()
         await self.attacher.inflight.cancel_claim(ref.uid)
         entry = self.store.get(ref.uid)
@@ -379,7 +459,7 @@ class Driver:
             cdi.remove_spec_files(cdi.spec_files_of_claim(self.config.cdi_root, self.driver_name, ref.uid))
             self.attacher.drop_reservations(ref.uid)
             log.info("claim was not prepared on this node; nothing to do", claim=ref.uid)
-            return
+            return None
         budget = max(0.0, deadline - self._clock())
         last = self.attacher.last_on_gpu
         if len(entry.devices) == 1:
@@ -413,6 +493,7 @@ class Driver:
             node=self.node,
             devices=",".join(d.device for d in entry.devices),
         )
+        return entry
 
 
 # -- gRPC ---------------------------------------------------------------------------------------

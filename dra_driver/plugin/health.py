@@ -11,6 +11,10 @@ carries every device's Redfish ``Status.Health`` and binding. A prepared device 
   from the host;
 - UNKNOWN while the fabric manager cannot be reached (or with the no-op backend).
 
+A device whose PCIe link has trained below what it negotiated at attach, for longer than the
+hysteresis of :mod:`.linkhealth` allows, is UNHEALTHY too, and its claim's ``status.devices``
+entry says ``LinkHealthy: False`` (``True`` again once it has recovered).
+
 UNHEALTHY needs evidence from the fabric, and an inventory read before a claim was prepared is
 no evidence that the claim's device is not bound here: it may predate the attach. Such an
 inventory only says the device is unhealthy if it is ``Critical``; otherwise the device is
@@ -39,7 +43,10 @@ import grpc
 
 from dra_driver.plugin.backend import DeviceBackend
 from dra_driver.plugin.checkpoint import CheckpointStore, ClaimState, PreparedDevice
+from dra_driver.plugin.claims import ClaimRef
+from dra_driver.plugin.claimstatus import ClaimStatusWriter, LinkHealth
 from dra_driver.plugin.hostdev import HostScanner
+from dra_driver.plugin.linkhealth import Link, LinkJudge
 from dra_driver.proto.dra_health_v1alpha1 import api_pb2 as health_pb2
 from dra_driver.proto.dra_health_v1alpha1 import api_pb2_grpc as health_grpc
 from manager_api.models import BindingState, Device, Health
@@ -75,8 +82,14 @@ class HealthMonitor:
         resend_seconds: float = 10.0,
         poll_timeout: float = 30.0,
         min_poll_interval: float = 1.0,
+        links: LinkJudge | None = None,
+        status: ClaimStatusWriter | None = None,
     ) -> None:
         self.backend = backend
+        self.links = links
+        self.status = status
+        #: (claim UID, device key) → whether its LinkHealthy was last said degraded
+        self._link_said: dict[tuple[str, str], bool] = {}
         self.store = store
         self.node = node
         self.scanner = scanner
@@ -95,15 +108,19 @@ class HealthMonitor:
         self._newly_prepared = asyncio.Event()
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._judging: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._follow_fabric(), name="health-follow-fabric")
+        if self.links is not None:
+            self._judging = asyncio.create_task(self._judge_links_every(), name="health-judge-links")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        for task in (self._task, self._judging):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
 
     def notify(self) -> None:
         """Something changed (a claim prepared or unprepared, or the fabric): send a report."""
@@ -173,6 +190,7 @@ class HealthMonitor:
             changed = self._version is not None and result[0] != self._version
             self._version, self._fabric = result
             self._fabric_since = sent
+            self._observe_links()
             self.notify()
             if changed and not self._unconfirmed():
                 # Every attach anywhere moves the inventory version; under churn that would be an
@@ -180,6 +198,66 @@ class HealthMonitor:
                 # change reaches the kubelet within it (its own health timeout is 30 s). A claim
                 # prepared here is the exception: one read, at once, confirms its device.
                 await asyncio.sleep(self.min_poll_interval)
+
+    # -- link health --------------------------------------------------------------------------
+
+    def _observe_links(self) -> None:
+        """Each prepared device's link as this read of the fabric reports it (reads made before a
+        claim's attach say nothing of its link)."""
+        if self.links is None or self._fabric is None:
+            return
+        watched = []
+        for uid, entry in self.store.claims().items():
+            if entry.state is not ClaimState.PREPARE_COMPLETED:
+                continue
+            for d in entry.devices:
+                watched.append((uid, d.key))
+                info = self._fabric.get(d.parent or d.device)
+                if info is not None and self._fabric_since > self._prepared.get(uid, math.inf):
+                    self.links.observe(uid, d.key, Link(info.pcie_generation, info.pcie_width))
+        self.links.keep(watched)
+
+    async def _judge_links_every(self, seconds: float = 5.0) -> None:
+        """Hysteresis runs on time, not only on reads: judge the links every few seconds."""
+        while True:
+            await asyncio.sleep(seconds)
+            if self._judge_links():
+                self.notify()
+
+    def _judge_links(self) -> bool:
+        """Say each device whose link verdict turned (its claim's LinkHealthy); whether any did."""
+        if self.links is None:
+            return False
+        turned = False
+        for uid, entry in self.store.claims().items():
+            if entry.state is not ClaimState.PREPARE_COMPLETED:
+                continue
+            said = []
+            for d in entry.devices:
+                verdict = self.links.verdict(uid, d.key)
+                if verdict is None or self._link_said.get((uid, d.key), False) == verdict.degraded:
+                    continue
+                self._link_said[(uid, d.key)] = verdict.degraded
+                turned = True
+                log.warning(
+                    "device link degraded" if verdict.degraded else "device link recovered",
+                    claim=uid,
+                    device=d.key,
+                    node=self.node,
+                    detail=verdict.message,
+                )
+                reason = "LinkDegraded" if verdict.degraded else "LinkRecovered"
+                said.append(
+                    LinkHealth(d.pool, d.device, d.share_id, not verdict.degraded, reason, verdict.message)
+                )
+            if said and self.status is not None:
+                self.status.publish(ClaimRef(uid, entry.namespace, entry.name), said)
+        live = {(uid, d.key) for uid, e in self.store.claims().items() for d in e.devices}
+        self._link_said = {k: v for k, v in self._link_said.items() if k in live}
+        return turned
+
+    def _link_degraded(self, uid: str, device: PreparedDevice) -> bool:
+        return self._link_said.get((uid, device.key), False)
 
     def _status(self, uid: str, device: PreparedDevice) -> int:
         host_path = device.host.sysfs_path if device.host else None
@@ -196,6 +274,8 @@ class HealthMonitor:
         if info is None or info.state is BindingState.UNAVAILABLE:
             return health_pb2.UNHEALTHY
         if not self._held_here(uid, device, info):
+            return health_pb2.UNHEALTHY
+        if self._link_degraded(uid, device):
             return health_pb2.UNHEALTHY
         return health_pb2.UNHEALTHY if info.health is Health.CRITICAL else health_pb2.HEALTHY
 

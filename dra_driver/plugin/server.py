@@ -23,11 +23,13 @@ from dra_driver.errors import KubeletPluginError
 from dra_driver.plugin.backend import DeviceBackend, FabricBackend, NoopBackend
 from dra_driver.plugin.checkpoint import CheckpointCorrupt, CheckpointStore
 from dra_driver.plugin.claims import ClaimReader, ClaimSource
+from dra_driver.plugin.claimstatus import ClaimStatusWriter
 from dra_driver.plugin.config import DeviceBackendKind, HostMode, PluginConfig, socket_path_problem
 from dra_driver.plugin.driver import Driver, dra_servicers
 from dra_driver.plugin.health import HealthMonitor, health_servicer
 from dra_driver.plugin.hostdev import HostScanner, SysfsChanges
 from dra_driver.plugin.hostmemory import HostMemory
+from dra_driver.plugin.linkhealth import LinkJudge
 from dra_driver.plugin.metrics import MetricsServer, serve_metrics
 from dra_driver.plugin.nvml import NvmlPartitioner
 from dra_driver.plugin.partitioner import EmulatedPartitioner, Partitioner
@@ -91,6 +93,7 @@ class PluginServer:
             registration=lambda: self.registration.status if self.registration is not None else None,
         )
         self._kube: object | None = None
+        self.status_writer: ClaimStatusWriter | None = None
         self.backend: DeviceBackend | None = None
         self.store: CheckpointStore | None = None
         self.locks: ClaimLocks | None = None
@@ -143,7 +146,15 @@ class PluginServer:
             ) from err
         kube = KubeClient(kube_config, user_agent=f"fabric-dra-plugin/{self.config.node_name}")
         self._kube = kube
-        return ClaimReader(kube)
+        reader = ClaimReader(kube)
+        if self.config.claim_status:
+            self.status_writer = ClaimStatusWriter(
+                kube,
+                driver=self.config.driver_name,
+                node=self.config.node_name,
+                version=lambda: reader.version,
+            )
+        return reader
 
     async def start(self) -> None:
         """Come up in the order the kubelet needs: directories, probes, the record of prepared
@@ -156,8 +167,19 @@ class PluginServer:
         claims = await self._claims()
         store = await self._load_checkpoint(backend, scanner)
         self.locks = ClaimLocks(cfg.lock_file)
-        self.driver = Driver(cfg, store=store, locks=self.locks, backend=backend, claims=claims)
-        self.health = HealthMonitor(backend, store, node=cfg.node_name, scanner=scanner)
+        links = LinkJudge(hold_seconds=cfg.link_hold_seconds, recover_seconds=cfg.link_recover_seconds)
+        self.driver = Driver(
+            cfg,
+            store=store,
+            locks=self.locks,
+            backend=backend,
+            claims=claims,
+            status=self.status_writer,
+            links=links,
+        )
+        self.health = HealthMonitor(
+            backend, store, node=cfg.node_name, scanner=scanner, links=links, status=self.status_writer
+        )
         self.driver.health = self.health
         self.health.start()
         await self._serve_dra(self.driver, self.health)
@@ -308,6 +330,11 @@ class PluginServer:
         if self.backend is not None:
             with contextlib.suppress(Exception):
                 await self.backend.aclose()
+        if self.status_writer is not None:
+            with contextlib.suppress(Exception):
+                # what is said by now is written; a claim still being written gets it on restart
+                await asyncio.wait_for(self.status_writer.flush(), timeout=2.0)
+            await self.status_writer.aclose()
         if self._kube is not None:
             with contextlib.suppress(Exception):
                 await self._kube.aclose()  # type: ignore[attr-defined]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from pydantic import (
@@ -37,6 +38,7 @@ __all__ = [
     "ResourceClaimStatus",
     "allocated_node",
     "is_allocated",
+    "merge_conditions",
 ]
 
 
@@ -79,6 +81,45 @@ def allocated_node(selector: Mapping[str, Any] | None) -> str | None:
     if field.get("key") != "metadata.name" or field.get("operator") != "In" or len(values) != 1:
         return None
     return str(values[0])
+
+
+#: a condition's type → (status, reason, message)
+ConditionChanges = dict[str, tuple[str, str, str]]
+
+#: ``metav1validation``'s longest condition message
+_CONDITION_MESSAGE_MAX = 32 * 1024
+
+
+def merge_conditions(
+    current: list[dict[str, Any]], changes: ConditionChanges, generation: Any
+) -> list[dict[str, Any]]:
+    """``current`` with ``changes`` (type → status, reason, message) applied, as metav1
+    conditions: lastTransitionTime moves only when the status does; an unchanged condition
+    keeps its stored form exactly, so a no-op makes no write. Conditions of other types (another
+    writer's) are kept as they are."""
+    merged = [dict(c) for c in current]
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for kind, (status, reason, message) in changes.items():
+        index = next((i for i, c in enumerate(merged) if c.get("type") == kind), None)
+        old = merged[index] if index is not None else None
+        condition: dict[str, Any] = {
+            "type": kind,
+            "status": status,
+            "reason": reason,
+            "message": message[:_CONDITION_MESSAGE_MAX],
+            "lastTransitionTime": old["lastTransitionTime"]
+            if old and old.get("status") == status and old.get("lastTransitionTime")
+            else now,
+        }
+        if isinstance(generation, int):
+            condition["observedGeneration"] = generation
+        if old is not None and all(old.get(k) == v for k, v in condition.items()):
+            continue
+        if index is None:
+            merged.append(condition)
+        else:
+            merged[index] = condition
+    return merged
 
 
 class ObjectMeta(_View):

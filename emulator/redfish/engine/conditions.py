@@ -21,6 +21,7 @@ from emulator.redfish.model.faults import (
     FailOperations,
     FaultSpec,
     HangTasks,
+    LinkDegraded,
     PortDown,
     SlowResponses,
     Unavailable,
@@ -62,6 +63,11 @@ class Conditions:
             ):
                 worst = fault.Health
         return worst
+
+    def link(self, device: str) -> LinkDegraded | None:
+        """The link fault in force on ``device`` (the latest injected), if any."""
+        found = [f for f in self.faults.values() if isinstance(f, LinkDegraded) and f.Device == device]
+        return found[-1] if found else None
 
     def port_up(self, switch: str, host: str) -> bool:
         return not any(
@@ -178,7 +184,7 @@ class Conditions:
             and fault.Target not in self.index.devices
         ):
             raise UnknownName("device or memory chunk", fault.Target, "Target")
-        if isinstance(fault, DeviceHealth) and fault.Device not in self.index.devices:
+        if isinstance(fault, DeviceHealth | LinkDegraded) and fault.Device not in self.index.devices:
             raise UnknownName("device", fault.Device, "Device")
         if isinstance(fault, PortDown):
             if fault.Host not in self.index.hosts:

@@ -13,7 +13,7 @@ from emulator.redfish.engine.events import EventBus, FabricEvent
 from emulator.redfish.engine.journal import Change, Journal
 from emulator.redfish.engine.visibility import Visibility
 from emulator.redfish.model import uris
-from emulator.redfish.model.faults import ExpireSessions, FaultSpec
+from emulator.redfish.model.faults import ExpireSessions, FaultSpec, LinkDegraded
 from emulator.redfish.model.state import SideEffect
 from emulator.topology import FabricIndex
 from plumbing.logs import get_logger
@@ -32,6 +32,8 @@ class _Before:
     visible: dict[str, bool]
     health: dict[str, str]
     ports_down: set[tuple[str, str]]
+    #: device → its link fault (None: trained as negotiated)
+    links: dict[str, LinkDegraded | None]
 
 
 @dataclass(eq=False)
@@ -77,6 +79,7 @@ class FaultInjector:
             visible={t: self.visibility.visible(b) for t, b in bindings.items()},
             health={d: self.conditions.health(d) for d in self.index.devices},
             ports_down=self.conditions.ports_down(),
+            links={d: self.conditions.link(d) for d in self.index.devices},
         )
 
     def _effects(self, before: _Before) -> Change:
@@ -87,7 +90,11 @@ class FaultInjector:
                 effects.append(
                     self.visibility.show(binding) if now_visible else self.visibility.hide(binding)
                 )
-        return effects, [*self._port_events(before.ports_down), *self._health_events(before.health)]
+        return effects, [
+            *self._port_events(before.ports_down),
+            *self._health_events(before.health),
+            *self._link_events(before.links),
+        ]
 
     def _port_events(self, down_before: set[tuple[str, str]]) -> list[FabricEvent]:
         events = []
@@ -108,4 +115,13 @@ class FaultInjector:
                 key = _HEALTH_EVENT.get(now, "ResourceStatusChangedCritical")
                 origin = uris.pcie_device(self.index.devices[device_id])
                 events.append(self.events.make(key, device_id, now, prefix="ResourceEvent", origin=origin))
+        return events
+
+    def _link_events(self, links_before: dict[str, LinkDegraded | None]) -> list[FabricEvent]:
+        """``ResourceChanged`` of each device whose PCIeInterface changed (a link fault in or out)."""
+        events = []
+        for device_id, was in links_before.items():
+            if self.conditions.link(device_id) != was:
+                origin = uris.pcie_device(self.index.devices[device_id])
+                events.append(self.events.make("ResourceChanged", prefix="ResourceEvent", origin=origin))
         return events

@@ -20,6 +20,7 @@ __all__ = [
     "FailOperations",
     "FaultSpec",
     "HangTasks",
+    "LinkDegraded",
     "PortDown",
     "SlowResponses",
     "Unavailable",
@@ -71,6 +72,17 @@ class DeviceHealth(_Fault):
     Health: Literal["OK", "Warning", "Critical"] = "Critical"
 
 
+class LinkDegraded(_Fault):
+    """A device's PCIe link trains below what it negotiated: fewer lanes or a lower generation, as
+    its ``PCIeInterface`` reports them (``LanesInUse``, ``PCIeType``; DMTF PCIeDevice v1.x) while
+    ``MaxLanes``/``MaxPCIeType`` stay the device's."""
+
+    Kind: Literal["LinkDegraded"]
+    Device: str
+    LanesInUse: int | None = Field(default=None, ge=1, le=32)
+    PCIeType: Literal["Gen1", "Gen2", "Gen3", "Gen4", "Gen5", "Gen6"] | None = None
+
+
 class PortDown(_Fault):
     """A host's upstream port goes down: binds to it fail, its bound devices vanish from its view."""
 
@@ -110,6 +122,7 @@ FaultSpec = Annotated[
     FailOperations
     | HangTasks
     | DeviceHealth
+    | LinkDegraded
     | PortDown
     | SlowResponses
     | DropConnections

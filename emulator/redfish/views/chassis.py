@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from emulator.redfish.engine.operation import Operation
 from emulator.redfish.model import uris
+from emulator.redfish.model.faults import LinkDegraded
 from emulator.redfish.model.oem import OEM_NAMESPACE, PCIE_DEVICE_OEM_TYPE
 from emulator.redfish.model.resources import (
     Action,
@@ -77,10 +78,13 @@ __all__ = ["ChassisCollectionNode", "processor_model"]
 _MIB = 1 << 20
 
 
-def _interface(device: Device) -> PCIeInterface:
+def _interface(device: Device, link: LinkDegraded | None = None) -> PCIeInterface:
+    """The device's link: what it trained at (a ``LinkDegraded`` fault lowers it) and its maximum."""
     gen = f"Gen{device.model.pcie_generation}"
     width = device.model.pcie_width
-    return PCIeInterface(PCIeType=gen, MaxPCIeType=gen, LanesInUse=width, MaxLanes=width)
+    trained_gen = link.PCIeType if link is not None and link.PCIeType else gen
+    trained_width = link.LanesInUse if link is not None and link.LanesInUse else width
+    return PCIeInterface(PCIeType=trained_gen, MaxPCIeType=gen, LanesInUse=trained_width, MaxLanes=width)
 
 
 def processor_model(ctx: Context, device: Device, uri: str) -> Processor:
@@ -256,7 +260,7 @@ class PCIeDeviceNode(DeviceNode, at=uris.pcie_device):
             UUID=str(dev.uuid) if dev.uuid else None,
             FirmwareVersion=dev.model.firmware_version,
             Status=self.status(),
-            PCIeInterface=_interface(dev),
+            PCIeInterface=_interface(dev, self.ctx.engine.conditions.link(dev.id)),
             PCIeFunctions=ref(f"{self.uri}/PCIeFunctions"),
             CXLDevice=CXLDevice() if cxl else None,
             CXLLogicalDevices=ref(f"{self.uri}/CXLLogicalDevices") if cxl else None,
@@ -388,7 +392,7 @@ class NetworkAdapterNode(DeviceNode, at=primary_uri):
             Status=self.status(),
             Controllers=[
                 Controller(
-                    PCIeInterface=_interface(dev),
+                    PCIeInterface=_interface(dev, self.ctx.engine.conditions.link(dev.id)),
                     Links=ControllerLinks(PCIeDevices=[ref(uris.pcie_device(dev))]),
                 )
             ],

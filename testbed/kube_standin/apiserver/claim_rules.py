@@ -17,7 +17,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from kube_standin.apiserver.features import FeatureGates
-from kube_standin.apiserver.fielderrors import FieldErrors, dns_label, dns_subdomain, driver_name, pool_name
+from kube_standin.apiserver.fielderrors import (
+    FieldErrors,
+    dns_label,
+    dns_subdomain,
+    driver_name,
+    pool_name,
+    qualified_key,
+)
 from kube_standin.apiserver.slice_rules import binding_parameters
 
 __all__ = ["selectors", "validate_claim_spec", "validate_claim_status"]
@@ -315,7 +322,13 @@ def _device_statuses(errs: FieldErrors, devices: Any, allocated: set[tuple[Any, 
 
 
 def _device_status(errs: FieldErrors, where: str, device: Obj, is_allocated: bool) -> None:
-    """``validateDeviceStatus``."""
+    """``validateDeviceStatus`` (``pkg/apis/resource/validation/validation.go``, Kubernetes 1.36):
+    names, the shareID a normalized UUID, the entry an allocated device of the claim (driver, pool,
+    device and shareID: ``structured.SharedDeviceID``), at most
+    ``AllocatedDeviceStatusMaxConditions`` (8) valid conditions, ``data`` a JSON object of at most
+    ``AllocatedDeviceStatusDataMaxLength`` (10 KiB; ``validateRawExtension``) and the limits of
+    ``validateNetworkDeviceData``. Entries are unique by that key (``validateResourceClaimStatusUpdate``,
+    ``validateSet`` with ``uniquenessCovered``)."""
     driver_name(errs, f"{where}.driver", device.get("driver"))
     pool_name(errs, f"{where}.pool", device.get("pool"))
     dns_label(errs, f"{where}.device", device.get("device"))
@@ -339,7 +352,8 @@ def _device_status(errs: FieldErrors, where: str, device: Obj, is_allocated: boo
 
 
 def _conditions(errs: FieldErrors, path: str, conditions: list[Any]) -> None:
-    """``metav1validation.ValidateConditions``."""
+    """``metav1validation.ValidateConditions`` and ``ValidateCondition``
+    (``k8s.io/apimachinery/pkg/apis/meta/v1/validation/validation.go``)."""
     types: set[str] = set()
     for index, condition in enumerate(conditions):
         if not isinstance(condition, Mapping):
@@ -349,12 +363,19 @@ def _conditions(errs: FieldErrors, path: str, conditions: list[Any]) -> None:
         if kind in types:
             errs.duplicate(f"{where}.type", kind)
         types.add(str(kind))
+        # ValidateCondition: the type is a label name (a qualified name), the transition time is set
+        if not isinstance(kind, str) or not kind:
+            errs.invalid(f"{where}.type", kind or "", "name part must be non-empty")
+        else:
+            qualified_key(errs, f"{where}.type", kind)
         status = condition.get("status")
         if status not in _CONDITION_STATUSES:
             errs.not_supported(f"{where}.status", status, _CONDITION_STATUSES)
         generation = condition.get("observedGeneration")
         if isinstance(generation, int) and generation < 0:
             errs.invalid(f"{where}.observedGeneration", generation, "must be greater than or equal to zero")
+        if not condition.get("lastTransitionTime"):
+            errs.required(f"{where}.lastTransitionTime", "must be set")
         reason = condition.get("reason")
         if not reason:
             errs.required(f"{where}.reason", "must be set")

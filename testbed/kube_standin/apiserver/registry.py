@@ -274,6 +274,30 @@ RESOURCES: tuple[ResourceType, ...] = (
             "spec.pool.name": _dig("spec", "pool", "name"),
         },
     ),
+    # ValidatingAdmissionPolicy and its binding (GA in 1.30): the server evaluates them on every
+    # write (:mod:`kube_standin.apiserver.policies`); the policy's status (type checking) is the
+    # real server's controller's and is left empty.
+    ResourceType(
+        "admissionregistration.k8s.io",
+        "validatingadmissionpolicies",
+        "validatingadmissionpolicy",
+        "ValidatingAdmissionPolicy",
+        False,
+        ("v1",),
+        categories=("api-extensions",),
+        status_subresource=True,
+        tracks_generation=True,
+    ),
+    ResourceType(
+        "admissionregistration.k8s.io",
+        "validatingadmissionpolicybindings",
+        "validatingadmissionpolicybinding",
+        "ValidatingAdmissionPolicyBinding",
+        False,
+        ("v1",),
+        categories=("api-extensions",),
+        tracks_generation=True,
+    ),
     ResourceType(
         "resource.k8s.io",
         "deviceclasses",
@@ -287,6 +311,7 @@ RESOURCES: tuple[ResourceType, ...] = (
 
 GROUPS: tuple[ApiGroup, ...] = (
     ApiGroup("", ("v1",)),
+    ApiGroup("admissionregistration.k8s.io", ("v1",)),
     ApiGroup("apps", ("v1",)),
     ApiGroup("events.k8s.io", ("v1",)),
     ApiGroup("authentication.k8s.io", ("v1",)),

@@ -345,7 +345,10 @@ def test_each_role_holds_only_its_own_rights(objects: list[Obj]) -> None:
         labels_nodes = _grants(objects, account, "", "nodes", "patch")
         assert labels_nodes == (account == "fabric-dra-controller"), account
     plugin_rules = [rule for _, rule in _rules(objects, "fabric-dra-plugin")]
-    assert plugin_rules == [{"apiGroups": [resource], "resources": ["resourceclaims"], "verbs": ["get"]}]
+    assert plugin_rules == [
+        {"apiGroups": [resource], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": [resource], "resources": ["resourceclaims/status"], "verbs": ["patch"]},
+    ]
     assert not list(_rules(objects, "fabric-dra-emulator"))
 
 
@@ -384,9 +387,18 @@ def test_binding_condition_rights_only_with_that_flow(objects: list[Obj]) -> Non
         ]
 
 
-def test_admission_policy_names_the_plugin_and_the_driver(objects: list[Obj]) -> None:
-    (policy,) = find(objects, "ValidatingAdmissionPolicy")
-    (binding,) = find(objects, "ValidatingAdmissionPolicyBinding")
+@pytest.mark.parametrize(
+    ("name", "resource", "operations"),
+    [
+        ("fabric-dra-plugin-resourceslices", "resourceslices", {"CREATE", "UPDATE", "DELETE"}),
+        ("fabric-dra-plugin-claim-status", "resourceclaims/status", {"UPDATE"}),
+    ],
+)
+def test_admission_policy_names_the_plugin_and_the_driver(
+    objects: list[Obj], name: str, resource: str, operations: set[str]
+) -> None:
+    (policy,) = find(objects, "ValidatingAdmissionPolicy", name)
+    (binding,) = find(objects, "ValidatingAdmissionPolicyBinding", name)
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
     (ds,) = find(objects, "DaemonSet", "fabric-dra-plugin")
@@ -398,8 +410,8 @@ def test_admission_policy_names_the_plugin_and_the_driver(objects: list[Obj]) ->
     assert f"'{DRIVER_NAME}'" in expressions
     assert policy["spec"]["failurePolicy"] == "Fail"
     rules = policy["spec"]["matchConstraints"]["resourceRules"]
-    assert rules[0]["resources"] == ["resourceslices"]
-    assert set(rules[0]["operations"]) == {"CREATE", "UPDATE", "DELETE"}
+    assert rules[0]["resources"] == [resource]
+    assert set(rules[0]["operations"]) == operations
 
 
 def test_one_driver_name_everywhere(objects: list[Obj]) -> None:

@@ -39,7 +39,7 @@ def test_promtool_checks_the_rules(rules_file: Path) -> None:
     assert PROMTOOL is not None
     done = subprocess.run([PROMTOOL, "check", "rules", str(rules_file)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 5 rules found" in done.stdout + done.stderr
+    assert "SUCCESS: 8 rules found" in done.stdout + done.stderr
 
 
 @needs_tool(PROMTOOL, NO_PROMTOOL)
@@ -70,6 +70,9 @@ def test_the_issue_s_alerts_and_panels_are_there() -> None:
         "FabricDraOrphansFound",
         "FabricDraDeviceUnhealthyWhileBound",
         "FabricDraManagerWithoutLeader",
+        "FabricDraClaimDevicesNotReady",
+        "FabricDraClaimStatusRefused",
+        "FabricDraLinkDegraded",
     }
     for group in rule_groups()["groups"]:
         for rule in group["rules"]:
@@ -84,6 +87,9 @@ def test_the_issue_s_alerts_and_panels_are_there() -> None:
         "fabric_dra_orphan_bindings",
         "fabric_dra_operations_in_flight",
         "fabric_dra_node_devices",
+        "fabric_dra_plugin_claim_devices_not_ready",
+        "fabric_dra_plugin_claim_devices_ready",
+        "fabric_dra_plugin_links_degraded",
     ):
         assert metric in used, metric
 

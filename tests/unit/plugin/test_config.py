@@ -98,4 +98,7 @@ def test_the_flags_are_those_of_earlier_releases() -> None:
         "--kubeconfig", "--ready-file", "--deadline-margin", "--registration-timeout", "--metrics-port",
         "--metrics-host",
     }  # fmt: skip
-    assert flags == earlier | {"--config", "--memory-mode", "--cdi-hook-path"}
+    assert flags == earlier | {
+        "--config", "--memory-mode", "--cdi-hook-path", "--claim-status", "--no-claim-status",
+        "--link-hold-seconds", "--link-recover-seconds",
+    }  # fmt: skip

@@ -14,7 +14,7 @@ import json
 from starlette.requests import Request
 from starlette.responses import Response
 
-from kube_standin.apiserver import admission
+from kube_standin.apiserver import admission, policies
 from kube_standin.apiserver.convert import from_storage, list_item
 from kube_standin.apiserver.handlers.scope import RequestScope, dry_run, request_user
 from kube_standin.apiserver.negotiation import read_limited_body
@@ -52,7 +52,14 @@ async def _delete_options(request: Request) -> tuple[str | None, str | None, boo
 async def delete_resource(scope: RequestScope, request: Request, info: RequestInfo) -> Response:
     assert info.name is not None
     uid, rv, is_dry_run, orphan = await _delete_options(request)
-    admission.admit(request_user(request), "DELETE", info.res, info.name, None, None)
+    user = request_user(request)
+    admission.admit(user, "DELETE", info.res, info.name, None, None)
+    stored = scope.store.find(info.res, info.namespace, info.name)
+    if stored is not None:
+        shown = from_storage(info.res, info.version, stored)
+        policies.validate(
+            scope.store, user, "DELETE", info.res, None, info.version, info.name, info.namespace, None, shown
+        )
     obj, deleted = scope.store.delete(
         info.res, info.namespace, info.name, uid=uid, resource_version=rv, dry_run=is_dry_run
     )
@@ -72,6 +79,19 @@ async def delete_collection(scope: RequestScope, request: Request, info: Request
         if not match(obj):
             continue
         meta = obj["metadata"]
+        shown = from_storage(info.res, info.version, obj)
+        policies.validate(
+            scope.store,
+            request_user(request),
+            "DELETE",
+            info.res,
+            None,
+            info.version,
+            str(meta["name"]),
+            meta.get("namespace"),
+            None,
+            shown,
+        )
         gone_obj, _ = scope.store.delete(info.res, meta.get("namespace"), meta["name"], dry_run=is_dry_run)
         deleted.append(list_item(info.res, info.version, gone_obj))
     return json_response(

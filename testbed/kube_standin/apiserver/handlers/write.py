@@ -1,6 +1,7 @@
 """Where every writing verb ends: the caller's admission (:mod:`kube_standin.apiserver.admission`),
 then the store, which runs the kind's strategy and the server's own rules
-(:mod:`kube_standin.apiserver.strategy`) inside its compare-and-swap; the answer is the result in
+(:mod:`kube_standin.apiserver.strategy`) and then the stored ValidatingAdmissionPolicies
+(:mod:`kube_standin.apiserver.policies`) inside its compare-and-swap; the answer is the result in
 the version the client spoke.
 
 As ``Create``/``Update`` of ``k8s.io/apiserver/pkg/registry/generic/registry/store.go``, handed the
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from starlette.responses import Response
 
-from kube_standin.apiserver import admission
+from kube_standin.apiserver import admission, policies
 from kube_standin.apiserver.auth import TokenUser
 from kube_standin.apiserver.convert import from_storage
 from kube_standin.apiserver.handlers.scope import RequestScope
@@ -34,8 +35,26 @@ def create_stored(
     """Store ``stored`` (in its storage form) as a new object, if ``user``'s admission allows it:
     201 with what was created."""
     # create.go: the admission name is the object's metadata.name (not a generateName).
-    admission.admit(user, "CREATE", info.res, str(stored["metadata"].get("name") or ""), stored, None)
-    admit = before_create(info.res, scope.gates)
+    name = str(stored["metadata"].get("name") or "")
+    admission.admit(user, "CREATE", info.res, name, stored, None)
+    prepare = before_create(info.res, scope.gates)
+
+    def admit(new: Obj) -> None:
+        prepare(new)
+        shown = from_storage(info.res, info.version, new)
+        policies.validate(
+            scope.store,
+            user,
+            "CREATE",
+            info.res,
+            info.subresource,
+            info.version,
+            name,
+            info.namespace,
+            shown,
+            None,
+        )
+
     created = scope.store.create(info.res, stored, dry_run=dry_run, admit=admit)
     log.debug("created", resource=info.res.group_resource, name=created["metadata"]["name"])
     return json_response(from_storage(info.res, info.version, created), 201)
@@ -52,11 +71,22 @@ def update_stored(
         # Admission sees the object as the request makes it, before the store keeps a status
         # write to the status (and nothing else: no await in between, so ``old`` stays current).
         admission.admit(user, "UPDATE", info.res, info.name, stored, old)
-    updated = scope.store.update(
-        info.res,
-        stored,
-        subresource=info.subresource,
-        dry_run=dry_run,
-        admit=before_update(info.res, info.subresource, scope.gates),
-    )
+    prepare = before_update(info.res, info.subresource, scope.gates)
+
+    def admit(new: Obj, old: Obj) -> None:
+        prepare(new, old)
+        policies.validate(
+            scope.store,
+            user,
+            "UPDATE",
+            info.res,
+            info.subresource,
+            info.version,
+            info.name or "",
+            info.namespace,
+            from_storage(info.res, info.version, new),
+            from_storage(info.res, info.version, old),
+        )
+
+    updated = scope.store.update(info.res, stored, subresource=info.subresource, dry_run=dry_run, admit=admit)
     return json_response(from_storage(info.res, info.version, updated))

@@ -1,0 +1,203 @@
+"""A device's PCIe link trains down in the fabric, with real processes: emulator (instant, told
+through its fault API to degrade a GPU's link) → fabric manager (reads ``PCIeInterface`` on the
+event) → plugin → the kubelet's health stream and the claim's ``status.devices``.
+
+Degraded past the hold → UNHEALTHY and ``LinkHealthy: False`` naming both links; back to what it
+negotiated for the recovery time → HEALTHY and ``LinkHealthy: True``; a degradation shorter than
+the hold moves nothing. (The hold and recovery are shortened to 2 and 3 s here; the defaults are
+30 and 120 s.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from dra_driver.proto.dra_health_v1alpha1 import api_pb2 as health_pb2
+from dra_driver.proto.dra_health_v1alpha1 import api_pb2_grpc as health_grpc
+from manager_api.client import ManagerClient
+from manager_api.models import BindingState, Device, DeviceType, FabricNode
+from plumbing.kube.resources import RESOURCE_CLAIMS
+from tests.support.plugin import ClaimRef, FabricProcesses, PluginStack, short_dir, start_fabric
+
+HOLD, RECOVER = 2, 3
+
+
+@dataclass
+class Fabric:
+    processes: FabricProcesses
+    node: FabricNode
+    stack: PluginStack
+
+
+@pytest.fixture(scope="module")
+def fabric() -> Iterator[Fabric]:
+    root = short_dir("fdl-")
+    processes = start_fabric(root)
+    try:
+
+        async def nodes() -> list[FabricNode]:
+            async with ManagerClient(processes.manager.address) as client:
+                return await client.nodes()
+
+        node = next(n for n in asyncio.run(nodes()) if n.pools)
+        (root / "k").mkdir()
+        stack = PluginStack(
+            root / "k",
+            node=node.name,
+            backend="fabric",
+            manager_url=processes.manager.address,
+            sysfs_root=processes.sysfs_root(node.host),
+            extra_args=["--link-hold-seconds", str(HOLD), "--link-recover-seconds", str(RECOVER)],
+        )
+        with stack:
+            yield Fabric(processes, node, stack)
+    finally:
+        processes.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+class Health:
+    """The kubelet's side of the health stream: the latest status of each device."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, str] = {}
+        self.opened = asyncio.Event()
+
+    async def follow(self, socket: Path) -> None:
+        async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+            stream = health_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+                health_pb2.NodeWatchResourcesRequest()
+            )
+            async for message in stream:
+                self.opened.set()
+                for d in message.devices:
+                    self.latest[d.device.device_name] = health_pb2.HealthStatus.Name(d.health)
+
+
+async def _until(check: Any, what: str, within: float = 30.0) -> Any:
+    deadline = time.monotonic() + within
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"never: {what}")
+        await asyncio.sleep(0.1)
+
+
+async def _link_condition(stack: PluginStack, ref: ClaimRef) -> dict[str, Any] | None:
+    async with stack.kube() as kube:
+        claim = await kube.get(RESOURCE_CLAIMS, ref.name, ref.namespace)
+    for entry in claim.get("status", {}).get("devices") or []:
+        for condition in entry.get("conditions") or []:
+            if condition["type"] == "LinkHealthy":
+                return dict(condition)
+    return None
+
+
+async def _gpu(fabric: Fabric) -> Device:
+    async with ManagerClient(fabric.processes.manager.address) as client:
+        return next(
+            d
+            for d in await client.devices()
+            if d.type is DeviceType.GPU and d.state is BindingState.FREE and d.pool in fabric.node.pools
+        )
+
+
+def test_a_link_that_stays_down_makes_the_device_unhealthy_until_it_recovers(fabric: Fabric) -> None:
+    async def scenario() -> None:
+        gpu = await _gpu(fabric)
+        assert gpu.pcie_width and gpu.pcie_width > 4
+        ref = await fabric.stack.create_claim("link-gpu", [("gpu", gpu.name)], pool=gpu.pool)
+        health = Health()
+        watcher = asyncio.create_task(health.follow(fabric.stack.dra_socket))
+        emulator = fabric.processes.emulator_handle
+        try:
+            await asyncio.wait_for(health.opened.wait(), 30)
+            assert (await fabric.stack.prepare([ref])).claims[ref.uid].error == ""
+
+            async def healthy() -> bool:
+                return health.latest.get(gpu.name) == "HEALTHY"
+
+            await _until(healthy, "the prepared GPU reported HEALTHY")
+            fault = await asyncio.to_thread(
+                emulator.inject,
+                {"Kind": "LinkDegraded", "Device": gpu.name, "LanesInUse": gpu.pcie_width // 2},
+            )
+            degraded_at = time.monotonic()
+
+            async def unhealthy() -> bool:
+                return health.latest.get(gpu.name) == "UNHEALTHY"
+
+            await _until(unhealthy, "the GPU with a degraded link reported UNHEALTHY")
+            assert time.monotonic() - degraded_at >= HOLD, "not before the hold ran out"
+            condition = await _until(lambda: _link_condition(fabric.stack, ref), "LinkHealthy in the claim")
+            assert (condition["status"], condition["reason"]) == ("False", "LinkDegraded")
+            half = f"Gen{gpu.pcie_generation} x{gpu.pcie_width // 2}"
+            assert (
+                f"runs at {half}, below the Gen{gpu.pcie_generation} x{gpu.pcie_width}"
+                in condition["message"]
+            )
+
+            await asyncio.to_thread(emulator.reset_faults)
+            assert fault is not None
+            await _until(healthy, "HEALTHY again once the link is back", within=RECOVER + 30)
+
+            async def recovered() -> bool:
+                found = await _link_condition(fabric.stack, ref)
+                return found is not None and found["status"] == "True"
+
+            await _until(recovered, "LinkHealthy True again")
+            assert (await fabric.stack.unprepare([ref])).claims[ref.uid].error == ""
+        finally:
+            await asyncio.to_thread(emulator.reset_faults)
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
+def test_a_link_down_for_less_than_the_hold_moves_nothing(fabric: Fabric) -> None:
+    async def scenario() -> None:
+        gpu = await _gpu(fabric)
+        ref = await fabric.stack.create_claim("link-blip", [("gpu", gpu.name)], pool=gpu.pool)
+        health = Health()
+        watcher = asyncio.create_task(health.follow(fabric.stack.dra_socket))
+        emulator = fabric.processes.emulator_handle
+        seen: set[str] = set()
+        try:
+            await asyncio.wait_for(health.opened.wait(), 30)
+            assert (await fabric.stack.prepare([ref])).claims[ref.uid].error == ""
+            await asyncio.to_thread(
+                emulator.inject, {"Kind": "LinkDegraded", "Device": gpu.name, "LanesInUse": 1}
+            )
+            started = time.monotonic()
+            widths: set[int | None] = set()
+            async with ManagerClient(fabric.processes.manager.address) as client:
+                while time.monotonic() - started < HOLD / 2:
+                    seen.add(health.latest.get(gpu.name, ""))
+                    widths.add((await client.device(gpu.name)).pcie_width)
+                    await asyncio.sleep(0.05)
+            await asyncio.to_thread(emulator.reset_faults)
+            assert 1 in widths, "the manager saw the link go down: the plugin had a reading to judge"
+            while time.monotonic() - started < HOLD + 6:  # past the hold, and the judge's next pass
+                seen.add(health.latest.get(gpu.name, ""))
+                await asyncio.sleep(0.05)
+            assert "UNHEALTHY" not in seen
+            assert await _link_condition(fabric.stack, ref) is None
+            assert (await fabric.stack.unprepare([ref])).claims[ref.uid].error == ""
+        finally:
+            await asyncio.to_thread(emulator.reset_faults)
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+
+    asyncio.run(scenario())
