@@ -291,7 +291,7 @@ class SlicePublisher:
             await self._delete(name, rv)
             result.deletes += 1
         for write in [*plan.writes, *plan.writes_after]:
-            check_slice(write.obj)  # never send what the API server would reject
+            check_slice(write.obj, self.policy.counters)  # never send what the API server would reject
         await asyncio.gather(*(self._write(w) for w in plan.writes))
         result.writes += len(plan.writes)
         if plan.writes_after:
