@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from dra_driver.controller.features import CounterLayout
 from dra_driver.controller.resourcenames import (
     BindingConditionNames,
     attach_failed_taint_key,
@@ -101,18 +102,6 @@ PARTITION_ATTRIBUTE = "partition"
 PARTITION_TABLE_ATTRIBUTE = "partitionTable"
 #: where a partition starts on its GPU's memory slices
 PARTITION_START_ATTRIBUTE = "partitionStart"
-
-
-class CounterLayout(StrEnum):
-    """Where a pool's shared counters (GPU partitions, KEP-4815) go, as the API server keeps them."""
-
-    #: the server drops ``sharedCounters`` (gate ``DRAPartitionableDevices`` off): GPUs are
-    #: published whole, without partitions
-    OFF = "off"
-    #: Kubernetes 1.35+: counter sets in slices of their own, devices in others
-    SPLIT = "split"
-    #: Kubernetes 1.34: a counter set in the slice of the devices that consume it
-    COMBINED = "combined"
 
 
 class WithheldReason(StrEnum):

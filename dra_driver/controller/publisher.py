@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dra_driver.controller.devices import PublishPolicy, WithheldReason
+from dra_driver.controller.features import CounterLayout
 from dra_driver.controller.inventory_feed import InventoryFeed, InventorySource
 from dra_driver.controller.metrics import POOL_DEVICES, POOL_GENERATION, SLICE_RECONCILE_SECONDS, SLICE_WRITES
 from dra_driver.controller.quarantine import Quarantine
@@ -76,6 +77,8 @@ class SlicePublisher:
         self._requested_policy = policy
         self._taints_dropped = False
         self._bindings_dropped = False
+        self._counters_dropped = False
+        self._shares_dropped = False
         self._sem = asyncio.Semaphore(write_concurrency)
         #: our slices by name, as last listed or written
         self._slices: dict[str, dict[str, Any]] = {}
@@ -114,6 +117,8 @@ class SlicePublisher:
             device_taints=p.device_taints and not self._taints_dropped,
             binding_conditions=p.binding_conditions and not self._bindings_dropped,
             binds_to_node=p.binds_to_node and not self._bindings_dropped,
+            counters=CounterLayout.OFF if self._counters_dropped else p.counters,
+            shares=p.shares and not self._shares_dropped,
         )
 
     @property
@@ -381,6 +386,34 @@ class SlicePublisher:
             back = kept.get(device["name"]) or {}
             lost_taints = lost_taints or bool(device.get("taints") and not back.get("taints"))
             lost_bindings = lost_bindings or bool(device.get("bindsToNode") and not back.get("bindsToNode"))
+        lost_counters = bool(
+            (sent.get("spec") or {}).get("sharedCounters")
+            and not (stored.get("spec") or {}).get("sharedCounters")
+        )
+        lost_shares = False
+        for device in sent_devices:
+            back = kept.get(device["name"]) or {}
+            lost_counters = lost_counters or bool(
+                device.get("consumesCounters") and not back.get("consumesCounters")
+            )
+            lost_shares = lost_shares or bool(
+                device.get("allowMultipleAllocations") and not back.get("allowMultipleAllocations")
+            )
+        if lost_counters and not self._counters_dropped:
+            # Partitions without their counters could be allocated overlapping: never leave them so.
+            self._counters_dropped = True
+            log.error(
+                "the API server dropped shared counters (feature gate DRAPartitionableDevices is off): "
+                "publishing GPUs whole, without partitions",
+                slice=sent["metadata"]["name"],
+            )
+        if lost_shares and not self._shares_dropped:
+            self._shares_dropped = True
+            log.error(
+                "the API server dropped allowMultipleAllocations (feature gate DRAConsumableCapacity is "
+                "off): memory pools are withheld",
+                slice=sent["metadata"]["name"],
+            )
         if lost_taints and not self._taints_dropped:
             self._taints_dropped = True
             log.warning(
@@ -404,7 +437,13 @@ class SlicePublisher:
                 "--binding-conditions; publishing without them (devices attach at prepare time)",
                 slice=sent["metadata"]["name"],
             )
-        return len(kept) == len(sent_devices) and not lost_taints and not lost_bindings
+        return (
+            len(kept) == len(sent_devices)
+            and not lost_taints
+            and not lost_bindings
+            and not lost_counters
+            and not lost_shares
+        )
 
     def _policy_changed_by(self, result: PublishResult) -> bool:
         return self._desired_key is not None and self._desired_key[1] != self.policy
