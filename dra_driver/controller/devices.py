@@ -37,6 +37,7 @@ from plumbing.names import is_dns1123_label, is_label_value
 __all__ = [
     "ATTRIBUTE_NAMES",
     "CAPACITY_NAMES",
+    "MEMORY_POOL_ATTRIBUTE",
     "PARTITION_ATTRIBUTE",
     "PARTITION_TABLE_ATTRIBUTE",
     "PARTITION_TYPE",
@@ -100,6 +101,9 @@ PARTITION_ATTRIBUTE = "partition"
 #: the partition table of a partitionable GPU and of its partitions (``h100-80gb``): one
 #: DeviceClass per table selects them (deploy/base/deviceclasses.yaml)
 PARTITION_TABLE_ATTRIBUTE = "partitionTable"
+#: ``bool: true`` on a memory pool's device (allocated many times, by size), so a class tells it from a
+#: pre-made chunk bound whole without ``device.allowMultipleAllocations``, which CEL before 1.34 lacks
+MEMORY_POOL_ATTRIBUTE = "memoryPool"
 #: where a partition starts on its GPU's memory slices
 PARTITION_START_ATTRIBUTE = "partitionStart"
 
@@ -320,6 +324,7 @@ def to_dra_device(device: Device, policy: PublishPolicy, quarantined: str | None
         size, request_policy = shared
         capacity[f"{policy.driver}/memory"] = {"value": format_bytes(size), "requestPolicy": request_policy}
         out["allowMultipleAllocations"] = True
+        out["attributes"][f"{policy.driver}/{MEMORY_POOL_ATTRIBUTE}"] = {"bool": True}
     if capacity:
         out["capacity"] = capacity
     table = usable_table(device)
