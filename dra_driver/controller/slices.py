@@ -30,6 +30,7 @@ unchanged pool therefore plans no writes at all.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
@@ -233,17 +234,43 @@ def chunk_devices(devices: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]
 
 def _prune(value: Any) -> Any:
     """Drop nulls, empty lists and empty maps, recursively: the API server omits them."""
-    if isinstance(value, Mapping):
-        out = {k: _prune(v) for k, v in value.items()}
-        return {k: v for k, v in out.items() if v is not None and v != [] and v != {}}
+    if isinstance(value, dict):
+        out = {}
+        # Scalars are kept as they are without a call each: a pool with partitions has hundreds of
+        # thousands of them (every counter of every placement).
+        for key, item in value.items():
+            if isinstance(item, (dict, list)):
+                item = _prune(item)
+                if not item:
+                    continue
+            elif item is None:
+                continue
+            out[key] = item
+        return out
     if isinstance(value, list):
-        return [_prune(v) for v in value]
+        return [_prune(v) if isinstance(v, (dict, list)) else v for v in value]
     return value
 
 
 def _q(value: Any) -> str:
     """A quantity by value: the API server re-serialises quantities canonically."""
-    return str(parse_quantity(str(value if value is not None else "0")).value)
+    return _quantity_value(str(value if value is not None else "0"))
+
+
+@functools.lru_cache(maxsize=4096)
+def _quantity_value(text: str) -> str:
+    # A pool repeats a few spellings thousands of times (every partition's "1", "16", "9984Mi").
+    return str(parse_quantity(text).value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _quantity_problem(text: str) -> str | None:
+    """Why ``text`` is no quantity, or None."""
+    try:
+        parse_quantity(text)
+    except ValueError as err:
+        return str(err)
+    return None
 
 
 def _normal_counters(counters: Any) -> dict[str, str]:
@@ -300,12 +327,14 @@ def _normal_device(device: Mapping[str, Any]) -> dict[str, Any]:
 
 def _normal_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     """Everything of a slice spec that matters, except the pool's generation and slice count."""
-    pruned = _prune(spec)
+    # devices are pruned once each, by _normal_device
+    pruned = _prune({k: v for k, v in spec.items() if k != "devices"})
     pool = dict(pruned.get("pool") or {})
     pool.pop("generation", None)
     pool.pop("resourceSliceCount", None)
-    rest = {k: v for k, v in pruned.items() if k not in ("pool", "devices", "sharedCounters")}
-    devices = {str(d.get("name")): _normal_device(d) for d in pruned.get("devices") or []}
+    rest = {k: v for k, v in pruned.items() if k not in ("pool", "sharedCounters")}
+    listed = spec.get("devices") or []
+    devices = {str(d.get("name")): _normal_device(d) for d in listed if isinstance(d, dict)}
     counters = {
         str(c.get("name")): _normal_counters(c.get("counters")) for c in pruned.get("sharedCounters") or []
     }
@@ -948,10 +977,9 @@ def _check_device(device: Mapping[str, Any], where: str) -> None:
     for cap_name, entry in capacity.items():
         at = f"{where}.capacity[{cap_name}]"
         _check_qualified_attribute(cap_name, at)
-        try:
-            parse_quantity(str((entry or {}).get("value")))
-        except ValueError as err:
-            raise SliceInvalid(f"{at}.value: {err}") from err
+        problem = _quantity_problem(str((entry or {}).get("value")))
+        if problem is not None:
+            raise SliceInvalid(f"{at}.value: {problem}")
     taints = device.get("taints") or []
     if len(taints) > DEVICE_TAINTS_MAX:
         raise SliceInvalid(f"{where}.taints: more than {DEVICE_TAINTS_MAX}")
@@ -981,10 +1009,9 @@ def _check_counters(counters: Any, where: str, limit: int | None) -> None:
     for name, entry in counters.items():
         if not is_dns1123_label(str(name)):
             raise SliceInvalid(f"{where}[{name}]: not a DNS label")
-        try:
-            parse_quantity(str((entry or {}).get("value")))
-        except ValueError as err:
-            raise SliceInvalid(f"{where}[{name}].value: {err}") from err
+        problem = _quantity_problem(str((entry or {}).get("value")))
+        if problem is not None:
+            raise SliceInvalid(f"{where}[{name}].value: {problem}")
 
 
 def _check_shared_counters(sets: list[Any], layout: CounterLayout) -> dict[str, set[str]]:
