@@ -224,26 +224,14 @@ class SlicePublisher:
         started = time.monotonic()
         if self._stale:
             await self.relist()
-        desired = self.desired(inventory)
+        # Building, normalising and planning tens of thousands of devices (GPU partitions) is
+        # seconds of CPU: done in a worker thread, so probes and watches are answered meanwhile.
+        desired = await asyncio.to_thread(self.desired, inventory)
         by_pool: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
         for name, obj in self._slices.items():
             pool = str(((obj.get("spec") or {}).get("pool") or {}).get("name") or "")
             by_pool[pool][name] = obj
-        plans = [
-            plan
-            for pool in sorted(set(desired) | set(by_pool))
-            if (
-                plan := plan_pool(
-                    pool,
-                    desired.get(pool),
-                    by_pool.get(pool, {}),
-                    driver=self.policy.driver,
-                    all_slices=self._slices,
-                    normal_of=self._normal,
-                )
-            )
-            is not None
-        ]
+        plans = await asyncio.to_thread(self._plans, desired, by_pool, dict(self._slices))
         result = PublishResult()
         outcomes = await asyncio.gather(
             *(self._apply(plan, result) for plan in plans), return_exceptions=True
@@ -271,6 +259,28 @@ class SlicePublisher:
             self._loop.trigger()
         return result
 
+    def _plans(
+        self,
+        desired: dict[str, DesiredPool],
+        by_pool: dict[str, dict[str, dict[str, Any]]],
+        all_slices: dict[str, dict[str, Any]],
+    ) -> list[PoolPlan]:
+        return [
+            plan
+            for pool in sorted(set(desired) | set(by_pool))
+            if (
+                plan := plan_pool(
+                    pool,
+                    desired.get(pool),
+                    by_pool.get(pool, {}),
+                    driver=self.policy.driver,
+                    all_slices=all_slices,
+                    normal_of=self._normal,
+                )
+            )
+            is not None
+        ]
+
     def _record(
         self,
         desired: dict[str, DesiredPool],
@@ -295,8 +305,13 @@ class SlicePublisher:
         for name, rv in plan.deletes_first:
             await self._delete(name, rv)
             result.deletes += 1
-        for write in [*plan.writes, *plan.writes_after]:
-            check_slice(write.obj, self.policy.counters)  # never send what the API server would reject
+        layout = self.policy.counters
+
+        def check_all() -> None:
+            for write in [*plan.writes, *plan.writes_after]:
+                check_slice(write.obj, layout)  # never send what the API server would reject
+
+        await asyncio.to_thread(check_all)
         await asyncio.gather(*(self._write(w) for w in plan.writes))
         result.writes += len(plan.writes)
         if plan.writes_after:

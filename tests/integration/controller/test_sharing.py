@@ -163,7 +163,12 @@ def test_partitions_and_a_pool_are_published_and_a_restart_over_them_writes_noth
     ("release", "gates", "layout", "shares"),
     [
         ("1.35.4", "", "off", False),
-        ("1.34.1", "DRAPartitionableDevices=true,DRAConsumableCapacity=true", "combined", True),
+        (
+            "1.34.1",
+            "DRAPartitionableDevices=true,DRAConsumableCapacity=true,DRADeviceBindingConditions=true",
+            "combined",
+            True,
+        ),
     ],
 )
 def test_what_older_servers_keep_decides_the_layout(
@@ -187,20 +192,32 @@ def test_what_older_servers_keep_decides_the_layout(
             proc = start_controller(manager, driver, *BINDING, kubeconfig=server.kubeconfig)
             wait_until(synced(proc, manager), what="publication")
             assert (status(proc)["partitions"], status(proc)["memoryShares"]) == (layout, shares)
-            slices = api.slices(driver)
-            names = {d["name"] for s in slices for d in s["spec"].get("devices") or []}
-            if layout == "off":
-                assert names == {f"gpu{i}" for i in range(4)}
-            else:
-                assert len(names) == 4 * 19 + 1
-                for s in slices:
-                    sets = {c["name"] for c in s["spec"].get("sharedCounters") or []}
-                    used = {
-                        c["counterSet"]
-                        for d in s["spec"].get("devices") or []
-                        for c in d.get("consumesCounters") or []
-                    }
-                    assert used == sets
+            want = {f"gpu{i}" for i in range(4)} if layout == "off" else 4 * 19 + 1
+
+            def published() -> list[dict[str, Any]] | None:
+                # a pass that finds the server dropping bindsToNode (1.34) publishes again: wait
+                # for the pool as it settles
+                slices = api.slices(driver)
+                names = {d["name"] for s in slices for d in s["spec"].get("devices") or []}
+                counts = {
+                    s["spec"]["pool"]["resourceSliceCount"]
+                    for s in slices
+                    if s["spec"]["pool"]["name"] == "fabric-pcie"
+                }
+                pcie = [s for s in slices if s["spec"]["pool"]["name"] == "fabric-pcie"]
+                settled = counts == {len(pcie)} and len({s["spec"]["pool"]["generation"] for s in pcie}) == 1
+                ok = names == want if isinstance(want, set) else len(names) == want
+                return slices if ok and settled else None
+
+            slices = wait_until(published, what="the pool as this release keeps it")
+            for s in slices:
+                sets = {c["name"] for c in s["spec"].get("sharedCounters") or []}
+                used = {
+                    c["counterSet"]
+                    for d in s["spec"].get("devices") or []
+                    for c in d.get("consumesCounters") or []
+                }
+                assert used == sets
         finally:
             api.close()
 
