@@ -50,7 +50,7 @@ from manager_api.attaching import AttachPolicy, AttachProgress, attach_until_att
 from manager_api.client import ManagerClient
 from manager_api.errors import AttachStillRunning, DeviceBusy, FabricError
 from manager_api.models import MAX_WAIT_SECONDS, Attachment
-from manager_api.partitions import parse_partition
+from manager_api.partitions import PartitionTable, parse_partition
 from plumbing.crashpoints import crash_point
 from plumbing.kube import KubeClient
 from plumbing.kube.dra import AllocatedDeviceStatus, ResourceClaim
@@ -163,6 +163,8 @@ class ClaimBinder:
         #: claims with a device reported AttachFailed: the pod cannot bind with that allocation,
         #: so what was attached for it is released without the grace period
         self._doomed: set[str] = set()
+        #: the partition tables of the inventory's GPUs, by inventory version (``_gpu_of``)
+        self._tables: tuple[int | None, dict[str, PartitionTable]] = (None, {})
         #: Event writes, which must outlive the claim's worker (its allocation changing cancels it)
         self._side_tasks: set[asyncio.Task[bool]] = set()
 
@@ -240,7 +242,10 @@ class ClaimBinder:
         inventory = self._feed.latest
         if inventory is None:
             return device
-        tables = {d.name: d.partition_table for d in inventory.devices if d.partition_table is not None}
+        if self._tables[0] != inventory.version:
+            tables = {d.name: d.partition_table for d in inventory.devices if d.partition_table is not None}
+            self._tables = (inventory.version, tables)
+        tables = self._tables[1]
         found = parse_partition(device, tables) if tables else None
         return found.gpu if found is not None else device
 

@@ -449,7 +449,8 @@ class SlicePublisher:
             log.error(
                 "the API server dropped bindsToNode and binding conditions: enable the feature gates "
                 "DRADeviceBindingConditions and DRAResourceClaimDeviceStatus, or run without "
-                "--binding-conditions; publishing without them (devices attach at prepare time)",
+                "--binding-conditions; publishing without them (devices attach at prepare time, and GPU "
+                "partitions are offered only of GPUs already on a node)",
                 slice=sent["metadata"]["name"],
             )
         return (
