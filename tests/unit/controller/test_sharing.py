@@ -482,3 +482,15 @@ def test_memory_shares_are_rounded_and_summed_against_the_pool_by_the_allocator(
     # 3500Mi rounds up to 4Gi on the 1 GiB grid; 3 GiB more would pass 10 GiB; 2 GiB fits
     assert consumed == ["4Gi", "4Gi", None, "2Gi"]
     assert all(r[0]["shareID"] for r in got if r)
+
+
+def test_on_1_34_the_gpu_moving_to_its_node_takes_its_counter_set_along() -> None:
+    inventory = holding(make_inventory(gpus(4)), "gpu2", "node-b", "gpu2-2g20gb-0")
+    slices = written(inventory, COMBINED)
+    (local,) = [s for s in slices if s["spec"].get("nodeName") == "node-b"]
+    assert [c["name"] for c in local["spec"]["sharedCounters"]] == ["gpu2"]
+    assert len(local["spec"]["devices"]) == 19
+    shared = [s for s in slices if "nodeName" not in s["spec"]]
+    assert set(counter_sets_of(shared)) == {"gpu0", "gpu1", "gpu3"}
+    for obj in slices:
+        assert api_server_errors(obj, CounterLayout.COMBINED) == []
