@@ -210,12 +210,23 @@ class SlicePublisher:
         self._slices = {str(obj["metadata"]["name"]): obj for obj in items}
         self._stale = False
 
-    def desired(self, inventory: Inventory) -> dict[str, DesiredPool]:
+    def _desired_inputs(
+        self, inventory: Inventory
+    ) -> tuple[tuple[int, PublishPolicy, int], dict[tuple[str, str], str]]:
+        """What the desired pools are built from, read on the event loop (the quarantine changes
+        there): the cache key and the quarantined devices."""
         quarantine = self.quarantine
         key = (inventory.version, self.policy, quarantine.version if quarantine else 0)
+        if key == self._desired_key:
+            return key, {}
+        return key, ({k: q.reason for k, q in quarantine.active().items()} if quarantine else {})
+
+    async def desired(self, inventory: Inventory) -> dict[str, DesiredPool]:
+        """The pools ``inventory`` should be published as (cached per inventory version, policy
+        and quarantine), built in a worker thread."""
+        key, quarantined = self._desired_inputs(inventory)
         if key != self._desired_key:
-            out = {k: q.reason for k, q in quarantine.active().items()} if quarantine else {}
-            self._desired = desired_pools(inventory, self.policy, out)
+            self._desired = await asyncio.to_thread(desired_pools, inventory, key[1], quarantined)
             self._desired_key = key
         return self._desired
 
@@ -226,7 +237,7 @@ class SlicePublisher:
             await self.relist()
         # Building, normalising and planning tens of thousands of devices (GPU partitions) is
         # seconds of CPU: done in a worker thread, so probes and watches are answered meanwhile.
-        desired = await asyncio.to_thread(self.desired, inventory)
+        desired = await self.desired(inventory)
         by_pool: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
         for name, obj in self._slices.items():
             pool = str(((obj.get("spec") or {}).get("pool") or {}).get("name") or "")
