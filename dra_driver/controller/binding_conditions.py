@@ -40,6 +40,7 @@ from datetime import datetime
 from typing import Any
 
 from dra_driver.controller.claimstatus import ConditionWriter, Target
+from dra_driver.controller.devices import MEMORY_CAPACITY
 from dra_driver.controller.inventory_feed import InventoryFeed
 from dra_driver.controller.metrics import BIND_SECONDS, BIND_TOTAL
 from dra_driver.controller.quarantine import Quarantine
@@ -227,7 +228,7 @@ class ClaimBinder:
 
     def _share_bytes(self, consumed: dict[str, str] | None) -> int | None:
         """A share's ``consumedCapacity`` of this driver's ``memory``, in whole bytes, or None."""
-        text = (consumed or {}).get(f"{self.driver}/memory")
+        text = (consumed or {}).get(f"{self.driver}/{MEMORY_CAPACITY}")
         if text is None:
             return None
         try:

@@ -37,6 +37,7 @@ from plumbing.names import is_dns1123_label, is_label_value
 __all__ = [
     "ATTRIBUTE_NAMES",
     "CAPACITY_NAMES",
+    "MEMORY_CAPACITY",
     "MEMORY_POOL_ATTRIBUTE",
     "PARTITION_ATTRIBUTE",
     "PARTITION_TABLE_ATTRIBUTE",
@@ -76,6 +77,8 @@ SLICE_CAPACITIES: tuple[tuple[str, SliceCapacity], ...] = tuple(_published(Slice
 #: attribute and capacity identifiers (unqualified)
 ATTRIBUTE_NAMES: tuple[str, ...] = tuple(a.name for _, a in SLICE_ATTRIBUTES)
 CAPACITY_NAMES: tuple[str, ...] = tuple(c.name for _, c in SLICE_CAPACITIES)
+#: the capacity of a device's memory (``Device.memory_bytes``): a partition's and a memory pool's too
+MEMORY_CAPACITY: str = next(c.name for field, c in SLICE_CAPACITIES if field == "memory_bytes")
 
 
 #: the attribute (``bool: true``) of a device the manager keeps warm on the node of its slice; set only
@@ -286,7 +289,9 @@ def _partition(partition: PartitionDevice, gpu: dict[str, Any], driver: str) -> 
         **{k: v for k, v in gpu.items() if k not in ("name", "attributes", "capacity", "consumesCounters")},
         "name": partition.name,
         "attributes": attributes,
-        "capacity": {f"{driver}/memory": {"value": format_bytes(int(partition.profile.memory_bytes))}},
+        "capacity": {
+            f"{driver}/{MEMORY_CAPACITY}": {"value": format_bytes(int(partition.profile.memory_bytes))}
+        },
         "consumesCounters": _consumes(partition.gpu, partition.consumes),
     }
     return Conversion(partition.name, out)
@@ -322,7 +327,10 @@ def to_dra_device(device: Device, policy: PublishPolicy, quarantined: str | None
     capacity: dict[str, dict[str, Any]] = dict(_capacity(device, policy.driver))
     if shared is not None:
         size, request_policy = shared
-        capacity[f"{policy.driver}/memory"] = {"value": format_bytes(size), "requestPolicy": request_policy}
+        capacity[f"{policy.driver}/{MEMORY_CAPACITY}"] = {
+            "value": format_bytes(size),
+            "requestPolicy": request_policy,
+        }
         out["allowMultipleAllocations"] = True
         out["attributes"][f"{policy.driver}/{MEMORY_POOL_ATTRIBUTE}"] = {"bool": True}
     if capacity:
