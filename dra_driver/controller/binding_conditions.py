@@ -338,7 +338,7 @@ class ClaimBinder:
                 target,
                 "NoShareSize",
                 f"the allocation's share {target.share_id} of {target.device} has no consumedCapacity "
-                f"{self.driver}/memory in whole bytes, so no chunk of the pool can be made for it",
+                f"{self.driver}/{MEMORY_CAPACITY} in whole bytes, so no chunk of the pool can be made for it",
             )
             return
         if target.node is None:
