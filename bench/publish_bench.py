@@ -9,7 +9,13 @@ version synced (every slice acknowledged by the API server). Then the slices are
 consistent, the server's write counter is reset, and three periodic resyncs run (period 1 s).
 Targets: 10,000 devices in <= 5 s, 0 writes on an unchanged resync.
 
-``python -m bench --only publish``; ``python -m bench.publish_bench [--quick]`` prints JSON.
+With ``--partitions`` every GPU of the inventory (three devices in four) is partitionable into seven
+one-slice partitions (the ``1g.10gb`` placements of the illustrative H100 table): it is published as
+eight devices consuming its counter set, with binding conditions, in 1.36's layout (counter slices
+of their own). No target: a figure of what partitions cost.
+
+``python -m bench --only publish``; ``python -m bench.publish_bench [--quick] [--partitions]`` prints
+JSON.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from fabric_dra_testbed.stack import ApiServerHooks as TestHooks
 from fabric_dra_testbed.stack import Stack
 from fabric_dra_testbed.standins import InventoryServer, make_device, make_inventory
 from manager_api.models import DeviceType
+from manager_api.partitions import BUILTIN_TABLES, PartitionTable
 
 __all__ = ["run"]
 
@@ -46,7 +53,13 @@ def _wait(check: Any, timeout: float, what: str) -> Any:
     raise RuntimeError(f"timed out waiting for {what}")
 
 
-def _inventory(devices_total: int, version: int) -> Any:
+def _seven_slices() -> PartitionTable:
+    """The H100 table with its one-slice profile only: seven placements."""
+    table = BUILTIN_TABLES["h100-80gb"]
+    return table.model_copy(update={"profiles": [p for p in table.profiles if p.name == "1g.10gb"]})
+
+
+def _inventory(devices_total: int, version: int, partitions: bool = False) -> Any:
     per_fabric = devices_total // FABRICS
     pools = {f"fabric-f{f}": [f"node-{f}-{n}" for n in range(8)] for f in range(FABRICS)}
     devices = []
@@ -62,6 +75,7 @@ def _inventory(devices_total: int, version: int) -> Any:
                     switch=f"Switch{i // 16}",
                     port=f"P{i % 16}",
                     uuid=f"00000000-0000-4000-8000-{f:04d}{i:08d}",
+                    partition_table=_seven_slices() if partitions and kind is DeviceType.GPU else None,
                 )
             )
     return make_inventory(devices, pools=pools, version=version)
@@ -82,8 +96,9 @@ def _reconcile_totals(base_url: str) -> tuple[float, float]:
     return count, total
 
 
-def publish(devices_total: int) -> dict[str, Any]:
-    """Publish ``devices_total`` devices once, then let three unchanged resyncs run."""
+def publish(devices_total: int, partitions: bool = False) -> dict[str, Any]:
+    """Publish ``devices_total`` devices once, then let three unchanged resyncs run; with
+    ``partitions``, each GPU with seven partitions."""
     root = Path(tempfile.mkdtemp(prefix="fdpub-", dir="/tmp"))
     try:
         with Stack(root) as stack, InventoryServer(_inventory(0, version=1)) as manager:
@@ -93,7 +108,15 @@ def publish(devices_total: int) -> dict[str, Any]:
             controller = stack.controller(
                 None,
                 server,
-                args=["--manager-url", manager.url, "--resync-period", "1", "--device-taints", "on"],
+                args=[
+                    "--manager-url",
+                    manager.url,
+                    "--resync-period",
+                    "1",
+                    "--device-taints",
+                    "on",
+                    *(["--binding-conditions"] if partitions else []),
+                ],
                 log_level="warning",
             ).role
             status_url = f"{controller.address}/status"
@@ -102,7 +125,7 @@ def publish(devices_total: int) -> dict[str, Any]:
                 return bool(httpx.get(status_url, timeout=10).json().get("slicesSyncedVersion") == version)
 
             _wait(lambda: synced(1), 60, "the empty pools")
-            full = _inventory(devices_total, version=2)
+            full = _inventory(devices_total, version=2, partitions=partitions)
             hooks.reset_counts()
             started = time.monotonic()
             manager.set_inventory(full)
@@ -117,6 +140,7 @@ def publish(devices_total: int) -> dict[str, Any]:
             for obj in slices:
                 per_pool.setdefault(obj["spec"]["pool"]["name"], []).append(obj)
             published = sum(len(s["spec"].get("devices", [])) for s in slices)
+            counter_sets = sum(len(s["spec"].get("sharedCounters", [])) for s in slices)
             consistent = all(
                 len({s["spec"]["pool"]["generation"] for s in group}) == 1
                 and {s["spec"]["pool"]["resourceSliceCount"] for s in group} == {len(group)}
@@ -142,6 +166,7 @@ def publish(devices_total: int) -> dict[str, Any]:
             "devices": devices_total,
             "fabrics": FABRICS,
             "published_devices": published,
+            "counter_sets": counter_sets,
             "slices": len(slices),
             "pools_consistent": consistent,
             "publish_seconds": round(publish_seconds, 3),
@@ -181,8 +206,11 @@ def run(ctx: BenchContext) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="2,000 devices instead of 10,000")
+    parser.add_argument("--partitions", action="store_true", help="every GPU with seven partitions")
+    parser.add_argument("--devices", type=int, help="this many inventory devices")
     args = parser.parse_args()
-    print(json.dumps(publish(2_000 if args.quick else 10_000), indent=2))
+    count = args.devices or (2_000 if args.quick else 10_000)
+    print(json.dumps(publish(count, partitions=args.partitions), indent=2))
 
 
 if __name__ == "__main__":

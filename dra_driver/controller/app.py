@@ -18,9 +18,11 @@ from typing import Any
 from dra_driver.controller.binding_conditions import ClaimBinder
 from dra_driver.controller.devices import PublishPolicy
 from dra_driver.controller.features import (
+    CounterLayout,
     KeptFields,
     ResourceApiMissing,
     TaintsMode,
+    probe_counter_layout,
     probe_slice_fields,
     require_resource_v1,
 )
@@ -95,6 +97,7 @@ class Controller:
         self.url = ""
         #: what the API server keeps, found out once per process (a dry-run write)
         self._kept: KeptFields | None = None
+        self._counters: CounterLayout | None = None
 
     # -- status -------------------------------------------------------------------------------
 
@@ -113,6 +116,8 @@ class Controller:
             "bindsToNode": (
                 publisher.policy.binds_to_node or publisher.policy.binding_conditions if publisher else None
             ),
+            "partitions": publisher.policy.counters.value if publisher else None,
+            "memoryShares": publisher.policy.shares if publisher else None,
         }
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -207,9 +212,35 @@ class Controller:
             )
         return self._kept
 
+    async def _counter_layout(self) -> CounterLayout:
+        """Where the API server wants GPU partitions' counters, if anywhere; asked and logged once,
+        with what partitions can do in this mode."""
+        if self._counters is None:
+            self._counters = await probe_counter_layout(self.kube, self.options.driver)
+            if self._counters is CounterLayout.OFF:
+                log.warning(
+                    "the API server drops shared counters (feature gate DRAPartitionableDevices is off): "
+                    "GPUs are published whole, without partitions"
+                )
+            elif not self.options.binding_conditions:
+                log.warning(
+                    "without --binding-conditions, GPU partitions are offered only of GPUs already on a "
+                    "node (holding partitions there, or kept warm there), in that node's slice; a free GPU "
+                    "is offered whole: run with --binding-conditions so the first partition claim can "
+                    "bring a GPU to its node (docs/controller.md, 'GPU partitions')"
+                )
+            log.info("GPU partition counters decided", layout=self._counters.value)
+        return self._counters
+
     async def _lead_once(self) -> None:
         opts = self.options
         kept = await self._kept_fields()
+        counters = await self._counter_layout()
+        if not kept.shares:
+            log.warning(
+                "the API server drops allowMultipleAllocations (feature gate DRAConsumableCapacity is "
+                "off): memory pools that make chunks on demand are not published"
+            )
         taints = kept.taints if opts.device_taints == "auto" else opts.device_taints == "on"
         binds = kept.binds_to_node if opts.binds_to_node == "auto" else opts.binds_to_node == "on"
         policy = PublishPolicy(
@@ -219,6 +250,8 @@ class Controller:
             binds_to_node=binds,
             publisher=opts.publisher,
             evict_quarantined=not opts.binding_conditions,
+            counters=counters,
+            shares=kept.shares,
         )
         log.info(
             "leading: publishing resource slices",

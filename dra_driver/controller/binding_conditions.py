@@ -15,6 +15,14 @@ to the allocated node (idempotent per claim UID + device), then sets ``Attached=
 claim's ``status.devices`` — or ``AttachFailed=True`` with the manager's reason when the fabric
 refuses, the device stays busy, or the attach does not finish within ``--bind-timeout``.
 
+A GPU partition is attached by its partition device's name: the manager binds the GPU to the node
+of its first partition and refuses (409 ``DeviceBusy``) a partition of it for another node while any
+is held there — such a partition fails its binding condition at once, so the scheduler picks again
+(docs/controller.md, "GPU partitions"). A share of a memory pool (an allocation with a ``shareID``)
+is attached with that share ID and its ``consumedCapacity`` of memory; the manager carves a chunk of
+exactly that size, or refuses when the pool has no room (the scheduler's view was stale), and the
+binding condition fails.
+
 When an allocation it attached for goes away (the scheduler gave up, the claim was deallocated
 or deleted) it detaches again. A device that reached ``Attached=True`` may be in a pod's hands;
 its release waits ``release_grace`` so the kubelet plugin's unprepare (host-side removal, then
@@ -32,15 +40,18 @@ from datetime import datetime
 from typing import Any
 
 from dra_driver.controller.claimstatus import ConditionWriter, Target
+from dra_driver.controller.devices import MEMORY_CAPACITY
 from dra_driver.controller.inventory_feed import InventoryFeed
 from dra_driver.controller.metrics import BIND_SECONDS, BIND_TOTAL
 from dra_driver.controller.quarantine import Quarantine
 from dra_driver.controller.resourcenames import BindingConditionNames
 from dra_driver.controller.workqueue import KeyedWork
+from dra_driver.selection.quantity import QuantityError, parse_quantity
 from manager_api.attaching import AttachPolicy, AttachProgress, attach_until_attached
 from manager_api.client import ManagerClient
 from manager_api.errors import AttachStillRunning, DeviceBusy, FabricError
 from manager_api.models import MAX_WAIT_SECONDS, Attachment
+from manager_api.partitions import PartitionTable, parse_partition
 from plumbing.crashpoints import crash_point
 from plumbing.kube import KubeClient
 from plumbing.kube.dra import AllocatedDeviceStatus, ResourceClaim
@@ -64,6 +75,10 @@ def _parse_time(value: str | None) -> float | None:
         return None
 
 
+#: what the binder holds for a claim: (device, node, share ID or "")
+_Key = tuple[str, str, str]
+
+
 @dataclass
 class _Held:
     """A device this controller attached (or tried to) for a claim."""
@@ -84,6 +99,11 @@ class _ConditionProgress(AttachProgress):
         crash_point("controller.attach.before-request")
 
     def busy(self, err: DeviceBusy) -> None:
+        if self._binder.elsewhere(self._target, err):
+            # The GPU serves partitions on another node: nothing here will free it soon, and the
+            # scheduler, told at once, picks again from a publication that no longer offers the
+            # GPU's placements here.
+            raise err
         self._binder.expedite(self._target.device, claim=self._uid)
 
     async def attaching(self, attachment: Attachment, waited: float) -> None:
@@ -138,12 +158,14 @@ class ClaimBinder:
             lambda uid: self.reconcile(uid, self._claims.get(uid)), what="binding-condition work"
         )
         self._conditions = ConditionWriter(kube, driver, self._claims, self._allocates)
-        #: claim UID → (device, node) → what we did for it
-        self._held: dict[str, dict[tuple[str, str], _Held]] = {}
-        self._first_seen: dict[tuple[str, str], float] = {}
+        #: claim UID → (device, node, share) → what we did for it
+        self._held: dict[str, dict[_Key, _Held]] = {}
+        self._first_seen: dict[tuple[str, str, str], float] = {}
         #: claims with a device reported AttachFailed: the pod cannot bind with that allocation,
         #: so what was attached for it is released without the grace period
         self._doomed: set[str] = set()
+        #: the partition tables of the inventory's GPUs, by inventory version (``_gpu_of``)
+        self._tables: tuple[int | None, dict[str, PartitionTable]] = (None, {})
         #: Event writes, which must outlive the claim's worker (its allocation changing cancels it)
         self._side_tasks: set[asyncio.Task[bool]] = set()
 
@@ -186,8 +208,8 @@ class ClaimBinder:
             self._work.cancel(uid)
             self._work.schedule(uid)
 
-    def _wanted(self, obj: dict[str, Any]) -> set[tuple[str, str | None]]:
-        return {(t.device, t.node) for t in self.targets(obj)}
+    def _wanted(self, obj: dict[str, Any]) -> set[tuple[str, str | None, str | None]]:
+        return {(t.device, t.node, t.share_id) for t in self.targets(obj)}
 
     # -- one claim ----------------------------------------------------------------------------
 
@@ -199,14 +221,46 @@ class ClaimBinder:
         pools = {p.pool for p in self._feed.latest.pools} if self._feed.latest is not None else set()
         node = claim.status.allocation.node
         return [
-            Target(r.pool, r.device, node)
+            Target(r.pool, r.device, node, r.share_id or None, self._share_bytes(r.consumed_capacity))
             for r in claim.results_for(self.driver)
             if self.names.attached in r.binding_conditions and r.pool in pools
         ]
 
+    def _share_bytes(self, consumed: dict[str, str] | None) -> int | None:
+        """A share's ``consumedCapacity`` of this driver's ``memory``, in whole bytes, or None."""
+        text = (consumed or {}).get(f"{self.driver}/{MEMORY_CAPACITY}")
+        if text is None:
+            return None
+        try:
+            value = parse_quantity(str(text)).value
+        except QuantityError:
+            return None
+        return int(value) if value == int(value) and value > 0 else None
+
+    def _gpu_of(self, device: str) -> str:
+        """The GPU a partition device is carved from (``manager_api.partitions.parse_partition``
+        over the inventory's tables); any other device is its own."""
+        inventory = self._feed.latest
+        if inventory is None:
+            return device
+        if self._tables[0] != inventory.version:
+            tables = {d.name: d.partition_table for d in inventory.devices if d.partition_table is not None}
+            self._tables = (inventory.version, tables)
+        tables = self._tables[1]
+        found = parse_partition(device, tables) if tables else None
+        return found.gpu if found is not None else device
+
+    def elsewhere(self, target: Target, err: DeviceBusy) -> bool:
+        """Whether ``err`` refuses a partition because its GPU is held on another node (``held_by``:
+        ``node/claim``, comma-separated)."""
+        if self._gpu_of(target.device) == target.device or not err.held_by:
+            return False
+        nodes = {holder.strip().split("/", 1)[0] for holder in err.held_by.split(",")}
+        return bool(nodes - {target.node})
+
     async def reconcile(self, uid: str, obj: dict[str, Any] | None) -> None:
         targets = self.targets(obj)
-        wanted = {(t.device, t.node) for t in targets if t.node is not None}
+        wanted = {(t.device, t.node, t.share_id or "") for t in targets if t.node is not None}
         await self._release(uid, wanted)
         claim = ResourceClaim.read(obj) if obj is not None else None
         if claim is None or not targets:
@@ -214,32 +268,36 @@ class ClaimBinder:
         if claim.metadata.deletion_timestamp:
             return  # being deleted: attach nothing new
         statuses = {
-            (d.pool, d.device): d for d in claim.status.devices if d.driver == self.driver and not d.share_id
+            (d.pool, d.device, d.share_id or None): d for d in claim.status.devices if d.driver == self.driver
         }
-        await asyncio.gather(*(self._bind(uid, claim, t, statuses.get((t.pool, t.device))) for t in targets))
+        await asyncio.gather(
+            *(self._bind(uid, claim, t, statuses.get((t.pool, t.device, t.share_id))) for t in targets)
+        )
 
-    async def _release(self, uid: str, wanted: set[tuple[str, str]]) -> None:
+    async def _release(self, uid: str, wanted: set[_Key]) -> None:
         held = self._held.get(uid, {})
         now = time.monotonic()
-        moving = {device for device, _ in wanted}
+        moving = {(device, share) for device, _, share in wanted}
         for key, state in list(held.items()):
             if key in wanted:
                 state.release_at = None
                 continue
-            device, node = key
+            device, node, share = key
             # No grace when the pod cannot have used it (a failed allocation) or when this same
             # claim now wants the device on another node.
-            if state.attached and uid not in self._doomed and device not in moving:
+            if state.attached and uid not in self._doomed and (device, share) not in moving:
                 if state.release_at is None:
                     state.release_at = now + self.release_grace
                 if now < state.release_at:
                     self._work.schedule_later(uid, state.release_at - now)
                     continue
             crash_point("controller.release.before-detach")
-            await self._manager.detach(device, node, uid, wait_seconds=self.attach_wait)
+            await self._manager.detach(
+                device, node, uid, wait_seconds=self.attach_wait, share_id=share or None
+            )
             crash_point("controller.release.after-detach")
             del held[key]
-            self._first_seen.pop((uid, device), None)
+            self._first_seen.pop((uid, device, share), None)
             BIND_TOTAL.labels(result="detached", reason="deallocated").inc()
             log.info("device released: its allocation is gone", claim=uid, device=device, node=node)
         if not held:
@@ -248,11 +306,15 @@ class ClaimBinder:
 
     def expedite(self, device: str, *, claim: str) -> None:
         """``device`` is allocated anew (to ``claim``) but still held for an allocation that is gone:
-        cut that release's grace short — the scheduler has given the device to someone else."""
+        cut that release's grace short — the scheduler has given the device to someone else. For a
+        partition, any partition of its GPU held so counts (an overlapping placement)."""
         now = time.monotonic()
+        gpu = self._gpu_of(device)
         for uid, held in self._held.items():
-            for (held_device, _), state in held.items():
-                if uid != claim and held_device == device and state.release_at is not None:
+            for (held_device, _, _), state in held.items():
+                if uid == claim or state.release_at is None:
+                    continue
+                if held_device == device or self._gpu_of(held_device) == gpu:
                     state.release_at = now
                     self._work.schedule(uid)
 
@@ -263,9 +325,21 @@ class ClaimBinder:
         they already tell the outcome."""
         attached = status is not None and status.is_true(self.names.attached)
         failed = status is not None and status.is_true(self.names.failed)
+        share = target.share_id or ""
         if attached and target.node:
-            self._held.setdefault(uid, {}).setdefault((target.device, target.node), _Held()).attached = True
+            self._held.setdefault(uid, {}).setdefault(
+                (target.device, target.node, share), _Held()
+            ).attached = True
         if attached or failed:
+            return
+        if target.share_id and target.memory_bytes is None:
+            await self._fail(
+                uid,
+                target,
+                "NoShareSize",
+                f"the allocation's share {target.share_id} of {target.device} has no consumedCapacity "
+                f"{self.driver}/{MEMORY_CAPACITY} in whole bytes, so no chunk of the pool can be made for it",
+            )
             return
         if target.node is None:
             await self._fail(
@@ -277,10 +351,10 @@ class ClaimBinder:
             )
             return
         node = target.node
-        started = self._first_seen.setdefault((uid, target.device), time.monotonic())
+        started = self._first_seen.setdefault((uid, target.device, share), time.monotonic())
         # Recorded before the call: an attach interrupted here may still complete in the manager.
-        held = self._held.setdefault(uid, {}).setdefault((target.device, node), _Held())
-        log.info("attaching for binding condition", claim=uid, device=target.device, node=node)
+        held = self._held.setdefault(uid, {}).setdefault((target.device, node, share), _Held())
+        log.info("attaching for binding condition", claim=uid, device=target.label, node=node)
         try:
             await attach_until_attached(
                 self._manager,
@@ -290,6 +364,8 @@ class ClaimBinder:
                 self._policy(claim, started),
                 progress=_ConditionProgress(self, uid, target),
                 limit=self._sem,
+                share_id=target.share_id,
+                memory_bytes=target.memory_bytes,
             )
         except FabricError as err:
             await self._fail(uid, target, *self._failure(err), started=started)
@@ -307,10 +383,10 @@ class ClaimBinder:
         )
         crash_point("controller.attach.after-status")
         if self.quarantine is not None:
-            self.quarantine.attach_succeeded(target.pool, target.device)
+            self.quarantine.attach_succeeded(target.pool, self._gpu_of(target.device))
         BIND_TOTAL.labels(result="attached", reason="").inc()
         BIND_SECONDS.labels(result="attached").observe(time.monotonic() - started)
-        log.info("device attached; binding condition set", claim=uid, device=target.device, node=node)
+        log.info("device attached; binding condition set", claim=uid, device=target.label, node=node)
 
     def _policy(self, claim: ResourceClaim, started: float) -> AttachPolicy:
         """``--bind-timeout`` from when this controller first saw the device, or from the
@@ -361,7 +437,7 @@ class ClaimBinder:
         log.warning(
             "binding failed; the scheduler will pick again",
             claim=uid,
-            device=target.device,
+            device=target.label,
             node=target.node,
             reason=reason,
             error=message,
@@ -372,7 +448,9 @@ class ClaimBinder:
         written by a task of its own, so that cancelling the claim's worker does not lose it."""
         if self.quarantine is None:
             return
-        out = self.quarantine.attach_failed(target.pool, target.device, reason, message)
+        # A partition's failure is its GPU's: the fabric binds the GPU, and every partition of it
+        # goes out of allocation with it.
+        out = self.quarantine.attach_failed(target.pool, self._gpu_of(target.device), reason, message)
         obj = self._claims.get(uid)
         if out is None or self._events is None or obj is None:
             return
@@ -403,12 +481,19 @@ class ClaimBinder:
         return await self._conditions.set(uid, target, changes)
 
     def _allocates(self, obj: dict[str, Any], target: Target) -> bool:
-        return any(t.pool == target.pool and t.device == target.device for t in self.targets(obj))
+        return any(
+            (t.pool, t.device, t.share_id) == (target.pool, target.device, target.share_id)
+            for t in self.targets(obj)
+        )
 
     # -- test / status hooks --------------------------------------------------------------------
 
     def held(self) -> dict[str, set[tuple[str, str]]]:
-        return {uid: set(held) for uid, held in self._held.items()}
+        """Claim UID → the (device, node) it holds here; a share as ``device/shareID``."""
+        return {
+            uid: {(f"{d}/{share}" if share else d, node) for d, node, share in held}
+            for uid, held in self._held.items()
+        }
 
     async def drain(self) -> None:
         """Wait until no claim work is queued or running (for tests and shutdown)."""

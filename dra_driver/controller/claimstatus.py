@@ -24,11 +24,20 @@ _STATUS_RETRIES = 8
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """One allocated device that waits for its binding condition."""
+    """One allocated device that waits for its binding condition; a share of a device allocated many
+    times (``allowMultipleAllocations``) is told apart by its ``share_id``."""
 
     pool: str
     device: str
     node: str | None
+    share_id: str | None = None
+    #: the share's ``consumedCapacity`` of memory, in bytes (None: not a share, or none given)
+    memory_bytes: int | None = None
+
+    @property
+    def label(self) -> str:
+        """The device, and the share where there is one: ``cxlpool0/<share id>``."""
+        return f"{self.device}/{self.share_id}" if self.share_id else self.device
 
 
 class ConditionWriter:
@@ -89,12 +98,14 @@ class ConditionWriter:
                 if d.get("driver") == self._driver
                 and d.get("pool") == target.pool
                 and d.get("device") == target.device
-                and not d.get("shareID")
+                and (d.get("shareID") or None) == target.share_id
             ),
             None,
         )
         if entry is None:
             entry = {"driver": self._driver, "pool": target.pool, "device": target.device}
+            if target.share_id:
+                entry["shareID"] = target.share_id
             devices.append(entry)
         status["devices"] = devices
         return status, entry

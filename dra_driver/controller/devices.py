@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from dra_driver.controller.features import CounterLayout
 from dra_driver.controller.resourcenames import (
     BindingConditionNames,
     attach_failed_taint_key,
@@ -22,20 +23,38 @@ from dra_driver.controller.resourcenames import (
 )
 from dra_driver.selection.quantity import format_bytes
 from manager_api.devices import SliceAttribute, SliceCapacity, SliceForm
-from manager_api.models import BindingState, Device, Health
+from manager_api.models import BindingState, Device, Health, MemoryPool
+from manager_api.partitions import (
+    COUNTER_MEMORY,
+    PartitionDevice,
+    PartitionTable,
+    counter_set,
+    fit_problem,
+    partition_devices,
+)
 from plumbing.names import is_dns1123_label, is_label_value
 
 __all__ = [
     "ATTRIBUTE_NAMES",
     "CAPACITY_NAMES",
+    "MEMORY_CAPACITY",
+    "MEMORY_POOL_ATTRIBUTE",
+    "PARTITION_ATTRIBUTE",
+    "PARTITION_TABLE_ATTRIBUTE",
+    "PARTITION_TYPE",
     "SLICE_ATTRIBUTES",
     "SLICE_CAPACITIES",
     "WARM_ATTRIBUTE",
     "Conversion",
+    "CounterLayout",
     "PublishPolicy",
     "WithheldReason",
+    "counter_set_entry",
     "mark_warm",
+    "memory_request_policy",
+    "partition_conversions",
     "to_dra_device",
+    "usable_table",
 ]
 
 
@@ -58,6 +77,8 @@ SLICE_CAPACITIES: tuple[tuple[str, SliceCapacity], ...] = tuple(_published(Slice
 #: attribute and capacity identifiers (unqualified)
 ATTRIBUTE_NAMES: tuple[str, ...] = tuple(a.name for _, a in SLICE_ATTRIBUTES)
 CAPACITY_NAMES: tuple[str, ...] = tuple(c.name for _, c in SLICE_CAPACITIES)
+#: the capacity of a device's memory (``Device.memory_bytes``): a partition's and a memory pool's too
+MEMORY_CAPACITY: str = next(c.name for field, c in SLICE_CAPACITIES if field == "memory_bytes")
 
 
 #: the attribute (``bool: true``) of a device the manager keeps warm on the node of its slice; set only
@@ -74,6 +95,22 @@ def mark_warm(device: dict[str, Any], driver: str) -> dict[str, Any]:
     }
 
 
+#: the ``type`` attribute of a GPU partition's device: apart from ``gpu``, so a class or a claim that
+#: asks for a whole GPU (``type == "gpu"``) never gets a partition; the kubelet plugin records its
+#: partitions under the same type (``dra_driver.plugin.attach.PARTITION_TYPE``)
+PARTITION_TYPE = "gpu-partition"
+#: the profile name of a partition (``1g.10gb``): what a claim asks for
+PARTITION_ATTRIBUTE = "partition"
+#: the partition table of a partitionable GPU and of its partitions (``h100-80gb``): one
+#: DeviceClass per table selects them (deploy/base/deviceclasses.yaml)
+PARTITION_TABLE_ATTRIBUTE = "partitionTable"
+#: ``bool: true`` on a memory pool's device (allocated many times, by size), so a class tells it from a
+#: pre-made chunk bound whole without ``device.allowMultipleAllocations``, which CEL before 1.34 lacks
+MEMORY_POOL_ATTRIBUTE = "memoryPool"
+#: where a partition starts on its GPU's memory slices
+PARTITION_START_ATTRIBUTE = "partitionStart"
+
+
 class WithheldReason(StrEnum):
     """Why a device of the inventory is not published."""
 
@@ -87,6 +124,13 @@ class WithheldReason(StrEnum):
     INVALID_NAME = "invalid-name"
     #: its attach keeps failing (:mod:`.quarantine`), and the cluster cannot taint devices
     ATTACH_FAILED = "attach-failed"
+    #: a memory pool, and the cluster cannot allocate a device many times (``DRAConsumableCapacity``)
+    SHARES_UNSUPPORTED = "shares-unsupported"
+    #: a memory pool with less room than its smallest chunk
+    NO_ROOM = "no-room"
+    #: a GPU partition that cannot be offered: its table does not fit the GPU, its name is taken
+    #: in the pool, or its GPU is withheld
+    PARTITION = "partition"
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +148,10 @@ class PublishPolicy:
     #: True (the plain flow): a quarantined device's taint is NoExecute, so the pods stuck with its
     #: allocation are evicted and their claims allocated again (:mod:`.quarantine`)
     evict_quarantined: bool = False
+    #: where GPU partitions' shared counters go, or OFF: no partitions
+    counters: CounterLayout = CounterLayout.SPLIT
+    #: True: memory pools are published as one device allocated many times (consumable capacity)
+    shares: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,10 +208,102 @@ def _capacity(device: Device, driver: str) -> dict[str, dict[str, str]]:
     }
 
 
+#: the default share of a memory pool a request gets when it names no size (rounded up to the grid)
+DEFAULT_SHARE_BYTES = 1 << 30
+
+
+def memory_request_policy(pool: MemoryPool) -> tuple[int, dict[str, Any]] | None:
+    """The capacity a memory pool offers and its ``requestPolicy``, or None when no chunk fits.
+
+    The value is the domain's size less what is carved outside fabric-dra — never the free size:
+    the allocator subtracts this driver's own shares itself (``consumable_capacity.go``), so
+    publishing the free size would count them twice. ``validRange`` is the domain's chunk grid: min
+    = its smallest chunk, step = its increment, max = the largest chunk on that grid (the API server
+    wants ``max - min`` a whole number of steps, ``validateRequestPolicyRange``); the default is
+    the smallest grid size of at least 1 GiB (or max)."""
+    value = pool.size_bytes - pool.outside_bytes
+    low, step = pool.min_chunk_bytes, pool.increment_bytes
+    if value < low:
+        return None
+    high = low + (value - low) // step * step
+    default = min(high, low + max(0, -(-(DEFAULT_SHARE_BYTES - low) // step)) * step)
+    policy = {
+        "default": format_bytes(default),
+        "validRange": {"min": format_bytes(low), "max": format_bytes(high), "step": format_bytes(step)},
+    }
+    return value, policy
+
+
+def usable_table(device: Device) -> PartitionTable | None:
+    """The partition table of ``device`` when it is a GPU the table fits (``fit_problem``), else None:
+    a table promising more memory than the GPU has is never offered."""
+    table = device.partition_table
+    if table is None or fit_problem(table, device.memory_bytes) is not None:
+        return None
+    return table
+
+
+def counter_set_entry(device: Device) -> dict[str, Any] | None:
+    """The ``CounterSet`` of a partitionable GPU (``manager_api.partitions.counter_set``), or None."""
+    table = usable_table(device)
+    if table is None:
+        return None
+    name, counters = counter_set(device.name, table)
+    return {"name": name, "counters": _counters(counters)}
+
+
+def _counters(counters: dict[str, int]) -> dict[str, dict[str, str]]:
+    return {
+        name: {"value": format_bytes(amount) if name == COUNTER_MEMORY else str(amount)}
+        for name, amount in counters.items()
+    }
+
+
+def _consumes(gpu: str, counters: dict[str, int]) -> list[dict[str, Any]]:
+    return [{"counterSet": gpu, "counters": _counters(counters)}]
+
+
+def partition_conversions(device: Device, whole: Conversion, driver: str) -> list[Conversion]:
+    """The partitions of partitionable GPU ``device`` as devices of its pool, each consuming its
+    share of the GPU's counter set (:func:`counter_set_entry`), given the GPU's own published
+    ``whole``: every placement of every profile (``manager_api.partitions.partition_devices``),
+    with the GPU's attributes, taints and binding fields, ``type: gpu-partition``, the profile as
+    ``partition``, its memory as capacity ``memory`` — and no ``uuid`` (a partition has its own).
+    Withheld with the GPU."""
+    if device.partition_table is None:
+        return []
+    table = usable_table(device)
+    placements = partition_devices(device.name, device.partition_table)
+    if whole.device is None or table is None:
+        return [Conversion(p.name, None, WithheldReason.PARTITION) for p in placements]
+    return [_partition(p, whole.device, driver) for p in placements]
+
+
+def _partition(partition: PartitionDevice, gpu: dict[str, Any], driver: str) -> Conversion:
+    attributes = {k: v for k, v in gpu["attributes"].items() if k != f"{driver}/uuid"}
+    attributes[f"{driver}/type"] = {"string": PARTITION_TYPE}
+    attributes[f"{driver}/{PARTITION_ATTRIBUTE}"] = {"string": partition.profile.name}
+    attributes[f"{driver}/{PARTITION_TABLE_ATTRIBUTE}"] = {"string": partition.table.name}
+    attributes[f"{driver}/{PARTITION_START_ATTRIBUTE}"] = {"int": partition.start}
+    out: dict[str, Any] = {
+        **{k: v for k, v in gpu.items() if k not in ("name", "attributes", "capacity", "consumesCounters")},
+        "name": partition.name,
+        "attributes": attributes,
+        "capacity": {
+            f"{driver}/{MEMORY_CAPACITY}": {"value": format_bytes(int(partition.profile.memory_bytes))}
+        },
+        "consumesCounters": _consumes(partition.gpu, partition.consumes),
+    }
+    return Conversion(partition.name, out)
+
+
 def to_dra_device(device: Device, policy: PublishPolicy, quarantined: str | None = None) -> Conversion:
     """The ``Device`` entry of a ResourceSlice for ``device``, or why it is withheld.
 
-    ``quarantined``: the reason its attaches failed, when it is out of allocation for that."""
+    ``quarantined``: the reason its attaches failed, when it is out of allocation for that.
+    A memory pool (``memory_pool``) is one device allocated many times, its capacity ``memory``
+    shared (:func:`memory_request_policy`); a partitionable GPU consumes its whole counter set
+    (:func:`partition_conversions` makes its partitions), where the cluster keeps counters."""
     if not is_dns1123_label(device.name):
         return Conversion(device.name, None, WithheldReason.INVALID_NAME)
     if not device.managed:
@@ -176,10 +316,29 @@ def to_dra_device(device: Device, policy: PublishPolicy, quarantined: str | None
     if quarantined is not None and not policy.device_taints:
         return Conversion(device.name, None, WithheldReason.ATTACH_FAILED)
 
+    pool = device.memory_pool
+    if pool is not None and not policy.shares:
+        return Conversion(device.name, None, WithheldReason.SHARES_UNSUPPORTED)
+    shared = memory_request_policy(pool) if pool is not None else None
+    if pool is not None and shared is None:
+        return Conversion(device.name, None, WithheldReason.NO_ROOM)
+
     out: dict[str, Any] = {"name": device.name, "attributes": _attributes(device, policy.driver)}
-    capacity = _capacity(device, policy.driver)
+    capacity: dict[str, dict[str, Any]] = dict(_capacity(device, policy.driver))
+    if shared is not None:
+        size, request_policy = shared
+        capacity[f"{policy.driver}/{MEMORY_CAPACITY}"] = {
+            "value": format_bytes(size),
+            "requestPolicy": request_policy,
+        }
+        out["allowMultipleAllocations"] = True
+        out["attributes"][f"{policy.driver}/{MEMORY_POOL_ATTRIBUTE}"] = {"bool": True}
     if capacity:
         out["capacity"] = capacity
+    table = usable_table(device)
+    if table is not None and policy.counters is not CounterLayout.OFF:
+        out["attributes"][f"{policy.driver}/{PARTITION_TABLE_ATTRIBUTE}"] = {"string": table.name}
+        out["consumesCounters"] = _consumes(*counter_set(device.name, table))
     taints = []
     if unhealthy:
         # Value = the Redfish Health, so a claim may tolerate "Warning" but not "Critical".

@@ -14,18 +14,21 @@ and stops sending a field it drops.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Literal
 
 from dra_driver.errors import ControllerError
-from plumbing.kube import ApiError, KubeClient, NotFound
+from plumbing.kube import ApiError, Invalid, KubeClient, NotFound
 from plumbing.kube.resources import RESOURCE_SLICES
 from plumbing.logs import get_logger
 
 __all__ = [
+    "CounterLayout",
     "KeptFields",
     "ResourceApiMissing",
     "TaintsMode",
     "device_taints_served",
+    "probe_counter_layout",
     "probe_slice_fields",
     "require_resource_v1",
 ]
@@ -34,6 +37,18 @@ log = get_logger(__name__)
 
 TaintsMode = Literal["auto", "on", "off"]
 GROUP = "resource.k8s.io"
+
+
+class CounterLayout(StrEnum):
+    """Where a pool's shared counters (GPU partitions, KEP-4815) go, as the API server keeps them."""
+
+    #: the server drops ``sharedCounters`` (gate ``DRAPartitionableDevices`` off): GPUs are
+    #: published whole, without partitions
+    OFF = "off"
+    #: Kubernetes 1.35+: counter sets in slices of their own, devices in others
+    SPLIT = "split"
+    #: Kubernetes 1.34: a counter set in the slice of the devices that consume it
+    COMBINED = "combined"
 
 
 class ResourceApiMissing(ControllerError, RuntimeError):
@@ -83,6 +98,8 @@ class KeptFields:
     binds_to_node: bool
     #: how it was found out: "dry-run" or "discovery" (the dry-run failed)
     source: str
+    #: ``allowMultipleAllocations`` and capacity request policies (``DRAConsumableCapacity``)
+    shares: bool = False
 
 
 def _probe_slice(driver: str) -> dict[str, object]:
@@ -99,7 +116,20 @@ def _probe_slice(driver: str) -> dict[str, object]:
                     "name": "probe",
                     "taints": [{"key": f"{driver}/probe", "effect": "NoSchedule"}],
                     "bindsToNode": True,
-                }
+                },
+                {
+                    "name": "probe-shared",
+                    "allowMultipleAllocations": True,
+                    "capacity": {
+                        f"{driver}/memory": {
+                            "value": "1Gi",
+                            "requestPolicy": {
+                                "default": "64Mi",
+                                "validRange": {"min": "64Mi", "max": "1Gi", "step": "64Mi"},
+                            },
+                        }
+                    },
+                },
             ],
         },
     }
@@ -119,6 +149,65 @@ async def probe_slice_fields(kube: KubeClient, driver: str) -> KeptFields:
             error=str(err).splitlines()[0],
         )
         return KeptFields(await device_taints_served(kube), False, "discovery")
-    devices = (stored.get("spec") or {}).get("devices") or [{}]
-    device = devices[0] if isinstance(devices[0], dict) else {}
-    return KeptFields(bool(device.get("taints")), device.get("bindsToNode") is True, "dry-run")
+    devices = [d for d in (stored.get("spec") or {}).get("devices") or [] if isinstance(d, dict)]
+    device = next((d for d in devices if d.get("name") == "probe"), {})
+    shared = next((d for d in devices if d.get("name") == "probe-shared"), {})
+    return KeptFields(
+        bool(device.get("taints")),
+        device.get("bindsToNode") is True,
+        "dry-run",
+        shares=shared.get("allowMultipleAllocations") is True,
+    )
+
+
+def _counter_probe(driver: str, *, devices: bool) -> dict[str, object]:
+    spec: dict[str, object] = {
+        "driver": driver,
+        "pool": {"name": "feature-probe", "generation": 1, "resourceSliceCount": 1},
+        "allNodes": True,
+        "sharedCounters": [{"name": "probe", "counters": {"probe": {"value": "1"}}}],
+    }
+    if devices:
+        consumes = [{"counterSet": "probe", "counters": {"probe": {"value": "1"}}}]
+        spec["devices"] = [{"name": "probe", "consumesCounters": consumes}]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{driver}-feature-probe"},
+        "spec": spec,
+    }
+
+
+async def probe_counter_layout(kube: KubeClient, driver: str) -> CounterLayout:
+    """Where the API server wants shared counters (GPU partitions), asked with ``dryRun=All`` creates:
+    a slice holding a counter set beside a device that consumes it is kept whole by 1.34 with
+    ``DRAPartitionableDevices`` (``COMBINED``), kept without its counters where the gate is off
+    (``OFF``: ``dropDisabledFields`` runs before validation), and refused by 1.35+ ("only one of
+    `sharedCounters` or `devices`"), where a counter slice of its own is then kept (``SPLIT``) or
+    loses its counters (``OFF``). Any other failure: ``OFF``, GPUs are published whole."""
+    try:
+        stored = await kube.request(
+            "POST",
+            RESOURCE_SLICES.path(),
+            params={"dryRun": "All"},
+            body=_counter_probe(driver, devices=True),
+        )
+    except Invalid:
+        pass  # 1.35+: counters go in slices of their own
+    except ApiError as err:
+        log.warning("dry-run write of a probe counter slice failed", error=str(err).splitlines()[0])
+        return CounterLayout.OFF
+    else:
+        kept = bool((stored.get("spec") or {}).get("sharedCounters"))
+        return CounterLayout.COMBINED if kept else CounterLayout.OFF
+    try:
+        stored = await kube.request(
+            "POST",
+            RESOURCE_SLICES.path(),
+            params={"dryRun": "All"},
+            body=_counter_probe(driver, devices=False),
+        )
+    except ApiError as err:
+        log.warning("dry-run write of a probe counter slice failed", error=str(err).splitlines()[0])
+        return CounterLayout.OFF
+    return CounterLayout.SPLIT if (stored.get("spec") or {}).get("sharedCounters") else CounterLayout.OFF

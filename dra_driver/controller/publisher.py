@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dra_driver.controller.devices import PublishPolicy, WithheldReason
+from dra_driver.controller.features import CounterLayout
 from dra_driver.controller.inventory_feed import InventoryFeed, InventorySource
 from dra_driver.controller.metrics import POOL_DEVICES, POOL_GENERATION, SLICE_RECONCILE_SECONDS, SLICE_WRITES
 from dra_driver.controller.quarantine import Quarantine
@@ -76,6 +77,8 @@ class SlicePublisher:
         self._requested_policy = policy
         self._taints_dropped = False
         self._bindings_dropped = False
+        self._counters_dropped = False
+        self._shares_dropped = False
         self._sem = asyncio.Semaphore(write_concurrency)
         #: our slices by name, as last listed or written
         self._slices: dict[str, dict[str, Any]] = {}
@@ -114,6 +117,8 @@ class SlicePublisher:
             device_taints=p.device_taints and not self._taints_dropped,
             binding_conditions=p.binding_conditions and not self._bindings_dropped,
             binds_to_node=p.binds_to_node and not self._bindings_dropped,
+            counters=CounterLayout.OFF if self._counters_dropped else p.counters,
+            shares=p.shares and not self._shares_dropped,
         )
 
     @property
@@ -205,12 +210,23 @@ class SlicePublisher:
         self._slices = {str(obj["metadata"]["name"]): obj for obj in items}
         self._stale = False
 
-    def desired(self, inventory: Inventory) -> dict[str, DesiredPool]:
+    def _desired_inputs(
+        self, inventory: Inventory
+    ) -> tuple[tuple[int, PublishPolicy, int], dict[tuple[str, str], str]]:
+        """What the desired pools are built from, read on the event loop (the quarantine changes
+        there): the cache key and the quarantined devices."""
         quarantine = self.quarantine
         key = (inventory.version, self.policy, quarantine.version if quarantine else 0)
+        if key == self._desired_key:
+            return key, {}
+        return key, ({k: q.reason for k, q in quarantine.active().items()} if quarantine else {})
+
+    async def desired(self, inventory: Inventory) -> dict[str, DesiredPool]:
+        """The pools ``inventory`` should be published as (cached per inventory version, policy
+        and quarantine), built in a worker thread."""
+        key, quarantined = self._desired_inputs(inventory)
         if key != self._desired_key:
-            out = {k: q.reason for k, q in quarantine.active().items()} if quarantine else {}
-            self._desired = desired_pools(inventory, self.policy, out)
+            self._desired = await asyncio.to_thread(desired_pools, inventory, key[1], quarantined)
             self._desired_key = key
         return self._desired
 
@@ -219,26 +235,14 @@ class SlicePublisher:
         started = time.monotonic()
         if self._stale:
             await self.relist()
-        desired = self.desired(inventory)
+        # Building, normalising and planning tens of thousands of devices (GPU partitions) is
+        # seconds of CPU: done in a worker thread, so probes and watches are answered meanwhile.
+        desired = await self.desired(inventory)
         by_pool: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
         for name, obj in self._slices.items():
             pool = str(((obj.get("spec") or {}).get("pool") or {}).get("name") or "")
             by_pool[pool][name] = obj
-        plans = [
-            plan
-            for pool in sorted(set(desired) | set(by_pool))
-            if (
-                plan := plan_pool(
-                    pool,
-                    desired.get(pool),
-                    by_pool.get(pool, {}),
-                    driver=self.policy.driver,
-                    all_slices=self._slices,
-                    normal_of=self._normal,
-                )
-            )
-            is not None
-        ]
+        plans = await asyncio.to_thread(self._plans, desired, by_pool, dict(self._slices))
         result = PublishResult()
         outcomes = await asyncio.gather(
             *(self._apply(plan, result) for plan in plans), return_exceptions=True
@@ -266,6 +270,28 @@ class SlicePublisher:
             self._loop.trigger()
         return result
 
+    def _plans(
+        self,
+        desired: dict[str, DesiredPool],
+        by_pool: dict[str, dict[str, dict[str, Any]]],
+        all_slices: dict[str, dict[str, Any]],
+    ) -> list[PoolPlan]:
+        return [
+            plan
+            for pool in sorted(set(desired) | set(by_pool))
+            if (
+                plan := plan_pool(
+                    pool,
+                    desired.get(pool),
+                    by_pool.get(pool, {}),
+                    driver=self.policy.driver,
+                    all_slices=all_slices,
+                    normal_of=self._normal,
+                )
+            )
+            is not None
+        ]
+
     def _record(
         self,
         desired: dict[str, DesiredPool],
@@ -290,8 +316,13 @@ class SlicePublisher:
         for name, rv in plan.deletes_first:
             await self._delete(name, rv)
             result.deletes += 1
-        for write in [*plan.writes, *plan.writes_after]:
-            check_slice(write.obj)  # never send what the API server would reject
+        layout = self.policy.counters
+
+        def check_all() -> None:
+            for write in [*plan.writes, *plan.writes_after]:
+                check_slice(write.obj, layout)  # never send what the API server would reject
+
+        await asyncio.to_thread(check_all)
         await asyncio.gather(*(self._write(w) for w in plan.writes))
         result.writes += len(plan.writes)
         if plan.writes_after:
@@ -381,6 +412,34 @@ class SlicePublisher:
             back = kept.get(device["name"]) or {}
             lost_taints = lost_taints or bool(device.get("taints") and not back.get("taints"))
             lost_bindings = lost_bindings or bool(device.get("bindsToNode") and not back.get("bindsToNode"))
+        lost_counters = bool(
+            (sent.get("spec") or {}).get("sharedCounters")
+            and not (stored.get("spec") or {}).get("sharedCounters")
+        )
+        lost_shares = False
+        for device in sent_devices:
+            back = kept.get(device["name"]) or {}
+            lost_counters = lost_counters or bool(
+                device.get("consumesCounters") and not back.get("consumesCounters")
+            )
+            lost_shares = lost_shares or bool(
+                device.get("allowMultipleAllocations") and not back.get("allowMultipleAllocations")
+            )
+        if lost_counters and not self._counters_dropped:
+            # Partitions without their counters could be allocated overlapping: never leave them so.
+            self._counters_dropped = True
+            log.error(
+                "the API server dropped shared counters (feature gate DRAPartitionableDevices is off): "
+                "publishing GPUs whole, without partitions",
+                slice=sent["metadata"]["name"],
+            )
+        if lost_shares and not self._shares_dropped:
+            self._shares_dropped = True
+            log.error(
+                "the API server dropped allowMultipleAllocations (feature gate DRAConsumableCapacity is "
+                "off): memory pools are withheld",
+                slice=sent["metadata"]["name"],
+            )
         if lost_taints and not self._taints_dropped:
             self._taints_dropped = True
             log.warning(
@@ -401,10 +460,17 @@ class SlicePublisher:
             log.error(
                 "the API server dropped bindsToNode and binding conditions: enable the feature gates "
                 "DRADeviceBindingConditions and DRAResourceClaimDeviceStatus, or run without "
-                "--binding-conditions; publishing without them (devices attach at prepare time)",
+                "--binding-conditions; publishing without them (devices attach at prepare time, and GPU "
+                "partitions are offered only of GPUs already on a node)",
                 slice=sent["metadata"]["name"],
             )
-        return len(kept) == len(sent_devices) and not lost_taints and not lost_bindings
+        return (
+            len(kept) == len(sent_devices)
+            and not lost_taints
+            and not lost_bindings
+            and not lost_counters
+            and not lost_shares
+        )
 
     def _policy_changed_by(self, result: PublishResult) -> bool:
         return self._desired_key is not None and self._desired_key[1] != self.policy

@@ -16,16 +16,23 @@ from plumbing.names import is_c_identifier, is_dns1123_subdomain, is_qualified_n
 __all__ = [
     "ATTRIBUTE_VALUE_MAX_BYTES",
     "BINDING_CONDITIONS_MAX",
+    "CONSUMPTION_MAX_COUNTERS",
+    "COUNTER_SET_MAX_COUNTERS",
     "C_IDENTIFIER_MAX",
     "DEVICE_ATTRIBUTES_AND_CAPACITIES_MAX",
+    "DEVICE_MAX_COUNTERS_1_34",
+    "DEVICE_MAX_COUNTER_CONSUMPTIONS",
     "DEVICE_TAINTS_MAX",
     "DRIVER_NAME_MAX",
     "MANAGED_BY_LABEL",
     "MANAGED_BY_VALUE",
     "NODE_LABEL_NAMESPACE",
     "POOL_NAME_MAX",
+    "SLICE_MAX_COUNTER_SETS",
     "SLICE_MAX_DEVICES",
     "SLICE_MAX_DEVICES_WITH_TAINTS",
+    "SLICE_MAX_DEVICE_COUNTERS_1_34",
+    "SLICE_MAX_SHARED_COUNTERS_1_34",
     "BindingConditionNames",
     "attach_failed_taint_key",
     "fit_value",
@@ -50,6 +57,17 @@ SLICE_MAX_DEVICES = 128
 SLICE_MAX_DEVICES_WITH_TAINTS = 64
 DEVICE_ATTRIBUTES_AND_CAPACITIES_MAX = 32
 DEVICE_TAINTS_MAX = 16
+#: 1.35+ (ResourceSliceMaxCounterSets, ResourceSliceMaxCountersPerCounterSet,
+#: ResourceSliceMaxDeviceCounterConsumptionsPerDevice, …PerDeviceCounterConsumption)
+SLICE_MAX_COUNTER_SETS = 8
+COUNTER_SET_MAX_COUNTERS = 32
+DEVICE_MAX_COUNTER_CONSUMPTIONS = 2
+CONSUMPTION_MAX_COUNTERS = 32
+#: 1.34, where counter sets share the slice of their devices (ResourceSliceMaxSharedCounters,
+#: ResourceSliceMaxCountersPerDevice, ResourceSliceMaxDeviceCountersPerSlice)
+SLICE_MAX_SHARED_COUNTERS_1_34 = 32
+DEVICE_MAX_COUNTERS_1_34 = 32
+SLICE_MAX_DEVICE_COUNTERS_1_34 = 1024
 ATTRIBUTE_VALUE_MAX_BYTES = 64
 C_IDENTIFIER_MAX = 32
 DRIVER_NAME_MAX = 63

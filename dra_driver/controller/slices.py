@@ -30,6 +30,7 @@ unchanged pool therefore plans no writes at all.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
@@ -39,20 +40,30 @@ from typing import Any
 from dra_driver.controller.devices import (
     WARM_ATTRIBUTE,
     Conversion,
+    CounterLayout,
     PublishPolicy,
     WithheldReason,
+    counter_set_entry,
     mark_warm,
+    partition_conversions,
     to_dra_device,
 )
 from dra_driver.controller.resourcenames import (
     ATTRIBUTE_VALUE_MAX_BYTES,
     BINDING_CONDITIONS_MAX,
+    CONSUMPTION_MAX_COUNTERS,
+    COUNTER_SET_MAX_COUNTERS,
     DEVICE_ATTRIBUTES_AND_CAPACITIES_MAX,
+    DEVICE_MAX_COUNTER_CONSUMPTIONS,
+    DEVICE_MAX_COUNTERS_1_34,
     DEVICE_TAINTS_MAX,
     MANAGED_BY_LABEL,
     MANAGED_BY_VALUE,
+    SLICE_MAX_COUNTER_SETS,
+    SLICE_MAX_DEVICE_COUNTERS_1_34,
     SLICE_MAX_DEVICES,
     SLICE_MAX_DEVICES_WITH_TAINTS,
+    SLICE_MAX_SHARED_COUNTERS_1_34,
     is_attribute_id,
     is_driver_name,
     is_pool_name,
@@ -73,6 +84,7 @@ __all__ = [
     "PoolPlan",
     "SliceInvalid",
     "SliceWrite",
+    "check_pool",
     "check_slice",
     "chunk_devices",
     "desired_node_labels",
@@ -191,13 +203,19 @@ def warm_first_request(driver: str, name: str, device_class: str) -> dict[str, A
     }
 
 
+def _advanced(device: Mapping[str, Any]) -> bool:
+    """A device that halves its slice's limit: tainted, or consuming counters (1.35+)."""
+    return bool(device.get("taints") or device.get("consumesCounters"))
+
+
 def chunk_devices(devices: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Split (sorted) devices into slices: ≤ 128 each, ≤ 64 in a slice where any device is tainted."""
+    """Split (sorted) devices into slices: ≤ 128 each, ≤ 64 in a slice where any device is tainted
+    or consumes counters (``ResourceSliceMaxDevicesWithTaintsOrConsumesCounters``)."""
     chunks: list[list[dict[str, Any]]] = []
     current: list[dict[str, Any]] = []
     tainted = False
     for device in devices:
-        has_taints = bool(device.get("taints"))
+        has_taints = _advanced(device)
         if has_taints and not tainted and len(current) >= SLICE_MAX_DEVICES_WITH_TAINTS:
             chunks.append(current)
             current, tainted = [], False
@@ -216,12 +234,65 @@ def chunk_devices(devices: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]
 
 def _prune(value: Any) -> Any:
     """Drop nulls, empty lists and empty maps, recursively: the API server omits them."""
-    if isinstance(value, Mapping):
-        out = {k: _prune(v) for k, v in value.items()}
-        return {k: v for k, v in out.items() if v is not None and v != [] and v != {}}
+    if isinstance(value, dict):
+        out = {}
+        # Scalars are kept as they are without a call each: a pool with partitions has hundreds of
+        # thousands of them (every counter of every placement).
+        for key, item in value.items():
+            if isinstance(item, (dict, list)):
+                item = _prune(item)
+                if not item:
+                    continue
+            elif item is None:
+                continue
+            out[key] = item
+        return out
     if isinstance(value, list):
-        return [_prune(v) for v in value]
+        return [_prune(v) if isinstance(v, (dict, list)) else v for v in value]
     return value
+
+
+def _q(value: Any) -> str:
+    """A quantity by value: the API server re-serialises quantities canonically."""
+    return _quantity_value(str(value if value is not None else "0"))
+
+
+@functools.lru_cache(maxsize=4096)
+def _quantity_value(text: str) -> str:
+    # A pool repeats a few spellings thousands of times (every partition's "1", "16", "9984Mi").
+    return str(parse_quantity(text).value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _quantity_problem(text: str) -> str | None:
+    """Why ``text`` is no quantity, or None."""
+    try:
+        parse_quantity(text)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def _normal_counters(counters: Any) -> dict[str, str]:
+    if not isinstance(counters, Mapping):
+        return {}
+    return {str(k): _q((v or {}).get("value")) for k, v in counters.items()}
+
+
+def _normal_policy(policy: Any) -> Any:
+    if not isinstance(policy, Mapping):
+        return policy
+    out: dict[str, Any] = {}
+    for key, value in policy.items():
+        if key == "default":
+            out[key] = _q(value)
+        elif key == "validValues" and isinstance(value, list):
+            out[key] = [_q(v) for v in value]
+        elif key == "validRange" and isinstance(value, Mapping):
+            out[key] = {k: _q(v) for k, v in value.items()}
+        else:
+            out[key] = value
+    return out
 
 
 def _normal_device(device: Mapping[str, Any]) -> dict[str, Any]:
@@ -230,9 +301,22 @@ def _normal_device(device: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(capacity, dict):
         out["capacity"] = {
             # The API server re-serialises quantities canonically: compare values, not spellings.
-            name: {**entry, "value": str(parse_quantity(str(entry.get("value", "0"))).value)}
+            name: {
+                **entry,
+                "value": _q(entry.get("value", "0")),
+                **(
+                    {"requestPolicy": _normal_policy(entry["requestPolicy"])}
+                    if "requestPolicy" in entry
+                    else {}
+                ),
+            }
             for name, entry in capacity.items()
         }
+    consumes = out.get("consumesCounters")
+    if isinstance(consumes, list):
+        out["consumesCounters"] = [
+            (str(c.get("counterSet")), _normal_counters(c.get("counters"))) for c in consumes
+        ]
     taints = out.get("taints")
     if isinstance(taints, list):
         out["taints"] = sorted(
@@ -243,12 +327,19 @@ def _normal_device(device: Mapping[str, Any]) -> dict[str, Any]:
 
 def _normal_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     """Everything of a slice spec that matters, except the pool's generation and slice count."""
-    pruned = _prune(spec)
+    # devices are pruned once each, by _normal_device
+    pruned = _prune({k: v for k, v in spec.items() if k != "devices"})
     pool = dict(pruned.get("pool") or {})
     pool.pop("generation", None)
     pool.pop("resourceSliceCount", None)
-    rest = {k: v for k, v in pruned.items() if k not in ("pool", "devices")}
-    devices = {str(d.get("name")): _normal_device(d) for d in pruned.get("devices") or []}
+    rest = {k: v for k, v in pruned.items() if k not in ("pool", "sharedCounters")}
+    listed = spec.get("devices") or []
+    devices = {str(d.get("name")): _normal_device(d) for d in listed if isinstance(d, dict)}
+    counters = {
+        str(c.get("name")): _normal_counters(c.get("counters")) for c in pruned.get("sharedCounters") or []
+    }
+    if counters:
+        rest["sharedCounters"] = counters
     return {**rest, "pool": pool, "devices": devices}
 
 
@@ -305,6 +396,9 @@ class DesiredPool:
     #: (the warm devices of one node)
     placements: list[dict[str, Any]]
     withheld: dict[str, WithheldReason] = field(default_factory=dict)
+    #: each slice's shared counter sets (``CounterSet`` entries), parallel to ``chunks``; a counter
+    #: slice (1.35+) has sets and no devices; empty: none
+    counter_sets: list[list[dict[str, Any]]] = field(default_factory=list)
     nodes: tuple[str, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
     _normal: list[dict[str, Any]] | None = field(default=None, repr=False)
@@ -313,12 +407,17 @@ class DesiredPool:
     def device_count(self) -> int:
         return sum(len(chunk) for chunk in self.chunks)
 
+    def sets(self, index: int) -> list[dict[str, Any]]:
+        return self.counter_sets[index] if index < len(self.counter_sets) else []
+
     def spec(self, driver: str, index: int, generation: int) -> dict[str, Any]:
         spec: dict[str, Any] = {
             "driver": driver,
             "pool": {"name": self.name, "generation": generation, "resourceSliceCount": len(self.chunks)},
             **self.placements[index],
         }
+        if self.sets(index):
+            spec["sharedCounters"] = self.sets(index)
         if self.chunks[index]:
             spec["devices"] = self.chunks[index]
         return spec
@@ -348,6 +447,119 @@ def _warm_node(device: Device, reaching: Mapping[tuple[str, str | None], frozens
     return None
 
 
+def _partition_node(device: Device, reaching: Mapping[tuple[str, str | None], frozenset[str]]) -> str | None:
+    """The node a partitioned GPU is bound to while any of its partitions is held (one GPU, one
+    node): its remaining placements are offered there only, in that node's node-local slice."""
+    if not device.partitions:
+        return None
+    node = device.node or device.partitions[0].node
+    if node in reaching.get((device.pool, device.reach), ()):
+        return node
+    return None
+
+
+@dataclass
+class _Unit:
+    """Devices that travel together: a device, or a partitionable GPU with its partitions and the
+    counter set they consume (in 1.34's layout, one slice must hold them all)."""
+
+    name: str
+    devices: list[dict[str, Any]]
+    counter_set: dict[str, Any] | None = None
+
+    @property
+    def consumed(self) -> int:
+        return sum(
+            len(c.get("counters") or {}) for d in self.devices for c in d.get("consumesCounters") or []
+        )
+
+
+def _pool_units(
+    devices: Sequence[Device],
+    policy: PublishPolicy,
+    quarantined: Mapping[tuple[str, str], str],
+    reaching: Mapping[tuple[str, str | None], frozenset[str]],
+) -> tuple[dict[str | None, list[_Unit]], dict[str, list[_Unit]], dict[str, Conversion]]:
+    """One pool's devices as units: by reach group (None: every node of the pool), by node (the
+    node-local slices: warm devices, and the GPUs whose partitions a node holds), and every
+    conversion by name (published or withheld)."""
+    names = {d.name for d in devices}
+    converted: dict[str, Conversion] = {}
+    groups: dict[str | None, list[_Unit]] = {None: []}
+    local: dict[str, list[_Unit]] = {}
+    for device in devices:
+        if device.name in converted:
+            continue  # a device name is unique within a pool; the manager guarantees it, we enforce it
+        whole = to_dra_device(device, policy, quarantined.get((device.pool, device.name)))
+        converted[device.name] = whole
+        parts: list[Conversion] = []
+        counters: dict[str, Any] | None = None
+        if device.partition_table is not None and policy.counters is not CounterLayout.OFF:
+            counters = counter_set_entry(device) if whole.device is not None else None
+            parts = partition_conversions(device, whole, policy.driver)
+        warm = _warm_node(device, reaching)
+        node = warm or _partition_node(device, reaching)
+        if parts and not policy.binding_conditions and node is None:
+            # Without binding conditions a partition's node is the pod's, bound before any attach: a
+            # free GPU's partitions could go to two nodes at once, and the second pod would wait for
+            # ever. Only a GPU already on a node (warm there, or holding partitions) offers them.
+            parts = []
+        for part in parts:
+            if part.name in names or part.name in converted:
+                part = Conversion(part.name, None, WithheldReason.PARTITION)
+            converted[part.name] = part
+        if whole.device is None:
+            continue
+        published = [whole.device, *(p.device for p in parts if p.device is not None)]
+        if warm is not None:
+            published = [mark_warm(d, policy.driver) for d in published]
+        unit = _Unit(device.name, sorted(published, key=lambda d: str(d["name"])), counters)
+        if node is not None:
+            local.setdefault(node, []).append(unit)
+        else:
+            groups.setdefault(device.reach, []).append(unit)
+    return groups, local, converted
+
+
+def _pack_combined(units: Sequence[_Unit]) -> list[tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
+    """Kubernetes 1.34's layout: each unit whole in one slice with its counter set, as many units a
+    slice as its limits allow (128 devices, 64 where one is tainted; 32 shared counters; 1024
+    counters consumed by its devices)."""
+    out: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = []
+    devices: list[dict[str, Any]] = []
+    sets: list[dict[str, Any]] = []
+    shared = consumed = 0
+    for unit in sorted(units, key=lambda u: u.name):
+        unit_shared = len((unit.counter_set or {}).get("counters") or {})
+        tainted = any(d.get("taints") for d in [*devices, *unit.devices])
+        limit = SLICE_MAX_DEVICES_WITH_TAINTS if tainted else SLICE_MAX_DEVICES
+        if devices and (
+            len(devices) + len(unit.devices) > limit
+            or shared + unit_shared > SLICE_MAX_SHARED_COUNTERS_1_34
+            or consumed + unit.consumed > SLICE_MAX_DEVICE_COUNTERS_1_34
+        ):
+            out.append((devices, sets))
+            devices, sets, shared, consumed = [], [], 0, 0
+        devices = [*devices, *unit.devices]
+        if unit.counter_set is not None:
+            sets = [*sets, unit.counter_set]
+        shared += unit_shared
+        consumed += unit.consumed
+    if devices or not out:
+        out.append((devices, sets))
+    return out
+
+
+def _layout(
+    units: Sequence[_Unit], layout: CounterLayout
+) -> list[tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
+    """The slices (devices, counter sets) of one node selection."""
+    if layout is CounterLayout.COMBINED:
+        return _pack_combined(units)
+    devices = sorted((d for u in units for d in u.devices), key=lambda d: str(d["name"]))
+    return [(chunk, []) for chunk in chunk_devices(devices)]
+
+
 def desired_pools(
     inventory: Inventory,
     policy: PublishPolicy,
@@ -355,53 +567,58 @@ def desired_pools(
 ) -> dict[str, DesiredPool]:
     """Every pool of the inventory with the devices to publish, in slice-sized chunks.
 
-    ``quarantined``: (pool, device) → why, for devices out of allocation after failed attaches."""
+    ``quarantined``: (pool, device) → why, for devices out of allocation after failed attaches.
+
+    A partitionable GPU (``partition_table``) is published whole and as every placement of its
+    profiles, all consuming the GPU's counter set; 1.35+ (``CounterLayout.SPLIT``) puts the pool's
+    counter sets in counter slices of their own after its device slices (at most 8 sets each,
+    selecting the pool's nodes: the allocator reads a pool's counter slices whatever their node
+    selection), 1.34 (``COMBINED``) puts each set in the slice of its GPU's devices. While a node
+    holds partitions of a GPU (``Device.partitions``), the GPU's devices are in that node's
+    node-local slice, as a warm device's are, so no other node is offered its placements."""
     quarantined = quarantined or {}
     nodes_by_pool: dict[str, tuple[str, ...]] = {p.pool: tuple(sorted(set(p.nodes))) for p in inventory.pools}
     reaching = _reaching_nodes(inventory)
-    conversions: dict[str, dict[str, Conversion]] = defaultdict(dict)
-    reach: dict[tuple[str, str], str | None] = {}
-    #: (pool, device) → the node it is warm on, when that node reaches it
-    warm_on: dict[tuple[str, str], str] = {}
+    by_pool: dict[str, list[Device]] = defaultdict(list)
     for device in inventory.devices:
-        pool_devices = conversions[device.pool]
-        if device.name in pool_devices:
-            continue  # a device name is unique within a pool; the manager guarantees it, we enforce it
-        pool_devices[device.name] = to_dra_device(device, policy, quarantined.get((device.pool, device.name)))
-        reach[(device.pool, device.name)] = device.reach
-        node = _warm_node(device, reaching)
-        if node is not None:
-            warm_on[(device.pool, device.name)] = node
+        by_pool[device.pool].append(device)
     pools: dict[str, DesiredPool] = {}
-    for pool in sorted(set(nodes_by_pool) | set(conversions)):
+    for pool in sorted(set(nodes_by_pool) | set(by_pool)):
         if not is_pool_name(pool):
             continue
-        converted = conversions.get(pool, {})
-        # Each node's warm devices first, then the devices every node of the pool reaches, then
-        # each reach group (module docstring). A device goes to exactly one of them.
-        warm: dict[str, list[dict[str, Any]]] = {}
-        groups: dict[str | None, list[dict[str, Any]]] = {None: []}
-        for name, conversion in sorted(converted.items()):
-            if conversion.device is None:
-                continue
-            node = warm_on.get((pool, name))
-            if node is not None:
-                warm.setdefault(node, []).append(mark_warm(conversion.device, policy.driver))
-            else:
-                groups.setdefault(reach.get((pool, name)), []).append(conversion.device)
-        if not groups[None] and (len(groups) > 1 or warm):
+        groups, local, converted = _pool_units(by_pool.get(pool, []), policy, quarantined, reaching)
+        if not groups[None] and (len(groups) > 1 or local):
             del groups[None]  # no device for every node: no empty slice for them either
         chunks: list[list[dict[str, Any]]] = []
+        sets: list[list[dict[str, Any]]] = []
         placements: list[dict[str, Any]] = []
-        for node in sorted(warm):
-            for chunk in chunk_devices(warm[node]):
-                chunks.append(chunk)
+        # Each node's node-local devices first, then the devices every node of the pool reaches,
+        # then each reach group (module docstring). A device goes to exactly one of them.
+        for node in sorted(local):
+            for devices, counter_sets in _layout(local[node], policy.counters):
+                chunks.append(devices)
+                sets.append(counter_sets)
                 placements.append({"nodeName": node})
         for group in sorted(groups, key=lambda g: (g is not None, g or "")):
             selector = node_selector(policy.driver, pool, group)
-            for chunk in chunk_devices(groups[group]):
-                chunks.append(chunk)
+            for devices, counter_sets in _layout(groups[group], policy.counters):
+                chunks.append(devices)
+                sets.append(counter_sets)
                 placements.append({"nodeSelector": selector})
+        if policy.counters is CounterLayout.SPLIT:
+            every_set = sorted(
+                (
+                    u.counter_set
+                    for units in [*groups.values(), *local.values()]
+                    for u in units
+                    if u.counter_set
+                ),
+                key=lambda c: str(c["name"]),
+            )
+            for start in range(0, len(every_set), SLICE_MAX_COUNTER_SETS):
+                chunks.append([])
+                sets.append(every_set[start : start + SLICE_MAX_COUNTER_SETS])
+                placements.append({"nodeSelector": node_selector(policy.driver, pool)})
         pools[pool] = DesiredPool(
             name=pool,
             chunks=chunks,
@@ -409,6 +626,7 @@ def desired_pools(
             withheld={n: c.withheld for n, c in converted.items() if c.withheld is not None},
             nodes=nodes_by_pool.get(pool, ()),
             labels=slice_labels(policy.driver, policy.publisher),
+            counter_sets=sets,
         )
     return pools
 
@@ -536,19 +754,20 @@ def _keep_slots(desired: DesiredPool, existing: Mapping[str, dict[str, Any]]) ->
     keep = sorted((stored - have) & set(desired.nodes))
     if not keep:
         return desired
-    local: list[tuple[str, int, list[dict[str, Any]]]] = []
-    shared: list[tuple[list[dict[str, Any]], dict[str, Any]]] = []
+    local: list[tuple[str, int, list[dict[str, Any]], list[dict[str, Any]]]] = []
+    shared: list[tuple[list[dict[str, Any]], dict[str, Any], list[dict[str, Any]]]] = []
     for index, (chunk, placement) in enumerate(zip(desired.chunks, desired.placements, strict=True)):
         node = _node_of(placement)
         if node is None:
-            shared.append((chunk, placement))
+            shared.append((chunk, placement, desired.sets(index)))
         else:
-            local.append((node, index, chunk))
-    local += [(node, -1, []) for node in keep]
+            local.append((node, index, chunk, desired.sets(index)))
+    local += [(node, -1, [], []) for node in keep]
     local.sort(key=lambda item: (item[0], item[1]))
-    chunks = [chunk for _, _, chunk in local] + [chunk for chunk, _ in shared]
-    placements = [{"nodeName": node} for node, _, _ in local] + [p for _, p in shared]
-    return dataclasses.replace(desired, chunks=chunks, placements=placements, _normal=None)
+    chunks = [chunk for _, _, chunk, _ in local] + [chunk for chunk, _, _ in shared]
+    placements = [{"nodeName": node} for node, _, _, _ in local] + [p for _, p, _ in shared]
+    sets = [c for _, _, _, c in local] + [c for _, _, c in shared]
+    return dataclasses.replace(desired, chunks=chunks, placements=placements, counter_sets=sets, _normal=None)
 
 
 def _without_warm(device: Mapping[str, Any], warm_key: str) -> dict[str, Any]:
@@ -679,6 +898,7 @@ def plan_pool(
             (name, str(_meta(obj).get("resourceVersion") or "")) for name, obj in sorted(existing.items())
         ]
         return PoolPlan(pool=pool, generation=0, writes=[], deletes=deletes)
+    check_pool(desired)
     desired = _keep_slots(desired, existing)
     if _in_sync(desired, existing, driver, normal_of):
         return None
@@ -757,10 +977,9 @@ def _check_device(device: Mapping[str, Any], where: str) -> None:
     for cap_name, entry in capacity.items():
         at = f"{where}.capacity[{cap_name}]"
         _check_qualified_attribute(cap_name, at)
-        try:
-            parse_quantity(str((entry or {}).get("value")))
-        except ValueError as err:
-            raise SliceInvalid(f"{at}.value: {err}") from err
+        problem = _quantity_problem(str((entry or {}).get("value")))
+        if problem is not None:
+            raise SliceInvalid(f"{at}.value: {problem}")
     taints = device.get("taints") or []
     if len(taints) > DEVICE_TAINTS_MAX:
         raise SliceInvalid(f"{where}.taints: more than {DEVICE_TAINTS_MAX}")
@@ -782,11 +1001,133 @@ def _check_device(device: Mapping[str, Any], where: str) -> None:
             raise SliceInvalid(f"{where}.{key}: set without bindsToNode: true")
 
 
-def check_slice(obj: Mapping[str, Any]) -> None:
+def _check_counters(counters: Any, where: str, limit: int | None) -> None:
+    if not isinstance(counters, Mapping) or not counters:
+        raise SliceInvalid(f"{where}: required")
+    if limit is not None and len(counters) > limit:
+        raise SliceInvalid(f"{where}: {len(counters)} counters, at most {limit} allowed")
+    for name, entry in counters.items():
+        if not is_dns1123_label(str(name)):
+            raise SliceInvalid(f"{where}[{name}]: not a DNS label")
+        problem = _quantity_problem(str((entry or {}).get("value")))
+        if problem is not None:
+            raise SliceInvalid(f"{where}[{name}].value: {problem}")
+
+
+def _check_shared_counters(sets: list[Any], layout: CounterLayout) -> dict[str, set[str]]:
+    """``validateCounterSet`` of the release's layout; the sets' counters by set name."""
+    split = layout is not CounterLayout.COMBINED
+    if split and len(sets) > SLICE_MAX_COUNTER_SETS:
+        raise SliceInvalid(f"spec.sharedCounters: {len(sets)} counter sets, at most {SLICE_MAX_COUNTER_SETS}")
+    total = sum(len(s.get("counters") or {}) for s in sets)
+    if not split and total > SLICE_MAX_SHARED_COUNTERS_1_34:
+        raise SliceInvalid(f"spec.sharedCounters: {total} counters, at most {SLICE_MAX_SHARED_COUNTERS_1_34}")
+    published: dict[str, set[str]] = {}
+    for i, counter_set in enumerate(sets):
+        name = str(counter_set.get("name") or "")
+        if not is_dns1123_label(name):
+            raise SliceInvalid(f"spec.sharedCounters[{i}].name: {name!r} is not a DNS label")
+        if name in published:
+            raise SliceInvalid(f"spec.sharedCounters[{i}].name: duplicate counter set {name!r}")
+        counters = counter_set.get("counters")
+        _check_counters(
+            counters, f"spec.sharedCounters[{i}].counters", COUNTER_SET_MAX_COUNTERS if split else None
+        )
+        published[name] = set(counters)
+    return published
+
+
+def _check_consumes(
+    device: Mapping[str, Any], where: str, layout: CounterLayout, published: Mapping[str, set[str]]
+) -> int:
+    """``validateDeviceCounterConsumption``; the counters the device consumes."""
+    consumes = device.get("consumesCounters") or []
+    split = layout is not CounterLayout.COMBINED
+    if split and len(consumes) > DEVICE_MAX_COUNTER_CONSUMPTIONS:
+        raise SliceInvalid(f"{where}.consumesCounters: more than {DEVICE_MAX_COUNTER_CONSUMPTIONS}")
+    total = 0
+    for i, consumption in enumerate(consumes):
+        at = f"{where}.consumesCounters[{i}]"
+        counter_set = str(consumption.get("counterSet") or "")
+        if not is_dns1123_label(counter_set):
+            raise SliceInvalid(f"{at}.counterSet: {counter_set!r} is not a DNS label")
+        counters = consumption.get("counters")
+        _check_counters(counters, f"{at}.counters", CONSUMPTION_MAX_COUNTERS if split else None)
+        total += len(counters)
+        if not split:
+            # 1.34: a device consumes only counters of a set published in its own slice
+            missing = set(counters) - published.get(counter_set, set())
+            if counter_set not in published or missing:
+                raise SliceInvalid(
+                    f"{at}: counter set {counter_set!r} of this slice has no {sorted(missing)}"
+                )
+    if not split and total > DEVICE_MAX_COUNTERS_1_34:
+        raise SliceInvalid(f"{where}: consumes {total} counters, at most {DEVICE_MAX_COUNTERS_1_34}")
+    return total
+
+
+def _check_request_policy(device: Mapping[str, Any], where: str) -> None:
+    """``validateMultiAllocatableDeviceCapacity`` of the range policies this role writes."""
+    for name, entry in (device.get("capacity") or {}).items():
+        policy = (entry or {}).get("requestPolicy")
+        if policy is None:
+            continue
+        at = f"{where}.capacity[{name}].requestPolicy"
+        if device.get("allowMultipleAllocations") is not True:
+            raise SliceInvalid(f"{at}: allowMultipleAllocations must be true")
+        valid_range = policy.get("validRange")
+        if valid_range is None:
+            continue
+        value = parse_quantity(str(entry.get("value"))).value
+        low, high, step, default = (
+            parse_quantity(str(v)).value if v is not None else None
+            for v in (
+                valid_range.get("min"),
+                valid_range.get("max"),
+                valid_range.get("step"),
+                policy.get("default"),
+            )
+        )
+        if low is None or default is None:
+            raise SliceInvalid(f"{at}: validRange.min and default are required")
+        if low > value or (high is not None and (high > value or high < low)):
+            raise SliceInvalid(f"{at}.validRange: outside the capacity's value")
+        if default < low or (high is not None and default > high):
+            raise SliceInvalid(f"{at}.default: outside validRange")
+        if step is not None:
+            if step <= 0 or low + step > value:
+                raise SliceInvalid(f"{at}.validRange.step: not a step within the capacity's value")
+            for amount in (default, high):
+                if amount is not None and (amount - low) % step:
+                    raise SliceInvalid(f"{at}: {amount} is not a whole number of steps from min")
+
+
+def check_pool(desired: DesiredPool) -> None:
+    """Raise :class:`SliceInvalid` when a device of the pool consumes a counter set or counter the
+    pool does not publish: the allocator takes such a pool for invalid as a whole (``poolIsInvalid``),
+    so it is never written."""
+    published: dict[str, set[str]] = {}
+    for index in range(len(desired.chunks)):
+        for counter_set in desired.sets(index):
+            published[str(counter_set["name"])] = set(counter_set.get("counters") or {})
+    for chunk in desired.chunks:
+        for device in chunk:
+            for consumption in device.get("consumesCounters") or []:
+                name = str(consumption.get("counterSet"))
+                missing = set(consumption.get("counters") or {}) - published.get(name, set())
+                if name not in published or missing:
+                    raise SliceInvalid(
+                        f"pool {desired.name}: device {device.get('name')} consumes counter set {name!r} "
+                        f"the pool does not publish{f' (no {sorted(missing)})' if missing else ''}"
+                    )
+
+
+def check_slice(obj: Mapping[str, Any], layout: CounterLayout = CounterLayout.SPLIT) -> None:
     """Raise :class:`SliceInvalid` naming the field when the API server would reject ``obj``.
 
     Covers the Go-side validation of resource.k8s.io/v1 ResourceSlices that JSON schemas do
-    not express (names, lengths, counts); the schemas themselves are checked in tests.
+    not express (names, lengths, counts, counters, request policies) for the release ``layout``
+    stands for (``COMBINED``: 1.34; else 1.35+); the schemas themselves are checked in tests.
     """
     name = str(_meta(obj).get("name") or "")
     if not is_dns1123_subdomain(name):
@@ -808,12 +1149,24 @@ def check_slice(obj: Mapping[str, Any]) -> None:
     if "nodeSelector" in chosen and len(spec["nodeSelector"].get("nodeSelectorTerms") or []) != 1:
         raise SliceInvalid("spec.nodeSelector.nodeSelectorTerms: must have exactly one term")
     devices = spec.get("devices") or []
-    limit = SLICE_MAX_DEVICES_WITH_TAINTS if any(d.get("taints") for d in devices) else SLICE_MAX_DEVICES
+    if layout is not CounterLayout.COMBINED and "sharedCounters" in spec and "devices" in spec:
+        raise SliceInvalid("spec: only one of `sharedCounters` or `devices` is allowed")
+    published = _check_shared_counters(spec.get("sharedCounters") or [], layout)
+    # 1.34 halves the limit for taints only (this role always does); 1.35+ for counters too
+    advanced = _advanced if layout is not CounterLayout.COMBINED else lambda d: bool(d.get("taints"))
+    limit = SLICE_MAX_DEVICES_WITH_TAINTS if any(advanced(d) for d in devices) else SLICE_MAX_DEVICES
     if len(devices) > limit:
         raise SliceInvalid(f"spec.devices: {len(devices)} devices, at most {limit} allowed")
     seen: set[str] = set()
+    consumed = 0
     for i, device in enumerate(devices):
         _check_device(device, f"spec.devices[{i}]")
+        consumed += _check_consumes(device, f"spec.devices[{i}]", layout, published)
+        _check_request_policy(device, f"spec.devices[{i}]")
         if device["name"] in seen:
             raise SliceInvalid(f"spec.devices[{i}].name: duplicate device {device['name']!r}")
         seen.add(device["name"])
+    if layout is CounterLayout.COMBINED and consumed > SLICE_MAX_DEVICE_COUNTERS_1_34:
+        raise SliceInvalid(
+            f"spec.devices: {consumed} counters consumed, at most {SLICE_MAX_DEVICE_COUNTERS_1_34}"
+        )

@@ -8,9 +8,15 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from fabric_dra_testbed.standins import InventoryServer, inventory_server, make_device, make_inventory
+from fabric_dra_testbed.standins import (
+    InventoryServer,
+    inventory_server,
+    make_device,
+    make_inventory,
+    make_pool,
+)
 
-__all__ = ["InventoryServer", "inventory_server", "make_device", "make_inventory", "utc_now"]
+__all__ = ["InventoryServer", "inventory_server", "make_device", "make_inventory", "make_pool", "utc_now"]
 
 
 def utc_now() -> str:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from dra_driver.controller.claimstatus import merge_conditions
+from dra_driver.controller.binding_conditions import ClaimBinder
+from dra_driver.controller.claimstatus import Target, merge_conditions
+from manager_api.errors import DeviceBusy
+from manager_api.models import Inventory
+from manager_api.partitions import BUILTIN_TABLES
 from plumbing.kube.dra import allocated_node
+from tests.support.controller import make_device, make_inventory, make_pool
 
 
 def selector(*terms: dict[str, Any]) -> dict[str, Any]:
@@ -77,3 +82,77 @@ def test_an_unchanged_condition_is_left_exactly_as_stored() -> None:
         }
     ]
     assert merge_conditions(stored, {"d/Attached": ("True", "Attached", "ok")}, 1) == stored
+
+
+# -- partitions and memory shares -------------------------------------------------------------
+
+
+class _Feed:
+    """The one thing the binder reads of its inventory feed: the latest inventory."""
+
+    def __init__(self, inventory: Inventory) -> None:
+        self.latest = inventory
+
+
+def _binder() -> ClaimBinder:
+    inventory = make_inventory(
+        [make_device("gpu0", partition_table=BUILTIN_TABLES["h100-80gb"]), make_pool("cxlpool0", 8 * 2**30)]
+    )
+    return ClaimBinder(cast(Any, None), cast(Any, None), cast(Any, _Feed(inventory)), driver="fabric-dra.io")
+
+
+def _claim(*results: dict[str, Any]) -> dict[str, Any]:
+    conditions = {
+        "bindingConditions": ["fabric-dra.io/Attached"],
+        "bindingFailureConditions": ["fabric-dra.io/AttachFailed"],
+    }
+    return {
+        "metadata": {"name": "c", "namespace": "default", "uid": "u-1"},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "r", "driver": "fabric-dra.io", **conditions, **r} for r in results
+                    ]
+                },
+                "nodeSelector": selector(by_name("node-a")),
+            }
+        },
+    }
+
+
+async def test_each_share_of_a_pool_is_a_target_of_its_own_with_its_size_in_bytes() -> None:
+    share = "4c0c5d0e-9a3b-4b8e-8a52-0a2f9d1c7e11"
+    other = "7d1f6a2b-1c4e-4f7a-9b3d-2e5c8a9f0b12"
+    claim = _claim(
+        {
+            "pool": "fabric-cxl",
+            "device": "cxlpool0",
+            "shareID": share,
+            "consumedCapacity": {"fabric-dra.io/memory": "3Gi"},
+        },
+        {
+            "pool": "fabric-cxl",
+            "device": "cxlpool0",
+            "shareID": other,
+            "consumedCapacity": {"fabric-dra.io/memory": "1.5"},
+        },
+        {"pool": "fabric-pcie", "device": "gpu0-1g10gb-3"},
+    )
+    targets = _binder().targets(claim)
+    assert [(t.device, t.share_id, t.memory_bytes, t.label) for t in targets] == [
+        ("cxlpool0", share, 3 * 2**30, f"cxlpool0/{share}"),
+        ("cxlpool0", other, None, f"cxlpool0/{other}"),  # no whole number of bytes: refused, not rounded
+        ("gpu0-1g10gb-3", None, None, "gpu0-1g10gb-3"),
+    ]
+
+
+async def test_a_partition_refused_for_a_gpu_held_on_another_node_fails_at_once() -> None:
+    binder = _binder()
+    partition = Target("fabric-pcie", "gpu0-1g10gb-3", "node-a")
+    elsewhere = DeviceBusy("serves node-b", held_by="node-b/u-2, node-b/u-3")
+    here = DeviceBusy("slice in use", held_by="node-a/u-2")
+    assert binder.elsewhere(partition, elsewhere)
+    assert not binder.elsewhere(partition, here)  # the same node: a holder may be leaving, asked again
+    assert not binder.elsewhere(Target("fabric-pcie", "gpu0", "node-a"), elsewhere)  # a whole GPU waits
+    assert not binder.elsewhere(partition, DeviceBusy("busy"))

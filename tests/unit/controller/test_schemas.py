@@ -15,8 +15,9 @@ from celpy.adapter import json_to_cel
 from dra_driver.controller.devices import PublishPolicy
 from dra_driver.controller.slices import check_slice, desired_pools, plan_pool
 from manager_api.models import DeviceType, Health
+from manager_api.partitions import BUILTIN_TABLES
 from tests.conftest import REPO_ROOT
-from tests.support.controller import make_device, make_inventory
+from tests.support.controller import make_device, make_inventory, make_pool
 
 VERSIONS = ["1.34", "1.35", "1.36", "1.37"]
 DEVICECLASS_FILES = [
@@ -36,6 +37,9 @@ def all_kinds_inventory() -> Any:
         make_device("fpga-0", type=DeviceType.FPGA, model="F" * 90),
         make_device("cxl-0", type=DeviceType.CXL_MEMORY, pool="fabric-cxl", fabric="CXL", switch=None),
         make_device("odd-0", type=DeviceType.OTHER, health=Health.WARNING, memory_bytes=1536 * 2**20 + 7),
+        make_device("h100-0", partition_table=BUILTIN_TABLES["h100-80gb"]),
+        make_device("a100-0", partition_table=BUILTIN_TABLES["a100-40gb"], memory_bytes=40 * 2**30),
+        make_pool("cxlpool-0", 256 * 2**30, min_chunk_bytes=64 << 20, increment_bytes=64 << 20),
     ]
     return make_inventory(devices, pools={"fabric-pcie": ["a", "b"], "fabric-cxl": ["b"], "fabric-empty": []})
 
@@ -100,8 +104,21 @@ CLASS_MEMBERS = {
     "fabric-nvme": {"nvme"},
     "fabric-nic": {"nic"},
     "fabric-fpga": {"fpga"},
-    "fabric-cxl-memory": {"cxl-memory"},
+    "fabric-cxl-memory": {"cxl-0"},
+    "fabric-cxl-memory-pool": {"cxlpool-0"},
+    "fabric-gpu-partition": {"h100-0-*", "a100-0-*"},
+    "fabric-h100-80gb-partition": {"h100-0-*"},
+    "fabric-a100-40gb-partition": {"a100-0-*"},
 }
+
+
+def _member(device: dict[str, Any], attrs: dict[str, Any]) -> str:
+    """What CLASS_MEMBERS names a selected device by: its type, a partition as ``<gpu>-*``, a CXL
+    device by name (chunks and pools share a type)."""
+    kind = attrs.get("type") or "foreign"
+    if kind == "gpu-partition":
+        return str(device["name"]).split("-", 2)[0] + "-0-*"
+    return str(device["name"]) if kind == "cxl-memory" else str(kind)
 
 
 def test_deviceclass_selectors_select_exactly_their_types() -> None:
@@ -109,7 +126,8 @@ def test_deviceclass_selectors_select_exactly_their_types() -> None:
     env = celpy.Environment()
     classes = {d["metadata"]["name"]: d for d in load_classes(DEVICECLASS_FILES[0])}
     assert set(classes) == set(CLASS_MEMBERS)
-    devices = [d for obj in written_slices(POLICIES[0]) for d in obj["spec"].get("devices", [])]
+    # with binding conditions: free GPUs offer their partitions too
+    devices = [d for obj in written_slices(POLICIES[2]) for d in obj["spec"].get("devices", [])]
     foreign = {"driver": "gpu.example.com", "attributes": {"gpu.example.com": {"type": {"string": "gpu"}}}}
     for name, doc in classes.items():
         programs = [env.program(env.compile(s["cel"]["expression"])) for s in doc["spec"]["selectors"]]
@@ -124,5 +142,5 @@ def test_deviceclass_selectors_select_exactly_their_types() -> None:
                 "device": json_to_cel({"driver": device.get("driver", "fabric-dra.io"), "attributes": attrs})
             }
             if all(bool(p.evaluate(context)) for p in programs):
-                selected.add(attrs.get("fabric-dra.io", {}).get("type") or "foreign")
+                selected.add(_member(device, attrs.get("fabric-dra.io", {})))
         assert selected == CLASS_MEMBERS[name], name
