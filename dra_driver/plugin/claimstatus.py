@@ -289,9 +289,8 @@ def _merged(
     replaces everything, a statement adds its conditions to what is pending."""
     merged = dict(earlier)
     for key, statement in later.items():
-        if key in merged and merged[key] is not None:
-            pending = merged[key]
-            assert pending is not None
+        pending = merged.get(key)
+        if pending is not None:
             merged[key] = pending.then(statement)
         else:
             merged[key] = _pending(statement)

@@ -125,8 +125,9 @@ def test_explain_from_the_manager_without_a_cluster(
     typo = _cli(*base, str(_claim(tmp_path, "fabric-gpus")))
     assert typo.returncode == 2
     assert (
-        "DeviceClass 'fabric-gpus' is not known; known DeviceClasses: cohdi-pcie-device, fabric-cxl-memory"
-        in (typo.stderr)
+        "DeviceClass 'fabric-gpus' is not known; known DeviceClasses: cohdi-pcie-device, "
+        "fabric-a100-40gb-partition, fabric-cxl-memory, fabric-cxl-memory-pool, fabric-fpga, fabric-gpu, "
+        in typo.stderr
     )
     no_classes = _cli("explain", "--manager-url", manager.url, str(_claim(tmp_path, "fabric-gpu")))
     assert no_classes.returncode == 2 and "--manager-url needs --classes FILE" in no_classes.stderr

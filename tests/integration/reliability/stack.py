@@ -530,11 +530,16 @@ class Stack:
         return dict(answer.json())
 
     def set_status(self, claim: dict[str, Any], status: dict[str, Any]) -> None:
+        """Replace the claim's status as the scheduler does: read, write with that resourceVersion,
+        and read again on a 409 Conflict (the plugin writes status.devices of the same claim)."""
         assert self.http is not None
-        current = self.claim(claim)
-        assert current is not None
-        current["status"] = status
-        answer = self.http.put(f"{CLAIMS}/{claim['metadata']['name']}/status", json=current)
+        for _ in range(20):
+            current = self.claim(claim)
+            assert current is not None
+            current["status"] = status
+            answer = self.http.put(f"{CLAIMS}/{claim['metadata']['name']}/status", json=current)
+            if answer.status_code != 409:
+                break
         assert answer.status_code == 200, answer.text
 
     def deallocate(self, claim: dict[str, Any]) -> None:

@@ -21,6 +21,7 @@ import base64
 import json
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -420,6 +421,12 @@ def test_emulator_and_manager_refuse_to_run_without_authentication(stack: Stack,
         name="manager-open",
         ready=False,
     ) as manager:
+        # Started without waiting for /readyz: until it has taken up its (only) replica's lead it
+        # answers 503 NotLeader, which says nothing of authentication.
+        deadline = time.monotonic() + 60
         answer = httpx.get(f"{manager.address}/api/v1/operations", timeout=10)
+        while answer.status_code == 503 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            answer = httpx.get(f"{manager.address}/api/v1/operations", timeout=10)
         assert answer.status_code == 200, answer.text
         assert "authentication is OFF (--insecure-no-auth)" in manager.tail(50)
