@@ -383,7 +383,8 @@ def add_settings_arguments(
     env = os.environ if environ is None else environ
     groups: dict[str, argparse._ArgumentGroup] = {}
     origins: dict[str, str] = {}
-    for option in settings_options(model, env_prefix=env_prefix):
+    options = settings_options(model, env_prefix=env_prefix)
+    for option in options:
         group = groups.get(option.group)
         if group is None:
             group = groups[option.group] = parser.add_argument_group(option.group)
@@ -417,7 +418,8 @@ def add_settings_arguments(
         default=None,
         metavar="FILE",
         help="a YAML or JSON file of settings keyed by flag name without dashes "
-        "(manager-url: …); a flag wins over its environment variable, which wins over the file",
+        f"({options[0].key if options else 'name'}: …); a flag wins over its environment variable, "
+        "which wins over the file",
     )
     parser.set_defaults(**{_ORIGINS: origins})
 
