@@ -107,7 +107,11 @@ class Setting:
 @dataclass(frozen=True, slots=True)
 class Section:
     """Nested settings (``Annotated`` metadata of a field whose type is a pydantic model or a
-    dataclass declared elsewhere): nested field name → its :class:`Setting`, in the order shown."""
+    dataclass declared elsewhere): nested field name → its :class:`Setting`, in the order shown.
+
+    The nested fields' defaults are their class's, so the field is required or defaults to the
+    class's own defaults (``default_factory=Model``). Its fields not named here are not settings:
+    they keep their defaults."""
 
     settings: Mapping[str, Setting]
     #: the flag prefix of the nested fields without a ``flag`` (``redfish`` → ``--redfish-ca-file``)
