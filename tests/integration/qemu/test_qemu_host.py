@@ -684,16 +684,20 @@ def scenario_guest_that_never_releases_fails_the_unbind_cleanly(node: Node) -> N
 
 
 def scenario_plugin_killed_between_attach_and_visible_recovers(node: Node) -> None:
+    """The plugin dies (SIGKILL, at its crash point ``plugin.prepare.after-attach``) once the manager
+    answered attached and before it looked at the host, while the guest enumerates the drive. A
+    SIGKILL sent from outside once the drive shows up would race the plugin's own check, which on a
+    fast guest finishes first; the crash point puts the death in the window every time."""
     ref = node.claim("killed", "nvme-0")
-    results: dict[str, Any] = {}
-    call = threading.Thread(target=lambda: results.update(node.kubelet.call(
-        {"op": "prepare", "claims": [ref.__dict__]})))  # fmt: skip
-    call.start()
-    # attached: the guest is enumerating it
-    wait_until(lambda: "fd-nvme-0" in node.plugged(), timeout=120, interval=0.2)
-    node.stop_plugin(sig=9)
-    call.join(120)
+    node.stop_plugin()
+    node.start_plugin(env={"FABRIC_DRA_CRASH_AT": "plugin.prepare.after-attach"})
+    results = node.kubelet.call({"op": "prepare", "claims": [ref.__dict__]})
     assert "_error" in results, results  # the kubelet's call failed with the plugin
+    node.guest.agent.wait(node.plugin_pid, 60)
+    node.plugin_pid = 0
+    assert "point=plugin.prepare.after-attach" in node.plugin_log.read_text()
+    # attached: the guest enumerates it with no plugin running
+    wait_until(lambda: "fd-nvme-0" in node.plugged(), timeout=120, interval=0.2)
     node.start_plugin()
     # the kubelet calls again; the plugin finds the attach in the manager's ledger
     result = node.kubelet.prepare(ref)
