@@ -307,7 +307,7 @@ async def undrain(
     require_loaded(ctx)
     ended = await book.remove(target, name, caller.user)
     if ended is not None:
-        return api.DrainAnswer(drain=ended, changed=True)
+        return api.DrainAnswer(drain=book.with_devices(ended, ctx.inventory.snapshot().devices), changed=True)
     _known(ctx, target, name)  # not drained: a name the fabric has is fine (idempotent), a typo is not
     now = datetime.now(UTC)
     effect = api.DrainEffect.NO_SCHEDULE
