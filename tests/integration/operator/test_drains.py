@@ -250,5 +250,13 @@ def test_a_name_the_fabric_does_not_have_is_one_line_and_exit_2(drains: Drains) 
         assert done.returncode == 2, (args, done.stdout, done.stderr)
         assert done.stderr.startswith("fabric-dra: error: ") and says in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    # Only operators drain: a controller's token (every node holds a plugin's) is refused.
+    with httpx.Client(base_url=d.manager.url, timeout=30) as http:
+        refused = http.post(
+            "/api/v1/drains",
+            json={"target": "device", "name": "gpu0"},
+            headers={"Authorization": f"Bearer {CONTROLLER_TOKEN}"},
+        )
+    assert refused.status_code == 403 and refused.json()["code"] == "PermissionDenied", refused.text
     assert d.taints()["gpu0"] == []
     assert d.cli("drain", "list").stdout.strip() == "no drains"
