@@ -58,6 +58,9 @@ class Inventory:
         self.recovered_at = 0.0
         #: the ledger entry of a device (the wiring sets it): claim, node and operation state
         self.overlay: Callable[[str], LedgerEntry | None] = lambda name: None
+        #: what the drains make of a rendered device, and their version (:meth:`follow_drains`)
+        self._drain_of: Callable[[api.Device], api.DeviceDrain | None] = lambda device: None
+        self._drains_version: Callable[[], int] = lambda: 0
         self._records: dict[str, DeviceRecord] = {}
         self._hosts: dict[str, HostRecord] = {}
         self._fabrics: dict[str, FabricInfo] = {}
@@ -95,6 +98,14 @@ class Inventory:
         device whenever its entry is put or removed."""
         self.overlay = ledger.get
         ledger.listeners.append(self.changed)
+
+    def follow_drains(
+        self, drain_of: Callable[[api.Device], api.DeviceDrain | None], version: Callable[[], int]
+    ) -> None:
+        """Show each device's drain (:mod:`fabric.state.drains`); every device is re-checked when
+        ``version`` moves (call :meth:`changed` then)."""
+        self._drain_of = drain_of
+        self._drains_version = version
 
     # -- lookups ----------------------------------------------------------------------------------
 
@@ -231,7 +242,7 @@ class Inventory:
             state = api.BindingState.FREE if a.available else api.BindingState.UNAVAILABLE
             node = claim = None
             managed = True
-        return api.Device(
+        device = api.Device(
             name=record.name,
             pool=self.pool_of(record),
             fabric=record.fabric,
@@ -248,6 +259,8 @@ class Inventory:
             attach_error=self._attach_failures.get(record.name, (0, None))[1],
             reach=self.reach_of(record),
         )
+        device.drain = self._drain_of(device)
+        return device
 
     def _view_changed(self, record: DeviceRecord) -> bool:
         """Bring the device's rendering up to date; whether what it serves changed. Re-rendered only
@@ -256,7 +269,13 @@ class Inventory:
         entry = self.overlay(record.name)
         overlay = (entry.state, entry.node, entry.host, entry.claim_uid) if entry is not None else None
         bound_node = self._host_nodes.get(record.bound_hosts[0]) if record.bound_hosts else None
-        key = (overlay, bound_node, self._attach_failures.get(record.name), self.reach_of(record))
+        key = (
+            overlay,
+            bound_node,
+            self._attach_failures.get(record.name),
+            self.reach_of(record),
+            self._drains_version(),
+        )
         cached = self._views.get(record.name)
         if cached is not None and cached[1] == key and (cached[0] is record or cached[0] == record):
             return False

@@ -43,7 +43,10 @@ class _PoolCollector(Collector):
         foreign: Counter[str] = Counter()
         unhealthy: Counter[tuple[str, str, str]] = Counter()
         per_node: Counter[tuple[str, str]] = Counter()
+        drained: Counter[tuple[str, str, str]] = Counter()
         for device in self._snapshot().devices:
+            if device.drain is not None:
+                drained[(device.pool, str(device.drain.effect), str(device.state))] += 1
             counts[(device.pool, str(device.type), device.model or "", str(device.state))] += 1
             if not device.managed and device.state is api.BindingState.BOUND:
                 foreign[device.pool] += 1
@@ -68,6 +71,12 @@ class _PoolCollector(Collector):
             "Devices whose Redfish health is not OK, by binding state (bound: a workload is affected)",
             ["pool", "state", "health"],
             unhealthy,
+        )
+        yield _family(
+            "fabric_dra_drained_devices",
+            "Devices an operator drained, by the taint's effect and binding state (bound: still in use)",
+            ["pool", "effect", "state"],
+            drained,
         )
         yield _family(
             "fabric_dra_node_devices",

@@ -165,3 +165,29 @@ def test_the_map_draws_a_thousand_devices_quickly(manager: Manager, browser: Bro
     print(f"fabric map: 1,000 devices drawn in {elapsed:.0f} ms")
     assert elapsed < 3000
     browser.screenshot(artifacts_dir() / "fabric-map-1000.png")
+
+
+def test_the_map_marks_a_drained_device_with_its_reason(manager: Manager, browser: Browser) -> None:
+    operator = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+    device = "gpu2"
+    browser.navigate(f"{manager.url}/ui#token={OPERATOR_TOKEN}")
+    browser.wait_for("document.body.dataset.version")
+    marked = f"document.querySelector('[data-device={json.dumps(device)}]')"
+    assert browser.evaluate(f"{marked}.dataset.drain") == ""
+    with httpx.Client(base_url=manager.url, timeout=30) as http:
+        drained = http.post(
+            "/api/v1/drains",
+            json={"target": "device", "name": device, "reason": "firmware-2.1", "evict": True},
+            headers=operator,
+        )
+        assert drained.status_code == 201, drained.text
+        try:
+            browser.wait_for(f"{marked}?.dataset.drain === 'NoExecute firmware-2.1'", timeout=10)
+            assert browser.evaluate(f"{marked}.classList.contains('drained')") is True
+            title = browser.evaluate(f"{marked}.querySelector('title').textContent")
+            assert "drained: firmware-2.1 (NoExecute)" in title and "by device/gpu2" in title, title
+            assert "drained 1" in browser.evaluate("document.getElementById('summary').textContent")
+        finally:
+            http.delete("/api/v1/drains", params={"target": "device", "name": device}, headers=operator)
+        browser.wait_for(f"{marked}?.dataset.drain === ''", timeout=10)
+        assert browser.evaluate(f"{marked}.classList.contains('drained')") is False

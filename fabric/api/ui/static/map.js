@@ -140,12 +140,18 @@
     if (device.node || device.host) lines.push(`bound to node ${device.node ?? "(none)"} / host ${device.host ?? "?"}`);
     if (device.claimUid) lines.push(`claim ${device.claimUid}`);
     if (device.health !== "OK") lines.push(`health ${device.health}`);
+    if (device.drain) lines.push(`drained: ${drainText(device.drain)}`);
     return lines.join("\n");
+  }
+
+  // What an operator's drain (fabric-dra drain) makes of a device: the taint's effect and reason.
+  function drainText(drain) {
+    return `${drain.reason} (${drain.effect}) since ${new Date(drain.since).toLocaleString()}, by ${drain.drains.join(", ")}`;
   }
 
   function matches(device, filter) {
     if (!filter) return true;
-    const hay = [device.name, device.node, device.host, device.claimUid, device.model, device.type, device.switch, device.port, device.state, device.pool]
+    const hay = [device.name, device.node, device.host, device.claimUid, device.model, device.type, device.switch, device.port, device.state, device.pool, device.drain ? "drained " + device.drain.reason : ""]
       .filter(Boolean).join(" ").toLowerCase();
     return filter.split(/\s+/).every((word) => hay.includes(word));
   }
@@ -171,7 +177,7 @@
     positions = new Map();
     nodeBoxes = new Map();
     const parts = [];
-    const counts = { free: 0, warm: 0, attaching: 0, bound: 0, detaching: 0, unavailable: 0, foreign: 0, unhealthy: 0 };
+    const counts = { free: 0, warm: 0, attaching: 0, bound: 0, detaching: 0, unavailable: 0, foreign: 0, unhealthy: 0, drained: 0 };
 
     // pools → switches → devices by port
     const pools = new Map();
@@ -183,6 +189,7 @@
       switches.get(sw).push(device);
       counts[category(device)] += 1;
       if (device.health !== "OK") counts.unhealthy += 1;
+      if (device.drain) counts.drained += 1;
     }
     const byPort = (a, b) => (a.port || "").localeCompare(b.port || "", undefined, { numeric: true }) || a.name.localeCompare(b.name, undefined, { numeric: true });
 
@@ -208,12 +215,14 @@
           const classes = [
             "device", "state-" + category(device), "type-" + device.type,
             device.health !== "OK" ? "unhealthy" : "",
+            device.drain ? "drained" : "",
             matches(device, view.filter) ? "" : "dim",
             view.selected === device.name ? "selected" : "",
           ].filter(Boolean).join(" ");
           const data =
             `data-device="${esc(device.name)}" data-state="${esc(device.state)}" data-node="${esc(device.node ?? "")}" ` +
-            `data-claim="${esc(device.claimUid ?? "")}" data-health="${esc(device.health)}" data-managed="${device.managed}"`;
+            `data-claim="${esc(device.claimUid ?? "")}" data-health="${esc(device.health)}" data-managed="${device.managed}" ` +
+            `data-drain="${esc(device.drain ? device.drain.effect + " " + device.drain.reason : "")}"`;
           const title = `<title>${esc(describe(device))}</title>`;
           if (device.type === "cxl-memory") {
             parts.push(`<circle class="${classes}" ${data} cx="${x + CELL / 2}" cy="${cy + CELL / 2}" r="${CELL / 2 - 1}">${title}</circle>`);
@@ -307,7 +316,7 @@
     const rows = Object.entries(device).filter(([, v]) => v !== null && v !== "");
     const ops = view.operations.filter((op) => op.device === device.name && IN_FLIGHT.has(op.state));
     aside.innerHTML =
-      `<h2>${esc(device.name)}</h2><dl>${rows.map(([k, v]) => `<dt>${esc(k)}</dt><dd>${esc(v)}</dd>`).join("")}</dl>` +
+      `<h2>${esc(device.name)}</h2><dl>${rows.map(([k, v]) => `<dt>${esc(k)}</dt><dd>${esc(k === "drain" ? drainText(v) : typeof v === "object" ? JSON.stringify(v) : v)}</dd>`).join("")}</dl>` +
       (ops.length ? `<p>in flight: ${ops.map((op) => `${esc(op.kind)} for ${esc(op.node)} (${age(op)})`).join(", ")}</p>` : "");
     aside.hidden = false;
   }
@@ -332,7 +341,7 @@
       ["foreign", "bound outside fabric-dra"], ["unavailable", "unavailable"]];
     $("legend").innerHTML =
       states.map(([cls, label]) => `<span class="key"><i class="swatch state-${cls}"></i>${label}</span>`).join("") +
-      '<span class="key"><i class="swatch unhealthy"></i>unhealthy</span><span class="key"><i class="swatch round"></i>CXL memory chunk</span>';
+      '<span class="key"><i class="swatch unhealthy"></i>unhealthy</span><span class="key"><i class="swatch drained"></i>drained</span><span class="key"><i class="swatch round"></i>CXL memory chunk</span>';
   }
 
   function wire() {
