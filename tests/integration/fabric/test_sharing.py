@@ -20,10 +20,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from manager_api.client import ManagerClient
-from manager_api.errors import DeviceBusy
+from manager_api.errors import DeviceBusy, DeviceNotFound
 from manager_api.models import AttachmentState, BindingState
 from tests.integration.fabric.conftest import CONTROLLER_TOKEN, FabricAdmin, manager_args
 from tests.support.fabric_manager import running_manager, start_manager
@@ -131,6 +132,28 @@ async def test_a_share_is_carved_connected_and_released(fabric: FabricAdmin, tmp
             pool = (await client.device(POOL)).memory_pool
             assert pool is not None and pool.shares == []
     print(f"share attach {attach_seconds * 1000:.1f} ms, release {release_seconds * 1000:.1f} ms")
+
+
+async def test_a_share_of_a_whole_device_or_a_pool_taken_whole_is_no_such_device(
+    fabric: FabricAdmin, tmp_path: Path
+) -> None:
+    """The OpenAPI document cannot say which devices are pools: asking for the wrong kind is 404
+    (as for a device of another pool), a share naming only one of its two fields 422, and the
+    fabric is left as it was."""
+    with running_manager(tmp_path, fabric.url, args=manager_args(fabric, tmp_path)) as manager:
+        async with ManagerClient(manager.address, token=CONTROLLER_TOKEN, timeout=30) as client:
+            claim, share = claim_uid("wrong-kind"), share_id("wrong-kind")
+            with pytest.raises(DeviceNotFound, match="no memory pool"):
+                await client.attach("gpu0", NODE, claim, share_id=share, memory_bytes=GIB)
+            with pytest.raises(DeviceNotFound, match="no memory pool"):
+                await client.attach("gpu1-1g10gb-0", NODE, claim, share_id=share, memory_bytes=GIB)
+            with pytest.raises(DeviceNotFound, match="never bound whole"):
+                await client.attach(POOL, NODE, claim)
+        half = {"device": POOL, "node": NODE, "claimUid": claim, "shareId": share}
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {CONTROLLER_TOKEN}"}) as http:
+            answer = await http.post(f"{manager.address}/api/v1/attachments", json=half, timeout=30)
+        assert answer.status_code == 422 and "both shareId and memoryBytes" in answer.text, answer.text
+        assert not {"gpu0", "gpu1"} & set(fabric.bound_hosts()) and chunks(fabric) == []
 
 
 async def test_concurrent_shares_never_over_commit_the_pool(fabric: FabricAdmin, tmp_path: Path) -> None:
