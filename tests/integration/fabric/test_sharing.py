@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,8 @@ import pytest
 
 from manager_api.client import ManagerClient
 from manager_api.errors import DeviceBusy, DeviceNotFound
-from manager_api.models import AttachmentState, BindingState
-from tests.integration.fabric.conftest import CONTROLLER_TOKEN, FabricAdmin, manager_args
+from manager_api.models import AttachmentState, BindingState, UsageGrouping
+from tests.integration.fabric.conftest import CONTROLLER_TOKEN, OPERATOR_TOKEN, FabricAdmin, manager_args
 from tests.support.fabric_manager import running_manager, start_manager
 from tests.support.uids import claim_uid
 from tests.support.waiting import wait_until
@@ -251,3 +252,49 @@ async def test_an_orphan_chunk_is_removed_after_its_grace(fabric: FabricAdmin, t
             assert [c["Name"] for c in chunks(fabric)] == ["made by hand"]
     with fabric._http() as http:
         http.delete(outside.headers["Location"]).raise_for_status()
+
+
+async def test_usage_counts_partitions_at_their_share_and_shares_in_gib_seconds(
+    fabric: FabricAdmin, tmp_path: Path
+) -> None:
+    """A partition and a share held across a graceful restart of the manager: the partition's
+    seconds at its memory slices' share of the GPU, the share's GiB-seconds, each within the
+    time the test saw it held; the GPU's own seconds have no namespace (no one claim holds it)."""
+    args = manager_args(fabric, tmp_path)
+    part, mem, share = claim_uid("usage-part"), claim_uid("usage-mem"), share_id("usage-mem")
+    since = datetime.now(UTC)
+    with running_manager(tmp_path, fabric.url, args=args) as manager:
+        async with ManagerClient(manager.address, token=CONTROLLER_TOKEN, timeout=30) as client:
+            table = (await client.device("gpu1")).partition_table
+            assert table is not None
+            profile = next(p for p in table.profiles if p.label == "1g10gb")
+            weight = profile.memory_slices / table.memory_slices
+            t0 = time.monotonic()
+            await client.attach("gpu1-1g10gb-0", NODE, part, wait_seconds=20, namespace="team-p")
+            await client.attach(
+                POOL, NODE, mem, wait_seconds=20, share_id=share, memory_bytes=2 * GIB, namespace="team-m"
+            )
+            t1 = time.monotonic()
+            await asyncio.sleep(1.5)
+    # SIGTERM: the record written; the time down is charged to what the ledger says
+    with running_manager(tmp_path, fabric.url, args=args, name="manager-restarted") as manager:
+        async with ManagerClient(manager.address, token=CONTROLLER_TOKEN, timeout=30) as client:
+            await asyncio.sleep(1.5)
+            t2 = time.monotonic()
+            await client.detach("gpu1-1g10gb-0", NODE, part, wait_seconds=20)
+            await client.detach(POOL, NODE, mem, wait_seconds=20, share_id=share)
+            t3 = time.monotonic()
+        async with ManagerClient(manager.address, token=OPERATOR_TOKEN, timeout=30) as operator:
+            report = await operator.usage(since, UsageGrouping.NAMESPACE)
+    groups = {g.name: g for g in report.groups}
+    held_at_least, held_at_most = t2 - t1, t3 - t0
+    assert held_at_least * weight - 0.01 <= groups["team-p"].partition_seconds <= held_at_most * weight + 0.01
+    assert 2 * held_at_least - 0.01 <= groups["team-m"].memory_gib_seconds <= 2 * held_at_most + 0.01
+    # a partition's and a share's claims hold no device: their namespaces have no device-seconds
+    assert (groups["team-p"].total, groups["team-m"].total) == (0.0, 0.0)
+    assert groups[""].bound >= held_at_least and groups[""].partition_seconds == 0.0
+    print(
+        f"partition {groups['team-p'].partition_seconds:.2f} GPU-s at {weight:.3f} of the GPU, "
+        f"share {groups['team-m'].memory_gib_seconds:.2f} GiB-s, "
+        f"held {held_at_least:.2f}..{held_at_most:.2f} s"
+    )
