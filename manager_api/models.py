@@ -206,6 +206,12 @@ class MemoryPool(_Model):
     increment_bytes: int = Field(gt=0, description="MemoryChunkIncrementMiB in bytes")
     max_chunks: int | None = Field(default=None, description="the most chunks the domain makes, if it says")
     shares: list[MemoryShare] = Field(default_factory=list, description="this manager's shares of the pool")
+    used_bytes: int = Field(
+        default=0,
+        ge=0,
+        description="carved: outsideBytes plus every share's chunk as the pool rounds it (what the "
+        "manager admits a new share against); free is sizeBytes less this",
+    )
 
 
 class Device(DeviceAttributes, DeviceIdentity):
