@@ -27,7 +27,15 @@ import pytest
 from manager_api.client import ManagerClient
 from manager_api.errors import DeviceBusy, DeviceNotFound
 from manager_api.models import AttachmentState, BindingState, UsageGrouping
-from tests.integration.fabric.conftest import CONTROLLER_TOKEN, OPERATOR_TOKEN, FabricAdmin, manager_args
+from plumbing.kube.resources import NODES, RESOURCE_CLAIMS
+from tests.integration.fabric.conftest import (
+    CONTROLLER_TOKEN,
+    OPERATOR_TOKEN,
+    FabricAdmin,
+    allocated_claim,
+    manager_args,
+)
+from tests.support.apiserver import start_apiserver
 from tests.support.fabric_manager import running_manager, start_manager
 from tests.support.uids import claim_uid
 from tests.support.waiting import wait_until
@@ -298,3 +306,47 @@ async def test_usage_counts_partitions_at_their_share_and_shares_in_gib_seconds(
         f"share {groups['team-m'].memory_gib_seconds:.2f} GiB-s, "
         f"held {held_at_least:.2f}..{held_at_most:.2f} s"
     )
+
+
+async def test_an_abandoned_partition_holder_is_released_and_the_gpu_with_the_last(
+    fabric: FabricAdmin, tmp_path: Path
+) -> None:
+    """Two partitions of one GPU for two allocated, reserved claims; one claim is deleted: its
+    holder alone is released after the grace (the GPU stays bound for the other), then the other's
+    claim goes too and the GPU is unbound with its last holder."""
+    with start_apiserver(tmp_path / "apiserver") as cluster:
+        async with cluster.client() as kube:
+            await kube.create(NODES, {"metadata": {"name": NODE}})
+        kept = await allocated_claim(cluster, "part-kept", "gpu1-1g10gb-0", NODE, reserved=True)
+        gone = await allocated_claim(cluster, "part-gone", "gpu1-1g10gb-1", NODE, reserved=True)
+        args = manager_args(
+            fabric,
+            tmp_path,
+            *("--kubeconfig", str(cluster.kubeconfig), "--namespace", "default"),
+            *("--orphan-grace-seconds", "1", "--orphan-interval-seconds", "0.3"),
+            *("--plugin-report-ttl-seconds", "1"),
+        )
+        with running_manager(tmp_path, fabric.url, args=args) as manager:
+            async with ManagerClient(manager.address, token=CONTROLLER_TOKEN, timeout=30) as client:
+                await client.attach("gpu1-1g10gb-0", NODE, kept, wait_seconds=20)
+                await client.attach("gpu1-1g10gb-1", NODE, gone, wait_seconds=20)
+                async with cluster.client() as kube:
+                    await kube.delete(RESOURCE_CLAIMS, "part-gone", "default")
+
+                async def holders() -> set[str]:
+                    return {h.claim_uid for h in (await client.device("gpu1")).partitions}
+
+                for _ in range(100):
+                    if await holders() == {kept}:
+                        break
+                    await asyncio.sleep(0.2)
+                assert await holders() == {kept}
+                assert fabric.bound_hosts().get("gpu1") == NODE  # still serving the kept claim
+                async with cluster.client() as kube:
+                    await kube.delete(RESOURCE_CLAIMS, "part-kept", "default")
+                for _ in range(100):
+                    if "gpu1" not in fabric.bound_hosts():
+                        break
+                    await asyncio.sleep(0.2)
+                assert "gpu1" not in fabric.bound_hosts()
+                assert (await client.device("gpu1")).state is BindingState.FREE
