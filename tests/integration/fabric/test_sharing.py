@@ -240,6 +240,47 @@ async def test_a_crash_between_share_steps_converges(fabric: FabricAdmin, tmp_pa
             wait_until(lambda: not chunks(fabric) and not connections(fabric), timeout=20, what="released")
 
 
+@pytest.mark.parametrize("holder", ["first", "second"])
+async def test_a_crash_after_a_partition_holder_is_recorded_converges(
+    fabric: FabricAdmin, tmp_path: Path, holder: str
+) -> None:
+    """``manager.partition.after-holder-recorded``: the first holder's crash comes after its intent
+    to bind the GPU is durable and before the bind starts; the second's after its one ledger write.
+    After a restart the holders are as recorded, the GPU is bound once to the node, and both go."""
+    args = manager_args(fabric, tmp_path)
+    point = "manager.partition.after-holder-recorded"
+    a, b = claim_uid(f"crash-part-a-{holder}"), claim_uid(f"crash-part-b-{holder}")
+    crashing = start_manager(tmp_path, fabric.url, args=args)
+    try:
+        if holder == "second":
+            async with ManagerClient(crashing.address, token=CONTROLLER_TOKEN, timeout=30) as client:
+                await client.attach("gpu1-1g10gb-0", NODE, a, wait_seconds=20)
+        crashing.stop()
+        crashing.start([point])
+        asked, claim = ("gpu1-1g10gb-0", a) if holder == "first" else ("gpu1-1g10gb-1", b)
+        deadline = time.monotonic() + 30
+        while crashing.alive() and time.monotonic() < deadline:
+            async with ManagerClient(crashing.address, token=CONTROLLER_TOKEN, timeout=30) as client:
+                with contextlib.suppress(Exception):
+                    await client.attach(asked, NODE, claim, wait_seconds=20)
+            await asyncio.sleep(0.2)
+        crashing.wait_crashed(point)
+    finally:
+        crashing.stop()
+    with running_manager(tmp_path, fabric.url, args=args, name="manager-restarted") as manager:
+        async with ManagerClient(manager.address, token=CONTROLLER_TOKEN, timeout=30) as client:
+            recorded = {(h.partition, h.claim_uid) for h in (await client.device("gpu1")).partitions}
+            expected = {("gpu1-1g10gb-0", a)} | ({("gpu1-1g10gb-1", b)} if holder == "second" else set())
+            assert recorded == expected  # durable before the crash: none lost, none added
+            again = await client.attach(asked, NODE, claim, wait_seconds=20)  # the plugin's retry
+            assert again.state is AttachmentState.ATTACHED
+            assert fabric.bound_hosts().get("gpu1") == NODE
+            for partition, uid in sorted(expected):
+                await client.detach(partition, NODE, uid, wait_seconds=20)
+            assert "gpu1" not in fabric.bound_hosts()
+            assert (await client.device("gpu1")).partitions == []
+
+
 async def test_an_orphan_chunk_is_removed_after_its_grace(fabric: FabricAdmin, tmp_path: Path) -> None:
     args = manager_args(fabric, tmp_path, "--orphan-grace-seconds", "1")
     with fabric._http() as http:
