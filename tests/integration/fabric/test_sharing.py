@@ -32,9 +32,12 @@ from tests.integration.fabric.conftest import (
     CONTROLLER_TOKEN,
     OPERATOR_TOKEN,
     FabricAdmin,
+    Tls,
     allocated_claim,
     manager_args,
+    tls_emulator,
 )
+from tests.integration.fabric.test_wild_services import topology_with
 from tests.support.apiserver import start_apiserver
 from tests.support.fabric_manager import running_manager, start_manager
 from tests.support.uids import claim_uid
@@ -391,3 +394,57 @@ async def test_an_abandoned_partition_holder_is_released_and_the_gpu_with_the_la
                     await asyncio.sleep(0.2)
                 assert "gpu1" not in fabric.bound_hosts()
                 assert (await client.device("gpu1")).state is BindingState.FREE
+
+
+async def test_a_share_on_the_realistic_profile_follows_the_sanitize_task(tmp_path: Path, tls: Tls) -> None:
+    """The realistic latency profile: the chunk's DELETE is a task (the sanitize delay) that the
+    release follows until the chunk is gone; the share is made and given back once each."""
+    claim, share = claim_uid("realistic-share"), share_id("realistic-share")
+    with tls_emulator(tmp_path / "fabric", tls, latency="realistic") as fabric:
+        args = manager_args(fabric, tmp_path)
+        with running_manager(tmp_path, fabric.url, args=args) as manager:
+            async with ManagerClient(manager.address, token=CONTROLLER_TOKEN, timeout=60) as client:
+                started = time.monotonic()
+                made = await client.attach(
+                    POOL, NODE, claim, wait_seconds=40, share_id=share, memory_bytes=2 * GIB
+                )
+                attach_seconds = time.monotonic() - started
+                assert made.state is AttachmentState.ATTACHED and made.share is not None
+                assert len(chunks(fabric)) == 1 and len(connections(fabric)) == 1
+                started = time.monotonic()
+                gone = await client.detach(POOL, NODE, claim, wait_seconds=40, share_id=share)
+                release_seconds = time.monotonic() - started
+                assert gone.state is AttachmentState.DETACHED
+                assert chunks(fabric) == [] and connections(fabric) == []
+                # the delete was a task the manager followed, not an answer at once
+                tasks = fabric.get("/redfish/v1/TaskService/Tasks")["Members"]
+                assert tasks, "the realistic profile's chunk delete ran as a task"
+    print(f"realistic: share attach {attach_seconds:.2f} s, release (sanitize task) {release_seconds:.2f} s")
+
+
+async def test_a_domain_without_chunk_creation_keeps_whole_chunks(tmp_path: Path, tls: Tls) -> None:
+    """The quirk profile ``memoryChunks: fixed``: no domain allows chunk creation, so there is no
+    pool device and no share; the pre-made chunk is a whole device, bound and unbound as before."""
+    claim = claim_uid("fixed-chunk")
+    topology = topology_with(tmp_path, memoryChunks="fixed")
+    with (
+        tls_emulator(tmp_path / "fabric", tls, topology=topology) as fabric,
+        running_manager(tmp_path, fabric.url, args=manager_args(fabric, tmp_path)) as manager,
+    ):
+        async with ManagerClient(manager.address, token=CONTROLLER_TOKEN, timeout=30) as client:
+            devices = {d.name: d for d in await client.devices()}
+            assert not [d for d in devices.values() if d.memory_pool is not None]
+            # one chunk of the endpoint: the device is named after the endpoint (its target in the
+            # emulator's table is the chunk, cxlpool0-chunk0)
+            whole = devices.get("cxlpool0")
+            assert whole is not None and POOL not in devices, " ".join(sorted(devices))
+            assert whole.memory_pool is None and whole.redfish_uri.endswith("/MemoryChunks/0")
+            with pytest.raises(DeviceNotFound):
+                await client.attach(POOL, NODE, claim, share_id=share_id("fixed"), memory_bytes=GIB)
+            with pytest.raises(DeviceNotFound, match="no memory pool"):
+                await client.attach("cxlpool0", NODE, claim, share_id=share_id("fixed"), memory_bytes=GIB)
+            bound = await client.attach("cxlpool0", NODE, claim, wait_seconds=20)
+            assert bound.state is AttachmentState.ATTACHED and bound.share is None
+            assert fabric.bound_hosts().get("cxlpool0-chunk0") == NODE
+            await client.detach("cxlpool0", NODE, claim, wait_seconds=20)
+            assert "cxlpool0-chunk0" not in fabric.bound_hosts()
