@@ -121,7 +121,8 @@ class SharingSteps:
         for claim in claims:
             result = results[claim.metadata.name]
             step.observed.extend(await self.s.binding_conditions_held(claim, result, result.device))
-        bindings = self._emulator_bindings(gpu.name)
+        binding = self.s.emulator_binding(gpu)
+        bindings = [binding] if binding is not None else []
         if [b.get("Host") for b in bindings] != [node]:
             raise DemoFailure(f"the emulated fabric binds {gpu.name} as {bindings}; expected once, to {node}")
         step.observed.append(
@@ -163,7 +164,7 @@ class SharingSteps:
 
         await wait_for(f"{gpu.name} to be back in the free pool", free, self.s.step_timeout)
         step.observed.append(f"fabric manager: {gpu.name} is free, no partition held, no node")
-        if self._emulator_bindings(gpu.name):
+        if self.s.emulator_binding(gpu) is not None:
             raise DemoFailure(f"the emulated fabric still binds {gpu.name}")
         step.observed.append("Redfish fabric: no binding left for it")
         await wait_for(
@@ -248,8 +249,8 @@ class SharingSteps:
             f"connected to {node} for claim {claim.metadata.uid}"
         )
         step.observed.extend(await self.s.binding_conditions_held(claim, result, result.device))
-        fabric_pool = self._emulator_pool(pool.name)
-        chunk = self._emulator_chunk(pool.name, node, share.memory_bytes)
+        fabric_pool = self._emulator_pool(pool)
+        chunk = self._emulator_chunk(fabric_pool, node, share.memory_bytes)
         used_before = fabric_pool["UsedMiB"] - chunk["SizeMiB"]
         step.observed.append(
             f"Redfish fabric: chunk {chunk['Target']} of {chunk['SizeMiB']} MiB made in "
@@ -270,13 +271,18 @@ class SharingSteps:
             f"{node} sees it: {dax}, {_size(size)} ({size} bytes) of CXL memory in ram mode, "
             f"on CPU-less NUMA node {(path / 'target_node').read_text().strip()}"
         )
+        # the share's variables carry its device and share ID: the prefix once, then each name's end
+        prefix = next(k for k in env if k.endswith("_DAX"))[: -len("DAX")]
         shown = {
-            k: v
+            k[len(prefix) :]: v
             for k, v in env.items()
-            if k.endswith(("_DAX", "_MEMORY_BYTES", "_MEMORY_MODE", "_CXL_REGION", "_DEVICE_NODES"))
+            if k.startswith(prefix)
+            and k.endswith(("DAX", "MEMORY_BYTES", "MEMORY_MODE", "CXL_REGION", "DEVICE_NODES"))
         }
         step.observed.append(
-            "the container gets (CDI): " + " ".join(f"{k}={v}" for k, v in sorted(shown.items()))
+            f"the container gets (CDI): {prefix}{{"
+            + " ".join(f"{k}={v}" for k, v in sorted(shown.items()))
+            + "}"
         )
         step.ok = True
         return step, Held(node, list(pods), claims, pool, [path], chunk["Target"], used_before)
@@ -292,9 +298,9 @@ class SharingSteps:
 
         await wait_for(f"{pool.name}'s share to be given back", free, self.s.step_timeout)
         step.observed.append(f"fabric manager: {pool.name} holds no share")
-        fabric_pool = self._emulator_pool(pool.name)
+        fabric_pool = self._emulator_pool(pool)
         if any(c["Target"] == held.chunk for c in fabric_pool["Chunks"]) or self._emulator_bindings(
-            pool.name, target=held.chunk
+            fabric_pool["Device"], target=held.chunk
         ):
             raise DemoFailure(f"the emulated fabric still holds chunk {held.chunk} or its connection")
         if fabric_pool["UsedMiB"] != held.used_mib_before:
@@ -314,21 +320,18 @@ class SharingSteps:
         step.ok = True
         return step
 
-    def _emulator_pool(self, device: str) -> dict[str, Any]:
+    def _emulator_pool(self, device: Device) -> dict[str, Any]:
+        """The emulator's record of the memory pool ``device`` is (its MemoryDomain)."""
         pools = self.s.stack.redfish_get("/redfish/v1/Oem/FabricDRA/Bindings").get("Pools", [])
-        found = next((p for p in pools if p.get("Device") == device), None)
+        found = next((p for p in pools if p.get("MemoryDomain") == device.redfish_uri), None)
         if found is None:
-            raise DemoFailure(f"the emulated fabric has no memory pool {device}")
+            raise DemoFailure(f"the emulated fabric has no memory pool at {device.redfish_uri}")
         return dict(found)
 
-    def _emulator_chunk(self, device: str, node: str, size_bytes: int) -> dict[str, Any]:
-        """The chunk of ``device`` connected to ``node`` with ``size_bytes``, as the emulator holds it."""
-        connected = {b["Target"] for b in self._emulator_bindings(device) if b.get("Host") == node}
-        chunks = [
-            c
-            for c in self._emulator_pool(device)["Chunks"]
-            if c["Target"] in connected and c["SizeMiB"] * _MIB == size_bytes
-        ]
+    def _emulator_chunk(self, pool: dict[str, Any], node: str, size_bytes: int) -> dict[str, Any]:
+        """The chunk of ``pool`` connected to ``node`` with ``size_bytes``, as the emulator holds it."""
+        connected = {b["Target"] for b in self._emulator_bindings(pool["Device"]) if b.get("Host") == node}
+        chunks = [c for c in pool["Chunks"] if c["Target"] in connected and c["SizeMiB"] * _MIB == size_bytes]
         if len(chunks) != 1:
             raise DemoFailure(
                 f"the emulated fabric holds {len(chunks)} chunks of {_size(size_bytes)} on {node}"
