@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dra_driver.selection.quantity import QuantityError, parse_quantity
 from fabric_dra_testbed.demo.scenario import NAMESPACE, DemoFailure, Scenario, Step, wait_for
 from manager_api.devices import MEMORY_CAPACITY
 from manager_api.models import BindingState, Device
@@ -138,11 +139,15 @@ class SharingSteps:
             "(its node-local slice): one GPU, one node"
         )
         paths = self._partitions_seen(node, gpu, step)
+        unused = {(p / "uuid").read_text().strip() for p in paths}
         for pod, claim in zip(pods, claims, strict=True):
             env = self.s.cdi_env(node, claim.metadata.uid)
             uuid = next((v for k, v in env.items() if k.endswith("_PARTITION_UUID")), None)
-            if uuid is None or uuid not in {(p / "uuid").read_text().strip() for p in paths}:
-                raise DemoFailure(f"the CDI spec of {pod}'s claim names no partition {node} has: {env}")
+            if uuid is None or uuid not in unused:
+                raise DemoFailure(
+                    f"the CDI spec of {pod}'s claim names no partition of {node} not another pod's: {env}"
+                )
+            unused.discard(uuid)
             shown = {k: v for k, v in env.items() if k.endswith(("_PARTITION_PROFILE", "_PARTITION_UUID"))}
             if "NVIDIA_VISIBLE_DEVICES" in env:
                 shown["NVIDIA_VISIBLE_DEVICES"] = env["NVIDIA_VISIBLE_DEVICES"]
@@ -244,6 +249,12 @@ class SharingSteps:
         if len(shares) != 1 or shares[0].node != node or shares[0].state != BindingState.BOUND:
             raise DemoFailure(f"fabric manager shows share {result.share_id} of {pool.name} as {shares}")
         share = shares[0]
+        try:
+            consumed = parse_quantity(asked).value
+        except QuantityError as err:
+            raise DemoFailure(f"claim {claim.metadata.name} consumes memory {asked!r}: {err}") from err
+        if share.memory_bytes != consumed:
+            raise DemoFailure(f"the fabric carved {share.memory_bytes} bytes; the allocation has {asked}")
         step.observed.append(
             f"fabric manager: {pool.name} share {share.share_id} of {_size(share.memory_bytes)} carved and "
             f"connected to {node} for claim {claim.metadata.uid}"
