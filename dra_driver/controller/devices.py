@@ -23,7 +23,7 @@ from dra_driver.controller.resourcenames import (
     unhealthy_taint_key,
 )
 from dra_driver.selection.quantity import format_bytes
-from manager_api.devices import SliceAttribute, SliceCapacity, SliceForm
+from manager_api.devices import MEMORY_CAPACITY, SliceAttribute, SliceCapacity, SliceForm
 from manager_api.models import BindingState, Device, Health, MemoryPool
 from manager_api.partitions import (
     COUNTER_MEMORY,
@@ -78,8 +78,6 @@ SLICE_CAPACITIES: tuple[tuple[str, SliceCapacity], ...] = tuple(_published(Slice
 #: attribute and capacity identifiers (unqualified)
 ATTRIBUTE_NAMES: tuple[str, ...] = tuple(a.name for _, a in SLICE_ATTRIBUTES)
 CAPACITY_NAMES: tuple[str, ...] = tuple(c.name for _, c in SLICE_CAPACITIES)
-#: the capacity of a device's memory (``Device.memory_bytes``): a partition's and a memory pool's too
-MEMORY_CAPACITY: str = next(c.name for field, c in SLICE_CAPACITIES if field == "memory_bytes")
 
 
 #: the attribute (``bool: true``) of a device the manager keeps warm on the node of its slice; set only
