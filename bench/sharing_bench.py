@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from bench.common import BenchContext, check, generate_topology, host_name, progress, summary_ms
@@ -90,6 +91,8 @@ _MAX_CHUNKS = 512
 _CONCURRENCY = 16
 _STALE_EVERY = 20
 _SAMPLE_SECONDS = 0.1
+#: a random claim is held up to this long (uniform)
+_HOLD_MAX = 0.2
 _DRIVER = "fabric-dra.io"
 
 
@@ -814,12 +817,14 @@ async def _claim(kube: KubeClient, pool: Device, node: str, size: int) -> tuple[
 
 
 def _chunk_targets(devices: list[Device]) -> set[str]:
-    """The emulator's names (``<device>-chunk<k>``) of the chunks the manager's shares hold."""
+    """The emulator's names (``<chassis>-chunk<k>``) of the chunks the manager's shares hold,
+    from their URIs (``/redfish/v1/Chassis/<chassis>/MemoryDomains/0/MemoryChunks/<k>``)."""
     out = set()
     for d in devices:
         for s in d.memory_pool.shares if d.memory_pool else []:
-            if s.chunk:
-                out.add(f"{d.name}-chunk{s.chunk.rstrip('/').rsplit('/', 1)[-1]}")
+            parts = (s.chunk or "").rstrip("/").split("/")
+            if "Chassis" in parts and parts.index("Chassis") + 1 < len(parts):
+                out.add(f"{parts[parts.index('Chassis') + 1]}-chunk{parts[-1]}")
     return out
 
 
@@ -830,54 +835,64 @@ async def _sweep(
     cases: dict[str, dict[str, Any]] = {}
     for point in points:
         progress("sharing", f"crash sweep: {point}")
-        manager.start(crash_at=[point], kill_previous=True)
-        async with ManagerClient(manager.url, timeout=60) as client, api.client() as kube:
-            pool = next(d for d in (await client.inventory()).devices if d.memory_pool is not None)
-            size = 4 * GIB
-            name, uid, share = await _claim(kube, pool, node, size)
-            detaching = point.startswith("manager.detach.") or "release" in point or "delete" in point
-            if detaching:
-                await _attach(client, pool.name, node, uid, share_id=share, memory_bytes=size)
-            call = (
-                _detach(client, pool.name, node, uid, share)
-                if detaching
-                else _attach(client, pool.name, node, uid, share_id=share, memory_bytes=size)
-            )
-            task = asyncio.ensure_future(call)
-            deadline = time.monotonic() + 20
-            while manager.role.alive() and time.monotonic() < deadline:
-                done, _ = await asyncio.wait({task}, timeout=0.05)
-                if done:
-                    break
-            crashed = not manager.role.alive()
-            with contextlib.suppress(FabricError, asyncio.CancelledError):
-                task.cancel()
-                await task
-        manager.start()  # unarmed: the crash is over
-        started = time.perf_counter()
-        async with ManagerClient(manager.url, timeout=60) as client, api.client() as kube:
-            if not detaching:
-                await _attach(client, pool.name, node, uid, share_id=share, memory_bytes=size)
-            await _detach(client, pool.name, node, uid, share)
-            await kube.delete(RESOURCE_CLAIMS, name, "default")
-            orphans, held = -1, set()
-            while time.perf_counter() - started < 30:
-                devices = (await client.inventory()).devices
-                held = _chunk_targets(devices)
-                fabric = await target.fabric()
-                assert fabric is not None
-                chunks = {c["Target"] for p in fabric.get("Pools", []) for c in p.get("Chunks", [])}
-                orphans = len(chunks - held)
-                if not chunks and not fabric.get("InFlight"):
-                    break
-                await asyncio.sleep(0.25)
-        cases[point] = {
-            "crashed": crashed,
-            "orphan_chunks": orphans,
-            "shares_left": len(held),
-            "converged_s": round(_timed(started), 2),
-        }
+        try:
+            cases[point] = await _sweep_case(manager, target, api, point, node)
+        except (FabricError, httpx.HTTPError, StopIteration) as err:
+            cases[point] = {"error": f"{type(err).__name__}: {err}", "orphan_chunks": -1}
     return cases
+
+
+async def _sweep_case(
+    manager: Manager, target: Target, api: ApiServer, point: str, node: str
+) -> dict[str, Any]:
+    """One point: armed, crashed there (if the call reaches it), restarted, the call retried, the
+    share released and its claim deleted; then the chunks no share holds."""
+    manager.start(crash_at=[point], kill_previous=True)
+    size = 4 * GIB
+    async with ManagerClient(manager.url, timeout=60) as client, api.client() as kube:
+        pool = next(d for d in (await client.inventory()).devices if d.memory_pool is not None)
+        name, uid, share = await _claim(kube, pool, node, size)
+        detaching = point.startswith("manager.detach.") or "release" in point or "delete" in point
+        if detaching:
+            await _attach(client, pool.name, node, uid, share_id=share, memory_bytes=size)
+        call = (
+            _detach(client, pool.name, node, uid, share)
+            if detaching
+            else _attach(client, pool.name, node, uid, share_id=share, memory_bytes=size)
+        )
+        task = asyncio.ensure_future(call)
+        deadline = time.monotonic() + 20
+        while manager.role.alive() and time.monotonic() < deadline:
+            done, _ = await asyncio.wait({task}, timeout=0.05)
+            if done:
+                break
+        crashed = not manager.role.alive()
+        with contextlib.suppress(FabricError, asyncio.CancelledError):
+            task.cancel()
+            await task
+    manager.start()  # unarmed: the crash is over
+    started = time.perf_counter()
+    async with ManagerClient(manager.url, timeout=60) as client, api.client() as kube:
+        if not detaching:
+            await _attach(client, pool.name, node, uid, share_id=share, memory_bytes=size)
+        await _detach(client, pool.name, node, uid, share)
+        await kube.delete(RESOURCE_CLAIMS, name, "default")
+        orphans, held, chunks = -1, set(), set()
+        while time.perf_counter() - started < 30:
+            held = _chunk_targets((await client.inventory()).devices)
+            fabric = await target.fabric()
+            chunks = {c["Target"] for p in (fabric or {}).get("Pools", []) for c in p.get("Chunks", [])}
+            orphans = len(chunks - held)
+            if not chunks and not (fabric or {}).get("InFlight"):
+                break
+            await asyncio.sleep(0.25)
+    return {
+        "crashed": crashed,
+        "orphan_chunks": orphans,
+        "shares_left": len(held),
+        "chunks_left": len(chunks),
+        "converged_s": round(_timed(started), 2),
+    }
 
 
 # -- running it -------------------------------------------------------------------------------------
@@ -905,13 +920,13 @@ def _profile_figures(
         out["partitions"] = asyncio.run(_partition_latency(target, nodes, 2 if quick else 12, seed))
         if full:
             progress("sharing", f"{target.label}: {claims} random whole/partition claims")
-            out["random_partitions"] = asyncio.run(_random_partitions(target, nodes, claims, seed, 0.05))
+            out["random_partitions"] = asyncio.run(_random_partitions(target, nodes, claims, seed, _HOLD_MAX))
     if probe["shares"] is None:
         progress("sharing", f"{target.label}: memory share attach and release")
         out["shares"] = asyncio.run(_share_latency(target, nodes, 3 if quick else 15, seed))
         if full:
             progress("sharing", f"{target.label}: {claims} random memory shares")
-            out["random_shares"] = asyncio.run(_random_shares(target, nodes, claims, seed, 0.05))
+            out["random_shares"] = asyncio.run(_random_shares(target, nodes, claims, seed, _HOLD_MAX))
     return out
 
 
@@ -1019,6 +1034,8 @@ def _checks(figures: dict[str, Any]) -> list[dict[str, Any]]:
         # a case that never converged (-1) counts as an orphan
         orphans = sum(c["orphan_chunks"] if c["orphan_chunks"] >= 0 else 1 for c in sweep.values())
         rows.append(("orphan chunks after the crash-point sweep", orphans, 0, "", True))
+        left = sum(c.get("chunks_left", 1) for c in sweep.values())
+        rows.append(("chunks left after the crash-point sweep's releases", left, 0, "", True))
     out = [
         check(name, value, target, unit, at_most=at_most)
         for name, value, target, unit, at_most in rows
