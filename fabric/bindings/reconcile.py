@@ -49,6 +49,8 @@ class Reconciler:
             if not entry.state.settled:  # bound, or warm: both are bindings the fabric must hold
                 self.driver.resume(entry.device, now=now, fabric_back_at=self.inventory.recovered_at)
                 continue
+            if entry.share is not None:
+                continue  # a share's chunk and Connection were confirmed when made; no device to read
             record = self.inventory.device(entry.device)
             if record is not None and entry.host in record.bound_hosts:
                 continue

@@ -32,6 +32,7 @@ from fabric.driver.attempts import FabricAttempts, TaskControl, Unresolved
 from fabric.driver.records import OperationRecords
 from fabric.driver.resets import TenantResets
 from fabric.driver.settings import OperationSettings
+from fabric.driver.shares import ShareAttempts
 from fabric.driver.slots import DeviceSlot, DeviceSlots
 from fabric.state.inventory import Inventory
 from fabric.state.ledger import Ledger, LedgerEntry, LedgerState
@@ -76,6 +77,10 @@ class OperationDriver:
             node_for_host=inventory.node_for_host,
             fence=self.fence,
             settings=self.settings,
+        )
+        #: shares of memory pools: a chunk carved and connected, or given back
+        self.shares = ShareAttempts(
+            self.records, self.operations, self.attempts, fence=self.fence, settings=self.settings
         )
         self.resets = TenantResets(
             inventory,
@@ -142,7 +147,8 @@ class OperationDriver:
         if entry is None or entry.state.settled:
             return False
         self.records.adopt(entry)
-        record = self.inventory.device(device)
+        # a share's entry is keyed by the share; its device is the pool
+        record = self.inventory.device(entry.share.pool if entry.share is not None else device)
         host = self.inventory.host(entry.host)
         if record is None or host is None:
             await self.records.vanished(entry, record is None)
@@ -159,8 +165,9 @@ class OperationDriver:
         """Bind (an ``attaching`` entry) or unbind on the fabric and record the result; whether
         another step follows."""
         binding = entry.state is LedgerState.ATTACHING
+        ensure = self.shares.ensure if entry.share is not None else self.attempts.ensure
         try:
-            await self.attempts.ensure(entry, record, host, backend, slot, bound=binding)
+            await ensure(entry, record, host, backend, slot, bound=binding)
         except Unresolved as err:
             self._paused(entry, slot, err.cause)
             return False
