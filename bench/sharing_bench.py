@@ -159,6 +159,25 @@ async def _attach(client: ManagerClient, device: str, node: str, claim: str, **s
             return answer
 
 
+async def _attach_retrying(
+    client: ManagerClient, device: str, node: str, claim: str, refusals: list[str], **share: Any
+) -> float:
+    """Attach, asking again after a refusal as the kubelet asks the plugin again (every 0.25 s, for
+    at most 60 s; each refusal is appended to ``refusals``). Returns the seconds of the attempt
+    that was accepted; raises the last refusal after 60 s."""
+    first_try = time.perf_counter()
+    while True:
+        started = time.perf_counter()
+        try:
+            await _attach(client, device, node, claim, **share)
+            return _timed(started)
+        except FabricError as err:
+            refusals.append(f"{type(err).__name__}: {err}")
+            if time.perf_counter() - first_try > 60:
+                raise
+            await asyncio.sleep(0.25)
+
+
 async def _detach(
     client: ManagerClient, device: str, node: str, claim: str, share_id: str | None = None
 ) -> None:
@@ -217,6 +236,7 @@ async def _partition_latency(target: Target, nodes: list[str], rounds: int, seed
     release: list[float] = []
     release_last: list[float] = []
     density: list[int] = []
+    refusals: list[str] = []
     double = 0
     async with ManagerClient(target.url, timeout=60) as client:
         tables = _tables((await client.inventory()).devices)
@@ -230,7 +250,8 @@ async def _partition_latency(target: Target, nodes: list[str], rounds: int, seed
                 started = time.perf_counter()
                 try:
                     await _attach(client, placement.name, node, claim)
-                except FabricError:
+                except FabricError as err:
+                    refusals.append(f"{placement.name} on {node}: {type(err).__name__}: {err}")
                     continue
                 (first if index == 0 else bound).append(_timed(started))
                 held.append((placement.name, claim))
@@ -249,6 +270,8 @@ async def _partition_latency(target: Target, nodes: list[str], rounds: int, seed
         "placements": len(placements),
         "rounds": rounds,
         "held_at_once_min": min(density),
+        "refused": len(refusals),
+        "refusals_first": refusals[:3],
         "gpu_not_bound_to_exactly_its_node": double if target.emulator is not None else None,
         "first_partition": summary_ms(first),
         "partition_gpu_already_bound": summary_ms(bound),
@@ -344,9 +367,19 @@ class _Violations:
     wrong_node: int = 0
     stale_accepted: int = 0
     stale_refused: int = 0
+    #: refusals asked again after, by error code
     refused: dict[str, int] = field(default_factory=dict)
+    #: claims still refused after 60 s of asking again (given up)
+    given_up: int = 0
     samples: int = 0
     first: list[str] = field(default_factory=list)
+
+    def count(self, refusals: list[str]) -> None:
+        """Refusals the bench asked again after (as the kubelet would), by their first words."""
+        for what in refusals:
+            key = what.split(":", 1)[0]
+            self.refused[key] = self.refused.get(key, 0) + 1
+            self.note(what)
 
     def note(self, what: str) -> None:
         if len(self.first) < 5:
@@ -438,19 +471,19 @@ async def _random_partitions(
                         book.partitions += 1
                     gpu.busy += 1
                 device = gpu.name if placement is None else placement.name
-                started = time.perf_counter()
+                refusals: list[str] = []
                 try:
-                    await _attach(client, device, node, claim)
-                    attach_s.append(_timed(started))
+                    attach_s.append(await _attach_retrying(client, device, node, claim, refusals))
                 except FabricError as err:
-                    seen.refused[type(err).__name__] = seen.refused.get(type(err).__name__, 0) + 1
-                    seen.note(f"refused {device} on {node}: {err}")
+                    seen.note(f"refused {device} on {node} for 60 s: {err}")
+                    seen.given_up += 1
                     async with book.changed:
                         _forget(gpu, claim)
                         book.changed.notify_all()
                     return
                 finally:
                     gpu.busy -= 1
+                    seen.count(refusals)
                 if index % _STALE_EVERY == 0:
                     await _stale_partition(client, book, gpu, placement, nodes, node, seen)
                 await asyncio.sleep(hold)
@@ -482,7 +515,8 @@ async def _random_partitions(
         "waited_for_a_release": book.waited,
         "lost_to_layout": book.lost_to_layout,
         "lost_to_layout_percent": round(100 * book.lost_to_layout / max(1, book.partitions), 2),
-        "manager_refused": seen.refused,
+        "manager_refused_then_asked_again": seen.refused,
+        "given_up_after_60_s": seen.given_up,
         "stale_sent": seen.stale_accepted + seen.stale_refused,
         "stale_refused": seen.stale_refused,
         "stale_accepted": seen.stale_accepted,
@@ -560,14 +594,21 @@ async def _share_latency(target: Target, nodes: list[str], rounds: int, seed: in
     sizes = {"1GiB": GIB, "16GiB": 16 * GIB, "64GiB": 64 * GIB}
     attach: dict[str, list[float]] = {k: [] for k in sizes}
     release: dict[str, list[float]] = {k: [] for k in sizes}
+    refusals: list[str] = []
+    until_accepted: list[float] = []
     async with ManagerClient(target.url, timeout=120) as client:
         pool = next(d for d in (await client.inventory()).devices if d.memory_pool is not None)
         for _ in range(rounds):
             for label, size in sizes.items():
                 node, claim, share = rng.choice(nodes), str(uuid.uuid4()), str(uuid.uuid4())
-                started = time.perf_counter()
-                await _attach(client, pool.name, node, claim, share_id=share, memory_bytes=size)
-                attach[label].append(_timed(started))
+                first_try, before = time.perf_counter(), len(refusals)
+                attach[label].append(
+                    await _attach_retrying(
+                        client, pool.name, node, claim, refusals, share_id=share, memory_bytes=size
+                    )
+                )
+                if len(refusals) > before:  # refused first: the time until one was accepted
+                    until_accepted.append(_timed(first_try))
                 started = time.perf_counter()
                 await _detach(client, pool.name, node, claim, share)
                 release[label].append(_timed(started))
@@ -576,6 +617,10 @@ async def _share_latency(target: Target, nodes: list[str], rounds: int, seed: in
     return {
         "pool": pool.name,
         "rounds": rounds,
+        "refused_then_retried": len(refusals),
+        "refusals_first": sorted(set(refusals))[:3],
+        "attaches_refused_first": len(until_accepted),
+        "first_try_to_accepted": summary_ms(until_accepted),
         "attach": summary_ms(every_attach),
         "release": summary_ms(every_release),
         "attach_by_size": {k: summary_ms(v) for k, v in attach.items()},
@@ -679,17 +724,22 @@ async def _random_shares(
                     pool.change(size, time.perf_counter())
                     asked_total += asked
                     rounded_total += size
-                started = time.perf_counter()
+                refusals: list[str] = []
                 try:
-                    await _attach(client, pool.name, node, claim, share_id=share, memory_bytes=size)
-                    attach_s.append(_timed(started))
+                    attach_s.append(
+                        await _attach_retrying(
+                            client, pool.name, node, claim, refusals, share_id=share, memory_bytes=size
+                        )
+                    )
                 except FabricError as err:
-                    seen.refused[type(err).__name__] = seen.refused.get(type(err).__name__, 0) + 1
-                    seen.note(f"refused {size} bytes of {pool.name} on {node}: {err}")
+                    seen.note(f"refused {size} bytes of {pool.name} on {node} for 60 s: {err}")
+                    seen.given_up += 1
+                    seen.count(refusals)
                     async with changed:
                         pool.change(-size, time.perf_counter())
                         changed.notify_all()
                     return
+                seen.count(refusals)
                 async with changed:
                     pool.settled += size
                     if index % _STALE_EVERY == 0:
@@ -721,7 +771,8 @@ async def _random_shares(
         "seconds": round(seconds, 1),
         "attach": summary_ms(attach_s),
         "waited_for_room": waited,
-        "manager_refused": seen.refused,
+        "manager_refused_then_asked_again": seen.refused,
+        "given_up_after_60_s": seen.given_up,
         "stale_sent": seen.stale_accepted + seen.stale_refused,
         "stale_refused": seen.stale_refused,
         "stale_accepted": seen.stale_accepted,
@@ -873,8 +924,9 @@ async def _sweep_case(
     manager.start()  # unarmed: the crash is over
     started = time.perf_counter()
     async with ManagerClient(manager.url, timeout=60) as client, api.client() as kube:
-        if not detaching:
-            await _attach(client, pool.name, node, uid, share_id=share, memory_bytes=size)
+        refusals: list[str] = []
+        if not detaching:  # the kubelet asks the plugin again, the plugin the manager
+            await _attach_retrying(client, pool.name, node, uid, refusals, share_id=share, memory_bytes=size)
         await _detach(client, pool.name, node, uid, share)
         await kube.delete(RESOURCE_CLAIMS, name, "default")
         orphans, held, chunks = -1, set(), set()
@@ -888,6 +940,7 @@ async def _sweep_case(
             await asyncio.sleep(0.25)
     return {
         "crashed": crashed,
+        "refused_after_restart": refusals[:3],
         "orphan_chunks": orphans,
         "shares_left": len(held),
         "chunks_left": len(chunks),
@@ -905,6 +958,11 @@ def _real(
     with Stack(root) as stack:
         api = stack.apiserver() if kube else None
         emulator = stack.emulator(topology=topology, latency=latency, auth=False)
+        if api is not None:
+            # with API access hosts map to Node objects; the API test server has none: a map does it
+            hosts = {host_name(i): host_name(i) for i in range(_NODES)}
+            (root / "node-map.yaml").write_text(yaml.safe_dump({"hosts": hosts}))
+            args = (*args, "--node-map", str(root / "node-map.yaml"))
         manager = stack.manager(emulator, kube=api, insecure_no_auth=True, args=args)
         yield Target(manager.url, emulator, "manager"), manager, emulator, api
 
@@ -923,14 +981,22 @@ def _profile_figures(
             out["random_partitions"] = asyncio.run(_random_partitions(target, nodes, claims, seed, _HOLD_MAX))
     if probe["shares"] is None:
         progress("sharing", f"{target.label}: memory share attach and release")
-        out["shares"] = asyncio.run(_share_latency(target, nodes, 3 if quick else 15, seed))
+        out["shares"] = asyncio.run(_share_latency(target, nodes, 2 if quick else 15, seed))
         if full:
             progress("sharing", f"{target.label}: {claims} random memory shares")
             out["random_shares"] = asyncio.run(_random_shares(target, nodes, claims, seed, _HOLD_MAX))
     return out
 
 
-def measure(quick: bool = False, root: Path | None = None, *, stand_in: bool = False) -> dict[str, Any]:
+def measure(
+    quick: bool = False,
+    root: Path | None = None,
+    *,
+    stand_in: bool = False,
+    extra_points: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """Every part; ``extra_points``: crash points to sweep beyond those of :data:`POINTS` a share
+    reaches (a point the manager has and the list does not yet name)."""
     with contextlib.ExitStack() as cleanup:
         if root is None:
             root = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="sharing-bench-")))
@@ -963,6 +1029,7 @@ def measure(quick: bool = False, root: Path | None = None, *, stand_in: bool = F
             points = _sweep_points()
             if quick:
                 points = points[:3]
+            points += [p for p in extra_points if p not in points]
             grace = ("--orphan-grace-seconds", "1", "--orphan-interval-seconds", "0.5")
             with _real(
                 root / "sweep", topology, "instant" if quick else "realistic", kube=True, args=grace
@@ -1061,8 +1128,15 @@ def main() -> None:
         action="store_true",
         help="against the manager stand-in instead of the real manager: the bench's own logic, no fabric",
     )
+    parser.add_argument(
+        "--crash-points",
+        default="",
+        metavar="P,P",
+        help="more manager crash points to sweep (comma-separated), beyond those plumbing.crashpoints lists",
+    )
     args = parser.parse_args()
-    figures = measure(args.quick, stand_in=args.stand_in)
+    extra = tuple(p for p in args.crash_points.split(",") if p)
+    figures = measure(args.quick, stand_in=args.stand_in, extra_points=extra)
     print(json.dumps({"figures": figures, "checks": _checks(figures)}, indent=2))
 
 
