@@ -60,7 +60,15 @@ from typing import Any
 import httpx
 import yaml
 
-from bench.common import BenchContext, check, generate_topology, host_name, progress, summary_ms
+from bench.common import (
+    BenchContext,
+    check,
+    cpu_seconds,
+    generate_topology,
+    host_name,
+    progress,
+    summary_ms,
+)
 from fabric_dra_testbed.stack import ApiServer, Emulator, Manager, Stack
 from fabric_dra_testbed.standins import InventoryServer, make_device, make_inventory, make_pool
 from manager_api.client import ManagerClient
@@ -139,6 +147,12 @@ class Target:
     url: str
     emulator: Emulator | None
     label: str
+    #: role → process id, for CPU figures (none for the stand-in: it runs in this process)
+    pids: dict[str, int] = field(default_factory=dict)
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds each role has used so far."""
+        return {role: cpu_seconds(pid) for role, pid in self.pids.items()}
 
     async def fabric(self) -> dict[str, Any] | None:
         """The emulator's binding table (``Oem/FabricDRA/Bindings``), or None for the stand-in."""
@@ -179,10 +193,26 @@ async def _attach_retrying(
 
 
 async def _detach(
-    client: ManagerClient, device: str, node: str, claim: str, share_id: str | None = None
+    client: ManagerClient,
+    device: str,
+    node: str,
+    claim: str,
+    share_id: str | None = None,
+    *,
+    failures: list[str] | None = None,
 ) -> None:
+    """Detach; a failure is asked again, as the kubelet asks the plugin's unprepare again (every
+    0.25 s, for at most 60 s), and appended to ``failures``; raised after 60 s or without them."""
+    first_try = time.perf_counter()
     while True:
-        answer = await client.detach(device, node, claim, wait_seconds=30, share_id=share_id)
+        try:
+            answer = await client.detach(device, node, claim, wait_seconds=30, share_id=share_id)
+        except FabricError as err:
+            if failures is None or time.perf_counter() - first_try > 60:
+                raise
+            failures.append(f"{type(err).__name__}: {err}")
+            await asyncio.sleep(0.25)
+            continue
         if answer.state is not AttachmentState.DETACHING:
             return
 
@@ -237,6 +267,7 @@ async def _partition_latency(target: Target, nodes: list[str], rounds: int, seed
     release_last: list[float] = []
     density: list[int] = []
     refusals: list[str] = []
+    detach_failures: list[str] = []
     double = 0
     async with ManagerClient(target.url, timeout=60) as client:
         tables = _tables((await client.inventory()).devices)
@@ -263,7 +294,7 @@ async def _partition_latency(target: Target, nodes: list[str], rounds: int, seed
             rng.shuffle(held)
             for index, (name, claim) in enumerate(held):
                 started = time.perf_counter()
-                await _detach(client, name, node, claim)
+                await _detach(client, name, node, claim, failures=detach_failures)
                 (release_last if index == len(held) - 1 else release).append(_timed(started))
     return {
         "gpu": gpu,
@@ -272,6 +303,8 @@ async def _partition_latency(target: Target, nodes: list[str], rounds: int, seed
         "held_at_once_min": min(density),
         "refused": len(refusals),
         "refusals_first": refusals[:3],
+        "detach_failed_then_asked_again": len(detach_failures),
+        "detach_failures_first": sorted(set(detach_failures))[:3],
         "gpu_not_bound_to_exactly_its_node": double if target.emulator is not None else None,
         "first_partition": summary_ms(first),
         "partition_gpu_already_bound": summary_ms(bound),
@@ -371,6 +404,8 @@ class _Violations:
     refused: dict[str, int] = field(default_factory=dict)
     #: claims still refused after 60 s of asking again (given up)
     given_up: int = 0
+    #: failed detaches, each asked again
+    detach_failures: list[str] = field(default_factory=list)
     samples: int = 0
     first: list[str] = field(default_factory=list)
 
@@ -489,7 +524,7 @@ async def _random_partitions(
                 await asyncio.sleep(hold)
                 async with book.changed:
                     gpu.busy += 1
-                await _detach(client, device, node, claim)
+                await _detach(client, device, node, claim, failures=seen.detach_failures)
                 async with book.changed:
                     gpu.busy -= 1
                     _forget(gpu, claim)
@@ -497,9 +532,10 @@ async def _random_partitions(
 
         stop = asyncio.Event()
         sampler = asyncio.create_task(_sampler(lambda: _check_partitions(target, client, seen), stop))
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), target.cpu()
         await asyncio.gather(*(one(i) for i in range(claims)))
         seconds = _timed(started)
+        cpu = {role: round(used - cpu[role], 1) for role, used in target.cpu().items()}
         stop.set()
         await sampler
         await _check_partitions(target, client, seen)
@@ -511,12 +547,15 @@ async def _random_partitions(
         "gpus_opened_for_partitions": book.opened,
         "concurrency": _CONCURRENCY,
         "seconds": round(seconds, 1),
+        "cpu_seconds": cpu,
         "attach": summary_ms(attach_s),
         "waited_for_a_release": book.waited,
         "lost_to_layout": book.lost_to_layout,
         "lost_to_layout_percent": round(100 * book.lost_to_layout / max(1, book.partitions), 2),
         "manager_refused_then_asked_again": seen.refused,
         "given_up_after_60_s": seen.given_up,
+        "detach_failed_then_asked_again": len(seen.detach_failures),
+        "detach_failures_first": sorted(set(seen.detach_failures))[:3],
         "stale_sent": seen.stale_accepted + seen.stale_refused,
         "stale_refused": seen.stale_refused,
         "stale_accepted": seen.stale_accepted,
@@ -595,6 +634,7 @@ async def _share_latency(target: Target, nodes: list[str], rounds: int, seed: in
     attach: dict[str, list[float]] = {k: [] for k in sizes}
     release: dict[str, list[float]] = {k: [] for k in sizes}
     refusals: list[str] = []
+    detach_failures: list[str] = []
     until_accepted: list[float] = []
     async with ManagerClient(target.url, timeout=120) as client:
         pool = next(d for d in (await client.inventory()).devices if d.memory_pool is not None)
@@ -610,7 +650,7 @@ async def _share_latency(target: Target, nodes: list[str], rounds: int, seed: in
                 if len(refusals) > before:  # refused first: the time until one was accepted
                     until_accepted.append(_timed(first_try))
                 started = time.perf_counter()
-                await _detach(client, pool.name, node, claim, share)
+                await _detach(client, pool.name, node, claim, share, failures=detach_failures)
                 release[label].append(_timed(started))
     every_attach = [s for v in attach.values() for s in v]
     every_release = [s for v in release.values() for s in v]
@@ -620,6 +660,8 @@ async def _share_latency(target: Target, nodes: list[str], rounds: int, seed: in
         "refused_then_retried": len(refusals),
         "refusals_first": sorted(set(refusals))[:3],
         "attaches_refused_first": len(until_accepted),
+        "detach_failed_then_asked_again": len(detach_failures),
+        "detach_failures_first": sorted(set(detach_failures))[:3],
         "first_try_to_accepted": summary_ms(until_accepted),
         "attach": summary_ms(every_attach),
         "release": summary_ms(every_release),
@@ -747,16 +789,17 @@ async def _random_shares(
                 await asyncio.sleep(hold)
                 async with changed:
                     pool.settled -= size
-                await _detach(client, pool.name, node, claim, share)
+                await _detach(client, pool.name, node, claim, share, failures=seen.detach_failures)
                 async with changed:
                     pool.change(-size, time.perf_counter())
                     changed.notify_all()
 
         stop = asyncio.Event()
         sampler = asyncio.create_task(_sampler(lambda: _check_shares(target, client, seen), stop))
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), target.cpu()
         await asyncio.gather(*(one(i) for i in range(claims)))
         seconds = _timed(started)
+        cpu = {role: round(used - cpu[role], 1) for role, used in target.cpu().items()}
         stop.set()
         await sampler
         end = time.perf_counter()
@@ -769,10 +812,13 @@ async def _random_shares(
         "concurrency": _CONCURRENCY,
         "grid_mib": {n: p.increment // MIB for n, p in pools.items()},
         "seconds": round(seconds, 1),
+        "cpu_seconds": cpu,
         "attach": summary_ms(attach_s),
         "waited_for_room": waited,
         "manager_refused_then_asked_again": seen.refused,
         "given_up_after_60_s": seen.given_up,
+        "detach_failed_then_asked_again": len(seen.detach_failures),
+        "detach_failures_first": sorted(set(seen.detach_failures))[:3],
         "stale_sent": seen.stale_accepted + seen.stale_refused,
         "stale_refused": seen.stale_refused,
         "stale_accepted": seen.stale_accepted,
@@ -904,20 +950,27 @@ async def _sweep_case(
         pool = next(d for d in (await client.inventory()).devices if d.memory_pool is not None)
         name, uid, share = await _claim(kube, pool, node, size)
         detaching = point.startswith("manager.detach.") or "release" in point or "delete" in point
+        # Until the manager's informer has the claim it refuses: asked again, as the kubelet would.
+        armed: list[str] = []
         if detaching:
-            await _attach(client, pool.name, node, uid, share_id=share, memory_bytes=size)
+            await _attach_retrying(client, pool.name, node, uid, armed, share_id=share, memory_bytes=size)
         call = (
-            _detach(client, pool.name, node, uid, share)
+            _detach(client, pool.name, node, uid, share, failures=armed)
             if detaching
-            else _attach(client, pool.name, node, uid, share_id=share, memory_bytes=size)
+            else _attach_retrying(client, pool.name, node, uid, armed, share_id=share, memory_bytes=size)
         )
-        task = asyncio.ensure_future(call)
-        deadline = time.monotonic() + 20
+        task: asyncio.Future[Any] = asyncio.ensure_future(call)
+        deadline = time.monotonic() + 30
         while manager.role.alive() and time.monotonic() < deadline:
             done, _ = await asyncio.wait({task}, timeout=0.05)
             if done:
                 break
         crashed = not manager.role.alive()
+        outcome = "killed at the point" if crashed else "completed without reaching the point"
+        if task.done() and task.exception() is not None:
+            outcome = f"failed: {task.exception()}"
+        elif not task.done() and not crashed:
+            outcome = "still running after 30 s"
         with contextlib.suppress(FabricError, asyncio.CancelledError):
             task.cancel()
             await task
@@ -940,7 +993,9 @@ async def _sweep_case(
             await asyncio.sleep(0.25)
     return {
         "crashed": crashed,
-        "refused_after_restart": refusals[:3],
+        "armed_call": outcome,
+        "refused_while_armed": sorted(set(armed))[:2],
+        "refused_after_restart": sorted(set(refusals))[:2],
         "orphan_chunks": orphans,
         "shares_left": len(held),
         "chunks_left": len(chunks),
@@ -964,7 +1019,8 @@ def _real(
             (root / "node-map.yaml").write_text(yaml.safe_dump({"hosts": hosts}))
             args = (*args, "--node-map", str(root / "node-map.yaml"))
         manager = stack.manager(emulator, kube=api, insecure_no_auth=True, args=args)
-        yield Target(manager.url, emulator, "manager"), manager, emulator, api
+        pids = {"manager": manager.role.pid, "emulator": emulator.role.pid}
+        yield Target(manager.url, emulator, "manager", pids), manager, emulator, api
 
 
 def _profile_figures(
@@ -1134,9 +1190,15 @@ def main() -> None:
         metavar="P,P",
         help="more manager crash points to sweep (comma-separated), beyond those plumbing.crashpoints lists",
     )
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        metavar="DIR",
+        help="run in DIR and keep it (the processes' logs and state) instead of a temporary directory",
+    )
     args = parser.parse_args()
     extra = tuple(p for p in args.crash_points.split(",") if p)
-    figures = measure(args.quick, stand_in=args.stand_in, extra_points=extra)
+    figures = measure(args.quick, args.keep, stand_in=args.stand_in, extra_points=extra)
     print(json.dumps({"figures": figures, "checks": _checks(figures)}, indent=2))
 
 
