@@ -5,10 +5,11 @@ Its rooms, from the ground up; a module imports only its own room or those liste
 (``tests/unit/test_layers.py`` reads this list):
 
 * ``errors``   the one exception tree every part raises from;
+* ``settings`` the settings of ``fabric-dra emulator serve``, declared once;
 * ``topology`` topology files: the format, its checks, the index the service reads, a generator;
 * ``qemu``     hosts of ``kind: qemu``: QEMU guests whose kernel sees bound devices hot-plugged;
 * ``redfish``  the Redfish service (its own rooms are listed in ``emulator/redfish/__init__.py``);
 * ``cli``      ``fabric-dra emulator``: serve, faults and bindings of a running one, topology tools.
 """
 
-FLOORS = ("errors", "topology", "qemu", "redfish", "cli")
+FLOORS = ("errors", "settings", "topology", "qemu", "redfish", "cli")

@@ -4,6 +4,11 @@ Subcommands: ``serve`` (run the emulator); ``fault`` (inject and reset faults in
 and ``bindings`` (print its binding table), both through its OEM admin API
 (``/redfish/v1/Oem/FabricDRA``); ``topology validate|show|generate``. Each handler imports what
 it runs only when it runs, so ``--help`` stays quick.
+
+``serve``'s settings are declared once in :class:`~emulator.settings.EmulatorSettings` and read
+from flags, ``FABRIC_DRA_EMULATOR_<FLAG>`` variables and ``--config FILE`` alike. The clients of a
+running emulator and the topology tools keep plain options (``--url`` defaults to
+``FABRIC_DRA_EMULATOR_URL``): they are a command's arguments, not a role's settings.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from emulator.settings import ENV_PREFIX, EmulatorSettings
 from plumbing.cli import CliError, SubParsers, add_output_option, dump_document, emit, format_table, usage
+from plumbing.settings import add_settings_arguments
 
 if TYPE_CHECKING:  # what a command runs is imported when it runs: ``--help`` stays quick
     from emulator.redfish.model.latency import LatencyProfile
@@ -64,92 +71,39 @@ def _register_serve(commands: SubParsers) -> None:
         description=(
             "Serve a Redfish fabric service for the hosts and pooled devices of a topology. Bindings, "
             "tasks and faults persist in --state-dir; each host's sysfs view is kept under "
-            "<state-dir>/hosts/<host>/sys. Authentication is required unless --insecure-no-auth."
+            "<state-dir>/hosts/<host>/sys. Authentication is required unless --insecure-no-auth. "
+            "Each setting is also read from its environment variable and from --config FILE "
+            "(flag > environment > file > default)."
         ),
     )
-    _add_fabric_options(p)
-    _add_listen_options(p)
-    _add_account_options(p)
-    p.add_argument(
-        "--latency",
-        default="instant",
-        metavar="PROFILE",
-        help="'instant' (changes complete within the request), 'realistic' (202 + task monitor, seconds "
-        "per hot-add with jitter) or a profile file (docs/emulator.md); default: instant",
-    )
+    add_settings_arguments(p, EmulatorSettings, env_prefix=ENV_PREFIX)
     p.set_defaults(handler=_serve)
-
-
-def _add_fabric_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--topology",
-        type=Path,
-        metavar="FILE",
-        help="topology file (YAML or JSON, docs/emulator.md); default: the packaged 4-host topology",
-    )
-    p.add_argument(
-        "--state-dir",
-        type=Path,
-        required=True,
-        metavar="DIR",
-        help="directory for durable state and host views",
-    )
-
-
-def _add_listen_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=0, help="TCP port; 0 picks a free one (default: 0)")
-    p.add_argument(
-        "--ready-file",
-        type=Path,
-        metavar="PATH",
-        help="once serving, write the base URL (e.g. https://127.0.0.1:40123) to this file atomically",
-    )
-    p.add_argument(
-        "--tls-cert", type=Path, metavar="PEM", help="serve HTTPS with this PEM certificate (chain)"
-    )
-    p.add_argument("--tls-key", type=Path, metavar="PEM", help="PEM private key of --tls-cert")
-
-
-def _add_account_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--username",
-        help="account user name (default: the one in <state-dir>/credentials.json, or 'admin')",
-    )
-    p.add_argument(
-        "--password",
-        help="account password; visible in the process list, prefer --password-file. Without either, a "
-        "random password is created once and kept 0600 in <state-dir>/credentials.json",
-    )
-    p.add_argument(
-        "--password-file", type=Path, metavar="FILE", help="read the account password from this file"
-    )
-    p.add_argument(
-        "--insecure-no-auth",
-        action="store_true",
-        help="development only: serve every resource without authentication (logs a warning)",
-    )
 
 
 def _serve(args: argparse.Namespace) -> int:
     from emulator.redfish.service.server import ServeConfig, serve
+    from plumbing.settings import SettingsError, read_settings
 
-    index = _topology(args.topology)
-    latency = _latency(args.latency)
-    _check_tls(args.tls_cert, args.tls_key)
-    if args.password is not None and args.password_file is not None:
+    try:
+        settings = read_settings(EmulatorSettings, args, env_prefix=ENV_PREFIX)
+    except SettingsError as err:
+        raise CliError(str(err)) from None
+    index = _topology(settings.topology)
+    latency = _latency(settings.latency)
+    _check_tls(settings.tls_cert, settings.tls_key)
+    if settings.password is not None and settings.password_file is not None:
         raise CliError("give the password with --password or --password-file, not both")
-    state_dir = _state_dir(args.state_dir)
+    state_dir = _state_dir(settings.state_dir)
     config = ServeConfig(
         index=index,
         state_dir=state_dir,
         latency=latency,
-        credentials=_credentials(args, state_dir),
-        host=args.host,
-        port=args.port,
-        ready_file=args.ready_file,
-        tls_cert=args.tls_cert,
-        tls_key=args.tls_key,
+        credentials=_credentials(settings),
+        host=settings.host,
+        port=settings.port,
+        ready_file=settings.ready_file,
+        tls_cert=settings.tls_cert,
+        tls_key=settings.tls_key,
     )
     try:
         _run(serve(config))
@@ -196,7 +150,7 @@ def _state_dir(state_dir: Path) -> Path:
     return state_dir
 
 
-def _credentials(args: argparse.Namespace, state_dir: Path) -> Credentials | None:
+def _credentials(settings: EmulatorSettings) -> Credentials | None:
     """The account to serve with: none with ``--insecure-no-auth``; the password given; or the
     stored one (created on first start)."""
     from emulator.errors import ConfigError
@@ -204,24 +158,25 @@ def _credentials(args: argparse.Namespace, state_dir: Path) -> Credentials | Non
     from plumbing.logs import get_logger
 
     log = get_logger("emulator.cli")
-    if args.insecure_no_auth:
-        if args.username or args.password or args.password_file:
+    if settings.insecure_no_auth:
+        if settings.username or settings.password is not None or settings.password_file:
             raise CliError("--insecure-no-auth serves without accounts; drop --username/--password")
         log.warning(
             "authentication is disabled (--insecure-no-auth): anyone who can connect can change the fabric"
         )
         return None
-    password = _password(args.password, args.password_file)
+    given = None if settings.password is None else settings.password.get_secret_value()
+    password = _password(given, settings.password_file)
     if password is not None:
-        return Credentials(username=args.username or "admin", password=password)
+        return Credentials(username=settings.username or "admin", password=password)
     try:
-        credentials, created = load_or_create_credentials(state_dir, args.username)
+        credentials, created = load_or_create_credentials(settings.state_dir, settings.username)
     except (OSError, ConfigError) as err:
         raise CliError(f"cannot set up credentials: {err}") from None
     log.info(
         "created account credentials" if created else "using stored account credentials",
         username=credentials.username,
-        credentials_file=str(state_dir / "credentials.json"),
+        credentials_file=str(settings.state_dir / "credentials.json"),
     )
     return credentials
 

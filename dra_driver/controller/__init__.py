@@ -15,6 +15,7 @@ devices             one inventory device → one DRA ``Device``
 quarantine          devices out of allocation after failed attaches
 reconciler          the one loop of a level-triggered pass: triggers, debounce, retry after a backoff
 slices              one pool → its ResourceSlices; semantic comparison with what is stored
+dropped             the gated fields an API server drops on write, and the policy without them
 publisher           writes the slices, event-driven, with zero writes when nothing changed
 nodelabels          the per-pool node labels the slices' node selectors match
 workqueue           one worker per claim, a failed pass retried after a backoff
@@ -37,6 +38,7 @@ FLOORS = (
     "quarantine",
     "reconciler",
     "slices",
+    "dropped",
     "publisher",
     "nodelabels",
     "workqueue",

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dra_driver.controller.devices import PublishPolicy, WithheldReason
-from dra_driver.controller.features import CounterLayout
+from dra_driver.controller.dropped import DroppedFields
 from dra_driver.controller.inventory_feed import InventoryFeed, InventorySource
 from dra_driver.controller.metrics import POOL_DEVICES, POOL_GENERATION, SLICE_RECONCILE_SECONDS, SLICE_WRITES
 from dra_driver.controller.quarantine import Quarantine
@@ -75,10 +75,8 @@ class SlicePublisher:
         #: devices out of allocation after failed attaches: tainted or withheld
         self.quarantine = quarantine
         self._requested_policy = policy
-        self._taints_dropped = False
-        self._bindings_dropped = False
-        self._counters_dropped = False
-        self._shares_dropped = False
+        #: the gated fields this API server showed it drops on write
+        self.dropped = DroppedFields()
         self._sem = asyncio.Semaphore(write_concurrency)
         #: our slices by name, as last listed or written
         self._slices: dict[str, dict[str, Any]] = {}
@@ -111,15 +109,7 @@ class SlicePublisher:
     @property
     def policy(self) -> PublishPolicy:
         """The requested policy, less what the API server showed it drops."""
-        p = self._requested_policy
-        return dataclasses.replace(
-            p,
-            device_taints=p.device_taints and not self._taints_dropped,
-            binding_conditions=p.binding_conditions and not self._bindings_dropped,
-            binds_to_node=p.binds_to_node and not self._bindings_dropped,
-            counters=CounterLayout.OFF if self._counters_dropped else p.counters,
-            shares=p.shares and not self._shares_dropped,
-        )
+        return self.dropped.applied_to(self._requested_policy)
 
     @property
     def label_selector(self) -> str:
@@ -374,7 +364,7 @@ class SlicePublisher:
         own = self._own[name]
         own.append(str((stored.get("metadata") or {}).get("resourceVersion") or ""))
         del own[:-8]
-        if self._check_dropped(write.obj, stored) and write.normal is not None:
+        if self.dropped.check(write.obj, stored) and write.normal is not None:
             self._normal.remember(stored, write.normal)
 
     async def _delete(self, name: str, resource_version: str) -> None:
@@ -396,81 +386,6 @@ class SlicePublisher:
                 SLICE_WRITES.labels(verb="delete", outcome="ok").inc()
         self._slices.pop(name, None)
         self._own.pop(name, None)
-
-    # -- what the API server keeps ----------------------------------------------------------
-
-    def _check_dropped(self, sent: dict[str, Any], stored: dict[str, Any]) -> bool:
-        """A cluster without a feature gate drops the gated fields on write: notice, and adapt.
-
-        True when the API server kept every device and every gated field that was sent.
-        """
-        sent_devices = (sent.get("spec") or {}).get("devices") or []
-        kept = {d.get("name"): d for d in (stored.get("spec") or {}).get("devices") or []}
-        lost_taints = lost_bindings = False
-        sent_conditions = any(d.get("bindingConditions") for d in sent_devices)
-        for device in sent_devices:
-            back = kept.get(device["name"]) or {}
-            lost_taints = lost_taints or bool(device.get("taints") and not back.get("taints"))
-            lost_bindings = lost_bindings or bool(device.get("bindsToNode") and not back.get("bindsToNode"))
-        lost_counters = bool(
-            (sent.get("spec") or {}).get("sharedCounters")
-            and not (stored.get("spec") or {}).get("sharedCounters")
-        )
-        lost_shares = False
-        for device in sent_devices:
-            back = kept.get(device["name"]) or {}
-            lost_counters = lost_counters or bool(
-                device.get("consumesCounters") and not back.get("consumesCounters")
-            )
-            lost_shares = lost_shares or bool(
-                device.get("allowMultipleAllocations") and not back.get("allowMultipleAllocations")
-            )
-        if lost_counters and not self._counters_dropped:
-            # Partitions without their counters could be allocated overlapping: never leave them so.
-            self._counters_dropped = True
-            log.error(
-                "the API server dropped shared counters (feature gate DRAPartitionableDevices is off): "
-                "publishing GPUs whole, without partitions",
-                slice=sent["metadata"]["name"],
-            )
-        if lost_shares and not self._shares_dropped:
-            self._shares_dropped = True
-            log.error(
-                "the API server dropped allowMultipleAllocations (feature gate DRAConsumableCapacity is "
-                "off): memory pools are withheld",
-                slice=sent["metadata"]["name"],
-            )
-        if lost_taints and not self._taints_dropped:
-            self._taints_dropped = True
-            log.warning(
-                "the API server dropped device taints (feature gate DRADeviceTaints is off): "
-                "unhealthy devices are withheld from the slices instead",
-                slice=sent["metadata"]["name"],
-            )
-        if lost_bindings and not self._bindings_dropped and not sent_conditions:
-            self._bindings_dropped = True
-            log.warning(
-                "the API server dropped bindsToNode (feature gate DRADeviceBindingConditions is off): "
-                "pods sharing a claim are not pinned to one node; keep them together with pod "
-                "affinity (docs/plugin.md, 'Pods sharing a claim')",
-                slice=sent["metadata"]["name"],
-            )
-        elif lost_bindings and not self._bindings_dropped:
-            self._bindings_dropped = True
-            log.error(
-                "the API server dropped bindsToNode and binding conditions: enable the feature gates "
-                "DRADeviceBindingConditions and DRAResourceClaimDeviceStatus, or run without "
-                "--binding-conditions; publishing without them (devices attach at prepare time, and GPU "
-                "partitions are offered only of GPUs already on a node)",
-                slice=sent["metadata"]["name"],
-            )
-        return (
-            len(kept) == len(sent_devices)
-            and not lost_taints
-            and not lost_bindings
-            and not lost_counters
-            and not lost_shares
-        )
 
     def _policy_changed_by(self, result: PublishResult) -> bool:
         return self._desired_key is not None and self._desired_key[1] != self.policy

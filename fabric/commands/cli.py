@@ -33,7 +33,6 @@ def register(subparsers: SubParsers) -> None:
             "Attach and detach are idempotent per claim UID + device; a device bound to one node is never "
             "bound to another before its detach completed."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     serve.set_defaults(handler=_serve)
     manager.set_defaults(handler=usage(manager))
@@ -130,89 +129,39 @@ class _ServeParser(argparse.ArgumentParser):
 
 
 def _serve_flags(p: argparse.ArgumentParser) -> None:
-    from fabric.service.config import FlagKind, manager_flags
+    from fabric.service.config import ManagerSettings
+    from plumbing.settings import add_settings_arguments
 
-    groups: dict[str, argparse._ArgumentGroup] = {}
-    for flag in manager_flags():
-        group = groups.get(flag.group) or groups.setdefault(flag.group, p.add_argument_group(flag.group))
-        options: dict[str, Any] = {"dest": flag.dest, "help": flag.help}
-        if flag.kind in (FlagKind.SWITCH, FlagKind.NEGATED):
-            options["action"] = "store_true"
-        else:
-            options["default"] = flag.default
-            if flag.env:
-                options["default"] = _env(flag.env, flag.default)
-            if flag.kind in (FlagKind.REPEATED, FlagKind.PAIRS):
-                options["action"] = "append"
-            if flag.type is not None:
-                options["type"] = flag.type
-            if flag.choices and flag.kind is FlagKind.VALUE:
-                options["choices"] = list(flag.choices)
-            if flag.metavar:
-                options["metavar"] = flag.metavar
-        group.add_argument(flag.option, **options)
+    add_settings_arguments(p, ManagerSettings)
 
 
 def _settings(args: argparse.Namespace) -> Any:
-    from pydantic import ValidationError
+    """The manager's settings from its flags, the environment and the settings file, with the
+    Redfish credentials they name; every problem one line."""
+    from fabric.service.config import ManagerSettings, load_credentials
+    from plumbing.settings import SettingsError, read_settings
 
-    from fabric.service.config import FlagKind, ManagerSettings, load_credentials, manager_flags
-
-    flags = manager_flags()
-    given: dict[str, Any] = {}
-    for flag in flags:
-        value = getattr(args, flag.dest)
-        if flag.required and value is None:
-            raise CliError(f"{flag.option} is required" + (f" (or set {flag.env})" if flag.env else ""))
-        if flag.kind is FlagKind.NEGATED:
-            value = not value
-        elif flag.kind is FlagKind.PAIRS:
-            value = _pairs(flag.option, flag.metavar or "KEY=VALUE", flag.choices, value)
-        if flag.kind in (FlagKind.REPEATED, FlagKind.PAIRS) and not value:
-            continue  # not given: the settings' own default
-        *sections, name = flag.path
-        target = given
-        for section in sections:
-            target = target.setdefault(section, {})
-        target[name] = value
     try:
-        credentials = load_credentials(given.get("redfish_credentials_file"))
-    except ValueError as err:
+        settings = read_settings(ManagerSettings, args)
+        credentials = load_credentials(settings.redfish_credentials_file)
+    except (SettingsError, ValueError) as err:
         raise CliError(str(err)) from None
-    if credentials is None and given["redfish"].get("auth") != "none":
+    if credentials is None and settings.redfish.auth != "none":
         raise CliError(
             "no Redfish credentials: give --redfish-credentials-file (or FABRIC_DRA_REDFISH_USERNAME and "
             "_PASSWORD), or --redfish-auth none for a service without authentication"
         )
+    redfish = settings.redfish
     if credentials is not None:
-        given["redfish"].update(username=credentials.username, password=credentials.password)
-    given["in_cluster"] = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not given.get("kubeconfig")
-    try:
-        settings = ManagerSettings.model_validate(given)
-    except ValidationError as err:
-        first = err.errors()[0]
-        loc = first["loc"]
-        if len(loc) > 1 and isinstance(given.get(str(loc[0])), dict):
-            loc = loc[1:]  # a field of nested settings is named as its own model names it
-        where = ".".join(str(p) for p in loc)
-        raise CliError(f"invalid setting {where}: {first['msg']}") from None
+        redfish = redfish.model_copy(
+            update={"username": credentials.username, "password": credentials.password}
+        )
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not settings.kubeconfig
+    settings = settings.model_copy(update={"redfish": redfish, "in_cluster": in_cluster})
     problems = settings.problems()
     if problems:
         raise CliError("; ".join(problems))
     return settings
-
-
-def _pairs(option: str, metavar: str, choices: tuple[str, ...] | None, items: list[str]) -> dict[str, str]:
-    """``--fabric-binding PCIe=zone`` given again and again → ``{"PCIe": "zone"}``."""
-    value_name = metavar.partition("=")[2]
-    found: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key or (choices and value not in choices):
-            allowed = f" with {value_name} one of {', '.join(choices)}" if choices else ""
-            raise CliError(f"{option} {item!r}: expected {metavar}{allowed}")
-        found[key] = value
-    return found
 
 
 def _serve(args: argparse.Namespace) -> int:

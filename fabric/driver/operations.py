@@ -27,7 +27,8 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from fabric.backends.base import Backend
+from fabric.backends.base import Backend, BindContext
+from fabric.backends.carving import MemoryCarver
 from fabric.driver.attempts import FabricAttempts, TaskControl, Unresolved
 from fabric.driver.records import OperationRecords
 from fabric.driver.resets import TenantResets
@@ -110,6 +111,31 @@ class OperationDriver:
             return await self.backend_for(record).read_binding(record, (host,) if host else ())
         except (FabricError, KeyError):
             return None
+
+    async def chunks_made(self, pool: DeviceRecord) -> list[str] | None:
+        """The chunks fabric-dra made (its marker) in memory pool ``pool``, read now; None when
+        they cannot be read."""
+        domain = pool.memory_domain
+        carver = getattr(self.backend_for(pool), "carver", None) if domain is not None else None
+        if domain is None or not isinstance(carver, MemoryCarver):
+            return None
+        try:
+            return [c.uri for c in await carver.chunks(domain) if c.share_id is not None]
+        except (FabricError, KeyError):
+            return None
+
+    async def remove_chunk(self, pool: DeviceRecord, chunk: str) -> None:
+        """Delete a chunk fabric-dra made that no ledger entry knows (an orphan): its Connections,
+        then it (following the sanitize task)."""
+        carver = getattr(self.backend_for(pool), "carver", None)
+        if not isinstance(carver, MemoryCarver):
+            return
+        ctx = BindContext(
+            deadline=time.monotonic() + self.settings.task_timeout, fence=self.fence, action=f"remove {chunk}"
+        )
+        for uri, _ in await carver.connections_of(chunk):
+            await carver.delete(uri, ctx)
+        await carver.delete(chunk, ctx)
 
     def kick(self, device: str) -> None:
         """Start the device's task, unless it runs: it moves the device's entry to where it should be."""

@@ -170,7 +170,7 @@ class ShareAttempts:
         for uri in connections:
             await carver.delete(uri, ctx)
         if connections:
-            crash_point("manager.share.release.after-connection-deleted")
+            crash_point("manager.share.after-connection-deleted")
         await carver.delete(chunk, self._ctx(entry, False, deadline, f"delete {chunk}"))
         if not await carver.gone(chunk):
             raise BindFailed(f"the fabric still has chunk {chunk} after its DELETE")

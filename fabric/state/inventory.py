@@ -258,37 +258,7 @@ class Inventory:
             ]
             if entry is not None
             else [],
-            memory_pool=self._memory_pool(record),
-        )
-
-    def _memory_pool(self, record: DeviceRecord) -> api.MemoryPool | None:
-        """A memory pool's limits and this manager's shares of it (their ledger entries)."""
-        domain = record.memory_domain
-        if domain is None:
-            return None
-        shares = []
-        for entry in self.shares_of(record.name):
-            share = entry.share
-            if share is None:
-                continue
-            shares.append(
-                api.MemoryShare(
-                    share_id=share.share_id,
-                    claim_uid=entry.claim_uid,
-                    node=entry.node,
-                    memory_bytes=share.memory_bytes,
-                    state=_STATE_OF_ENTRY[entry.state],
-                    chunk=share.chunk,
-                    connection=share.connection,
-                )
-            )
-        return api.MemoryPool(
-            size_bytes=domain.size_bytes,
-            outside_bytes=domain.outside_bytes,
-            min_chunk_bytes=domain.min_chunk_bytes,
-            increment_bytes=domain.increment_bytes,
-            max_chunks=domain.max_chunks,
-            shares=shares,
+            memory_pool=memory_pool_view(record, self.shares_of(record.name)),
         )
 
     def _view_changed(self, record: DeviceRecord) -> bool:
@@ -302,16 +272,7 @@ class Inventory:
             else None
         )
         if record.memory_domain is not None:
-            shares = tuple(
-                (
-                    e.device,
-                    e.state,
-                    e.share.chunk if e.share else None,
-                    e.share.connection if e.share else None,
-                )
-                for e in self.shares_of(record.name)
-            )
-            overlay = (overlay, shares)
+            overlay = (overlay, _shares_key(self.shares_of(record.name)))
         bound_node = self._host_nodes.get(record.bound_hosts[0]) if record.bound_hosts else None
         key = (overlay, bound_node, self._attach_failures.get(record.name), self.reach_of(record))
         cached = self._views.get(record.name)
@@ -465,6 +426,43 @@ class Inventory:
         self._closing = True
         async with self._changed:
             self._changed.notify_all()
+
+
+def memory_pool_view(record: DeviceRecord, entries: list[LedgerEntry]) -> api.MemoryPool | None:
+    """A memory pool's limits and this manager's shares of it (``entries``: their ledger entries);
+    None for a device that is no pool."""
+    domain = record.memory_domain
+    if domain is None:
+        return None
+    shares = [
+        api.MemoryShare(
+            share_id=share.share_id,
+            claim_uid=entry.claim_uid,
+            node=entry.node,
+            memory_bytes=share.memory_bytes,
+            state=_STATE_OF_ENTRY[entry.state],
+            chunk=share.chunk,
+            connection=share.connection,
+        )
+        for entry in entries
+        if (share := entry.share) is not None
+    ]
+    return api.MemoryPool(
+        size_bytes=domain.size_bytes,
+        outside_bytes=domain.outside_bytes,
+        min_chunk_bytes=domain.min_chunk_bytes,
+        increment_bytes=domain.increment_bytes,
+        max_chunks=domain.max_chunks,
+        shares=shares,
+    )
+
+
+def _shares_key(entries: list[LedgerEntry]) -> tuple[object, ...]:
+    """What of a pool's shares its rendered device shows: it is rendered again when this changes."""
+    return tuple(
+        (e.device, e.state, e.share.chunk if e.share else None, e.share.connection if e.share else None)
+        for e in entries
+    )
 
 
 def reach_group_id(hosts: tuple[str, ...]) -> str:

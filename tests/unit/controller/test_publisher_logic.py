@@ -34,7 +34,7 @@ def test_dropped_taints_switch_the_publisher_to_withholding() -> None:
     stored = copy.deepcopy(sent)
     for device in stored["spec"]["devices"]:
         device.pop("taints", None)  # what a cluster without DRADeviceTaints keeps
-    assert pub._check_dropped(sent, stored) is False
+    assert pub.dropped.check(sent, stored) is False
     assert pub.policy.device_taints is False
     assert pub.policy.binding_conditions is False
 
@@ -47,7 +47,7 @@ def test_dropped_binding_fields_turn_binding_conditions_off_for_publication() ->
     for device in stored["spec"]["devices"]:
         for key in ("bindsToNode", "bindingConditions", "bindingFailureConditions"):
             device.pop(key, None)
-    assert pub._check_dropped(sent, stored) is False
+    assert pub.dropped.check(sent, stored) is False
     assert pub.policy.binding_conditions is False
     assert pub.policy.device_taints is True
 
@@ -58,7 +58,7 @@ def test_a_faithful_store_changes_nothing() -> None:
     sent = written(policy)
     stored = copy.deepcopy(sent)
     stored["spec"]["devices"][0]["taints"][0]["timeAdded"] = "2026-01-01T00:00:00Z"
-    assert pub._check_dropped(sent, stored) is True
+    assert pub.dropped.check(sent, stored) is True
     assert pub.policy == policy
 
 
@@ -79,7 +79,7 @@ def test_dropped_counters_publish_gpus_whole_and_dropped_sharing_withholds_pools
             for device in stored["spec"].get("devices") or []:
                 device.pop("consumesCounters", None)
                 device.pop("allowMultipleAllocations", None)
-            pub._check_dropped(write.obj, stored)
+            pub.dropped.check(write.obj, stored)
     assert pub.policy.counters is CounterLayout.OFF
     assert pub.policy.shares is False
     assert pub.policy.binding_conditions is True  # the rest is kept

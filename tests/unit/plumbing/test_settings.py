@@ -6,14 +6,23 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import pytest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from plumbing.settings import Setting, SettingsError, add_settings_arguments, read_settings
+from plumbing.settings import (
+    OptionKind,
+    Section,
+    Setting,
+    SettingsError,
+    add_settings_arguments,
+    read_settings,
+    settings_options,
+)
 
 
 class Mode(StrEnum):
@@ -133,3 +142,149 @@ def test_a_choice_from_the_environment_is_checked_as_a_flags_is() -> None:
     add_settings_arguments(parser, Example, environ={"FABRIC_DRA_MODE": "reckless"})
     with pytest.raises(SettingsError, match="--mode \\(from FABRIC_DRA_MODE\\) 'reckless'"):
         read_settings(Example, parser.parse_args(["--node-name", "n"]))
+
+
+# --- sections, lists and KEY=VALUE dicts (the manager's and the emulator's settings) -------------
+
+
+@dataclass(frozen=True)
+class Retry:
+    attempts: int = 3
+    pause: float = 0.5
+
+
+class Client(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    url: str
+    timeout: float = Field(default=30.0, gt=0, description="seconds to wait")
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, value: str) -> str:
+        if not value.startswith("http"):
+            raise ValueError("url must be http(s)")
+        return value
+
+
+class Role(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    client: Annotated[
+        Client,
+        Section({"url": Setting("the service", flag="--client-url"), "timeout": Setting()}, prefix="client"),
+    ]
+    retry: Annotated[Retry, Section({"attempts": Setting("tries")}, prefix="retry")] = Retry()
+    groups: Annotated[list[str], Setting("a group", flag="--group")] = Field(default_factory=lambda: ["ops"])
+    styles: Annotated[
+        dict[str, Mode], Setting("a style per fabric", flag="--style", metavar="FABRIC=MODE")
+    ] = Field(default_factory=dict)
+    follow: Annotated[bool, Setting("follow events")] = True
+    password: Annotated[SecretStr | None, Setting("the password")] = None
+
+
+def _role(argv: list[str], env: dict[str, str]) -> Role:
+    parser = argparse.ArgumentParser()
+    add_settings_arguments(parser, Role, environ=env)
+    return read_settings(Role, parser.parse_args(argv))
+
+
+def test_a_section_lists_its_fields_with_its_prefix_and_one_name_for_flag_variable_and_key() -> None:
+    options = {o.path: o for o in settings_options(Role)}
+    assert [(o.flag, o.env, o.key) for o in options.values()][:3] == [
+        ("--client-url", "FABRIC_DRA_CLIENT_URL", "client-url"),
+        ("--client-timeout", "FABRIC_DRA_CLIENT_TIMEOUT", "client-timeout"),
+        ("--retry-attempts", "FABRIC_DRA_RETRY_ATTEMPTS", "retry-attempts"),
+    ]
+    assert options["client", "timeout"].help == "seconds to wait"  # the field's description
+    kinds = {o.option: o.kind for o in options.values()}
+    assert kinds["--group"] is OptionKind.REPEATED and kinds["--style"] is OptionKind.PAIRS
+    assert kinds["--no-follow"] is OptionKind.NEGATED and kinds["--client-url"] is OptionKind.VALUE
+
+
+def test_sections_lists_and_dicts_from_flag_environment_and_file_with_the_same_precedence(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "role.yaml"
+    config.write_text(
+        "client-url: http://file\nretry-attempts: 5\ngroup: [a, b]\nstyle: {PCIe: fast}\nfollow: false\n"
+    )
+    from_file = _role(["--config", str(config)], {})
+    assert from_file.client == Client(url="http://file") and from_file.retry == Retry(attempts=5)
+    assert (from_file.groups, from_file.styles, from_file.follow) == (["a", "b"], {"PCIe": Mode.FAST}, False)
+    env = {"FABRIC_DRA_CLIENT_URL": "http://env", "FABRIC_DRA_GROUP": "c, d", "FABRIC_DRA_STYLE": "CXL=safe"}
+    from_env = _role(["--config", str(config)], env)
+    assert (from_env.client.url, from_env.groups, from_env.styles) == (
+        "http://env",
+        ["c", "d"],
+        {"CXL": Mode.SAFE},
+    )
+    argv = ["--config", str(config), "--client-url", "http://flag", "--group", "e", "--group", "f"]
+    from_flags = _role([*argv, "--style", "X=fast", "--follow"], env)
+    assert (from_flags.client.url, from_flags.groups, from_flags.styles) == (
+        "http://flag",
+        ["e", "f"],
+        {"X": "fast"},
+    )
+    assert from_flags.follow is True and from_flags.retry.attempts == 5
+    defaults = _role(["--client-url", "http://x"], {})
+    assert (defaults.groups, defaults.styles, defaults.retry, defaults.client.timeout) == (
+        ["ops"],
+        {},
+        Retry(),
+        30.0,
+    )
+
+
+def test_the_namespace_holds_every_setting_with_a_default() -> None:
+    parser = argparse.ArgumentParser()
+    add_settings_arguments(parser, Role, environ={})
+    args = parser.parse_args([])
+    assert (args.client_timeout, args.retry_attempts, args.groups, args.follow) == (30.0, 3, ["ops"], True)
+    assert "client_url" not in vars(args)  # required: no default to hold
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        ([], {}, "--client-url is required (or set FABRIC_DRA_CLIENT_URL): the service"),
+        (["--client-url", "ftp://x"], {}, "--client-url 'ftp://x': invalid setting url: url must be http(s)"),
+        (
+            ["--client-url", "http://x"],
+            {"FABRIC_DRA_CLIENT_TIMEOUT": "-1"},
+            "--client-timeout (from FABRIC_DRA_CLIENT_TIMEOUT) '-1': Input should be greater than 0",
+        ),
+        (
+            ["--client-url", "http://x", "--style", "PCIe=reckless"],
+            {},
+            "--style 'PCIe=reckless': expected FABRIC=MODE with MODE one of fast, safe",
+        ),
+        (
+            ["--client-url", "http://x"],
+            {"FABRIC_DRA_STYLE": "PCIe"},
+            "--style (from FABRIC_DRA_STYLE) 'PCIe': expected FABRIC=MODE with MODE one of fast, safe",
+        ),
+    ],
+)
+def test_a_nested_list_or_dict_value_that_does_not_fit_is_one_line_naming_its_source(
+    argv: list[str], env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(SettingsError) as raised:
+        _role(argv, env)
+    assert str(raised.value) == message
+
+
+def test_a_secret_is_never_echoed(tmp_path: Path) -> None:
+    config = tmp_path / "role.yaml"
+    config.write_text("client-url: http://x\npassword: [hunter2]\n")
+    with pytest.raises(SettingsError) as raised:
+        _role(["--config", str(config)], {})
+    assert "hunter2" not in str(raised.value) and "--password (from" in str(raised.value)
+
+
+def test_help_says_a_list_is_repeatable_and_shows_its_default() -> None:
+    parser = argparse.ArgumentParser()
+    add_settings_arguments(parser, Role, environ={})
+    text = " ".join(parser.format_help().split())
+    assert "a group (env FABRIC_DRA_GROUP; default ops; repeatable)" in text
+    assert "--style FABRIC=MODE" in text and "--follow, --no-follow" in text
