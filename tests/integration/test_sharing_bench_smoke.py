@@ -13,7 +13,7 @@ import pytest
 
 from tests.integration.test_bench_smoke import run_quick
 
-pytestmark = [pytest.mark.slow(seconds=60), pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow(seconds=70), pytest.mark.timeout(600)]
 
 #: rows that count what must never happen: 0 on any machine
 _NEVER = (
