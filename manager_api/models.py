@@ -77,6 +77,8 @@ __all__ = [
     "MAX_WAIT_SECONDS",
     "POOL_NAME_MAX_LENGTH",
     "POOL_NAME_PATTERN",
+    "USAGE_MEMORY_GIB",
+    "USAGE_PARTITION",
     "USAGE_STATES",
     "AttachRequest",
     "Attachment",
@@ -204,6 +206,12 @@ class MemoryPool(_Model):
     increment_bytes: int = Field(gt=0, description="MemoryChunkIncrementMiB in bytes")
     max_chunks: int | None = Field(default=None, description="the most chunks the domain makes, if it says")
     shares: list[MemoryShare] = Field(default_factory=list, description="this manager's shares of the pool")
+    used_bytes: int = Field(
+        default=0,
+        ge=0,
+        description="carved: outsideBytes plus every share's chunk as the pool rounds it (what the "
+        "manager admits a new share against); free is sizeBytes less this",
+    )
 
 
 class Device(DeviceAttributes, DeviceIdentity):
@@ -483,6 +491,11 @@ class Operation(_Model):
 #: what a device's seconds are counted as: bound to a claim, warm (bound for the warm pool), being
 #: attached or detached, or bound outside fabric-dra (the fields of :class:`UsageGroup`)
 USAGE_STATES = ("bound", "warm", "attaching", "detaching", "outside")
+#: two measures the accounting keeps beside the device-seconds of :data:`USAGE_STATES`, under these
+#: names in its buckets and its lifetime totals: a GPU partition's seconds at its share of the GPU,
+#: and a memory share's GiB-seconds (``UsageGroup.partition_seconds``, ``memory_gib_seconds``)
+USAGE_PARTITION = "partition"
+USAGE_MEMORY_GIB = "memory-gib"
 
 
 class UsageGrouping(StrEnum):
@@ -493,7 +506,8 @@ class UsageGrouping(StrEnum):
 
 
 class UsageGroup(_Model):
-    """Device-seconds of one namespace, model or workload, by state."""
+    """Device-seconds of one namespace, model or workload, by state; and the seconds of its GPU
+    partitions at their share of the GPU, and the GiB-seconds of its memory shares."""
 
     name: str = Field(
         description="the namespace, model or namespace/Kind/name of the workload; empty for devices no "
@@ -504,7 +518,15 @@ class UsageGroup(_Model):
     attaching: float = 0.0
     detaching: float = 0.0
     outside: float = 0.0
-    total: float = 0.0
+    total: float = Field(default=0.0, description="device-seconds in every state (not the two below)")
+    partition_seconds: float = Field(
+        default=0.0,
+        description="seconds of GPU partitions held by claims, each counted at its share of the GPU "
+        "(its memory slices of the GPU's): a 1g.10gb of an 8-slice GPU held for an hour is 450",
+    )
+    memory_gib_seconds: float = Field(
+        default=0.0, description="GiB-seconds of memory shares (chunks of a memory pool) held bound by claims"
+    )
 
 
 class UsageReport(_Model):

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from pydantic import TypeAdapter
 
 from fabric.state.ledger import Ledger, LedgerEntry, LedgerState
-from fabric.state.model import DeviceRecord, FabricInfo, FabricSnapshot, HostRecord
+from fabric.state.model import DeviceRecord, FabricInfo, FabricSnapshot, HostRecord, MemoryDomainRecord
 from fabric.state.names import pool_name
 from manager_api import models as api
 from manager_api.devices import DeviceAttributes
@@ -454,7 +454,14 @@ def memory_pool_view(record: DeviceRecord, entries: list[LedgerEntry]) -> api.Me
         increment_bytes=domain.increment_bytes,
         max_chunks=domain.max_chunks,
         shares=shares,
+        used_bytes=pool_used_bytes(domain, entries),
     )
+
+
+def pool_used_bytes(domain: MemoryDomainRecord, entries: list[LedgerEntry]) -> int:
+    """What a memory pool has carved: chunks fabric-dra did not make, and every share's chunk
+    (``entries``: the pool's share entries, being made, made or being released)."""
+    return domain.outside_bytes + sum(e.share.chunk_mib << 20 for e in entries if e.share is not None)
 
 
 def _shares_key(entries: list[LedgerEntry]) -> tuple[object, ...]:

@@ -104,9 +104,28 @@ class _UsageCollector(Collector):
             "the model; kept in the usage record, so it carries on across restarts",
             labels=["namespace", "model", "state"],
         )
+        partitions = CounterMetricFamily(
+            "fabric_dra_partition_seconds",
+            "Seconds of GPU partitions held bound by claims, each at its share of the GPU (its memory "
+            "slices of the GPU's), by the claim's namespace and the GPU's model",
+            labels=["namespace", "model"],
+        )
+        memory = CounterMetricFamily(
+            "fabric_dra_memory_gib_seconds",
+            "GiB-seconds of memory shares (chunks of a memory pool) held bound by claims, by the claim's "
+            "namespace and the pool's model",
+            labels=["namespace", "model"],
+        )
         for (namespace, model, state), value in sorted(self._totals().items()):
-            seconds.add_metric([namespace, model, state], value)
+            if state == api.USAGE_PARTITION:
+                partitions.add_metric([namespace, model], value)
+            elif state == api.USAGE_MEMORY_GIB:
+                memory.add_metric([namespace, model], value)
+            else:
+                seconds.add_metric([namespace, model, state], value)
         yield seconds
+        yield partitions
+        yield memory
         stranded = self._stranded()
         yield _family(
             "fabric_dra_stranded_devices",

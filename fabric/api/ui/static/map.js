@@ -140,6 +140,11 @@
     if (device.node || device.host) lines.push(`bound to node ${device.node ?? "(none)"} / host ${device.host ?? "?"}`);
     if (device.claimUid) lines.push(`claim ${device.claimUid}`);
     if (device.health !== "OK") lines.push(`health ${device.health}`);
+    if (device.memoryPool) {
+      const pool = device.memoryPool;
+      lines.push(`memory ${gib(pool.usedBytes)} used, ${gib(Math.max(0, pool.sizeBytes - pool.usedBytes))} free; ${pool.shares.length} share(s)`);
+    }
+    for (const holder of device.partitions ?? []) lines.push(`partition ${holder.partition} on ${holder.node}: claim ${holder.claimUid}`);
     return lines.join("\n");
   }
 
@@ -268,6 +273,7 @@
     svg.innerHTML = parts.join("");
     drawLinks();
     renderSummary(inventory, counts);
+    renderSharing(inventory);
     renderDetail();
     renderOperations();
     document.body.dataset.version = String(inventory.version);
@@ -315,6 +321,44 @@
   function age(op) {
     const seconds = Math.max(0, (Date.now() - Date.parse(op.startedAt)) / 1000);
     return seconds < 60 ? `${seconds.toFixed(1)} s` : `${Math.floor(seconds / 60)} min ${Math.floor(seconds % 60)} s`;
+  }
+
+  const gib = (bytes) => `${(bytes / 2 ** 30).toFixed(2).replace(/\.?0+$/, "")} GiB`;
+
+  // Each memory pool's used and free memory with its shares, and each GPU serving partitions with
+  // its holders (docs/operations.md, "The fabric map").
+  function renderSharing(inventory) {
+    const rows = [];
+    for (const device of inventory.devices) {
+      const pool = device.memoryPool;
+      if (!pool) continue;
+      const free = Math.max(0, pool.sizeBytes - pool.usedBytes);
+      rows.push(
+        `<tr class="sharing-head" data-pool="${esc(device.name)}" data-used-bytes="${pool.usedBytes}" data-free-bytes="${free}">` +
+        `<td>memory pool</td><td>${esc(device.name)}</td><td>${gib(pool.usedBytes)} used</td><td>${gib(free)} free</td>` +
+        `<td>${pool.shares.length} share(s) of ${gib(pool.sizeBytes)}</td></tr>`);
+      for (const share of pool.shares) {
+        rows.push(
+          `<tr data-share="${esc(share.shareId)}" data-node="${esc(share.node)}" data-claim="${esc(share.claimUid)}">` +
+          `<td></td><td>share ${esc(share.shareId)}</td><td>${esc(share.node)}</td><td>${gib(share.memoryBytes)}</td>` +
+          `<td>${esc(share.state)} · claim ${esc(share.claimUid)}</td></tr>`);
+      }
+    }
+    for (const device of inventory.devices) {
+      if (!device.partitions || !device.partitions.length) continue;
+      const node = device.partitions[0].node;
+      rows.push(
+        `<tr class="sharing-head" data-gpu="${esc(device.name)}" data-node="${esc(node)}" data-holders="${device.partitions.length}">` +
+        `<td>GPU</td><td>${esc(device.name)}</td><td>${esc(node)}</td><td>${device.partitions.length} partition(s)</td>` +
+        `<td>${esc(device.model ?? "")}</td></tr>`);
+      for (const holder of device.partitions) {
+        rows.push(
+          `<tr data-partition="${esc(holder.partition)}" data-node="${esc(holder.node)}" data-claim="${esc(holder.claimUid)}">` +
+          `<td></td><td>${esc(holder.partition)}</td><td>${esc(holder.node)}</td><td></td><td>claim ${esc(holder.claimUid)}</td></tr>`);
+      }
+    }
+    $("sharing-section").hidden = rows.length === 0;
+    $("sharing").tBodies[0].innerHTML = rows.join("");
   }
 
   function renderOperations() {
