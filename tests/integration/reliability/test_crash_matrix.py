@@ -37,8 +37,9 @@ import pytest
 from dra_driver.plugin import cdi
 from kube_standin.kubelet_client import DraCallError
 from manager_api.models import BindingState, Device, DeviceType
+from manager_api.partitions import partition_devices
 from plumbing.crashpoints import POINTS, SHARING_POINTS
-from tests.integration.reliability.stack import Kubelet, Stack, _target, kubelet_on, ref_of
+from tests.integration.reliability.stack import NODE, Kubelet, Stack, _target, kubelet_on, ref_of
 from tests.support.kubelet import running_kubelet
 from tests.support.plugin import DRIVER, ClaimRef
 from tests.support.sharing import Sharing, blocks_of_node, env_of, kubelet_claim, sharing_stack
@@ -62,6 +63,12 @@ class Case:
     @property
     def phase(self) -> str:
         return self.point.split(".")[1]
+
+    @property
+    def claim(self) -> str:
+        """What the case's claim allocates: a whole ``device``, a GPU ``partition`` (whose GPU the
+        manager binds for it) or a ``share`` of a memory pool (a chunk the manager carves)."""
+        return self.phase if self.role == "manager" and self.phase in ("partition", "share") else "device"
 
     def __str__(self) -> str:
         return self.point
@@ -142,6 +149,9 @@ def test_crash_point(running: Stack, case: Case) -> None:
 
 
 async def _scenario(stack: Stack, case: Case) -> None:
+    if case.claim != "device":
+        await _shared_scenario(stack, case)
+        return
     armed = [] if case.external else [case.point]
     # The role is idle between cases: SIGKILL it rather than wait for a graceful stop.
     if case.role == "manager":
@@ -257,6 +267,75 @@ async def _controller_case(
     # reconciler releases it (no claim allocates it any more) after its grace period.
     await until(lambda: target not in stack.bound_hosts(), what=f"{target} released", within=30)
     await until(lambda: stack.device(device.name).state is BindingState.FREE, what="the manager's view")
+
+
+# -- the manager's points of a GPU partition and of a memory share (the real manager) ---------------
+
+#: the manager's sharing points on the way out: reached by the unprepare of a prepared claim
+_ON_RELEASE = frozenset({"manager.share.after-connection-deleted"})
+#: a share's memory: 2 GiB, two of the pool's 1 GiB increments
+SHARE_MEMORY, SHARE_MIB = "2Gi", 2048
+
+
+def _shared_device(stack: Stack, case: Case) -> Device:
+    """A free partitionable GPU of the node's pools, or the memory pool."""
+    if case.claim == "share":
+        return next(d for d in stack.inventory().devices if d.memory_pool is not None)
+    gpus = [d for d in stack.free_devices(DeviceType.GPU) if d.partition_table is not None]
+    assert gpus, f"no free partitionable GPU left: {stack.bound_hosts()}"
+    return gpus[0]
+
+
+async def _shared_scenario(stack: Stack, case: Case) -> None:
+    """A claim of a GPU partition or of a memory share, through the real manager: the manager dies
+    at the point, restarts unarmed, the kubelet retries; the claim is prepared once (the GPU bound
+    once, its partition made once; the share's chunk made once, connected to the node, its region
+    there), then unprepared to nothing."""
+    await asyncio.to_thread(stack.start_manager, [case.point], kill_previous=True)
+    async with kubelet_on(stack) as kubelet:
+        await kubelet.plugin()
+        device = _shared_device(stack, case)
+        mark, offset = stack.monitor.mark(), stack.emulator_log_size()
+        partition = share = None
+        if case.claim == "partition":
+            assert device.partition_table is not None
+            partition = partition_devices(device.name, device.partition_table)[0].name
+            claim = stack.create_claim(device, partition=partition)
+        else:
+            share = str(uuid.uuid4())
+            claim = stack.create_claim(device, share=(share, SHARE_MEMORY))
+        ref = ref_of(claim)
+
+        def assert_prepared(answer: Any) -> None:
+            if partition is not None:
+                stack.assert_partition_prepared(claim, device, partition, answer)
+            else:
+                assert share is not None
+                stack.assert_share_prepared(claim, device, share, SHARE_MIB, answer)
+
+        plugin = await kubelet.plugin()
+        call: asyncio.Task[Any]
+        if case.point in _ON_RELEASE:
+            assert_prepared(await kubelet.prepare_until_done(ref))
+            call = asyncio.create_task(plugin.unprepare([ref]))
+        else:
+            call = asyncio.create_task(plugin.prepare([ref]))
+        await asyncio.to_thread(stack.manager.wait_crashed, case.point)
+        await asyncio.to_thread(stack.start_manager)
+        answer = await _settle(call)
+        if case.point not in _ON_RELEASE:
+            answer = answer[ref.uid] if answer is not None else await kubelet.prepare_until_done(ref)
+            assert_prepared(answer)
+        await kubelet.unprepare_until_done(ref)
+        stack.deallocate(claim)
+    stack.assert_shared_released(claim, device)
+    if partition is not None:
+        stack.assert_bound_once(device, mark, offset)
+    else:
+        assert stack.chunks_created(offset) == 1, stack.emulator.log_since_start()[-3000:]
+        stack.monitor.wait_for_poll()
+        assert stack.monitor.violations == [], stack.monitor.violations
+        assert {e.host for e in stack.monitor.episodes[mark:]} <= {NODE}
 
 
 # -- a GPU partition's and a memory share's own points (the manager stand-in) -----------------------
