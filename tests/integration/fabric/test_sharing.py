@@ -448,3 +448,26 @@ async def test_a_domain_without_chunk_creation_keeps_whole_chunks(tmp_path: Path
             assert fabric.bound_hosts().get("cxlpool0-chunk0") == NODE
             await client.detach("cxlpool0", NODE, claim, wait_seconds=20)
             assert "cxlpool0-chunk0" not in fabric.bound_hosts()
+
+
+async def test_a_share_released_on_the_realistic_profile_never_blocks_the_next(
+    tmp_path: Path, tls: Tls
+) -> None:
+    """A pool is allocated many times: right after one share's release (its chunk sanitized by a
+    task, shown ``Disabled`` meanwhile) the next share of the same pool is made at its first ask,
+    each time; the pool's own state never follows one of its chunks."""
+    with tls_emulator(tmp_path / "fabric", tls, latency="realistic") as fabric:
+        args = manager_args(fabric, tmp_path)
+        with running_manager(tmp_path, fabric.url, args=args) as manager:
+            async with ManagerClient(manager.address, token=CONTROLLER_TOKEN, timeout=60) as client:
+                for i in range(4):  # each attach sent at once after the previous share's release
+                    claim, share = claim_uid(f"next-share-{i}"), share_id(f"next-share-{i}")
+                    made = await client.attach(
+                        POOL, NODE, claim, wait_seconds=40, share_id=share, memory_bytes=GIB
+                    )
+                    assert made.state is AttachmentState.ATTACHED, made
+                    gone = await client.detach(POOL, NODE, claim, wait_seconds=40, share_id=share)
+                    assert gone.state is AttachmentState.DETACHED
+                pool = await client.device(POOL)
+                assert pool.state is BindingState.FREE, pool.state
+                assert chunks(fabric) == [] and connections(fabric) == []
