@@ -24,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from fabric.backends.discovery import BindingPlan
+from fabric.bindings.attribution import DEFAULT_VALUES_MAX, check_label_key
 from fabric.bindings.warm_policy import WarmSettings
 from fabric.driver.settings import OperationSettings
 from fabric.errors import ConfigError
@@ -87,10 +88,11 @@ def load_credentials(
 
 
 #: the argument groups of ``fabric-dra manager serve --help``, in the order they are shown
-REDFISH, FABRIC, STATE, AUTH, LISTENER = (
+REDFISH, FABRIC, STATE, ACCOUNTING, AUTH, LISTENER = (
     "Redfish service",
     "fabric",
     "state and cluster",
+    "accounting",
     "authentication",
     "listener",
 )
@@ -301,6 +303,25 @@ class ManagerSettings(BaseModel):
     )
     retry_period: Annotated[float, Setting(group=STATE)] = Field(
         default=2.0, gt=0, description="seconds between Lease renewals and attempts"
+    )
+    attribution_labels: Annotated[
+        list[str], Setting(group=ACCOUNTING, flag="--attribution-label", metavar="KEY", check=check_label_key)
+    ] = Field(
+        default_factory=list,
+        description="a ResourceClaim label key device-seconds are also counted by (repeatable; "
+        "fabric-dra usage --by label:KEY, the FOCUS export's Tags)",
+    )
+    attribution_values_max: Annotated[int, Setting(group=ACCOUNTING)] = Field(
+        default=DEFAULT_VALUES_MAX,
+        ge=1,
+        le=10000,
+        description="values of each attribution label kept (the top N by device-seconds), the rest "
+        "reported as other (logged once when capped)",
+    )
+    price_list: Annotated[Path | None, Setting(group=ACCOUNTING)] = Field(
+        default=None,
+        description="YAML {currency: USD, models: {<model>: {perHour: 2.5}}}: the prices of the FOCUS "
+        "export (per device-hour; memory pools per GiB-hour)",
     )
     static_tokens: Annotated[Path | None, Setting(group=AUTH)] = Field(
         default=None,
