@@ -230,16 +230,17 @@ async def usage(
     ] = None,
 ) -> api.UsageReport:
     start = _moment("since", since)
-    if (by is api.UsageGrouping.LABEL) != (label is not None):
-        raise InvalidRequest("malformed request: query.label: give label=KEY with by=label, and only then")
     meter = _meter(ctx)
-    if label is not None and label not in meter.attribution.keys:
+    if by is not api.UsageGrouping.LABEL:
+        return meter.report(start, by)  # a label is read with by=label only
+    if label is None or label not in meter.attribution.keys:
+        # Schema-valid, and no such grouping here: not found, as a device the fabric lacks.
         keys = ", ".join(meter.attribution.keys) or "none"
-        raise InvalidRequest(
-            f"malformed request: query.label: {label[:80]!r} is no attribution label of this manager "
-            f"(its --attribution-label keys: {keys})"
+        named = f"{label[:80]!r} is" if label is not None else "by=label needs label=KEY:"
+        raise NotFoundError(
+            f"{named} no attribution label of this manager (its --attribution-label keys: {keys})"
         )
-    return meter.report(start, by, label or "")
+    return meter.report(start, by, label)
 
 
 @USAGE.get(
