@@ -16,7 +16,9 @@ beside the ledger so that restarts and leader changes lose nothing (docs/manager
   (``Kind/name``; for a claim made from a pod's ``resourceClaimTemplate``, the Pod), else
   ``ResourceClaim/<name>``. Following the chain further (Pod → ReplicaSet → Deployment) would need
   ``get`` on pods and replicasets in every namespace, which the manager does not have. Remembered
-  per claim UID, so a claim deleted before its device is detached keeps its attribution.
+  per claim UID, so a claim deleted before its device is detached keeps its attribution — and with
+  it the claim's values of the attribution label keys (:mod:`fabric.bindings.attribution`), kept in
+  the key so that reports by label read the same after a restart.
 * **Durable.** :meth:`UsageMeter.flush` (every :data:`FLUSH_SECONDS`, on losing leadership, at
   shutdown) writes the buckets and the lifetime totals with ``countedUntil``, the time up to which
   everything is counted, through a :class:`UsageStore` of the ledger's kind (a file beside
