@@ -15,13 +15,14 @@ environment (``FABRIC_DRA_REDFISH_USERNAME`` / ``FABRIC_DRA_REDFISH_PASSWORD``).
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from fabric.backends.discovery import BindingPlan
 from fabric.bindings.attribution import DEFAULT_VALUES_MAX, check_label_key
@@ -85,6 +86,14 @@ def load_credentials(
         raise ConfigError(
             f"Redfish credentials {path}: missing or invalid {fields} (need username and password)"
         ) from None
+
+
+def _label_key_flag(text: str) -> str:
+    """``--attribution-label``'s check as the parser reads it: a usage error in one line."""
+    try:
+        return check_label_key(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 #: the argument groups of ``fabric-dra manager serve --help``, in the order they are shown
@@ -305,7 +314,7 @@ class ManagerSettings(BaseModel):
         default=2.0, gt=0, description="seconds between Lease renewals and attempts"
     )
     attribution_labels: Annotated[
-        list[str], Setting(group=ACCOUNTING, flag="--attribution-label", metavar="KEY", check=check_label_key)
+        list[str], Setting(group=ACCOUNTING, flag="--attribution-label", metavar="KEY", check=_label_key_flag)
     ] = Field(
         default_factory=list,
         description="a ResourceClaim label key device-seconds are also counted by (repeatable; "
@@ -381,6 +390,12 @@ class ManagerSettings(BaseModel):
     tls_key: Annotated[Path | None, Setting(group=LISTENER)] = Field(
         default=None, description="private key of --tls-cert (PEM)"
     )
+
+    @field_validator("attribution_labels")
+    @classmethod
+    def _label_keys(cls, keys: list[str]) -> list[str]:
+        """The same check for keys from the environment or a --config file."""
+        return [check_label_key(key) for key in keys]
 
     @property
     def uses_kube(self) -> bool:

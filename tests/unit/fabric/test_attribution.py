@@ -269,3 +269,17 @@ def test_the_command_line_reads_by_label_key() -> None:
     for wrong in ["label:", "label", "label:bad key", "models", "model:x"]:
         with pytest.raises(CliError):
             parse_by(wrong)
+
+
+def test_a_label_key_that_is_no_kubernetes_label_key_is_refused_from_any_source() -> None:
+    from pydantic import ValidationError
+
+    from fabric.service.config import ManagerSettings
+
+    redfish = {"base_url": "https://127.0.0.1:8443"}
+    good = ManagerSettings.model_validate(
+        {"redfish": redfish, "attribution_labels": ["client", "example.com/tier"]}
+    )
+    assert good.attribution_labels == ["client", "example.com/tier"]
+    with pytest.raises(ValidationError, match="is no Kubernetes label key"):
+        ManagerSettings.model_validate({"redfish": redfish, "attribution_labels": ["bad key"]})
