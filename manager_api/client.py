@@ -324,10 +324,17 @@ class ManagerClient:
     async def operations(self) -> list[Operation]:
         return _OPERATIONS.validate_json((await self._request("GET", "/operations")).content)
 
-    async def usage(self, since: datetime, by: UsageGrouping) -> UsageReport:
-        """Device-seconds since ``since`` (from the start of its hour), grouped ``by``."""
-        response = await self._request("GET", "/usage", params={"since": since.isoformat(), "by": str(by)})
+    async def usage(self, since: datetime, by: UsageGrouping, label: str | None = None) -> UsageReport:
+        """Device-seconds since ``since`` (from the start of its hour), grouped ``by`` (the values of
+        the attribution label key ``label`` when ``by`` is label)."""
+        params = {"since": since.isoformat(), "by": str(by), "label": label}
+        response = await self._request("GET", "/usage", params=params)
         return UsageReport.model_validate_json(response.content)
+
+    async def usage_focus(self, since: datetime, until: datetime | None = None) -> str:
+        """The usage from ``since`` (to ``until``) as a FOCUS CSV document."""
+        params = {"since": since.isoformat(), "until": until.isoformat() if until else None}
+        return (await self._request("GET", "/usage/focus", params=params)).text
 
     async def drains(self) -> DrainList:
         """Every drain, with the devices each covers now."""

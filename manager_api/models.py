@@ -25,9 +25,14 @@ GET      /api/v1/operations                           ``list[Operation]`` in fli
 PUT      /api/v1/nodes/{node}/claims                  body :class:`NodeClaims`: the claims the node's plugin
                                                       has prepared (204); the orphan reconciler never
                                                       detaches what a plugin reports
-GET      /api/v1/usage?since=T&by=K                   :class:`UsageReport`: device-seconds since T (RFC 3339;
+GET      /api/v1/usage?since=T&by=K[&label=L]         :class:`UsageReport`: device-seconds since T (RFC 3339;
                                                       from the start of its hour) grouped by K
-                                                      (namespace, model or workload)
+                                                      (namespace, model, workload, or label: the
+                                                      values of the attribution label key L)
+GET      /api/v1/usage/focus?since=T[&until=U]        ``text/csv``: the same seconds as a FOCUS 1.0 cost
+                                                      and usage dataset (one row per hour, model,
+                                                      namespace, labels and measure; header only when
+                                                      nothing was counted)
 GET      /api/v1/drains                               :class:`DrainList`: every drain, with the devices it
                                                       covers now
 POST     /api/v1/drains                               body :class:`DrainRequest` → :class:`DrainAnswer`
@@ -551,6 +556,9 @@ class UsageGrouping(StrEnum):
     MODEL = "model"
     #: the claim's owner, ``namespace/Kind/name``
     WORKLOAD = "workload"
+    #: the value of one attribution label key of the claim (``label=KEY``; the manager's
+    #: ``--attribution-label``), the top values by device-seconds, the rest as ``other``
+    LABEL = "label"
 
 
 class UsageGroup(_Model):
@@ -581,6 +589,7 @@ class UsageReport(_Model):
     since: datetime = Field(description="the start of the first hour counted (the hour `since` fell in)")
     until: datetime = Field(description="counted up to here")
     by: UsageGrouping
+    label: str | None = Field(default=None, description="the label key grouped by, when by is label")
     bucket_seconds: int = Field(description="the accounting's resolution: seconds per bucket")
     oldest: datetime | None = Field(
         default=None, description="the oldest bucket still kept; nothing before it is known any more"

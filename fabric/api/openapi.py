@@ -51,6 +51,7 @@ _BY_OPERATION: dict[tuple[str, str], tuple[int, ...]] = {
     ("get", f"{api.API_PREFIX}/operations/{{operation_id}}"): (404,),
     ("post", f"{api.API_PREFIX}/drains"): (404,),
     ("delete", f"{api.API_PREFIX}/drains"): (404,),
+    ("get", f"{api.API_PREFIX}/usage"): (404,),
 }
 _RETRIABLE = (409, 429, 503, 504)
 

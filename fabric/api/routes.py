@@ -4,6 +4,7 @@ its caller and its names, then hands the request to the part that owns it."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -26,6 +27,9 @@ from fabric.api.context import (
     Wait,
     require_loaded,
 )
+from fabric.bindings.attribution import LABEL_KEY_MAX_LENGTH
+from fabric.bindings.focus import focus_csv, focus_rows
+from fabric.bindings.usage import BUCKET, UsageMeter
 from fabric.state.drains import DrainBook
 from manager_api import models as api
 from manager_api.errors import DeviceNotFound, FabricUnavailable, InvalidRequest, NotFoundError
@@ -198,42 +202,98 @@ async def node_claims(caller: Caller, node: NodeName, report: api.NodeClaims, ct
     return Response(status_code=204)
 
 
+_SINCE = Query(
+    max_length=_SINCE_MAX_LENGTH,
+    description="RFC 3339 with a zone; counted from the start of its hour",
+    json_schema_extra={"format": "date-time"},
+)
+
+
 @USAGE.get(
     f"{api.API_PREFIX}/usage",
     response_model=api.UsageReport,
     response_model_by_alias=True,
-    summary="device-seconds by namespace, model or workload since a time",
+    summary="device-seconds by namespace, model, workload or an attribution label since a time",
 )
 async def usage(
     caller: UsageReader,
-    since: Annotated[
-        str,
-        Query(
-            max_length=_SINCE_MAX_LENGTH,
-            description="RFC 3339 with a zone; counted from the start of its hour",
-            json_schema_extra={"format": "date-time"},
-        ),
-    ],
+    since: Annotated[str, _SINCE],
     ctx: Ctx,
     by: Annotated[api.UsageGrouping, Query(description="what the seconds are grouped by")] = (
         api.UsageGrouping.NAMESPACE
     ),
+    label: Annotated[
+        str | None,
+        Query(
+            max_length=LABEL_KEY_MAX_LENGTH,
+            description="by label: the attribution label key (the manager's --attribution-label)",
+        ),
+    ] = None,
 ) -> api.UsageReport:
-    start = api.parse_rfc3339(since)
-    if start is None:
+    start = _moment("since", since)
+    meter = _meter(ctx)
+    if by is not api.UsageGrouping.LABEL:
+        return meter.report(start, by)  # a label is read with by=label only
+    if label is None or label not in meter.attribution.keys:
+        # Schema-valid, and no such grouping here: not found, as a device the fabric lacks.
+        keys = ", ".join(meter.attribution.keys) or "none"
+        named = f"{label[:80]!r} is" if label is not None else "by=label needs label=KEY:"
+        raise NotFoundError(
+            f"{named} no attribution label of this manager (its --attribution-label keys: {keys})"
+        )
+    return meter.report(start, by, label)
+
+
+@USAGE.get(
+    f"{api.API_PREFIX}/usage/focus",
+    response_class=Response,
+    responses={200: {"content": {"text/csv": {}}, "description": "a FOCUS 1.0 CSV dataset"}},
+    summary="the usage since a time as a FOCUS 1.0 cost and usage dataset (CSV)",
+)
+async def usage_focus(
+    caller: UsageReader,
+    since: Annotated[str, _SINCE],
+    ctx: Ctx,
+    until: Annotated[
+        str | None,
+        Query(
+            max_length=_SINCE_MAX_LENGTH,
+            description="RFC 3339 with a zone: the hours before it (default: all counted)",
+            json_schema_extra={"format": "date-time"},
+        ),
+    ] = None,
+) -> Response:
+    start = _moment("since", since)
+    end = _moment("until", until) if until is not None else None
+    meter = _meter(ctx)
+    book = meter.book()
+    stop = end if end is not None else (book.counted_until or start) + BUCKET
+    # A week of 800 workloads an hour is ~114,000 rows, seconds to render: off the event loop, on the
+    # book's copy (docs/manager.md, "Attribution and the FOCUS export").
+    body = await asyncio.to_thread(lambda: focus_csv(focus_rows(book, start, stop, meter.attribution)))
+    return Response(content=body, media_type="text/csv; charset=utf-8")
+
+
+def _moment(name: str, text: str) -> datetime:
+    moment = api.parse_rfc3339(text)
+    if moment is None:
         raise InvalidRequest(
-            f"malformed request: query.since: {since[:40]!r} is no RFC 3339 time with a zone "
+            f"malformed request: query.{name}: {text[:40]!r} is no RFC 3339 time with a zone "
             "(e.g. 2026-12-01T00:00:00Z)"
         )
-    if not _in_utc_range(start):
+    if not _in_utc_range(moment):
         # 0001-01-01T00:00:00+23:59 is a valid RFC 3339 time whose UTC is before the year 1.
         raise InvalidRequest(
-            f"malformed request: query.since: {since!r} is before 0001-01-01 or after 9999-12-31 "
+            f"malformed request: query.{name}: {text!r} is before 0001-01-01 or after 9999-12-31 "
             "in UTC; give a time within the years 1 to 9999"
         )
+    return moment
+
+
+def _meter(ctx: AppContext) -> UsageMeter:
     if ctx.usage is None or not ctx.usage.counting:
         raise FabricUnavailable("the usage record is not loaded yet", retry_after=2.0)
-    return ctx.usage.report(start, by)
+    return ctx.usage
 
 
 def _in_utc_range(moment: datetime) -> bool:

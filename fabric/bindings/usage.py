@@ -16,7 +16,9 @@ beside the ledger so that restarts and leader changes lose nothing (docs/manager
   (``Kind/name``; for a claim made from a pod's ``resourceClaimTemplate``, the Pod), else
   ``ResourceClaim/<name>``. Following the chain further (Pod → ReplicaSet → Deployment) would need
   ``get`` on pods and replicasets in every namespace, which the manager does not have. Remembered
-  per claim UID, so a claim deleted before its device is detached keeps its attribution.
+  per claim UID, so a claim deleted before its device is detached keeps its attribution — and with
+  it the claim's values of the attribution label keys (:mod:`fabric.bindings.attribution`), kept in
+  the key so that reports by label read the same after a restart.
 * **Durable.** :meth:`UsageMeter.flush` (every :data:`FLUSH_SECONDS`, on losing leadership, at
   shutdown) writes the buckets and the lifetime totals with ``countedUntil``, the time up to which
   everything is counted, through a :class:`UsageStore` of the ledger's kind (a file beside
@@ -42,6 +44,7 @@ from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from fabric.bindings.attribution import UNLABELLED, Attribution, claim_labels, label_values
 from fabric.bindings.warm_policy import model_of
 from fabric.state.claims import ClaimView
 from fabric.state.configmap_doc import ConfigMapDocument
@@ -104,6 +107,9 @@ class UsageKey(NamedTuple):
     #: ``Kind/name`` of the claim's owner; "" when no claim holds the device
     workload: str
     state: str
+    #: the claim's values of the attribution label keys, canonical JSON; "" for none
+    #: (:func:`fabric.bindings.attribution.claim_labels`)
+    labels: str = ""
 
 
 #: what one ledger entry's seconds count to: (key, weight) pairs
@@ -157,9 +163,12 @@ class UsageRecord(BaseModel):
     counted_until: datetime | None = Field(default=None, alias="countedUntil")
     #: (namespace, model, state, seconds) since the record began: the Prometheus counter
     totals: list[tuple[str, str, str, float]] = Field(default_factory=list)
-    #: every (namespace, model, workload, state) the buckets name, once: a bucket's row names its
-    #: key by index, so a week of buckets repeats numbers, not names
-    keys: list[tuple[str, str, str, str]] = Field(default_factory=list)
+    #: every (namespace, model, workload, state[, labels]) the buckets name, once: a bucket's row names
+    #: its key by index, so a week of buckets repeats numbers, not names (no labels: four, as before)
+    keys: list[tuple[str, str, str, str] | tuple[str, str, str, str, str]] = Field(default_factory=list)
+    #: (labels, model, state, seconds) since the record began, for the labelled keys: the
+    #: attribution counter (absent in a record written before attribution: empty)
+    label_totals: list[tuple[str, str, str, float]] = Field(default_factory=list, alias="labelTotals")
     #: bucket start (RFC 3339) → (index in ``keys``, seconds)
     buckets: dict[str, list[tuple[int, float]]] = Field(default_factory=dict)
 
@@ -171,6 +180,8 @@ class UsageBook:
     hours: dict[datetime, dict[UsageKey, float]] = field(default_factory=dict)
     totals: dict[tuple[str, str, str], float] = field(default_factory=dict)
     counted_until: datetime | None = None
+    #: lifetime seconds by (labels, model, state) of the keys that carry labels
+    label_totals: dict[tuple[str, str, str], float] = field(default_factory=dict)
 
     def add(self, key: UsageKey, start: datetime, end: datetime, weight: float = 1.0) -> None:
         """``[start, end)`` to ``key``, each second counted ``weight`` times (a partition's share of
@@ -181,11 +192,17 @@ class UsageBook:
             row[key] = row.get(key, 0.0) + seconds
             total = (key.namespace, key.model, key.state)
             self.totals[total] = self.totals.get(total, 0.0) + seconds
+            if key.labels:
+                labelled = (key.labels, key.model, key.state)
+                self.label_totals[labelled] = self.label_totals.get(labelled, 0.0) + seconds
 
     def merged(self, other: UsageBook) -> UsageBook:
         """This book plus ``other``'s seconds; ``counted_until`` the later of the two."""
         result = UsageBook(
-            {hour: dict(rows) for hour, rows in self.hours.items()}, dict(self.totals), self.counted_until
+            {hour: dict(rows) for hour, rows in self.hours.items()},
+            dict(self.totals),
+            self.counted_until,
+            dict(self.label_totals),
         )
         for hour, rows in other.hours.items():
             into = result.hours.setdefault(hour, {})
@@ -193,6 +210,8 @@ class UsageBook:
                 into[key] = into.get(key, 0.0) + seconds
         for total, seconds in other.totals.items():
             result.totals[total] = result.totals.get(total, 0.0) + seconds
+        for labelled, seconds in other.label_totals.items():
+            result.label_totals[labelled] = result.label_totals.get(labelled, 0.0) + seconds
         if other.counted_until is not None and (
             result.counted_until is None or other.counted_until > result.counted_until
         ):
@@ -213,17 +232,21 @@ class UsageBook:
         del self.hours[oldest]
         return oldest
 
-    def groups(self, since: datetime, by: api.UsageGrouping) -> list[api.UsageGroup]:
-        """Seconds from the bucket ``since`` falls in onwards, grouped ``by``, by state (and the
-        partition-seconds and GiB-seconds)."""
+    def groups(
+        self, since: datetime, by: api.UsageGrouping, label: str = "", attribution: Attribution | None = None
+    ) -> list[api.UsageGroup]:
+        """Seconds from the bucket ``since`` falls in onwards, grouped ``by`` (``label``'s values, each
+        beyond the top N summed as ``other``), by state (and the partition-seconds and GiB-seconds)."""
         start = hour_of(since)
         found: dict[str, dict[str, float]] = {}
         for hour, rows in self.hours.items():
             if hour < start:
                 continue
             for key, seconds in rows.items():
-                states = found.setdefault(_group_name(key, by), {})
+                states = found.setdefault(_group_name(key, by, label), {})
                 states[key.state] = states.get(key.state, 0.0) + seconds
+        if by is api.UsageGrouping.LABEL:
+            found = _capped(found, label, attribution or Attribution())
         return [
             api.UsageGroup(
                 name=name,
@@ -241,7 +264,8 @@ class UsageBook:
         return UsageRecord(
             counted_until=self.counted_until,
             totals=[(*total, round(s, 3)) for total, s in sorted(self.totals.items())],
-            keys=list(keys),
+            label_totals=[(*total, round(s, 3)) for total, s in sorted(self.label_totals.items())],
+            keys=[tuple(key) if key.labels else tuple(key[:4]) for key in keys],
             buckets={
                 hour.isoformat(): sorted((index[key], round(s, 3)) for key, s in rows.items())
                 for hour, rows in sorted(self.hours.items())
@@ -260,15 +284,33 @@ class UsageBook:
                     raise ValueError(f"bucket {hour} names key {i} of {len(keys)}")
                 found[keys[i]] = found.get(keys[i], 0.0) + seconds
         totals = {(ns, model, state): seconds for ns, model, state, seconds in record.totals}
-        return cls(hours, totals, record.counted_until)
+        labelled = {(labels, model, state): seconds for labels, model, state, seconds in record.label_totals}
+        return cls(hours, totals, record.counted_until, labelled)
 
 
-def _group_name(key: UsageKey, by: api.UsageGrouping) -> str:
+def _group_name(key: UsageKey, by: api.UsageGrouping, label: str = "") -> str:
     if by is api.UsageGrouping.MODEL:
         return key.model
+    if by is api.UsageGrouping.LABEL:
+        return label_values(key.labels).get(label, UNLABELLED)
     if by is api.UsageGrouping.WORKLOAD:
         return f"{key.namespace}/{key.workload}" if key.workload else ""
     return key.namespace
+
+
+def _capped(
+    found: dict[str, dict[str, float]], label: str, attribution: Attribution
+) -> dict[str, dict[str, float]]:
+    """``found`` (value → state → seconds) with the values beyond the top N by device-seconds summed
+    under ``other``."""
+    device = {v: sum(s for st, s in states.items() if st in api.USAGE_STATES) for v, states in found.items()}
+    named = attribution.cap(label, device)
+    result: dict[str, dict[str, float]] = {}
+    for value, states in found.items():
+        into = result.setdefault(named[value], {})
+        for state, seconds in states.items():
+            into[state] = into.get(state, 0.0) + seconds
+    return result
 
 
 def _rounded(states: dict[str, float]) -> dict[str, float]:
@@ -389,12 +431,15 @@ class UsageMeter:
         *,
         claims: ClaimView | None = None,
         orphans_in_grace: Callable[[], int] | None = None,
+        attribution: Attribution | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.ledger = ledger
         self.inventory = inventory
         self.store = store
         self.claims = claims
+        #: the label keys seconds are attributed to, their bound, the price list
+        self.attribution = attribution or Attribution()
         #: bindings the orphan reconciler judges unexplained and has not detached yet
         self.orphans_in_grace = orphans_in_grace
         self.clock = clock
@@ -412,8 +457,8 @@ class UsageMeter:
         #: device → its entry as loaded and since when it is not counted, until the first tick
         #: after a resume that knows the models and owners (:meth:`resume`)
         self._unopened: dict[str, tuple[LedgerEntry, datetime]] = {}
-        #: claim UID → (namespace, workload), kept after the claim is gone
-        self._owners: dict[str, tuple[str, str]] = {}
+        #: claim UID → (namespace, workload, labels), kept after the claim is gone
+        self._owners: dict[str, tuple[str, str, str]] = {}
         self._write_lock = asyncio.Lock()
         self._resume_lock = asyncio.Lock()
         ledger.listeners.append(self._ledger_changed)
@@ -480,8 +525,8 @@ class UsageMeter:
             model = model_of(pool) if pool else "unknown"
             if not bound:
                 return ()
-            namespace, workload = self._owner(entry.claim_uid, entry.namespace)
-            return ((UsageKey(namespace, model, workload, MEMORY_GIB), entry.share.chunk_mib / 1024),)
+            namespace, workload, labels = self._owner(entry.claim_uid, entry.namespace)
+            return ((UsageKey(namespace, model, workload, MEMORY_GIB, labels), entry.share.chunk_mib / 1024),)
         record = self.inventory.device(entry.device)
         model = model_of(record) if record else "unknown"
         if entry.warm_held or entry.partition_held:
@@ -492,22 +537,27 @@ class UsageMeter:
             for hold in entry.partitions:
                 partition = parse_partition(hold.partition, {entry.device: table})
                 if partition is not None:
-                    namespace, workload = self._owner(hold.claim_uid, entry.namespace)
-                    keys += ((UsageKey(namespace, model, workload, PARTITION), partition.gpu_share),)
+                    namespace, workload, labels = self._owner(hold.claim_uid, entry.namespace)
+                    keys += ((UsageKey(namespace, model, workload, PARTITION, labels), partition.gpu_share),)
             return keys
-        namespace, workload = self._owner(entry.claim_uid, entry.namespace)
-        return ((UsageKey(namespace, model, workload, str(entry.state)), 1.0),)
+        namespace, workload, labels = self._owner(entry.claim_uid, entry.namespace)
+        return ((UsageKey(namespace, model, workload, str(entry.state), labels), 1.0),)
 
-    def _owner(self, claim_uid: str, fallback_namespace: str | None) -> tuple[str, str]:
-        """(namespace, workload) of a claim, remembered per UID. Not known from a claim (no API
-        access, or a claim gone before a restart): the namespace the plugin sent with the attach,
-        as the entry keeps it (for a GPU's partitions: the first holder's), and no workload."""
+    def _owner(self, claim_uid: str, fallback_namespace: str | None) -> tuple[str, str, str]:
+        """(namespace, workload, attribution labels) of a claim, remembered per UID. Not known from a
+        claim (no API access, or a claim gone before a restart): the namespace the plugin sent with the
+        attach, as the entry keeps it (for a GPU's partitions: the first holder's), no workload and no
+        labels."""
         owner = self._owners.get(claim_uid)
         if owner is None and self.claims is not None:
             claim = self.claims.get(claim_uid)
             if claim is not None:
-                owner = self._owners[claim_uid] = (claim.metadata.namespace or "", workload_of(claim))
-        return owner or (fallback_namespace or "", "")
+                owner = self._owners[claim_uid] = (
+                    claim.metadata.namespace or "",
+                    workload_of(claim),
+                    claim_labels(claim, self.attribution.keys),
+                )
+        return owner or (fallback_namespace or "", "", "")
 
     def _add(self, keys: _Keys, start: datetime, end: datetime) -> None:
         for key, weight in keys:
@@ -611,16 +661,25 @@ class UsageMeter:
         """Lifetime seconds by (namespace, model, state), counted so far (written or not)."""
         return self._book.merged(self._pending).totals if self.counting else {}
 
-    def report(self, since: datetime, by: api.UsageGrouping) -> api.UsageReport:
+    def book(self) -> UsageBook:
+        """Everything counted up to now, written or not."""
         self.tick()
-        book = self._book.merged(self._pending)
+        return self._book.merged(self._pending)
+
+    def label_totals(self) -> dict[tuple[str, str, str], float]:
+        """Lifetime seconds by (labels, model, state) of the labelled keys, counted so far."""
+        return self._book.merged(self._pending).label_totals if self.counting else {}
+
+    def report(self, since: datetime, by: api.UsageGrouping, label: str = "") -> api.UsageReport:
+        book = self.book()
         return api.UsageReport(
             since=hour_of(since),
             until=book.counted_until or self.clock(),
             by=by,
+            label=label or None,
             bucket_seconds=int(BUCKET.total_seconds()),
             oldest=min(book.hours) if book.hours else None,
-            groups=book.groups(since, by),
+            groups=book.groups(since, by, label, self.attribution),
         )
 
     def _outside(self) -> list[api.Device]:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fabric.commands.focus import FOCUS_FORMATS
 from plumbing.cli import OUTPUT_FORMATS, CliError, SubParsers, add_output_option, usage
 
 __all__ = ["manager_options", "register", "resolve_token_file"]
@@ -56,7 +57,7 @@ def register(subparsers: SubParsers) -> None:
 
     usage_command = subparsers.add_parser(
         "usage",
-        help="show device-seconds by namespace, model or workload",
+        help="show device-seconds by namespace, model, workload or label; export them as FOCUS",
         description="Device-seconds from the fabric manager's accounting: how long devices were bound "
         "to claims, warm, attaching, detaching or bound outside fabric-dra, since a time, grouped by "
         "the claims' namespace, the device model or the claims' owning workload. Counted in hourly "
@@ -70,14 +71,25 @@ def register(subparsers: SubParsers) -> None:
         help="a duration before now (30m, 24h, 7d) or an RFC 3339 time with a zone (2026-03-01T09:00:00Z)",
     )
     usage_command.add_argument(
-        "--by", choices=["namespace", "model", "workload"], default="namespace", help="what to group by"
+        "--until",
+        default=None,
+        metavar="DURATION|TIME",
+        help="with --format focus: the hours before this (default: everything counted)",
+    )
+    usage_command.add_argument(
+        "--by",
+        default="namespace",
+        metavar="namespace|model|workload|label:KEY",
+        help="what to group by (label:KEY: a label the manager attributes by, --attribution-label)",
     )
     usage_command.add_argument(
         "-o",
         "--output",
-        choices=[*OUTPUT_FORMATS, "csv"],  # the commands' own words, and csv for spreadsheets
+        "--format",
+        choices=[*OUTPUT_FORMATS, "csv", *FOCUS_FORMATS],  # and csv for spreadsheets, FOCUS for FinOps
         default="table",
-        help="table (device-hours), wide (device-seconds), json, yaml or csv (device-seconds)",
+        help="table (device-hours), wide (device-seconds), json, yaml, csv (device-seconds), or focus "
+        "(focus-csv): a FOCUS 1.0 cost and usage CSV a FinOps tool loads",
     )
     _manager_options(usage_command)
     usage_command.set_defaults(handler=_usage)

@@ -1,5 +1,6 @@
-"""``fabric-dra usage``: device-seconds since a time, by namespace, model or workload, read from the
-fabric manager's accounting (``GET /api/v1/usage``, :mod:`fabric.bindings.usage`)."""
+"""``fabric-dra usage``: device-seconds since a time, by namespace, model, workload or an attribution
+label, read from the fabric manager's accounting (``GET /api/v1/usage``, :mod:`fabric.bindings.usage`);
+``--format focus`` writes its FOCUS export (:mod:`fabric.commands.focus`)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import TextIO
 
+from fabric.bindings.attribution import check_label_key
+from fabric.commands.focus import FOCUS_FORMATS, run_focus
 from fabric.commands.status import manager_client, manager_errors
 from manager_api import models as api
 from plumbing.cli import CliError, dump_document, emit, format_table
 from plumbing.terminal import visible
 
-__all__ = ["parse_since", "render", "run_usage"]
+__all__ = ["parse_by", "parse_since", "render", "run_usage"]
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -108,12 +111,30 @@ def render(report: api.UsageReport, fmt: str) -> str:
     return f"{head}\n{body}"
 
 
+def parse_by(text: str) -> tuple[api.UsageGrouping, str | None]:
+    """``namespace``, ``model``, ``workload`` or ``label:KEY`` as (grouping, label key)."""
+    kind, colon, key = text.partition(":")
+    if kind == api.UsageGrouping.LABEL and colon and key:
+        try:
+            return api.UsageGrouping.LABEL, check_label_key(key)
+        except ValueError as err:
+            raise CliError(f"--by {visible(text)}: {err}") from None
+    if not colon and kind in {g.value for g in api.UsageGrouping if g is not api.UsageGrouping.LABEL}:
+        return api.UsageGrouping(kind), None
+    raise CliError(f"--by '{visible(text)}': expected namespace, model, workload or label:KEY")
+
+
 async def run_usage(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    since = parse_since(args.since, datetime.now(UTC))
+    now = datetime.now(UTC)
+    since = parse_since(args.since, now)
+    if args.output in FOCUS_FORMATS:
+        until = parse_since(args.until, now) if getattr(args, "until", None) else None
+        return await run_focus(args, since, until, out)
+    by, label = parse_by(args.by)
     client, token_given = manager_client(args)
     try:
         with manager_errors(args, token_given, "the fabric manager's usage"):
-            report = await client.usage(since, api.UsageGrouping(args.by))
+            report = await client.usage(since, by, label)
     finally:
         await client.aclose()
     emit(render(report, args.output), file=out)

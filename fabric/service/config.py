@@ -15,15 +15,17 @@ environment (``FABRIC_DRA_REDFISH_USERNAME`` / ``FABRIC_DRA_REDFISH_PASSWORD``).
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from fabric.backends.discovery import BindingPlan
+from fabric.bindings.attribution import DEFAULT_VALUES_MAX, check_label_key
 from fabric.bindings.warm_policy import WarmSettings
 from fabric.driver.settings import OperationSettings
 from fabric.errors import ConfigError
@@ -86,11 +88,20 @@ def load_credentials(
         ) from None
 
 
+def _label_key_flag(text: str) -> str:
+    """``--attribution-label``'s check as the parser reads it: a usage error in one line."""
+    try:
+        return check_label_key(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 #: the argument groups of ``fabric-dra manager serve --help``, in the order they are shown
-REDFISH, FABRIC, STATE, AUTH, LISTENER = (
+REDFISH, FABRIC, STATE, ACCOUNTING, AUTH, LISTENER = (
     "Redfish service",
     "fabric",
     "state and cluster",
+    "accounting",
     "authentication",
     "listener",
 )
@@ -302,6 +313,25 @@ class ManagerSettings(BaseModel):
     retry_period: Annotated[float, Setting(group=STATE)] = Field(
         default=2.0, gt=0, description="seconds between Lease renewals and attempts"
     )
+    attribution_labels: Annotated[
+        list[str], Setting(group=ACCOUNTING, flag="--attribution-label", metavar="KEY", check=_label_key_flag)
+    ] = Field(
+        default_factory=list,
+        description="a ResourceClaim label key device-seconds are also counted by (repeatable; "
+        "fabric-dra usage --by label:KEY, the FOCUS export's Tags)",
+    )
+    attribution_values_max: Annotated[int, Setting(group=ACCOUNTING)] = Field(
+        default=DEFAULT_VALUES_MAX,
+        ge=1,
+        le=10000,
+        description="values of each attribution label kept (the top N by device-seconds), the rest "
+        "reported as other (logged once when capped)",
+    )
+    price_list: Annotated[Path | None, Setting(group=ACCOUNTING)] = Field(
+        default=None,
+        description="YAML {currency: USD, models: {<model>: {perHour: 2.5}}}: the prices of the FOCUS "
+        "export (per device-hour; memory pools per GiB-hour)",
+    )
     static_tokens: Annotated[Path | None, Setting(group=AUTH)] = Field(
         default=None,
         description="YAML/JSON {tokens: [{token, role: plugin|controller|operator|metrics, node}]} for "
@@ -360,6 +390,12 @@ class ManagerSettings(BaseModel):
     tls_key: Annotated[Path | None, Setting(group=LISTENER)] = Field(
         default=None, description="private key of --tls-cert (PEM)"
     )
+
+    @field_validator("attribution_labels")
+    @classmethod
+    def _label_keys(cls, keys: list[str]) -> list[str]:
+        """The same check for keys from the environment or a --config file."""
+        return [check_label_key(key) for key in keys]
 
     @property
     def uses_kube(self) -> bool:

@@ -29,6 +29,7 @@ from fabric.api.context import AppContext
 from fabric.backends.discovery import Discovery
 from fabric.backends.watch import InventoryWatch
 from fabric.bindings.attachments import Attachments
+from fabric.bindings.attribution import Attribution, attributed_seconds, load_price_list
 from fabric.bindings.orphans import OrphanReconciler
 from fabric.bindings.reconcile import ForeignBindings, Reconciler
 from fabric.bindings.usage import (
@@ -131,6 +132,11 @@ def build_parts(
         usage_store,
         claims=holders.claims,
         orphans_in_grace=holders.orphans.in_grace if holders.orphans is not None else lambda: 0,
+        attribution=Attribution(
+            keys=tuple(dict.fromkeys(s.attribution_labels)),
+            values_max=s.attribution_values_max,
+            prices=load_price_list(s.price_list) if s.price_list is not None else None,
+        ),
     )
     _watch_metrics(metrics, inventory, usage, is_leader)
     app = build_app(
@@ -237,7 +243,12 @@ def _watch_metrics(
         inventory.snapshot, lambda: inventory.loaded.is_set() and inventory.last_error is None
     )
     metrics.is_leader.set_function(lambda: 1.0 if is_leader() else 0.0)
-    metrics.watch_usage(lambda: usage.tick() if is_leader() else None, usage.totals, usage.stranded)
+    metrics.watch_usage(
+        lambda: usage.tick() if is_leader() else None,
+        usage.totals,
+        usage.stranded,
+        attributed=lambda: attributed_seconds(usage.label_totals(), usage.attribution),
+    )
 
 
 def _authenticator(s: ManagerSettings, kube: KubeClient | None, namespace: str) -> Chain:

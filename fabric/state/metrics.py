@@ -99,10 +99,12 @@ class _UsageCollector(Collector):
         refresh: Callable[[], None],
         totals: Callable[[], dict[tuple[str, str, str], float]],
         stranded: Callable[[], dict[str, int]],
+        attributed: Callable[[], dict[tuple[str, str, str, str], float]],
     ) -> None:
         self._refresh = refresh
         self._totals = totals
         self._stranded = stranded
+        self._attributed = attributed
 
     def collect(self) -> Iterator[Metric]:
         self._refresh()  # counted up to this scrape
@@ -135,6 +137,16 @@ class _UsageCollector(Collector):
         yield seconds
         yield partitions
         yield memory
+        attributed = CounterMetricFamily(
+            "fabric_dra_attributed_seconds",
+            "Seconds by the claims' attribution labels (--attribution-label): device-seconds by state, "
+            "partition (GPU-seconds at the partition's share) and memory-gib (GiB-seconds); each key's "
+            "values beyond --attribution-values-max counted as other; kept in the usage record",
+            labels=["key", "value", "model", "state"],
+        )
+        for (key, label_value, model, state), total in sorted(self._attributed().items()):
+            attributed.add_metric([key, label_value, model, state], total)
+        yield attributed
         stranded = self._stranded()
         yield _family(
             "fabric_dra_stranded_devices",
@@ -261,10 +273,12 @@ class ManagerMetrics:
         refresh: Callable[[], None],
         totals: Callable[[], dict[tuple[str, str, str], float]],
         stranded: Callable[[], dict[str, int]],
+        attributed: Callable[[], dict[tuple[str, str, str, str], float]] | None = None,
     ) -> None:
-        """``fabric_dra_device_seconds_total`` and ``fabric_dra_stranded_devices``, read at each
-        scrape after ``refresh`` (the usage meter's tick)."""
-        self.registry.register(_UsageCollector(refresh, totals, stranded))
+        """``fabric_dra_device_seconds_total``, ``fabric_dra_stranded_devices`` and
+        ``fabric_dra_attributed_seconds_total`` (by attribution label), read at each scrape after
+        ``refresh`` (the usage meter's tick)."""
+        self.registry.register(_UsageCollector(refresh, totals, stranded, attributed or dict))
 
     def observe_redfish(self, method: str, resource: str, outcome: str, seconds: float) -> None:
         """A :data:`fabric.redfish.client.RequestObserver`."""

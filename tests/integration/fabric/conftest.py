@@ -193,11 +193,15 @@ async def allocated_claim(
     *,
     reserved: bool = False,
     owner: dict[str, Any] | None = None,
+    labels: dict[str, str] | None = None,
 ) -> str:
     """A ResourceClaim in ``default`` allocated ``device`` of the PCIe pool (on ``node``, when given),
     as the scheduler leaves it; returns its UID. The manager attaches only for such a claim.
-    ``owner``: its controller ownerReference (a claim made from a pod's template has the Pod)."""
+    ``owner``: its controller ownerReference (a claim made from a pod's template has the Pod);
+    ``labels``: its labels (a template's are copied into the claim)."""
     metadata: dict[str, Any] = {"name": name, "namespace": "default"}
+    if labels is not None:
+        metadata["labels"] = labels
     if owner is not None:
         metadata["ownerReferences"] = [{**owner, "controller": True}]
     async with cluster.client() as kube:
