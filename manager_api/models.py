@@ -40,8 +40,17 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Literal, TypeAlias
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, GetCoreSchemaHandler, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    WithJsonSchema,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict
 from pydantic_core import CoreSchema, core_schema
 
 from manager_api.devices import (
@@ -318,7 +327,25 @@ POOL_NAME_PATTERN = f"^{_SUBDOMAIN}(/{_SUBDOMAIN})*$"
 PoolName = Annotated[str, Field(pattern=POOL_NAME_PATTERN, max_length=POOL_NAME_MAX_LENGTH)]
 
 
+def _both_or_neither(a: str, b: str) -> JsonDict:
+    """JSON Schema: when ``a`` is given (not null), ``b`` must be given too (not null)."""
+    return {
+        "if": {"required": [a], "properties": {a: {"not": {"type": "null"}}}},
+        "then": {"required": [b], "properties": {b: {"not": {"type": "null"}}}},
+    }
+
+
 class AttachRequest(_Model):
+    """One device for a claim on a node; a share of a memory pool names both ``shareId`` and
+    ``memoryBytes`` (the document says so, so a client that sends one alone learns it from the
+    schema, not only from the 422)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [_both_or_neither("shareId", "memoryBytes"), _both_or_neither("memoryBytes", "shareId")]
+        }
+    )
+
     device: DeviceName
     node: NodeName
     claim_uid: ClaimUid
@@ -342,6 +369,12 @@ class AttachRequest(_Model):
         gt=0,
         description="for a share of a memory pool: the allocation's consumedCapacity of memory, in bytes",
     )
+
+    @model_validator(mode="after")
+    def _a_share_names_both(self) -> AttachRequest:
+        if (self.share_id is None) != (self.memory_bytes is None):
+            raise ValueError("a share of a memory pool names both shareId and memoryBytes")
+        return self
 
 
 class PreparedClaim(_Model):

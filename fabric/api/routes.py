@@ -152,10 +152,13 @@ async def detach(
     node: NodeQuery,
     ctx: Ctx,
     wait: Wait = 0.0,
+    share_id: Annotated[
+        str | None, Query(alias="shareId", pattern=api.SHARE_ID_PATTERN, max_length=36)
+    ] = None,
 ) -> JSONResponse:
     caller.check_bind(node)
     require_loaded(ctx)
-    return _answered(await ctx.attachments.detach(device, claim_uid, node, wait))
+    return _answered(await ctx.attachments.detach(device, claim_uid, node, wait, share_id=share_id))
 
 
 @OPERATIONS.get(

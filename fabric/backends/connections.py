@@ -20,20 +20,34 @@ from fabric.backends.base import (
     Backend,
     BindContext,
     DiscoveryResult,
+    EndpointView,
     authoritative_members,
     classify_endpoint,
     host_initiators,
     linked_initiators,
     read_endpoints,
 )
+from fabric.backends.carving import MemoryCarver, share_of_marker
 from fabric.backends.describe import describe
-from fabric.backends.views import Connection, Endpoint, Fabric, MemoryChunks, Zone, odata_id
+from fabric.backends.views import (
+    Connection,
+    CXLLogicalDevice,
+    Endpoint,
+    Fabric,
+    MemoryChunks,
+    MemoryDomain,
+    Zone,
+    odata_id,
+)
 from fabric.backends.walk import Walk, path_ids
-from fabric.state.model import DeviceRecord, HostRecord
+from fabric.redfish.client import RedfishResponse
+from fabric.state.model import DeviceRecord, HostRecord, MemoryDomainRecord
 from manager_api.devices import BindingStyle
 from manager_api.errors import BindFailed
 
 __all__ = ["ConnectionBackend"]
+
+_MIB = 1 << 20
 
 
 class ConnectionBackend(Backend):
@@ -49,6 +63,8 @@ class ConnectionBackend(Backend):
         self._unlisted: list[str] = []
         #: device key → the connection its last bind created (:meth:`witnessed` reads it)
         self.bind_changed: dict[str, str] = {}
+        #: shares of the fabric's memory pools: chunks made and connected on demand
+        self.carver = MemoryCarver(self)
 
     async def discover(self, walk: Walk, hosts: Mapping[str, HostRecord]) -> DiscoveryResult:
         fabric = await walk.read(self.fabric_uri, Fabric)
@@ -66,12 +82,16 @@ class ConnectionBackend(Backend):
         )
         result = host_initiators(endpoints, hosts)
         self._initiator_hosts = {uri: host for host, uris in result.initiators.items() for uri in uris}
-        await self._learn_initiators(walk, connections)
+        await self.learn_initiators(walk, connections)
         self._devices = []
         for view in endpoints:
-            if not view.is_target or not view.chunks:
+            if not view.is_target:
                 continue
-            for chunk_uri in view.chunks:
+            pools = await self._pools(walk, view, result.hosts)
+            result.devices.extend(pools)
+            made = {u for p in pools if p.memory_domain for u in p.memory_domain.made}
+            whole = [c for c in view.chunks if c not in made]
+            for chunk_uri in whole:
                 self._devices.append((chunk_uri, view.uri))
                 chunk = await walk.read(chunk_uri, MemoryChunks)
                 if chunk is None:
@@ -81,12 +101,12 @@ class ConnectionBackend(Backend):
                     host
                     for connection in connections
                     if self._carries(connection, chunk_uri, view.uri)
-                    for host in self._hosts_of(connection)
+                    for host in self.hosts_of(connection)
                 }
                 result.devices.append(
                     DeviceRecord(
                         key=chunk_uri,
-                        resource_id=_chunk_name(view.id, chunk_uri, view.chunks),
+                        resource_id=_chunk_name(view.id, chunk_uri, whole),
                         fabric=self.fabric_id,
                         style=self.style,
                         attributes=attributes,
@@ -98,16 +118,60 @@ class ConnectionBackend(Backend):
                 )
         return result
 
+    async def _pools(self, walk: Walk, view: EndpointView, hosts: tuple[str, ...]) -> list[DeviceRecord]:
+        """One pool device per MemoryDomain of the target's CXL logical devices that allows chunk
+        creation (``<endpoint>-pool``); the chunks fabric-dra made there are its shares, never
+        whole devices, and the others are carved outside it (offered whole, as before)."""
+        logical = [uri for kind, uri in view.entities if kind == "CXLDevice"]
+        domains: list[str] = []
+        for device in await walk.read_all(logical, CXLLogicalDevice):
+            domains.extend(device.links.memory_domains)
+        pools: list[DeviceRecord] = []
+        for domain in await walk.read_all(list(dict.fromkeys(domains)), MemoryDomain):
+            if domain.allows_memory_chunk_creation is not True or not domain.uri or not domain.memory_chunks:
+                continue
+            size, least = domain.memory_size_mib, domain.min_memory_chunk_size_mib
+            if not size or not least:
+                continue
+            step = domain.memory_chunk_increment_mib or least
+            chunks = await walk.members(domain.memory_chunks, MemoryChunks)
+            made = tuple(str(c.uri) for c in chunks if c.uri and share_of_marker(c.name))
+            outside = sum(int(c.memory_chunk_size_mib or 0) for c in chunks if str(c.uri) not in made)
+            record = MemoryDomainRecord(
+                uri=domain.uri,
+                chunks=domain.memory_chunks,
+                size_bytes=int(size) * _MIB,
+                min_chunk_bytes=int(least) * _MIB,
+                increment_bytes=int(step) * _MIB,
+                outside_bytes=outside * _MIB,
+                made=made,
+            )
+            attributes = await describe(walk, view.entities, endpoint=view.endpoint)
+            name = view.id if len(domains) == 1 else f"{view.id}-{domain.id}"
+            pools.append(
+                DeviceRecord(
+                    key=domain.uri,
+                    resource_id=f"{name}-pool",
+                    fabric=self.fabric_id,
+                    style=self.style,
+                    attributes=attributes.model_copy(update={"memory_bytes": record.size_bytes}),
+                    reachable_hosts=hosts,
+                    endpoint=view.uri,
+                    memory_domain=record,
+                )
+            )
+        return pools
+
     async def read_bindings(self, walk: Walk) -> dict[str, tuple[str, ...]]:
         fabric = await walk.read(self.fabric_uri, Fabric)
         connections = await walk.members(fabric.connections if fabric else None, Connection)
         listed = {c.uri for c in connections}
         connections.extend(await walk.read_all((u for u in self._unlisted if u not in listed), Connection))
-        await self._learn_initiators(walk, connections)
+        await self.learn_initiators(walk, connections)
         return {
             chunk: tuple(
                 sorted(
-                    {h for c in connections if self._carries(c, chunk, endpoint) for h in self._hosts_of(c)}
+                    {h for c in connections if self._carries(c, chunk, endpoint) for h in self.hosts_of(c)}
                 )
             )
             for chunk, endpoint in self._devices
@@ -121,7 +185,7 @@ class ConnectionBackend(Backend):
         # A memory connection without MemoryChunkInfo grants the whole target endpoint.
         return endpoint in connection.links.target_endpoints
 
-    def _hosts_of(self, connection: Connection) -> set[str]:
+    def hosts_of(self, connection: Connection) -> set[str]:
         hosts = set()
         for uri in connection.links.initiator_endpoints:
             host = self._initiator_hosts.get(uri)
@@ -129,7 +193,7 @@ class ConnectionBackend(Backend):
                 hosts.add(host)
         return hosts
 
-    async def _learn_initiators(self, walk: Walk, connections: list[Connection]) -> None:
+    async def learn_initiators(self, walk: Walk, connections: list[Connection]) -> None:
         """Initiators a connection names but the Endpoints collection does not list (public-cxl's I4)."""
         for connection in connections:
             for uri in connection.links.initiator_endpoints:
@@ -148,14 +212,14 @@ class ConnectionBackend(Backend):
             walk, fabric.connections if fabric else None, [*linked, *self._unlisted]
         )
         connections = await walk.read_all(uris, Connection)
-        await self._learn_initiators(walk, connections)
+        await self.learn_initiators(walk, connections)
         return [c for c in connections if self._carries(c, str(device.chunk), str(device.endpoint))]
 
     async def read_binding(self, device: DeviceRecord, hosts: Sequence[HostRecord] = ()) -> tuple[str, ...]:
         walk = self.fresh_walk()
         bound: set[str] = set()
         for connection in await self._fresh_connections(walk, device):
-            bound |= self._hosts_of(connection)
+            bound |= self.hosts_of(connection)
         return tuple(sorted(bound))
 
     async def witnessed(self, device: DeviceRecord, host: HostRecord) -> bool:
@@ -174,12 +238,25 @@ class ConnectionBackend(Backend):
         )
         if connection is None or uri not in listed:
             return False
-        await self._learn_initiators(walk, [connection])
+        await self.learn_initiators(walk, [connection])
         return self._carries(
             connection, str(device.chunk), str(device.endpoint)
-        ) and host.id in self._hosts_of(connection)
+        ) and host.id in self.hosts_of(connection)
 
     async def bind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
+        await self.post_connection(
+            device, str(device.chunk), host, ctx, name=f"fabric-dra {device.name} on {host.id}"
+        )
+
+    async def follow_change(self, response: RedfishResponse, ctx: BindContext) -> RedfishResponse:
+        """Follow a change's answer (a task to its end) as every bind does."""
+        return await self._finish(response, ctx)
+
+    async def post_connection(
+        self, device: DeviceRecord, chunk: str, host: HostRecord, ctx: BindContext, *, name: str
+    ) -> str | None:
+        """POST the memory Connection of ``chunk`` (behind ``device``'s endpoint) to ``host``; the
+        Connection's URI when the service answered 201 with it."""
         initiators = self.initiators_of(host)
         walk = self.fresh_walk()
         fabric = await walk.read(self.fabric_uri, Fabric)
@@ -193,10 +270,10 @@ class ConnectionBackend(Backend):
         response = await self.client.post(
             collection,
             {
-                "Name": f"fabric-dra {device.name} on {host.id}",
+                "Name": name,
                 "ConnectionType": "Memory",
                 "MemoryChunkInfo": [
-                    {"AccessCapabilities": ["Read", "Write"], "MemoryChunk": {"@odata.id": device.chunk}}
+                    {"AccessCapabilities": ["Read", "Write"], "MemoryChunk": {"@odata.id": chunk}}
                 ],
                 "Links": {
                     "InitiatorEndpoints": self._link_list([initiator]),
@@ -205,11 +282,13 @@ class ConnectionBackend(Backend):
             },
         )
         created = odata_id(response.body) if response.status == 201 else None
-        if created:
+        created = created or (response.location if response.status == 201 else None)
+        if created and device.memory_domain is None:
             self.bind_changed[device.key] = created
         else:
             self.bind_changed.pop(device.key, None)
         await self._finish(response, ctx)
+        return created
 
     async def _initiator_for(
         self, walk: Walk, fabric: Fabric | None, device: DeviceRecord, initiators: tuple[str, ...]
@@ -232,7 +311,7 @@ class ConnectionBackend(Backend):
     async def unbind(self, device: DeviceRecord, host: HostRecord, ctx: BindContext) -> None:
         walk = self.fresh_walk()
         for connection in await self._fresh_connections(walk, device):
-            if host.id not in self._hosts_of(connection):
+            if host.id not in self.hosts_of(connection):
                 continue
             uri = str(connection.uri)
             others = [c for c in connection.chunks if c != device.chunk]

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from pydantic import ValidationError
+
 from fabric.backends.views import (
     Controller,
     CXLLogicalDevice,
@@ -41,6 +43,10 @@ from fabric.backends.views import (
 from fabric.backends.walk import Walk, path_ids
 from fabric.state.model import DiscoveredAttributes
 from manager_api.devices import DeviceType, Health
+from manager_api.partitions import PartitionTable
+from plumbing.logs import get_logger
+
+log = get_logger(__name__)
 
 __all__ = ["DEVICE_ENTITY_TYPES", "RESET_TYPE", "describe", "locate_port", "status_of"]
 
@@ -256,7 +262,25 @@ async def describe(
         available=available,
         identities=_identities(parts, entities),
         reset_target=_reset_target(parts),
+        partition_table=_partition_table(pcie_device, kind),
     )
+
+
+def _partition_table(pcie_device: PCIeDevice | None, kind: DeviceType) -> PartitionTable | None:
+    """A GPU's partition table (``Oem.FabricDRA.PartitionTable``); one that does not read as a
+    table is left out, said once in the log: the GPU is then offered whole only."""
+    raw = pcie_device.partition_table if pcie_device is not None else None
+    if raw is None or kind is not DeviceType.GPU:
+        return None
+    try:
+        return PartitionTable.model_validate(raw)
+    except ValidationError as err:
+        log.warning(
+            "a GPU's partition table cannot be read; it is offered whole",
+            resource=pcie_device.uri if pcie_device else None,
+            error=str(err).splitlines()[0],
+        )
+        return None
 
 
 async def _read_parts(walk: Walk, entities: Sequence[tuple[str, str]], parts: _Parts) -> _Parts:

@@ -455,6 +455,7 @@ class DeviceLinks(View):
     endpoints: Refs = refs("Endpoints")
     network_adapter: Ref = prop("NetworkAdapter")
     cxl_logical_devices: Ref = prop("CXLLogicalDevices")
+    memory_domains: Refs = refs("MemoryDomains")
 
 
 class DeviceResource(Resource):
@@ -556,11 +557,29 @@ class MemoryChunks(DeviceResource):
     memory_chunk_size_mib: Number = prop("MemoryChunkSizeMiB")
 
 
+class MemoryDomain(Resource):
+    """MemoryDomain.v1_5_0: a domain that may make chunks on demand (``AllowsMemoryChunkCreation``)."""
+
+    allows_memory_chunk_creation: Tolerant[StrictBool] = prop("AllowsMemoryChunkCreation")
+    min_memory_chunk_size_mib: Number = prop("MinMemoryChunkSizeMiB")
+    memory_chunk_increment_mib: Number = prop("MemoryChunkIncrementMiB")
+    memory_size_mib: Number = prop("MemorySizeMiB")
+    memory_chunks: Ref = prop("MemoryChunks")
+
+
 class PCIeDevice(DeviceResource):
-    """PCIeDevice.v1_21_0: the link (PCIeInterface) and the serial number."""
+    """PCIeDevice.v1_21_0: the link (PCIeInterface) and the serial number; fabric-dra's own
+    ``Oem.FabricDRA.PartitionTable`` on a GPU that splits into partitions."""
 
     pcie_interface: Tolerant[PCIeInterface] = prop("PCIeInterface")
     pcie_functions: Ref = prop("PCIeFunctions")
+    oem: Tolerant[dict[str, Any]] = prop("Oem")
+
+    @property
+    def partition_table(self) -> Any:
+        """The raw ``Oem.FabricDRA.PartitionTable`` object, or None."""
+        ours = (self.oem or {}).get("FabricDRA")
+        return ours.get("PartitionTable") if isinstance(ours, dict) else None
 
 
 class PCIeFunction(DeviceResource):

@@ -28,7 +28,9 @@ This is the one owner of ``POST /api/v1/attachments``, ``DELETE /api/v1/attachme
   its node resets (no Redfish ``Reset`` action) is a hit still ``reset: pending``: the answer says
   ``resetRequired`` until the plugin reports the reset (:meth:`Attachments.report_reset`).
 
-How unfinished operations are resumed after a restart is :mod:`fabric.bindings.reconcile`.
+Partitions of a GPU and shares of a memory pool are :mod:`fabric.bindings.sharing`; the answer, for
+all of them, :mod:`fabric.bindings.answers`. How unfinished operations are resumed after a restart
+is :mod:`fabric.bindings.reconcile`.
 """
 
 from __future__ import annotations
@@ -36,21 +38,27 @@ from __future__ import annotations
 import enum
 import time
 
+from fabric.bindings.answers import Answer, Answers
 from fabric.bindings.checks import busy, check_free, check_usable, claim_allows, reachable_target
+from fabric.bindings.sharing import Sharing
 from fabric.bindings.warm import COLD, HIT, MISS, WarmPool
 from fabric.driver.operations import OperationDriver
 from fabric.driver.resets import reset_by_node
 from fabric.state.claims import ClaimView
 from fabric.state.inventory import Inventory
-from fabric.state.ledger import Ledger, LedgerEntry, LedgerState, ResetState
+from fabric.state.ledger import (
+    Ledger,
+    LedgerEntry,
+    LedgerState,
+    ResetState,
+    share_key,
+)
 from fabric.state.model import DeviceRecord, HostRecord
 from manager_api import models as api
 from manager_api.errors import (
     AttachTimeout,
-    BindFailed,
     DeviceBusy,
     DeviceNotFound,
-    FabricUnavailable,
     NotLeader,
 )
 from plumbing.logs import get_logger
@@ -58,8 +66,6 @@ from plumbing.logs import get_logger
 __all__ = ["Attachments"]
 
 log = get_logger(__name__)
-
-Answer = tuple[api.Attachment, int]
 
 
 class _Wait(enum.Enum):
@@ -91,6 +97,11 @@ class Attachments:
         #: the cluster's ResourceClaims an attach must match; None without Kubernetes API access
         self.claims = claims
         self.is_leader = driver.is_leader
+        self.answers = Answers(inventory, ledger, driver)
+        #: partitions of GPUs and shares of memory pools
+        self.sharing = Sharing(
+            inventory, ledger, driver, self.answers, claimed=self._claimed, warm=warm, claims=claims
+        )
 
     def _require_leader(self) -> None:
         if not self.is_leader():
@@ -99,10 +110,26 @@ class Attachments:
     # -- attach ----------------------------------------------------------------------------------
 
     async def attach(self, request: api.AttachRequest, wait: float) -> Answer:
-        """Bind ``request.device`` to ``request.node`` for the claim; (attachment, HTTP status)."""
+        """Bind ``request.device`` to ``request.node`` for the claim; (attachment, HTTP status).
+        A partition device binds its GPU (:meth:`Sharing.attach_partition
+        <fabric.bindings.sharing.Sharing.attach_partition>`), a memory pool makes a share
+        (:meth:`~fabric.bindings.sharing.Sharing.attach_share`)."""
         self._require_leader()
+        partition = self.sharing.partition(request.device)
+        if partition is not None:
+            return await self.sharing.attach_partition(request, partition, wait)
         request = await claim_allows(self.claims, self.inventory, request)
         record, host = reachable_target(self.inventory, request)
+        if record.memory_domain is not None:
+            return await self.sharing.attach_share(request, record, host, wait)
+        if request.share_id is not None or request.memory_bytes is not None:
+            # the claim's allocation names a share of a device this fabric offers whole only: as
+            # for a device of another pool, this fabric has no such (shareable) device
+            raise DeviceNotFound(
+                f"device {request.device} is no memory pool: this fabric has no shares of it "
+                "(an allocation with a shareID names a pool)",
+                device=request.device,
+            )
         slot = self.driver.slot(request.device)
         deadline = time.monotonic() + max(0.0, wait)
         while True:
@@ -119,7 +146,7 @@ class Attachments:
             if remaining <= 0:
                 return self._still_waiting(step, request)
             await slot.moved_on(remaining, event)
-        return await self._answer(
+        return await self.answers.answer(
             request.device,
             request.node,
             request.claim_uid,
@@ -146,7 +173,7 @@ class Attachments:
         if entry.claim_uid != claim or entry.node != node:
             raise busy(entry)
         if entry.state is LedgerState.BOUND:
-            return self._attachment(name, node, claim, api.AttachmentState.ATTACHED), 200
+            return self.answers.attachment(name, node, claim, api.AttachmentState.ATTACHED), 200
         if entry.state is LedgerState.ATTACHING:
             self.driver.kick(name)
             return _Wait.OPERATION
@@ -173,7 +200,7 @@ class Attachments:
             check_usable(record)
             await self.records.take_warm(entry, claim, namespace=request.namespace, node_reset=node_reset)
             self._claimed(record, node, HIT)
-            return self._attachment(name, node, claim, api.AttachmentState.ATTACHED), 200
+            return self.answers.attachment(name, node, claim, api.AttachmentState.ATTACHED), 200
         if entry.state is LedgerState.WARM and entry.node != node:
             # Warm on another node: moved (detached there, then attached here as usual once the
             # fabric let go), never refused and never bound twice.
@@ -190,7 +217,7 @@ class Attachments:
         name, node, claim = request.device, request.node, request.claim_uid
         if step is _Wait.WARM:
             # Not busy: it comes to this claim. The plugin asks again (a long poll).
-            return self._attachment(name, node, claim, api.AttachmentState.ATTACHING), 202
+            return self.answers.attachment(name, node, claim, api.AttachmentState.ATTACHING), 202
         raise DeviceBusy(
             f"device {name} is rolling back a failed attach for claim {claim}; ask again",
             device=name,
@@ -205,23 +232,34 @@ class Attachments:
 
     # -- detach ----------------------------------------------------------------------------------
 
-    async def detach(self, device: str, claim: str, node: str, wait: float) -> Answer:
-        """Unbind ``device`` if ``claim`` holds it on ``node``; anything else is a no-op success."""
+    async def detach(
+        self, device: str, claim: str, node: str, wait: float, *, share_id: str | None = None
+    ) -> Answer:
+        """Unbind ``device`` if ``claim`` holds it on ``node``; anything else is a no-op success.
+        A partition device lets go of its placement; a memory pool's share is named by ``share_id``."""
         self._require_leader()
+        partition = self.sharing.partition(device)
+        if partition is not None:
+            return await self.sharing.detach_partition(partition, claim, node, wait)
+        record = self.inventory.device(device)
+        if record is not None and record.memory_domain is not None:
+            if share_id is None:
+                return self.answers.attachment(device, node, claim, api.AttachmentState.DETACHED), 200
+            device = share_key(device, share_id)
         slot = self.driver.slot(device)
         async with slot.lock:
-            entry = self._known_entry(device)
+            entry = self.answers.known_entry(device)
             if entry is None or entry.claim_uid != claim or entry.node != node:
-                return self._attachment(device, node, claim, api.AttachmentState.DETACHED), 200
+                return self.answers.attachment(device, node, claim, api.AttachmentState.DETACHED), 200
             if entry.state is LedgerState.BOUND and self.warm is not None and self.warm.wants_back(entry):
                 # kept bound, and reset before another claim gets it (the driver runs the reset)
                 await self.records.keep_warm(entry)  # stays bound to the node: nothing to wait for
                 self.driver.kick(device)
-                return self._attachment(device, node, claim, api.AttachmentState.DETACHED), 200
+                return self.answers.attachment(device, node, claim, api.AttachmentState.DETACHED), 200
             if entry.state is not LedgerState.DETACHING or entry.rollback:
                 await self.records.start_detach(entry)
             self.driver.kick(device)
-        return await self._answer(device, node, claim, api.OperationKind.DETACH, wait)
+        return await self.answers.answer(device, node, claim, api.OperationKind.DETACH, wait)
 
     # -- a node's reset of a device it got reset: pending ---------------------------------------
 
@@ -235,7 +273,7 @@ class Attachments:
         self._require_leader()
         node, claim = report.node, report.claim_uid
         async with self.driver.slot(device).lock:
-            entry = self._known_entry(device)
+            entry = self.answers.known_entry(device)
             if entry is None or entry.claim_uid != claim or entry.node != node:
                 raise DeviceBusy(
                     f"device {device} is not held by claim {claim} on node {node}; only its holder "
@@ -248,10 +286,10 @@ class Attachments:
                 # reported twice, or power-cycled already: where it stands answers the plugin
                 bound = entry.state is LedgerState.BOUND
                 state = api.AttachmentState.ATTACHED if bound else api.AttachmentState.ATTACHING
-                return self._attachment(device, node, claim, state), 200
+                return self.answers.attachment(device, node, claim, state), 200
             if report.outcome is api.ResetOutcome.OK:
                 await self.records.node_reset_done(entry)
-                return self._attachment(device, node, claim, api.AttachmentState.ATTACHED), 200
+                return self.answers.attachment(device, node, claim, api.AttachmentState.ATTACHED), 200
             namespace, failed = entry.namespace, entry.model_copy()
             reason = f"the node could not reset it: {report.message}"
             # Not handed to the claim dirty: detached (intent before action), to be attached again
@@ -271,7 +309,7 @@ class Attachments:
         deadline = time.monotonic() + max(0.0, wait)
         # A detach that fails or does not finish in time fails the claim's prepare: the device
         # is out of the pool either way, never handed over unreset.
-        _, status = await self._answer(device, node, claim, api.OperationKind.DETACH, wait)
+        _, status = await self.answers.answer(device, node, claim, api.OperationKind.DETACH, wait)
         if status != 200:
             raise AttachTimeout(
                 f"device {device} could not be reset by node {node} and is still being power-cycled "
@@ -292,84 +330,7 @@ class Attachments:
             elif entry.claim_uid != claim:
                 # Taken meanwhile (the pool warmed it up again by a hot-add: clean): the plugin's
                 # attach finds where it stands.
-                return self._attachment(device, node, claim, api.AttachmentState.ATTACHING), 202
-        return await self._answer(
+                return self.answers.attachment(device, node, claim, api.AttachmentState.ATTACHING), 202
+        return await self.answers.answer(
             device, node, claim, api.OperationKind.ATTACH, max(0.0, deadline - time.monotonic())
         )
-
-    # -- the answer ------------------------------------------------------------------------------
-
-    def _known_entry(self, device: str) -> LedgerEntry | None:
-        """``device``'s ledger entry (None: free); DeviceNotFound when the fabric does not know it
-        either."""
-        entry = self.ledger.get(device)
-        if entry is None and self.inventory.device(device) is None:
-            raise DeviceNotFound(f"device {device} is not in the fabric inventory", device=device)
-        return entry
-
-    def _attachment(
-        self, device: str, node: str, claim_uid: str, state: api.AttachmentState
-    ) -> api.Attachment:
-        record = self.inventory.device(device)
-        entry = self.ledger.get(device)
-        if record is not None:
-            rendered = self.inventory.render_device(record)
-        else:  # the device left the fabric; describe what is known
-            rendered = api.Device(
-                name=device,
-                pool="",
-                fabric="",
-                type=api.DeviceType.OTHER,
-                state=api.BindingState.UNAVAILABLE,
-                binding_style="",
-                redfish_uri=entry.device_key if entry else "",
-            )
-        mine = entry is not None and entry.claim_uid == claim_uid and entry.node == node
-        return api.Attachment(
-            device=rendered,
-            node=node,
-            claim_uid=claim_uid,
-            state=state,
-            operation_id=entry.operation_id if entry and entry.claim_uid == claim_uid else None,
-            # asked again while pending (a retried prepare): reset again, never less
-            reset_required=mine
-            and entry is not None
-            and entry.state is LedgerState.BOUND
-            and state is api.AttachmentState.ATTACHED
-            and entry.reset is ResetState.PENDING,
-        )
-
-    async def _answer(
-        self, device: str, node: str, claim: str, kind: api.OperationKind, wait: float
-    ) -> Answer:
-        """Wait up to ``wait`` seconds for the device's operation, then say where it stands."""
-        slot = self.driver.slot(device)
-        deadline = time.monotonic() + max(0.0, wait)
-        while True:
-            entry = self.ledger.get(device)
-            mine = entry is not None and entry.claim_uid == claim and entry.node == node
-            if kind is api.OperationKind.ATTACH:
-                if mine and entry is not None and entry.state is LedgerState.BOUND:
-                    return self._attachment(device, node, claim, api.AttachmentState.ATTACHED), 200
-                if not mine or (entry is not None and entry.rollback):
-                    raise slot.error or BindFailed(
-                        f"attaching {device} to {node} failed", device=device, node=node
-                    )
-            else:
-                if not mine:
-                    return self._attachment(device, node, claim, api.AttachmentState.DETACHED), 200
-                if entry is not None and entry.state is not LedgerState.DETACHING:
-                    raise slot.error or BindFailed(f"detaching {device} from {node} failed", device=device)
-            if not slot.running and slot.error is not None:
-                raise slot.error  # the operation paused (fabric unreachable, task still running) or failed
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                if isinstance(slot.error, FabricUnavailable | AttachTimeout):
-                    raise slot.error
-                state = (
-                    api.AttachmentState.ATTACHING
-                    if kind is api.OperationKind.ATTACH
-                    else api.AttachmentState.DETACHING
-                )
-                return self._attachment(device, node, claim, state), 202
-            await slot.moved_on(remaining)

@@ -23,11 +23,12 @@ log = get_logger(__name__)
 
 
 async def claim_allows(
-    claims: ClaimView | None, inventory: Inventory, request: api.AttachRequest
+    claims: ClaimView | None, inventory: Inventory, request: api.AttachRequest, *, gpu: str | None = None
 ) -> api.AttachRequest:
     """The attach as its claim allows it: in the pool it names, allocated to the claim on its node
-    (without API access there are no claims to check), with the claim's own namespace."""
-    record = inventory.device(request.device)
+    (without API access there are no claims to check), with the claim's own namespace. A
+    partition is named by its device and lives in its ``gpu``'s pool."""
+    record = inventory.device(gpu or request.device)
     if request.pool is not None and record is not None and inventory.pool_of(record) != request.pool:
         raise DeviceNotFound(
             f"device {request.device} is in pool {inventory.pool_of(record)}, not in pool "
@@ -122,6 +123,14 @@ def busy(entry: LedgerEntry) -> DeviceBusy:
         LedgerState.DETACHING: "being detached from",
         LedgerState.WARM: "kept warm on",
     }[entry.state]
+    if entry.partition_held:
+        holders = ", ".join(f"{entry.node}/{h.claim_uid}" for h in entry.partitions)
+        return DeviceBusy(
+            f"device {entry.device} is {doing} node {entry.node} for partitions ({holders})",
+            device=entry.device,
+            held_by=holders or f"{entry.node}/partitions",
+            retry_after=2.0,
+        )
     return DeviceBusy(
         f"device {entry.device} is {doing} node {entry.node} for claim {entry.claim_uid}",
         device=entry.device,

@@ -133,12 +133,14 @@ class OrphanReconciler:
             # A report cannot keep a claim alive that does not exist: a plugin could report made-up
             # claims to hold devices for ever.
             return "claim-deleted"
-        if self.reports.holds(entry.node, entry.claim_uid, entry.device):
+        # a share's entry is keyed by the share; the claim allocates its pool
+        device = entry.share.pool if entry.share is not None else entry.device
+        if self.reports.holds(entry.node, entry.claim_uid, device):
             return None
         view = ResourceClaim.read(claim)
         if view is None:
             return None  # not readable as a claim: nothing proves the binding is an orphan
-        result = next((r for r in view.results if r.device == entry.device), None)
+        result = next((r for r in view.results if r.device == device), None)
         allocation = view.status.allocation
         node = allocation.node if allocation is not None else None
         if result is None or (node is not None and node != entry.node):
@@ -168,7 +170,13 @@ class OrphanReconciler:
         claims = await self.claims()
         if claims is None:
             return []
-        bound = {e.device: e for e in self.attachments.ledger.entries() if e.state is LedgerState.BOUND}
+        # A GPU serving partitions is released by its holders' claims (each a partition device),
+        # not judged as one binding here.
+        bound = {
+            e.device: e
+            for e in self.attachments.ledger.entries()
+            if e.state is LedgerState.BOUND and not e.partition_held
+        }
         for device in set(self._candidates) - set(bound):
             del self._candidates[device]
         detached: list[str] = []
@@ -242,7 +250,12 @@ class OrphanReconciler:
     ) -> bool:
         why = self._describe(entry, claim, candidate)
         try:
-            await self.attachments.detach(entry.device, entry.claim_uid, entry.node, wait=0)
+            if entry.share is not None:
+                await self.attachments.detach(
+                    entry.share.pool, entry.claim_uid, entry.node, wait=0, share_id=entry.share.share_id
+                )
+            else:
+                await self.attachments.detach(entry.device, entry.claim_uid, entry.node, wait=0)
         except FabricError as err:
             log.warning("orphan detach not started; will retry", device=entry.device, error=err.message)
             return False

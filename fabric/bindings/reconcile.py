@@ -33,10 +33,61 @@ log = get_logger(__name__)
 
 
 class Reconciler:
-    def __init__(self, inventory: Inventory, ledger: Ledger, driver: OperationDriver) -> None:
+    def __init__(
+        self, inventory: Inventory, ledger: Ledger, driver: OperationDriver, *, chunk_grace: float = 0.0
+    ) -> None:
         self.inventory = inventory
         self.ledger = ledger
         self.driver = driver
+        #: seconds a chunk fabric-dra made stays unknown to the ledger before it is removed (0: never)
+        self.chunk_grace = chunk_grace
+        #: orphan chunk → ``time.monotonic()`` when first found unknown
+        self._unknown_chunks: dict[str, float] = {}
+
+    async def sweep_chunks(self) -> list[str]:
+        """Remove the chunks fabric-dra made (its marker) that no share's ledger entry knows, once
+        each was unknown for ``chunk_grace`` seconds without a break: what a crash between the
+        chunk's creation and its record leaves when the share is never asked for again. A share
+        still being made names no chunk yet; the grace covers the time it takes to record one."""
+        if not self.driver.is_leader() or self.chunk_grace <= 0:
+            return []
+        now = time.monotonic()
+        seen: set[str] = set()
+        removed: list[str] = []
+        for pool in self.inventory.devices():
+            if pool.memory_domain is None:
+                continue
+            made = await self.driver.chunks_made(pool)
+            if made is None:
+                continue
+            known = {e.share.chunk for e in self.ledger.shares_of(pool.name) if e.share is not None}
+            for chunk in made:
+                if chunk in known:
+                    continue
+                seen.add(chunk)
+                since = self._unknown_chunks.setdefault(chunk, now)
+                if now - since < self.chunk_grace:
+                    continue
+                try:
+                    await self.driver.remove_chunk(pool, chunk)
+                except FabricError as err:
+                    log.warning(
+                        "orphan chunk not removed; will retry",
+                        device=pool.name,
+                        chunk=chunk,
+                        error=err.message,
+                    )
+                    continue
+                log.warning(
+                    "removed a memory chunk fabric-dra made that no share holds",
+                    device=pool.name,
+                    chunk=chunk,
+                    unknown_seconds=round(now - since, 1),
+                )
+                removed.append(chunk)
+                seen.discard(chunk)
+        self._unknown_chunks = {c: t for c, t in self._unknown_chunks.items() if c in seen}
+        return removed
 
     async def reconcile(self) -> None:
         """Resume unfinished entries; drop bound entries whose binding the fabric no longer has."""
@@ -49,6 +100,8 @@ class Reconciler:
             if not entry.state.settled:  # bound, or warm: both are bindings the fabric must hold
                 self.driver.resume(entry.device, now=now, fabric_back_at=self.inventory.recovered_at)
                 continue
+            if entry.share is not None:
+                continue  # a share's chunk and Connection were confirmed when made; no device to read
             record = self.inventory.device(entry.device)
             if record is not None and entry.host in record.bound_hosts:
                 continue
@@ -82,6 +135,8 @@ class Reconciler:
             await asyncio.sleep(self.driver.settings.retry_seconds)
             with contextlib.suppress(FabricError):
                 await self.reconcile()
+            with contextlib.suppress(FabricError):
+                await self.sweep_chunks()
 
 
 class ForeignBindings:

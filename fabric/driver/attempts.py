@@ -198,7 +198,7 @@ class FabricAttempts:
         ctx = BindContext(
             deadline=min(run.deadline, time.monotonic() + self.settings.task_timeout),
             fence=self.fence,
-            on_task=functools.partial(self._record_task, entry, run.bound),
+            on_task=functools.partial(self.record_task, entry, run.bound),
             on_progress=functools.partial(self.operations.progress, entry.operation_id),
             action=f"{run.verb} {entry.device} {'to' if run.bound else 'from'} {run.host.id}",
         )
@@ -236,7 +236,7 @@ class FabricAttempts:
         await self._confirm(entry, run.record, run.host, run.backend, bound=run.bound)
         return True
 
-    async def _record_task(self, entry: LedgerEntry, bound: bool, monitor: str) -> None:
+    async def record_task(self, entry: LedgerEntry, bound: bool, monitor: str) -> None:
         """The fabric answered 202: its task monitor goes into the ledger entry, durably, before it
         is followed, so a restart waits for the task instead of sending the change again."""
         if bound:

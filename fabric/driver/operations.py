@@ -27,11 +27,13 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from fabric.backends.base import Backend
+from fabric.backends.base import Backend, BindContext
+from fabric.backends.carving import MemoryCarver
 from fabric.driver.attempts import FabricAttempts, TaskControl, Unresolved
 from fabric.driver.records import OperationRecords
 from fabric.driver.resets import TenantResets
 from fabric.driver.settings import OperationSettings
+from fabric.driver.shares import ShareAttempts
 from fabric.driver.slots import DeviceSlot, DeviceSlots
 from fabric.state.inventory import Inventory
 from fabric.state.ledger import Ledger, LedgerEntry, LedgerState
@@ -77,6 +79,10 @@ class OperationDriver:
             fence=self.fence,
             settings=self.settings,
         )
+        #: shares of memory pools: a chunk carved and connected, or given back
+        self.shares = ShareAttempts(
+            self.records, self.operations, self.attempts, fence=self.fence, settings=self.settings
+        )
         self.resets = TenantResets(
             inventory,
             ledger,
@@ -105,6 +111,31 @@ class OperationDriver:
             return await self.backend_for(record).read_binding(record, (host,) if host else ())
         except (FabricError, KeyError):
             return None
+
+    async def chunks_made(self, pool: DeviceRecord) -> list[str] | None:
+        """The chunks fabric-dra made (its marker) in memory pool ``pool``, read now; None when
+        they cannot be read."""
+        domain = pool.memory_domain
+        carver = getattr(self.backend_for(pool), "carver", None) if domain is not None else None
+        if domain is None or not isinstance(carver, MemoryCarver):
+            return None
+        try:
+            return [c.uri for c in await carver.chunks(domain) if c.share_id is not None]
+        except (FabricError, KeyError):
+            return None
+
+    async def remove_chunk(self, pool: DeviceRecord, chunk: str) -> None:
+        """Delete a chunk fabric-dra made that no ledger entry knows (an orphan): its Connections,
+        then it (following the sanitize task)."""
+        carver = getattr(self.backend_for(pool), "carver", None)
+        if not isinstance(carver, MemoryCarver):
+            return
+        ctx = BindContext(
+            deadline=time.monotonic() + self.settings.task_timeout, fence=self.fence, action=f"remove {chunk}"
+        )
+        for uri, _ in await carver.connections_of(chunk):
+            await carver.delete(uri, ctx)
+        await carver.delete(chunk, ctx)
 
     def kick(self, device: str) -> None:
         """Start the device's task, unless it runs: it moves the device's entry to where it should be."""
@@ -142,7 +173,8 @@ class OperationDriver:
         if entry is None or entry.state.settled:
             return False
         self.records.adopt(entry)
-        record = self.inventory.device(device)
+        # a share's entry is keyed by the share; its device is the pool
+        record = self.inventory.device(entry.share.pool if entry.share is not None else device)
         host = self.inventory.host(entry.host)
         if record is None or host is None:
             await self.records.vanished(entry, record is None)
@@ -159,8 +191,9 @@ class OperationDriver:
         """Bind (an ``attaching`` entry) or unbind on the fabric and record the result; whether
         another step follows."""
         binding = entry.state is LedgerState.ATTACHING
+        ensure = self.shares.ensure if entry.share is not None else self.attempts.ensure
         try:
-            await self.attempts.ensure(entry, record, host, backend, slot, bound=binding)
+            await ensure(entry, record, host, backend, slot, bound=binding)
         except Unresolved as err:
             self._paused(entry, slot, err.cause)
             return False

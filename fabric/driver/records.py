@@ -22,7 +22,16 @@ from collections.abc import Callable
 
 from fabric.driver.slots import DeviceSlots
 from fabric.state.inventory import Inventory
-from fabric.state.ledger import WARM_HOLDER, Ledger, LedgerEntry, LedgerState, ResetState
+from fabric.state.ledger import (
+    WARM_HOLDER,
+    Ledger,
+    LedgerEntry,
+    LedgerState,
+    PartitionHold,
+    ResetState,
+    ShareRecord,
+    share_key,
+)
 from fabric.state.metrics import ManagerMetrics
 from fabric.state.model import DeviceRecord, HostRecord
 from fabric.state.operation_log import OperationLog
@@ -62,12 +71,23 @@ class OperationRecords:
     # -- intents (the caller holds the device's lock) --------------------------------------------
 
     async def start_attach(
-        self, record: DeviceRecord, host: HostRecord, node: str, claim: str, *, namespace: str | None = None
+        self,
+        record: DeviceRecord,
+        host: HostRecord,
+        node: str,
+        claim: str,
+        *,
+        namespace: str | None = None,
+        partitions: list[PartitionHold] | None = None,
+        share: ShareRecord | None = None,
     ) -> api.Operation:
-        """Record the intent to bind ``record`` to ``host`` (``node``) for ``claim`` durably."""
-        op = self.operations.start(api.OperationKind.ATTACH, record.name, node, claim)
+        """Record the intent to bind ``record`` to ``host`` (``node``) for ``claim`` durably: the
+        device whole, a GPU for its first partition holders (``partitions``), or a share of a
+        memory pool (``share``: the entry's key is the share's)."""
+        key = share_key(record.name, share.share_id) if share is not None else record.name
+        op = self.operations.start(api.OperationKind.ATTACH, key, node, claim)
         entry = LedgerEntry(
-            device=record.name,
+            device=key,
             device_key=record.key,
             node=node,
             host=host.id,
@@ -75,14 +95,47 @@ class OperationRecords:
             state=LedgerState.ATTACHING,
             operation_id=op.id,
             namespace=namespace,
+            partitions=list(partitions or ()),
+            share=share,
         )
         self.ledger.put(entry)
         crash_point("manager.attach.before-intent")
-        await self._commit_intent(op, undo=lambda: self.ledger.remove(record.name))
+        await self._commit_intent(op, undo=lambda: self.ledger.remove(key))
         crash_point("manager.attach.after-intent")
-        log.info("attach started", device=record.name, node=node, claim=claim, operation=op.id)
-        self._started(record.name, api.OperationKind.ATTACH)
+        log.info("attach started", device=key, node=node, claim=claim, operation=op.id)
+        self._started(key, api.OperationKind.ATTACH)
         return op
+
+    async def holders_changed(self, entry: LedgerEntry, partitions: list[PartitionHold]) -> None:
+        """A GPU serving partitions on its node gets or loses a holder: one durable write of its
+        entry, nothing sent to the fabric (the GPU stays bound). A failed write puts it back."""
+        previous = list(entry.partitions)
+        entry.partitions = partitions
+        self.ledger.put(entry)
+        try:
+            await self.ledger.commit()
+        except FabricError:
+            entry.partitions = previous
+            self.ledger.put(entry)
+            raise
+        crash_point("manager.partition.after-holder-recorded")
+        self.inventory.changed(entry.device)
+        log.info(
+            "partition holders changed",
+            device=entry.device,
+            node=entry.node,
+            partitions=[f"{h.partition}/{h.claim_uid}" for h in partitions],
+        )
+
+    async def share_step(self, entry: LedgerEntry, **changes: str | None) -> None:
+        """What the fabric made for a share (its ``chunk``, its ``connection``), durably before
+        the next step is sent."""
+        if entry.share is None:
+            return
+        entry.share = entry.share.model_copy(update=changes)
+        self.ledger.put(entry)
+        await self.ledger.commit()
+        self.inventory.changed(entry.device)
 
     async def start_detach(self, entry: LedgerEntry) -> None:
         """Record the intent to unbind (``entry`` moves to ``detaching``) durably."""
@@ -101,7 +154,13 @@ class OperationRecords:
         self._started(entry.device, api.OperationKind.DETACH)
 
     async def take_warm(
-        self, entry: LedgerEntry, claim: str, *, namespace: str | None = None, node_reset: bool = False
+        self,
+        entry: LedgerEntry,
+        claim: str,
+        *,
+        namespace: str | None = None,
+        node_reset: bool = False,
+        partitions: list[PartitionHold] | None = None,
     ) -> api.Operation:
         """Give the warm device of ``entry`` to ``claim`` on the node it is warm on: one durable
         ledger write, nothing sent to the fabric (the binding is already there). Only a clean
@@ -127,6 +186,7 @@ class OperationRecords:
         entry.namespace = namespace
         entry.reset = None if entry.clean else ResetState.PENDING  # a node reset still due stays due
         entry.claim_uid = claim
+        entry.partitions = list(partitions or ())
         entry.state = LedgerState.BOUND
         entry.operation_id = op.id
         entry.error = None

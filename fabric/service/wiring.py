@@ -185,7 +185,14 @@ def _holders(
             metrics=metrics,
             events=events,
         )
-    return Holders(warm, claims, attachments, Reconciler(inventory, ledger, driver), reports, orphans)
+    return Holders(
+        warm,
+        claims,
+        attachments,
+        Reconciler(inventory, ledger, driver, chunk_grace=s.orphan_grace_seconds),
+        reports,
+        orphans,
+    )
 
 
 def _stores(s: ManagerSettings, kube: KubeClient | None, namespace: str) -> tuple[LedgerStore, UsageStore]:

@@ -58,6 +58,8 @@ class Inventory:
         self.recovered_at = 0.0
         #: the ledger entry of a device (the wiring sets it): claim, node and operation state
         self.overlay: Callable[[str], LedgerEntry | None] = lambda name: None
+        #: the ledger entries of a memory pool's shares (the wiring sets it)
+        self.shares_of: Callable[[str], list[LedgerEntry]] = lambda pool: []
         self._records: dict[str, DeviceRecord] = {}
         self._hosts: dict[str, HostRecord] = {}
         self._fabrics: dict[str, FabricInfo] = {}
@@ -94,6 +96,7 @@ class Inventory:
         """Show each device's claim, node and operation state from ``ledger``, and re-render a
         device whenever its entry is put or removed."""
         self.overlay = ledger.get
+        self.shares_of = ledger.shares_of
         ledger.listeners.append(self.changed)
 
     # -- lookups ----------------------------------------------------------------------------------
@@ -220,7 +223,8 @@ class Inventory:
             state = _STATE_OF_ENTRY[entry.state]
             node: str | None = entry.node
             host = entry.host
-            claim: str | None = entry.claim_uid or None  # a warm pool's entry has no claim
+            # a warm pool's entry has no claim, nor has a GPU serving partitions (its holders do)
+            claim: str | None = None if entry.partition_held else (entry.claim_uid or None)
             managed = True
         elif record.bound_hosts:
             state = api.BindingState.BOUND
@@ -247,6 +251,14 @@ class Inventory:
             attach_failures=self._attach_failures.get(record.name, (0, None))[0],
             attach_error=self._attach_failures.get(record.name, (0, None))[1],
             reach=self.reach_of(record),
+            partition_table=a.partition_table,
+            partitions=[
+                api.PartitionHolder(partition=h.partition, claim_uid=h.claim_uid, node=entry.node)
+                for h in entry.partitions
+            ]
+            if entry is not None
+            else [],
+            memory_pool=memory_pool_view(record, self.shares_of(record.name)),
         )
 
     def _view_changed(self, record: DeviceRecord) -> bool:
@@ -254,7 +266,13 @@ class Inventory:
         when its record, its ledger entry, the node of its host, its attach failures or its reach
         group changed (a pass re-reads every device; most come back unchanged)."""
         entry = self.overlay(record.name)
-        overlay = (entry.state, entry.node, entry.host, entry.claim_uid) if entry is not None else None
+        overlay: object = (
+            (entry.state, entry.node, entry.host, entry.claim_uid, tuple(entry.partitions))
+            if entry is not None
+            else None
+        )
+        if record.memory_domain is not None:
+            overlay = (overlay, _shares_key(self.shares_of(record.name)))
         bound_node = self._host_nodes.get(record.bound_hosts[0]) if record.bound_hosts else None
         key = (overlay, bound_node, self._attach_failures.get(record.name), self.reach_of(record))
         cached = self._views.get(record.name)
@@ -341,7 +359,8 @@ class Inventory:
         if device is None:
             self._dirty_all = True
         else:
-            self._dirty_names.add(device)
+            # a share's entry (``<pool>/<shareID>``) changes its pool's device
+            self._dirty_names.add(device.split("/", 1)[0])
         if not self._dirty:
             self._dirty = True
             with contextlib.suppress(RuntimeError):  # no loop running: the next read flushes
@@ -407,6 +426,43 @@ class Inventory:
         self._closing = True
         async with self._changed:
             self._changed.notify_all()
+
+
+def memory_pool_view(record: DeviceRecord, entries: list[LedgerEntry]) -> api.MemoryPool | None:
+    """A memory pool's limits and this manager's shares of it (``entries``: their ledger entries);
+    None for a device that is no pool."""
+    domain = record.memory_domain
+    if domain is None:
+        return None
+    shares = [
+        api.MemoryShare(
+            share_id=share.share_id,
+            claim_uid=entry.claim_uid,
+            node=entry.node,
+            memory_bytes=share.memory_bytes,
+            state=_STATE_OF_ENTRY[entry.state],
+            chunk=share.chunk,
+            connection=share.connection,
+        )
+        for entry in entries
+        if (share := entry.share) is not None
+    ]
+    return api.MemoryPool(
+        size_bytes=domain.size_bytes,
+        outside_bytes=domain.outside_bytes,
+        min_chunk_bytes=domain.min_chunk_bytes,
+        increment_bytes=domain.increment_bytes,
+        max_chunks=domain.max_chunks,
+        shares=shares,
+    )
+
+
+def _shares_key(entries: list[LedgerEntry]) -> tuple[object, ...]:
+    """What of a pool's shares its rendered device shows: it is rendered again when this changes."""
+    return tuple(
+        (e.device, e.state, e.share.chunk if e.share else None, e.share.connection if e.share else None)
+        for e in entries
+    )
 
 
 def reach_group_id(hosts: tuple[str, ...]) -> str:

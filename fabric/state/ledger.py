@@ -54,6 +54,7 @@ __all__ = [
     "LEDGER_LABEL",
     "LEDGER_SHARDS",
     "MIGRATED_ANNOTATION",
+    "PARTITIONS_HOLDER",
     "WARM_HOLDER",
     "ConfigMapLedgerStore",
     "FileLedgerStore",
@@ -63,9 +64,12 @@ __all__ = [
     "LedgerError",
     "LedgerState",
     "LedgerStore",
+    "PartitionHold",
     "ResetState",
+    "ShareRecord",
     "shard_names",
     "shard_of",
+    "share_key",
 ]
 
 log = get_logger(__name__)
@@ -118,6 +122,39 @@ class LedgerState(StrEnum):
 
 #: the ``claim_uid`` of an entry held for the warm pool: no claim UID is empty (the API refuses one)
 WARM_HOLDER = ""
+#: the ``claim_uid`` of a GPU's entry while it serves partitions: its holders are the entry's
+#: ``partitions`` (no claim UID is this: the API takes UUIDs only)
+PARTITIONS_HOLDER = "partitions"
+
+
+def share_key(pool: str, share_id: str) -> str:
+    """The ledger key of a share of memory pool ``pool``: ``<pool>/<shareID>`` (a device name is a
+    DNS label, so no device's key has a slash)."""
+    return f"{pool}/{share_id}"
+
+
+class PartitionHold(BaseModel):
+    """One partition of a GPU held by one claim (the GPU's node is the entry's)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    partition: str
+    claim_uid: str
+
+
+class ShareRecord(BaseModel):
+    """A share of a memory pool: the chunk carved for it and the Connection that gives it to the
+    node, each recorded durably as soon as the fabric made it (docs/manager.md "Partitions and
+    shares")."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    pool: str = Field(description="the pool's device name")
+    share_id: str
+    memory_bytes: int = Field(description="what the allocation consumed")
+    chunk_mib: int = Field(description="the chunk's size asked of the fabric (rounded up per the domain)")
+    chunk: str | None = Field(default=None, description="@odata.id of the chunk, once made")
+    connection: str | None = Field(default=None, description="@odata.id of the memory Connection, once made")
 
 
 class ResetState(StrEnum):
@@ -150,6 +187,15 @@ class LedgerEntry(BaseModel):
     #: a warm device's: done once hot-added for the pool or reset, pending when a claim gave it
     #: back; none while a claim holds it (and on warm entries of earlier ledgers: reset them)
     reset: ResetState | None = None
+    #: a GPU serving partitions (``claim_uid`` is :data:`PARTITIONS_HOLDER`): who holds which
+    partitions: list[PartitionHold] = Field(default_factory=list)
+    #: a share of a memory pool (the entry's key is :func:`share_key`): its chunk and Connection
+    share: ShareRecord | None = None
+
+    @property
+    def partition_held(self) -> bool:
+        """The GPU is bound to its node for partitions, not for one claim."""
+        return self.claim_uid == PARTITIONS_HOLDER
 
     @property
     def clean(self) -> bool:
@@ -450,6 +496,8 @@ class Ledger:
         #: in place before it is put again, so its old holder is looked up here, not on it)
         self._warm: dict[str, set[str]] = {}
         self._warm_node: dict[str, str] = {}
+        #: pool → the keys of its shares' entries
+        self._shares: dict[str, set[str]] = {}
         self._dirty: set[str] = set()
         self._changes = 0
         self._saved = 0
@@ -462,8 +510,10 @@ class Ledger:
         self._entries = await self.store.load()
         self._per_node = Counter(entry.node for entry in self._entries.values())
         self._warm, self._warm_node = {}, {}
+        self._shares = {}
         for entry in self._entries.values():
             self._index_warm(entry)
+            self._index_share(entry)
         self._dirty = set()
         self._changes = self._saved = 0
         for listener in self.listeners:
@@ -482,6 +532,22 @@ class Ledger:
     def warm_held_on(self, node: str) -> list[LedgerEntry]:
         """The entries held for the warm pool on ``node`` (warming, warm or cooling)."""
         return [self._entries[d] for d in sorted(self._warm.get(node, ()))]
+
+    def shares_of(self, pool: str) -> list[LedgerEntry]:
+        """The entries of memory pool ``pool``'s shares (being made, made, being released)."""
+        return [self._entries[k] for k in sorted(self._shares.get(pool, ()))]
+
+    def _index_share(self, entry: LedgerEntry) -> None:
+        if entry.share is not None:
+            self._shares.setdefault(entry.share.pool, set()).add(entry.device)
+
+    def _unindex_share(self, entry: LedgerEntry | None) -> None:
+        if entry is not None and entry.share is not None:
+            keys = self._shares.get(entry.share.pool)
+            if keys is not None:
+                keys.discard(entry.device)
+                if not keys:
+                    del self._shares[entry.share.pool]
 
     def warm_nodes(self) -> list[str]:
         """The nodes with entries held for the warm pool."""
@@ -519,11 +585,13 @@ class Ledger:
         self._entries[entry.device] = entry
         self._per_node[entry.node] += 1
         self._index_warm(entry)
+        self._index_share(entry)
         self._changed(entry.device)
 
     def remove(self, device: str) -> None:
         entry = self._entries.pop(device, None)
         self._unindex_warm(device)
+        self._unindex_share(entry)
         if entry is not None:
             self._forget(entry)
             self._changed(device)

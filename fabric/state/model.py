@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from manager_api.devices import BindingStyle, DeviceAttributes
+from manager_api.partitions import PartitionTable
 
 __all__ = [
     "DeviceRecord",
@@ -18,6 +19,7 @@ __all__ = [
     "FabricInfo",
     "FabricSnapshot",
     "HostRecord",
+    "MemoryDomainRecord",
 ]
 
 
@@ -32,6 +34,43 @@ class DiscoveredAttributes(DeviceAttributes):
     #: ``#Drive.Reset``) when the service offers one: how the manager cleans a warm device
     #: between tenants (docs/manager.md "Hygiene between tenants")
     reset_target: str | None = None
+    #: a GPU that splits into partitions: its table (``Oem.FabricDRA.PartitionTable`` of its PCIeDevice)
+    partition_table: PartitionTable | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryDomainRecord:
+    """A MemoryDomain that makes chunks on demand (``AllowsMemoryChunkCreation``): a memory pool."""
+
+    uri: str  # the MemoryDomain's @odata.id
+    chunks: str  # its MemoryChunks collection, where chunks are POSTed
+    size_bytes: int  # MemorySizeMiB
+    min_chunk_bytes: int  # MinMemoryChunkSizeMiB
+    increment_bytes: int  # MemoryChunkIncrementMiB
+    max_chunks: int | None = None
+    #: carved by chunks fabric-dra did not make (offered as whole devices, never shared)
+    outside_bytes: int = 0
+    #: the chunks fabric-dra made (its marker on them), as the last pass found them
+    made: tuple[str, ...] = ()
+
+    def chunk_bytes(self, memory_bytes: int) -> int:
+        """The chunk a share of ``memory_bytes`` takes: at least the domain's minimum, then whole
+        increments up (MemoryDomain_v1 ``MinMemoryChunkSizeMiB``, ``MemoryChunkIncrementMiB``), as the
+        scheduler rounds a request by the device's ``requestPolicy``.
+
+        >>> MemoryDomainRecord("d", "d/c", 8 << 30, 1 << 30, 1 << 30).chunk_bytes(1)
+        1073741824
+        >>> MemoryDomainRecord("d", "d/c", 8 << 30, 64 << 20, 64 << 20).chunk_bytes((1 << 30) + 1)
+        1140850688
+        """
+        if memory_bytes <= self.min_chunk_bytes:
+            return self.min_chunk_bytes
+        steps = -(-(memory_bytes - self.min_chunk_bytes) // self.increment_bytes)
+        return self.min_chunk_bytes + steps * self.increment_bytes
+
+    def chunk_mib(self, memory_bytes: int) -> int:
+        """:meth:`chunk_bytes` in MiB (the unit of ``MemoryChunkSizeMiB``), rounded up."""
+        return -(-self.chunk_bytes(memory_bytes) // (1 << 20))
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +89,7 @@ class DeviceRecord:
     endpoint: str | None = None  # target endpoint URI (zone, connection)
     chunk: str | None = None  # memory chunk URI (connection)
     block: str | None = None  # resource block URI (composition)
+    memory_domain: MemoryDomainRecord | None = None  # a memory pool (connection), shared by size
     name: str = ""  # assigned by the inventory (unique DNS label)
 
     def with_binding(self, hosts: tuple[str, ...]) -> DeviceRecord:
