@@ -23,11 +23,12 @@ none is offered.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
 from fabric.backends.base import Backend, BindContext, DiscoveryResult
-from fabric.backends.describe import describe
+from fabric.backends.describe import describe, prefetch_parts
 from fabric.backends.views import (
     JSON,
     Chassis,
@@ -148,31 +149,38 @@ class CompositionBackend(Backend):
             hosts=expandable, uncomposable=tuple(sorted(h for h in hosts if ways.get(h) is None))
         )
         self._systems = tuple(h.uri for h in hosts.values())
+        blocks = []
         for block in await walk.members(collection, ResourceBlock):
             kinds = set(block.resource_block_type or ())
             if not kinds & _DEVICE_BLOCK_TYPES or kinds & _HOST_BLOCK_TYPES:
                 continue  # compute, memory and whole-system blocks are not pooled devices
             entities = _entities(block)
-            if not entities:
-                continue
-            attributes = await describe(walk, entities, container=block)
-            usable = block_binding(block)[1]
-            bound = await block_holders(walk, block, self._systems)
-            if not usable or not expandable:  # no system it could be composed into
-                attributes = attributes.model_copy(update={"available": False})
-            result.devices.append(
-                DeviceRecord(
-                    key=str(block.uri),
-                    resource_id=str(block.id or block.uri),
-                    fabric=await self._fabric_of(walk, block, entities),
-                    style=self.style,
-                    attributes=attributes,
-                    bound_hosts=bound,
-                    reachable_hosts=expandable,
-                    block=block.uri,
-                )
-            )
+            if entities:
+                blocks.append((block, entities))
+        await prefetch_parts(walk, (entities for _, entities in blocks))
+        result.devices.extend(
+            await asyncio.gather(*(self._device(walk, b, e, expandable) for b, e in blocks))
+        )
         return result
+
+    async def _device(
+        self, walk: Walk, block: ResourceBlock, entities: list[tuple[str, str]], expandable: tuple[str, ...]
+    ) -> DeviceRecord:
+        attributes = await describe(walk, entities, container=block)
+        usable = block_binding(block)[1]
+        bound = await block_holders(walk, block, self._systems)
+        if not usable or not expandable:  # no system it could be composed into
+            attributes = attributes.model_copy(update={"available": False})
+        return DeviceRecord(
+            key=str(block.uri),
+            resource_id=str(block.id or block.uri),
+            fabric=await self._fabric_of(walk, block, entities),
+            style=self.style,
+            attributes=attributes,
+            bound_hosts=bound,
+            reachable_hosts=expandable,
+            block=block.uri,
+        )
 
     async def _fabric_of(self, walk: Walk, block: ResourceBlock, entities: list[tuple[str, str]]) -> str:
         """The Redfish fabric the block's device sits on, so the device keeps its pool whichever

@@ -78,6 +78,7 @@ __all__ = [
     "View",
     "Zone",
     "ZoneLinks",
+    "kind_view",
     "odata_id",
     "view_of_kind",
 ]
@@ -251,6 +252,9 @@ class Collection(View):
 class ExpandQuery(View):
     expand_all: Tolerant[StrictBool] = prop("ExpandAll")
     no_links: Tolerant[StrictBool] = prop("NoLinks")
+    #: ``($levels=n)`` is served, up to ``MaxLevels`` (ServiceRoot 1.3: without it, one level)
+    levels: Tolerant[StrictBool] = prop("Levels")
+    max_levels: Tolerant[StrictInt] = prop("MaxLevels")
 
 
 class ProtocolFeatures(View):
@@ -274,6 +278,17 @@ class ServiceRoot(Resource):
         """``$expand=.($levels=1)`` is served (ProtocolFeaturesSupported.ExpandQuery)."""
         expand = self.protocol_features.expand_query
         return bool(expand.expand_all or expand.no_links)
+
+    @property
+    def expand_levels(self) -> int:
+        """How deep ``$expand=.($levels=n)`` may go: 0 without ``$expand``, 1 without ``Levels``,
+        else ``MaxLevels`` (at least 1: a service that says ``Levels`` and no bound serves one)."""
+        if not self.supports_expand:
+            return 0
+        expand = self.protocol_features.expand_query
+        if not expand.levels or expand.max_levels is None:
+            return 1
+        return max(1, expand.max_levels)
 
     @property
     def supports_select(self) -> bool:
@@ -608,7 +623,11 @@ _KINDS: dict[str, type[DeviceResource]] = {
 }
 
 
+def kind_view(payload: Mapping[str, Any]) -> type[DeviceResource]:
+    """The view of a device's resource by its ``@odata.type`` (read before the view it chooses)."""
+    return _KINDS.get(_kind(_text(payload.get("@odata.type"))), DeviceResource)
+
+
 def view_of_kind(payload: Mapping[str, Any]) -> DeviceResource:
     """A device's resource read as the view of its ``@odata.type``."""
-    # The discriminator is read before the view it chooses.
-    return _KINDS.get(_kind(_text(payload.get("@odata.type"))), DeviceResource).model_validate(payload)
+    return kind_view(payload).model_validate(payload)

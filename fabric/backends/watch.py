@@ -94,11 +94,12 @@ class InventoryWatch:
             self.inventory.pass_failed(err)
             raise
         self.inventory.load(snapshot, self.resolver.resolve(snapshot.hosts), started)
-        log.debug(
+        log.info(
             "fabric discovered",
             devices=len(snapshot.devices),
             hosts=len(snapshot.hosts),
             gets=snapshot.gets,
+            not_modified=snapshot.not_modified,
             seconds=round(time.monotonic() - started, 3),
         )
 
