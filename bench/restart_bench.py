@@ -63,6 +63,10 @@ TARGET_P90_RATIO = 1.2
 
 
 def _checkout(ref: str, into: Path) -> Path:
+    """The tree of ``ref``: a commit of this repository (unpacked under ``into``), or a directory
+    that holds one already."""
+    if Path(ref).is_dir():
+        return Path(ref)
     archive = into / "baseline.tar"
     subprocess.run(
         ["git", "-C", str(REPO_ROOT), "archive", "--format=tar", "-o", str(archive), ref],
