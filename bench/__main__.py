@@ -43,6 +43,7 @@ EXTRA_SECTIONS: dict[str, tuple[str, str]] = {
     "warm": ("bench.warm_bench", "pod start cold vs warm (hit, miss), realistic emulator"),
     "reader": ("bench.reader_bench", "the bounded reader's pre-pass against json.loads, real answers"),
     "redfish": ("bench.redfish_bench", "the manager's Redfish client: CPU per GET and per bind+unbind"),
+    "sharing": ("bench.sharing_bench", "GPU partitions and CXL memory shares through the manager"),
 }
 ALL_SECTIONS = {**SECTIONS, **EXTRA_SECTIONS}
 DEFAULT_JSON = REPO_ROOT / "bench" / "results" / "latest.json"

@@ -155,13 +155,24 @@ def work_dir(prefix: str) -> Iterator[Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def generate_topology(path: Path, *, hosts: int, gpus: int, nvme: int = 0, cxl_devices: int = 0) -> Path:
-    """A topology file from ``fabric-dra emulator topology generate`` (deterministic)."""
+def generate_topology(
+    path: Path,
+    *,
+    hosts: int,
+    gpus: int,
+    nvme: int = 0,
+    cxl_devices: int = 0,
+    cxl_pools: int = 0,
+    partitionable: bool = False,
+) -> Path:
+    """A topology file from ``fabric-dra emulator topology generate`` (deterministic); with
+    ``cxl_pools`` 256 GiB memory pools, with ``partitionable`` H100s and A100s with their tables."""
     subprocess.run(
         [
             *(sys.executable, "-m", "fabric_dra", "emulator", "topology", "generate"),
             *("--hosts", str(hosts), "--gpus", str(gpus), "--nvme", str(nvme), "--nics", "0"),
-            *("--fpgas", "0", "--cxl-devices", str(cxl_devices)),
+            *("--fpgas", "0", "--cxl-devices", str(cxl_devices), "--cxl-pools", str(cxl_pools)),
+            *(["--partitionable-gpus"] if partitionable else []),
             *("--output-file", str(path)),
         ],
         check=True,

@@ -30,6 +30,7 @@ __all__ = ["COMMANDS_GROUP", "ROLES", "TESTBED_COMMANDS", "added_commands", "bui
 ROLES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("emulator.cli", "register", ("emulator",)),
     ("fabric.commands.cli", "register", ("manager", "status", "usage")),
+    ("fabric.commands.drains", "register", ("drain", "undrain")),
     ("dra_driver.plugin.cli", "register", ("plugin",)),
     ("dra_driver.controller.cli", "register", ("controller",)),
     ("dra_driver.explain", "register", ("explain",)),

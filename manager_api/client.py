@@ -20,6 +20,10 @@ from manager_api.models import (
     Attachment,
     AttachRequest,
     Device,
+    DrainAnswer,
+    DrainList,
+    DrainRequest,
+    DrainTarget,
     ErrorBody,
     FabricNode,
     Inventory,
@@ -324,3 +328,21 @@ class ManagerClient:
         """Device-seconds since ``since`` (from the start of its hour), grouped ``by``."""
         response = await self._request("GET", "/usage", params={"since": since.isoformat(), "by": str(by)})
         return UsageReport.model_validate_json(response.content)
+
+    async def drains(self) -> DrainList:
+        """Every drain, with the devices each covers now."""
+        return DrainList.model_validate_json((await self._request("GET", "/drains")).content)
+
+    async def drain(self, request: DrainRequest) -> DrainAnswer:
+        """Drain a device, a switch or a node's devices (operators only); idempotent."""
+        body = request.model_dump(mode="json", by_alias=True)
+        return DrainAnswer.model_validate_json(
+            (await self._request("POST", "/drains", json_body=body)).content
+        )
+
+    async def undrain(self, target: DrainTarget, name: str) -> DrainAnswer:
+        """End the drain of ``target`` ``name``; ``changed`` is false when there was none."""
+        params = {"target": str(target), "name": name}
+        return DrainAnswer.model_validate_json(
+            (await self._request("DELETE", "/drains", params=params)).content
+        )

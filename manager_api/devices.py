@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 __all__ = [
+    "MEMORY_CAPACITY",
     "BindingStyle",
     "DeviceAttributes",
     "DeviceIdentity",
@@ -143,3 +144,14 @@ class DeviceAttributes(_Model):
         default=None, description="Redfish Port Id on that switch"
     )
     health: Annotated[Health, SliceAttribute("health", rank=12)] = Health.OK
+
+
+def _capacity_of(field: str) -> str:
+    """The slice capacity name a field of :class:`DeviceAttributes` is published under."""
+    return next(m.name for m in DeviceAttributes.model_fields[field].metadata if isinstance(m, SliceCapacity))
+
+
+#: the capacity of a device's memory (``memory_bytes``): a partition's and a memory pool's too. In a
+#: slice, a claim's ``capacity.requests`` and an allocation's ``consumedCapacity`` it is qualified
+#: by the driver: ``<driver>/memory``.
+MEMORY_CAPACITY: str = _capacity_of("memory_bytes")

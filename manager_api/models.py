@@ -28,6 +28,13 @@ PUT      /api/v1/nodes/{node}/claims                  body :class:`NodeClaims`: 
 GET      /api/v1/usage?since=T&by=K                   :class:`UsageReport`: device-seconds since T (RFC 3339;
                                                       from the start of its hour) grouped by K
                                                       (namespace, model or workload)
+GET      /api/v1/drains                               :class:`DrainList`: every drain, with the devices it
+                                                      covers now
+POST     /api/v1/drains                               body :class:`DrainRequest` → :class:`DrainAnswer`
+                                                      (201 new or changed, 200 already so); 404 for a
+                                                      device, switch or node the fabric does not have
+DELETE   /api/v1/drains?target=T&name=N               → :class:`DrainAnswer` (200; ``changed`` false when
+                                                      it was not drained)
 =======  ==========================================  =====================================================
 
 Errors are :class:`ErrorBody` with the status of :mod:`manager_api.errors`.
@@ -67,6 +74,8 @@ from plumbing.names import (
     DNS1123_LABEL_PATTERN,
     DNS1123_SUBDOMAIN_MAX_LENGTH,
     DNS1123_SUBDOMAIN_PATTERN,
+    LABEL_VALUE_MAX_LENGTH,
+    LABEL_VALUE_PATTERN,
     UID_MAX_LENGTH,
     UID_PATTERN,
 )
@@ -74,9 +83,13 @@ from plumbing.terminal import visible
 
 __all__ = [
     "API_PREFIX",
+    "DRAIN_NAME_MAX_LENGTH",
+    "DRAIN_NAME_PATTERN",
     "MAX_WAIT_SECONDS",
     "POOL_NAME_MAX_LENGTH",
     "POOL_NAME_PATTERN",
+    "USAGE_MEMORY_GIB",
+    "USAGE_PARTITION",
     "USAGE_STATES",
     "AttachRequest",
     "Attachment",
@@ -85,8 +98,15 @@ __all__ = [
     "BindingStyle",
     "ClaimUid",
     "Device",
+    "DeviceDrain",
     "DeviceName",
     "DeviceType",
+    "Drain",
+    "DrainAnswer",
+    "DrainEffect",
+    "DrainList",
+    "DrainRequest",
+    "DrainTarget",
     "ErrorBody",
     "FabricNode",
     "FabricPool",
@@ -204,6 +224,39 @@ class MemoryPool(_Model):
     increment_bytes: int = Field(gt=0, description="MemoryChunkIncrementMiB in bytes")
     max_chunks: int | None = Field(default=None, description="the most chunks the domain makes, if it says")
     shares: list[MemoryShare] = Field(default_factory=list, description="this manager's shares of the pool")
+    used_bytes: int = Field(
+        default=0,
+        ge=0,
+        description="carved: outsideBytes plus every share's chunk as the pool rounds it (what the "
+        "manager admits a new share against); free is sizeBytes less this",
+    )
+
+
+class DrainTarget(StrEnum):
+    """What an operator drains: one device, every device behind a switch, or every device a node
+    holds through its fabric ports (docs/operations.md, "Drains")."""
+
+    DEVICE = "device"
+    SWITCH = "switch"
+    NODE = "node"
+
+
+class DrainEffect(StrEnum):
+    """The effect of a drained device's taint (resource.k8s.io/v1 ``DeviceTaintEffect``)."""
+
+    #: no new allocation; claims that hold the device keep it until they end
+    NO_SCHEDULE = "NoSchedule"
+    #: also evicts the pods using the device (kube-controller-manager's device taint eviction)
+    NO_EXECUTE = "NoExecute"
+
+
+class DeviceDrain(_Model):
+    """Why a device is drained: the drains that cover it, and the taint the controller publishes."""
+
+    reason: str = Field(description="the taint's value: the reason of the drain with the strongest effect")
+    effect: DrainEffect = Field(description="NoExecute when any drain covering the device evicts")
+    since: datetime = Field(description="when the first drain covering it began")
+    drains: list[str] = Field(description="every drain covering the device, as target/name")
 
 
 class Device(DeviceAttributes, DeviceIdentity):
@@ -253,6 +306,9 @@ class Device(DeviceAttributes, DeviceIdentity):
     )
     memory_pool: MemoryPool | None = Field(
         default=None, description="a CXL memory pool shared by size; None for a device bound whole"
+    )
+    drain: DeviceDrain | None = Field(
+        default=None, description="set while an operator drains the device (POST /api/v1/drains)"
     )
 
 
@@ -483,6 +539,11 @@ class Operation(_Model):
 #: what a device's seconds are counted as: bound to a claim, warm (bound for the warm pool), being
 #: attached or detached, or bound outside fabric-dra (the fields of :class:`UsageGroup`)
 USAGE_STATES = ("bound", "warm", "attaching", "detaching", "outside")
+#: two measures the accounting keeps beside the device-seconds of :data:`USAGE_STATES`, under these
+#: names in its buckets and its lifetime totals: a GPU partition's seconds at its share of the GPU,
+#: and a memory share's GiB-seconds (``UsageGroup.partition_seconds``, ``memory_gib_seconds``)
+USAGE_PARTITION = "partition"
+USAGE_MEMORY_GIB = "memory-gib"
 
 
 class UsageGrouping(StrEnum):
@@ -493,7 +554,8 @@ class UsageGrouping(StrEnum):
 
 
 class UsageGroup(_Model):
-    """Device-seconds of one namespace, model or workload, by state."""
+    """Device-seconds of one namespace, model or workload, by state; and the seconds of its GPU
+    partitions at their share of the GPU, and the GiB-seconds of its memory shares."""
 
     name: str = Field(
         description="the namespace, model or namespace/Kind/name of the workload; empty for devices no "
@@ -504,7 +566,15 @@ class UsageGroup(_Model):
     attaching: float = 0.0
     detaching: float = 0.0
     outside: float = 0.0
-    total: float = 0.0
+    total: float = Field(default=0.0, description="device-seconds in every state (not the two below)")
+    partition_seconds: float = Field(
+        default=0.0,
+        description="seconds of GPU partitions held by claims, each counted at its share of the GPU "
+        "(its memory slices of the GPU's): a 1g.10gb of an 8-slice GPU held for an hour is 450",
+    )
+    memory_gib_seconds: float = Field(
+        default=0.0, description="GiB-seconds of memory shares (chunks of a memory pool) held bound by claims"
+    )
 
 
 class UsageReport(_Model):
@@ -516,6 +586,49 @@ class UsageReport(_Model):
         default=None, description="the oldest bucket still kept; nothing before it is known any more"
     )
     groups: list[UsageGroup]
+
+
+#: What a drain names: a device (a DNS label), a switch (its Redfish Id, or ``<pool>/<Id>`` where two
+#: fabrics share an Id) or a node (a DNS subdomain); the manager says which ones it does not know.
+DRAIN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]*$"
+DRAIN_NAME_MAX_LENGTH = 253
+
+
+class DrainRequest(_Model):
+    target: DrainTarget
+    name: str = Field(pattern=DRAIN_NAME_PATTERN, max_length=DRAIN_NAME_MAX_LENGTH)
+    reason: str = Field(
+        default="maintenance",
+        min_length=1,
+        pattern=LABEL_VALUE_PATTERN,
+        max_length=LABEL_VALUE_MAX_LENGTH,
+        description="the taint's value, so a claim may tolerate one reason: a Kubernetes label value",
+    )
+    evict: bool = Field(default=False, description="NoExecute: evict the pods using the devices")
+
+
+class Drain(_Model):
+    target: DrainTarget
+    name: str
+    reason: str
+    effect: DrainEffect
+    since: datetime
+    by: str = Field(description="who drained it (the caller's user name)")
+    devices: list[str] = Field(default_factory=list, description="the devices of the inventory it covers now")
+
+    @property
+    def key(self) -> str:
+        """``target/name``: how a device's :class:`DeviceDrain` names it."""
+        return f"{self.target}/{self.name}"
+
+
+class DrainAnswer(_Model):
+    drain: Drain
+    changed: bool = Field(description="false when the drain was already so (or, for DELETE, not there)")
+
+
+class DrainList(_Model):
+    drains: list[Drain]
 
 
 #: RFC 3339 ``date-time`` (section 5.6) with its zone, as ``GET /usage?since=`` must be (and ``fabric-dra

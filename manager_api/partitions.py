@@ -257,6 +257,14 @@ class PartitionDevice:
         return range(self.start, self.start + self.profile.memory_slices)
 
     @property
+    def gpu_share(self) -> float:
+        """Its share of the GPU, by memory slices (a 1g.10gb of an 8-slice H100: 1/8; the full 7g.80gb:
+        1): what the accounting counts its seconds at. Memory, not compute: slices are what a
+        placement takes from every other partition of the GPU, and a full layout's slices sum to 1
+        (the compute of a full layout does not: seven 1g take 7 of 8 slices but 7 of 7 compute)."""
+        return self.profile.memory_slices / self.table.memory_slices
+
+    @property
     def consumes(self) -> dict[str, int]:
         """What it takes from its GPU's counter set (the ``consumesCounters`` of its device)."""
         counters = {

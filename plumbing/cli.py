@@ -23,6 +23,7 @@ from plumbing.terminal import has_unsafe, visible, visible_lines
 
 __all__ = [
     "OUTPUT_FORMATS",
+    "BadInput",
     "CliError",
     "Handler",
     "SubParsers",
@@ -60,7 +61,16 @@ def skip_unused_imports() -> None:
 
 
 class CliError(PlumbingError):
-    """A failure the user can act on: printed as one line, without a traceback."""
+    """A failure the user can act on: printed as one line, without a traceback; exit status 1."""
+
+    exit_code = 1
+
+
+class BadInput(CliError):
+    """The command names something that does not exist (a device, a switch): exit status 2, as a
+    command line that argparse refuses."""
+
+    exit_code = 2
 
 
 def positive_seconds(text: str) -> float:
@@ -180,6 +190,6 @@ def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> i
     except CliError as err:
         # One line, whatever the message quotes (a manager's answer, a name from the fabric).
         emit(f"fabric-dra: error: {visible(str(err))}", file=sys.stderr)
-        return 1
+        return err.exit_code
     except KeyboardInterrupt:
         return 130

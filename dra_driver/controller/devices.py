@@ -18,11 +18,12 @@ from dra_driver.controller.features import CounterLayout
 from dra_driver.controller.resourcenames import (
     BindingConditionNames,
     attach_failed_taint_key,
+    drain_taint_key,
     fit_value,
     unhealthy_taint_key,
 )
 from dra_driver.selection.quantity import format_bytes
-from manager_api.devices import SliceAttribute, SliceCapacity, SliceForm
+from manager_api.devices import MEMORY_CAPACITY, SliceAttribute, SliceCapacity, SliceForm
 from manager_api.models import BindingState, Device, Health, MemoryPool
 from manager_api.partitions import (
     COUNTER_MEMORY,
@@ -77,8 +78,6 @@ SLICE_CAPACITIES: tuple[tuple[str, SliceCapacity], ...] = tuple(_published(Slice
 #: attribute and capacity identifiers (unqualified)
 ATTRIBUTE_NAMES: tuple[str, ...] = tuple(a.name for _, a in SLICE_ATTRIBUTES)
 CAPACITY_NAMES: tuple[str, ...] = tuple(c.name for _, c in SLICE_CAPACITIES)
-#: the capacity of a device's memory (``Device.memory_bytes``): a partition's and a memory pool's too
-MEMORY_CAPACITY: str = next(c.name for field, c in SLICE_CAPACITIES if field == "memory_bytes")
 
 
 #: the attribute (``bool: true``) of a device the manager keeps warm on the node of its slice; set only
@@ -124,6 +123,8 @@ class WithheldReason(StrEnum):
     INVALID_NAME = "invalid-name"
     #: its attach keeps failing (:mod:`.quarantine`), and the cluster cannot taint devices
     ATTACH_FAILED = "attach-failed"
+    #: an operator drained it (``fabric-dra drain``), and the cluster cannot taint devices
+    DRAINED = "drained"
     #: a memory pool, and the cluster cannot allocate a device many times (``DRAConsumableCapacity``)
     SHARES_UNSUPPORTED = "shares-unsupported"
     #: a memory pool with less room than its smallest chunk
@@ -315,6 +316,8 @@ def to_dra_device(device: Device, policy: PublishPolicy, quarantined: str | None
         return Conversion(device.name, None, WithheldReason.UNHEALTHY)
     if quarantined is not None and not policy.device_taints:
         return Conversion(device.name, None, WithheldReason.ATTACH_FAILED)
+    if device.drain is not None and not policy.device_taints:
+        return Conversion(device.name, None, WithheldReason.DRAINED)
 
     pool = device.memory_pool
     if pool is not None and not policy.shares:
@@ -350,6 +353,12 @@ def to_dra_device(device: Device, policy: PublishPolicy, quarantined: str | None
         value = quarantined if is_label_value(quarantined) else "AttachFailed"
         effect = "NoExecute" if policy.evict_quarantined else "NoSchedule"
         taints.append({"key": attach_failed_taint_key(policy.driver), "value": value, "effect": effect})
+    if device.drain is not None:
+        # The manager holds the reason to a label value; the drain's effect as the operator chose it.
+        reason = device.drain.reason if is_label_value(device.drain.reason) else "maintenance"
+        taints.append(
+            {"key": drain_taint_key(policy.driver), "value": reason, "effect": str(device.drain.effect)}
+        )
     if taints:
         out["taints"] = taints
     if policy.binding_conditions or policy.binds_to_node:

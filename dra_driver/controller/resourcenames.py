@@ -35,6 +35,7 @@ __all__ = [
     "SLICE_MAX_SHARED_COUNTERS_1_34",
     "BindingConditionNames",
     "attach_failed_taint_key",
+    "drain_taint_key",
     "fit_value",
     "is_attribute_id",
     "is_driver_name",
@@ -200,6 +201,11 @@ def unhealthy_taint_key(driver: str) -> str:
 def attach_failed_taint_key(driver: str) -> str:
     """The taint of a device taken out of allocation after failed attaches (:mod:`.quarantine`)."""
     return f"{driver}/attach-failed"
+
+
+def drain_taint_key(driver: str) -> str:
+    """The taint of a device an operator drained (``fabric-dra drain``; the manager's ``Device.drain``)."""
+    return f"{driver}/drain"
 
 
 def slice_name(driver: str, pool: str, index: int, count: int = 1) -> str:

@@ -47,6 +47,7 @@ from dra_driver.proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver.proto.dra_v1beta1 import api_pb2 as v1beta1_pb2
 from dra_driver.proto.dra_v1beta1 import api_pb2_grpc as v1beta1_grpc
 from dra_driver.selection.quantity import QuantityError, parse_quantity
+from manager_api.devices import MEMORY_CAPACITY
 from manager_api.errors import FabricError
 from plumbing.crashpoints import crash_point
 from plumbing.kube import ApiError
@@ -299,7 +300,8 @@ class Driver:
         claim's configuration (else ``--memory-mode``) asks for; none for a device allocated whole."""
         if result.share_id is None:
             return {}
-        asked = (result.consumed_capacity or {}).get("memory")
+        # the allocation names the capacity as the slice published it: qualified by the driver
+        asked = (result.consumed_capacity or {}).get(f"{self.driver_name}/{MEMORY_CAPACITY}")
         if asked is None:
             raise PrepareFailed(
                 f"{what} allocates share {result.share_id} of device {result.device} without a consumed "

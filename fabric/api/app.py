@@ -19,6 +19,7 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fabric.api.context import AppContext
@@ -78,11 +79,26 @@ async def _refused(request: Request, err: StarletteHTTPException) -> JSONRespons
         err.status_code, "HTTPError"
     )
     body = api.ErrorBody(code=code, message=f"{request.method} {request.url.path}: {err.detail}")
+    headers = dict(err.headers or {})
+    if err.status_code == 405:
+        # Starlette names the methods of the first route of the path only; a path served by
+        # several routes (GET, POST and DELETE /api/v1/drains) takes them all (RFC 9110, 15.5.6).
+        headers["Allow"] = ", ".join(_methods_of(request)) or headers.get("Allow", "")
     return JSONResponse(
         status_code=err.status_code,
         content=body.model_dump(mode="json", by_alias=True, exclude_none=True),
-        headers=err.headers,
+        headers=headers,
     )
+
+
+def _methods_of(request: Request) -> list[str]:
+    """Every method some route of the API serves at the request's path."""
+    methods: set[str] = set()
+    for router in ROUTERS:
+        for route in router.routes:
+            if isinstance(route, APIRoute) and route.path_regex.match(request.url.path):
+                methods |= route.methods or set()
+    return sorted(methods)
 
 
 def _field(loc: tuple[int | str, ...]) -> str:

@@ -6,8 +6,9 @@ Roles:
   own node only* (403 otherwise);
 * ``controller`` — the binding-condition controller / slice publisher: reads, and attaches and
   detaches for any node;
-* ``operator`` — people and tools: read only (``fabric-dra status``), and the only role that reads
-  what tenants used (``fabric-dra usage``) and ``/metrics``;
+* ``operator`` — people and tools: read (``fabric-dra status``), and the only role that reads
+  what tenants used (``fabric-dra usage``) and ``/metrics``, and that drains devices
+  (``fabric-dra drain``: a drain with ``--evict`` deletes tenants' pods);
 * ``metrics`` — a scraper (Prometheus): ``/metrics`` and nothing else.
 
 What each role may do is one table, :data:`GRANTS` (docs/manager.md, "Who may read what"): device-
@@ -98,13 +99,15 @@ class Access(StrEnum):
     USAGE = "read device-seconds by namespace and workload"
     #: ``GET /metrics``: the Prometheus series, tenant namespaces among their labels
     METRICS = "read /metrics"
+    #: ``POST`` and ``DELETE /api/v1/drains``: take devices out of allocation, evict their pods
+    DRAIN = "drain or undrain devices"
 
 
 #: Who may do what: the one table of the manager's authorisation.
 GRANTS: dict[Role, frozenset[Access]] = {
     Role.PLUGIN: frozenset({Access.READ, Access.BIND}),
     Role.CONTROLLER: frozenset({Access.READ, Access.BIND}),
-    Role.OPERATOR: frozenset({Access.READ, Access.USAGE, Access.METRICS}),
+    Role.OPERATOR: frozenset({Access.READ, Access.USAGE, Access.METRICS, Access.DRAIN}),
     Role.METRICS: frozenset({Access.METRICS}),
 }
 

@@ -14,6 +14,7 @@ from fabric.api.auth import Access, Chain, Identity
 from fabric.api.request_guard import IDENTITY_STATE
 from fabric.bindings.attachments import Attachments
 from fabric.bindings.usage import UsageMeter
+from fabric.state.drains import DrainBook
 from fabric.state.inventory import Inventory
 from fabric.state.metrics import ManagerMetrics
 from fabric.state.operation_log import OperationLog
@@ -32,6 +33,7 @@ __all__ = [
     "Caller",
     "Ctx",
     "DeviceName",
+    "Drainer",
     "NodeName",
     "NodeQuery",
     "OperationIdPath",
@@ -56,6 +58,8 @@ class AppContext:
     not_ready: Callable[[], str | None]
     #: the device-seconds accounting (``GET /api/v1/usage``); None: not served
     usage: UsageMeter | None = None
+    #: the operators' drains (``/api/v1/drains``); None: not served
+    drains: DrainBook | None = None
 
 
 def _context(request: Request) -> AppContext:
@@ -110,6 +114,7 @@ Anyone = Annotated[Identity, Depends(_identity)]
 Caller = Annotated[Identity, Depends(_leader)]
 Reader = Annotated[Identity, Depends(_needs(Access.READ))]
 UsageReader = Annotated[Identity, Depends(_needs(Access.USAGE))]
+Drainer = Annotated[Identity, Depends(_needs(Access.DRAIN))]
 Wait = Annotated[
     float,
     Query(alias="waitSeconds", ge=0, le=api.MAX_WAIT_SECONDS, description="wait this long for the fabric"),

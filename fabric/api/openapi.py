@@ -49,6 +49,8 @@ _BY_OPERATION: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", f"{api.API_PREFIX}/devices/{{device}}/reset"): (404, 409, 502, 504),
     ("get", f"{api.API_PREFIX}/devices/{{device}}"): (404,),
     ("get", f"{api.API_PREFIX}/operations/{{operation_id}}"): (404,),
+    ("post", f"{api.API_PREFIX}/drains"): (404,),
+    ("delete", f"{api.API_PREFIX}/drains"): (404,),
 }
 _RETRIABLE = (409, 429, 503, 504)
 

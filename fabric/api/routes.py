@@ -13,9 +13,11 @@ from fastapi.responses import JSONResponse, Response
 from fabric.api.auth import Access
 from fabric.api.context import (
     Anyone,
+    AppContext,
     Caller,
     Ctx,
     DeviceName,
+    Drainer,
     NodeName,
     NodeQuery,
     OperationIdPath,
@@ -24,6 +26,7 @@ from fabric.api.context import (
     Wait,
     require_loaded,
 )
+from fabric.state.drains import DrainBook
 from manager_api import models as api
 from manager_api.errors import DeviceNotFound, FabricUnavailable, InvalidRequest, NotFoundError
 from plumbing.names import UID_MAX_LENGTH, UID_PATTERN
@@ -40,9 +43,10 @@ ATTACHMENTS = APIRouter()
 OPERATIONS = APIRouter()
 REPORTS = APIRouter()
 USAGE = APIRouter()
+DRAINS = APIRouter()
 
 #: in the order the API document lists them
-ROUTERS = (PROBES, FABRIC, ATTACHMENTS, OPERATIONS, REPORTS, USAGE)
+ROUTERS = (PROBES, FABRIC, ATTACHMENTS, OPERATIONS, REPORTS, USAGE, DRAINS)
 
 
 @PROBES.get("/healthz", include_in_schema=False)
@@ -239,3 +243,78 @@ def _in_utc_range(moment: datetime) -> bool:
     except OverflowError:
         return False
     return True
+
+
+def _drain_book(ctx: AppContext) -> DrainBook:
+    if ctx.drains is None:
+        raise FabricUnavailable("drains are not served by this manager", retry_after=2.0)
+    return ctx.drains
+
+
+def _known(ctx: AppContext, target: api.DrainTarget, name: str) -> None:
+    """Refuse (404) a device, switch or node the fabric does not have: a typo must not drain nothing."""
+    inventory = ctx.inventory.snapshot()
+    if target is api.DrainTarget.DEVICE:
+        if ctx.inventory.device(name) is None:
+            raise DeviceNotFound(f"device {name} is not in the fabric inventory", device=name)
+        return
+    if target is api.DrainTarget.SWITCH:
+        switches = {d.switch for d in inventory.devices} | {f"{d.pool}/{d.switch}" for d in inventory.devices}
+        if name not in switches - {None}:
+            known = sorted({d.switch for d in inventory.devices if d.switch})
+            raise NotFoundError(
+                f"switch {name} has no device in the fabric inventory; switches: {', '.join(known) or 'none'}"
+            )
+        return
+    if name not in {n.name for n in inventory.nodes}:
+        raise NotFoundError(f"node {name} is not a node any fabric reaches", node=name)
+
+
+@DRAINS.get(f"{api.API_PREFIX}/drains", response_model=api.DrainList, response_model_by_alias=True)
+async def drains(caller: Reader, ctx: Ctx) -> api.DrainList:
+    book = _drain_book(ctx)
+    devices = ctx.inventory.snapshot().devices
+    return api.DrainList(drains=[book.with_devices(d, devices) for d in book.all()])
+
+
+@DRAINS.post(
+    f"{api.API_PREFIX}/drains",
+    response_model=api.DrainAnswer,
+    response_model_by_alias=True,
+    status_code=201,
+    responses={200: {"model": api.DrainAnswer, "description": "already drained so: nothing changed"}},
+    summary="drain a device, a switch or a node's devices: their taint keeps new claims off them",
+)
+async def drain(caller: Drainer, request: api.DrainRequest, ctx: Ctx) -> JSONResponse:
+    book = _drain_book(ctx)
+    require_loaded(ctx)
+    if book.get(request.target, request.name) is None:
+        _known(ctx, request.target, request.name)
+    found, changed = await book.put(request, caller.user)
+    answer = api.DrainAnswer(
+        drain=book.with_devices(found, ctx.inventory.snapshot().devices), changed=changed
+    )
+    return JSONResponse(
+        status_code=201 if changed else 200, content=answer.model_dump(mode="json", by_alias=True)
+    )
+
+
+@DRAINS.delete(f"{api.API_PREFIX}/drains", response_model=api.DrainAnswer, response_model_by_alias=True)
+async def undrain(
+    caller: Drainer,
+    target: api.DrainTarget,
+    name: Annotated[str, Query(pattern=api.DRAIN_NAME_PATTERN, max_length=api.DRAIN_NAME_MAX_LENGTH)],
+    ctx: Ctx,
+) -> api.DrainAnswer:
+    book = _drain_book(ctx)
+    require_loaded(ctx)
+    ended = await book.remove(target, name, caller.user)
+    if ended is not None:
+        return api.DrainAnswer(drain=book.with_devices(ended, ctx.inventory.snapshot().devices), changed=True)
+    _known(ctx, target, name)  # not drained: a name the fabric has is fine (idempotent), a typo is not
+    now = datetime.now(UTC)
+    effect = api.DrainEffect.NO_SCHEDULE
+    return api.DrainAnswer(
+        drain=api.Drain(target=target, name=name, reason="", effect=effect, since=now, by=caller.user),
+        changed=False,
+    )

@@ -42,7 +42,7 @@ from fabric.backends.views import (
 from fabric.backends.walk import Walk, path_ids
 from fabric.redfish.client import RedfishResponse
 from fabric.state.model import DeviceRecord, HostRecord, MemoryDomainRecord
-from manager_api.devices import BindingStyle
+from manager_api.devices import BindingStyle, DeviceType
 from manager_api.errors import BindFailed
 
 __all__ = ["ConnectionBackend"]
@@ -119,8 +119,8 @@ class ConnectionBackend(Backend):
         return result
 
     async def _pools(self, walk: Walk, view: EndpointView, hosts: tuple[str, ...]) -> list[DeviceRecord]:
-        """One pool device per MemoryDomain of the target's CXL logical devices that allows chunk
-        creation (``<endpoint>-pool``); the chunks fabric-dra made there are its shares, never
+        """One pool device per MemoryDomain of a memory target's (CXL Type-3) logical devices that
+        allows chunk creation (``<endpoint>-pool``); the chunks fabric-dra made there are its shares, never
         whole devices, and the others are carved outside it (offered whole, as before)."""
         logical = [uri for kind, uri in view.entities if kind == "CXLDevice"]
         domains: list[str] = []
@@ -147,6 +147,11 @@ class ConnectionBackend(Backend):
                 made=made,
             )
             attributes = await describe(walk, view.entities, endpoint=view.endpoint)
+            if attributes.type is not DeviceType.CXL_MEMORY:
+                # A Type-2 accelerator's own memory (DMTF's public-cxl PooledCXLType2 GPU allows chunk
+                # creation in its HBM domain) serves that accelerator: a host borrowing it by the GiB
+                # is no CXL memory pool, and its device type would offer it to GPU claims.
+                continue
             name = view.id if len(domains) == 1 else f"{view.id}-{domain.id}"
             pools.append(
                 DeviceRecord(

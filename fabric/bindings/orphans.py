@@ -22,6 +22,13 @@ will be released. A new leader judges a node's plugin silent only after ``report
 its own, so a fail-over never costs a pod its device. Without API access, or while claims cannot
 be listed, nothing is judged (so nothing is detached).
 
+**Partitions and shares.** Each holder of a GPU serving partitions is judged on its own, as a
+binding of its partition device to the GPU's node: an abandoned holder is released as its plugin
+would release it (the GPU is unbound with its last holder). A share of a memory pool is judged by
+its pool device *and* its shareID: the claim's allocation must still name that share (a claim
+allocated anew gets another shareID), and a plugin's report counts for the claim's pool device on
+the share's node.
+
 **Bindings made outside fabric-dra** (on the fabric, with no ledger entry) are never touched by
 anything here: they have no claim to explain them, and :class:`fabric.bindings.reconcile.ForeignBindings`
 reports them.
@@ -46,7 +53,7 @@ from plumbing.kube.events import EventRecorder, ObjectRef
 from plumbing.kube.resources import RESOURCE_API_VERSIONS, RESOURCE_CLAIMS
 from plumbing.logs import get_logger
 
-__all__ = ["OrphanReconciler"]
+__all__ = ["Held", "OrphanReconciler", "held_of"]
 
 log = get_logger(__name__)
 
@@ -56,6 +63,42 @@ _REASONS = {
     "not-allocated": "its ResourceClaim {claim} no longer allocates it to this node",
     "not-reserved": "its ResourceClaim {claim} allocates it but is reserved for no pod",
 }
+
+
+@dataclass(frozen=True)
+class Held:
+    """One thing a claim holds that a plugin releases: a whole device, a partition of a GPU, or a
+    share of a memory pool — the device the claim's allocation names (a partition's, a pool's)."""
+
+    #: what the reconciler tracks it by: the ledger key (a share's ``<pool>/<shareID>``), or the
+    #: partition's device name
+    key: str
+    device: str
+    node: str
+    claim_uid: str
+    share_id: str | None = None
+    #: a partition's GPU
+    gpu: str | None = None
+
+    @property
+    def label(self) -> str:
+        """How an Event names it: ``device gpu0``, ``partition gpu0-1g10gb-3 of GPU gpu0``,
+        ``share <id> of memory pool cxlpool0-pool``."""
+        if self.share_id is not None:
+            return f"share {self.share_id} of memory pool {self.device}"
+        if self.gpu is not None:
+            return f"partition {self.device} of GPU {self.gpu}"
+        return f"device {self.device}"
+
+
+def held_of(entry: LedgerEntry) -> list[Held]:
+    """What ``entry`` holds for claims: its device, its share, or every partition holder of its GPU."""
+    if entry.partition_held:
+        gpu, node = entry.device, entry.node
+        return [Held(h.partition, h.partition, node, h.claim_uid, gpu=gpu) for h in entry.partitions]
+    if entry.share is not None:
+        return [Held(entry.device, entry.share.pool, entry.node, entry.claim_uid, entry.share.share_id)]
+    return [Held(entry.device, entry.device, entry.node, entry.claim_uid)]
 
 
 @dataclass
@@ -126,25 +169,30 @@ class OrphanReconciler:
         log.warning("the API server serves no resource.k8s.io ResourceClaims; orphan check skipped")
         return None
 
-    def why_orphan(self, entry: LedgerEntry, claims: _Claims) -> str | None:
-        """None while something explains the binding; else the reason it is an orphan."""
-        claim = claims.by_uid.get(entry.claim_uid)
+    def why_orphan(self, held: Held, claims: _Claims) -> str | None:
+        """None while something explains what ``held`` is; else the reason it is an orphan."""
+        claim = claims.by_uid.get(held.claim_uid)
         if claim is None:
             # A report cannot keep a claim alive that does not exist: a plugin could report made-up
             # claims to hold devices for ever.
             return "claim-deleted"
-        # a share's entry is keyed by the share; the claim allocates its pool
-        device = entry.share.pool if entry.share is not None else entry.device
-        if self.reports.holds(entry.node, entry.claim_uid, device):
+        if self.reports.holds(held.node, held.claim_uid, held.device):
             return None
         view = ResourceClaim.read(claim)
         if view is None:
             return None  # not readable as a claim: nothing proves the binding is an orphan
-        result = next((r for r in view.results if r.device == device), None)
+        result = next(
+            (
+                r
+                for r in view.results
+                if r.device == held.device and (held.share_id is None or r.share_id == held.share_id)
+            ),
+            None,
+        )
         allocation = view.status.allocation
         node = allocation.node if allocation is not None else None
-        if result is None or (node is not None and node != entry.node):
-            return "not-allocated"  # deallocated, or allocated anew on another node
+        if result is None or (node is not None and node != held.node):
+            return "not-allocated"  # deallocated, or allocated anew (on another node, another share)
         if view.status.reserved_for or result.binding_conditions:
             return None
         return "not-reserved"
@@ -170,47 +218,45 @@ class OrphanReconciler:
         claims = await self.claims()
         if claims is None:
             return []
-        # A GPU serving partitions is released by its holders' claims (each a partition device),
-        # not judged as one binding here.
+        # Each holder of a GPU serving partitions is judged on its own (the GPU goes with its last).
         bound = {
-            e.device: e
+            held.key: held
             for e in self.attachments.ledger.entries()
-            if e.state is LedgerState.BOUND and not e.partition_held
+            if e.state is LedgerState.BOUND
+            for held in held_of(e)
         }
-        for device in set(self._candidates) - set(bound):
-            del self._candidates[device]
+        for key in set(self._candidates) - set(bound):
+            del self._candidates[key]
         detached: list[str] = []
-        for device, entry in bound.items():
-            reason = self.why_orphan(entry, claims)
-            previous = self._candidates.get(device)
+        for key, held in bound.items():
+            reason = self.why_orphan(held, claims)
+            previous = self._candidates.get(key)
             if reason is None:
                 if previous is not None:
-                    log.info("binding explained again; not an orphan", device=device, claim=entry.claim_uid)
-                    del self._candidates[device]
+                    log.info("binding explained again; not an orphan", device=key, claim=held.claim_uid)
+                    del self._candidates[key]
                 continue
-            if previous is None or previous.claim_uid != entry.claim_uid:
-                previous = self._candidates[device] = _Candidate(entry.claim_uid, reason, now)
+            if previous is None or previous.claim_uid != held.claim_uid:
+                previous = self._candidates[key] = _Candidate(held.claim_uid, reason, now)
             previous.reason = reason
-            claim = claims.by_uid.get(entry.claim_uid)
+            claim = claims.by_uid.get(held.claim_uid)
             if not previous.announced:
                 previous.announced = True
-                await self._announce(entry, claim, previous)
+                await self._announce(held, claim, previous)
             # A node's plugin counts as silent only once this leader has waited a report period.
             if now - previous.since < self.grace_seconds or now - self._leading_since < self.reports.ttl:
                 continue
-            if await self._detach(entry, claim, previous):
-                detached.append(device)
+            if await self._detach(held, claim, previous):
+                detached.append(key)
         if self.metrics is not None:
             self.metrics.orphan_bindings.set(len(self._candidates))
         return detached
 
-    def _describe(self, entry: LedgerEntry, claim: Mapping[str, Any] | None, candidate: _Candidate) -> str:
-        return _REASONS[candidate.reason].format(claim=_claim_name(claim, entry.claim_uid))
+    def _describe(self, held: Held, claim: Mapping[str, Any] | None, candidate: _Candidate) -> str:
+        return _REASONS[candidate.reason].format(claim=_claim_name(claim, held.claim_uid))
 
-    def _refs(
-        self, entry: LedgerEntry, claim: Mapping[str, Any] | None
-    ) -> tuple[ObjectRef, ObjectRef | None]:
-        node = ObjectRef(kind="Node", name=entry.node)
+    def _refs(self, held: Held, claim: Mapping[str, Any] | None) -> tuple[ObjectRef, ObjectRef | None]:
+        node = ObjectRef(kind="Node", name=held.node)
         if claim is None:
             return node, None
         meta = claim.get("metadata") or {}
@@ -219,76 +265,70 @@ class OrphanReconciler:
             api_version=f"resource.k8s.io/{self._version or 'v1'}",
             name=str(meta.get("name") or ""),
             namespace=str(meta.get("namespace") or ""),
-            uid=entry.claim_uid,
+            uid=held.claim_uid,
         )
         return ref, node
 
-    async def _announce(
-        self, entry: LedgerEntry, claim: Mapping[str, Any] | None, candidate: _Candidate
-    ) -> None:
-        why = self._describe(entry, claim, candidate)
+    async def _announce(self, held: Held, claim: Mapping[str, Any] | None, candidate: _Candidate) -> None:
+        why = self._describe(held, claim, candidate)
         log.warning(
             "orphaned binding found; it is detached unless something uses it again",
-            device=entry.device,
-            node=entry.node,
-            claim=entry.claim_uid,
+            device=held.key,
+            node=held.node,
+            claim=held.claim_uid,
             reason=candidate.reason,
             grace_seconds=self.grace_seconds,
         )
         await self._event(
-            entry,
+            held,
             claim,
             "OrphanedBinding",
             "Found",
-            f"device {entry.device} is bound to node {entry.node} for claim {entry.claim_uid}, "
+            f"{held.label} is bound to node {held.node} for claim {held.claim_uid}, "
             f"but {why} and the node's plugin does not report it prepared; it will be detached in "
             f"{self.grace_seconds:.0f}s unless a claim or the plugin explains it again",
         )
 
-    async def _detach(
-        self, entry: LedgerEntry, claim: Mapping[str, Any] | None, candidate: _Candidate
-    ) -> bool:
-        why = self._describe(entry, claim, candidate)
+    async def _detach(self, held: Held, claim: Mapping[str, Any] | None, candidate: _Candidate) -> bool:
+        why = self._describe(held, claim, candidate)
         try:
-            if entry.share is not None:
-                await self.attachments.detach(
-                    entry.share.pool, entry.claim_uid, entry.node, wait=0, share_id=entry.share.share_id
-                )
-            else:
-                await self.attachments.detach(entry.device, entry.claim_uid, entry.node, wait=0)
+            # as its plugin would: the partition device, or the pool with the shareID
+            await self.attachments.detach(
+                held.device, held.claim_uid, held.node, wait=0, share_id=held.share_id
+            )
         except FabricError as err:
-            log.warning("orphan detach not started; will retry", device=entry.device, error=err.message)
+            log.warning("orphan detach not started; will retry", device=held.key, error=err.message)
             return False
-        del self._candidates[entry.device]
+        del self._candidates[held.key]
         unexplained = self._clock() - candidate.since
         log.warning(
             "detaching an orphaned binding",
-            device=entry.device,
-            node=entry.node,
-            claim=entry.claim_uid,
+            device=held.key,
+            node=held.node,
+            claim=held.claim_uid,
             reason=candidate.reason,
             unexplained_seconds=round(unexplained, 1),
         )
         if self.metrics is not None:
             self.metrics.orphans_detached.labels(candidate.reason).inc()
         await self._event(
-            entry,
+            held,
             claim,
             "OrphanDetached",
             "Detach",
-            f"detached device {entry.device} from node {entry.node}: it was bound for claim "
-            f"{entry.claim_uid}, but {why} and the node's plugin has not reported it prepared "
-            f"for {unexplained:.0f}s; the device returns to the free pool",
+            f"released {held.label} from node {held.node}: it was bound for claim "
+            f"{held.claim_uid}, but {why} and the node's plugin has not reported it prepared "
+            f"for {unexplained:.0f}s; it returns to the pool",
         )
         return True
 
     async def _event(
-        self, entry: LedgerEntry, claim: Mapping[str, Any] | None, reason: str, action: str, note: str
+        self, held: Held, claim: Mapping[str, Any] | None, reason: str, action: str, note: str
     ) -> None:
-        """A Warning Event about the binding of ``entry``: on its claim (the node related), or on
+        """A Warning Event about the binding of ``held``: on its claim (the node related), or on
         the node when the claim is gone."""
         if self.events is not None:
-            regarding, related = self._refs(entry, claim)
+            regarding, related = self._refs(held, claim)
             await self.events.record(
                 regarding, reason=reason, action=action, event_type="Warning", related=related, note=note
             )

@@ -21,7 +21,7 @@ from fabric.bindings.warm import COLD, HIT, WarmPool
 from fabric.driver.operations import OperationDriver
 from fabric.driver.resets import reset_by_node
 from fabric.state.claims import ClaimView
-from fabric.state.inventory import Inventory
+from fabric.state.inventory import Inventory, pool_used_bytes
 from fabric.state.ledger import (
     PARTITIONS_HOLDER,
     Ledger,
@@ -203,9 +203,7 @@ class Sharing:
             if entry is None:
                 check_usable(pool)
                 chunk_bytes = domain.chunk_bytes(request.memory_bytes)
-                used = domain.outside_bytes + sum(
-                    e.share.chunk_mib << 20 for e in self.ledger.shares_of(pool.name) if e.share is not None
-                )
+                used = pool_used_bytes(domain, self.ledger.shares_of(pool.name))
                 if used + chunk_bytes > domain.size_bytes:
                     raise DeviceBusy(
                         f"{pool.name}: {_gib(used)} of {_gib(domain.size_bytes)} in use; "

@@ -48,6 +48,7 @@ from fabric.state.inventory import Inventory
 from fabric.state.ledger import Ledger, LedgerEntry, LedgerState
 from manager_api import models as api
 from manager_api.errors import FabricError, FabricUnavailable
+from manager_api.partitions import parse_partition
 from plumbing.fsutil import atomic_write
 from plumbing.kube.client import AlreadyExists, ApiError, Conflict, KubeClient, NotFound
 from plumbing.kube.dra import ResourceClaim
@@ -57,6 +58,8 @@ from plumbing.logs import get_logger
 __all__ = [
     "BUCKET",
     "FLUSH_SECONDS",
+    "MEMORY_GIB",
+    "PARTITION",
     "RETENTION",
     "TICK_SECONDS",
     "ConfigMapUsageStore",
@@ -89,6 +92,10 @@ _DATA_KEY = "usage.json.gz"
 _DATA_LIMIT = 1000 * 1024
 
 OUTSIDE = "outside"
+#: two measures kept as states of their own in the same buckets (a record without them reads as 0):
+#: a GPU partition's seconds at its share of the GPU, and a memory share's GiB-seconds
+PARTITION = api.USAGE_PARTITION
+MEMORY_GIB = api.USAGE_MEMORY_GIB
 
 
 class UsageKey(NamedTuple):
@@ -97,6 +104,10 @@ class UsageKey(NamedTuple):
     #: ``Kind/name`` of the claim's owner; "" when no claim holds the device
     workload: str
     state: str
+
+
+#: what one ledger entry's seconds count to: (key, weight) pairs
+_Keys = tuple[tuple[UsageKey, float], ...]
 
 
 class UsageError(FabricUnavailable):
@@ -161,8 +172,11 @@ class UsageBook:
     totals: dict[tuple[str, str, str], float] = field(default_factory=dict)
     counted_until: datetime | None = None
 
-    def add(self, key: UsageKey, start: datetime, end: datetime) -> None:
-        for bucket, seconds in split_hours(start, end):
+    def add(self, key: UsageKey, start: datetime, end: datetime, weight: float = 1.0) -> None:
+        """``[start, end)`` to ``key``, each second counted ``weight`` times (a partition's share of
+        its GPU, a share's GiB)."""
+        for bucket, whole in split_hours(start, end):
+            seconds = whole * weight
             row = self.hours.setdefault(bucket, {})
             row[key] = row.get(key, 0.0) + seconds
             total = (key.namespace, key.model, key.state)
@@ -200,7 +214,8 @@ class UsageBook:
         return oldest
 
     def groups(self, since: datetime, by: api.UsageGrouping) -> list[api.UsageGroup]:
-        """Seconds from the bucket ``since`` falls in onwards, grouped ``by``, by state."""
+        """Seconds from the bucket ``since`` falls in onwards, grouped ``by``, by state (and the
+        partition-seconds and GiB-seconds)."""
         start = hour_of(since)
         found: dict[str, dict[str, float]] = {}
         for hour, rows in self.hours.items():
@@ -210,7 +225,13 @@ class UsageBook:
                 states = found.setdefault(_group_name(key, by), {})
                 states[key.state] = states.get(key.state, 0.0) + seconds
         return [
-            api.UsageGroup(name=name, total=round(sum(states.values()), 3), **_rounded(states))
+            api.UsageGroup(
+                name=name,
+                total=round(sum(s for state, s in states.items() if state in api.USAGE_STATES), 3),
+                partition_seconds=round(states.get(PARTITION, 0.0), 3),
+                memory_gib_seconds=round(states.get(MEMORY_GIB, 0.0), 3),
+                **_rounded(states),
+            )
             for name, states in sorted(found.items())
         ]
 
@@ -403,7 +424,10 @@ class UsageMeter:
         self._resumed_at: datetime | None = None
         #: device → the key its entry had when last counted and since when it is not counted yet:
         #: a change closes the interval at the moment it happens (:meth:`_ledger_changed`)
-        self._open: dict[str, tuple[UsageKey, datetime]] = {}
+        self._open: dict[str, tuple[_Keys, datetime]] = {}
+        #: device → its entry as loaded and since when it is not counted, until the first tick
+        #: after a resume that knows the models and owners (:meth:`resume`)
+        self._unopened: dict[str, tuple[LedgerEntry, datetime]] = {}
         #: claim UID → (namespace, workload), kept after the claim is gone
         self._owners: dict[str, tuple[str, str]] = {}
         self._write_lock = asyncio.Lock()
@@ -421,10 +445,17 @@ class UsageMeter:
         self._book, self._pending = book, UsageBook()
         self._last = book.counted_until if book.counted_until is not None else now
         self._resumed_at = now
-        self._open = {}
-        if self._ready():  # else the first tick that can opens them, from the same start
-            last = self._last
-            self._open = {e.device: (self._key(e), max(last, e.updated_at)) for e in self.ledger.entries()}
+        self._open, self._unopened = {}, {}
+        last = self._last
+        if self._ready():
+            self._open = {e.device: (self._keys(e), max(last, e.updated_at)) for e in self.ledger.entries()}
+        else:
+            # Their keys need the models and owners, not known yet: kept as the ledger has them
+            # now, so a change before the first tick that can count (a detach in the seconds
+            # after a restart) still charges the time down to what each entry was.
+            self._unopened = {
+                e.device: (e.model_copy(deep=True), max(last, e.updated_at)) for e in self.ledger.entries()
+            }
         log.info(
             "usage record loaded",
             record=self.store.describe(),
@@ -454,20 +485,49 @@ class UsageMeter:
             await self.flush()
         self._last = None
 
-    def _key(self, entry: LedgerEntry) -> UsageKey:
+    def _keys(self, entry: LedgerEntry) -> _Keys:
+        """What ``entry``'s seconds count to, and how many times: its device's seconds by state (a
+        GPU serving partitions, like a warm device, has no one claim: no namespace); while bound,
+        each partition holder's seconds at its share of the GPU (:data:`PARTITION`), and a memory
+        share's GiB-seconds (:data:`MEMORY_GIB`; a share is no device: no device-seconds)."""
+        bound = entry.state is LedgerState.BOUND
+        if entry.share is not None:
+            pool = self.inventory.device(entry.share.pool)
+            model = model_of(pool) if pool else "unknown"
+            if not bound:
+                return ()
+            namespace, workload = self._owner(entry.claim_uid, entry.namespace)
+            return ((UsageKey(namespace, model, workload, MEMORY_GIB), entry.share.chunk_mib / 1024),)
         record = self.inventory.device(entry.device)
         model = model_of(record) if record else "unknown"
-        if entry.warm_held:
-            return UsageKey("", model, "", str(entry.state))
-        owner = self._owners.get(entry.claim_uid)
+        if entry.warm_held or entry.partition_held:
+            keys: _Keys = ((UsageKey("", model, "", str(entry.state)), 1.0),)
+            table = record.attributes.partition_table if record is not None else None
+            if not bound or table is None:
+                return keys
+            for hold in entry.partitions:
+                partition = parse_partition(hold.partition, {entry.device: table})
+                if partition is not None:
+                    namespace, workload = self._owner(hold.claim_uid, entry.namespace)
+                    keys += ((UsageKey(namespace, model, workload, PARTITION), partition.gpu_share),)
+            return keys
+        namespace, workload = self._owner(entry.claim_uid, entry.namespace)
+        return ((UsageKey(namespace, model, workload, str(entry.state)), 1.0),)
+
+    def _owner(self, claim_uid: str, fallback_namespace: str | None) -> tuple[str, str]:
+        """(namespace, workload) of a claim, remembered per UID. Not known from a claim (no API
+        access, or a claim gone before a restart): the namespace the plugin sent with the attach,
+        as the entry keeps it (for a GPU's partitions: the first holder's), and no workload."""
+        owner = self._owners.get(claim_uid)
         if owner is None and self.claims is not None:
-            claim = self.claims.get(entry.claim_uid)
+            claim = self.claims.get(claim_uid)
             if claim is not None:
-                owner = self._owners[entry.claim_uid] = (claim.metadata.namespace or "", workload_of(claim))
-        # Not known from a claim (no API access, or a claim gone before a restart): the namespace
-        # the plugin sent with the attach, as the entry keeps it.
-        namespace, workload = owner or (entry.namespace or "", "")
-        return UsageKey(namespace, model, workload, str(entry.state))
+                owner = self._owners[claim_uid] = (claim.metadata.namespace or "", workload_of(claim))
+        return owner or (fallback_namespace or "", "")
+
+    def _add(self, keys: _Keys, start: datetime, end: datetime) -> None:
+        for key, weight in keys:
+            self._pending.add(key, start, end, weight)
 
     def _ready(self) -> bool:
         """Counting, with the models (the inventory) and the owners (the claims) known."""
@@ -481,18 +541,21 @@ class UsageMeter:
         the state an entry had at the tick — a warm refill's hot-add counted as warm, a warm device
         taken by a claim uncounted since the last tick (docs/performance.md, "Warm devices")."""
         if device is None:  # the whole ledger loaded: every entry counts from its own change
-            self._open = {}
+            self._open, self._unopened = {}, {}
             return
         last = self._last
         if last is None or not self._ready():
             return  # the next tick counts it from its updated_at
         now = self.clock()
         opened = self._open.pop(device, None)
+        loaded = self._unopened.pop(device, None)
+        if opened is None and loaded is not None:
+            opened = (self._keys(loaded[0]), loaded[1])
         if opened is not None:
-            self._pending.add(opened[0], max(opened[1], last), now)
+            self._add(opened[0], max(opened[1], last), now)
         entry = self.ledger.get(device)
         if entry is not None:
-            self._open[device] = (self._key(entry), now)
+            self._open[device] = (self._keys(entry), now)
 
     def tick(self) -> None:
         """Count the time since the previous tick. Nothing while not counting, and nothing (the time
@@ -510,12 +573,14 @@ class UsageMeter:
         for entry in self.ledger.entries():
             opened = self._open.get(entry.device)
             start = max(last, opened[1] if opened is not None else entry.updated_at)
-            key = self._key(entry)  # the same state as when opened; owners may be known better now
-            self._pending.add(key, start, now)
-            self._open[entry.device] = (key, now)
+            keys = self._keys(entry)  # the same state as when opened; owners may be known better now
+            self._add(keys, start, now)
+            self._open[entry.device] = (keys, now)
             held.add(entry.claim_uid)
+            held.update(h.claim_uid for h in entry.partitions)
         for gone in [d for d in self._open if self.ledger.get(d) is None]:
             del self._open[gone]
+        self._unopened = {}  # every entry counted (and opened) from the same start
         foreign_from = max(last, self._resumed_at or last)
         for device in self._outside():
             record = self.inventory.device(device.name)

@@ -11,7 +11,7 @@ from typing import Any
 
 from plumbing.cli import OUTPUT_FORMATS, CliError, SubParsers, add_output_option, usage
 
-__all__ = ["register"]
+__all__ = ["manager_options", "register", "resolve_token_file"]
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -202,3 +202,8 @@ def _usage(args: argparse.Namespace) -> int:
 
     _resolve_token_file(args)
     return asyncio.run(run_usage(args))
+
+
+#: for the other commands of the manager's command line (``fabric.commands.drains``)
+manager_options = _manager_options
+resolve_token_file = _resolve_token_file

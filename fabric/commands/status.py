@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from manager_api import models as api
 from manager_api.client import ManagerClient
 from manager_api.errors import FabricError, FabricUnavailable, Unauthenticated
+from manager_api.partitions import parse_partition
 from plumbing.cli import CliError, dump_document, emit
 from plumbing.cli import format_table as _table
 from plumbing.terminal import visible
@@ -112,11 +113,26 @@ def status_document(inventory: api.Inventory, operations: list[api.Operation]) -
         for o in operations
         if o.state in (api.OperationState.PENDING, api.OperationState.RUNNING)
     ]
+    partitioned = [
+        {
+            "gpu": d.name,
+            "partitions": [h.model_dump(mode="json", by_alias=True) for h in d.partitions],
+        }
+        for d in inventory.devices
+        if d.partitions
+    ]
+    memory_pools = [
+        {"pool": d.name, **d.memory_pool.model_dump(mode="json", by_alias=True)}
+        for d in inventory.devices
+        if d.memory_pool is not None
+    ]
     return {
         "inventoryVersion": inventory.version,
         "pools": _summary(inventory),
         "nodes": [n.model_dump(mode="json", by_alias=True) for n in inventory.nodes],
         "bindings": bindings,
+        "partitions": partitioned,
+        "memoryPools": memory_pools,
         "operations": in_flight,
         "notices": inventory.notices,
     }
@@ -132,6 +148,7 @@ def render_table(inventory: api.Inventory, operations: list[api.Operation], *, w
         *_notices_table(inventory),
         *_pool_table(inventory),
         *_bindings_table(inventory, wide=wide),
+        *_sharing_table(inventory),
         *_operations_table(operations),
         *_unhealthy_table(inventory),
         f"inventory version {inventory.version}; {len(inventory.nodes)} node(s)",
@@ -192,6 +209,56 @@ def _bindings_table(inventory: api.Inventory, *, wide: bool) -> list[str]:
     headers = ["NODE", "DEVICE", "TYPE", "MODEL", "SWITCH", "PORT", "HEALTH", "STATE", "CLAIM", "MANAGED"]
     headers += ["HOST", "STYLE", "SERIAL", "LINK"] if wide else []
     return ["BINDINGS", _table(headers, rows) if rows else "(no device is bound)", ""]
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f}".rstrip("0").rstrip(".") + " GiB"
+
+
+def _placement(gpu: api.Device, partition: str) -> str:
+    """``1g.10gb @ slice 3`` (``slices 0-1`` for two): the profile and where it sits, from the
+    GPU's table; the device name alone when the table does not name it."""
+    table = gpu.partition_table
+    found = parse_partition(partition, {gpu.name: table}) if table is not None else None
+    if found is None:
+        return "-"
+    first, last = found.slices[0], found.slices[-1]
+    where = f"slice {first}" if first == last else f"slices {first}-{last}"
+    return f"{found.profile.name} @ {where}"
+
+
+def _sharing_table(inventory: api.Inventory) -> list[str]:
+    """Each GPU serving partitions (its node, every holder with its placement and claim) and each
+    memory pool (used and free, every share with its node, size and claim); nothing when the
+    fabric has neither."""
+    gpus = sorted((d for d in inventory.devices if d.partitions), key=lambda d: d.name)
+    pools = sorted((d for d in inventory.devices if d.memory_pool is not None), key=lambda d: d.name)
+    if not gpus and not pools:
+        return []
+    lines = ["PARTITIONS AND SHARES"]
+    if gpus:
+        rows = [
+            [gpu.name, h.node, h.partition, _placement(gpu, h.partition), h.claim_uid]
+            for gpu in gpus
+            for h in sorted(gpu.partitions, key=lambda h: h.partition)
+        ]
+        lines.append(_table(["GPU", "NODE", "PARTITION", "PLACEMENT", "CLAIM"], rows))
+    if pools:
+        rows = []
+        for pool in pools:
+            mp = pool.memory_pool
+            if mp is None:
+                continue
+            used, free = _gib(mp.used_bytes), _gib(max(0, mp.size_bytes - mp.used_bytes))
+            shares = sorted(mp.shares, key=lambda s: (s.node, s.share_id))
+            rows += [
+                [pool.name, used, free, s.share_id, s.node, _gib(s.memory_bytes), str(s.state), s.claim_uid]
+                for s in shares
+            ] or [[pool.name, used, free, "-", "-", "-", "-", "-"]]
+        if gpus:
+            lines.append("")
+        lines.append(_table(["POOL", "USED", "FREE", "SHARE", "NODE", "SIZE", "STATE", "CLAIM"], rows))
+    return [*lines, ""]
 
 
 def _operations_table(operations: list[api.Operation]) -> list[str]:

@@ -19,6 +19,9 @@ __all__ = ["parse_since", "render", "run_usage"]
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+#: the two measures beside the device-seconds (``UsageGroup`` fields), and their columns
+_MEASURES = ("partition_seconds", "memory_gib_seconds")
+_HEADINGS = ("PARTITION", "MEMORY-GIB")
 
 
 def parse_since(text: str, now: datetime) -> datetime:
@@ -53,29 +56,52 @@ def _hours(seconds: float) -> str:
 
 
 def render(report: api.UsageReport, fmt: str) -> str:
-    """``report`` as a table (device-hours), ``wide`` (device-seconds), json, yaml or csv (seconds)."""
+    """``report`` as a table (device-hours), ``wide`` (device-seconds), json, yaml or csv (seconds):
+    a column per state, the total, then the partitions' GPU-seconds at their share and the memory
+    shares' GiB-seconds (hours in the table)."""
     if fmt in ("json", "yaml"):
         return dump_document(report.model_dump(mode="json", by_alias=True), fmt)
     states = list(api.USAGE_STATES)
     if fmt == "csv":
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
-        writer.writerow([str(report.by), *states, "total"])
+        writer.writerow([str(report.by), *states, "total", *_MEASURES])
         for group in report.groups:
             # A name is a namespace, a model from the fabric or an owner's name: shown, never raw.
-            writer.writerow([visible(group.name), *(getattr(group, s) for s in states), group.total])
+            writer.writerow(
+                [
+                    visible(group.name),
+                    *(getattr(group, s) for s in states),
+                    group.total,
+                    *(getattr(group, m) for m in _MEASURES),
+                ]
+            )
         return buffer.getvalue().rstrip("\n")
     cell = (lambda s: f"{s:.0f}") if fmt == "wide" else _hours
     unit = "device-seconds" if fmt == "wide" else "device-hours"
-    rows = [[_label(g.name), *(cell(getattr(g, s)) for s in states), cell(g.total)] for g in report.groups]
+    # the partition and share columns only where something was partitioned or shared
+    measures = [m for m in _MEASURES if any(getattr(g, m) for g in report.groups)]
+    headings = [h for m, h in zip(_MEASURES, _HEADINGS, strict=True) if m in measures]
+    rows = [
+        [
+            _label(g.name),
+            *(cell(getattr(g, s)) for s in states),
+            cell(g.total),
+            *(cell(getattr(g, m)) for m in measures),
+        ]
+        for g in report.groups
+    ]
     head = (
         f"{unit} from {report.since.astimezone(UTC):%Y-%m-%d %H:%M} to "
         f"{report.until.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC, by {report.by}"
     )
+    if measures:
+        per = "seconds" if fmt == "wide" else "hours"
+        head += f"; PARTITION: GPU-{per} at each partition's share of its GPU, MEMORY-GIB: GiB-{per}"
     if report.oldest is not None and report.oldest > report.since:
         head += f" (nothing recorded before {report.oldest.astimezone(UTC):%Y-%m-%d %H:%M})"
     body = (
-        format_table([str(report.by).upper(), *(s.upper() for s in states), "TOTAL"], rows)
+        format_table([str(report.by).upper(), *(s.upper() for s in states), "TOTAL", *headings], rows)
         if rows
         else "(no device was counted in this time)"
     )

@@ -196,6 +196,7 @@ class ManagerService:
         while self._leading and not self._ledger_loaded:
             try:
                 await parts.ledger.load()
+                await parts.drains.load()
                 self._ledger_loaded = True
             except FabricError as err:
                 log.error("cannot load the ledger, retrying", error=err.message)

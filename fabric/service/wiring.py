@@ -44,6 +44,7 @@ from fabric.errors import ConfigError
 from fabric.redfish.client import RedfishClient
 from fabric.service.config import ManagerSettings
 from fabric.state.claims import ClaimView
+from fabric.state.drains import ConfigMapDrainStore, DrainBook, DrainStore, FileDrainStore, drain_record_name
 from fabric.state.inventory import Inventory
 from fabric.state.ledger import ConfigMapLedgerStore, FileLedgerStore, Ledger, LedgerStore
 from fabric.state.metrics import ManagerMetrics
@@ -71,6 +72,8 @@ class ManagerParts:
     holders: Holders
     usage: UsageMeter
     app: FastAPI
+    #: the operators' drains, loaded with the ledger
+    drains: DrainBook
     #: this replica's name in the Lease and in the Events it records
     identity: str
 
@@ -100,6 +103,9 @@ def build_parts(
     store, usage_store = _stores(s, kube, namespace)
     ledger = Ledger(store, max_entries_per_node=s.max_bindings_per_node)
     inventory.follow(ledger)
+    drains = DrainBook(_drain_store(s, kube, namespace))
+    inventory.follow_drains(drains.drain_of, lambda: drains.version)
+    drains.listeners.append(inventory.changed)
     identity = s.identity or f"{socket.gethostname()}-{os.getpid()}"
     events = (
         EventRecorder(kube, controller="fabric-dra.io/manager", instance=identity)
@@ -138,9 +144,12 @@ def build_parts(
             is_leader=is_leader,
             not_ready=lambda: not_ready(inventory),
             usage=usage,
+            drains=drains,
         )
     )
-    return ManagerParts(redfish, inventory, watch, store, ledger, driver, holders, usage, app, identity)
+    return ManagerParts(
+        redfish, inventory, watch, store, ledger, driver, holders, usage, app, drains, identity
+    )
 
 
 @dataclass
@@ -208,6 +217,16 @@ def _stores(s: ManagerSettings, kube: KubeClient | None, namespace: str) -> tupl
         raise ConfigError("--ledger file needs --state-dir")
     s.state_dir.mkdir(parents=True, exist_ok=True)
     return FileLedgerStore(s.state_dir), FileUsageStore(s.state_dir)
+
+
+def _drain_store(s: ManagerSettings, kube: KubeClient | None, namespace: str) -> DrainStore:
+    """Where the drains are kept: beside the ledger, in a store of the same kind (``_stores`` checked
+    that the settings allow it)."""
+    if s.ledger == "configmap" and kube is not None:
+        return ConfigMapDrainStore(kube, name=drain_record_name(s.ledger_name), namespace=namespace)
+    if s.state_dir is None:
+        raise ConfigError("--ledger file needs --state-dir")
+    return FileDrainStore(s.state_dir)
 
 
 def _watch_metrics(

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from pydantic import TypeAdapter
 
 from fabric.state.ledger import Ledger, LedgerEntry, LedgerState
-from fabric.state.model import DeviceRecord, FabricInfo, FabricSnapshot, HostRecord
+from fabric.state.model import DeviceRecord, FabricInfo, FabricSnapshot, HostRecord, MemoryDomainRecord
 from fabric.state.names import pool_name
 from manager_api import models as api
 from manager_api.devices import DeviceAttributes
@@ -58,6 +58,9 @@ class Inventory:
         self.recovered_at = 0.0
         #: the ledger entry of a device (the wiring sets it): claim, node and operation state
         self.overlay: Callable[[str], LedgerEntry | None] = lambda name: None
+        #: what the drains make of a rendered device, and their version (:meth:`follow_drains`)
+        self._drain_of: Callable[[api.Device], api.DeviceDrain | None] = lambda device: None
+        self._drains_version: Callable[[], int] = lambda: 0
         #: the ledger entries of a memory pool's shares (the wiring sets it)
         self.shares_of: Callable[[str], list[LedgerEntry]] = lambda pool: []
         self._records: dict[str, DeviceRecord] = {}
@@ -98,6 +101,14 @@ class Inventory:
         self.overlay = ledger.get
         self.shares_of = ledger.shares_of
         ledger.listeners.append(self.changed)
+
+    def follow_drains(
+        self, drain_of: Callable[[api.Device], api.DeviceDrain | None], version: Callable[[], int]
+    ) -> None:
+        """Show each device's drain (:mod:`fabric.state.drains`); every device is re-checked when
+        ``version`` moves (call :meth:`changed` then)."""
+        self._drain_of = drain_of
+        self._drains_version = version
 
     # -- lookups ----------------------------------------------------------------------------------
 
@@ -235,7 +246,7 @@ class Inventory:
             state = api.BindingState.FREE if a.available else api.BindingState.UNAVAILABLE
             node = claim = None
             managed = True
-        return api.Device(
+        device = api.Device(
             name=record.name,
             pool=self.pool_of(record),
             fabric=record.fabric,
@@ -260,6 +271,8 @@ class Inventory:
             else [],
             memory_pool=memory_pool_view(record, self.shares_of(record.name)),
         )
+        device.drain = self._drain_of(device)
+        return device
 
     def _view_changed(self, record: DeviceRecord) -> bool:
         """Bring the device's rendering up to date; whether what it serves changed. Re-rendered only
@@ -274,7 +287,13 @@ class Inventory:
         if record.memory_domain is not None:
             overlay = (overlay, _shares_key(self.shares_of(record.name)))
         bound_node = self._host_nodes.get(record.bound_hosts[0]) if record.bound_hosts else None
-        key = (overlay, bound_node, self._attach_failures.get(record.name), self.reach_of(record))
+        key = (
+            overlay,
+            bound_node,
+            self._attach_failures.get(record.name),
+            self.reach_of(record),
+            self._drains_version(),
+        )
         cached = self._views.get(record.name)
         if cached is not None and cached[1] == key and (cached[0] is record or cached[0] == record):
             return False
@@ -454,7 +473,14 @@ def memory_pool_view(record: DeviceRecord, entries: list[LedgerEntry]) -> api.Me
         increment_bytes=domain.increment_bytes,
         max_chunks=domain.max_chunks,
         shares=shares,
+        used_bytes=pool_used_bytes(domain, entries),
     )
+
+
+def pool_used_bytes(domain: MemoryDomainRecord, entries: list[LedgerEntry]) -> int:
+    """What a memory pool has carved: chunks fabric-dra did not make, and every share's chunk
+    (``entries``: the pool's share entries, being made, made or being released)."""
+    return domain.outside_bytes + sum(e.share.chunk_mib << 20 for e in entries if e.share is not None)
 
 
 def _shares_key(entries: list[LedgerEntry]) -> tuple[object, ...]:

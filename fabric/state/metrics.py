@@ -43,7 +43,10 @@ class _PoolCollector(Collector):
         foreign: Counter[str] = Counter()
         unhealthy: Counter[tuple[str, str, str]] = Counter()
         per_node: Counter[tuple[str, str]] = Counter()
+        drained: Counter[tuple[str, str, str]] = Counter()
         for device in self._snapshot().devices:
+            if device.drain is not None:
+                drained[(device.pool, str(device.drain.effect), str(device.state))] += 1
             counts[(device.pool, str(device.type), device.model or "", str(device.state))] += 1
             if not device.managed and device.state is api.BindingState.BOUND:
                 foreign[device.pool] += 1
@@ -68,6 +71,12 @@ class _PoolCollector(Collector):
             "Devices whose Redfish health is not OK, by binding state (bound: a workload is affected)",
             ["pool", "state", "health"],
             unhealthy,
+        )
+        yield _family(
+            "fabric_dra_drained_devices",
+            "Devices an operator drained, by the taint's effect and binding state (bound: still in use)",
+            ["pool", "effect", "state"],
+            drained,
         )
         yield _family(
             "fabric_dra_node_devices",
@@ -104,9 +113,28 @@ class _UsageCollector(Collector):
             "the model; kept in the usage record, so it carries on across restarts",
             labels=["namespace", "model", "state"],
         )
+        partitions = CounterMetricFamily(
+            "fabric_dra_partition_seconds",
+            "Seconds of GPU partitions held bound by claims, each at its share of the GPU (its memory "
+            "slices of the GPU's), by the claim's namespace and the GPU's model",
+            labels=["namespace", "model"],
+        )
+        memory = CounterMetricFamily(
+            "fabric_dra_memory_gib_seconds",
+            "GiB-seconds of memory shares (chunks of a memory pool) held bound by claims, by the claim's "
+            "namespace and the pool's model",
+            labels=["namespace", "model"],
+        )
         for (namespace, model, state), value in sorted(self._totals().items()):
-            seconds.add_metric([namespace, model, state], value)
+            if state == api.USAGE_PARTITION:
+                partitions.add_metric([namespace, model], value)
+            elif state == api.USAGE_MEMORY_GIB:
+                memory.add_metric([namespace, model], value)
+            else:
+                seconds.add_metric([namespace, model, state], value)
         yield seconds
+        yield partitions
+        yield memory
         stranded = self._stranded()
         yield _family(
             "fabric_dra_stranded_devices",

@@ -27,16 +27,29 @@ def leftover_processes(workdir: Path) -> list[str]:
     return [line for line in ps.stdout.splitlines() if str(workdir) in line and "pytest" not in line]
 
 
-def test_demo_verifies_the_articles_four_steps_in_both_flows(tmp_path: Path) -> None:
+def test_demo_verifies_the_articles_four_steps_and_the_sharing_in_both_flows(tmp_path: Path) -> None:
     result = run_demo("--workdir", str(tmp_path))
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     out = result.stdout
-    for number in range(1, 5):
-        assert out.count(f"Step {number}/4") == 2, out
-    assert out.count("-> ok") == 8
+    plain, _, binding = out.partition("== Pass 2")
+    # pass 1: the article's four steps and the memory pool's two; pass 2: the GPU's partitions too
+    assert [n for n in range(1, 9) if f"Step {n}/6" in plain] == list(range(1, 7)), plain
+    assert [n for n in range(1, 9) if f"Step {n}/8" in binding] == list(range(1, 9)), binding
+    assert out.count("-> ok") == 14
     assert "FAILED" not in out
     assert "fabric-dra.io/Attached=True" in out  # pass 2: bound before the pod was
     assert "device gone from sysfs, CDI spec removed" in out
+    # partitions: one GPU, one binding, two pods, each its own partition; back whole afterwards
+    assert "GPU partitions skipped" in plain and "GPU partitions skipped" not in binding
+    assert "bound once, to" in binding and ", for both pods" in binding
+    assert binding.count("container gets (CDI) only its partition") == 2
+    assert "published whole again, for every node of its pool" in binding
+    # memory: 64 GiB carved as one chunk of 65536 MiB, seen as a dax device, given back
+    for text in (plain, binding):
+        assert "of 64 GiB carved and connected" in text
+        assert "of 65536 MiB made in" in text
+        assert "dax device gone from sysfs, CDI spec removed" in text
+        assert "MiB free again" in text
     assert "All steps verified" in out
     assert leftover_processes(tmp_path) == []
 
@@ -84,8 +97,8 @@ spec:
         "5",
     )
     assert result.returncode == 1, result.stdout
-    assert "Step 1/4" in result.stdout
-    assert "Step 2/4  FAILED: timed out after 5s waiting for the generated ResourceClaim to be allocated" in (
+    assert "Step 1/6" in result.stdout
+    assert "Step 2/6  FAILED: timed out after 5s waiting for the generated ResourceClaim to be allocated" in (
         result.stdout
     )
     assert "every process stopped" in result.stdout

@@ -35,6 +35,7 @@ __all__ = [
     "PACKAGES",
     "PACKAGE_DIRS",
     "REPO_ROOT",
+    "SHARING_MANIFESTS",
     "TESTBED_DIR",
     "TESTBED_PACKAGES",
     "Container",
@@ -110,6 +111,12 @@ FABRIC_DRA_IMAGES = frozenset({"ghcr.io/fabric-dra/fabric-dra", "fabric-dra"})
 ARTICLE_MANIFESTS = {
     "v1": DEPLOY_DIR / "kind" / "agent-infrastructure.yaml",
     "v1beta1": DEPLOY_DIR / "kind" / "agent-infrastructure.v1beta1.yaml",
+}
+#: What the demo applies beside the article's manifest: a GPU shared through partitions (Kubernetes
+#: >= 1.36, with binding conditions) and a share of a CXL memory pool.
+SHARING_MANIFESTS = {
+    "gpu-partitions": DEPLOY_DIR / "kind" / "gpu-partitions.yaml",
+    "cxl-memory": DEPLOY_DIR / "kind" / "cxl-memory.yaml",
 }
 
 Obj = dict[str, Any]

@@ -88,7 +88,7 @@ class Sharing:
             "pool": "fabric-cxl",
             "device": "cxlpool0",
             "shareID": share,
-            "consumedCapacity": {"memory": memory},
+            "consumedCapacity": {f"{DRIVER}/memory": memory},
         }
         config = []
         if mode is not None:

@@ -22,6 +22,8 @@ EXPECTED_ROLES = {
     "manager",
     "status",
     "usage",
+    "drain",
+    "undrain",
     "plugin",
     "cdi-hook",
     "controller",

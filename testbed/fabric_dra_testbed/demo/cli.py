@@ -12,7 +12,7 @@ __all__ = ["register"]
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "demo",
-        help="run the composable-DRA article's scenario on this machine, end to end",
+        help="run the composable-DRA article's scenario on this machine, end to end, then devices shared",
         description=(
             "Start the Redfish fabric emulator, the fabric manager, the ResourceSlice controller and one "
             "kubelet plugin per emulated node as real processes on real sockets, with a stand-in control "
@@ -20,7 +20,10 @@ def register(subparsers: Any) -> None:
             "a DRA scheduler honouring DeviceClass CEL selectors). Then apply the article's manifest and "
             "verify its four steps: the claim is allocated; the pod runs and its node really sees the "
             "device; the fabric binds it to that node; after scaling to 0 the device is detached and back "
-            "in the pool. Runs the plain flow, then the binding-condition flow. Exits 0 only if every step "
+            "in the pool. Then devices shared: a pod gets 64 GiB of a CXL memory pool (a chunk carved and "
+            "connected, a dax device on its node) and gives it back; with binding conditions, two pods share "
+            "one GPU through two partitions (one fabric binding) and the GPU is published whole again after "
+            "both end. Runs the plain flow, then the binding-condition flow. Exits 0 only if every step "
             "held; nothing is left running."
         ),
     )
@@ -58,8 +61,8 @@ def register(subparsers: Any) -> None:
         "--deploy-dir",
         type=Path,
         metavar="DIR",
-        help="take the DeviceClasses (DIR/base) and the article's manifests (DIR/kind) from a checkout's "
-        "deploy/ directory instead of the copies installed with fabric-dra",
+        help="take the DeviceClasses (DIR/base), the article's and the sharing manifests (DIR/kind) from a "
+        "checkout's deploy/ directory instead of the copies installed with fabric-dra",
     )
     parser.set_defaults(handler=_handle)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fabric_dra_testbed.demo.scenario import DemoFailure, Scenario, Step, load_manifest
+from fabric_dra_testbed.demo.sharing import PARTITIONS_ONLY_WITH_BINDING_CONDITIONS, SharingSteps
 from fabric_dra_testbed.stack import DemoStack, Role, StackOptions
 from plumbing.cli import emit
 from plumbing.logs import configure
@@ -48,26 +49,33 @@ class _Printer:
     def progress(self, text: str) -> None:
         self.line(f"  [{time.monotonic() - self.start:5.1f}s] {text}")
 
-    def step(self, number: int, step: Step, seconds: float) -> None:
+    def step(self, number: int, total: int, step: Step, seconds: float) -> None:
         mark = "ok" if step.ok else "FAILED"
-        self.line(f"\nStep {number}/4  {step.title}")
+        self.line(f"\nStep {number}/{total}  {step.title}")
         for item in step.observed:
             self.line(f"    {item}")
         self.line(f"  -> {mark} in {seconds:.1f}s")
 
 
-#: The DeviceClasses and the article's manifests as deploy/ holds them, shipped with the package
-#: (fabric_dra/demo/manifests links to deploy/: one copy in the repository, files in a wheel).
+#: The DeviceClasses, the article's manifests and the sharing ones as deploy/ holds them, shipped
+#: with the package (fabric_dra/demo/manifests links to deploy/: one copy in the repository, files
+#: in a wheel).
 _PACKAGED = {
     "classes": "deviceclasses.yaml",
     "v1": "agent-infrastructure.yaml",
     "v1beta1": "agent-infrastructure.v1beta1.yaml",
+    "partitions": "gpu-partitions.yaml",
+    "memory": "cxl-memory.yaml",
 }
 _IN_DEPLOY_DIR = {
     "classes": "base/deviceclasses.yaml",
     "v1": "kind/agent-infrastructure.yaml",
     "v1beta1": "kind/agent-infrastructure.v1beta1.yaml",
+    "partitions": "kind/gpu-partitions.yaml",
+    "memory": "kind/cxl-memory.yaml",
 }
+#: the manifests of the sharing steps, applied after the article's in each pass
+_SHARING = ("partitions", "memory")
 
 
 def packaged_manifests() -> Path:
@@ -89,35 +97,73 @@ def _manifest_path(options: DemoOptions) -> tuple[Path, str]:
     return path, path.name
 
 
-async def _run_pass(
-    scenario: Scenario, printer: _Printer, manifest: list[dict[str, Any]], manifest_name: str, *, bc: bool
-) -> bool:
+@dataclass(frozen=True)
+class _Manifests:
+    """What a pass applies: the article's manifest, then the sharing ones (name, objects each)."""
+
+    article: tuple[str, list[dict[str, Any]]]
+    partitions: tuple[str, list[dict[str, Any]]]
+    memory: tuple[str, list[dict[str, Any]]]
+
+
+class _Pass:
+    """One pass's steps, numbered and timed as they are printed."""
+
+    def __init__(self, printer: _Printer, total: int) -> None:
+        self.printer = printer
+        self.total = total
+        self.number = 0
+        self.started = time.monotonic()
+
+    def took(self) -> float:
+        """Seconds since the step began; the next step begins now."""
+        now = time.monotonic()
+        seconds, self.started = now - self.started, now
+        return seconds
+
+    def begin(self) -> None:
+        self.number += 1
+
+    def done(self, step: Step) -> None:
+        self.printer.step(self.number, self.total, step, self.took())
+
+    def failed(self, failure: DemoFailure) -> None:
+        self.printer.line(f"\nStep {self.number}/{self.total}  FAILED: {failure} (after {self.took():.1f}s)")
+
+
+async def _run_pass(scenario: Scenario, printer: _Printer, manifests: _Manifests, *, bc: bool) -> bool:
     devices = await scenario.wait_pool_published(binding_conditions=bc)
     await scenario.wait_plugins_registered()
     printer.progress(f"pool published: {devices} devices in ResourceSlices; every node's plugin registered")
-    number = 0
-    started = time.monotonic()
-
-    def took() -> float:
-        """Seconds since the step began; the next step begins now."""
-        nonlocal started
-        now = time.monotonic()
-        seconds, started = now - started, now
-        return seconds
-
+    sharing = SharingSteps(scenario)
+    steps = _Pass(printer, 8 if bc else 6)
+    manifest, manifest_name = manifests.article[1], manifests.article[0]
     try:
-        number = 1
-        printer.step(1, await scenario.step_deploy(manifest, manifest_name), took())
-        number = 2
+        steps.begin()
+        steps.done(await scenario.step_deploy(manifest, manifest_name))
+        steps.begin()
         step, claim = await scenario.step_claim()
-        printer.step(2, step, took())
-        number = 3
+        steps.done(step)
+        steps.begin()
         step, device, node = await scenario.step_attach(claim)
-        printer.step(3, step, took())
-        number = 4
-        printer.step(4, await scenario.step_detach(claim, device, node), took())
+        steps.done(step)
+        steps.begin()
+        steps.done(await scenario.step_detach(claim, device, node))
+        if bc:
+            steps.begin()
+            step, held = await sharing.step_partitions(manifests.partitions[1], manifests.partitions[0])
+            steps.done(step)
+            steps.begin()
+            steps.done(await sharing.step_partitions_end(held))
+        else:
+            printer.line(f"\n  {PARTITIONS_ONLY_WITH_BINDING_CONDITIONS}")
+        steps.begin()
+        step, held = await sharing.step_memory(manifests.memory[1], manifests.memory[0])
+        steps.done(step)
+        steps.begin()
+        steps.done(await sharing.step_memory_end(held))
     except DemoFailure as failure:
-        printer.line(f"\nStep {number}/4  FAILED: {failure} (after {took():.1f}s)")
+        steps.failed(failure)
         return False
     return True
 
@@ -166,7 +212,10 @@ async def _while_running(
 
 async def _run(options: DemoOptions, workdir: Path, printer: _Printer) -> bool:
     manifest_path, manifest_name = _manifest_path(options)
-    manifest = load_manifest(manifest_path)
+    manifests = _Manifests(
+        (manifest_name, load_manifest(manifest_path)),
+        *((_PACKAGED[m], load_manifest(_manifest_file(options, m))) for m in _SHARING),
+    )
     classes = load_manifest(_manifest_file(options, "classes"))
     stack = DemoStack(StackOptions(workdir=workdir, latency=options.latency), progress=printer.progress)
     scenario: Scenario | None = None
@@ -184,20 +233,21 @@ async def _run(options: DemoOptions, workdir: Path, printer: _Printer) -> bool:
             "stand-in control plane: scheduler, claim and deployment controllers, one kubelet per node"
         )
 
-        printer.line("\n== Pass 1: the article's scenario (prepare attaches the device)")
+        printer.line(
+            "\n== Pass 1: the article's scenario, then CXL memory from a pool (prepare attaches the devices)"
+        )
 
         def processes() -> Mapping[str, Role]:  # read at each check: a restart replaces a process
             return stack.processes
 
-        ok = await _while_running(
-            processes, _run_pass(scenario, printer, manifest, manifest_name, bc=False), printer
-        )
+        ok = await _while_running(processes, _run_pass(scenario, printer, manifests, bc=False), printer)
         if ok and options.binding_conditions:
-            printer.line("\n== Pass 2: the same with binding conditions (attached before the pod is bound)")
-            stack.start_controller(binding_conditions=True)
-            ok = await _while_running(
-                processes, _run_pass(scenario, printer, manifest, manifest_name, bc=True), printer
+            printer.line(
+                "\n== Pass 2: the same with binding conditions (attached before the pod is bound), "
+                "and one GPU shared by two pods through partitions"
             )
+            stack.start_controller(binding_conditions=True)
+            ok = await _while_running(processes, _run_pass(scenario, printer, manifests, bc=True), printer)
         return ok
     except (DemoFailure, RoleStartError) as err:
         printer.line(f"\nFAILED: {err}")
@@ -213,7 +263,7 @@ def _missing(options: DemoOptions) -> str | None:
     if importlib.util.find_spec("kubernetes_validate") is None:
         # the stand-in API server validates every object against the official schemas it ships
         return "the demo needs kubernetes-validate: pip install 'fabric-dra[testbed]'"
-    needed = [_manifest_file(options, "classes")]
+    needed = [_manifest_file(options, which) for which in ("classes", *_SHARING)]
     if options.manifest in ("v1", "v1beta1"):
         needed.append(_manifest_file(options, options.manifest))
     for path in needed:
@@ -241,7 +291,8 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     configure(level="info", stream=log_stream)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     printer.line(
-        "fabric-dra demo: the composable-DRA article's attach -> verify -> detach scenario, on one machine"
+        "fabric-dra demo: the composable-DRA article's attach -> verify -> detach scenario, then devices "
+        "shared (a GPU's partitions, CXL memory by the GiB), on one machine"
     )
     printer.line(f"  work directory and logs: {workdir}")
     try:

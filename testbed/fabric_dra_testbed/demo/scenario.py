@@ -33,7 +33,7 @@ from manager_api.client import ManagerClient
 from manager_api.models import BindingState, Device
 from plumbing.backoff import Backoff
 from plumbing.kube import AlreadyExists, KubeClient, NotFound, load_config
-from plumbing.kube.dra import ResourceClaim
+from plumbing.kube.dra import DeviceRequestAllocationResult, ResourceClaim
 from plumbing.kube.resources import (
     DEPLOYMENTS,
     EVENTS,
@@ -235,39 +235,25 @@ class Scenario:
         step.observed.append(
             f"fabric manager: {device.name} ({device.type} {device.model}) bound to {node} for claim {uid}"
         )
-        if result.binding_conditions:
-            # The scheduler binds the pod only once every binding condition is True (KEP-5007), so
-            # a True condition here means the controller attached the device before the pod was bound.
-            current = ResourceClaim.model_validate(
-                await self.kube.get(RESOURCE_CLAIMS, claim.metadata.name, NAMESPACE)
-            )
-            entry = current.status.device_status(result)
-            for wanted in result.binding_conditions:
-                condition = entry.condition(wanted) if entry is not None else None
-                if condition is None or condition.status != "True":
-                    raise DemoFailure(f"binding condition {wanted} of {device.name} is not True: {condition}")
-                step.observed.append(
-                    f"claim status.devices[{device.name}]: {wanted}=True ({condition.reason}), "
-                    "set by the controller before the pod was bound"
-                )
-        binding = self._emulator_binding(device)
+        step.observed.extend(await self.binding_conditions_held(claim, result, device.name))
+        binding = self.emulator_binding(device)
         if binding is None or binding.get("Host") != node:
             raise DemoFailure(f"the emulated fabric does not bind {device.redfish_uri} to {node}: {binding}")
         step.observed.append(
             f"Redfish fabric: {binding['Style']} binding of {binding['Target']} to host {binding['Host']}"
         )
-        visible = self._host_view(node, device)
+        visible = self.host_view(node, device)
         if visible is None:
             raise DemoFailure(f"{device.name} is bound but not visible in {node}'s sysfs")
         step.observed.append(f"{node} sees it: {visible}")
-        env = self._cdi_env(node, uid)
+        env = self.cdi_env(node, uid)
         if not any(device.name in value for value in env.values()):
             raise DemoFailure(f"the CDI spec of claim {uid} on {node} does not name {device.name}")
         shown = {k: v for k, v in env.items() if k.endswith(("_DEVICE", "_MODEL", "_PCI_ADDRESS", "_SERIAL"))}
         step.observed.append(
             "the container gets (CDI): " + " ".join(f"{k}={v}" for k, v in sorted(shown.items()))
         )
-        log_line = self._log_line(f"plugin-{node}", uid, "prepare")
+        log_line = self.log_line(f"plugin-{node}", uid, "prepare")
         if log_line:
             step.observed.append(f"driver log: {log_line}")
         step.ok = True
@@ -300,15 +286,15 @@ class Scenario:
 
         freed = await wait_for(f"{device.name} to be back in the free pool", free, self.step_timeout)
         step.observed.append(f"fabric manager: {freed.name} is {freed.state}, no node, no claim")
-        if self._emulator_binding(device) is not None:
+        if self.emulator_binding(device) is not None:
             raise DemoFailure(f"the emulated fabric still binds {device.redfish_uri}")
         step.observed.append("Redfish fabric: no binding left for it")
-        if self._host_view(node, device) is not None:
+        if self.host_view(node, device) is not None:
             raise DemoFailure(f"{device.name} is still visible in {node}'s sysfs")
-        if self._cdi_files(node, uid):
+        if self.cdi_files(node, uid):
             raise DemoFailure(f"CDI spec of claim {uid} is still on {node}")
         step.observed.append(f"{node}: device gone from sysfs, CDI spec removed")
-        log_line = self._log_line("manager", uid, "detach")
+        log_line = self.log_line("manager", uid, "detach")
         if log_line:
             step.observed.append(f"fabric manager log: {log_line}")
         step.ok = True
@@ -316,29 +302,60 @@ class Scenario:
 
     # -- what the system records ----------------------------------------------------------------
 
-    def _emulator_binding(self, device: Device) -> dict[str, Any] | None:
+    async def binding_conditions_held(
+        self, claim: ResourceClaim, result: DeviceRequestAllocationResult, label: str
+    ) -> list[str]:
+        """A line per binding condition of ``result``, each True in the claim's status (none in the
+        plain flow)."""
+        if not result.binding_conditions:
+            return []
+        # The scheduler binds the pod only once every binding condition is True (KEP-5007), so
+        # a True condition here means the controller attached the device before the pod was bound.
+        current = ResourceClaim.model_validate(
+            await self.kube.get(RESOURCE_CLAIMS, claim.metadata.name, NAMESPACE)
+        )
+        entry = current.status.device_status(result)
+        lines = []
+        for wanted in result.binding_conditions:
+            condition = entry.condition(wanted) if entry is not None else None
+            if condition is None or condition.status != "True":
+                raise DemoFailure(f"binding condition {wanted} of {label} is not True: {condition}")
+            lines.append(
+                f"claim status.devices[{label}]: {wanted}=True ({condition.reason}), "
+                "set by the controller before the pod was bound"
+            )
+        return lines
+
+    def emulator_binding(self, device: Device) -> dict[str, Any] | None:
         target = device.redfish_uri.rstrip("/").rsplit("/", 1)[-1]
         bindings = self.stack.redfish_get("/redfish/v1/Oem/FabricDRA/Bindings").get("Bindings", [])
         return next((b for b in bindings if b.get("Target") == target), None)
 
-    def _host_view(self, node: str, device: Device) -> str | None:
+    def host_pci_dir(self, node: str, device: Device) -> Path | None:
+        """``device``'s PCI directory in ``node``'s sysfs (found by its serial), if the node sees it."""
         pci = self.stack.sysfs_root(node) / "bus" / "pci" / "devices"
         for entry in sorted(pci.glob("*")):
             serial = entry / "serial"
             if serial.exists() and device.serial and serial.read_text().strip() == device.serial:
-                return (
-                    f"PCI {entry.name} vendor={(entry / 'vendor').read_text().strip()} "
-                    f"device={(entry / 'device').read_text().strip()} serial={device.serial}"
-                )
+                return entry
         return None
 
-    def _cdi_files(self, node: str, claim_uid: str) -> list[Path]:
+    def host_view(self, node: str, device: Device) -> str | None:
+        entry = self.host_pci_dir(node, device)
+        if entry is None:
+            return None
+        return (
+            f"PCI {entry.name} vendor={(entry / 'vendor').read_text().strip()} "
+            f"device={(entry / 'device').read_text().strip()} serial={device.serial}"
+        )
+
+    def cdi_files(self, node: str, claim_uid: str) -> list[Path]:
         root = next(n.cdi_root for n in self.stack.nodes if n.name == node)
         return spec_files_of_claim(root, self.stack.options.driver_name, claim_uid)
 
-    def _cdi_env(self, node: str, claim_uid: str) -> dict[str, str]:
+    def cdi_env(self, node: str, claim_uid: str) -> dict[str, str]:
         env: dict[str, str] = {}
-        for path in self._cdi_files(node, claim_uid):
+        for path in self.cdi_files(node, claim_uid):
             spec = json.loads(path.read_text())
             for dev in spec.get("devices", []):
                 for entry in (dev.get("containerEdits") or {}).get("env", []):
@@ -346,7 +363,7 @@ class Scenario:
                     env[key] = value
         return env
 
-    def _log_line(self, role: str, needle: str, word: str) -> str | None:
+    def log_line(self, role: str, needle: str, word: str) -> str | None:
         try:
             lines = self.stack.log_file(role).read_text(errors="replace").splitlines()
         except FileNotFoundError:

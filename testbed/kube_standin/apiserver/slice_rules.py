@@ -35,6 +35,7 @@ from kube_standin.apiserver.fielderrors import (
     qualified_key,
 )
 from kube_standin.apiserver.status import Cause
+from plumbing.names import is_label_value
 
 __all__ = ["validate_resource_slice"]
 
@@ -56,6 +57,9 @@ BINDING_CONDITIONS_MAX = 4
 # 1.35 raised the taints per device from 4 (DeviceTaintsMaxLength)
 TAINTS_MAX = {(1, 34): 4}
 TAINTS_MAX_DEFAULT = 16
+# validDeviceTaintEffects (pkg/apis/resource/validation/validation.go): 1.35 added None
+TAINT_EFFECTS = {(1, 34): frozenset({"NoSchedule", "NoExecute"})}
+TAINT_EFFECTS_DEFAULT = frozenset({"NoSchedule", "NoExecute", "None"})
 # 1.34 only (k8s.io/api/resource/v1 of 1.34)
 MAX_SHARED_COUNTERS_1_34 = 32  # ResourceSliceMaxSharedCounters
 MAX_COUNTERS_PER_DEVICE_1_34 = 32  # ResourceSliceMaxCountersPerDevice
@@ -503,14 +507,41 @@ def _validate_device(errs: FieldErrors, path: str, device: Obj, spec: Obj, gates
             _check_attribute_name(errs, where, key)
             _attribute_value(errs, where, value)
     _capacity(errs, path, device)
-    taints = device.get("taints")
-    taints_max = TAINTS_MAX.get(gates.release, TAINTS_MAX_DEFAULT)
-    if isinstance(taints, list) and len(taints) > taints_max:
-        errs.too_many(f"{path}.taints", len(taints), taints_max)
+    _taints(errs, f"{path}.taints", device.get("taints"), gates)
     consumed = _consumes_counters(errs, path, device, spec, _split_layout(gates))
     _device_node_selection(errs, path, device, spec.get("perDeviceNodeSelection") is True)
     binding_parameters(errs, path, device)
     return consumed
+
+
+def _taints(errs: FieldErrors, path: str, taints: Any, gates: FeatureGates) -> None:
+    """``validateDeviceTaint`` for each taint: the key a label name (``ValidateLabelName``: a
+    qualified name), a value that is given a label value, the effect required and one of the
+    release's effects (``validDeviceTaintEffects``: 1.35 added ``None``, purely informational);
+    at most ``DeviceTaintsMaxLength`` of them."""
+    if not isinstance(taints, list):
+        return
+    taints_max = TAINTS_MAX.get(gates.release, TAINTS_MAX_DEFAULT)
+    if len(taints) > taints_max:
+        errs.too_many(path, len(taints), taints_max)
+    effects = TAINT_EFFECTS.get(gates.release, TAINT_EFFECTS_DEFAULT)
+    for i, taint in enumerate(taints):
+        if not isinstance(taint, Mapping):
+            continue
+        key, value, effect = taint.get("key"), taint.get("value"), taint.get("effect")
+        if not key:
+            errs.required(f"{path}[{i}].key")
+        elif isinstance(key, str):
+            qualified_key(errs, f"{path}[{i}].key", key)
+        if isinstance(value, str) and value and (len(value) > 63 or not is_label_value(value)):
+            errs.invalid(
+                f"{path}[{i}].value",
+                value,
+                "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' "
+                "or '.', and must start and end with an alphanumeric character (at most 63 characters)",
+            )
+        if isinstance(effect, str) and effect and effect not in effects:
+            errs.not_supported(f"{path}[{i}].effect", effect, sorted(effects))
 
 
 def _uses_advanced_features(devices: list[Any]) -> bool:

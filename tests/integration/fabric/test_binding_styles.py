@@ -179,11 +179,12 @@ async def test_manager_listener_over_tls(fabric: FabricAdmin, tmp_path: Path) ->
     with manager_for(fabric, tmp_path, "--tls-cert", str(tls.cert), "--tls-key", str(tls.key)) as manager:
         assert manager.address.startswith("https://")
         async with ManagerClient(manager.address, token=OPERATOR_TOKEN, ca_file=str(tls.ca)) as client:
-            # every target of the default topology: whole PCIe devices and pre-made CXL chunks (a
-            # pool's memory domain holds no chunk until one is carved)
-            assert len((await client.inventory()).devices) == len(
-                load_topology(default_topology_path()).targets
-            )
+            # every target of the default topology: whole PCIe devices and pre-made CXL chunks,
+            # and one device per memory pool (its domain holds no chunk until one is carved)
+            topology = load_topology(default_topology_path())
+            pools = [d for s in topology.topology.cxl.switches for d in s.devices if d.pool is not None]
+            assert pools
+            assert len((await client.inventory()).devices) == len(topology.targets) + len(pools)
         async with ManagerClient(manager.address, token=OPERATOR_TOKEN) as untrusting:
             with pytest.raises(FabricUnavailable, match="its TLS certificate was not accepted"):
                 await untrusting.devices()

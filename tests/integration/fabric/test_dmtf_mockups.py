@@ -73,7 +73,7 @@ def by_name(inventory: Inventory) -> dict[str, Device]:
 async def test_public_cxl_inventory(tmp_path: Path, redfish_dir: Path, ca: trustme.CA) -> None:
     inventory = await inventory_of(tmp_path, redfish_dir / "mockups" / "public-cxl", ca)
     devices = by_name(inventory)
-    assert set(devices) == {"t1", "t2", "t3", "t4", "t5"}
+    assert set(devices) == {"t1", "t2", "t3", "t4", "t5", "t3-pool", "t4-pool", "t5-pool"}
     assert [p.pool for p in inventory.pools] == ["fabric-cxl"]
     assert inventory.pools[0].nodes == ["cxl-system"]
     [node] = inventory.nodes
@@ -115,6 +115,28 @@ async def test_public_cxl_inventory(tmp_path: Path, redfish_dir: Path, ca: trust
         BindingState.BOUND,
         "D1",
     )
+
+    # Every Type-3 memory domain allows chunk creation (MemoryDomain v1_5_1, 64 MiB grid): each is a
+    # memory pool besides its pre-made chunks, which are carved outside fabric-dra. The Type-2 GPU's
+    # HBM domain allows it too, but is the accelerator's own memory: no pool.
+    pools = {
+        name: (
+            d.redfish_uri,
+            d.type,
+            p.size_bytes >> 20,
+            p.outside_bytes >> 20,
+            p.min_chunk_bytes >> 20,
+            p.increment_bytes >> 20,
+        )
+        for name, d in devices.items()
+        if (p := d.memory_pool) is not None
+    }
+    cxl = DeviceType.CXL_MEMORY
+    assert pools == {
+        "t3-pool": ("/redfish/v1/Chassis/PooledCXLType3/MemoryDomains/1", cxl, 16384, 16384, 64, 64),
+        "t4-pool": ("/redfish/v1/Chassis/PooledCXLType3/MemoryDomains/6", cxl, 262144, 4096, 64, 64),
+        "t5-pool": ("/redfish/v1/Chassis/CXLType3/MemoryDomains/1", cxl, 16384, 16384, 64, 64),
+    }
 
 
 async def test_public_composability_inventory(tmp_path: Path, redfish_dir: Path, ca: trustme.CA) -> None:

@@ -64,8 +64,9 @@ def partial_topology(tmp: Path) -> tuple[Path, dict[str, set[str]]]:
 
 
 def reaching(truth: dict[str, set[str]], device: str) -> set[str]:
-    """The hosts that reach ``device`` (a CXL memory chunk is its expander's)."""
-    return truth[device.rsplit("-chunk", 1)[0]]
+    """The hosts that reach ``device`` (a CXL memory chunk, and a memory pool's device, are their
+    expander's)."""
+    return truth[device.rsplit("-chunk", 1)[0].removesuffix("-pool")]
 
 
 def device_classes() -> dict[str, DeviceClass]:

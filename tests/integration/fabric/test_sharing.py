@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,19 @@ import pytest
 
 from manager_api.client import ManagerClient
 from manager_api.errors import DeviceBusy, DeviceNotFound
-from manager_api.models import AttachmentState, BindingState
-from tests.integration.fabric.conftest import CONTROLLER_TOKEN, FabricAdmin, manager_args
+from manager_api.models import AttachmentState, BindingState, UsageGrouping
+from plumbing.kube.resources import NODES, RESOURCE_CLAIMS
+from tests.integration.fabric.conftest import (
+    CONTROLLER_TOKEN,
+    OPERATOR_TOKEN,
+    FabricAdmin,
+    Tls,
+    allocated_claim,
+    manager_args,
+    tls_emulator,
+)
+from tests.integration.fabric.test_wild_services import topology_with
+from tests.support.apiserver import start_apiserver
 from tests.support.fabric_manager import running_manager, start_manager
 from tests.support.uids import claim_uid
 from tests.support.waiting import wait_until
@@ -231,6 +243,47 @@ async def test_a_crash_between_share_steps_converges(fabric: FabricAdmin, tmp_pa
             wait_until(lambda: not chunks(fabric) and not connections(fabric), timeout=20, what="released")
 
 
+@pytest.mark.parametrize("holder", ["first", "second"])
+async def test_a_crash_after_a_partition_holder_is_recorded_converges(
+    fabric: FabricAdmin, tmp_path: Path, holder: str
+) -> None:
+    """``manager.partition.after-holder-recorded``: the first holder's crash comes after its intent
+    to bind the GPU is durable and before the bind starts; the second's after its one ledger write.
+    After a restart the holders are as recorded, the GPU is bound once to the node, and both go."""
+    args = manager_args(fabric, tmp_path)
+    point = "manager.partition.after-holder-recorded"
+    a, b = claim_uid(f"crash-part-a-{holder}"), claim_uid(f"crash-part-b-{holder}")
+    crashing = start_manager(tmp_path, fabric.url, args=args)
+    try:
+        if holder == "second":
+            async with ManagerClient(crashing.address, token=CONTROLLER_TOKEN, timeout=30) as client:
+                await client.attach("gpu1-1g10gb-0", NODE, a, wait_seconds=20)
+        crashing.stop()
+        crashing.start([point])
+        asked, claim = ("gpu1-1g10gb-0", a) if holder == "first" else ("gpu1-1g10gb-1", b)
+        deadline = time.monotonic() + 30
+        while crashing.alive() and time.monotonic() < deadline:
+            async with ManagerClient(crashing.address, token=CONTROLLER_TOKEN, timeout=30) as client:
+                with contextlib.suppress(Exception):
+                    await client.attach(asked, NODE, claim, wait_seconds=20)
+            await asyncio.sleep(0.2)
+        crashing.wait_crashed(point)
+    finally:
+        crashing.stop()
+    with running_manager(tmp_path, fabric.url, args=args, name="manager-restarted") as manager:
+        async with ManagerClient(manager.address, token=CONTROLLER_TOKEN, timeout=30) as client:
+            recorded = {(h.partition, h.claim_uid) for h in (await client.device("gpu1")).partitions}
+            expected = {("gpu1-1g10gb-0", a)} | ({("gpu1-1g10gb-1", b)} if holder == "second" else set())
+            assert recorded == expected  # durable before the crash: none lost, none added
+            again = await client.attach(asked, NODE, claim, wait_seconds=20)  # the plugin's retry
+            assert again.state is AttachmentState.ATTACHED
+            assert fabric.bound_hosts().get("gpu1") == NODE
+            for partition, uid in sorted(expected):
+                await client.detach(partition, NODE, uid, wait_seconds=20)
+            assert "gpu1" not in fabric.bound_hosts()
+            assert (await client.device("gpu1")).partitions == []
+
+
 async def test_an_orphan_chunk_is_removed_after_its_grace(fabric: FabricAdmin, tmp_path: Path) -> None:
     args = manager_args(fabric, tmp_path, "--orphan-grace-seconds", "1")
     with fabric._http() as http:
@@ -251,3 +304,147 @@ async def test_an_orphan_chunk_is_removed_after_its_grace(fabric: FabricAdmin, t
             assert [c["Name"] for c in chunks(fabric)] == ["made by hand"]
     with fabric._http() as http:
         http.delete(outside.headers["Location"]).raise_for_status()
+
+
+async def test_usage_counts_partitions_at_their_share_and_shares_in_gib_seconds(
+    fabric: FabricAdmin, tmp_path: Path
+) -> None:
+    """A partition and a share held across a graceful restart of the manager: the partition's
+    seconds at its memory slices' share of the GPU, the share's GiB-seconds, each within the
+    time the test saw it held; the GPU's own seconds have no namespace (no one claim holds it)."""
+    args = manager_args(fabric, tmp_path)
+    part, mem, share = claim_uid("usage-part"), claim_uid("usage-mem"), share_id("usage-mem")
+    since = datetime.now(UTC)
+    with running_manager(tmp_path, fabric.url, args=args) as manager:
+        async with ManagerClient(manager.address, token=CONTROLLER_TOKEN, timeout=30) as client:
+            table = (await client.device("gpu1")).partition_table
+            assert table is not None
+            profile = next(p for p in table.profiles if p.label == "1g10gb")
+            weight = profile.memory_slices / table.memory_slices
+            t0 = time.monotonic()
+            await client.attach("gpu1-1g10gb-0", NODE, part, wait_seconds=20, namespace="team-p")
+            await client.attach(
+                POOL, NODE, mem, wait_seconds=20, share_id=share, memory_bytes=2 * GIB, namespace="team-m"
+            )
+            t1 = time.monotonic()
+            await asyncio.sleep(1.5)
+    # SIGTERM: the record written; the time down is charged to what the ledger says
+    with running_manager(tmp_path, fabric.url, args=args, name="manager-restarted") as manager:
+        async with ManagerClient(manager.address, token=CONTROLLER_TOKEN, timeout=30) as client:
+            await asyncio.sleep(1.5)
+            t2 = time.monotonic()
+            await client.detach("gpu1-1g10gb-0", NODE, part, wait_seconds=20)
+            await client.detach(POOL, NODE, mem, wait_seconds=20, share_id=share)
+            t3 = time.monotonic()
+        async with ManagerClient(manager.address, token=OPERATOR_TOKEN, timeout=30) as operator:
+            report = await operator.usage(since, UsageGrouping.NAMESPACE)
+    groups = {g.name: g for g in report.groups}
+    held_at_least, held_at_most = t2 - t1, t3 - t0
+    assert held_at_least * weight - 0.01 <= groups["team-p"].partition_seconds <= held_at_most * weight + 0.01
+    assert 2 * held_at_least - 0.01 <= groups["team-m"].memory_gib_seconds <= 2 * held_at_most + 0.01
+    # a partition's and a share's claims hold no device: their namespaces have no device-seconds
+    assert (groups["team-p"].total, groups["team-m"].total) == (0.0, 0.0)
+    assert groups[""].bound >= held_at_least and groups[""].partition_seconds == 0.0
+    print(
+        f"partition {groups['team-p'].partition_seconds:.2f} GPU-s at {weight:.3f} of the GPU, "
+        f"share {groups['team-m'].memory_gib_seconds:.2f} GiB-s, "
+        f"held {held_at_least:.2f}..{held_at_most:.2f} s"
+    )
+
+
+async def test_an_abandoned_partition_holder_is_released_and_the_gpu_with_the_last(
+    fabric: FabricAdmin, tmp_path: Path
+) -> None:
+    """Two partitions of one GPU for two allocated, reserved claims; one claim is deleted: its
+    holder alone is released after the grace (the GPU stays bound for the other), then the other's
+    claim goes too and the GPU is unbound with its last holder."""
+    with start_apiserver(tmp_path / "apiserver") as cluster:
+        async with cluster.client() as kube:
+            await kube.create(NODES, {"metadata": {"name": NODE}})
+        kept = await allocated_claim(cluster, "part-kept", "gpu1-1g10gb-0", NODE, reserved=True)
+        gone = await allocated_claim(cluster, "part-gone", "gpu1-1g10gb-1", NODE, reserved=True)
+        args = manager_args(
+            fabric,
+            tmp_path,
+            *("--kubeconfig", str(cluster.kubeconfig), "--namespace", "default"),
+            *("--orphan-grace-seconds", "1", "--orphan-interval-seconds", "0.3"),
+            *("--plugin-report-ttl-seconds", "1"),
+        )
+        with running_manager(tmp_path, fabric.url, args=args) as manager:
+            async with ManagerClient(manager.address, token=CONTROLLER_TOKEN, timeout=30) as client:
+                await client.attach("gpu1-1g10gb-0", NODE, kept, wait_seconds=20)
+                await client.attach("gpu1-1g10gb-1", NODE, gone, wait_seconds=20)
+                async with cluster.client() as kube:
+                    await kube.delete(RESOURCE_CLAIMS, "part-gone", "default")
+
+                async def holders() -> set[str]:
+                    return {h.claim_uid for h in (await client.device("gpu1")).partitions}
+
+                for _ in range(100):
+                    if await holders() == {kept}:
+                        break
+                    await asyncio.sleep(0.2)
+                assert await holders() == {kept}
+                assert fabric.bound_hosts().get("gpu1") == NODE  # still serving the kept claim
+                async with cluster.client() as kube:
+                    await kube.delete(RESOURCE_CLAIMS, "part-kept", "default")
+                for _ in range(100):
+                    if "gpu1" not in fabric.bound_hosts():
+                        break
+                    await asyncio.sleep(0.2)
+                assert "gpu1" not in fabric.bound_hosts()
+                assert (await client.device("gpu1")).state is BindingState.FREE
+
+
+async def test_a_share_on_the_realistic_profile_follows_the_sanitize_task(tmp_path: Path, tls: Tls) -> None:
+    """The realistic latency profile: the chunk's DELETE is a task (the sanitize delay) that the
+    release follows until the chunk is gone; the share is made and given back once each."""
+    claim, share = claim_uid("realistic-share"), share_id("realistic-share")
+    with tls_emulator(tmp_path / "fabric", tls, latency="realistic") as fabric:
+        args = manager_args(fabric, tmp_path)
+        with running_manager(tmp_path, fabric.url, args=args) as manager:
+            async with ManagerClient(manager.address, token=CONTROLLER_TOKEN, timeout=60) as client:
+                started = time.monotonic()
+                made = await client.attach(
+                    POOL, NODE, claim, wait_seconds=40, share_id=share, memory_bytes=2 * GIB
+                )
+                attach_seconds = time.monotonic() - started
+                assert made.state is AttachmentState.ATTACHED and made.share is not None
+                assert len(chunks(fabric)) == 1 and len(connections(fabric)) == 1
+                started = time.monotonic()
+                gone = await client.detach(POOL, NODE, claim, wait_seconds=40, share_id=share)
+                release_seconds = time.monotonic() - started
+                assert gone.state is AttachmentState.DETACHED
+                assert chunks(fabric) == [] and connections(fabric) == []
+                # the delete was a task the manager followed, not an answer at once
+                tasks = fabric.get("/redfish/v1/TaskService/Tasks")["Members"]
+                assert tasks, "the realistic profile's chunk delete ran as a task"
+    print(f"realistic: share attach {attach_seconds:.2f} s, release (sanitize task) {release_seconds:.2f} s")
+
+
+async def test_a_domain_without_chunk_creation_keeps_whole_chunks(tmp_path: Path, tls: Tls) -> None:
+    """The quirk profile ``memoryChunks: fixed``: no domain allows chunk creation, so there is no
+    pool device and no share; the pre-made chunk is a whole device, bound and unbound as before."""
+    claim = claim_uid("fixed-chunk")
+    topology = topology_with(tmp_path, memoryChunks="fixed")
+    with (
+        tls_emulator(tmp_path / "fabric", tls, topology=topology) as fabric,
+        running_manager(tmp_path, fabric.url, args=manager_args(fabric, tmp_path)) as manager,
+    ):
+        async with ManagerClient(manager.address, token=CONTROLLER_TOKEN, timeout=30) as client:
+            devices = {d.name: d for d in await client.devices()}
+            assert not [d for d in devices.values() if d.memory_pool is not None]
+            # one chunk of the endpoint: the device is named after the endpoint (its target in the
+            # emulator's table is the chunk, cxlpool0-chunk0)
+            whole = devices.get("cxlpool0")
+            assert whole is not None and POOL not in devices, " ".join(sorted(devices))
+            assert whole.memory_pool is None and whole.redfish_uri.endswith("/MemoryChunks/0")
+            with pytest.raises(DeviceNotFound):
+                await client.attach(POOL, NODE, claim, share_id=share_id("fixed"), memory_bytes=GIB)
+            with pytest.raises(DeviceNotFound, match="no memory pool"):
+                await client.attach("cxlpool0", NODE, claim, share_id=share_id("fixed"), memory_bytes=GIB)
+            bound = await client.attach("cxlpool0", NODE, claim, wait_seconds=20)
+            assert bound.state is AttachmentState.ATTACHED and bound.share is None
+            assert fabric.bound_hosts().get("cxlpool0-chunk0") == NODE
+            await client.detach("cxlpool0", NODE, claim, wait_seconds=20)
+            assert "cxlpool0-chunk0" not in fabric.bound_hosts()

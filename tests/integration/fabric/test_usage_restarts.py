@@ -181,7 +181,10 @@ def _cli_reads_the_same(address: str, report: UsageReport, model: str) -> None:
     table = _cli(address, *since, "-o", "csv")
     assert table.returncode == 0, table.stderr
     rows = list(csv.reader(table.stdout.splitlines()))
-    assert rows[0] == ["model", "bound", "warm", "attaching", "detaching", "outside", "total"]
+    assert rows[0] == [
+        *("model", "bound", "warm", "attaching", "detaching", "outside", "total"),
+        *("partition_seconds", "memory_gib_seconds"),
+    ]
     by_model = {row[0]: row for row in rows[1:]}
     assert float(by_model[model][1]) >= later[model].bound
     assert abs(sum(float(c) for c in by_model[model][1:6]) - float(by_model[model][6])) < 0.01

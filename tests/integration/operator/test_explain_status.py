@@ -73,21 +73,21 @@ def _claim(tmp_path: Path, device_class: str, count: int = 1) -> Path:
     return path
 
 
-def _attach(manager: Manager, device: str, node: str, claim: str) -> None:
+def _attach(manager: Manager, device: str, node: str, claim: str, **share: object) -> None:
     with httpx.Client(base_url=manager.url, timeout=60) as http:
         http.post(
             "/api/v1/attachments",
             params={"waitSeconds": 30},
-            json={"device": device, "node": node, "claimUid": claim},
+            json={"device": device, "node": node, "claimUid": claim, **share},
             headers={"Authorization": f"Bearer {CONTROLLER_TOKEN}"},
         ).raise_for_status()
 
 
-def _detach(manager: Manager, device: str, node: str, claim: str) -> None:
+def _detach(manager: Manager, device: str, node: str, claim: str, **share: str) -> None:
     with httpx.Client(base_url=manager.url, timeout=60) as http:
         http.delete(
             f"/api/v1/attachments/{device}",
-            params={"claimUid": claim, "node": node, "waitSeconds": 30},
+            params={"claimUid": claim, "node": node, "waitSeconds": 30, **share},
             headers={"Authorization": f"Bearer {CONTROLLER_TOKEN}"},
         ).raise_for_status()
 
@@ -192,6 +192,54 @@ def test_status_columns_and_watch(stack: tuple[Emulator, Manager], token_file: P
         _detach(manager, "gpu2", "kind-worker3", claim_uid("claim-watch"))
     assert first.startswith("--- ") and claim_uid("claim-watch") not in first
     assert "".join(lines).count("--- ") >= 2
+
+
+def test_status_shows_partitions_and_shares(stack: tuple[Emulator, Manager], token_file: Path) -> None:
+    """A GPU serving a partition (its node, the holder's placement and claim) and a memory pool with
+    a share (used and free, the share's node, size and claim), as a table and as json."""
+    _, manager = stack
+    part, mem = claim_uid("status-part"), claim_uid("status-mem")
+    share = "5b0e4b5e-7f9d-4c55-9c7e-0a1b2c3d4e5f"
+    _attach(manager, "gpu1-2g20gb-4", "kind-worker", part)
+    _attach(manager, "cxlpool0-pool", "kind-worker2", mem, shareId=share, memoryBytes=3 << 30)
+    try:
+        table = _cli("status", "--manager-url", manager.url, "--token-file", str(token_file))
+        assert table.returncode == 0, table.stderr
+        lines = table.stdout.splitlines()
+        section = lines[lines.index("PARTITIONS AND SHARES") :]
+        assert section[1].split() == ["GPU", "NODE", "PARTITION", "PLACEMENT", "CLAIM"]
+        gpu_row = next(line for line in section if line.startswith("gpu1 "))
+        assert gpu_row.split() == [
+            "gpu1",
+            "kind-worker",
+            "gpu1-2g20gb-4",
+            "2g.20gb",
+            "@",
+            "slices",
+            "4-5",
+            part,
+        ]
+        pool_header = next(line for line in section if line.startswith("POOL "))
+        assert pool_header.split() == ["POOL", "USED", "FREE", "SHARE", "NODE", "SIZE", "STATE", "CLAIM"]
+        pool_row = next(line for line in section if line.startswith("cxlpool0-pool "))
+        cells = pool_row.split()
+        assert cells[1:3] == ["3", "GiB"] and cells[5:] == [share, "kind-worker2", "3", "GiB", "bound", mem]
+        document = json.loads(
+            _cli("status", "--manager-url", manager.url, "--token-file", str(token_file), "-o", "json").stdout
+        )
+        assert document["partitions"] == [
+            {
+                "gpu": "gpu1",
+                "partitions": [{"partition": "gpu1-2g20gb-4", "claimUid": part, "node": "kind-worker"}],
+            }
+        ]
+        pool = next(p for p in document["memoryPools"] if p["pool"] == "cxlpool0-pool")
+        assert pool["usedBytes"] == 3 << 30 and [s["shareId"] for s in pool["shares"]] == [share]
+    finally:
+        _detach(manager, "gpu1-2g20gb-4", "kind-worker", part)
+        _detach(manager, "cxlpool0-pool", "kind-worker2", mem, shareId=share)
+    after = _cli("status", "--manager-url", manager.url, "--token-file", str(token_file)).stdout
+    assert "gpu1-2g20gb-4" not in after and share not in after
 
 
 def test_status_says_what_is_wrong_in_words(stack: tuple[Emulator, Manager], tmp_path: Path) -> None:

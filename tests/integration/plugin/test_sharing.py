@@ -289,7 +289,7 @@ def test_two_shares_of_one_size_in_one_claim_get_a_region_each(sharing: Sharing)
                 "pool": "fabric-cxl",
                 "device": "cxlpool0",
                 "shareID": share,
-                "consumedCapacity": {"memory": "1Gi"},
+                "consumedCapacity": {f"{DRIVER}/memory": "1Gi"},
             }
             for request, share in zip(("left", "right"), shares, strict=True)
         ]

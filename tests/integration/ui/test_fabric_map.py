@@ -116,6 +116,59 @@ def test_the_map_follows_an_attach_without_reload(manager: Manager, browser: Bro
         )
 
 
+def test_the_map_shows_each_pool_s_memory_and_each_gpu_s_partitions(
+    manager: Manager, browser: Browser
+) -> None:
+    """A memory pool's used and free memory and a partitioned GPU's holders, followed live: a share
+    and a partition made and released while the page is open."""
+    controller = {"Authorization": f"Bearer {CONTROLLER_TOKEN}"}
+    part, mem = claim_uid("ui-part"), claim_uid("ui-mem")
+    share = "0f5e2a8c-3b1d-4e6f-8a9b-1c2d3e4f5a6b"
+    with httpx.Client(base_url=manager.url, timeout=60, headers=controller) as http:
+        pool = http.get("/api/v1/devices/cxlpool0-pool").json()["memoryPool"]
+        browser.navigate(f"{manager.url}/ui#token={OPERATOR_TOKEN}")
+        row = "document.querySelector('[data-pool=\"cxlpool0-pool\"]')"
+        browser.wait_for(f"!!{row}")
+        assert browser.evaluate(f"{row}.dataset.usedBytes") == str(pool["usedBytes"])
+        for body in (
+            {"device": "gpu1-1g10gb-2", "node": "kind-worker", "claimUid": part},
+            {"device": "cxlpool0-pool", "node": "kind-worker2", "claimUid": mem, "shareId": share,
+             "memoryBytes": 4 << 30},
+        ):  # fmt: skip
+            http.post("/api/v1/attachments", params={"waitSeconds": 30}, json=body).raise_for_status()
+        used = pool["usedBytes"] + (4 << 30)
+        browser.wait_for(f"{row}.dataset.usedBytes === '{used}'", timeout=10)
+        assert browser.evaluate(f"{row}.dataset.freeBytes") == str(pool["sizeBytes"] - used)
+        assert "4 GiB used" in browser.evaluate(f"{row}.textContent")
+        shared = browser.evaluate(
+            f"(() => {{ const e = document.querySelector('[data-share=\"{share}\"]');"
+            " return e && {node: e.dataset.node, claim: e.dataset.claim}; })()"
+        )
+        assert shared == {"node": "kind-worker2", "claim": mem}
+        browser.wait_for("!!document.querySelector('[data-gpu=\"gpu1\"]')", timeout=10)
+        gpu = browser.evaluate(
+            "(() => { const e = document.querySelector('[data-gpu=\"gpu1\"]');"
+            " return {node: e.dataset.node, holders: e.dataset.holders}; })()"
+        )
+        assert gpu == {"node": "kind-worker", "holders": "1"}
+        holder = browser.evaluate(
+            "document.querySelector('[data-partition=\"gpu1-1g10gb-2\"]')?.dataset.claim"
+        )
+        assert holder == part
+        browser.screenshot(artifacts_dir() / "fabric-map-sharing.png")
+
+        http.delete(
+            "/api/v1/attachments/gpu1-1g10gb-2",
+            params={"claimUid": part, "node": "kind-worker", "waitSeconds": 30},
+        ).raise_for_status()
+        http.delete(
+            "/api/v1/attachments/cxlpool0-pool",
+            params={"claimUid": mem, "node": "kind-worker2", "waitSeconds": 30, "shareId": share},
+        ).raise_for_status()
+        browser.wait_for(f"{row}.dataset.usedBytes === '{pool['usedBytes']}'", timeout=10)
+        browser.wait_for("!document.querySelector('[data-gpu=\"gpu1\"]')", timeout=10)
+
+
 def test_the_map_has_the_read_api_s_auth(manager: Manager, browser: Browser) -> None:
     """The page is static and holds no data; without a valid token it shows nothing but a sign-in."""
     with httpx.Client(base_url=manager.url, timeout=30) as http:
@@ -165,3 +218,29 @@ def test_the_map_draws_a_thousand_devices_quickly(manager: Manager, browser: Bro
     print(f"fabric map: 1,000 devices drawn in {elapsed:.0f} ms")
     assert elapsed < 3000
     browser.screenshot(artifacts_dir() / "fabric-map-1000.png")
+
+
+def test_the_map_marks_a_drained_device_with_its_reason(manager: Manager, browser: Browser) -> None:
+    operator = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+    device = "gpu2"
+    browser.navigate(f"{manager.url}/ui#token={OPERATOR_TOKEN}")
+    browser.wait_for("document.body.dataset.version")
+    marked = f"document.querySelector('[data-device={json.dumps(device)}]')"
+    assert browser.evaluate(f"{marked}.dataset.drain") == ""
+    with httpx.Client(base_url=manager.url, timeout=30) as http:
+        drained = http.post(
+            "/api/v1/drains",
+            json={"target": "device", "name": device, "reason": "firmware-2.1", "evict": True},
+            headers=operator,
+        )
+        assert drained.status_code == 201, drained.text
+        try:
+            browser.wait_for(f"{marked}?.dataset.drain === 'NoExecute firmware-2.1'", timeout=10)
+            assert browser.evaluate(f"{marked}.classList.contains('drained')") is True
+            title = browser.evaluate(f"{marked}.querySelector('title').textContent")
+            assert "drained: firmware-2.1 (NoExecute)" in title and "by device/gpu2" in title, title
+            assert "drained 1" in browser.evaluate("document.getElementById('summary').textContent")
+        finally:
+            http.delete("/api/v1/drains", params={"target": "device", "name": device}, headers=operator)
+        browser.wait_for(f"{marked}?.dataset.drain === ''", timeout=10)
+        assert browser.evaluate(f"{marked}.classList.contains('drained')") is False

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from dra_driver.controller.devices import PublishPolicy, WithheldReason, to_dra_device
-from manager_api.models import BindingState, DeviceType, Health
+from manager_api.models import BindingState, DeviceDrain, DeviceType, DrainEffect, Health
 from tests.support.controller import make_device
 
 DRIVER = "fabric-dra.io"
@@ -73,6 +75,24 @@ def test_unhealthy_devices_are_withheld_without_taints() -> None:
     conv = to_dra_device(make_device("g", health=Health.CRITICAL), policy)
     assert conv.device is None and conv.withheld is WithheldReason.UNHEALTHY
     assert to_dra_device(make_device("h"), policy).device is not None
+
+
+def test_a_drained_device_carries_the_drain_taint_or_is_withheld_without_taints() -> None:
+    drain = DeviceDrain(
+        reason="psu-swap",
+        effect=DrainEffect.NO_EXECUTE,
+        since=datetime(2026, 12, 1, tzinfo=UTC),
+        drains=["switch/s1"],
+    )
+    dev = to_dra_device(make_device("g", health=Health.WARNING, drain=drain), PLAIN).device
+    assert dev is not None
+    assert dev["taints"] == [
+        {"key": f"{DRIVER}/unhealthy", "value": "Warning", "effect": "NoSchedule"},
+        {"key": f"{DRIVER}/drain", "value": "psu-swap", "effect": "NoExecute"},
+    ]
+    policy = PublishPolicy(driver=DRIVER, device_taints=False, binding_conditions=False)
+    conv = to_dra_device(make_device("g", drain=drain), policy)
+    assert conv.device is None and conv.withheld is WithheldReason.DRAINED
 
 
 def test_unmanaged_unavailable_and_badly_named_devices_are_withheld() -> None:

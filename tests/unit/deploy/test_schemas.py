@@ -20,6 +20,7 @@ from tests.support.deploy import (
     COMPOSITIONS,
     KUBERNETES_VERSIONS,
     OVERLAYS_DIR,
+    SHARING_MANIFESTS,
     component_names,
     load_yaml_documents,
     overlay_names,
@@ -116,6 +117,16 @@ def test_article_manifests_validate_strict(version: str) -> None:
     for path in ARTICLE_MANIFESTS.values():
         objects = load_yaml_documents(path.read_text())
         assert [o["kind"] for o in objects] == ["ResourceClaimTemplate", "Deployment"], path
+        assert _validate_all(objects, version) == [], path
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_sharing_manifests_validate_strict(version: str) -> None:
+    """Their fields exist in every supported release's schema; which releases keep them (1.36's
+    gates) is tests/unit/deploy/test_sharing_manifests.py's."""
+    for path in SHARING_MANIFESTS.values():
+        objects = load_yaml_documents(path.read_text())
+        assert {o["kind"] for o in objects} == {"ResourceClaim", "Pod"}, path
         assert _validate_all(objects, version) == [], path
 
 

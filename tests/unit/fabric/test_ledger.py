@@ -149,6 +149,7 @@ def test_a_devices_shard_never_moves() -> None:
 
 def test_rbac_names_every_configmap_of_the_deployed_ledger() -> None:
     from fabric.bindings.usage import usage_record_name
+    from fabric.state.drains import drain_record_name
 
     deploy = Path(__file__).parents[3] / "deploy" / "base"
     manager = (deploy / "manager.yaml").read_text()
@@ -162,7 +163,12 @@ def test_rbac_names_every_configmap_of_the_deployed_ledger() -> None:
         if "configmaps" in rule["resources"] and "update" in rule["verbs"]
     ]
     assert len(rules) == 1
-    assert rules[0]["resourceNames"] == [name, *shard_names(name), usage_record_name(name)]
+    assert rules[0]["resourceNames"] == [
+        name,
+        *shard_names(name),
+        usage_record_name(name),
+        drain_record_name(name),
+    ]
 
 
 class ShardServer:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fabric.bindings.orphans import OrphanReconciler, _Claims
+from fabric.bindings.orphans import Held, OrphanReconciler, _Claims, held_of
 from fabric.redfish.client import RedfishSettings
 from fabric.service.config import ManagerSettings
-from fabric.state.ledger import LedgerEntry, LedgerState
+from fabric.state.ledger import PARTITIONS_HOLDER, LedgerEntry, LedgerState, PartitionHold, ShareRecord
 from fabric.state.reports import PluginReports
 from fabric_dra.cli import build_parser
 
@@ -19,6 +19,11 @@ class _Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def _held(device: str = "gpu0", claim: str = "uid-1", node: str = "node-a") -> Held:
+    (held,) = held_of(_entry(device, claim, node))
+    return held
 
 
 def _entry(device: str = "gpu0", claim: str = "uid-1", node: str = "node-a") -> LedgerEntry:
@@ -65,7 +70,7 @@ def _reconciler(reports: PluginReports) -> OrphanReconciler:
 def test_what_explains_a_binding() -> None:
     reports = PluginReports(ttl=90)
     orphans = _reconciler(reports)
-    entry = _entry()
+    entry = _held()
     cases = {
         "reserved": (_claim("uid-1", "gpu0", reserved=True), None),
         "binding conditions, not reserved yet": (
@@ -93,11 +98,11 @@ def test_a_fresh_plugin_report_explains_a_binding_whatever_the_claim_status_says
     orphans = _reconciler(reports)
     unreserved = _Claims({"uid-1": _claim("uid-1", None, reserved=False)})  # deallocated under the pod
     reports.record("node-a", {"uid-1": ["gpu0"]})
-    assert orphans.why_orphan(_entry(), unreserved) is None
-    assert orphans.why_orphan(_entry(device="gpu1"), unreserved) == "not-allocated"  # not in the report
-    assert orphans.why_orphan(_entry(node="node-b"), unreserved) == "not-allocated"  # another node's
+    assert orphans.why_orphan(_held(), unreserved) is None
+    assert orphans.why_orphan(_held(device="gpu1"), unreserved) == "not-allocated"  # not in the report
+    assert orphans.why_orphan(_held(node="node-b"), unreserved) == "not-allocated"  # another node's
     clock.now += 91
-    assert orphans.why_orphan(_entry(), unreserved) == "not-allocated"  # the report is too old
+    assert orphans.why_orphan(_held(), unreserved) == "not-allocated"  # the report is too old
 
 
 def test_a_report_does_not_keep_a_claim_that_does_not_exist() -> None:
@@ -105,7 +110,7 @@ def test_a_report_does_not_keep_a_claim_that_does_not_exist() -> None:
     reports = PluginReports(ttl=90)
     orphans = _reconciler(reports)
     reports.record("node-a", {"uid-1": ["gpu0"]})
-    assert orphans.why_orphan(_entry(), _Claims({})) == "claim-deleted"
+    assert orphans.why_orphan(_held(), _Claims({})) == "claim-deleted"
 
 
 def test_defaults_grace_of_ten_minutes() -> None:
@@ -114,3 +119,39 @@ def test_defaults_grace_of_ten_minutes() -> None:
     args = build_parser().parse_args(["manager", "serve", "--redfish-url", "http://127.0.0.1:1"])
     assert args.orphan_grace_seconds == 600
     assert args.plugin_report_ttl_seconds == 90
+
+
+def _with_result(claim: dict[str, Any], **result: Any) -> dict[str, Any]:
+    claim["status"]["allocation"]["devices"]["results"][0].update(result)
+    return claim
+
+
+def test_each_partition_holder_and_each_share_is_judged_on_its_own() -> None:
+    reports = PluginReports(ttl=90)
+    orphans = _reconciler(reports)
+    gpu = _entry(device="gpu0", claim=PARTITIONS_HOLDER)
+    gpu.partitions = [
+        PartitionHold(partition="gpu0-1g10gb-0", claim_uid="uid-a"),
+        PartitionHold(partition="gpu0-1g10gb-1", claim_uid="uid-b"),
+    ]
+    a, b = held_of(gpu)
+    assert (a.device, a.claim_uid, a.node, a.gpu) == ("gpu0-1g10gb-0", "uid-a", "node-a", "gpu0")
+    claims = _Claims({"uid-a": _claim("uid-a", "gpu0-1g10gb-0", reserved=True)})  # uid-b is gone
+    assert orphans.why_orphan(a, claims) is None
+    assert orphans.why_orphan(b, claims) == "claim-deleted"
+    # ... unless its plugin reports it prepared? Not for a claim that does not exist
+    reports.record("node-a", {"uid-b": ["gpu0-1g10gb-1"]})
+    assert orphans.why_orphan(b, claims) == "claim-deleted"
+    # a claim whose allocation of the GPU's partition is gone, but its plugin still reports it
+    claims.by_uid["uid-b"] = _claim("uid-b", None, reserved=False)
+    assert orphans.why_orphan(b, claims) is None
+
+    share = _entry(device="pool0/s-1", claim="uid-m")
+    share.share = ShareRecord(pool="pool0", share_id="s-1", memory_bytes=1 << 30, chunk_mib=1024)
+    (held,) = held_of(share)
+    assert (held.key, held.device, held.share_id) == ("pool0/s-1", "pool0", "s-1")
+    same = _Claims({"uid-m": _with_result(_claim("uid-m", "pool0", reserved=True), shareID="s-1")})
+    assert orphans.why_orphan(held, same) is None
+    # the claim allocated the pool anew (another share): this share is no longer its
+    anew = _Claims({"uid-m": _with_result(_claim("uid-m", "pool0", reserved=True), shareID="s-2")})
+    assert orphans.why_orphan(held, anew) == "not-allocated"

@@ -142,6 +142,40 @@ def test_64_devices_when_any_consumes_counters_or_has_taints_else_128() -> None:
     ) == ["spec.devices: Too many: 129: must have at most 128 items"]
 
 
+def test_a_taint_has_a_label_name_key_a_label_value_and_an_effect_of_its_release() -> None:
+    """``validateDeviceTaint``: ``ValidateLabelName`` for the key, ``validateLabelValue`` for a value
+    that is given, the effect required and one of ``validDeviceTaintEffects`` (1.35 added None)."""
+
+    def taint(**fields: Any) -> dict[str, Any]:
+        return slice_obj(devices=[{"name": "d", "taints": [fields]}])
+
+    good = taint(key=f"{DRIVER}/drain", value="firmware-2.1", effect="NoExecute")
+    assert validate_object(SLICES, good, K136) == []
+    assert validate_object(SLICES, taint(key=f"{DRIVER}/drain", effect="NoSchedule"), K134) == []
+    assert messages(validate_object(SLICES, taint(key="bad key!", effect="NoSchedule"), K136)) == [
+        'spec.devices[0].taints[0].key: Invalid value: "bad key!": name part must consist of alphanumeric '
+        "characters, '-', '_' or '.', and must start and end with an alphanumeric character (at most 63 "
+        "characters)"
+    ]
+    assert messages(
+        validate_object(SLICES, taint(key="k", value="two words", effect="NoSchedule"), K136)
+    ) == [
+        'spec.devices[0].taints[0].value: Invalid value: "two words": a valid label must be an empty string '
+        "or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric "
+        "character (at most 63 characters)"
+    ]
+    assert messages(validate_object(SLICES, taint(key="k", value="v" * 64, effect="NoSchedule"), K136))
+    assert messages(validate_object(SLICES, taint(key="k", effect="Evict"), K136)) == [
+        'spec.devices[0].taints[0].effect: Unsupported value: "Evict": supported values: "NoExecute", '
+        '"NoSchedule", "None"'
+    ]
+    assert validate_object(SLICES, taint(key="k", effect="None"), K136) == []
+    assert messages(validate_object(SLICES, taint(key="k", effect="None"), K134)) == [
+        'spec.devices[0].taints[0].effect: Unsupported value: "None": supported values: "NoExecute", '
+        '"NoSchedule"'
+    ]
+
+
 def test_counter_names_are_dns_labels_and_sets_unique() -> None:
     bad = slice_obj(
         counters=[

@@ -39,7 +39,7 @@ def test_promtool_checks_the_rules(rules_file: Path) -> None:
     assert PROMTOOL is not None
     done = subprocess.run([PROMTOOL, "check", "rules", str(rules_file)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 8 rules found" in done.stdout + done.stderr
+    assert "SUCCESS: 10 rules found" in done.stdout + done.stderr
 
 
 @needs_tool(PROMTOOL, NO_PROMTOOL)
@@ -73,6 +73,8 @@ def test_the_issue_s_alerts_and_panels_are_there() -> None:
         "FabricDraClaimDevicesNotReady",
         "FabricDraClaimStatusRefused",
         "FabricDraLinkDegraded",
+        "FabricDraDrainedDevicesInUse",
+        "FabricDraDrainEvictionStuck",
     }
     for group in rule_groups()["groups"]:
         for rule in group["rules"]:
@@ -90,6 +92,7 @@ def test_the_issue_s_alerts_and_panels_are_there() -> None:
         "fabric_dra_plugin_claim_devices_not_ready",
         "fabric_dra_plugin_claim_devices_ready",
         "fabric_dra_plugin_links_degraded",
+        "fabric_dra_drained_devices",
     ):
         assert metric in used, metric
 

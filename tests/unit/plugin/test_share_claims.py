@@ -36,7 +36,7 @@ def share_claim(
     for result, (_request, share, memory) in zip(results, shares, strict=True):
         result["shareID"] = share
         if memory is not None:
-            result["consumedCapacity"] = {"memory": memory}
+            result["consumedCapacity"] = {f"{DRIVER}/memory": memory}
     if config is not None:
         obj["status"]["allocation"]["devices"]["config"] = config
     return obj

@@ -140,12 +140,23 @@
     if (device.node || device.host) lines.push(`bound to node ${device.node ?? "(none)"} / host ${device.host ?? "?"}`);
     if (device.claimUid) lines.push(`claim ${device.claimUid}`);
     if (device.health !== "OK") lines.push(`health ${device.health}`);
+    if (device.drain) lines.push(`drained: ${drainText(device.drain)}`);
+    if (device.memoryPool) {
+      const pool = device.memoryPool;
+      lines.push(`memory ${gib(pool.usedBytes)} used, ${gib(Math.max(0, pool.sizeBytes - pool.usedBytes))} free; ${pool.shares.length} share(s)`);
+    }
+    for (const holder of device.partitions ?? []) lines.push(`partition ${holder.partition} on ${holder.node}: claim ${holder.claimUid}`);
     return lines.join("\n");
+  }
+
+  // What an operator's drain (fabric-dra drain) makes of a device: the taint's effect and reason.
+  function drainText(drain) {
+    return `${drain.reason} (${drain.effect}) since ${new Date(drain.since).toLocaleString()}, by ${drain.drains.join(", ")}`;
   }
 
   function matches(device, filter) {
     if (!filter) return true;
-    const hay = [device.name, device.node, device.host, device.claimUid, device.model, device.type, device.switch, device.port, device.state, device.pool]
+    const hay = [device.name, device.node, device.host, device.claimUid, device.model, device.type, device.switch, device.port, device.state, device.pool, device.drain ? "drained " + device.drain.reason : ""]
       .filter(Boolean).join(" ").toLowerCase();
     return filter.split(/\s+/).every((word) => hay.includes(word));
   }
@@ -171,7 +182,7 @@
     positions = new Map();
     nodeBoxes = new Map();
     const parts = [];
-    const counts = { free: 0, warm: 0, attaching: 0, bound: 0, detaching: 0, unavailable: 0, foreign: 0, unhealthy: 0 };
+    const counts = { free: 0, warm: 0, attaching: 0, bound: 0, detaching: 0, unavailable: 0, foreign: 0, unhealthy: 0, drained: 0 };
 
     // pools → switches → devices by port
     const pools = new Map();
@@ -183,6 +194,7 @@
       switches.get(sw).push(device);
       counts[category(device)] += 1;
       if (device.health !== "OK") counts.unhealthy += 1;
+      if (device.drain) counts.drained += 1;
     }
     const byPort = (a, b) => (a.port || "").localeCompare(b.port || "", undefined, { numeric: true }) || a.name.localeCompare(b.name, undefined, { numeric: true });
 
@@ -208,12 +220,14 @@
           const classes = [
             "device", "state-" + category(device), "type-" + device.type,
             device.health !== "OK" ? "unhealthy" : "",
+            device.drain ? "drained" : "",
             matches(device, view.filter) ? "" : "dim",
             view.selected === device.name ? "selected" : "",
           ].filter(Boolean).join(" ");
           const data =
             `data-device="${esc(device.name)}" data-state="${esc(device.state)}" data-node="${esc(device.node ?? "")}" ` +
-            `data-claim="${esc(device.claimUid ?? "")}" data-health="${esc(device.health)}" data-managed="${device.managed}"`;
+            `data-claim="${esc(device.claimUid ?? "")}" data-health="${esc(device.health)}" data-managed="${device.managed}" ` +
+            `data-drain="${esc(device.drain ? device.drain.effect + " " + device.drain.reason : "")}"`;
           const title = `<title>${esc(describe(device))}</title>`;
           if (device.type === "cxl-memory") {
             parts.push(`<circle class="${classes}" ${data} cx="${x + CELL / 2}" cy="${cy + CELL / 2}" r="${CELL / 2 - 1}">${title}</circle>`);
@@ -268,6 +282,7 @@
     svg.innerHTML = parts.join("");
     drawLinks();
     renderSummary(inventory, counts);
+    renderSharing(inventory);
     renderDetail();
     renderOperations();
     document.body.dataset.version = String(inventory.version);
@@ -307,7 +322,7 @@
     const rows = Object.entries(device).filter(([, v]) => v !== null && v !== "");
     const ops = view.operations.filter((op) => op.device === device.name && IN_FLIGHT.has(op.state));
     aside.innerHTML =
-      `<h2>${esc(device.name)}</h2><dl>${rows.map(([k, v]) => `<dt>${esc(k)}</dt><dd>${esc(v)}</dd>`).join("")}</dl>` +
+      `<h2>${esc(device.name)}</h2><dl>${rows.map(([k, v]) => `<dt>${esc(k)}</dt><dd>${esc(k === "drain" ? drainText(v) : typeof v === "object" ? JSON.stringify(v) : v)}</dd>`).join("")}</dl>` +
       (ops.length ? `<p>in flight: ${ops.map((op) => `${esc(op.kind)} for ${esc(op.node)} (${age(op)})`).join(", ")}</p>` : "");
     aside.hidden = false;
   }
@@ -315,6 +330,44 @@
   function age(op) {
     const seconds = Math.max(0, (Date.now() - Date.parse(op.startedAt)) / 1000);
     return seconds < 60 ? `${seconds.toFixed(1)} s` : `${Math.floor(seconds / 60)} min ${Math.floor(seconds % 60)} s`;
+  }
+
+  const gib = (bytes) => `${(bytes / 2 ** 30).toFixed(2).replace(/\.?0+$/, "")} GiB`;
+
+  // Each memory pool's used and free memory with its shares, and each GPU serving partitions with
+  // its holders (docs/operations.md, "The fabric map").
+  function renderSharing(inventory) {
+    const rows = [];
+    for (const device of inventory.devices) {
+      const pool = device.memoryPool;
+      if (!pool) continue;
+      const free = Math.max(0, pool.sizeBytes - pool.usedBytes);
+      rows.push(
+        `<tr class="sharing-head" data-pool="${esc(device.name)}" data-used-bytes="${pool.usedBytes}" data-free-bytes="${free}">` +
+        `<td>memory pool</td><td>${esc(device.name)}</td><td>${gib(pool.usedBytes)} used</td><td>${gib(free)} free</td>` +
+        `<td>${pool.shares.length} share(s) of ${gib(pool.sizeBytes)}</td></tr>`);
+      for (const share of pool.shares) {
+        rows.push(
+          `<tr data-share="${esc(share.shareId)}" data-node="${esc(share.node)}" data-claim="${esc(share.claimUid)}">` +
+          `<td></td><td>share ${esc(share.shareId)}</td><td>${esc(share.node)}</td><td>${gib(share.memoryBytes)}</td>` +
+          `<td>${esc(share.state)} · claim ${esc(share.claimUid)}</td></tr>`);
+      }
+    }
+    for (const device of inventory.devices) {
+      if (!device.partitions || !device.partitions.length) continue;
+      const node = device.partitions[0].node;
+      rows.push(
+        `<tr class="sharing-head" data-gpu="${esc(device.name)}" data-node="${esc(node)}" data-holders="${device.partitions.length}">` +
+        `<td>GPU</td><td>${esc(device.name)}</td><td>${esc(node)}</td><td>${device.partitions.length} partition(s)</td>` +
+        `<td>${esc(device.model ?? "")}</td></tr>`);
+      for (const holder of device.partitions) {
+        rows.push(
+          `<tr data-partition="${esc(holder.partition)}" data-node="${esc(holder.node)}" data-claim="${esc(holder.claimUid)}">` +
+          `<td></td><td>${esc(holder.partition)}</td><td>${esc(holder.node)}</td><td></td><td>claim ${esc(holder.claimUid)}</td></tr>`);
+      }
+    }
+    $("sharing-section").hidden = rows.length === 0;
+    $("sharing").tBodies[0].innerHTML = rows.join("");
   }
 
   function renderOperations() {
@@ -332,7 +385,7 @@
       ["foreign", "bound outside fabric-dra"], ["unavailable", "unavailable"]];
     $("legend").innerHTML =
       states.map(([cls, label]) => `<span class="key"><i class="swatch state-${cls}"></i>${label}</span>`).join("") +
-      '<span class="key"><i class="swatch unhealthy"></i>unhealthy</span><span class="key"><i class="swatch round"></i>CXL memory chunk</span>';
+      '<span class="key"><i class="swatch unhealthy"></i>unhealthy</span><span class="key"><i class="swatch drained"></i>drained</span><span class="key"><i class="swatch round"></i>CXL memory chunk</span>';
   }
 
   function wire() {
