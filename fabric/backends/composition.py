@@ -86,10 +86,10 @@ async def block_holders(walk: Walk, block: ResourceBlock, also: Iterable[str] = 
     candidates = [*block.links.computer_systems, *also]
     holders = set()
     for system in await walk.read_all(candidates, ComputerSystem):
-        listed = system.links.resource_blocks
         system_id = system.id or (path_ids(str(system.uri), "Systems") if system.uri else None)
         if not system_id:
             continue
+        listed = _listed_blocks(walk, system)
         if listed is None:
             if system_id in by_block:
                 holders.add(system_id)
@@ -98,6 +98,17 @@ async def block_holders(walk: Walk, block: ResourceBlock, also: Iterable[str] = 
     if not holders and by_block == ("unknown",):
         return by_block  # composed, into a system the service does not name
     return tuple(sorted(holders))
+
+
+def _listed_blocks(walk: Walk, system: ComputerSystem) -> frozenset[str] | None:
+    """A system's ``Links.ResourceBlocks`` as a set, made once per pass: every block asks every
+    system (10,100 blocks times 100 systems of 100 blocks each were 10^8 comparisons)."""
+    key = ("resource-blocks", id(system))
+    if key not in walk.memo:
+        listed = system.links.resource_blocks
+        walk.memo[key] = (system, None if listed is None else frozenset(listed))
+    found: tuple[ComputerSystem, frozenset[str] | None] = walk.memo[key]
+    return found[1]
 
 
 def composed_by(system: ComputerSystem) -> ComposeBy | None:

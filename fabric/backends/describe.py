@@ -13,7 +13,6 @@ its drives, its Storage subsystem (whose ``Drives`` are the drives) or a SimpleS
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -315,7 +314,7 @@ async def _read_parts(walk: Walk, entities: Sequence[tuple[str, str]], parts: _P
     """The resources of ``entities``, and those their standard links name, read into ``parts``."""
     by_kind: dict[str, DeviceResource] = {}
     uris = list(dict.fromkeys(uri for _, uri in entities))
-    for uri, body in zip(uris, await asyncio.gather(*(walk.get(uri) for uri in uris)), strict=True):
+    for uri, body in zip(uris, await walk.get_all(uris), strict=True):
         if body is not None:
             # through the walk, which keeps the view (a resource unchanged since the last pass
             # is not read into a view again)
