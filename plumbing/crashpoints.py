@@ -79,7 +79,7 @@ POINTS: dict[str, str] = {
     "manager.warm.after-transfer": "the entry 'bound' to the claim is durable; no answer yet",
     "manager.warm.after-return": "a released device's entry 'warm' is durable; no answer yet",
     "manager.warm.before-reset": "a released device is 'warm', its reset 'pending' durably; none sent",
-    # -- manager: partitions and shares (tests/integration/fabric/test_sharing.py) ---------------
+    # -- manager: partitions and shares (the matrix with such claims; fabric/test_sharing.py) ---
     "manager.partition.after-holder-recorded": "a partition's holder durable in the GPU's entry; no answer",
     "manager.share.after-chunk-created": "the fabric made the share's chunk; the ledger does not name it yet",
     "manager.share.chunk-recorded": "the share's chunk is recorded durably; no Connection sent yet",

@@ -126,6 +126,9 @@ class ConnectionBackend(Backend):
         domains: list[str] = []
         for device in await walk.read_all(logical, CXLLogicalDevice):
             domains.extend(device.links.memory_domains)
+        # The pool is its endpoint and CXL device, never one of its chunks: a share's chunk being
+        # released shows Disabled while it is sanitized, which says nothing of the pool.
+        device_parts = [(kind, uri) for kind, uri in view.entities if kind != "MemoryChunk"]
         pools: list[DeviceRecord] = []
         for domain in await walk.read_all(list(dict.fromkeys(domains)), MemoryDomain):
             if domain.allows_memory_chunk_creation is not True or not domain.uri or not domain.memory_chunks:
@@ -146,7 +149,7 @@ class ConnectionBackend(Backend):
                 outside_bytes=outside * _MIB,
                 made=made,
             )
-            attributes = await describe(walk, view.entities, endpoint=view.endpoint)
+            attributes = await describe(walk, device_parts, endpoint=view.endpoint)
             if attributes.type is not DeviceType.CXL_MEMORY:
                 # A Type-2 accelerator's own memory (DMTF's public-cxl PooledCXLType2 GPU allows chunk
                 # creation in its HBM domain) serves that accelerator: a host borrowing it by the GiB

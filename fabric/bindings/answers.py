@@ -36,9 +36,16 @@ class Answers:
         return entry
 
     def attachment(
-        self, device: str, node: str, claim_uid: str, state: api.AttachmentState
+        self,
+        device: str,
+        node: str,
+        claim_uid: str,
+        state: api.AttachmentState,
+        *,
+        operation: str | None = None,
     ) -> api.Attachment:
-        """The answer about ``device`` (a share's key answers with its pool and the share)."""
+        """The answer about ``device`` (a share's key answers with its pool and the share);
+        ``operation``: the one the answer is about, when the entry may be another's now."""
         entry = self.ledger.get(device)
         record = self.inventory.device(device.split("/", 1)[0])
         share = None
@@ -73,7 +80,8 @@ class Answers:
             node=node,
             claim_uid=claim_uid,
             state=state,
-            operation_id=entry.operation_id if entry and entry.claim_uid == claim_uid else None,
+            operation_id=operation
+            or (entry.operation_id if entry and entry.claim_uid == claim_uid else None),
             # asked again while pending (a retried prepare): reset again, never less
             reset_required=mine
             and entry is not None
@@ -83,13 +91,31 @@ class Answers:
         )
 
     async def answer(
-        self, device: str, node: str, claim: str, kind: api.OperationKind, wait: float
+        self,
+        device: str,
+        node: str,
+        claim: str,
+        kind: api.OperationKind,
+        wait: float,
+        *,
+        operation: str | None = None,
     ) -> Answer:
-        """Wait up to ``wait`` seconds for the device's operation, then say where it stands."""
+        """Wait up to ``wait`` seconds for the device's operation, then say where it stands.
+
+        A detach names its ``operation`` (the id its intent recorded, or the one it joined): its
+        answer is that operation's outcome, never the state of whatever holds the device after
+        it — the same holder may have it again already (a GPU's next partition on the node binds
+        it again once the unbind is done)."""
         slot = self.driver.slot(device)
         deadline = time.monotonic() + max(0.0, wait)
         while True:
             entry = self.ledger.get(device)
+            if (
+                kind is api.OperationKind.DETACH
+                and operation is not None
+                and (entry is None or entry.operation_id != operation)
+            ):
+                return self._ended(device, node, claim, operation)
             mine = entry is not None and entry.claim_uid == claim and entry.node == node
             if kind is api.OperationKind.ATTACH:
                 if mine and entry is not None and entry.state is LedgerState.BOUND:
@@ -116,3 +142,13 @@ class Answers:
                 )
                 return self.attachment(device, node, claim, state), 202
             await slot.moved_on(remaining)
+
+    def _ended(self, device: str, node: str, claim: str, operation: str) -> Answer:
+        """The answer of a detach whose operation no longer holds the entry: the entry goes only
+        once the fabric confirmed the unbind (or the device left the fabric), so it is detached,
+        unless the operation log says the operation failed."""
+        op = self.driver.operations.get(operation)
+        if op is not None and op.state is api.OperationState.FAILED:
+            message = op.error.message if op.error is not None else "the operation failed"
+            raise BindFailed(f"detaching {device} from {node} failed: {message}", device=device, node=node)
+        return self.attachment(device, node, claim, api.AttachmentState.DETACHED, operation=operation), 200

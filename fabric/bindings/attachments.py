@@ -258,8 +258,11 @@ class Attachments:
                 return self.answers.attachment(device, node, claim, api.AttachmentState.DETACHED), 200
             if entry.state is not LedgerState.DETACHING or entry.rollback:
                 await self.records.start_detach(entry)
+            operation = entry.operation_id
             self.driver.kick(device)
-        return await self.answers.answer(device, node, claim, api.OperationKind.DETACH, wait)
+        return await self.answers.answer(
+            device, node, claim, api.OperationKind.DETACH, wait, operation=operation
+        )
 
     # -- a node's reset of a device it got reset: pending ---------------------------------------
 
@@ -297,19 +300,22 @@ class Attachments:
             # count as a reset").
             await self.records.start_detach(entry)
             entry.error = reason
+            operation = entry.operation_id
             self.driver.kick(device)
         await self.driver.resets.node_reset_failed(failed, reason)  # its Event: not under the device's lock
-        return await self._power_cycle(device, node, claim, namespace, wait)
+        return await self._power_cycle(device, node, claim, namespace, operation, wait)
 
     async def _power_cycle(
-        self, device: str, node: str, claim: str, namespace: str | None, wait: float
+        self, device: str, node: str, claim: str, namespace: str | None, operation: str, wait: float
     ) -> Answer:
         """Once the detach of a device its node could not reset is done, attach it again for the
         same claim; where that stands after ``wait`` seconds in all."""
         deadline = time.monotonic() + max(0.0, wait)
         # A detach that fails or does not finish in time fails the claim's prepare: the device
         # is out of the pool either way, never handed over unreset.
-        _, status = await self.answers.answer(device, node, claim, api.OperationKind.DETACH, wait)
+        _, status = await self.answers.answer(
+            device, node, claim, api.OperationKind.DETACH, wait, operation=operation
+        )
         if status != 200:
             raise AttachTimeout(
                 f"device {device} could not be reset by node {node} and is still being power-cycled "

@@ -175,9 +175,10 @@ class Sharing:
                 return answer.model_copy(update={"partition": partition.name}), 200
             if entry.state is not LedgerState.DETACHING or entry.rollback:
                 await self.records.start_detach(entry)  # the last holder and the intent: one write
+            operation = entry.operation_id  # its answer is this unbind's, whoever binds the GPU next
             self.driver.kick(gpu)
         attachment, status = await self.answers.answer(
-            gpu, node, PARTITIONS_HOLDER, api.OperationKind.DETACH, wait
+            gpu, node, PARTITIONS_HOLDER, api.OperationKind.DETACH, wait, operation=operation
         )
         return attachment.model_copy(update={"claim_uid": claim, "partition": partition.name}), status
 

@@ -38,12 +38,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fabric.bindings.warm_policy import model_of
 from fabric.state.claims import ClaimView
+from fabric.state.configmap_doc import ConfigMapDocument
 from fabric.state.inventory import Inventory
 from fabric.state.ledger import Ledger, LedgerEntry, LedgerState
 from manager_api import models as api
@@ -52,7 +53,6 @@ from manager_api.partitions import parse_partition
 from plumbing.fsutil import atomic_write
 from plumbing.kube.client import AlreadyExists, ApiError, Conflict, KubeClient, NotFound
 from plumbing.kube.dra import ResourceClaim
-from plumbing.kube.resources import CONFIGMAPS
 from plumbing.logs import get_logger
 
 __all__ = [
@@ -345,24 +345,17 @@ class ConfigMapUsageStore(UsageStore):
     (:class:`Conflict`) instead of overwriting the new leader's."""
 
     def __init__(self, client: KubeClient, *, name: str, namespace: str) -> None:
-        self.client = client
-        self.name = name
-        self.namespace = namespace
-        self._version: str | None = None
+        self.document = ConfigMapDocument(client, name=name, namespace=namespace)
 
     def describe(self) -> str:
-        return f"configmap {self.namespace}/{self.name}"
+        return self.document.describe()
 
     async def load(self) -> UsageBook:
         try:
-            obj = await self.client.get(CONFIGMAPS, self.name, self.namespace)
-        except NotFound:
-            self._version = None
-            return UsageBook()
+            obj = await self.document.read()
         except ApiError as err:
             raise UsageError(f"cannot read the usage record {self.describe()}: {err}") from None
-        self._version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
-        raw = (obj.get("binaryData") or {}).get(_DATA_KEY)
+        raw = ((obj or {}).get("binaryData") or {}).get(_DATA_KEY)
         if not raw:
             return UsageBook()
         try:
@@ -373,21 +366,12 @@ class ConfigMapUsageStore(UsageStore):
 
     async def save(self, book: UsageBook) -> None:
         payload = _fitting(book, lambda b: gzip.compress(_json(b), mtime=0), _DATA_LIMIT)
-        labels = {"app.kubernetes.io/name": "fabric-dra", "app.kubernetes.io/component": "manager"}
-        metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace, "labels": labels}
-        body = {"metadata": metadata, "binaryData": {_DATA_KEY: base64.b64encode(payload).decode()}}
         try:
-            if self._version is None:
-                saved = await self.client.create(CONFIGMAPS, body, self.namespace)
-            else:
-                saved = await self.client.replace(
-                    CONFIGMAPS, {**body, "metadata": {**metadata, "resourceVersion": self._version}}
-                )
+            await self.document.write({"binaryData": {_DATA_KEY: base64.b64encode(payload).decode()}})
         except (Conflict, AlreadyExists, NotFound):
             raise  # (ApiErrors too) the record changed since it was read: the meter decides
         except ApiError as err:
             raise UsageError(f"cannot write the usage record {self.describe()}: {err}") from None
-        self._version = str((saved.get("metadata") or {}).get("resourceVersion") or "")
 
 
 # -- the meter ---------------------------------------------------------------------------------------

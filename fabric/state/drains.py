@@ -21,15 +21,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from fabric.state.configmap_doc import ConfigMapDocument
 from manager_api import models as api
 from manager_api.errors import FabricUnavailable
 from plumbing.fsutil import atomic_write
-from plumbing.kube.client import ApiError, KubeClient, NotFound
-from plumbing.kube.resources import CONFIGMAPS
+from plumbing.kube.client import ApiError, KubeClient
 from plumbing.logs import get_logger
 
 __all__ = [
@@ -126,40 +125,25 @@ class ConfigMapDrainStore(DrainStore):
     """One ConfigMap, replaced with its ``resourceVersion`` (a stale leader's write is refused)."""
 
     def __init__(self, client: KubeClient, *, name: str, namespace: str) -> None:
-        self.client = client
-        self.name = name
-        self.namespace = namespace
-        self._version: str | None = None
+        self.document = ConfigMapDocument(client, name=name, namespace=namespace)
 
     def describe(self) -> str:
-        return f"configmap {self.namespace}/{self.name}"
+        return self.document.describe()
 
     async def load(self) -> list[api.Drain]:
         try:
-            obj = await self.client.get(CONFIGMAPS, self.name, self.namespace)
-        except NotFound:
-            self._version = None
-            return []
+            obj = await self.document.read()
         except ApiError as err:
             raise DrainError(f"cannot read the drains {self.describe()}: {err}") from None
-        self._version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
-        raw = (obj.get("data") or {}).get(_DATA_KEY)
+        raw = ((obj or {}).get("data") or {}).get(_DATA_KEY)
         return _decode(raw, self.describe()) if raw else []
 
     async def save(self, drains: list[api.Drain]) -> None:
-        labels = {"app.kubernetes.io/name": "fabric-dra", "app.kubernetes.io/component": "manager"}
-        metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace, "labels": labels}
-        body: dict[str, Any] = {"metadata": metadata, "data": {_DATA_KEY: _encode(drains)}}
         try:
-            if self._version is None:
-                saved = await self.client.create(CONFIGMAPS, body, self.namespace)
-            else:
-                metadata["resourceVersion"] = self._version
-                saved = await self.client.replace(CONFIGMAPS, body)
+            await self.document.write({"data": {_DATA_KEY: _encode(drains)}})
         except ApiError as err:
             # A conflict too: another leader wrote since this one read; it answers nothing it did not keep.
             raise DrainError(f"cannot write the drains {self.describe()}: {err}") from None
-        self._version = str((saved.get("metadata") or {}).get("resourceVersion") or "")
 
 
 class DrainBook:

@@ -1,6 +1,6 @@
 """A node with partitionable GPUs and a CXL memory pool behind the manager stand-in, for the plugin's
 tests of GPU partitions and memory shares (tests/integration/plugin/test_sharing.py, the crash
-matrix's partition and memory points): the plugin process, the API test server, the stand-in
+matrix's memory points): the plugin process, the API test server, the stand-in
 (:class:`fabric_dra_testbed.standins.InventoryServer`) binding into the node's emulated host view.
 
     with sharing_stack() as sharing:

@@ -448,3 +448,66 @@ async def test_a_domain_without_chunk_creation_keeps_whole_chunks(tmp_path: Path
             assert fabric.bound_hosts().get("cxlpool0-chunk0") == NODE
             await client.detach("cxlpool0", NODE, claim, wait_seconds=20)
             assert "cxlpool0-chunk0" not in fabric.bound_hosts()
+
+
+async def test_a_share_released_on_the_realistic_profile_never_blocks_the_next(
+    tmp_path: Path, tls: Tls
+) -> None:
+    """A pool is allocated many times: right after one share's release (its chunk sanitized by a
+    task, shown ``Disabled`` meanwhile) the next share of the same pool is made at its first ask,
+    each time; the pool's own state never follows one of its chunks."""
+    with tls_emulator(tmp_path / "fabric", tls, latency="realistic") as fabric:
+        args = manager_args(fabric, tmp_path)
+        with running_manager(tmp_path, fabric.url, args=args) as manager:
+            async with ManagerClient(manager.address, token=CONTROLLER_TOKEN, timeout=60) as client:
+                for i in range(4):  # each attach sent at once after the previous share's release
+                    claim, share = claim_uid(f"next-share-{i}"), share_id(f"next-share-{i}")
+                    made = await client.attach(
+                        POOL, NODE, claim, wait_seconds=40, share_id=share, memory_bytes=GIB
+                    )
+                    assert made.state is AttachmentState.ATTACHED, made
+                    gone = await client.detach(POOL, NODE, claim, wait_seconds=40, share_id=share)
+                    assert gone.state is AttachmentState.DETACHED
+                pool = await client.device(POOL)
+                assert pool.state is BindingState.FREE, pool.state
+                assert chunks(fabric) == [] and connections(fabric) == []
+
+
+async def test_a_release_of_the_last_partition_answers_its_own_unbind(
+    fabric: FabricAdmin, tmp_path: Path
+) -> None:
+    """The last partition of a GPU is released while the node asks for a new partition of it over
+    and over: the new one binds the GPU again once the unbind is done, and the release answers the
+    unbind it asked for (detached), never that new bind (no BindFailed); each turn ends with the
+    GPU bound once, to the node, for the new holder alone, and nothing is left after the last."""
+    args = manager_args(fabric, tmp_path)
+    with running_manager(tmp_path, fabric.url, args=args) as manager:
+        async with ManagerClient(manager.address, token=CONTROLLER_TOKEN, timeout=30) as client:
+            held, placement = claim_uid("turn-0"), "gpu1-1g10gb-0"
+            await client.attach(placement, NODE, held, wait_seconds=20)
+            for turn in range(1, 31):
+                claim, asked = claim_uid(f"turn-{turn}"), f"gpu1-1g10gb-{turn % 2}"
+                asks = 0
+
+                async def ask_next(claim: str = claim, asked: str = asked) -> None:
+                    nonlocal asks
+                    while True:  # as a plugin asks again, at once: the tightest race there is
+                        asks += 1
+                        with contextlib.suppress(DeviceBusy):
+                            made = await client.attach(asked, NODE, claim, wait_seconds=20)
+                            assert made.state is AttachmentState.ATTACHED, made
+                            return
+                        assert asks < 2000, "the next partition was never made"
+
+                release = asyncio.create_task(client.detach(placement, NODE, held, wait_seconds=20))
+                await asyncio.sleep(0.002)  # the release is sent first
+                released, _ = await asyncio.gather(release, ask_next())
+                assert released.state is AttachmentState.DETACHED, released
+                gpu = await client.device("gpu1")
+                assert [(h.partition, h.claim_uid) for h in gpu.partitions] == [(asked, claim)]
+                assert fabric.bound_hosts().get("gpu1") == NODE
+                held, placement = claim, asked
+            await client.detach(placement, NODE, held, wait_seconds=20)
+            assert "gpu1" not in fabric.bound_hosts()
+            assert (await client.device("gpu1")).state is BindingState.FREE
+            assert not [o for o in await client.operations() if o.finished_at is None]

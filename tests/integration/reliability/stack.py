@@ -46,6 +46,7 @@ from fabric_dra_testbed.stack import (
 )
 from fabric_dra_testbed.stack import Stack as Builder
 from kube_standin.kubelet_client import ClaimRef, DraCallError, DRAPluginClient, PluginManager
+from manager_api.devices import MEMORY_CAPACITY
 from manager_api.models import BindingState, Device, DeviceType, Inventory
 from tests.support.kubelet import running_kubelet
 from tests.support.waiting import wait_until
@@ -473,9 +474,13 @@ class Stack:
         binding_conditions: bool = False,
         reserved: bool = True,
         name: str | None = None,
+        partition: str | None = None,
+        share: tuple[str, str] | None = None,
     ) -> dict[str, Any]:
         """A ResourceClaim allocated to ``device`` on ``node`` (and reserved for a pod), as the
-        scheduler leaves it; with ``binding_conditions`` the allocation waits for the controller."""
+        scheduler leaves it; with ``binding_conditions`` the allocation waits for the controller.
+        ``partition``: the allocation names that partition of the GPU ``device`` instead;
+        ``share``: (shareID, memory) of the memory pool ``device``, its consumed capacity."""
         assert self.http is not None
         name = name or f"c-{uuid.uuid4().hex[:10]}"
         created = self.http.post(
@@ -497,8 +502,11 @@ class Stack:
             "request": "dev",
             "driver": DRIVER,
             "pool": device.pool,
-            "device": device.name,
+            "device": partition or device.name,
         }
+        if share is not None:
+            result["shareID"] = share[0]
+            result["consumedCapacity"] = {f"{DRIVER}/{MEMORY_CAPACITY}": share[1]}
         if binding_conditions:
             result["bindingConditions"] = [f"{DRIVER}/Attached"]
             result["bindingFailureConditions"] = [f"{DRIVER}/AttachFailed"]
@@ -623,6 +631,111 @@ class Stack:
         episodes = self.monitor.episodes_of(_target(device), mark)
         assert len(episodes) <= expected, episodes
         assert {e.host for e in episodes} <= {NODE}, episodes
+
+    # -- a GPU partition's and a memory share's claims -------------------------------------------
+
+    def redfish(self, path: str) -> dict[str, Any]:
+        """A resource of the emulator, read as a client of the fabric reads it."""
+        answer = httpx.get(
+            f"{self.emulator_url}{path}", auth=self.emu_auth(), verify=self.emu_verify(), timeout=10
+        )
+        answer.raise_for_status()
+        return dict(answer.json())
+
+    def memory_chunks(self, pool: Device) -> list[dict[str, Any]]:
+        """The chunks of the memory pool's domain, as the emulator has them."""
+        members = self.redfish(f"{pool.redfish_uri}/MemoryChunks")["Members"]
+        return [self.redfish(m["@odata.id"]) for m in members]
+
+    def memory_connections(self) -> list[dict[str, Any]]:
+        members = self.redfish(f"{ROOT}/Fabrics/CXL/Connections")["Members"]
+        return [self.redfish(m["@odata.id"]) for m in members]
+
+    def chunks_created(self, log_offset: int = 0) -> int:
+        """How many memory chunks the emulator made (after byte ``log_offset`` of its log)."""
+        return self._log_count('msg="memory chunk created"', log_offset)
+
+    def partitions_on(self, gpu: Device) -> dict[str, dict[str, str]]:
+        """Each partition on the GPU in the node's sysfs tree (its ``mig/`` entries), by name."""
+        host = HostScanner(self.sysfs(), real_host=False).find(identity_of(gpu))
+        mig = Path(host.sysfs_path) / "mig" if host is not None else None
+        if mig is None or not mig.is_dir():
+            return {}
+        return {
+            d.name: {f.name: f.read_text().strip() for f in d.iterdir() if f.is_file()}
+            for d in sorted(mig.iterdir())
+            if not d.name.startswith(".")
+        }
+
+    def _completed(self, uid: str, asked: str, answer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The claim's one device record (PrepareCompleted) and its CDI spec, which the kubelet's
+        answer names."""
+        entry = self.checkpoint_claims().get(uid)
+        assert entry is not None and entry["state"] == "PrepareCompleted", entry
+        (record,) = entry["devices"]
+        assert record["device"] == asked, record
+        (path,) = self.spec_files(uid)
+        spec = cdi.CdiSpec.model_validate_json(path.read_text())
+        names = [f"{spec.kind}={d.name}" for d in spec.devices]
+        assert names == record["cdi_device_ids"], (names, record)
+        if answer is not None:
+            (prepared,) = answer.devices
+            assert (prepared.device, list(prepared.cdi_device_ids)) == (asked, names)
+        return record, json.loads(path.read_text())
+
+    def assert_partition_prepared(
+        self, claim: dict[str, Any], gpu: Device, partition: str, answer: Any = None
+    ) -> None:
+        """The GPU bound to the node once for the claim's partition, which the node made once."""
+        uid = claim["metadata"]["uid"]
+        assert self.bound_hosts().get(_target(gpu)) == NODE, self.emulator_table()
+        held = self.device(gpu.name)
+        assert held.state is BindingState.BOUND and held.claim_uid is None, held
+        assert [(h.partition, h.claim_uid, h.node) for h in held.partitions] == [(partition, uid, NODE)]
+        record, spec = self._completed(uid, partition, answer)
+        made = self.partitions_on(gpu)
+        assert [m.get("uuid") for m in made.values()] == [record["partition"]["uuid"]], made
+        env = dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
+        assert env["NVIDIA_VISIBLE_DEVICES"] == record["partition"]["uuid"], env
+
+    def assert_share_prepared(
+        self, claim: dict[str, Any], pool: Device, share: str, size_mib: int, answer: Any = None
+    ) -> None:
+        """One chunk of the share's size carved and connected to the node, its region on the node."""
+        uid = claim["metadata"]["uid"]
+        memory = self.device(pool.name).memory_pool
+        assert memory is not None
+        (held,) = memory.shares
+        assert (held.share_id, held.claim_uid, held.node) == (share, uid, NODE), held
+        assert held.state is BindingState.BOUND, held
+        (chunk,) = self.memory_chunks(pool)
+        assert (chunk["@odata.id"], chunk["MemoryChunkSizeMiB"]) == (held.chunk, size_mib), chunk
+        (connection,) = self.memory_connections()
+        assert connection["@odata.id"] == held.connection, connection
+        assert [i["MemoryChunk"]["@odata.id"] for i in connection["MemoryChunkInfo"]] == [held.chunk]
+        (initiator,) = connection["Links"]["InitiatorEndpoints"]
+        assert self.redfish(initiator["@odata.id"])["Id"] == NODE, connection
+        record, _ = self._completed(uid, pool.name, answer)
+        assert record["share_id"] == share, record
+        dax = record["memory"]["dax"]
+        assert (self.sysfs() / "bus" / "dax" / "devices" / dax).exists(), f"{dax} is not on {NODE}"
+
+    def assert_shared_released(self, claim: dict[str, Any], device: Device) -> None:
+        """Nothing left of a partition's or a share's claim: no holder, the GPU unbound and off the
+        node, no chunk, no Connection, no region; no spec, no checkpoint entry."""
+        uid = claim["metadata"]["uid"]
+        assert uid not in self.checkpoint_claims()
+        assert self.spec_files(uid) == []
+        held = self.device(device.name)
+        if held.memory_pool is None:
+            assert _target(device) not in self.bound_hosts(), self.emulator_table()
+            assert (held.state, held.partitions) == (BindingState.FREE, []), held
+            assert not self.visible(device), f"{device.name} is still in {NODE}'s sysfs tree"
+            return
+        assert held.memory_pool.shares == [], held.memory_pool
+        assert self.memory_chunks(device) == [] and self.memory_connections() == []
+        dax = self.sysfs() / "bus" / "dax" / "devices"
+        assert not dax.is_dir() or not any(dax.iterdir()), f"a dax device is left on {NODE}"
 
 
 def _target(device: Device) -> str:

@@ -14,12 +14,15 @@ retries as it would. Then the system must have converged:
 The stack lives for the whole module (only the killed role restarts). A fabric task exists only
 where the point needs one: a ``HangTasks`` fault holds it until the test lets it finish.
 
-The plugin's points between a GPU bound and its partition made, and between a memory share
-connected and its memory onlined (``plumbing.crashpoints.SHARING_POINTS``), are reached only by a
-partition or a share claim; they run against the manager stand-in, which binds partitions and
-shares into the node's emulated host view (``tests/support/sharing.py``), until the real manager
-binds them: the partition or share is prepared exactly once, then nothing of it is left, and the
-share's memory was never taken away while a block of it was online.
+A point that only a GPU partition's or a memory share's claim reaches runs with such a claim,
+through the real manager and the emulator (its default topology has partitionable GPUs and the
+memory pool ``cxlpool0-pool``): the manager's ``manager.partition.*`` and ``manager.share.*``, and
+the plugin's partition points (``plumbing.crashpoints.SHARING_POINTS``), each prepare point of the
+plugin's also with the pod deleted before the kubelet's retry. The claim is prepared once (the GPU
+bound once and its partition made once on the node; the share's chunk made once, connected to the
+node, its dax device there), and after unprepare nothing of it is left. The plugin's memory points
+still run against the manager stand-in (``tests/support/sharing.py``): only its host view notices a
+share's memory taken away while a block of it is online, which they check never happens.
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ import pytest
 from dra_driver.plugin import cdi
 from kube_standin.kubelet_client import DraCallError
 from manager_api.models import BindingState, Device, DeviceType
+from manager_api.partitions import partition_devices
 from plumbing.crashpoints import POINTS, SHARING_POINTS
-from tests.integration.reliability.stack import Kubelet, Stack, _target, kubelet_on, ref_of
+from tests.integration.reliability.stack import NODE, Kubelet, Stack, _target, kubelet_on, ref_of
 from tests.support.kubelet import running_kubelet
 from tests.support.plugin import DRIVER, ClaimRef
 from tests.support.sharing import Sharing, blocks_of_node, env_of, kubelet_claim, sharing_stack
@@ -62,6 +66,16 @@ class Case:
     @property
     def phase(self) -> str:
         return self.point.split(".")[1]
+
+    @property
+    def claim(self) -> str:
+        """What the case's claim allocates: a whole ``device``, a GPU ``partition`` (whose GPU the
+        manager binds for it) or a ``share`` of a memory pool (a chunk the manager carves)."""
+        if self.role == "manager" and self.phase in ("partition", "share"):
+            return self.phase
+        if self.point in SHARING_POINTS:
+            return "partition" if "partition" in self.point else "share"
+        return "device"
 
     def __str__(self) -> str:
         return self.point
@@ -142,6 +156,9 @@ def test_crash_point(running: Stack, case: Case) -> None:
 
 
 async def _scenario(stack: Stack, case: Case) -> None:
+    if case.claim != "device":
+        await _shared_scenario(stack, case)
+        return
     armed = [] if case.external else [case.point]
     # The role is idle between cases: SIGKILL it rather than wait for a graceful stop.
     if case.role == "manager":
@@ -259,41 +276,131 @@ async def _controller_case(
     await until(lambda: stack.device(device.name).state is BindingState.FREE, what="the manager's view")
 
 
-# -- a GPU partition's and a memory share's own points (the manager stand-in) -----------------------
+# -- the points of a GPU partition and of a memory share through the real manager -----------------
 
-PARTITION = "gpu0-3g40gb-4"
-
-
-@pytest.fixture(scope="module")
-def sharing() -> Iterator[Sharing]:
-    with sharing_stack(gpus=1) as running:
-        yield running
+#: the manager's sharing points on the way out: reached by the unprepare of a prepared claim
+_ON_RELEASE = frozenset({"manager.share.after-connection-deleted"})
+#: a share's memory: 2 GiB, two of the pool's 1 GiB increments
+SHARE_MEMORY, SHARE_MIB = "2Gi", 2048
 
 
-#: each point; a prepare's also with the pod deleted before the kubelet's retry could finish it
-SHARING_CASES = [
-    *((p, True) for p in sorted(SHARING_POINTS)),
-    *((p, False) for p in sorted(SHARING_POINTS) if ".prepare." in p),
+def _shared_device(stack: Stack, case: Case) -> Device:
+    """A free partitionable GPU of the node's pools, or the memory pool."""
+    if case.claim == "share":
+        return next(d for d in stack.inventory().devices if d.memory_pool is not None)
+    gpus = [d for d in stack.free_devices(DeviceType.GPU) if d.partition_table is not None]
+    assert gpus, f"no free partitionable GPU left: {stack.bound_hosts()}"
+    return gpus[0]
+
+
+async def _shared_scenario(stack: Stack, case: Case, *, retried: bool = True) -> None:
+    """A claim of a GPU partition or of a memory share, through the real manager: the role dies at
+    the point, restarts unarmed, the kubelet retries (``retried``; else the pod was deleted
+    meanwhile and the kubelet unprepares); the claim is prepared once (the GPU bound once, its
+    partition made once; the share's chunk made once, connected to the node, its region there),
+    then unprepared to nothing."""
+    if case.role == "manager":
+        await asyncio.to_thread(stack.start_manager, [case.point], kill_previous=True)
+    else:
+        await asyncio.to_thread(stack.plugin.start, [case.point], kill_previous=True)
+    releasing = case.point in _ON_RELEASE or ".unprepare." in case.point
+    async with kubelet_on(stack) as kubelet:
+        await kubelet.plugin()
+        device = _shared_device(stack, case)
+        mark, offset = stack.monitor.mark(), stack.emulator_log_size()
+        partition = share = None
+        if case.claim == "partition":
+            assert device.partition_table is not None
+            partition = partition_devices(device.name, device.partition_table)[0].name
+            claim = stack.create_claim(device, partition=partition)
+        else:
+            share = str(uuid.uuid4())
+            claim = stack.create_claim(device, share=(share, SHARE_MEMORY))
+        ref = ref_of(claim)
+
+        def assert_prepared(answer: Any) -> None:
+            if partition is not None:
+                stack.assert_partition_prepared(claim, device, partition, answer)
+            else:
+                assert share is not None
+                stack.assert_share_prepared(claim, device, share, SHARE_MIB, answer)
+
+        plugin = await kubelet.plugin()
+        call: asyncio.Task[Any]
+        if releasing:
+            assert_prepared(await kubelet.prepare_until_done(ref))
+            call = asyncio.create_task(plugin.unprepare([ref]))
+        else:
+            call = asyncio.create_task(plugin.prepare([ref]))
+        await asyncio.to_thread(getattr(stack, case.role).wait_crashed, case.point)
+        attempts = kubelet.attempts()
+        await asyncio.to_thread(_restart, stack, case)
+        answer = None
+        if case.role == "plugin":
+            with pytest.raises(DraCallError):
+                await call
+            await kubelet.plugin(newer_than=attempts)
+        else:
+            answer = await _settle(call)
+        if not releasing and retried:
+            answer = answer[ref.uid] if answer is not None else await kubelet.prepare_until_done(ref)
+            assert_prepared(answer)
+        await kubelet.unprepare_until_done(ref)
+        stack.deallocate(claim)
+    stack.assert_shared_released(claim, device)
+    if partition is not None:
+        stack.assert_bound_once(device, mark, offset)
+    else:
+        assert stack.chunks_created(offset) == 1, stack.emulator.log_since_start()[-3000:]
+        stack.monitor.wait_for_poll()
+        assert stack.monitor.violations == [], stack.monitor.violations
+        assert {e.host for e in stack.monitor.episodes[mark:]} <= {NODE}
+
+
+#: the plugin's partition points, each prepare point also with the pod deleted before the retry
+PARTITION_CASES = [
+    *((Case(p), True) for p in sorted(SHARING_POINTS) if "partition" in p),
+    *((Case(p), False) for p in sorted(SHARING_POINTS) if "partition" in p and ".prepare." in p),
 ]
 
 
 @pytest.mark.parametrize(
-    ("point", "retried"), SHARING_CASES, ids=[p if r else f"{p}-then-deleted" for p, r in SHARING_CASES]
+    ("case", "retried"),
+    PARTITION_CASES,
+    ids=[str(c) if r else f"{c}-then-deleted" for c, r in PARTITION_CASES],
 )
-def test_partition_and_memory_crash_point(sharing: Sharing, point: str, retried: bool) -> None:
-    asyncio.run(_sharing_scenario(sharing, point, retried=retried))
+def test_plugin_partition_crash_point(running: Stack, case: Case, retried: bool) -> None:
+    asyncio.run(_shared_scenario(running, case, retried=retried))
 
 
-async def _sharing_scenario(sharing: Sharing, point: str, *, retried: bool) -> None:
+# -- a memory share's own points of the plugin (the manager stand-in) ------------------------------
+
+
+@pytest.fixture(scope="module")
+def sharing() -> Iterator[Sharing]:
+    with sharing_stack(gpus=0) as running:
+        yield running
+
+
+#: each memory point of the plugin; a prepare's also with the pod deleted before the kubelet's retry
+#: could finish it
+MEMORY_POINTS = sorted(p for p in SHARING_POINTS if "memory" in p)
+MEMORY_CASES = [*((p, True) for p in MEMORY_POINTS), *((p, False) for p in MEMORY_POINTS if ".prepare." in p)]
+
+
+@pytest.mark.parametrize(
+    ("point", "retried"), MEMORY_CASES, ids=[p if r else f"{p}-then-deleted" for p, r in MEMORY_CASES]
+)
+def test_memory_crash_point(sharing: Sharing, point: str, retried: bool) -> None:
+    asyncio.run(_memory_scenario(sharing, point, retried=retried))
+
+
+async def _memory_scenario(sharing: Sharing, point: str, *, retried: bool) -> None:
     stack = sharing.stack
     yanked = len(sharing.hosts.yanked)
     await asyncio.to_thread(stack.start_plugin, [point], kill_previous=True)
-    name = f"crash-{uuid.uuid4().hex[:8]}"
     share = str(uuid.uuid4())
-    if "partition" in point:
-        ref = await sharing.claim_partition(name, PARTITION)
-    else:
-        ref = await sharing.claim_share(name, share, "2Gi", mode="kmem")
+    ref = await sharing.claim_share(f"crash-{uuid.uuid4().hex[:8]}", share, "2Gi", mode="kmem")
     claim = kubelet_claim(ref)
     async with running_kubelet(stack.registry_dir, watch_health=False) as manager:
         kubelet = Kubelet(manager)
@@ -303,7 +410,7 @@ async def _sharing_scenario(sharing: Sharing, point: str, *, retried: bool) -> N
             call = asyncio.create_task(plugin.prepare([claim]))
         else:
             await kubelet.prepare_until_done(claim)
-            _assert_prepared_once(sharing, ref, share, point)
+            _assert_prepared_once(sharing, ref, share)
             call = asyncio.create_task(plugin.unprepare([claim]))
         role = stack.plugin
         assert role is not None
@@ -315,28 +422,18 @@ async def _sharing_scenario(sharing: Sharing, point: str, *, retried: bool) -> N
         await kubelet.plugin(newer_than=attempts)
         if ".prepare." in point and retried:
             await kubelet.prepare_until_done(claim)
-            _assert_prepared_once(sharing, ref, share, point)
+            _assert_prepared_once(sharing, ref, share)
         # (not retried: the pod was deleted meanwhile; the unprepare undoes the half-made prepare)
         await kubelet.unprepare_until_done(claim)
     _assert_released(sharing, ref, share)
     assert sharing.hosts.yanked[yanked:] == [], "a share's memory was taken away while online"
 
 
-def _assert_prepared_once(sharing: Sharing, ref: ClaimRef, share: str, point: str) -> None:
+def _assert_prepared_once(sharing: Sharing, ref: ClaimRef, share: str) -> None:
     entry = sharing.entry(ref)
     assert entry is not None and entry["state"] == "PrepareCompleted"
     (device,) = entry["devices"]
     spec = sharing.spec(ref)
-    if "partition" in point:
-        made = sharing.partitions("gpu0")
-        assert list(made) == ["3g40gb-4"], f"not exactly the claim's partition: {made}"
-        assert (
-            env_of(spec)["NVIDIA_VISIBLE_DEVICES"] == made["3g40gb-4"]["uuid"] == device["partition"]["uuid"]
-        )
-        assert [(h.partition, h.claim_uid) for h in sharing.device("gpu0").partitions] == [
-            (PARTITION, ref.uid)
-        ]
-        return
     assert [s.share_id for s in sharing.manager.shares_made].count(share) == 1, "the share was made twice"
     node = int(env_of(spec)[f"{cdi.env_prefix(f'cxlpool0-{share}')}NUMA_NODE"])
     assert device["memory"]["node"] == node
@@ -346,6 +443,4 @@ def _assert_prepared_once(sharing: Sharing, ref: ClaimRef, share: str, point: st
 def _assert_released(sharing: Sharing, ref: ClaimRef, share: str) -> None:
     assert sharing.entry(ref) is None
     assert cdi.spec_files_of_claim(sharing.stack.cdi_root, DRIVER, ref.uid) == []
-    assert "gpu0" not in sharing.hosts.bound(), "the GPU stayed bound"
-    assert sharing.device("gpu0").partitions == []
     assert share not in sharing.shares() and f"cxlpool0/{share}" not in sharing.hosts.bound()
