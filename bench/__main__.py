@@ -39,6 +39,7 @@ EXTRA_SECTIONS: dict[str, tuple[str, str]] = {
     "manager": ("bench.manager_bench", "manager attach/detach through REST, discovery passes"),
     "apiserver": ("bench.apiserver_bench", "API test server: validation cost, 10,000 devices over HTTP"),
     "ledger": ("bench.ledger_bench", "manager ledger at 10,000 bindings: attach p50, start-up, RSS"),
+    "restart": ("bench.restart_bench", "manager start at 10 and 10,000 bindings: /readyz, RSS, attach p90"),
     "warm": ("bench.warm_bench", "pod start cold vs warm (hit, miss), realistic emulator"),
     "reader": ("bench.reader_bench", "the bounded reader's pre-pass against json.loads, real answers"),
     "redfish": ("bench.redfish_bench", "the manager's Redfish client: CPU per GET and per bind+unbind"),

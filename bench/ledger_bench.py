@@ -57,6 +57,7 @@ from fabric.state.ledger import (
 )
 from fabric_dra_testbed.stack import Stack
 from manager_api.client import ManagerClient
+from manager_api.errors import FabricUnavailable, NotLeader, TooManyRequests
 from manager_api.models import AttachmentState
 from plumbing.kube.client import ApiError
 from plumbing.kube.resources import CONFIGMAPS, NODES, RESOURCE_CLAIMS
@@ -130,7 +131,7 @@ async def _latency(url: str, claims: list[str]) -> dict[str, Any]:
     async with ManagerClient(url, timeout=60) as client:
         for claim in claims:
             started = time.perf_counter()
-            await client.attach(PROBE, host_name(0), claim, wait_seconds=30)
+            await _attach_as_kubelet(client, PROBE, host_name(0), claim)
             attach.append(time.perf_counter() - started)
             # the next attach needs the probe idle again: wait the detach out (40 s per call at most)
             while (await client.detach(PROBE, host_name(0), claim, wait_seconds=40)).state is not (
@@ -140,13 +141,32 @@ async def _latency(url: str, claims: list[str]) -> dict[str, Any]:
     return {**summary_ms(attach), "redfish_per_pair": _per_pair(before, _redfish_totals(url), len(claims))}
 
 
+#: what a kubelet retries (NodePrepareResources fails, the kubelet calls again after its backoff):
+#: the manager unavailable for a moment, a leader change, too many requests at once
+_RETRIED = (FabricUnavailable, NotLeader, TooManyRequests)
+
+
+async def _attach_as_kubelet(client: ManagerClient, device: str, node: str, claim: str) -> None:
+    """One attach, retried as the kubelet would retry its prepare (up to 5 times, 1 s apart or as
+    the manager says), so that one refused write does not end the benchmark."""
+    for attempt in range(5):
+        try:
+            await client.attach(device, node, claim, wait_seconds=40)
+            return
+        except _RETRIED as err:
+            if attempt == 4:
+                raise
+            progress("ledger", f"attach {device} retried as a kubelet would: {err}")
+            await asyncio.sleep(err.retry_after or 1.0)
+
+
 async def _bind(url: str, devices: list[str], claims: list[str], concurrency: int) -> float:
     gate = asyncio.Semaphore(concurrency)
     async with ManagerClient(url, timeout=120) as client:
 
         async def one(index: int, device: str) -> None:
             async with gate:
-                await client.attach(device, host_name(index % HOSTS), claims[index], wait_seconds=40)
+                await _attach_as_kubelet(client, device, host_name(index % HOSTS), claims[index])
 
         started = time.perf_counter()
         await asyncio.gather(*(one(i, d) for i, d in enumerate(devices)))

@@ -271,6 +271,15 @@ class Behaviour(_Model):
             "ProtocolFeaturesSupported.ExpandQuery; or unsupported (not advertised, answered with 501)"
         ),
     )
+    etags: Literal["served", "omitted"] = Field(
+        default="served",
+        description=(
+            'ETags (DSP0266 "ETags"): served (a weak ETag header on every read and @odata.etag in '
+            "every body, If-None-Match answered 304, If-Match and action ETag parameters checked); or "
+            "omitted (a service without them: no ETag anywhere, every read answered 200 in full, "
+            "If-Match and ETag parameters ignored, as such a service has nothing to compare them with)"
+        ),
+    )
     port_links: Literal["linked", "omitted"] = Field(
         default="linked",
         description=(

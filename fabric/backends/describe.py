@@ -13,15 +13,15 @@ its drives, its Storage subsystem (whose ``Drives`` are the drives) or a SimpleS
 
 from __future__ import annotations
 
-import asyncio
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from fabric.backends.views import (
+    JSON,
     Controller,
     CXLLogicalDevice,
     DeviceResource,
@@ -38,7 +38,8 @@ from fabric.backends.views import (
     SimpleStorage,
     SimpleStorageDevice,
     Storage,
-    view_of_kind,
+    kind_view,
+    odata_id,
 )
 from fabric.backends.walk import Walk, path_ids
 from fabric.state.model import DiscoveredAttributes
@@ -48,7 +49,7 @@ from plumbing.logs import get_logger
 
 log = get_logger(__name__)
 
-__all__ = ["DEVICE_ENTITY_TYPES", "RESET_TYPE", "describe", "locate_port", "status_of"]
+__all__ = ["DEVICE_ENTITY_TYPES", "RESET_TYPE", "describe", "locate_port", "prefetch_parts", "status_of"]
 
 #: The ``ResetType`` of the reset between tenants (Resource.ResetType): the device is idle (no claim
 #: holds it) and must keep nothing of its last tenant, so nothing is shut down gracefully.
@@ -208,6 +209,32 @@ class _Parts:
         return self.processor or self.drive or self.network or self.pcie_device or self.logical
 
 
+async def prefetch_parts(walk: Walk, devices: Iterable[Sequence[tuple[str, str]]]) -> None:
+    """Read in collections (:meth:`Walk.prefetch`) what :func:`describe` of each of ``devices``
+    (their entities) would read one resource at a time: the entities, then the PCIe functions
+    they link, then the PCIe devices those link. Only a speed-up: :func:`describe` reads whatever
+    this did not bring, so a service without ``$expand`` gives the same devices, more slowly."""
+    uris = [uri for entities in devices for _, uri in entities]
+    for _ in range(3):
+        if not uris:
+            return
+        await walk.prefetch(uris)
+        uris = [link for uri in uris for link in _pcie_links(walk.cached(uri))]
+
+
+def _pcie_links(body: JSON | None) -> list[str]:
+    """The PCIe function and device links of a resource read so far (Processor, Drive,
+    NetworkAdapter, CXLLogicalDevice: ``Links.PCIeFunctions``; PCIeFunction: ``Links.PCIeDevice``)."""
+    links = body.get("Links") if body is not None else None
+    if not isinstance(links, dict):
+        return []
+    found: list[Any] = []
+    for name in ("PCIeFunctions", "PCIeFunction", "PCIeDevice"):
+        value = links.get(name)
+        found.extend(value if isinstance(value, list) else [value])
+    return [uri for uri in (odata_id(v) for v in found) if uri]
+
+
 async def describe(
     walk: Walk,
     entities: Sequence[tuple[str, str]],
@@ -286,10 +313,14 @@ def _partition_table(pcie_device: PCIeDevice | None, kind: DeviceType) -> Partit
 async def _read_parts(walk: Walk, entities: Sequence[tuple[str, str]], parts: _Parts) -> _Parts:
     """The resources of ``entities``, and those their standard links name, read into ``parts``."""
     by_kind: dict[str, DeviceResource] = {}
-    for body in await asyncio.gather(*(walk.get(uri) for uri in dict.fromkeys(uri for _, uri in entities))):
+    uris = list(dict.fromkeys(uri for _, uri in entities))
+    for uri, body in zip(uris, await walk.get_all(uris), strict=True):
         if body is not None:
-            resource = view_of_kind(body)
-            by_kind.setdefault(resource.kind, resource)
+            # through the walk, which keeps the view (a resource unchanged since the last pass
+            # is not read into a view again)
+            resource = await walk.read(uri, kind_view(body))
+            if resource is not None:
+                by_kind.setdefault(resource.kind, resource)
     parts.processor = _as(by_kind.get("Processor"), Processor)
     drive = _as(by_kind.get("Drive"), Drive)
     parts.storage = _as(by_kind.get("Storage"), Storage)

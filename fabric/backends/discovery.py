@@ -36,7 +36,7 @@ from fabric.backends.composition import COMPOSITION_FABRIC, CompositionBackend, 
 from fabric.backends.connections import ConnectionBackend
 from fabric.backends.reach import narrow_reach
 from fabric.backends.views import ComputerSystem, Fabric, ServiceRoot
-from fabric.backends.walk import Walk
+from fabric.backends.walk import Revalidation, Walk
 from fabric.backends.zones import ZoneBackend
 from fabric.redfish.client import SERVICE_ROOT, RedfishClient
 from fabric.redfish.error_mapping import one_line
@@ -83,6 +83,8 @@ class Discovery:
         self._warned: set[tuple[str, str]] = set()
         self._noticed: set[str] = set()
         self._expand = False
+        #: what the last full pass read, with ETags: the next full pass asks with If-None-Match
+        self.revalidation = Revalidation()
 
     def backend_for(self, device: DeviceRecord) -> Backend:
         return self.backends[(device.fabric, device.style)]
@@ -146,7 +148,13 @@ class Discovery:
         body = await probe.get(SERVICE_ROOT) or {}
         root = ServiceRoot.model_validate(body)
         self._expand = root.supports_expand
-        walk = Walk(self.client, concurrency=self.concurrency, expand=self._expand)
+        walk = Walk(
+            self.client,
+            concurrency=self.concurrency,
+            expand=self._expand,
+            max_levels=root.expand_levels,
+            revalidation=self.revalidation,
+        )
         walk.seed(body)
         hosts = await _hosts(walk, root)
         planned = await self._plan(walk, root)
@@ -154,12 +162,14 @@ class Discovery:
         found = self._merge(planned, results)
         hosts = _with_initiators(hosts, found.initiators)
         devices = assign_names(await narrow_reach(walk, found.devices, hosts))
+        self.revalidation.retain(walk)
         return FabricSnapshot(
             devices=devices,
             hosts=hosts,
             fabrics=found.fabrics(planned),
             started_at=started,
             gets=probe.gets + walk.gets,
+            not_modified=walk.not_modified,
             notices=self._notices(planned, results, found.kept, bool(hosts)),
         )
 

@@ -5,12 +5,14 @@ that defines them, in the spirit of sushy's ``base.Field``: the JSON is read in 
 the backends work with attributes, not with dictionaries.
 
 The views are lenient, because real services and DMTF's own mockups omit properties, use older schema
-versions and sometimes send the wrong type: every property is optional, unknown ones are kept
-(``extra="allow"``), and a property of the wrong shape reads as absent instead of failing the whole
-resource — a zone whose ``Links`` is a string is a zone without links, as the dictionary reading it
-replaces treated it. Links keep the rules of :func:`odata_id`: a resource identifier is the path of a
-URI (DSP0266), normalised without its trailing slash; a single link given as an array counts by its
-first element.
+versions and sometimes send the wrong type: every property is optional, unknown ones are left out
+(``extra="ignore"``: a view of each of a 10,100-device fabric's resources kept every property it
+never reads, and held more memory than the answers it was made of; only :class:`Actions`, whose
+names are the actions', keeps them), and a property of the wrong shape reads as absent instead of
+failing the whole resource — a zone whose ``Links`` is a string is a zone without links, as the
+dictionary reading it replaces treated it. Links keep the rules of :func:`odata_id`: a resource
+identifier is the path of a URI (DSP0266), normalised without its trailing slash; a single link
+given as an array counts by its first element.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ __all__ = [
     "View",
     "Zone",
     "ZoneLinks",
+    "kind_view",
     "odata_id",
     "view_of_kind",
 ]
@@ -189,9 +192,9 @@ def part(name: str, view: type[Any]) -> Any:
 
 
 class View(BaseModel):
-    """A read view: lenient, frozen, keeps what it does not name."""
+    """A read view: lenient, frozen, leaves out what it does not name."""
 
-    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
 
     @classmethod
     def of(cls: type[V], payload: Mapping[str, Any] | None) -> V | None:
@@ -207,7 +210,10 @@ class Status(View):
 
 
 class Actions(View):
-    """Resource.v1_23_0 Actions: ``#<Schema>.<Action>`` → ``{"target": URI}``."""
+    """Resource.v1_23_0 Actions: ``#<Schema>.<Action>`` → ``{"target": URI}`` (kept as sent:
+    the property names are the actions')."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
 
     def target(self, action: str) -> str | None:
         entry = (self.model_extra or {}).get(f"#{action}")
@@ -251,6 +257,9 @@ class Collection(View):
 class ExpandQuery(View):
     expand_all: Tolerant[StrictBool] = prop("ExpandAll")
     no_links: Tolerant[StrictBool] = prop("NoLinks")
+    #: ``($levels=n)`` is served, up to ``MaxLevels`` (ServiceRoot 1.3: without it, one level)
+    levels: Tolerant[StrictBool] = prop("Levels")
+    max_levels: Tolerant[StrictInt] = prop("MaxLevels")
 
 
 class ProtocolFeatures(View):
@@ -274,6 +283,17 @@ class ServiceRoot(Resource):
         """``$expand=.($levels=1)`` is served (ProtocolFeaturesSupported.ExpandQuery)."""
         expand = self.protocol_features.expand_query
         return bool(expand.expand_all or expand.no_links)
+
+    @property
+    def expand_levels(self) -> int:
+        """How deep ``$expand=.($levels=n)`` may go: 0 without ``$expand``, 1 without ``Levels``,
+        else ``MaxLevels`` (at least 1: a service that says ``Levels`` and no bound serves one)."""
+        if not self.supports_expand:
+            return 0
+        expand = self.protocol_features.expand_query
+        if not expand.levels or expand.max_levels is None:
+            return 1
+        return max(1, expand.max_levels)
 
     @property
     def supports_select(self) -> bool:
@@ -608,7 +628,11 @@ _KINDS: dict[str, type[DeviceResource]] = {
 }
 
 
+def kind_view(payload: Mapping[str, Any]) -> type[DeviceResource]:
+    """The view of a device's resource by its ``@odata.type`` (read before the view it chooses)."""
+    return _KINDS.get(_kind(_text(payload.get("@odata.type"))), DeviceResource)
+
+
 def view_of_kind(payload: Mapping[str, Any]) -> DeviceResource:
     """A device's resource read as the view of its ``@odata.type``."""
-    # The discriminator is read before the view it chooses.
-    return _KINDS.get(_kind(_text(payload.get("@odata.type"))), DeviceResource).model_validate(payload)
+    return kind_view(payload).model_validate(payload)

@@ -20,16 +20,28 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from fabric.backends.views import JSON, Collection, View, odata_id
 from fabric.redfish.client import RedfishClient
 from fabric.redfish.links import same_service
 from manager_api.errors import FabricError, FabricUnavailable, NotFoundError
+from plumbing.logs import get_logger
 
-__all__ = ["MAX_MEMBERS", "MAX_PAGES", "MAX_PASS_BYTES", "MAX_PASS_VALUES", "Walk", "path_ids"]
+__all__ = [
+    "MAX_MEMBERS",
+    "MAX_PAGES",
+    "MAX_PASS_BYTES",
+    "MAX_PASS_VALUES",
+    "Revalidation",
+    "Walk",
+    "path_ids",
+]
 
 V = TypeVar("V", bound=View)
+
+log = get_logger(__name__)
 
 #: pages one collection may have: services page by 50 to 1000 members, so even at 50 a page this
 #: is a collection of 12,800 — more endpoints, zones or connections than one fabric has
@@ -53,6 +65,71 @@ def _page_key(uri: str) -> str:
     return f"{path.rstrip('/') or '/'}?{query}"
 
 
+def _parent(uri: str, segments: int) -> str | None:
+    """``uri`` without its last ``segments`` path segments; None above ``/redfish/v1/<collection>``
+    (the service root and its own properties are never read as a collection to expand)."""
+    parts = uri.split("/")
+    if len(parts) - segments < 4:
+        return None
+    return "/".join(parts[:-segments])
+
+
+@dataclass(eq=False, slots=True)
+class _Kept:
+    """A resource as a full pass read it, with the ETag it came with."""
+
+    etag: str
+    body: JSON
+    size: int
+    values: int
+
+
+class Revalidation:
+    """What the last full pass read, by request, with each answer's ETag: the next pass asks with
+    ``If-None-Match`` (RFC 9110 §13.1.2) and a 304 gives back what was read — the same objects,
+    so the views made of them are not made again (:meth:`Walk.read`). Only what the last pass
+    read is kept (:meth:`retain`), so this holds at most one pass's answers, which the pass held
+    anyway while it ran. A service that sends no ETags is read in full every pass."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, _Kept] = {}
+        #: (URI, view) → (the body it was made of, the view)
+        self._views: dict[tuple[str, type[View]], tuple[JSON, View]] = {}
+        #: answers of the last pass that were 304 Not Modified, and read in full
+        self.not_modified = 0
+        self.read = 0
+
+    def etag(self, key: str) -> str | None:
+        kept = self._kept.get(key)
+        return kept.etag if kept is not None else None
+
+    def kept(self, key: str) -> _Kept | None:
+        return self._kept.get(key)
+
+    def view(self, key: tuple[str, type[View]], body: JSON) -> View | None:
+        """The view made last pass of ``body``, if ``body`` is the very object it was made of."""
+        held = self._views.get(key)
+        return held[1] if held is not None and held[0] is body else None
+
+    def retain(self, walk: Walk) -> None:
+        """Keep what ``walk`` (a full pass, ended) read; forget the rest."""
+        self._kept = dict(walk.kept)
+        self._views = {
+            key: (body, view) for key, view in walk.views.items() if (body := walk.cached(key[0])) is not None
+        }
+        self.not_modified, self.read = walk.not_modified, walk.gets - walk.not_modified
+
+
+def _grouped(uris: Iterable[str], segments: int) -> dict[str, list[str]]:
+    """``uris`` by their :func:`_parent` ``segments`` up (those without one are left out)."""
+    groups: dict[str, list[str]] = {}
+    for uri in uris:
+        parent = _parent(uri, segments)
+        if parent is not None and "?" not in uri:
+            groups.setdefault(parent, []).append(uri)
+    return groups
+
+
 def path_ids(uri: str, collection: str) -> str | None:
     """The Id that follows ``collection`` in ``uri``: ``path_ids("/redfish/v1/Systems/H1/…", "Systems")``."""
     parts = [p for p in uri.split("/") if p]
@@ -64,16 +141,41 @@ def path_ids(uri: str, collection: str) -> str | None:
 
 class Walk:
     """One pass over the tree. GETs are memoised (many resources are linked from several places)
-    and run concurrently up to ``concurrency``."""
+    and run concurrently up to ``concurrency``.
 
-    def __init__(self, client: RedfishClient, *, concurrency: int = 16, expand: bool = False) -> None:
+    ``expand``: the service serves ``$expand`` (``max_levels`` deep, ServiceRoot
+    ``ProtocolFeaturesSupported.ExpandQuery``): collections are read with their members inline
+    (:meth:`member_uris`), and :meth:`prefetch` reads in one request the members a caller is
+    about to read one by one. ``revalidation``: what the last full pass read, asked again with
+    ``If-None-Match``."""
+
+    def __init__(
+        self,
+        client: RedfishClient,
+        *,
+        concurrency: int = 16,
+        expand: bool = False,
+        max_levels: int = 1,
+        revalidation: Revalidation | None = None,
+    ) -> None:
         self.client = client
         self.expand = expand
+        self.max_levels = max_levels if expand else 0
+        self.revalidation = revalidation
         self._cache: dict[str, JSON | None] = {}
         self._inflight: dict[str, asyncio.Future[JSON | None]] = {}
         self._views: dict[tuple[str, type[View]], View] = {}
+        #: what callers derive from this pass's resources, once per pass (keys are theirs)
+        self.memo: dict[Any, Any] = {}
         self._limit = asyncio.Semaphore(concurrency)
+        #: what this pass read with an ETag, by request (for the next pass's :class:`Revalidation`)
+        self.kept: dict[str, _Kept] = {}
         self.gets = 0
+        #: answers that were 304 Not Modified (what the last pass read still holds)
+        self.not_modified = 0
+        #: collections read with their members inline by :meth:`prefetch`
+        self.prefetched = 0
+        self._reading: dict[str, asyncio.Future[None]] = {}
         #: collection members listed in this pass (bounded by :data:`MAX_MEMBERS`)
         self.listed = 0
         #: bytes of the answers read in this pass (bounded by :data:`MAX_PASS_BYTES`)
@@ -116,36 +218,80 @@ class Walk:
         finally:
             del self._inflight[uri]
 
+    @property
+    def views(self) -> Mapping[tuple[str, type[View]], View]:
+        return self._views
+
+    def cached(self, uri: str) -> JSON | None:
+        """The resource at ``uri`` if this pass has it already; never reads."""
+        return self._cache.get(uri.rstrip("/") or "/")
+
     async def _fetch(self, uri: str) -> JSON:
-        response = await self.client.get(uri)
-        self.read_bytes += response.size
-        self.read_values += response.values
+        etag = self.revalidation.etag(uri) if self.revalidation is not None else None
+        response = await self.client.get(uri, if_none_match=etag)
+        if response.status == 304 and self.revalidation is not None:
+            kept = self.revalidation.kept(uri)
+            if kept is None:  # not asked with If-None-Match: cannot be
+                raise FabricUnavailable(f"the Redfish service answered 304 to GET {uri}, unasked")
+            self.not_modified += 1
+            self.kept[uri] = kept
+            self._count(uri, kept.size, kept.values)
+            return kept.body
+        self._count(uri, response.size, response.values)
+        tag = response.etag
+        if self.revalidation is not None and tag:
+            self.kept[uri] = _Kept(tag, response.body, response.size, response.values)
+        return response.body
+
+    def _count(self, uri: str, size: int, values: int) -> None:
+        self.read_bytes += size
+        self.read_values += values
         if self.read_bytes > MAX_PASS_BYTES:
             raise FabricUnavailable(
                 f"the Redfish service's answers in one pass exceed {MAX_PASS_BYTES >> 20} MiB "
-                f"(the last: {uri}, {response.size} bytes); not read further"
+                f"(the last: {uri}, {size} bytes); not read further"
             )
         if self.read_values > MAX_PASS_VALUES:
             raise FabricUnavailable(
                 f"the Redfish service's answers in one pass hold more than {MAX_PASS_VALUES:,} JSON "
-                f"values (the last: {uri}, {response.values:,}); not read further"
+                f"values (the last: {uri}, {values:,}); not read further"
             )
-        return response.body
 
     async def read(self, uri: str | None, view: type[V]) -> V | None:
         """The resource at ``uri`` read as ``view`` (each resource is read once per view per pass)."""
         body = await self.get(uri)
         if body is None or uri is None:
             return None
-        key = (uri.rstrip("/") or "/", view)
+        return self._view(uri.rstrip("/") or "/", body, view)
+
+    def _view(self, uri: str, body: JSON, view: type[V]) -> V:
+        key = (uri, view)
         found = self._views.get(key)
         if found is None:
-            found = self._views[key] = view.model_validate(body)
+            # the same object as last pass: a 304 gave it back, unchanged, so its view holds too
+            held = self.revalidation.view(key, body) if self.revalidation is not None else None
+            found = self._views[key] = held if held is not None else view.model_validate(body)
         return cast(V, found)
 
+    async def get_all(self, uris: Iterable[str]) -> list[JSON | None]:
+        """Each of ``uris`` as :meth:`get` gives it, in order; what this pass holds is taken as it is."""
+        wanted = [u.rstrip("/") or "/" for u in uris]
+        missing = [u for u in dict.fromkeys(wanted) if u not in self._cache]
+        if len(missing) == 1:
+            await self.get(missing[0])
+        elif missing:
+            await asyncio.gather(*(self.get(u) for u in missing))
+        return [self._cache.get(u) for u in wanted]
+
     async def read_all(self, uris: Iterable[str], view: type[V]) -> list[V]:
-        found = await asyncio.gather(*(self.read(u, view) for u in dict.fromkeys(uris)))
-        return [r for r in found if r is not None]
+        """Each of ``uris`` as ``view``, in order (those that do not exist left out). What this
+        pass holds already is taken as it is: a task per resource, for every block times every
+        system of a 10,100-device fabric, was most of a pass."""
+        wanted = list(dict.fromkeys(u.rstrip("/") or "/" for u in uris if u))
+        bodies = await self.get_all(wanted)
+        return [
+            self._view(uri, body, view) for uri, body in zip(wanted, bodies, strict=True) if body is not None
+        ]
 
     async def members(self, collection: str | None, view: type[V]) -> list[V]:
         """Every member of a collection as ``view``, following ``Members@odata.nextLink`` pages.
@@ -203,13 +349,95 @@ class Walk:
                 uri = odata_id(member)
                 if not uri:
                     continue
-                if isinstance(member, Mapping) and len(member) > 1 and "Id" in member:
-                    self.seed(member)
+                if isinstance(member, dict) and len(member) > 1 and "Id" in member:
+                    # kept as it came: a page answered 304 gives back the same members, whose
+                    # views are then not made again (Revalidation)
+                    self._cache.setdefault(uri, member)
                 member_uris.append(uri)
             page_uri = same_service(
                 self.client.base_url, listing.next_link, link=f"Members@odata.nextLink of {collection}"
             )
         return member_uris
+
+    async def prefetch(self, uris: Iterable[str]) -> None:
+        """Read in a few requests what the caller is about to read one by one: where two or more
+        of ``uris`` are members of one collection (their parent path), that collection with
+        ``$expand=.($levels=1)``; where they are members of collections of members of one
+        collection (``…/PCIeDevices/{device}/PCIeFunctions/{n}``), that one with ``$levels=3``
+        if the service goes that deep. What comes back inline is kept for :meth:`get`; what does
+        not is read one by one as before, so a service that ignores or refuses the query costs a
+        request per collection, no more. Within the pass's bounds like any other read."""
+        if not self.expand:
+            return
+        wanted = [
+            uri
+            for uri in dict.fromkeys(u.rstrip("/") for u in uris if u)
+            if uri and uri not in self._cache and uri not in self._inflight
+        ]
+        reads: list[tuple[str, int]] = []
+        lone: list[str] = []
+        for collection, members in _grouped(wanted, 1).items():
+            if len(members) >= 2:
+                reads.append((collection, 1))
+            else:
+                lone.extend(members)
+        if self.max_levels >= 3:
+            deep = {c for c, members in _grouped(lone, 3).items() if len(members) >= 2}
+            # three levels of a collection hold its one level too: read once
+            reads = [(c, levels) for c, levels in reads if c not in deep] + [(c, 3) for c in sorted(deep)]
+        await asyncio.gather(*(self._read_inline(collection, levels) for collection, levels in reads))
+
+    async def _read_inline(self, collection: str, levels: int) -> None:
+        key = f"{collection}?$expand=.($levels={levels})"
+        if not self.expand:
+            return
+        # two backends of a pass may ask for the same collection: the second waits for the first
+        pending = self._reading.get(key)
+        if pending is None:
+            pending = self._reading[key] = asyncio.ensure_future(self._read_inline_once(collection, key))
+        await asyncio.shield(pending)
+
+    async def _read_inline_once(self, collection: str, key: str) -> None:
+        async with self._limit:
+            self.gets += 1
+            try:
+                body = await self._fetch(key)
+            except NotFoundError:
+                return
+            except FabricUnavailable:
+                raise
+            except FabricError as err:
+                # Advertised but refused (QueryParameterUnsupported, out of range...): members
+                # are read one by one from now on.
+                log.info("$expand refused; members are read one by one", uri=key, error=err.message)
+                self.expand = False
+                return
+        members = body.get("Members")
+        if not isinstance(members, list):
+            return
+        self.prefetched += 1
+        self.listed += len(members)
+        if self.listed > MAX_MEMBERS:
+            raise FabricUnavailable(
+                f"the Redfish service lists more than {MAX_MEMBERS} collection members in one pass "
+                f"(at {collection}); not read further"
+            )
+        self._seed_inline(members, collection + "/")
+
+    def _seed_inline(self, value: Any, under: str) -> None:
+        """Keep every resource given inline in ``value`` (an object with its ``@odata.id`` and an
+        ``Id`` or ``Members``) whose URI lies under ``under``: an answer speaks for what it holds,
+        not for resources elsewhere in the tree. The bodies are kept as they came (not copied)."""
+        pending = [value]
+        while pending:
+            item = pending.pop()
+            if isinstance(item, list):
+                pending.extend(item)
+            elif isinstance(item, dict):
+                uri = odata_id(item)
+                if uri and uri.startswith(under) and ("Id" in item or "Members" in item):
+                    self._cache.setdefault(uri, item)
+                pending.extend(v for v in item.values() if isinstance(v, (dict, list)))
 
     async def _get_expanded(self, uri: str) -> JSON | None:
         key = f"{uri}?$expand=.($levels=1)"

@@ -61,6 +61,10 @@ class InventoryWatch:
         self._refresh_lock = asyncio.Lock()
         self._refresh_wanted = asyncio.Event()
         self._full_wanted = True
+        #: the event stream is connected (set once, on its first connection)
+        self._stream_up = asyncio.Event()
+        #: a full pass has begun: a connection after it may have missed events of that pass
+        self._full_begun = False
 
     async def refresh(self, *, bindings_only: bool = False) -> None:
         """One discovery pass; raises :class:`FabricError` when the service cannot be read.
@@ -86,6 +90,7 @@ class InventoryWatch:
         log.debug("fabric bindings read", gets=gets, seconds=round(time.monotonic() - started, 3))
 
     async def _refresh_all(self) -> None:
+        self._full_begun = True
         started = time.monotonic()
         try:
             await self.resolver.refresh()
@@ -94,11 +99,12 @@ class InventoryWatch:
             self.inventory.pass_failed(err)
             raise
         self.inventory.load(snapshot, self.resolver.resolve(snapshot.hosts), started)
-        log.debug(
+        log.info(
             "fabric discovered",
             devices=len(snapshot.devices),
             hosts=len(snapshot.hosts),
             gets=snapshot.gets,
+            not_modified=snapshot.not_modified,
             seconds=round(time.monotonic() - started, 3),
         )
 
@@ -125,6 +131,18 @@ class InventoryWatch:
                 on_disconnect=self.discovery.client.tasks.stream_changed,
             )
             stream_task = asyncio.create_task(self.stream.run(), name="redfish-events")
+            # The first pass after the stream is up, not before: a pass that began before the
+            # connection may have missed events, and the connection asks for another full pass —
+            # at 10,100 devices a second pass right after start, whose CPU the first attaches
+            # waited for. A stream that takes longer than this is not waited for.
+            # (nor a service that offers none)
+            waits = [
+                asyncio.ensure_future(self._stream_up.wait()),
+                asyncio.ensure_future(self.stream.unsupported.wait()),
+            ]
+            await asyncio.wait(waits, timeout=_FIRST_CONNECT_WAIT, return_when=asyncio.FIRST_COMPLETED)
+            for waiting in waits:
+                waiting.cancel()
         backoff = Backoff(initial=0.5, maximum=self.poll_seconds)
         try:
             while True:
@@ -165,7 +183,9 @@ class InventoryWatch:
 
     def _stream_connected(self) -> None:
         self.discovery.client.tasks.stream_changed()
-        self.request_refresh()
+        self._stream_up.set()
+        if self._full_begun:  # a pass already ran or runs: it may have missed events
+            self.request_refresh()
 
     def _on_events(self, events: list[dict[str, object]]) -> None:
         for event in events:
@@ -178,6 +198,9 @@ class InventoryWatch:
         if events:
             self.request_refresh(bindings_only=all(_is_binding_event(e) for e in events))
 
+
+#: how long the first pass waits for the event stream to connect (seconds)
+_FIRST_CONNECT_WAIT = 5.0
 
 #: resources whose changes are bindings, not device attributes or health
 _BINDING_COLLECTIONS = ("Endpoints", "Zones", "Connections", "Systems", "TaskService")

@@ -90,8 +90,12 @@ class Reconciler:
         return removed
 
     async def reconcile(self) -> None:
-        """Resume unfinished entries; drop bound entries whose binding the fabric no longer has."""
-        if not self.driver.is_leader():
+        """Resume unfinished entries; drop bound entries whose binding the fabric no longer has.
+
+        Not before the first full pass: a device the inventory does not hold yet is no device
+        the fabric lost (at 10,000 bindings a restart's pass takes longer than ``retry_seconds``,
+        and a reconcile run before it forgot every bound entry)."""
+        if not self.driver.is_leader() or not self.inventory.loaded.is_set():
             return
         now = time.monotonic()
         for entry in self.ledger.entries():

@@ -71,8 +71,10 @@ class RedfishClient:
 
     # -- requests --------------------------------------------------------------------------------
 
-    async def get(self, uri: str) -> RedfishResponse:
-        return await self.request("GET", uri)
+    async def get(self, uri: str, *, if_none_match: str | None = None) -> RedfishResponse:
+        """The resource at ``uri``; with ``if_none_match`` (its ETag as last read) a 304 answer
+        without a body when it has not changed since (:meth:`Transport.request`)."""
+        return await self.request("GET", uri, if_none_match=if_none_match)
 
     async def get_json(self, uri: str) -> dict[str, Any]:
         return (await self.request("GET", uri)).body

@@ -67,6 +67,8 @@ class EventStream:
         self.backoff_max = backoff_max
         self.connected = False
         self.supported: bool | None = None  # None until the EventService was read
+        #: set once the EventService says it has no server-sent events
+        self.unsupported = asyncio.Event()
         self._last_id: str | None = None
         self._filter = True
 
@@ -121,6 +123,7 @@ class EventStream:
                 if self.supported is not False:
                     log.info("the Redfish service offers no server-sent events; polling only")
                 self.supported = False
+                self.unsupported.set()
                 await asyncio.sleep(self.backoff_max * 6)
                 continue
             self.supported = True

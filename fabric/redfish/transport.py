@@ -479,8 +479,15 @@ class Transport:
         body: Mapping[str, Any] | None = None,
         etag: str | None = None,
         http_timeout: tuple[float, float] | None = None,
+        if_none_match: str | None = None,
     ) -> RedfishResponse:
-        """One request; GETs are retried, mutations are not. Raises on HTTP ≥ 300."""
+        """One request; GETs are retried, mutations are not. Raises on HTTP ≥ 300 — but for a GET
+        with ``if_none_match`` (an ETag this client read before), whose 304 Not Modified (RFC 9110
+        §13.1.2) comes back as it is, without a body: what was read with that ETag still holds."""
+        if method == "GET" and if_none_match is not None:
+            if not _valid_etag(if_none_match):
+                if_none_match = None  # read again in full rather than send a header it could smuggle
+            return await self._get_with_retries(uri, http_timeout, if_none_match)
         headers = {"If-Match": etag} if etag and method in ("PATCH", "PUT", "DELETE") else None
         if headers is not None and not _valid_etag(etag or ""):
             # A header value with line breaks or control characters: never sent (it could smuggle
@@ -514,19 +521,24 @@ class Transport:
             "point --redfish-url at the service itself"
         )
 
-    async def _get_with_retries(self, uri: str, http_timeout: tuple[float, float] | None) -> RedfishResponse:
+    async def _get_with_retries(
+        self, uri: str, http_timeout: tuple[float, float] | None, if_none_match: str | None = None
+    ) -> RedfishResponse:
         attempts = self.settings.get_attempts
+        headers = {"If-None-Match": if_none_match} if if_none_match else None
         backoff = Backoff(self.settings.backoff_initial, self.settings.backoff_max)
         for attempt in range(1, attempts + 1):
             wait: float | None = None
             last = attempt == attempts
             try:
-                response = await self.exchange("GET", uri, None, None, http_timeout)
+                response = await self.exchange("GET", uri, None, headers, http_timeout)
             except TransportError as err:
                 if last:
                     what = "answered badly" if err.answered else "unreachable"
                     raise FabricUnavailable(f"Redfish service at {self.base_url} {what}: {err}") from None
             else:
+                if response.status == 304 and headers is not None:
+                    return response
                 if response.status < 300 and response.unreadable is None:
                     return response
                 if response.status < 300:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import time
 import zlib
 from abc import ABC, abstractmethod
 from collections import Counter
@@ -43,14 +44,17 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from manager_api.errors import FabricUnavailable, NodeBindingLimit, NotLeader
+from plumbing.backoff import Backoff
 from plumbing.fsutil import atomic_write
-from plumbing.kube.client import AlreadyExists, ApiError, Conflict, KubeClient, NotFound
+from plumbing.kube.client import AlreadyExists, ApiError, ApiUnavailable, Conflict, KubeClient, NotFound
 from plumbing.kube.resources import CONFIGMAPS
 from plumbing.logs import get_logger
 from plumbing.names import is_label_value
 
 __all__ = [
     "DEFAULT_MAX_ENTRIES_PER_NODE",
+    "DEFAULT_REQUEST_TIMEOUT",
+    "DEFAULT_WRITE_DEADLINE",
     "LEDGER_LABEL",
     "LEDGER_SHARDS",
     "MIGRATED_ANNOTATION",
@@ -92,6 +96,20 @@ _SHARD_DIGITS = len(str(LEDGER_SHARDS - 1))
 _SHARD_REQUESTS = 16
 #: refuse to write a shard above this (the server's limit is 1,048,576 bytes of data)
 _SHARD_DATA_LIMIT = 1024 * 1024
+#: how long one shard's write keeps trying through timeouts, 5xx/429 answers and conflicts with
+#: its own earlier attempt: the intent write runs inside an attach's REST request, whose callers
+#: wait 20 s or more (the plugin's attach), so a slow API server is ridden out within it
+DEFAULT_WRITE_DEADLINE = 15.0
+#: one request of a shard write at most (a PUT of a shard takes milliseconds on a sane server):
+#: the next attempt is made within the deadline instead of waiting the client's 30 s out
+DEFAULT_REQUEST_TIMEOUT = 5.0
+#: conflicts of one shard write with another writer (not with its own timed-out attempt) before
+#: it steps back (client-go's RetryOnConflict re-reads and retries the same way; a second conflict
+#: with someone else means another replica writes now)
+_FOREIGN_CONFLICTS = 2
+#: the pauses between attempts (doubling, with jitter)
+_RETRY_INITIAL = 0.05
+_RETRY_MAXIMUM = 1.0
 #: far above what one node is ever given (a node of 8 GPUs and a few CXL memory devices cut into
 #: chunks holds tens), far below what would let one node take a pool of thousands of devices
 DEFAULT_MAX_ENTRIES_PER_NODE = 512
@@ -278,10 +296,23 @@ class ConfigMapLedgerStore(LedgerStore):
     entries into the shards and empties it (:meth:`_migrate`).
     """
 
-    def __init__(self, client: KubeClient, *, name: str, namespace: str) -> None:
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        name: str,
+        namespace: str,
+        write_deadline: float = DEFAULT_WRITE_DEADLINE,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+    ) -> None:
         self.client = client
         self.name = name
         self.namespace = namespace
+        self.write_deadline = write_deadline
+        self.request_timeout = request_timeout
+        #: shard writes that needed more than one attempt, and attempts that failed (metrics, tests)
+        self.retried_writes = 0
+        self.failed_attempts = 0
         self._versions: dict[int, str] = {}
         #: the devices of each shard (a write carries its shard's entries, found here)
         self._members: list[set[str]] = [set() for _ in range(LEDGER_SHARDS)]
@@ -300,24 +331,39 @@ class ConfigMapLedgerStore(LedgerStore):
     async def load(self) -> dict[str, LedgerEntry]:
         shards = await asyncio.gather(*(self._read_shard(i) for i in range(LEDGER_SHARDS)))
         entries: dict[str, LedgerEntry] = {}
+        # Nothing encoded here: a shard's entries are encoded when it is first written (a restart
+        # reads 10,000 entries and then writes a few of them).
         self._encoded = {}
         for shard, found in enumerate(shards):
             self._members[shard] = set(found)
             entries.update(found)
-            self._encoded.update((device, entry.model_dump_json()) for device, entry in found.items())
         await self._migrate(entries)
         return entries
 
     async def _read_shard(self, shard: int) -> dict[str, LedgerEntry]:
         name = self.shard_name(shard)
-        try:
-            async with self._requests:
-                obj = await self.client.get(CONFIGMAPS, name, self.namespace)
-        except NotFound:
-            self._versions.pop(shard, None)
-            return {}
-        except ApiError as err:
-            raise LedgerError(f"cannot read the ledger configmap {self.namespace}/{name}: {err}") from None
+        deadline = time.monotonic() + self.write_deadline
+        backoff = Backoff(_RETRY_INITIAL, _RETRY_MAXIMUM)
+        while True:
+            try:
+                async with self._requests:
+                    obj = await self.client.get(
+                        CONFIGMAPS, name, self.namespace, request_timeout=self._timeout(deadline)
+                    )
+                break
+            except NotFound:
+                self._versions.pop(shard, None)
+                return {}
+            except ApiUnavailable as err:
+                if not await self._pause(backoff, deadline):
+                    raise LedgerError(
+                        f"cannot read the ledger configmap {self.namespace}/{name} within "
+                        f"{self.write_deadline:g} s: {err}"
+                    ) from None
+            except ApiError as err:
+                raise LedgerError(
+                    f"cannot read the ledger configmap {self.namespace}/{name}: {err}"
+                ) from None
         self._versions[shard] = str((obj.get("metadata") or {}).get("resourceVersion") or "")
         document = self._parse(obj, name)
         misplaced = sorted(d for d in document.entries if shard_of(d) != shard)
@@ -396,16 +442,24 @@ class ConfigMapLedgerStore(LedgerStore):
                 self._members[shard].discard(device)
                 self._encoded.pop(device, None)
         # Encoded here, before the first await: the entries keep changing.
-        bodies = [(shard, self._body(shard)) for shard in sorted(touched)]
+        bodies = [(shard, self._body(shard, entries)) for shard in sorted(touched)]
         results = await asyncio.gather(*(self._write(s, body) for s, body in bodies), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 raise result
 
-    def _body(self, shard: int) -> dict[str, Any]:
+    def _encoding(self, device: str, entries: Mapping[str, LedgerEntry]) -> str:
+        """The entry's JSON as last written, or encoded now (an entry loaded and not written since)."""
+        encoded = self._encoded.get(device)
+        if encoded is None:
+            encoded = self._encoded[device] = entries[device].model_dump_json()
+        return encoded
+
+    def _body(self, shard: int, entries: Mapping[str, LedgerEntry]) -> dict[str, Any]:
         members = sorted(self._members[shard])
         # A LedgerDocument, joined from the entries' JSON (tests/unit/fabric/test_ledger.py reads it back).
-        payload = _DOCUMENT_HEAD + ",".join(f"{json.dumps(d)}:{self._encoded[d]}" for d in members) + "}}"
+        joined = ",".join(f"{json.dumps(d)}:{self._encoding(d, entries)}" for d in members)
+        payload = _DOCUMENT_HEAD + joined + "}}"
         if len(payload) > _SHARD_DATA_LIMIT:
             # Refused here with a message an operator can act on, rather than by the server.
             raise LedgerError(
@@ -425,46 +479,115 @@ class ConfigMapLedgerStore(LedgerStore):
             await self._write_shard(shard, body)
 
     async def _write_shard(self, shard: int, body: dict[str, Any]) -> None:
+        """One shard replaced (or created) as a compare-and-swap on its resourceVersion, riding out
+        a slow or failing API server within :attr:`write_deadline`:
+
+        * a timeout, an unreachable server, 5xx or 429: tried again after a pause (:class:`Backoff`);
+          such an attempt may have been stored all the same;
+        * 409 Conflict (or AlreadyExists) right after such an attempt: most likely that attempt,
+          stored after all — the shard's version is read again and the write made once more (the
+          same content; this replica's view wins, the fabric decides what is bound);
+        * a conflict with another writer (a deposed leader's last write landing after this replica
+          took over): overwritten once; the second means another replica writes now, so this one
+          steps back (:class:`NotLeader`);
+        * anything else the server refuses (422, 403, 413...): at once, as it will not change.
+        """
         name = self.shard_name(shard)
-        for attempt in (1, 2):
-            version = self._versions.get(shard)
+        deadline = time.monotonic() + self.write_deadline
+        backoff = Backoff(_RETRY_INITIAL, _RETRY_MAXIMUM)
+        foreign = attempts = 0
+        maybe_stored = False  # the last attempt failed in a way that may have been stored
+        last: ApiError | None = None
+        while True:
+            if attempts and time.monotonic() >= deadline:
+                raise LedgerError(
+                    f"cannot write the ledger configmap {self.namespace}/{name} within "
+                    f"{self.write_deadline:g} s ({attempts} attempts): {last}"
+                )
+            attempts += 1
             try:
-                if version is None:
-                    saved = await self.client.create(CONFIGMAPS, body, self.namespace)
-                else:
-                    metadata = {**body["metadata"], "resourceVersion": version}
-                    saved = await self.client.replace(CONFIGMAPS, {**body, "metadata": metadata})
-                self._versions[shard] = str((saved.get("metadata") or {}).get("resourceVersion") or "")
-                return
-            except NotFound:
+                await self._put_shard(shard, body, deadline)
+            except NotFound as err:
                 self._versions.pop(shard, None)  # deleted behind our back: created afresh
-            except (Conflict, AlreadyExists):
-                # Written by someone else since we read it: a deposed leader's last write landing
-                # after we took over. This replica's view wins (the fabric decides what is bound);
-                # a second conflict means another replica is writing now, so step back.
-                if attempt == 2:
-                    break
-                log.warning("ledger shard changed by another replica; overwriting it", ledger=name)
-                await self._refresh_version(shard)
+                maybe_stored, last = False, err
+            except (Conflict, AlreadyExists) as err:
+                self.failed_attempts += 1
+                if not maybe_stored:
+                    foreign += 1
+                    if foreign >= _FOREIGN_CONFLICTS:
+                        raise NotLeader(
+                            f"the ledger configmap {self.namespace}/{name} is being changed by "
+                            "another manager replica",
+                            retry_after=2.0,
+                        ) from None
+                    log.warning("ledger shard changed by another replica; overwriting it", ledger=name)
+                maybe_stored, last = False, err
+                if not await self._refresh_version(shard, deadline):
+                    continue  # the deadline is up: said at the top
+            except ApiUnavailable as err:
+                # tried again as it was: if this attempt was stored after all, the next one
+                # conflicts with it, and that conflict is known for what it is
+                self.failed_attempts += 1
+                maybe_stored, last = True, err
+                await self._pause(backoff, deadline)
             except ApiError as err:
                 raise LedgerError(
                     f"cannot write the ledger configmap {self.namespace}/{name}: {err}"
                 ) from None
-        raise NotLeader(
-            f"the ledger configmap {self.namespace}/{name} is being changed by another manager replica",
-            retry_after=2.0,
-        )
+            else:
+                if attempts > 1:
+                    self.retried_writes += 1
+                    log.info("ledger shard written after retries", ledger=name, attempts=attempts)
+                return
 
-    async def _refresh_version(self, shard: int) -> None:
+    async def _put_shard(self, shard: int, body: dict[str, Any], deadline: float) -> None:
+        version = self._versions.get(shard)
+        timeout = self._timeout(deadline)
+        if version is None:
+            saved = await self.client.create(CONFIGMAPS, body, self.namespace, request_timeout=timeout)
+        else:
+            metadata = {**body["metadata"], "resourceVersion": version}
+            saved = await self.client.replace(
+                CONFIGMAPS, {**body, "metadata": metadata}, request_timeout=timeout
+            )
+        self._versions[shard] = str((saved.get("metadata") or {}).get("resourceVersion") or "")
+
+    def _timeout(self, deadline: float) -> float:
+        return max(0.05, min(self.request_timeout, deadline - time.monotonic()))
+
+    @staticmethod
+    async def _pause(backoff: Backoff, deadline: float) -> bool:
+        """Wait before the next attempt; False when the deadline leaves no room for one."""
+        left = deadline - time.monotonic()
+        if left <= 0.05:
+            return False
+        await asyncio.sleep(min(backoff.next(), left - 0.05))
+        return True
+
+    async def _refresh_version(self, shard: int, deadline: float | None = None) -> bool:
+        """Read the shard's current resourceVersion (none: it does not exist); False when it
+        could not be read before ``deadline``."""
         name = self.shard_name(shard)
-        try:
-            current = await self.client.get(CONFIGMAPS, name, self.namespace)
-        except NotFound:
-            self._versions.pop(shard, None)
-            return
-        except ApiError as err:
-            raise LedgerError(f"cannot read the ledger configmap {self.namespace}/{name}: {err}") from None
-        self._versions[shard] = str((current.get("metadata") or {}).get("resourceVersion") or "")
+        deadline = deadline if deadline is not None else time.monotonic() + self.write_deadline
+        backoff = Backoff(_RETRY_INITIAL, _RETRY_MAXIMUM)
+        while True:
+            try:
+                current = await self.client.get(
+                    CONFIGMAPS, name, self.namespace, request_timeout=self._timeout(deadline)
+                )
+            except NotFound:
+                self._versions.pop(shard, None)
+                return True
+            except ApiUnavailable:
+                if not await self._pause(backoff, deadline):
+                    return False
+                continue
+            except ApiError as err:
+                raise LedgerError(
+                    f"cannot read the ledger configmap {self.namespace}/{name}: {err}"
+                ) from None
+            self._versions[shard] = str((current.get("metadata") or {}).get("resourceVersion") or "")
+            return True
 
 
 def shard_of(device: str) -> int:

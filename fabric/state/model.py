@@ -127,6 +127,8 @@ class FabricSnapshot:
     #: ``time.monotonic()`` when the pass started: later local changes win over it
     started_at: float = field(default_factory=time.monotonic)
     gets: int = 0
+    #: of those, answered 304 Not Modified (ETag revalidation: what the last pass read still holds)
+    not_modified: int = 0
     #: what an operator must be told about the shape of the service: found, yet not poolable
     #: (``/readyz`` detail, ``fabric-dra status``, a warning in the log)
     notices: list[str] = field(default_factory=list)

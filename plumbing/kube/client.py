@@ -337,9 +337,17 @@ class KubeClient:
     # -- CRUD ---------------------------------------------------------------------------------
 
     async def get(
-        self, res: Resource, name: str, namespace: str | None = None, subresource: str | None = None
+        self,
+        res: Resource,
+        name: str,
+        namespace: str | None = None,
+        subresource: str | None = None,
+        *,
+        request_timeout: float | None = None,
     ) -> dict[str, Any]:
-        return await self.request("GET", res.path(namespace, name, subresource))
+        return await self.request(
+            "GET", res.path(namespace, name, subresource), request_timeout=request_timeout
+        )
 
     async def list(
         self,
@@ -399,19 +407,32 @@ class KubeClient:
         namespace: str | None = None,
         *,
         field_manager: str | None = None,
+        request_timeout: float | None = None,
     ) -> dict[str, Any]:
         ns = namespace or (obj.get("metadata") or {}).get("namespace")
         return await self.request(
-            "POST", res.path(ns), params={"fieldManager": field_manager}, body=self._typed(res, obj)
+            "POST",
+            res.path(ns),
+            params={"fieldManager": field_manager},
+            body=self._typed(res, obj),
+            request_timeout=request_timeout,
         )
 
     async def replace(
-        self, res: Resource, obj: Mapping[str, Any], *, subresource: str | None = None
+        self,
+        res: Resource,
+        obj: Mapping[str, Any],
+        *,
+        subresource: str | None = None,
+        request_timeout: float | None = None,
     ) -> dict[str, Any]:
         """PUT the object; its ``metadata.resourceVersion`` makes this a compare-and-swap."""
         meta = obj.get("metadata") or {}
         return await self.request(
-            "PUT", res.path(meta.get("namespace"), meta["name"], subresource), body=self._typed(res, obj)
+            "PUT",
+            res.path(meta.get("namespace"), meta["name"], subresource),
+            body=self._typed(res, obj),
+            request_timeout=request_timeout,
         )
 
     async def patch(

@@ -247,6 +247,13 @@ _MESSAGES: dict[str, dict[str, MessageDef]] = {
             ),
             ("QueryNotSupported", "Warning", 0, "Querying is not supported here.", "Remove the query."),
             (
+                "QueryNotSupportedOnOperation",
+                "Warning",
+                0,
+                "Querying is not supported with the requested operation.",
+                "Remove the query parameters and resubmit the request.",
+            ),
+            (
                 "QueryParameterValueFormatError",
                 "Warning",
                 2,

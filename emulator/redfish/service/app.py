@@ -29,7 +29,7 @@ from emulator.redfish.model.registries import message
 from emulator.redfish.tree.expand import Expand, Select, expand, expand_served
 from emulator.redfish.tree.http import Reply, Request
 from emulator.redfish.tree.nodes import ActionNode, Context, Node, not_allowed
-from emulator.redfish.tree.render import etag_matches
+from emulator.redfish.tree.render import none_match
 from emulator.redfish.views import EventStreamNode, MetadataNode, resolve
 from emulator.redfish.views.services import ServiceRootNode, described_by
 from plumbing.logs import get_logger
@@ -182,7 +182,7 @@ class RedfishApp:
             raise not_allowed(node, method)
         if method in ("GET", "HEAD"):
             return await self._read(request, node, receive, send)
-        self._check_query(request, allowed=())
+        self._check_mutation_query(request)
         if method == "POST":
             target = node.owner if isinstance(node, ActionNode) else node
             if target.is_resource:
@@ -239,6 +239,15 @@ class RedfishApp:
             headers={"WWW-Authenticate": self.realm},
         )
 
+    def _check_mutation_query(self, request: Request) -> None:
+        """A query this service serves on reads (``$expand``, ``$select``) sent with a change is
+        400 ``QueryNotSupportedOnOperation`` (Base 1.22: "such as when the $expand query is
+        attempted with a PATCH operation"); any other ``$`` option 501, as on a read."""
+        served = ("$expand", "$select") if expand_served(self.ctx) else ()
+        self._check_query(request, allowed=served)
+        if any(key in served for key in request.query):
+            raise RedfishError.of(400, "QueryNotSupportedOnOperation")
+
     def _check_query(self, request: Request, allowed: tuple[str, ...]) -> None:
         for key in request.query:
             if key.startswith("$") and key not in allowed:
@@ -269,12 +278,13 @@ class RedfishApp:
                 Expand.parse(query) if query is not None else None,
                 Select.parse(chosen) if chosen is not None else None,
             )
-        headers = {"ETag": etag, "Allow": ", ".join(node.allow)}
+        if not self.ctx.renderer.etags:
+            etag = ""  # behaviour.etags "omitted": none sent, If-None-Match never matches
+        headers = {"ETag": etag, "Allow": ", ".join(node.allow)} if etag else {"Allow": ", ".join(node.allow)}
         link = described_by(body)
         if link is not None:
             headers["Link"] = link
-        none_match = request.header("if-none-match")
-        if none_match and any(etag_matches(t, etag) for t in none_match.split(",")):
+        if none_match(request.header("if-none-match"), etag):
             return Reply(304, None, headers)
         return Reply(200, None, headers, raw=body)
 
@@ -306,6 +316,8 @@ class RedfishApp:
             expanded = chosen.apply(expanded)
         expanded.pop("@odata.etag", None)
         raw = json.dumps(expanded, separators=(",", ":"), ensure_ascii=False).encode()
+        if not self.ctx.renderer.etags:
+            return raw, 'W/"' + hashlib.blake2b(raw, digest_size=8).hexdigest() + '"'
         expanded["@odata.etag"] = etag = 'W/"' + hashlib.blake2b(raw, digest_size=8).hexdigest() + '"'
         return json.dumps(expanded, separators=(",", ":"), ensure_ascii=False).encode(), etag
 

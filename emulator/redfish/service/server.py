@@ -93,7 +93,7 @@ def build_service(config: ServeConfig) -> EmulatorService:
         account=account,
         events=events,
         revision=revision,
-        renderer=Renderer(revision),
+        renderer=Renderer(revision, etags=config.index.topology.behaviour.etags == "served"),
         service_uuid=str(service.uuid),
         service_name=service.name,
         vendor=service.vendor,

@@ -32,8 +32,10 @@ from emulator.redfish.tree.nodes import Context
 
 __all__ = ["MAX_LEVELS", "Expand", "Select", "expand", "expand_query", "expand_served"]
 
-#: deepest ``$levels`` served (advertised as ``ExpandQuery.MaxLevels``)
-MAX_LEVELS = 1
+#: deepest ``$levels`` served (advertised as ``ExpandQuery.MaxLevels``): three reach a collection's
+#: members' own collections' members (``Chassis/{switch}/PCIeDevices`` with each device's
+#: ``PCIeFunctions`` and their members), which clients read to describe many devices at once
+MAX_LEVELS = 3
 
 _FORM = re.compile(r"^(?P<kind>[*.~])(?:\(\$levels=(?P<levels>[0-9]+)\))?$")
 

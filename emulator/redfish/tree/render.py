@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from emulator.redfish.engine.bindings import Revision
 from emulator.redfish.model.errors import RedfishError
 
-__all__ = ["Renderable", "Renderer", "etag_matches"]
+__all__ = ["Renderable", "Renderer", "etag_matches", "none_match"]
 
 _CACHE_LIMIT = 8192
 
@@ -37,8 +37,13 @@ class Renderable(Protocol):
 
 
 class Renderer:
-    def __init__(self, revision: Revision) -> None:
+    """``etags=False`` (topology ``behaviour.etags: omitted``): bodies without ``@odata.etag`` and
+    no ``If-Match`` or ETag parameter checked; :meth:`render` still gives each rendering's tag
+    (the application keys its caches by it) and the application sends it nowhere."""
+
+    def __init__(self, revision: Revision, *, etags: bool = True) -> None:
         self.revision = revision
+        self.etags = etags
         self._revision = -1
         self._cache: dict[str, tuple[bytes, str]] = {}
         #: uri → (fingerprint, body, ETag) of nodes that have one, kept across revisions
@@ -61,9 +66,8 @@ class Renderer:
         raw = json.dumps(node.payload(), separators=(",", ":"), ensure_ascii=False).encode()
         etag = 'W/"' + hashlib.blake2b(raw, digest_size=8).hexdigest() + '"'
         # splice the annotation in rather than serialising twice: raw is a JSON object "{...}"
-        body = (
-            raw[:-1] + (b"," if len(raw) > 2 else b"") + b'"@odata.etag":' + json.dumps(etag).encode() + b"}"
-        )
+        annotation = b'"@odata.etag":' + json.dumps(etag).encode() + b"}"
+        body = raw[:-1] + (b"," if len(raw) > 2 else b"") + annotation if self.etags else raw
         if node.cached and len(self._cache) < _CACHE_LIMIT:
             self._cache[node.uri] = (body, etag)
         if fingerprint is not None:
@@ -74,7 +78,7 @@ class Renderer:
 
     def check_if_match(self, node: Renderable, header: str | None) -> None:
         """``If-Match`` on a change: 412 PreconditionFailed unless it names the current ETag or ``*``."""
-        if header is None or header.strip() == "*":
+        if header is None or header.strip() == "*" or not self.etags:
             return
         _, current = self.render(node)
         if not any(etag_matches(tag, current) for tag in header.split(",")):
@@ -86,7 +90,7 @@ class Renderer:
 
     def check_action_etag(self, node: Renderable, given: str | None, parameter: str) -> None:
         """An action's ETag parameter; the CSDL (Zone 1.5, ComputerSystem 1.16) asks for 428 on mismatch."""
-        if given is None:
+        if given is None or not self.etags:
             return
         _, current = self.render(node)
         if not etag_matches(given, current):
@@ -107,4 +111,15 @@ def _opaque(tag: str) -> str:
 
 def etag_matches(given: str, current: str) -> bool:
     """Weak comparison (RFC 9110 §8.8.3.2), also accepting the tag without quotes."""
-    return _opaque(given) == _opaque(current)
+    return bool(current) and _opaque(given) == _opaque(current)
+
+
+def none_match(header: str | None, current: str) -> bool:
+    """Whether ``If-None-Match: header`` fails for a resource whose ETag is ``current`` (a GET then
+    answers 304, RFC 9110 §13.1.2): ``*`` matches any current representation, a list of tags by
+    weak comparison. A service without ETags has nothing to match."""
+    if not header or not current:
+        return False
+    if header.strip() == "*":
+        return True
+    return any(etag_matches(tag, current) for tag in header.split(","))

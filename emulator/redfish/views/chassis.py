@@ -499,7 +499,8 @@ class MemoryDomainNode(DeviceNode, at=_memory_domain_uri):
         )
         node = ChunkNode(self.ctx, self.device, chunk)
         raw, etag = self.ctx.renderer.render(node)
-        return Reply(201, None, {"Location": node.uri, "ETag": etag}, raw=raw)
+        headers = {"Location": node.uri, **({"ETag": etag} if self.ctx.renderer.etags else {})}
+        return Reply(201, None, headers, raw=raw)
 
 
 class ChunkNode(DeviceNode):

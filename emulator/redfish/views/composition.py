@@ -76,8 +76,24 @@ def shared_holders(ctx: Context, device_id: str) -> list[str]:
 
 
 def _blocks_collection(ctx: Context, uri: str) -> CollectionNode:
-    blocks = {d.id: functools.partial(ResourceBlockNode, ctx, d) for d in _pcie_devices(ctx)}
-    return collection_of(ctx, uri, "ResourceBlockCollection", "Resource blocks", blocks)
+    """The blocks, one per PCIe device: a member is looked up by Id, not found among all of them
+    (resolving each block's URI built every block's entry, and the expanded collection of
+    10,100 blocks took longer than any client waits: quadratic)."""
+
+    def member(ident: str) -> Node | None:
+        device = ctx.index.devices.get(ident)
+        if device is None or device.fabric != FABRIC_PCIE:
+            return None
+        return ResourceBlockNode(ctx, device)
+
+    return CollectionNode(
+        ctx,
+        uri,
+        "ResourceBlockCollection",
+        "Resource blocks",
+        lambda: [d.id for d in _pcie_devices(ctx)],
+        member,
+    )
 
 
 def root_blocks_node(ctx: Context) -> CollectionNode:

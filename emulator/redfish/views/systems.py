@@ -224,7 +224,7 @@ class SystemNode(Node):
         """PATCH of ``Links.ResourceBlocks`` (behaviour.composition "patch"): the blocks listed
         and not composed yet are composed, those composed and not listed are taken out. Like
         services that compose this way, it wants ``If-Match`` (the application checks its value)."""
-        if request.header("if-match") is None:
+        if request.header("if-match") is None and self.ctx.renderer.etags:
             # 428 with Base.PreconditionRequired (Base 1.22.1: "did not provide the required
             # precondition such as an If-Match header"); PreconditionFailed is the 412 of a stale one
             raise RedfishError.of(

@@ -170,10 +170,14 @@ async def test_a_trailing_informer_does_not_unreserve_a_pod_waiting_for_binding_
         replace = kube.replace
 
         async def recorded(
-            res: Resource, obj: Mapping[str, Any], *, subresource: str | None = None
+            res: Resource,
+            obj: Mapping[str, Any],
+            *,
+            subresource: str | None = None,
+            request_timeout: float | None = None,
         ) -> dict[str, Any]:
             writes.append(f"{res.plural}/{obj['metadata']['name']}")
-            return await replace(res, obj, subresource=subresource)
+            return await replace(res, obj, subresource=subresource, request_timeout=request_timeout)
 
         kube.replace = recorded  # type: ignore[method-assign]
         await scheduler.schedule_pending()  # checks the claim: its condition is not yet True

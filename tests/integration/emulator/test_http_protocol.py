@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.integration.fabric.test_wild_services import topology_with
 from tests.support.emulator import (
     BLOCKS,
     ENDPOINTS,
@@ -104,6 +105,11 @@ def test_every_resource_has_an_etag(client: httpx.Client) -> None:
         assert response.headers["OData-Version"] == "4.0"
         assert response.headers["Content-Type"].startswith("application/json")
         assert client.get(uri, headers={"If-None-Match": etag}).status_code == 304
+        # RFC 9110 §13.1.2: a list, weak comparison (the tag without W/ matches), "*" any
+        unchanged = client.get(uri, headers={"If-None-Match": f'"other", {etag[2:]}'})
+        assert unchanged.status_code == 304 and unchanged.headers["ETag"] == etag and not unchanged.content
+        assert client.get(uri, headers={"If-None-Match": "*"}).status_code == 304
+        assert client.get(uri, headers={"If-None-Match": '"other"'}).status_code == 200
 
 
 def test_etag_changes_only_with_the_resource(client: httpx.Client) -> None:
@@ -298,9 +304,10 @@ def test_post_to_the_sessions_members_uri_logs_in(emu: RunningEmulator) -> None:
 
 def test_expand_inlines_a_collections_members(client: httpx.Client) -> None:
     """DSP0266 §7.3 "$expand": ``.`` inlines hyperlinks outside Links (a collection's Members),
-    ``~`` only those inside Links; one level, as the service root advertises."""
+    ``~`` only those inside Links; one level unless ``$levels`` says more, up to ``MaxLevels``
+    as the service root advertises."""
     features = client.get("/redfish/v1/").json()["ProtocolFeaturesSupported"]["ExpandQuery"]
-    assert features == {"ExpandAll": True, "Levels": True, "Links": True, "NoLinks": True, "MaxLevels": 1}
+    assert features == {"ExpandAll": True, "Levels": True, "Links": True, "NoLinks": True, "MaxLevels": 3}
     zones = "/redfish/v1/Fabrics/PCIe/Zones"
     plain = client.get(zones).json()
     expanded = client.get(zones, params={"$expand": ".($levels=1)"})
@@ -317,8 +324,24 @@ def test_expand_inlines_a_collections_members(client: httpx.Client) -> None:
     zone = members[0]["@odata.id"]
     linked = client.get(zone, params={"$expand": "~"}).json()["Links"]["Endpoints"]
     assert linked and all("Id" in e for e in linked)
-    too_deep = client.get(zones, params={"$expand": ".($levels=2)"})
+    too_deep = client.get(zones, params={"$expand": ".($levels=4)"})
     assert too_deep.status_code == 400 and _message_id(too_deep).endswith("QueryParameterOutOfRange")
+    # three levels: a switch's PCIe devices, each one's PCIeFunctions collection, its members
+    devices = "/redfish/v1/Chassis/switch0/PCIeDevices"
+    deep = client.get(devices, params={"$expand": ".($levels=3)"})
+    assert deep.status_code == 200 and deep.headers["ETag"] == deep.json()["@odata.etag"]
+    device = deep.json()["Members"][0]
+    functions = device["PCIeFunctions"]["Members"]
+    assert functions and functions[0] == client.get(functions[0]["@odata.id"]).json()
+    assert all(len(link) == 1 for link in functions[0]["Links"].values() if isinstance(link, dict))
+    again = client.get(
+        devices, params={"$expand": ".($levels=3)"}, headers={"If-None-Match": deep.headers["ETag"]}
+    )
+    assert again.status_code == 304
+    # a query a read takes, sent with a change: Base.QueryNotSupportedOnOperation
+    uri, body = zone_add("kind-worker2", "gpu3")
+    refused = client.post(uri, json=body, params={"$expand": "."})
+    assert refused.status_code == 400 and _message_id(refused).endswith("QueryNotSupportedOnOperation")
     malformed = client.get(zones, params={"$expand": "Members"})
     assert malformed.status_code == 400 and _message_id(malformed).endswith("QueryParameterValueFormatError")
 
@@ -372,3 +395,25 @@ def test_a_zones_etag_follows_its_own_endpoints_only(client: httpx.Client) -> No
         uri, body = zone_remove("kind-worker3", "gpu5")
         assert client.post(uri, json=body).status_code == 204
     assert client.get(other).headers["ETag"] == before[other]
+
+
+def test_a_service_without_etags(tmp_path: Path) -> None:
+    """``behaviour.etags: omitted``: no ETag header, no ``@odata.etag``, every read 200 in full
+    (If-None-Match never matches), If-Match and action ETag parameters not compared."""
+    topology = topology_with(tmp_path, etags="omitted", expand="unsupported")
+    with run_emulator(tmp_path, topology=topology) as emu, emu.client() as client:
+        root = client.get("/redfish/v1/")
+        assert "ETag" not in root.headers and "@odata.etag" not in root.json()
+        assert not any(root.json()["ProtocolFeaturesSupported"]["ExpandQuery"].values())
+        zone = f"{ZONES}/kind-worker2"
+        read = client.get(zone)
+        assert "ETag" not in read.headers and "@odata.etag" not in read.json()
+        assert client.get(zone, headers={"If-None-Match": "*"}).status_code == 200
+        uri, body = zone_add("kind-worker2", "gpu2")
+        stale = {**body, "ZoneETag": 'W/"0000000000000000"'}
+        assert client.post(uri, json=stale, headers={"If-Match": 'W/"stale"'}).status_code == 204
+        assert client.get(zone).json()["Links"]["Endpoints"]
+        unsupported = client.get(zone, params={"$expand": "."})
+        assert unsupported.status_code == 501 and _message_id(unsupported).endswith(
+            "QueryParameterUnsupported"
+        )

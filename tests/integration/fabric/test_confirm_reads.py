@@ -50,9 +50,9 @@ async def _fabric(tmp_path: Path, device: str) -> AsyncIterator[Fixture]:
             reads: list[str] = []
             get = client.get
 
-            async def recorded(uri: str) -> RedfishResponse:
+            async def recorded(uri: str, *, if_none_match: str | None = None) -> RedfishResponse:
                 reads.append(uri)
-                return await get(uri)
+                return await get(uri, if_none_match=if_none_match)
 
             client.get = recorded  # type: ignore[method-assign]
             yield client, discovery.backend_for(record), record, snapshot.hosts[HOST], reads

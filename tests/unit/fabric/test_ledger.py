@@ -179,15 +179,15 @@ class ShardServer:
         self.objects: dict[str, dict[str, Any]] = {}
         self.writes: list[str] = []
 
-    async def get(self, res: Any, name: str, namespace: str) -> dict[str, Any]:
+    async def get(self, res: Any, name: str, namespace: str, **_: Any) -> dict[str, Any]:
         if name not in self.objects:
             raise NotFound(404, "NotFound", f'configmaps "{name}" not found')
         return self.objects[name]
 
-    async def create(self, res: Any, obj: dict[str, Any], namespace: str) -> dict[str, Any]:
+    async def create(self, res: Any, obj: dict[str, Any], namespace: str, **_: Any) -> dict[str, Any]:
         return self._store(obj)
 
-    async def replace(self, res: Any, obj: dict[str, Any]) -> dict[str, Any]:
+    async def replace(self, res: Any, obj: dict[str, Any], **_: Any) -> dict[str, Any]:
         return self._store(obj)
 
     def _store(self, obj: dict[str, Any]) -> dict[str, Any]:

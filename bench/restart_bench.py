@@ -1,0 +1,224 @@
+"""The manager's restart at fleet scale: 10,100 devices, 10,000 bindings, the ledger in ConfigMaps.
+
+Real processes: the API test server, the ``instant`` emulator with a generated topology of 100
+hosts and 10,100 devices (10,000 GPUs, 100 NVMe drives), and ``fabric-dra manager serve --ledger
+configmap``. The bindings are made on the emulator directly (``Zone.AddEndpoint`` on each host's
+zone) and their ledger entries written by this process (``Ledger`` + ``ConfigMapLedgerStore``), so
+the fabric and the ledger agree as after a bulk attach, without the minutes the bulk takes
+(bench.ledger_bench measures the bulk). Then, for each manager measured — this tree's and, with
+``--baseline REF``, that commit's (a ``git archive`` of it, run with ``PYTHONPATH`` on the same
+emulator and API server, in turns) — at 10 bindings and again at 10,000:
+
+- start to ``/readyz`` (ledger loaded and the fabric read) and the manager's RSS then;
+- the Redfish requests the start made (from its ``fabric_dra_redfish_request_duration_seconds``);
+- attach p50/p90 of one probe device attached and detached ``pairs`` times through REST, each
+  with a ResourceClaim allocating it (the manager refuses made-up claims).
+
+The issue's targets (issue 37, "Restart and memory at scale"): start to ready at 10,000 bindings
+≤ 15 s, RSS ≤ 256 MiB, attach p90 at 10,000 ≤ 1.2 times p90 at 10.
+
+``python -m bench --only restart``; ``python -m bench.restart_bench [--quick] [--baseline REF]``
+prints JSON (``--quick``: 1,000 bindings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import tarfile
+import tempfile
+import time
+import uuid
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.common import (
+    REPO_ROOT,
+    BenchContext,
+    check,
+    generate_topology,
+    histogram_sums,
+    host_name,
+    progress,
+    rss_mib,
+    work_dir,
+)
+from bench.ledger_bench import NAMESPACE, PROBE, _claims, _create_nodes, _latency
+from fabric.state.ledger import ConfigMapLedgerStore, Ledger, LedgerEntry, LedgerState
+from fabric_dra_testbed.stack import Emulator, Stack, zone_add
+
+__all__ = ["run"]
+
+HOSTS = 100
+LEDGER = "fabric-dra-manager-ledger"
+TARGET_READY_S = 15.0
+TARGET_RSS_MIB = 256.0
+TARGET_P90_RATIO = 1.2
+
+
+def _checkout(ref: str, into: Path) -> Path:
+    """The tree of ``ref``: a commit of this repository (unpacked under ``into``), or a directory
+    that holds one already."""
+    if Path(ref).is_dir():
+        return Path(ref)
+    archive = into / "baseline.tar"
+    subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "archive", "--format=tar", "-o", str(archive), ref],
+        check=True,
+        timeout=120,
+    )
+    tree = into / "baseline"
+    with tarfile.open(archive) as tar:
+        tar.extractall(tree, filter="data")
+    return tree
+
+
+async def _bind_direct(emulator: Emulator, pairs: list[tuple[str, str]], concurrency: int = 32) -> None:
+    """Bind each (device, host) on the emulator itself, as a bulk attach would have left it."""
+    auth = (emulator.username, emulator.password) if emulator.auth_enabled else None
+    gate = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency)
+    async with httpx.AsyncClient(base_url=emulator.url, auth=auth, limits=limits, timeout=120) as http:
+
+        async def one(device: str, host: str) -> None:
+            uri, body = zone_add(host, device)
+            async with gate:
+                answer = await http.post(uri, json=body)
+            if answer.status_code >= 300:
+                raise RuntimeError(f"binding {device} to {host}: {answer.status_code} {answer.text[:200]}")
+
+        await asyncio.gather(*(one(d, h) for d, h in pairs))
+
+
+async def _fill_ledger(stack_kube: Any, pairs: list[tuple[str, str]]) -> None:
+    """The ledger entries of those bindings, as the manager writes them once bound."""
+    async with stack_kube.client() as kube:
+        ledger = Ledger(
+            ConfigMapLedgerStore(kube, name=LEDGER, namespace=NAMESPACE), max_entries_per_node=10**6
+        )
+        await ledger.load()
+        for device, host in pairs:
+            ledger.put(
+                LedgerEntry(
+                    device=device,
+                    device_key=f"/redfish/v1/Fabrics/PCIe/Endpoints/{device}",
+                    node=host,
+                    host=host,
+                    claim_uid=str(uuid.uuid4()),
+                    state=LedgerState.BOUND,
+                    operation_id=f"op-{uuid.uuid4().hex[:12]}",
+                    namespace=NAMESPACE,
+                )
+            )
+        await ledger.commit()
+
+
+def _requests(url: str) -> dict[str, float]:
+    totals = histogram_sums(url, "fabric_dra_redfish_request_duration_seconds", ("method", "resource"))
+    return {key: count for key, (count, _) in sorted(totals.items()) if count}
+
+
+def _start(stack: Stack, name: str, emulator: Emulator, kube: Any, tree: Path | None) -> dict[str, Any]:
+    env = {"PYTHONPATH": str(tree), "PYTHONSAFEPATH": "1"} if tree is not None else None
+    started = time.perf_counter()
+    manager = stack.manager(
+        emulator,
+        name=name,
+        kube=kube,
+        namespace=NAMESPACE,
+        ledger="configmap",
+        insecure_no_auth=True,
+        # no pod holds the claims here: no orphan reconciler; the periodic full re-read is not
+        # what this measures (bench.ledger_bench says why it is put off)
+        args=["--orphan-grace-seconds", "0", "--redfish-timeout", "180", "--resync-seconds", "3600"],
+        env=env,
+        ready_timeout=1800,
+    )
+    ready = time.perf_counter() - started
+    return {"manager": manager, "ready_s": round(ready, 2), "rss_mib": rss_mib(manager.role.pid)}
+
+
+def measure(
+    quick: bool = False, baseline: str | None = None, pairs: int | None = None, *, baseline_only: bool = False
+) -> dict[str, Any]:
+    bindings = 1_000 if quick else 10_000
+    pairs = pairs or (20 if quick else 50)
+    out: dict[str, Any] = {"bindings": bindings, "devices": bindings + 100, "pairs": pairs}
+    with ExitStack() as stack_exit, work_dir("restart-bench-") as root, Stack(root) as stack:
+        trees: dict[str, Path | None] = {}
+        if baseline:
+            unpacked = stack_exit.enter_context(tempfile.TemporaryDirectory(prefix="restart-baseline-"))
+            trees[f"baseline {baseline}"] = _checkout(baseline, Path(unpacked))
+        if not baseline_only:
+            trees["this tree"] = None
+        kube = stack.apiserver()
+        gpus = min(bindings + 100, 10_000)
+        nvme = bindings + 100 - gpus
+        topology = generate_topology(root / "topology.yaml", hosts=HOSTS, gpus=gpus, nvme=nvme)
+        asyncio.run(_create_nodes(kube))
+        emulator = stack.emulator(latency="instant", topology=topology)
+        devices = [*(f"gpu{i}" for i in range(1, gpus)), *(f"nvme{i}" for i in range(nvme))][:bindings]
+        placed = [(d, host_name(i % HOSTS)) for i, d in enumerate(devices)]
+        for step, upto in (("10", 10), (str(bindings), bindings)):
+            done = 10 if upto == bindings else 0
+            progress(
+                "restart", f"binding {upto - done} devices on the emulator, writing their ledger entries"
+            )
+            asyncio.run(_bind_direct(emulator, placed[done:upto]))
+            for label, tree in trees.items():
+                # every entry again before each start: a manager that forgot some (the baseline's
+                # reconciler did, before its first pass ended) must not change the next one's start
+                asyncio.run(_fill_ledger(kube, placed[:upto]))
+                name = "manager-base" if tree is not None else "manager"
+                progress("restart", f"{label}: start with {upto} bindings")
+                started = _start(stack, f"{name}-{step}", emulator, kube, tree)
+                manager = started.pop("manager")
+                started["start_requests"] = _requests(manager.url)
+                claims = asyncio.run(_claims(kube, [PROBE] * pairs))
+                started["attach"] = asyncio.run(_latency(manager.url, claims))
+                shown = {k: v for k, v in started.items() if k != "start_requests"}
+                progress("restart", f"{label} at {upto}: {json.dumps(shown)}")
+                manager.stop()
+                out.setdefault(label, {})[f"at_{step}"] = started
+    for label in trees:
+        figures = out[label]
+        small, large = figures["at_10"]["attach"], figures[f"at_{bindings}"]["attach"]
+        figures["attach_p90_ratio"] = round(large["p90_ms"] / small["p90_ms"], 2)
+    return out
+
+
+def run(ctx: BenchContext) -> dict[str, Any]:
+    """Extra section ``restart`` of ``python -m bench``."""
+    figures = measure(ctx.quick, os.environ.get("FABRIC_DRA_BENCH_BASELINE") or None)
+    n = figures["bindings"]
+    ours = figures["this tree"]
+    return {
+        "figures": figures,
+        "checks": [
+            check(f"start to /readyz at {n} bindings", ours[f"at_{n}"]["ready_s"], TARGET_READY_S, "s"),
+            check(f"manager RSS at {n} bindings", ours[f"at_{n}"]["rss_mib"], TARGET_RSS_MIB, "MiB"),
+            check(f"attach p90 at {n} bindings / at 10", ours["attach_p90_ratio"], TARGET_P90_RATIO, "x"),
+        ],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1,000 bindings instead of 10,000")
+    parser.add_argument("--baseline", metavar="REF", help="also measure the manager of this commit")
+    parser.add_argument("--pairs", type=int, help="attach+detach pairs per latency figure")
+    parser.add_argument("--baseline-only", action="store_true", help="measure the baseline's manager alone")
+    args = parser.parse_args()
+    print(
+        json.dumps(measure(args.quick, args.baseline, args.pairs, baseline_only=args.baseline_only), indent=2)
+    )
+
+
+if __name__ == "__main__":
+    main()
