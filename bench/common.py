@@ -19,6 +19,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import urllib.request
 import uuid
@@ -408,3 +409,20 @@ class BenchContext:
         if self._fabric is not None:
             self._fabric.__exit__(None, None, None)
             self._fabric = None
+
+
+def checkout_tree(ref: str, into: Path) -> Path:
+    """The tree of ``ref`` for a side-by-side baseline: a commit of this repository (``git archive``,
+    unpacked under ``into``), or a directory that holds one already."""
+    if Path(ref).is_dir():
+        return Path(ref)
+    archive = into / "baseline.tar"
+    subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "archive", "--format=tar", "-o", str(archive), ref],
+        check=True,
+        timeout=120,
+    )
+    tree = into / "baseline"
+    with tarfile.open(archive) as tar:
+        tar.extractall(tree, filter="data")
+    return tree

@@ -21,33 +21,18 @@ import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO_ROOT, BenchContext, check, progress, work_dir
+from bench.common import REPO_ROOT, BenchContext, check, checkout_tree, progress, work_dir
 from fabric_dra_testbed.stack import Stack
 
 __all__ = ["run"]
 
 CHILD = Path(__file__).with_name("redfish_client_child.py")
 TARGET_MS_PER_GET = 0.15
-
-
-def _checkout(ref: str, into: Path) -> Path:
-    """The tree of ``ref`` (a commit of this repository), unpacked under ``into``."""
-    archive = into / "baseline.tar"
-    subprocess.run(
-        ["git", "-C", str(REPO_ROOT), "archive", "--format=tar", "-o", str(archive), ref],
-        check=True,
-        timeout=120,
-    )
-    tree = into / "baseline"
-    with tarfile.open(archive) as tar:
-        tar.extractall(tree, filter="data")
-    return tree
 
 
 def _child(tree: Path, url: str, credentials: Path, gets: int, pairs: int) -> dict[str, Any]:
@@ -85,7 +70,7 @@ def measure(quick: bool, baseline: str | None) -> dict[str, Any]:
         trees = {"this tree": REPO_ROOT}
         if baseline:
             unpacked = stack.enter_context(tempfile.TemporaryDirectory(prefix="redfish-baseline-"))
-            trees = {f"baseline {baseline}": _checkout(baseline, Path(unpacked)), **trees}
+            trees = {f"baseline {baseline}": checkout_tree(baseline, Path(unpacked)), **trees}
         fabric = stack.enter_context(Stack(work, logs_dir=work))
         emulator = fabric.emulator(latency="instant")
         credentials = emulator.state_dir / "credentials.json"

@@ -27,8 +27,6 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
-import tarfile
 import tempfile
 import time
 import uuid
@@ -39,9 +37,9 @@ from typing import Any
 import httpx
 
 from bench.common import (
-    REPO_ROOT,
     BenchContext,
     check,
+    checkout_tree,
     generate_topology,
     histogram_sums,
     host_name,
@@ -60,23 +58,6 @@ LEDGER = "fabric-dra-manager-ledger"
 TARGET_READY_S = 15.0
 TARGET_RSS_MIB = 256.0
 TARGET_P90_RATIO = 1.2
-
-
-def _checkout(ref: str, into: Path) -> Path:
-    """The tree of ``ref``: a commit of this repository (unpacked under ``into``), or a directory
-    that holds one already."""
-    if Path(ref).is_dir():
-        return Path(ref)
-    archive = into / "baseline.tar"
-    subprocess.run(
-        ["git", "-C", str(REPO_ROOT), "archive", "--format=tar", "-o", str(archive), ref],
-        check=True,
-        timeout=120,
-    )
-    tree = into / "baseline"
-    with tarfile.open(archive) as tar:
-        tar.extractall(tree, filter="data")
-    return tree
 
 
 async def _bind_direct(emulator: Emulator, pairs: list[tuple[str, str]], concurrency: int = 32) -> None:
@@ -154,7 +135,7 @@ def measure(
         trees: dict[str, Path | None] = {}
         if baseline:
             unpacked = stack_exit.enter_context(tempfile.TemporaryDirectory(prefix="restart-baseline-"))
-            trees[f"baseline {baseline}"] = _checkout(baseline, Path(unpacked))
+            trees[f"baseline {baseline}"] = checkout_tree(baseline, Path(unpacked))
         if not baseline_only:
             trees["this tree"] = None
         kube = stack.apiserver()
