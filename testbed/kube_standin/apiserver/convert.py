@@ -9,6 +9,10 @@ Kubernetes 1.34):
   under ``exactly`` (``firstAvailable`` requests are the same in both);
 * a ``Device`` in a ResourceSlice wraps its fields in ``basic``, where ``v1`` has them inline.
 
+The defaults are those of ``pkg/apis/resource/v1/defaults.go`` the fields fabric-dra reads need
+(:func:`apply_defaults`): a request's allocation mode and count, a toleration's operator, a
+device taint's ``timeAdded``.
+
 ``events.k8s.io/v1`` Events are stored as core ``v1`` Events, with the field mapping of
 ``k8s.io/kubernetes/pkg/apis/events/v1/conversion.go``.
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from kube_standin.apiserver.registry import ResourceType
@@ -169,10 +174,44 @@ def _default_exact(request: Obj) -> None:
             toleration.setdefault("operator", "Equal")
 
 
+def _default_taint_times(obj: Obj) -> None:
+    """``SetDefaults_DeviceTaint`` (``k8s.io/kubernetes/pkg/apis/resource/v1/defaults.go``, since
+    1.33): a device taint written without ``timeAdded`` gets the time of the write, to the second.
+    Copies what it changes: parts of ``obj`` may be shared with an object already stored."""
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        return
+    devices = spec.get("devices")
+    if not isinstance(devices, list) or not any(
+        isinstance(t, dict) and not t.get("timeAdded")
+        for d in devices
+        if isinstance(d, dict)
+        for t in d.get("taints") or ()
+    ):
+        return
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def defaulted(device: Any) -> Any:
+        taints = device.get("taints") if isinstance(device, dict) else None
+        if not isinstance(taints, list):
+            return device
+        return {
+            **device,
+            "taints": [
+                {**t, "timeAdded": now} if isinstance(t, dict) and not t.get("timeAdded") else t
+                for t in taints
+            ],
+        }
+
+    obj["spec"] = {**spec, "devices": [defaulted(d) for d in devices]}
+
+
 def apply_defaults(res: ResourceType, obj: Obj) -> None:
     """The defaults the real server fills in on write, for the fields fabric-dra reads (storage
     version). Modifies ``obj`` in place: give it a document of your own."""
-    if res.group == "resource.k8s.io":
+    if res.group == "resource.k8s.io" and res.kind == "ResourceSlice":
+        _default_taint_times(obj)
+    elif res.group == "resource.k8s.io":
         for request in _requests_of(obj, res.kind) or ():
             if not isinstance(request, dict):
                 continue

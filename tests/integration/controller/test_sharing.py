@@ -20,7 +20,7 @@ import yaml
 
 from dra_driver.selection import AllocatedState, Allocator, ClaimToAllocate, DeviceClass, Node, ResourceSlice
 from dra_driver.selection.model import ResourceClaimSpec
-from manager_api.models import Inventory
+from manager_api.models import BindingState, DeviceDrain, DrainEffect, Health, Inventory
 from manager_api.partitions import BUILTIN_TABLES, partition_devices
 from tests.conftest import REPO_ROOT
 from tests.integration.controller.conftest import ApiServer, ControllerFactory
@@ -157,6 +157,59 @@ def test_partitions_and_a_pool_are_published_and_a_restart_over_them_writes_noth
         wait_until(synced(second, manager), what="the restarted controller's pass")
         time.sleep(0.5)
         assert apiserver.writes() == 0
+
+
+def test_a_restart_over_a_1_36_server_writes_nothing_though_it_stamps_every_taint(
+    tmp_path: Path, start_controller: ControllerFactory, driver: str
+) -> None:
+    """A default 1.36 server keeps taints, counters, shares and binding conditions, and stamps each
+    taint with ``timeAdded`` (``SetDefaults_DeviceTaint``), which the controller never renders: a
+    restart over the same inventory must still find every slice in place — the PCIe pool holding an
+    unhealthy GPU, a drained one (NoExecute), a warm one in its node-local slice and a partitionable
+    one with its counter slice."""
+    pool_nodes = ["on-1", "on-2"]
+    drain = DeviceDrain(
+        reason="maintenance", effect=DrainEffect.NO_EXECUTE, since=datetime.now(UTC), drains=["switch/s1"]
+    )
+    inventory = make_inventory(
+        [
+            make_device("gpu0", partition_table=H100),
+            make_device("gpu1", health=Health.WARNING),
+            make_device("gpu2", drain=drain),
+            make_device("gpu3", state=BindingState.WARM, node="on-1"),
+            make_device("gpu4"),
+            make_pool("cxlpool0", 8 * 2**30),
+        ],
+        pools={"fabric-pcie": pool_nodes, "fabric-cxl": pool_nodes},
+    )
+    args = ["--server-version", "1.36.0"]
+    with (
+        start_apiserver(tmp_path / "api", extra_args=args) as server,
+        InventoryServer(inventory) as manager,
+    ):
+        api = ApiServer(server)
+        try:
+            first = start_controller(manager, driver, *BINDING, kubeconfig=server.kubeconfig)
+            wait_until(synced(first, manager), what="publication")
+            assert status(first)["deviceTaints"] is True
+            slices = api.slices(driver)
+            devices = [d for s in slices for d in s["spec"].get("devices") or []]
+            taints = {d["name"]: d["taints"] for d in devices if d.get("taints")}
+            assert set(taints) == {"gpu1", "gpu2"}
+            assert all(t.get("timeAdded") for ts in taints.values() for t in ts)
+            assert any(s["spec"].get("nodeName") == "on-1" for s in slices)
+            assert any(s["spec"].get("sharedCounters") for s in slices)
+            stored = {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in slices}
+            first.stop()
+            api.reset_counts()
+            second = start_controller(manager, driver, *BINDING, kubeconfig=server.kubeconfig)
+            wait_until(synced(second, manager), what="the restarted controller's pass")
+            time.sleep(0.5)
+            assert api.writes() == 0
+            after = {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in api.slices(driver)}
+            assert after == stored
+        finally:
+            api.close()
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from datetime import UTC, datetime
 
 from kube_standin.apiserver.convert import apply_defaults, from_storage, to_storage
 from kube_standin.apiserver.schemas import SchemaCatalog
@@ -85,3 +86,39 @@ def test_events_k8s_io_is_a_view_of_core_events() -> None:
     assert core["message"] == "attached gpu-0" and core["reportingComponent"] == "fabric-dra.io/plugin"
     assert SchemaCatalog(["1.34"]).validate(core) == []
     assert from_storage(EVENTS, "v1", core) == event
+
+
+def test_a_device_taint_gets_the_time_of_the_write_unless_it_has_one() -> None:
+    """``SetDefaults_DeviceTaint``: ``timeAdded`` filled in (to the second), a given one kept, and
+    the written document's own taints left as they were."""
+    written = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "s"},
+        "spec": {
+            "driver": "d.example.com",
+            "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1},
+            "allNodes": True,
+            "devices": [
+                {"name": "a", "taints": [{"key": "d.example.com/x", "effect": "NoSchedule"}]},
+                {
+                    "name": "b",
+                    "taints": [
+                        {"key": "d.example.com/y", "effect": "NoExecute", "timeAdded": "2026-01-01T00:00:00Z"}
+                    ],
+                },
+                {"name": "c"},
+            ],
+        },
+    }
+    sent = copy.deepcopy(written)
+    before = datetime.now(UTC).replace(microsecond=0)
+    stored = to_storage(SLICES, "v1", written)
+    apply_defaults(SLICES, stored)
+    a, b, c = stored["spec"]["devices"]
+    added = datetime.strptime(a["taints"][0]["timeAdded"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    assert before <= added <= datetime.now(UTC)
+    assert b["taints"][0]["timeAdded"] == "2026-01-01T00:00:00Z"
+    assert c == {"name": "c"}
+    assert written == sent
+    assert SchemaCatalog().validate(stored) == []
