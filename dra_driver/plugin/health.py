@@ -192,6 +192,7 @@ class HealthMonitor:
             self._version, self._fabric = result
             self._fabric_since = sent
             self._observe_links()
+            self._judge_links()  # a new uncorrectable error is news now, not at the next pass
             self.notify()
             if changed and not self._unconfirmed():
                 # Every attach anywhere moves the inventory version; under churn that would be an

@@ -132,11 +132,14 @@ class LinkJudge:
         self._clock = clock
         self._links: dict[Watched, _Watched] = {}
 
-    def negotiated(self, uid: str, key: str, link: Link) -> None:
-        """The link the device trained at when it was attached for the claim."""
-        if link.generation is None and link.width is None:
+    def negotiated(self, uid: str, key: str, link: Link, errors: PCIeErrorCounts | None = None) -> None:
+        """The link the device trained at when it was attached for the claim, and its error
+        counters then (errors counted before the attach are not the claim's news)."""
+        if link.generation is None and link.width is None and errors is None:
             return
-        self._links[(uid, key)] = _Watched(negotiated=link, current=link)
+        watched = self._links[(uid, key)] = _Watched(negotiated=link, current=link)
+        if errors is not None:
+            self._read_errors(watched, errors)
 
     def observe(self, uid: str, key: str, link: Link, errors: PCIeErrorCounts | None = None) -> None:
         """The link (and its error counters) as the fabric reports it now; the first reading of a
