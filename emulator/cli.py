@@ -392,6 +392,19 @@ FAULT_COMMANDS = (
         ),
     ),
     FaultCommand(
+        "pcie-errors",
+        "add PCIe errors to the counters of the switch port to a device (PortMetrics.PCIeErrors)",
+        "PCIeErrors",
+        (
+            FaultOption("--device", "Device", "device Id", required=True),
+            FaultOption("--correctable", "CorrectableErrorCount", "correctable errors to add", int),
+            FaultOption("--non-fatal", "NonFatalErrorCount", "non-fatal errors to add", int),
+            FaultOption("--fatal", "FatalErrorCount", "fatal errors to add", int),
+            FaultOption("--replays", "ReplayCount", "replays to add", int),
+            FaultOption("--recoveries", "L0ToRecoveryCount", "L0 to recovery transitions to add", int),
+        ),
+    ),
+    FaultCommand(
         "port-down",
         "take a host's upstream port down (binds to it fail; its devices vanish)",
         "PortDown",

@@ -109,6 +109,22 @@ class DeviceIdentity(_Model):
     )
 
 
+class PCIeErrorCounts(_Model):
+    """The PCIe error counters of the switch port to the device, as the fabric reports them
+    (Redfish ``PortMetrics.PCIeErrors``; counts since the port's counters were last cleared)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    correctable: int = Field(default=0, ge=0, description="CorrectableErrorCount")
+    non_fatal: int = Field(default=0, ge=0, description="NonFatalErrorCount")
+    fatal: int = Field(default=0, ge=0, description="FatalErrorCount")
+    l0_to_recovery: int = Field(default=0, ge=0, description="L0ToRecoveryCount")
+    replays: int = Field(default=0, ge=0, description="ReplayCount")
+    replay_rollovers: int = Field(default=0, ge=0, description="ReplayRolloverCount")
+    nak_sent: int = Field(default=0, ge=0, description="NAKSentCount")
+    nak_received: int = Field(default=0, ge=0, description="NAKReceivedCount")
+
+
 class DeviceAttributes(_Model):
     """What a device is, as discovery reads it from Redfish: the table of device attributes.
 
@@ -144,6 +160,10 @@ class DeviceAttributes(_Model):
         default=None, description="Redfish Port Id on that switch"
     )
     health: Annotated[Health, SliceAttribute("health", rank=12)] = Health.OK
+    pcie_errors: PCIeErrorCounts | None = Field(
+        default=None,
+        description="PCIe error counters of the switch port to the device, where the fabric offers them",
+    )
 
 
 def _capacity_of(field: str) -> str:

@@ -249,6 +249,14 @@ class PluginConfig(BaseModel):
             _FABRIC,
         ),
     ] = Field(default=120.0, ge=0)
+    link_correctable_per_minute: Annotated[
+        float,
+        Setting(
+            "correctable PCIe errors per minute (counted over --link-hold-seconds) above which a "
+            "device is reported unhealthy; any fatal or non-fatal error is reported at once",
+            _FABRIC,
+        ),
+    ] = Field(default=10.0, ge=0)
     claim_status: Annotated[
         bool,
         Setting(

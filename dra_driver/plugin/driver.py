@@ -179,7 +179,8 @@ class Driver:
             for d in entry.devices:
                 fabric, _ = self.attacher.attached_facts(ref.uid, d.key)
                 if fabric is not None:
-                    self.links.negotiated(ref.uid, d.key, Link(fabric.pcie_generation, fabric.pcie_width))
+                    link = Link(fabric.pcie_generation, fabric.pcie_width)
+                    self.links.negotiated(ref.uid, d.key, link, fabric.pcie_errors)
         if self.status is None:
             self.attacher.forget(ref.uid)
             return

@@ -12,8 +12,9 @@ carries every device's Redfish ``Status.Health`` and binding. A prepared device 
 - UNKNOWN while the fabric manager cannot be reached (or with the no-op backend).
 
 A device whose PCIe link has trained below what it negotiated at attach, for longer than the
-hysteresis of :mod:`.linkhealth` allows, is UNHEALTHY too, and its claim's ``status.devices``
-entry says ``LinkHealthy: False`` (``True`` again once it has recovered).
+hysteresis of :mod:`.linkhealth` allows, or whose link's error counters grow past its thresholds,
+is UNHEALTHY too, and its claim's ``status.devices`` entry says ``LinkHealthy: False`` (reason
+``LinkDegraded`` or ``PCIeErrors``; ``True`` again once it has recovered).
 
 UNHEALTHY needs evidence from the fabric, and an inventory read before a claim was prepared is
 no evidence that the claim's device is not bound here: it may predate the attach. Such an
@@ -46,7 +47,7 @@ from dra_driver.plugin.checkpoint import CheckpointStore, ClaimState, PreparedDe
 from dra_driver.plugin.claims import ClaimRef
 from dra_driver.plugin.claimstatus import ClaimStatusWriter, LinkHealth
 from dra_driver.plugin.hostdev import HostScanner
-from dra_driver.plugin.linkhealth import Link, LinkJudge
+from dra_driver.plugin.linkhealth import HEALTHY, Link, LinkJudge
 from dra_driver.proto.dra_health_v1alpha1 import api_pb2 as health_pb2
 from dra_driver.proto.dra_health_v1alpha1 import api_pb2_grpc as health_grpc
 from manager_api.models import BindingState, Device, Health
@@ -88,8 +89,8 @@ class HealthMonitor:
         self.backend = backend
         self.links = links
         self.status = status
-        #: (claim UID, device key) → whether its LinkHealthy was last said degraded
-        self._link_said: dict[tuple[str, str], bool] = {}
+        #: (claim UID, device key) → the reason its LinkHealthy was last said with
+        self._link_said: dict[tuple[str, str], str] = {}
         self.store = store
         self.node = node
         self.scanner = scanner
@@ -191,6 +192,7 @@ class HealthMonitor:
             self._version, self._fabric = result
             self._fabric_since = sent
             self._observe_links()
+            self._judge_links()  # a new uncorrectable error is news now, not at the next pass
             self.notify()
             if changed and not self._unconfirmed():
                 # Every attach anywhere moves the inventory version; under churn that would be an
@@ -214,7 +216,8 @@ class HealthMonitor:
                 watched.append((uid, d.key))
                 info = self._fabric.get(d.parent or d.device)
                 if info is not None and self._fabric_since > self._prepared.get(uid, math.inf):
-                    self.links.observe(uid, d.key, Link(info.pcie_generation, info.pcie_width))
+                    link = Link(info.pcie_generation, info.pcie_width)
+                    self.links.observe(uid, d.key, link, info.pcie_errors)
         self.links.keep(watched)
 
     async def _judge_links_every(self, seconds: float = 5.0) -> None:
@@ -235,20 +238,23 @@ class HealthMonitor:
             said = []
             for d in entry.devices:
                 verdict = self.links.verdict(uid, d.key)
-                if verdict is None or self._link_said.get((uid, d.key), False) == verdict.degraded:
+                if verdict is None or self._link_said.get((uid, d.key), HEALTHY) == verdict.reason:
                     continue
-                self._link_said[(uid, d.key)] = verdict.degraded
+                self._link_said[(uid, d.key)] = verdict.reason
                 turned = True
                 log.warning(
-                    "device link degraded" if verdict.degraded else "device link recovered",
+                    f"device link unhealthy ({verdict.reason})"
+                    if verdict.degraded
+                    else "device link recovered",
                     claim=uid,
                     device=d.key,
                     node=self.node,
                     detail=verdict.message,
                 )
-                reason = "LinkDegraded" if verdict.degraded else "LinkRecovered"
                 said.append(
-                    LinkHealth(d.pool, d.device, d.share_id, not verdict.degraded, reason, verdict.message)
+                    LinkHealth(
+                        d.pool, d.device, d.share_id, not verdict.degraded, verdict.reason, verdict.message
+                    )
                 )
             if said and self.status is not None:
                 self.status.publish(ClaimRef(uid, entry.namespace, entry.name), said)
@@ -257,7 +263,7 @@ class HealthMonitor:
         return turned
 
     def _link_degraded(self, uid: str, device: PreparedDevice) -> bool:
-        return self._link_said.get((uid, device.key), False)
+        return self._link_said.get((uid, device.key), HEALTHY) != HEALTHY
 
     def _status(self, uid: str, device: PreparedDevice) -> int:
         host_path = device.host.sysfs_path if device.host else None

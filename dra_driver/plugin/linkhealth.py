@@ -13,8 +13,19 @@ reading for ``recover_seconds`` (120 s) has been back at it. A degraded device i
 UNHEALTHY on the kubelet's health stream and gets ``LinkHealthy: False`` in its claim's
 ``status.devices`` (``True`` again on recovery); ``fabric_dra_plugin_links_degraded`` counts them.
 
-PCIe error counters (Redfish ``PortMetrics.PCIeErrors``) would feed the same judgement with a
-threshold on their rate; the manager does not read them yet, so only the trained link counts.
+The link's error counters, where the fabric offers them (Redfish ``PortMetrics.PCIeErrors`` of the
+switch port to the device, in the inventory as ``pcie_errors``), feed the same verdict:
+
+- an *uncorrectable* error (``FatalErrorCount`` or ``NonFatalErrorCount`` grown since the last
+  reading) makes the device unhealthy at once: data on the link was lost;
+- *correctable* errors (``CorrectableErrorCount``) are what a PCIe link corrects by itself: the
+  device is unhealthy only when more than ``correctable_per_minute`` (10) per minute came over the
+  last ``hold_seconds`` (more than 5 in 30 s), so one correctable error moves nothing;
+- it is healthy again once ``recover_seconds`` (120 s) have passed with neither. Counters that
+  go down were cleared: their readings start again from there.
+
+Such a device is reported as a degraded one is, with the reason ``PCIeErrors`` and the counts in
+the message. Replays, NAKs and recoveries are shown, not judged: they follow from the errors.
 """
 
 from __future__ import annotations
@@ -26,8 +37,9 @@ from dataclasses import dataclass
 from prometheus_client import Gauge
 
 from dra_driver.plugin.metrics import REGISTRY
+from manager_api.devices import PCIeErrorCounts
 
-__all__ = ["Link", "LinkJudge", "LinkVerdict"]
+__all__ = ["DEGRADED", "ERRORS", "HEALTHY", "Link", "LinkJudge", "LinkVerdict"]
 
 LINKS_DEGRADED = Gauge(
     "fabric_dra_plugin_links_degraded",
@@ -55,10 +67,39 @@ class Link:
         )
 
 
+#: the reasons of a verdict, as the claim's ``LinkHealthy`` condition says them
+DEGRADED, ERRORS, HEALTHY = "LinkDegraded", "PCIeErrors", "LinkRecovered"
+
+
 @dataclass(frozen=True, slots=True)
 class LinkVerdict:
     degraded: bool
     message: str
+    #: :data:`DEGRADED` (trained below the link negotiated), :data:`ERRORS` or :data:`HEALTHY`
+    reason: str = HEALTHY
+
+
+@dataclass(slots=True)
+class _Errors:
+    """A device's error counters: the readings of the last hold, and when they last were a fault."""
+
+    latest: PCIeErrorCounts
+    #: (when, correctable, uncorrectable) of the last reading before the hold and every one since
+    samples: list[tuple[float, int, int]]
+    #: when the counters last showed a fault (None: never), and what fault
+    bad_at: float | None = None
+    why: str = ""
+
+
+def _uncorrectable(counts: PCIeErrorCounts) -> int:
+    return counts.fatal + counts.non_fatal
+
+
+def _counts(c: PCIeErrorCounts) -> str:
+    return (
+        f"fatal {c.fatal}, non-fatal {c.non_fatal}, correctable {c.correctable}, replays {c.replays}, "
+        f"L0 to recovery {c.l0_to_recovery}, NAKs sent {c.nak_sent}, received {c.nak_received}"
+    )
 
 
 @dataclass(slots=True)
@@ -68,6 +109,8 @@ class _Watched:
     degraded: bool = False
     #: since when the readings have disagreed with ``degraded`` (None: they agree)
     turning_since: float | None = None
+    #: its link's error counters (None: the fabric offers none)
+    errors: _Errors | None = None
 
 
 #: (claim UID, device key)
@@ -80,28 +123,77 @@ class LinkJudge:
         *,
         hold_seconds: float = 30.0,
         recover_seconds: float = 120.0,
+        correctable_per_minute: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.hold_seconds = hold_seconds
         self.recover_seconds = recover_seconds
+        self.correctable_per_minute = correctable_per_minute
         self._clock = clock
         self._links: dict[Watched, _Watched] = {}
 
-    def negotiated(self, uid: str, key: str, link: Link) -> None:
-        """The link the device trained at when it was attached for the claim."""
-        if link.generation is None and link.width is None:
+    def negotiated(self, uid: str, key: str, link: Link, errors: PCIeErrorCounts | None = None) -> None:
+        """The link the device trained at when it was attached for the claim, and its error
+        counters then (errors counted before the attach are not the claim's news)."""
+        if link.generation is None and link.width is None and errors is None:
             return
-        self._links[(uid, key)] = _Watched(negotiated=link, current=link)
+        watched = self._links[(uid, key)] = _Watched(negotiated=link, current=link)
+        if errors is not None:
+            self._read_errors(watched, errors)
 
-    def observe(self, uid: str, key: str, link: Link) -> None:
-        """The link as the fabric reports it now; the first reading of a device whose attach this
-        process did not see stands for what it negotiated."""
+    def observe(self, uid: str, key: str, link: Link, errors: PCIeErrorCounts | None = None) -> None:
+        """The link (and its error counters) as the fabric reports it now; the first reading of a
+        device whose attach this process did not see stands for what it negotiated."""
         watched = self._links.get((uid, key))
         if watched is None:
-            self.negotiated(uid, key, link)
+            watched = self._links[(uid, key)] = _Watched(negotiated=link, current=link)
+        else:
+            watched.current = link
+            self._step(watched)
+        if errors is not None:
+            self._read_errors(watched, errors)
+
+    def _read_errors(self, watched: _Watched, counts: PCIeErrorCounts) -> None:
+        now = self._clock()
+        reading = (now, counts.correctable, _uncorrectable(counts))
+        e = watched.errors
+        if e is None:  # the first reading: what came before it is history, not news
+            watched.errors = _Errors(latest=counts, samples=[reading])
             return
-        watched.current = link
-        self._step(watched)
+        _, correctable, uncorrectable = e.samples[-1]
+        e.latest = counts
+        if reading[1] < correctable or reading[2] < uncorrectable:  # the counters were cleared
+            e.samples = [reading]
+            return
+        if reading[2] > uncorrectable:
+            e.bad_at, e.why = (
+                now,
+                f"{reading[2] - uncorrectable} new uncorrectable (fatal or non-fatal) error(s)",
+            )
+        e.samples.append(reading)
+        self._step_errors(e)
+
+    def _step_errors(self, e: _Errors) -> None:
+        """Correctable errors: a fault when more than the allowed rate came over the last hold."""
+        now = self._clock()
+        start = now - self.hold_seconds
+        while len(e.samples) > 1 and e.samples[1][0] <= start:
+            e.samples.pop(0)
+        came = e.samples[-1][1] - e.samples[0][1]
+        allowed = self.correctable_per_minute * self.hold_seconds / 60
+        if came > allowed:
+            e.bad_at = now
+            e.why = (
+                f"{came} correctable errors in the last {self.hold_seconds:g} s "
+                f"(more than {self.correctable_per_minute:g} per minute)"
+            )
+
+    def _erroring(self, watched: _Watched) -> _Errors | None:
+        e = watched.errors
+        if e is None:
+            return None
+        self._step_errors(e)
+        return e if e.bad_at is not None and self._clock() - e.bad_at < self.recover_seconds else None
 
     def _step(self, watched: _Watched) -> None:
         """Move the device's state on: every reading that agrees with it resets the clock of a turn."""
@@ -122,6 +214,7 @@ class LinkJudge:
         if watched is None:
             return None
         self._step(watched)
+        errors = self._erroring(watched)
         self._count()
         if watched.degraded:
             return LinkVerdict(
@@ -129,6 +222,15 @@ class LinkJudge:
                 f"{key}'s PCIe link runs at {watched.current}, below the {watched.negotiated} it negotiated "
                 f"at attach (for more than {self.hold_seconds:g} s): the device works at reduced bandwidth; "
                 "check the slot, cable and switch port",
+                DEGRADED,
+            )
+        if errors is not None:
+            return LinkVerdict(
+                True,
+                f"{key}'s PCIe link reports errors: {errors.why}; counters {_counts(errors.latest)}; "
+                f"healthy again after {self.recover_seconds:g} s without more; check the slot, cable and "
+                "switch port",
+                ERRORS,
             )
         return LinkVerdict(False, f"{key}'s PCIe link runs at {watched.current}, as negotiated at attach")
 

@@ -167,7 +167,11 @@ class PluginServer:
         claims = await self._claims()
         store = await self._load_checkpoint(backend, scanner)
         self.locks = ClaimLocks(cfg.lock_file)
-        links = LinkJudge(hold_seconds=cfg.link_hold_seconds, recover_seconds=cfg.link_recover_seconds)
+        links = LinkJudge(
+            hold_seconds=cfg.link_hold_seconds,
+            recover_seconds=cfg.link_recover_seconds,
+            correctable_per_minute=cfg.link_correctable_per_minute,
+        )
         self.driver = Driver(
             cfg,
             store=store,

@@ -33,6 +33,7 @@ from fabric.backends.views import (
     PCIeFunction,
     PCIeInterface,
     Port,
+    PortMetrics,
     Processor,
     Resource,
     SimpleStorage,
@@ -43,7 +44,7 @@ from fabric.backends.views import (
 )
 from fabric.backends.walk import Walk, path_ids
 from fabric.state.model import DiscoveredAttributes
-from manager_api.devices import DeviceType, Health
+from manager_api.devices import DeviceType, Health, PCIeErrorCounts
 from manager_api.partitions import PartitionTable
 from plumbing.logs import get_logger
 
@@ -152,21 +153,38 @@ async def locate_port(walk: Walk, port_uris: Sequence[str]) -> tuple[str | None,
     The endpoint may name the switch's downstream port directly, or the device-side port (a
     FabricAdapter port, as in DMTF's public-cxl mockup) whose ``ConnectedSwitchPorts`` names it.
     """
+    switch, port, _ = await _switch_port(walk, port_uris)
+    return switch, port
+
+
+async def _switch_port(walk: Walk, port_uris: Sequence[str]) -> tuple[str | None, str | None, str | None]:
+    """(Switch Id, Port Id, the switch port's URI) the device hangs off (see :func:`locate_port`)."""
     for uri in port_uris:
         switch = path_ids(uri, "Switches")
         if switch:
-            return switch, path_ids(uri, "Ports")
+            return switch, path_ids(uri, "Ports"), uri
     for uri in port_uris:
         port = await walk.read(uri, Port)
         if port is None:
             continue
         switch_ports = port.links.connected_switch_ports
         if switch_ports:
-            return path_ids(switch_ports[0], "Switches"), path_ids(switch_ports[0], "Ports")
+            return path_ids(switch_ports[0], "Switches"), path_ids(switch_ports[0], "Ports"), switch_ports[0]
         switches = port.links.connected_switches
         if switches:
-            return path_ids(switches[0], "Switches"), None
-    return None, None
+            return path_ids(switches[0], "Switches"), None, None
+    return None, None, None
+
+
+async def _pcie_errors(walk: Walk, port_uri: str | None) -> PCIeErrorCounts | None:
+    """The error counters of the switch port to the device (its ``Metrics``, PortMetrics
+    ``PCIeErrors``); None where the service offers none. A counter it leaves out counts 0."""
+    port = await walk.read(port_uri, Port) if port_uri else None
+    metrics = await walk.read(port.metrics, PortMetrics) if port is not None and port.metrics else None
+    errors = metrics.pcie_errors if metrics is not None else None
+    if errors is None:
+        return None
+    return PCIeErrorCounts(**{k: max(0, v or 0) for k, v in errors.model_dump().items()})
 
 
 def _as(resource: DeviceResource | None, view: type[D]) -> D | None:
@@ -258,7 +276,8 @@ async def describe(
     )
     uuid = _first(primary.uuid if primary else None, pcie_device.uuid if pcie_device else None)
     health, available = _health(parts)
-    switch, port = await _location(walk, parts)
+    switch, port, port_uri = await _location(walk, parts)
+    pcie_errors = await _pcie_errors(walk, port_uri)
     function, processor = parts.function, parts.processor
     return DiscoveredAttributes(
         type=kind,
@@ -286,6 +305,7 @@ async def describe(
         switch=switch,
         port=port,
         health=health,
+        pcie_errors=pcie_errors,
         available=available,
         identities=_identities(parts, entities),
         reset_target=_reset_target(parts),
@@ -458,22 +478,22 @@ def _health(parts: _Parts) -> tuple[Health, bool]:
     return health, available
 
 
-async def _location(walk: Walk, parts: _Parts) -> tuple[str | None, str | None]:
-    """(Switch Id, Port Id) the device hangs off: from its endpoint, else from the first endpoint
-    its processor, drive or network part links."""
-    switch, port = None, None
+async def _location(walk: Walk, parts: _Parts) -> tuple[str | None, str | None, str | None]:
+    """(Switch Id, Port Id, the port's URI) the device hangs off: from its endpoint, else from the
+    first endpoint its processor, drive or network part links."""
+    switch, port, uri = None, None, None
     if parts.endpoint is not None:
-        switch, port = await locate_port(walk, _endpoint_ports(parts.endpoint))
+        switch, port, uri = await _switch_port(walk, _endpoint_ports(parts.endpoint))
     if switch is None:
         for holder in (parts.processor, parts.drive, parts.network):
             endpoints = holder.links.endpoints if holder else ()
             if endpoints:
-                switch, port = await locate_port(
+                switch, port, uri = await _switch_port(
                     walk, _endpoint_ports(await walk.read(endpoints[0], Endpoint))
                 )
                 if switch:
                     break
-    return switch, port
+    return switch, port, uri
 
 
 def _reset_target(parts: _Parts) -> str | None:

@@ -60,11 +60,13 @@ __all__ = [
     "MemorySummary",
     "NetworkAdapter",
     "PCIeDevice",
+    "PCIeErrors",
     "PCIeFunction",
     "PCIeInterface",
     "PciId",
     "Port",
     "PortLinks",
+    "PortMetrics",
     "Processor",
     "ProcessorId",
     "ProcessorMemory",
@@ -450,9 +452,29 @@ class PortLinks(View):
 
 class Port(Resource):
     """Port.v1_18_0: a device-side port (a FabricAdapter's, as in DMTF's public-cxl mockup) names
-    the switch port it is cabled to."""
+    the switch port it is cabled to; a switch port links its metrics."""
 
     links: Part[PortLinks] = part("Links", PortLinks)
+    metrics: Ref = prop("Metrics")
+
+
+class PCIeErrors(View):
+    """PCIeDevice.v1_8_0 PCIeErrors (each counter absent where the service does not count it)."""
+
+    correctable: Tolerant[int] = prop("CorrectableErrorCount")
+    non_fatal: Tolerant[int] = prop("NonFatalErrorCount")
+    fatal: Tolerant[int] = prop("FatalErrorCount")
+    l0_to_recovery: Tolerant[int] = prop("L0ToRecoveryCount")
+    replays: Tolerant[int] = prop("ReplayCount")
+    replay_rollovers: Tolerant[int] = prop("ReplayRolloverCount")
+    nak_sent: Tolerant[int] = prop("NAKSentCount")
+    nak_received: Tolerant[int] = prop("NAKReceivedCount")
+
+
+class PortMetrics(Resource):
+    """PortMetrics.v1_3_0+: the port's PCIe error counters."""
+
+    pcie_errors: Tolerant[PCIeErrors] = prop("PCIeErrors")
 
 
 class PCIeInterface(View):

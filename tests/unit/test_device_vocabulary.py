@@ -17,7 +17,14 @@ from dra_driver.controller.devices import (
     to_dra_device,
 )
 from fabric.state.model import DeviceRecord, DiscoveredAttributes
-from manager_api.devices import BindingStyle, DeviceAttributes, DeviceIdentity, DeviceType, Health
+from manager_api.devices import (
+    BindingStyle,
+    DeviceAttributes,
+    DeviceIdentity,
+    DeviceType,
+    Health,
+    PCIeErrorCounts,
+)
 from manager_api.models import Device
 from tests.unit.fabric.fakes import make_harness
 
@@ -38,6 +45,7 @@ SAMPLE: dict[str, Any] = {
     "switch": "Switch1",
     "port": "P1",
     "health": Health.WARNING,
+    "pcie_errors": PCIeErrorCounts(correctable=3, fatal=1),
 }
 
 

@@ -16,12 +16,14 @@ from emulator.errors import InjectedFailure, UnknownName
 from emulator.redfish.engine.bindings import Revision
 from emulator.redfish.engine.operation import fmt_targets
 from emulator.redfish.model.faults import (
+    PCIE_ERROR_COUNTERS,
     DeviceHealth,
     DropConnections,
     FailOperations,
     FaultSpec,
     HangTasks,
     LinkDegraded,
+    PCIeErrors,
     PortDown,
     SlowResponses,
     Unavailable,
@@ -68,6 +70,11 @@ class Conditions:
         """The link fault in force on ``device`` (the latest injected), if any."""
         found = [f for f in self.faults.values() if isinstance(f, LinkDegraded) and f.Device == device]
         return found[-1] if found else None
+
+    def pcie_errors(self, device: str) -> dict[str, int]:
+        """The error counters of the port to ``device``: the sums of its ``PCIeErrors`` faults."""
+        found = [f for f in self.faults.values() if isinstance(f, PCIeErrors) and f.Device == device]
+        return {c: sum(getattr(f, c) for f in found) for c in PCIE_ERROR_COUNTERS}
 
     def port_up(self, switch: str, host: str) -> bool:
         return not any(
@@ -184,8 +191,9 @@ class Conditions:
             and fault.Target not in self.index.devices
         ):
             raise UnknownName("device or memory chunk", fault.Target, "Target")
-        if isinstance(fault, DeviceHealth | LinkDegraded) and fault.Device not in self.index.devices:
-            raise UnknownName("device", fault.Device, "Device")
+        device = fault.Device if isinstance(fault, DeviceHealth | LinkDegraded | PCIeErrors) else None
+        if device is not None and device not in self.index.devices:
+            raise UnknownName("device", device, "Device")
         if isinstance(fault, PortDown):
             if fault.Host not in self.index.hosts:
                 raise UnknownName("host", fault.Host, "Host")

@@ -34,6 +34,8 @@ class _Before:
     ports_down: set[tuple[str, str]]
     #: device → its link fault (None: trained as negotiated)
     links: dict[str, LinkDegraded | None]
+    #: device → the error counters of its port
+    errors: dict[str, dict[str, int]]
 
 
 @dataclass(eq=False)
@@ -80,6 +82,7 @@ class FaultInjector:
             health={d: self.conditions.health(d) for d in self.index.devices},
             ports_down=self.conditions.ports_down(),
             links={d: self.conditions.link(d) for d in self.index.devices},
+            errors={d: self.conditions.pcie_errors(d) for d in self.index.devices},
         )
 
     def _effects(self, before: _Before) -> Change:
@@ -94,6 +97,7 @@ class FaultInjector:
             *self._port_events(before.ports_down),
             *self._health_events(before.health),
             *self._link_events(before.links),
+            *self._error_events(before.errors),
         ]
 
     def _port_events(self, down_before: set[tuple[str, str]]) -> list[FabricEvent]:
@@ -123,5 +127,15 @@ class FaultInjector:
         for device_id, was in links_before.items():
             if self.conditions.link(device_id) != was:
                 origin = uris.pcie_device(self.index.devices[device_id])
+                events.append(self.events.make("ResourceChanged", prefix="ResourceEvent", origin=origin))
+        return events
+
+    def _error_events(self, errors_before: dict[str, dict[str, int]]) -> list[FabricEvent]:
+        """``ResourceChanged`` of the port metrics of each device whose error counters changed."""
+        events = []
+        for device_id, was in errors_before.items():
+            if self.conditions.pcie_errors(device_id) != was:
+                device = self.index.devices[device_id]
+                origin = uris.port_metrics(device.fabric, device.switch, device.port)
                 events.append(self.events.make("ResourceChanged", prefix="ResourceEvent", origin=origin))
         return events

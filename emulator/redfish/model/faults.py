@@ -21,6 +21,7 @@ __all__ = [
     "FaultSpec",
     "HangTasks",
     "LinkDegraded",
+    "PCIeErrors",
     "PortDown",
     "SlowResponses",
     "Unavailable",
@@ -83,6 +84,39 @@ class LinkDegraded(_Fault):
     PCIeType: Literal["Gen1", "Gen2", "Gen3", "Gen4", "Gen5", "Gen6"] | None = None
 
 
+#: the counters of DMTF ``PCIeDevice.v1_8_0.PCIeErrors`` (served in ``PortMetrics.PCIeErrors``)
+PCIE_ERROR_COUNTERS = (
+    "CorrectableErrorCount",
+    "NonFatalErrorCount",
+    "FatalErrorCount",
+    "L0ToRecoveryCount",
+    "ReplayCount",
+    "ReplayRolloverCount",
+    "NAKSentCount",
+    "NAKReceivedCount",
+)
+
+_COUNT = Field(default=0, ge=0, le=10**12)
+
+
+class PCIeErrors(_Fault):
+    """PCIe errors on a device's link: each count is added to the error counters of the switch's
+    downstream port to the device (``PortMetrics.PCIeErrors``, PortMetrics v1_3_0+). The counters
+    are the sums of the ``PCIeErrors`` faults in force on the device: inject another to make them
+    grow; removing the faults clears them, as a port's counters are cleared on a reset."""
+
+    Kind: Literal["PCIeErrors"]
+    Device: str
+    CorrectableErrorCount: int = _COUNT
+    NonFatalErrorCount: int = _COUNT
+    FatalErrorCount: int = _COUNT
+    L0ToRecoveryCount: int = _COUNT
+    ReplayCount: int = _COUNT
+    ReplayRolloverCount: int = _COUNT
+    NAKSentCount: int = _COUNT
+    NAKReceivedCount: int = _COUNT
+
+
 class PortDown(_Fault):
     """A host's upstream port goes down: binds to it fail, its bound devices vanish from its view."""
 
@@ -123,6 +157,7 @@ FaultSpec = Annotated[
     | HangTasks
     | DeviceHealth
     | LinkDegraded
+    | PCIeErrors
     | PortDown
     | SlowResponses
     | DropConnections

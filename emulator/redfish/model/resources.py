@@ -635,7 +635,27 @@ class Port(Resource):
     LinkStatus: str
     InterfaceEnabled: bool = True
     Status: Status
+    #: a downstream port's PortMetrics (its PCIe error counters)
+    Metrics: Ref | None = None
     Links: PortLinks
+
+
+class PCIeErrorCounts(_Obj):
+    """PCIeDevice.v1_8_0 PCIeErrors."""
+
+    CorrectableErrorCount: int = 0
+    NonFatalErrorCount: int = 0
+    FatalErrorCount: int = 0
+    L0ToRecoveryCount: int = 0
+    ReplayCount: int = 0
+    ReplayRolloverCount: int = 0
+    NAKSentCount: int = 0
+    NAKReceivedCount: int = 0
+
+
+class PortMetrics(Resource):
+    ODATA_TYPE = "PortMetrics.v1_3_0.PortMetrics"
+    PCIeErrors: PCIeErrorCounts
 
 
 class PciId(_Obj):

@@ -12,6 +12,7 @@ Layout (ids from the topology; ``{n}`` are service-assigned numbers)::
     /redfish/v1/Chassis/{cxl-device}/PCIeDevices/{cxl-device}/CXLLogicalDevices/0
     /redfish/v1/Chassis/{cxl-device}/MemoryDomains/0/MemoryChunks/{n}
     /redfish/v1/Fabrics/{PCIe|CXL}/Switches/{switch}/Ports/{UPn|DPn}
+    /redfish/v1/Fabrics/{PCIe|CXL}/Switches/{switch}/Ports/{DPn}/Metrics
     /redfish/v1/Fabrics/{PCIe|CXL}/Endpoints/{host|device}
     /redfish/v1/Fabrics/PCIe/Zones/{host|n}
     /redfish/v1/Fabrics/CXL/Connections/{n}
@@ -120,6 +121,10 @@ def switch(fabric_id: str, switch_id: str) -> str:
 
 def port(fabric_id: str, switch_id: str, port_id: str) -> str:
     return f"{switch(fabric_id, switch_id)}/Ports/{port_id}"
+
+
+def port_metrics(fabric_id: str, switch_id: str, port_id: str) -> str:
+    return f"{port(fabric_id, switch_id, port_id)}/Metrics"
 
 
 def endpoint(fabric_id: str, endpoint_id: str) -> str:

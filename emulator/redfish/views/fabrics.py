@@ -31,8 +31,10 @@ from emulator.redfish.model.resources import (
     FabricLinks,
     Identifier,
     MemoryChunkInfo,
+    PCIeErrorCounts,
     Port,
     PortLinks,
+    PortMetrics,
     Ref,
     Status,
     Switch,
@@ -222,7 +224,31 @@ class PortNode(Node):
             Width=width,
             LinkStatus="LinkUp" if up else "LinkDown",
             Status=Status(Health=health),
+            Metrics=ref(f"{self.uri}/Metrics") if self.device is not None else None,
             Links=PortLinks(AssociatedEndpoints=[ref(endpoint)]),
+        )
+
+    def child(self, segment: str) -> Node | None:
+        if segment != "Metrics" or self.device is None:
+            return None
+        return PortMetricsNode(self.ctx, f"{self.uri}/Metrics", self.port_id, self.device)
+
+
+class PortMetricsNode(Node):
+    """A downstream port's metrics: the PCIe error counters of its link to the device (what the
+    ``PCIeErrors`` faults in force on the device add up to)."""
+
+    def __init__(self, ctx: Context, uri: str, port_id: str, device: Device) -> None:
+        super().__init__(ctx, uri)
+        self.port_id, self.device = port_id, device
+
+    def render(self) -> PortMetrics:
+        counts = self.ctx.engine.conditions.pcie_errors(self.device.id)
+        return PortMetrics(
+            odata_id=self.uri,
+            Id="Metrics",
+            Name=f"Metrics of port {self.port_id}",
+            PCIeErrors=PCIeErrorCounts(**counts),
         )
 
 

@@ -100,6 +100,28 @@ def test_device_health(emu: RunningEmulator) -> None:
     assert client.get("/redfish/v1/Chassis/switch0/Processors/gpu1").json()["Status"]["Health"] == "OK"
 
 
+def test_pcie_errors_add_up_on_the_port_metrics_of_the_device(emu: RunningEmulator) -> None:
+    client = emu.client()
+    endpoint = client.get("/redfish/v1/Fabrics/PCIe/Endpoints/gpu2").json()
+    port = client.get(endpoint["Links"]["ConnectedPorts"][0]["@odata.id"]).json()
+    metrics_uri = port["Metrics"]["@odata.id"]
+    counts = client.get(metrics_uri).json()["PCIeErrors"]
+    assert set(counts.values()) == {0} and len(counts) == 8
+    done = _cli(emu, "pcie-errors", "--device", "gpu2", "--correctable", "5", "--fatal", "1")
+    assert done.returncode == 0, done.stderr
+    emu.inject({"Kind": "PCIeErrors", "Device": "gpu2", "CorrectableErrorCount": 3, "ReplayCount": 2})
+    counts = client.get(metrics_uri).json()["PCIeErrors"]
+    assert (counts["CorrectableErrorCount"], counts["FatalErrorCount"], counts["ReplayCount"]) == (8, 1, 2)
+    assert counts["NonFatalErrorCount"] == 0
+    other = client.get("/redfish/v1/Fabrics/PCIe/Endpoints/gpu1").json()["Links"]["ConnectedPorts"][0]
+    other_metrics = client.get(other["@odata.id"]).json()["Metrics"]["@odata.id"]
+    assert client.get(other_metrics).json()["PCIeErrors"]["CorrectableErrorCount"] == 0
+    emu.reset_faults()
+    assert client.get(metrics_uri).json()["PCIeErrors"]["CorrectableErrorCount"] == 0
+    unknown = _cli(emu, "pcie-errors", "--device", "gpu42", "--fatal", "1")
+    assert unknown.returncode == 1 and "gpu42" in unknown.stderr and "Traceback" not in unknown.stderr
+
+
 def test_port_down_blocks_binds_and_hides_bound_devices(emu: RunningEmulator) -> None:
     client = emu.client()
     uri, body = zone_add("kind-worker4", "gpu5")

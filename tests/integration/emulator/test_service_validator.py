@@ -98,6 +98,8 @@ def test_validator_reports_no_failures(tmp_path: Path, redfish_dir: Path) -> Non
         assert releasing.status_code == 201, releasing.text
         emu.inject({"Kind": "HangTasks", "Target": f"cxlpool0-chunk{releasing.json()['Id']}"})
         assert client.delete(releasing.headers["Location"]).status_code == 202
+        # PCIe errors on a device's port (PortMetrics.PCIeErrors with counts)
+        emu.inject({"Kind": "PCIeErrors", "Device": "gpu1", "CorrectableErrorCount": 7, "FatalErrorCount": 1})
         # a task that is still running while the validator reads it
         emu.inject({"Kind": "HangTasks", "Target": "gpu5"})
         uri, body = zone_add("kind-worker4", "gpu5")

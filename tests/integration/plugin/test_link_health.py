@@ -4,8 +4,12 @@ event) → plugin → the kubelet's health stream and the claim's ``status.devic
 
 Degraded past the hold → UNHEALTHY and ``LinkHealthy: False`` naming both links; back to what it
 negotiated for the recovery time → HEALTHY and ``LinkHealthy: True``; a degradation shorter than
-the hold moves nothing. (The hold and recovery are shortened to 2 and 3 s here; the defaults are
-30 and 120 s.)
+the hold moves nothing. The same for the link's PCIe error counters (the emulator's
+``PCIeErrors`` fault, read by the manager from the switch port's ``PortMetrics``): a fatal error
+is UNHEALTHY at once with ``LinkHealthy: False`` (reason ``PCIeErrors``) and HEALTHY again after
+the recovery time once the counters stop; one correctable error moves nothing, a burst above the
+rate does. (The hold and recovery are shortened to 2 and 3 s here, and 60 correctable errors a
+minute allowed, i.e. 2 in a hold; the defaults are 30 s, 120 s and 10 a minute.)
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from manager_api.models import BindingState, Device, DeviceType, FabricNode
 from plumbing.kube.resources import RESOURCE_CLAIMS
 from tests.support.plugin import ClaimRef, FabricProcesses, PluginStack, short_dir, start_fabric
 
-HOLD, RECOVER = 2, 3
+HOLD, RECOVER, CORRECTABLE_PER_MINUTE = 2, 3, 60
 
 
 @dataclass
@@ -56,7 +60,10 @@ def fabric() -> Iterator[Fabric]:
             backend="fabric",
             manager_url=processes.manager.address,
             sysfs_root=processes.sysfs_root(node.host),
-            extra_args=["--link-hold-seconds", str(HOLD), "--link-recover-seconds", str(RECOVER)],
+            extra_args=[
+                *("--link-hold-seconds", str(HOLD), "--link-recover-seconds", str(RECOVER)),
+                *("--link-correctable-per-minute", str(CORRECTABLE_PER_MINUTE)),
+            ],
         )
         with stack:
             yield Fabric(processes, node, stack)
@@ -194,6 +201,106 @@ def test_a_link_down_for_less_than_the_hold_moves_nothing(fabric: Fabric) -> Non
                 await asyncio.sleep(0.05)
             assert "UNHEALTHY" not in seen
             assert await _link_condition(fabric.stack, ref) is None
+            assert (await fabric.stack.unprepare([ref])).claims[ref.uid].error == ""
+        finally:
+            await asyncio.to_thread(emulator.reset_faults)
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
+async def _manager_counts(fabric: Fabric, device: str, **counts: int) -> None:
+    """Until the manager's inventory shows the device's port with these error counts."""
+
+    async def read() -> bool:
+        async with ManagerClient(fabric.processes.manager.address) as client:
+            errors = (await client.device(device)).pcie_errors
+        return errors is not None and all(getattr(errors, k) == v for k, v in counts.items())
+
+    await _until(read, f"the manager reads {device}'s port error counters {counts}")
+
+
+def test_a_fatal_error_makes_the_device_unhealthy_at_once_until_the_errors_stop(fabric: Fabric) -> None:
+    async def scenario() -> None:
+        gpu = await _gpu(fabric)
+        ref = await fabric.stack.create_claim("errors-fatal", [("gpu", gpu.name)], pool=gpu.pool)
+        health = Health()
+        watcher = asyncio.create_task(health.follow(fabric.stack.dra_socket))
+        emulator = fabric.processes.emulator_handle
+        try:
+            await asyncio.wait_for(health.opened.wait(), 30)
+            assert (await fabric.stack.prepare([ref])).claims[ref.uid].error == ""
+
+            async def healthy() -> bool:
+                return health.latest.get(gpu.name) == "HEALTHY"
+
+            async def unhealthy() -> bool:
+                return health.latest.get(gpu.name) == "UNHEALTHY"
+
+            await _until(healthy, "the prepared GPU reported HEALTHY")
+            await asyncio.to_thread(
+                emulator.inject,
+                {"Kind": "PCIeErrors", "Device": gpu.name, "FatalErrorCount": 1, "CorrectableErrorCount": 1},
+            )
+            await _manager_counts(fabric, gpu.name, fatal=1, correctable=1)
+            await _until(unhealthy, "the GPU with a fatal link error reported UNHEALTHY")
+            condition = await _until(lambda: _link_condition(fabric.stack, ref), "LinkHealthy in the claim")
+            assert (condition["status"], condition["reason"]) == ("False", "PCIeErrors")
+            assert "1 new uncorrectable" in condition["message"] and "fatal 1" in condition["message"]
+
+            await asyncio.to_thread(emulator.reset_faults)  # the counters are cleared: no more errors
+            stopped = time.monotonic()
+            await _until(healthy, "HEALTHY again once the errors stop", within=RECOVER + 30)
+            assert time.monotonic() - stopped >= RECOVER - 1, "not before the recovery time"
+
+            async def recovered() -> bool:
+                found = await _link_condition(fabric.stack, ref)
+                return found is not None and (found["status"], found["reason"]) == ("True", "LinkRecovered")
+
+            await _until(recovered, "LinkHealthy True again")
+            assert (await fabric.stack.unprepare([ref])).claims[ref.uid].error == ""
+        finally:
+            await asyncio.to_thread(emulator.reset_faults)
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
+def test_one_correctable_error_moves_nothing_a_burst_above_the_rate_does(fabric: Fabric) -> None:
+    async def scenario() -> None:
+        gpu = await _gpu(fabric)
+        ref = await fabric.stack.create_claim("errors-correctable", [("gpu", gpu.name)], pool=gpu.pool)
+        health = Health()
+        watcher = asyncio.create_task(health.follow(fabric.stack.dra_socket))
+        emulator = fabric.processes.emulator_handle
+        seen: set[str] = set()
+        try:
+            await asyncio.wait_for(health.opened.wait(), 30)
+            assert (await fabric.stack.prepare([ref])).claims[ref.uid].error == ""
+            await asyncio.to_thread(
+                emulator.inject, {"Kind": "PCIeErrors", "Device": gpu.name, "CorrectableErrorCount": 1}
+            )
+            started = time.monotonic()
+            await _manager_counts(fabric, gpu.name, correctable=1)
+            while time.monotonic() - started < HOLD + 6:  # past the hold, and the judge's next pass
+                seen.add(health.latest.get(gpu.name, ""))
+                await asyncio.sleep(0.05)
+            assert "UNHEALTHY" not in seen and "HEALTHY" in seen
+            assert await _link_condition(fabric.stack, ref) is None
+
+            await asyncio.to_thread(
+                emulator.inject, {"Kind": "PCIeErrors", "Device": gpu.name, "CorrectableErrorCount": 4}
+            )
+
+            async def unhealthy() -> bool:
+                return health.latest.get(gpu.name) == "UNHEALTHY"
+
+            await _until(unhealthy, "4 correctable errors at once (2 allowed in a hold): UNHEALTHY")
+            condition = await _until(lambda: _link_condition(fabric.stack, ref), "LinkHealthy in the claim")
+            assert (condition["status"], condition["reason"]) == ("False", "PCIeErrors")
+            assert "4 correctable errors in the last 2 s" in condition["message"]
             assert (await fabric.stack.unprepare([ref])).claims[ref.uid].error == ""
         finally:
             await asyncio.to_thread(emulator.reset_faults)

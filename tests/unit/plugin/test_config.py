@@ -100,5 +100,5 @@ def test_the_flags_are_those_of_earlier_releases() -> None:
     }  # fmt: skip
     assert flags == earlier | {
         "--config", "--memory-mode", "--cdi-hook-path", "--claim-status", "--no-claim-status",
-        "--link-hold-seconds", "--link-recover-seconds",
+        "--link-hold-seconds", "--link-recover-seconds", "--link-correctable-per-minute",
     }  # fmt: skip
