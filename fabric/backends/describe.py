@@ -179,6 +179,9 @@ async def _switch_port(walk: Walk, port_uris: Sequence[str]) -> tuple[str | None
 async def _pcie_errors(walk: Walk, port_uri: str | None) -> PCIeErrorCounts | None:
     """The error counters of the switch port to the device (its ``Metrics``, PortMetrics
     ``PCIeErrors``); None where the service offers none. A counter it leaves out counts 0."""
+    if port_uri:
+        # the switch's ports with their Metrics inline: one request a switch, not two a device
+        await walk.prefetch_siblings(port_uri, levels=2)
     port = await walk.read(port_uri, Port) if port_uri else None
     metrics = await walk.read(port.metrics, PortMetrics) if port is not None and port.metrics else None
     errors = metrics.pcie_errors if metrics is not None else None

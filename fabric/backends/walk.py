@@ -387,6 +387,15 @@ class Walk:
             reads = [(c, levels) for c, levels in reads if c not in deep] + [(c, 3) for c in sorted(deep)]
         await asyncio.gather(*(self._read_inline(collection, levels) for collection, levels in reads))
 
+    async def prefetch_siblings(self, uri: str, levels: int) -> None:
+        """Read the collection ``uri`` is a member of with ``$expand=.($levels=levels)`` (no deeper
+        than the service goes), once a pass: a port's ``Metrics`` for every port of a switch in one
+        request instead of two a device. Only a speed-up, as :meth:`prefetch`."""
+        collection = uri.rstrip("/").rpartition("/")[0]
+        if not self.expand or not collection or uri in self._cache:
+            return
+        await self._read_inline(collection, max(1, min(levels, self.max_levels)))
+
     async def _read_inline(self, collection: str, levels: int) -> None:
         key = f"{collection}?$expand=.($levels={levels})"
         if not self.expand:

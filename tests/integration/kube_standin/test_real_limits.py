@@ -69,6 +69,8 @@ async def test_feature_gates_flag_turns_the_fields_on(tmp_path: Path) -> None:
 async def test_a_1_36_server_keeps_them_and_bindsToNode_alone(server_136: ApiServerProcess) -> None:
     async with server_136.client() as kube:
         device = (await kube.create(RESOURCE_SLICES, _gated_slice("gated-136")))["spec"]["devices"][0]
+        # kept, each taint stamped with the write's time (SetDefaults_DeviceTaint)
+        assert all(t.pop("timeAdded") for t in device["taints"])
         assert {k: device[k] for k in GATED} == GATED
         alone = resource_slice("binds-136", devices=1)
         alone["spec"]["devices"][0]["bindsToNode"] = True
