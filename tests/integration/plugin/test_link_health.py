@@ -111,6 +111,12 @@ async def _link_condition(stack: PluginStack, ref: ClaimRef) -> dict[str, Any] |
     return None
 
 
+async def _link_recovered(stack: PluginStack, ref: ClaimRef) -> dict[str, Any] | None:
+    """The claim's LinkHealthy condition once it is True again."""
+    found = await _link_condition(stack, ref)
+    return found if found is not None and found["status"] == "True" else None
+
+
 async def _gpu(fabric: Fabric) -> Device:
     async with ManagerClient(fabric.processes.manager.address) as client:
         return next(
@@ -159,11 +165,7 @@ def test_a_link_that_stays_down_makes_the_device_unhealthy_until_it_recovers(fab
             assert fault is not None
             await _until(healthy, "HEALTHY again once the link is back", within=RECOVER + 30)
 
-            async def recovered() -> bool:
-                found = await _link_condition(fabric.stack, ref)
-                return found is not None and found["status"] == "True"
-
-            await _until(recovered, "LinkHealthy True again")
+            await _until(lambda: _link_recovered(fabric.stack, ref), "LinkHealthy True again")
             assert (await fabric.stack.unprepare([ref])).claims[ref.uid].error == ""
         finally:
             await asyncio.to_thread(emulator.reset_faults)
@@ -254,11 +256,8 @@ def test_a_fatal_error_makes_the_device_unhealthy_at_once_until_the_errors_stop(
             await _until(healthy, "HEALTHY again once the errors stop", within=RECOVER + 30)
             assert time.monotonic() - stopped >= RECOVER - 1, "not before the recovery time"
 
-            async def recovered() -> bool:
-                found = await _link_condition(fabric.stack, ref)
-                return found is not None and (found["status"], found["reason"]) == ("True", "LinkRecovered")
-
-            await _until(recovered, "LinkHealthy True again")
+            recovered = await _until(lambda: _link_recovered(fabric.stack, ref), "LinkHealthy True again")
+            assert recovered["reason"] == "LinkRecovered", recovered
             assert (await fabric.stack.unprepare([ref])).claims[ref.uid].error == ""
         finally:
             await asyncio.to_thread(emulator.reset_faults)
