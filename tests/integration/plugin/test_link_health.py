@@ -15,9 +15,10 @@ minute allowed, i.e. 2 in a hold; the defaults are 30 s, 120 s and 10 a minute.)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import pytest
 
 from dra_driver.proto.dra_health_v1alpha1 import api_pb2 as health_pb2
 from dra_driver.proto.dra_health_v1alpha1 import api_pb2_grpc as health_grpc
+from fabric_dra_testbed.stack import Emulator
 from manager_api.client import ManagerClient
 from manager_api.models import BindingState, Device, DeviceType, FabricNode
 from plumbing.kube.resources import RESOURCE_CLAIMS
@@ -126,17 +128,32 @@ async def _gpu(fabric: Fabric) -> Device:
         )
 
 
+@contextlib.asynccontextmanager
+async def _watched_claim(
+    fabric: Fabric, name: str, gpu: Device | None = None
+) -> AsyncIterator[tuple[Device, ClaimRef, Health, Emulator]]:
+    """A claim of a GPU prepared while the kubelet's side follows the health stream; afterwards
+    the emulator's faults are reset and the stream is left."""
+    gpu = gpu or await _gpu(fabric)
+    ref = await fabric.stack.create_claim(name, [("gpu", gpu.name)], pool=gpu.pool)
+    health = Health()
+    watcher = asyncio.create_task(health.follow(fabric.stack.dra_socket))
+    emulator = fabric.processes.emulator_handle
+    try:
+        await asyncio.wait_for(health.opened.wait(), 30)
+        assert (await fabric.stack.prepare([ref])).claims[ref.uid].error == ""
+        yield gpu, ref, health, emulator
+    finally:
+        await asyncio.to_thread(emulator.reset_faults)
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+
+
 def test_a_link_that_stays_down_makes_the_device_unhealthy_until_it_recovers(fabric: Fabric) -> None:
     async def scenario() -> None:
         gpu = await _gpu(fabric)
         assert gpu.pcie_width and gpu.pcie_width > 4
-        ref = await fabric.stack.create_claim("link-gpu", [("gpu", gpu.name)], pool=gpu.pool)
-        health = Health()
-        watcher = asyncio.create_task(health.follow(fabric.stack.dra_socket))
-        emulator = fabric.processes.emulator_handle
-        try:
-            await asyncio.wait_for(health.opened.wait(), 30)
-            assert (await fabric.stack.prepare([ref])).claims[ref.uid].error == ""
+        async with _watched_claim(fabric, "link-gpu", gpu) as (_, ref, health, emulator):
 
             async def healthy() -> bool:
                 return health.latest.get(gpu.name) == "HEALTHY"
@@ -167,25 +184,14 @@ def test_a_link_that_stays_down_makes_the_device_unhealthy_until_it_recovers(fab
 
             await _until(lambda: _link_recovered(fabric.stack, ref), "LinkHealthy True again")
             assert (await fabric.stack.unprepare([ref])).claims[ref.uid].error == ""
-        finally:
-            await asyncio.to_thread(emulator.reset_faults)
-            watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
 
     asyncio.run(scenario())
 
 
 def test_a_link_down_for_less_than_the_hold_moves_nothing(fabric: Fabric) -> None:
     async def scenario() -> None:
-        gpu = await _gpu(fabric)
-        ref = await fabric.stack.create_claim("link-blip", [("gpu", gpu.name)], pool=gpu.pool)
-        health = Health()
-        watcher = asyncio.create_task(health.follow(fabric.stack.dra_socket))
-        emulator = fabric.processes.emulator_handle
         seen: set[str] = set()
-        try:
-            await asyncio.wait_for(health.opened.wait(), 30)
-            assert (await fabric.stack.prepare([ref])).claims[ref.uid].error == ""
+        async with _watched_claim(fabric, "link-blip") as (gpu, ref, health, emulator):
             await asyncio.to_thread(
                 emulator.inject, {"Kind": "LinkDegraded", "Device": gpu.name, "LanesInUse": 1}
             )
@@ -204,10 +210,6 @@ def test_a_link_down_for_less_than_the_hold_moves_nothing(fabric: Fabric) -> Non
             assert "UNHEALTHY" not in seen
             assert await _link_condition(fabric.stack, ref) is None
             assert (await fabric.stack.unprepare([ref])).claims[ref.uid].error == ""
-        finally:
-            await asyncio.to_thread(emulator.reset_faults)
-            watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
 
     asyncio.run(scenario())
 
@@ -225,14 +227,7 @@ async def _manager_counts(fabric: Fabric, device: str, **counts: int) -> None:
 
 def test_a_fatal_error_makes_the_device_unhealthy_at_once_until_the_errors_stop(fabric: Fabric) -> None:
     async def scenario() -> None:
-        gpu = await _gpu(fabric)
-        ref = await fabric.stack.create_claim("errors-fatal", [("gpu", gpu.name)], pool=gpu.pool)
-        health = Health()
-        watcher = asyncio.create_task(health.follow(fabric.stack.dra_socket))
-        emulator = fabric.processes.emulator_handle
-        try:
-            await asyncio.wait_for(health.opened.wait(), 30)
-            assert (await fabric.stack.prepare([ref])).claims[ref.uid].error == ""
+        async with _watched_claim(fabric, "errors-fatal") as (gpu, ref, health, emulator):
 
             async def healthy() -> bool:
                 return health.latest.get(gpu.name) == "HEALTHY"
@@ -259,25 +254,14 @@ def test_a_fatal_error_makes_the_device_unhealthy_at_once_until_the_errors_stop(
             recovered = await _until(lambda: _link_recovered(fabric.stack, ref), "LinkHealthy True again")
             assert recovered["reason"] == "LinkRecovered", recovered
             assert (await fabric.stack.unprepare([ref])).claims[ref.uid].error == ""
-        finally:
-            await asyncio.to_thread(emulator.reset_faults)
-            watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
 
     asyncio.run(scenario())
 
 
 def test_one_correctable_error_moves_nothing_a_burst_above_the_rate_does(fabric: Fabric) -> None:
     async def scenario() -> None:
-        gpu = await _gpu(fabric)
-        ref = await fabric.stack.create_claim("errors-correctable", [("gpu", gpu.name)], pool=gpu.pool)
-        health = Health()
-        watcher = asyncio.create_task(health.follow(fabric.stack.dra_socket))
-        emulator = fabric.processes.emulator_handle
         seen: set[str] = set()
-        try:
-            await asyncio.wait_for(health.opened.wait(), 30)
-            assert (await fabric.stack.prepare([ref])).claims[ref.uid].error == ""
+        async with _watched_claim(fabric, "errors-correctable") as (gpu, ref, health, emulator):
             await asyncio.to_thread(
                 emulator.inject, {"Kind": "PCIeErrors", "Device": gpu.name, "CorrectableErrorCount": 1}
             )
@@ -301,9 +285,5 @@ def test_one_correctable_error_moves_nothing_a_burst_above_the_rate_does(fabric:
             assert (condition["status"], condition["reason"]) == ("False", "PCIeErrors")
             assert "4 correctable errors in the last 2 s" in condition["message"]
             assert (await fabric.stack.unprepare([ref])).claims[ref.uid].error == ""
-        finally:
-            await asyncio.to_thread(emulator.reset_faults)
-            watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
 
     asyncio.run(scenario())
