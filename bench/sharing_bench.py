@@ -409,6 +409,19 @@ class _Violations:
     samples: int = 0
     first: list[str] = field(default_factory=list)
 
+    def asked_again_and_stale(self) -> dict[str, Any]:
+        """The report's figures of refusals asked again, stale requests and samples (both runs)."""
+        return {
+            "manager_refused_then_asked_again": self.refused,
+            "given_up_after_60_s": self.given_up,
+            "detach_failed_then_asked_again": len(self.detach_failures),
+            "detach_failures_first": sorted(set(self.detach_failures))[:3],
+            "stale_sent": self.stale_accepted + self.stale_refused,
+            "stale_refused": self.stale_refused,
+            "stale_accepted": self.stale_accepted,
+            "samples": self.samples,
+        }
+
     def count(self, refusals: list[str]) -> None:
         """Refusals the bench asked again after (as the kubelet would), by their first words."""
         for what in refusals:
@@ -552,14 +565,7 @@ async def _random_partitions(
         "waited_for_a_release": book.waited,
         "lost_to_layout": book.lost_to_layout,
         "lost_to_layout_percent": round(100 * book.lost_to_layout / max(1, book.partitions), 2),
-        "manager_refused_then_asked_again": seen.refused,
-        "given_up_after_60_s": seen.given_up,
-        "detach_failed_then_asked_again": len(seen.detach_failures),
-        "detach_failures_first": sorted(set(seen.detach_failures))[:3],
-        "stale_sent": seen.stale_accepted + seen.stale_refused,
-        "stale_refused": seen.stale_refused,
-        "stale_accepted": seen.stale_accepted,
-        "samples": seen.samples,
+        **seen.asked_again_and_stale(),
         "counter_over_commit": seen.over_commit + seen.stale_accepted,
         "gpus_bound_to_two_nodes": seen.two_nodes + seen.wrong_node,
         "leaks_after_release": leaks,
@@ -815,14 +821,7 @@ async def _random_shares(
         "cpu_seconds": cpu,
         "attach": summary_ms(attach_s),
         "waited_for_room": waited,
-        "manager_refused_then_asked_again": seen.refused,
-        "given_up_after_60_s": seen.given_up,
-        "detach_failed_then_asked_again": len(seen.detach_failures),
-        "detach_failures_first": sorted(set(seen.detach_failures))[:3],
-        "stale_sent": seen.stale_accepted + seen.stale_refused,
-        "stale_refused": seen.stale_refused,
-        "stale_accepted": seen.stale_accepted,
-        "samples": seen.samples,
+        **seen.asked_again_and_stale(),
         "over_commit": seen.over_commit + seen.stale_accepted,
         "utilisation_percent": {
             n: {
