@@ -29,6 +29,7 @@ from manager_api.models import (
     Inventory,
     NodeClaims,
     Operation,
+    OrphanedTreeClaims,
     PreparedClaim,
     ResetOutcome,
     ResetReport,
@@ -335,6 +336,10 @@ class ManagerClient:
         """The usage from ``since`` (to ``until``) as a FOCUS CSV document."""
         params = {"since": since.isoformat(), "until": until.isoformat() if until else None}
         return (await self._request("GET", "/usage/focus", params=params)).text
+
+    async def orphaned_trees(self) -> OrphanedTreeClaims:
+        """Claims holding devices whose agent tree's root is gone and that no pod uses."""
+        return OrphanedTreeClaims.model_validate_json((await self._request("GET", "/trees/orphaned")).content)
 
     async def drains(self) -> DrainList:
         """Every drain, with the devices each covers now."""

@@ -124,6 +124,8 @@ __all__ = [
     "OperationId",
     "OperationKind",
     "OperationState",
+    "OrphanedTreeClaim",
+    "OrphanedTreeClaims",
     "PoolName",
     "PreparedClaim",
     "ReachGroup",
@@ -638,6 +640,26 @@ class DrainAnswer(_Model):
 
 class DrainList(_Model):
     drains: list[Drain]
+
+
+class OrphanedTreeClaim(_Model):
+    """A claim whose agent tree's root is gone and which no pod uses (docs/manager.md, "Orphaned agent
+    trees")."""
+
+    namespace: str
+    name: str
+    uid: str
+    reason: str = Field(description="root-gone-pods-gone or root-gone-pods-terminating")
+    root: str = Field(description="what is gone of the tree: the kind and name of the missing object")
+    pods: list[str] = Field(
+        default_factory=list, description="the pods the claim is reserved for, and their state"
+    )
+    since: datetime = Field(description="when this manager first found it so")
+
+
+class OrphanedTreeClaims(_Model):
+    policy: str = Field(description="off, report or release (--orphaned-trees)")
+    claims: list[OrphanedTreeClaim]
 
 
 #: RFC 3339 ``date-time`` (section 5.6) with its zone, as ``GET /usage?since=`` must be (and ``fabric-dra

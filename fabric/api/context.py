@@ -60,6 +60,8 @@ class AppContext:
     usage: UsageMeter | None = None
     #: the operators' drains (``/api/v1/drains``); None: not served
     drains: DrainBook | None = None
+    #: claims of orphaned agent trees (``/api/v1/trees/orphaned``); None: not looked for here
+    orphaned_trees: Callable[[], api.OrphanedTreeClaims] | None = None
 
 
 def _context(request: Request) -> AppContext:

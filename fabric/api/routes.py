@@ -48,9 +48,10 @@ OPERATIONS = APIRouter()
 REPORTS = APIRouter()
 USAGE = APIRouter()
 DRAINS = APIRouter()
+TREES = APIRouter()
 
 #: in the order the API document lists them
-ROUTERS = (PROBES, FABRIC, ATTACHMENTS, OPERATIONS, REPORTS, USAGE, DRAINS)
+ROUTERS = (PROBES, FABRIC, ATTACHMENTS, OPERATIONS, REPORTS, USAGE, DRAINS, TREES)
 
 
 @PROBES.get("/healthz", include_in_schema=False)
@@ -378,3 +379,16 @@ async def undrain(
         drain=api.Drain(target=target, name=name, reason="", effect=effect, since=now, by=caller.user),
         changed=False,
     )
+
+
+@TREES.get(
+    f"{api.API_PREFIX}/trees/orphaned",
+    response_model=api.OrphanedTreeClaims,
+    response_model_by_alias=True,
+    summary="claims holding devices whose agent tree's root is gone and that no pod uses",
+)
+async def orphaned_trees(caller: Reader, ctx: Ctx) -> api.OrphanedTreeClaims:
+    if ctx.orphaned_trees is None:
+        # No Kubernetes API access, or --orphaned-trees off: nothing is looked for, so nothing found.
+        return api.OrphanedTreeClaims(policy="off", claims=[])
+    return ctx.orphaned_trees()

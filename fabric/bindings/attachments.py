@@ -59,6 +59,7 @@ from manager_api.errors import (
     AttachTimeout,
     DeviceBusy,
     DeviceNotFound,
+    FabricUnavailable,
     NotLeader,
 )
 from plumbing.logs import get_logger
@@ -238,6 +239,11 @@ class Attachments:
         """Unbind ``device`` if ``claim`` holds it on ``node``; anything else is a no-op success.
         A partition device lets go of its placement; a memory pool's share is named by ``share_id``."""
         self._require_leader()
+        if not self.inventory.loaded.is_set():
+            # Before the first pass a bound device is not in the inventory yet, and its detach would
+            # read as "no longer on the fabric": the entry dropped, the device left bound (found by
+            # an orphan sweep started right after a restart). The REST routes refuse earlier.
+            raise FabricUnavailable("the fabric inventory is not loaded yet", retry_after=2.0)
         partition = self.sharing.partition(device)
         if partition is not None:
             return await self.sharing.detach_partition(partition, claim, node, wait)

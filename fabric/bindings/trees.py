@@ -32,12 +32,15 @@ from typing import Any
 from plumbing.kube.client import ApiError, KubeClient, NotFound
 from plumbing.kube.dra import ResourceClaim
 from plumbing.logs import get_logger
+from plumbing.names import is_qualified_name
 
 __all__ = [
+    "Fetch",
     "KindPaths",
     "OwnerChains",
     "Root",
     "RootLookup",
+    "TreeRootLabel",
     "label_tree",
     "parent_reference",
 ]
@@ -62,6 +65,26 @@ def parent_reference(owner_references: Sequence[Mapping[str, Any]]) -> Mapping[s
         if ref.get("controller") is True:
             return ref
     return owner_references[0] if owner_references else None
+
+
+@dataclass(frozen=True)
+class TreeRootLabel:
+    """``KEY=apiVersion/Kind``: claims labelled ``KEY`` belong to the tree whose root is the object
+    of that kind named by the label's value, in the claim's namespace."""
+
+    key: str
+    api_version: str
+    kind: str
+
+    @classmethod
+    def parse(cls, text: str) -> TreeRootLabel:
+        key, sep, target = text.partition("=")
+        api_version, _, kind = target.rpartition("/")
+        if not sep or not is_qualified_name(key) or not api_version or not kind.isalnum():
+            raise ValueError(
+                f"'{text[:80]}' is not KEY=apiVersion/Kind (e.g. agents.example.com/tree=batch/v1/Job)"
+            )
+        return cls(key, api_version, kind)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from manager_api import models as api
 from manager_api.client import ManagerClient
-from manager_api.errors import FabricError, FabricUnavailable, Unauthenticated
+from manager_api.errors import FabricError, FabricUnavailable, NotFoundError, Unauthenticated
 from manager_api.partitions import parse_partition
 from plumbing.cli import CliError, dump_document, emit
 from plumbing.cli import format_table as _table
@@ -94,7 +94,9 @@ def _task_progress(op: api.Operation) -> str:
     return f"{op.redfish_task_percent}%{read}"
 
 
-def status_document(inventory: api.Inventory, operations: list[api.Operation]) -> dict[str, Any]:
+def status_document(
+    inventory: api.Inventory, operations: list[api.Operation], orphaned: api.OrphanedTreeClaims | None = None
+) -> dict[str, Any]:
     """What ``-o json`` and ``-o yaml`` print."""
     bindings = [
         d.model_dump(
@@ -135,14 +137,25 @@ def status_document(inventory: api.Inventory, operations: list[api.Operation]) -
         "memoryPools": memory_pools,
         "operations": in_flight,
         "notices": inventory.notices,
+        "orphanedTreeClaims": [c.model_dump(mode="json", by_alias=True) for c in orphaned.claims]
+        if orphaned is not None
+        else [],
     }
 
 
-def render_json(inventory: api.Inventory, operations: list[api.Operation]) -> str:
-    return json.dumps(status_document(inventory, operations), indent=2)
+def render_json(
+    inventory: api.Inventory, operations: list[api.Operation], orphaned: api.OrphanedTreeClaims | None = None
+) -> str:
+    return json.dumps(status_document(inventory, operations, orphaned), indent=2)
 
 
-def render_table(inventory: api.Inventory, operations: list[api.Operation], *, wide: bool = False) -> str:
+def render_table(
+    inventory: api.Inventory,
+    operations: list[api.Operation],
+    *,
+    wide: bool = False,
+    orphaned: api.OrphanedTreeClaims | None = None,
+) -> str:
     """The tables; ``wide`` adds each binding's host, binding style, serial and PCIe link."""
     parts = [
         *_notices_table(inventory),
@@ -151,9 +164,25 @@ def render_table(inventory: api.Inventory, operations: list[api.Operation], *, w
         *_sharing_table(inventory),
         *_operations_table(operations),
         *_unhealthy_table(inventory),
+        *_orphaned_trees_table(orphaned),
         f"inventory version {inventory.version}; {len(inventory.nodes)} node(s)",
     ]
     return "\n".join(parts)
+
+
+def _orphaned_trees_table(orphaned: api.OrphanedTreeClaims | None) -> list[str]:
+    """Claims of agent trees whose root is gone: what the operator may release (docs/manager.md)."""
+    if orphaned is None or not orphaned.claims:
+        return []
+    rows = [
+        [f"{c.namespace}/{c.name}", c.reason, c.root, "; ".join(c.pods) or "-", _age(c.since)]
+        for c in orphaned.claims
+    ]
+    return [
+        f"ORPHANED AGENT TREES (policy {orphaned.policy})",
+        _table(["CLAIM", "REASON", "GONE", "PODS", "FOR"], rows),
+        "",
+    ]
 
 
 def _notices_table(inventory: api.Inventory) -> list[str]:
@@ -320,10 +349,23 @@ def explain_failure(err: FabricError, args: argparse.Namespace, token_given: boo
     return f"cannot read {reading}: {why}"
 
 
-def _render(args: argparse.Namespace, inventory: api.Inventory, operations: list[api.Operation]) -> str:
+def _render(
+    args: argparse.Namespace,
+    inventory: api.Inventory,
+    operations: list[api.Operation],
+    orphaned: api.OrphanedTreeClaims | None = None,
+) -> str:
     if args.output in ("json", "yaml"):
-        return dump_document(status_document(inventory, operations), args.output)
-    return render_table(inventory, operations, wide=args.output == "wide")
+        return dump_document(status_document(inventory, operations, orphaned), args.output)
+    return render_table(inventory, operations, wide=args.output == "wide", orphaned=orphaned)
+
+
+async def _orphaned(client: ManagerClient) -> api.OrphanedTreeClaims | None:
+    """The orphaned agent-tree claims, None from a manager that does not serve them (an older one)."""
+    try:
+        return await client.orphaned_trees()
+    except NotFoundError:
+        return None
 
 
 def manager_client(args: argparse.Namespace) -> tuple[ManagerClient, bool]:
@@ -370,7 +412,7 @@ async def run_status(args: argparse.Namespace, out: TextIO | None = None) -> int
             inventory = await client.inventory()
             while True:
                 operations = await client.operations()
-                text = _render(args, inventory, operations)
+                text = _render(args, inventory, operations, await _orphaned(client))
                 if clear:
                     stream.write(_CLEAR)
                 elif watch:

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from fabric.backends.discovery import BindingPlan
 from fabric.bindings.attribution import DEFAULT_VALUES_MAX, check_label_key
+from fabric.bindings.trees import TreeRootLabel
 from fabric.bindings.warm_policy import WarmSettings
 from fabric.driver.settings import OperationSettings
 from fabric.errors import ConfigError
@@ -293,6 +294,23 @@ class ManagerSettings(BaseModel):
     orphan_interval_seconds: Annotated[float, Setting(group=STATE)] = Field(
         default=60.0, gt=0, description="how often bindings are checked"
     )
+    orphaned_trees: Annotated[Literal["off", "report", "release"], Setting(group=STATE)] = Field(
+        default="report",
+        description="claims whose agent tree's root is gone and that no pod uses: report them (metric, "
+        "Event, status), also release their bindings, or do nothing (docs/manager.md, orphaned agent trees)",
+    )
+    orphaned_tree_grace_seconds: Annotated[float, Setting(group=STATE)] = Field(
+        default=600.0,
+        ge=0,
+        description="how long a claim's pods must be gone, or stuck Terminating since their deletion, "
+        "before its tree counts as orphaned",
+    )
+    tree_root_label: Annotated[str | None, Setting(group=STATE)] = Field(
+        default=None,
+        description="KEY=apiVersion/Kind: claims labelled KEY belong to the tree whose root is the object of "
+        "that kind named by the label's value (e.g. agents.example.com/tree=batch/v1/Job); without it, "
+        "trees are found by the claims' owner references",
+    )
     plugin_report_ttl_seconds: Annotated[float, Setting(group=STATE)] = Field(
         default=90.0,
         gt=0,
@@ -396,6 +414,13 @@ class ManagerSettings(BaseModel):
     def _label_keys(cls, keys: list[str]) -> list[str]:
         """The same check for keys from the environment or a --config file."""
         return [check_label_key(key) for key in keys]
+
+    @field_validator("tree_root_label")
+    @classmethod
+    def _tree_root_label(cls, text: str | None) -> str | None:
+        if text is not None:
+            TreeRootLabel.parse(text)  # ValueError in one line
+        return text
 
     @property
     def uses_kube(self) -> bool:

@@ -144,6 +144,8 @@ class ManagerService:
             loops.append(asyncio.create_task(parts.holders.orphans.run(), name="orphans"))
         elif self.settings.orphan_grace_seconds > 0:
             log.info("no Kubernetes API access: orphaned bindings are not detached (claims cannot be read)")
+        if parts.holders.orphaned_trees is not None:
+            loops.append(asyncio.create_task(parts.holders.orphaned_trees.run(), name="orphaned-trees"))
         return loops, warm
 
     async def _lead(

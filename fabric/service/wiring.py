@@ -30,8 +30,10 @@ from fabric.backends.discovery import Discovery
 from fabric.backends.watch import InventoryWatch
 from fabric.bindings.attachments import Attachments
 from fabric.bindings.attribution import Attribution, attributed_seconds, load_price_list
+from fabric.bindings.orphan_trees import OrphanedTrees
 from fabric.bindings.orphans import OrphanReconciler
 from fabric.bindings.reconcile import ForeignBindings, Reconciler
+from fabric.bindings.trees import KindPaths, TreeRootLabel
 from fabric.bindings.usage import (
     ConfigMapUsageStore,
     FileUsageStore,
@@ -151,6 +153,7 @@ def build_parts(
             not_ready=lambda: not_ready(inventory),
             usage=usage,
             drains=drains,
+            orphaned_trees=holders.orphaned_trees.findings if holders.orphaned_trees is not None else None,
         )
     )
     return ManagerParts(
@@ -171,6 +174,8 @@ class Holders:
     reports: PluginReports
     #: None without Kubernetes API access, or with the grace period 0 (orphans are never detached)
     orphans: OrphanReconciler | None
+    #: claims of agent trees whose root is gone; None without Kubernetes API access or when off
+    orphaned_trees: OrphanedTrees | None = None
 
 
 def _holders(
@@ -200,6 +205,20 @@ def _holders(
             metrics=metrics,
             events=events,
         )
+    trees = None
+    if kube is not None and claims is not None and s.orphaned_trees != "off":
+        trees = OrphanedTrees(
+            attachments,
+            claims,
+            KindPaths(kube).fetch,
+            reports,
+            policy=s.orphaned_trees,
+            grace_seconds=s.orphaned_tree_grace_seconds,
+            interval=s.orphan_interval_seconds,
+            root_label=TreeRootLabel.parse(s.tree_root_label) if s.tree_root_label else None,
+            metrics=metrics,
+            events=events,
+        )
     return Holders(
         warm,
         claims,
@@ -207,6 +226,7 @@ def _holders(
         Reconciler(inventory, ledger, driver, chunk_grace=s.orphan_grace_seconds),
         reports,
         orphans,
+        trees,
     )
 
 

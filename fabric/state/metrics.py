@@ -226,6 +226,13 @@ class ManagerMetrics:
             "fabric_dra_manager_leader", "1 while this replica is the leader", registry=self.registry
         )
 
+    def set_orphaned_tree_claims(self, counts: dict[tuple[str, str], int]) -> None:
+        """The orphaned agent-tree claims of the last pass, by (namespace, reason); series that
+        dropped to nothing are removed, not left at their last value."""
+        self.orphaned_tree_claims.clear()
+        for (namespace, reason), count in counts.items():
+            self.orphaned_tree_claims.labels(namespace, reason).set(count)
+
     def _declare_holders(self) -> None:
         """Who holds devices: orphans, the warm pool and its resets."""
         self.orphan_bindings = Gauge(
@@ -237,6 +244,19 @@ class ManagerMetrics:
             "fabric_dra_orphans_detached_total",
             "Orphaned bindings detached, by why nothing explained them",
             ["reason"],
+            registry=self.registry,
+        )
+        self.orphaned_tree_claims = Gauge(
+            "fabric_dra_orphaned_tree_claims",
+            "Claims holding bindings whose agent tree's root is gone and whose pods are gone "
+            "(root-gone-pods-gone) or stuck Terminating past the grace (root-gone-pods-terminating)",
+            ["namespace", "reason"],
+            registry=self.registry,
+        )
+        self.orphaned_tree_released = PromCounter(
+            "fabric_dra_orphaned_tree_claims_released_total",
+            "Orphaned agent-tree claims whose bindings were released (--orphaned-trees release)",
+            ["namespace"],
             registry=self.registry,
         )
         self.warm_claims = PromCounter(

@@ -212,17 +212,21 @@ def test_the_controller_labels_only_nodes_with_a_ready_plugin(objects: list[Obj]
             labels = workload["spec"]["template"]["metadata"]["labels"]
             assert not _selects(selector, labels), workload["metadata"]["name"]
     pod_rules = [
-        (role["kind"], role["metadata"].get("namespace"), rule)
+        (role["kind"], role["metadata"].get("namespace"), role["metadata"]["name"], rule)
         for role in find(objects, "Role") + find(objects, "ClusterRole")
         for rule in role["rules"]
         if "pods" in rule.get("resources", [])
     ]
+    # Besides the controller's watch of the plugin's pods, only the manager reads pods: one at a
+    # time (get), those an orphaned agent tree's claims are reserved for.
     assert pod_rules == [
         (
             "Role",
             ds["metadata"]["namespace"],
+            "fabric-dra-controller",
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
-        )
+        ),
+        ("ClusterRole", None, "fabric-dra-manager", {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}),
     ]
 
 

@@ -153,6 +153,14 @@ SYNTHETIC: dict[str, set[tuple[str, str, str]]] = {
     # Not a request the controller makes: from Kubernetes 1.36 the API server authorises each
     # status.devices write a second time against this subresource (docs/controller.md, "RBAC").
     "controller-binding-conditions": {("resource.k8s.io", "resourceclaims/driver", "arbitrary-node:update")},
+    # The orphaned-tree check reads the objects of a claim's owner chain by the kind each reference
+    # names (fabric.bindings.trees.KindPaths: a path from discovery, not a resource constant): the
+    # claim's pods and the workload kinds that own pods.
+    "manager": {
+        ("", "pods", "get"),
+        *(("apps", kind, "get") for kind in ("replicasets", "deployments", "statefulsets")),
+        *(("batch", kind, "get") for kind in ("jobs", "cronjobs")),
+    },
 }
 
 
