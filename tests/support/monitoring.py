@@ -18,6 +18,7 @@ __all__ = [
     "dashboard",
     "exposed_names",
     "metric_names",
+    "recorded_names",
     "rule_groups",
     "used_expressions",
 ]
@@ -29,6 +30,8 @@ DASHBOARD = MONITORING_DIR / "fabric-dra-dashboard.json"
 # PromQL functions, keywords and label names that look like metric names are never fabric-dra's:
 # only names of the project's families and the process/build collectors are checked.
 _METRIC = re.compile(r"\b((?:fabric_dra|process)_[a-z0-9_]+)\b")
+# The recording rules' series (``level:metric:operation``, Prometheus' naming convention).
+_RECORDED = re.compile(r"\b(fabric_dra:[a-z0-9_:]+)")
 
 
 def rule_groups() -> dict[str, Any]:
@@ -43,10 +46,15 @@ def dashboard() -> dict[str, Any]:
 
 
 def used_expressions() -> dict[str, str]:
-    """Where → PromQL, for every alert and every dashboard panel target."""
-    found = {
-        f"alert {rule['alert']}": rule["expr"] for group in rule_groups()["groups"] for rule in group["rules"]
-    }
+    """Where → PromQL, for every alert, recording rule and dashboard panel target (an alert or a
+    recording rule defined twice, for two label sets, is listed as such)."""
+    found: dict[str, str] = {}
+    for group in rule_groups()["groups"]:
+        for rule in group["rules"]:
+            where = f"alert {rule['alert']}" if "alert" in rule else f"record {rule['record']}"
+            labels = sorted(rule.get("labels", {}).items())
+            where += "".join(f" {k}={v}" for k, v in labels if k != "severity")
+            found[where] = rule["expr"]
     for panel in dashboard()["panels"]:
         for target in panel.get("targets", []):
             found[f"panel {panel['title']!r} {target['refId']}"] = target["expr"]
@@ -55,6 +63,11 @@ def used_expressions() -> dict[str, str]:
 
 def metric_names(expr: str) -> set[str]:
     return set(_METRIC.findall(expr))
+
+
+def recorded_names(expr: str) -> set[str]:
+    """The recording rules' series ``expr`` reads."""
+    return set(_RECORDED.findall(expr))
 
 
 def exposed_names(exposition: str) -> set[str]:

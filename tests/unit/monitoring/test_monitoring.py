@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -18,6 +19,7 @@ from tests.support.monitoring import (
     dashboard,
     exposed_names,
     metric_names,
+    recorded_names,
     rule_groups,
     used_expressions,
 )
@@ -25,6 +27,8 @@ from tests.support.tools import find_tool, needs_tool
 
 PROMTOOL, NO_PROMTOOL = find_tool(["promtool"], "promtool", "prometheus")
 REPO = Path(__file__).resolve().parents[3]
+HERE = Path(__file__).parent
+OPERATIONS = REPO / "docs" / "operations.md"
 
 
 @pytest.fixture
@@ -39,7 +43,8 @@ def test_promtool_checks_the_rules(rules_file: Path) -> None:
     assert PROMTOOL is not None
     done = subprocess.run([PROMTOOL, "check", "rules", str(rules_file)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 10 rules found" in done.stdout + done.stderr
+    rules = sum(len(group["rules"]) for group in rule_groups()["groups"])
+    assert f"SUCCESS: {rules} rules found" in done.stdout + done.stderr
 
 
 @needs_tool(PROMTOOL, NO_PROMTOOL)
@@ -47,23 +52,64 @@ def test_each_alert_fires_on_its_situation(rules_file: Path) -> None:
     assert PROMTOOL is not None
     # The unit tests are about when each alert fires and with which labels; its texts are checked by
     # ``promtool check rules`` above (their templates), so they are left out rather than copied here.
-    groups = rule_groups()
-    for group in groups["groups"]:
-        for rule in group["rules"]:
-            rule.pop("annotations")
-    rules_file.write_text(yaml.safe_dump(groups))
-    tests = rules_file.parent / "alerts_test.yaml"
-    shutil.copy(Path(__file__).with_name("alerts_test.yaml"), tests)
-    done = subprocess.run([PROMTOOL, "test", "rules", str(tests)], capture_output=True, text=True)
+    # Every ``*_test.yaml`` beside this module is a promtool test file of the same rules.
+    _write_without_annotations(rules_file, rule_groups())
+    tests = [Path(shutil.copy(path, rules_file.parent)) for path in sorted(HERE.glob("*_test.yaml"))]
+    done = subprocess.run([PROMTOOL, "test", "rules", *map(str, tests)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     tested = {
-        t["alertname"] for case in yaml.safe_load(tests.read_text())["tests"] for t in case["alert_rule_test"]
+        t["alertname"]
+        for path in tests
+        for case in yaml.safe_load(path.read_text())["tests"]
+        for t in case.get("alert_rule_test", [])
     }
-    assert tested == {r["alert"] for g in rule_groups()["groups"] for r in g["rules"]}
+    assert tested == {r["alert"] for g in rule_groups()["groups"] for r in g["rules"] if "alert" in r}
+
+
+def _write_without_annotations(path: Path, groups: dict[str, Any]) -> None:
+    for group in groups["groups"]:
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    path.write_text(yaml.safe_dump(groups))
+
+
+#: a day and an hour with client=acme on 1 device, then 10: an anomaly for k = 3, none for k = 20
+_FACTOR_CASE = """
+rule_files: [rules.yaml]
+evaluation_interval: 5m
+tests:
+  - interval: 1m
+    input_series:
+      - series: fabric_dra_attributed_seconds_total{key="client",value="acme",model="H100",state="bound"}
+        values: 0+60x1500 90600+600x60
+    alert_rule_test:
+      - eval_time: 1560m
+        alertname: FabricDraSpendAnomaly
+        exp_alerts: %s
+"""
+
+
+@needs_tool(PROMTOOL, NO_PROMTOOL)
+@pytest.mark.parametrize("factor", [3, 20])
+def test_the_anomaly_factor_is_set_in_one_place(rules_file: Path, factor: int) -> None:
+    """k lives in the recording rule ``fabric_dra:spend_anomaly_factor`` alone: changing it there
+    changes what the alert judges an anomaly."""
+    assert PROMTOOL is not None
+    groups = rule_groups()
+    rules = [rule for group in groups["groups"] for rule in group["rules"]]
+    knobs = [rule for rule in rules if rule.get("record") == "fabric_dra:spend_anomaly_factor"]
+    assert [rule["expr"] for rule in knobs] == ["vector(3)"]
+    knobs[0]["expr"] = f"vector({factor})"
+    _write_without_annotations(rules_file, groups)
+    acme = "[{exp_labels: {severity: warning, scope: label, key: client, value: acme}}]"
+    tests = rules_file.with_name("factor_test.yaml")
+    tests.write_text(_FACTOR_CASE % (acme if factor == 3 else "[]"))
+    done = subprocess.run([PROMTOOL, "test", "rules", str(tests)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_the_issue_s_alerts_and_panels_are_there() -> None:
-    alerts = {r["alert"] for g in rule_groups()["groups"] for r in g["rules"]}
+    alerts = {r["alert"] for g in rule_groups()["groups"] for r in g["rules"] if "alert" in r}
     assert alerts == {
         "FabricDraFabricUnreachable",
         "FabricDraAttachFailureRatio",
@@ -75,11 +121,20 @@ def test_the_issue_s_alerts_and_panels_are_there() -> None:
         "FabricDraLinkDegraded",
         "FabricDraDrainedDevicesInUse",
         "FabricDraDrainEvictionStuck",
+        "FabricDraSpendAnomaly",
+        "FabricDraBudgetNearLimit",
+        "FabricDraBudgetExhausted",
+        "FabricDraDevicesStranded",
+        "FabricDraOrphanedAgentTrees",
     }
-    for group in rule_groups()["groups"]:
-        for rule in group["rules"]:
-            assert rule["labels"]["severity"] in ("warning", "critical")
-            assert f'"{rule["alert"]}"' in rule["annotations"]["description"]  # names its runbook section
+    alerting = [r for g in rule_groups()["groups"] for r in g["rules"] if "alert" in r]
+    for rule in alerting:
+        assert rule["labels"]["severity"] in ("warning", "critical")
+        assert f'"{rule["alert"]}"' in rule["annotations"]["description"]  # names its runbook section
+        assert f"#### {rule['alert']}\n" in OPERATIONS.read_text()  # ... which exists
+    recorded = {r["record"] for g in rule_groups()["groups"] for r in g["rules"] if "record" in r}
+    for where, expr in used_expressions().items():
+        assert recorded_names(expr) <= recorded, where
     used = set().union(*(metric_names(expr) for expr in used_expressions().values()))
     for metric in (
         "fabric_dra_pool_devices",
@@ -93,6 +148,13 @@ def test_the_issue_s_alerts_and_panels_are_there() -> None:
         "fabric_dra_plugin_claim_devices_ready",
         "fabric_dra_plugin_links_degraded",
         "fabric_dra_drained_devices",
+        "fabric_dra_attributed_seconds_total",
+        "fabric_dra_budget_used",
+        "fabric_dra_budget_limit",
+        "fabric_dra_budget_refusals_total",
+        "fabric_dra_stranded_devices",
+        "fabric_dra_orphaned_tree_claims",
+        "fabric_dra_orphaned_tree_claims_released_total",
     ):
         assert metric in used, metric
 
