@@ -226,7 +226,12 @@ def test_the_controller_labels_only_nodes_with_a_ready_plugin(objects: list[Obj]
             "fabric-dra-controller",
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
         ),
-        ("ClusterRole", None, "fabric-dra-manager", {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}),
+        (
+            "ClusterRole",
+            None,
+            "fabric-dra-manager",
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+        ),
     ]
 
 
