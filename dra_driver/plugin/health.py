@@ -277,6 +277,8 @@ class HealthMonitor:
             # read before this claim's attach: only the device's own health counts
             critical = info is not None and info.health is Health.CRITICAL
             return health_pb2.UNHEALTHY if critical else health_pb2.HEALTHY
+        if info is None and device.pool in self.backend.blind_pools():
+            return health_pb2.UNKNOWN  # its manager (one of several) cannot be read now
         if info is None or info.state is BindingState.UNAVAILABLE:
             return health_pb2.UNHEALTHY
         if not self._held_here(uid, device, info):

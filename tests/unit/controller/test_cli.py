@@ -46,7 +46,11 @@ def test_help_explains_every_flag() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ([], "--manager-url is required"),
+        ([], "--manager-url URL, or --manager NAME=URL"),
+        (["--manager", "PCIe=http://m"], "--manager PCIe=…: a manager's name must be a DNS label"),
+        (["--manager", "pcie=m:8080"], "--manager pcie=m:8080: expected an http:// or https:// URL"),
+        (["--manager-url", "http://m", "--manager", "default=http://n"], "'default' is the name of"),
+        (["--manager", "a=http://m", "--manager-ca-files", "b=/ca.pem"], "not given with --manager: b"),
         (["--manager-url", "fabric-manager:8080"], "expected an http:// or https:// URL"),
         (["--manager-url", "http://m", "--driver-name", "Fabric_DRA"], "--driver-name"),
         (["--manager-url", "http://m", "--manager-token-file", "/nonexistent/token"], "no such file"),
