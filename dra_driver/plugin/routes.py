@@ -67,7 +67,7 @@ class RoutedBackend:
 
     # -- routing ------------------------------------------------------------------------------
 
-    async def _route(self, pool: str | None, device: str) -> FabricBackend:
+    async def route(self, pool: str | None, device: str) -> FabricBackend:
         """The backend of the manager that serves ``pool``; every manager asked again when none
         has reported it yet."""
         if pool is None:
@@ -102,7 +102,7 @@ class RoutedBackend:
         share: ShareAsk | None = None,
         known: PreparedDevice | None = None,
     ) -> AttachedDevice:
-        backend = await self._route(pool, device)
+        backend = await self.route(pool, device)
         return await backend.attach(
             claim_uid, device, notes=notes, pool=pool, namespace=namespace, share=share, known=known
         )
@@ -110,7 +110,7 @@ class RoutedBackend:
     async def release(
         self, claim_uid: str, prepared: PreparedDevice, *, within: float, last_on_gpu: bool = True
     ) -> None:
-        backend = await self._route(prepared.pool, prepared.device)
+        backend = await self.route(prepared.pool, prepared.device)
         await backend.release(claim_uid, prepared, within=within, last_on_gpu=last_on_gpu)
 
     def pending_error(self, claim_uid: str, device: str) -> FabricError | None:
