@@ -37,7 +37,7 @@ from plumbing.kube.resources import RESOURCE_SLICES
 from tests.support.plugin import DRIVER, ClaimRef, PluginStack, short_dir
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow(seconds=30), pytest.mark.timeout(240)]
 
 NODE = "kind-worker"
 DEFAULT_TOPOLOGY = Path(__file__).parents[3] / "emulator" / "topology" / "default.yaml"

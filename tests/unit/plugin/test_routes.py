@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from dra_driver.plugin.backend import FabricBackend
+from dra_driver.plugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
 from dra_driver.plugin.hostdev import HostScanner
+from dra_driver.plugin.report import prepared_claims
 from dra_driver.plugin.routes import RoutedBackend
 from fabric_dra_testbed.standins import InventoryServer, make_device, make_inventory
 from manager_api.client import ManagerClient
@@ -89,3 +91,28 @@ async def test_a_manager_down_blinds_only_its_own_pools(
             await routed.bindings()  # a partial answer would read as "not bound" for the missing pools
     finally:
         await routed.aclose()
+
+
+def test_each_manager_is_told_of_its_own_pools_devices(tmp_path: Path) -> None:
+    """The prepared-claims report with several managers: each gets only its own pools' devices, and
+    a claim with none of them is not in its report at all."""
+    store = CheckpointStore(tmp_path / "checkpoint.json", driver="fabric-dra.io", node="node-a")
+    store.load()
+
+    def prepared(device: str, pool: str) -> PreparedDevice:
+        return PreparedDevice(device=device, pool=pool, type="gpu", request_names=["r"], attached=True)
+
+    for uid, devices in (
+        ("both", [prepared("gpu0", "fabric-pcie"), prepared("mem0", "appliance-cxl")]),
+        ("gpus", [prepared("gpu1", "fabric-pcie")]),
+    ):
+        store.put(
+            ClaimEntry(uid=uid, namespace="ns", name=uid, state=ClaimState.PREPARE_COMPLETED, devices=devices)
+        )
+    memory_pools = {"appliance-cxl"}
+    assert prepared_claims(store, lambda pool: pool in memory_pools) == {"both": ["mem0"]}
+    assert prepared_claims(store, lambda pool: pool not in memory_pools) == {
+        "both": ["gpu0"],
+        "gpus": ["gpu1"],
+    }
+    assert prepared_claims(store) == {"both": ["gpu0", "mem0"], "gpus": ["gpu1"]}
