@@ -97,6 +97,12 @@ class TwoServices:
     def metrics(self) -> str:
         return httpx.get(f"http://127.0.0.1:{self.controller.port}/metrics", timeout=5).text
 
+    def managers_status(self) -> dict[str, Any]:
+        status: dict[str, Any] = httpx.get(
+            f"http://127.0.0.1:{self.controller.port}/status", timeout=5
+        ).json()
+        return status["managers"]
+
 
 @pytest.fixture(scope="module")
 def services() -> Iterator[TwoServices]:
@@ -224,6 +230,10 @@ def test_two_services_one_down(services: TwoServices) -> None:
     )
     assert _tainted(pools[GPU_POOL]) == [] and _tainted(pools["fabric-cxl"]) == []
     assert 'fabric_dra_controller_manager_up{manager="gpus"} 1.0' in services.metrics()
+    status = services.managers_status()
+    assert (status["gpus"]["up"], status["memory"]["up"]) == (True, False)
+    assert (status["gpus"]["publisher"], status["memory"]["publisher"]) == ("default.gpus", "default.memory")
+    assert MEMORY_POOL in status["memory"]["pools"] and status["memory"]["inventoryError"]
     second = _prepare(services, "one-fabric-while-other-down", later_gpu, [])
     assert _bound_to_node(services.gpus, later_gpu.name, second)
 

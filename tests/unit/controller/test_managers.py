@@ -8,8 +8,9 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import AsyncIterator
-from typing import cast
+from typing import Any, cast
 
+from dra_driver.controller.binding_conditions import ClaimBinder
 from dra_driver.controller.devices import PublishPolicy, WithheldReason, to_dra_device
 from dra_driver.controller.inventory_feed import InventoryFeed
 from dra_driver.controller.managers import Fleet, ManagerGate
@@ -126,3 +127,52 @@ async def test_a_manager_unreadable_past_its_grace_is_down_and_the_other_is_not(
         await asyncio.wait_for(turned.wait(), 30)
         assert turns == [("cxl", False), ("cxl", True)]
         assert MANAGER_UP.labels(manager="cxl")._value.get() == 1
+
+
+async def test_each_managers_binder_attaches_only_its_own_pools_devices() -> None:
+    """With binding conditions, a claim holding a device of each fabric: each manager's binder (fed
+    by its gate) takes only its own pool's device, so each attach reaches its own manager."""
+    conditions = {
+        "bindingConditions": [f"{DRIVER}/Attached"],
+        "bindingFailureConditions": [f"{DRIVER}/AttachFailed"],
+    }
+    claim = {
+        "metadata": {"name": "c", "namespace": "default", "uid": "u-1"},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "gpu",
+                            "driver": DRIVER,
+                            "pool": "fabric-pcie",
+                            "device": "gpu0",
+                            **conditions,
+                        },
+                        {
+                            "request": "mem",
+                            "driver": DRIVER,
+                            "pool": "appliance-cxl",
+                            "device": "mem0",
+                            **conditions,
+                        },
+                    ]
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}
+                    ]
+                },
+            }
+        },
+    }
+    async with _gates() as (_, pcie, cxl):
+        await pcie.feed.put(_gpus("fabric-pcie", "gpu0"))
+        await cxl.feed.put(_cxl())
+        await _settle()
+        binders = {
+            gate.name: ClaimBinder(cast(Any, None), cast(Any, None), gate, driver=DRIVER)
+            for gate in (pcie, cxl)
+        }
+        assert [t.device for t in binders["pcie"].targets(claim)] == ["gpu0"]
+        assert [t.device for t in binders["cxl"].targets(claim)] == ["mem0"]
