@@ -101,7 +101,8 @@ class TwoServices:
         status: dict[str, Any] = httpx.get(
             f"http://127.0.0.1:{self.controller.port}/status", timeout=5
         ).json()
-        return status["managers"]
+        managers: dict[str, Any] = status["managers"]
+        return managers
 
 
 @pytest.fixture(scope="module")
