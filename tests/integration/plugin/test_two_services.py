@@ -14,7 +14,9 @@ bus, B's CXL and DAX buses), as one kernel sees the devices of both fabrics.
 * B's manager stopped: after the grace, every device of B's pool is tainted
   ``fabric-dra.io/fabric-unavailable`` and the manager's ``up`` metric is 0; A's pools are
   untouched, and a new claim on A's GPU still prepares;
-* B's manager back: the taint is gone, and the first claim unprepares from both fabrics.
+* B's manager back: the taint is gone, and the first claim unprepares from both fabrics;
+* a third manager on B without its own ``--fabric-name`` reports ``fabric-cxl`` as A's does: a
+  controller given A and it publishes that pool with A's devices only, one log line, one metric.
 """
 
 from __future__ import annotations
@@ -252,3 +254,45 @@ def test_two_services_one_down(services: TwoServices) -> None:
     asyncio.run(unprepare())
     freed = {d.name: d.state for d in _devices(services.gpus) + _devices(services.memory)}
     assert (freed[gpu.name], freed[later_gpu.name], freed[chunk.name]) == (BindingState.FREE,) * 3
+
+
+def test_a_pool_two_services_both_report_is_published_from_the_first_listed_only(
+    services: TwoServices,
+) -> None:
+    """The appliance's manager without its own --fabric-name calls its pool fabric-cxl, as the GPU
+    service's manager does: a controller given both publishes fabric-cxl with the first-listed
+    manager's devices only, says so in one log line and counts it. (Its own driver name keeps its
+    slices apart from the first controller's.)"""
+    stack, driver = services.stack, "collide.fabric-dra.io"
+    clashing = stack.manager(services.emulators[1], name="mgr-clash", insecure_no_auth=True)
+    controller = stack.controller(
+        None,
+        services.plugin.kubeconfig,
+        name="controller-clash",
+        args=[*managers_args({"gpus": services.gpus, "clash": clashing}), "--driver-name", driver],
+    )
+    gpus_cxl = {d.name for d in _devices(services.gpus) if d.pool == "fabric-cxl"}
+    clash_cxl = {d.name for d in _devices(clashing) if d.pool == "fabric-cxl"}
+    assert gpus_cxl and clash_cxl and not gpus_cxl & clash_cxl
+
+    async def published() -> dict[str, set[str]]:
+        async with services.plugin.kube() as kube:
+            items, _ = await kube.list_all(RESOURCE_SLICES, field_selector=f"spec.driver={driver}")
+        pools: dict[str, set[str]] = {}
+        for item in items:
+            names = {d["name"] for d in item["spec"].get("devices") or []}
+            pools.setdefault(item["spec"]["pool"]["name"], set()).update(names)
+        return pools
+
+    def both_pools() -> dict[str, set[str]] | None:
+        found = asyncio.run(published())
+        return found if {"fabric-pcie", "fabric-cxl"} <= set(found) else None
+
+    pools = wait_until(both_pools, timeout=60, what="the colliding controller's slices")
+    assert pools["fabric-cxl"] == gpus_cxl  # none of the clashing manager's devices
+    log = controller.role.log_since_start()
+    assert log.count("two fabric managers report the same pool") == 1, log
+    metrics = httpx.get(f"http://127.0.0.1:{controller.port}/metrics", timeout=5).text
+    assert 'fabric_dra_controller_pool_collisions{pool="fabric-cxl",refused="clash"} 1.0' in metrics
+    controller.role.stop()
+    clashing.stop()
