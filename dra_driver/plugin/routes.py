@@ -144,12 +144,15 @@ class RoutedBackend:
         )
 
     def _merged(self) -> dict[str, Device]:
+        """Every readable manager's devices of the pools it keeps, by ``<pool>/<name>`` — two
+        services may both have a ``gpu0`` — and by name (the first manager's, where names repeat)."""
         merged: dict[str, Device] = {}
         for f in self._followers.values():
             if not f.reachable or f.inventory is None:
                 continue
             for d in f.inventory.devices:
                 if self.owners.owner(d.pool) == f.endpoint.name:
+                    merged[f"{d.pool}/{d.name}"] = d
                     merged.setdefault(d.name, d)
         return merged
 

@@ -18,7 +18,7 @@ from fabric_dra_testbed.standins import InventoryServer, make_device, make_inven
 from manager_api.client import ManagerClient
 from manager_api.errors import FabricUnavailable
 from manager_api.fleet import ManagerEndpoint
-from manager_api.models import Device, DeviceType
+from manager_api.models import Device, DeviceType, Health
 
 
 def _cxl(name: str, pool: str) -> Device:
@@ -67,7 +67,15 @@ async def test_each_pool_goes_to_the_manager_that_reports_it(
         with pytest.raises(FabricUnavailable, match="no fabric manager reports pool nowhere"):
             await routed.route("nowhere", "x")
         _, devices = await routed.watch_devices(None, 1.0) or (0, {})
-        assert set(devices) == {"gpu0", "chunk9", "mem0"}  # chunk0: in a pool its manager does not keep
+        # chunk0: in a pool its manager does not keep; each also by pool, as names may repeat
+        assert set(devices) == {
+            "gpu0",
+            "chunk9",
+            "mem0",
+            "fabric-pcie/gpu0",
+            "fabric-cxl/chunk9",
+            "appliance-cxl/mem0",
+        }
         assert routed.blind_pools() == frozenset()
     finally:
         await routed.aclose()
@@ -82,7 +90,7 @@ async def test_a_manager_down_blinds_only_its_own_pools(
         await routed.watch_devices(None, 1.0)
         second.stop()
         _, devices = await routed.watch_devices(None, 1.0) or (0, {})
-        assert set(devices) == {"gpu0", "chunk9"}
+        assert set(devices) == {"gpu0", "chunk9", "fabric-pcie/gpu0", "fabric-cxl/chunk9"}
         assert routed.blind_pools() == {"appliance-cxl"}
         # still routed: the attach itself answers that the manager cannot be reached
         assert await routed.route("appliance-cxl", "mem0") is routed.backend_of("cxl")
@@ -116,3 +124,22 @@ def test_each_manager_is_told_of_its_own_pools_devices(tmp_path: Path) -> None:
         "gpus": ["gpu1"],
     }
     assert prepared_claims(store) == {"both": ["gpu0", "mem0"], "gpus": ["gpu1"]}
+
+
+async def test_two_services_may_both_have_a_gpu0(tmp_path: Path) -> None:
+    """Device names repeat across services; the merged view keeps each by its pool too, so a
+    prepared device's health is judged by its own manager's word."""
+    with (
+        InventoryServer(make_inventory([make_device("gpu0", pool="fabric-pcie", health=Health.OK)])) as first,
+        InventoryServer(
+            make_inventory([make_device("gpu0", pool="other-pcie", health=Health.CRITICAL)])
+        ) as second,
+    ):
+        routed = _routed(tmp_path, first, second)
+        try:
+            _, devices = await routed.watch_devices(None, 1.0) or (0, {})
+            assert devices["fabric-pcie/gpu0"].health is Health.OK
+            assert devices["other-pcie/gpu0"].health is Health.CRITICAL
+            assert devices["gpu0"].pool == "fabric-pcie"  # by name alone: the first manager's
+        finally:
+            await routed.aclose()
