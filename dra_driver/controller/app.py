@@ -35,6 +35,7 @@ from dra_driver.controller.nodelabels import NodeLabeler
 from dra_driver.controller.pluginpods import PluginNodes
 from dra_driver.controller.publisher import SlicePublisher
 from dra_driver.controller.quarantine import ManagerCounts, Quarantine, QuarantineEvents
+from dra_driver.controller.resourcenames import publisher_of
 from manager_api.client import ManagerClient
 from manager_api.fleet import ManagerEndpoint
 from plumbing.backoff import Backoff
@@ -44,7 +45,7 @@ from plumbing.kube.events import EventRecorder
 from plumbing.kube.leader import LeaderElector
 from plumbing.logs import get_logger
 
-__all__ = ["Controller", "ControllerOptions", "default_identity", "publisher_of"]
+__all__ = ["Controller", "ControllerOptions", "default_identity"]
 
 log = get_logger(__name__)
 
@@ -52,11 +53,6 @@ log = get_logger(__name__)
 def default_identity() -> str:
     """The pod name in a cluster (POD_NAME from the downward API), else host + pid."""
     return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
-
-
-def publisher_of(publisher: str, manager: str) -> str:
-    """The publisher name of a named manager's slices and labels: ``<publisher>.<manager>``."""
-    return f"{publisher}.{manager}" if manager else publisher
 
 
 @dataclass

@@ -45,6 +45,7 @@ __all__ = [
     "pool_label_key",
     "pool_label_prefix",
     "publisher_label",
+    "publisher_of",
     "reach_label_key",
     "short_hash",
     "slice_name",
@@ -202,6 +203,12 @@ def unhealthy_taint_key(driver: str) -> str:
 def attach_failed_taint_key(driver: str) -> str:
     """The taint of a device taken out of allocation after failed attaches (:mod:`.quarantine`)."""
     return f"{driver}/attach-failed"
+
+
+def publisher_of(publisher: str, manager: str) -> str:
+    """The publisher name of a named manager's slices and node labels, ``<publisher>.<manager>``
+    (``--publisher`` itself for the manager of ``--manager-url``)."""
+    return f"{publisher}.{manager}" if manager else publisher
 
 
 def fabric_unavailable_taint_key(driver: str) -> str:

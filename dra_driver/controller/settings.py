@@ -10,7 +10,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dra_driver.controller.features import TaintsMode
-from dra_driver.controller.resourcenames import is_driver_name
+from dra_driver.controller.resourcenames import is_driver_name, publisher_of
 from manager_api.fleet import ManagerEndpoint, endpoints_of, managers_problem
 from plumbing import DEFAULT_DRIVER_NAME
 from plumbing.cli import positive_seconds
@@ -228,10 +228,10 @@ class ControllerSettings(BaseModel):
         if problem is not None:
             raise ValueError(problem)
         for name in self.managers:
-            if not is_label_value(f"{self.publisher}.{name}"):
+            if not is_label_value(publisher_of(self.publisher, name)):
                 raise ValueError(
                     f"--publisher {self.publisher} with --manager {name}: the publisher name of its slices, "
-                    f"{self.publisher}.{name}, must be a label value (≤ 63 characters)"
+                    f"{publisher_of(self.publisher, name)}, must be a label value (≤ 63 characters)"
                 )
         unknown = sorted((set(self.manager_token_files) | set(self.manager_ca_files)) - set(self.managers))
         if unknown:

@@ -51,6 +51,7 @@ def test_help_explains_every_flag() -> None:
         (["--manager", "pcie=m:8080"], "--manager pcie=m:8080: expected an http:// or https:// URL"),
         (["--manager-url", "http://m", "--manager", "default=http://n"], "'default' is the name of"),
         (["--manager", "a=http://m", "--manager-ca-files", "b=/ca.pem"], "not given with --manager: b"),
+        (["--publisher", "p" * 40, "--manager", "m" * 30 + "=http://m"], "must be a label value"),
         (["--manager-url", "fabric-manager:8080"], "expected an http:// or https:// URL"),
         (["--manager-url", "http://m", "--driver-name", "Fabric_DRA"], "--driver-name"),
         (["--manager-url", "http://m", "--manager-token-file", "/nonexistent/token"], "no such file"),
