@@ -63,6 +63,7 @@ __all__ = [
     "SettingOption",
     "SettingsError",
     "add_settings_arguments",
+    "path_pair",
     "read_settings",
     "settings_options",
 ]
@@ -277,6 +278,19 @@ def _is_path(annotation: Any) -> bool:
     return value_type is Path
 
 
+def _is_path_pairs(annotation: Any) -> bool:
+    """A dict of paths (``--manager-ca-files NAME=FILE``)."""
+    value_type = _without_none(annotation)
+    return typing.get_origin(value_type) is dict and typing.get_args(value_type)[1:] == (Path,)
+
+
+def path_pair(text: str) -> str:
+    """The argparse ``type`` of a dict of paths: ``KEY=PATH`` with PATH made absolute, as a path
+    flag's value is (anything else is left for the pair's own check)."""
+    key, sep, value = text.partition("=")
+    return f"{key}={Path(value).expanduser().absolute()}" if sep and key and value else text
+
+
 def _is_secret(annotation: Any) -> bool:
     return _without_none(annotation) is SecretStr
 
@@ -408,7 +422,13 @@ def add_settings_arguments(
             kwargs["action"] = (
                 _GivenItem if option.kind in (OptionKind.REPEATED, OptionKind.PAIRS) else _Given
             )
-            kwargs["type"] = option.setting.check or (Path if _is_path(option.annotation) else str)
+            kwargs["type"] = option.setting.check or (
+                Path
+                if _is_path(option.annotation)
+                else path_pair
+                if _is_path_pairs(option.annotation)
+                else str
+            )
             if option.kind is not OptionKind.PAIRS:  # a pair's value is checked when it is split
                 kwargs["choices"] = _choices(option)
             kwargs["metavar"] = option.setting.metavar or (
@@ -506,6 +526,11 @@ def _file_value(value: Any, option: SettingOption, path: Path) -> Any:
     may be written as the variable writes it (``a,b``)."""
     if option.kind in (OptionKind.REPEATED, OptionKind.PAIRS) and isinstance(value, str):
         value = _split(value)
+    if _is_path_pairs(option.annotation):
+        if isinstance(value, dict):
+            return {k: (path.parent / Path(str(v)).expanduser()).absolute() for k, v in value.items()}
+        if isinstance(value, list):
+            return [_file_pair(str(v), path) for v in value]
     if _is_path(option.annotation):
         if isinstance(value, str):
             return (path.parent / Path(value).expanduser()).absolute()
@@ -514,6 +539,12 @@ def _file_value(value: Any, option: SettingOption, path: Path) -> Any:
                 (path.parent / Path(v).expanduser()).absolute() if isinstance(v, str) else v for v in value
             ]
     return value
+
+
+def _file_pair(text: str, path: Path) -> str:
+    """``KEY=PATH`` of a settings file, PATH relative to the file's folder."""
+    key, sep, value = text.partition("=")
+    return f"{key}={(path.parent / Path(value).expanduser()).absolute()}" if sep and key and value else text
 
 
 def _shaped(value: Any, option: SettingOption, source: str) -> Any:

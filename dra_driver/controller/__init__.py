@@ -11,6 +11,7 @@ pluginpods          which nodes have a Ready kubelet plugin (only they get pool 
 resourcenames       the names and syntax rules of ``resource.k8s.io/v1`` that this role writes
 health              the probe endpoint
 inventory_feed      the manager's inventory as an event source (long poll)
+managers            several managers: each one's inventory less the pools another keeps; up or down
 devices             one inventory device → one DRA ``Device``
 quarantine          devices out of allocation after failed attaches
 reconciler          the one loop of a level-triggered pass: triggers, debounce, retry after a backoff
@@ -34,6 +35,7 @@ FLOORS = (
     "resourcenames",
     "health",
     "inventory_feed",
+    "managers",
     "devices",
     "quarantine",
     "reconciler",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import socket
 import time
@@ -28,12 +29,15 @@ from dra_driver.controller.features import (
 )
 from dra_driver.controller.health import HealthServer
 from dra_driver.controller.inventory_feed import InventoryFeed
+from dra_driver.controller.managers import Fleet, ManagerGate
 from dra_driver.controller.metrics import IS_LEADER
 from dra_driver.controller.nodelabels import NodeLabeler
 from dra_driver.controller.pluginpods import PluginNodes
 from dra_driver.controller.publisher import SlicePublisher
 from dra_driver.controller.quarantine import ManagerCounts, Quarantine, QuarantineEvents
+from dra_driver.controller.resourcenames import publisher_of
 from manager_api.client import ManagerClient
+from manager_api.fleet import ManagerEndpoint
 from plumbing.backoff import Backoff
 from plumbing.fsutil import atomic_write
 from plumbing.kube import ApiError, KubeClient
@@ -49,6 +53,26 @@ log = get_logger(__name__)
 def default_identity() -> str:
     """The pod name in a cluster (POD_NAME from the downward API), else host + pid."""
     return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass
+class _Fabric:
+    """One manager's writers while leading."""
+
+    gate: ManagerGate
+    publisher: SlicePublisher
+    binder: ClaimBinder | None = None
+
+    def status(self) -> dict[str, Any]:
+        gate, publisher = self.gate, self.publisher
+        return {
+            "up": gate.up,
+            "publisher": publisher.policy.publisher,
+            "pools": sorted(p.pool for p in gate.latest.pools) if gate.latest else [],
+            "inventoryVersion": gate.feed.latest.version if gate.feed.latest else None,
+            "inventoryError": gate.feed.last_error,
+            "slicesSyncedVersion": publisher.synced_version,
+        }
 
 
 @dataclass
@@ -80,20 +104,29 @@ class ControllerOptions:
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
     retry_period: float = 2.0
+    #: a manager whose inventory has been unreadable this long has its pools' devices tainted
+    manager_down_grace: float = 30.0
 
 
 class Controller:
-    def __init__(self, options: ControllerOptions, kube: KubeClient, manager: ManagerClient) -> None:
+    def __init__(
+        self,
+        options: ControllerOptions,
+        kube: KubeClient,
+        managers: list[tuple[ManagerEndpoint, ManagerClient]],
+    ) -> None:
+        """``managers``: every fabric manager with its client, in the order that decides which
+        keeps a pool two of them report (:class:`~manager_api.fleet.PoolOwners`)."""
         self.options = options
         self.kube = kube
-        self.manager = manager
+        self.managers = managers
         self.identity = options.identity or default_identity()
         self._ready = False
         self._leader = False
         self._lead_task: asyncio.Task[None] | None = None
-        self.feed: InventoryFeed | None = None
-        self.publisher: SlicePublisher | None = None
-        self.binder: ClaimBinder | None = None
+        #: each manager's writers while leading, by manager name ("" for --manager-url's)
+        self.fabrics: dict[str, _Fabric] = {}
+        self.fleet: Fleet | None = None
         self.url = ""
         #: what the API server keeps, found out once per process (a dry-run write)
         self._kept: KeptFields | None = None
@@ -102,7 +135,9 @@ class Controller:
     # -- status -------------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        feed, publisher = self.feed, self.publisher
+        first = next(iter(self.fabrics.values()), None)
+        feed = first.gate.feed if first else None
+        publisher = first.publisher if first else None
         return {
             "identity": self.identity,
             "driver": self.options.driver,
@@ -118,6 +153,11 @@ class Controller:
             ),
             "partitions": publisher.policy.counters.value if publisher else None,
             "memoryShares": publisher.policy.shares if publisher else None,
+            "managers": {
+                endpoint.label: self.fabrics[endpoint.name].status()
+                for endpoint, _ in self.managers
+                if endpoint.name in self.fabrics
+            },
         }
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -232,7 +272,8 @@ class Controller:
             log.info("GPU partition counters decided", layout=self._counters.value)
         return self._counters
 
-    async def _lead_once(self) -> None:
+    async def _policy(self) -> PublishPolicy:
+        """What every publisher writes, from the options and what the API server keeps."""
         opts = self.options
         kept = await self._kept_fields()
         counters = await self._counter_layout()
@@ -243,7 +284,15 @@ class Controller:
             )
         taints = kept.taints if opts.device_taints == "auto" else opts.device_taints == "on"
         binds = kept.binds_to_node if opts.binds_to_node == "auto" else opts.binds_to_node == "on"
-        policy = PublishPolicy(
+        log.info(
+            "leading: publishing resource slices",
+            driver=opts.driver,
+            device_taints=taints,
+            binds_to_node=binds or opts.binding_conditions,
+            binding_conditions=opts.binding_conditions,
+            managers=",".join(e.label for e, _ in self.managers),
+        )
+        return PublishPolicy(
             driver=opts.driver,
             device_taints=taints,
             binding_conditions=opts.binding_conditions,
@@ -253,47 +302,70 @@ class Controller:
             counters=counters,
             shares=kept.shares,
         )
-        log.info(
-            "leading: publishing resource slices",
-            driver=opts.driver,
-            device_taints=taints,
-            binds_to_node=binds or opts.binding_conditions,
-            binding_conditions=opts.binding_conditions,
-        )
-        self.feed = InventoryFeed(self.manager)
+
+    async def _lead_once(self) -> None:
+        policy = await self._policy()
+        self.fleet = Fleet([e for e, _ in self.managers])
+        self.fabrics = {}
+        async with asyncio.TaskGroup() as tasks:
+            for endpoint, client in self.managers:
+                self._run_fabric(tasks, endpoint, client, policy, self.fleet)
+
+    def _run_fabric(
+        self,
+        tasks: asyncio.TaskGroup,
+        endpoint: ManagerEndpoint,
+        client: ManagerClient,
+        policy: PublishPolicy,
+        fleet: Fleet,
+    ) -> None:
+        """One manager's writers: its gate, publisher and node labeller (their own publisher name
+        for a named manager, so each owns only its slices and labels), and its binder or its
+        attach-failure counts; none waits on another manager's."""
+        opts = self.options
+        if endpoint.name:
+            policy = dataclasses.replace(policy, publisher=publisher_of(opts.publisher, endpoint.name))
+        gate = ManagerGate(endpoint, InventoryFeed(client), fleet, down_grace=opts.manager_down_grace)
+        publisher_box: list[SlicePublisher] = []
         quarantine = Quarantine(
             threshold=opts.quarantine_after,
             initial=opts.quarantine_seconds,
-            on_change=lambda: self.publisher.trigger() if self.publisher else None,
+            on_change=lambda: publisher_box[0].trigger() if publisher_box else None,
         )
-        self.publisher = SlicePublisher(self.kube, policy, quarantine=quarantine)
+        publisher = SlicePublisher(self.kube, policy, quarantine=quarantine)
+        publisher_box.append(publisher)
+        gate.on_availability = publisher.set_fabric_available
+        gate.on_refiltered = publisher.refresh
+        fabric = _Fabric(gate, publisher)
+        self.fabrics[endpoint.name] = fabric
         plugin_nodes = (
             PluginNodes(self.kube, namespace=opts.plugin_namespace, selector=opts.plugin_pod_selector)
             if opts.plugin_pod_selector
             else None
         )
-        labeler = NodeLabeler(self.kube, opts.driver, publisher=opts.publisher, plugin_nodes=plugin_nodes)
+        labeler = NodeLabeler(self.kube, opts.driver, publisher=policy.publisher, plugin_nodes=plugin_nodes)
         events = EventRecorder(self.kube, controller=f"{opts.driver}/controller", instance=self.identity)
-        async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(self.feed.run())
-            tasks.create_task(self.publisher.run(self.feed, resync_period=opts.resync_period))
-            # labels follow what is published, not the inventory: a pod steered to a warm node must
-            # find the node-local slice there
-            tasks.create_task(labeler.run(self.publisher.published))
-            if not opts.binding_conditions:
-                # The plugin attaches at prepare time: only the manager sees the failures.
-                noticer = QuarantineEvents(self.kube, events, opts.driver)
-                tasks.create_task(ManagerCounts(self.feed, quarantine, noticer.record).run())
-            if opts.binding_conditions:
-                self.binder = ClaimBinder(
-                    self.kube,
-                    self.manager,
-                    self.feed,
-                    driver=opts.driver,
-                    bind_timeout=opts.bind_timeout,
-                    busy_timeout=opts.busy_timeout,
-                    release_grace=opts.release_grace,
-                    quarantine=quarantine,
-                    events=events,
-                )
-                tasks.create_task(self.binder.run())
+        tasks.create_task(gate.feed.run())
+        tasks.create_task(gate.run())
+        tasks.create_task(publisher.run(gate, resync_period=opts.resync_period))
+        # labels follow what is published, not the inventory: a pod steered to a warm node must
+        # find the node-local slice there
+        tasks.create_task(labeler.run(publisher.published))
+        if not opts.binding_conditions:
+            # The plugin attaches at prepare time: only the manager sees the failures.
+            noticer = QuarantineEvents(self.kube, events, opts.driver)
+            tasks.create_task(ManagerCounts(gate, quarantine, noticer.record).run())
+            return
+        # each binder attaches only the devices of its own manager's pools (ClaimBinder.targets)
+        fabric.binder = ClaimBinder(
+            self.kube,
+            client,
+            gate,
+            driver=opts.driver,
+            bind_timeout=opts.bind_timeout,
+            busy_timeout=opts.busy_timeout,
+            release_grace=opts.release_grace,
+            quarantine=quarantine,
+            events=events,
+        )
+        tasks.create_task(fabric.binder.run())

@@ -41,7 +41,7 @@ from typing import Any
 
 from dra_driver.controller.claimstatus import ConditionWriter, Target
 from dra_driver.controller.devices import MEMORY_CAPACITY
-from dra_driver.controller.inventory_feed import InventoryFeed
+from dra_driver.controller.inventory_feed import InventorySource
 from dra_driver.controller.metrics import BIND_SECONDS, BIND_TOTAL
 from dra_driver.controller.quarantine import Quarantine
 from dra_driver.controller.resourcenames import BindingConditionNames
@@ -129,7 +129,7 @@ class ClaimBinder:
         self,
         kube: KubeClient,
         manager: ManagerClient,
-        feed: InventoryFeed,
+        feed: InventorySource,
         *,
         driver: str,
         bind_timeout: float = 300.0,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import signal
 from typing import TYPE_CHECKING
 
@@ -94,6 +95,7 @@ def _options(settings: ControllerSettings, config: KubeConfig) -> ControllerOpti
         ready_file=str(settings.ready_file) if settings.ready_file else None,
         plugin_pod_selector=settings.plugin_pod_selector or None,
         plugin_namespace=settings.plugin_namespace or config.namespace,
+        manager_down_grace=settings.manager_down_grace,
     )
 
 
@@ -111,16 +113,23 @@ def _serve(settings: ControllerSettings, config: KubeConfig, options: Controller
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        async with (
-            KubeClient(config) as kube,
-            ManagerClient(
-                settings.manager_url,
-                token_file=settings.manager_token_file,
-                ca_file=str(settings.manager_ca_file) if settings.manager_ca_file else None,
-                insecure=settings.manager_insecure,
-            ) as manager,
-        ):
-            await Controller(options, kube, manager).run(stop)
+        async with contextlib.AsyncExitStack() as clients:
+            kube = await clients.enter_async_context(KubeClient(config))
+            managers = [
+                (
+                    endpoint,
+                    await clients.enter_async_context(
+                        ManagerClient(
+                            endpoint.url,
+                            token_file=endpoint.token_file,
+                            ca_file=str(endpoint.ca_file) if endpoint.ca_file else None,
+                            insecure=settings.manager_insecure,
+                        )
+                    ),
+                )
+                for endpoint in settings.endpoints()
+            ]
+            await Controller(options, kube, managers).run(stop)
 
     try:
         asyncio.run(main())

@@ -19,6 +19,7 @@ from dra_driver.controller.resourcenames import (
     BindingConditionNames,
     attach_failed_taint_key,
     drain_taint_key,
+    fabric_unavailable_taint_key,
     fit_value,
     unhealthy_taint_key,
 )
@@ -129,6 +130,9 @@ class WithheldReason(StrEnum):
     SHARES_UNSUPPORTED = "shares-unsupported"
     #: a memory pool with less room than its smallest chunk
     NO_ROOM = "no-room"
+    #: its manager's inventory cannot be read (the manager or its Redfish service is down), and
+    #: the cluster cannot taint devices
+    FABRIC_UNAVAILABLE = "fabric-unavailable"
     #: a GPU partition that cannot be offered: its table does not fit the GPU, its name is taken
     #: in the pool, or its GPU is withheld
     PARTITION = "partition"
@@ -153,6 +157,9 @@ class PublishPolicy:
     counters: CounterLayout = CounterLayout.SPLIT
     #: True: memory pools are published as one device allocated many times (consumable capacity)
     shares: bool = True
+    #: True: the manager of these pools cannot be read past its grace; every device is tainted
+    #: fabric-unavailable (or withheld), so nothing new is allocated from a fabric nobody can attach
+    fabric_unavailable: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,6 +325,8 @@ def to_dra_device(device: Device, policy: PublishPolicy, quarantined: str | None
         return Conversion(device.name, None, WithheldReason.ATTACH_FAILED)
     if device.drain is not None and not policy.device_taints:
         return Conversion(device.name, None, WithheldReason.DRAINED)
+    if policy.fabric_unavailable and not policy.device_taints:
+        return Conversion(device.name, None, WithheldReason.FABRIC_UNAVAILABLE)
 
     pool = device.memory_pool
     if pool is not None and not policy.shares:
@@ -358,6 +367,11 @@ def to_dra_device(device: Device, policy: PublishPolicy, quarantined: str | None
         reason = device.drain.reason if is_label_value(device.drain.reason) else "maintenance"
         taints.append(
             {"key": drain_taint_key(policy.driver), "value": reason, "effect": str(device.drain.effect)}
+        )
+    if policy.fabric_unavailable:
+        # NoSchedule, not NoExecute: what runs keeps its devices; the fabric holds them still.
+        taints.append(
+            {"key": fabric_unavailable_taint_key(policy.driver), "value": "true", "effect": "NoSchedule"}
         )
     if taints:
         out["taints"] = taints

@@ -11,7 +11,9 @@ __all__ = [
     "BIND_TOTAL",
     "INVENTORY_VERSION",
     "IS_LEADER",
+    "MANAGER_UP",
     "NODE_LABEL_PATCHES",
+    "POOL_COLLISIONS",
     "POOL_DEVICES",
     "POOL_GENERATION",
     "QUARANTINED_DEVICES",
@@ -51,6 +53,18 @@ POOL_GENERATION = Gauge(
 INVENTORY_VERSION = Gauge(
     "fabric_dra_controller_inventory_version",
     "The fabric manager's inventory version last received.",
+    registry=REGISTRY,
+)
+MANAGER_UP = Gauge(
+    "fabric_dra_controller_manager_up",
+    "1 while the fabric manager's inventory is readable (or has failed for less than its grace), else 0.",
+    ["manager"],
+    registry=REGISTRY,
+)
+POOL_COLLISIONS = Gauge(
+    "fabric_dra_controller_pool_collisions",
+    "1 while a manager's pool is refused because a manager listed before it reports the same pool.",
+    ["pool", "refused"],
     registry=REGISTRY,
 )
 IS_LEADER = Gauge(

@@ -20,7 +20,7 @@ from typing import Any
 
 from dra_driver.controller.devices import PublishPolicy, WithheldReason
 from dra_driver.controller.dropped import DroppedFields
-from dra_driver.controller.inventory_feed import InventoryFeed, InventorySource
+from dra_driver.controller.inventory_feed import InventorySource
 from dra_driver.controller.metrics import POOL_DEVICES, POOL_GENERATION, SLICE_RECONCILE_SECONDS, SLICE_WRITES
 from dra_driver.controller.quarantine import Quarantine
 from dra_driver.controller.reconciler import Reconciler
@@ -121,12 +121,26 @@ class SlicePublisher:
 
     # -- running --------------------------------------------------------------------------
 
+    def set_fabric_available(self, available: bool) -> None:
+        """Whether the manager of these pools can be read (:mod:`.managers`): while not, every
+        device is published tainted fabric-unavailable, or withheld."""
+        if self._requested_policy.fabric_unavailable == (not available):
+            return
+        self._requested_policy = dataclasses.replace(self._requested_policy, fabric_unavailable=not available)
+        self.trigger()
+
+    def refresh(self) -> None:
+        """Plan again from the latest inventory although its version has not moved (what it holds
+        was filtered anew: a pool another manager keeps, :mod:`.managers`)."""
+        self._desired_key = None
+        self.trigger()
+
     def trigger(self, *, relist: bool = False) -> None:
         if relist:
             self._stale = True
         self._loop.trigger()
 
-    async def run(self, feed: InventoryFeed, *, resync_period: float) -> None:
+    async def run(self, feed: InventorySource, *, resync_period: float) -> None:
         """Publish until cancelled (leadership lost or shutdown)."""
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._loop.follow(feed))

@@ -32,7 +32,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from dra_driver.controller.inventory_feed import InventoryFeed
+from dra_driver.controller.inventory_feed import InventorySource
 from dra_driver.controller.metrics import QUARANTINED_DEVICES, QUARANTINES
 from manager_api.models import Inventory
 from plumbing.kube import ApiError, KubeClient
@@ -189,7 +189,7 @@ class ManagerCounts:
 
     def __init__(
         self,
-        feed: InventoryFeed,
+        feed: InventorySource,
         quarantine: Quarantine,
         on_quarantine: Callable[[Quarantined], Awaitable[None]] | None = None,
     ) -> None:

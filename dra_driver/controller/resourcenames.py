@@ -36,6 +36,7 @@ __all__ = [
     "BindingConditionNames",
     "attach_failed_taint_key",
     "drain_taint_key",
+    "fabric_unavailable_taint_key",
     "fit_value",
     "is_attribute_id",
     "is_driver_name",
@@ -44,6 +45,7 @@ __all__ = [
     "pool_label_key",
     "pool_label_prefix",
     "publisher_label",
+    "publisher_of",
     "reach_label_key",
     "short_hash",
     "slice_name",
@@ -201,6 +203,18 @@ def unhealthy_taint_key(driver: str) -> str:
 def attach_failed_taint_key(driver: str) -> str:
     """The taint of a device taken out of allocation after failed attaches (:mod:`.quarantine`)."""
     return f"{driver}/attach-failed"
+
+
+def publisher_of(publisher: str, manager: str) -> str:
+    """The publisher name of a named manager's slices and node labels, ``<publisher>.<manager>``
+    (``--publisher`` itself for the manager of ``--manager-url``)."""
+    return f"{publisher}.{manager}" if manager else publisher
+
+
+def fabric_unavailable_taint_key(driver: str) -> str:
+    """The taint of every device of a manager whose inventory cannot be read (docs/controller.md,
+    "Several fabric managers"): its Redfish service, or the manager itself, is down."""
+    return f"{driver}/fabric-unavailable"
 
 
 def drain_taint_key(driver: str) -> str:

@@ -7,10 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dra_driver.controller.features import TaintsMode
-from dra_driver.controller.resourcenames import is_driver_name
+from dra_driver.controller.resourcenames import is_driver_name, publisher_of
+from manager_api.fleet import ManagerEndpoint, endpoints_of, managers_problem
 from plumbing import DEFAULT_DRIVER_NAME
 from plumbing.cli import positive_seconds
 from plumbing.names import is_label_value
@@ -30,8 +31,46 @@ class ControllerSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     manager_url: Annotated[
-        str, Setting("the fabric manager's base URL, e.g. http://fabric-dra-manager:8080", _MANAGER)
-    ]
+        str | None,
+        Setting(
+            "the fabric manager's base URL, e.g. http://fabric-dra-manager:8080 (or --manager, once "
+            "per Redfish service)",
+            _MANAGER,
+        ),
+    ] = None
+    managers: Annotated[
+        dict[str, str],
+        Setting(
+            "one fabric manager per Redfish service, again and again (pcie=https://…); each one's "
+            "pools are published apart, a pool two report stays with the one listed first "
+            "(--manager-url's before them all)",
+            _MANAGER,
+            flag="--manager",
+            metavar="NAME=URL",
+        ),
+    ] = Field(default_factory=dict)
+    manager_token_files: Annotated[
+        dict[str, Path],
+        Setting(
+            "a named manager's own bearer token file (default: --manager-token-file)",
+            _MANAGER,
+            metavar="NAME=FILE",
+        ),
+    ] = Field(default_factory=dict)
+    manager_ca_files: Annotated[
+        dict[str, Path],
+        Setting(
+            "a named manager's own CA bundle (default: --manager-ca-file)", _MANAGER, metavar="NAME=FILE"
+        ),
+    ] = Field(default_factory=dict)
+    manager_down_grace: Annotated[
+        float,
+        _seconds(
+            "after a manager's inventory has been unreadable this long, its pools' devices are "
+            "tainted fabric-unavailable (or withheld); the other managers' pools are untouched",
+            _MANAGER,
+        ),
+    ] = Field(default=30.0, gt=0)
     manager_token_file: Annotated[
         Path | None,
         Setting(
@@ -178,10 +217,37 @@ class ControllerSettings(BaseModel):
 
     @field_validator("manager_url")
     @classmethod
-    def _http_url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
             raise ValueError("expected an http:// or https:// URL")
         return value
+
+    @model_validator(mode="after")
+    def _some_manager(self) -> ControllerSettings:
+        problem = managers_problem(self.manager_url, self.managers)
+        if problem is not None:
+            raise ValueError(problem)
+        for name in self.managers:
+            if not is_label_value(publisher_of(self.publisher, name)):
+                raise ValueError(
+                    f"--publisher {self.publisher} with --manager {name}: the publisher name of its slices, "
+                    f"{publisher_of(self.publisher, name)}, must be a label value (≤ 63 characters)"
+                )
+        unknown = sorted((set(self.manager_token_files) | set(self.manager_ca_files)) - set(self.managers))
+        if unknown:
+            raise ValueError(f"token or CA file for a manager not given with --manager: {', '.join(unknown)}")
+        return self
+
+    def endpoints(self) -> list[ManagerEndpoint]:
+        """Every manager, in the order that decides a pool's owner."""
+        return endpoints_of(
+            self.manager_url,
+            self.managers,
+            token_file=self.manager_token_file,
+            ca_file=self.manager_ca_file,
+            token_files=self.manager_token_files,
+            ca_files=self.manager_ca_files,
+        )
 
     @field_validator("driver_name")
     @classmethod

@@ -25,6 +25,7 @@ probes         readiness (registered, checkpoint loaded) and liveness (gRPC answ
 checkpoint     the on-disk record of prepared claims
 metrics        per-phase latency histograms, served with the probes
 backend        how a device gets here and away: the fabric manager, or no-op for benchmarks
+routes         several managers (one per Redfish service): each pool's attach to its own
 report         the prepared claims reported to the manager
 claimstatus    the claim's ``status.devices``: Ready and where each device is (KEP-4817)
 linkhealth     whether a device's PCIe link still runs as negotiated at attach (with hysteresis)
@@ -57,6 +58,7 @@ FLOORS = (
     "checkpoint",
     "metrics",
     "backend",
+    "routes",
     "report",
     "claimstatus",
     "linkhealth",

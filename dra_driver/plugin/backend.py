@@ -174,6 +174,11 @@ class DeviceBackend(Protocol):
         """The fabric's devices by name, once its inventory version passes ``after`` (long poll)."""
         ...
 
+    def blind_pools(self) -> frozenset[str]:
+        """Pools whose devices' health is unknown while the rest of the view is read (the pools of
+        one manager among several that cannot be read now)."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -561,14 +566,19 @@ class FabricBackend:
                         node=self.node,
                     )
 
+    @staticmethod
+    def holds_here(device: Device, node: str) -> bool:
+        """Whether the fabric has ``device`` (or a share of it) bound, or binding, to ``node``."""
+        return (device.node == node and device.state in (BindingState.BOUND, BindingState.ATTACHING)) or (
+            device.memory_pool is not None and any(s.node == node for s in device.memory_pool.shares)
+        )
+
     async def bindings(self) -> list[Device] | None:
         inventory = await self.client.inventory()
-        return [
-            d
-            for d in inventory.devices
-            if (d.node == self.node and d.state in (BindingState.BOUND, BindingState.ATTACHING))
-            or (d.memory_pool is not None and any(s.node == self.node for s in d.memory_pool.shares))
-        ]
+        return [d for d in inventory.devices if self.holds_here(d, self.node)]
+
+    def blind_pools(self) -> frozenset[str]:
+        return frozenset()  # one manager: when it cannot be read, the whole view is unknown
 
     async def watch_devices(
         self, after: int | None, wait_seconds: float
@@ -742,6 +752,9 @@ class NoopBackend:
 
     async def bindings(self) -> list[Device] | None:
         return None
+
+    def blind_pools(self) -> frozenset[str]:
+        return frozenset()
 
     def pending_error(self, claim_uid: str, device: str) -> FabricError | None:
         return None

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dra_driver.plugin.cdihook import DEFAULT_HOOK_PATH
+from manager_api.fleet import ManagerEndpoint, endpoints_of, managers_problem
 from plumbing import DEFAULT_DRIVER_NAME
 from plumbing.names import is_dns1123_subdomain
 from plumbing.settings import Setting, SettingsError, add_settings_arguments, read_settings
@@ -196,6 +197,17 @@ class PluginConfig(BaseModel):
             _FABRIC,
         ),
     ] = None
+    managers: Annotated[
+        dict[str, str],
+        Setting(
+            "one fabric manager per Redfish service, again and again (pcie=https://…): each device's "
+            "attach goes to the manager whose inventory reports its pool (--manager-url's first, "
+            "then in the order given, when two report one pool)",
+            _FABRIC,
+            flag="--manager",
+            metavar="NAME=URL",
+        ),
+    ] = Field(default_factory=dict)
     manager_token_file: Annotated[
         Path | None,
         Setting(
@@ -206,6 +218,18 @@ class PluginConfig(BaseModel):
     manager_ca_file: Annotated[
         Path | None, Setting("CA bundle that signed the manager's TLS certificate", _FABRIC)
     ] = None
+    manager_token_files: Annotated[
+        dict[str, Path],
+        Setting(
+            "a named manager's own bearer token file (default: --manager-token-file)",
+            _FABRIC,
+            metavar="NAME=FILE",
+        ),
+    ] = Field(default_factory=dict)
+    manager_ca_files: Annotated[
+        dict[str, Path],
+        Setting("a named manager's own CA bundle (default: --manager-ca-file)", _FABRIC, metavar="NAME=FILE"),
+    ] = Field(default_factory=dict)
     #: how long one attach keeps retrying while the manager or the fabric is unavailable
     attach_retry_seconds: Annotated[
         float,
@@ -341,6 +365,17 @@ class PluginConfig(BaseModel):
         uid_part = f"-{self.pod_uid}" if self.pod_uid else ""
         return self.plugin_dir / f"dra{uid_part}.sock"
 
+    def endpoints(self) -> list[ManagerEndpoint]:
+        """Every fabric manager, in the order that decides which serves a pool two report."""
+        return endpoints_of(
+            self.manager_url,
+            self.managers,
+            token_file=self.manager_token_file,
+            ca_file=self.manager_ca_file,
+            token_files=self.manager_token_files,
+            ca_files=self.manager_ca_files,
+        )
+
     def socket_flags(self) -> tuple[tuple[Path, str], ...]:
         """Each socket the plugin listens on, with the flag that decides its directory."""
         return ((self.registration_socket, "--registry-dir"), (self.dra_socket, "--plugin-dir"))
@@ -376,10 +411,16 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
     """The validated configuration from flags, environment and ``--config`` file; raises
     ``ValueError`` (:class:`plumbing.settings.SettingsError`) with a one-line reason."""
     config = read_settings(PluginConfig, args)
-    if config.device_backend is DeviceBackendKind.FABRIC and not config.manager_url:
+    if config.device_backend is DeviceBackendKind.FABRIC and not config.manager_url and not config.managers:
         raise SettingsError(
             "the fabric manager URL is not set: pass --manager-url (or --device-backend noop)"
         )
+    problem = managers_problem(config.manager_url, config.managers) if config.managers else None
+    unknown = sorted((set(config.manager_token_files) | set(config.manager_ca_files)) - set(config.managers))
+    if problem is None and unknown:
+        problem = f"token or CA file for a manager not given with --manager: {', '.join(unknown)}"
+    if problem is not None:
+        raise SettingsError(problem)
     problem = socket_path_problem(config)
     if problem is not None:
         raise SettingsError(problem)

@@ -214,7 +214,7 @@ class HealthMonitor:
                 continue
             for d in entry.devices:
                 watched.append((uid, d.key))
-                info = self._fabric.get(d.parent or d.device)
+                info = self._fabric_device(d)
                 if info is not None and self._fabric_since > self._prepared.get(uid, math.inf):
                     link = Link(info.pcie_generation, info.pcie_width)
                     self.links.observe(uid, d.key, link, info.pcie_errors)
@@ -265,6 +265,13 @@ class HealthMonitor:
     def _link_degraded(self, uid: str, device: PreparedDevice) -> bool:
         return self._link_said.get((uid, device.key), HEALTHY) != HEALTHY
 
+    def _fabric_device(self, device: PreparedDevice) -> Device | None:
+        """What the fabric says of ``device`` (a partition: of its GPU): by pool and name where the
+        view has it so (several managers, whose device names may repeat), else by name."""
+        fabric = self._fabric or {}
+        name = device.parent or device.device
+        return fabric.get(f"{device.pool}/{name}") or fabric.get(name)
+
     def _status(self, uid: str, device: PreparedDevice) -> int:
         host_path = device.host.sysfs_path if device.host else None
         if self.scanner is not None and host_path is not None and not self.scanner.present_path(host_path):
@@ -272,11 +279,13 @@ class HealthMonitor:
         if self._fabric is None:
             return health_pb2.UNKNOWN
         # a partition's health is its GPU's, a share's its pool's
-        info = self._fabric.get(device.parent or device.device)
+        info = self._fabric_device(device)
         if self._fabric_since <= self._prepared.get(uid, math.inf):
             # read before this claim's attach: only the device's own health counts
             critical = info is not None and info.health is Health.CRITICAL
             return health_pb2.UNHEALTHY if critical else health_pb2.HEALTHY
+        if info is None and device.pool in self.backend.blind_pools():
+            return health_pb2.UNKNOWN  # its manager (one of several) cannot be read now
         if info is None or info.state is BindingState.UNAVAILABLE:
             return health_pb2.UNHEALTHY
         if not self._held_here(uid, device, info):

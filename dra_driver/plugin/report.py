@@ -11,6 +11,7 @@ released once no claim explains them. A manager that cannot be reached is logged
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from dra_driver.plugin.checkpoint import CheckpointStore, ClaimState
 from manager_api.client import ManagerClient
@@ -22,19 +23,36 @@ __all__ = ["PreparedReporter", "prepared_claims"]
 log = get_logger(__name__)
 
 
-def prepared_claims(store: CheckpointStore) -> dict[str, list[str]]:
+def prepared_claims(
+    store: CheckpointStore, keep: Callable[[str], bool] | None = None
+) -> dict[str, list[str]]:
     """Claim UID → device names of every PrepareCompleted claim in the checkpoint (a partition by
-    its partition device, the shares of a pool once by the pool)."""
-    return {
-        uid: sorted({d.device for d in entry.devices})
-        for uid, entry in store.claims().items()
-        if entry.state is ClaimState.PREPARE_COMPLETED
-    }
+    its partition device, the shares of a pool once by the pool); with ``keep``, only the devices
+    of the pools it keeps (one manager's among several), and only claims with any."""
+    out: dict[str, list[str]] = {}
+    for uid, entry in store.claims().items():
+        if entry.state is not ClaimState.PREPARE_COMPLETED:
+            continue
+        devices = sorted({d.device for d in entry.devices if keep is None or keep(d.pool)})
+        if devices or keep is None:
+            out[uid] = devices
+    return out
 
 
 class PreparedReporter:
-    def __init__(self, client: ManagerClient, store: CheckpointStore, *, node: str, interval: float) -> None:
+    def __init__(
+        self,
+        client: ManagerClient,
+        store: CheckpointStore,
+        *,
+        node: str,
+        interval: float,
+        keep: Callable[[str], bool] | None = None,
+    ) -> None:
+        """``keep``: with several managers, the pools of this ``client``'s manager (a pool none has
+        reported yet is kept by every manager: a report protects, it never releases)."""
         self.client = client
+        self.keep = keep
         self.store = store
         self.node = node
         self.interval = interval
@@ -42,7 +60,7 @@ class PreparedReporter:
 
     async def report_once(self) -> bool:
         self.store.refresh()
-        claims = prepared_claims(self.store)
+        claims = prepared_claims(self.store, self.keep)
         try:
             await self.client.report_claims(self.node, claims)
         except FabricError as err:

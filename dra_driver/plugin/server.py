@@ -37,6 +37,7 @@ from dra_driver.plugin.probes import Phase, PluginProbes
 from dra_driver.plugin.reconcile import reconcile
 from dra_driver.plugin.registration import RegistrationServicer, add_registration_servicer
 from dra_driver.plugin.report import PreparedReporter
+from dra_driver.plugin.routes import RoutedBackend
 from dra_driver.plugin.state import ClaimLocks
 from plumbing.fsutil import atomic_write
 from plumbing.logs import get_logger
@@ -85,7 +86,7 @@ class PluginServer:
         self.driver: Driver | None = None
         self.health: HealthMonitor | None = None
         self._watchdog: asyncio.Task[None] | None = None
-        self._reporter: asyncio.Task[None] | None = None
+        self._reporters: list[asyncio.Task[None]] = []
         self._metrics: MetricsServer | None = None
         self.probes = PluginProbes(
             dra_socket=config.dra_socket,
@@ -106,32 +107,66 @@ class PluginServer:
             return NoopBackend(cfg.node_name), None
         from manager_api.client import ManagerClient
 
-        if cfg.manager_url is None:
+        endpoints = cfg.endpoints()
+        if not endpoints:
             raise ValueError("the plugin needs --manager-url (or --noop-fabric)")
         real = cfg.host_mode is HostMode.REAL
         changes = SysfsChanges()
         if real:
             changes.start_udev()
         scanner = HostScanner(cfg.sysfs_root, real_host=real, pci_rescan=cfg.pci_rescan, changes=changes)
-        client = ManagerClient(
-            cfg.manager_url,
-            token_file=cfg.manager_token_file,
-            ca_file=str(cfg.manager_ca_file) if cfg.manager_ca_file else None,
-        )
         # a real host's GPUs are partitioned through NVML (imported on the first partition), an
         # emulated host's in its tree
         partitioner: Partitioner = NvmlPartitioner() if real else EmulatedPartitioner(cfg.sysfs_root)
-        backend = FabricBackend(
-            client,
-            scanner,
-            node=cfg.node_name,
-            visible_timeout=cfg.visible_timeout,
-            host_removal=cfg.host_removal,
-            retry_budget=cfg.attach_retry_seconds,
-            partitioner=partitioner,
-            memory=HostMemory(cfg.sysfs_root, real_host=real),
-        )
-        return backend, scanner
+        memory = HostMemory(cfg.sysfs_root, real_host=real)
+        backends = [
+            (
+                endpoint,
+                FabricBackend(
+                    ManagerClient(
+                        endpoint.url,
+                        token_file=endpoint.token_file,
+                        ca_file=str(endpoint.ca_file) if endpoint.ca_file else None,
+                    ),
+                    scanner,
+                    node=cfg.node_name,
+                    visible_timeout=cfg.visible_timeout,
+                    host_removal=cfg.host_removal,
+                    retry_budget=cfg.attach_retry_seconds,
+                    partitioner=partitioner,
+                    memory=memory,
+                ),
+            )
+            for endpoint in endpoints
+        ]
+        if len(backends) == 1 and not cfg.managers:
+            return backends[0][1], scanner
+        return RoutedBackend(backends, node=cfg.node_name), scanner
+
+    def _start_reporters(self, backend: DeviceBackend, store: CheckpointStore) -> None:
+        """Tell each manager which claims this node has prepared: with several, each of its own
+        pools' devices."""
+        cfg = self.config
+        reporters: list[PreparedReporter] = []
+        if isinstance(backend, FabricBackend):
+            reporters.append(
+                PreparedReporter(backend.client, store, node=cfg.node_name, interval=cfg.report_seconds)
+            )
+        elif isinstance(backend, RoutedBackend):
+            for endpoint in cfg.endpoints():
+
+                def keep(pool: str, manager: str = endpoint.name) -> bool:
+                    return backend.owner_of(pool) in (manager, None)
+
+                client = backend.backend_of(endpoint.name).client
+                reporters.append(
+                    PreparedReporter(
+                        client, store, node=cfg.node_name, interval=cfg.report_seconds, keep=keep
+                    )
+                )
+        self._reporters = [
+            asyncio.create_task(r.run(), name=f"prepared-claims-report-{i}") for i, r in enumerate(reporters)
+        ]
 
     async def _claims(self) -> ClaimSource:
         if self._claims_override is not None:
@@ -191,11 +226,7 @@ class PluginServer:
         if cfg.ready_file is not None:
             atomic_write(cfg.ready_file, f"{cfg.dra_socket}\n", durable=False)
         self._watchdog = asyncio.create_task(self._watch(), name="registration-watchdog")
-        if isinstance(backend, FabricBackend):
-            reporter = PreparedReporter(
-                backend.client, store, node=cfg.node_name, interval=cfg.report_seconds
-            )
-            self._reporter = asyncio.create_task(reporter.run(), name="prepared-claims-report")
+        self._start_reporters(backend, store)
         log.info(
             "plugin serving",
             driver=cfg.driver_name,
@@ -255,7 +286,7 @@ class PluginServer:
             scanner=scanner,
             rebuild=rebuild,
             node=cfg.node_name,
-            partitioner=backend.partitioner if isinstance(backend, FabricBackend) else None,
+            partitioner=backend.partitioner if isinstance(backend, FabricBackend | RoutedBackend) else None,
             hook_path=cfg.cdi_hook_path,
         )
         return store
@@ -314,7 +345,7 @@ class PluginServer:
     async def stop(self) -> None:
         cfg = self.config
         self.probes.phase = Phase.STOPPING
-        for task in (self._watchdog, self._reporter):
+        for task in (self._watchdog, *self._reporters):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

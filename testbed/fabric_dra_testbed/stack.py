@@ -82,6 +82,7 @@ __all__ = [
     "connection_body",
     "default_trust",
     "free_port",
+    "managers_args",
     "short_dir",
     "static_tokens_file",
     "trust",
@@ -760,8 +761,18 @@ class Manager:
         """The flags a client role needs to trust this manager."""
         return ["--manager-ca-file", str(self.ca_file)] if self.ca_file else []
 
+    def named_args(self, name: str) -> list[str]:
+        """The flags a client role given several managers needs for this one, named ``name``."""
+        out = ["--manager", f"{name}={self.url}"]
+        return out + (["--manager-ca-files", f"{name}={self.ca_file}"] if self.ca_file else [])
+
     def stop(self) -> int | None:
         return self.role.stop()
+
+
+def managers_args(managers: Mapping[str, Manager]) -> list[str]:
+    """``--manager NAME=URL`` (and its CA) for each of several managers, in order."""
+    return [arg for name, manager in managers.items() for arg in manager.named_args(name)]
 
 
 @dataclass
@@ -1216,7 +1227,8 @@ class Stack:
         start: bool = True,
         crash_at: Sequence[str] = (),
     ) -> Controller:
-        """The ResourceSlice (and, with ``binding_conditions``, binding-condition) controller."""
+        """The ResourceSlice (and, with ``binding_conditions``, binding-condition) controller;
+        several managers, one per Redfish service, are ``args`` (:func:`managers_args`)."""
         kubeconfig = kube.kubeconfig if isinstance(kube, ApiServer) else kube
         controller: Controller
 

@@ -90,6 +90,8 @@ PACKAGED_MANIFESTS = sorted(
     for p in (TESTBED_DIR / "fabric_dra_testbed" / "demo" / "manifests").iterdir()
 )
 COMPOSITIONS: dict[str, tuple[str, tuple[str, ...]]] = {
+    # a second Redfish service with its own manager beside the emulator's (docs/deploy.md)
+    "production-two-fabrics": ("production", ("second-fabric",)),
     "production-complete": (
         "production",
         (

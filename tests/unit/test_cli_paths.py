@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from fabric_dra.cli import build_parser
+from plumbing.settings import path_pair
 
 
 def _path_options(
@@ -83,7 +84,8 @@ def test_every_option_that_names_a_file_or_directory_is_a_path() -> None:
             "DIR",
             "PATH",
         )
-        if looks_like_path and option not in AS_GIVEN and action.type is not Path:
+        # a dict of paths (NAME=FILE, repeatable) has each path made absolute by plumbing.settings.path_pair
+        if looks_like_path and option not in AS_GIVEN and action.type not in (Path, path_pair):
             strays.append(f"{words} {option}")
     assert not strays, strays
 
@@ -120,3 +122,10 @@ def test_home_is_expanded(monkeypatch: pytest.MonkeyPatch) -> None:
     argv = ["plugin", "--plugin-dir", "~/plug"]
     args = build_parser(argv).parse_args(argv)
     assert args.plugin_dir == Path(os.path.expanduser("~")) / "plug"
+
+
+def test_a_dict_of_paths_has_each_path_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert path_pair("memory=ca/memory.pem") == f"memory={tmp_path / 'ca' / 'memory.pem'}"
+    assert path_pair("memory=/etc/ca.pem") == "memory=/etc/ca.pem"
+    assert path_pair("no-value") == "no-value"  # left for the pair's own one-line error

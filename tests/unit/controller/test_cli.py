@@ -46,7 +46,12 @@ def test_help_explains_every_flag() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ([], "--manager-url is required"),
+        ([], "--manager-url URL, or --manager NAME=URL"),
+        (["--manager", "PCIe=http://m"], "--manager PCIe=…: a manager's name must be a DNS label"),
+        (["--manager", "pcie=m:8080"], "--manager pcie=m:8080: expected an http:// or https:// URL"),
+        (["--manager-url", "http://m", "--manager", "default=http://n"], "'default' is the name of"),
+        (["--manager", "a=http://m", "--manager-ca-files", "b=/ca.pem"], "not given with --manager: b"),
+        (["--publisher", "p" * 40, "--manager", "m" * 30 + "=http://m"], "must be a label value"),
         (["--manager-url", "fabric-manager:8080"], "expected an http:// or https:// URL"),
         (["--manager-url", "http://m", "--driver-name", "Fabric_DRA"], "--driver-name"),
         (["--manager-url", "http://m", "--manager-token-file", "/nonexistent/token"], "no such file"),
@@ -120,6 +125,40 @@ def test_settings_come_from_the_environment_and_a_file_as_from_flags(
     assert settings.busy_timeout == 20.0
     assert settings.publisher == "rack-8"
     assert settings.lease_namespace == settings.plugin_namespace == "fabric-dra"
+
+
+def test_several_managers_from_flags_and_a_file_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--manager NAME=URL`` again and again, or a mapping in the settings file; a CA file of one of
+    them relative to the settings file, as every path in it is."""
+    from dra_driver.controller.cli import _settings
+
+    settings_file = tmp_path / "controller.yaml"
+    settings_file.write_text(
+        "manager-url: http://first:8080\nmanager:\n  gpus: https://gpus:8443\n  memory: https://memory:8443\n"
+        "manager-ca-files:\n  memory: ca/memory.pem\nmanager-ca-file: /etc/ca.pem\n"
+    )
+    monkeypatch.delenv("FABRIC_DRA_MANAGER_URL", raising=False)
+    argv = ["controller", "--config", str(settings_file)]
+    endpoints = _settings(build_parser(argv).parse_args(argv)).endpoints()
+    assert [(e.label, e.url, e.ca_file) for e in endpoints] == [
+        ("default", "http://first:8080", Path("/etc/ca.pem")),
+        ("gpus", "https://gpus:8443", Path("/etc/ca.pem")),
+        ("memory", "https://memory:8443", tmp_path / "ca" / "memory.pem"),
+    ]
+    monkeypatch.chdir(tmp_path)
+    argv = [
+        "controller",
+        "--manager",
+        "b=http://b",
+        "--manager",
+        "a=http://a",
+        "--manager-ca-files",
+        "a=a.pem",
+    ]
+    endpoints = _settings(build_parser(argv).parse_args(argv)).endpoints()
+    assert [(e.name, e.ca_file) for e in endpoints] == [("b", None), ("a", tmp_path / "a.pem")]
 
 
 def test_help_names_the_environment_variable_of_each_setting() -> None:

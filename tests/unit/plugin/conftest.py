@@ -190,6 +190,9 @@ class ScriptedBackend:
             for d, c in self.attached.items()
         ]
 
+    def blind_pools(self) -> frozenset[str]:
+        return frozenset()
+
     def pending_error(self, claim_uid: str, device: str) -> FabricError | None:
         return None
 

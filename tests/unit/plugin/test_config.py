@@ -101,4 +101,5 @@ def test_the_flags_are_those_of_earlier_releases() -> None:
     assert flags == earlier | {
         "--config", "--memory-mode", "--cdi-hook-path", "--claim-status", "--no-claim-status",
         "--link-hold-seconds", "--link-recover-seconds", "--link-correctable-per-minute",
+        "--manager", "--manager-token-files", "--manager-ca-files",
     }  # fmt: skip
