@@ -43,6 +43,7 @@ from dra_driver.selection.semver import Semver, SemverError, parse_semver
 __all__ = [
     "AttributeValue",
     "CelCompileError",
+    "CelEvaluationError",
     "CompiledSelector",
     "DeviceInput",
     "SelectorCache",
@@ -67,6 +68,10 @@ _LOCK = threading.RLock()  # celpy's compiled runner keeps its activation in mod
 
 class CelCompileError(InputError):
     """An expression that does not parse."""
+
+
+class CelEvaluationError(InputError):
+    """An expression that failed at run time (a missing key, no such overload)."""
 
 
 def _err(message: str) -> CELEvalError:
@@ -507,17 +512,28 @@ class CompiledSelector:
 
     def evaluate(self, activation: Mapping[str, Any]) -> SelectorOutcome:
         try:
-            with _LOCK:
-                result = self._runner.evaluate(dict(activation))
-        except CELEvalError as err:
-            return SelectorOutcome(None, _describe(err))
-        except RecursionError:
-            return SelectorOutcome(None, "expression nests too deeply")
-        except Exception as err:
-            return SelectorOutcome(None, _one_line(f"{type(err).__name__}: {err}"))
+            result = self.value(activation)
+        except CelEvaluationError as err:
+            return SelectorOutcome(None, str(err))
         if isinstance(result, celtypes.BoolType | bool):
             return SelectorOutcome(bool(result))
         return SelectorOutcome(None, f"must evaluate to bool, not {_cel_type_name(result)}")
+
+    def value(self, activation: Mapping[str, Any]) -> Any:
+        """The expression's value, whatever its type (a CRD's ``messageExpression`` is a string);
+        raises :class:`CelEvaluationError` with a one-line message when evaluation fails."""
+        try:
+            with _LOCK:
+                result = self._runner.evaluate(dict(activation))
+        except CELEvalError as err:
+            raise CelEvaluationError(_describe(err)) from err
+        except RecursionError as err:
+            raise CelEvaluationError("expression nests too deeply") from err
+        except Exception as err:
+            raise CelEvaluationError(_one_line(f"{type(err).__name__}: {err}")) from err
+        if isinstance(result, CELEvalError):
+            raise CelEvaluationError(_describe(result))
+        return result
 
 
 def _cel_type_name(value: Any) -> str:
