@@ -486,7 +486,7 @@ def _rewrite_bind(tree: lark.Tree[Any], parser: CELParser) -> None:
 class CompiledSelector:
     """One compiled expression; evaluate it against :class:`DeviceInput` activations."""
 
-    def __init__(self, expression: str) -> None:
+    def __init__(self, expression: str, *, interpreted: bool = False) -> None:
         self.expression = expression
         with _LOCK:
             parser = _parser()
@@ -499,10 +499,14 @@ class CompiledSelector:
             _rewrite_bind(tree, parser)
             if not isinstance(tree, TranspilerTree):  # _parser() builds this node class
                 raise CelCompileError(f"the CEL parser built a {type(tree).__name__}, not a TranspilerTree")
-            self._runner = self._build(tree)
+            self._runner = self._build(tree, interpreted=interpreted)
 
     @staticmethod
-    def _build(tree: TranspilerTree) -> celpy.Runner:
+    def _build(tree: TranspilerTree, *, interpreted: bool) -> celpy.Runner:
+        if interpreted:
+            # celpy's transpiler applies ``!`` to has()'s plain bool and fails ("no such
+            # overload"); the interpreter does not. Callers that value fidelity over speed ask for it.
+            return celpy.InterpretedRunner(celpy.Environment(), tree, _FUNCTIONS)
         try:
             return celpy.CompiledRunner(
                 celpy.Environment(runner_class=celpy.CompiledRunner), tree, _FUNCTIONS
@@ -586,8 +590,9 @@ def _one_line(text: str) -> str:
 class SelectorCache:
     """Compiled programs by expression text (``cel.Cache`` in Kubernetes), bounded LRU."""
 
-    def __init__(self, max_entries: int = 1024) -> None:
+    def __init__(self, max_entries: int = 1024, *, interpreted: bool = False) -> None:
         self._max = max_entries
+        self._interpreted = interpreted
         self._entries: dict[str, CompiledSelector | CelCompileError] = {}
         self._lock = threading.Lock()
 
@@ -599,7 +604,7 @@ class SelectorCache:
                 self._entries[expression] = entry  # most recently used last
         if entry is None:
             try:
-                entry = CompiledSelector(expression)
+                entry = CompiledSelector(expression, interpreted=self._interpreted)
             except CelCompileError as err:
                 entry = err
             with self._lock:

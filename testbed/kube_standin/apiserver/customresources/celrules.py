@@ -40,7 +40,8 @@ from kube_standin.apiserver.status import Cause
 __all__ = ["check_rules", "compile_rule", "to_cel"]
 
 _OLD_SELF = re.compile(r"\boldSelf\b")
-_RULES = SelectorCache(max_entries=4096)
+# Interpreted: a CRD's rules run once per write, and celpy's transpiler mis-evaluates ``!has(x)``.
+_RULES = SelectorCache(max_entries=4096, interpreted=True)
 
 
 def compile_rule(expression: str) -> CompiledSelector:
