@@ -298,6 +298,19 @@ async def test_good_budgets_are_created_and_read_back_with_defaults(kube: KubeCl
     assert everywhere["kind"] == "DeviceBudgetList"
 
 
+async def test_the_kind_examples_are_accepted(kube: KubeClient) -> None:
+    examples = [
+        d for d in yaml.safe_load_all((REPO / "deploy" / "kind" / "budget-example.yaml").read_text()) if d
+    ]
+    assert examples
+    for example in examples:
+        example["metadata"]["namespace"] = "example-budgets"
+    await kube.create(NAMESPACES, {"metadata": {"name": "example-budgets"}})
+    for example in examples:
+        created = await kube.create(BUDGETS, example)
+        assert created["spec"]["tree"] == example["spec"]["tree"]
+
+
 # -- bad budgets ------------------------------------------------------------------------------------
 
 _NOT_CHECKED = "some validation rules were not checked because the object was invalid"
