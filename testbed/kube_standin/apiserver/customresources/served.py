@@ -58,6 +58,8 @@ class CustomKind:
     crd_name: str
     kind: str
     schemas: Mapping[str, SchemaNode]
+    #: the storage version's ``additionalPrinterColumns`` (Tables show them for every version).
+    printer_columns: tuple[Mapping[str, Any], ...] = ()
 
     def decode(self, version: str, obj: Obj, directive: str) -> tuple[Obj, list[str]]:
         """``obj`` pruned of unknown fields and defaulted; the warnings to send. Raises 400 for
@@ -128,7 +130,12 @@ def resource_of(crd: Mapping[str, Any]) -> ResourceType:
         categories=tuple(names.get("categories") or ()),
         status_subresource=status,
         tracks_generation=True,
-        custom=CustomKind(str(crd["metadata"]["name"]), str(names["kind"]), schemas),
+        custom=CustomKind(
+            str(crd["metadata"]["name"]),
+            str(names["kind"]),
+            schemas,
+            tuple(next(v for v in versions if v.get("storage")).get("additionalPrinterColumns") or ()),
+        ),
     )
 
 
