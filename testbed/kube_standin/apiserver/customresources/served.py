@@ -45,8 +45,9 @@ assert _CRDS is not None
 CRDS: ResourceType = _CRDS
 #: ``fieldValidation`` values (``metav1.FieldValidation*``); empty is Warn, as on a real server.
 FIELD_VALIDATION = ("Ignore", "Warn", "Strict")
+# field.Invalid(nil, nil, ...): a nil path prints as <nil>, a nil value as null (apimachinery 1.34).
 _NOT_CHECKED = (
-    'Invalid value: "null": some validation rules were not checked because the object was invalid; '
+    "Invalid value: null: some validation rules were not checked because the object was invalid; "
     "correct the existing errors to complete validation"
 )
 
