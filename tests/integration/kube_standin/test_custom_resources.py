@@ -368,12 +368,6 @@ _NOT_CHECKED = "some validation rules were not checked because the object was in
             "Invalid value: exactly one of deviceClassName or model must be set",
         ),
         (
-            {"limits": {"devices": [{"model": "h100", "max": 1}, {"model": "h100", "max": 2}]}},
-            "spec.limits.devices",
-            "FieldValueInvalid",
-            "Invalid value: each deviceClassName and each model may be limited only once",
-        ),
-        (
             {"limits": {"deviceHours": {"max": 10, "window": "3s"}}},
             "spec.limits.deviceHours.window",
             "FieldValueInvalid",
@@ -438,7 +432,6 @@ _NOT_CHECKED = "some validation rules were not checked because the object was in
         "cxlMemory-zero",
         "max-negative",
         "class-and-model",
-        "model-twice",
         "window-3s",
         "window-90d",
         "window-forever",
