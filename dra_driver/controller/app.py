@@ -17,22 +17,26 @@ from typing import Any
 
 from dra_driver.controller.binding_conditions import ClaimBinder
 from dra_driver.controller.devices import PublishPolicy
+from dra_driver.controller.drainrules import DrainRules
 from dra_driver.controller.features import (
     CounterLayout,
     KeptFields,
     ResourceApiMissing,
     TaintsMode,
+    device_taint_rules_version,
     probe_counter_layout,
     probe_slice_fields,
     require_resource_v1,
 )
 from dra_driver.controller.health import HealthServer
 from dra_driver.controller.inventory_feed import InventoryFeed
+from dra_driver.controller.linktaints import LinkTaints
 from dra_driver.controller.metrics import IS_LEADER
 from dra_driver.controller.nodelabels import NodeLabeler
 from dra_driver.controller.pluginpods import PluginNodes
 from dra_driver.controller.publisher import SlicePublisher
 from dra_driver.controller.quarantine import ManagerCounts, Quarantine, QuarantineEvents
+from dra_driver.linkerrors import ErrorThresholds
 from manager_api.client import ManagerClient
 from plumbing.backoff import Backoff
 from plumbing.fsutil import atomic_write
@@ -44,6 +48,12 @@ from plumbing.logs import get_logger
 __all__ = ["Controller", "ControllerOptions", "default_identity"]
 
 log = get_logger(__name__)
+
+
+#: the controller's defaults for the link-errors taint: stricter than the plugin's health verdict
+CONTROLLER_LINK_THRESHOLDS = ErrorThresholds(
+    correctable_per_minute=10.0, window_seconds=60.0, sustain_seconds=300.0, recover_seconds=600.0
+)
 
 
 def default_identity() -> str:
@@ -71,6 +81,11 @@ class ControllerOptions:
     quarantine_after: int = 3
     #: how long a device stays out the first time (doubling each time after, up to 1 h)
     quarantine_seconds: float = 60.0
+    #: drains as DeviceTaintRules ("rules"), slice taints ("slices"), or rules where served ("auto")
+    drain_taints: str = "auto"
+    #: the effect of the link-errors taint, and when a link's errors earn it
+    link_taint_effect: str = "NoSchedule"
+    link_thresholds: ErrorThresholds = CONTROLLER_LINK_THRESHOLDS
     host: str = "0.0.0.0"  # noqa: S104 - probes reach the pod IP
     port: int = 8081
     ready_file: str | None = None
@@ -98,6 +113,8 @@ class Controller:
         #: what the API server keeps, found out once per process (a dry-run write)
         self._kept: KeptFields | None = None
         self._counters: CounterLayout | None = None
+        #: the version of resource.k8s.io the drain rules are written in; None: drains are slice taints
+        self._rules_version: str | None = None
 
     # -- status -------------------------------------------------------------------------------
 
@@ -118,6 +135,10 @@ class Controller:
             ),
             "partitions": publisher.policy.counters.value if publisher else None,
             "memoryShares": publisher.policy.shares if publisher else None,
+            "drainTaints": (
+                f"rules ({self._rules_version})" if self._rules_version else "slices" if publisher else None
+            ),
+            "linkTaintEffect": self.options.link_taint_effect,
         }
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -232,9 +253,29 @@ class Controller:
             log.info("GPU partition counters decided", layout=self._counters.value)
         return self._counters
 
+    async def _drain_rules_version(self) -> str | None:
+        """The version of resource.k8s.io to write drain rules in, or None for slice taints."""
+        mode = self.options.drain_taints
+        if mode == "slices":
+            return None
+        version = await device_taint_rules_version(self.kube)
+        if version is None and mode == "rules":
+            log.error(
+                "--drain-taints rules, but the API server serves no devicetaintrules (feature gate "
+                "DRADeviceTaintRules, and in 1.36 --runtime-config resource.k8s.io/v1beta2=true): "
+                "drains are published as slice taints"
+            )
+        log.info(
+            "drain taints decided",
+            path=f"DeviceTaintRule {version}" if version else "slice taints",
+            mode=mode,
+        )
+        return version
+
     async def _lead_once(self) -> None:
         opts = self.options
         kept = await self._kept_fields()
+        self._rules_version = await self._drain_rules_version()
         counters = await self._counter_layout()
         if not kept.shares:
             log.warning(
@@ -252,6 +293,8 @@ class Controller:
             evict_quarantined=not opts.binding_conditions,
             counters=counters,
             shares=kept.shares,
+            link_taint_effect=opts.link_taint_effect,
+            drain_rules=self._rules_version is not None,
         )
         log.info(
             "leading: publishing resource slices",
@@ -266,7 +309,10 @@ class Controller:
             initial=opts.quarantine_seconds,
             on_change=lambda: self.publisher.trigger() if self.publisher else None,
         )
-        self.publisher = SlicePublisher(self.kube, policy, quarantine=quarantine)
+        links = LinkTaints(
+            opts.link_thresholds, on_change=lambda: self.publisher.trigger() if self.publisher else None
+        )
+        self.publisher = SlicePublisher(self.kube, policy, quarantine=quarantine, link_taints=links)
         plugin_nodes = (
             PluginNodes(self.kube, namespace=opts.plugin_namespace, selector=opts.plugin_pod_selector)
             if opts.plugin_pod_selector
@@ -277,6 +323,12 @@ class Controller:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self.feed.run())
             tasks.create_task(self.publisher.run(self.feed, resync_period=opts.resync_period))
+            tasks.create_task(links.run(self.feed))
+            if self._rules_version is not None:
+                rules = DrainRules(
+                    self.kube, driver=opts.driver, publisher=opts.publisher, version=self._rules_version
+                )
+                tasks.create_task(rules.run(self.feed, resync_period=opts.resync_period))
             # labels follow what is published, not the inventory: a pod steered to a warm node must
             # find the node-local slice there
             tasks.create_task(labeler.run(self.publisher.published))
