@@ -8,7 +8,7 @@ import hashlib
 import platform
 from typing import Any
 
-from kube_standin.apiserver.features import ALL_SERVED, ServedVersions
+from kube_standin.apiserver.features import ALL_SERVED, NEWEST_DEFAULTS, FeatureGates, ServedVersions
 from kube_standin.apiserver.registry import GROUPS, ResourceType, resources_in
 
 __all__ = ["api_group", "api_group_list", "api_resource_list", "api_versions", "version_info"]
@@ -60,9 +60,13 @@ def _storage_version_hash(res: ResourceType) -> str:
 
 
 def api_resource_list(
-    group: str, version: str, versions: ServedVersions = ALL_SERVED
+    group: str, version: str, versions: ServedVersions = ALL_SERVED, gates: FeatureGates = NEWEST_DEFAULTS
 ) -> dict[str, Any] | None:
-    served = resources_in(group, version) if versions.allows(group, version) else []
+    served = (
+        [r for r in resources_in(group, version) if r.served_in(version, gates)]
+        if versions.allows(group, version)
+        else []
+    )
     if not served:
         return None
     resources: list[dict[str, Any]] = []

@@ -128,13 +128,15 @@ class RequestPipeline:
             # A version --runtime-config left off is not there at all, as on a real server.
             raise not_found_path()
         if not rest:
-            listing = discovery.api_resource_list(group, version, self.scope.served)
+            listing = discovery.api_resource_list(group, version, self.scope.served, self.scope.gates)
             if listing is None:
                 raise not_found_path()
             return json_response(listing)
         info = resolve_request_info(
             request.method, group, version, rest, request.query_params.get("watch", "")
         )
+        if not info.res.served_in(version, self.scope.gates):
+            raise not_found_path()  # a gated resource whose gate is off is not there at all
         return await self._resource_request(request, info)
 
     def _authenticate(self, request: Request) -> TokenUser | None:
