@@ -38,6 +38,7 @@ from dra_driver.controller.publisher import SlicePublisher
 from dra_driver.controller.quarantine import ManagerCounts, Quarantine, QuarantineEvents
 from dra_driver.linkerrors import ErrorThresholds
 from manager_api.client import ManagerClient
+from manager_api.models import Inventory
 from plumbing.backoff import Backoff
 from plumbing.fsutil import atomic_write
 from plumbing.kube import ApiError, KubeClient
@@ -254,11 +255,14 @@ class Controller:
         return self._counters
 
     async def _drain_rules_version(self) -> str | None:
-        """The version of resource.k8s.io to write drain rules in, or None for slice taints."""
+        """The version of resource.k8s.io to write drain rules in, or None for slice taints (then
+        the rules this controller wrote before, under another mode, are deleted)."""
         mode = self.options.drain_taints
-        if mode == "slices":
-            return None
         version = await device_taint_rules_version(self.kube)
+        if mode == "slices":
+            if version is not None:
+                await self._drop_drain_rules(version)
+            return None
         if version is None and mode == "rules":
             log.error(
                 "--drain-taints rules, but the API server serves no devicetaintrules (feature gate "
@@ -271,6 +275,23 @@ class Controller:
             mode=mode,
         )
         return version
+
+    async def _drop_drain_rules(self, version: str) -> None:
+        """Delete the drain rules of this publisher: drains are slice taints now."""
+        rules = DrainRules(
+            self.kube, driver=self.options.driver, publisher=self.options.publisher, version=version
+        )
+        try:
+            deleted = await rules.sync(Inventory(version=0, pools=[], devices=[], nodes=[]))
+        except ApiError as err:
+            log.warning(
+                "cannot delete this controller's drain DeviceTaintRules", error=str(err).splitlines()[0]
+            )
+            return
+        if deleted:
+            log.info(
+                "drains are slice taints (--drain-taints slices): own DeviceTaintRules deleted", rules=deleted
+            )
 
     async def _lead_once(self) -> None:
         opts = self.options

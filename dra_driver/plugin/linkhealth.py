@@ -25,7 +25,9 @@ switch port to the device, in the inventory as ``pcie_errors``), feed the same v
   go down were cleared: their readings start again from there.
 
 Such a device is reported as a degraded one is, with the reason ``PCIeErrors`` and the counts in
-the message. Replays, NAKs and recoveries are shown, not judged: they follow from the errors.
+the message. Replays, NAKs and recoveries are shown, not judged: they follow from the errors. The
+counting and hysteresis are :mod:`dra_driver.linkerrors`, the judgement the controller makes too
+(with stricter thresholds, for a taint).
 """
 
 from __future__ import annotations

@@ -220,3 +220,27 @@ def test_a_restarted_controller_keeps_equal_rules_and_repairs_the_others(rules: 
     for device in ("gpu2", "gpu3"):
         assert r.cli("undrain", "device", device).returncode == 0
     wait_until(lambda: r.rule_for("gpu2") is None and r.rule_for("gpu3") is None, what="both rules deleted")
+
+
+def test_a_controller_switched_to_slice_taints_deletes_its_rules(rules: Rules) -> None:
+    r = rules
+    assert r.cli("drain", "device", "gpu4", "--reason", "cable").returncode == 0
+    wait_until(lambda: r.rule_for("gpu4"), what="gpu4's rule")
+    r.controller.role.stop()
+    token = r.token_dir / "controller"
+    slices = r.stack.controller(
+        r.manager, r.api, name="controller-slices", token_file=token, args=["--drain-taints", "slices"]
+    )
+    try:
+        wait_until(lambda: r.rule_for("gpu4") is None, what="the rule deleted under --drain-taints slices")
+        wait_until(
+            lambda: (
+                [(t["key"], t["value"]) for t in r.slice_taints("gpu4")] == [(f"{r.driver}/drain", "cable")]
+            ),
+            what="gpu4 tainted in its slice instead",
+        )
+    finally:
+        slices.role.stop()
+        r.controller.role.start()
+    assert r.cli("undrain", "device", "gpu4").returncode == 0
+    wait_until(lambda: r.rule_for("gpu4") is None and r.slice_taints("gpu4") == [], what="gpu4 offered again")
