@@ -58,6 +58,8 @@ class LinkTaints:
         self._faults: dict[Key, ErrorFault] = {}
         #: bumped on every change of the tainted set, so cached slice plans are redone
         self.version = 0
+        for kind in ErrorKind:  # 0, not absent, until a link errs
+            LINK_TAINTED_DEVICES.labels(reason=kind.value).set(0)
 
     def active(self) -> dict[Key, str]:
         """(pool, device) → the taint's value, for every device past the thresholds now."""

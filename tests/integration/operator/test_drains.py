@@ -171,6 +171,7 @@ def test_drain_and_undrain_a_device_list_the_claim_and_pod_and_taint_it(drains: 
         f"{NAMESPACE}/trainer-gpu",
         f"{NAMESPACE}/trainer",
     ]
+    assert lines[4] == "tainted in the driver's ResourceSlices (the cluster serves no DeviceTaintRule)"
     d.wait_taint("gpu1", [(key, "firmware-2.1", "NoSchedule")], "gpu1 tainted NoSchedule")
     assert d.taints()["gpu2"] == []
 
