@@ -136,9 +136,15 @@ class LinkErrors:
 
     def fault(self, now: float) -> ErrorFault | None:
         """The most severe fault still within its recovery time, or None."""
+        if not self.seen and self.over_since is None and len(self.samples) == 1:
+            return None  # a quiet link, the common case: nothing to move on (thousands a pass)
         self.step(now)
+        for kind in [
+            k for k, (when, _) in self.seen.items() if now - when >= self.thresholds.recover_seconds
+        ]:
+            del self.seen[kind]  # recovered
         for kind in _SEVERITY:
             seen = self.seen.get(kind)
-            if seen is not None and now - seen[0] < self.thresholds.recover_seconds:
+            if seen is not None:
                 return ErrorFault(kind, seen[1], self.latest)
         return None

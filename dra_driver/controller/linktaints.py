@@ -77,8 +77,18 @@ class LinkTaints:
             link = self._links.get(key)
             if link is None:
                 self._links[key] = LinkErrors.first(self.thresholds, device.pcie_errors, now)
-            elif device.pcie_errors != link.latest:
-                link.read(device.pcie_errors, now)
+            else:
+                # Only the judged counters move the judgement; comparing three ints, not the models,
+                # keeps a pass over ten thousand devices cheap on the event loop.
+                now_c, was = device.pcie_errors, link.latest
+                if (now_c.correctable, now_c.non_fatal, now_c.fatal) != (
+                    was.correctable,
+                    was.non_fatal,
+                    was.fatal,
+                ):
+                    link.read(now_c, now)
+                else:
+                    link.latest = now_c
         for gone in [k for k in self._links if k not in seen]:
             del self._links[gone]
         self.judge()
