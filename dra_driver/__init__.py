@@ -8,6 +8,8 @@ reads this list):
 * ``errors``      the one exception tree (``DriverError``) and the bases callers catch;
 * ``proto``       the kubelet's gRPC protocols (registration, DRA v1 and v1beta1, health), generated;
 * ``selection``   the scheduler's device selection of ``resource.k8s.io/v1`` with DRA's CEL;
+* ``linkerrors``  the one judgement of a PCIe link's error counters (with hysteresis), which the
+  plugin (device health) and the controller (a device taint) make with thresholds of their own;
 * ``plugin``      ``fabric-dra plugin``, the kubelet plugin on every node (its rooms:
   ``dra_driver/plugin/__init__.py``) — beside it
   ``controller``  ``fabric-dra controller``, the ResourceSlices, node labels and binding conditions
@@ -16,4 +18,4 @@ reads this list):
   the scheduler's selection.
 """
 
-FLOORS = ("errors", "proto", "selection", ("plugin", "controller"), "explain")
+FLOORS = ("errors", "proto", "selection", "linkerrors", ("plugin", "controller"), "explain")

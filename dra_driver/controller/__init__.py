@@ -14,7 +14,9 @@ inventory_feed      the manager's inventory as an event source (long poll)
 managers            several managers: each one's inventory less the pools another keeps; up or down
 devices             one inventory device → one DRA ``Device``
 quarantine          devices out of allocation after failed attaches
+linktaints          devices whose PCIe link errs past the thresholds (a taint, with hysteresis)
 reconciler          the one loop of a level-triggered pass: triggers, debounce, retry after a backoff
+drainrules          drains as DeviceTaintRules, where the cluster serves them
 slices              one pool → its ResourceSlices; semantic comparison with what is stored
 dropped             the gated fields an API server drops on write, and the policy without them
 publisher           writes the slices, event-driven, with zero writes when nothing changed
@@ -38,7 +40,9 @@ FLOORS = (
     "managers",
     "devices",
     "quarantine",
+    "linktaints",
     "reconciler",
+    "drainrules",
     "slices",
     "dropped",
     "publisher",

@@ -18,17 +18,20 @@ from typing import Any
 
 from dra_driver.controller.binding_conditions import ClaimBinder
 from dra_driver.controller.devices import PublishPolicy
+from dra_driver.controller.drainrules import DrainRules
 from dra_driver.controller.features import (
     CounterLayout,
     KeptFields,
     ResourceApiMissing,
     TaintsMode,
+    device_taint_rules_version,
     probe_counter_layout,
     probe_slice_fields,
     require_resource_v1,
 )
 from dra_driver.controller.health import HealthServer
 from dra_driver.controller.inventory_feed import InventoryFeed
+from dra_driver.controller.linktaints import LinkTaints
 from dra_driver.controller.managers import Fleet, ManagerGate
 from dra_driver.controller.metrics import IS_LEADER
 from dra_driver.controller.nodelabels import NodeLabeler
@@ -36,8 +39,10 @@ from dra_driver.controller.pluginpods import PluginNodes
 from dra_driver.controller.publisher import SlicePublisher
 from dra_driver.controller.quarantine import ManagerCounts, Quarantine, QuarantineEvents
 from dra_driver.controller.resourcenames import publisher_of
+from dra_driver.linkerrors import ErrorThresholds
 from manager_api.client import ManagerClient
 from manager_api.fleet import ManagerEndpoint
+from manager_api.models import Inventory
 from plumbing.backoff import Backoff
 from plumbing.fsutil import atomic_write
 from plumbing.kube import ApiError, KubeClient
@@ -48,6 +53,12 @@ from plumbing.logs import get_logger
 __all__ = ["Controller", "ControllerOptions", "default_identity"]
 
 log = get_logger(__name__)
+
+
+#: the controller's defaults for the link-errors taint: stricter than the plugin's health verdict
+CONTROLLER_LINK_THRESHOLDS = ErrorThresholds(
+    correctable_per_minute=10.0, window_seconds=60.0, sustain_seconds=300.0, recover_seconds=600.0
+)
 
 
 def default_identity() -> str:
@@ -95,6 +106,11 @@ class ControllerOptions:
     quarantine_after: int = 3
     #: how long a device stays out the first time (doubling each time after, up to 1 h)
     quarantine_seconds: float = 60.0
+    #: drains as DeviceTaintRules ("rules"), slice taints ("slices"), or rules where served ("auto")
+    drain_taints: str = "auto"
+    #: the effect of the link-errors taint, and when a link's errors earn it
+    link_taint_effect: str = "NoSchedule"
+    link_thresholds: ErrorThresholds = CONTROLLER_LINK_THRESHOLDS
     host: str = "0.0.0.0"  # noqa: S104 - probes reach the pod IP
     port: int = 8081
     ready_file: str | None = None
@@ -131,6 +147,8 @@ class Controller:
         #: what the API server keeps, found out once per process (a dry-run write)
         self._kept: KeptFields | None = None
         self._counters: CounterLayout | None = None
+        #: the version of resource.k8s.io the drain rules are written in; None: drains are slice taints
+        self._rules_version: str | None = None
 
     # -- status -------------------------------------------------------------------------------
 
@@ -158,6 +176,14 @@ class Controller:
                 for endpoint, _ in self.managers
                 if endpoint.name in self.fabrics
             },
+            "drainTaints": (
+                f"rules ({self._rules_version})"
+                if self._rules_version
+                else "slices"
+                if self.fabrics
+                else None
+            ),
+            "linkTaintEffect": self.options.link_taint_effect,
         }
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -272,10 +298,52 @@ class Controller:
             log.info("GPU partition counters decided", layout=self._counters.value)
         return self._counters
 
+    async def _drain_rules_version(self) -> str | None:
+        """The version of resource.k8s.io to write drain rules in, or None for slice taints (then
+        the rules this controller wrote before, under another mode, are deleted)."""
+        mode = self.options.drain_taints
+        version = await device_taint_rules_version(self.kube)
+        if mode == "slices":
+            if version is not None:
+                await self._drop_drain_rules(version)
+            return None
+        if version is None and mode == "rules":
+            log.error(
+                "--drain-taints rules, but the API server serves no devicetaintrules (feature gate "
+                "DRADeviceTaintRules, and in 1.36 --runtime-config resource.k8s.io/v1beta2=true): "
+                "drains are published as slice taints"
+            )
+        log.info(
+            "drain taints decided",
+            path=f"DeviceTaintRule {version}" if version else "slice taints",
+            mode=mode,
+        )
+        return version
+
+    async def _drop_drain_rules(self, version: str) -> None:
+        """Delete the drain rules of this controller's publishers (one per manager): drains are
+        slice taints now."""
+        opts, deleted = self.options, 0
+        for endpoint, _ in self.managers:
+            publisher = publisher_of(opts.publisher, endpoint.name) if endpoint.name else opts.publisher
+            rules = DrainRules(self.kube, driver=opts.driver, publisher=publisher, version=version)
+            try:
+                deleted += await rules.sync(Inventory(version=0, pools=[], devices=[], nodes=[]))
+            except ApiError as err:
+                log.warning(
+                    "cannot delete this controller's drain DeviceTaintRules", error=str(err).splitlines()[0]
+                )
+                return
+        if deleted:
+            log.info(
+                "drains are slice taints (--drain-taints slices): own DeviceTaintRules deleted", rules=deleted
+            )
+
     async def _policy(self) -> PublishPolicy:
         """What every publisher writes, from the options and what the API server keeps."""
         opts = self.options
         kept = await self._kept_fields()
+        self._rules_version = await self._drain_rules_version()
         counters = await self._counter_layout()
         if not kept.shares:
             log.warning(
@@ -301,6 +369,8 @@ class Controller:
             evict_quarantined=not opts.binding_conditions,
             counters=counters,
             shares=kept.shares,
+            link_taint_effect=opts.link_taint_effect,
+            drain_rules=self._rules_version is not None,
         )
 
     async def _lead_once(self) -> None:
@@ -332,7 +402,10 @@ class Controller:
             initial=opts.quarantine_seconds,
             on_change=lambda: publisher_box[0].trigger() if publisher_box else None,
         )
-        publisher = SlicePublisher(self.kube, policy, quarantine=quarantine)
+        links = LinkTaints(
+            opts.link_thresholds, on_change=lambda: publisher_box[0].trigger() if publisher_box else None
+        )
+        publisher = SlicePublisher(self.kube, policy, quarantine=quarantine, link_taints=links)
         publisher_box.append(publisher)
         gate.on_availability = publisher.set_fabric_available
         gate.on_refiltered = publisher.refresh
@@ -348,6 +421,12 @@ class Controller:
         tasks.create_task(gate.feed.run())
         tasks.create_task(gate.run())
         tasks.create_task(publisher.run(gate, resync_period=opts.resync_period))
+        tasks.create_task(links.run(gate))
+        if self._rules_version is not None:
+            rules = DrainRules(
+                self.kube, driver=opts.driver, publisher=policy.publisher, version=self._rules_version
+            )
+            tasks.create_task(rules.run(gate, resync_period=opts.resync_period))
         # labels follow what is published, not the inventory: a pod steered to a warm node must
         # find the node-local slice there
         tasks.create_task(labeler.run(publisher.published))

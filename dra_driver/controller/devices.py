@@ -21,6 +21,7 @@ from dra_driver.controller.resourcenames import (
     drain_taint_key,
     fabric_unavailable_taint_key,
     fit_value,
+    link_errors_taint_key,
     unhealthy_taint_key,
 )
 from dra_driver.selection.quantity import format_bytes
@@ -126,6 +127,9 @@ class WithheldReason(StrEnum):
     ATTACH_FAILED = "attach-failed"
     #: an operator drained it (``fabric-dra drain``), and the cluster cannot taint devices
     DRAINED = "drained"
+    #: its PCIe link errs past the controller's thresholds (:mod:`.linktaints`), and the cluster
+    #: cannot taint devices
+    LINK_ERRORS = "link-errors"
     #: a memory pool, and the cluster cannot allocate a device many times (``DRAConsumableCapacity``)
     SHARES_UNSUPPORTED = "shares-unsupported"
     #: a memory pool with less room than its smallest chunk
@@ -160,6 +164,10 @@ class PublishPolicy:
     #: True: the manager of these pools cannot be read past its grace; every device is tainted
     #: fabric-unavailable (or withheld), so nothing new is allocated from a fabric nobody can attach
     fabric_unavailable: bool = False
+    #: the effect of the link-errors taint (:mod:`.linktaints`): NoSchedule, NoExecute or None
+    link_taint_effect: str = "NoSchedule"
+    #: True: drains are DeviceTaintRules of their own (:mod:`.drainrules`), not taints in the slices
+    drain_rules: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,10 +313,50 @@ def _partition(partition: PartitionDevice, gpu: dict[str, Any], driver: str) -> 
     return Conversion(partition.name, out)
 
 
-def to_dra_device(device: Device, policy: PublishPolicy, quarantined: str | None = None) -> Conversion:
+def _taints(
+    device: Device, policy: PublishPolicy, quarantined: str | None, link_fault: str | None
+) -> list[dict[str, str]]:
+    """The taints a published ``device`` carries in its slice."""
+    taints: list[dict[str, str]] = []
+    if device.health is not Health.OK:
+        # Value = the Redfish Health, so a claim may tolerate "Warning" but not "Critical".
+        taints.append(
+            {"key": unhealthy_taint_key(policy.driver), "value": device.health.value, "effect": "NoSchedule"}
+        )
+    if quarantined is not None:
+        # The value is the last failure's reason code; a taint value must be a label value.
+        value = quarantined if is_label_value(quarantined) else "AttachFailed"
+        effect = "NoExecute" if policy.evict_quarantined else "NoSchedule"
+        taints.append({"key": attach_failed_taint_key(policy.driver), "value": value, "effect": effect})
+    if link_fault is not None and policy.device_taints:
+        taints.append(
+            {
+                "key": link_errors_taint_key(policy.driver),
+                "value": link_fault,
+                "effect": policy.link_taint_effect,
+            }
+        )
+    if device.drain is not None and not policy.drain_rules:
+        # The manager holds the reason to a label value; the drain's effect as the operator chose it.
+        reason = device.drain.reason if is_label_value(device.drain.reason) else "maintenance"
+        taints.append(
+            {"key": drain_taint_key(policy.driver), "value": reason, "effect": str(device.drain.effect)}
+        )
+    if policy.fabric_unavailable:
+        # NoSchedule, not NoExecute: what runs keeps its devices; the fabric holds them still.
+        taints.append(
+            {"key": fabric_unavailable_taint_key(policy.driver), "value": "true", "effect": "NoSchedule"}
+        )
+    return taints
+
+
+def to_dra_device(
+    device: Device, policy: PublishPolicy, quarantined: str | None = None, link_fault: str | None = None
+) -> Conversion:
     """The ``Device`` entry of a ResourceSlice for ``device``, or why it is withheld.
 
-    ``quarantined``: the reason its attaches failed, when it is out of allocation for that.
+    ``quarantined``: the reason its attaches failed, when it is out of allocation for that;
+    ``link_fault``: the fault of its PCIe link, when its errors are past the thresholds.
     A memory pool (``memory_pool``) is one device allocated many times, its capacity ``memory``
     shared (:func:`memory_request_policy`); a partitionable GPU consumes its whole counter set
     (:func:`partition_conversions` makes its partitions), where the cluster keeps counters."""
@@ -323,10 +371,12 @@ def to_dra_device(device: Device, policy: PublishPolicy, quarantined: str | None
         return Conversion(device.name, None, WithheldReason.UNHEALTHY)
     if quarantined is not None and not policy.device_taints:
         return Conversion(device.name, None, WithheldReason.ATTACH_FAILED)
-    if device.drain is not None and not policy.device_taints:
+    if device.drain is not None and not policy.device_taints and not policy.drain_rules:
         return Conversion(device.name, None, WithheldReason.DRAINED)
     if policy.fabric_unavailable and not policy.device_taints:
         return Conversion(device.name, None, WithheldReason.FABRIC_UNAVAILABLE)
+    if link_fault is not None and not policy.device_taints and policy.link_taint_effect != "None":
+        return Conversion(device.name, None, WithheldReason.LINK_ERRORS)
 
     pool = device.memory_pool
     if pool is not None and not policy.shares:
@@ -351,28 +401,7 @@ def to_dra_device(device: Device, policy: PublishPolicy, quarantined: str | None
     if table is not None and policy.counters is not CounterLayout.OFF:
         out["attributes"][f"{policy.driver}/{PARTITION_TABLE_ATTRIBUTE}"] = {"string": table.name}
         out["consumesCounters"] = _consumes(*counter_set(device.name, table))
-    taints = []
-    if unhealthy:
-        # Value = the Redfish Health, so a claim may tolerate "Warning" but not "Critical".
-        taints.append(
-            {"key": unhealthy_taint_key(policy.driver), "value": device.health.value, "effect": "NoSchedule"}
-        )
-    if quarantined is not None:
-        # The value is the last failure's reason code; a taint value must be a label value.
-        value = quarantined if is_label_value(quarantined) else "AttachFailed"
-        effect = "NoExecute" if policy.evict_quarantined else "NoSchedule"
-        taints.append({"key": attach_failed_taint_key(policy.driver), "value": value, "effect": effect})
-    if device.drain is not None:
-        # The manager holds the reason to a label value; the drain's effect as the operator chose it.
-        reason = device.drain.reason if is_label_value(device.drain.reason) else "maintenance"
-        taints.append(
-            {"key": drain_taint_key(policy.driver), "value": reason, "effect": str(device.drain.effect)}
-        )
-    if policy.fabric_unavailable:
-        # NoSchedule, not NoExecute: what runs keeps its devices; the fabric holds them still.
-        taints.append(
-            {"key": fabric_unavailable_taint_key(policy.driver), "value": "true", "effect": "NoSchedule"}
-        )
+    taints = _taints(device, policy, quarantined, link_fault)
     if taints:
         out["taints"] = taints
     if policy.binding_conditions or policy.binds_to_node:

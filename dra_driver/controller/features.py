@@ -19,7 +19,7 @@ from typing import Literal
 
 from dra_driver.errors import ControllerError
 from plumbing.kube import ApiError, Invalid, KubeClient, NotFound
-from plumbing.kube.resources import RESOURCE_SLICES
+from plumbing.kube.resources import DEVICE_TAINT_RULE_VERSIONS, RESOURCE_SLICES
 from plumbing.logs import get_logger
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "KeptFields",
     "ResourceApiMissing",
     "TaintsMode",
+    "device_taint_rules_version",
     "device_taints_served",
     "probe_counter_layout",
     "probe_slice_fields",
@@ -73,21 +74,34 @@ async def require_resource_v1(kube: KubeClient) -> None:
         raise ResourceApiMissing(f"the API server serves {GROUP}/v1 but not resourceslices")
 
 
-async def device_taints_served(kube: KubeClient) -> bool:
-    """True when some served version of resource.k8s.io has ``devicetaintrules``."""
+async def device_taint_rules_version(kube: KubeClient) -> str | None:
+    """The newest version of resource.k8s.io that serves ``devicetaintrules`` (None: none does).
+
+    The API server registers the resource only where the gate ``DRADeviceTaintRules`` is on
+    (``pkg/registry/resource/rest/storage_resource.go``), and in 1.36 only in ``v1alpha3`` and the
+    beta ``v1beta2``, both off unless ``--runtime-config`` turns them on; 1.37 serves it in ``v1``."""
     try:
         versions = await _served_versions(kube)
     except ApiError as err:
-        log.warning("API discovery failed; assuming device taints are not available", error=str(err))
-        return False
-    for version in versions:
+        log.warning("API discovery failed; assuming device taint rules are not served", error=str(err))
+        return None
+    for version in sorted(versions, key=_newest_first):
         try:
             resources = await kube.request("GET", f"/apis/{GROUP}/{version}")
         except ApiError:
             continue
         if any(r.get("name") == "devicetaintrules" for r in resources.get("resources") or []):
-            return True
-    return False
+            return version
+    return None
+
+
+def _newest_first(version: str) -> int:
+    return DEVICE_TAINT_RULE_VERSIONS.index(version) if version in DEVICE_TAINT_RULE_VERSIONS else 99
+
+
+async def device_taints_served(kube: KubeClient) -> bool:
+    """True when some served version of resource.k8s.io has ``devicetaintrules``."""
+    return await device_taint_rules_version(kube) is not None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ __all__ = [
     "BIND_TOTAL",
     "INVENTORY_VERSION",
     "IS_LEADER",
+    "LINK_TAINTED_DEVICES",
     "MANAGER_UP",
     "NODE_LABEL_PATCHES",
     "POOL_COLLISIONS",
@@ -101,5 +102,12 @@ QUARANTINED_DEVICES = Gauge(
     "fabric_dra_controller_quarantined_devices",
     "Devices out of allocation now (tainted attach-failed, or withheld) per pool.",
     ["pool"],
+    registry=REGISTRY,
+)
+LINK_TAINTED_DEVICES = Gauge(
+    "fabric_dra_controller_link_tainted_devices",
+    "Devices tainted (or withheld) for PCIe link errors past the controller's thresholds, by reason "
+    "(PCIeFatal, PCIeNonFatal, PCIeCorrectable).",
+    ["reason"],
     registry=REGISTRY,
 )

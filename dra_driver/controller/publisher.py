@@ -21,6 +21,7 @@ from typing import Any
 from dra_driver.controller.devices import PublishPolicy, WithheldReason
 from dra_driver.controller.dropped import DroppedFields
 from dra_driver.controller.inventory_feed import InventorySource
+from dra_driver.controller.linktaints import LinkTaints
 from dra_driver.controller.metrics import POOL_DEVICES, POOL_GENERATION, SLICE_RECONCILE_SECONDS, SLICE_WRITES
 from dra_driver.controller.quarantine import Quarantine
 from dra_driver.controller.reconciler import Reconciler
@@ -70,10 +71,13 @@ class SlicePublisher:
         write_concurrency: int = 16,
         debounce: float = 0.05,
         quarantine: Quarantine | None = None,
+        link_taints: LinkTaints | None = None,
     ) -> None:
         self._kube = kube
         #: devices out of allocation after failed attaches: tainted or withheld
         self.quarantine = quarantine
+        #: devices whose PCIe link errs past the thresholds: tainted or withheld
+        self.link_taints = link_taints
         self._requested_policy = policy
         #: the gated fields this API server showed it drops on write
         self.dropped = DroppedFields()
@@ -94,7 +98,7 @@ class SlicePublisher:
             debounce=debounce,
             backoff=Backoff(initial=0.1, maximum=30.0),
         )
-        self._desired_key: tuple[int, PublishPolicy, int] | None = None
+        self._desired_key: tuple[int, PublishPolicy, int, int] | None = None
         self._desired: dict[str, DesiredPool] = {}
         self._normal = NormalCache()
         self.last_result: PublishResult | None = None
@@ -216,21 +220,29 @@ class SlicePublisher:
 
     def _desired_inputs(
         self, inventory: Inventory
-    ) -> tuple[tuple[int, PublishPolicy, int], dict[tuple[str, str], str]]:
-        """What the desired pools are built from, read on the event loop (the quarantine changes
-        there): the cache key and the quarantined devices."""
-        quarantine = self.quarantine
-        key = (inventory.version, self.policy, quarantine.version if quarantine else 0)
+    ) -> tuple[tuple[int, PublishPolicy, int, int], dict[tuple[str, str], str], dict[tuple[str, str], str]]:
+        """What the desired pools are built from, read on the event loop (the quarantine and the
+        link taints change there): the cache key, the quarantined devices and the link faults."""
+        quarantine, links = self.quarantine, self.link_taints
+        key = (
+            inventory.version,
+            self.policy,
+            quarantine.version if quarantine else 0,
+            links.version if links else 0,
+        )
         if key == self._desired_key:
-            return key, {}
-        return key, ({k: q.reason for k, q in quarantine.active().items()} if quarantine else {})
+            return key, {}, {}
+        quarantined = {k: q.reason for k, q in quarantine.active().items()} if quarantine else {}
+        return key, quarantined, (links.active() if links else {})
 
     async def desired(self, inventory: Inventory) -> dict[str, DesiredPool]:
-        """The pools ``inventory`` should be published as (cached per inventory version, policy
-        and quarantine), built in a worker thread."""
-        key, quarantined = self._desired_inputs(inventory)
+        """The pools ``inventory`` should be published as (cached per inventory version, policy,
+        quarantine and link taints), built in a worker thread."""
+        key, quarantined, link_faults = self._desired_inputs(inventory)
         if key != self._desired_key:
-            self._desired = await asyncio.to_thread(desired_pools, inventory, key[1], quarantined)
+            self._desired = await asyncio.to_thread(
+                desired_pools, inventory, key[1], quarantined, link_faults
+            )
             self._desired_key = key
         return self._desired
 

@@ -35,6 +35,7 @@ __all__ = [
     "SLICE_MAX_SHARED_COUNTERS_1_34",
     "BindingConditionNames",
     "attach_failed_taint_key",
+    "drain_rule_label",
     "drain_taint_key",
     "fabric_unavailable_taint_key",
     "fit_value",
@@ -42,6 +43,7 @@ __all__ = [
     "is_driver_name",
     "is_pool_name",
     "legacy_node_label_key",
+    "link_errors_taint_key",
     "pool_label_key",
     "pool_label_prefix",
     "publisher_label",
@@ -220,6 +222,17 @@ def fabric_unavailable_taint_key(driver: str) -> str:
 def drain_taint_key(driver: str) -> str:
     """The taint of a device an operator drained (``fabric-dra drain``; the manager's ``Device.drain``)."""
     return f"{driver}/drain"
+
+
+def link_errors_taint_key(driver: str) -> str:
+    """The taint of a device whose PCIe link keeps erring (:mod:`.linktaints`)."""
+    return f"{driver}/link-errors"
+
+
+def drain_rule_label(driver: str) -> str:
+    """Label of the DeviceTaintRules a controller writes for drains (:mod:`.drainrules`); its value
+    is the publisher's name, so each controller finds its own rules again."""
+    return f"{driver}/drain-rule"
 
 
 def slice_name(driver: str, pool: str, index: int, count: int = 1) -> str:

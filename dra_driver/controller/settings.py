@@ -5,12 +5,13 @@ API as Kubernetes names them) and a key of the ``--config`` file each; checked o
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dra_driver.controller.features import TaintsMode
 from dra_driver.controller.resourcenames import is_driver_name, publisher_of
+from dra_driver.linkerrors import ErrorThresholds
 from manager_api.fleet import ManagerEndpoint, endpoints_of, managers_problem
 from plumbing import DEFAULT_DRIVER_NAME
 from plumbing.cli import positive_seconds
@@ -20,6 +21,7 @@ from plumbing.settings import Setting
 __all__ = ["ControllerSettings"]
 
 _MANAGER, _KUBE, _PUBLISH, _PROBES = ("fabric manager", "Kubernetes", "publishing", "probes and metrics")
+_LINKS = "link errors (the PCIe error counters of the switch port to each device)"
 _BINDING = "binding conditions (Kubernetes >= 1.36, or the DRADeviceBindingConditions gate)"
 
 
@@ -151,6 +153,15 @@ class ControllerSettings(BaseModel):
             _PUBLISH,
         ),
     ] = "auto"
+    drain_taints: Annotated[
+        Literal["auto", "rules", "slices"],
+        Setting(
+            "how drained devices are tainted: one DeviceTaintRule per drained device (rules), or a "
+            "taint in the driver's own slices (slices); auto: rules where the API server serves "
+            "devicetaintrules, else slices",
+            _PUBLISH,
+        ),
+    ] = "auto"
     resync_period: Annotated[
         float,
         _seconds(
@@ -206,6 +217,37 @@ class ControllerSettings(BaseModel):
             _BINDING,
         ),
     ] = Field(default=30.0, gt=0)
+    link_taint_effect: Annotated[
+        Literal["NoSchedule", "NoExecute", "None"],
+        Setting(
+            "effect of the <driver>/link-errors taint: NoSchedule keeps new claims away; NoExecute also "
+            "evicts the pods using the device (only by choice: never evict on a counter by default); "
+            "None only shows it (Kubernetes >= 1.35)",
+            _LINKS,
+        ),
+    ] = "NoSchedule"
+    link_correctable_per_minute: Annotated[
+        float,
+        Setting(
+            "correctable errors a minute a link may have; more, sustained, taints it", _LINKS, metavar="N"
+        ),
+    ] = Field(default=10.0, gt=0)
+    link_window_seconds: Annotated[
+        float, _seconds("the window the correctable rate is measured over", _LINKS)
+    ] = Field(default=60.0, gt=0)
+    link_sustain_seconds: Annotated[
+        float,
+        Setting(
+            "how long the correctable rate must stay above the allowed one before the device is "
+            "tainted (0: at once); a fatal or non-fatal error taints at once",
+            _LINKS,
+            metavar="SECONDS",
+        ),
+    ] = Field(default=300.0, ge=0)
+    link_recover_seconds: Annotated[
+        float,
+        _seconds("hold-down: the taint is lifted once the link has been without a fault this long", _LINKS),
+    ] = Field(default=600.0, gt=0)
     host: Annotated[str, Setting("address for /healthz, /readyz, /metrics, /status", _PROBES)] = "0.0.0.0"  # noqa: S104 - kubelet probes reach the pod IP
     port: Annotated[int, Setting("port for the same (0 picks a free one)", _PROBES)] = Field(
         default=8081, ge=0, le=65535
@@ -214,6 +256,24 @@ class ControllerSettings(BaseModel):
         Path | None,
         Setting("once running, write the probe endpoint's URL to this file (atomically)", _PROBES),
     ] = None
+
+    @model_validator(mode="after")
+    def _one_error_never_taints(self) -> ControllerSettings:
+        if self.link_thresholds().allowed_in_window < 1:
+            raise ValueError(
+                "--link-correctable-per-minute * --link-window-seconds / 60 must be at least 1: "
+                "one correctable error must never taint a device"
+            )
+        return self
+
+    def link_thresholds(self) -> ErrorThresholds:
+        """The thresholds of the link-errors taint (:mod:`dra_driver.linkerrors`)."""
+        return ErrorThresholds(
+            correctable_per_minute=self.link_correctable_per_minute,
+            window_seconds=self.link_window_seconds,
+            sustain_seconds=self.link_sustain_seconds,
+            recover_seconds=self.link_recover_seconds,
+        )
 
     @field_validator("manager_url")
     @classmethod

@@ -477,7 +477,7 @@ class _Unit:
 def _pool_units(
     devices: Sequence[Device],
     policy: PublishPolicy,
-    quarantined: Mapping[tuple[str, str], str],
+    marks: DeviceMarks,
     reaching: Mapping[tuple[str, str | None], frozenset[str]],
 ) -> tuple[dict[str | None, list[_Unit]], dict[str, list[_Unit]], dict[str, Conversion]]:
     """One pool's devices as units: by reach group (None: every node of the pool), by node (the
@@ -490,7 +490,8 @@ def _pool_units(
     for device in devices:
         if device.name in converted:
             continue  # a device name is unique within a pool; the manager guarantees it, we enforce it
-        whole = to_dra_device(device, policy, quarantined.get((device.pool, device.name)))
+        key = (device.pool, device.name)
+        whole = to_dra_device(device, policy, marks.quarantined.get(key), marks.link_faults.get(key))
         converted[device.name] = whole
         parts: list[Conversion] = []
         counters: dict[str, Any] | None = None
@@ -560,14 +561,26 @@ def _layout(
     return [(chunk, []) for chunk in chunk_devices(devices)]
 
 
+@dataclass(frozen=True)
+class DeviceMarks:
+    """What the controller itself knows of devices, beside the inventory: (pool, device) → why."""
+
+    #: devices out of allocation after failed attaches (:mod:`.quarantine`)
+    quarantined: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    #: devices whose PCIe link errs past the thresholds (:mod:`.linktaints`)
+    link_faults: Mapping[tuple[str, str], str] = field(default_factory=dict)
+
+
 def desired_pools(
     inventory: Inventory,
     policy: PublishPolicy,
     quarantined: Mapping[tuple[str, str], str] | None = None,
+    link_faults: Mapping[tuple[str, str], str] | None = None,
 ) -> dict[str, DesiredPool]:
     """Every pool of the inventory with the devices to publish, in slice-sized chunks.
 
-    ``quarantined``: (pool, device) → why, for devices out of allocation after failed attaches.
+    ``quarantined``: (pool, device) → why, for devices out of allocation after failed attaches;
+    ``link_faults``: (pool, device) → the fault, for devices whose link errs past the thresholds.
 
     A partitionable GPU (``partition_table``) is published whole and as every placement of its
     profiles, all consuming the GPU's counter set; 1.35+ (``CounterLayout.SPLIT``) puts the pool's
@@ -576,7 +589,7 @@ def desired_pools(
     selection), 1.34 (``COMBINED``) puts each set in the slice of its GPU's devices. While a node
     holds partitions of a GPU (``Device.partitions``), the GPU's devices are in that node's
     node-local slice, as a warm device's are, so no other node is offered its placements."""
-    quarantined = quarantined or {}
+    marks = DeviceMarks(quarantined or {}, link_faults or {})
     nodes_by_pool: dict[str, tuple[str, ...]] = {p.pool: tuple(sorted(set(p.nodes))) for p in inventory.pools}
     reaching = _reaching_nodes(inventory)
     by_pool: dict[str, list[Device]] = defaultdict(list)
@@ -586,7 +599,7 @@ def desired_pools(
     for pool in sorted(set(nodes_by_pool) | set(by_pool)):
         if not is_pool_name(pool):
             continue
-        groups, local, converted = _pool_units(by_pool.get(pool, []), policy, quarantined, reaching)
+        groups, local, converted = _pool_units(by_pool.get(pool, []), policy, marks, reaching)
         if not groups[None] and (len(groups) > 1 or local):
             del groups[None]  # no device for every node: no empty slice for them either
         chunks: list[list[dict[str, Any]]] = []

@@ -25,7 +25,9 @@ switch port to the device, in the inventory as ``pcie_errors``), feed the same v
   go down were cleared: their readings start again from there.
 
 Such a device is reported as a degraded one is, with the reason ``PCIeErrors`` and the counts in
-the message. Replays, NAKs and recoveries are shown, not judged: they follow from the errors.
+the message. Replays, NAKs and recoveries are shown, not judged: they follow from the errors. The
+counting and hysteresis are :mod:`dra_driver.linkerrors`, the judgement the controller makes too
+(with stricter thresholds, for a taint).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 
 from prometheus_client import Gauge
 
+from dra_driver.linkerrors import ErrorThresholds, LinkErrors, describe_counts
 from dra_driver.plugin.metrics import REGISTRY
 from manager_api.devices import PCIeErrorCounts
 
@@ -80,29 +83,6 @@ class LinkVerdict:
 
 
 @dataclass(slots=True)
-class _Errors:
-    """A device's error counters: the readings of the last hold, and when they last were a fault."""
-
-    latest: PCIeErrorCounts
-    #: (when, correctable, uncorrectable) of the last reading before the hold and every one since
-    samples: list[tuple[float, int, int]]
-    #: when the counters last showed a fault (None: never), and what fault
-    bad_at: float | None = None
-    why: str = ""
-
-
-def _uncorrectable(counts: PCIeErrorCounts) -> int:
-    return counts.fatal + counts.non_fatal
-
-
-def _counts(c: PCIeErrorCounts) -> str:
-    return (
-        f"fatal {c.fatal}, non-fatal {c.non_fatal}, correctable {c.correctable}, replays {c.replays}, "
-        f"L0 to recovery {c.l0_to_recovery}, NAKs sent {c.nak_sent}, received {c.nak_received}"
-    )
-
-
-@dataclass(slots=True)
 class _Watched:
     negotiated: Link
     current: Link
@@ -110,7 +90,7 @@ class _Watched:
     #: since when the readings have disagreed with ``degraded`` (None: they agree)
     turning_since: float | None = None
     #: its link's error counters (None: the fabric offers none)
-    errors: _Errors | None = None
+    errors: LinkErrors | None = None
 
 
 #: (claim UID, device key)
@@ -129,6 +109,13 @@ class LinkJudge:
         self.hold_seconds = hold_seconds
         self.recover_seconds = recover_seconds
         self.correctable_per_minute = correctable_per_minute
+        # The error counters are judged as the controller judges them, with the plugin's thresholds:
+        # the rate over the hold, at once, healthy again after the recovery.
+        self._thresholds = ErrorThresholds(
+            correctable_per_minute=correctable_per_minute,
+            window_seconds=hold_seconds,
+            recover_seconds=recover_seconds,
+        )
         self._clock = clock
         self._links: dict[Watched, _Watched] = {}
 
@@ -155,45 +142,10 @@ class LinkJudge:
 
     def _read_errors(self, watched: _Watched, counts: PCIeErrorCounts) -> None:
         now = self._clock()
-        reading = (now, counts.correctable, _uncorrectable(counts))
-        e = watched.errors
-        if e is None:  # the first reading: what came before it is history, not news
-            watched.errors = _Errors(latest=counts, samples=[reading])
-            return
-        _, correctable, uncorrectable = e.samples[-1]
-        e.latest = counts
-        if reading[1] < correctable or reading[2] < uncorrectable:  # the counters were cleared
-            e.samples = [reading]
-            return
-        if reading[2] > uncorrectable:
-            e.bad_at, e.why = (
-                now,
-                f"{reading[2] - uncorrectable} new uncorrectable (fatal or non-fatal) error(s)",
-            )
-        e.samples.append(reading)
-        self._step_errors(e)
-
-    def _step_errors(self, e: _Errors) -> None:
-        """Correctable errors: a fault when more than the allowed rate came over the last hold."""
-        now = self._clock()
-        start = now - self.hold_seconds
-        while len(e.samples) > 1 and e.samples[1][0] <= start:
-            e.samples.pop(0)
-        came = e.samples[-1][1] - e.samples[0][1]
-        allowed = self.correctable_per_minute * self.hold_seconds / 60
-        if came > allowed:
-            e.bad_at = now
-            e.why = (
-                f"{came} correctable errors in the last {self.hold_seconds:g} s "
-                f"(more than {self.correctable_per_minute:g} per minute)"
-            )
-
-    def _erroring(self, watched: _Watched) -> _Errors | None:
-        e = watched.errors
-        if e is None:
-            return None
-        self._step_errors(e)
-        return e if e.bad_at is not None and self._clock() - e.bad_at < self.recover_seconds else None
+        if watched.errors is None:  # the first reading: what came before it is history, not news
+            watched.errors = LinkErrors.first(self._thresholds, counts, now)
+        else:
+            watched.errors.read(counts, now)
 
     def _step(self, watched: _Watched) -> None:
         """Move the device's state on: every reading that agrees with it resets the clock of a turn."""
@@ -214,7 +166,7 @@ class LinkJudge:
         if watched is None:
             return None
         self._step(watched)
-        errors = self._erroring(watched)
+        errors = watched.errors.fault(self._clock()) if watched.errors is not None else None
         self._count()
         if watched.degraded:
             return LinkVerdict(
@@ -227,7 +179,7 @@ class LinkJudge:
         if errors is not None:
             return LinkVerdict(
                 True,
-                f"{key}'s PCIe link reports errors: {errors.why}; counters {_counts(errors.latest)}; "
+                f"{key}'s PCIe link reports errors: {errors.why}; counters {describe_counts(errors.counts)}; "
                 f"healthy again after {self.recover_seconds:g} s without more; check the slot, cable and "
                 "switch port",
                 ERRORS,

@@ -131,16 +131,18 @@ async def run_drain(args: argparse.Namespace, out: TextIO | None = None) -> int:
         return 0
     affected = [Affected(d.name, str(d.state), node, uid) for d in devices for uid, node in _holders(d)]
     note = await _find_pods(args, affected)
+    path = await _taint_path(args, [(d.pool, d.name) for d in devices])
     if args.output in ("json", "yaml"):
         from plumbing.cli import dump_document
 
         document = {
             **answer.model_dump(mode="json", by_alias=True),
             "affected": [vars(a) for a in affected],
+            "taintPath": {"path": path.path, "rules": path.rules},
         }
         emit(dump_document(document, args.output), file=out)
         return 0
-    emit(_drained(answer, affected, note), file=out)
+    emit(_drained(answer, affected, note) + (f"\n{path.line}" if path.line else ""), file=out)
     return 0
 
 
@@ -258,6 +260,87 @@ async def _find_pods(args: argparse.Namespace, affected: list[Affected]) -> str:
     finally:
         await kube.aclose()
     return ""
+
+
+@dataclass
+class TaintPath:
+    """How the controller tainted the drained devices: ``rules`` (a DeviceTaintRule each),
+    ``slices`` (the driver's own slice taints) or ``unknown`` (no cluster to ask)."""
+
+    path: str
+    #: what the command prints about it ("" for nothing)
+    line: str
+    rules: list[str] = field(default_factory=list)
+
+
+async def _taint_path(
+    args: argparse.Namespace, devices: list[tuple[str, str]], wait: float = 10.0
+) -> TaintPath:
+    """Ask the cluster which path tainted ``devices`` ((pool, name) each): where it serves
+    DeviceTaintRules, the rules that select them with a ``<driver>/drain`` taint (waited for up to
+    ``wait`` seconds: the controller writes them within one inventory long poll), else the slices."""
+    if not devices:
+        return TaintPath("unknown", "no device is covered now: nothing is tainted")
+    kubeconfig = getattr(args, "kubeconfig", None)
+    if kubeconfig is None and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return TaintPath("unknown", "")  # no cluster: the note on pods says so already
+    from plumbing.kube import ApiError, KubeClient
+    from plumbing.kube.client import load_config
+    from plumbing.kube.resources import DEVICE_TAINT_RULE_VERSIONS, DEVICE_TAINT_RULES
+
+    try:
+        kube = KubeClient(load_config(str(kubeconfig) if kubeconfig else None))
+    except (OSError, ValueError) as err:
+        return TaintPath("unknown", f"taints: cannot read the kubeconfig {kubeconfig}: {err}")
+    try:
+        version = None
+        for candidate in DEVICE_TAINT_RULE_VERSIONS:
+            try:
+                listing = await kube.request("GET", f"/apis/{DEVICE_TAINT_RULES.group}/{candidate}")
+            except ApiError:
+                continue
+            if any(r.get("name") == DEVICE_TAINT_RULES.plural for r in listing.get("resources") or []):
+                version = candidate
+                break
+        if version is None:
+            return TaintPath(
+                "slices", "tainted in the driver's ResourceSlices (the cluster serves no DeviceTaintRule)"
+            )
+        rules = await _drain_rules(kube, DEVICE_TAINT_RULES.with_version(version), devices, wait)
+    except ApiError as err:
+        return TaintPath("unknown", f"taints: the cluster refused: {str(err).splitlines()[0]}")
+    finally:
+        await kube.aclose()
+    if rules is None:
+        return TaintPath(
+            "slices",
+            "tainted in the driver's ResourceSlices: no DeviceTaintRule selects them (the controller runs "
+            "with --drain-taints slices, or has not caught up)",
+        )
+    return TaintPath("rules", f"tainted through DeviceTaintRule(s): {', '.join(rules)}", rules)
+
+
+async def _drain_rules(
+    kube: Any, resource: Any, devices: list[tuple[str, str]], wait: float
+) -> list[str] | None:
+    """The names of the drain rules selecting every one of ``devices``, or None once ``wait`` passed
+    without them all."""
+    deadline = asyncio.get_running_loop().time() + wait
+    while True:
+        items, _ = await kube.list_all(resource)
+        found: dict[tuple[str, str], str] = {}
+        for rule in items:
+            spec = rule.get("spec") or {}
+            selector, taint = spec.get("deviceSelector") or {}, spec.get("taint") or {}
+            if str(taint.get("key", "")).endswith("/drain"):
+                found[(str(selector.get("pool")), str(selector.get("device")))] = str(
+                    rule["metadata"]["name"]
+                )
+        if all(d in found for d in devices):
+            return sorted({found[d] for d in devices})
+        if asyncio.get_running_loop().time() >= deadline:
+            return None
+        await asyncio.sleep(0.2)
 
 
 def _pods_using(claim: Any, pods: list[dict[str, Any]]) -> list[str]:

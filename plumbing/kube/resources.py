@@ -8,6 +8,8 @@ __all__ = [
     "CONFIGMAPS",
     "DEPLOYMENTS",
     "DEVICE_CLASSES",
+    "DEVICE_TAINT_RULES",
+    "DEVICE_TAINT_RULE_VERSIONS",
     "EVENTS",
     "LEASES",
     "NAMESPACES",
@@ -75,6 +77,11 @@ RESOURCE_CLAIM_TEMPLATES = Resource(
 )
 RESOURCE_SLICES = Resource("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", False)
 DEVICE_CLASSES = Resource("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", False)
+# DeviceTaintRule (KEP-5055, gate DRADeviceTaintRules): v1alpha3 since 1.33, v1beta2 from 1.36 (a beta
+# API, off unless --runtime-config turns it on), v1 from 1.37 (k8s.io/api/resource/*/register.go).
+#: the versions of resource.k8s.io that may serve devicetaintrules, newest first
+DEVICE_TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
+DEVICE_TAINT_RULES = Resource("resource.k8s.io", "v1", "devicetaintrules", "DeviceTaintRule", False)
 
 _ALL = [
     NAMESPACES,
@@ -90,6 +97,7 @@ _ALL = [
     RESOURCE_CLAIM_TEMPLATES,
     RESOURCE_SLICES,
     DEVICE_CLASSES,
+    DEVICE_TAINT_RULES,
 ]
 
 

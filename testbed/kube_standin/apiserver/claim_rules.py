@@ -27,7 +27,7 @@ from kube_standin.apiserver.fielderrors import (
 )
 from kube_standin.apiserver.slice_rules import binding_parameters
 
-__all__ = ["selectors", "validate_claim_spec", "validate_claim_status"]
+__all__ = ["selectors", "validate_claim_spec", "validate_claim_status", "validate_conditions"]
 
 Obj = Mapping[str, Any]
 
@@ -342,7 +342,7 @@ def _device_status(errs: FieldErrors, where: str, device: Obj, is_allocated: boo
     if isinstance(conditions, list):
         if len(conditions) > STATUS_MAX_CONDITIONS:
             errs.too_many(f"{where}.conditions", len(conditions), STATUS_MAX_CONDITIONS)
-        _conditions(errs, f"{where}.conditions", conditions)
+        validate_conditions(errs, f"{where}.conditions", conditions)
     data = device.get("data")
     if data is not None:
         _data(errs, f"{where}.data", data)
@@ -351,7 +351,7 @@ def _device_status(errs: FieldErrors, where: str, device: Obj, is_allocated: boo
         _network_data(errs, f"{where}.networkData", network)
 
 
-def _conditions(errs: FieldErrors, path: str, conditions: list[Any]) -> None:
+def validate_conditions(errs: FieldErrors, path: str, conditions: list[Any]) -> None:
     """``metav1validation.ValidateConditions`` and ``ValidateCondition``
     (``k8s.io/apimachinery/pkg/apis/meta/v1/validation/validation.go``)."""
     types: set[str] = set()

@@ -207,11 +207,25 @@ def _default_taint_times(obj: Obj) -> None:
     obj["spec"] = {**spec, "devices": [defaulted(d) for d in devices]}
 
 
+def _default_rule_taint_time(obj: Obj) -> None:
+    """A DeviceTaintRule's taint "Added automatically during create or update if not set"
+    (``DeviceTaint.TimeAdded``, k8s.io/api/resource/v1beta2/types.go). Copies what it changes."""
+    spec = obj.get("spec")
+    taint = spec.get("taint") if isinstance(spec, dict) else None
+    if isinstance(spec, dict) and isinstance(taint, dict) and not taint.get("timeAdded"):
+        obj["spec"] = {
+            **spec,
+            "taint": {**taint, "timeAdded": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")},
+        }
+
+
 def apply_defaults(res: ResourceType, obj: Obj) -> None:
     """The defaults the real server fills in on write, for the fields fabric-dra reads (storage
     version). Modifies ``obj`` in place: give it a document of your own."""
     if res.group == "resource.k8s.io" and res.kind == "ResourceSlice":
         _default_taint_times(obj)
+    elif res.kind == "DeviceTaintRule":
+        _default_rule_taint_time(obj)
     elif res.group == "resource.k8s.io":
         for request in _requests_of(obj, res.kind) or ():
             if not isinstance(request, dict):

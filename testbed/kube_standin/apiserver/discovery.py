@@ -11,7 +11,7 @@ import platform
 from collections.abc import Sequence
 from typing import Any
 
-from kube_standin.apiserver.features import ALL_SERVED, ServedVersions
+from kube_standin.apiserver.features import ALL_SERVED, NEWEST_DEFAULTS, FeatureGates, ServedVersions
 from kube_standin.apiserver.registry import GROUPS, ApiGroup, ResourceType, resources_in
 
 __all__ = ["api_group", "api_group_list", "api_resource_list", "api_versions", "version_info"]
@@ -65,10 +65,17 @@ def _storage_version_hash(res: ResourceType) -> str:
 
 
 def api_resource_list(
-    group: str, version: str, versions: ServedVersions = ALL_SERVED, custom: Sequence[ResourceType] = ()
+    group: str,
+    version: str,
+    versions: ServedVersions = ALL_SERVED,
+    custom: Sequence[ResourceType] = (),
+    gates: FeatureGates = NEWEST_DEFAULTS,
 ) -> dict[str, Any] | None:
     served = (
-        [*resources_in(group, version), *(r for r in custom if r.group == group and version in r.versions)]
+        [
+            *(r for r in resources_in(group, version) if r.served_in(version, gates)),
+            *(r for r in custom if r.group == group and version in r.versions),
+        ]
         if versions.allows(group, version)
         else []
     )

@@ -13,7 +13,7 @@ import hashlib
 import json
 from typing import Any
 
-from kube_standin.apiserver.features import ALL_SERVED, ServedVersions
+from kube_standin.apiserver.features import ALL_SERVED, NEWEST_DEFAULTS, FeatureGates, ServedVersions
 from kube_standin.apiserver.registry import GROUPS, ResourceType, resources_in
 
 __all__ = ["group_version_document", "openapi_index"]
@@ -37,8 +37,10 @@ def _operation(res: ResourceType, version: str, action: str, kind: str | None = 
     return op
 
 
-def group_version_document(group: str, version: str, server_version: str) -> dict[str, Any] | None:
-    served = resources_in(group, version)
+def group_version_document(
+    group: str, version: str, server_version: str, gates: FeatureGates = NEWEST_DEFAULTS
+) -> dict[str, Any] | None:
+    served = [r for r in resources_in(group, version) if r.served_in(version, gates)]
     if not served:
         return None
     prefix = "/" + _gv_path(group, version)
@@ -75,11 +77,13 @@ def group_version_document(group: str, version: str, server_version: str) -> dic
     }
 
 
-def openapi_index(server_version: str, served: ServedVersions = ALL_SERVED) -> dict[str, Any]:
+def openapi_index(
+    server_version: str, served: ServedVersions = ALL_SERVED, gates: FeatureGates = NEWEST_DEFAULTS
+) -> dict[str, Any]:
     paths: dict[str, Any] = {}
     for api in GROUPS:
         for version in served.filter(api.name, api.versions):
-            document = group_version_document(api.name, version, server_version)
+            document = group_version_document(api.name, version, server_version, gates)
             digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()[:32].upper()
             path = _gv_path(api.name, version)
             paths[path] = {"serverRelativeURL": f"/openapi/v3/{path}?hash={digest}"}

@@ -129,7 +129,7 @@ class RequestPipeline:
             raise not_found_path()
         if not rest:
             listing = discovery.api_resource_list(
-                group, version, self.scope.served, self.scope.custom.resources()
+                group, version, self.scope.served, self.scope.custom.resources(), self.scope.gates
             )
             if listing is None:
                 raise not_found_path()
@@ -142,6 +142,8 @@ class RequestPipeline:
             request.query_params.get("watch", ""),
             self.scope.custom.find,
         )
+        if not info.res.served_in(version, self.scope.gates):
+            raise not_found_path()  # a gated resource whose gate is off is not there at all
         return await self._resource_request(request, info)
 
     def _authenticate(self, request: Request) -> TokenUser | None:
@@ -161,13 +163,15 @@ class RequestPipeline:
 
     def _openapi(self, path: str) -> Response:
         if path == "/openapi/v3":
-            return json_response(openapi.openapi_index(self.server_version, self.scope.served))
+            return json_response(
+                openapi.openapi_index(self.server_version, self.scope.served, self.scope.gates)
+            )
         segments = path.removeprefix("/openapi/v3/").split("/")
         group, version = ("", segments[1]) if segments[0] == "api" else (segments[1], segments[-1])
         if not self.scope.served.allows(group, version):
             raise not_found_path()
         if (segments[0] == "api" and len(segments) == 2) or (segments[0] == "apis" and len(segments) == 3):
-            document = openapi.group_version_document(group, version, self.server_version)
+            document = openapi.group_version_document(group, version, self.server_version, self.scope.gates)
             if document is not None:
                 return json_response(document)
         raise not_found_path()

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from kube_standin.apiserver.customresources.served import CustomKind
 
+from kube_standin.apiserver.features import FeatureGates, release_of
+
 __all__ = [
     "GROUPS",
     "RESOURCES",
@@ -76,6 +78,17 @@ class ResourceType:
     #: a custom resource: its CRD's schemas (:mod:`kube_standin.apiserver.customresources`), which
     #: decode and validate it instead of the built-in schemas and rules.
     custom: CustomKind | None = field(default=None, compare=False)
+    #: served only where this feature gate is on (the real server registers no storage otherwise)
+    feature_gate: str | None = None
+    #: version → the first release that serves the resource in it (absent: every release)
+    version_since: Mapping[str, str] = field(default_factory=dict)
+
+    def served_in(self, version: str, gates: FeatureGates) -> bool:
+        """Whether a server with ``gates`` serves this resource in ``version`` at all."""
+        if self.feature_gate is not None and not gates.enabled(self.feature_gate):
+            return False
+        since = self.version_since.get(version)
+        return since is None or gates.release >= release_of(since)
 
     @property
     def storage_key(self) -> str:
@@ -326,6 +339,23 @@ RESOURCES: tuple[ResourceType, ...] = (
         False,
         ("v1", "v1beta2", "v1beta1"),
         tracks_generation=True,
+    ),
+    # DeviceTaintRule (KEP-5055): registered only with the gate DRADeviceTaintRules
+    # (pkg/registry/resource/rest/storage_resource.go); v1beta2 from 1.36 (a beta API, so also only
+    # with --runtime-config resource.k8s.io/v1beta2=true), v1 from 1.37 (k8s.io/api/resource/*/register.go).
+    # v1alpha3, which serves it since 1.33, is not served by this stand-in. Cluster-scoped, with a
+    # status subresource (EvictionInProgress) and a generation that counts spec changes.
+    ResourceType(
+        "resource.k8s.io",
+        "devicetaintrules",
+        "devicetaintrule",
+        "DeviceTaintRule",
+        False,
+        ("v1", "v1beta2"),
+        status_subresource=True,
+        tracks_generation=True,
+        feature_gate="DRADeviceTaintRules",
+        version_since={"v1": "1.37", "v1beta2": "1.36"},
     ),
 )
 

@@ -28,6 +28,7 @@ from kube_standin.apiserver.fielderrors import dns_label, dns_subdomain, qualifi
 from kube_standin.apiserver.registry import ResourceType
 from kube_standin.apiserver.slice_rules import validate_resource_slice
 from kube_standin.apiserver.status import Cause
+from kube_standin.apiserver.taint_rules import validate_device_taint_rule, validate_device_taint_rule_status
 
 __all__ = ["validate_object", "validate_update"]
 
@@ -138,6 +139,7 @@ _KIND_RULES: dict[str, Callable[[_Errors, Obj, FeatureGates], None]] = {
         errs, "spec.spec", (obj.get("spec") or {}).get("spec"), gates
     ),
     "DeviceClass": _validate_device_class,
+    "DeviceTaintRule": validate_device_taint_rule,
 }
 
 
@@ -182,6 +184,10 @@ def validate_update(
         _slice_immutable_fields(errs, new, old)
     elif res.kind == "DeviceClass":
         _validate_device_class(errs, new, gates)
+    elif res.kind == "DeviceTaintRule" and subresource == "status":
+        validate_device_taint_rule_status(errs, new)
+    elif res.kind == "DeviceTaintRule":
+        validate_device_taint_rule(errs, new, gates, old)
     return errs.causes
 
 

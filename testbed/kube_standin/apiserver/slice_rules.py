@@ -37,7 +37,7 @@ from kube_standin.apiserver.fielderrors import (
 from kube_standin.apiserver.status import Cause
 from plumbing.names import is_label_value
 
-__all__ = ["validate_resource_slice"]
+__all__ = ["device_taint", "validate_resource_slice"]
 
 Obj = Mapping[str, Any]
 
@@ -515,33 +515,47 @@ def _validate_device(errs: FieldErrors, path: str, device: Obj, spec: Obj, gates
 
 
 def _taints(errs: FieldErrors, path: str, taints: Any, gates: FeatureGates) -> None:
-    """``validateDeviceTaint`` for each taint: the key a label name (``ValidateLabelName``: a
-    qualified name), a value that is given a label value, the effect required and one of the
-    release's effects (``validDeviceTaintEffects``: 1.35 added ``None``, purely informational);
-    at most ``DeviceTaintsMaxLength`` of them."""
+    """:func:`device_taint` for each taint; at most ``DeviceTaintsMaxLength`` of them."""
     if not isinstance(taints, list):
         return
     taints_max = TAINTS_MAX.get(gates.release, TAINTS_MAX_DEFAULT)
     if len(taints) > taints_max:
         errs.too_many(path, len(taints), taints_max)
-    effects = TAINT_EFFECTS.get(gates.release, TAINT_EFFECTS_DEFAULT)
     for i, taint in enumerate(taints):
-        if not isinstance(taint, Mapping):
-            continue
-        key, value, effect = taint.get("key"), taint.get("value"), taint.get("effect")
-        if not key:
-            errs.required(f"{path}[{i}].key")
-        elif isinstance(key, str):
-            qualified_key(errs, f"{path}[{i}].key", key)
-        if isinstance(value, str) and value and (len(value) > 63 or not is_label_value(value)):
-            errs.invalid(
-                f"{path}[{i}].value",
-                value,
-                "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' "
-                "or '.', and must start and end with an alphanumeric character (at most 63 characters)",
-            )
-        if isinstance(effect, str) and effect and effect not in effects:
-            errs.not_supported(f"{path}[{i}].effect", effect, sorted(effects))
+        if isinstance(taint, Mapping):
+            device_taint(errs, f"{path}[{i}]", taint, gates)
+
+
+def device_taint(
+    errs: FieldErrors,
+    path: str,
+    taint: Mapping[str, Any],
+    gates: FeatureGates,
+    old: Mapping[str, Any] | None = None,
+) -> None:
+    """``validateDeviceTaint`` (a slice's taints and a DeviceTaintRule's): the key a label name
+    (``ValidateLabelName``: a qualified name), a value that is given a label value, the effect one of
+    the release's effects (``validDeviceTaintEffects``: 1.35 added ``None``, purely informational),
+    checked only where it changed from ``old``."""
+    key, value, effect = taint.get("key"), taint.get("value"), taint.get("effect")
+    if not key:
+        errs.required(f"{path}.key")
+    elif isinstance(key, str):
+        qualified_key(errs, f"{path}.key", key)
+    if isinstance(value, str) and value and (len(value) > 63 or not is_label_value(value)):
+        errs.invalid(
+            f"{path}.value",
+            value,
+            "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' "
+            "or '.', and must start and end with an alphanumeric character (at most 63 characters)",
+        )
+    effects = TAINT_EFFECTS.get(gates.release, TAINT_EFFECTS_DEFAULT)
+    if old is not None and old.get("effect") == effect:
+        return
+    if not effect:
+        errs.required(f"{path}.effect")
+    elif isinstance(effect, str) and effect not in effects:
+        errs.not_supported(f"{path}.effect", effect, sorted(effects))
 
 
 def _uses_advanced_features(devices: list[Any]) -> bool:

@@ -16,11 +16,13 @@ from kube_standin.cluster.kubelet import DraNodeClient, KubeletLoop, PluginManag
 from kube_standin.cluster.scheduler import Scheduler, SchedulerConfig
 from kube_standin.cluster.taint_eviction import TaintEvictionController
 from plumbing.backoff import Backoff
-from plumbing.kube import AlreadyExists, KubeClient
+from plumbing.kube import AlreadyExists, ApiError, KubeClient
 from plumbing.kube.informer import Informer
 from plumbing.kube.resources import (
     DEPLOYMENTS,
     DEVICE_CLASSES,
+    DEVICE_TAINT_RULE_VERSIONS,
+    DEVICE_TAINT_RULES,
     NODES,
     PODS,
     RESOURCE_CLAIM_TEMPLATES,
@@ -61,9 +63,7 @@ class StandInCluster:
         self.node_specs = nodes
         host = socket.gethostname()
 
-        def informer(resource: Resource) -> Informer:
-            # A test control plane: after an API error, list again soon rather than back off far.
-            return Informer(kube, resource, backoff=Backoff(initial=0.2, maximum=5.0))
+        informer = self._make_informer
 
         self.pods = informer(PODS)
         self.nodes = informer(NODES)
@@ -122,6 +122,25 @@ class StandInCluster:
         ]
         self.ready = asyncio.Event()
 
+    def _make_informer(self, resource: Resource) -> Informer:
+        # A test control plane: after an API error, list again soon rather than back off far.
+        return Informer(self.kube, resource, backoff=Backoff(initial=0.2, maximum=5.0))
+
+    async def watch_taint_rules(self) -> None:
+        """Where the API server serves DeviceTaintRules (gate DRADeviceTaintRules), the scheduler and
+        the eviction controller read them too, in the newest version served."""
+        for version in DEVICE_TAINT_RULE_VERSIONS:
+            try:
+                listing = await self.kube.request("GET", f"/apis/{DEVICE_TAINT_RULES.group}/{version}")
+            except ApiError:
+                continue
+            if any(r.get("name") == DEVICE_TAINT_RULES.plural for r in listing.get("resources") or []):
+                rules = self._make_informer(DEVICE_TAINT_RULES.with_version(version))
+                self._informers.append(rules)
+                self.scheduler.rules = self.taint_eviction.rules = rules
+                log.info("DeviceTaintRules served: the scheduler and the eviction read them", version=version)
+                return
+
     async def register_nodes(self) -> None:
         for spec in self.node_specs:
             node = {
@@ -139,6 +158,7 @@ class StandInCluster:
 
     async def run(self) -> None:
         await self.register_nodes()
+        await self.watch_taint_rules()
         async with asyncio.TaskGroup() as group:
             for informer in self._informers:
                 group.create_task(informer.run())

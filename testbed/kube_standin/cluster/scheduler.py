@@ -22,6 +22,8 @@ Mirrors kube-scheduler's DRA plugin (``pkg/scheduler/framework/plugins/dynamicre
   ``allocateOne`` in ``staging/src/k8s.io/dynamic-resource-allocation/structured/internal/*/
   allocator_*.go`` walks pools, slices and devices in the same order every time, and
   ``dynamicresources.go`` keeps no per-pod record of failed devices;
+- the slices are read as the device taint tracker hands them out: with the taints of the
+  DeviceTaintRules that select their devices, where the API server serves them (:mod:`.taint_tracker`);
 - Filter also holds ``NodeUnschedulable``, the pod's ``nodeSelector`` and its
   ``affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution`` (``NodeAffinity``'s
   Filter: terms ORed, requirements ANDed, ``In NotIn Exists DoesNotExist Gt Lt`` as
@@ -99,6 +101,7 @@ from dra_driver.selection.nodes import selector_matches
 from kube_standin.cluster.claim_cache import ClaimCache, claim_key
 from kube_standin.cluster.claims import DELETE_PROTECTION, pod_claim_names
 from kube_standin.cluster.events import EventRecorder
+from kube_standin.cluster.taint_tracker import merged_slices, rules_digest
 from plumbing.kube import ApiError, Conflict, KubeClient, NotFound
 from plumbing.kube.dra import ResourceClaim, is_allocated
 from plumbing.kube.informer import Informer, reconcile_passes
@@ -151,9 +154,13 @@ class Scheduler:
         classes: Informer,
         events: EventRecorder,
         config: SchedulerConfig | None = None,
+        rules: Informer | None = None,
     ) -> None:
         self.kube = kube
         self.pods, self.nodes, self.claims, self.slices, self.classes = pods, nodes, claims, slices, classes
+        #: DeviceTaintRules, where the API server serves them: their taints are merged into the
+        #: slices allocated from, as the device taint tracker does (:mod:`.taint_tracker`)
+        self.rules = rules
         self.events = events
         self.config = config or SchedulerConfig()
         self._binding: dict[str, _Binding] = {}
@@ -172,7 +179,9 @@ class Scheduler:
         self.claim_cache = ClaimCache(claims)
 
     async def run(self) -> None:
-        informers = (self.pods, self.nodes, self.claims, self.slices, self.classes)
+        informers: tuple[Informer, ...] = (self.pods, self.nodes, self.claims, self.slices, self.classes)
+        if self.rules is not None:
+            informers = (*informers, self.rules)
         await reconcile_passes("scheduling pass", informers, self.schedule_pending, resync=1.0)
 
     async def schedule_pending(self) -> None:
@@ -324,12 +333,14 @@ class Scheduler:
                 for meta in (obj.get("metadata") or {} for obj in informer.values())
             )
         )
+        rules = list(self.rules.values()) if self.rules is not None else []
+        snapshot = (*snapshot, ("rules", rules_digest(rules), ""))
         allocator = self._snapshot_allocator
         if allocator is None or snapshot != self._snapshot:
             if len(self._outcomes) > _OUTCOMES_MAX:
                 self._outcomes.clear()
             allocator = Allocator(
-                [self._validated(s) for s in self.slices.values()],
+                [self._validated(s) for s in merged_slices(self.slices.values(), rules)],
                 {c["metadata"]["name"]: DeviceClass.model_validate(c) for c in self.classes.values()},
                 cache=self._selectors,
                 outcomes=self._outcomes,

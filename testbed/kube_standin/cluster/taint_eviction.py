@@ -5,8 +5,10 @@ Follows Kubernetes' ``pkg/controller/devicetainteviction/device_taint_eviction.g
 relies on it:
 
 - the taints are those of the device in its pool's newest ResourceSlices (older generations are
-  ignored, ``pool.getDevice``), effect ``NoExecute`` only (``allEvictingDeviceTaints``);
-  DeviceTaintRules are not served by the stand-in and not looked at;
+  ignored, ``pool.getDevice``), and those of every DeviceTaintRule that selects the allocated
+  device, whether or not a slice still lists it (the controller tracks rules itself since 1.35;
+  :mod:`.taint_tracker`), effect ``NoExecute`` only (``allEvictingDeviceTaints``); the rule's
+  status (``EvictionInProgress``) is not written;
 - a taint is tolerated by the allocation result's ``tolerations`` with effect ``NoExecute`` that
   match it (``resourceclaim.ToleratesTaint``): without ``tolerationSeconds`` for ever, else until
   ``timeAdded + tolerationSeconds`` (``claimEvictionTime``);
@@ -31,6 +33,7 @@ from dra_driver.selection.model import DeviceTaint, DeviceToleration
 from dra_driver.selection.taints import tolerates
 from kube_standin.cluster.claims import pod_claim_names
 from kube_standin.cluster.events import EventRecorder
+from kube_standin.cluster.taint_tracker import rule_taints
 from plumbing.kube import Conflict, KubeClient, NotFound
 from plumbing.kube.informer import Informer, reconcile_passes
 from plumbing.kube.resources import PODS
@@ -81,16 +84,21 @@ class TaintEvictionController:
         claims: Informer,
         slices: Informer,
         events: EventRecorder,
+        rules: Informer | None = None,
     ) -> None:
         self.kube = kube
         self.pods = pods
         self.claims = claims
         self.slices = slices
         self.events = events
+        #: DeviceTaintRules, where the API server serves them
+        self.rules = rules
 
     async def run(self) -> None:
         # resync 1 s: a tolerationSeconds running out is seen soon
-        informers = (self.pods, self.claims, self.slices)
+        informers: tuple[Informer, ...] = (self.pods, self.claims, self.slices)
+        if self.rules is not None:
+            informers = (*informers, self.rules)
         await reconcile_passes("device taint eviction", informers, self.sync, resync=1.0)
 
     def _device_taints(self) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
@@ -116,8 +124,10 @@ class TaintEvictionController:
     ) -> float | None:
         allocation = (claim.get("status") or {}).get("allocation") or {}
         when: float | None = None
+        rules = list(self.rules.values()) if self.rules is not None else []
         for result in (allocation.get("devices") or {}).get("results") or []:
-            device_taints = taints.get((result.get("driver"), result.get("pool"), result.get("device")))
+            key = (str(result.get("driver")), str(result.get("pool")), str(result.get("device")))
+            device_taints = [*taints.get(key, []), *rule_taints(rules, *key)]
             if not device_taints:
                 continue
             at = eviction_time(device_taints, result.get("tolerations") or [], now)
@@ -127,7 +137,7 @@ class TaintEvictionController:
 
     async def sync(self) -> None:
         taints = self._device_taints()
-        if not taints:
+        if not taints and not (self.rules is not None and self.rules.values()):
             return
         now = time.time()
         for pod in self.pods.values():

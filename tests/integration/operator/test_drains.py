@@ -69,7 +69,9 @@ def _api(api: ApiServer, method: str, path: str, body: dict[str, Any]) -> dict[s
 def drains(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drains]:
     with Stack.temporary("fdra-drain-") as stack:
         emulator = stack.emulator(auth=False)
-        api = stack.apiserver()
+        # DeviceTaintRules off (DRADeviceTaintRules is on by default from 1.37): drains are slice
+        # taints here; tests/integration/operator/test_drain_rules.py runs them as rules.
+        api = stack.apiserver(extra_args=["--feature-gates", "DRADeviceTaintRules=false"])
         manager = stack.manager(
             emulator,
             static_tokens={CONTROLLER_TOKEN: ("controller", None), OPERATOR_TOKEN: ("operator", None)},
@@ -169,6 +171,7 @@ def test_drain_and_undrain_a_device_list_the_claim_and_pod_and_taint_it(drains: 
         f"{NAMESPACE}/trainer-gpu",
         f"{NAMESPACE}/trainer",
     ]
+    assert lines[4] == "tainted in the driver's ResourceSlices (the cluster serves no DeviceTaintRule)"
     d.wait_taint("gpu1", [(key, "firmware-2.1", "NoSchedule")], "gpu1 tainted NoSchedule")
     assert d.taints()["gpu2"] == []
 
