@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as cleanup, work_dir("fdbench-") as root:
         if forks is not None:
             cleanup.callback(forks.close)
-        ctx = BenchContext(quick=args.quick, root=root)
+        ctx = BenchContext(quick=args.quick, root=root, results_dir=args.json.parent)
         try:
             for name in wanted:
                 print(f"bench: section {name} — {ALL_SECTIONS[name][1]}", file=sys.stderr, flush=True)

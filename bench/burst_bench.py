@@ -28,7 +28,7 @@ kubelet retries a failed prepare itself, with its back-off; the bench retries no
 
 Targets (issue 37): no claim failed; the last claim ready ≤ 15 s after the first arrival.
 
-``python -m bench --only burst`` (the figure to ``bench/results/burst.svg``);
+``python -m bench --only burst`` (the figure beside the JSON: ``bench/results/burst.svg``);
 ``python -m bench.burst_bench --help`` for one run with its own sizes and ``--plot FILE``.
 """
 
@@ -37,24 +37,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import random
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Coroutine
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from bench.common import (
-    REPO_ROOT,
     BenchContext,
+    ClaimSpec,
     FabricStack,
     check,
     cpu_seconds,
+    create_claims,
     host_name,
     machine,
     percentile,
@@ -64,6 +67,7 @@ from bench.common import (
 )
 from bench.stepplot import Marker, Series, cumulative, step_svg
 from bench.warm_bench import (
+    _MILESTONES,
     _MODES,
     Arrival,
     Workload,
@@ -71,25 +75,30 @@ from bench.warm_bench import (
     _create_warm_template,
     _follow,
     _metric,
-    _phases,
     _pod_arrivals,
     _PodMilestones,
     _until_published,
     steady,
 )
+from kube_standin.kubelet_client import ClaimRef, DRAPluginClient, KubeletError
+from plumbing.backoff import Backoff
 from plumbing.kube import KubeClient
 from plumbing.kube.resources import EVENTS, PODS, RESOURCE_CLAIMS
 
-__all__ = ["ARRIVAL_SHAPES", "BurstConfig", "burst_arrivals", "main", "measure", "plot", "run"]
+__all__ = ["ARRIVAL_SHAPES", "PATHS", "BurstConfig", "burst_arrivals", "main", "measure", "plot", "run"]
 
 TARGET_LAST_READY_S = 15.0
 ARRIVAL_SHAPES = ("poisson", "even")
+#: the ways a claim can take, each with what its arrival and its readiness are
+PATHS = {
+    "claims": ("claim created", "NodePrepareResources answered"),
+    "pods": ("pod created", "pod Running"),
+}
 NAMESPACE = "default"
 #: a burst pod is never deleted while measured: its hold outlasts any run
 _FOREVER = 86_400.0
 #: how often the manager's attaches in flight are read during the burst
 _SAMPLE_SECONDS = 0.2
-DEFAULT_PLOT = REPO_ROOT / "bench" / "results" / "burst.svg"
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,9 @@ class BurstConfig:
     devices: int = 1200
     arrivals: str = "poisson"
     seed: int = 37
+    #: ``claims``: claims allocated by the bench, prepared through the kubelet's protocol client;
+    #: ``pods``: pods through the stand-in claim controller, scheduler and kubelets
+    path: str = "claims"
     #: the warm-up before the burst: Poisson pods at this rate for this long, held exp(mean)
     warmup_seconds: float = 60.0
     warmup_rate: float = 1.0
@@ -184,16 +196,17 @@ async def _warning_of(kube: KubeClient, names: set[str]) -> dict[str, str]:
 def _processes(stack: FabricStack) -> dict[str, list[int]]:
     fabric = stack.stack
     assert fabric is not None and stack.api is not None
-    roles = fabric.roles
-    return {
+    found = {
         "api_server": [stack.api.process.pid],
         "emulator": [stack.emulator.pid] if stack.emulator else [],
         "manager": [stack.manager.pid] if stack.manager else [],
-        "controller": [roles["controller"].pid],
-        "stand_in_cluster": [roles["cluster"].pid],
+        "controller": [fabric.roles["controller"].pid],
         "plugins": [p.pid for p in stack.plugins.values()],
         "bench": [os.getpid()],
     }
+    if "cluster" in fabric.roles:
+        found["stand_in_cluster"] = [fabric.roles["cluster"].pid]
+    return found
 
 
 def _cpu(pids: dict[str, list[int]]) -> dict[str, float]:
@@ -201,67 +214,178 @@ def _cpu(pids: dict[str, list[int]]) -> dict[str, float]:
 
 
 @dataclass
-class _Burst:
-    """What the burst left: the pods' milestones, when the first arrival was due, the samples of
-    attaches in flight, the tasks of the arrivals, and the window's CPU and counters."""
+class _Claims:
+    """What a path leaves of each claim of the burst: when it arrived, when it was ready, the time
+    of each hop on its way, and why it failed (a failed claim is never ready)."""
 
-    pods: _PodMilestones
     names: list[str]
-    #: each claim's arrival offset, and when the first was due (``time.perf_counter()``)
-    offsets: list[float]
-    due: float
+    arrived: dict[str, float] = field(default_factory=dict)
+    ready: dict[str, float] = field(default_factory=dict)
+    hops: dict[str, dict[str, float]] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+    #: claims whose prepare the kubelet had to call again before it answered
+    retried: int = 0
+    _settled: dict[str, asyncio.Event] = field(default_factory=dict)
+
+    def _event(self, name: str) -> asyncio.Event:
+        return self._settled.setdefault(name, asyncio.Event())
+
+    def settled(self, name: str) -> None:
+        """The claim is ready or failed: the bench stops waiting for it."""
+        self._event(name).set()
+
+    async def wait(self, name: str) -> object:
+        return await self._event(name).wait()
+
+
+@dataclass
+class _Window:
+    """The burst's window as the processes saw it: the manager's counters and CPU between its
+    start and its end, and the attaches in flight sampled in between."""
+
     samples: list[tuple[float, float]]
-    tasks: list[asyncio.Task[None]]
     cpu: dict[str, float]
     counters: dict[str, float]
     ended: float
 
 
-async def _run_burst(
-    stack: FabricStack, kube: KubeClient, config: BurstConfig, pods: _PodMilestones
-) -> _Burst:
+async def _window(
+    stack: FabricStack,
+    config: BurstConfig,
+    start: Callable[[int, Arrival], Coroutine[Any, Any, None]],
+    settled: Callable[[str], Coroutine[Any, Any, object]],
+    names: list[str],
+) -> tuple[_Window, list[asyncio.Task[None]], float]:
+    """Start the burst's arrivals on time and wait until each claim of ``names`` is ``settled``
+    (at most ``settle_seconds`` after the last arrival); the window's figures, the arrivals' tasks
+    (the caller cancels them) and the time ``0 s`` of the schedule."""
     assert stack.manager is not None
     offsets = burst_arrivals(config.claims, config.seconds, config.arrivals, config.seed)
-    workload = Workload("burst", [Arrival(at, 0, _FOREVER) for at in offsets], 0.0, config.seconds, "burst")
-    names = [_pod_name(workload, i) for i in range(config.claims)]
+    workload = Workload(
+        "burst",
+        [Arrival(at, i % config.nodes, _FOREVER) for i, at in enumerate(offsets)],
+        0.0,
+        config.seconds,
+        "burst",
+    )
     pids = _processes(stack)
     before_counters, before_cpu = await _counters(stack), _cpu(pids)
     samples: list[tuple[float, float]] = []
     sampler = asyncio.create_task(_sample_in_flight(stack.manager.address, samples))
-    tasks: list[asyncio.Task[None]] = []
     try:
-        tasks, due = await _start_on_time(workload, _pod_arrivals(kube, NAMESPACE, workload, pods), "burst")
-        progress("burst", f"every claim created; waiting up to {config.settle_seconds:g} s for them to run")
-        waiting = asyncio.gather(*(pods.settled[n].wait() for n in names))
+        tasks, due = await _start_on_time(workload, start, "burst")
+        progress("burst", f"every claim arrived; waiting up to {config.settle_seconds:g} s for them")
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(waiting, config.settle_seconds)
+            await asyncio.wait_for(asyncio.gather(*(settled(n) for n in names)), config.settle_seconds)
         ended = time.perf_counter()
         cpu = {k: v - before_cpu[k] for k, v in _cpu(pids).items()}
         after = await _counters(stack)
     finally:
         sampler.cancel()
         await asyncio.gather(sampler, return_exceptions=True)
-    return _Burst(
-        pods,
-        names,
-        offsets,
-        due,
-        samples,
-        tasks,
-        cpu,
-        {k: after[k] - before_counters[k] for k in after},
-        ended,
-    )
+    counters = {k: after[k] - before_counters[k] for k in after}
+    return _Window(samples, cpu, counters, ended), tasks, due - offsets[0]
 
 
-async def _measure(stack: FabricStack, config: BurstConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+def _figures(
+    config: BurstConfig, claims: _Claims, window: _Window, begin: float, pool: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The burst's figures and its curves (seconds since the first arrival)."""
+    offsets = burst_arrivals(config.claims, config.seconds, config.arrivals, config.seed)
+    arrived = [n for n in claims.names if n in claims.arrived]
+    ready = [n for n in claims.names if n in claims.ready]
+    first = min((claims.arrived[n] for n in arrived), default=begin)
+    last_ready = max((claims.ready[n] for n in ready), default=window.ended)
+    span = last_ready - first
+    # how late each arrival was sent against its schedule (the bench shares the cores it measures)
+    lag = [
+        claims.arrived[n] - begin - at
+        for n, at in zip(claims.names, offsets, strict=True)
+        if n in claims.arrived
+    ]
+    in_flight = [(t - first, n) for t, n in window.samples if t >= first]
+    hop_names = sorted({h for hops in claims.hops.values() for h in hops})
+    figures = {
+        "config": asdict(config),
+        "pool_at_burst": pool,
+        "claims": config.claims,
+        "ready": len(ready),
+        "failed": config.claims - len(ready),
+        "failures": dict(sorted(claims.failures.items())[:20]),
+        "failure_reasons": dict(Counter(r.split(":", 1)[0] for r in claims.failures.values())),
+        "kubelet_retried_claims": claims.retried,
+        "arrival_span_s": round(max((claims.arrived[n] for n in arrived), default=first) - first, 3),
+        "arrival_lag": summary_ms(lag),
+        "first_arrival_to_last_ready_s": round(span, 3) if ready and len(ready) == config.claims else None,
+        "first_arrival_to_last_ready_so_far_s": round(span, 3) if ready else None,
+        "claim_to_ready": summary_ms([claims.ready[n] - claims.arrived[n] for n in ready]),
+        "hops": {
+            h: summary_ms([claims.hops[n][h] for n in ready if h in claims.hops.get(n, {})])
+            for h in hop_names
+        },
+        "ready_at_s": {
+            f"p{q}": round(percentile([claims.ready[n] - first for n in ready], q), 3)
+            for q in (50, 90, 99, 100)
+        }
+        if ready
+        else {},
+        "outcomes": {k: int(window.counters[k]) for k in ("hit", "miss", "cold")},
+        "hot_adds_in_flight_max": max((n for _, n in in_flight), default=0.0),
+        "cpu_seconds": {k: round(v, 2) for k, v in window.cpu.items()},
+        "cpu_cores": {k: round(v / span, 2) for k, v in window.cpu.items()} if span > 0 else {},
+        "cpu_window_s": round(span, 2),
+    }
+    curves = {
+        "arrived": [claims.arrived[n] - first for n in arrived],
+        "ready": [claims.ready[n] - first for n in ready],
+        "in_flight": in_flight,
+    }
+    return figures, curves
+
+
+# -- the pods path: the stand-in control plane ------------------------------------------------------
+
+
+async def _pods_burst(
+    stack: FabricStack, kube: KubeClient, config: BurstConfig, pods: _PodMilestones
+) -> tuple[_Claims, _Window, float]:
+    names = [_pod_name("burst", i) for i in range(config.claims)]
+    workload = Workload("burst", [], 0.0, config.seconds, "burst")
+    start = _pod_arrivals(kube, NAMESPACE, workload, pods)
+
+    async def settled(name: str) -> object:
+        return await pods.settled[name].wait()
+
+    window, tasks, begin = await _window(stack, config, start, settled, names)
+    try:
+        failed = {n for n in names if not pods.settled[n].is_set()}
+        claims = _Claims(names, dict(pods.created), {n: pods.running[n] for n in names if n in pods.running})
+        claims.failures = await _warning_of(kube, failed) if failed else {}
+        for name, task in zip(names, tasks, strict=False):
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                claims.failures[name] = f"creating the pod: {task.exception()}"[:300]
+        retried = await _warning_of(kube, set(names) - failed)
+        claims.retried = sum(1 for r in retried.values() if r.startswith("FailedPrepareDynamicResources"))
+        for name in claims.ready:
+            seen = {"created": pods.created[name], **pods.seen.get(name, {})}
+            claims.hops[name] = {
+                f"{a}_to_{b}": seen[b] - seen[a]
+                for a, b in itertools.pairwise(_MILESTONES)
+                if a in seen and b in seen
+            }
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return claims, window, begin
+
+
+async def _measure_pods(stack: FabricStack, config: BurstConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The pods path: a pod per claim through the claim controller, the stand-in scheduler and
+    kubelets; the warm-up as pods too."""
     fabric, api = stack.stack, stack.api
     assert fabric is not None and api is not None and stack.manager_handle is not None
     nodes = [host_name(i) for i in range(config.nodes)]
-    progress("burst", f"starting {config.nodes} plugins, the controller and the stand-in control plane")
-    for node in nodes:
-        stack.plugin(node)
-    fabric.controller(stack.manager_handle, api)
     fabric.cluster(api, nodes)
     warmup = replace(
         steady(
@@ -274,9 +398,9 @@ async def _measure(stack: FabricStack, config: BurstConfig) -> tuple[dict[str, A
         ),
         name="warmup",
     )
-    warm_names = [_pod_name(warmup, i) for i in range(len(warmup.arrivals))]
-    burst_names = [_pod_name("burst", i) for i in range(config.claims)]
-    pods = _PodMilestones({n: asyncio.Event() for n in [*warm_names, *burst_names]})
+    names = [_pod_name(warmup, i) for i in range(len(warmup.arrivals))]
+    names += [_pod_name("burst", i) for i in range(config.claims)]
+    pods = _PodMilestones({n: asyncio.Event() for n in names})
     async with api.client() as kube:
         await _create_warm_template(kube, NAMESPACE)
         await _until_published(kube, config.nodes, 300.0, devices=config.devices)
@@ -285,107 +409,211 @@ async def _measure(stack: FabricStack, config: BurstConfig) -> tuple[dict[str, A
             asyncio.create_task(_follow(kube, RESOURCE_CLAIMS, NAMESPACE, pods.on_claim)),
         ]
         warm_tasks: list[asyncio.Task[None]] = []
-        burst: _Burst | None = None
         try:
-            progress("burst", f"warm-up: {len(warmup.arrivals)} pods over {config.warmup_seconds:g} s")
-            warm_tasks, _ = await _start_on_time(
-                warmup, _pod_arrivals(kube, NAMESPACE, warmup, pods), "warm-up"
-            )
-            await asyncio.sleep(
-                max(0.0, config.warmup_seconds - (warmup.arrivals[-1].at if warmup.arrivals else 0))
-            )
-            pool = {
-                "warm_devices": await _metric(stack, "fabric_dra_warm_devices"),
-                "warmup_pods_running": sum(1 for n in warm_names if pods.settled[n].is_set()),
-                "warmup_outcomes": {
-                    k: await _metric(stack, "fabric_dra_warm_claims_total", outcome=k)
-                    for k in ("hit", "miss", "cold")
-                },
-            }
-            progress("burst", f"warm-up done, the pool holds {pool['warm_devices']:g} devices: the burst")
-            burst = await _run_burst(stack, kube, config, pods)
-            failed = {n for n in burst_names if not pods.settled[n].is_set()}
-            reasons = await _warning_of(kube, failed) if failed else {}
-            for name, task in zip(burst_names, burst.tasks, strict=False):
-                if task.done() and not task.cancelled() and task.exception() is not None:
-                    reasons[name] = f"creating the pod: {task.exception()}"[:300]
-            retried = await _warning_of(kube, set(burst_names) - failed)
+            warm_tasks = await _warm_up(config, warmup, _pod_arrivals(kube, NAMESPACE, warmup, pods))
+            pool = await _pool(stack)
+            claims, window, begin = await _pods_burst(stack, kube, config, pods)
             for watcher in watchers:  # a watch that died would count every pod after it failed
                 if watcher.done() and watcher.exception() is not None:
                     raise RuntimeError("the bench's watch ended") from watcher.exception()
         finally:
-            for task in [*warm_tasks, *watchers, *(burst.tasks if burst else [])]:
+            for task in [*warm_tasks, *watchers]:
                 task.cancel()
-            await asyncio.gather(
-                *warm_tasks, *watchers, *(burst.tasks if burst else []), return_exceptions=True
+            await asyncio.gather(*warm_tasks, *watchers, return_exceptions=True)
+    return _figures(config, claims, window, begin, pool)
+
+
+async def _warm_up(
+    config: BurstConfig, warmup: Workload, start: Callable[[int, Arrival], Coroutine[Any, Any, None]]
+) -> list[asyncio.Task[None]]:
+    progress("burst", f"warm-up: {len(warmup.arrivals)} claims over {config.warmup_seconds:g} s")
+    tasks, _ = await _start_on_time(warmup, start, "warm-up")
+    last = warmup.arrivals[-1].at if warmup.arrivals else 0.0
+    await asyncio.sleep(max(0.0, config.warmup_seconds - last))
+    return tasks
+
+
+async def _pool(stack: FabricStack) -> dict[str, Any]:
+    """What the warm pool held when the burst began, and how the warm-up's claims met it."""
+    pool = {
+        "warm_devices": await _metric(stack, "fabric_dra_warm_devices"),
+        "warmup_outcomes": {
+            k: await _metric(stack, "fabric_dra_warm_claims_total", outcome=k)
+            for k in ("hit", "miss", "cold")
+        },
+    }
+    progress("burst", f"warm-up done, the pool holds {pool['warm_devices']:g} devices: the burst")
+    return pool
+
+
+# -- the claims path: allocated claims, prepared through the kubelet's plugin protocol --------------
+
+
+class _Allocator:
+    """The bench's stand-in for the scheduler's allocation, from the manager's device list (read
+    again every second, as a scheduler's informer follows the slices): a claim on a node takes a
+    GPU warm there when there is one (what the allocator picks under the node-local publication,
+    docs/manager.md), else a free one; a device is never given to two live claims."""
+
+    def __init__(self, manager_url: str) -> None:
+        self.url = manager_url
+        self.taken: set[str] = set()
+        self.warm: dict[str, list[str]] = {}
+        self.free: list[str] = []
+
+    async def refresh(self, http: httpx.AsyncClient) -> None:
+        devices = (await http.get(f"{self.url}/api/v1/devices")).json()
+        warm: dict[str, list[str]] = {}
+        free: list[str] = []
+        for device in sorted(devices, key=lambda d: str(d["name"])):
+            if device["state"] == "warm" and device.get("node"):
+                warm.setdefault(str(device["node"]), []).append(str(device["name"]))
+            elif device["state"] == "free":
+                free.append(str(device["name"]))
+        self.warm, self.free = warm, free
+
+    async def follow(self) -> None:
+        async with httpx.AsyncClient(timeout=30) as http:
+            while True:
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    await self.refresh(http)
+                await asyncio.sleep(1.0)
+
+    def take(self, node: str) -> str | None:
+        for device in [*self.warm.get(node, []), *self.free]:
+            if device not in self.taken:
+                self.taken.add(device)
+                return device
+        return None
+
+
+async def _prepare_like_a_kubelet(
+    kubelet: DRAPluginClient, ref: ClaimRef, deadline: float
+) -> tuple[str, int]:
+    """NodePrepareResources until it succeeds, again after each failure with the kubelet's
+    back-off (0.5 s doubling to 10 s) as its pod worker retries a pod; the last error once
+    ``deadline`` passed ("" on success), and how many calls failed first."""
+    backoff = Backoff(initial=0.5, maximum=10.0, jitter=0)
+    failed = 0
+    while True:
+        try:
+            error = (await kubelet.node_prepare_resources([ref]))[ref.uid].error
+        except KubeletError as err:
+            error = f"NodePrepareResources: {err}"
+        if not error:
+            return "", failed
+        failed += 1
+        pause = backoff.next()
+        if time.perf_counter() + pause > deadline:
+            return error, failed
+        await asyncio.sleep(pause)
+
+
+def _claim_arrivals(
+    kube: KubeClient,
+    clients: list[DRAPluginClient],
+    allocator: _Allocator,
+    record: _Claims,
+    prefix: str,
+    give_up: float,
+) -> Callable[[int, Arrival], Coroutine[Any, Any, None]]:
+    """What one arrival does on the claims path: the allocation (a GPU from the allocator, the
+    claim created allocated and reserved as the scheduler leaves it), the kubelet's prepare on the
+    arrival's node, then the hold and the unprepare. ``record`` gets its times and failure;
+    ``give_up`` seconds after it arrived a claim not prepared has failed."""
+    nodes = [host_name(i) for i in range(len(clients))]
+
+    async def one(index: int, arrival: Arrival) -> None:
+        name = f"{prefix}-{index}"
+        arrived = record.arrived[name] = time.perf_counter()
+        deadline = arrived + give_up
+        node = nodes[arrival.node]
+        try:
+            while (device := allocator.take(node)) is None:
+                if time.perf_counter() > deadline:
+                    record.failures[name] = "unschedulable: no free GPU within the deadline"
+                    return
+                await asyncio.sleep(0.2)  # the scheduler tries the pod again when slices change
+            (uid,) = await create_claims(kube, [ClaimSpec(name, node, device, namespace=NAMESPACE)])
+            allocated = time.perf_counter()
+            ref = ClaimRef(NAMESPACE, name, uid)
+            error, failed = await _prepare_like_a_kubelet(clients[arrival.node], ref, deadline)
+            done = time.perf_counter()
+            record.retried += 1 if failed else 0
+            record.hops[name] = {
+                "allocation (API writes)": allocated - arrived,
+                "prepare (kubelet)": done - allocated,
+            }
+            if error:
+                record.failures[name] = error[:300]
+                return
+            record.ready[name] = done
+        finally:
+            record.settled(name)
+        await asyncio.sleep(arrival.hold)
+        await clients[arrival.node].node_unprepare_resources([ref])
+        allocator.taken.discard(device)
+
+    return one
+
+
+async def _measure_claims(stack: FabricStack, config: BurstConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The claims path: claims allocated by the bench (:class:`_Allocator`), each prepared through
+    its node's plugin by the kubelet's protocol client; the warm-up as claims too."""
+    api, manager = stack.api, stack.manager
+    assert api is not None and manager is not None
+    clients = [await stack.plugins[host_name(i)].kubelet() for i in range(config.nodes)]
+    allocator = _Allocator(manager.address)
+    follower = asyncio.create_task(allocator.follow())
+    warmup = steady(
+        config.warmup_rate,
+        config.warmup_seconds,
+        config.warmup_hold,
+        0.0,
+        nodes=config.nodes,
+        seed=config.seed,
+    )
+    names = [f"burst-{i}" for i in range(config.claims)]
+    warm_record = _Claims([f"warmup-{i}" for i in range(len(warmup.arrivals))])
+    record = _Claims(names)
+    give_up = config.seconds + config.settle_seconds
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        async with api.client() as kube:
+            await _until_published(kube, 0, 300.0, devices=config.devices)  # no Node objects: no kubelets
+            tasks += await _warm_up(
+                config, warmup, _claim_arrivals(kube, clients, allocator, warm_record, "warmup", give_up)
             )
-    assert burst is not None
-    kubelet_retried = sum(1 for r in retried.values() if r.startswith("FailedPrepareDynamicResources"))
-    return _figures(config, burst, pool, reasons, kubelet_retried), _curves(burst)
+            pool = await _pool(stack)
+            start = _claim_arrivals(kube, clients, allocator, record, "burst", give_up)
+            window, burst_tasks, begin = await _window(stack, config, start, record.wait, names)
+            tasks += burst_tasks
+    finally:
+        for task in [*tasks, follower]:
+            task.cancel()
+        await asyncio.gather(*tasks, follower, return_exceptions=True)
+        for client in clients:
+            await client.close()
+    for name in names:
+        if name not in record.ready and name not in record.failures:
+            record.failures[name] = "not prepared within the deadline (the kubelet was still trying)"
+    return _figures(config, record, window, begin, pool)
 
 
-def _figures(
-    config: BurstConfig, burst: _Burst, pool: dict[str, Any], reasons: dict[str, str], kubelet_retried: int
-) -> dict[str, Any]:
-    pods = burst.pods
-    ready = [n for n in burst.names if n in pods.running]
-    first = min(pods.created[n] for n in burst.names if n in pods.created)
-    last_ready = max((pods.running[n] for n in ready), default=float("nan"))
-    window = (last_ready if ready else burst.ended) - first
-    # how late the bench sent each creation against its schedule (it shares the cores it measures)
-    due = burst.due - burst.offsets[0]
-    lag = [
-        pods.created[n] - due - at
-        for n, at in zip(burst.names, burst.offsets, strict=True)
-        if n in pods.created
-    ]
-    delta = burst.counters
-    in_flight = [n for t, n in burst.samples if t >= first]
-    return {
-        "config": asdict(config),
-        "pool_at_burst": pool,
-        "claims": config.claims,
-        "ready": len(ready),
-        "failed": len(reasons),
-        "failures": dict(sorted(reasons.items())[:20]),
-        "kubelet_retried_pods": kubelet_retried,
-        "arrival_span_s": round(max(pods.created[n] for n in burst.names if n in pods.created) - first, 3),
-        "arrival_lag": summary_ms(lag),
-        "first_arrival_to_last_ready_s": round(last_ready - first, 3) if ready else None,
-        "claim_to_ready": summary_ms([pods.running[n] - pods.created[n] for n in ready]),
-        "kubelet_to_ready": summary_ms([pods.attach(n) for n in ready]),
-        "phases": _phases({n: {"created": pods.created[n], **pods.seen.get(n, {})} for n in ready}),
-        "outcomes": {k: int(delta[k]) for k in ("hit", "miss", "cold")},
-        "hot_adds_in_flight_max": max(in_flight, default=0.0),
-        "in_flight_samples": len(in_flight),
-        "cpu_seconds": {k: round(v, 2) for k, v in burst.cpu.items()},
-        "cpu_cores": {k: round(v / window, 2) for k, v in burst.cpu.items()} if window > 0 else {},
-        "cpu_window_s": round(window, 2),
-        "ready_at_s": {
-            f"p{q}": round(percentile([pods.running[n] - first for n in ready], q), 3)
-            for q in (50, 90, 99, 100)
-        }
-        if ready
-        else {},
-    }
-
-
-def _curves(burst: _Burst) -> dict[str, Any]:
-    pods = burst.pods
-    first = min(pods.created[n] for n in burst.names if n in pods.created)
-    return {
-        "arrived": [pods.created[n] - first for n in burst.names if n in pods.created],
-        "ready": [pods.running[n] - first for n in burst.names if n in pods.running],
-        "in_flight": [(t - first, n) for t, n in burst.samples if t >= first],
-    }
-
-
-def plot(curves: dict[str, Any], path: Path, *, title: str, target: float = TARGET_LAST_READY_S) -> Path:
+def plot(
+    curves: dict[str, Any],
+    path: Path,
+    *,
+    title: str,
+    target: float = TARGET_LAST_READY_S,
+    kind: str = "claims",
+) -> Path:
     """The burst's figure: claims arrived and ready against seconds since the first arrival, the
-    manager's hot-adds in flight, and the target as a vertical line."""
+    manager's attaches in flight, and the target as a vertical line."""
+    arrived, ready = PATHS[kind]
     series = [
-        Series("claims arrived (pod created)", cumulative(curves["arrived"]), "#7f8c8d", dashed=True),
-        Series("claims ready (pod Running)", cumulative(curves["ready"]), "#2471a3"),
+        Series(f"claims arrived ({arrived})", cumulative(curves["arrived"]), "#7f8c8d", dashed=True),
+        Series(f"claims ready ({ready})", cumulative(curves["ready"]), "#2471a3"),
         Series(
             "attaches in flight (hot-adds of claims and of the warm pool)",
             [(t, n) for t, n in curves["in_flight"]],
@@ -411,22 +639,28 @@ def measure(config: BurstConfig, *, root: Path, plot_to: Path | None = None) -> 
     with FabricStack(
         root, hosts=config.nodes, gpus=config.devices, latency="realistic", manager_args=_MODES["auto"]
     ) as stack:
-        figures, curves = asyncio.run(_measure(stack, config))
+        assert stack.stack is not None and stack.api is not None and stack.manager_handle is not None
+        progress("burst", f"starting {config.nodes} plugins and the controller ({config.path} path)")
+        for i in range(config.nodes):
+            stack.plugin(host_name(i))
+        stack.stack.controller(stack.manager_handle, stack.api)
+        path = _measure_pods if config.path == "pods" else _measure_claims
+        figures, curves = asyncio.run(path(stack, config))
     figures["load_average_before"] = [round(v, 2) for v in load]
     figures["load_average_after"] = [round(v, 2) for v in os.getloadavg()]
     if plot_to is not None:
         title = (
             f"{config.claims} claims in {config.seconds:g} s over {config.nodes} nodes, "
-            f"{config.devices} GPUs (realistic), warm pool auto"
+            f"{config.devices} GPUs (realistic), warm pool auto, {config.path} path"
         )
-        figures["plot"] = str(plot(curves, plot_to, title=title))
+        figures["plot"] = str(plot(curves, plot_to, title=title, kind=config.path))
     return figures
 
 
 def run(ctx: BenchContext) -> dict[str, Any]:
     """Section ``burst`` of ``python -m bench`` (only with ``--only``)."""
     config = QUICK if ctx.quick else BurstConfig()
-    figures = measure(config, root=ctx.root / "burst", plot_to=DEFAULT_PLOT)
+    figures = measure(config, root=ctx.root / "burst", plot_to=ctx.results_dir / "burst.svg")
     last = figures["first_arrival_to_last_ready_s"]
     return {
         "figures": figures,
@@ -524,6 +758,14 @@ def main(argv: list[str] | None = None) -> int:
         type=_positive(float),
         default=default.settle_seconds,
         help="a pod not Running this long after the last arrival has failed (default %(default)s)",
+    )
+    parser.add_argument(
+        "--path",
+        choices=sorted(PATHS),
+        default=default.path,
+        help="claims: claims allocated by the bench and prepared through each node's plugin as the "
+        "kubelet calls it; pods: pods with a claim template through the stand-in claim controller, "
+        "scheduler and kubelets (default %(default)s)",
     )
     parser.add_argument(
         "--quick", action="store_true", help="the smoke run's sizes: 20 claims, 40 GPUs, 2 nodes"
