@@ -74,7 +74,8 @@ def step_svg(
 ) -> str:
     """An SVG document of ``series`` as step curves on axes from 0 that hold every point and
     marker; each curve is extended flat to the right edge (a count stays where it ended)."""
-    left, right, top, bottom = 64, 24, 40, 56
+    # the legend goes under the axis label, a line per series, so it never covers a curve
+    left, right, top, bottom = 64, 24, 40, 56 + 18 * len(series)
     plot_w, plot_h = width - left - right, height - top - bottom
     xs = [x for s in series for x, _ in s.points] + [m.x for m in markers]
     ys = [y for s in series for _, y in s.points]
@@ -106,7 +107,8 @@ def step_svg(
         f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#555555"/>'
     )
     out.append(
-        f'<text x="{left + plot_w / 2:g}" y="{height - 14}" text-anchor="middle">{escape(x_label)}</text>'
+        f'<text x="{left + plot_w / 2:g}" y="{top + plot_h + 36}" text-anchor="middle">'
+        f"{escape(x_label)}</text>"
     )
     out.append(
         f'<text x="16" y="{top + plot_h / 2:g}" text-anchor="middle" '
@@ -126,7 +128,7 @@ def step_svg(
         )
     for index, one in enumerate(series):
         out.append(_path(one, px, py, left + plot_w))
-        legend_y = top + 16 + 18 * index
+        legend_y = top + plot_h + 56 + 18 * index
         dash = ' stroke-dasharray="6 3"' if one.dashed else ""
         out.append(
             f'<line x1="{left + 12}" y1="{legend_y}" x2="{left + 36}" y2="{legend_y}" '

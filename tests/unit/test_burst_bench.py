@@ -4,12 +4,15 @@ hand-written SVG step plot (well-formed, each curve a step path, the target line
 from __future__ import annotations
 
 import itertools
+import json
 import statistics
 import xml.etree.ElementTree as ET
+from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 
-from bench.burst_bench import burst_arrivals
+from bench.burst_bench import BurstConfig, burst_arrivals, replot
 from bench.stepplot import Marker, Series, cumulative, nice_ticks, step_svg
 
 _SVG = "{http://www.w3.org/2000/svg}"
@@ -74,9 +77,29 @@ def test_step_svg_is_well_formed_with_a_step_path_per_series_and_the_target_line
     assert paths[0].attrib["stroke-dasharray"] and "stroke-dasharray" not in paths[1].attrib
     texts = [t.text for t in root.iter(f"{_SVG}text")]
     assert "target 15 s" in texts and "ready <fast> & done" in texts  # escaped in, read back whole
-    # x axis 0..15 over the plot's 672 px from x=64: the target line sits at the right edge
+    # x axis 0..15 over the plot's 672 px from x=64: the target line sits at the right edge; the
+    # legend (two lines) is under the plot, whose height is what is left of 440 px
     target = [line for line in root.findall(f"{_SVG}line") if line.attrib.get("stroke-dasharray") == "6 4"]
     assert [line.attrib["x1"] for line in target] == ["736"]
+    assert [line.attrib["y2"] for line in target] == [str(440 - (56 + 2 * 18))]
     # the ready curve's last step (12 s) lies left of the target, four-fifths along
     last_h = ready.rsplit("H", 2)[1].split("V")[0]
     assert float(last_h) == pytest.approx(64 + 672 * 12 / 15)
+
+
+def test_a_run_is_drawn_again_from_its_json(tmp_path: Path) -> None:
+    config = asdict(BurstConfig(claims=3, seconds=1.0, nodes=2, devices=4))
+    figures = {
+        "config": config,
+        "curves": {
+            "arrived": [0.0, 0.4, 0.9],
+            "ready": [3.1, 3.5, 4.2],
+            "in_flight": [[0.2, 1], [0.6, 3], [4.0, 0]],
+        },
+    }
+    path = replot(json.loads(json.dumps(figures)), tmp_path / "burst.svg")
+    root = ET.fromstring(path.read_text())
+    texts = [t.text for t in root.iter(f"{_SVG}text")]
+    assert "3 claims in 1 s over 2 nodes, 4 GPUs (realistic), warm pool auto, claims path" in texts
+    assert "claims ready (NodePrepareResources answered)" in texts
+    assert len(root.findall(f"{_SVG}path")) == 3
