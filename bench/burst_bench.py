@@ -41,6 +41,7 @@ import itertools
 import json
 import os
 import random
+import re
 import sys
 import time
 from collections import Counter
@@ -299,6 +300,13 @@ async def _window(
     return _Window(samples, cpu, counters, ended), tasks, due - offsets[0]
 
 
+def _reason(error: str) -> str:
+    """A failure's kind: its message without the claim, device, node and numbers that name it."""
+    kind = re.sub(r"^claim [\w.-]+/[\w.-]+: ", "", error)
+    kind = re.sub(r"\b(gpu|node |kind-worker|op-)[\w-]*", "<name>", kind)
+    return re.sub(r"\d+", "N", kind)[:160]
+
+
 def _figures(
     config: BurstConfig, claims: _Claims, window: _Window, begin: float, pool: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -324,7 +332,7 @@ def _figures(
         "ready": len(ready),
         "failed": config.claims - len(ready),
         "failures": dict(sorted(claims.failures.items())[:20]),
-        "failure_reasons": dict(Counter(r.split(":", 1)[0] for r in claims.failures.values())),
+        "failure_reasons": dict(Counter(_reason(r) for r in claims.failures.values())),
         "kubelet_retried_claims": claims.retried,
         "arrival_span_s": round(max((claims.arrived[n] for n in arrived), default=first) - first, 3),
         "arrival_lag": summary_ms(lag),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.burst_bench import BurstConfig, burst_arrivals, replot
+from bench.burst_bench import BurstConfig, _reason, burst_arrivals, replot
 from bench.stepplot import Marker, Series, cumulative, nice_ticks, step_svg
 
 _SVG = "{http://www.w3.org/2000/svg}"
@@ -103,3 +103,10 @@ def test_a_run_is_drawn_again_from_its_json(tmp_path: Path) -> None:
     assert "3 claims in 1 s over 2 nodes, 4 GPUs (realistic), warm pool auto, claims path" in texts
     assert "claims ready (NodePrepareResources answered)" in texts
     assert len(root.findall(f"{_SVG}path")) == 3
+
+
+def test_failures_are_counted_by_kind_not_by_claim() -> None:
+    one = "claim default/burst-284: the fabric is still attaching gpu16 to node kind-worker5 for 41s"
+    two = "claim default/burst-9: the fabric is still attaching gpu1100 to node kind-worker10 for 7s"
+    assert _reason(one) == _reason(two) == "the fabric is still attaching <name> to <name> for Ns"
+    assert _reason("unschedulable: no free GPU within the deadline").startswith("unschedulable")
