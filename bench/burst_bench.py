@@ -304,6 +304,7 @@ def _reason(error: str) -> str:
     """A failure's kind: its message without the claim, device, node and numbers that name it."""
     kind = re.sub(r"^claim [\w.-]+/[\w.-]+: ", "", error)
     kind = re.sub(r"\b(gpu|node |kind-worker|op-)[\w-]*", "<name>", kind)
+    kind = re.sub(r'W/"[^"]*"|"[^"]*"', '"…"', kind)  # ETags and quoted values
     return re.sub(r"\d+", "N", kind)[:160]
 
 

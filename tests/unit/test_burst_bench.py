@@ -110,3 +110,5 @@ def test_failures_are_counted_by_kind_not_by_claim() -> None:
     two = "claim default/burst-9: the fabric is still attaching gpu1100 to node kind-worker10 for 7s"
     assert _reason(one) == _reason(two) == "the fabric is still attaching <name> to <name> for Ns"
     assert _reason("unschedulable: no free GPU within the deadline").startswith("unschedulable")
+    stale = 'claim default/burst-1: Zone.AddEndpoint failed: ZoneETag W/"1ea" is not the zone\'s ETag "2b"'
+    assert _reason(stale) == 'Zone.AddEndpoint failed: ZoneETag "…" is not the zone\'s ETag "…"'
