@@ -393,6 +393,8 @@ class BenchContext:
 
     quick: bool
     root: Path
+    #: where the run's figures go (the JSON's folder): a section's own files (a plot) beside them
+    results_dir: Path = REPO_ROOT / "bench" / "results"
     _fabric: FabricStack | None = None
 
     def fabric(self) -> FabricStack:

@@ -563,16 +563,20 @@ async def _measure(stack: FabricStack, kinds: tuple[str, ...], claims: int) -> d
     return {kind: await _prepare_series(stack, plugins, kind, claims) for kind in kinds}
 
 
-async def _until_published(kube: KubeClient, nodes: int, within: float = 120.0) -> None:
-    """Wait until the controller published the GPUs and every node registered."""
+async def _until_published(kube: KubeClient, nodes: int, within: float = 120.0, *, devices: int = 1) -> None:
+    """Wait until the controller published at least ``devices`` devices (the GPUs) and every node
+    registered."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         slices, _ = await kube.list_all(RESOURCE_SLICES)
         registered, _ = await kube.list_all(NODES)
-        if any(s["spec"].get("devices") for s in slices) and len(registered) >= nodes:
+        published = sum(len(s["spec"].get("devices") or []) for s in slices)
+        if published >= devices and len(registered) >= nodes:
             return
         await asyncio.sleep(0.5)
-    raise RuntimeError(f"no ResourceSlice with devices, or fewer than {nodes} nodes, within {within:g} s")
+    raise RuntimeError(
+        f"fewer than {devices} devices in ResourceSlices, or fewer than {nodes} nodes, within {within:g} s"
+    )
 
 
 #: the replays' cluster: 10 nodes (one plugin each) on one switch, so one reachability group
