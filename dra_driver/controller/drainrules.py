@@ -28,7 +28,7 @@ from dra_driver.controller.metrics import SLICE_WRITES
 from dra_driver.controller.reconciler import Reconciler
 from dra_driver.controller.resourcenames import drain_rule_label, drain_taint_key, short_hash
 from dra_driver.errors import ControllerError
-from manager_api.models import Device, Inventory
+from manager_api.models import Device, DeviceDrain, Inventory
 from plumbing.backoff import Backoff
 from plumbing.kube import ApiError, KubeClient, NotFound
 from plumbing.kube.resources import DEVICE_TAINT_RULES
@@ -98,28 +98,27 @@ class DrainRules:
     def desired(self, inventory: Inventory) -> dict[str, dict[str, Any]]:
         """Name → the rule every drained device of ``inventory`` should have."""
         return {
-            rule_name(self._driver, d.pool, d.name): self._rule(d)
+            rule_name(self._driver, d.pool, d.name): self._rule(d, d.drain)
             for d in inventory.devices
             if d.drain is not None
         }
 
-    def _rule(self, device: Device) -> dict[str, Any]:
-        assert device.drain is not None
-        reason = device.drain.reason if is_label_value(device.drain.reason) else "maintenance"
+    def _rule(self, device: Device, drain: DeviceDrain) -> dict[str, Any]:
+        reason = drain.reason if is_label_value(drain.reason) else "maintenance"
         return {
             "apiVersion": self.resource.api_version,
             "kind": self.resource.kind,
             "metadata": {
                 "name": rule_name(self._driver, device.pool, device.name),
                 "labels": {drain_rule_label(self._driver): self._publisher},
-                "annotations": {f"{self._driver}/drains": ",".join(device.drain.drains)[:1024]},
+                "annotations": {f"{self._driver}/drains": ",".join(drain.drains)[:1024]},
             },
             "spec": {
                 "deviceSelector": {"driver": self._driver, "pool": device.pool, "device": device.name},
                 "taint": {
                     "key": drain_taint_key(self._driver),
                     "value": reason,
-                    "effect": str(device.drain.effect),
+                    "effect": str(drain.effect),
                 },
             },
         }
