@@ -606,8 +606,9 @@ def _validate(args: argparse.Namespace) -> int:
     from emulator.topology import TopologyError, load_topology, resolve_topology
 
     document = args.output in ("json", "yaml")
+    args.file = resolve_topology(args.file)
     try:
-        index = load_topology(resolve_topology(args.file))
+        index = load_topology(args.file)
     except TopologyError as err:
         if document:
             problems = _problems(err)
@@ -672,7 +673,7 @@ def _show(args: argparse.Namespace) -> int:
     emit(f"hosts ({len(index.hosts)}): {', '.join(index.hosts)}")
     wide = args.output == "wide"
     for summary in switches:
-        emit(f"{summary['fabric']} switch {summary['id']}: hosts {', '.join(summary['hosts'])}")
+        emit(f"{summary['fabric']} switch {summary['id']}: hosts {', '.join(summary['hosts']) or '(none)'}")
         if summary["links"]:
             emit("  links " + ", ".join(f"{port} → {peer}" for port, peer in summary["links"].items()))
         rows = [_device_row(d, wide) for d in summary["devices"]]

@@ -103,10 +103,12 @@ def preset_path(name: str) -> Path:
 
 def resolve_topology(value: str | Path) -> Path:
     """A topology file's path: ``value`` itself, or the preset of that name where no such file
-    exists (a file in the working directory named like a preset wins)."""
+    exists (a file in the working directory named like a preset wins). A bare name may come here
+    made absolute against the working directory, as the command line makes paths."""
     path = Path(value)
-    if not path.exists() and str(value) in PRESETS:
-        return preset_path(str(value))
+    bare = path.parent in (Path("."), Path.cwd())
+    if not path.exists() and bare and path.name in PRESETS:
+        return preset_path(path.name)
     return path
 
 

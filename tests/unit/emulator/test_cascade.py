@@ -69,6 +69,11 @@ def test_a_preset_name_is_a_topology_unless_a_file_has_that_name(
     assert set(PRESETS) == {"default", "cascade-2tier", "cascade-3tier"}
     monkeypatch.chdir(tmp_path)
     assert resolve_topology("cascade-2tier") == preset_path("cascade-2tier")
+    # the command line makes a bare name absolute against the working directory
+    assert resolve_topology(tmp_path / "cascade-3tier") == preset_path("cascade-3tier")
+    assert (
+        resolve_topology(tmp_path / "elsewhere" / "cascade-3tier") == tmp_path / "elsewhere" / "cascade-3tier"
+    )
     (tmp_path / "cascade-2tier").write_text("version: 1\n")
     assert resolve_topology("cascade-2tier") == Path("cascade-2tier")
     with pytest.raises(ValueError, match="no topology preset"):
