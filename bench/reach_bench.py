@@ -8,8 +8,9 @@ tiers — 2 spines, 20 aggregation switches each cabled to both spines, 10 leave
 leaves of 16 to 17 devices, each leaf cabled to one aggregation switch — so every host reaches every
 device over three or four links and no host shares a switch with a device. The resources are held
 in the pass (``Walk``) as a pass holds what it read: what is timed is the computation, not the
-requests (the cascaded pass also reads each switch and its ``Ports`` collection, 1,264 requests a
-full pass, answered 304 while nothing changed).
+requests (the cascaded pass also reads each switch's ``Ports`` collection and the switches, one
+expanded read per round of links, about 640 requests a full pass, answered 304 while nothing
+changed).
 
 Timed, median of ``--rounds``: ``narrow_reach`` over a new pass with the graph of the last
 (unchanged links: no recomputation; the switches' and ports' views given back as a 304-revalidated

@@ -117,6 +117,8 @@ async def read_links(walk: Walk, start: Collection[str]) -> frozenset[Edge]:
     edges: set[Edge] = set()
     while pending:
         batch, pending = pending, []
+        # the switches of a batch in one expanded read of their collection, not a GET each
+        await walk.prefetch(batch)
         for switch, ports in zip(
             batch, await asyncio.gather(*(_ports_of(walk, s) for s in batch)), strict=True
         ):
