@@ -114,10 +114,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _topology(path: Path | None) -> FabricIndex:
     """The topology of ``--topology`` (the packaged one without it); every problem printed."""
-    from emulator.topology import TopologyError, default_topology_path, load_topology
+    from emulator.topology import TopologyError, default_topology_path, load_topology, resolve_topology
 
     try:
-        return load_topology(path or default_topology_path())
+        return load_topology(resolve_topology(path) if path else default_topology_path())
     except TopologyError as err:
         if len(err.problems) > 1:
             emit(f"fabric-dra: {err}:\n{err.details()}", file=sys.stderr)
@@ -414,6 +414,15 @@ FAULT_COMMANDS = (
         ),
     ),
     FaultCommand(
+        "unlink",
+        "pull the cable of an inter-switch link (both ports NoLink; no bind is routed over it)",
+        "LinkRemoved",
+        (
+            FaultOption("--switch", "Switch", "a switch at one end of the link", required=True),
+            FaultOption("--port", "Port", "that switch's inter-switch port (ISL<n>)", required=True),
+        ),
+    ),
+    FaultCommand(
         "slow",
         "delay every response (but the admin API's) by SECONDS",
         "SlowResponses",
@@ -594,9 +603,10 @@ def _register_validate(sub: SubParsers) -> None:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from emulator.topology import TopologyError, load_topology
+    from emulator.topology import TopologyError, load_topology, resolve_topology
 
     document = args.output in ("json", "yaml")
+    args.file = resolve_topology(args.file)
     try:
         index = load_topology(args.file)
     except TopologyError as err:
@@ -647,9 +657,9 @@ def _register_show(sub: SubParsers) -> None:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from emulator.topology import TopologyError, default_topology_path, load_topology
+    from emulator.topology import TopologyError, default_topology_path, load_topology, resolve_topology
 
-    path = args.file or default_topology_path()
+    path = resolve_topology(args.file) if args.file else default_topology_path()
     try:
         index = load_topology(path)
     except TopologyError as err:
@@ -663,7 +673,9 @@ def _show(args: argparse.Namespace) -> int:
     emit(f"hosts ({len(index.hosts)}): {', '.join(index.hosts)}")
     wide = args.output == "wide"
     for summary in switches:
-        emit(f"{summary['fabric']} switch {summary['id']}: hosts {', '.join(summary['hosts'])}")
+        emit(f"{summary['fabric']} switch {summary['id']}: hosts {', '.join(summary['hosts']) or '(none)'}")
+        if summary["links"]:
+            emit("  links " + ", ".join(f"{port} → {peer}" for port, peer in summary["links"].items()))
         rows = [_device_row(d, wide) for d in summary["devices"]]
         headers = ["PORT", "DEVICE", "TYPE", "MODEL"] + (["PCI ID", "MEMORY BYTES", "LINK"] if wide else [])
         emit("\n".join("  " + line for line in format_table(headers, rows).splitlines()))
@@ -677,6 +689,9 @@ def _switches(index: FabricIndex) -> list[dict[str, Any]]:
             "fabric": sw.fabric,
             "id": sw.id,
             "hosts": list(sw.upstream_ports),
+            "links": {
+                port: f"{peer}/{peer_port}" for port, (peer, peer_port) in sw.interswitch_ports.items()
+            },
             "devices": [_device(index.devices[d]) for d in sw.devices],
         }
         for sw in index.switches.values()

@@ -30,7 +30,8 @@ class EmulatorSettings(BaseModel):
     topology: Annotated[
         Path | None,
         Setting(
-            "topology file (YAML or JSON, docs/emulator.md)",
+            "topology file (YAML or JSON, docs/emulator.md), or a packaged preset's name: "
+            "default, cascade-2tier, cascade-3tier",
             _FABRIC,
             metavar="FILE",
             shown_default="the packaged 4-host topology",

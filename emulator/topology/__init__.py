@@ -34,6 +34,7 @@ from emulator.topology.model import Topology
 __all__ = [
     "FABRIC_CXL",
     "FABRIC_PCIE",
+    "PRESETS",
     "Chunk",
     "Device",
     "FabricIndex",
@@ -46,7 +47,12 @@ __all__ = [
     "default_topology_path",
     "load_topology",
     "parse_topology",
+    "preset_path",
+    "resolve_topology",
 ]
+
+#: topologies shipped with the package, by name: ``--topology NAME`` where no file has that name
+PRESETS = ("default", "cascade-2tier", "cascade-3tier")
 
 
 class TopologyError(ConfigError):
@@ -86,6 +92,24 @@ class TopologyError(ConfigError):
 def default_topology_path() -> Path:
     """The topology shipped with the package: 4 kind-style hosts, 2 PCIe switches, a CXL pool."""
     return Path(str(resources.files("emulator.topology").joinpath("default.yaml")))
+
+
+def preset_path(name: str) -> Path:
+    """The packaged topology ``name`` (one of :data:`PRESETS`)."""
+    if name not in PRESETS:
+        raise ValueError(f"no topology preset {name!r} (presets: {', '.join(PRESETS)})")
+    return Path(str(resources.files("emulator.topology").joinpath(f"{name}.yaml")))
+
+
+def resolve_topology(value: str | Path) -> Path:
+    """A topology file's path: ``value`` itself, or the preset of that name where no such file
+    exists (a file in the working directory named like a preset wins). A bare name may come here
+    made absolute against the working directory, as the command line makes paths."""
+    path = Path(value)
+    bare = path.parent in (Path("."), Path.cwd())
+    if not path.exists() and bare and path.name in PRESETS:
+        return preset_path(path.name)
+    return path
 
 
 def _loc(parts: tuple[int | str, ...]) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from emulator.topology.model import (
@@ -36,6 +36,7 @@ __all__ = [
     "Target",
     "check_references",
     "chunk_id",
+    "linked_hosts",
 ]
 
 #: Redfish Fabric Ids; pools are named after them (``fabric-pcie``, ``fabric-cxl``).
@@ -82,6 +83,8 @@ class SwitchInfo:
     upstream_ports: dict[str, str]
     #: device Ids in the order of the file
     devices: tuple[str, ...]
+    #: inter-switch port Id (``ISL<n>``) → (the switch, the port) at the cable's other end
+    interswitch_ports: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def chunk_id(device: str, index: int) -> str:
@@ -158,6 +161,11 @@ class FabricIndex:
     #: pool device → its carved chunks by Id, in order of creation: the durable state's chunks,
     #: entered by :meth:`carve` and left by :meth:`uncarve` as they come and go
     _carved: dict[str, dict[str, Chunk]] = field(default_factory=dict, repr=False, compare=False)
+    #: the cut link ends this was last computed for → switch → the hosts that reach it through
+    #: inter-switch links (every bind asks; the links change only with a LinkRemoved fault)
+    _linked: tuple[frozenset[tuple[str, str]], dict[str, frozenset[str]]] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     def chunks_of(self, device: Device) -> tuple[Chunk, ...]:
         """``device``'s memory chunks: the pre-made ones, then those carved from its pool."""
@@ -199,8 +207,25 @@ class FabricIndex:
             found = self._cabled[""] = tuple(f for f in (FABRIC_PCIE, FABRIC_CXL) if f in present)
         return list(found)
 
-    def host_reaches(self, host: str, device: Device) -> bool:
-        return host in self.switches[device.switch].upstream_ports
+    def host_reaches(self, host: str, device: Device, cut: frozenset[tuple[str, str]] = frozenset()) -> bool:
+        """Whether ``host`` is cabled to ``device``'s switch, or to a switch joined to it by a chain
+        of inter-switch links none of whose ends (switch, port) is in ``cut``."""
+        switch = self.switches[device.switch]
+        if host in switch.upstream_ports:
+            return True
+        if not any(s.interswitch_ports for s in self.switches.values()):
+            return False
+        return host in self._reaching(cut).get(switch.id, frozenset())
+
+    def _reaching(self, cut: frozenset[tuple[str, str]]) -> Mapping[str, frozenset[str]]:
+        if self._linked is None or self._linked[0] != cut:
+            self._linked = (cut, linked_hosts(self.switches, cut))
+        return self._linked[1]
+
+    def peer_of(self, switch: str, port: str) -> tuple[str, str] | None:
+        """The (switch, port) at the other end of the inter-switch link at ``port`` of ``switch``."""
+        info = self.switches.get(switch)
+        return info.interswitch_ports.get(port) if info is not None else None
 
     @classmethod
     def build(cls, topology: Topology) -> FabricIndex:
@@ -210,6 +235,7 @@ class FabricIndex:
         for i, host in enumerate(topology.hosts):
             index.hosts[host.name] = HostInfo(host.name, host.uuid, host.numa_node, i)
         all_hosts = [h.name for h in topology.hosts]
+        link_ports = _link_ports(topology)
         for section, switches in topology.switch_sections():
             fabric = _FABRIC_OF_SECTION[section]
             for sw in switches:
@@ -253,8 +279,47 @@ class FabricIndex:
                     model=sw.model,
                     upstream_ports={h: f"UP{n}" for n, h in enumerate(cabled)},
                     devices=tuple(ids),
+                    interswitch_ports=link_ports.get(sw.id, {}),
                 )
         return index
+
+
+def _link_ports(topology: Topology) -> dict[str, dict[str, tuple[str, str]]]:
+    """Switch → its inter-switch ports (``ISL<n>``, numbered per switch in the order of the links)
+    → the (switch, port) at the other end."""
+    ports: dict[str, dict[str, tuple[str, str]]] = {}
+    for _, links in topology.link_sections():
+        for link in links:
+            a, b = link.switches
+            a_port, b_port = f"ISL{len(ports.get(a, {}))}", f"ISL{len(ports.get(b, {}))}"
+            ports.setdefault(a, {})[a_port] = (b, b_port)
+            ports.setdefault(b, {})[b_port] = (a, a_port)
+    return ports
+
+
+def linked_hosts(
+    switches: Mapping[str, SwitchInfo], cut: frozenset[tuple[str, str]] = frozenset()
+) -> dict[str, frozenset[str]]:
+    """Switch → the hosts cabled to any switch joined to it through inter-switch links (itself
+    included), leaving out every link one of whose ends (switch, port) is in ``cut``: the switches
+    a chain of links joins form one component, and every host of the component reaches all of it."""
+    component: dict[str, str] = {}
+    for start in switches:
+        if start in component:
+            continue
+        component[start] = start
+        pending = [start]
+        while pending:
+            here = pending.pop()
+            for port, (peer, peer_port) in switches[here].interswitch_ports.items():
+                if (here, port) in cut or (peer, peer_port) in cut or peer in component:
+                    continue
+                component[peer] = start
+                pending.append(peer)
+    hosts: dict[str, set[str]] = {}
+    for switch, root in component.items():
+        hosts.setdefault(root, set()).update(switches[switch].upstream_ports)
+    return {switch: frozenset(hosts[root]) for switch, root in component.items()}
 
 
 def check_references(topology: Topology) -> list[Problem]:
@@ -263,6 +328,30 @@ def check_references(topology: Topology) -> list[Problem]:
     problems += _check_models(topology)
     problems += _check_shared_blocks(topology, host_names)
     problems += _SwitchChecks(topology, host_names).run()
+    problems += _check_links(topology)
+    return problems
+
+
+def _check_links(topology: Topology) -> list[Problem]:
+    """Each inter-switch link joins two different switches of its own fabric's section."""
+    problems = []
+    for (section, switches), (_, links) in zip(
+        topology.switch_sections(), topology.link_sections(), strict=True
+    ):
+        known = {sw.id for sw in switches}
+        for n, link in enumerate(links):
+            loc = f"{section}.links[{n}].switches"
+            a, b = link.switches
+            if a == b:
+                problems.append(Problem(loc, f"a link joins two different switches, not {a!r} to itself"))
+            problems += [
+                Problem(
+                    f"{loc}[{i}]",
+                    f"unknown switch {s!r} (the {section} section has: {', '.join(sorted(known)) or 'none'})",
+                )
+                for i, s in enumerate(link.switches)
+                if s not in known
+            ]
     return problems
 
 
@@ -373,9 +462,12 @@ class _SwitchChecks:
     def _device(self, dev: _DeviceBase, loc: str, ports: set[str]) -> None:
         self._claim_id(dev.id, f"{loc}.id")
         if dev.port:
-            if dev.port in ports or dev.port.startswith("UP"):
+            if dev.port in ports or dev.port.startswith(("UP", "ISL")):
                 self.problems.append(
-                    Problem(f"{loc}.port", f"port {dev.port!r} is taken (UP* are host ports)")
+                    Problem(
+                        f"{loc}.port",
+                        f"port {dev.port!r} is taken (UP* are host ports, ISL* inter-switch ports)",
+                    )
                 )
             ports.add(dev.port)
         if dev.serial in self.serials:

@@ -34,6 +34,7 @@ __all__ = [
     "CxlSwitch",
     "DeviceModel",
     "Host",
+    "InterswitchLink",
     "MemoryPool",
     "PcieDevice",
     "PcieFabric",
@@ -233,12 +234,24 @@ class CxlSwitch(SwitchBase):
         return self.devices
 
 
+class InterswitchLink(_Model):
+    """A cable between two switches of one fabric (a cascade: a spine and its leaves). Each end is
+    an ``InterswitchPort`` (Port v1_0_0 ``PortType``) named ``ISL<n>`` on its switch, in the order
+    of the fabric's ``links``; a host reaches a device through any chain of links."""
+
+    switches: list[str] = Field(
+        min_length=2, max_length=2, description="the Ids of the two switches the cable joins"
+    )
+
+
 class PcieFabric(_Model):
     switches: list[PcieSwitch] = Field(default_factory=list)
+    links: list[InterswitchLink] = Field(default_factory=list)
 
 
 class CxlFabric(_Model):
     switches: list[CxlSwitch] = Field(default_factory=list)
+    links: list[InterswitchLink] = Field(default_factory=list)
 
 
 class Behaviour(_Model):
@@ -350,3 +363,7 @@ class Topology(_Model):
     def switch_sections(self) -> list[tuple[str, Sequence[SwitchBase]]]:
         """(file section, switches) for each fabric, PCIe first."""
         return [("pcie", self.pcie.switches), ("cxl", self.cxl.switches)]
+
+    def link_sections(self) -> list[tuple[str, Sequence[InterswitchLink]]]:
+        """(file section, inter-switch links) for each fabric, PCIe first."""
+        return [("pcie", self.pcie.links), ("cxl", self.cxl.links)]

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fabric.backends.base import Backend, DiscoveryResult
 from fabric.backends.composition import COMPOSITION_FABRIC, CompositionBackend, RootBlocksBackend
 from fabric.backends.connections import ConnectionBackend
-from fabric.backends.reach import narrow_reach
+from fabric.backends.reach import SwitchGraph, narrow_reach
 from fabric.backends.views import ComputerSystem, Fabric, ServiceRoot
 from fabric.backends.walk import Revalidation, Walk
 from fabric.backends.zones import ZoneBackend
@@ -85,6 +85,8 @@ class Discovery:
         self._expand = False
         #: what the last full pass read, with ETags: the next full pass asks with If-None-Match
         self.revalidation = Revalidation()
+        #: which hosts reach each switch over inter-switch links, recomputed only when they change
+        self.switch_graph = SwitchGraph()
 
     def backend_for(self, device: DeviceRecord) -> Backend:
         return self.backends[(device.fabric, device.style)]
@@ -161,7 +163,7 @@ class Discovery:
         results = await asyncio.gather(*(b.discover(walk, hosts) for b in planned))
         found = self._merge(planned, results)
         hosts = _with_initiators(hosts, found.initiators)
-        devices = assign_names(await narrow_reach(walk, found.devices, hosts))
+        devices = assign_names(await narrow_reach(walk, found.devices, hosts, self.switch_graph))
         self.revalidation.retain(walk)
         return FabricSnapshot(
             devices=devices,

@@ -79,6 +79,7 @@ __all__ = [
     "SimpleStorageDevice",
     "Status",
     "Storage",
+    "Switch",
     "View",
     "Zone",
     "ZoneLinks",
@@ -446,16 +447,27 @@ class Chassis(Resource):
 
 
 class PortLinks(View):
+    """Port Links: ``ConnectedSwitchPorts``, ``ConnectedSwitches`` (v1_0_0), ``ConnectedPorts`` (v1_2_0)."""
+
     connected_switch_ports: Refs = refs("ConnectedSwitchPorts")
     connected_switches: Refs = refs("ConnectedSwitches")
+    connected_ports: Refs = refs("ConnectedPorts")
 
 
 class Port(Resource):
     """Port.v1_18_0: a device-side port (a FabricAdapter's, as in DMTF's public-cxl mockup) names
-    the switch port it is cabled to; a switch port links its metrics."""
+    the switch port it is cabled to; a switch port links its metrics; an inter-switch port names
+    the switch (port) at the cable's other end. ``LinkStatus`` (v1_2_0) ``NoLink``: nothing detected."""
 
     links: Part[PortLinks] = part("Links", PortLinks)
     metrics: Ref = prop("Metrics")
+    link_status: Text = prop("LinkStatus")
+
+
+class Switch(Resource):
+    """Switch.v1_11_0: its ``Ports`` collection."""
+
+    ports: Ref = prop("Ports")
 
 
 class PCIeErrors(View):

@@ -63,7 +63,7 @@ def _trusted_namespace(claims: ClaimView, request: api.AttachRequest) -> api.Att
 
 def reachable_target(inventory: Inventory, request: api.AttachRequest) -> tuple[DeviceRecord, HostRecord]:
     """The device and the host of the request's node; refused when either is unknown, or the host
-    is not cabled to the device's switch (no Redfish request is sent for such a pair)."""
+    is not cabled to the device's switch or one linked to it (no Redfish request is sent for such a pair)."""
     name, node = request.device, request.node
     record = inventory.device(name)
     if record is None:
@@ -80,7 +80,8 @@ def reachable_target(inventory: Inventory, request: api.AttachRequest) -> tuple[
             )
         raise BindRefused(
             f"device {name} is not reachable from node {node}: host {host.id} is not cabled to the "
-            f"switch {name} hangs off (fabric {record.fabric})",
+            f"switch {name} hangs off, nor to a switch inter-switch links join to it "
+            f"(fabric {record.fabric})",
             node=node,
             device=name,
         )

@@ -23,6 +23,7 @@ from emulator.redfish.model.faults import (
     FaultSpec,
     HangTasks,
     LinkDegraded,
+    LinkRemoved,
     PCIeErrors,
     PortDown,
     SlowResponses,
@@ -81,6 +82,16 @@ class Conditions:
             isinstance(f, PortDown) and f.Host == host and f.Switch in (None, switch)
             for f in self.faults.values()
         )
+
+    def cut_links(self) -> frozenset[tuple[str, str]]:
+        """(switch, port) of both ends of every inter-switch link whose cable is pulled."""
+        ends: set[tuple[str, str]] = set()
+        for fault in self.faults.values():
+            if isinstance(fault, LinkRemoved):
+                peer = self.index.peer_of(fault.Switch, fault.Port)
+                if peer is not None:
+                    ends.update({(fault.Switch, fault.Port), peer})
+        return frozenset(ends)
 
     def ports_down(self) -> set[tuple[str, str]]:
         """(switch, host) of every upstream port that is down."""
@@ -199,6 +210,11 @@ class Conditions:
                 raise UnknownName("host", fault.Host, "Host")
             if fault.Switch is not None and fault.Switch not in self.index.switches:
                 raise UnknownName("switch", fault.Switch, "Switch")
+        if isinstance(fault, LinkRemoved):
+            if fault.Switch not in self.index.switches:
+                raise UnknownName("switch", fault.Switch, "Switch")
+            if self.index.peer_of(fault.Switch, fault.Port) is None:
+                raise UnknownName(f"inter-switch port of {fault.Switch}", fault.Port, "Port")
 
     def add(self, fault: FaultSpec) -> str:
         """Put ``fault`` in force, durably (with the next commit); its Id."""

@@ -36,6 +36,8 @@ class _Before:
     links: dict[str, LinkDegraded | None]
     #: device → the error counters of its port
     errors: dict[str, dict[str, int]]
+    #: (switch, port) of the inter-switch link ends whose cable is pulled
+    cut: frozenset[tuple[str, str]]
 
 
 @dataclass(eq=False)
@@ -83,6 +85,7 @@ class FaultInjector:
             ports_down=self.conditions.ports_down(),
             links={d: self.conditions.link(d) for d in self.index.devices},
             errors={d: self.conditions.pcie_errors(d) for d in self.index.devices},
+            cut=self.conditions.cut_links(),
         )
 
     def _effects(self, before: _Before) -> Change:
@@ -98,6 +101,18 @@ class FaultInjector:
             *self._health_events(before.health),
             *self._link_events(before.links),
             *self._error_events(before.errors),
+            *self._interswitch_events(before.cut),
+        ]
+
+    def _interswitch_events(self, cut_before: frozenset[tuple[str, str]]) -> list[FabricEvent]:
+        """``ResourceChanged`` of each inter-switch port whose cable was pulled or put back."""
+        return [
+            self.events.make(
+                "ResourceChanged",
+                prefix="ResourceEvent",
+                origin=uris.port(self.index.switches[switch].fabric, switch, port),
+            )
+            for switch, port in sorted(cut_before ^ self.conditions.cut_links())
         ]
 
     def _port_events(self, down_before: set[tuple[str, str]]) -> list[FabricEvent]:

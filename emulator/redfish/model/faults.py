@@ -21,6 +21,7 @@ __all__ = [
     "FaultSpec",
     "HangTasks",
     "LinkDegraded",
+    "LinkRemoved",
     "PCIeErrors",
     "PortDown",
     "SlowResponses",
@@ -125,6 +126,16 @@ class PortDown(_Fault):
     Switch: str | None = Field(default=None, description="one switch; every switch of the host when absent")
 
 
+class LinkRemoved(_Fault):
+    """The cable of an inter-switch link is pulled: both its ports show ``LinkStatus: NoLink``
+    (Port v1_2_0: "no physical link detected") and no longer name each other, and no bind is
+    routed over it (a host then reaches what its own switches still join)."""
+
+    Kind: Literal["LinkRemoved"]
+    Switch: str
+    Port: str = Field(description="the switch's InterswitchPort (ISL<n>) the cable is plugged into")
+
+
 class SlowResponses(_Fault):
     """Every response (except this admin API) waits ``Seconds`` first."""
 
@@ -159,6 +170,7 @@ FaultSpec = Annotated[
     | LinkDegraded
     | PCIeErrors
     | PortDown
+    | LinkRemoved
     | SlowResponses
     | DropConnections
     | Unavailable

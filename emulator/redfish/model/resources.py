@@ -622,6 +622,10 @@ class Switch(Resource):
 
 class PortLinks(_Obj):
     AssociatedEndpoints: list[Ref]
+    #: an InterswitchPort's peer (Port v1_0_0 Links, still so in v1_18_0): the switch and the
+    #: switch port at the other end of the cable; left out where no link is detected (NoLink)
+    ConnectedSwitches: list[Ref] | None = None
+    ConnectedSwitchPorts: list[Ref] | None = None
 
 
 class Port(Resource):

@@ -142,9 +142,14 @@ def check_reachable(
 ) -> None:
     """400 unless ``host`` is cabled to the switch ``device`` hangs off; ``prop`` (a parameter of
     ``action``, or a property) named the device, at ``pointer`` in the body."""
-    if ctx.index.host_reaches(host, device):
+    if ctx.index.host_reaches(host, device, ctx.engine.conditions.cut_links()):
         return
     detail = f"{device.id} hangs off {device.switch}, which is not cabled to {host}."
+    if any(s.interswitch_ports for s in ctx.index.fabric_switches(device.fabric)):
+        detail = (
+            f"{device.id} hangs off {device.switch}, which is neither cabled to {host} nor joined "
+            f"by inter-switch links to a switch that is."
+        )
     if action is not None:
         raise parameter_error(prop, action, detail, pointer=pointer)
     raise RedfishError.of(400, "PropertyValueError", prop, related=[pointer or f"/{prop}"], detail=detail)

@@ -149,13 +149,16 @@ class SwitchNode(Node):
         self.switch = switch
 
     def _ports(self) -> dict[str, tuple[str, str | None, Device | None]]:
-        """Port Id → (kind, host, device)."""
+        """Port Id → (PortType, host, device): Port v1_0_0 ``PortType`` UpstreamPort (to a host),
+        DownstreamPort (to a device), InterswitchPort (to another switch: neither)."""
         ports: dict[str, tuple[str, str | None, Device | None]] = {
             p: ("UpstreamPort", h, None) for h, p in self.switch.upstream_ports.items()
         }
         for device_id in self.switch.devices:
             device = self.ctx.index.devices[device_id]
             ports[device.port] = ("DownstreamPort", None, device)
+        for port in self.switch.interswitch_ports:
+            ports[port] = ("InterswitchPort", None, None)
         return ports
 
     def render(self) -> Switch:
@@ -197,6 +200,8 @@ class PortNode(Node):
         self.switch, self.port_id, self.kind, self.host, self.device = switch, port_id, kind, host, device
 
     def render(self) -> Port:
+        if self.kind == "InterswitchPort":
+            return self._render_interswitch()
         fabric = self.switch.fabric
         if self.device is not None:
             generation, width = self.device.model.pcie_generation, self.device.model.pcie_width
@@ -226,6 +231,32 @@ class PortNode(Node):
             Status=Status(Health=health),
             Metrics=ref(f"{self.uri}/Metrics") if self.device is not None else None,
             Links=PortLinks(AssociatedEndpoints=[ref(endpoint)]),
+        )
+
+    def _render_interswitch(self) -> Port:
+        """A cable to another switch: ``Links.ConnectedSwitches`` and ``ConnectedSwitchPorts``
+        (Port v1_0_0 Links: "the switches / switch ports at the other end of the link") name its
+        peer, as long as a link is detected; a pulled cable (a LinkRemoved fault) is ``NoLink``
+        (Port v1_2_0 LinkStatus) with no peer, as a switch that sees nothing on the port says."""
+        fabric, peer = self.switch.fabric, self.switch.interswitch_ports[self.port_id]
+        linked = (self.switch.id, self.port_id) not in self.ctx.engine.conditions.cut_links()
+        return Port(
+            odata_id=self.uri,
+            Id=self.port_id,
+            Name=f"{self.switch.id} port {self.port_id}",
+            Description=f"to switch {peer[0]}",
+            PortId=self.port_id,
+            PortProtocol=fabric,
+            PortType=self.kind,
+            CurrentSpeedGbps=round(_lane_gbps(5) * 16, 1) if linked else 0,
+            Width=16,
+            LinkStatus="LinkUp" if linked else "NoLink",
+            Status=Status(Health="OK" if linked else "Critical"),
+            Links=PortLinks(
+                AssociatedEndpoints=[],
+                ConnectedSwitches=[ref(uris.switch(fabric, peer[0]))] if linked else [],
+                ConnectedSwitchPorts=[ref(uris.port(fabric, *peer))] if linked else [],
+            ),
         )
 
     def child(self, segment: str) -> Node | None:
