@@ -7,6 +7,7 @@ from dataclasses import dataclass
 __all__ = [
     "CONFIGMAPS",
     "DEPLOYMENTS",
+    "DEVICE_BUDGETS",
     "DEVICE_CLASSES",
     "EVENTS",
     "LEASES",
@@ -75,6 +76,8 @@ RESOURCE_CLAIM_TEMPLATES = Resource(
 )
 RESOURCE_SLICES = Resource("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", False)
 DEVICE_CLASSES = Resource("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", False)
+#: fabric-dra's own custom resource: a cap on what an agent tree holds (deploy/base/devicebudget-crd.yaml)
+DEVICE_BUDGETS = Resource("fabric-dra.io", "v1alpha1", "devicebudgets", "DeviceBudget", True)
 
 _ALL = [
     NAMESPACES,
@@ -90,6 +93,7 @@ _ALL = [
     RESOURCE_CLAIM_TEMPLATES,
     RESOURCE_SLICES,
     DEVICE_CLASSES,
+    DEVICE_BUDGETS,
 ]
 
 

@@ -153,6 +153,17 @@ SYNTHETIC: dict[str, set[tuple[str, str, str]]] = {
     # Not a request the controller makes: from Kubernetes 1.36 the API server authorises each
     # status.devices write a second time against this subresource (docs/controller.md, "RBAC").
     "controller-binding-conditions": {("resource.k8s.io", "resourceclaims/driver", "arbitrary-node:update")},
+    # The owner-chain walk of DeviceBudgets (fabric/bindings/trees.py, KindPaths.fetch) reads each
+    # owner by the path discovery gives its kind, not through a resource constant: the built-in
+    # kinds agent trees are made of (docs/budgets.md, "Trees").
+    "manager": {
+        ("", "pods", "get"),
+        ("apps", "replicasets", "get"),
+        ("apps", "deployments", "get"),
+        ("apps", "statefulsets", "get"),
+        ("batch", "jobs", "get"),
+        ("batch", "cronjobs", "get"),
+    },
 }
 
 
