@@ -43,6 +43,7 @@ from dra_driver.selection.semver import Semver, SemverError, parse_semver
 __all__ = [
     "AttributeValue",
     "CelCompileError",
+    "CelEvaluationError",
     "CompiledSelector",
     "DeviceInput",
     "SelectorCache",
@@ -67,6 +68,10 @@ _LOCK = threading.RLock()  # celpy's compiled runner keeps its activation in mod
 
 class CelCompileError(InputError):
     """An expression that does not parse."""
+
+
+class CelEvaluationError(InputError):
+    """An expression that failed at run time (a missing key, no such overload)."""
 
 
 def _err(message: str) -> CELEvalError:
@@ -481,7 +486,7 @@ def _rewrite_bind(tree: lark.Tree[Any], parser: CELParser) -> None:
 class CompiledSelector:
     """One compiled expression; evaluate it against :class:`DeviceInput` activations."""
 
-    def __init__(self, expression: str) -> None:
+    def __init__(self, expression: str, *, interpreted: bool = False) -> None:
         self.expression = expression
         with _LOCK:
             parser = _parser()
@@ -494,10 +499,14 @@ class CompiledSelector:
             _rewrite_bind(tree, parser)
             if not isinstance(tree, TranspilerTree):  # _parser() builds this node class
                 raise CelCompileError(f"the CEL parser built a {type(tree).__name__}, not a TranspilerTree")
-            self._runner = self._build(tree)
+            self._runner = self._build(tree, interpreted=interpreted)
 
     @staticmethod
-    def _build(tree: TranspilerTree) -> celpy.Runner:
+    def _build(tree: TranspilerTree, *, interpreted: bool) -> celpy.Runner:
+        if interpreted:
+            # celpy's transpiler applies ``!`` to has()'s plain bool and fails ("no such
+            # overload"); the interpreter does not. Callers that value fidelity over speed ask for it.
+            return celpy.InterpretedRunner(celpy.Environment(), tree, _FUNCTIONS)
         try:
             return celpy.CompiledRunner(
                 celpy.Environment(runner_class=celpy.CompiledRunner), tree, _FUNCTIONS
@@ -507,17 +516,28 @@ class CompiledSelector:
 
     def evaluate(self, activation: Mapping[str, Any]) -> SelectorOutcome:
         try:
-            with _LOCK:
-                result = self._runner.evaluate(dict(activation))
-        except CELEvalError as err:
-            return SelectorOutcome(None, _describe(err))
-        except RecursionError:
-            return SelectorOutcome(None, "expression nests too deeply")
-        except Exception as err:
-            return SelectorOutcome(None, _one_line(f"{type(err).__name__}: {err}"))
+            result = self.value(activation)
+        except CelEvaluationError as err:
+            return SelectorOutcome(None, str(err))
         if isinstance(result, celtypes.BoolType | bool):
             return SelectorOutcome(bool(result))
         return SelectorOutcome(None, f"must evaluate to bool, not {_cel_type_name(result)}")
+
+    def value(self, activation: Mapping[str, Any]) -> Any:
+        """The expression's value, whatever its type (a CRD's ``messageExpression`` is a string);
+        raises :class:`CelEvaluationError` with a one-line message when evaluation fails."""
+        try:
+            with _LOCK:
+                result = self._runner.evaluate(dict(activation))
+        except CELEvalError as err:
+            raise CelEvaluationError(_describe(err)) from err
+        except RecursionError as err:
+            raise CelEvaluationError("expression nests too deeply") from err
+        except Exception as err:
+            raise CelEvaluationError(_one_line(f"{type(err).__name__}: {err}")) from err
+        if isinstance(result, CELEvalError):
+            raise CelEvaluationError(_describe(result))
+        return result
 
 
 def _cel_type_name(value: Any) -> str:
@@ -570,8 +590,9 @@ def _one_line(text: str) -> str:
 class SelectorCache:
     """Compiled programs by expression text (``cel.Cache`` in Kubernetes), bounded LRU."""
 
-    def __init__(self, max_entries: int = 1024) -> None:
+    def __init__(self, max_entries: int = 1024, *, interpreted: bool = False) -> None:
         self._max = max_entries
+        self._interpreted = interpreted
         self._entries: dict[str, CompiledSelector | CelCompileError] = {}
         self._lock = threading.Lock()
 
@@ -583,7 +604,7 @@ class SelectorCache:
                 self._entries[expression] = entry  # most recently used last
         if entry is None:
             try:
-                entry = CompiledSelector(expression)
+                entry = CompiledSelector(expression, interpreted=self._interpreted)
             except CelCompileError as err:
                 entry = err
             with self._lock:

@@ -23,6 +23,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from kube_standin.apiserver.auth import TokenAuthenticator
+from kube_standin.apiserver.customresources.served import CustomResources
 from kube_standin.apiserver.features import FeatureGates, ServedVersions
 from kube_standin.apiserver.handlers.scope import RequestScope
 from kube_standin.apiserver.pipeline import RequestPipeline
@@ -89,8 +90,11 @@ class ApiServer:
         if self.state is not None:
             self.state.load()
         self.gates = FeatureGates.of(self.server_version, self.config.feature_gates)
+        self.custom = CustomResources(self.store)
+        self.store.custom_resources = self.custom.resources
         scope = RequestScope(
             store=self.store,
+            custom=self.custom,
             catalog=self.catalog,
             auth=self.auth,
             bookmark_interval=self.config.bookmark_interval,

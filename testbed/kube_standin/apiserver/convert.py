@@ -27,6 +27,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from kube_standin.apiserver.customresources.definitions import default_crd
 from kube_standin.apiserver.registry import ResourceType
 
 __all__ = ["apply_defaults", "from_storage", "list_item", "storage_form", "to_storage"]
@@ -220,6 +221,8 @@ def apply_defaults(res: ResourceType, obj: Obj) -> None:
             for sub in request.get("firstAvailable") or ():
                 if isinstance(sub, dict):
                     _default_exact(sub)
+    elif res.kind == "CustomResourceDefinition" and res.group == "apiextensions.k8s.io":
+        default_crd(obj)
     elif res.kind == "Secret":
         obj.setdefault("type", "Opaque")
     elif res.kind == "Deployment":

@@ -1,15 +1,18 @@
 """Discovery documents (``/api``, ``/apis``, ``/apis/<group>/<version>``) and ``/version``,
-derived from the resource table so they always agree with what is served."""
+derived from the resource table so they always agree with what is served. The groups and resources
+of established CRDs (``custom``) follow the built-in ones, as the real server's aggregated
+discovery lists them after its own."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
 import platform
+from collections.abc import Sequence
 from typing import Any
 
 from kube_standin.apiserver.features import ALL_SERVED, ServedVersions
-from kube_standin.apiserver.registry import GROUPS, ResourceType, resources_in
+from kube_standin.apiserver.registry import GROUPS, ApiGroup, ResourceType, resources_in
 
 __all__ = ["api_group", "api_group_list", "api_resource_list", "api_versions", "version_info"]
 
@@ -26,8 +29,10 @@ def api_versions(server_address: str) -> dict[str, Any]:
     }
 
 
-def api_group(group: str, served: ServedVersions = ALL_SERVED) -> dict[str, Any] | None:
-    for api in GROUPS:
+def api_group(
+    group: str, served: ServedVersions = ALL_SERVED, custom: Sequence[ApiGroup] = ()
+) -> dict[str, Any] | None:
+    for api in (*GROUPS, *custom):
         versions = served.filter(api.name, api.versions)
         if api.name == group and group and versions:
             return {
@@ -40,14 +45,14 @@ def api_group(group: str, served: ServedVersions = ALL_SERVED) -> dict[str, Any]
     return None
 
 
-def api_group_list(served: ServedVersions = ALL_SERVED) -> dict[str, Any]:
+def api_group_list(served: ServedVersions = ALL_SERVED, custom: Sequence[ApiGroup] = ()) -> dict[str, Any]:
     groups = [
         {
             "name": api.name,
             "versions": [_group_version(api.name, v) for v in versions],
             "preferredVersion": _group_version(api.name, versions[0]),
         }
-        for api in GROUPS
+        for api in (*GROUPS, *custom)
         if api.name and (versions := served.filter(api.name, api.versions))
     ]
     return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
@@ -60,9 +65,13 @@ def _storage_version_hash(res: ResourceType) -> str:
 
 
 def api_resource_list(
-    group: str, version: str, versions: ServedVersions = ALL_SERVED
+    group: str, version: str, versions: ServedVersions = ALL_SERVED, custom: Sequence[ResourceType] = ()
 ) -> dict[str, Any] | None:
-    served = resources_in(group, version) if versions.allows(group, version) else []
+    served = (
+        [*resources_in(group, version), *(r for r in custom if r.group == group and version in r.versions)]
+        if versions.allows(group, version)
+        else []
+    )
     if not served:
         return None
     resources: list[dict[str, Any]] = []

@@ -117,9 +117,9 @@ class RequestPipeline:
             group, version, rest = "", segments[1], segments[2:]
         else:
             if len(segments) == 1:
-                return json_response(discovery.api_group_list(self.scope.served))
+                return json_response(discovery.api_group_list(self.scope.served, self.scope.custom.groups()))
             if len(segments) == 2:
-                doc = discovery.api_group(segments[1], self.scope.served)
+                doc = discovery.api_group(segments[1], self.scope.served, self.scope.custom.groups())
                 if doc is None:
                     raise not_found_path()
                 return json_response(doc)
@@ -128,12 +128,19 @@ class RequestPipeline:
             # A version --runtime-config left off is not there at all, as on a real server.
             raise not_found_path()
         if not rest:
-            listing = discovery.api_resource_list(group, version, self.scope.served)
+            listing = discovery.api_resource_list(
+                group, version, self.scope.served, self.scope.custom.resources()
+            )
             if listing is None:
                 raise not_found_path()
             return json_response(listing)
         info = resolve_request_info(
-            request.method, group, version, rest, request.query_params.get("watch", "")
+            request.method,
+            group,
+            version,
+            rest,
+            request.query_params.get("watch", ""),
+            self.scope.custom.find,
         )
         return await self._resource_request(request, info)
 

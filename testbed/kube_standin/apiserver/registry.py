@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kube_standin.apiserver.customresources.served import CustomKind
 
 __all__ = [
     "GROUPS",
@@ -70,6 +73,9 @@ class ResourceType:
     name_is_path_segment: bool = False
     #: a PUT of a missing object creates it (the strategy's AllowCreateOnUpdate).
     create_on_update: bool = False
+    #: a custom resource: its CRD's schemas (:mod:`kube_standin.apiserver.customresources`), which
+    #: decode and validate it instead of the built-in schemas and rules.
+    custom: CustomKind | None = field(default=None, compare=False)
 
     @property
     def storage_key(self) -> str:
@@ -298,6 +304,20 @@ RESOURCES: tuple[ResourceType, ...] = (
         categories=("api-extensions",),
         tracks_generation=True,
     ),
+    # CustomResourceDefinitions (apiextensions-apiserver): validated and given their status by
+    # kube_standin.apiserver.customresources, which serves the resources they define.
+    ResourceType(
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        "customresourcedefinition",
+        "CustomResourceDefinition",
+        False,
+        ("v1",),
+        short_names=("crd", "crds"),
+        categories=("api-extensions",),
+        status_subresource=True,
+        tracks_generation=True,
+    ),
     ResourceType(
         "resource.k8s.io",
         "deviceclasses",
@@ -312,6 +332,7 @@ RESOURCES: tuple[ResourceType, ...] = (
 GROUPS: tuple[ApiGroup, ...] = (
     ApiGroup("", ("v1",)),
     ApiGroup("admissionregistration.k8s.io", ("v1",)),
+    ApiGroup("apiextensions.k8s.io", ("v1",)),
     ApiGroup("apps", ("v1",)),
     ApiGroup("events.k8s.io", ("v1",)),
     ApiGroup("authentication.k8s.io", ("v1",)),

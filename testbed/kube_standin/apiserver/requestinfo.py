@@ -9,6 +9,7 @@ handlers, the request counts — speaks in these terms.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,7 @@ from kube_standin.apiserver.jsonobj import Obj
 from kube_standin.apiserver.registry import ResourceType, find_resource
 from kube_standin.apiserver.status import StatusError, bad_request
 
-__all__ = ["RequestInfo", "not_found_path", "resolve_request_info"]
+__all__ = ["RequestInfo", "ResourceLookup", "not_found_path", "resolve_request_info"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +111,17 @@ def _verb(method: str, name: str | None, watch: bool) -> str:
     return "delete" if name is not None else "deletecollection"
 
 
+#: how a path's group, version and plural name a resource (built-in, or a custom resource's).
+ResourceLookup = Callable[[str, str, str], ResourceType | None]
+
+
 def resolve_request_info(
-    method: str, group: str, version: str, rest: list[str], watch_param: str
+    method: str,
+    group: str,
+    version: str,
+    rest: list[str],
+    watch_param: str,
+    lookup: ResourceLookup = find_resource,
 ) -> RequestInfo:
     """The request to ``rest`` (the path after ``/api/v1`` or ``/apis/group/version``).
 
@@ -123,12 +133,12 @@ def resolve_request_info(
         legacy_watch, rest = True, rest[1:]
     namespace: str | None = None
     if len(rest) >= 3 and rest[0] == "namespaces":
-        candidate = find_resource(group, version, rest[2])
+        candidate = lookup(group, version, rest[2])
         if candidate is not None and candidate.namespaced:
             namespace, rest = rest[1], rest[2:]
     if not rest or len(rest) > 3:
         raise not_found_path()
-    res = find_resource(group, version, rest[0])
+    res = lookup(group, version, rest[0])
     if res is None:
         raise not_found_path()
     name = rest[1] if len(rest) > 1 else None

@@ -4,7 +4,8 @@ The schemas check shapes (types, unknown fields, required fields). The API serve
 checks names, label syntax, limits, mutually exclusive fields and immutability; the subset
 here is what fabric-dra's objects exercise, taken from Kubernetes ``pkg/apis/core/validation``
 (object metadata), ``pkg/apis/resource/validation`` (ResourceSlice: :mod:`.slice_rules`;
-ResourceClaim and ResourceClaimTemplate: :mod:`.claim_rules`; DeviceClass) — of the release the
+ResourceClaim and ResourceClaimTemplate: :mod:`.claim_rules`; DeviceClass), CustomResourceDefinitions
+(:mod:`.customresources.definitions`) — of the release the
 server reports, where the rules changed between releases — and the length limits of
 ``pkg/apis/core/validation/events.go`` (Events). Every rule runs on the storage version
 (``resource.k8s.io/v1``, core ``v1`` Events), so field paths are storage paths whatever version
@@ -20,6 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kube_standin.apiserver.claim_rules import selectors, validate_claim_spec, validate_claim_status
+from kube_standin.apiserver.customresources.definitions import validate_crd, validate_crd_update
 from kube_standin.apiserver.features import NEWEST_DEFAULTS, FeatureGates
 from kube_standin.apiserver.fielderrors import FieldErrors as _Errors
 from kube_standin.apiserver.fielderrors import dns_label, dns_subdomain, qualified_key
@@ -151,6 +153,8 @@ def validate_object(res: ResourceType, obj: Obj, gates: FeatureGates = NEWEST_DE
             validate_claim_status(errs, obj, None)
     elif res.kind == "Event":
         _validate_event(errs, obj)
+    elif res.kind == "CustomResourceDefinition" and res.group == "apiextensions.k8s.io":
+        errs.causes += validate_crd(dict(obj))
     return errs.causes
 
 
@@ -165,6 +169,8 @@ def validate_update(
         _validate_event(errs, new)
     if res.group == "" and res.kind in ("ConfigMap", "Secret"):
         _validate_data_size(errs, res, new)
+    if res.kind == "CustomResourceDefinition" and res.group == "apiextensions.k8s.io" and subresource is None:
+        errs.causes += validate_crd_update(dict(new), dict(old))
     if res.group != "resource.k8s.io":
         return errs.causes
     if res.kind in ("ResourceClaim", "ResourceClaimTemplate") and new.get("spec") != old.get("spec"):

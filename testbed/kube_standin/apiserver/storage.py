@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -132,7 +132,10 @@ class Storage:
         self.compacted_rv = 0
         self.history: deque[Change] = deque()
         self.history_limit = history
-        self._objects: dict[str, dict[ObjKey, Obj]] = {res.storage_key: {} for res in RESOURCES}
+        # Custom resources (kube_standin.apiserver.customresources) get their bucket on first use.
+        self._objects: defaultdict[str, dict[ObjKey, Obj]] = defaultdict(
+            dict, {res.storage_key: {} for res in RESOURCES}
+        )
         self._watchers: dict[str, set[Watcher]] = {}
         #: set once the server shuts down: a new watch ends at once (:meth:`shut_down_watches`)
         self._shutting_down = False

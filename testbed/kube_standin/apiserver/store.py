@@ -83,6 +83,8 @@ class Store(Storage):
 
     def __init__(self, *, history: int = 20_000) -> None:
         super().__init__(history=history)
+        #: the custom resources served now (set by the server): a namespace's deletion takes them too.
+        self.custom_resources: Callable[[], list[ResourceType]] = list
         for name in SYSTEM_NAMESPACES:
             self.create(_NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
 
@@ -338,7 +340,7 @@ class Store(Storage):
     def _namespaced_resources(self) -> list[ResourceType]:
         seen: set[str] = set()
         out = []
-        for res in RESOURCES:
+        for res in (*RESOURCES, *self.custom_resources()):
             if res.namespaced and res.storage_key not in seen and "delete" in res.verbs:
                 seen.add(res.storage_key)
                 out.append(res)

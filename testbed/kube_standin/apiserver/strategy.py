@@ -14,7 +14,11 @@
   ``consumedCapacity`` and its ``status.devices`` share IDs (``DRAConsumableCapacity``:
   ``dropDisabledDRAResourceClaimConsumableCapacityFields`` and ``…StatusFields``);
 * **a claim's ``status.devices`` entries of deallocated devices are dropped**
-  (``dropDeallocatedStatusDevices`` in ``resourceclaim/strategy.go``).
+  (``dropDeallocatedStatusDevices`` in ``resourceclaim/strategy.go``);
+* **a CustomResourceDefinition gets the status its controllers give it**
+  (:func:`~kube_standin.apiserver.customresources.definitions.crd_status`), and a custom resource is
+  validated against its CRD's schema and CEL rules
+  (:meth:`~kube_standin.apiserver.customresources.served.CustomKind.validate`).
 
 A client sees the result in the answer to its write, as on a real server: the write succeeds,
 the field is just not there.
@@ -31,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kube_standin.apiserver import rules
+from kube_standin.apiserver.customresources.definitions import crd_status
 from kube_standin.apiserver.features import FeatureGates
 from kube_standin.apiserver.jsonobj import Obj
 from kube_standin.apiserver.registry import ResourceType
@@ -198,6 +203,8 @@ def _drop_deallocated_status_devices(new: Obj, old: Obj) -> None:
 
 def prepare_for_create(res: ResourceType, obj: Obj, gates: FeatureGates) -> None:
     """``PrepareForCreate`` of ``res``'s strategy, on the storage form (in place)."""
+    if res.kind == "CustomResourceDefinition" and res.group == "apiextensions.k8s.io":
+        obj["status"] = crd_status(obj, None)
     if res.group != "resource.k8s.io":
         return
     if res.kind == "ResourceSlice":
@@ -208,8 +215,12 @@ def prepare_for_create(res: ResourceType, obj: Obj, gates: FeatureGates) -> None
         _drop_claim_fields(gates, obj.get("spec") or {}, obj, None)
 
 
-def prepare_for_update(res: ResourceType, new: Obj, old: Obj, gates: FeatureGates) -> None:
+def prepare_for_update(
+    res: ResourceType, new: Obj, old: Obj, gates: FeatureGates, subresource: str | None = None
+) -> None:
     """``PrepareForUpdate`` of ``res``'s strategy (main resource and ``/status``), in place."""
+    if res.kind == "CustomResourceDefinition" and res.group == "apiextensions.k8s.io" and subresource is None:
+        new["status"] = crd_status(new, old.get("status"))
     if res.group != "resource.k8s.io":
         return
     if res.kind == "ResourceSlice":
@@ -232,7 +243,10 @@ def before_create(res: ResourceType, gates: FeatureGates) -> Callable[[Obj], Non
 
     def admit(obj: Obj) -> None:
         prepare_for_create(res, obj, gates)
-        _refuse(res, obj["metadata"].get("name", ""), rules.validate_object(res, obj, gates))
+        causes = rules.validate_object(res, obj, gates)
+        if res.custom is not None:
+            causes += res.custom.validate(res.storage_version, obj, None)
+        _refuse(res, obj["metadata"].get("name", ""), causes)
 
     return admit
 
@@ -244,7 +258,11 @@ def before_update(
     store's admission step."""
 
     def admit(new: Obj, old: Obj) -> None:
-        prepare_for_update(res, new, old, gates)
-        _refuse(res, new["metadata"]["name"], rules.validate_update(res, new, old, subresource, gates))
+        prepare_for_update(res, new, old, gates, subresource)
+        causes = rules.validate_update(res, new, old, subresource, gates)
+        if res.custom is not None:
+            # The status strategy validates the whole object too, rules and transition rules alike.
+            causes += res.custom.validate(res.storage_version, new, old)
+        _refuse(res, new["metadata"]["name"], causes)
 
     return admit

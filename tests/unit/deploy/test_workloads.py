@@ -29,6 +29,7 @@ CLUSTER_SCOPED = {
     "ClusterRole",
     "ClusterRoleBinding",
     "DeviceClass",
+    "CustomResourceDefinition",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
     "MutatingAdmissionPolicy",

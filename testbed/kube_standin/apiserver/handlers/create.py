@@ -10,9 +10,8 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from kube_standin.apiserver.convert import storage_form
 from kube_standin.apiserver.handlers.scope import RequestScope, dry_run, request_user
-from kube_standin.apiserver.handlers.write import create_stored
+from kube_standin.apiserver.handlers.write import create_stored, with_warnings, written_form
 from kube_standin.apiserver.jsonobj import Obj
 from kube_standin.apiserver.negotiation import decode_object_body
 from kube_standin.apiserver.requestinfo import RequestInfo
@@ -38,8 +37,10 @@ async def create_resource(scope: RequestScope, request: Request, info: RequestIn
     is_dry_run = dry_run(request)
     obj = info.check_object(await decode_object_body(request))
     name = obj["metadata"].get("name") or obj["metadata"].get("generateName") or ""
-    check_written(scope.catalog, info.res, obj, name)
     if info.res.kind == "TokenReview":
+        check_written(scope.catalog, info.res, obj, name)
         return _token_review(scope, obj)
-    stored = storage_form(info.res, info.version, obj)
-    return create_stored(scope, info, stored, dry_run=is_dry_run, user=request_user(request))
+    stored, warnings = written_form(scope, request, info, obj, name)
+    return with_warnings(
+        create_stored(scope, info, stored, dry_run=is_dry_run, user=request_user(request)), warnings
+    )

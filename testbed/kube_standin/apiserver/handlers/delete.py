@@ -63,6 +63,8 @@ async def delete_resource(scope: RequestScope, request: Request, info: RequestIn
     obj, deleted = scope.store.delete(
         info.res, info.namespace, info.name, uid=uid, resource_version=rv, dry_run=is_dry_run
     )
+    if deleted and not is_dry_run and info.res.kind == "CustomResourceDefinition":
+        scope.custom.purge(obj)
     # delete.go: 202 only when the deletion is pending and the client asked for
     # orphanDependents=false; everything else is 200 (changing that would break clients).
     shown = from_storage(info.res, info.version, obj)

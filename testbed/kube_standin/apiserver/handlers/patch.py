@@ -15,15 +15,14 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from kube_standin.apiserver.convert import from_storage, storage_form
+from kube_standin.apiserver.convert import from_storage
 from kube_standin.apiserver.handlers.scale import scale_of, write_scale
 from kube_standin.apiserver.handlers.scope import RequestScope, dry_run, request_user
-from kube_standin.apiserver.handlers.write import create_stored, update_stored
+from kube_standin.apiserver.handlers.write import create_stored, update_stored, with_warnings, written_form
 from kube_standin.apiserver.jsonobj import Obj, clone
 from kube_standin.apiserver.negotiation import decode_patch, patch_type, read_limited_body
 from kube_standin.apiserver.patchbodies import PatchError, apply_patch
 from kube_standin.apiserver.requestinfo import RequestInfo
-from kube_standin.apiserver.schemas import check_written
 from kube_standin.apiserver.status import StatusError, bad_request, not_found
 
 __all__ = ["patch_resource"]
@@ -42,6 +41,14 @@ async def patch_resource(scope: RequestScope, request: Request, info: RequestInf
     assert info.name is not None
     is_dry_run = dry_run(request)
     kind = patch_type(request)
+    if kind == "strategic" and info.res.custom is not None:
+        # crdHandler serves no strategic merge patch: a custom resource has no patch strategies.
+        raise StatusError(
+            415,
+            "UnsupportedMediaType",
+            "the body of the request was in an unknown format - accepted media types include: "
+            "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
+        )
     patch = decode_patch(await read_limited_body(request), kind)
     current = scope.store.find(info.res, info.namespace, info.name)
     if kind == "apply":
@@ -51,9 +58,9 @@ async def patch_resource(scope: RequestScope, request: Request, info: RequestInf
             # an apply patch of a missing object is the object to create
             obj = info.check_object(patch)
             info.check_name(obj["metadata"].get("name"))
-            check_written(scope.catalog, info.res, obj, info.name)
-            stored = storage_form(info.res, info.version, obj)
-            return create_stored(scope, info, stored, dry_run=is_dry_run, user=request_user(request))
+            stored, warnings = written_form(scope, request, info, obj, info.name)
+            created = create_stored(scope, info, stored, dry_run=is_dry_run, user=request_user(request))
+            return with_warnings(created, warnings)
     if current is None:
         raise not_found(info.res, info.name)
     if info.subresource == "scale":
@@ -63,6 +70,6 @@ async def patch_resource(scope: RequestScope, request: Request, info: RequestInf
         raise bad_request("the patched document is not a JSON object")
     info.check_name((patched.get("metadata") or {}).get("name"))
     obj = info.check_object(patched)
-    check_written(scope.catalog, info.res, obj, info.name)
-    stored = storage_form(info.res, info.version, obj)
-    return update_stored(scope, info, stored, dry_run=is_dry_run, user=request_user(request))
+    stored, warnings = written_form(scope, request, info, obj, info.name)
+    updated = update_stored(scope, info, stored, dry_run=is_dry_run, user=request_user(request))
+    return with_warnings(updated, warnings)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from kube_standin.apiserver.auth import TokenAuthenticator, TokenUser
+from kube_standin.apiserver.customresources.served import CustomResources
 from kube_standin.apiserver.features import ALL_SERVED, NEWEST_DEFAULTS, FeatureGates, ServedVersions
 from kube_standin.apiserver.schemas import SchemaCatalog
 from kube_standin.apiserver.status import bad_request
@@ -38,6 +39,8 @@ class RequestScope:
     bookmark_interval: float
     #: a watch without timeoutSeconds ends after a random time in [min, 2*min].
     min_request_timeout: float
+    #: the resources the stored CRDs define, found next to the built-in ones.
+    custom: CustomResources
     #: the feature gates of the emulated release (fields of disabled gates are dropped on write).
     gates: FeatureGates = NEWEST_DEFAULTS
     #: the group/versions served (beta APIs only where ``--runtime-config`` turns them on).

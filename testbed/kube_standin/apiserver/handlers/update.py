@@ -12,13 +12,11 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from kube_standin.apiserver.convert import storage_form
 from kube_standin.apiserver.handlers.scale import write_scale
 from kube_standin.apiserver.handlers.scope import RequestScope, dry_run, request_user
-from kube_standin.apiserver.handlers.write import create_stored, update_stored
+from kube_standin.apiserver.handlers.write import create_stored, update_stored, with_warnings, written_form
 from kube_standin.apiserver.negotiation import decode_object_body
 from kube_standin.apiserver.requestinfo import RequestInfo
-from kube_standin.apiserver.schemas import check_written
 from kube_standin.apiserver.status import not_found
 
 __all__ = ["update_resource"]
@@ -32,12 +30,11 @@ async def update_resource(scope: RequestScope, request: Request, info: RequestIn
         return write_scale(scope, info, body, dry_run=is_dry_run)
     obj = info.check_object(body)
     info.check_name(obj["metadata"].get("name"))
-    check_written(scope.catalog, info.res, obj, info.name)
-    stored = storage_form(info.res, info.version, obj)
+    stored, warnings = written_form(scope, request, info, obj, info.name)
     user = request_user(request)
     if scope.store.find(info.res, info.namespace, info.name) is None:
         if not info.res.create_on_update or info.subresource:
             raise not_found(info.res, info.name)
         stored["metadata"].pop("resourceVersion", None)
-        return create_stored(scope, info, stored, dry_run=is_dry_run, user=user)
-    return update_stored(scope, info, stored, dry_run=is_dry_run, user=user)
+        return with_warnings(create_stored(scope, info, stored, dry_run=is_dry_run, user=user), warnings)
+    return with_warnings(update_stored(scope, info, stored, dry_run=is_dry_run, user=user), warnings)

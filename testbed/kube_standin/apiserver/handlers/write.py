@@ -12,21 +12,47 @@ admission of the request: a create, an update of a missing object whose kind all
 
 from __future__ import annotations
 
+from starlette.requests import Request
 from starlette.responses import Response
 
 from kube_standin.apiserver import admission, policies
 from kube_standin.apiserver.auth import TokenUser
-from kube_standin.apiserver.convert import from_storage
+from kube_standin.apiserver.convert import from_storage, storage_form
 from kube_standin.apiserver.handlers.scope import RequestScope
 from kube_standin.apiserver.jsonobj import Obj
 from kube_standin.apiserver.requestinfo import RequestInfo
 from kube_standin.apiserver.responses import json_response
+from kube_standin.apiserver.schemas import check_written
 from kube_standin.apiserver.strategy import before_create, before_update
 from plumbing.logs import get_logger
 
-__all__ = ["create_stored", "update_stored"]
+__all__ = ["create_stored", "update_stored", "with_warnings", "written_form"]
 
 log = get_logger(__name__)
+
+
+def written_form(
+    scope: RequestScope, request: Request, info: RequestInfo, obj: Obj, name: str
+) -> tuple[Obj, list[str]]:
+    """A written object (checked for kind and namespace) as the store keeps it, and the warnings to
+    answer with. A built-in kind is checked against the release's schemas (422); a custom resource
+    is decoded as its CRD says: unknown fields pruned under the request's ``fieldValidation``
+    (``Strict``: 400), defaults applied. Either way the result is in the storage version."""
+    custom = info.res.custom
+    if custom is None:
+        check_written(scope.catalog, info.res, obj, name)
+        return storage_form(info.res, info.version, obj), []
+    decoded, warnings = custom.decode(info.version, obj, request.query_params.get("fieldValidation", ""))
+    return storage_form(info.res, info.version, decoded), warnings
+
+
+def with_warnings(response: Response, warnings: list[str]) -> Response:
+    """``response`` with one ``Warning: 299 - "<text>"`` header per warning (``warning.AddWarning``
+    in ``k8s.io/apiserver/pkg/endpoints/handlers/rest.go``; kubectl prints each)."""
+    for text in warnings:
+        escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+        response.headers.append("Warning", f'299 - "{escaped}"')
+    return response
 
 
 def create_stored(
