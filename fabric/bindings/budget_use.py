@@ -6,7 +6,9 @@
   ``firstAvailable`` request, the subrequest the scheduler chose (the result names it
   ``<request>/<subrequest>``, k8s.io/api/resource/v1 ``DeviceRequestAllocationResult.Request``).
 * **Model.** The inventory's record of the device (a partition: its GPU's; a memory share: its
-  pool's), as the accounting names it (:func:`fabric.bindings.warm_policy.model_of`).
+  pool's), as the accounting names it (:func:`fabric.bindings.warm_policy.model_of`). A budget's
+  ``model`` is a lower-case name (the CRD's pattern), so it matches the inventory's model as
+  written or in its :func:`model_slug` form: ``NVIDIA H100 PCIe`` is ``nvidia-h100-pcie``.
 * **GPU memory.** A GPU's memory capacity; a GPU partition's own memory (its profile's), never its
   whole GPU's.
 * **CXL memory.** A memory share's ``memoryBytes`` (what the allocation consumed); a whole CXL
@@ -18,6 +20,7 @@ included: each is one device of the ResourceSlice the scheduler allocated.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +40,7 @@ __all__ = [
     "device_class_of",
     "holders",
     "holding_of",
+    "model_slug",
 ]
 
 
@@ -52,7 +56,7 @@ class Holding:
     def matches(self, limit: DeviceLimit) -> bool:
         if limit.device_class_name is not None:
             return self.device_class == limit.device_class_name
-        return self.model == limit.model
+        return limit.model in (self.model, model_slug(self.model))
 
 
 @dataclass
@@ -74,6 +78,12 @@ class TreeUse:
     @property
     def cxl_memory(self) -> int:
         return sum(h.cxl_memory for h in self.holdings)
+
+
+def model_slug(model: str) -> str:
+    """``model`` as a DeviceBudget names it: lower case, each run of other characters than letters,
+    digits, ``.`` and ``_`` one ``-`` (``NVIDIA H100 PCIe`` → ``nvidia-h100-pcie``)."""
+    return re.sub(r"[^a-z0-9._]+", "-", model.lower()).strip("-._")
 
 
 def device_class_of(claim: ResourceClaim, request: str) -> str | None:

@@ -165,13 +165,23 @@ class DeviceBudget(_Spec):
         return f"owner {owner.kind_key}" + (f"/{owner.name}" if owner.name else "")
 
 
+#: the units of a window: the CRD's ``format: duration`` (kube-openapi strfmt ``ParseDuration``:
+#: Go's units and days and weeks, short or long), down to seconds — a window is 1h to 744h
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_WINDOW_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(seconds?|minutes?|hours?|days?|weeks?|[smhdw])")
+
+
 def _duration_seconds(text: str) -> float:
-    """A Go duration of ``h``, ``m`` and ``s`` parts (``24h``, ``1h30m``) in seconds; ValueError else."""
-    parts = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?", text)
-    if not text or parts is None:
-        raise ValueError(f"window {text!r} is no duration of hours, minutes and seconds (e.g. 24h)")
-    hours, minutes, seconds = (float(p) if p else 0.0 for p in parts.groups())
-    return hours * 3600 + minutes * 60 + seconds
+    """A window (``24h``, ``7d``, ``1h30m``, ``2 weeks``) in seconds; ValueError for anything else."""
+    total, position = 0.0, 0
+    for part in _WINDOW_PART.finditer(text):
+        if part.start() != position:
+            break
+        total += float(part[1]) * _UNITS[part[2][0]]
+        position = part.end()
+    if not text or position != len(text):
+        raise ValueError(f"window {text!r} is no duration of weeks, days, hours, minutes, seconds (24h)")
+    return total
 
 
 def read_budget(obj: dict[str, Any]) -> DeviceBudget:
