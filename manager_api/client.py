@@ -19,6 +19,7 @@ from manager_api.models import (
     API_PREFIX,
     Attachment,
     AttachRequest,
+    BudgetList,
     Device,
     DrainAnswer,
     DrainList,
@@ -335,6 +336,11 @@ class ManagerClient:
         """The usage from ``since`` (to ``until``) as a FOCUS CSV document."""
         params = {"since": since.isoformat(), "until": until.isoformat() if until else None}
         return (await self._request("GET", "/usage/focus", params=params)).text
+
+    async def budgets(self, namespace: str | None = None) -> BudgetList:
+        """Every DeviceBudget (of ``namespace``) with each tree's use against each limit."""
+        response = await self._request("GET", "/budgets", params={"namespace": namespace})
+        return BudgetList.model_validate_json(response.content)
 
     async def drains(self) -> DrainList:
         """Every drain, with the devices each covers now."""
