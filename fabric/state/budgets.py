@@ -161,8 +161,9 @@ class DeviceBudget(_Spec):
         label, owner = self.spec.tree.label, self.spec.tree.owner
         if label is not None:
             return f"label {label.key}" + (f"={label.value}" if label.value else "")
-        assert owner is not None
-        return f"owner {owner.kind_key}" + (f"/{owner.name}" if owner.name else "")
+        if owner is not None:  # TreeSelector holds exactly one of the two
+            return f"owner {owner.kind_key}" + (f"/{owner.name}" if owner.name else "")
+        return "nothing"
 
 
 #: the units of a window: the CRD's ``format: duration`` (kube-openapi strfmt ``ParseDuration``:
