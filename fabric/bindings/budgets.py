@@ -38,7 +38,7 @@ from fabric.state.inventory import Inventory
 from fabric.state.ledger import Ledger
 from fabric.state.metrics import ManagerMetrics
 from manager_api import models as api
-from manager_api.errors import BudgetExceeded
+from manager_api.errors import BudgetExceeded, FabricUnavailable
 from manager_api.partitions import PartitionDevice, size_text
 from plumbing.kube.dra import ResourceClaim
 from plumbing.kube.events import EventRecorder, ObjectRef
@@ -200,6 +200,12 @@ class BudgetGate:
     ) -> AsyncIterator[None]:
         """Hold the namespace's lock while the caller records the claim's new hold of ``device``,
         once every budget selecting the claim allows it; :class:`BudgetExceeded` when one does not."""
+        if not self.view.synced.is_set():
+            # Not read yet (the first seconds of a leader): an attach now could pass a budget.
+            raise FabricUnavailable(
+                "the fabric manager has not read the DeviceBudgets from the API server yet; retry",
+                retry_after=2.0,
+            )
         claim = self.claims.get(claim_uid)
         budgets = self.view.in_namespace(claim.metadata.namespace or "") if claim is not None else []
         if claim is None or not budgets:

@@ -263,5 +263,6 @@ class BudgetView:
         return sorted(self._by_key.values(), key=lambda b: b.key)
 
     def put(self, obj: dict[str, Any]) -> None:
-        """Take ``obj`` as if the informer had seen it (tests without an API server)."""
-        self._apply([Change("ADDED", obj)], "watch")
+        """Take ``obj`` as if the informer had listed it (tests without an API server)."""
+        self._apply([Change("ADDED", obj)], "list")
+        self.synced.set()

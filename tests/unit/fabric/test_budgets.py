@@ -21,7 +21,7 @@ from fabric.state.ledger import ShareRecord
 from fabric.state.model import DeviceRecord, DiscoveredAttributes
 from manager_api import models as api
 from manager_api.devices import BindingStyle, DeviceType
-from manager_api.errors import BudgetExceeded
+from manager_api.errors import BudgetExceeded, FabricUnavailable
 from manager_api.partitions import BUILTIN_TABLES, partition_devices
 from plumbing.kube.client import KubeClient
 from plumbing.kube.dra import ResourceClaim
@@ -243,3 +243,12 @@ async def test_the_status_shows_each_tree_against_each_limit_and_the_limit_reach
         "LimitReached",
     )
     assert condition["message"] == "tree task-847 holds 2 of 2 (devices:fabric-gpu)"
+
+
+async def test_until_the_budgets_are_read_a_new_hold_waits(tmp_path: Path) -> None:
+    h = await make_harness(tmp_path, devices=1)
+    gate = gate_for(h, budget_object({"devices": [{"deviceClassName": "fabric-gpu", "max": 1}]}), [])
+    gate.view.synced.clear()  # a leader's first seconds: the informer has not listed them yet
+    with pytest.raises(FabricUnavailable, match="has not read the DeviceBudgets"):
+        await h.attachments.attach(attach_request("gpu0", "node-0", "c0"), wait=5)
+    assert h.fabric.bound == {} and h.ledger.get("gpu0") is None
