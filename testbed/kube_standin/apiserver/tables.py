@@ -1,5 +1,6 @@
 """``meta.k8s.io/v1`` Tables, what ``kubectl get`` asks for (``Accept: ...;as=Table``): the
-columns the real server prints for each kind, with ``AGE`` as kubectl shows it."""
+columns the real server prints for each kind, with ``AGE`` as kubectl shows it; a custom resource's
+are its CRD's ``additionalPrinterColumns`` (:mod:`.customresources.printcolumns`)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from calendar import timegm
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from kube_standin.apiserver.customresources.printcolumns import printer_columns
 from kube_standin.apiserver.registry import ResourceType
 
-__all__ = ["human_duration", "table", "wants_table"]
+__all__ = ["age_of", "human_duration", "table", "wants_table"]
 
 Obj = Mapping[str, Any]
 Column = tuple[str, str, Callable[[Obj], Any]]
@@ -54,7 +56,11 @@ def human_duration(seconds: float) -> str:
 
 
 def _age(obj: Obj) -> str:
-    stamp = (obj.get("metadata") or {}).get("creationTimestamp")
+    return age_of((obj.get("metadata") or {}).get("creationTimestamp"))
+
+
+def age_of(stamp: Any) -> str:
+    """The time since an RFC 3339 timestamp, as kubectl shows ``AGE``."""
     if not stamp:
         return "<unknown>"
     created = timegm(time.strptime(str(stamp)[:19], "%Y-%m-%dT%H:%M:%S"))
@@ -111,6 +117,8 @@ _EXTRA: dict[str, list[Column]] = {
 
 def _columns(res: ResourceType) -> list[Column]:
     name: Column = ("Name", "string", lambda o: (o.get("metadata") or {}).get("name", ""))
+    if res.custom is not None:
+        return [name, *printer_columns(res.custom.printer_columns, age_of)]
     age: Column = ("Age", "string", _age)
     return [name, *_EXTRA.get(res.kind, []), age]
 

@@ -149,3 +149,48 @@ async def test_the_shared_client_and_hooks_speak_tls_too(tls_server: ApiServerPr
     async with tls_server.client() as kube:
         assert (await kube.get(NAMESPACES, "default"))["status"]["phase"] == "Active"
     assert "namespaces" in tls_server.hooks.requests()["requests"]
+
+
+BAD_BUDGET = """\
+apiVersion: fabric-dra.io/v1alpha1
+kind: DeviceBudget
+metadata:
+  name: bad-budget
+  namespace: default
+spec:
+  tree:
+    label:
+      key: agents.example.com/tree
+  limits:
+    gpuMemory: 12XB
+"""
+
+
+def test_kubectl_applies_the_budget_crd_and_examples_and_reports_a_bad_budget(
+    tls_server: ApiServerProcess, tmp_path: Path
+) -> None:
+    deploy = Path(__file__).resolve().parents[3] / "deploy"
+    crd = kubectl(tls_server, tmp_path, "apply", "-f", str(deploy / "base" / "devicebudget-crd.yaml"))
+    assert crd.returncode == 0, crd.stderr
+    assert "customresourcedefinition.apiextensions.k8s.io/devicebudgets.fabric-dra.io created" in crd.stdout
+    examples = kubectl(tls_server, tmp_path, "apply", "-f", str(deploy / "kind" / "budget-example.yaml"))
+    assert examples.returncode == 0, examples.stderr
+    assert "devicebudget.fabric-dra.io/task-847 created" in examples.stdout
+    listed = kubectl(tls_server, tmp_path, "get", "devbudget", "-n", "default")
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0].split() == ["NAME", "TREE-LABEL", "TREE-OWNER", "ENFORCEMENT", "READY", "AGE"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
+    # An empty cell (a path that finds nothing) prints as nothing, as for a real CRD.
+    assert rows["every-agent-tree"][:2] == ["agents.example.com/tree", "Enforce"]
+    assert rows["per-job-week"][:2] == ["Job", "Warn"]
+    # kubectl validates strictly by default: an unknown field is the server's strict decoding error.
+    unknown = kubectl(tls_server, tmp_path, "apply", "-f", "-", stdin=BAD_BUDGET + "  color: red\n")
+    assert unknown.returncode != 0
+    assert 'strict decoding error: unknown field "spec.color"' in unknown.stderr
+    rejected = kubectl(tls_server, tmp_path, "apply", "-f", "-", stdin=BAD_BUDGET)
+    assert rejected.returncode != 0
+    assert (
+        'spec.limits.gpuMemory: Invalid value: "12XB": must be a positive quantity, e.g. 160Gi'
+        in rejected.stderr
+    )

@@ -10,8 +10,8 @@ evaluates them on create, update and status update:
   keys; never an item of an atomic list);
 * a false rule adds the rule's error (``fieldErrorForReason``): ``reason`` chooses the error type
   (default ``FieldValueInvalid``), ``fieldPath`` the path under the node, the message is
-  ``messageExpression``'s string, else ``message``, else ``failed rule: <rule>``; the value shown
-  is the node's type (``Invalid value: "object": ...``);
+  ``messageExpression``'s string, else ``message``, else ``failed rule: <rule>``; a scalar's value
+  is shown (``Invalid value: "3s": ...``), an object's or array's is not (``Invalid value: ...``);
 * an evaluation error is ``<error> evaluating rule: <rule>`` (``no such overload`` gets the real
   server's longer wording).
 
@@ -33,7 +33,7 @@ from celpy import celtypes
 
 from dra_driver.selection.celenv import CelCompileError, CelEvaluationError, CompiledSelector, SelectorCache
 from kube_standin.apiserver.customresources.durations import parse_date_time, parse_duration_nanos
-from kube_standin.apiserver.customresources.structural import SchemaNode, child_path, index_path
+from kube_standin.apiserver.customresources.structural import SchemaNode, child_path, go_value, index_path
 from kube_standin.apiserver.fielderrors import FieldErrors
 from kube_standin.apiserver.status import Cause
 
@@ -137,15 +137,17 @@ def _run_rules(node: SchemaNode, value: Any, old: Any, path: str, errs: FieldErr
         try:
             outcome = compile_rule(expression).value(activation)
         except (CelCompileError, CelEvaluationError) as err:
-            errs.causes.append(Cause(path, "FieldValueInvalid", _runtime_error(shown, str(err), expression)))
+            errs.causes.append(Cause(path, "FieldValueInvalid", _runtime_error(shown, str(err), rule)))
             continue
         if isinstance(outcome, celtypes.BoolType | bool) and bool(outcome):
             continue
         if not isinstance(outcome, celtypes.BoolType | bool):
             detail = f"rule must evaluate to bool, not {type(outcome).__name__}"
-            errs.causes.append(Cause(path, "FieldValueInvalid", _runtime_error(shown, detail, expression)))
+            errs.causes.append(Cause(path, "FieldValueInvalid", _runtime_error(shown, detail, rule)))
             continue
-        _add_failure(errs, rule, rule_path, shown, _message(rule, activation))
+        # validation.go: an object or array is not shown (field.OmitValueType), a scalar is.
+        value_shown = None if node.type in ("object", "array") else go_value(value)
+        _add_failure(errs, rule, rule_path, value_shown, _message(rule, activation))
 
 
 def _rule_path(path: str, field_path: str) -> str:
@@ -157,8 +159,13 @@ def _rule_path(path: str, field_path: str) -> str:
     return f"{path}{field_path}"
 
 
-def _runtime_error(shown: str, error: str, expression: str) -> str:
-    rule_text = expression.strip()
+def _rule_error_string(rule: Mapping[str, Any]) -> str:
+    """``ruleErrorString``: the rule's message when it has one, else the rule."""
+    return str(rule.get("message") or "").strip() or str(rule.get("rule") or "").strip()
+
+
+def _runtime_error(shown: str, error: str, rule: Mapping[str, Any]) -> str:
+    rule_text = _rule_error_string(rule)
     if error.startswith("no such overload"):
         return (
             f"Invalid value: \"{shown}\": '{error}': call arguments did not match a supported operator, "
@@ -176,19 +183,27 @@ def _message(rule: Mapping[str, Any], activation: Mapping[str, Any]) -> str:
             text = compile_rule(message_expression).value(activation)
         except (CelCompileError, CelEvaluationError):
             text = None
-        if isinstance(text, str) and text.strip():
+        if isinstance(text, str) and text.strip() and "\n" not in text.strip():
             return text.strip()
     message = str(rule.get("message") or "").strip()
     return message or f"failed rule: {str(rule.get('rule') or '').strip()}"
 
 
-def _add_failure(errs: FieldErrors, rule: Mapping[str, Any], path: str, shown: str, message: str) -> None:
+def _add_failure(
+    errs: FieldErrors, rule: Mapping[str, Any], path: str, shown: str | None, message: str
+) -> None:
+    """``fieldErrorForReason``; ``shown`` is the value as ``field.Error`` prints it (None: omitted)."""
     reason = rule.get("reason") or "FieldValueInvalid"
     if reason == "FieldValueForbidden":
         errs.forbidden(path, message)
     elif reason == "FieldValueRequired":
         errs.required(path, message)
     elif reason == "FieldValueDuplicate":
-        errs.duplicate(path, shown)
+        errs.causes.append(
+            Cause(
+                path, "FieldValueDuplicate", "Duplicate value" + (f": {shown}" if shown is not None else "")
+            )
+        )
     else:
-        errs.causes.append(Cause(path, "FieldValueInvalid", f'Invalid value: "{shown}": {message}'))
+        value = f"{shown}: " if shown is not None else ""
+        errs.causes.append(Cause(path, "FieldValueInvalid", f"Invalid value: {value}{message}"))

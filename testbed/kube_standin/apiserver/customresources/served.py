@@ -45,8 +45,9 @@ assert _CRDS is not None
 CRDS: ResourceType = _CRDS
 #: ``fieldValidation`` values (``metav1.FieldValidation*``); empty is Warn, as on a real server.
 FIELD_VALIDATION = ("Ignore", "Warn", "Strict")
+# field.Invalid(nil, nil, ...): a nil path prints as <nil>, a nil value as null (apimachinery 1.34).
 _NOT_CHECKED = (
-    'Invalid value: "null": some validation rules were not checked because the object was invalid; '
+    "Invalid value: null: some validation rules were not checked because the object was invalid; "
     "correct the existing errors to complete validation"
 )
 
@@ -58,6 +59,8 @@ class CustomKind:
     crd_name: str
     kind: str
     schemas: Mapping[str, SchemaNode]
+    #: the storage version's ``additionalPrinterColumns`` (Tables show them for every version).
+    printer_columns: tuple[Mapping[str, Any], ...] = ()
 
     def decode(self, version: str, obj: Obj, directive: str) -> tuple[Obj, list[str]]:
         """``obj`` pruned of unknown fields and defaulted; the warnings to send. Raises 400 for
@@ -128,7 +131,12 @@ def resource_of(crd: Mapping[str, Any]) -> ResourceType:
         categories=tuple(names.get("categories") or ()),
         status_subresource=status,
         tracks_generation=True,
-        custom=CustomKind(str(crd["metadata"]["name"]), str(names["kind"]), schemas),
+        custom=CustomKind(
+            str(crd["metadata"]["name"]),
+            str(names["kind"]),
+            schemas,
+            tuple(next(v for v in versions if v.get("storage")).get("additionalPrinterColumns") or ()),
+        ),
     )
 
 
