@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
+from fabric.bindings.attribution import Attribution, claim_labels
 from fabric.bindings.budget_status import status_of
 from fabric.bindings.budget_use import Holding, TreeUse, device_class_of, holding_of, model_slug
 from fabric.bindings.budgets import BudgetGate
+from fabric.bindings.trees import OwnerChains
+from fabric.bindings.usage import UsageBook, UsageKey, UsageMeter
 from fabric.state.budgets import BudgetView, DeviceLimit, read_budget
 from fabric.state.claims import ClaimView
 from fabric.state.ledger import ShareRecord
@@ -252,3 +255,80 @@ async def test_until_the_budgets_are_read_a_new_hold_waits(tmp_path: Path) -> No
     with pytest.raises(FabricUnavailable, match="has not read the DeviceBudgets"):
         await h.attachments.attach(attach_request("gpu0", "node-0", "c0"), wait=5)
     assert h.fabric.bound == {} and h.ledger.get("gpu0") is None
+
+
+# -- owner trees and device-hours ---------------------------------------------------------------
+
+
+def owner_budget(name: str | None) -> dict[str, Any]:
+    owner = {"apiVersion": "batch/v1", "kind": "Job"} | ({"name": name} if name else {})
+    return {
+        "metadata": {"name": "jobs", "namespace": NS, "generation": 1},
+        "spec": {
+            "tree": {"owner": owner},
+            "limits": {"devices": [{"deviceClassName": "fabric-gpu", "max": 1}]},
+        },
+    }
+
+
+def owned_claim(uid: str, device: str, pod: str) -> dict[str, Any]:
+    claim = claim_object(uid, device, tree=None)
+    claim["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": f"u-{pod}", "controller": True}
+    ]
+    return claim
+
+
+async def test_an_owner_tree_is_the_root_of_the_claims_chain(tmp_path: Path) -> None:
+    objects: dict[tuple[str, str], dict[str, Any]] = {
+        ("Job", "orchestrator-1"): {"metadata": {"name": "orchestrator-1", "uid": "u-job"}},
+        ("Pod", "a"): {"metadata": {"uid": "u-a", "ownerReferences": [_job_ref("orchestrator-1")]}},
+        ("Pod", "b"): {"metadata": {"uid": "u-b", "ownerReferences": [_job_ref("orchestrator-1")]}},
+        ("Pod", "c"): {"metadata": {"uid": "u-c", "ownerReferences": [_job_ref("gone")]}},
+    }
+
+    async def fetch(api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return objects.get((kind, name))
+
+    h = await make_harness(tmp_path, devices=3)
+    claims = [owned_claim("c0", "gpu0", "a"), owned_claim("c1", "gpu1", "b"), owned_claim("c2", "gpu2", "c")]
+    gate = gate_for(h, owner_budget("orchestrator-1"), claims)
+    gate.roots = OwnerChains(fetch)
+    assert (await h.attachments.attach(attach_request("gpu0", "node-0", "c0"), wait=5))[1] == 200
+    with pytest.raises(BudgetExceeded, match="tree Job/orchestrator-1 holds 1 of 1 fabric-gpu devices"):
+        await h.attachments.attach(attach_request("gpu1", "node-0", "c1"), wait=5)
+    # A chain whose root is gone is in no tree: never guessed into one, never refused by it.
+    assert (await h.attachments.attach(attach_request("gpu2", "node-0", "c2"), wait=5))[1] == 200
+
+
+def _job_ref(name: str) -> dict[str, Any]:
+    return {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": "u-job", "controller": True}
+
+
+@dataclasses.dataclass
+class _Usage:
+    """What the gate reads of the usage accounting: whether it counts, its keys, its book."""
+
+    book_: UsageBook
+    attribution: Attribution
+    counting: bool = True
+
+    def book(self) -> UsageBook:
+        return self.book_
+
+
+async def test_device_hours_come_from_the_trees_attribution_label(tmp_path: Path) -> None:
+    h = await make_harness(tmp_path, devices=1)
+    now = datetime.now(UTC)
+    book = UsageBook()
+    labels = claim_labels(cast(ResourceClaim, ResourceClaim.read(claim_object("old", "gpu9"))), (TREE_KEY,))
+    book.add(UsageKey(NS, "H100", "Pod/a", "bound", labels), now - timedelta(hours=2, minutes=30), now)
+    budget = budget_object({"deviceHours": {"max": 2, "window": "24h"}}, value="task-847")
+    gate = gate_for(h, budget, [claim_object("c0", "gpu0")])
+    gate.usage = cast(UsageMeter, _Usage(book, Attribution(keys=())))
+    # The label is no attribution key: not counted, shown unknown, never refused.
+    (tree,) = await gate.report(gate.view.all()[0])
+    assert [(u.limit, u.known) for u in tree.limits] == [("deviceHours", False)]
+    gate.usage = cast(UsageMeter, _Usage(book, Attribution(keys=(TREE_KEY,))))
+    with pytest.raises(BudgetExceeded, match=r"used 2\.50 of 2 device-hours in the last 24h"):
+        await h.attachments.attach(attach_request("gpu0", "node-0", "c0"), wait=5)
