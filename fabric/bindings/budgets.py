@@ -109,6 +109,8 @@ class BudgetGate:
         #: (budget key, tree) → the last refusal
         self.refusals: dict[tuple[str, str], Refusal] = {}
         self._evented: dict[tuple[str, str], float] = {}
+        #: (claim UID, device, share ID) → what that hold takes, while it lasts
+        self._holdings: dict[tuple[str, str, str | None], Holding] = {}
         self._side_tasks: set[asyncio.Task[bool]] = set()
 
     # -- which tree ------------------------------------------------------------------------------
@@ -149,14 +151,21 @@ class BudgetGate:
         return list(holders(self.ledger, self.inventory.device, self.partition))
 
     def _holding(self, holder: Holder) -> Holding:
-        return holding_of(
-            self.claims.get(holder.claim_uid),
-            holder.device,
-            holder.record,
-            partition=holder.partition,
-            share_bytes=holder.share_bytes,
-            share_id=holder.share_id,
-        )
+        """What ``holder`` takes, worked out once per hold: a check walks every hold of the
+        namespace, and a hold's class, model and memory do not change while it lasts (and its
+        class stays known after its claim is deleted)."""
+        key = (holder.claim_uid, holder.device, holder.share_id)
+        known = self._holdings.get(key)
+        if known is None:
+            known = self._holdings[key] = holding_of(
+                self.claims.get(holder.claim_uid),
+                holder.device,
+                holder.record,
+                partition=holder.partition,
+                share_bytes=holder.share_bytes,
+                share_id=holder.share_id,
+            )
+        return known
 
     async def _tree_of_holder(self, budget: DeviceBudget, holder: Holder) -> str | None:
         claim = self.claims.get(holder.claim_uid)
@@ -349,9 +358,13 @@ class BudgetGate:
 
     def forget_gone(self) -> None:
         """Drop the trees of claims that hold nothing and no longer exist."""
-        held = {h.claim_uid for h in self._holders()}
+        holders = self._holders()
+        held = {h.claim_uid for h in holders}
         for memo in [m for m in self._trees if m[1] not in held and self.claims.get(m[1]) is None]:
             del self._trees[memo]
+        holds = {(h.claim_uid, h.device, h.share_id) for h in holders}
+        for key in [k for k in self._holdings if k not in holds]:
+            del self._holdings[key]
 
 
 def _named_tree(budget: DeviceBudget) -> str | None:
