@@ -120,30 +120,31 @@ class BudgetGate:
         memo = (budget.key, claim.metadata.uid)
         if memo in self._trees:
             return self._trees[memo] or None
-        tree = await self._find_tree(budget, claim)
-        self._trees[memo] = tree or ""
+        tree, final = await self._find_tree(budget, claim)
+        if final:
+            self._trees[memo] = tree or ""
         return tree
 
-    async def _find_tree(self, budget: DeviceBudget, claim: ResourceClaim) -> str | None:
+    async def _find_tree(self, budget: DeviceBudget, claim: ResourceClaim) -> tuple[str | None, bool]:
+        """(the claim's tree, whether that answer holds for good); a chain that cannot be read now
+        is asked again at the claim's next use."""
         if claim.metadata.namespace != budget.namespace:
-            return None
+            return None, True
         label, owner = budget.spec.tree.label, budget.spec.tree.owner
         if label is not None:
             tree = label_tree(claim, label.key)
-            return tree if tree is not None and label.value in (None, tree) else None
+            return (tree if tree is not None and label.value in (None, tree) else None), True
         if owner is None or self.roots is None:
-            return None
+            return None, True
         found = await self.roots.root_of(budget.namespace, claim.metadata.owner_references)
-        if found.root is None or found.unknown or found.gone:
+        if found.unknown or found.gone:
             # A chain that cannot be read now, or whose root is gone (an orphan: the orphan check
-            # reports it), is not guessed into a tree; it is looked at again at the claim's next use.
-            if found.unknown or found.gone:
-                self._trees.pop((budget.key, claim.metadata.uid), None)
-            return None
+            # reports it), is not guessed into a tree.
+            return None, False
         root = found.root
-        if root.kind_key != owner.kind_key or owner.name not in (None, root.name):
-            return None
-        return f"{root.kind}/{root.name}"
+        if root is None or root.kind_key != owner.kind_key or owner.name not in (None, root.name):
+            return None, True
+        return f"{root.kind}/{root.name}", True
 
     # -- what a tree holds -----------------------------------------------------------------------
 
@@ -274,27 +275,32 @@ class BudgetGate:
             note = f"{message}; claim {name} waits until the tree releases enough"
         else:
             note = f"{message}; claim {name} is let through (enforcement: Warn)"
-        self._event(budget, claim, note)
-        log.warning(
-            "budget exceeded", budget=budget.key, tree=tree, limit=limit, claim=claim.metadata.uid,
-            enforced=budget.enforced, reason=why,
-        )  # fmt: skip
+        if self._first_in_a_while(budget, claim):  # a retried claim: one line and one Event a minute
+            self._event(budget, claim, note)
+            log.warning(
+                "budget exceeded", budget=budget.key, tree=tree, limit=limit, claim=claim.metadata.uid,
+                enforced=budget.enforced, reason=why,
+            )  # fmt: skip
         if not budget.enforced:
             return
         if self.metrics is not None:
             self.metrics.budget_refusals.labels(budget.namespace, budget.name, limit).inc()
         raise BudgetExceeded(message + f"; claim {name} is admitted once the tree releases enough")
 
-    def _event(self, budget: DeviceBudget, claim: ResourceClaim, note: str) -> None:
-        """A Warning Event on the claim, at most one per claim and budget a minute."""
-        if self.events is None:
-            return
+    def _first_in_a_while(self, budget: DeviceBudget, claim: ResourceClaim) -> bool:
+        """Whether this claim's refusal by ``budget`` is the first in :data:`EVENT_INTERVAL_SECONDS`."""
         key, now = (budget.key, claim.metadata.uid), time.monotonic()
         if now - self._evented.get(key, -EVENT_INTERVAL_SECONDS) < EVENT_INTERVAL_SECONDS:
-            return
+            return False
         self._evented[key] = now
         if len(self._evented) > 10_000:  # bounded: old marks are only a rate limit
             self._evented = {k: t for k, t in self._evented.items() if now - t < EVENT_INTERVAL_SECONDS}
+        return True
+
+    def _event(self, budget: DeviceBudget, claim: ResourceClaim, note: str) -> None:
+        """A Warning Event on the claim."""
+        if self.events is None:
+            return
         regarding = ObjectRef(
             "ResourceClaim",
             claim.metadata.name,

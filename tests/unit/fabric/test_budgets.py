@@ -297,8 +297,12 @@ async def test_an_owner_tree_is_the_root_of_the_claims_chain(tmp_path: Path) -> 
     assert (await h.attachments.attach(attach_request("gpu0", "node-0", "c0"), wait=5))[1] == 200
     with pytest.raises(BudgetExceeded, match="tree Job/orchestrator-1 holds 1 of 1 fabric-gpu devices"):
         await h.attachments.attach(attach_request("gpu1", "node-0", "c1"), wait=5)
-    # A chain whose root is gone is in no tree: never guessed into one, never refused by it.
+    # A chain whose root is gone is in no tree: never guessed into one, never refused by it, and
+    # looked at again at the claim's next use rather than remembered as in no tree.
     assert (await h.attachments.attach(attach_request("gpu2", "node-0", "c2"), wait=5))[1] == 200
+    assert (f"{NS}/jobs", "c2") not in gate._trees and gate._trees[
+        (f"{NS}/jobs", "c0")
+    ] == "Job/orchestrator-1"
 
 
 def _job_ref(name: str) -> dict[str, Any]:
