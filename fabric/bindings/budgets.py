@@ -102,6 +102,8 @@ class BudgetGate:
         self.events = events
         self.metrics = metrics
         self.clock = clock
+        #: how long a new hold waits for the budgets' first list before it is refused (retriable)
+        self.sync_wait = 5.0
         self._locks: dict[str, asyncio.Lock] = {}
         #: (budget key, claim UID) → the claim's tree ("" for none), kept while the claim holds a
         #: device: a deleted claim's device still counts for its tree until it is detached
@@ -212,6 +214,10 @@ class BudgetGate:
         once every budget selecting the claim allows it; :class:`BudgetExceeded` when one does not."""
         if not self.view.synced.is_set():
             # Not read yet (the first seconds of a leader): an attach now could pass a budget.
+            # Waited for as the claim check waits for its first list, then refused for a retry.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.view.synced.wait(), self.sync_wait)
+        if not self.view.synced.is_set():
             raise FabricUnavailable(
                 "the fabric manager has not read the DeviceBudgets from the API server yet; retry",
                 retry_after=2.0,

@@ -252,6 +252,7 @@ async def test_until_the_budgets_are_read_a_new_hold_waits(tmp_path: Path) -> No
     h = await make_harness(tmp_path, devices=1)
     gate = gate_for(h, budget_object({"devices": [{"deviceClassName": "fabric-gpu", "max": 1}]}), [])
     gate.view.synced.clear()  # a leader's first seconds: the informer has not listed them yet
+    gate.sync_wait = 0.1
     with pytest.raises(FabricUnavailable, match="has not read the DeviceBudgets"):
         await h.attachments.attach(attach_request("gpu0", "node-0", "c0"), wait=5)
     assert h.fabric.bound == {} and h.ledger.get("gpu0") is None
