@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from fabric.commands.status import manager_client, manager_errors
-from manager_api import models as api
 from plumbing.cli import BadInput, SubParsers, add_output_option, dump_document, emit, format_table
 from plumbing.names import is_dns1123_label
 from plumbing.terminal import visible
+
+if TYPE_CHECKING:  # the command line builds every role's parser: the client loads when it runs
+    from manager_api import models as api
 
 __all__ = ["register", "render", "run_budget"]
 
@@ -98,6 +99,8 @@ def render(budgets: api.BudgetList, fmt: str) -> str:
 
 
 async def run_budget(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    from fabric.commands.status import manager_client, manager_errors
+
     client, token_given = manager_client(args)
     try:
         with manager_errors(args, token_given, "the fabric manager's budgets"):
