@@ -31,6 +31,7 @@ ROLES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("emulator.cli", "register", ("emulator",)),
     ("fabric.commands.cli", "register", ("manager", "status", "usage")),
     ("fabric.commands.drains", "register", ("drain", "undrain")),
+    ("fabric.commands.budgets", "register", ("budget",)),
     ("dra_driver.plugin.cli", "register", ("plugin",)),
     ("dra_driver.controller.cli", "register", ("controller",)),
     ("dra_driver.explain", "register", ("explain",)),

@@ -19,6 +19,7 @@ from manager_api.models import (
     API_PREFIX,
     Attachment,
     AttachRequest,
+    BudgetList,
     Device,
     DrainAnswer,
     DrainList,
@@ -340,6 +341,11 @@ class ManagerClient:
     async def orphaned_trees(self) -> OrphanedTreeClaims:
         """Claims holding devices whose agent tree's root is gone and that no pod uses."""
         return OrphanedTreeClaims.model_validate_json((await self._request("GET", "/trees/orphaned")).content)
+
+    async def budgets(self, namespace: str | None = None) -> BudgetList:
+        """Every DeviceBudget (of ``namespace``) with each tree's use against each limit."""
+        response = await self._request("GET", "/budgets", params={"namespace": namespace})
+        return BudgetList.model_validate_json(response.content)
 
     async def drains(self) -> DrainList:
         """Every drain, with the devices each covers now."""

@@ -12,6 +12,8 @@ into the same classes — so callers on every side catch the same types, never s
     │   └── NodeNotFound        404
     ├── DeviceBusy              409  held by another node or claim, or an operation is running (retriable)
     ├── DeviceUnhealthy         409  the fabric reports the device Critical
+    ├── BudgetExceeded          409  the claim's agent tree holds what a DeviceBudget allows (never
+    │                                asked again at once: the kubelet or the scheduler tries again)
     ├── AuthError
     │   ├── Unauthenticated     401
     │   └── PermissionDenied    403
@@ -35,6 +37,7 @@ __all__ = [
     "AuthError",
     "BindFailed",
     "BindRefused",
+    "BudgetExceeded",
     "DeviceBusy",
     "DeviceNotFound",
     "DeviceUnhealthy",
@@ -112,6 +115,20 @@ class NodeBindingLimit(FabricError):
 
 class DeviceUnhealthy(FabricError):
     code = "DeviceUnhealthy"
+    http_status = 409
+
+
+class BudgetExceeded(FabricError):
+    """A DeviceBudget of the claim's namespace caps the claim's agent tree, and the tree holds (or,
+    with this claim, would hold) more than it allows (docs/budgets.md, "Enforcement").
+
+    409, not 429: a 429 says the caller asks too often and may ask again after ``Retry-After``; here
+    asking again changes nothing until the tree releases something, which can be hours. Not
+    retriable on the wire, so neither the plugin nor the controller asks again within one call: the
+    controller fails the binding at once (the scheduler picks again later), the plugin fails the
+    prepare (the kubelet retries it with its own backoff)."""
+
+    code = "BudgetExceeded"
     http_status = 409
 
 

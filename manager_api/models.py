@@ -101,6 +101,10 @@ __all__ = [
     "AttachmentState",
     "BindingState",
     "BindingStyle",
+    "BudgetLimitUse",
+    "BudgetList",
+    "BudgetTreeUse",
+    "BudgetUse",
     "ClaimUid",
     "Device",
     "DeviceDrain",
@@ -660,6 +664,43 @@ class OrphanedTreeClaim(_Model):
 class OrphanedTreeClaims(_Model):
     policy: str = Field(description="off, report or release (--orphaned-trees)")
     claims: list[OrphanedTreeClaim]
+
+
+class BudgetLimitUse(_Model):
+    """One limit of a DeviceBudget for one tree: what the tree holds now (in flight included)."""
+
+    limit: str = Field(
+        description="devices:<deviceClassName or model>, gpuMemoryBytes, cxlMemoryBytes or deviceHours"
+    )
+    used: float = Field(description="devices, bytes or device-hours")
+    max: float
+    known: bool = Field(
+        default=True,
+        description="false when the manager cannot count it (deviceHours of a tree its accounting "
+        "does not attribute by: docs/budgets.md)",
+    )
+
+
+class BudgetTreeUse(_Model):
+    tree: str = Field(description="the label value, or the owner chain's root as Kind/name")
+    limits: list[BudgetLimitUse]
+    last_refused: str | None = Field(
+        default=None, description="the last claim refused (namespace/name) and the limit, if any"
+    )
+
+
+class BudgetUse(_Model):
+    """A DeviceBudget as the manager enforces it (docs/budgets.md)."""
+
+    namespace: str
+    name: str
+    enforcement: Literal["Enforce", "Warn"]
+    selects: str = Field(description="how the budget names its trees: label KEY[=VALUE] or owner KIND[/NAME]")
+    trees: list[BudgetTreeUse]
+
+
+class BudgetList(_Model):
+    budgets: list[BudgetUse]
 
 
 #: RFC 3339 ``date-time`` (section 5.6) with its zone, as ``GET /usage?since=`` must be (and ``fabric-dra

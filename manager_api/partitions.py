@@ -63,6 +63,7 @@ __all__ = [
     "partition_device_name",
     "partition_devices",
     "resolve_table",
+    "size_text",
     "whole_gpu_consumes",
 ]
 
@@ -168,8 +169,8 @@ class PartitionTable(_Model):
                 )
             if p.memory_bytes > self.memory_bytes:
                 raise ValueError(
-                    f"profile {p.name} needs {_size(p.memory_bytes)} of memory; "
-                    f"the table has {_size(self.memory_bytes)}"
+                    f"profile {p.name} needs {size_text(p.memory_bytes)} of memory; "
+                    f"the table has {size_text(self.memory_bytes)}"
                 )
         return self
 
@@ -178,7 +179,7 @@ class PartitionTable(_Model):
         return next((p for p in self.profiles if p.name == name), None)
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
     """Bytes as a person reads them: ``79.25 GiB``, ``9984 MiB``."""
     if n % _MIB == 0 and n < (1 << 30):
         return f"{n // _MIB} MiB"
@@ -194,13 +195,13 @@ def fit_problem(
         largest = max(table.profiles, key=lambda p: p.memory_bytes)
         if largest.memory_bytes > memory_bytes:
             return (
-                f"table {table.name}: profile {largest.name} needs {_size(largest.memory_bytes)} of GPU "
-                f"memory; the GPU has {_size(memory_bytes)}"
+                f"table {table.name}: profile {largest.name} needs {size_text(largest.memory_bytes)} of GPU "
+                f"memory; the GPU has {size_text(memory_bytes)}"
             )
         if table.memory_bytes > memory_bytes:
             return (
-                f"table {table.name} counts {_size(table.memory_bytes)} of GPU memory; "
-                f"the GPU has {_size(memory_bytes)}"
+                f"table {table.name} counts {size_text(table.memory_bytes)} of GPU memory; "
+                f"the GPU has {size_text(memory_bytes)}"
             )
     if multiprocessors is not None:
         largest = max(table.profiles, key=lambda p: p.multiprocessors)

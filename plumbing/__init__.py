@@ -24,7 +24,7 @@ __all__ = ["DEFAULT_DRIVER_NAME", "__version__"]
 
 FLOORS = (
     "errors",
-    ("terminal", "names", "backoff", "fsutil", "httplimits", "forkserver"),
+    ("terminal", "names", "backoff", "fsutil", "httplimits", "forkserver", "quantity"),
     ("tokens", "netutil", "logs"),
     ("cli", "settings", "httpserve", "kube"),
     ("crashpoints", "procs", "promstats"),

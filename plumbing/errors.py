@@ -4,6 +4,7 @@ failures at the level it cares about (as httpx's ``HTTPError`` ⊃ ``RequestErro
     PlumbingError
     ├── CliError            a failure the user can act on, printed as one line (plumbing.cli)
     ├── TokenError          a token file or variable holding no bearer token (plumbing.tokens; a ValueError)
+    ├── QuantityError       a string that is no Kubernetes quantity (plumbing.quantity; a ValueError)
     ├── ListenError         an address that cannot be listened on (plumbing.netutil; an OSError)
     ├── RoleStartError      a role's child process that did not come up (plumbing.procs; a RuntimeError)
     └── ApiError            the Kubernetes API server's error Status (plumbing.kube.client), by reason:

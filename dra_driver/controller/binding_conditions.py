@@ -49,7 +49,7 @@ from dra_driver.controller.workqueue import KeyedWork
 from dra_driver.selection.quantity import QuantityError, parse_quantity
 from manager_api.attaching import AttachPolicy, AttachProgress, attach_until_attached
 from manager_api.client import ManagerClient
-from manager_api.errors import AttachStillRunning, DeviceBusy, FabricError
+from manager_api.errors import AttachStillRunning, BudgetExceeded, DeviceBusy, FabricError
 from manager_api.models import MAX_WAIT_SECONDS, Attachment
 from manager_api.partitions import PartitionTable, parse_partition
 from plumbing.crashpoints import crash_point
@@ -409,6 +409,11 @@ class ClaimBinder:
         """The AttachFailed reason and message for an attach that ended in ``err``."""
         if isinstance(err, DeviceBusy):
             return "DeviceBusy", err.message
+        if isinstance(err, BudgetExceeded):
+            # At once, not at the deadline: the tree may hold its devices for hours. The scheduler
+            # gives the allocation up and tries the pod again; it stays Pending until the tree
+            # releases enough (docs/budgets.md, "Enforcement").
+            return "BudgetExceeded", err.message
         if isinstance(err, AttachStillRunning):
             return "Timeout", f"the fabric did not finish attaching within {self.bind_timeout:.0f}s"
         if err.retriable:  # asked again until the deadline

@@ -52,9 +52,10 @@ __all__ = [
 
 log = get_logger(__name__)
 
-#: failure reasons that say nothing about the device itself: never counted
+#: failure reasons that say nothing about the device itself: never counted (BudgetExceeded: the
+#: claim's tree holds what its DeviceBudget allows, whichever device was picked)
 NOT_THE_DEVICES_FAULT = frozenset(
-    {"DeviceBusy", "NoNode", "PermissionDenied", "NodeNotFound", "Unauthorized"}
+    {"DeviceBusy", "NoNode", "PermissionDenied", "NodeNotFound", "Unauthorized", "BudgetExceeded"}
 )
 #: failure reasons retrying the same device cannot cure: one is enough
 PERMANENT = frozenset({"DeviceUnhealthy", "DeviceNotFound", "DeviceUnavailable"})

@@ -19,6 +19,7 @@ from manager_api.errors import (
     AuthError,
     BindFailed,
     BindRefused,
+    BudgetExceeded,
     DeviceBusy,
     DeviceNotFound,
     DeviceUnhealthy,
@@ -110,6 +111,11 @@ def _cause(err: FabricError) -> str:
 
 
 def _next_step(err: BaseException, device: str, node: str) -> str:
+    if isinstance(err, BudgetExceeded):
+        return (
+            "nothing was attached; the kubelet retries the prepare and it succeeds once the tree "
+            "releases enough ('fabric-dra budget' shows what each tree holds; docs/budgets.md)"
+        )
     if isinstance(err, DeviceBusy):
         return (
             "the kubelet retries and gets it once the holder releases it; if it stays busy, "

@@ -14,21 +14,15 @@ from fractions import Fraction
 from functools import total_ordering
 
 from dra_driver.errors import InputError
+from plumbing import quantity as _plain
 
 __all__ = ["Quantity", "QuantityError", "format_bytes", "format_quantity", "parse_quantity"]
 
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
 
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
-
-# <signedNumber><suffix>, suffix one of binarySI, decimalSI, or e/E<signedNumber>
-# (resource/quantity.go, "The serialization format is").
-_QUANTITY = re.compile(
-    r"^(?P<sign>[+-]?)(?P<number>\d+(?:\.\d*)?|\.\d+)"
-    r"(?:(?P<binary>Ki|Mi|Gi|Ti|Pi|Ei)|(?P<exp>[eE][+-]?\d+)|(?P<decimal>[numkMGTPE]?))$"
-)
+_BINARY = _plain.BINARY_SUFFIXES
+_DECIMAL = _plain.DECIMAL_EXPONENTS
 
 
 class QuantityError(InputError):
@@ -100,26 +94,10 @@ def parse_quantity(text: str) -> Quantity:
     Values more precise than 1n are rounded up (away from zero) to the nano scale, as the
     Kubernetes serialisation format specifies.
     """
-    if not isinstance(text, str):
-        raise QuantityError(f"quantity must be a string, not {type(text).__name__}")
-    match = _QUANTITY.match(text.strip())
-    if match is None or text != text.strip():
-        raise QuantityError(f"{text!r} is not a quantity (expected e.g. 80Gi, 500m, 1e3)")
-    number = Fraction(match["number"] if not match["number"].endswith(".") else match["number"][:-1])
-    if match["binary"]:
-        value = number * _BINARY[match["binary"]]
-    elif match["exp"]:
-        exponent = int(match["exp"][1:])
-        if abs(exponent) > 1000:
-            raise QuantityError(f"{text!r}: exponent out of range")
-        value = number * Fraction(10) ** exponent
-    else:
-        value = number * Fraction(10) ** _DECIMAL[match["decimal"] or ""]
-    nanos = value * 10**9
-    if nanos.denominator != 1:
-        value = Fraction(math.ceil(nanos), 10**9)
-    if match["sign"] == "-":
-        value = -value
+    try:
+        value = _plain.quantity_value(text)
+    except _plain.QuantityError as err:
+        raise QuantityError(str(err)) from None
     return Quantity(value, text)
 
 

@@ -13,6 +13,7 @@ from fastapi import Depends, Header, Path, Query, Request
 from fabric.api.auth import Access, Chain, Identity
 from fabric.api.request_guard import IDENTITY_STATE
 from fabric.bindings.attachments import Attachments
+from fabric.bindings.budget_status import BudgetStatus
 from fabric.bindings.usage import UsageMeter
 from fabric.state.drains import DrainBook
 from fabric.state.inventory import Inventory
@@ -62,6 +63,8 @@ class AppContext:
     drains: DrainBook | None = None
     #: claims of orphaned agent trees (``/api/v1/trees/orphaned``); None: not looked for here
     orphaned_trees: Callable[[], api.OrphanedTreeClaims] | None = None
+    #: the DeviceBudgets (``GET /api/v1/budgets``); None without Kubernetes API access: none
+    budgets: BudgetStatus | None = None
 
 
 def _context(request: Request) -> AppContext:

@@ -29,7 +29,11 @@ ERRORS: dict[int, str] = {
         "role, an attach whose ResourceClaim does not allocate the device (on the node)"
     ),
     404: "DeviceNotFound, NodeNotFound or NotFound: names what is not there",
-    409: "DeviceBusy (retriable: held by another claim or node, or being detached) or DeviceUnhealthy",
+    409: (
+        "DeviceBusy (retriable: held by another claim or node, or being detached), DeviceUnhealthy, "
+        "NodeBindingLimit, or BudgetExceeded: a DeviceBudget caps the claim's agent tree (not retried "
+        "at once: asked again when the tree releases)"
+    ),
     413: "PayloadTooLarge: a request body larger than the largest claim report (refused unread)",
     422: "InvalidRequest: names every malformed field",
     429: "TooManyRequests (retriable): more token reviews from this client address than its share",

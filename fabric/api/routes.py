@@ -28,6 +28,7 @@ from fabric.api.context import (
     require_loaded,
 )
 from fabric.bindings.attribution import LABEL_KEY_MAX_LENGTH
+from fabric.bindings.budget_status import report_of
 from fabric.bindings.focus import focus_csv, focus_rows
 from fabric.bindings.usage import BUCKET, UsageMeter
 from fabric.state.drains import DrainBook
@@ -273,6 +274,27 @@ async def usage_focus(
     # book's copy (docs/manager.md, "Attribution and the FOCUS export").
     body = await asyncio.to_thread(lambda: focus_csv(focus_rows(book, start, stop, meter.attribution)))
     return Response(content=body, media_type="text/csv; charset=utf-8")
+
+
+@USAGE.get(
+    f"{api.API_PREFIX}/budgets",
+    response_model=api.BudgetList,
+    response_model_by_alias=True,
+    summary="every DeviceBudget with each tree's use against each limit (docs/budgets.md)",
+)
+async def budgets(
+    caller: UsageReader,
+    ctx: Ctx,
+    namespace: Annotated[
+        api.NamespaceName | None, Query(description="only the budgets of this namespace")
+    ] = None,
+) -> api.BudgetList:
+    # What each tree of a tenant holds is the operators' business, as usage is ("Who may read what").
+    if ctx.budgets is None:
+        return api.BudgetList(budgets=[])  # no Kubernetes API access: no budgets
+    gate = ctx.budgets.gate
+    found = [b for b in gate.view.all() if namespace is None or b.namespace == namespace]
+    return api.BudgetList(budgets=[report_of(b, await gate.report(b)) for b in found])
 
 
 def _moment(name: str, text: str) -> datetime:

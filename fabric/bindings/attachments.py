@@ -39,6 +39,7 @@ import enum
 import time
 
 from fabric.bindings.answers import Answer, Answers
+from fabric.bindings.budgets import BudgetGate, within_budget
 from fabric.bindings.checks import busy, check_free, check_usable, claim_allows, reachable_target
 from fabric.bindings.sharing import Sharing
 from fabric.bindings.warm import COLD, HIT, MISS, WarmPool
@@ -89,6 +90,7 @@ class Attachments:
         *,
         warm: WarmPool | None = None,
         claims: ClaimView | None = None,
+        budgets: BudgetGate | None = None,
     ) -> None:
         self.inventory = inventory
         self.ledger = ledger
@@ -97,12 +99,26 @@ class Attachments:
         self.warm = warm
         #: the cluster's ResourceClaims an attach must match; None without Kubernetes API access
         self.claims = claims
+        #: the DeviceBudgets a claim's new hold must fit (docs/budgets.md); None without API access
+        self.budgets = budgets
         self.is_leader = driver.is_leader
         self.answers = Answers(inventory, ledger, driver)
         #: partitions of GPUs and shares of memory pools
         self.sharing = Sharing(
-            inventory, ledger, driver, self.answers, claimed=self._claimed, warm=warm, claims=claims
+            inventory,
+            ledger,
+            driver,
+            self.answers,
+            claimed=self._claimed,
+            warm=warm,
+            claims=claims,
+            budgets=budgets,
         )
+
+    def use_budgets(self, gate: BudgetGate) -> None:
+        """Check every new hold against ``gate`` (built after this front: it asks
+        :meth:`Sharing.partition <fabric.bindings.sharing.Sharing.partition>` which device a name is)."""
+        self.budgets = self.sharing.budgets = gate
 
     def _require_leader(self) -> None:
         if not self.is_leader():
@@ -164,8 +180,9 @@ class Attachments:
         entry = self.ledger.get(name)
         if entry is None:
             check_free(self.inventory, record)
-            self.ledger.admit(node, name)
-            await self.records.start_attach(record, host, node, claim, namespace=request.namespace)
+            async with within_budget(self.budgets, claim, name):  # a new hold: the tree's budget
+                self.ledger.admit(node, name)
+                await self.records.start_attach(record, host, node, claim, namespace=request.namespace)
             self.driver.kick(name)
             self._claimed(record, node, COLD)
             return _Wait.OPERATION
@@ -199,7 +216,8 @@ class Attachments:
         node_reset = reset_by_node(record)  # its plugin resets it before the claim uses it
         if entry.state is LedgerState.WARM and entry.node == node and (entry.clean or node_reset):
             check_usable(record)
-            await self.records.take_warm(entry, claim, namespace=request.namespace, node_reset=node_reset)
+            async with within_budget(self.budgets, claim, name):
+                await self.records.take_warm(entry, claim, namespace=request.namespace, node_reset=node_reset)
             self._claimed(record, node, HIT)
             return self.answers.attachment(name, node, claim, api.AttachmentState.ATTACHED), 200
         if entry.state is LedgerState.WARM and entry.node != node:

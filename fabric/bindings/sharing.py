@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fabric.bindings.answers import Answer, Answers
+from fabric.bindings.budgets import BudgetGate, within_budget
 from fabric.bindings.checks import busy, check_free, check_usable, claim_allows, reachable_target
 from fabric.bindings.warm import COLD, HIT, WarmPool
 from fabric.driver.operations import OperationDriver
@@ -50,6 +51,7 @@ class Sharing:
         claimed: Callable[[DeviceRecord, str, str], None],
         warm: WarmPool | None = None,
         claims: ClaimView | None = None,
+        budgets: BudgetGate | None = None,
     ) -> None:
         self.inventory = inventory
         self.ledger = ledger
@@ -60,6 +62,7 @@ class Sharing:
         self.claimed = claimed
         self.warm = warm
         self.claims = claims
+        self.budgets = budgets
 
     # -- partitions ------------------------------------------------------------------------------
 
@@ -95,10 +98,11 @@ class Sharing:
             entry = self.ledger.get(gpu)
             if entry is None:
                 check_free(self.inventory, record)
-                self.ledger.admit(node, gpu)
-                await self.records.start_attach(
-                    record, host, node, PARTITIONS_HOLDER, namespace=request.namespace, partitions=[hold]
-                )
+                async with within_budget(self.budgets, request.claim_uid, partition.name):
+                    self.ledger.admit(node, gpu)
+                    await self.records.start_attach(
+                        record, host, node, PARTITIONS_HOLDER, namespace=request.namespace, partitions=[hold]
+                    )
                 crash_point("manager.partition.after-holder-recorded")
                 self.driver.kick(gpu)
                 self.claimed(record, node, COLD)
@@ -110,13 +114,14 @@ class Sharing:
                         device=partition.name, held_by=f"{node}/", retry_after=1.0,
                     )  # fmt: skip
                 check_usable(record)
-                await self.records.take_warm(
-                    entry,
-                    PARTITIONS_HOLDER,
-                    namespace=request.namespace,
-                    node_reset=node_reset,
-                    partitions=[hold],
-                )
+                async with within_budget(self.budgets, request.claim_uid, partition.name):
+                    await self.records.take_warm(
+                        entry,
+                        PARTITIONS_HOLDER,
+                        namespace=request.namespace,
+                        node_reset=node_reset,
+                        partitions=[hold],
+                    )
                 crash_point("manager.partition.after-holder-recorded")
                 self.claimed(record, node, HIT)
             elif not entry.partition_held or entry.node != node:
@@ -135,7 +140,8 @@ class Sharing:
                 if why is not None:
                     holders = ", ".join(f"{node}/{h.claim_uid}" for h in entry.partitions)
                     raise DeviceBusy(why, device=partition.name, node=node, held_by=holders)
-                await self.records.holders_changed(entry, [*entry.partitions, hold])
+                async with within_budget(self.budgets, request.claim_uid, partition.name):
+                    await self.records.holders_changed(entry, [*entry.partitions, hold])
             elif entry.state is LedgerState.ATTACHING:
                 self.driver.kick(gpu)
         attachment, status = await self.answers.answer(
@@ -211,16 +217,19 @@ class Sharing:
                         f"{_gib(chunk_bytes)} asked",
                         device=pool.name, node=node, held_by=f"{pool.name}/shares",
                     )  # fmt: skip
-                self.ledger.admit(node, key)
                 share = ShareRecord(
                     pool=pool.name,
                     share_id=request.share_id,
                     memory_bytes=request.memory_bytes,
                     chunk_mib=domain.chunk_mib(request.memory_bytes),
                 )
-                await self.records.start_attach(
-                    pool, host, node, claim, namespace=request.namespace, share=share
-                )
+                async with within_budget(
+                    self.budgets, claim, pool.name, share_id=share.share_id, share_bytes=share.memory_bytes
+                ):
+                    self.ledger.admit(node, key)
+                    await self.records.start_attach(
+                        pool, host, node, claim, namespace=request.namespace, share=share
+                    )
                 self.driver.kick(key)
             elif entry.share is None or (entry.claim_uid, entry.node, entry.share.memory_bytes) != (
                 claim,

@@ -140,6 +140,9 @@ class ManagerService:
         warm = asyncio.create_task(parts.holders.warm.run(), name="warm-pool")
         loops.append(warm)
         loops.append(asyncio.create_task(parts.usage.run(self.is_leader), name="usage"))
+        if parts.budgets is not None:
+            loops.append(asyncio.create_task(parts.budgets.gate.view.run(), name="budgets"))
+            loops.append(asyncio.create_task(parts.budgets.run(self.is_leader), name="budget-status"))
         if parts.holders.orphans is not None:
             loops.append(asyncio.create_task(parts.holders.orphans.run(), name="orphans"))
         elif self.settings.orphan_grace_seconds > 0:

@@ -30,10 +30,12 @@ from fabric.backends.discovery import Discovery
 from fabric.backends.watch import InventoryWatch
 from fabric.bindings.attachments import Attachments
 from fabric.bindings.attribution import Attribution, attributed_seconds, load_price_list
+from fabric.bindings.budget_status import BudgetStatus
+from fabric.bindings.budgets import BudgetGate
 from fabric.bindings.orphan_trees import OrphanedTrees
 from fabric.bindings.orphans import OrphanReconciler
 from fabric.bindings.reconcile import ForeignBindings, Reconciler
-from fabric.bindings.trees import KindPaths, TreeRootLabel
+from fabric.bindings.trees import KindPaths, OwnerChains, TreeRootLabel
 from fabric.bindings.usage import (
     ConfigMapUsageStore,
     FileUsageStore,
@@ -46,6 +48,7 @@ from fabric.driver.operations import OperationDriver
 from fabric.errors import ConfigError
 from fabric.redfish.client import RedfishClient
 from fabric.service.config import ManagerSettings
+from fabric.state.budgets import BudgetView
 from fabric.state.claims import ClaimView
 from fabric.state.drains import ConfigMapDrainStore, DrainBook, DrainStore, FileDrainStore, drain_record_name
 from fabric.state.inventory import Inventory
@@ -79,6 +82,8 @@ class ManagerParts:
     drains: DrainBook
     #: this replica's name in the Lease and in the Events it records
     identity: str
+    #: the DeviceBudgets and their status writer; None without Kubernetes API access
+    budgets: BudgetStatus | None = None
 
 
 def build_parts(
@@ -140,6 +145,7 @@ def build_parts(
             prices=load_price_list(s.price_list) if s.price_list is not None else None,
         ),
     )
+    budgets = _budgets(kube, holders, ledger, inventory, usage, events, metrics)
     _watch_metrics(metrics, inventory, usage, is_leader)
     app = build_app(
         AppContext(
@@ -154,11 +160,43 @@ def build_parts(
             usage=usage,
             drains=drains,
             orphaned_trees=holders.orphaned_trees.findings if holders.orphaned_trees is not None else None,
+            budgets=budgets,
         )
     )
     return ManagerParts(
-        redfish, inventory, watch, store, ledger, driver, holders, usage, app, drains, identity
+        redfish, inventory, watch, store, ledger, driver, holders, usage, app, drains, identity, budgets
     )
+
+
+def _budgets(
+    kube: KubeClient | None,
+    holders: Holders,
+    ledger: Ledger,
+    inventory: Inventory,
+    usage: UsageMeter,
+    events: EventRecorder | None,
+    metrics: ManagerMetrics,
+) -> BudgetStatus | None:
+    """DeviceBudgets checked at every new hold and their status written (docs/budgets.md); none
+    without Kubernetes API access, where there are no budgets and no claims to find trees of."""
+    if kube is None or holders.claims is None:
+        log.info("no Kubernetes API access: no DeviceBudget is read or enforced")
+        return None
+    gate = BudgetGate(
+        BudgetView(kube),
+        holders.claims,
+        ledger,
+        inventory,
+        partition=holders.attachments.sharing.partition,
+        roots=OwnerChains(KindPaths(kube).fetch),
+        usage=usage,
+        events=events,
+        metrics=metrics,
+    )
+    holders.attachments.use_budgets(gate)
+    status = BudgetStatus(gate, kube)
+    metrics.watch_budgets(status.rows)
+    return status
 
 
 @dataclass

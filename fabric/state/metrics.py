@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 from manager_api import models as api
 from plumbing.promstats import outcome_word, register_process_metrics
 
-__all__ = ["ManagerMetrics"]
+__all__ = ["BudgetRow", "ManagerMetrics"]
 
 _OP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0)
 _REDFISH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -158,6 +158,36 @@ class _UsageCollector(Collector):
         )
 
 
+#: one limit of one tree of one DeviceBudget: (namespace, budget, tree, limit, used, max)
+BudgetRow = tuple[str, str, str, str, float, float]
+
+
+class _BudgetCollector(Collector):
+    """What each tree of each DeviceBudget may hold and holds, as the status writer last counted
+    it (docs/budgets.md): the alerts at 80 % and 100 % divide the two."""
+
+    def __init__(self, rows: Callable[[], list[BudgetRow]]) -> None:
+        self._rows = rows
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["namespace", "budget", "tree", "limit"]
+        limit = GaugeMetricFamily(
+            "fabric_dra_budget_limit",
+            "What a DeviceBudget allows one tree: devices, bytes of memory, or device-hours in its window",
+            labels=labels,
+        )
+        used = GaugeMetricFamily(
+            "fabric_dra_budget_used",
+            "What one tree of a DeviceBudget holds now (attaches in flight included), in the limit's unit",
+            labels=labels,
+        )
+        for namespace, budget, tree, name, held, cap in self._rows():
+            limit.add_metric([namespace, budget, tree, name], cap)
+            used.add_metric([namespace, budget, tree, name], held)
+        yield limit
+        yield used
+
+
 class ManagerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -273,6 +303,12 @@ class ManagerMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.budget_refusals = PromCounter(
+            "fabric_dra_budget_refusals_total",
+            "Attaches a DeviceBudget refused (enforcement: Enforce), by the limit that refused",
+            ["namespace", "budget", "limit"],
+            registry=self.registry,
+        )
         self.warm_devices = Gauge(
             "fabric_dra_warm_devices",
             "Devices warm (bound to a node with no claim) by model",
@@ -299,6 +335,10 @@ class ManagerMetrics:
         ``fabric_dra_attributed_seconds_total`` (by attribution label), read at each scrape after
         ``refresh`` (the usage meter's tick)."""
         self.registry.register(_UsageCollector(refresh, totals, stranded, attributed or dict))
+
+    def watch_budgets(self, rows: Callable[[], list[BudgetRow]]) -> None:
+        """``fabric_dra_budget_limit`` and ``fabric_dra_budget_used``, read at each scrape."""
+        self.registry.register(_BudgetCollector(rows))
 
     def observe_redfish(self, method: str, resource: str, outcome: str, seconds: float) -> None:
         """A :data:`fabric.redfish.client.RequestObserver`."""

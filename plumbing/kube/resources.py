@@ -7,6 +7,7 @@ from dataclasses import dataclass
 __all__ = [
     "CONFIGMAPS",
     "DEPLOYMENTS",
+    "DEVICE_BUDGETS",
     "DEVICE_CLASSES",
     "DEVICE_TAINT_RULES",
     "DEVICE_TAINT_RULE_VERSIONS",
@@ -82,6 +83,8 @@ DEVICE_CLASSES = Resource("resource.k8s.io", "v1", "deviceclasses", "DeviceClass
 #: the versions of resource.k8s.io that may serve devicetaintrules, newest first
 DEVICE_TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
 DEVICE_TAINT_RULES = Resource("resource.k8s.io", "v1", "devicetaintrules", "DeviceTaintRule", False)
+#: fabric-dra's own custom resource: a cap on what an agent tree holds (deploy/base/devicebudget-crd.yaml)
+DEVICE_BUDGETS = Resource("fabric-dra.io", "v1alpha1", "devicebudgets", "DeviceBudget", True)
 
 _ALL = [
     NAMESPACES,
@@ -98,6 +101,7 @@ _ALL = [
     RESOURCE_SLICES,
     DEVICE_CLASSES,
     DEVICE_TAINT_RULES,
+    DEVICE_BUDGETS,
 ]
 
 

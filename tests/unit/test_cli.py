@@ -28,6 +28,7 @@ EXPECTED_ROLES = {
     "cdi-hook",
     "controller",
     "explain",
+    "budget",
     "demo",
     "standin",
 }

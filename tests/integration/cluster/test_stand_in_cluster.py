@@ -47,12 +47,18 @@ def _gpu(name: str, switch: str, **extra: Any) -> dict[str, Any]:
 
 @contextlib.asynccontextmanager
 async def running(
-    kube: KubeClient, plugin: FakePlugin | Sequence[FakePlugin], *, nodes: int = 1, **scheduler: Any
+    kube: KubeClient,
+    plugin: FakePlugin | Sequence[FakePlugin],
+    *,
+    nodes: int = 1,
+    node_names: Sequence[str] = (),
+    **scheduler: Any,
 ) -> AsyncIterator[World]:
-    """A namespace, a DeviceClass and ``nodes`` nodes, the stand-in control plane over them;
-    node i registers the i-th of ``plugin`` (one plugin: every node the same)."""
+    """A namespace, a DeviceClass and ``nodes`` nodes (or the nodes ``node_names``: those of a
+    fabric's hosts), the stand-in control plane over them; node i registers the i-th of ``plugin``
+    (one plugin: every node the same)."""
     tag = uuid.uuid4().hex[:6]
-    names = [f"node-{tag}"] + [f"node-{tag}-{i}" for i in range(1, nodes)]
+    names = list(node_names) or [f"node-{tag}"] + [f"node-{tag}-{i}" for i in range(1, nodes)]
     plugins = [plugin] if isinstance(plugin, FakePlugin) else list(plugin)
     for i, name in enumerate(names):
         plugins[i % len(plugins)].node = name

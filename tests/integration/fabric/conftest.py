@@ -194,11 +194,12 @@ async def allocated_claim(
     reserved: bool = False,
     owner: dict[str, Any] | None = None,
     labels: dict[str, str] | None = None,
+    device_class: str = "fabric-dev",
 ) -> str:
     """A ResourceClaim in ``default`` allocated ``device`` of the PCIe pool (on ``node``, when given),
     as the scheduler leaves it; returns its UID. The manager attaches only for such a claim.
     ``owner``: its controller ownerReference (a claim made from a pod's template has the Pod);
-    ``labels``: its labels (a template's are copied into the claim)."""
+    ``labels``: its labels (a template's are copied into the claim); ``device_class``: its request's."""
     metadata: dict[str, Any] = {"name": name, "namespace": "default"}
     if labels is not None:
         metadata["labels"] = labels
@@ -210,7 +211,7 @@ async def allocated_claim(
             {
                 "metadata": metadata,
                 "spec": {
-                    "devices": {"requests": [{"name": "dev", "exactly": {"deviceClassName": "fabric-dev"}}]}
+                    "devices": {"requests": [{"name": "dev", "exactly": {"deviceClassName": device_class}}]}
                 },
             },
             "default",

@@ -153,13 +153,17 @@ SYNTHETIC: dict[str, set[tuple[str, str, str]]] = {
     # Not a request the controller makes: from Kubernetes 1.36 the API server authorises each
     # status.devices write a second time against this subresource (docs/controller.md, "RBAC").
     "controller-binding-conditions": {("resource.k8s.io", "resourceclaims/driver", "arbitrary-node:update")},
-    # The orphaned-tree check reads the objects of a claim's owner chain by the kind each reference
-    # names (fabric.bindings.trees.KindPaths: a path from discovery, not a resource constant): the
-    # claim's pods and the workload kinds that own pods.
+    # The owner-chain walks (fabric/bindings/trees.py, KindPaths.fetch: of DeviceBudgets' owner trees
+    # and of the orphaned-tree check) read each owner by the path discovery gives its kind, not
+    # through a resource constant: the built-in kinds agent trees are made of (docs/budgets.md,
+    # "Trees"); the orphaned-tree check also reads the pods a claim is reserved for.
     "manager": {
         ("", "pods", "get"),
-        *(("apps", kind, "get") for kind in ("replicasets", "deployments", "statefulsets")),
-        *(("batch", kind, "get") for kind in ("jobs", "cronjobs")),
+        ("apps", "replicasets", "get"),
+        ("apps", "deployments", "get"),
+        ("apps", "statefulsets", "get"),
+        ("batch", "jobs", "get"),
+        ("batch", "cronjobs", "get"),
     },
 }
 
