@@ -92,7 +92,11 @@ def build_parts(
     metrics = ManagerMetrics()
     redfish = RedfishClient(s.redfish, observer=metrics.observe_redfish)
     discovery = Discovery(redfish, s.binding)
-    inventory = Inventory(fabric_name=s.fabric_name)
+    inventory = Inventory(
+        fabric_name=s.fabric_name,
+        history_versions=s.change_history_versions,
+        history_devices=s.change_history_devices,
+    )
     watch = InventoryWatch(
         discovery,
         inventory,
