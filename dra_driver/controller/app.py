@@ -27,7 +27,7 @@ from dra_driver.controller.features import (
     require_resource_v1,
 )
 from dra_driver.controller.health import HealthServer
-from dra_driver.controller.inventory_feed import InventoryFeed
+from dra_driver.controller.inventory_feed import FeedMode, InventoryFeed
 from dra_driver.controller.metrics import IS_LEADER
 from dra_driver.controller.nodelabels import NodeLabeler
 from dra_driver.controller.pluginpods import PluginNodes
@@ -64,6 +64,8 @@ class ControllerOptions:
     #: publish bindsToNode without binding conditions: "auto" where the API server keeps it
     binds_to_node: TaintsMode = "auto"
     resync_period: float = 300.0
+    #: "changes": the manager's change feed after one full read; "full": every change read whole
+    inventory_feed: FeedMode = "changes"
     bind_timeout: float = 300.0
     busy_timeout: float = 30.0
     release_grace: float = 30.0
@@ -110,6 +112,7 @@ class Controller:
             "leader": self._leader,
             "inventoryVersion": feed.latest.version if feed and feed.latest else None,
             "inventoryError": feed.last_error if feed else None,
+            "inventoryResyncs": feed.resyncs if feed else None,
             "slicesSyncedVersion": publisher.synced_version if publisher else None,
             "deviceTaints": publisher.policy.device_taints if publisher else None,
             "bindingConditions": publisher.policy.binding_conditions if publisher else None,
@@ -260,7 +263,7 @@ class Controller:
             binds_to_node=binds or opts.binding_conditions,
             binding_conditions=opts.binding_conditions,
         )
-        self.feed = InventoryFeed(self.manager)
+        self.feed = InventoryFeed(self.manager, mode=opts.inventory_feed)
         quarantine = Quarantine(
             threshold=opts.quarantine_after,
             initial=opts.quarantine_seconds,

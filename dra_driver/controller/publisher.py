@@ -24,6 +24,7 @@ from dra_driver.controller.inventory_feed import InventoryFeed, InventorySource
 from dra_driver.controller.metrics import POOL_DEVICES, POOL_GENERATION, SLICE_RECONCILE_SECONDS, SLICE_WRITES
 from dra_driver.controller.quarantine import Quarantine
 from dra_driver.controller.reconciler import Reconciler
+from dra_driver.controller.render_memo import RenderMemo
 from dra_driver.controller.slices import (
     DesiredPool,
     NormalCache,
@@ -97,6 +98,8 @@ class SlicePublisher:
         self._desired_key: tuple[int, PublishPolicy, int] | None = None
         self._desired: dict[str, DesiredPool] = {}
         self._normal = NormalCache()
+        #: conversions and normal forms of the devices that did not change since the last pass
+        self._memo = RenderMemo()
         self.last_result: PublishResult | None = None
         self.synced_version: int | None = None
         self.on_synced: Callable[[int], None] | None = None
@@ -216,7 +219,7 @@ class SlicePublisher:
         and quarantine), built in a worker thread."""
         key, quarantined = self._desired_inputs(inventory)
         if key != self._desired_key:
-            self._desired = await asyncio.to_thread(desired_pools, inventory, key[1], quarantined)
+            self._desired = await asyncio.to_thread(desired_pools, inventory, key[1], quarantined, self._memo)
             self._desired_key = key
         return self._desired
 

@@ -10,6 +10,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from dra_driver.controller.features import TaintsMode
+from dra_driver.controller.inventory_feed import FeedMode
 from dra_driver.controller.resourcenames import is_driver_name
 from plumbing import DEFAULT_DRIVER_NAME
 from plumbing.cli import positive_seconds
@@ -112,6 +113,15 @@ class ControllerSettings(BaseModel):
             _PUBLISH,
         ),
     ] = "auto"
+    inventory_feed: Annotated[
+        FeedMode,
+        Setting(
+            "how the manager's inventory is followed: changes (read it whole once, then only the "
+            "devices that change; whole again when the manager can no longer say what changed) or "
+            "full (read it whole on every change, for a manager without the change feed)",
+            _MANAGER,
+        ),
+    ] = "changes"
     resync_period: Annotated[
         float,
         _seconds(

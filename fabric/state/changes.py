@@ -23,12 +23,14 @@ __all__ = ["ChangeHistory"]
 class ChangeHistory:
     """Which device names each version changed, from ``start`` on, within bounds."""
 
-    def __init__(self, start: int, *, max_versions: int = 1024, max_devices: int = 65536) -> None:
-        self.epoch = start
+    def __init__(
+        self, start: int, *, epoch: int | None = None, max_versions: int = 1024, max_devices: int = 65536
+    ) -> None:
+        self.epoch = start if epoch is None else epoch
         #: the oldest version a cursor may name: the changes of every later version are held
         self.oldest = start
         self.current = start
-        self._max_versions = max(1, max_versions)
+        self.max_versions = max(1, max_versions)
         self._max_devices = max(1, max_devices)
         self._entries: deque[tuple[int, frozenset[str]]] = deque()
         self._names = 0
@@ -38,7 +40,7 @@ class ChangeHistory:
         self._entries.append((version, names))
         self._names += len(names)
         self.current = version
-        while self._entries and (len(self._entries) > self._max_versions or self._names > self._max_devices):
+        while self._entries and (len(self._entries) > self.max_versions or self._names > self._max_devices):
             dropped, gone = self._entries.popleft()
             self._names -= len(gone)
             self.oldest = dropped
