@@ -44,6 +44,7 @@ EXTRA_SECTIONS: dict[str, tuple[str, str]] = {
     "reader": ("bench.reader_bench", "the bounded reader's pre-pass against json.loads, real answers"),
     "redfish": ("bench.redfish_bench", "the manager's Redfish client: CPU per GET and per bind+unbind"),
     "sharing": ("bench.sharing_bench", "GPU partitions and CXL memory shares through the manager"),
+    "controller": ("bench.controller_bench", "controller CPU and slices written per change, 10,100 devices"),
 }
 ALL_SECTIONS = {**SECTIONS, **EXTRA_SECTIONS}
 DEFAULT_JSON = REPO_ROOT / "bench" / "results" / "latest.json"

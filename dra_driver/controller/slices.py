@@ -14,13 +14,16 @@ view of the pool its warm devices precede the shared ones wherever slices are ta
 A device is in exactly one slice of its pool: two would make the pool invalid for the allocator
 (``poolIsInvalid``: "duplicate device name"). ``nodeName`` is immutable, so a slice whose
 ``nodeName`` changes is deleted and created again. All slices of a pool carry the same
-``pool.generation`` and ``pool.resourceSliceCount``; a change to the pool is written as a
-new generation on *every* slice of the pool, then obsolete slices are deleted — so a consumer
-that only trusts the highest generation with a complete slice count never sees a mixed pool
-(ResourcePool, k8s.io/api/resource/v1) — except a *warm change*: devices moving between slices
-that exist already (a node keeps its node-local slice, empty, once it had one), written in place
-under the current generation, slices that lose devices before slices that gain them, so the pool
-stays complete and valid at every instant (:func:`_plan_in_place`).
+``pool.generation`` and ``pool.resourceSliceCount``. A change that keeps the pool's slices
+(their number, names, node selection and counter sets: devices changed, added, removed, or moving
+between slices that exist already — a node keeps its node-local slice, empty, once it had one) is
+written in place under the current generation, to the slices that differ only, slices that lose
+devices before slices that gain them, so the pool stays complete and valid at every instant
+(:func:`_plan_in_place`). Any other change is written as a new generation on *every* slice of the
+pool, then obsolete slices are deleted — so a consumer that only trusts the highest generation
+with a complete slice count never sees a mixed pool (ResourcePool, k8s.io/api/resource/v1).
+Where taints are published every slice is cut at 64 devices (:func:`chunk_devices`), so a taint
+never changes the layout.
 
 Stored slices are compared *semantically* with the desired ones: quantities by value, taint
 ``timeAdded`` ignored (the API server fills it in), nulls and empty lists ignored. An

@@ -1215,8 +1215,10 @@ class Stack:
         log_level: str | None = None,
         start: bool = True,
         crash_at: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> Controller:
-        """The ResourceSlice (and, with ``binding_conditions``, binding-condition) controller."""
+        """The ResourceSlice (and, with ``binding_conditions``, binding-condition) controller;
+        ``env`` for its process (``PYTHONPATH`` of another tree, for a side-by-side baseline)."""
         kubeconfig = kube.kubeconfig if isinstance(kube, ApiServer) else kube
         controller: Controller
 
@@ -1232,7 +1234,7 @@ class Stack:
             return [*out, *args]
 
         controller = Controller(
-            self.role(name, command, port_flag=True, log_level=log_level, tier=CLIENT_TIER),
+            self.role(name, command, port_flag=True, env=env, log_level=log_level, tier=CLIENT_TIER),
             binding_conditions,
         )
         if start:
