@@ -10,10 +10,11 @@ features            what the cluster serves (device taints, binding conditions)
 pluginpods          which nodes have a Ready kubelet plugin (only they get pool labels)
 resourcenames       the names and syntax rules of ``resource.k8s.io/v1`` that this role writes
 health              the probe endpoint
-inventory_feed      the manager's inventory as an event source (long poll)
+inventory_feed      the manager's inventory as an event source (its change feed, or a long poll)
 devices             one inventory device → one DRA ``Device``
 quarantine          devices out of allocation after failed attaches
 reconciler          the one loop of a level-triggered pass: triggers, debounce, retry after a backoff
+render_memo         what was rendered for a device or a slice, kept while its devices stay the same
 slices              one pool → its ResourceSlices; semantic comparison with what is stored
 dropped             the gated fields an API server drops on write, and the policy without them
 publisher           writes the slices, event-driven, with zero writes when nothing changed
@@ -37,6 +38,7 @@ FLOORS = (
     "devices",
     "quarantine",
     "reconciler",
+    "render_memo",
     "slices",
     "dropped",
     "publisher",

@@ -47,12 +47,28 @@ class IdentityMemo(Generic[V]):
 
 
 class RenderMemo:
-    """The publisher's memos: each device's conversion, each published device's normal form."""
+    """The publisher's memos: each device's conversion, each published device's normal form, and
+    each slice's devices in normal form (by the identities of its devices, in order)."""
 
     def __init__(self) -> None:
         self.conversions: IdentityMemo[Any] = IdentityMemo()
         self.normals: IdentityMemo[Any] = IdentityMemo()
+        self._chunks_now: dict[tuple[int, ...], tuple[list[Any], dict[str, Any]]] = {}
+        self._chunks_before: dict[tuple[int, ...], tuple[list[Any], dict[str, Any]]] = {}
+
+    def chunk_normal(self, chunk: list[Any], compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """The normal form of a slice's devices ``chunk``, the same dict as last pass when its
+        devices are the same objects in the same order — so comparing it with a stored slice found
+        equal before is an identity check. (The remembered chunk holds its devices: their
+        identities are not reused meanwhile.)"""
+        key = tuple(map(id, chunk))
+        hit = self._chunks_now.get(key) or self._chunks_before.get(key)
+        if hit is None:
+            hit = (list(chunk), compute())
+        self._chunks_now[key] = hit
+        return hit[1]
 
     def turn(self) -> None:
         self.conversions.turn()
         self.normals.turn()
+        self._chunks_before, self._chunks_now = self._chunks_now, {}

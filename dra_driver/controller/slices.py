@@ -335,9 +335,10 @@ def _normal_device(device: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _normal_spec(spec: Mapping[str, Any], memo: IdentityMemo[Any] | None = None) -> dict[str, Any]:
+def _normal_spec(spec: Mapping[str, Any], memo: RenderMemo | None = None) -> dict[str, Any]:
     """Everything of a slice spec that matters, except the pool's generation and slice count;
-    ``memo`` keeps each device's normal form for as long as the device is the same object."""
+    ``memo`` keeps each device's normal form, and a slice's, for as long as the devices are the
+    same objects."""
     # devices are pruned once each, by _normal_device
     pruned = _prune({k: v for k, v in spec.items() if k != "devices"})
     pool = dict(pruned.get("pool") or {})
@@ -348,11 +349,15 @@ def _normal_spec(spec: Mapping[str, Any], memo: IdentityMemo[Any] | None = None)
     if memo is None:
         devices = {str(d.get("name")): _normal_device(d) for d in listed if isinstance(d, dict)}
     else:
-        devices = {
-            str(d.get("name")): memo.get(d, functools.partial(_normal_device, d))
-            for d in listed
-            if isinstance(d, dict)
-        }
+        normals = memo.normals
+        devices = memo.chunk_normal(
+            listed,
+            lambda: {
+                str(d.get("name")): normals.get(d, functools.partial(_normal_device, d))
+                for d in listed
+                if isinstance(d, dict)
+            },
+        )
     counters = {
         str(c.get("name")): _normal_counters(c.get("counters")) for c in pruned.get("sharedCounters") or []
     }
@@ -420,7 +425,7 @@ class DesiredPool:
     nodes: tuple[str, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
     #: each published device's normal form, by the device's identity (the publisher's memo)
-    normals: IdentityMemo[Any] | None = field(default=None, repr=False, compare=False)
+    normals: RenderMemo | None = field(default=None, repr=False, compare=False)
     _normal: list[dict[str, Any]] | None = field(default=None, repr=False)
 
     @property
@@ -668,7 +673,7 @@ def desired_pools(
             nodes=nodes_by_pool.get(pool, ()),
             labels=slice_labels(policy.driver, policy.publisher),
             counter_sets=sets,
-            normals=memo.normals if memo else None,
+            normals=memo,
         )
     return pools
 

@@ -1217,8 +1217,7 @@ class Stack:
         crash_at: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
     ) -> Controller:
-        """The ResourceSlice (and, with ``binding_conditions``, binding-condition) controller;
-        ``env`` for its process (``PYTHONPATH`` of another tree, for a side-by-side baseline)."""
+        """The slice (and binding-condition) controller; ``env``: e.g. a baseline tree's PYTHONPATH."""
         kubeconfig = kube.kubeconfig if isinstance(kube, ApiServer) else kube
         controller: Controller
 
