@@ -503,13 +503,16 @@ class _Unit:
 
 def _convert(
     device: Device, policy: PublishPolicy, quarantined: str | None
-) -> tuple[Conversion, list[Conversion], dict[str, Any] | None]:
-    """``device`` published (or withheld), its partitions, and the counter set they consume."""
+) -> tuple[Conversion, list[Conversion], dict[str, Any] | None, _Unit | None]:
+    """``device`` published (or withheld), its partitions, the counter set they consume, and —
+    for a published device without partitions — its unit where it is not warm (the common case,
+    kept whole by the memo)."""
     whole = to_dra_device(device, policy, quarantined)
     if device.partition_table is None or policy.counters is CounterLayout.OFF:
-        return whole, [], None
+        cold = _Unit(device.name, [whole.device]) if whole.device is not None else None
+        return whole, [], None, cold
     counters = counter_set_entry(device) if whole.device is not None else None
-    return whole, partition_conversions(device, whole, policy.driver), counters
+    return whole, partition_conversions(device, whole, policy.driver), counters, None
 
 
 def _pool_units(
@@ -531,15 +534,18 @@ def _pool_units(
             continue  # a device name is unique within a pool; the manager guarantees it, we enforce it
         reason = quarantined.get((device.pool, device.name))
         if memo is None:
-            whole, parts, counters = _convert(device, policy, reason)
+            whole, parts, counters, cold = _convert(device, policy, reason)
         else:
             # the same device object, policy and quarantine: the same conversion as last pass
-            whole, parts, counters = memo.get(
+            whole, parts, counters, cold = memo.get(
                 device, functools.partial(_convert, device, policy, reason), (policy, reason)
             )
         converted[device.name] = whole
         warm = _warm_node(device, reaching)
         node = warm or _partition_node(device, reaching)
+        if cold is not None and node is None:
+            groups.setdefault(device.reach, []).append(cold)
+            continue
         if parts and not policy.binding_conditions and node is None:
             # Without binding conditions a partition's node is the pod's, bound before any attach: a
             # free GPU's partitions could go to two nodes at once, and the second pod would wait for
