@@ -28,6 +28,7 @@ from manager_api.models import (
     ErrorBody,
     FabricNode,
     Inventory,
+    InventoryChanges,
     NodeClaims,
     Operation,
     OrphanedTreeClaims,
@@ -220,6 +221,18 @@ class ManagerClient:
         wait = timeout_seconds if after is not None else 0.0
         response = await self._request("GET", "/inventory", params=params, wait_seconds=wait)
         return Inventory.model_validate_json(response.content)
+
+    async def inventory_changes(
+        self, *, epoch: int, since: int, timeout_seconds: float = 30.0
+    ) -> InventoryChanges:
+        """The devices changed, added and removed after version ``since`` of ``epoch`` (from an
+        :class:`Inventory` or an earlier answer), waiting up to ``timeout_seconds`` for some; raises
+        :class:`~manager_api.errors.ResyncRequired` when the manager no longer knows them."""
+        params = {"epoch": epoch, "since": since, "timeoutSeconds": timeout_seconds}
+        response = await self._request(
+            "GET", "/inventory/changes", params=params, wait_seconds=timeout_seconds
+        )
+        return InventoryChanges.model_validate_json(response.content)
 
     async def devices(self) -> list[Device]:
         return _DEVICES.validate_json((await self._request("GET", "/devices")).content)

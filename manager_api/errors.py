@@ -19,6 +19,8 @@ into the same classes — so callers on every side catch the same types, never s
     │   └── PermissionDenied    403
     ├── NotLeader               503  this manager replica is a follower (retriable)
     ├── FabricUnavailable       503  the Redfish service is unreachable or failing (retriable)
+    ├── ResyncRequired          410  a change feed's cursor is older than the history the manager
+    │                                holds, or of another manager incarnation: read it all again
     ├── AttachTimeout           504  the fabric did not finish in time; the operation goes on (retriable)
     ├── AttachStillRunning           a client gave up asking about an attach still running (never
     │                                on the wire: :mod:`manager_api.attaching` raises it)
@@ -49,6 +51,7 @@ __all__ = [
     "NotFoundError",
     "NotLeader",
     "PermissionDenied",
+    "ResyncRequired",
     "TooManyRequests",
     "Unauthenticated",
     "error_class",
@@ -165,6 +168,16 @@ class FabricUnavailable(FabricError):
     code = "FabricUnavailable"
     http_status = 503
     retriable = True
+
+
+class ResyncRequired(FabricError):
+    """``GET /api/v1/inventory/changes?since=V``: the changes since ``V`` are no longer known (the
+    bounded history moved past it, or ``V`` counts in another manager incarnation's epoch). The
+    consumer reads the whole inventory once and follows the changes from there (as a Kubernetes
+    watch answers 410 Gone "too old resource version" and its informer lists again)."""
+
+    code = "ResyncRequired"
+    http_status = 410
 
 
 class AttachTimeout(FabricError):

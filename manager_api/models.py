@@ -121,6 +121,7 @@ __all__ = [
     "FabricPool",
     "Health",
     "Inventory",
+    "InventoryChanges",
     "NamespaceName",
     "NodeClaims",
     "NodeName",
@@ -359,6 +360,26 @@ class Inventory(_Model):
         description="what the fabric has that cannot be offered, and why (devices no host reaches, "
         "hosts that cannot be composed)",
     )
+    epoch: int | None = Field(
+        default=None,
+        description="the manager incarnation ``version`` counts in: pass it with the version to "
+        "GET /api/v1/inventory/changes (absent: a manager without the change feed)",
+    )
+
+
+class InventoryChanges(_Model):
+    """What changed in the inventory after version ``since``: each device changed or added, as the
+    inventory now shows it, and the name of each device removed; the pools, nodes and notices
+    whole (they grow with the nodes and fabrics, not with the devices)."""
+
+    epoch: int = Field(description="the manager incarnation the versions count in")
+    since: int = Field(description="the version these changes start after")
+    version: int = Field(description="the version the changes bring the inventory to")
+    devices: list[Device] = Field(description="devices changed or added since ``since``")
+    removed: list[str] = Field(description="names of the devices removed since ``since``")
+    pools: list[FabricPool]
+    nodes: list[FabricNode]
+    notices: list[str] = Field(default_factory=list)
 
 
 #: A claim's ``metadata.uid``: a Kubernetes UID (UUID form, 36 characters), so that no caller can

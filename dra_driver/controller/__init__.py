@@ -10,13 +10,14 @@ features            what the cluster serves (device taints, binding conditions)
 pluginpods          which nodes have a Ready kubelet plugin (only they get pool labels)
 resourcenames       the names and syntax rules of ``resource.k8s.io/v1`` that this role writes
 health              the probe endpoint
-inventory_feed      the manager's inventory as an event source (long poll)
+inventory_feed      the manager's inventory as an event source (its change feed, or a long poll)
 managers            several managers: each one's inventory less the pools another keeps; up or down
 devices             one inventory device → one DRA ``Device``
 quarantine          devices out of allocation after failed attaches
 linktaints          devices whose PCIe link errs past the thresholds (a taint, with hysteresis)
 reconciler          the one loop of a level-triggered pass: triggers, debounce, retry after a backoff
 drainrules          drains as DeviceTaintRules, where the cluster serves them
+render_memo         what was rendered for a device or a slice, kept while its devices stay the same
 slices              one pool → its ResourceSlices; semantic comparison with what is stored
 dropped             the gated fields an API server drops on write, and the policy without them
 publisher           writes the slices, event-driven, with zero writes when nothing changed
@@ -43,6 +44,7 @@ FLOORS = (
     "linktaints",
     "reconciler",
     "drainrules",
+    "render_memo",
     "slices",
     "dropped",
     "publisher",

@@ -30,7 +30,7 @@ from dra_driver.controller.features import (
     require_resource_v1,
 )
 from dra_driver.controller.health import HealthServer
-from dra_driver.controller.inventory_feed import InventoryFeed
+from dra_driver.controller.inventory_feed import FeedMode, InventoryFeed
 from dra_driver.controller.linktaints import LinkTaints
 from dra_driver.controller.managers import Fleet, ManagerGate
 from dra_driver.controller.metrics import IS_LEADER
@@ -99,6 +99,8 @@ class ControllerOptions:
     #: publish bindsToNode without binding conditions: "auto" where the API server keeps it
     binds_to_node: TaintsMode = "auto"
     resync_period: float = 300.0
+    #: "changes": the manager's change feed after one full read; "full": every change read whole
+    inventory_feed: FeedMode = "changes"
     bind_timeout: float = 300.0
     busy_timeout: float = 30.0
     release_grace: float = 30.0
@@ -163,6 +165,7 @@ class Controller:
             "leader": self._leader,
             "inventoryVersion": feed.latest.version if feed and feed.latest else None,
             "inventoryError": feed.last_error if feed else None,
+            "inventoryResyncs": feed.resyncs if feed else None,
             "slicesSyncedVersion": publisher.synced_version if publisher else None,
             "deviceTaints": publisher.policy.device_taints if publisher else None,
             "bindingConditions": publisher.policy.binding_conditions if publisher else None,
@@ -395,7 +398,12 @@ class Controller:
         opts = self.options
         if endpoint.name:
             policy = dataclasses.replace(policy, publisher=publisher_of(opts.publisher, endpoint.name))
-        gate = ManagerGate(endpoint, InventoryFeed(client), fleet, down_grace=opts.manager_down_grace)
+        gate = ManagerGate(
+            endpoint,
+            InventoryFeed(client, mode=opts.inventory_feed),
+            fleet,
+            down_grace=opts.manager_down_grace,
+        )
         publisher_box: list[SlicePublisher] = []
         quarantine = Quarantine(
             threshold=opts.quarantine_after,

@@ -85,6 +85,7 @@ def _options(settings: ControllerSettings, config: KubeConfig) -> ControllerOpti
         device_taints=settings.device_taints,
         binds_to_node=settings.binds_to_node,
         resync_period=settings.resync_period,
+        inventory_feed=settings.inventory_feed,
         bind_timeout=settings.bind_timeout,
         busy_timeout=settings.busy_timeout,
         release_grace=settings.release_grace,

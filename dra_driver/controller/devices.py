@@ -24,7 +24,7 @@ from dra_driver.controller.resourcenames import (
     link_errors_taint_key,
     unhealthy_taint_key,
 )
-from dra_driver.selection.quantity import format_bytes
+from dra_driver.selection.quantity import format_bytes, format_quantity
 from manager_api.devices import MEMORY_CAPACITY, SliceAttribute, SliceCapacity, SliceForm
 from manager_api.models import BindingState, Device, Health, MemoryPool
 from manager_api.partitions import (
@@ -269,8 +269,11 @@ def counter_set_entry(device: Device) -> dict[str, Any] | None:
 
 
 def _counters(counters: dict[str, int]) -> dict[str, dict[str, str]]:
+    # canonical, as the API server stores a quantity (a count of 1000 would read back "1k")
     return {
-        name: {"value": format_bytes(amount) if name == COUNTER_MEMORY else str(amount)}
+        name: {
+            "value": format_bytes(amount) if name == COUNTER_MEMORY else format_quantity(amount, binary=False)
+        }
         for name, amount in counters.items()
     }
 

@@ -25,6 +25,7 @@ from dra_driver.controller.linktaints import LinkTaints
 from dra_driver.controller.metrics import POOL_DEVICES, POOL_GENERATION, SLICE_RECONCILE_SECONDS, SLICE_WRITES
 from dra_driver.controller.quarantine import Quarantine
 from dra_driver.controller.reconciler import Reconciler
+from dra_driver.controller.render_memo import RenderMemo
 from dra_driver.controller.slices import (
     DesiredPool,
     NormalCache,
@@ -101,6 +102,8 @@ class SlicePublisher:
         self._desired_key: tuple[int, PublishPolicy, int, int] | None = None
         self._desired: dict[str, DesiredPool] = {}
         self._normal = NormalCache()
+        #: conversions and normal forms of the devices that did not change since the last pass
+        self._memo = RenderMemo()
         self.last_result: PublishResult | None = None
         self.synced_version: int | None = None
         self.on_synced: Callable[[int], None] | None = None
@@ -241,7 +244,7 @@ class SlicePublisher:
         key, quarantined, link_faults = self._desired_inputs(inventory)
         if key != self._desired_key:
             self._desired = await asyncio.to_thread(
-                desired_pools, inventory, key[1], quarantined, link_faults
+                desired_pools, inventory, key[1], quarantined, link_faults, self._memo
             )
             self._desired_key = key
         return self._desired

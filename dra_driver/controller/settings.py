@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dra_driver.controller.features import TaintsMode
+from dra_driver.controller.inventory_feed import FeedMode
 from dra_driver.controller.resourcenames import is_driver_name, publisher_of
 from dra_driver.linkerrors import ErrorThresholds
 from manager_api.fleet import ManagerEndpoint, endpoints_of, managers_problem
@@ -162,6 +163,15 @@ class ControllerSettings(BaseModel):
             _PUBLISH,
         ),
     ] = "auto"
+    inventory_feed: Annotated[
+        FeedMode,
+        Setting(
+            "how the manager's inventory is followed: changes (read it whole once, then only the "
+            "devices that change; whole again when the manager can no longer say what changed) or "
+            "full (read it whole on every change, for a manager without the change feed)",
+            _MANAGER,
+        ),
+    ] = "changes"
     resync_period: Annotated[
         float,
         _seconds(

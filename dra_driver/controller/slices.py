@@ -14,13 +14,16 @@ view of the pool its warm devices precede the shared ones wherever slices are ta
 A device is in exactly one slice of its pool: two would make the pool invalid for the allocator
 (``poolIsInvalid``: "duplicate device name"). ``nodeName`` is immutable, so a slice whose
 ``nodeName`` changes is deleted and created again. All slices of a pool carry the same
-``pool.generation`` and ``pool.resourceSliceCount``; a change to the pool is written as a
-new generation on *every* slice of the pool, then obsolete slices are deleted — so a consumer
-that only trusts the highest generation with a complete slice count never sees a mixed pool
-(ResourcePool, k8s.io/api/resource/v1) — except a *warm change*: devices moving between slices
-that exist already (a node keeps its node-local slice, empty, once it had one), written in place
-under the current generation, slices that lose devices before slices that gain them, so the pool
-stays complete and valid at every instant (:func:`_plan_in_place`).
+``pool.generation`` and ``pool.resourceSliceCount``. A change that keeps the pool's slices
+(their number, names, node selection and counter sets: devices changed, added, removed, or moving
+between slices that exist already — a node keeps its node-local slice, empty, once it had one) is
+written in place under the current generation, to the slices that differ only, slices that lose
+devices before slices that gain them, so the pool stays complete and valid at every instant
+(:func:`_plan_in_place`). Any other change is written as a new generation on *every* slice of the
+pool, then obsolete slices are deleted — so a consumer that only trusts the highest generation
+with a complete slice count never sees a mixed pool (ResourcePool, k8s.io/api/resource/v1).
+Where taints are published every slice is cut at 64 devices (:func:`chunk_devices`), so a taint
+never changes the layout.
 
 Stored slices are compared *semantically* with the desired ones: quantities by value, taint
 ``timeAdded`` ignored (the API server fills it in), nulls and empty lists ignored. An
@@ -48,6 +51,7 @@ from dra_driver.controller.devices import (
     partition_conversions,
     to_dra_device,
 )
+from dra_driver.controller.render_memo import IdentityMemo, RenderMemo
 from dra_driver.controller.resourcenames import (
     ATTRIBUTE_VALUE_MAX_BYTES,
     BINDING_CONDITIONS_MAX,
@@ -208,14 +212,20 @@ def _advanced(device: Mapping[str, Any]) -> bool:
     return bool(device.get("taints") or device.get("consumesCounters"))
 
 
-def chunk_devices(devices: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+def chunk_devices(
+    devices: Sequence[dict[str, Any]], *, taintable: bool = False
+) -> list[list[dict[str, Any]]]:
     """Split (sorted) devices into slices: ≤ 128 each, ≤ 64 in a slice where any device is tainted
-    or consumes counters (``ResourceSliceMaxDevicesWithTaintsOrConsumesCounters``)."""
+    or consumes counters (``ResourceSliceMaxDevicesWithTaintsOrConsumesCounters``).
+
+    ``taintable``: any device may carry a taint tomorrow (the policy publishes taints), so every
+    slice is cut at 64 — a device turning unhealthy, drained or quarantined then changes its own
+    slice only, instead of halving that slice's limit and moving every later device of the pool."""
     chunks: list[list[dict[str, Any]]] = []
     current: list[dict[str, Any]] = []
     tainted = False
     for device in devices:
-        has_taints = _advanced(device)
+        has_taints = taintable or _advanced(device)
         if has_taints and not tainted and len(current) >= SLICE_MAX_DEVICES_WITH_TAINTS:
             chunks.append(current)
             current, tainted = [], False
@@ -325,8 +335,10 @@ def _normal_device(device: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _normal_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """Everything of a slice spec that matters, except the pool's generation and slice count."""
+def _normal_spec(spec: Mapping[str, Any], memo: RenderMemo | None = None) -> dict[str, Any]:
+    """Everything of a slice spec that matters, except the pool's generation and slice count;
+    ``memo`` keeps each device's normal form, and a slice's, for as long as the devices are the
+    same objects."""
     # devices are pruned once each, by _normal_device
     pruned = _prune({k: v for k, v in spec.items() if k != "devices"})
     pool = dict(pruned.get("pool") or {})
@@ -334,7 +346,18 @@ def _normal_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     pool.pop("resourceSliceCount", None)
     rest = {k: v for k, v in pruned.items() if k not in ("pool", "sharedCounters")}
     listed = spec.get("devices") or []
-    devices = {str(d.get("name")): _normal_device(d) for d in listed if isinstance(d, dict)}
+    if memo is None:
+        devices = {str(d.get("name")): _normal_device(d) for d in listed if isinstance(d, dict)}
+    else:
+        normals = memo.normals
+        devices = memo.chunk_normal(
+            listed,
+            lambda: {
+                str(d.get("name")): normals.get(d, functools.partial(_normal_device, d))
+                for d in listed
+                if isinstance(d, dict)
+            },
+        )
     counters = {
         str(c.get("name")): _normal_counters(c.get("counters")) for c in pruned.get("sharedCounters") or []
     }
@@ -401,6 +424,8 @@ class DesiredPool:
     counter_sets: list[list[dict[str, Any]]] = field(default_factory=list)
     nodes: tuple[str, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
+    #: each published device's normal form, by the device's identity (the publisher's memo)
+    normals: RenderMemo | None = field(default=None, repr=False, compare=False)
     _normal: list[dict[str, Any]] | None = field(default=None, repr=False)
 
     @property
@@ -424,7 +449,9 @@ class DesiredPool:
 
     def normal_specs(self, driver: str) -> list[dict[str, Any]]:
         if self._normal is None:
-            self._normal = [_normal_spec(self.spec(driver, i, 0)) for i in range(len(self.chunks))]
+            self._normal = [
+                _normal_spec(self.spec(driver, i, 0), self.normals) for i in range(len(self.chunks))
+            ]
         return self._normal
 
 
@@ -474,11 +501,26 @@ class _Unit:
         )
 
 
+def _convert(
+    device: Device, policy: PublishPolicy, quarantined: str | None, link_fault: str | None = None
+) -> tuple[Conversion, list[Conversion], dict[str, Any] | None, _Unit | None]:
+    """``device`` published (or withheld), its partitions, the counter set they consume, and —
+    for a published device without partitions — its unit where it is not warm (the common case,
+    kept whole by the memo)."""
+    whole = to_dra_device(device, policy, quarantined, link_fault)
+    if device.partition_table is None or policy.counters is CounterLayout.OFF:
+        cold = _Unit(device.name, [whole.device]) if whole.device is not None else None
+        return whole, [], None, cold
+    counters = counter_set_entry(device) if whole.device is not None else None
+    return whole, partition_conversions(device, whole, policy.driver), counters, None
+
+
 def _pool_units(
     devices: Sequence[Device],
     policy: PublishPolicy,
     marks: DeviceMarks,
     reaching: Mapping[tuple[str, str | None], frozenset[str]],
+    memo: IdentityMemo[Any] | None = None,
 ) -> tuple[dict[str | None, list[_Unit]], dict[str, list[_Unit]], dict[str, Conversion]]:
     """One pool's devices as units: by reach group (None: every node of the pool), by node (the
     node-local slices: warm devices, and the GPUs whose partitions a node holds), and every
@@ -491,15 +533,22 @@ def _pool_units(
         if device.name in converted:
             continue  # a device name is unique within a pool; the manager guarantees it, we enforce it
         key = (device.pool, device.name)
-        whole = to_dra_device(device, policy, marks.quarantined.get(key), marks.link_faults.get(key))
+        reason, link_fault = marks.quarantined.get(key), marks.link_faults.get(key)
+        if memo is None:
+            whole, parts, counters, cold = _convert(device, policy, reason, link_fault)
+        else:
+            # the same device object, policy, quarantine and link fault: the same conversion as last pass
+            whole, parts, counters, cold = memo.get(
+                device,
+                functools.partial(_convert, device, policy, reason, link_fault),
+                (policy, reason, link_fault),
+            )
         converted[device.name] = whole
-        parts: list[Conversion] = []
-        counters: dict[str, Any] | None = None
-        if device.partition_table is not None and policy.counters is not CounterLayout.OFF:
-            counters = counter_set_entry(device) if whole.device is not None else None
-            parts = partition_conversions(device, whole, policy.driver)
         warm = _warm_node(device, reaching)
         node = warm or _partition_node(device, reaching)
+        if cold is not None and node is None:
+            groups.setdefault(device.reach, []).append(cold)
+            continue
         if parts and not policy.binding_conditions and node is None:
             # Without binding conditions a partition's node is the pod's, bound before any attach: a
             # free GPU's partitions could go to two nodes at once, and the second pod would wait for
@@ -552,13 +601,13 @@ def _pack_combined(units: Sequence[_Unit]) -> list[tuple[list[dict[str, Any]], l
 
 
 def _layout(
-    units: Sequence[_Unit], layout: CounterLayout
+    units: Sequence[_Unit], policy: PublishPolicy
 ) -> list[tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
     """The slices (devices, counter sets) of one node selection."""
-    if layout is CounterLayout.COMBINED:
+    if policy.counters is CounterLayout.COMBINED:
         return _pack_combined(units)
     devices = sorted((d for u in units for d in u.devices), key=lambda d: str(d["name"]))
-    return [(chunk, []) for chunk in chunk_devices(devices)]
+    return [(chunk, []) for chunk in chunk_devices(devices, taintable=policy.device_taints)]
 
 
 @dataclass(frozen=True)
@@ -576,6 +625,7 @@ def desired_pools(
     policy: PublishPolicy,
     quarantined: Mapping[tuple[str, str], str] | None = None,
     link_faults: Mapping[tuple[str, str], str] | None = None,
+    memo: RenderMemo | None = None,
 ) -> dict[str, DesiredPool]:
     """Every pool of the inventory with the devices to publish, in slice-sized chunks.
 
@@ -590,6 +640,8 @@ def desired_pools(
     holds partitions of a GPU (``Device.partitions``), the GPU's devices are in that node's
     node-local slice, as a warm device's are, so no other node is offered its placements."""
     marks = DeviceMarks(quarantined or {}, link_faults or {})
+    if memo is not None:
+        memo.turn()
     nodes_by_pool: dict[str, tuple[str, ...]] = {p.pool: tuple(sorted(set(p.nodes))) for p in inventory.pools}
     reaching = _reaching_nodes(inventory)
     by_pool: dict[str, list[Device]] = defaultdict(list)
@@ -599,7 +651,9 @@ def desired_pools(
     for pool in sorted(set(nodes_by_pool) | set(by_pool)):
         if not is_pool_name(pool):
             continue
-        groups, local, converted = _pool_units(by_pool.get(pool, []), policy, marks, reaching)
+        groups, local, converted = _pool_units(
+            by_pool.get(pool, []), policy, marks, reaching, memo.conversions if memo else None
+        )
         if not groups[None] and (len(groups) > 1 or local):
             del groups[None]  # no device for every node: no empty slice for them either
         chunks: list[list[dict[str, Any]]] = []
@@ -608,13 +662,13 @@ def desired_pools(
         # Each node's node-local devices first, then the devices every node of the pool reaches,
         # then each reach group (module docstring). A device goes to exactly one of them.
         for node in sorted(local):
-            for devices, counter_sets in _layout(local[node], policy.counters):
+            for devices, counter_sets in _layout(local[node], policy):
                 chunks.append(devices)
                 sets.append(counter_sets)
                 placements.append({"nodeName": node})
         for group in sorted(groups, key=lambda g: (g is not None, g or "")):
             selector = node_selector(policy.driver, pool, group)
-            for devices, counter_sets in _layout(groups[group], policy.counters):
+            for devices, counter_sets in _layout(groups[group], policy):
                 chunks.append(devices)
                 sets.append(counter_sets)
                 placements.append({"nodeSelector": selector})
@@ -640,6 +694,7 @@ def desired_pools(
             nodes=nodes_by_pool.get(pool, ()),
             labels=slice_labels(policy.driver, policy.publisher),
             counter_sets=sets,
+            normals=memo,
         )
     return pools
 
@@ -707,7 +762,7 @@ def _in_sync(
         if any(labels.get(k) != v for k, v in desired.labels.items()):
             return False
         generations.add(_generation(stored))
-        if normal_of(stored) != normal[index]:
+        if not _same(stored, normal[index], normal_of):
             return False
     return len(generations) == 1
 
@@ -783,11 +838,6 @@ def _keep_slots(desired: DesiredPool, existing: Mapping[str, dict[str, Any]]) ->
     return dataclasses.replace(desired, chunks=chunks, placements=placements, counter_sets=sets, _normal=None)
 
 
-def _without_warm(device: Mapping[str, Any], warm_key: str) -> dict[str, Any]:
-    attributes = {k: v for k, v in (device.get("attributes") or {}).items() if k != warm_key}
-    return {**device, "attributes": attributes}
-
-
 def _replace(
     desired: DesiredPool,
     driver: str,
@@ -809,7 +859,23 @@ def _replace(
         "metadata": {"name": name, "labels": dict(desired.labels), "resourceVersion": resource_version},
         "spec": spec,
     }
-    return SliceWrite(obj, resource_version, _normal_spec(spec))
+    return SliceWrite(obj, resource_version, _normal_spec(spec, desired.normals))
+
+
+def _same(
+    stored: Mapping[str, Any],
+    normal: dict[str, Any],
+    normal_of: Callable[[Mapping[str, Any]], dict[str, Any]],
+) -> bool:
+    """Whether stored slice ``stored`` already shows ``normal``. When it does, a :class:`NormalCache`
+    is told to take ``normal`` as the stored slice's normal form: the next pass compares device by
+    device *identity* (the memo keeps unchanged devices' normal forms), not 10,000 devices deeply."""
+    now = normal_of(stored)
+    if now != normal:
+        return False
+    if isinstance(normal_of, NormalCache) and now is not normal:
+        normal_of.remember(stored, normal)
+    return True
 
 
 def _plan_in_place(
@@ -818,9 +884,11 @@ def _plan_in_place(
     driver: str,
     normal_of: Callable[[Mapping[str, Any]], dict[str, Any]],
 ) -> PoolPlan | None:
-    """The writes of a *warm change* — devices moving between the shared and node-local slices of
-    a pool whose slices stay the same — made under the pool's current generation; None for any
-    other change (those are a new generation of every slice, as before).
+    """The writes of a change that keeps the pool's slices — their number, names, node selection
+    and counter sets — made in place under the pool's current generation: devices changed (a
+    health, a taint, a drain), added or removed, or moving between slices (warm ones between the
+    shared and node-local slices); None for any other change (those are a new generation of every
+    slice, as before). Only the slices whose devices differ are written.
 
     The API server's rule for consumers (the structured allocator's ``GatherPools``,
     ``pools_experimental.go``) is that a pool is usable only when all ``resourceSliceCount``
@@ -834,7 +902,7 @@ def _plan_in_place(
     device is in at most one slice at every instant — at worst briefly in none. Upstream's own
     publisher keeps the generation for a change of one slice (``numNewSlices == 0 &&
     len(changedDesiredSlices) <= 1`` in ``resourceslice/resourceslicecontroller.go``); the
-    ordering extends that to a move between two."""
+    ordering extends that to changes of several."""
     count = len(desired.chunks)
     if len(existing) != count:
         return None
@@ -855,30 +923,26 @@ def _plan_in_place(
         ):
             return None
         now = normal_of(obj)
-        # the same node selection: nodeName is immutable, and a selector change is not warmth
+        # the same node selection (nodeName is immutable) and the same counter sets
         if {k: v for k, v in now.items() if k != "devices"} != {
             k: v for k, v in normal[index].items() if k != "devices"
         }:
             return None
         stored.append(obj)
-    warm_key = f"{driver}/{WARM_ATTRIBUTE}"
-    before = {n: _without_warm(d, warm_key) for obj in stored for n, d in normal_of(obj)["devices"].items()}
-    after = {n: _without_warm(d, warm_key) for spec in normal for n, d in spec["devices"].items()}
-    if before != after:
-        return None  # devices added, removed or changed: not a warm change
-    times = _taint_times(existing.values())
+    changed = [index for index, obj in enumerate(stored) if not _same(obj, normal[index], normal_of)]
+    # a device moves only between slices that change: their taints' times are all that is kept
+    times = _taint_times(stored[index] for index in changed)
     writes: list[SliceWrite] = []
     writes_after: list[SliceWrite] = []
-    for index, obj in enumerate(stored):
+    for index in changed:
+        obj = stored[index]
         now = normal_of(obj)
-        if now == normal[index]:
-            continue
         name = str(_meta(obj)["name"])
         rv = str(_meta(obj).get("resourceVersion") or "")
         final = desired.chunks[index]
         kept = [d for d in final if d["name"] in now["devices"]]
         if len(kept) == len(final):
-            # it only loses devices, or only their warm mark changes
+            # it only loses devices, or its devices change
             writes.append(_replace(desired, driver, index, generation, name, rv, final, times))
             continue
         first = _replace(desired, driver, index, generation, name, rv, kept, times)

@@ -76,7 +76,9 @@ class Quantity:
 
     def canonical(self) -> str:
         """The spelling Kubernetes writes the quantity back in (``Quantity.String()``): the format
-        it was written in (binary suffix or not), with the largest exact suffix."""
+        it was written in (binary suffix, exponent or decimal suffix), with the largest exact suffix."""
+        if _EXPONENT.search(self.text):
+            return _format_exponent(self.value)
         return format_quantity(self.value, binary=bool(_BINARY_SUFFIX.search(self.text)))
 
     def add(self, other: Quantity | int) -> Quantity:
@@ -102,6 +104,21 @@ def parse_quantity(text: str) -> Quantity:
 
 
 _BINARY_SUFFIX = re.compile(r"(Ki|Mi|Gi|Ti|Pi|Ei)$")
+_EXPONENT = re.compile(r"[eE][+-]?\d+$")
+
+
+def _format_exponent(value: Fraction) -> str:
+    """``Quantity.String()`` in the ``DecimalExponent`` format: the mantissa with the largest
+    exponent, a multiple of 3, that keeps it whole (``1000e0`` → ``1e3``; ``1`` stays ``1``)."""
+    if value == 0:
+        return "0"
+    sign = "-" if value < 0 else ""
+    magnitude = abs(value)
+    for exponent in range(18, -10, -3):
+        scaled = magnitude / Fraction(10) ** exponent
+        if scaled.denominator == 1:
+            return f"{sign}{scaled.numerator}" + (f"e{exponent}" if exponent else "")
+    return f"{sign}{math.ceil(magnitude * 10**9)}e-9"
 
 
 def format_quantity(value: Fraction | int, *, binary: bool) -> str:
@@ -128,15 +145,17 @@ def format_quantity(value: Fraction | int, *, binary: bool) -> str:
 
 
 def format_bytes(count: int) -> str:
-    """A byte count with the largest binary suffix that keeps it whole (``80Gi``), else plain —
-    the form the API server stores, so published capacities read back as written."""
+    """A byte count with the largest binary suffix that keeps it whole (``80Gi``), else with the
+    largest decimal one (``1G``, not ``1000000000``) — the canonical form the API server stores
+    (``Quantity.String()``: a plain number is ``DecimalSI``), so published capacities read back
+    exactly as written."""
     if count < 0:
         raise ValueError("a byte count cannot be negative")
     for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
         unit = _BINARY[suffix]
         if count >= unit and count % unit == 0:
             return f"{count // unit}{suffix}"
-    return str(count)
+    return format_quantity(count, binary=False)
 
 
 def _format(value: Fraction) -> str:

@@ -34,6 +34,10 @@ ERRORS: dict[int, str] = {
         "NodeBindingLimit, or BudgetExceeded: a DeviceBudget caps the claim's agent tree (not retried "
         "at once: asked again when the tree releases)"
     ),
+    410: (
+        "ResyncRequired: the changes since that version are no longer held (or it counts in another "
+        "manager incarnation's epoch); read GET /api/v1/inventory and follow the changes from there"
+    ),
     413: "PayloadTooLarge: a request body larger than the largest claim report (refused unread)",
     422: "InvalidRequest: names every malformed field",
     429: "TooManyRequests (retriable): more token reviews from this client address than its share",
@@ -56,6 +60,7 @@ _BY_OPERATION: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", f"{api.API_PREFIX}/drains"): (404,),
     ("delete", f"{api.API_PREFIX}/drains"): (404,),
     ("get", f"{api.API_PREFIX}/usage"): (404,),
+    ("get", f"{api.API_PREFIX}/inventory/changes"): (410,),
 }
 _RETRIABLE = (409, 429, 503, 504)
 

@@ -32,6 +32,7 @@ from fabric.bindings.budget_status import report_of
 from fabric.bindings.focus import focus_csv, focus_rows
 from fabric.bindings.usage import BUCKET, UsageMeter
 from fabric.state.drains import DrainBook
+from fabric.state.inventory import wait_changes
 from manager_api import models as api
 from manager_api.errors import DeviceNotFound, FabricUnavailable, InvalidRequest, NotFoundError
 from plumbing.names import UID_MAX_LENGTH, UID_PATTERN
@@ -93,6 +94,24 @@ async def inventory(
     # The JSON of each version is encoded once (the model above documents it): every plugin's
     # long poll that a change wakes gets the same bytes.
     return Response(ctx.inventory.snapshot_json(), media_type="application/json")
+
+
+@FABRIC.get(
+    f"{api.API_PREFIX}/inventory/changes", response_model=api.InventoryChanges, response_model_by_alias=True
+)
+async def inventory_changes(
+    caller: Reader,
+    ctx: Ctx,
+    epoch: Annotated[int, Query(description="the epoch of the inventory or change answer read last")],
+    since: Annotated[int, Query(description="the version read last: answer what changed after it")],
+    timeout_seconds: Annotated[float, Query(alias="timeoutSeconds", ge=0, le=300)] = 30.0,
+) -> Response:
+    """The devices changed, added and removed after version ``since``, once there are any (a long
+    poll, as ``GET /inventory?after=`` is); ``410 ResyncRequired`` when they are no longer known."""
+    require_loaded(ctx)
+    return Response(
+        await wait_changes(ctx.inventory, epoch, since, timeout_seconds), media_type="application/json"
+    )
 
 
 @FABRIC.get(f"{api.API_PREFIX}/devices", response_model=list[api.Device], response_model_by_alias=True)

@@ -191,6 +191,17 @@ class ManagerSettings(BaseModel):
     events: Annotated[
         bool, Setting(group=FABRIC, help="follow Redfish server-sent events (--no-events: poll only)")
     ] = True
+    change_history_versions: Annotated[int, Setting(group=FABRIC)] = Field(
+        default=1024,
+        ge=1,
+        description="inventory versions whose changed devices GET /api/v1/inventory/changes can answer; "
+        "a consumer further behind reads the whole inventory again",
+    )
+    change_history_devices: Annotated[int, Setting(group=FABRIC)] = Field(
+        default=65536,
+        ge=1,
+        description="device changes the change history holds in all (the oldest versions go first)",
+    )
     binder: Annotated[
         OperationSettings,
         Section(

@@ -99,7 +99,8 @@ def build_parts(
     metrics = ManagerMetrics()
     redfish = RedfishClient(s.redfish, observer=metrics.observe_redfish)
     discovery = Discovery(redfish, s.binding)
-    inventory = Inventory(fabric_name=s.fabric_name)
+    history = {"history_versions": s.change_history_versions, "history_devices": s.change_history_devices}
+    inventory = Inventory(fabric_name=s.fabric_name, **history)
     watch = InventoryWatch(
         discovery,
         inventory,

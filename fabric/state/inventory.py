@@ -6,7 +6,10 @@ Discovery passes (:mod:`fabric.backends.watch`) load what they found (:meth:`Inv
 
 ``version`` grows whenever the rendered inventory changes (a device, a binding, a health, a node);
 it starts from the wall clock in milliseconds so it also grows across restarts and fail-overs,
-which lets ``GET /api/v1/inventory?after=V`` long-polls resume safely.
+which lets ``GET /api/v1/inventory?after=V`` long-polls resume safely. Each version also records
+which devices it changed (:class:`~fabric.state.changes.ChangeHistory`, bounded), so
+``GET /api/v1/inventory/changes?since=V`` answers only those (:meth:`Inventory.changes_json`);
+that start is the ``epoch`` a change cursor counts in.
 """
 
 from __future__ import annotations
@@ -19,15 +22,16 @@ from collections.abc import Callable, Mapping
 
 from pydantic import TypeAdapter
 
+from fabric.state.changes import ChangeHistory
 from fabric.state.ledger import Ledger, LedgerEntry, LedgerState
 from fabric.state.model import DeviceRecord, FabricInfo, FabricSnapshot, HostRecord, MemoryDomainRecord
 from fabric.state.names import pool_name
 from manager_api import models as api
 from manager_api.devices import DeviceAttributes
-from manager_api.errors import FabricError, FabricUnavailable
+from manager_api.errors import FabricError, FabricUnavailable, ResyncRequired
 from plumbing.logs import get_logger
 
-__all__ = ["Inventory"]
+__all__ = ["Inventory", "changes_json", "wait_changes"]
 
 #: the table of device attributes: what discovery found of a device is what the API shows of it
 _ATTRIBUTE_FIELDS = tuple(DeviceAttributes.model_fields)
@@ -46,9 +50,13 @@ _STATE_OF_ENTRY = {
 
 
 class Inventory:
-    def __init__(self, *, fabric_name: str = "fabric") -> None:
+    def __init__(
+        self, *, fabric_name: str = "fabric", history_versions: int = 1024, history_devices: int = 65536
+    ) -> None:
         self.fabric_name = fabric_name
         self.version = time.time_ns() // 1_000_000
+        #: which devices each version changed, for the change feed; its epoch is this start
+        self.history = ChangeHistory(self.version, max_versions=history_versions, max_devices=history_devices)
         self.loaded = asyncio.Event()
         #: why the last discovery pass failed (None after a good one)
         self.last_error: FabricError | None = None
@@ -302,51 +310,27 @@ class Inventory:
         self._views[record.name] = (record, key, device, text)
         return cached is None or cached[3] != text
 
-    def _refresh_all_views(self) -> bool:
-        """Every device, the pools and the nodes checked again; whether anything served changed."""
-        nodes: list[api.FabricNode] = []
-        for host_id, node in sorted(self._host_nodes.items(), key=lambda item: item[1]):
-            host = self._hosts.get(host_id)
-            fabrics = sorted(f.id for f in self._fabrics.values() if host_id in f.hosts)
-            nodes.append(
-                api.FabricNode(
-                    name=node,
-                    host=host_id,
-                    system_uuid=host.uuid if host else None,
-                    fabrics=fabrics,
-                    pools=[pool_name(self.fabric_name, f) for f in fabrics],
-                )
-            )
-        groups: dict[str, dict[str, tuple[str, ...]]] = {}
-        for record in self._records.values():
-            group = self._reach.get(record.name)
-            if group is not None:
-                groups.setdefault(record.fabric, {})[group] = record.reachable_hosts
-        pools = [
-            api.FabricPool(
-                pool=pool_name(self.fabric_name, fabric.id),
-                fabric=fabric.id,
-                nodes=self._nodes_of(fabric.hosts),
-                reach_groups=[
-                    api.ReachGroup(id=group, nodes=self._nodes_of(hosts))
-                    for group, hosts in sorted(groups.get(fabric.id, {}).items())
-                ],
-            )
-            for fabric in sorted(self._fabrics.values(), key=lambda f: f.id)
-        ]
+    def _refresh_all_views(self) -> tuple[set[str], bool]:
+        """Every device, the pools and the nodes checked again: the devices whose served form
+        changed (added and removed ones too), and whether the pools, nodes or notices did."""
+        nodes, pools = fabric_view(
+            self.fabric_name, self._hosts, self._fabrics, self._host_nodes, self._records, self._reach
+        )
         order = sorted(self._records)
-        changed = order != self._order
+        # devices added or removed, then each whose rendering changed
+        names = set(order).symmetric_difference(self._order) if order != self._order else set()
         for name in order:
-            changed |= self._view_changed(self._records[name])
+            if self._view_changed(self._records[name]):
+                names.add(name)
         if len(self._views) > len(self._records):
             self._views = {k: v for k, v in self._views.items() if k in self._records}
         tail = (
             f'"nodes":{_NODES.dump_json(nodes, by_alias=True).decode()},'
             f'"notices":{_NOTICES.dump_json(self.notices).decode()}}}'
         )
-        changed |= pools != self._pools or tail != self._tail
+        rest = pools != self._pools or tail != self._tail
         self._order, self._pools, self._nodes, self._tail = order, pools, nodes, tail
-        return changed
+        return names, rest
 
     def _built(self) -> None:
         """The served inventory and its JSON for the current version, built once per version: at
@@ -362,14 +346,13 @@ class Inventory:
             devices=[device for _, _, device, _ in views],
             nodes=self._nodes,
             notices=list(self.notices),
+            epoch=self.history.epoch,
         )
         self._rendered_json = (
-            f'{{"version":{self.version},"pools":{pools},"devices":[{devices}],{self._tail}'.encode()
+            f'{{"version":{self.version},"epoch":{self.history.epoch},"pools":{pools},'
+            f'"devices":[{devices}],{self._tail}'.encode()
         )
         self._built_version = self.version
-
-    def _nodes_of(self, hosts: tuple[str, ...]) -> list[str]:
-        return sorted(self._host_nodes[h] for h in hosts if h in self._host_nodes)
 
     def changed(self, device: str | None = None) -> None:
         """Something may have changed — about ``device`` only, or (None) anything: re-check soon
@@ -393,16 +376,15 @@ class Inventory:
         names, self._dirty_names = self._dirty_names, set()
         if self._dirty_all:
             self._dirty_all = False
-            changed = self._refresh_all_views()
+            changed, rest = self._refresh_all_views()
         else:
-            changed = False
-            for name in names:
-                record = self._records.get(name)
-                if record is not None:  # a device no pass has found is not served
-                    changed |= self._view_changed(record)
-        if not changed:
+            rest = False
+            # a device no pass has found is not served
+            changed = {n for n in names if (r := self._records.get(n)) is not None and self._view_changed(r)}
+        if not changed and not rest:
             return
         self.version += 1
+        self.history.record(self.version, frozenset(changed))
         with contextlib.suppress(RuntimeError):
             asyncio.get_running_loop().create_task(self._notify())
 
@@ -428,16 +410,32 @@ class Inventory:
         A version from another manager incarnation (higher than ours) returns at once, so a client
         never waits for a number this replica will not reach.
         """
+        await self.wait_past(after, wait_seconds)
+        self._built()
+        return self._rendered
+
+    async def wait_past(self, version: int, wait_seconds: float) -> None:
+        """Return once the version differs from ``version``, or when ``wait_seconds`` pass."""
         if not self.loaded.is_set():
             raise FabricUnavailable("the fabric inventory is not loaded yet", retry_after=1.0)
         self._flush()
         async with self._changed:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
-                    self._changed.wait_for(lambda: self.version != after or self._closing), wait_seconds
+                    self._changed.wait_for(lambda: self.version != version or self._closing), wait_seconds
                 )
-        self._built()
-        return self._rendered
+
+    def flush(self) -> None:
+        """Re-check what changed now, rather than at the loop's next turn."""
+        self._flush()
+
+    def served(self, names: set[str]) -> tuple[str, list[str], str]:
+        """Of the devices ``names``: the served JSON of those present (comma-joined, by name), the
+        names of those gone; and the pools, nodes and notices as JSON members (``"pools":…}``)."""
+        present = sorted(n for n in names if n in self._records and n in self._views)
+        removed = sorted(n for n in names if n not in self._records)
+        pools = _POOLS.dump_json(self._pools, by_alias=True).decode()
+        return ",".join(self._views[n][3] for n in present), removed, f'"pools":{pools},{self._tail}'
 
     async def release_waiters(self) -> None:
         """Answer every long poll now, with the inventory as it is: the service is shutting down and
@@ -445,6 +443,83 @@ class Inventory:
         self._closing = True
         async with self._changed:
             self._changed.notify_all()
+
+
+def fabric_view(
+    fabric_name: str,
+    hosts: Mapping[str, HostRecord],
+    fabrics: Mapping[str, FabricInfo],
+    host_nodes: Mapping[str, str],
+    records: Mapping[str, DeviceRecord],
+    reach: Mapping[str, str | None],
+) -> tuple[list[api.FabricNode], list[api.FabricPool]]:
+    """The nodes and the pools the inventory serves: which fabrics each node's host is on, and which
+    nodes reach each pool and each of its reach groups."""
+
+    def nodes_of(of: tuple[str, ...]) -> list[str]:
+        return sorted(host_nodes[h] for h in of if h in host_nodes)
+
+    nodes: list[api.FabricNode] = []
+    for host_id, node in sorted(host_nodes.items(), key=lambda item: item[1]):
+        host = hosts.get(host_id)
+        on = sorted(f.id for f in fabrics.values() if host_id in f.hosts)
+        nodes.append(
+            api.FabricNode(
+                name=node,
+                host=host_id,
+                system_uuid=host.uuid if host else None,
+                fabrics=on,
+                pools=[pool_name(fabric_name, f) for f in on],
+            )
+        )
+    groups: dict[str, dict[str, tuple[str, ...]]] = {}
+    for record in records.values():
+        group = reach.get(record.name)
+        if group is not None:
+            groups.setdefault(record.fabric, {})[group] = record.reachable_hosts
+    pools = [
+        api.FabricPool(
+            pool=pool_name(fabric_name, fabric.id),
+            fabric=fabric.id,
+            nodes=nodes_of(fabric.hosts),
+            reach_groups=[
+                api.ReachGroup(id=group, nodes=nodes_of(members))
+                for group, members in sorted(groups.get(fabric.id, {}).items())
+            ],
+        )
+        for fabric in sorted(fabrics.values(), key=lambda f: f.id)
+    ]
+    return nodes, pools
+
+
+def changes_json(inventory: Inventory, epoch: int, since: int) -> bytes:
+    """:class:`~manager_api.models.InventoryChanges` after version ``since`` of ``epoch``, as the
+    API serves it (each changed device's JSON is the one it was rendered to once); raises
+    :class:`ResyncRequired` when the bounded history cannot say what changed."""
+    history = inventory.history
+    inventory.flush()
+    names = history.since(epoch, since)
+    if names is None:
+        raise ResyncRequired(
+            f"inventory changes since version {since} of epoch {epoch} are no longer known: the "
+            f"manager holds versions {history.oldest}-{history.current} of epoch {history.epoch}; "
+            "read GET /api/v1/inventory again"
+        )
+    devices, removed, rest = inventory.served(names)
+    return (
+        f'{{"epoch":{history.epoch},"since":{since},"version":{inventory.version},'
+        f'"devices":[{devices}],"removed":{_NOTICES.dump_json(removed).decode()},{rest}'
+    ).encode()
+
+
+async def wait_changes(inventory: Inventory, epoch: int, since: int, wait_seconds: float) -> bytes:
+    """:func:`changes_json` once the version differs from ``since``, or when ``wait_seconds`` pass; a
+    cursor the history cannot answer is refused at once, without waiting."""
+    if inventory.loaded.is_set() and inventory.history.since(epoch, since) is not None:
+        await inventory.wait_past(since, wait_seconds)
+    elif not inventory.loaded.is_set():
+        await inventory.wait_past(since, 0)  # raises FabricUnavailable
+    return changes_json(inventory, epoch, since)
 
 
 def memory_pool_view(record: DeviceRecord, entries: list[LedgerEntry]) -> api.MemoryPool | None:

@@ -1226,9 +1226,11 @@ class Stack:
         log_level: str | None = None,
         start: bool = True,
         crash_at: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> Controller:
         """The ResourceSlice (and, with ``binding_conditions``, binding-condition) controller;
-        several managers, one per Redfish service, are ``args`` (:func:`managers_args`)."""
+        several managers, one per Redfish service, are ``args`` (:func:`managers_args`); ``env``:
+        e.g. a baseline tree's PYTHONPATH."""
         kubeconfig = kube.kubeconfig if isinstance(kube, ApiServer) else kube
         controller: Controller
 
@@ -1244,7 +1246,7 @@ class Stack:
             return [*out, *args]
 
         controller = Controller(
-            self.role(name, command, port_flag=True, log_level=log_level, tier=CLIENT_TIER),
+            self.role(name, command, port_flag=True, env=env, log_level=log_level, tier=CLIENT_TIER),
             binding_conditions,
         )
         if start:

@@ -26,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from dra_driver.controller.devices import ATTRIBUTE_NAMES
+from fabric.state.changes import ChangeHistory
 from fabric_dra_testbed.stack import free_port
 from fabric_dra_testbed.standin_hosts import EmulatedHosts
 from manager_api.models import (
@@ -41,6 +42,7 @@ from manager_api.models import (
     FabricPool,
     Health,
     Inventory,
+    InventoryChanges,
     MemoryPool,
     MemoryShare,
     PartitionHolder,
@@ -180,9 +182,21 @@ class InventoryServer:
     """
 
     def __init__(
-        self, inventory: Inventory, *, token: str | None = None, hosts: EmulatedHosts | None = None
+        self,
+        inventory: Inventory,
+        *,
+        token: str | None = None,
+        hosts: EmulatedHosts | None = None,
+        changes: bool = True,
+        history_versions: int = 1024,
     ) -> None:
-        self._inventory = inventory
+        #: serve the change feed (``GET /inventory/changes``, an epoch in the inventory), as the
+        #: manager does (False: a manager from before it); its history is the manager's own class
+        self.changes = changes
+        self.history = ChangeHistory(
+            inventory.version, epoch=time.time_ns() // 1000, max_versions=history_versions
+        )
+        self._inventory = inventory.model_copy(update={"epoch": self.history.epoch if changes else None})
         self.token = token
         #: the nodes' emulated host views the bindings appear in (None: no host side)
         self.hosts = hosts
@@ -197,6 +211,9 @@ class InventoryServer:
         self.attach_calls: list[tuple[str, str, str]] = []
         self.detach_calls: list[tuple[str, str, str]] = []
         self.inventory_calls = 0
+        self.changes_calls = 0
+        #: set while change answers may go out; cleared, they wait (a consumer falling behind)
+        self._changes_flow: asyncio.Event | None = None
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Condition | None = None
@@ -216,7 +233,29 @@ class InventoryServer:
         """Publish a new inventory; its version is forced above the current one."""
         with self._lock:
             version = max(inventory.version, self._inventory.version + 1)
-            self._inventory = inventory.model_copy(update={"version": version})
+            epoch = self.history.epoch if self.changes else None
+            before = {d.name: d for d in self._inventory.devices}
+            after = {d.name: d for d in inventory.devices}
+            changed = {n for n in before.keys() | after.keys() if before.get(n) != after.get(n)}
+            self._inventory = inventory.model_copy(update={"version": version, "epoch": epoch})
+            self.history.record(version, frozenset(changed))
+        self._notify()
+
+    def hold_changes(self, held: bool) -> None:
+        """Hold every change answer back (True) or let them go (False)."""
+        loop, flow = self._loop, self._changes_flow
+        if loop is not None and flow is not None:
+            loop.call_soon_threadsafe(flow.clear if held else flow.set)
+
+    def restart(self) -> None:
+        """What a restarted manager does to the change feed: a new epoch, so every cursor given out
+        so far is answered 410 ResyncRequired."""
+        with self._lock:
+            epoch = self.history.epoch + 1
+            self.history = ChangeHistory(
+                self._inventory.version, epoch=epoch, max_versions=self.history.max_versions
+            )
+            self._inventory = self._inventory.model_copy(update={"epoch": epoch})
         self._notify()
 
     def update_devices(self, change: Callable[[list[Device]], list[Device]]) -> Inventory:
@@ -246,6 +285,8 @@ class InventoryServer:
         """The manager's routes the plugin and the controller call."""
         app = FastAPI()
         app.get(f"{API_PREFIX}/inventory")(self._get_inventory)
+        if self.changes:
+            app.get(f"{API_PREFIX}/inventory/changes")(self._get_changes)
         app.post(f"{API_PREFIX}/attachments")(self._post_attachment)
         app.post(API_PREFIX + "/devices/{name}/reset")(self._post_reset)
         app.delete(API_PREFIX + "/attachments/{name}")(self._delete_attachment)
@@ -272,7 +313,52 @@ class InventoryServer:
                         break
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._changed.wait(), remaining)
-        return JSONResponse(self.inventory.model_dump(mode="json", by_alias=True))
+        body = self.inventory.model_dump(mode="json", by_alias=True)
+        if body.get("epoch") is None:
+            body.pop("epoch", None)  # a manager from before the change feed has none
+        return JSONResponse(body)
+
+    async def _get_changes(
+        self, request: Request, epoch: int, since: int, timeoutSeconds: float = 30.0
+    ) -> Any:
+        """The manager's change feed: the devices changed after ``since``, or 410 ResyncRequired."""
+        if (resp := self._denied(request)) is not None:
+            return resp
+        self.changes_calls += 1
+        assert self._changed is not None
+        assert self._changes_flow is not None
+        await self._changes_flow.wait()
+        with self._lock:
+            known = self.history.since(epoch, since) is not None
+        if known:
+            deadline = time.monotonic() + timeoutSeconds
+            async with self._changed:
+                while self.inventory.version == since and not self._closing:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._changed.wait(), remaining)
+        await self._changes_flow.wait()  # a poll already waiting is held back too
+        with self._lock:
+            names = self.history.since(epoch, since)
+            inventory = self._inventory
+        if names is None:
+            return _error(
+                410, "ResyncRequired", f"changes since {since} of epoch {epoch} are no longer known"
+            )
+        present = {d.name: d for d in inventory.devices if d.name in names}
+        answer = InventoryChanges(
+            epoch=self.history.epoch,
+            since=since,
+            version=inventory.version,
+            devices=[present[n] for n in sorted(present)],
+            removed=sorted(names - set(present)),
+            pools=inventory.pools,
+            nodes=inventory.nodes,
+            notices=inventory.notices,
+        )
+        return JSONResponse(answer.model_dump(mode="json", by_alias=True))
 
     async def _post_attachment(self, request: Request, waitSeconds: float = 0.0) -> Any:
         if (resp := self._denied(request)) is not None:
@@ -529,6 +615,7 @@ class InventoryServer:
             self._inventory = self._inventory.model_copy(
                 update={"devices": devices, "version": self._inventory.version + 1}
             )
+            self.history.record(self._inventory.version, frozenset({device.name}))
         assert self._changed is not None
         changed = self._changed
 
@@ -558,6 +645,8 @@ class InventoryServer:
             loop = asyncio.new_event_loop()
             self._loop = loop
             self._changed = asyncio.Condition()
+            self._changes_flow = asyncio.Event()
+            self._changes_flow.set()
             ready.set()
             assert self._server is not None
             loop.run_until_complete(self._server.serve())
@@ -578,6 +667,7 @@ class InventoryServer:
         # Long polls in flight answer at once, so shutdown does not wait for their timeout.
         self._closing = True
         if self._thread is not None and self._thread.is_alive():
+            self.hold_changes(False)
             self._notify()
         if self._server is not None:
             self._server.should_exit = True

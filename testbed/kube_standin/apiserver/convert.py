@@ -11,7 +11,8 @@ Kubernetes 1.34):
 
 The defaults are those of ``pkg/apis/resource/v1/defaults.go`` the fields fabric-dra reads need
 (:func:`apply_defaults`): a request's allocation mode and count, a toleration's operator, a
-device taint's ``timeAdded``.
+device taint's ``timeAdded``; and every quantity in the canonical form the real server stores
+(:mod:`kube_standin.apiserver.quantities`).
 
 ``events.k8s.io/v1`` Events are stored as core ``v1`` Events, with the field mapping of
 ``k8s.io/kubernetes/pkg/apis/events/v1/conversion.go``.
@@ -28,6 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kube_standin.apiserver.customresources.definitions import default_crd
+from kube_standin.apiserver.quantities import canonical_quantities
 from kube_standin.apiserver.registry import ResourceType
 
 __all__ = ["apply_defaults", "from_storage", "list_item", "storage_form", "to_storage"]
@@ -222,6 +224,9 @@ def _default_rule_taint_time(obj: Obj) -> None:
 def apply_defaults(res: ResourceType, obj: Obj) -> None:
     """The defaults the real server fills in on write, for the fields fabric-dra reads (storage
     version). Modifies ``obj`` in place: give it a document of your own."""
+    if res.group == "resource.k8s.io":
+        # Decoded into resource.Quantity and encoded again: stored, and answered, canonical.
+        canonical_quantities(res.kind, obj)
     if res.group == "resource.k8s.io" and res.kind == "ResourceSlice":
         _default_taint_times(obj)
     elif res.kind == "DeviceTaintRule":

@@ -20,7 +20,7 @@ import yaml
 
 from dra_driver.selection import AllocatedState, Allocator, ClaimToAllocate, DeviceClass, Node, ResourceSlice
 from dra_driver.selection.model import ResourceClaimSpec
-from manager_api.models import BindingState, DeviceDrain, DrainEffect, Health, Inventory
+from manager_api.models import BindingState, DeviceDrain, DeviceType, DrainEffect, Health, Inventory
 from manager_api.partitions import BUILTIN_TABLES, partition_devices
 from tests.conftest import REPO_ROOT
 from tests.integration.controller.conftest import ApiServer, ControllerFactory
@@ -166,7 +166,8 @@ def test_a_restart_over_a_1_36_server_writes_nothing_though_it_stamps_every_tain
     taint with ``timeAdded`` (``SetDefaults_DeviceTaint``), which the controller never renders: a
     restart over the same inventory must still find every slice in place — the PCIe pool holding an
     unhealthy GPU, a drained one (NoExecute), a warm one in its node-local slice and a partitionable
-    one with its counter slice."""
+    one with its counter slice. The server stores every quantity canonically (``Quantity.String()``):
+    a GPU with 3*10^9 bytes and a drive of 10^12 read back as the controller wrote them."""
     pool_nodes = ["on-1", "on-2"]
     drain = DeviceDrain(
         reason="maintenance", effect=DrainEffect.NO_EXECUTE, since=datetime.now(UTC), drains=["switch/s1"]
@@ -177,7 +178,8 @@ def test_a_restart_over_a_1_36_server_writes_nothing_though_it_stamps_every_tain
             make_device("gpu1", health=Health.WARNING),
             make_device("gpu2", drain=drain),
             make_device("gpu3", state=BindingState.WARM, node="on-1"),
-            make_device("gpu4"),
+            make_device("gpu4", memory_bytes=3 * 10**9),
+            make_device("nvme0", type=DeviceType.NVME, capacity_bytes=10**12 + 5),
             make_pool("cxlpool0", 8 * 2**30),
         ],
         pools={"fabric-pcie": pool_nodes, "fabric-cxl": pool_nodes},
@@ -199,6 +201,9 @@ def test_a_restart_over_a_1_36_server_writes_nothing_though_it_stamps_every_tain
             assert all(t.get("timeAdded") for ts in taints.values() for t in ts)
             assert any(s["spec"].get("nodeName") == "on-1" for s in slices)
             assert any(s["spec"].get("sharedCounters") for s in slices)
+            by_name = {d["name"]: d for d in devices}
+            assert by_name["gpu4"]["capacity"][f"{driver}/memory"] == {"value": "3G"}
+            assert by_name["nvme0"]["capacity"][f"{driver}/storage"] == {"value": "1000000000005"}
             stored = {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in slices}
             first.stop()
             api.reset_counts()

@@ -167,10 +167,15 @@ def test_parse_quantity_rejects_garbage() -> None:
 
 @pytest.mark.parametrize("count", [0, 1, 1000, 80 * 2**30, 3 * 2**29, 3840 * 10**9, 2**60 * 3])
 def test_format_bytes_round_trips(count: int) -> None:
-    assert parse_quantity(format_bytes(count)).value == count
+    text = format_bytes(count)
+    assert parse_quantity(text).value == count
+    assert parse_quantity(text).canonical() == text  # the API server gives back what was written
 
 
 def test_format_bytes_uses_the_largest_whole_binary_unit() -> None:
     assert format_bytes(80 * 2**30) == "80Gi"
     assert format_bytes(1536 * 2**20) == "1536Mi"
-    assert format_bytes(1000) == "1000"
+    # no binary unit keeps it whole: the decimal form the API server stores (Quantity.String())
+    assert format_bytes(1000) == "1k"
+    assert format_bytes(10**9) == "1G"
+    assert format_bytes(123) == "123"

@@ -79,17 +79,22 @@ def test_chunks_hold_at_most_128_and_64_where_tainted() -> None:
         assert len(chunk) <= limit
     assert sum(len(c) for c in chunks) == 100
     assert chunk_devices([]) == [[]]
+    # where any device may be tainted tomorrow, every slice is cut at 64: a taint moves nothing
+    assert [len(c) for c in chunk_devices(plain, taintable=True)] == [64, 64, 64, 64, 44]
 
 
 def test_a_pool_publishes_in_consistent_slices() -> None:
     pools = desired_pools(make_inventory(gpus(300)), POLICY)
     plan = plan_pool("fabric-pcie", pool_of(pools), {}, driver=DRIVER)
     assert plan is not None and not plan.deletes
-    assert [w.name for w in plan.writes] == [f"fabric-dra.io-fabric-pcie-{i}" for i in range(3)]
+    # taints published: 64 a slice, so that a device turning unhealthy changes its slice alone
+    assert [w.name for w in plan.writes] == [f"fabric-dra.io-fabric-pcie-{i}" for i in range(5)]
     assert all(w.resource_version is None for w in plan.writes)
     specs = [w.obj["spec"] for w in plan.writes]
     assert {s["pool"]["generation"] for s in specs} == {1}
-    assert {s["pool"]["resourceSliceCount"] for s in specs} == {3}
+    assert {s["pool"]["resourceSliceCount"] for s in specs} == {5}
+    untainted = PublishPolicy(driver=DRIVER, device_taints=False, binding_conditions=False)
+    assert len(pool_of(desired_pools(make_inventory(gpus(300)), untainted)).chunks) == 3
     names = [d["name"] for s in specs for d in s["devices"]]
     assert names == sorted(names) and len(set(names)) == 300
     selector = specs[0]["nodeSelector"]["nodeSelectorTerms"]
@@ -136,25 +141,31 @@ def test_comparison_is_semantic_like_the_api_server() -> None:
     assert plan_pool("fabric-pcie", pool_of(desired_pools(inventory, POLICY)), stored, driver=DRIVER) is None
 
 
-def test_any_change_bumps_the_generation_of_every_slice() -> None:
+def test_a_device_change_rewrites_its_slice_alone_and_a_new_layout_every_slice() -> None:
     devices = gpus(300)
     first = plan_pool(
         "fabric-pcie", pool_of(desired_pools(make_inventory(devices), POLICY)), {}, driver=DRIVER
     )
     assert first is not None
     stored = store(first.writes)
-    # One device of the last slice turns critical: the whole pool moves to generation 2.
+    # One device of the last slice turns critical: that slice is written, in place.
     devices[299] = make_device("gpu-00299", switch="Switch3", health=Health.CRITICAL)
     plan = plan_pool(
         "fabric-pcie", pool_of(desired_pools(make_inventory(devices), POLICY)), stored, driver=DRIVER
     )
-    assert plan is not None
-    assert plan.generation == 2
-    assert len(plan.writes) == 3
-    assert {w.obj["spec"]["pool"]["generation"] for w in plan.writes} == {2}
+    assert plan is not None and plan.generation == 1 and not plan.writes_after
+    assert [w.name for w in plan.writes] == ["fabric-dra.io-fabric-pcie-4"]
     # Updates are compare-and-swap on what was stored.
-    assert [w.resource_version for w in plan.writes] == ["1", "2", "3"]
-    assert [w.obj["metadata"]["resourceVersion"] for w in plan.writes] == ["1", "2", "3"]
+    assert [w.resource_version for w in plan.writes] == ["5"]
+    assert plan.writes[0].obj["metadata"]["resourceVersion"] == "5"
+    assert plan.writes[0].obj["spec"]["devices"][-1]["taints"][0]["value"] == "Critical"
+    # 30 more devices need a sixth slice: a new layout is a new generation on every slice.
+    grown = plan_pool(
+        "fabric-pcie", pool_of(desired_pools(make_inventory(gpus(330)), POLICY)), stored, driver=DRIVER
+    )
+    assert grown is not None and grown.generation == 2 and len(grown.writes) == 6
+    assert {w.obj["spec"]["pool"]["generation"] for w in grown.writes} == {2}
+    assert [w.resource_version for w in grown.writes] == ["1", "2", "3", "4", "5", None]
 
 
 def test_a_shrinking_pool_deletes_its_extra_slices_after_writing() -> None:
@@ -167,12 +178,9 @@ def test_a_shrinking_pool_deletes_its_extra_slices_after_writing() -> None:
         "fabric-pcie", pool_of(desired_pools(make_inventory(gpus(100)), POLICY)), stored, driver=DRIVER
     )
     assert plan is not None
-    assert [w.name for w in plan.writes] == ["fabric-dra.io-fabric-pcie-0"]
-    assert plan.writes[0].obj["spec"]["pool"]["resourceSliceCount"] == 1
-    assert [name for name, _ in plan.deletes] == [
-        "fabric-dra.io-fabric-pcie-1",
-        "fabric-dra.io-fabric-pcie-2",
-    ]
+    assert [w.name for w in plan.writes] == ["fabric-dra.io-fabric-pcie-0", "fabric-dra.io-fabric-pcie-1"]
+    assert plan.writes[0].obj["spec"]["pool"]["resourceSliceCount"] == 2
+    assert [name for name, _ in plan.deletes] == [f"fabric-dra.io-fabric-pcie-{i}" for i in (2, 3, 4)]
 
 
 def test_a_vanished_pool_is_deleted_whole() -> None:
@@ -182,7 +190,7 @@ def test_a_vanished_pool_is_deleted_whole() -> None:
     assert first is not None
     plan = plan_pool("fabric-pcie", None, store(first.writes), driver=DRIVER)
     assert plan is not None and not plan.writes
-    assert len(plan.deletes) == 2
+    assert len(plan.deletes) == 3
 
 
 def test_a_half_written_generation_is_completed_with_a_new_one() -> None:
@@ -192,7 +200,7 @@ def test_a_half_written_generation_is_completed_with_a_new_one() -> None:
     stored = store(first.writes)
     stored["fabric-dra.io-fabric-pcie-1"]["spec"]["pool"]["generation"] = 7  # a crash between writes
     plan = plan_pool("fabric-pcie", pool_of(desired_pools(inventory, POLICY)), stored, driver=DRIVER)
-    assert plan is not None and plan.generation == 8 and len(plan.writes) == 3
+    assert plan is not None and plan.generation == 8 and len(plan.writes) == 5
 
 
 def test_taint_time_is_kept_across_rewrites() -> None:
@@ -210,7 +218,9 @@ def test_taint_time_is_kept_across_rewrites() -> None:
         "fabric-pcie", pool_of(desired_pools(make_inventory(devices), POLICY)), stored, driver=DRIVER
     )
     assert plan is not None
-    taint = plan.writes[0].obj["spec"]["devices"][0]["taints"][0]
+    # the slice gains gpu-00003 in place: its final write keeps gpu-00000's taint time
+    final = [*plan.writes, *plan.writes_after][-1]
+    taint = final.obj["spec"]["devices"][0]["taints"][0]
     assert taint["timeAdded"] == "2026-01-01T00:00:00Z"
 
 
@@ -348,7 +358,12 @@ def test_normal_cache_reuses_unchanged_slices_and_notices_new_versions() -> None
         driver=DRIVER,
         normal_of=cache,
     )
-    assert plan is not None and plan.generation == 2
+    # in place: the pool keeps its slices and the edited one is written back whole
+    assert (
+        plan is not None
+        and plan.generation == 1
+        and [w.name for w in plan.writes_after] == ["fabric-dra.io-fabric-pcie-0"]
+    )
 
 
 def _partially_cabled(everywhere: int, behind: int) -> Any:
@@ -372,14 +387,14 @@ def test_devices_reached_by_some_nodes_get_slices_that_select_exactly_those_node
     plan = plan_pool("fabric-pcie", pool_of(desired_pools(inventory, POLICY)), {}, driver=DRIVER)
     assert plan is not None
     specs = [w.obj["spec"] for w in plan.writes]
-    # 3 devices every node reaches, then the group's 200 in slices of at most 128
-    assert [len(s["devices"]) for s in specs] == [3, 128, 72]
-    assert {s["pool"]["resourceSliceCount"] for s in specs} == {3}
+    # 3 devices every node reaches, then the group's 200 in slices of at most 64 (taints published)
+    assert [len(s["devices"]) for s in specs] == [3, 64, 64, 64, 8]
+    assert {s["pool"]["resourceSliceCount"] for s in specs} == {5}
     everywhere, group = (
         "pool.fabric-dra.io.node-restriction.kubernetes.io/fabric-pcie",
         "pool.fabric-dra.io.node-restriction.kubernetes.io/fabric-pcie.r1",
     )
-    assert [_selected_key(s) for s in specs] == [everywhere, group, group]
+    assert [_selected_key(s) for s in specs] == [everywhere, group, group, group, group]
     assert all(d["name"].startswith("gpu-b") for s in specs[1:] for d in s["devices"])
     for write in plan.writes:
         check_slice(write.obj)
@@ -596,12 +611,15 @@ def test_warm_changes_between_existing_slices_keep_every_view_complete_and_valid
     assert plan_pool("fabric-pcie", pool_of(desired_pools(swapped, POLICY)), stored, driver=DRIVER) is None
 
 
-def test_a_change_beyond_warmth_is_still_a_new_generation_everywhere() -> None:
+def test_a_device_added_to_a_slice_that_exists_is_written_in_place() -> None:
     stored = _stored_with_gpu_00002_warm_on_c()
     grown = _warm(_partially_cabled(4, 0), gpu_00002="c")
     plan = plan_pool("fabric-pcie", pool_of(desired_pools(grown, POLICY)), stored, driver=DRIVER)
-    assert plan is not None and plan.generation == 2 and plan.writes_after == []
-    assert {w.obj["spec"]["pool"]["generation"] for w in plan.writes} == {2}
+    assert plan is not None and plan.generation == 1 and not plan.deletes
+    written = [*plan.writes, *plan.writes_after]
+    assert {w.obj["spec"]["pool"]["generation"] for w in written} == {1}
+    assert "gpu-00003" in {d["name"] for d in written[-1].obj["spec"]["devices"]}
+    assert all(w.resource_version for w in written)  # compare-and-swap on the slices stored
 
 
 def test_slice_names_sort_as_their_indices_so_node_local_slices_come_first() -> None:

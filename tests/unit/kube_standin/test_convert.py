@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from datetime import UTC, datetime
+from typing import Any
 
 from kube_standin.apiserver.convert import apply_defaults, from_storage, to_storage
 from kube_standin.apiserver.schemas import SchemaCatalog
@@ -122,3 +123,87 @@ def test_a_device_taint_gets_the_time_of_the_write_unless_it_has_one() -> None:
     assert c == {"name": "c"}
     assert written == sent
     assert SchemaCatalog().validate(stored) == []
+
+
+def test_a_slice_is_stored_with_every_quantity_canonical() -> None:
+    """resource.Quantity is decoded and encoded again (Quantity.String()): a slice written with
+    "1024Mi" reads back "1Gi", a plain 10^9 reads back "1G", and the original is never edited."""
+    obj: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "s"},
+        "spec": {
+            "sharedCounters": [
+                {"name": "gpu0", "counters": {"memory": {"value": "81920Mi"}, "sm": {"value": "1000"}}}
+            ],
+            "devices": [
+                {
+                    "name": "d",
+                    "capacity": {
+                        "x/memory": {
+                            "value": "1024Mi",
+                            "requestPolicy": {
+                                "default": "0.5Gi",
+                                "validRange": {"min": "512Mi", "max": "1000000000", "step": "1000e0"},
+                            },
+                        },
+                        "x/storage": {"value": "1000000000"},
+                    },
+                    "consumesCounters": [
+                        {"counterSet": "gpu0", "counters": {"memory": {"value": "10240Mi"}}}
+                    ],
+                }
+            ],
+        },
+    }
+    written = copy.deepcopy(obj)
+    apply_defaults(SLICES, obj)
+    device = obj["spec"]["devices"][0]
+    assert device["capacity"]["x/memory"] == {
+        "value": "1Gi",
+        "requestPolicy": {"default": "512Mi", "validRange": {"min": "512Mi", "max": "1G", "step": "1e3"}},
+    }
+    assert device["capacity"]["x/storage"] == {"value": "1G"}
+    assert device["consumesCounters"][0]["counters"] == {"memory": {"value": "10Gi"}}
+    assert obj["spec"]["sharedCounters"][0]["counters"] == {
+        "memory": {"value": "80Gi"},
+        "sm": {"value": "1k"},
+    }
+    assert written["spec"]["devices"][0]["capacity"]["x/memory"]["value"] == "1024Mi"
+
+
+def test_a_claims_capacity_requests_and_consumed_capacity_are_stored_canonical() -> None:
+    claims = resource("resource.k8s.io", "v1", "resourceclaims")
+    obj: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "default"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "r",
+                        "exactly": {"deviceClassName": "m", "capacity": {"requests": {"x/memory": "2048Mi"}}},
+                    }
+                ]
+            }
+        },
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "r",
+                            "driver": "x",
+                            "pool": "p",
+                            "device": "d",
+                            "consumedCapacity": {"x/memory": "2048Mi"},
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    apply_defaults(claims, obj)
+    assert obj["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"] == {"x/memory": "2Gi"}
+    assert obj["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"] == {"x/memory": "2Gi"}
