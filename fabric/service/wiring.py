@@ -134,18 +134,7 @@ def build_parts(
     holders = _holders(s, kube, inventory, ledger, driver, metrics, events)
     watch.after_refresh.append(holders.reconciler.reconcile)
     watch.after_refresh.append(ForeignBindings(inventory.snapshot).check)
-    usage = UsageMeter(
-        ledger,
-        inventory,
-        usage_store,
-        claims=holders.claims,
-        orphans_in_grace=holders.orphans.in_grace if holders.orphans is not None else lambda: 0,
-        attribution=Attribution(
-            keys=tuple(dict.fromkeys(s.attribution_labels)),
-            values_max=s.attribution_values_max,
-            prices=load_price_list(s.price_list) if s.price_list is not None else None,
-        ),
-    )
+    usage = _usage(s, ledger, inventory, usage_store, holders)
     budgets = _budgets(kube, holders, ledger, inventory, usage, events, metrics)
     _watch_metrics(metrics, inventory, usage, is_leader)
     app = build_app(
@@ -169,6 +158,24 @@ def build_parts(
     )
 
 
+def _usage(
+    s: ManagerSettings, ledger: Ledger, inventory: Inventory, store: UsageStore, holders: Holders
+) -> UsageMeter:
+    """The device-seconds accounting, attributed by the claims' labels the settings name."""
+    return UsageMeter(
+        ledger,
+        inventory,
+        store,
+        claims=holders.claims,
+        orphans_in_grace=holders.orphans.in_grace if holders.orphans is not None else lambda: 0,
+        attribution=Attribution(
+            keys=tuple(dict.fromkeys(s.attribution_labels)),
+            values_max=s.attribution_values_max,
+            prices=load_price_list(s.price_list) if s.price_list is not None else None,
+        ),
+    )
+
+
 def _budgets(
     kube: KubeClient | None,
     holders: Holders,
@@ -182,6 +189,7 @@ def _budgets(
     without Kubernetes API access, where there are no budgets and no claims to find trees of."""
     if kube is None or holders.claims is None:
         log.info("no Kubernetes API access: no DeviceBudget is read or enforced")
+        metrics.watch_budgets(list)  # the families are there, empty: dashboards and alerts find them
         return None
     gate = BudgetGate(
         BudgetView(kube),

@@ -1228,9 +1228,7 @@ class Stack:
         crash_at: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
     ) -> Controller:
-        """The ResourceSlice (and, with ``binding_conditions``, binding-condition) controller;
-        several managers, one per Redfish service, are ``args`` (:func:`managers_args`); ``env``:
-        e.g. a baseline tree's PYTHONPATH."""
+        """The slice (and binding-condition) controller; more managers: ``args`` (:func:`managers_args`)."""
         kubeconfig = kube.kubeconfig if isinstance(kube, ApiServer) else kube
         controller: Controller
 

@@ -18,6 +18,7 @@ import httpx
 import yaml
 from prometheus_client import generate_latest
 
+from dra_driver.controller.metrics import REGISTRY as CONTROLLER_REGISTRY
 from dra_driver.plugin import claimstatus, linkhealth  # noqa: F401  (register their series)
 from dra_driver.plugin.metrics import REGISTRY as PLUGIN_REGISTRY
 from fabric_dra_testbed.stack import Stack, free_port
@@ -60,9 +61,13 @@ def test_dashboard_and_alert_metrics_exist_in_a_scrape() -> None:
             ).raise_for_status()
             scrape = http.get("/metrics", headers=scraper).text
 
-    # The plugins' series (claim status) come from each node's plugin: its registry, as its
-    # /metrics serves it.
-    exposed = exposed_names(scrape) | exposed_names(generate_latest(PLUGIN_REGISTRY).decode())
+    # The plugins' series (claim status) come from each node's plugin, the controller's (link
+    # taints) from the controller: their registries, as their /metrics serve them.
+    exposed = (
+        exposed_names(scrape)
+        | exposed_names(generate_latest(PLUGIN_REGISTRY).decode())
+        | exposed_names(generate_latest(CONTROLLER_REGISTRY).decode())
+    )
     missing = {
         where: sorted(metric_names(expr) - exposed)
         for where, expr in used_expressions().items()
