@@ -68,7 +68,12 @@ class InventoryModel:
     def __init__(self, inventory: Inventory) -> None:
         self.inventory = inventory
         self._devices = {d.name: d for d in inventory.devices}
-        self._order = sorted(self._devices)
+        self._sort()
+
+    def _sort(self) -> None:
+        """The devices in name order, and each name's place in it."""
+        self._listing = [self._devices[name] for name in sorted(self._devices)]
+        self._place = {d.name: i for i, d in enumerate(self._listing)}
 
     def apply(self, changes: InventoryChanges) -> Inventory | None:
         """The inventory after ``changes``; None when they bring nothing new (a long poll's timeout)
@@ -86,12 +91,18 @@ class InventoryModel:
             reordered |= device.name not in devices
             devices[device.name] = device
         if reordered:
-            self._order = sorted(devices)
+            self._sort()
+        else:
+            # a copy (the inventory handed out before stays as it was) with the changed put in
+            # place: no pass over every device for a change of one
+            self._listing = list(self._listing)
+            for device in changes.devices:
+                self._listing[self._place[device.name]] = device
         # the manager's validation is not repeated for the devices already validated on arrival
         self.inventory = Inventory.model_construct(
             version=changes.version,
             pools=changes.pools,
-            devices=[devices[name] for name in self._order],
+            devices=self._listing,
             nodes=changes.nodes,
             notices=changes.notices,
             epoch=changes.epoch,
