@@ -173,6 +173,10 @@ class InventoryFeed(InventorySource):
             self._model = None
             log.info("inventory changes no longer known; reading it whole", reason=str(err).splitlines()[0])
             inventory = await self._next(0)
+        if inventory is None and self._model is not None:
+            # what the model holds is published even when this read brought nothing: a read
+            # cancelled between applying its answer and publishing it must not leave it unsaid
+            inventory = self._model.inventory
         latest = self.latest
         if inventory is None or (
             latest is not None and (inventory.version, inventory.epoch) == (latest.version, latest.epoch)
