@@ -47,6 +47,7 @@ EXTRA_SECTIONS: dict[str, tuple[str, str]] = {
     "burst": ("bench.burst_bench", "1,000 claims within 5 s over 10 nodes, 1,200 GPUs, warm pool auto"),
     "reach": ("bench.reach_bench", "reachability at 10,100 devices and 632 switches, flat and cascaded"),
     "controller": ("bench.controller_bench", "controller CPU and slices written per change, 10,100 devices"),
+    "plugin-feed": ("bench.plugin_feed_bench", "plugin CPU per inventory change, change feed vs full read"),
 }
 ALL_SECTIONS = {**SECTIONS, **EXTRA_SECTIONS}
 DEFAULT_JSON = REPO_ROOT / "bench" / "results" / "latest.json"

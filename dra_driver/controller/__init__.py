@@ -10,7 +10,6 @@ features            what the cluster serves (device taints, binding conditions)
 pluginpods          which nodes have a Ready kubelet plugin (only they get pool labels)
 resourcenames       the names and syntax rules of ``resource.k8s.io/v1`` that this role writes
 health              the probe endpoint
-inventory_feed      the manager's inventory as an event source (its change feed, or a long poll)
 managers            several managers: each one's inventory less the pools another keeps; up or down
 devices             one inventory device → one DRA ``Device``
 quarantine          devices out of allocation after failed attaches
@@ -37,7 +36,6 @@ FLOORS = (
     "pluginpods",
     "resourcenames",
     "health",
-    "inventory_feed",
     "managers",
     "devices",
     "quarantine",

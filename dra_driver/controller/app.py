@@ -30,10 +30,9 @@ from dra_driver.controller.features import (
     require_resource_v1,
 )
 from dra_driver.controller.health import HealthServer
-from dra_driver.controller.inventory_feed import FeedMode, InventoryFeed
 from dra_driver.controller.linktaints import LinkTaints
 from dra_driver.controller.managers import Fleet, ManagerGate
-from dra_driver.controller.metrics import IS_LEADER
+from dra_driver.controller.metrics import INVENTORY_VERSION, IS_LEADER
 from dra_driver.controller.nodelabels import NodeLabeler
 from dra_driver.controller.pluginpods import PluginNodes
 from dra_driver.controller.publisher import SlicePublisher
@@ -41,6 +40,7 @@ from dra_driver.controller.quarantine import ManagerCounts, Quarantine, Quaranti
 from dra_driver.controller.resourcenames import publisher_of
 from dra_driver.linkerrors import ErrorThresholds
 from manager_api.client import ManagerClient
+from manager_api.feed import FeedMode, InventoryFeed
 from manager_api.fleet import ManagerEndpoint
 from manager_api.models import Inventory
 from plumbing.backoff import Backoff
@@ -59,6 +59,11 @@ log = get_logger(__name__)
 CONTROLLER_LINK_THRESHOLDS = ErrorThresholds(
     correctable_per_minute=10.0, window_seconds=60.0, sustain_seconds=300.0, recover_seconds=600.0
 )
+
+
+def _gauge_version(inventory: Inventory) -> None:
+    """What the controller does with each inventory its feed reads, beyond keeping it."""
+    INVENTORY_VERSION.set(inventory.version)
 
 
 def default_identity() -> str:
@@ -400,7 +405,7 @@ class Controller:
             policy = dataclasses.replace(policy, publisher=publisher_of(opts.publisher, endpoint.name))
         gate = ManagerGate(
             endpoint,
-            InventoryFeed(client, mode=opts.inventory_feed),
+            InventoryFeed(client, mode=opts.inventory_feed, on_publish=_gauge_version),
             fleet,
             down_grace=opts.manager_down_grace,
         )

@@ -41,7 +41,6 @@ from typing import Any
 
 from dra_driver.controller.claimstatus import ConditionWriter, Target
 from dra_driver.controller.devices import MEMORY_CAPACITY
-from dra_driver.controller.inventory_feed import InventorySource
 from dra_driver.controller.metrics import BIND_SECONDS, BIND_TOTAL
 from dra_driver.controller.quarantine import Quarantine
 from dra_driver.controller.resourcenames import BindingConditionNames
@@ -50,6 +49,7 @@ from dra_driver.selection.quantity import QuantityError, parse_quantity
 from manager_api.attaching import AttachPolicy, AttachProgress, attach_until_attached
 from manager_api.client import ManagerClient
 from manager_api.errors import AttachStillRunning, BudgetExceeded, DeviceBusy, FabricError
+from manager_api.feed import InventorySource
 from manager_api.models import MAX_WAIT_SECONDS, Attachment
 from manager_api.partitions import PartitionTable, parse_partition
 from plumbing.crashpoints import crash_point

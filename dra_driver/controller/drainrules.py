@@ -23,11 +23,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from dra_driver.controller.inventory_feed import InventorySource
 from dra_driver.controller.metrics import SLICE_WRITES
 from dra_driver.controller.reconciler import Reconciler
 from dra_driver.controller.resourcenames import drain_rule_label, drain_taint_key, short_hash
 from dra_driver.errors import ControllerError
+from manager_api.feed import InventorySource
 from manager_api.models import Device, DeviceDrain, Inventory
 from plumbing.backoff import Backoff
 from plumbing.kube import ApiError, KubeClient, NotFound

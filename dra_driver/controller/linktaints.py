@@ -27,9 +27,9 @@ import contextlib
 import time
 from collections.abc import Callable
 
-from dra_driver.controller.inventory_feed import InventorySource
 from dra_driver.controller.metrics import LINK_TAINTED_DEVICES
 from dra_driver.linkerrors import ErrorFault, ErrorKind, ErrorThresholds, LinkErrors
+from manager_api.feed import InventorySource
 from manager_api.models import Inventory
 from plumbing.logs import get_logger
 

@@ -17,8 +17,8 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from dra_driver.controller.inventory_feed import InventoryFeed, InventorySource
 from dra_driver.controller.metrics import MANAGER_UP, POOL_COLLISIONS
+from manager_api.feed import InventoryFeed, InventorySource
 from manager_api.fleet import ManagerEndpoint, PoolCollision, PoolOwners
 from manager_api.models import Inventory
 from plumbing.logs import get_logger

@@ -38,7 +38,6 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from dra_driver.controller.inventory_feed import InventorySource
 from dra_driver.controller.metrics import NODE_LABEL_PATCHES
 from dra_driver.controller.pluginpods import PluginNodes
 from dra_driver.controller.reconciler import Reconciler
@@ -49,6 +48,7 @@ from dra_driver.controller.resourcenames import (
     warm_label_key,
 )
 from dra_driver.controller.slices import desired_node_labels, desired_warm_labels, slice_selector
+from manager_api.feed import InventorySource
 from manager_api.models import DeviceType, Inventory
 from plumbing.backoff import Backoff
 from plumbing.kube import ApiError, KubeClient, NotFound

@@ -20,7 +20,6 @@ from typing import Any
 
 from dra_driver.controller.devices import PublishPolicy, WithheldReason
 from dra_driver.controller.dropped import DroppedFields
-from dra_driver.controller.inventory_feed import InventorySource
 from dra_driver.controller.linktaints import LinkTaints
 from dra_driver.controller.metrics import POOL_DEVICES, POOL_GENERATION, SLICE_RECONCILE_SECONDS, SLICE_WRITES
 from dra_driver.controller.quarantine import Quarantine
@@ -38,6 +37,7 @@ from dra_driver.controller.slices import (
     slice_selector,
 )
 from dra_driver.errors import ControllerError
+from manager_api.feed import InventorySource
 from manager_api.models import Inventory
 from plumbing.backoff import Backoff
 from plumbing.kube import AlreadyExists, ApiError, Conflict, KubeClient, NotFound

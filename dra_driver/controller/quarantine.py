@@ -32,8 +32,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from dra_driver.controller.inventory_feed import InventorySource
 from dra_driver.controller.metrics import QUARANTINED_DEVICES, QUARANTINES
+from manager_api.feed import InventorySource
 from manager_api.models import Inventory
 from plumbing.kube import ApiError, KubeClient
 from plumbing.kube.dra import ResourceClaim

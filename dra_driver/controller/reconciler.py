@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from dra_driver.controller.inventory_feed import InventorySource
+from manager_api.feed import InventorySource
 from manager_api.models import Inventory
 from plumbing.backoff import Backoff
 

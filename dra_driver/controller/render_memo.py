@@ -1,7 +1,7 @@
 """What the publisher rendered for an object, remembered by that object's identity.
 
 The inventory feed keeps a device that did not change as the very same object from version to
-version (:class:`~dra_driver.controller.inventory_feed.InventoryModel`), so a pass over an inventory
+version (:class:`~manager_api.feed.InventoryModel`), so a pass over an inventory
 in which one device of 10,100 changed can take the other 10,099 published devices — and their
 normalised forms for comparison — from the previous pass instead of building them again: the cost of
 a pass follows what changed. Keys are identities, so nothing is hashed or compared deeply; each entry

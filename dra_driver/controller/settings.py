@@ -10,9 +10,9 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dra_driver.controller.features import TaintsMode
-from dra_driver.controller.inventory_feed import FeedMode
 from dra_driver.controller.resourcenames import is_driver_name, publisher_of
 from dra_driver.linkerrors import ErrorThresholds
+from manager_api.feed import FeedMode
 from manager_api.fleet import ManagerEndpoint, endpoints_of, managers_problem
 from plumbing import DEFAULT_DRIVER_NAME
 from plumbing.cli import positive_seconds

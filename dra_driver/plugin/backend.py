@@ -41,7 +41,8 @@ from dra_driver.plugin.metrics import observe_phase
 from dra_driver.plugin.partitioner import Partition, Partitioner, PartitionFailed
 from manager_api.attaching import AttachPolicy, AttachProgress, attach_until_attached
 from manager_api.client import ManagerClient
-from manager_api.errors import DeviceNotFound, FabricError
+from manager_api.errors import DeviceNotFound, FabricError, FabricUnavailable
+from manager_api.feed import InventoryFeed
 from manager_api.models import (
     MAX_WAIT_SECONDS,
     Attachment,
@@ -255,6 +256,10 @@ class FabricBackend:
         memory: HostMemory | None = None,
     ) -> None:
         self.client = client
+        #: the manager's inventory as device health follows it: read whole once, then only what
+        #: changed (every attach anywhere is a change; a burst would otherwise have every plugin
+        #: re-read and parse the whole inventory per attach)
+        self.feed = InventoryFeed(client)
         self.scanner = scanner
         self.node = node
         self.visible_timeout = visible_timeout
@@ -583,8 +588,15 @@ class FabricBackend:
     async def watch_devices(
         self, after: int | None, wait_seconds: float
     ) -> tuple[int, dict[str, Device]] | None:
-        inventory = await self.client.inventory(after=after, timeout_seconds=wait_seconds)
-        return inventory.version, {d.name: d for d in inventory.devices}
+        latest = self.feed.latest
+        if after is None or latest is None:
+            await self.feed.read(0)  # a read sent now, whatever the version
+        elif latest.version == after:
+            await self.feed.read(wait_seconds)
+        latest = self.feed.latest
+        if latest is None:  # only while another read of this feed is resyncing
+            raise FabricUnavailable("the fabric manager's inventory is being read again", node=self.node)
+        return latest.version, self.feed.devices()
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -1,7 +1,11 @@
 """Device health for the kubelet: the ``v1alpha1.DRAResourceHealth`` stream (NodeWatchResources).
 
-The fabric is the source: the manager's inventory long poll (``GET /api/v1/inventory?after=V``)
-carries every device's Redfish ``Status.Health`` and binding. A prepared device is
+The fabric is the source: the manager's inventory carries every device's Redfish
+``Status.Health`` and binding. The backend follows it by the manager's change feed (one
+:class:`~manager_api.feed.InventoryFeed` per manager: the inventory read whole once, then ``GET
+/api/v1/inventory/changes`` answering only the devices changed, and read whole again only after a
+``410 ResyncRequired``), so a change costs this plugin what changed, not the whole inventory. A
+prepared device is
 
 - HEALTHY when the fabric reports it ``OK`` or ``Warning`` (still usable) and bound to this node
   for the claim (a partition: its GPU, with the partition held here for the claim; a share: its
@@ -23,9 +27,10 @@ HEALTHY on the attach the fabric manager confirmed for the prepare, until an inv
 began after the prepare says otherwise. (Reporting from the older inventory made every freshly
 attached device UNHEALTHY for 40 to 400 ms, until the next read: issue 15, item 12.)
 
-The inventory is read at most once per ``min_poll_interval`` (1 s): every attach on any node
-moves its version, and a read per change on every node would cost the manager and each plugin
-far more than the health reports are worth.
+The manager is asked at most once per ``min_poll_interval`` (1 s): every attach on any node
+moves its version, and a request per change on every node would cost the manager and each plugin
+more than the health reports are worth. A claim prepared here is the exception: one request, at
+once (``timeoutSeconds=0`` on the change feed), confirms its device.
 
 Each report lists every prepared device; it is re-sent every ``resend_seconds`` because the
 kubelet treats a device it has not heard about within its health timeout (30 s) as unknown.
@@ -91,6 +96,8 @@ class HealthMonitor:
         self.status = status
         #: (claim UID, device key) → the reason its LinkHealthy was last said with
         self._link_said: dict[tuple[str, str], str] = {}
+        #: (claim UID, device key) → the fabric's record of it the link judge last observed
+        self._observed: dict[tuple[str, str], Device] = {}
         self.store = store
         self.node = node
         self.scanner = scanner
@@ -209,15 +216,22 @@ class HealthMonitor:
         if self.links is None or self._fabric is None:
             return
         watched = []
+        observed: dict[tuple[str, str], Device] = {}
         for uid, entry in self.store.claims().items():
             if entry.state is not ClaimState.PREPARE_COMPLETED:
                 continue
             for d in entry.devices:
                 watched.append((uid, d.key))
                 info = self._fabric_device(d)
-                if info is not None and self._fabric_since > self._prepared.get(uid, math.inf):
+                if info is None or self._fabric_since <= self._prepared.get(uid, math.inf):
+                    continue
+                observed[(uid, d.key)] = info
+                # the change feed keeps a device that did not change the very object it was: the
+                # same reading again tells the judge nothing that time alone does not
+                if self._observed.get((uid, d.key)) is not info:
                     link = Link(info.pcie_generation, info.pcie_width)
                     self.links.observe(uid, d.key, link, info.pcie_errors)
+        self._observed = observed
         self.links.keep(watched)
 
     async def _judge_links_every(self, seconds: float = 5.0) -> None:

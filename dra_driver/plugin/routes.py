@@ -10,7 +10,8 @@ inventory before an attach gives up with a retriable error, so a plugin that sta
 manager was down attaches from it once it is back.
 
 The fabric's view for device health merges the managers' inventories: each is followed by its own
-long poll, so a manager that is down leaves its pools' devices *unknown* (:meth:`blind_pools`)
+change feed (:class:`~manager_api.feed.InventoryFeed`, one per manager: read whole once, then only
+what changed), so a manager that is down leaves its pools' devices *unknown* (:meth:`blind_pools`)
 while the other managers' devices are judged as always.
 """
 
@@ -42,6 +43,15 @@ class _Follower:
         self.backend = backend
         self.inventory: Inventory | None = None
         self.reachable = False
+
+    async def read(self, wait: float) -> Inventory:
+        """The manager's inventory after one read of its change feed (``wait`` s at most for a
+        change; 0: at once)."""
+        feed = self.backend.feed
+        await feed.read(wait)
+        if feed.latest is None:  # only while another read of this feed is resyncing
+            raise FabricUnavailable(f"{self.endpoint.label}: its inventory is being read again")
+        return feed.latest
 
 
 class RoutedBackend:
@@ -158,9 +168,10 @@ class RoutedBackend:
 
     async def _note(self, follower: _Follower, inventory: Inventory | None) -> None:
         """``follower`` read ``inventory`` (None: could not); the version moves if anything did."""
+        before = follower.inventory
         moved = (inventory is not None) != follower.reachable or (
             inventory is not None
-            and (follower.inventory is None or follower.inventory.version != inventory.version)
+            and (before is None or (before.version, before.epoch) != (inventory.version, inventory.epoch))
         )
         if inventory is None:
             if follower.reachable:
@@ -184,9 +195,7 @@ class RoutedBackend:
         """Read every manager's inventory now; ``strict``: raise when any cannot be read, else
         only when none can."""
         followers = list(self._followers.values())
-        answers = await asyncio.gather(
-            *(f.backend.client.inventory() for f in followers), return_exceptions=True
-        )
+        answers = await asyncio.gather(*(f.read(0) for f in followers), return_exceptions=True)
         failures: list[BaseException] = []
         for follower, answer in zip(followers, answers, strict=True):
             if isinstance(answer, BaseException):
@@ -202,9 +211,9 @@ class RoutedBackend:
     async def _follow(self, follower: _Follower, wait_seconds: float) -> None:
         backoff = Backoff(initial=0.5, maximum=10.0)
         while True:
-            after = follower.inventory.version if follower.reachable and follower.inventory else None
+            known = follower.reachable and follower.inventory is not None
             try:
-                inventory = await follower.backend.client.inventory(after=after, timeout_seconds=wait_seconds)
+                inventory = await follower.read(wait_seconds if known else 0)
             except asyncio.CancelledError:
                 raise
             except Exception:  # any failure: this manager's devices are unknown until it answers

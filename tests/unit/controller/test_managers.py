@@ -12,11 +12,11 @@ from typing import Any, cast
 
 from dra_driver.controller.binding_conditions import ClaimBinder
 from dra_driver.controller.devices import PublishPolicy, WithheldReason, to_dra_device
-from dra_driver.controller.inventory_feed import InventoryFeed
 from dra_driver.controller.managers import Fleet, ManagerGate
 from dra_driver.controller.metrics import MANAGER_UP, POOL_COLLISIONS
 from fabric_dra_testbed.standins import make_device, make_inventory
 from manager_api.client import ManagerClient
+from manager_api.feed import InventoryFeed
 from manager_api.fleet import ManagerEndpoint
 from manager_api.models import DeviceType, Inventory
 

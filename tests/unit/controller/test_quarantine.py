@@ -5,8 +5,8 @@ an attach-failed NoSchedule taint where taints are kept, else withheld."""
 from __future__ import annotations
 
 from dra_driver.controller.devices import PublishPolicy, WithheldReason, to_dra_device
-from dra_driver.controller.inventory_feed import InventoryFeed
 from dra_driver.controller.quarantine import ManagerCounts, Quarantine
+from manager_api.feed import InventoryFeed
 from manager_api.models import Inventory
 from tests.support.controller import make_device, make_inventory
 

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from dra_driver.controller.inventory_feed import InventorySource
 from dra_driver.controller.reconciler import Reconciler
+from manager_api.feed import InventorySource
 from manager_api.models import Inventory
 from plumbing.backoff import Backoff
 

@@ -1,8 +1,9 @@
-"""The fabric manager's inventory as an event source.
+"""The fabric manager's inventory as one reader follows it: the controller and the kubelet plugin.
 
-One feed per manager feeds every consumer in this process — the slice publisher, the node labeller
-and the binding controller — so a device added, removed or turning unhealthy reaches the slices as
-soon as the manager knows, with no polling interval.
+One feed per manager feeds every consumer in a process — in the controller the slice publisher, the
+node labeller and the binding controller, which run it (:meth:`InventoryFeed.run`); in the plugin
+its device health, which drives it one read at a time (:meth:`InventoryFeed.read`) — so a device
+added, removed or turning unhealthy is known as soon as the manager knows.
 
 The feed reads the whole inventory once (``GET /api/v1/inventory``), then follows its change feed
 (``GET /api/v1/inventory/changes?epoch=E&since=V``, a long poll answering only the devices changed,
@@ -13,20 +14,23 @@ behind the manager's bounded history, or the manager restarted: another epoch) t
 whole inventory once again; its memory is the current inventory, never a backlog. A manager without
 the change feed (no ``epoch`` in its inventory), or ``mode="full"``, is long-polled whole
 (``GET /api/v1/inventory?after=V``).
+
+What a role does with each new inventory beyond keeping it (the controller's version gauge) is its
+``on_publish`` hook: this floor knows no role.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import ValidationError
 
-from dra_driver.controller.metrics import INVENTORY_VERSION
 from manager_api.client import ManagerClient
 from manager_api.errors import FabricError, ResyncRequired
-from manager_api.models import Inventory, InventoryChanges
+from manager_api.models import Device, Inventory, InventoryChanges
 from plumbing.backoff import Backoff
 from plumbing.logs import get_logger
 
@@ -64,11 +68,19 @@ class InventoryModel:
     def __init__(self, inventory: Inventory) -> None:
         self.inventory = inventory
         self._devices = {d.name: d for d in inventory.devices}
-        self._order = sorted(self._devices)
+        self._sort()
+
+    def _sort(self) -> None:
+        """The devices in name order, and each name's place in it."""
+        self._listing = [self._devices[name] for name in sorted(self._devices)]
+        self._place = {d.name: i for i, d in enumerate(self._listing)}
 
     def apply(self, changes: InventoryChanges) -> Inventory | None:
-        """The inventory after ``changes``; None when they bring nothing new (a long poll's timeout).
-        Unchanged devices stay the very objects they were."""
+        """The inventory after ``changes``; None when they bring nothing new (a long poll's timeout)
+        or are older than what is kept (two reads of one feed crossing). Unchanged devices stay the
+        very objects they were."""
+        if changes.epoch != self.inventory.epoch or changes.version < self.inventory.version:
+            return None
         if changes.version == self.inventory.version and not changes.devices and not changes.removed:
             return None
         devices = self._devices
@@ -79,50 +91,98 @@ class InventoryModel:
             reordered |= device.name not in devices
             devices[device.name] = device
         if reordered:
-            self._order = sorted(devices)
+            self._sort()
+        else:
+            # a copy (the inventory handed out before stays as it was) with the changed put in
+            # place: no pass over every device for a change of one
+            self._listing = list(self._listing)
+            for device in changes.devices:
+                self._listing[self._place[device.name]] = device
         # the manager's validation is not repeated for the devices already validated on arrival
         self.inventory = Inventory.model_construct(
             version=changes.version,
             pools=changes.pools,
-            devices=[devices[name] for name in self._order],
+            devices=self._listing,
             nodes=changes.nodes,
             notices=changes.notices,
             epoch=changes.epoch,
         )
         return self.inventory
 
+    def devices(self) -> dict[str, Device]:
+        """The devices by name, as a copy the next change leaves alone."""
+        return dict(self._devices)
+
 
 class InventoryFeed(InventorySource):
     """One manager's inventory as it reads it (one feed per manager: each holds its own cursor)."""
 
     def __init__(
-        self, client: ManagerClient, *, poll_timeout: float = 30.0, mode: FeedMode = "changes"
+        self,
+        client: ManagerClient,
+        *,
+        poll_timeout: float = 30.0,
+        mode: FeedMode = "changes",
+        on_publish: Callable[[Inventory], None] | None = None,
     ) -> None:
         super().__init__()
         self._client = client
         self._poll_timeout = poll_timeout
         self.mode: FeedMode = mode
+        self._on_publish = on_publish
         self._model: InventoryModel | None = None
         self.last_error: str | None = None
         self.last_success = 0.0
         #: full reads after the first: the manager could not say what changed (410 ResyncRequired)
         self.resyncs = 0
 
-    async def _next(self) -> Inventory | None:
-        """The next inventory: by the change feed where it can, else read whole."""
+    def devices(self) -> dict[str, Device]:
+        """The latest inventory's devices by name (a copy; empty before the first read)."""
+        if self._model is not None:
+            return self._model.devices()
+        return {d.name: d for d in self.latest.devices} if self.latest is not None else {}
+
+    async def _next(self, wait: float) -> Inventory | None:
+        """The next inventory: by the change feed where it can, else read whole; ``wait`` s at most
+        for a change (0: answer at once)."""
         model = self._model
         epoch = model.inventory.epoch if model is not None else None
         if model is not None and epoch is not None:
             changes = await self._client.inventory_changes(
-                epoch=epoch, since=model.inventory.version, timeout_seconds=self._poll_timeout
+                epoch=epoch, since=model.inventory.version, timeout_seconds=wait
             )
-            return model.apply(changes)
+            # another read of this feed resynced while this one waited: its answer is of no model
+            return model.apply(changes) if self._model is model else None
         # the first read or a resync (at once), or a manager without the change feed (a long poll)
-        waits = self.mode == "full" or model is not None
+        waits = wait > 0 and (self.mode == "full" or model is not None)
         after = self.latest.version if self.latest is not None and waits else None
-        inventory = await self._client.inventory(after=after, timeout_seconds=self._poll_timeout)
+        inventory = await self._client.inventory(after=after, timeout_seconds=wait)
         if self.mode == "changes":
             self._model = InventoryModel(inventory)
+        return inventory
+
+    async def read(self, wait: float | None = None) -> Inventory | None:
+        """One read: the inventory it brought (also kept as ``latest``), None when nothing changed
+        within ``wait`` s (default: the poll timeout; 0 answers at once). A ``410 ResyncRequired``
+        is followed by one full read; any other failure is raised."""
+        try:
+            inventory = await self._next(self._poll_timeout if wait is None else wait)
+        except ResyncRequired as err:
+            # Fell behind the manager's history, or it restarted: read it all once, now.
+            self.resyncs += 1
+            self._model = None
+            log.info("inventory changes no longer known; reading it whole", reason=str(err).splitlines()[0])
+            inventory = await self._next(0)
+        if inventory is None and self._model is not None:
+            # what the model holds is published even when this read brought nothing: a read
+            # cancelled between applying its answer and publishing it must not leave it unsaid
+            inventory = self._model.inventory
+        latest = self.latest
+        if inventory is None or (
+            latest is not None and (inventory.version, inventory.epoch) == (latest.version, latest.epoch)
+        ):
+            return None
+        await self._publish(inventory)
         return inventory
 
     async def run(self) -> None:
@@ -133,15 +193,7 @@ class InventoryFeed(InventorySource):
             self._model = None
         while True:
             try:
-                inventory = await self._next()
-            except ResyncRequired as err:
-                # Fell behind the manager's history, or it restarted: read it all once, now.
-                self.resyncs += 1
-                self._model = None
-                log.info(
-                    "inventory changes no longer known; reading it whole", reason=str(err).splitlines()[0]
-                )
-                continue
+                await self.read()
             except (FabricError, ValidationError) as err:
                 message = str(err).splitlines()[0]
                 if failing_since is None:
@@ -161,15 +213,11 @@ class InventoryFeed(InventorySource):
             backoff.reset()
             self.last_error = None
             self.last_success = time.monotonic()
-            latest = self.latest
-            if inventory is not None and (
-                latest is None or (inventory.version, inventory.epoch) != (latest.version, latest.epoch)
-            ):
-                await self._publish(inventory)
 
     async def _publish(self, inventory: Inventory) -> None:
         await self.put(inventory)
-        INVENTORY_VERSION.set(inventory.version)
+        if self._on_publish is not None:
+            self._on_publish(inventory)
         log.debug(
             "inventory received",
             version=inventory.version,
