@@ -98,8 +98,13 @@ class _SwitchWalk(Walk):
         self._cache[key] = body
 
     def close(self) -> None:
-        """Hand the pass what it must count: requests, members listed, ``$expand`` refused."""
+        """Hand the pass what it must count: requests, members listed, ``$expand`` refused. The
+        answers are dropped: the pass's bounds on what it holds no longer count them (counted
+        there while held, 10,100 devices' answers were more than a pass may hold, and the pass
+        failed before it ended)."""
         walk = self.pass_walk
+        walk.read_bytes -= self.read_bytes
+        walk.read_values -= self.read_values
         walk.gets += self.gets
         walk.prefetched += self.prefetched
         walk.listed += self.listed - self.started_listed
@@ -165,11 +170,13 @@ async def _describe_switch(walk: Walk, key: str, targets: list[Target]) -> list[
         walk.derived[("switch", key)] = last
         return list(last.described)
     switch_walk = _SwitchWalk(walk)
-    await prefetch_parts(switch_walk, (entities for entities, _ in targets))
-    described = await asyncio.gather(
-        *(describe(switch_walk, entities, endpoint=endpoint) for entities, endpoint in targets)
-    )
-    switch_walk.close()
+    try:
+        await prefetch_parts(switch_walk, (entities for entities, _ in targets))
+        described = await asyncio.gather(
+            *(describe(switch_walk, entities, endpoint=endpoint) for entities, endpoint in targets)
+        )
+    finally:
+        switch_walk.close()
     record = switch_walk.record(inputs, tuple(described))
     if record is not None and walk.revalidation is not None:
         walk.derived[("switch", key)] = record

@@ -10,10 +10,11 @@ A hostile or broken service must not keep a pass going for ever: ``Members@odata
 resolved on the service (:func:`fabric.redfish.links.resolve`, another origin fails the pass), a
 page seen before ends it as a cycle, and a collection of more than :data:`MAX_PAGES` pages or a
 pass of more than :data:`MAX_MEMBERS` members fails it, naming the collection — the cause
-``/readyz`` and the log then give. A pass keeps what it read until it ends, so it also reads at most
+``/readyz`` and the log then give. A pass keeps what it read until it ends, so it also holds at most
 :data:`MAX_PASS_BYTES` of answers and :data:`MAX_PASS_VALUES` JSON values in all: each answer is
 bounded by the reader (:mod:`fabric.redfish.reader`), but many answers within their bounds would
-still add up.
+still add up. (A switch's devices are read by a walk of their own whose answers are dropped once
+they are described, :mod:`fabric.backends.stream`: they count while held.)
 """
 
 from __future__ import annotations
@@ -242,8 +243,9 @@ class Walk:
 
     async def revalidate(self, key: str, etag: str) -> bool:
         """Whether the answer to ``key`` (a URI, with its query) still has ``etag``: 304 Not
-        Modified to ``If-None-Match``. Another answer is counted against the pass's bounds and
-        dropped; the caller reads again what it needs. A refusal or 404 is no 304."""
+        Modified to ``If-None-Match``. Another answer is dropped (not held, so not counted
+        against the pass's bounds); the caller reads again what it needs. A refusal or 404 is
+        no 304."""
         async with self._limit:
             self.gets += 1
             try:
@@ -255,7 +257,6 @@ class Walk:
         if response.status == 304:
             self.not_modified += 1
             return True
-        self._count(key, response.size, response.values)
         return False
 
     async def _fetch(self, uri: str) -> JSON:
