@@ -93,7 +93,7 @@ async def test_a_pass_keeps_etags_and_attributes_not_answers() -> None:
                 walk = Walk(client, expand=True, max_levels=3, revalidation=revalidation)
                 described = await describe_by_switch(walk, targets)
                 # the switches' answers were counted against the pass's bounds while held, no longer
-                assert walk.gets > 0 and walk.read_bytes == walk.read_values == 0
+                assert walk.gets > 0 and walk.read_bytes == walk.read_values == walk.listed == 0
                 revalidation.retain(walk)
                 return described
 
