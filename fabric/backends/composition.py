@@ -37,6 +37,7 @@ from fabric.backends.views import (
     DeviceResource,
     NetworkAdapter,
     ResourceBlock,
+    odata_id,
 )
 from fabric.backends.walk import Walk, path_ids
 from fabric.state.model import DeviceRecord, HostRecord
@@ -74,6 +75,30 @@ def _entities(block: ResourceBlock) -> list[tuple[str, str]]:
         *(("StorageSubsystem", u) for u in (*block.storage, *block.simple_storage)),
         *(("PCIeDevice", u) for u in block.pcie_devices),
     ]
+
+
+#: the properties of a ResourceBlock that :func:`_entities` takes the device's resources from
+_ENTITY_PROPERTIES = (
+    "Processors",
+    "Drives",
+    "NetworkInterfaces",
+    "EthernetInterfaces",
+    "Storage",
+    "SimpleStorage",
+    "PCIeDevices",
+)
+
+
+def _links_any(body: JSON, uris: frozenset[str]) -> bool:
+    """Whether a block's JSON links one of ``uris`` where :func:`_entities` would find it (the
+    links read as :class:`fabric.backends.views.ResourceBlock` reads them: a list, or one link)."""
+    for name in _ENTITY_PROPERTIES:
+        value = body.get(name)
+        for link in value if isinstance(value, list) else (value,):
+            uri = odata_id(link)
+            if uri is not None and uri in uris:
+                return True
+    return False
 
 
 async def block_holders(walk: Walk, block: ResourceBlock, also: Iterable[str] = ()) -> tuple[str, ...]:
@@ -141,6 +166,10 @@ class CompositionBackend(Backend):
     _serving = -1
     #: every known system's URI (from the last discovery): each one's Links.ResourceBlocks is read
     _systems: tuple[str, ...] = ()
+    #: resources that make up devices a fabric of this pass offers already (set by discovery
+    #: under ``auto``): a block made of one of them is left out of the inventory, so it is not
+    #: described either — at 10,100 devices every block's description was made and dropped
+    offered: frozenset[str] = frozenset()
 
     async def blocks_collection(self, walk: Walk) -> str | None:
         """The collection that lists the blocks: the CompositionService's, while it is enabled."""
@@ -161,7 +190,7 @@ class CompositionBackend(Backend):
         )
         self._systems = tuple(h.uri for h in hosts.values())
         blocks = []
-        for block in await walk.members(collection, ResourceBlock):
+        for block in await self._blocks(walk, collection):
             kinds = set(block.resource_block_type or ())
             if not kinds & _DEVICE_BLOCK_TYPES or kinds & _HOST_BLOCK_TYPES:
                 continue  # compute, memory and whole-system blocks are not pooled devices
@@ -173,6 +202,18 @@ class CompositionBackend(Backend):
             await asyncio.gather(*(self._device(walk, b, e, expandable) for b, e in blocks))
         )
         return result
+
+    async def _blocks(self, walk: Walk, collection: str) -> list[ResourceBlock]:
+        """The collection's blocks as views, but those made of a resource in :attr:`offered`:
+        their links are looked up in the JSON, so no view is made of what is left out."""
+        uris = list(dict.fromkeys(await walk.member_uris(collection)))
+        blocks = []
+        for uri, body in zip(uris, await walk.get_all(uris), strict=True):
+            if body is not None and not (self.offered and _links_any(body, self.offered)):
+                block = await walk.read(uri, ResourceBlock)
+                if block is not None:
+                    blocks.append(block)
+        return blocks
 
     async def _device(
         self, walk: Walk, block: ResourceBlock, entities: list[tuple[str, str]], expandable: tuple[str, ...]

@@ -160,7 +160,7 @@ class Discovery:
         walk.seed(body)
         hosts = await _hosts(walk, root)
         planned = await self._plan(walk, root)
-        results = await asyncio.gather(*(b.discover(walk, hosts) for b in planned))
+        results = await self._discover(walk, planned, hosts)
         found = self._merge(planned, results)
         hosts = _with_initiators(hosts, found.initiators)
         devices = assign_names(await narrow_reach(walk, found.devices, hosts, self.switch_graph))
@@ -174,6 +174,34 @@ class Discovery:
             not_modified=walk.not_modified,
             notices=self._notices(planned, results, found.kept, bool(hosts)),
         )
+
+    async def _discover(
+        self, walk: Walk, planned: list[Backend], hosts: dict[str, HostRecord]
+    ) -> list[DiscoveryResult]:
+        """Each backend's devices: the fabrics' first, then — under ``auto``, where a block that
+        a fabric offers too is left out (:meth:`_merge`) — the blocks, told which resources the
+        fabrics' devices are made of, so that those blocks are not described only to be dropped."""
+        auto = self.plan.choice(COMPOSITION_FABRIC) == "auto"
+        later = [b for b in planned if auto and isinstance(b, CompositionBackend)]
+        first = [b for b in planned if b not in later]
+        results = dict(
+            zip(first, await asyncio.gather(*(b.discover(walk, hosts) for b in first)), strict=True)
+        )
+        offered = frozenset(
+            uri
+            for result in results.values()
+            for d in result.devices
+            for uri in (d.key, *d.attributes.identities)
+        )
+        for backend in later:
+            backend.offered = offered
+        try:
+            found = await asyncio.gather(*(b.discover(walk, hosts) for b in later))
+        finally:
+            for backend in later:
+                backend.offered = frozenset()
+        results.update(zip(later, found, strict=True))
+        return [results[b] for b in planned]
 
     async def _plan(self, walk: Walk, root: ServiceRoot) -> list[Backend]:
         """The backends of this pass: each fabric's chosen styles, then the CompositionService's

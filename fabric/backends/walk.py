@@ -10,10 +10,11 @@ A hostile or broken service must not keep a pass going for ever: ``Members@odata
 resolved on the service (:func:`fabric.redfish.links.resolve`, another origin fails the pass), a
 page seen before ends it as a cycle, and a collection of more than :data:`MAX_PAGES` pages or a
 pass of more than :data:`MAX_MEMBERS` members fails it, naming the collection — the cause
-``/readyz`` and the log then give. A pass keeps what it read until it ends, so it also reads at most
+``/readyz`` and the log then give. A pass keeps what it read until it ends, so it also holds at most
 :data:`MAX_PASS_BYTES` of answers and :data:`MAX_PASS_VALUES` JSON values in all: each answer is
 bounded by the reader (:mod:`fabric.redfish.reader`), but many answers within their bounds would
-still add up.
+still add up. (A switch's devices are read by a walk of their own whose answers are dropped once
+they are described, :mod:`fabric.backends.stream`: they count while held.)
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ class Revalidation:
         self._kept: dict[str, _Kept] = {}
         #: (URI, view) → (the body it was made of, the view)
         self._views: dict[tuple[str, type[View]], tuple[JSON, View]] = {}
+        #: what the last full pass derived from answers it did not keep (:attr:`Walk.derived`)
+        self.derived: dict[Any, Any] = {}
         #: answers of the last pass that were 304 Not Modified, and read in full
         self.not_modified = 0
         self.read = 0
@@ -117,6 +120,7 @@ class Revalidation:
         self._views = {
             key: (body, view) for key, view in walk.views.items() if (body := walk.cached(key[0])) is not None
         }
+        self.derived = dict(walk.derived)
         self.not_modified, self.read = walk.not_modified, walk.gets - walk.not_modified
 
 
@@ -167,6 +171,9 @@ class Walk:
         self._views: dict[tuple[str, type[View]], View] = {}
         #: what callers derive from this pass's resources, once per pass (keys are theirs)
         self.memo: dict[Any, Any] = {}
+        #: what callers derived from answers this pass did not keep, with what the next pass
+        #: needs to know it still holds (kept by :class:`Revalidation`; keys are theirs)
+        self.derived: dict[Any, Any] = {}
         self._limit = asyncio.Semaphore(concurrency)
         #: what this pass read with an ETag, by request (for the next pass's :class:`Revalidation`)
         self.kept: dict[str, _Kept] = {}
@@ -225,6 +232,32 @@ class Walk:
     def cached(self, uri: str) -> JSON | None:
         """The resource at ``uri`` if this pass has it already; never reads."""
         return self._cache.get(uri.rstrip("/") or "/")
+
+    def holds(self, uri: str) -> bool:
+        """Whether this pass has read ``uri`` already (a resource that is not there included)."""
+        return (uri.rstrip("/") or "/") in self._cache
+
+    def share_limit(self, walk: Walk) -> None:
+        """Take ``walk``'s bound on requests in flight: a walk within a pass counts with it."""
+        self._limit = walk._limit
+
+    async def revalidate(self, key: str, etag: str) -> bool:
+        """Whether the answer to ``key`` (a URI, with its query) still has ``etag``: 304 Not
+        Modified to ``If-None-Match``. Another answer is dropped (not held, so not counted
+        against the pass's bounds); the caller reads again what it needs. A refusal or 404 is
+        no 304."""
+        async with self._limit:
+            self.gets += 1
+            try:
+                response = await self.client.get(key, if_none_match=etag)
+            except FabricUnavailable:
+                raise
+            except FabricError:
+                return False
+        if response.status == 304:
+            self.not_modified += 1
+            return True
+        return False
 
     async def _fetch(self, uri: str) -> JSON:
         etag = self.revalidation.etag(uri) if self.revalidation is not None else None

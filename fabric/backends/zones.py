@@ -33,7 +33,7 @@ from fabric.backends.base import (
     linked_initiators,
     read_endpoints,
 )
-from fabric.backends.describe import describe, prefetch_parts
+from fabric.backends.stream import describe_by_switch
 from fabric.backends.views import JSON, Endpoint, Fabric, ServiceRoot, Zone, odata_id
 from fabric.backends.walk import Walk
 from fabric.backends.zone_reads import ZoneReads, get_or_none
@@ -224,12 +224,9 @@ class ZoneBackend(Backend):
         bound_by = self.roles.bound_by(zones)
         targets = [v for v in endpoints if v.is_target and not (self.skip_memory_targets and v.chunks)]
         self._targets = [view.uri for view in targets]
-        # the devices' resources in collections first, then every device described at once (the
-        # walk bounds the requests in flight): one at a time, 10,100 devices took minutes
-        await prefetch_parts(walk, (view.entities for view in targets))
-        described = await asyncio.gather(
-            *(describe(walk, view.entities, endpoint=view.endpoint) for view in targets)
-        )
+        # a switch's devices' resources in collections, then its devices described at once, a
+        # few switches at a time; what they were read from is dropped once they are described
+        described = await describe_by_switch(walk, [(view.entities, view.endpoint) for view in targets])
         for view, attributes in zip(targets, described, strict=True):
             result.devices.append(
                 DeviceRecord(

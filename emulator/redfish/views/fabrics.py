@@ -109,11 +109,21 @@ class FabricNode(Node):
     def child(self, segment: str) -> Node | None:
         ctx, fabric = self.ctx, self.fabric_id
         if segment == "Switches":
-            switches = {
-                s.id: functools.partial(SwitchNode, ctx, s) for s in ctx.index.fabric_switches(fabric)
-            }
-            return collection_of(
-                ctx, f"{self.uri}/Switches", "SwitchCollection", f"{fabric} switches", switches
+
+            def switch(s: str) -> Node | None:
+                # a lookup, not a map of every switch: each port of an expanded Ports collection
+                # is resolved from the root, and a map of 632 switches made for each of them was
+                # most of what an expanded Ports answer cost at 10,100 devices
+                info = ctx.index.switches.get(s)
+                return SwitchNode(ctx, info) if info is not None and info.fabric == fabric else None
+
+            return CollectionNode(
+                ctx,
+                f"{self.uri}/Switches",
+                "SwitchCollection",
+                f"{fabric} switches",
+                lambda: [s.id for s in ctx.index.fabric_switches(fabric)],
+                switch,
             )
         if segment == "Endpoints":
             hosts = self.host_ids()
