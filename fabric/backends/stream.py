@@ -28,7 +28,7 @@ from fabric.backends.describe import describe, prefetch_parts
 from fabric.backends.views import JSON, Endpoint
 from fabric.backends.walk import Revalidation, Walk
 from fabric.state.model import DiscoveredAttributes
-from manager_api.errors import NotFoundError
+from manager_api.errors import FabricUnavailable, NotFoundError
 
 __all__ = ["SWITCHES_AT_ONCE", "SwitchRecord", "describe_by_switch"]
 
@@ -161,8 +161,7 @@ async def _unchanged(walk: Walk, record: SwitchRecord | None, inputs: tuple[Any,
 async def _describe_switch(walk: Walk, key: str, targets: list[Target]) -> list[DiscoveredAttributes]:
     inputs = tuple(_inputs(t) for t in targets)
     last = walk.revalidation.derived.get(("switch", key)) if walk.revalidation is not None else None
-    if await _unchanged(walk, last, inputs):
-        assert last is not None
+    if last is not None and await _unchanged(walk, last, inputs):
         walk.derived[("switch", key)] = last
         return list(last.described)
     switch_walk = _SwitchWalk(walk)
@@ -197,5 +196,6 @@ async def describe_by_switch(walk: Walk, targets: Sequence[Target]) -> list[Disc
 
     await asyncio.gather(*(one(key, indexes) for key, indexes in groups.items()))
     described = [a for a in out if a is not None]
-    assert len(described) == len(targets)  # every switch's devices, or the pass failed
+    if len(described) != len(targets):  # gather returns only when every switch was described
+        raise FabricUnavailable(f"{len(targets) - len(described)} device(s) were not described in this pass")
     return described
