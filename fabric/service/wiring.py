@@ -197,7 +197,7 @@ def _budgets(
         ledger,
         inventory,
         partition=holders.attachments.sharing.partition,
-        roots=OwnerChains(KindPaths(kube).fetch),
+        roots=OwnerChains((holders.kinds or KindPaths(kube)).fetch),
         usage=usage,
         events=events,
         metrics=metrics,
@@ -223,6 +223,8 @@ class Holders:
     orphans: OrphanReconciler | None
     #: claims of agent trees whose root is gone; None without Kubernetes API access or when off
     orphaned_trees: OrphanedTrees | None = None
+    #: the owner kinds' paths, read once from discovery for every owner-chain walk (budgets, orphans)
+    kinds: KindPaths | None = None
 
 
 def _holders(
@@ -253,11 +255,12 @@ def _holders(
             events=events,
         )
     trees = None
-    if kube is not None and claims is not None and s.orphaned_trees != "off":
+    kinds = KindPaths(kube) if kube is not None else None
+    if kinds is not None and claims is not None and s.orphaned_trees != "off":
         trees = OrphanedTrees(
             attachments,
             claims,
-            KindPaths(kube).fetch,
+            kinds.fetch,
             reports,
             policy=s.orphaned_trees,
             grace_seconds=s.orphaned_tree_grace_seconds,
@@ -274,6 +277,7 @@ def _holders(
         reports,
         orphans,
         trees,
+        kinds,
     )
 
 
