@@ -21,11 +21,13 @@ line) turn the body back into the same class. What the manager adds to it stays 
     │   └── WarmPolicyRefused        the warm policy matches no device of the fabric (bindings.warm)
     ├── Unresolved                   an operation cannot finish now; its entry is resumed later
     │                                (driver.attempts)
-    ├── TransportError               one HTTP exchange failed below HTTP (redfish.wire); the
-    │                                transport maps it to FabricUnavailable or OutcomeUnknown
     ├── Refused                      the bounded reader refused an answer or an event (redfish.reader)
     └── BodyTooLarge (HTTPException) a request body past the cap while FastAPI reads it
                                      (api.request_guard; the framework answers it, 413)
+
+One HTTP exchange with the Redfish service that failed below HTTP is plumbing's
+``TransportError`` (:mod:`plumbing.http1`); the transport maps it to FabricUnavailable or
+OutcomeUnknown.
 
 Mapped once at each boundary: Redfish ``@Message.ExtendedInfo`` MessageIds to the family in
 :mod:`fabric.redfish.error_mapping`; the family to its wire body here (:func:`error_body`), which

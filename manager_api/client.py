@@ -1,17 +1,24 @@
 """An asyncio client for the fabric manager's REST API, used by the plugin, the controller and
-``fabric-dra status``. Errors come back as the :mod:`manager_api.errors` classes the manager raised."""
+``fabric-dra status``. Errors come back as the :mod:`manager_api.errors` classes the manager raised.
+
+It speaks HTTP/1.1 over asyncio streams (:mod:`plumbing.http1`, the Redfish transport's wire), not
+httpx: a kubelet plugin's CPU per claim was half httpx (2 to 3 ms a request on a loaded machine,
+the same exchange over asyncio streams about 0.2 ms; docs/performance.md, issue 37)."""
 
 from __future__ import annotations
 
+import http
+import json
 import socket
 import ssl
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode, urlsplit
 
-import httpx
 from pydantic import TypeAdapter, ValidationError
 
 from manager_api.errors import AuthError, FabricError, FabricUnavailable, error_class
@@ -38,6 +45,7 @@ from manager_api.models import (
     UsageGrouping,
     UsageReport,
 )
+from plumbing.http1 import TransportError, Wire, proxy_for
 from plumbing.httplimits import CLIENT_KEEPALIVE_EXPIRY
 from plumbing.tokens import TokenError, bearer_token, read_token_file
 
@@ -46,6 +54,16 @@ __all__ = ["BadToken", "ManagerClient", "ManagerUnreachable"]
 #: Seconds an idle connection is kept for reuse (through a slow network, a QEMU guest's user
 #: networking, the race it avoids is met in practice): :data:`plumbing.httplimits.CLIENT_KEEPALIVE_EXPIRY`.
 KEEPALIVE_EXPIRY = CLIENT_KEEPALIVE_EXPIRY
+
+#: Most bytes of one answer. The largest the manager sends is the inventory: a device is at most
+#: ~3.7 KB of JSON with its names at the manager's caps (docs/manager.md: 18 devices, 65,742
+#: bytes), so 10,000 devices are under 40 MB; 256 MiB leaves six times that (and room for a usage
+#: report over many months) while a stranger at the manager's URL cannot make the plugin hold more.
+MAX_ANSWER_BYTES = 256 << 20
+#: Connecting (TCP and the TLS handshake), as httpx's connect timeout was.
+CONNECT_TIMEOUT = 5.0
+#: Requests in flight at once on one client (httpx's default pool); more wait for a free one.
+MAX_CONNECTIONS = 100
 
 _DEVICES = TypeAdapter(list[Device])
 _NODES = TypeAdapter(list[FabricNode])
@@ -69,6 +87,22 @@ class BadToken(AuthError):
     code = "BadToken"
 
 
+@dataclass(frozen=True, slots=True)
+class _Reply:
+    """One answer of the manager, read whole."""
+
+    method: str
+    target: str
+    status: int
+    #: field names in lower case
+    headers: dict[str, str]
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+
 def _causes(err: BaseException) -> Iterator[BaseException]:
     seen: BaseException | None = err
     for _ in range(8):
@@ -90,6 +124,8 @@ def _transport_reason(err: BaseException) -> str:
         if isinstance(seen, socket.gaierror):
             return f"the host name does not resolve ({seen.strerror or seen})"
     text = str(err).strip() or "no answer"
+    if isinstance(err, TransportError):
+        return text  # the wire's own words: "connection timed out", "connection lost before an answer"
     return f"{type(err).__name__}: {text}"
 
 
@@ -120,23 +156,34 @@ class ManagerClient:
                 self._token = bearer_token(token, given_as)
             except TokenError as err:
                 self._token, self._token_problem = None, str(err)
-        verify: ssl.SSLContext | bool = True
+        tls: ssl.SSLContext | None = None
         if base_url.startswith("https"):
+            tls = ssl.create_default_context(cafile=ca_file)
             if insecure:
-                verify = False
-            else:
-                verify = ssl.create_default_context(cafile=ca_file)
+                tls.check_hostname = False
+                tls.verify_mode = ssl.CERT_NONE
         self._timeout = timeout
-        self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
-            verify=verify,
-            timeout=httpx.Timeout(timeout, connect=5.0),
-            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY),
-            headers={"Accept": "application/json", "User-Agent": "fabric-dra"},
+        self.base_url = base_url.rstrip("/")
+        parts = urlsplit(self.base_url)
+        #: the path the manager is served under (none, or a proxy's prefix), before each request's
+        self._prefix = parts.path.rstrip("/")
+        self._origin = f"{parts.scheme}://{parts.netloc}"
+        # One read may take the request timeout (plus a long poll's wait), as httpx's read timeout
+        # did; the whole answer gets four times that (the Redfish transport's default deadline), so
+        # a large inventory on a slow link still arrives while a trickling one is cut.
+        self._wire = Wire(
+            self.base_url,
+            tls=tls,
+            proxy=proxy_for(self.base_url),
+            connect_timeout=CONNECT_TIMEOUT,
+            read_timeout=timeout,
+            deadline=4 * timeout,
+            max_connections=MAX_CONNECTIONS,
+            keepalive_expiry=KEEPALIVE_EXPIRY,
         )
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        self._wire.abort()
 
     async def __aenter__(self) -> ManagerClient:
         return self
@@ -163,49 +210,64 @@ class ManagerClient:
         params: dict[str, Any] | None = None,
         json_body: Any = None,
         wait_seconds: float = 0.0,
-    ) -> httpx.Response:
+    ) -> _Reply:
         clean = {k: v for k, v in (params or {}).items() if v is not None}
+        target = f"{self._prefix}{API_PREFIX}{path}" + (f"?{urlencode(clean)}" if clean else "")
+        fields = {"Accept": "application/json", **self._auth()}
+        body = None
+        if json_body is not None:
+            fields["Content-Type"] = "application/json"
+            body = json.dumps(json_body, separators=(",", ":")).encode()
+        read = self._timeout + wait_seconds
         try:
-            response = await self._http.request(
-                method,
-                f"{API_PREFIX}{path}",
-                params=clean,
-                json=json_body,
-                headers=self._auth(),
-                timeout=httpx.Timeout(self._timeout + wait_seconds, connect=5.0),
-            )
-        except httpx.HTTPError as err:
+            reply = await self._exchange(method, target, fields, body, read)
+        except TransportError as err:
             raise ManagerUnreachable(
-                f"fabric manager unreachable at {self._http.base_url}: {_transport_reason(err)}",
-                certificate_refused=any(isinstance(e, ssl.SSLError) for e in _causes(err)),
+                f"fabric manager unreachable at {self.base_url}: {_transport_reason(err)}",
+                certificate_refused=err.tls or any(isinstance(e, ssl.SSLError) for e in _causes(err)),
             ) from err
-        if response.status_code >= 400:
-            raise self._error(response)
-        return response
+        if reply.status >= 400:
+            raise self._error(reply)
+        return reply
 
-    @staticmethod
-    def _error(response: httpx.Response) -> FabricError:
+    async def _exchange(
+        self, method: str, target: str, fields: dict[str, str], body: bytes | None, read: float
+    ) -> _Reply:
+        answer = await self._wire.open(
+            method, target, fields, body, http_timeout=(CONNECT_TIMEOUT, read), deadline=4 * read
+        )
         try:
-            body = ErrorBody.model_validate(response.json())
+            # None was asked for (no Accept-Encoding): a body in another coding is no answer.
+            content = await answer.whole(MAX_ANSWER_BYTES)
+        finally:
+            answer.close()
+        return _Reply(method, target, answer.status, answer.headers, content)
+
+    def _error(self, response: _Reply) -> FabricError:
+        try:
+            body = ErrorBody.model_validate(json.loads(response.content))
         except (ValueError, ValidationError):
             # Not one of the manager's answers: say what the URL points at instead of quoting a
             # stranger's body (a Redfish 404, a proxy's HTML page).
             head = response.text[:2000]
             redfish = (
-                "OData-Version" in response.headers
+                "odata-version" in response.headers
                 or "@Message.ExtendedInfo" in head
                 or "redfish" in head.lower()
             )
             what = "a Redfish service: the fabric itself, not its manager" if redfish else "something else"
-            request = response.request
+            try:
+                phrase = http.HTTPStatus(response.status).phrase
+            except ValueError:
+                phrase = ""
             return FabricError(
-                f"{request.url.scheme}://{request.url.netloc.decode()} is not a fabric-dra manager: it "
-                f"answered {request.method} {request.url.path} with HTTP {response.status_code} "
-                f"{response.reason_phrase} and no fabric-dra error body (it looks like {what})"
+                f"{self._origin} is not a fabric-dra manager: it answered {response.method} "
+                f"{response.target.partition('?')[0]} with HTTP {response.status} {phrase} and no "
+                f"fabric-dra error body (it looks like {what})"
             )
         retry_after = body.retry_after_seconds
-        if retry_after is None and response.headers.get("Retry-After", "").isdigit():
-            retry_after = float(response.headers["Retry-After"])
+        if retry_after is None and response.headers.get("retry-after", "").isdigit():
+            retry_after = float(response.headers["retry-after"])
         return error_class(body.code)(
             body.message,
             device=body.device,
@@ -223,12 +285,14 @@ class ManagerClient:
         return Inventory.model_validate_json(response.content)
 
     async def inventory_changes(
-        self, *, epoch: int, since: int, timeout_seconds: float = 30.0
+        self, *, epoch: int, since: int, timeout_seconds: float = 30.0, node: str | None = None
     ) -> InventoryChanges:
         """The devices changed, added and removed after version ``since`` of ``epoch`` (from an
-        :class:`Inventory` or an earlier answer), waiting up to ``timeout_seconds`` for some; raises
-        :class:`~manager_api.errors.ResyncRequired` when the manager no longer knows them."""
-        params = {"epoch": epoch, "since": since, "timeoutSeconds": timeout_seconds}
+        :class:`Inventory` or an earlier answer), waiting up to ``timeout_seconds`` for some (with
+        ``node``: only those concerning that node; the answer's ``node`` says whether the manager
+        filtered); raises :class:`~manager_api.errors.ResyncRequired` when the manager no longer
+        knows them."""
+        params = {"epoch": epoch, "since": since, "timeoutSeconds": timeout_seconds, "node": node}
         response = await self._request(
             "GET", "/inventory/changes", params=params, wait_seconds=timeout_seconds
         )

@@ -375,6 +375,11 @@ class InventoryChanges(_Model):
     epoch: int = Field(description="the manager incarnation the versions count in")
     since: int = Field(description="the version these changes start after")
     version: int = Field(description="the version the changes bring the inventory to")
+    node: str | None = Field(
+        default=None,
+        description="the node the changes were asked for (``node=``): only its devices' changes are "
+        "here (absent: every device's, or a manager without the per-node filter)",
+    )
     devices: list[Device] = Field(description="devices changed or added since ``since``")
     removed: list[str] = Field(description="names of the devices removed since ``since``")
     pools: list[FabricPool]

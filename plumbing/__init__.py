@@ -11,7 +11,8 @@ beside it (``tests/unit/test_layers.py`` reads this list):
 * the small tools: ``terminal`` (characters no output carries raw), ``names`` (Kubernetes name
   rules), ``backoff``, ``fsutil`` (atomic writes), ``httplimits``, ``forkserver``;
 * what reads or writes the outside: ``tokens`` (bearer tokens), ``netutil`` (listening sockets),
-  ``logs`` (structured logs);
+  ``logs`` (structured logs), ``http1`` (the lean HTTP/1.1 client of the Redfish transport and
+  the manager client);
 * the frames every role is built in: ``cli`` (the command-line base and its output), ``settings``
   (one declaration per setting: flags, environment, file), ``httpserve`` (the one uvicorn runner),
   ``kube`` (the Kubernetes client; its rooms in ``plumbing/kube/__init__.py``);
@@ -25,7 +26,7 @@ __all__ = ["DEFAULT_DRIVER_NAME", "__version__"]
 FLOORS = (
     "errors",
     ("terminal", "names", "backoff", "fsutil", "httplimits", "forkserver", "quantity"),
-    ("tokens", "netutil", "logs"),
+    ("tokens", "netutil", "logs", "http1"),
     ("cli", "settings", "httpserve", "kube"),
     ("crashpoints", "procs", "promstats"),
 )

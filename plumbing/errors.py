@@ -7,6 +7,7 @@ failures at the level it cares about (as httpx's ``HTTPError`` ⊃ ``RequestErro
     ├── QuantityError       a string that is no Kubernetes quantity (plumbing.quantity; a ValueError)
     ├── ListenError         an address that cannot be listened on (plumbing.netutil; an OSError)
     ├── RoleStartError      a role's child process that did not come up (plumbing.procs; a RuntimeError)
+    ├── TransportError      one HTTP exchange failed below HTTP (plumbing.http1): ``sent``, ``answered``
     └── ApiError            the Kubernetes API server's error Status (plumbing.kube.client), by reason:
         ├── NotFound, Conflict, AlreadyExists, Invalid, Unauthorized, Forbidden, Gone
         └── ApiUnavailable  unreachable, 5xx or 429: worth retrying

@@ -17,7 +17,14 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["UNSAFE_CHARACTERS", "UNSAFE_CHARACTER_CLASS", "has_unsafe", "visible", "visible_lines"]
+__all__ = [
+    "UNSAFE_CHARACTERS",
+    "UNSAFE_CHARACTER_CLASS",
+    "has_unsafe",
+    "one_line",
+    "visible",
+    "visible_lines",
+]
 
 #: The inside of a regular-expression character class: every C0 and C1 control character and DEL
 #: (Unicode "Cc"), the soft hyphen, the invisible format characters that reorder or hide text —
@@ -68,3 +75,10 @@ def visible_lines(text: str) -> str:
     shown as :func:`visible` shows it. The backstop of every printed line: a value that could hold a
     line feed is passed through :func:`visible` where it is put in a line, as a table's cells are."""
     return _UNSAFE_BUT_LINE_FEED.sub(_escape, text)
+
+
+def one_line(text: str, limit: int) -> str:
+    """What a service said, fit for an error message, a log line and a Kubernetes Event: control
+    characters (line breaks included) replaced, cut at ``limit`` characters."""
+    clean = "".join(c if c.isprintable() else " " for c in text).strip()
+    return clean if len(clean) <= limit else clean[: limit - 3] + "..."

@@ -5,11 +5,11 @@ Its rooms, from the ground up; a module imports only its own room or those liste
 (``tests/unit/test_layers.py`` reads this list):
 
 * ``error_mapping``  Redfish MessageIds to :mod:`manager_api.errors`, once;
-* ``wire``           HTTP/1.1 of its own over asyncio streams: connections, heads, raw bodies;
 * ``links``          service-provided URIs resolved against the service root, and kept to it;
 * ``reader``         the one bounded reader of every byte that comes back (answers, events);
 * ``settings``       how to reach the service (URL, TLS, authentication, timeouts);
-* ``transport``      every request leaves through ``Transport.send``;
+* ``transport``      every request leaves through ``Transport.send``, over :mod:`plumbing.http1`
+                     (HTTP/1.1 over asyncio streams: connections, heads, raw bodies);
 * ``sessions``       the Redfish session (X-Auth-Token), re-created when it expires;
 * ``tasks``          task monitors followed to their end;
 * ``client``         the facade the backends use;
@@ -23,7 +23,6 @@ from fabric.redfish.transport import RedfishResponse, RequestObserver
 
 FLOORS = (
     "error_mapping",
-    "wire",
     "links",
     "reader",
     "settings",

@@ -2,7 +2,7 @@
 
 Built like sushy's ``connector`` / ``auth`` / ``taskmonitor``, each job in its module:
 
-* :mod:`fabric.redfish.transport` — HTTP on the event loop (:mod:`fabric.redfish.wire`): verified
+* :mod:`fabric.redfish.transport` — HTTP on the event loop (:mod:`plumbing.http1`): verified
   TLS, timeouts, bounded answers, GETs retried with backoff, mutations sent exactly once
   (:class:`OutcomeUnknown` when the answer is lost), ``If-Match``, no redirects, errors mapped by
   :mod:`fabric.redfish.error_mapping`. Every request leaves through :meth:`Transport.send` (the
@@ -31,7 +31,7 @@ from fabric.redfish.transport import (
     Transport,
     resource_kind,
 )
-from fabric.redfish.wire import Answer
+from plumbing.http1 import Answer
 
 __all__ = [
     "SERVICE_ROOT",

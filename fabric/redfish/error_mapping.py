@@ -26,6 +26,7 @@ from manager_api.errors import (
     NotFoundError,
     Unauthenticated,
 )
+from plumbing.terminal import one_line
 
 __all__ = [
     "OutcomeUnknown",
@@ -146,13 +147,6 @@ def _classify(messages: list[RedfishMessage]) -> tuple[type[FabricError] | None,
         if message_key(str(message["MessageId"]))[1] not in _BENIGN:
             return None, message
     return None, None
-
-
-def one_line(text: str, limit: int) -> str:
-    """What a service said, fit for an error message, a log line and a Kubernetes Event: control
-    characters (line breaks included) replaced, cut at ``limit`` characters."""
-    clean = "".join(c if c.isprintable() else " " for c in text).strip()
-    return clean if len(clean) <= limit else clean[: limit - 3] + "..."
 
 
 def _describe(message: RedfishMessage | None) -> str:

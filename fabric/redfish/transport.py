@@ -1,6 +1,6 @@
 """The Redfish transport: HTTP to one service, with safe defaults, on the event loop.
 
-Built on :mod:`fabric.redfish.wire` (HTTP/1.1 over asyncio streams) and the bounded reader
+Built on :mod:`plumbing.http1` (HTTP/1.1 over asyncio streams) and the bounded reader
 (:mod:`fabric.redfish.reader`). :class:`Transport` guarantees:
 
 * TLS is verified by default (``ca_file``, else the certifi bundle); ``insecure`` turns it off with
@@ -50,9 +50,9 @@ from fabric.redfish.error_mapping import OutcomeUnknown, error_for_response, one
 from fabric.redfish.links import SERVICE_ROOT, resolve
 from fabric.redfish.reader import ACCEPT_ENCODING, ANSWER_BUDGET, Decoder, NotJson, Refused, parse
 from fabric.redfish.settings import RedfishSettings
-from fabric.redfish.wire import Answer, TransportError, Wire, proxy_for
 from manager_api.errors import FabricError, FabricUnavailable
 from plumbing.backoff import Backoff
+from plumbing.http1 import Answer, TransportError, Wire, proxy_for
 from plumbing.logs import get_logger
 
 __all__ = [
@@ -270,6 +270,7 @@ class Transport:
             read_timeout=settings.read_timeout,
             deadline=self.deadline,
             max_connections=settings.max_workers,
+            tls_advice=_tls_reason,
         )
         #: the fields that carry the credentials now in use
         self._credentials: dict[str, str] = {}
@@ -590,3 +591,17 @@ def _what_body(content: bytes | bytearray | None, headers: Mapping[str, str]) ->
         return "an empty body"
     kind = headers.get("content-type") or "no Content-Type"
     return f"{len(content)} bytes of {one_line(kind, 60)}, not a JSON object"
+
+
+def _tls_reason(reason: str) -> str:
+    """A refused TLS handshake, with what to change: the name, the CA, or the service."""
+    if "mismatch" in reason:
+        step = (
+            "the service's certificate does not name the host of --redfish-url: give it a certificate "
+            "for that name, or use a name the certificate has"
+        )
+    elif "certificate verify failed" in reason:
+        step = "give the CA that signed the service's certificate with --redfish-ca-file"
+    else:
+        step = "check the service's TLS setup and --redfish-ca-file"
+    return f"TLS handshake failed ({reason}); {step}"

@@ -1,12 +1,17 @@
 """An asyncio client for the Kubernetes API server, shared by every role.
 
-Configuration (kubeconfig, in-cluster service account) is loaded with the official
-``kubernetes`` client; requests go through ``httpx`` on the event loop. Objects are
-plain JSON dicts; typed views live beside their users (see :mod:`plumbing.kube.dra`).
+Configuration (kubeconfig, in-cluster service account) is read here, a kubeconfig beyond the
+plain ones with the official ``kubernetes`` library. Requests go over :mod:`plumbing.http1`
+(HTTP/1.1 on asyncio streams, the manager client's and the Redfish transport's wire), not httpx:
+a kubelet plugin reads each claim and PATCHes its status through this client, and an httpx
+request cost it 2 to 3 ms of CPU on a loaded machine, the same exchange over asyncio streams
+about 0.2 ms (docs/performance.md, issue 37). Objects are plain JSON dicts; typed views live
+beside their users (see :mod:`plumbing.kube.dra`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import json
 import os
@@ -16,15 +21,16 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
-
-import httpx
+from urllib.parse import urlencode, urlsplit
 
 from plumbing.errors import PlumbingError
+from plumbing.http1 import Answer, TransportError, Wire, proxy_for
 from plumbing.httplimits import CLIENT_KEEPALIVE_EXPIRY
 from plumbing.kube.resources import Resource
 from plumbing.logs import get_logger
 
 __all__ = [
+    "MAX_ANSWER_BYTES",
     "AlreadyExists",
     "ApiError",
     "ApiUnavailable",
@@ -44,6 +50,12 @@ __all__ = [
 log = get_logger(__name__)
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+#: seconds to connect to the API server (TCP and TLS), as the httpx client this one replaced had
+CONNECT_TIMEOUT = 10.0
+#: the most one answer (or one watch event) may hold. An object is at most ~1.5 MiB (etcd's request
+#: limit, kube-apiserver's --max-request-bytes default 3 MiB); the largest answers are list pages
+#: (500 items by :meth:`KubeClient.list_all`): 500 ResourceSlices of 128 devices are ~30 MiB.
+MAX_ANSWER_BYTES = 128 << 20
 PatchType = Literal["merge", "strategic", "json", "apply"]
 _PATCH_CONTENT_TYPES: dict[str, str] = {
     "merge": "application/merge-patch+json",
@@ -238,6 +250,31 @@ def load_config(kubeconfig: str | None = None, context: str | None = None) -> Ku
     )
 
 
+def _tls_context(config: KubeConfig) -> ssl.SSLContext | None:
+    """How to check the API server (its CA, its name) and what client certificate to show."""
+    if not config.server.startswith("https"):
+        return None
+    if config.verify:
+        context = ssl.create_default_context(cafile=config.ca_file)
+    else:
+        log.warning("TLS verification of the API server is off", server=config.server)
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if config.cert_file:
+        context.load_cert_chain(config.cert_file, config.key_file)
+    return context
+
+
+def _status_body(data: bytes) -> dict[str, Any]:
+    """An error answer's Status object, or its first words when it is none (a proxy's page)."""
+    try:
+        body = json.loads(data)
+    except ValueError:
+        return {"message": data[:500].decode(errors="replace")}
+    return body if isinstance(body, dict) else {}
+
+
 @dataclass(frozen=True, slots=True)
 class WatchEvent:
     type: Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
@@ -245,7 +282,15 @@ class WatchEvent:
 
 
 class KubeClient:
-    """CRUD, patch and watch on any :class:`Resource`, raising :class:`ApiError` subclasses."""
+    """CRUD, patch and watch on any :class:`Resource`, raising :class:`ApiError` subclasses.
+
+    Requests go over :class:`plumbing.http1.Wire` (HTTP/1.1 on asyncio streams). ``timeout`` is
+    the connect-free part of one request: its answer must make progress within it (the read
+    timeout) and arrive whole within four times it (the deadline); ``request_timeout`` bounds one
+    request whole, a free connection's wait and the connect included. An answer is read up to
+    ``max_answer_bytes`` and only in the identity coding (none other is asked for); larger, or
+    coded, it is refused as :class:`ApiUnavailable`.
+    """
 
     def __init__(
         self,
@@ -254,37 +299,36 @@ class KubeClient:
         timeout: float = 30.0,
         user_agent: str = "fabric-dra",
         max_connections: int = 64,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
         self.config = config
-        verify: ssl.SSLContext | bool = False
-        if config.server.startswith("https"):
-            if config.verify:
-                verify = ssl.create_default_context(cafile=config.ca_file)
-                if config.cert_file:
-                    verify.load_cert_chain(config.cert_file, config.key_file)
-            else:
-                log.warning("TLS verification of the API server is off", server=config.server)
-                verify = ssl.create_default_context()
-                verify.check_hostname = False
-                verify.verify_mode = ssl.CERT_NONE
-                if config.cert_file:
-                    verify.load_cert_chain(config.cert_file, config.key_file)
-        self._http = httpx.AsyncClient(
-            base_url=config.server,
-            verify=verify,
-            timeout=httpx.Timeout(timeout, connect=10.0),
+        self.max_answer_bytes = max_answer_bytes
+        #: seconds a watch may outlast its timeoutSeconds before the client cuts it (a server
+        #: that stopped talking without closing)
+        self.watch_slack = 30.0
+        #: the path the API server is served under (none, or a proxy's such as Rancher's
+        #: /k8s/clusters/<id>), before each request's
+        self._prefix = urlsplit(config.server).path.rstrip("/")
+        self._wire = Wire(
+            config.server,
+            tls=_tls_context(config),
+            proxy=proxy_for(config.server),
+            connect_timeout=CONNECT_TIMEOUT,
+            read_timeout=timeout,
+            deadline=4 * timeout,
+            max_connections=max_connections,
             # idle connections expire before the API test server closes them (a ledger PUT sent on
             # a connection being closed failed the 10,000-binding run with a ReadError)
-            limits=httpx.Limits(
-                max_connections=max_connections,
-                max_keepalive_connections=max_connections,
-                keepalive_expiry=CLIENT_KEEPALIVE_EXPIRY,
+            keepalive_expiry=CLIENT_KEEPALIVE_EXPIRY,
+            tls_advice=lambda reason: (
+                f"TLS handshake with the API server failed ({reason}); check the cluster's CA "
+                "(the kubeconfig's certificate-authority, or the service account's ca.crt)"
             ),
-            headers={"User-Agent": user_agent, "Accept": "application/json"},
+            user_agent=user_agent,
         )
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        self._wire.abort()
 
     async def __aenter__(self) -> KubeClient:
         return self
@@ -292,12 +336,18 @@ class KubeClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    def _headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-        headers = dict(extra or {})
+    def _fields(self, content_type: str | None = None) -> dict[str, str]:
+        fields = {"Accept": "application/json"}
+        if content_type is not None:
+            fields["Content-Type"] = content_type
         token = self.config.bearer_token()
         if token:
-            headers["Authorization"] = f"Bearer {token}"
-        return headers
+            fields["Authorization"] = f"Bearer {token}"
+        return fields
+
+    def _target(self, path: str, params: Mapping[str, Any] | None) -> str:
+        clean = {k: v for k, v in (params or {}).items() if v is not None}
+        return f"{self._prefix}{path}?{urlencode(clean)}" if clean else f"{self._prefix}{path}"
 
     async def request(
         self,
@@ -309,30 +359,40 @@ class KubeClient:
         content_type: str = "application/json",
         request_timeout: float | None = None,
     ) -> dict[str, Any]:
-        content = None if body is None else json.dumps(body).encode()
-        headers = self._headers({"Content-Type": content_type} if content is not None else None)
-        clean_params = {k: v for k, v in (params or {}).items() if v is not None}
+        content = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        fields = self._fields(content_type if content is not None else None)
+        target = self._target(path, params)
         try:
-            response = await self._http.request(
-                method,
-                path,
-                params=clean_params,
-                content=content,
-                headers=headers,
-                timeout=request_timeout if request_timeout is not None else httpx.USE_CLIENT_DEFAULT,
-            )
-        except httpx.HTTPError as err:
-            raise ApiUnavailable(0, "Unreachable", f"{method} {path}: {err!r}") from err
-        if response.status_code >= 400:
-            try:
-                status_body = response.json()
-            except ValueError:
-                status_body = {"message": response.text[:500]}
-            raise _error_for(response.status_code, status_body if isinstance(status_body, dict) else {})
-        if not response.content:
+            if request_timeout is None:
+                status, data = await self._exchange(method, target, fields, content, None)
+            else:
+                async with asyncio.timeout(request_timeout):
+                    status, data = await self._exchange(method, target, fields, content, request_timeout)
+        except TransportError as err:
+            raise ApiUnavailable(0, "Unreachable", f"{method} {path}: {err}") from err
+        except TimeoutError:
+            raise ApiUnavailable(
+                0, "Timeout", f"{method} {path}: no whole answer within {request_timeout:g} s"
+            ) from None
+        if status >= 400:
+            raise _error_for(status, _status_body(data))
+        if not data:
             return {}
-        result = response.json()
+        try:
+            result = json.loads(data)
+        except ValueError:
+            raise ApiUnavailable(status, "BadAnswer", f"{method} {path}: the answer is no JSON") from None
         return result if isinstance(result, dict) else {"items": result}
+
+    async def _exchange(
+        self, method: str, target: str, fields: dict[str, str], body: bytes | None, within: float | None
+    ) -> tuple[int, bytes]:
+        timing = None if within is None else (min(CONNECT_TIMEOUT, within), within)
+        answer = await self._wire.open(method, target, fields, body, http_timeout=timing, deadline=within)
+        try:
+            return answer.status, await answer.whole(self.max_answer_bytes)
+        finally:
+            answer.close()
 
     # -- CRUD ---------------------------------------------------------------------------------
 
@@ -503,33 +563,67 @@ class KubeClient:
             "fieldSelector": field_selector,
             "timeoutSeconds": timeout_seconds,
         }
-        clean = {k: v for k, v in params.items() if v is not None}
+        target = self._target(res.path(namespace), params)
+        # The server ends the stream after timeout_seconds; the client gives it watch_slack more,
+        # between two events (bookmarks included) and whole, then cuts it.
+        bound = timeout_seconds + self.watch_slack
         try:
-            async with self._http.stream(
+            answer = await self._wire.open(
                 "GET",
-                res.path(namespace),
-                params=clean,
-                headers=self._headers(),
-                timeout=httpx.Timeout(timeout_seconds + 30.0, connect=10.0),
-            ) as response:
-                if response.status_code >= 400:
-                    body = await response.aread()
-                    try:
-                        status_body = json.loads(body)
-                    except ValueError:
-                        status_body = {"message": body[:500].decode(errors="replace")}
-                    raise _error_for(response.status_code, status_body)
-                async for line in response.aiter_lines():
-                    if not line.strip():
-                        continue
+                target,
+                self._fields(),
+                stream=True,
+                http_timeout=(CONNECT_TIMEOUT, bound),
+                deadline=bound,
+            )
+        except TransportError as err:
+            raise ApiUnavailable(0, "Unreachable", f"watch {res.plural}: {err}") from err
+        try:
+            if answer.status >= 400:
+                try:
+                    data = await answer.whole(self.max_answer_bytes)
+                except TransportError as err:
+                    raise ApiUnavailable(0, "Unreachable", f"watch {res.plural}: {err}") from err
+                raise _error_for(answer.status, _status_body(data))
+            async for line in self._lines(answer, res):
+                try:
                     event = json.loads(line)
-                    kind = event.get("type")
-                    obj = event.get("object") or {}
-                    if kind == "ERROR":
-                        raise _error_for(int(obj.get("code") or 500), obj)
-                    yield WatchEvent(kind, obj)
-        except httpx.HTTPError as err:
-            raise ApiUnavailable(0, "Unreachable", f"watch {res.plural}: {err!r}") from err
+                except ValueError:
+                    raise ApiUnavailable(
+                        0, "BadAnswer", f"watch {res.plural}: an event that is no JSON"
+                    ) from None
+                kind = event.get("type")
+                obj = event.get("object") or {}
+                if kind == "ERROR":
+                    raise _error_for(int(obj.get("code") or 500), obj)
+                yield WatchEvent(kind, obj)
+        finally:
+            answer.close()
+
+    async def _lines(self, answer: Answer, res: Resource) -> AsyncIterator[bytes]:
+        """The stream's non-empty lines (one JSON event each), none longer than the answer cap."""
+        if answer.headers.get("content-encoding", "identity").lower() != "identity":
+            raise ApiUnavailable(0, "Unreachable", f"watch {res.plural}: a coded stream, none was asked for")
+        pending = b""
+        while True:
+            try:
+                piece = await answer.read()
+            except TransportError as err:
+                raise ApiUnavailable(0, "Unreachable", f"watch {res.plural}: {err}") from err
+            if not piece:
+                if pending.strip():
+                    yield pending
+                return
+            *lines, pending = (pending + piece).split(b"\n")
+            if len(pending) > self.max_answer_bytes:
+                raise ApiUnavailable(
+                    0,
+                    "Unreachable",
+                    f"watch {res.plural}: an event larger than {self.max_answer_bytes} bytes",
+                )
+            for line in lines:
+                if line.strip():
+                    yield line
 
     @staticmethod
     def _typed(res: Resource, obj: Mapping[str, Any]) -> dict[str, Any]:

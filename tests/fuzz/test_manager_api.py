@@ -44,7 +44,7 @@ NODES = ["kind-worker", "kind-worker2", "kind-worker3"]
 CLAIMS = [claim_uid(name) for name in ("claim-a", "claim-b", "claim-c")]
 
 #: schemathesis runs, each a new interpreter: ~57 s for the module in a 4-worker run
-pytestmark = pytest.mark.slow(seconds=57)
+pytestmark = pytest.mark.slow(seconds=135)
 
 
 @dataclass

@@ -32,7 +32,10 @@ from tests.support.fabric_http import Reply, Request, ScriptedServer
 
 #: An operation that takes longer than this is a hang (the client's own bounds are far below it).
 # Deeply nested bodies make Hypothesis warn that their repr is large; that is the point.
-pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")
+pytestmark = [
+    pytest.mark.slow(seconds=19),
+    pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning"),
+]
 
 HANG = 20.0
 MONITOR = "/redfish/v1/TaskService/TaskMonitors/7"

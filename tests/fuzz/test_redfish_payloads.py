@@ -29,7 +29,10 @@ from tests.fuzz.strategies import hostile_text, json_values
 from tests.support.fabric_http import Reply, Request, ScriptedServer
 
 # Deeply nested bodies make Hypothesis warn that their repr is large; that is the point.
-pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")
+pytestmark = [
+    pytest.mark.slow(seconds=62),
+    pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning"),
+]
 
 HANG = 30.0
 

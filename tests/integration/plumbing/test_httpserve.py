@@ -81,3 +81,31 @@ def test_base_url_names_a_reachable_address() -> None:
     assert base_url("::", 443, tls=True) == "https://[::1]:443"
     assert base_url("fe80::1", 8) == "http://[fe80::1]:8"
     assert base_url("localhost", 8) == "http://localhost:8"
+
+
+async def test_a_forwarded_header_does_not_change_who_the_client_is(tmp_path: Path) -> None:
+    """Per-client limits (the manager's login and token-review budgets) count against the peer's
+    address. uvicorn's proxy-headers layer, on by default, would take it from ``X-Forwarded-For``
+    for any loopback peer: a local client could name any address it liked. No role sits behind a
+    proxy, so the peer's address is the client."""
+    seen: list[tuple[str, int] | None] = []
+
+    async def app(scope: dict[str, object], receive: object, send: object) -> None:
+        assert callable(send)
+        client = scope.get("client")
+        seen.append((str(client[0]), int(client[1])) if isinstance(client, (list, tuple)) else None)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    server = HttpServer(app, host="127.0.0.1", port=0, handle_signals=False, lifespan="off")
+    await server.start()
+    try:
+        async with httpx.AsyncClient() as client:
+            headers = {"X-Forwarded-For": "203.0.113.9", "X-Forwarded-Proto": "https"}
+            answer = await client.get(server.url, headers=headers)
+        assert answer.status_code == 200
+    finally:
+        server.stop()
+        await server.close()
+    assert len(seen) == 1 and seen[0] is not None
+    assert seen[0][0] == "127.0.0.1"

@@ -11,8 +11,8 @@ import trustme
 
 from fabric.redfish import OutcomeUnknown
 from fabric.redfish.client import RedfishClient, RedfishSettings
-from fabric.redfish.wire import _bypassed
 from manager_api.errors import FabricUnavailable
+from plumbing.http1 import _bypassed
 from tests.support.fabric_http import Reply, Request, ScriptedServer
 from tests.support.http_proxy import HttpProxy
 

@@ -1,4 +1,4 @@
-"""The Redfish client's HTTP/1.1 (fabric/redfish/wire.py) against a real socket server whose bytes
+"""The Redfish client's HTTP/1.1 (plumbing/http1.py) against a real socket server whose bytes
 each test writes by hand: framings, kept-alive and closed connections, interim answers, heads no
 service should send, and fields that must never be sent."""
 

@@ -1,6 +1,8 @@
-"""HTTP/1.1 to one Redfish service over asyncio streams: the wire under :mod:`fabric.redfish.transport`.
+"""HTTP/1.1 to one origin over asyncio streams: the wire under the Redfish transport
+(:mod:`fabric.redfish.transport`), the fabric manager's client (:mod:`manager_api.client`) and
+the Kubernetes client (:mod:`plumbing.kube.client`).
 
-The transport needs little of HTTP and must be sure of all of it: one origin, requests it builds
+Both need little of HTTP and must be sure of all of it: one origin, requests it builds
 itself, answers read raw (the bounded reader, :mod:`fabric.redfish.reader`, undoes their
 ``Content-Encoding``), never a redirect followed, never a request sent twice, and to know whether
 a request may have reached the service when it fails. This client does that and nothing else, on
@@ -18,7 +20,9 @@ What it speaks (RFC 9112):
   made): a ``CONNECT`` tunnel for ``https``, the absolute form of the target for ``http``. TLS with
   the transport's context, the server's name checked. A connection is kept alive after an answer
   read to its end that does not say ``Connection: close``, and reused (the last one returned
-  first); one the service has closed meanwhile is dropped before use. At most ``max_connections``
+  first); one the service has closed meanwhile, or idle longer than ``keepalive_expiry``, is
+  dropped before use (a server closes an idle connection without warning: a request sent into it
+  at that moment is lost, and a POST cannot be resent blindly). At most ``max_connections``
   requests are in flight at once; more wait for a free one.
 * **Requests**: method, target, ``Host``, the caller's fields (a value with a control character is
   refused: it could smuggle a header), ``Content-Length`` with a body.
@@ -26,20 +30,22 @@ What it speaks (RFC 9112):
   :data:`HEAD_LIMIT` bytes, its lines ending CRLF; repeated fields are joined with ``, ``. The body
   is framed by the chunked transfer coding (no other transfer coding is decoded: refused),
   ``Content-Length`` (one value, or equal ones), or the end of the connection, and handed over raw
-  as it arrives, at most :data:`PIECE` bytes at a time (:meth:`Answer.read`). The stream reader's
+  as it arrives, at most :data:`PIECE` bytes at a time (:meth:`Answer.read`), or whole up to a
+  size the caller gives and only in the identity coding (:meth:`Answer.whole`). The stream reader's
   buffer stops reading from the socket beyond twice :data:`HEAD_LIMIT`: what the service sends
   faster than the caller takes waits in the kernel, not in memory.
 * **Time**: connecting (TCP, the tunnel and the TLS handshake together) is bounded by the connect
   timeout; then the answer must make progress within the read timeout and arrive whole before the
-  deadline. One timer per request watches both and cuts the connection when either passes, so
-  the read in progress fails at once, saying which.
+  deadline (the client's, or the request's own). One timer per request watches both and cuts the
+  connection when either passes, so the read in progress fails at once, saying which.
 * :meth:`Wire.abort` cuts every connection, reads in flight included (shutdown); a read it cut
   never passes for the end of an answer.
 
 Every failure is a :class:`TransportError` that says whether the request may have reached the
-service (``sent``) and whether the service answered at all (``answered``). A client may be used
-from one event loop after another (not from two at once): connections of a loop that ended are
-dropped.
+service (``sent``) and whether the service answered at all (``answered``); one that failed to
+connect keeps the OS or TLS error as its ``__cause__``, and ``tls`` tells a refused handshake. A
+client may be used from one event loop after another (not from two at once): connections of a
+loop that ended are dropped.
 """
 
 from __future__ import annotations
@@ -50,13 +56,14 @@ import contextlib
 import ipaddress
 import re
 import ssl
+import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import quote, unquote, urlsplit
 
-from fabric.errors import ManagerError
-from fabric.redfish.error_mapping import one_line
+from plumbing.errors import PlumbingError
+from plumbing.terminal import one_line
 
 __all__ = ["HEAD_LIMIT", "PIECE", "Answer", "Proxy", "TransportError", "Wire", "proxy_for"]
 
@@ -77,17 +84,21 @@ _PLAIN_TARGET = re.compile(r"[A-Za-z0-9\-._~!#$%&'()*+,/:;=?@\[\]]*")
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 
 
-class TransportError(ManagerError):
+class TransportError(PlumbingError):
     """One HTTP exchange failed below HTTP (or its answer was unusable); ``sent`` tells whether
-    the request may have arrived, ``answered`` whether the service answered at all."""
+    the request may have arrived, ``answered`` whether the service answered at all, ``tls``
+    whether the TLS handshake was refused."""
 
-    def __init__(self, message: str, *, sent: bool, answered: bool = False) -> None:
+    def __init__(self, message: str, *, sent: bool, answered: bool = False, tls: bool = False) -> None:
         super().__init__(message)
         self.sent = sent
         self.answered = answered
+        self.tls = tls
 
 
 def _size(count: int) -> str:
+    if count >= 1 << 20 and not count & 0xFFFFF:
+        return f"{count >> 20} MiB"
     return f"{count >> 10} KiB" if count >= 1 << 10 else f"{count} bytes"
 
 
@@ -130,7 +141,7 @@ def proxy_for(base_url: str) -> Proxy | None:
     if proxy.scheme != "http" or not proxy.hostname:
         unusable = (
             f"the proxy {shown} the environment names for {parts.scheme} is no http:// proxy; "
-            "fabric-dra reaches the Redfish service directly or through an http:// proxy only "
+            "fabric-dra reaches the service directly or through an http:// proxy only "
             "(name the service in NO_PROXY to go direct)"
         )
     return Proxy(proxy.hostname or "", proxy.port or 80, authorization, shown, unusable)
@@ -168,7 +179,7 @@ def _bypassed(host: str, port: int | None, no_proxy: str) -> bool:
 
 
 class _Connection:
-    __slots__ = ("cut", "loop", "reader", "writer")
+    __slots__ = ("cut", "idle_since", "loop", "reader", "writer")
 
     def __init__(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, loop: asyncio.AbstractEventLoop
@@ -178,8 +189,12 @@ class _Connection:
         self.loop = loop
         #: cut by :meth:`Wire.abort` or a timer: whatever a read returns now is no whole answer
         self.cut = False
+        #: monotonic time it was last put back idle
+        self.idle_since = 0.0
 
-    def usable(self) -> bool:
+    def usable(self, expiry: float | None = None) -> bool:
+        if expiry is not None and time.monotonic() - self.idle_since > expiry:
+            return False
         return not (self.cut or self.writer.is_closing() or self.reader.at_eof())
 
     def abort(self) -> None:
@@ -211,7 +226,14 @@ class Wire:
         read_timeout: float,
         deadline: float,
         max_connections: int,
+        keepalive_expiry: float | None = None,
+        tls_advice: Callable[[str], str] | None = None,
+        user_agent: str = "fabric-dra",
     ) -> None:
+        """``keepalive_expiry``: seconds an idle connection may be reused (None: while it is
+        open). ``tls_advice``: the words of a refused handshake, given its reason (what to
+        change, in the caller's flags). ``user_agent``: the ``User-Agent`` of every request (the
+        API server's audit log and metrics name clients by it)."""
         parts = urlsplit(base_url)
         self.host = parts.hostname or ""
         self.port = parts.port or _DEFAULT_PORTS[parts.scheme]
@@ -221,10 +243,14 @@ class Wire:
         self.read_timeout = read_timeout
         self.deadline = deadline
         self.max_connections = max_connections
+        self.keepalive_expiry = keepalive_expiry
+        self._tls_advice = tls_advice or (lambda reason: f"TLS handshake failed ({reason})")
         # The absolute form only for plain HTTP through a proxy; in a tunnel the origin form.
         prefix = f"http://{parts.netloc}" if proxy is not None and self.tls is None else ""
         self._prefix = prefix
-        fixed = f"Host: {parts.netloc}\r\nUser-Agent: fabric-dra\r\n"
+        fixed = f"Host: {parts.netloc}\r\nUser-Agent: {user_agent}\r\n"
+        if _BAD_VALUE.search(user_agent):
+            raise ValueError("a User-Agent with a control character")
         if prefix and proxy is not None and proxy.authorization:
             fixed += f"Proxy-Authorization: {proxy.authorization}\r\n"
         self._fixed = fixed
@@ -242,15 +268,19 @@ class Wire:
         body: bytes | None = None,
         *,
         http_timeout: tuple[float, float] | None = None,
+        deadline: float | None = None,
         stream: bool = False,
     ) -> Answer:
         """Send one request and read the head of its answer. The caller reads the body
         (:meth:`Answer.read`) and always closes the answer (:meth:`Answer.close`), which frees
-        its connection. ``stream``: an answer without end (an event stream) — no read timeout, no
-        deadline, its own connection, not counted against ``max_connections``."""
+        its connection. ``stream``: an answer without end (an event stream) — its own connection,
+        not counted against ``max_connections``, and no read timeout or deadline unless
+        ``http_timeout`` is given (a Kubernetes watch: the server ends it, the client bounds it).
+        ``deadline``: this request's, instead of the client's (a long poll's)."""
         head = self._head(method, target, fields, body)
         state = self._loop_state()
         connect, read = http_timeout or (self.connect_timeout, self.read_timeout)
+        timed = not stream or http_timeout is not None
         if not stream:
             await state.slots.acquire()
         try:
@@ -259,7 +289,13 @@ class Wire:
             if not stream:
                 state.slots.release()
             raise
-        answer = Answer(self, connection, state if not stream else None, None if stream else read)
+        answer = Answer(
+            self,
+            connection,
+            state if not stream else None,
+            read if timed else None,
+            deadline or self.deadline,
+        )
         try:
             connection.writer.write(head if body is None else head + body)
             if body is not None and len(body) > PIECE:
@@ -303,7 +339,7 @@ class Wire:
     async def _connection(self, state: _Loop, connect_timeout: float) -> _Connection:
         while state.idle:
             connection = state.idle.pop()
-            if connection.usable():
+            if connection.usable(self.keepalive_expiry):
                 return connection
             self._forget(connection)
         if self.proxy is not None and self.proxy.unusable:
@@ -314,10 +350,10 @@ class Wire:
         except TimeoutError:
             raise TransportError("connection timed out", sent=False) from None
         except ssl.SSLError as err:
-            raise TransportError(_tls_reason(one_line(str(err), 200)), sent=False) from None
+            raise TransportError(self._tls_advice(one_line(str(err), 200)), sent=False, tls=True) from err
         except OSError as err:
             reason = one_line(str(err) or type(err).__name__, 200)
-            raise TransportError(f"cannot connect ({reason})", sent=False) from None
+            raise TransportError(f"cannot connect ({reason})", sent=False) from err
         connection = _Connection(reader, writer, state.loop or asyncio.get_running_loop())
         self._open.add(connection)
         return connection
@@ -365,6 +401,7 @@ class Wire:
 
     def _idle(self, connection: _Connection, state: _Loop) -> None:
         if connection.usable() and state is self._state:
+            connection.idle_since = time.monotonic()
             state.idle.append(connection)
         else:
             self._forget(connection)
@@ -386,6 +423,7 @@ class Answer:
         "_chunk",
         "_chunked",
         "_connection",
+        "_deadline",
         "_done",
         "_expired",
         "_give_up",
@@ -403,7 +441,12 @@ class Answer:
     )
 
     def __init__(
-        self, wire: Wire, connection: _Connection, state: _Loop | None, read_timeout: float | None
+        self,
+        wire: Wire,
+        connection: _Connection,
+        state: _Loop | None,
+        read_timeout: float | None,
+        deadline: float,
     ) -> None:
         self._wire = wire
         self._connection = connection
@@ -427,7 +470,8 @@ class Answer:
         self._loop = connection.loop
         now = self._loop.time()
         self._last = now
-        self._give_up = now + wire.deadline
+        self._deadline = deadline
+        self._give_up = now + deadline
         if read_timeout is not None:
             self._timer = self._loop.call_at(min(now + read_timeout, self._give_up), self._tick)
 
@@ -438,7 +482,7 @@ class Answer:
         now = self._loop.time()
         timeout = self._read_timeout or 0.0
         if now >= self._give_up:
-            self._expired = (f"the answer did not arrive within {self._wire.deadline:.0f} s", True)
+            self._expired = (f"the answer did not arrive within {self._deadline:.0f} s", True)
         elif now < self._last + timeout:
             self._timer = self._loop.call_at(min(self._last + timeout, self._give_up), self._tick)
             return
@@ -570,6 +614,28 @@ class Answer:
             self._finish()
         return data
 
+    async def whole(self, limit: int) -> bytes:
+        """The whole body, at most ``limit`` bytes, refused in any ``Content-Encoding``: none was
+        asked for (no ``Accept-Encoding``), so a coded body is no answer to this request."""
+        coding = self.headers.get("content-encoding", "identity").lower()
+        if coding != "identity":
+            raise TransportError(
+                f"the answer came in Content-Encoding {one_line(coding, 40)!r}, which was not asked for",
+                sent=True,
+                answered=True,
+            )
+        too_large = TransportError(f"the answer is larger than {_size(limit)}", sent=True, answered=True)
+        if not self._chunked and not self._until_close and self._remaining > limit:
+            raise too_large  # said up front: not read at all
+        pieces: list[bytes] = []
+        size = 0
+        while piece := await self.read():
+            size += len(piece)
+            if size > limit:
+                raise too_large
+            pieces.append(piece)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
     async def _next_chunk(self) -> int:
         """The size of the next chunk; after the last (0), its trailer fields are skipped."""
         reader = self._connection.reader
@@ -646,17 +712,3 @@ def _parse_head(block: bytes) -> tuple[int, str, dict[str, str]]:
         fields[name] = f"{fields[name]}, {value}" if name in fields else value
         last = name
     return int(code), version, fields
-
-
-def _tls_reason(reason: str) -> str:
-    """A refused TLS handshake, with what to change: the name, the CA, or the service."""
-    if "mismatch" in reason:
-        step = (
-            "the service's certificate does not name the host of --redfish-url: give it a certificate "
-            "for that name, or use a name the certificate has"
-        )
-    elif "certificate verify failed" in reason:
-        step = "give the CA that signed the service's certificate with --redfish-ca-file"
-    else:
-        step = "check the service's TLS setup and --redfish-ca-file"
-    return f"TLS handshake failed ({reason}); {step}"
