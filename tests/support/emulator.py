@@ -16,6 +16,8 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import yaml
+
 from fabric_dra_testbed.stack import (
     BLOCKS,
     CONNECTIONS,
@@ -38,6 +40,7 @@ __all__ = [
     "block_action",
     "connection_body",
     "run_emulator",
+    "with_behaviour",
     "zone_add",
     "zone_remove",
 ]
@@ -66,3 +69,13 @@ def run_emulator(
             auth=not no_auth,
             extra_args=args,
         )
+
+
+def with_behaviour(path: Path, out: Path, **behaviour: str) -> Path:
+    """The topology at ``path`` with ``behaviour`` options (camelCase keys, as in the file) merged
+    over its own, written to ``out``; ``out`` is returned."""
+    data = yaml.safe_load(path.read_text())
+    if behaviour:
+        data["behaviour"] = {**data.get("behaviour", {}), **behaviour}
+    out.write_text(yaml.safe_dump(data))
+    return out

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -26,11 +25,12 @@ from emulator.redfish.model import uris
 from emulator.redfish.model.errors import RedfishError, error_body, redfish_error
 from emulator.redfish.model.latency import LatencyProfile
 from emulator.redfish.model.registries import message
-from emulator.redfish.tree.expand import Expand, Select, expand, expand_served
+from emulator.redfish.service.expanded import ExpandedAnswers
+from emulator.redfish.tree.expand import Expand, Select, expand_served
 from emulator.redfish.tree.http import Reply, Request
 from emulator.redfish.tree.nodes import ActionNode, Context, Node, not_allowed
 from emulator.redfish.tree.render import none_match
-from emulator.redfish.views import EventStreamNode, MetadataNode, resolve
+from emulator.redfish.views import EventStreamNode, MetadataNode, resolve, resolve_under
 from emulator.redfish.views.services import ServiceRootNode, described_by
 from plumbing.logs import get_logger
 
@@ -72,9 +72,6 @@ def method_not_implemented(method: str | None) -> RedfishError:
     )
 
 
-#: inlined members parsed (and selected) for ``$expand`` answers, by URI, ETag and ``$select``
-_INLINED_LIMIT = 1024
-
 _REDFISH_VERSIONS = json.dumps({"v1": f"{uris.ROOT}/"}, separators=(",", ":")).encode()
 
 
@@ -92,9 +89,11 @@ class RedfishApp:
         self.root = root
         self.latency = latency
         self.realm = f'Basic realm="{ctx.product}", charset="UTF-8"'
-        #: (uri, ETag, $select) → the member as inlined: an ETag names one rendering, so a member
-        #: that did not change is not parsed (nor selected) again for the next expanded answer
-        self._inlined: dict[tuple[str, str, Select | None], dict[str, Any]] = {}
+        self.expanded = ExpandedAnswers(
+            ctx,
+            lambda base, uri, made: resolve_under(root, base, uri, made),
+            lambda node: node.is_resource and not isinstance(node, MetadataNode),
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -271,13 +270,14 @@ class RedfishApp:
         delay = self.latency.read.sample(self.ctx.engine.rng)
         if delay:
             await asyncio.sleep(delay)
-        body, etag = self.ctx.renderer.render(node)
         if query is not None or chosen is not None:
-            body, etag = self._expanded(
-                body,
+            body, etag = self.expanded.answer(
+                node,
                 Expand.parse(query) if query is not None else None,
                 Select.parse(chosen) if chosen is not None else None,
             )
+        else:
+            body, etag = self.ctx.renderer.render(node)
         if not self.ctx.renderer.etags:
             etag = ""  # behaviour.etags "omitted": none sent, If-None-Match never matches
         headers = {"ETag": etag, "Allow": ", ".join(node.allow)} if etag else {"Allow": ", ".join(node.allow)}
@@ -287,39 +287,6 @@ class RedfishApp:
         if none_match(request.header("if-none-match"), etag):
             return Reply(304, None, headers)
         return Reply(200, None, headers, raw=body)
-
-    def _expanded(self, body: bytes, query: Expand | None, chosen: Select | None) -> tuple[bytes, str]:
-        """``body`` with the resources it links to inline and the properties ``$select`` keeps
-        (:mod:`emulator.redfish.tree.expand`), and the ETag of that answer (it changes when any
-        resource inlined changes)."""
-
-        def render(uri: str) -> dict[str, Any] | None:
-            linked = resolve(self.root, uri)
-            if linked is None or not linked.is_resource or isinstance(linked, MetadataNode):
-                return None
-            raw, tag = self.ctx.renderer.render(linked)
-            key = (uri, tag, chosen)
-            member = self._inlined.get(key)
-            if member is None:
-                member = json.loads(raw)
-                if chosen is not None:
-                    member = chosen.apply(member)
-                if len(self._inlined) >= _INLINED_LIMIT:
-                    self._inlined.clear()
-                self._inlined[key] = member
-            return member
-
-        expanded = json.loads(body)
-        if query is not None:
-            expanded = expand(expanded, query, render)
-        if chosen is not None:
-            expanded = chosen.apply(expanded)
-        expanded.pop("@odata.etag", None)
-        raw = json.dumps(expanded, separators=(",", ":"), ensure_ascii=False).encode()
-        if not self.ctx.renderer.etags:
-            return raw, 'W/"' + hashlib.blake2b(raw, digest_size=8).hexdigest() + '"'
-        expanded["@odata.etag"] = etag = 'W/"' + hashlib.blake2b(raw, digest_size=8).hexdigest() + '"'
-        return json.dumps(expanded, separators=(",", ":"), ensure_ascii=False).encode(), etag
 
     # --- responses -----------------------------------------------------------------------------
 
@@ -382,18 +349,23 @@ class RedfishApp:
                 if not disconnected.done():
                     await send({"type": "http.response.body", "body": b": keep-alive\n\n", "more_body": True})
                 continue
-            event = getter.result()
-            if event is None:
+            # The events already queued go out in one write (a bind makes several): the same
+            # bytes as one write each, a fraction of the sends.
+            batch = [getter.result()]
+            while batch[-1] is not None and not sub.overflowed and not sub.queue.empty():
+                batch.append(sub.queue.get_nowait())
+            closed = batch[-1] is None
+            events = [event for event in batch if event is not None]
+            if events:
+                body = b"".join(_event_bytes(event.seq, event.payload()) for event in events)
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+            if closed or sub.overflowed:
+                # closed by the service, or the client could not keep up (it reconnects with
+                # Last-Event-ID)
                 break
-            await self._send_event(send, event.seq, event.payload())
-            if sub.overflowed:
-                break  # the client could not keep up; it reconnects with Last-Event-ID
 
     async def _send_event(self, send: Send, seq: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload, separators=(",", ":"))
-        await send(
-            {"type": "http.response.body", "body": f"id: {seq}\ndata: {data}\n\n".encode(), "more_body": True}
-        )
+        await send({"type": "http.response.body", "body": _event_bytes(seq, payload), "more_body": True})
 
     @staticmethod
     async def _wait_disconnect(receive: Receive) -> None:
@@ -401,6 +373,12 @@ class RedfishApp:
             event = await receive()
             if event["type"] == "http.disconnect":
                 return
+
+
+def _event_bytes(seq: int, payload: dict[str, Any]) -> bytes:
+    """One Server-Sent Event: ``id:`` is the EventId, ``data:`` the Event resource."""
+    data = json.dumps(payload, separators=(",", ":"))
+    return f"id: {seq}\ndata: {data}\n\n".encode()
 
 
 def _event_filter(request: Request) -> EventFilter:

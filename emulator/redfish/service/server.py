@@ -141,7 +141,11 @@ class _MethodAwareParser:
             self._transport.close()
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._parser, name)
+        # uvicorn asks the parser for the method, version and keep-alive of every request: each
+        # is looked up here once, then found on the instance
+        found = getattr(self._parser, name)
+        setattr(self, name, found)
+        return found
 
 
 def _emulator_protocol(engine: Engine) -> type[asyncio.Protocol]:
@@ -165,12 +169,15 @@ def _emulator_protocol(engine: Engine) -> type[asyncio.Protocol]:
                 super().data_received(data)
 
         def on_headers_complete(self) -> None:
-            path = self.url.split(b"?", 1)[0].decode("latin-1")
-            if not path.startswith(uris.OEM) and engine.conditions.take_drop():
+            if engine.conditions.faults and self._drops(self.url.split(b"?", 1)[0].decode("latin-1")):
                 self._dropping = True
                 self.transport.abort()
                 return
             super().on_headers_complete()
+
+        @staticmethod
+        def _drops(path: str) -> bool:
+            return not path.startswith(uris.OEM) and engine.conditions.take_drop()
 
         def on_body(self, body: bytes) -> None:
             if not self._dropping:

@@ -29,6 +29,7 @@ Methods run in the state store's writer thread, never on the event loop.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import queue
 import shutil
@@ -200,6 +201,24 @@ def _write(path: Path, text: str | bytes) -> None:
         os.close(fd)
 
 
+def _rewrite(path: Path, text: str) -> None:
+    """``path`` holding ``text``: left alone when it does already (a read costs ext4 no
+    journalled change; a truncate and write free and allocate a block)."""
+    data = text.encode("ascii")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        pass
+    else:
+        try:
+            same = os.read(fd, len(data) + 1) == data
+        finally:
+            os.close(fd)
+        if same:
+            return
+    _write(path, data)
+
+
 def _symlink(link: Path, target: str) -> None:
     link.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
@@ -220,6 +239,53 @@ def _unlink(path: Path) -> None:
         path.unlink()
 
 
+class _LinkPool:
+    """Symlinks an unbind took out of a host's tree, by target, for a bind to rename into place.
+
+    A bind makes three links (the bus entry, the IOMMU group's member, the device's group) and
+    an unbind removes them; on ext4 each new inode costs a scan of the recently deleted ones,
+    which made these links a third of the emulator's CPU per bind+unbind. A link's target names
+    only an address (``../../../devices/pci0000:40/0000:41:00.0``), so any parked link with the
+    target a bind needs is the link it would make. The pool lives in ``<hosts_dir>.links``; what
+    it holds is known from this process only (a restart lays the trees out anew).
+    """
+
+    def __init__(self, pool_dir: Path) -> None:
+        self.pool_dir = pool_dir
+        self._parked: dict[str, list[Path]] = {}
+        self._names = itertools.count()
+
+    def clear(self) -> None:
+        self._parked.clear()
+
+    def park(self, link: Path, target: str) -> None:
+        """Take ``link`` out of its tree (one rename: gone at once for a scanner)."""
+        try:
+            if os.readlink(link) != target:
+                raise OSError(link)  # not a link the emulator made there: removed, not kept
+        except FileNotFoundError:
+            return
+        except OSError:
+            _unlink(link)
+            return
+        parked = self.pool_dir / str(next(self._names))
+        try:
+            os.rename(link, parked)
+        except FileNotFoundError:
+            self.pool_dir.mkdir(parents=True, exist_ok=True)
+            os.rename(link, parked)
+        self._parked.setdefault(target, []).append(parked)
+
+    def place(self, link: Path, target: str) -> None:
+        """``link`` → ``target``: a parked one renamed into place (over what is there), else a new one."""
+        kept = self._parked.get(target)
+        if kept:
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(kept.pop(), link)
+                return
+        _symlink(link, target)
+
+
 class HostView:
     """The host trees under ``hosts_dir``, with two siblings on the same filesystem.
 
@@ -235,6 +301,7 @@ class HostView:
         #: unbound PCIe devices, ready to be renamed into a host's tree (same filesystem)
         self.stage_dir = hosts_dir.with_name(hosts_dir.name + ".stage")
         self.trash_dir = hosts_dir.with_name(hosts_dir.name + ".trash")
+        self.links = _LinkPool(hosts_dir.with_name(hosts_dir.name + ".links"))
         self._purge: queue.SimpleQueue[Path] = queue.SimpleQueue()
         self._purger: threading.Thread | None = None
         #: the kernel's part in memory hot-plug: blocks and NUMA nodes of hot-added CXL memory
@@ -292,7 +359,8 @@ class HostView:
         with its ``cpu_nodes`` (default 1). Memory blocks a node agent onlined come back online
         when their region does: the hosts did not restart with the fabric service."""
         self.memory.forget(self.hosts_dir)
-        for stale in (self.hosts_dir, self.stage_dir, self.trash_dir):
+        self.links.clear()
+        for stale in (self.hosts_dir, self.stage_dir, self.trash_dir, self.links.pool_dir):
             if stale.exists():
                 shutil.rmtree(stale)
         for host, system_uuid in hosts.items():
@@ -383,13 +451,15 @@ class HostView:
         stage = self._stage(e)
         dev = sys_root / "devices" / HOST_BRIDGE / bdf
         os.rename(stage / "dev", dev)
-        _write(dev / "numa_node", f"{e.numa_node}\n")
-        _write(dev / "reset", "")  # no function-level reset yet in this binding
+        # numa_node and reset come back from the stage with the device: rewritten in place (and
+        # only when they differ), not created
+        _rewrite(dev / "numa_node", f"{e.numa_node}\n")
+        _rewrite(dev / "reset", "")  # no function-level reset yet in this binding
         if e.address.iommu_group is not None:
             group = sys_root / "kernel" / "iommu_groups" / str(e.address.iommu_group)
             os.rename(stage / "group", group)
-            os.symlink(f"../../../../devices/{HOST_BRIDGE}/{bdf}", group / "devices" / bdf)
-            os.symlink(f"../../../kernel/iommu_groups/{e.address.iommu_group}", dev / "iommu_group")
+            self.links.place(group / "devices" / bdf, f"../../../../devices/{HOST_BRIDGE}/{bdf}")
+            self.links.place(dev / "iommu_group", f"../../../kernel/iommu_groups/{e.address.iommu_group}")
         if e.address.nvme is not None:
             name = f"nvme{e.address.nvme}"
             ctrl = dev / "nvme" / name
@@ -397,14 +467,16 @@ class HostView:
             _write(ctrl / "dev", f"{_NVME_CHAR_MAJOR}:{e.address.nvme}\n")
             _symlink(sys_root / "class" / "nvme" / name, f"../../devices/{HOST_BRIDGE}/{bdf}/nvme/{name}")
         # the bus entry last: a scanner that sees it finds every file already in place
-        _symlink(sys_root / "bus" / "pci" / "devices" / bdf, f"../../../devices/{HOST_BRIDGE}/{bdf}")
+        self.links.place(sys_root / "bus" / "pci" / "devices" / bdf, f"../../../devices/{HOST_BRIDGE}/{bdf}")
 
     def _remove_pci(self, e: HostEntry) -> None:
+        """Move the device back to the stage: its bus entry first (the device is gone for
+        scanners), its links to the pool, its directory and IOMMU group with their files."""
         bdf = e.address.bdf
         if bdf is None:
             raise ValueError(f"PCIe function {e.target} on {e.host} has no bus/device/function address")
         sys_root = self.sys_root(e.host)
-        _unlink(sys_root / "bus" / "pci" / "devices" / bdf)  # first: the device is gone for scanners
+        self.links.park(sys_root / "bus" / "pci" / "devices" / bdf, f"../../../devices/{HOST_BRIDGE}/{bdf}")
         dev = sys_root / "devices" / HOST_BRIDGE / bdf
         if not dev.is_dir():
             return
@@ -420,12 +492,10 @@ class HostView:
                 os.rename(dev / "nvme" / name, dev / "nvme" / "ctrl")
         if e.address.iommu_group is not None:
             group = sys_root / "kernel" / "iommu_groups" / str(e.address.iommu_group)
-            _unlink(dev / "iommu_group")
-            _unlink(group / "devices" / bdf)
+            self.links.park(dev / "iommu_group", f"../../../kernel/iommu_groups/{e.address.iommu_group}")
+            self.links.park(group / "devices" / bdf, f"../../../../devices/{HOST_BRIDGE}/{bdf}")
             with contextlib.suppress(FileNotFoundError):
                 os.rename(group, stage / "group")
-        _unlink(dev / "numa_node")
-        _unlink(dev / "reset")
         # what a node agent made under the device (a GPU's partitions) goes with it: the next host
         # it is bound to must not find the last tenant's
         for name in os.listdir(dev):

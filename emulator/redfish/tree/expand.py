@@ -132,6 +132,10 @@ def expand(
         return found if found is not None else {"@odata.id": uri}
 
     def walk(value: Any, in_links: bool, depth: int) -> Any:
+        if depth >= query.levels:
+            # nothing this deep is expanded: the value as it is (a walk would copy it unchanged;
+            # an inlined member is shared with the caller's cache, which nothing here mutates)
+            return value
         if _is_reference(value):
             wanted = query.kind == "*" or (query.kind == "~") == in_links
             if wanted and depth < query.levels:

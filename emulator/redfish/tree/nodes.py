@@ -175,6 +175,15 @@ class CollectionNode(Node):
             Members=[Ref(odata_id=self.member_uri(i)) for i in self.ids()],
         )
 
+    def fingerprint(self) -> Hashable | None:
+        """All the rendering depends on: the members' Ids (the URI, type and name are the node's
+        own). A collection is then serialised again only when its members change, not on every
+        state revision — the Zones of a fabric not for each bind (and an expanded answer that
+        holds it is checked without rendering it, :mod:`emulator.redfish.service.expanded`)."""
+        if type(self).render is not CollectionNode.render:
+            return None  # a subclass that renders more than its members
+        return (self.collection_type, self.name, tuple(self.ids()))
+
     def child(self, segment: str) -> Node | None:
         return self.make(segment)
 

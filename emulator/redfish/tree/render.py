@@ -17,9 +17,12 @@ from typing import Any, Protocol
 from emulator.redfish.engine.bindings import Revision
 from emulator.redfish.model.errors import RedfishError
 
-__all__ = ["Renderable", "Renderer", "etag_matches", "none_match"]
+__all__ = ["Renderable", "Renderer", "etag_matches", "none_match", "tagged"]
 
 _CACHE_LIMIT = 8192
+#: renderings kept across revisions by fingerprint: more than a fabric of 10,100 devices has
+#: endpoints, so rebuilding the expanded Endpoints after one bind does not render them all again
+_KEPT_LIMIT = 32768
 
 
 class Renderable(Protocol):
@@ -63,16 +66,17 @@ class Renderer:
             kept = self._kept.get(node.uri)
             if kept is not None and kept[0] == fingerprint:
                 return kept[1], kept[2]
-        raw = json.dumps(node.payload(), separators=(",", ":"), ensure_ascii=False).encode()
-        etag = 'W/"' + hashlib.blake2b(raw, digest_size=8).hexdigest() + '"'
-        # splice the annotation in rather than serialising twice: raw is a JSON object "{...}"
-        annotation = b'"@odata.etag":' + json.dumps(etag).encode() + b"}"
-        body = raw[:-1] + (b"," if len(raw) > 2 else b"") + annotation if self.etags else raw
-        if node.cached and len(self._cache) < _CACHE_LIMIT:
+        body, etag = tagged(node.payload(), etags=self.etags)
+        # past the limit the oldest goes (a dict keeps insertion order): a pass over a fabric of
+        # more resources than the limit keeps what it read last, not nothing
+        if node.cached:
+            if len(self._cache) >= _CACHE_LIMIT:
+                del self._cache[next(iter(self._cache))]
             self._cache[node.uri] = (body, etag)
         if fingerprint is not None:
-            if len(self._kept) >= _CACHE_LIMIT:
-                self._kept.clear()
+            self._kept.pop(node.uri, None)
+            if len(self._kept) >= _KEPT_LIMIT:
+                del self._kept[next(iter(self._kept))]
             self._kept[node.uri] = (fingerprint, body, etag)
         return body, etag
 
@@ -100,6 +104,18 @@ class Renderer:
                 related=[f"/{parameter}"],
                 detail=f"{parameter} {given} does not match the current ETag {current} of {node.uri}.",
             )
+
+
+def tagged(payload: dict[str, Any], *, etags: bool) -> tuple[bytes, str]:
+    """(JSON of ``payload`` with ``@odata.etag`` unless ``etags`` is False, its ETag): a weak
+    validator digested from the bytes without the annotation."""
+    raw = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+    etag = 'W/"' + hashlib.blake2b(raw, digest_size=8).hexdigest() + '"'
+    if not etags:
+        return raw, etag
+    # splice the annotation in rather than serialising twice: raw is a JSON object "{...}"
+    annotation = b'"@odata.etag":' + json.dumps(etag).encode() + b"}"
+    return raw[:-1] + (b"," if len(raw) > 2 else b"") + annotation, etag
 
 
 def _opaque(tag: str) -> str:

@@ -25,7 +25,7 @@ from emulator.redfish.views.services import (
 from emulator.redfish.views.systems import systems_node
 from emulator.redfish.views.tasks import TaskServiceNode
 
-__all__ = ["EventStreamNode", "MetadataNode", "build_tree", "resolve"]
+__all__ = ["EventStreamNode", "MetadataNode", "build_tree", "resolve", "resolve_under"]
 
 
 class _Oem(Node):
@@ -72,6 +72,24 @@ def resolve(root: ServiceRootNode, path: str) -> Node | None:
             return None
         node = node.child(segment)
     return node
+
+
+def resolve_under(root: ServiceRootNode, base: Node, path: str, made: dict[str, Node | None]) -> Node | None:
+    """The node at ``path``, reached from ``base`` when it lies under it (else from the root), as
+    :func:`resolve` would give it. ``made`` (URI → node, ``base`` among them) keeps the nodes met
+    on the way for the next path: the members of one expanded collection are its children, so
+    the collection (a switch's 116 ports, each port's metrics) is not made again from the root for
+    each of them."""
+    path = path.rstrip("/")
+    if path in made:
+        return made[path]
+    parent, _, segment = path.rpartition("/")
+    if not segment or "//" in path or not parent.startswith(base.uri):
+        made[path] = found = resolve(root, path)
+        return found
+    above = made[parent] if parent in made else resolve_under(root, base, parent, made)
+    made[path] = found = above.child(segment) if above is not None else None
+    return found
 
 
 def render_uri(root: ServiceRootNode, uri: str) -> dict[str, Any] | None:

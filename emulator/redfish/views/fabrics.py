@@ -209,6 +209,17 @@ class PortNode(Node):
         super().__init__(ctx, uris.port(switch.fabric, switch.id, port_id))
         self.switch, self.port_id, self.kind, self.host, self.device = switch, port_id, kind, host, device
 
+    def fingerprint(self) -> Hashable:
+        """All a port's rendering depends on besides the topology: whether its link is up (a
+        host's port: PortDown; a cable to a switch: LinkRemoved). A device's port has nothing
+        else. An expanded ``Ports`` (116 ports a switch at fleet scale) is then checked, not
+        rendered, when the fabric changed elsewhere."""
+        if self.kind == "InterswitchPort":
+            return (self.switch.id, self.port_id) not in self.ctx.engine.conditions.cut_links()
+        if self.device is None and self.host is not None:
+            return self.ctx.engine.conditions.port_up(self.switch.id, self.host)
+        return ()
+
     def render(self) -> Port:
         if self.kind == "InterswitchPort":
             return self._render_interswitch()
@@ -283,6 +294,10 @@ class PortMetricsNode(Node):
         super().__init__(ctx, uri)
         self.port_id, self.device = port_id, device
 
+    def fingerprint(self) -> Hashable:
+        """The error counters are all that changes (the ``PCIeErrors`` faults in force)."""
+        return tuple(self.ctx.engine.conditions.pcie_errors(self.device.id).values())
+
     def render(self) -> PortMetrics:
         counts = self.ctx.engine.conditions.pcie_errors(self.device.id)
         return PortMetrics(
@@ -345,6 +360,21 @@ class HostEndpointNode(Node):
 
 class DeviceEndpointNode(DeviceNode, at=lambda device: uris.endpoint(device.fabric, device.id)):
     """A pooled device's target endpoint; a CXL one lists each memory chunk as an entity."""
+
+    def fingerprint(self) -> Hashable:
+        """All an endpoint's rendering depends on besides the topology: the device's health and
+        what binds it — its zone, or each memory chunk's connection (:meth:`render` reads them
+        the same way) — so a bind elsewhere does not render it again."""
+        dev, bindings = self.device, self.ctx.engine.bindings
+        held: Hashable = None
+        if dev.type == DeviceType.CXL_MEMORY:
+            held = tuple(
+                (chunk.id, chunk.index, record.connection if (record := bindings.binding(chunk.id)) else None)
+                for chunk in self.ctx.index.chunks_of(dev)
+            )
+        elif (record := bindings.binding(dev.id)) is not None:
+            held = record.zone
+        return (self.ctx.engine.conditions.health(dev.id), held)
 
     def render(self) -> Endpoint:
         dev, engine = self.device, self.ctx.engine

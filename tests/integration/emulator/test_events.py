@@ -9,7 +9,14 @@ from typing import Any
 
 import pytest
 
-from tests.support.emulator import RunningEmulator, block_action, connection_body, run_emulator, zone_add
+from tests.support.emulator import (
+    RunningEmulator,
+    block_action,
+    connection_body,
+    run_emulator,
+    zone_add,
+    zone_remove,
+)
 
 SSE = "/redfish/v1/EventService/SSE"
 
@@ -134,3 +141,44 @@ def test_health_changes_are_events(emu: RunningEmulator) -> None:
     assert record["MessageArgs"] == ["gpu3", "Critical"]
     assert record["OriginOfCondition"]["@odata.id"] == "/redfish/v1/Chassis/switch0/PCIeDevices/gpu3"
     emu.reset_faults()
+
+
+def test_events_of_concurrent_changes_come_each_once_in_order_without_gaps(emu: RunningEmulator) -> None:
+    """Events already queued when the stream sends go out together; none may be lost, repeated or
+    reordered — every event of the bus, numbered consecutively, in an unfiltered stream."""
+    pairs = [
+        ("kind-worker", "gpu4"),
+        ("kind-worker2", "gpu5"),
+        ("kind-worker3", "gpu6"),
+        ("kind-worker4", "gpu7"),
+    ]
+
+    async def changes() -> None:
+        async with emu.async_client() as client:
+            for build in (zone_add, zone_remove):
+                answers = await asyncio.gather(
+                    *(client.post(build(h, d)[0], json=build(h, d)[1]) for h, d in pairs)
+                )
+                assert [a.status_code for a in answers] == [204] * len(pairs)
+
+    async def collect() -> list[tuple[int, dict[str, Any]]]:
+        events: list[tuple[int, dict[str, Any]]] = []
+        async with emu.async_client() as client, client.stream("GET", SSE) as stream:
+            assert stream.status_code == 200
+            acting = asyncio.ensure_future(changes())
+            event_id = None
+            async for line in stream.aiter_lines():
+                if line.startswith("id: "):
+                    event_id = int(line[4:])
+                elif line.startswith("data: "):
+                    assert event_id is not None
+                    events.append((event_id, json.loads(line[6:])))
+                    if _ids(events).count("Fabric.1.0.ZoneModified") == 2 * len(pairs):
+                        break
+            await acting
+        return events
+
+    events = asyncio.run(asyncio.wait_for(collect(), 60))
+    seqs = [seq for seq, _ in events]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs
+    assert [int(p["Id"]) for _, p in events] == seqs

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import random
 import struct
 from pathlib import Path
 
@@ -330,3 +332,50 @@ def test_what_a_node_agent_made_under_a_device_goes_with_it(tmp_path: Path) -> N
     again = view.sys_root("h2") / "bus" / "pci" / "devices" / "0000:41:00.0"
     assert (again / "vendor").read_text() == "0x10de\n"
     assert not (again / "mig").exists() and not (again / "agent-note").exists()
+
+
+def _tree(root: Path) -> dict[str, str]:
+    """Every entry under ``root``: a link's target, a file's text, a directory's mark."""
+    out: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            rel = str(path.relative_to(root))
+            if path.is_symlink():
+                out[rel] = "-> " + os.readlink(path)
+            elif path.is_dir():
+                out[rel] = "/"
+            else:
+                out[rel] = path.read_bytes().hex()
+    return out
+
+
+def test_a_device_moved_between_hosts_and_addresses_leaves_the_tree_a_fresh_bind_makes(
+    tmp_path: Path,
+) -> None:
+    """A bind reuses what the last unbind parked (files, IOMMU links, the bus entry): after binds
+    and unbinds on other hosts, other addresses and other groups, with a node agent's reset in
+    between, each host's tree is the one a first bind on a fresh view writes."""
+    rng = random.Random(7)  # a fixed sequence
+    entry = _gpu()
+    used = HostView(tmp_path / "used" / "hosts")
+    used.reset({"h1": "u1", "h2": "u2"})
+    for turn in range(40):
+        host = rng.choice(["h1", "h2"])
+        bdf = rng.choice(["0000:41:00.0", "0000:42:00.0"])
+        group = rng.choice([32, 33])
+        address = HostAddress(bdf=bdf, iommu_group=group)
+        entry = dataclasses.replace(entry, host=host, address=address, numa_node=rng.choice([0, 1]))
+        used.add(entry)
+        fresh = HostView(tmp_path / f"fresh{turn}" / "hosts")
+        fresh.reset({"h1": "u1", "h2": "u2"})
+        fresh.add(entry)
+        for name in ("h1", "h2"):
+            assert _tree(used.sys_root(name)) == _tree(fresh.sys_root(name)), (host, bdf, group)
+        if rng.random() < 0.5:  # a node agent's function-level reset: the next bind starts at none
+            (used.sys_root(host) / "devices" / HOST_BRIDGE / bdf / "reset").write_text("1\n")
+        used.remove(entry)
+        empty = HostView(tmp_path / f"empty{turn}" / "hosts")
+        empty.reset({"h1": "u1", "h2": "u2"})
+        for name in ("h1", "h2"):
+            assert _tree(used.sys_root(name)) == _tree(empty.sys_root(name)), (host, bdf, group)
