@@ -15,6 +15,12 @@ whole inventory once again; its memory is the current inventory, never a backlog
 the change feed (no ``epoch`` in its inventory), or ``mode="full"``, is long-polled whole
 (``GET /api/v1/inventory?after=V``).
 
+A feed given a ``node`` (a kubelet plugin's) asks for that node's changes only (``&node=N``): its
+copy then keeps the devices bound or attached to the node current, and the others as they were
+at the last full read. A manager that does not filter says so by not echoing ``node`` in its
+answer (an older one ignores the parameter) or by refusing it (400/422); the feed then takes that
+answer as it is (every device's changes) and asks unfiltered from then on.
+
 What a role does with each new inventory beyond keeping it (the controller's version gauge) is its
 ``on_publish`` hook: this floor knows no role.
 """
@@ -29,7 +35,7 @@ from typing import Literal
 from pydantic import ValidationError
 
 from manager_api.client import ManagerClient
-from manager_api.errors import FabricError, ResyncRequired
+from manager_api.errors import FabricError, InvalidRequest, ResyncRequired
 from manager_api.models import Device, Inventory, InventoryChanges
 from plumbing.backoff import Backoff
 from plumbing.logs import get_logger
@@ -124,6 +130,7 @@ class InventoryFeed(InventorySource):
         poll_timeout: float = 30.0,
         mode: FeedMode = "changes",
         on_publish: Callable[[Inventory], None] | None = None,
+        node: str | None = None,
     ) -> None:
         super().__init__()
         self._client = client
@@ -135,6 +142,9 @@ class InventoryFeed(InventorySource):
         self.last_success = 0.0
         #: full reads after the first: the manager could not say what changed (410 ResyncRequired)
         self.resyncs = 0
+        #: the node whose changes only are asked for; None: every device's (also once the
+        #: manager turned out not to filter)
+        self.node = node
 
     def devices(self) -> dict[str, Device]:
         """The latest inventory's devices by name (a copy; empty before the first read)."""
@@ -148,9 +158,7 @@ class InventoryFeed(InventorySource):
         model = self._model
         epoch = model.inventory.epoch if model is not None else None
         if model is not None and epoch is not None:
-            changes = await self._client.inventory_changes(
-                epoch=epoch, since=model.inventory.version, timeout_seconds=wait
-            )
+            changes = await self._changes(epoch, model.inventory.version, wait)
             # another read of this feed resynced while this one waited: its answer is of no model
             return model.apply(changes) if self._model is model else None
         # the first read or a resync (at once), or a manager without the change feed (a long poll)
@@ -160,6 +168,27 @@ class InventoryFeed(InventorySource):
         if self.mode == "changes":
             self._model = InventoryModel(inventory)
         return inventory
+
+    async def _changes(self, epoch: int, since: int, wait: float) -> InventoryChanges:
+        """The change feed's answer: this feed's node's changes where the manager filters them."""
+        node = self.node
+        try:
+            changes = await self._client.inventory_changes(
+                epoch=epoch, since=since, timeout_seconds=wait, node=node
+            )
+        except InvalidRequest as err:
+            if node is None:
+                raise
+            log.info(
+                "the fabric manager refuses the per-node change feed; following every change", error=str(err)
+            )
+            self.node = None
+            return await self._client.inventory_changes(epoch=epoch, since=since, timeout_seconds=wait)
+        if node is not None and changes.node != node:
+            # an older manager ignored ``node``: this answer has every change, and so will the next
+            log.info("the fabric manager does not filter the change feed by node; following every change")
+            self.node = None
+        return changes
 
     async def read(self, wait: float | None = None) -> Inventory | None:
         """One read: the inventory it brought (also kept as ``latest``), None when nothing changed

@@ -137,6 +137,16 @@ class Identity:
             return False
         return self.role is not Role.PLUGIN or self.node == node
 
+    def check_node(self, node: str) -> None:
+        """A plugin reads a node's own view (its change feed) for its own node only: the devices
+        of another node are that node's business, as its attaches are."""
+        if self.role is Role.PLUGIN and self.node != node:
+            raise PermissionDenied(
+                f"{self.user} is the plugin of node {self.node} and may follow only its own node's "
+                f"changes, not node {node}'s",
+                node=node,
+            )
+
     def check_bind(self, node: str) -> None:
         if self.may_bind_for(node):
             return

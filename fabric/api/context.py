@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, Header, Path, Query, Request
+from fastapi import Depends, Path, Query, Request
 
 from fabric.api.auth import Access, Chain, Identity
 from fabric.api.request_guard import IDENTITY_STATE
@@ -67,7 +67,8 @@ class AppContext:
     budgets: BudgetStatus | None = None
 
 
-def _context(request: Request) -> AppContext:
+async def _context(request: Request) -> AppContext:
+    # async: FastAPI runs a plain ``def`` dependency in its thread pool, a thread hop per request
     ctx: AppContext = request.app.state.ctx
     return ctx
 
@@ -83,17 +84,22 @@ def require_loaded(ctx: AppContext) -> None:
         raise FabricUnavailable(f"the fabric inventory is not loaded yet{cause}", retry_after=2.0)
 
 
-async def _identity(request: Request, authorization: Annotated[str | None, Header()] = None) -> Identity:
-    # The RequestGuard authenticated the caller from the head, before any body was read.
-    identity = getattr(request.state, IDENTITY_STATE, None)
+async def _identity(request: Request) -> Identity:
+    # The RequestGuard authenticated the caller from the head, before any body was read. The
+    # header is read here only when it did not (a route outside /api/v1): declaring it a Header
+    # parameter would have FastAPI extract and validate it on every request.
+    identity = request.scope.get("state", {}).get(IDENTITY_STATE)
     if isinstance(identity, Identity):
         return identity
     ctx: AppContext = request.app.state.ctx
     client = request.client.host if request.client else None
-    return await ctx.auth.require(authorization, client=client)
+    return await ctx.auth.require(request.headers.get("authorization"), client=client)
 
 
-async def _leader(request: Request, caller: Annotated[Identity, Depends(_identity)]) -> Identity:
+async def _leader(request: Request) -> Identity:
+    """The caller, on the leader (else 503 NotLeader): one dependency, not one on another, as each
+    costs FastAPI a resolution per request on the attach and detach path."""
+    caller = await _identity(request)
     ctx: AppContext = request.app.state.ctx
     if not ctx.is_leader():
         raise NotLeader(

@@ -35,7 +35,12 @@ from fabric.state.drains import DrainBook
 from fabric.state.inventory import wait_changes
 from manager_api import models as api
 from manager_api.errors import DeviceNotFound, FabricUnavailable, InvalidRequest, NotFoundError
-from plumbing.names import UID_MAX_LENGTH, UID_PATTERN
+from plumbing.names import (
+    DNS1123_SUBDOMAIN_MAX_LENGTH,
+    DNS1123_SUBDOMAIN_PATTERN,
+    UID_MAX_LENGTH,
+    UID_PATTERN,
+)
 
 __all__ = ["ROUTERS"]
 
@@ -105,12 +110,24 @@ async def inventory_changes(
     epoch: Annotated[int, Query(description="the epoch of the inventory or change answer read last")],
     since: Annotated[int, Query(description="the version read last: answer what changed after it")],
     timeout_seconds: Annotated[float, Query(alias="timeoutSeconds", ge=0, le=300)] = 30.0,
+    node: Annotated[
+        str | None,
+        Query(
+            pattern=DNS1123_SUBDOMAIN_PATTERN,
+            max_length=DNS1123_SUBDOMAIN_MAX_LENGTH,
+            description="only the devices concerning this node (its plugin's view); the answer names it",
+        ),
+    ] = None,
 ) -> Response:
     """The devices changed, added and removed after version ``since``, once there are any (a long
-    poll, as ``GET /inventory?after=`` is); ``410 ResyncRequired`` when they are no longer known."""
+    poll, as ``GET /inventory?after=`` is); ``410 ResyncRequired`` when they are no longer known.
+    With ``node``, only the devices bound or attached to that node or leaving it, and only their
+    changes answer the poll; a plugin's caller may ask for its own node only (403 otherwise)."""
+    if node is not None:
+        caller.check_node(node)
     require_loaded(ctx)
     return Response(
-        await wait_changes(ctx.inventory, epoch, since, timeout_seconds), media_type="application/json"
+        await wait_changes(ctx.inventory, epoch, since, timeout_seconds, node), media_type="application/json"
     )
 
 
@@ -135,10 +152,13 @@ async def nodes(caller: Reader, ctx: Ctx) -> list[api.FabricNode]:
     return ctx.inventory.snapshot().nodes
 
 
-def _answered(answer: tuple[api.Attachment, int]) -> JSONResponse:
-    """An attachment with the status the front chose (200 done, 202 ask again)."""
+def _answered(answer: tuple[api.Attachment, int]) -> Response:
+    """An attachment with the status the front chose (200 done, 202 ask again), encoded by pydantic
+    in one step (not to a dict, then by ``json.dumps``: every attach and detach answers so)."""
     attachment, status = answer
-    return JSONResponse(status_code=status, content=attachment.model_dump(mode="json", by_alias=True))
+    return Response(
+        attachment.model_dump_json(by_alias=True), status_code=status, media_type="application/json"
+    )
 
 
 @ATTACHMENTS.post(
@@ -147,7 +167,7 @@ def _answered(answer: tuple[api.Attachment, int]) -> JSONResponse:
     response_model_by_alias=True,
     responses={202: {"model": api.Attachment, "description": "still attaching: ask again"}},
 )
-async def attach(caller: Caller, request: api.AttachRequest, ctx: Ctx, wait: Wait = 0.0) -> JSONResponse:
+async def attach(caller: Caller, request: api.AttachRequest, ctx: Ctx, wait: Wait = 0.0) -> Response:
     caller.check_bind(request.node)
     require_loaded(ctx)
     return _answered(await ctx.attachments.attach(request, wait))
@@ -162,7 +182,7 @@ async def attach(caller: Caller, request: api.AttachRequest, ctx: Ctx, wait: Wai
 )
 async def report_reset(
     caller: Caller, device: DeviceName, report: api.ResetReport, ctx: Ctx, wait: Wait = 0.0
-) -> JSONResponse:
+) -> Response:
     caller.check_bind(report.node)  # a plugin's token reports only for its own node
     require_loaded(ctx)
     return _answered(await ctx.attachments.report_reset(device, report, wait))
@@ -184,7 +204,7 @@ async def detach(
     share_id: Annotated[
         str | None, Query(alias="shareId", pattern=api.SHARE_ID_PATTERN, max_length=36)
     ] = None,
-) -> JSONResponse:
+) -> Response:
     caller.check_bind(node)
     require_loaded(ctx)
     return _answered(await ctx.attachments.detach(device, claim_uid, node, wait, share_id=share_id))

@@ -99,7 +99,11 @@ def classify_endpoint(endpoint: Endpoint | None) -> EndpointView | None:
 
 
 async def read_endpoints(walk: Walk, fabric: Fabric) -> list[EndpointView]:
-    views = [classify_endpoint(e) for e in await walk.members(fabric.endpoints, Endpoint)]
+    """The fabric's endpoints, classified. Their JSON is dropped once read (:meth:`Walk.slim`):
+    the pass and the next one read them through their views only."""
+    endpoints = await walk.members(fabric.endpoints, Endpoint)
+    views = [classify_endpoint(e) for e in endpoints]
+    walk.slim(endpoints)
     return [v for v in views if v is not None]
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from fabric.backends.base import Backend, BindContext, DiscoveryResult
@@ -46,6 +47,7 @@ from manager_api.errors import NodeNotFound
 
 __all__ = [
     "COMPOSITION_FABRIC",
+    "BlockListing",
     "ComposeBy",
     "CompositionBackend",
     "RootBlocksBackend",
@@ -89,16 +91,51 @@ _ENTITY_PROPERTIES = (
 )
 
 
-def _links_any(body: JSON, uris: frozenset[str]) -> bool:
-    """Whether a block's JSON links one of ``uris`` where :func:`_entities` would find it (the
-    links read as :class:`fabric.backends.views.ResourceBlock` reads them: a list, or one link)."""
+def _linked(body: JSON) -> tuple[str, ...]:
+    """The device resources a block's JSON links where :func:`_entities` would find them (the
+    links read as :class:`fabric.backends.views.ResourceBlock` reads them: a list, or one link).
+    A tuple, not a set: one is kept per block between passes (a one-member frozenset is 216 bytes)."""
+    found: dict[str, None] = {}
     for name in _ENTITY_PROPERTIES:
         value = body.get(name)
         for link in value if isinstance(value, list) else (value,):
             uri = odata_id(link)
-            if uri is not None and uri in uris:
-                return True
-    return False
+            if uri is not None:
+                found[uri] = None
+    return tuple(found)
+
+
+def _offered(linked: tuple[str, ...], offered: frozenset[str]) -> bool:
+    return any(uri in offered for uri in linked)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockListing:
+    """The blocks collection as a pass derived it from one expanded answer, kept for the next
+    pass instead of the answer: its ETag; per member its URI, the device resources it links, and
+    its JSON only where no fabric offered its device (a view is made of those). At 10,100 blocks
+    that a fabric offers, the answer kept for ``If-None-Match`` was ~30 MiB held between passes."""
+
+    etag: str
+    members: tuple[tuple[str, tuple[str, ...], JSON | None], ...]
+
+    @classmethod
+    def of(cls, body: JSON, etag: str | None, offered: frozenset[str]) -> BlockListing | None:
+        """The listing of an expanded answer; None where it cannot stand for the collection (no
+        ETag, paged, a member not inline): the collection is then read as before."""
+        members = body.get("Members")
+        if not etag or not isinstance(members, list) or "Members@odata.nextLink" in body:
+            return None
+        kept = []
+        for member in members:
+            uri = odata_id(member)
+            if not uri:
+                continue
+            if not (isinstance(member, dict) and "Id" in member):
+                return None
+            linked = _linked(member)
+            kept.append((uri, linked, None if _offered(linked, offered) else member))
+        return cls(etag, tuple(kept))
 
 
 async def block_holders(walk: Walk, block: ResourceBlock, also: Iterable[str] = ()) -> tuple[str, ...]:
@@ -206,14 +243,51 @@ class CompositionBackend(Backend):
     async def _blocks(self, walk: Walk, collection: str) -> list[ResourceBlock]:
         """The collection's blocks as views, but those made of a resource in :attr:`offered`:
         their links are looked up in the JSON, so no view is made of what is left out."""
+        listing = await self._listing(walk, collection) if self.offered else None
+        if listing is not None:
+            blocks, members = [], []
+            for uri, linked, body in listing.members:
+                if not _offered(linked, self.offered):
+                    if body is not None and not walk.holds(uri):
+                        walk.seed_as(uri, body)
+                    block = await walk.read(uri, ResourceBlock)  # read now if it was offered then
+                    if block is not None:
+                        blocks.append(block)
+                    body = walk.cached(uri)  # kept from now on: its view is made
+                members.append((uri, linked, body))
+            walk.derived[("blocks", collection)] = BlockListing(listing.etag, tuple(members))
+            return blocks
         uris = list(dict.fromkeys(await walk.member_uris(collection)))
         blocks = []
         for uri, body in zip(uris, await walk.get_all(uris), strict=True):
-            if body is not None and not (self.offered and _links_any(body, self.offered)):
+            if body is not None and not (self.offered and _offered(_linked(body), self.offered)):
                 block = await walk.read(uri, ResourceBlock)
                 if block is not None:
                     blocks.append(block)
         return blocks
+
+    async def _listing(self, walk: Walk, collection: str) -> BlockListing | None:
+        """The collection read expanded into a :class:`BlockListing`, or the last pass's when the
+        service answers 304 to its ETag; None where the service cannot give one (no ``$expand``,
+        no ETag, pages): the caller reads the collection as before."""
+        if not walk.expand or walk.revalidation is None:
+            return None
+        key = f"{collection}?$expand=.($levels=1)"
+        last = walk.revalidation.derived.get(("blocks", collection))
+        listing = last if isinstance(last, BlockListing) and await walk.revalidate(key, last.etag) else None
+        if listing is None:
+            response = await walk.read_apart(key)
+            if response is None:
+                return None
+            listing = BlockListing.of(response.body, response.etag, self.offered)
+            if listing is None:
+                walk.seed_as(key, response.body)  # read as before from it, not asked again
+                return None
+            if not any(body is not None for _, _, body in listing.members):
+                # dropped: no longer counted against what the pass holds (kept JSON still is)
+                walk.release(response)
+        walk.count_members(len(listing.members), collection)
+        return listing
 
     async def _device(
         self, walk: Walk, block: ResourceBlock, entities: list[tuple[str, str]], expandable: tuple[str, ...]

@@ -13,7 +13,9 @@ its drives, its Storage subsystem (whose ``Drives`` are the drives) or a SimpleS
 
 from __future__ import annotations
 
+import functools
 import re
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -30,6 +32,7 @@ from fabric.backends.views import (
     MemoryChunks,
     NetworkAdapter,
     PCIeDevice,
+    PCIeErrors,
     PCIeFunction,
     PCIeInterface,
     Port,
@@ -50,7 +53,15 @@ from plumbing.logs import get_logger
 
 log = get_logger(__name__)
 
-__all__ = ["DEVICE_ENTITY_TYPES", "RESET_TYPE", "describe", "locate_port", "prefetch_parts", "status_of"]
+__all__ = [
+    "DEVICE_ENTITY_TYPES",
+    "PORT_SELECT",
+    "RESET_TYPE",
+    "describe",
+    "locate_port",
+    "prefetch_parts",
+    "status_of",
+]
 
 #: The ``ResetType`` of the reset between tenants (Resource.ResetType): the device is idle (no claim
 #: holds it) and must keep nothing of its last tenant, so nothing is shut down gracefully.
@@ -81,7 +92,7 @@ _UNAVAILABLE_STATES = frozenset({"Absent", "Disabled", "UnavailableOffline", "St
 _HEALTH_ORDER = {Health.OK: 0, Health.WARNING: 1, Health.CRITICAL: 2}
 
 
-def status_of(resource: Resource | SimpleStorageDevice | None) -> tuple[Health | None, str | None]:
+def status_of(resource: Resource | Endpoint | SimpleStorageDevice | None) -> tuple[Health | None, str | None]:
     """(Status.Health, Status.State) of a resource, either possibly None."""
     if resource is None:
         return None, None
@@ -120,6 +131,12 @@ def _type_from_class(function: PCIeFunction | None) -> DeviceType | None:
         "DisplayController": DeviceType.GPU,
         "NetworkController": DeviceType.NIC,
     }.get(str(function.device_class))
+
+
+def _interned(value: str | None) -> str | None:
+    """One string object for the values many devices share (vendor, model, PCI IDs, switch and
+    port names): each answer's JSON made its own, and the described attributes outlive it."""
+    return sys.intern(value) if value is not None else None
 
 
 def _first(*values: str | None) -> str | None:
@@ -176,18 +193,38 @@ async def _switch_port(walk: Walk, port_uris: Sequence[str]) -> tuple[str | None
     return None, None, None
 
 
+#: what :func:`_pcie_errors` reads of a switch's ports where the service serves ``$select``: each
+#: port's ``Id`` and its metrics' ``Id`` and ``PCIeErrors`` (with their ``@odata`` annotations, the
+#: ``Metrics`` link among them). The switch's walk reads its ports for nothing else (a port that is
+#: not a switch's is read on its own, :func:`_switch_port`). An emulated switch sends 116 ports
+#: (every upstream port to a host) for its 16 devices' counters: their links, state and
+#: everything else in the metrics were most of what the start decoded
+PORT_SELECT = "Id,Metrics/Id,Metrics/PCIeErrors"
+
+
 async def _pcie_errors(walk: Walk, port_uri: str | None) -> PCIeErrorCounts | None:
     """The error counters of the switch port to the device (its ``Metrics``, PortMetrics
     ``PCIeErrors``); None where the service offers none. A counter it leaves out counts 0."""
     if port_uri:
         # the switch's ports with their Metrics inline: one request a switch, not two a device
-        await walk.prefetch_siblings(port_uri, levels=2)
+        await walk.prefetch_siblings(port_uri, levels=2, select=PORT_SELECT)
     port = await walk.read(port_uri, Port) if port_uri else None
     metrics = await walk.read(port.metrics, PortMetrics) if port is not None and port.metrics else None
     errors = metrics.pcie_errors if metrics is not None else None
     if errors is None:
         return None
-    return PCIeErrorCounts(**{k: max(0, v or 0) for k, v in errors.model_dump().items()})
+    return _error_counts(tuple(max(0, getattr(errors, name) or 0) for name in _ERROR_COUNTERS))
+
+
+#: the counters of :class:`PCIeErrors`, by the names :class:`PCIeErrorCounts` shares with it
+_ERROR_COUNTERS = tuple(PCIeErrors.model_fields)
+
+
+@functools.lru_cache(maxsize=1024)
+def _error_counts(counts: tuple[int, ...]) -> PCIeErrorCounts:
+    """The counters as one shared (frozen) record per set of values: most ports count the same
+    (none), and a record per device was 10,100 alike at fleet scale."""
+    return PCIeErrorCounts(**dict(zip(_ERROR_COUNTERS, counts, strict=True)))
 
 
 def _as(resource: DeviceResource | None, view: type[D]) -> D | None:
@@ -284,18 +321,24 @@ async def describe(
     function, processor = parts.function, parts.processor
     return DiscoveredAttributes(
         type=kind,
-        vendor=_first(
-            primary.manufacturer if primary else None,
-            pcie_device.manufacturer if pcie_device else None,
-            _shared([t.manufacturer for t in trays]),
+        vendor=_interned(
+            _first(
+                primary.manufacturer if primary else None,
+                pcie_device.manufacturer if pcie_device else None,
+                _shared([t.manufacturer for t in trays]),
+            )
         ),
-        vendor_id=_pci_id(function.vendor_id if function else None)
-        or _pci_id(processor.processor_id.vendor_id if processor else None),
-        device_id=_pci_id(function.device_id if function else None),
-        model=_first(
-            primary.model if primary else None,
-            pcie_device.model if pcie_device else None,
-            _shared([t.model for t in trays]),
+        vendor_id=_interned(
+            _pci_id(function.vendor_id if function else None)
+            or _pci_id(processor.processor_id.vendor_id if processor else None)
+        ),
+        device_id=_interned(_pci_id(function.device_id if function else None)),
+        model=_interned(
+            _first(
+                primary.model if primary else None,
+                pcie_device.model if pcie_device else None,
+                _shared([t.model for t in trays]),
+            )
         ),
         serial=_serial(parts),
         uuid=uuid.lower() if uuid else None,
@@ -305,8 +348,8 @@ async def describe(
         ),
         pcie_generation=_generation(_first(interface.pcie_type, interface.max_pcie_type)),
         pcie_width=interface.max_lanes if interface.lanes_in_use is None else interface.lanes_in_use,
-        switch=switch,
-        port=port,
+        switch=_interned(switch),
+        port=_interned(port),
         health=health,
         pcie_errors=pcie_errors,
         available=available,
@@ -406,7 +449,7 @@ async def _read_pcie(walk: Walk, by_kind: dict[str, DeviceResource], parts: _Par
         if function is not None and "members" in function.model_fields_set:
             function = await walk.read(function.members, PCIeFunction)  # the collection: its first
     # Endpoints may carry the PCI IDs themselves (Endpoint 1.x ConnectedEntities[].EntityPciId).
-    pci_id = parts.endpoint.entity_pci_id if parts.endpoint else None
+    pci_id = parts.endpoint.entity_pci_id if function is None and parts.endpoint else None
     if function is None and pci_id:
         function = PCIeFunction.model_validate(
             {"VendorId": pci_id.vendor_id, "DeviceId": pci_id.device_id, "ClassCode": pci_id.class_code}
@@ -466,7 +509,7 @@ def _health(parts: _Parts) -> tuple[Health, bool]:
     """The worst health of any part, and whether none is absent, disabled or offline."""
     health: Health = Health.OK
     available = True
-    every: list[Resource | SimpleStorageDevice | None] = [
+    every: list[Resource | Endpoint | SimpleStorageDevice | None] = [
         *(parts.endpoint, parts.container, parts.processor, parts.network, parts.chunk),
         *(parts.pcie_device, parts.logical, parts.storage, parts.simple),
         *parts.drives,

@@ -46,7 +46,7 @@ from manager_api.devices import BindingStyle
 from manager_api.errors import FabricError, FabricUnavailable
 from plumbing.logs import get_logger
 
-__all__ = ["BindingPlan", "Discovery", "StyleChoice"]
+__all__ = ["BindingPlan", "Discovery", "StyleChoice", "gone_notices"]
 
 log = get_logger(__name__)
 
@@ -155,6 +155,7 @@ class Discovery:
             concurrency=self.concurrency,
             expand=self._expand,
             max_levels=root.expand_levels,
+            select=root.supports_select,
             revalidation=self.revalidation,
         )
         walk.seed(body)
@@ -172,7 +173,10 @@ class Discovery:
             started_at=started,
             gets=probe.gets + walk.gets,
             not_modified=walk.not_modified,
-            notices=self._notices(planned, results, found.kept, bool(hosts)),
+            notices=[
+                *self._notices(planned, results, found.kept, bool(hosts)),
+                *gone_notices(walk),
+            ],
         )
 
     async def _discover(
@@ -322,6 +326,20 @@ def _with_initiators(
     for host_id, by_fabric in initiators.items():
         hosts[host_id] = dataclasses.replace(hosts[host_id], initiators=by_fabric)
     return hosts
+
+
+def gone_notices(walk: Walk) -> list[str]:
+    """What a pass skipped because the service changed while it read: members a collection
+    listed that were gone when read (each logged as a warning, and said in ``/readyz`` detail
+    until a pass reads the collection whole)."""
+    notices = [
+        f"{count} member(s) of {collection} were listed but not there when read (the first: "
+        f"{first}): the service changed while it was read; the next pass reads them again"
+        for collection, (count, first) in sorted(walk.gone.items())
+    ]
+    for notice in notices:
+        log.warning("the Redfish service changed while discovery read it", detail=notice)
+    return notices
 
 
 @contextlib.contextmanager

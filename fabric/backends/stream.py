@@ -22,15 +22,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from fabric.backends.describe import describe, prefetch_parts
-from fabric.backends.views import JSON, Endpoint
+from fabric.backends.views import JSON, Endpoint, Readable
 from fabric.backends.walk import Revalidation, Walk
 from fabric.state.model import DiscoveredAttributes
 from manager_api.errors import FabricUnavailable, NotFoundError
 
 __all__ = ["SWITCHES_AT_ONCE", "SwitchRecord", "describe_by_switch"]
+
+V = TypeVar("V", bound=Readable)
 
 #: switches read and described at once: each holds its answers and views until its devices are
 #: described, so this (not the fabric's size) bounds what a pass holds of devices' resources
@@ -63,7 +65,11 @@ class _SwitchWalk(Walk):
 
     def __init__(self, walk: Walk) -> None:
         super().__init__(
-            walk.client, expand=walk.expand, max_levels=walk.max_levels, revalidation=Revalidation()
+            walk.client,
+            expand=walk.expand,
+            max_levels=walk.max_levels,
+            select=walk.select,
+            revalidation=Revalidation(),
         )
         self.share_limit(walk)
         self.pass_walk = walk
@@ -81,6 +87,14 @@ class _SwitchWalk(Walk):
             return body
         return await super().get(uri)
 
+    def _view(self, uri: str, body: JSON, view: type[V]) -> V:
+        # what the pass holds is borrowed with its view: its JSON may be a stub (Walk.slim)
+        if self.borrowed.get(uri, _UNREAD) is body:
+            held = self.pass_walk.views.get((uri, view))
+            if held is not None:
+                return cast(V, held)
+        return super()._view(uri, body, view)
+
     async def _fetch(self, uri: str) -> JSON:
         try:
             body = await super()._fetch(uri)
@@ -95,9 +109,6 @@ class _SwitchWalk(Walk):
         super()._count(uri, size, values)
         self.pass_walk._count(uri, size, values)
 
-    def seed_as(self, key: str, body: JSON | None) -> None:
-        self._cache[key] = body
-
     def close(self) -> None:
         """Hand the pass what it must count: requests, ``$expand`` refused. The answers are
         dropped: the pass's bounds on what it holds (bytes, JSON values, members listed) no
@@ -111,6 +122,8 @@ class _SwitchWalk(Walk):
         walk.prefetched += self.prefetched
         if not self.expand:
             walk.expand = False
+        if not self.select:
+            walk.select = False
 
     def record(
         self, inputs: tuple[Any, ...], described: tuple[DiscoveredAttributes, ...]

@@ -15,6 +15,14 @@ pass of more than :data:`MAX_MEMBERS` members fails it, naming the collection �
 bounded by the reader (:mod:`fabric.redfish.reader`), but many answers within their bounds would
 still add up. (A switch's devices are read by a walk of their own whose answers are dropped once
 they are described, :mod:`fabric.backends.stream`: they count while held.)
+
+Where the service serves ``$select`` (``ProtocolFeaturesSupported.SelectQuery``),
+:meth:`Walk.prefetch_siblings` may ask for only some properties of each member: DSP0266 "Query
+parameters" evaluates ``$select`` after ``$expand``, so ``Metrics/PCIeErrors`` names a property of
+the metrics inlined in a port. What comes back is kept for :meth:`Walk.get` as the members' bodies:
+the caller asks for what every reader of those members in its walk reads, ``Id`` among them (an
+inlined object without one is not taken as a resource). The answer has an ETag of its own and is
+revalidated as any other. Refused, the walk reads without ``$select`` from then on.
 """
 
 from __future__ import annotations
@@ -24,8 +32,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from fabric.backends.views import JSON, Collection, View, odata_id
-from fabric.redfish.client import RedfishClient
+from fabric.backends.views import JSON, Collection, Readable, odata_id
+from fabric.redfish.client import RedfishClient, RedfishResponse
 from fabric.redfish.links import same_service
 from manager_api.errors import FabricError, FabricUnavailable, NotFoundError
 from plumbing.logs import get_logger
@@ -40,7 +48,7 @@ __all__ = [
     "path_ids",
 ]
 
-V = TypeVar("V", bound=View)
+V = TypeVar("V", bound=Readable)
 
 log = get_logger(__name__)
 
@@ -95,7 +103,7 @@ class Revalidation:
     def __init__(self) -> None:
         self._kept: dict[str, _Kept] = {}
         #: (URI, view) → (the body it was made of, the view)
-        self._views: dict[tuple[str, type[View]], tuple[JSON, View]] = {}
+        self._views: dict[tuple[str, type[Readable]], tuple[JSON, Readable]] = {}
         #: what the last full pass derived from answers it did not keep (:attr:`Walk.derived`)
         self.derived: dict[Any, Any] = {}
         #: answers of the last pass that were 304 Not Modified, and read in full
@@ -109,7 +117,7 @@ class Revalidation:
     def kept(self, key: str) -> _Kept | None:
         return self._kept.get(key)
 
-    def view(self, key: tuple[str, type[View]], body: JSON) -> View | None:
+    def view(self, key: tuple[str, type[Readable]], body: JSON) -> Readable | None:
         """The view made last pass of ``body``, if ``body`` is the very object it was made of."""
         held = self._views.get(key)
         return held[1] if held is not None and held[0] is body else None
@@ -143,6 +151,50 @@ def path_ids(uri: str, collection: str) -> str | None:
     return None
 
 
+def _slim(
+    cache: dict[str, JSON | None],
+    made: Mapping[tuple[str, type[Readable]], Readable],
+    views: Iterable[Readable],
+) -> None:
+    """Drop the JSON of resources a pass read into ``views``: each answer becomes a stub of its
+    ``@odata.id`` and ``Id``, the same object, so what holds it (the pass, an expanded page's
+    members, :class:`Revalidation` for a 304) holds only the stub, and the view made of it is still
+    found for it — this pass and, after a 304, the next. For what is read through its views only (a
+    fabric's endpoints: 54 MiB of JSON beside their views at 10,100 devices); a reader of the JSON
+    would find the stub."""
+    for view in views:
+        uri = getattr(view, "uri", None)
+        body = cache.get(uri) if isinstance(uri, str) else None
+        if body is None or made.get((str(uri), type(view))) is not view:
+            continue
+        stub: JSON = {k: body[k] for k in ("@odata.id", "Id") if k in body}
+        body.clear()
+        body.update(stub)
+
+
+def _inline_resources(value: Any, under: str, cache: dict[str, JSON | None]) -> None:
+    """Keep in ``cache`` every resource given inline in ``value`` (an object with its ``@odata.id``
+    and an ``Id`` or ``Members``) whose URI lies under ``under``: an answer speaks for what it
+    holds, not for resources elsewhere in the tree. The bodies are kept as they came (not copied)."""
+    pending = [value]
+    # decoded JSON holds only dict and list containers (exact types: compared, not
+    # isinstance-checked, as every value of every expanded answer passes here)
+    while pending:
+        item = pending.pop()
+        if type(item) is list:
+            pending.extend(v for v in item if type(v) is dict or type(v) is list)
+            continue
+        if type(item) is not dict:
+            continue
+        if ("Id" in item or "Members" in item) and (uri := odata_id(item)) and uri.startswith(under):
+            cache.setdefault(uri, item)
+        # ``$expand=.`` inlines subordinate resources only, never what ``Links`` names
+        # (DSP0266 "Query parameters"): a port's or an initiator's links are not walked
+        for key, inner in item.items():
+            if (type(inner) is dict or type(inner) is list) and key != "Links":
+                pending.append(inner)
+
+
 class Walk:
     """One pass over the tree. GETs are memoised (many resources are linked from several places)
     and run concurrently up to ``concurrency``.
@@ -150,8 +202,8 @@ class Walk:
     ``expand``: the service serves ``$expand`` (``max_levels`` deep, ServiceRoot
     ``ProtocolFeaturesSupported.ExpandQuery``): collections are read with their members inline
     (:meth:`member_uris`), and :meth:`prefetch` reads in one request the members a caller is
-    about to read one by one. ``revalidation``: what the last full pass read, asked again with
-    ``If-None-Match``."""
+    about to read one by one. ``select``: it serves ``$select`` too (``SelectQuery``).
+    ``revalidation``: what the last full pass read, asked again with ``If-None-Match``."""
 
     def __init__(
         self,
@@ -160,15 +212,17 @@ class Walk:
         concurrency: int = 16,
         expand: bool = False,
         max_levels: int = 1,
+        select: bool = False,
         revalidation: Revalidation | None = None,
     ) -> None:
         self.client = client
         self.expand = expand
+        self.select = select and expand
         self.max_levels = max_levels if expand else 0
         self.revalidation = revalidation
         self._cache: dict[str, JSON | None] = {}
         self._inflight: dict[str, asyncio.Future[JSON | None]] = {}
-        self._views: dict[tuple[str, type[View]], View] = {}
+        self._views: dict[tuple[str, type[Readable]], Readable] = {}
         #: what callers derive from this pass's resources, once per pass (keys are theirs)
         self.memo: dict[Any, Any] = {}
         #: what callers derived from answers this pass did not keep, with what the next pass
@@ -182,18 +236,24 @@ class Walk:
         self.not_modified = 0
         #: collections read with their members inline by :meth:`prefetch`
         self.prefetched = 0
-        self._reading: dict[str, asyncio.Future[None]] = {}
+        self._reading: dict[str, asyncio.Future[bool]] = {}
         #: collection members listed in this pass (bounded by :data:`MAX_MEMBERS`)
         self.listed = 0
         #: bytes of the answers read in this pass (bounded by :data:`MAX_PASS_BYTES`)
         self.read_bytes = 0
         #: JSON values of the answers read in this pass (bounded by :data:`MAX_PASS_VALUES`)
         self.read_values = 0
+        #: collection → (members it listed that were not there when read, the first of them)
+        self.gone: dict[str, tuple[int, str]] = {}
 
     def seed(self, resource: Mapping[str, Any]) -> None:
         uri = odata_id(resource)
         if uri and uri not in self._cache:
             self._cache[uri] = dict(resource)
+
+    def seed_as(self, key: str, body: JSON | None) -> None:
+        """Hold ``body`` for ``key`` as it is (the same object: a view made of it last pass holds)."""
+        self._cache[key] = body
 
     async def get(self, uri: str | None) -> JSON | None:
         """The resource at ``uri``; None when the service says it does not exist."""
@@ -226,7 +286,7 @@ class Walk:
             del self._inflight[uri]
 
     @property
-    def views(self) -> Mapping[tuple[str, type[View]], View]:
+    def views(self) -> Mapping[tuple[str, type[Readable]], Readable]:
         return self._views
 
     def cached(self, uri: str) -> JSON | None:
@@ -236,6 +296,10 @@ class Walk:
     def holds(self, uri: str) -> bool:
         """Whether this pass has read ``uri`` already (a resource that is not there included)."""
         return (uri.rstrip("/") or "/") in self._cache
+
+    def slim(self, views: Iterable[Readable]) -> None:
+        """Drop the JSON of resources this pass read into ``views`` (:func:`_slim`)."""
+        _slim(self._cache, self._views, views)
 
     def share_limit(self, walk: Walk) -> None:
         """Take ``walk``'s bound on requests in flight: a walk within a pass counts with it."""
@@ -258,6 +322,36 @@ class Walk:
             self.not_modified += 1
             return True
         return False
+
+    async def read_apart(self, key: str) -> RedfishResponse | None:
+        """``key`` (a URI, with its query) read now for a caller that derives what it needs from
+        the answer and drops it: not held by the pass, not kept for the next one. It counts
+        against the pass's bounds (bytes, JSON values) until the caller :meth:`release`s it.
+        None when the service refuses or says it is not there: the caller reads as before."""
+        async with self._limit:
+            self.gets += 1
+            try:
+                response = await self.client.get(key)
+            except FabricUnavailable:
+                raise
+            except FabricError:
+                return None
+        self._count(key, response.size, response.values)
+        return response
+
+    def release(self, response: RedfishResponse) -> None:
+        """``response`` (:meth:`read_apart`) is dropped: the pass no longer holds it."""
+        self.read_bytes -= response.size
+        self.read_values -= response.values
+
+    def count_members(self, listed: int, collection: str, where: str = "") -> None:
+        """``listed`` more collection members in this pass; past :data:`MAX_MEMBERS` the pass fails."""
+        self.listed += listed
+        if self.listed > MAX_MEMBERS:
+            raise FabricUnavailable(
+                f"the Redfish service lists more than {MAX_MEMBERS} collection members in one pass "
+                f"(at {collection}{where}); not read further"
+            )
 
     async def _fetch(self, uri: str) -> JSON:
         etag = self.revalidation.etag(uri) if self.revalidation is not None else None
@@ -333,7 +427,16 @@ class Walk:
         parameters"); members that come back as bare links are read one by one, so a service that
         ignores the query still works.
         """
-        return await self.read_all(await self.member_uris(collection), view)
+        uris = await self.member_uris(collection)
+        found = await self.read_all(uris, view)
+        if collection and len(found) < len(set(uris)):
+            # listed, then not there when read: changed while this pass read it (the next reads
+            # it again); said, not concluded from (:attr:`gone`)
+            gone = [u for u in dict.fromkeys(uris) if self.holds(u) and self.cached(u) is None]
+            if gone:
+                count, first = self.gone.get(collection, (0, gone[0]))
+                self.gone[collection] = (count + len(gone), first)
+        return found
 
     async def member_uris(self, collection: str | None) -> list[str]:
         """The URIs of every member of a collection, following ``Members@odata.nextLink`` pages
@@ -372,12 +475,7 @@ class Walk:
                     f"the Redfish collection {page_uri} has Members that is no list "
                     f"({type(members).__name__}); the service's answer cannot be read"
                 )
-            self.listed += len(members)
-            if self.listed > MAX_MEMBERS:
-                raise FabricUnavailable(
-                    f"the Redfish service lists more than {MAX_MEMBERS} collection members in one pass "
-                    f"(at {collection}, {len(seen)} pages); not read further"
-                )
+            self.count_members(len(members), collection, f", {len(seen)} pages")
             for member in members:
                 uri = odata_id(member)
                 if not uri:
@@ -420,66 +518,56 @@ class Walk:
             reads = [(c, levels) for c, levels in reads if c not in deep] + [(c, 3) for c in sorted(deep)]
         await asyncio.gather(*(self._read_inline(collection, levels) for collection, levels in reads))
 
-    async def prefetch_siblings(self, uri: str, levels: int) -> None:
+    async def prefetch_siblings(self, uri: str, levels: int, select: str = "") -> None:
         """Read the collection ``uri`` is a member of with ``$expand=.($levels=levels)`` (no deeper
         than the service goes), once a pass: a port's ``Metrics`` for every port of a switch in one
-        request instead of two a device. Only a speed-up, as :meth:`prefetch`."""
+        request instead of two a device. Only a speed-up, as :meth:`prefetch`. With ``select``,
+        where the service serves it, only those properties of each member (module docstring)."""
         collection = uri.rstrip("/").rpartition("/")[0]
         if not self.expand or not collection or uri in self._cache:
             return
-        await self._read_inline(collection, max(1, min(levels, self.max_levels)))
+        levels = max(1, min(levels, self.max_levels))
+        if not (select and self.select and await self._read_inline(collection, levels, select)):
+            await self._read_inline(collection, levels)
 
-    async def _read_inline(self, collection: str, levels: int) -> None:
-        key = f"{collection}?$expand=.($levels={levels})"
+    async def _read_inline(self, collection: str, levels: int, select: str = "") -> bool:
+        """Whether the service answered (did not refuse) the read of ``collection``'s members inline."""
+        key = f"{collection}?$expand=.($levels={levels})" + (f"&$select={select}" if select else "")
         if not self.expand:
-            return
+            return False
         # two backends of a pass may ask for the same collection: the second waits for the first
         pending = self._reading.get(key)
         if pending is None:
             pending = self._reading[key] = asyncio.ensure_future(self._read_inline_once(collection, key))
-        await asyncio.shield(pending)
+        return await asyncio.shield(pending)
 
-    async def _read_inline_once(self, collection: str, key: str) -> None:
+    async def _read_inline_once(self, collection: str, key: str) -> bool:
         async with self._limit:
             self.gets += 1
             try:
                 body = await self._fetch(key)
             except NotFoundError:
-                return
+                return True
             except FabricUnavailable:
                 raise
             except FabricError as err:
-                # Advertised but refused (QueryParameterUnsupported, out of range...): members
-                # are read one by one from now on.
-                log.info("$expand refused; members are read one by one", uri=key, error=err.message)
-                self.expand = False
-                return
+                # Advertised but refused (QueryParameterUnsupported, out of range...): from now on
+                # read without $select, or (refused $expand) one member at a time.
+                log.info("query refused; read without it from now on", uri=key, error=err.message)
+                self.expand = self.expand and "&$select=" in key
+                self.select = False
+                return False
         members = body.get("Members")
         if not isinstance(members, list):
-            return
+            return True
         self.prefetched += 1
-        self.listed += len(members)
-        if self.listed > MAX_MEMBERS:
-            raise FabricUnavailable(
-                f"the Redfish service lists more than {MAX_MEMBERS} collection members in one pass "
-                f"(at {collection}); not read further"
-            )
+        self.count_members(len(members), collection)
         self._seed_inline(members, collection + "/")
+        return True
 
     def _seed_inline(self, value: Any, under: str) -> None:
-        """Keep every resource given inline in ``value`` (an object with its ``@odata.id`` and an
-        ``Id`` or ``Members``) whose URI lies under ``under``: an answer speaks for what it holds,
-        not for resources elsewhere in the tree. The bodies are kept as they came (not copied)."""
-        pending = [value]
-        while pending:
-            item = pending.pop()
-            if isinstance(item, list):
-                pending.extend(item)
-            elif isinstance(item, dict):
-                uri = odata_id(item)
-                if uri and uri.startswith(under) and ("Id" in item or "Members" in item):
-                    self._cache.setdefault(uri, item)
-                pending.extend(v for v in item.values() if isinstance(v, (dict, list)))
+        """Keep every resource given inline in ``value`` (:func:`_inline_resources`)."""
+        _inline_resources(value, under, self._cache)
 
     async def _get_expanded(self, uri: str) -> JSON | None:
         key = f"{uri}?$expand=.($levels=1)"
@@ -495,7 +583,7 @@ class Walk:
                 raise
             except FabricError:
                 # Advertised but refused (QueryParameterUnsupported...): read without it from now on.
-                self.expand = False
+                self.expand = self.select = False
                 body = None
         if body is None and not self.expand:
             return await self.get(uri)

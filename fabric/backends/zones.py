@@ -17,8 +17,9 @@ just one endpoint is never deleted: that would unbind devices fabric-dra does no
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,10 +35,11 @@ from fabric.backends.base import (
     read_endpoints,
 )
 from fabric.backends.stream import describe_by_switch
-from fabric.backends.views import JSON, Endpoint, Fabric, ServiceRoot, Zone, odata_id
+from fabric.backends.views import JSON, Endpoint, EndpointLinks, Fabric, ServiceRoot, Zone, odata_id
 from fabric.backends.walk import Walk
 from fabric.backends.zone_reads import ZoneReads, get_or_none
-from fabric.redfish.client import SERVICE_ROOT, RedfishResponse
+from fabric.redfish.client import SERVICE_ROOT, RedfishClient, RedfishResponse
+from fabric.redfish.error_mapping import PreconditionFailed
 from fabric.state.model import DeviceRecord, HostRecord
 from manager_api.devices import BindingStyle
 from manager_api.errors import BindFailed
@@ -48,6 +50,8 @@ ZONE_NAME_PREFIX = "fabric-dra "
 _BINDING_ZONE_TYPES = (None, "ZoneOfEndpoints")
 #: how long the read before a bind or unbind may stand in for the read the action needs
 _SNAPSHOT_SECONDS = 2.0
+#: a host zone's ETag refused (412) and read again: sent again at most this often in one turn
+_ZONE_ETAG_RETRIES = 3
 
 
 @dataclass(slots=True)
@@ -82,6 +86,24 @@ class _Snapshot:
     zones: list[tuple[_Zone, str | None, int]]
     #: zones only the endpoint's links name (the fabric's Zones collection does not list them)
     linked_only: frozenset[str] = frozenset()
+
+
+@dataclass(slots=True)
+class _HostZoneRead:
+    """A host's own zone as last read, with its ETag; it stands for a read now while
+    :class:`_Turns` counts no change of ours to the zone since (``seen``) and it is at most
+    :data:`_SNAPSHOT_SECONDS` old. Not used up by one bind: an action the service answers with a
+    task (202) does not change the zone before the task ends, so the binds of a burst to one host
+    send their ``Zone.AddEndpoint`` one after another on the same read. A foreign change since only
+    makes the service refuse the ETag (412), and the zone is read again."""
+
+    zone: _Zone
+    etag: str | None
+    seen: int
+    at: float
+
+    def current(self, turns: _Turns) -> bool:
+        return turns.changes(self.zone.uri) == self.seen and time.monotonic() - self.at <= _SNAPSHOT_SECONDS
 
 
 class _Roles:
@@ -174,6 +196,75 @@ class _Turns:
         return self._changes.get(zone_uri, 0)
 
 
+class _HostZoneActions:
+    """Each host's own zone as last read (:class:`_HostZoneRead`) and the ``#Zone.AddEndpoint``
+    that binds a device in it, sent in the zone's turn (:class:`_Turns`)."""
+
+    def __init__(self, client: RedfishClient, turns: _Turns) -> None:
+        self.client = client
+        self.turns = turns
+        #: host → its own zone as last read (by prepare_bind, the read before a bind, or a bind)
+        self.reads: dict[str, _HostZoneRead] = {}
+        #: device key → the zone its last bind added it to (:meth:`ZoneBackend.witnessed` reads it)
+        self.bind_changed: dict[str, str] = {}
+
+    def last(self, host: str) -> _HostZoneRead | None:
+        """The host's zone as last read, while that stands for a read now."""
+        read = self.reads.get(host)
+        return read if read is not None and read.current(self.turns) else None
+
+    def remember(self, host: str, zone: _Zone, etag: str | None, seen: int) -> None:
+        self.reads[host] = _HostZoneRead(zone, etag, seen, time.monotonic())
+
+    def keep(self, own: Mapping[str, tuple[str, int]], listed: Mapping[str, JSON], reads: ZoneReads) -> None:
+        """Keep each host's own zone as the ETag listing just gave it (:meth:`ZoneReads.current`,
+        read now): the bind that follows takes it instead of a GET of its own (the one
+        :meth:`ZoneBackend.prepare_bind` makes where the service lists no ETags). ``own``: host →
+        its zone and our changes to it before the listing was read."""
+        for host, (uri, seen) in own.items():
+            body = listed.get(uri)
+            if body is not None:
+                self.remember(host, _Zone.of(uri, reads.view(uri, body)[1]), reads.etag(uri, body), seen)
+
+    async def add_endpoint(
+        self,
+        device: DeviceRecord,
+        target_etag: str | None,
+        own: tuple[_Zone, str | None],
+        read_again: Callable[[], Awaitable[tuple[_Zone, str | None] | None]],
+    ) -> tuple[tuple[_Zone, str | None], RedfishResponse]:
+        """``#Zone.AddEndpoint`` of ``device`` on the host's own zone ``own`` (the caller holds the
+        zone's turn), with both ETags. A refusal of the ETags (412/428) whose zone, read again
+        (``read_again``: checked to be the host's own zone still), has another ETag now was the
+        zone's (a task of ours that ended, or a foreign change): sent again at once with the new
+        one. One whose zone still has the ETag sent was the endpoint's: the device changed, the
+        caller reads it again. The zone and the answer."""
+        attempt = 0
+        while True:
+            attempt += 1
+            zone, zone_etag = own
+            self.bind_changed[device.key] = zone.uri
+            try:
+                response = await self.client.post(
+                    str(zone.action("Zone.AddEndpoint")), _endpoint_action(device, target_etag, zone_etag)
+                )
+            except PreconditionFailed:
+                self.turns.changed(zone.uri)  # the read is stale: the next bind reads again too
+                again = await read_again()
+                if again is None or again[1] == zone_etag or attempt >= _ZONE_ETAG_RETRIES:
+                    raise
+                own = again
+                continue
+            except BaseException:
+                self.turns.changed(zone.uri)  # what the service did is not known: read again
+                raise
+            if response.status != 202:
+                # Applied at once: the zone's ETag moved. A task (202) changes it only when it
+                # ends (ZoneBackend.bind counts that), so the next bind keeps the read until then.
+                self.turns.changed(zone.uri)
+            return own, response
+
+
 class ZoneBackend(Backend):
     style = BindingStyle.ZONE
     authority = "Zones collection and its zones"
@@ -188,14 +279,14 @@ class ZoneBackend(Backend):
         self._host_zones: dict[str, str] = {}
         self._snapshots: dict[str, _Snapshot] = {}
         self.turns = _Turns()
-        #: host → its own zone read by :meth:`prepare_bind` (zone, ETag, our changes then, when)
-        self._prefetched: dict[str, tuple[_Zone, str | None, int, float]] = {}
         #: the fabric's Zones collection (from discovery)
         self._zones_uri: str | None = None
         #: the zones as last read, read again where their ETags changed
         self.reads = ZoneReads(self.client)
+        #: the hosts' own zones as last read, and AddEndpoint on them
+        self.own_zones = _HostZoneActions(self.client, self.turns)
         #: device key → the zone its last bind added it to or created (:meth:`witnessed` reads it)
-        self.bind_changed: dict[str, str] = {}
+        self.bind_changed = self.own_zones.bind_changed
 
     @property
     def select(self) -> bool:
@@ -286,17 +377,19 @@ class ZoneBackend(Backend):
         fabric = await walk.read(self.fabric_uri, Fabric)
         return fabric.zones if fabric else None
 
-    async def _candidates(self, walk: Walk, endpoint: Endpoint) -> tuple[list[str], frozenset[str]]:
-        """The zones to read to learn which hold ``endpoint`` (:func:`authoritative_members`):
-        when the service expanded the collection, only those whose members hold it."""
+    async def _candidates(
+        self, walk: Walk, uri: str | None, linked: Sequence[str]
+    ) -> tuple[list[str], frozenset[str], dict[str, JSON] | None]:
+        """The zones to read to learn which hold the endpoint at ``uri``, which links the zones
+        ``linked`` (:func:`authoritative_members`): when the service expanded the collection, only
+        those whose members hold it; and every zone as the shared read gave it
+        (:meth:`ZoneReads.current`), None without one."""
         collection = await self._zones_collection(walk)
-        linked = endpoint.links.zones or ()
         current = await self.reads.current(walk, collection)
         if current is not None:
             linked_only = frozenset(u for u in dict.fromkeys(linked) if u not in current)
-            uri = endpoint.uri
             held = [u for u, body in current.items() if uri in self.reads.view(u, body)[2]]
-            return [*held, *linked_only], linked_only
+            return [*held, *linked_only], linked_only, current
         uris, linked_only = await authoritative_members(walk, collection, linked)
         if walk.expand:
             # The members came inline: pick the zones that hold the endpoint from the JSON as
@@ -304,15 +397,14 @@ class ZoneBackend(Backend):
             # validating all of them cost in proportion to the bindings of the whole fabric).
             listed = [u for u in uris if u not in linked_only]
             bodies = await asyncio.gather(*(walk.get(u) for u in listed))
-            uri = endpoint.uri
             holding = {u for u, body in zip(listed, bodies, strict=True) if uri and _links_to(body, uri)}
             uris = [u for u in uris if u in holding or u in linked_only]
-        return uris, linked_only
+        return uris, linked_only, None
 
     async def _fresh_zones_of(self, walk: Walk, endpoint: Endpoint) -> list[_Zone]:
         """Zones that contain ``endpoint``, read now."""
         zones: dict[str, _Zone] = {}
-        uris, linked_only = await self._candidates(walk, endpoint)
+        uris, linked_only, _ = await self._candidates(walk, endpoint.uri, endpoint.links.zones or ())
         for read in await walk.read_all(uris, Zone):
             self._add_zone(zones, read)
         uri = endpoint.uri
@@ -324,47 +416,57 @@ class ZoneBackend(Backend):
                 found.append(zone)
         return found
 
-    async def _get_or_none(self, uri: str) -> RedfishResponse | None:
-        return await get_or_none(self.client, uri)
-
     async def _zones_with_etags(
-        self, endpoint: Endpoint
-    ) -> tuple[list[tuple[_Zone, str | None]], frozenset[str]]:
-        """Zones that contain ``endpoint``, read now from the fabric's Zones collection (and
-        the endpoint's links), each with its ETag; and the zones only the links name."""
-        uri = endpoint.uri
+        self, endpoint: JSON
+    ) -> tuple[list[tuple[_Zone, str | None]], frozenset[str], dict[str, JSON] | None]:
+        """Zones that contain ``endpoint`` (its JSON as just read), read now from the fabric's
+        Zones collection (and the endpoint's links), each with its ETag; the zones only the links
+        name; every zone as the shared read gave it (None without one)."""
+        # only its URI and linked zones: validating it whole was a third of a binding read's CPU
+        uri, links = odata_id(endpoint), endpoint.get("Links")
+        linked = EndpointLinks.model_validate(links).zones if isinstance(links, dict) else None
         walk = self.fresh_walk()
-        uris, linked_only = await self._candidates(walk, endpoint)
+        uris, linked_only, listed = await self._candidates(walk, uri, linked or ())
         found = []
-        for body, etag in await asyncio.gather(*(self._with_etag(walk, u, u in linked_only) for u in uris)):
+        read = await asyncio.gather(*(self._with_etag(walk, u, u in linked_only, listed) for u in uris))
+        for u, (body, etag) in zip(uris, read, strict=True):
             zones: dict[str, _Zone] = {}
-            self._add_zone(zones, Zone.of(body) if body is not None else None)
+            # a zone as the shared read gave it is validated once per version read, not per caller
+            shared = body is not None and listed is not None and listed.get(u) is body
+            self._add_zone(zones, self.reads.view(u, body)[1] if shared and body else Zone.of(body))
             for zone in zones.values():
                 if zone.uri in linked_only and uri:
                     zone.endpoints.add(uri)
                 if uri in zone.endpoints:
                     found.append((zone, etag))
-        return found, linked_only
+        return found, linked_only, listed
 
-    async def _with_etag(self, walk: Walk, uri: str, linked_only: bool) -> tuple[JSON | None, str | None]:
-        """A zone and its ETag: from the expanded collection the walk just read when the member
+    async def _with_etag(
+        self, walk: Walk, uri: str, linked_only: bool, listed: Mapping[str, JSON] | None
+    ) -> tuple[JSON | None, str | None]:
+        """A zone and its ETag: from the expanded collection the walk just read (or the shared
+        read ``listed``, its JSON itself: its view is validated once per version) when the member
         carries ``@odata.etag`` (DSP0266 "ETags": the same value as the resource's ETag header),
         else from a GET of the zone. A wrong tag only makes the service refuse the change (412),
         and the change is then read again."""
         if walk.expand and not linked_only:
-            body = await walk.get(uri)
+            body = listed[uri] if listed is not None and uri in listed else await walk.get(uri)
             etag = body.get("@odata.etag") if body is not None else None
             if isinstance(etag, str):
                 return body, etag
-        response = await self._get_or_none(uri)
+        response = await get_or_none(self.client, uri)
         return (response.body, response.etag) if response is not None else (None, None)
 
-    async def _snapshot(self, device: DeviceRecord) -> _Snapshot | None:
-        endpoint = await self._get_or_none(str(device.endpoint))
+    async def _snapshot(self, device: DeviceRecord, hosts: Sequence[HostRecord] = ()) -> _Snapshot | None:
+        # our changes to the hosts' zones before the reads: one after them makes the reads stale
+        own = {h.id: (u, self.turns.changes(u)) for h in hosts if (u := self._host_zones.get(h.id))}
+        endpoint = await get_or_none(self.client, str(device.endpoint))
         if endpoint is None:
             self._snapshots.pop(device.key, None)
             return None
-        holding, linked_only = await self._zones_with_etags(Endpoint.model_validate(endpoint.body))
+        holding, linked_only, listed = await self._zones_with_etags(endpoint.body)
+        if listed is not None:
+            self.own_zones.keep(own, listed, self.reads)
         zones = [(zone, etag, self.turns.changes(zone.uri)) for zone, etag in holding]
         snapshot = _Snapshot(time.monotonic(), endpoint, zones, linked_only)
         self._snapshots[device.key] = snapshot
@@ -378,7 +480,7 @@ class ZoneBackend(Backend):
         return snapshot
 
     async def read_binding(self, device: DeviceRecord, hosts: Sequence[HostRecord] = ()) -> tuple[str, ...]:
-        snapshot = await self._snapshot(device)
+        snapshot = await self._snapshot(device, hosts)
         if snapshot is None:
             return ()
         walk = self.fresh_walk()
@@ -403,14 +505,21 @@ class ZoneBackend(Backend):
         uri = self.bind_changed.get(device.key)
         if uri is None:
             return False
-        walk = Walk(self.client)  # without $expand: the member links, not every zone inline
-        listed, fresh = await asyncio.gather(
-            walk.member_uris(await self._zones_collection(walk)), self._get_or_none(uri)
-        )
-        if fresh is None or uri not in listed:
-            return False
+        walk = self.fresh_walk()
+        current = await self.reads.current(walk, await self._zones_collection(walk))
         zones: dict[str, _Zone] = {}
-        self._add_zone(zones, Zone.of(fresh.body))
+        if current is not None:
+            # the zones read now (:mod:`.zone_reads`): the bind's zone is there iff the collection lists it
+            body = current.get(uri)
+            self._add_zone(zones, self.reads.view(uri, body)[1] if body is not None else None)
+        else:
+            walk = Walk(self.client)  # without $expand: the member links, not every zone inline
+            listed, fresh = await asyncio.gather(
+                walk.member_uris(await self._zones_collection(walk)), get_or_none(self.client, uri)
+            )
+            if fresh is None or uri not in listed:
+                return False
+            self._add_zone(zones, Zone.of(fresh.body))
         zone = zones.get(uri)
         return (
             zone is not None
@@ -426,35 +535,32 @@ class ZoneBackend(Backend):
         )
 
     async def prepare_bind(self, device: DeviceRecord, host: HostRecord) -> None:
+        if self.select:
+            return  # the read of the binding lists the host's zone with its ETag (_HostZoneActions.keep)
         known = self._host_zones.get(host.id)
         if known is None or self.turns.lock(known).locked():
             return  # another action of ours is on the zone: the bind reads it after that one
         seen = self.turns.changes(known)
-        fresh = await self._get_or_none(known)
+        fresh = await get_or_none(self.client, known)
         if fresh is not None:
             zone = _Zone.of(known, Zone.model_validate(fresh.body))
-            self._prefetched[host.id] = (zone, fresh.etag, seen, time.monotonic())
+            self.own_zones.remember(host.id, zone, fresh.etag, seen)
 
     async def _own_zone(self, walk: Walk, host: HostRecord) -> tuple[_Zone, str | None] | None:
         """The host's own zone with AddEndpoint, read now (with its ETag); None when it has none.
-        A read by :meth:`prepare_bind` counts as now unless one of our actions changed the zone
-        since."""
-        prefetched = self._prefetched.pop(host.id, None)
-        if prefetched is not None:
-            zone, etag, seen, at = prefetched
-            fresh_enough = time.monotonic() - at <= _SNAPSHOT_SECONDS
-            if (
-                fresh_enough
-                and self.turns.changes(zone.uri) == seen
-                and await self._is_own_zone(walk, zone, host)
-            ):
-                return zone, etag
+        The last read of it (:class:`_HostZoneRead`) counts as now unless one of our actions
+        changed the zone since."""
+        last = self.own_zones.last(host.id)
+        if last is not None and await self._is_own_zone(walk, last.zone, host):
+            return last.zone, last.etag
         known = self._host_zones.get(host.id)
         if known is not None:
-            fresh = await self._get_or_none(known)
+            seen = self.turns.changes(known)
+            fresh = await get_or_none(self.client, known)
             if fresh is not None:
                 zone = _Zone.of(known, Zone.model_validate(fresh.body))
                 if await self._is_own_zone(walk, zone, host):
+                    self.own_zones.remember(host.id, zone, fresh.etag, seen)
                     return zone, fresh.etag
             self._host_zones.pop(host.id, None)
         for initiator_uri in self.initiators_of(host):  # not known (or changed): look for one
@@ -479,13 +585,9 @@ class ZoneBackend(Backend):
                 )
             ctx.fence()
             if own is not None:
-                host_zone, zone_etag = own
-                body = _endpoint_action(device, target.etag, zone_etag)
-                self.bind_changed[device.key] = host_zone.uri
-                try:
-                    response = await self.client.post(str(host_zone.action("Zone.AddEndpoint")), body)
-                finally:
-                    self.turns.changed(host_zone.uri)
+                own, response = await self.own_zones.add_endpoint(
+                    device, target.etag, own, functools.partial(self._own_zone, walk, host)
+                )
             else:
                 fabric = await walk.read(self.fabric_uri, Fabric)
                 collection = fabric.zones if fabric else None
@@ -526,7 +628,7 @@ class ZoneBackend(Backend):
             async with self.turns.lock(zone.uri):
                 if self.turns.changes(zone.uri) != seen:
                     # One of our own actions changed the zone since the read: its ETag is stale.
-                    fresh = await self._get_or_none(zone.uri)
+                    fresh = await get_or_none(self.client, zone.uri)
                     if fresh is None:
                         continue  # the zone is gone, and the binding with it
                     zone = _Zone.of(zone.uri, Zone.model_validate(fresh.body))

@@ -17,10 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from fabric.driver.operations import OperationDriver
-from fabric.state.inventory import Inventory
+from fabric.state.inventory import DeviceFacts, Inventory
 from fabric.state.ledger import Ledger, LedgerEntry
 from fabric.state.model import DeviceRecord
 from manager_api import models as api
@@ -146,14 +146,14 @@ class Reconciler:
 class ForeignBindings:
     """Logs bindings made outside fabric-dra as they appear and go (never touches them)."""
 
-    def __init__(self, snapshot: Callable[[], api.Inventory]) -> None:
-        self._snapshot = snapshot
+    def __init__(self, devices: Callable[[], Iterable[DeviceFacts]]) -> None:
+        self._devices = devices
         self._known: dict[str, str] = {}
 
     async def check(self) -> None:
         seen = {
             d.name: (d.node or f"host {d.host}")
-            for d in self._snapshot().devices
+            for d in self._devices()
             if not d.managed and d.state is api.BindingState.BOUND
         }
         for device, where in sorted(seen.items()):

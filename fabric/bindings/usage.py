@@ -48,7 +48,7 @@ from fabric.bindings.attribution import UNLABELLED, Attribution, claim_labels, l
 from fabric.bindings.warm_policy import model_of
 from fabric.state.claims import ClaimView
 from fabric.state.configmap_doc import ConfigMapDocument
-from fabric.state.inventory import Inventory
+from fabric.state.inventory import DeviceFacts, Inventory
 from fabric.state.ledger import Ledger, LedgerEntry, LedgerState
 from manager_api import models as api
 from manager_api.errors import FabricError, FabricUnavailable
@@ -682,13 +682,13 @@ class UsageMeter:
             groups=book.groups(since, by, label, self.attribution),
         )
 
-    def _outside(self) -> list[api.Device]:
+    def _outside(self) -> list[DeviceFacts]:
         """Devices the fabric binds that no ledger entry explains. The ledger decides, not the
         snapshot's ``managed``: a snapshot rendered before a new leader loaded its ledger still
         shows that leader's bindings as foreign, and they would count twice."""
         return [
             d
-            for d in self.inventory.snapshot().devices
+            for d in self.inventory.facts()
             if not d.managed and d.state is api.BindingState.BOUND and self.ledger.get(d.name) is None
         ]
 

@@ -166,7 +166,7 @@ class WarmPool:
         # earlier policy is given back.
         nodes = set(self.ledger.warm_nodes())
         if self.settings.enabled:
-            nodes.update(n.name for n in self.inventory.snapshot().nodes if self.settings.covers_node(n.name))
+            nodes.update(n.name for n in self.inventory.nodes() if self.settings.covers_node(n.name))
         for node in sorted(nodes):
             await self._balance(node, records)
         if self.metrics is not None:
@@ -192,7 +192,7 @@ class WarmPool:
     def _reach_groups(self, records: list[DeviceRecord]) -> dict[tuple[str, str], NodeGroup]:
         """(node, model) → the covered nodes that reach the same devices of the model."""
         reach: dict[tuple[str, str], set[str]] = {}
-        for known in self.inventory.snapshot().nodes:
+        for known in self.inventory.nodes():
             host = self.inventory.host_for_node(known.name)
             if host is None or not self.settings.covers_node(known.name):
                 continue

@@ -211,7 +211,10 @@ class ManagerService:
             # to be counted again. Accounting never holds up binding: a record that cannot be
             # read is retried by the usage loop.
             await parts.usage.try_resume()
-        parts.watch.request_refresh()
+        # What the ledger is reconciled against is who is bound: a bindings-only pass (a full
+        # one when none has run yet). A full pass asked for here landed, at a start, while the
+        # first pass still ran, and read the whole fabric again right after /readyz.
+        parts.watch.request_refresh(bindings_only=True)
         with contextlib.suppress(FabricError):
             if parts.inventory.loaded.is_set():
                 await parts.holders.reconciler.reconcile()

@@ -133,7 +133,7 @@ def build_parts(
     )
     holders = _holders(s, kube, inventory, ledger, driver, metrics, events)
     watch.after_refresh.append(holders.reconciler.reconcile)
-    watch.after_refresh.append(ForeignBindings(inventory.snapshot).check)
+    watch.after_refresh.append(ForeignBindings(inventory.facts).check)
     usage = _usage(s, ledger, inventory, usage_store, holders)
     budgets = _budgets(kube, holders, ledger, inventory, usage, events, metrics)
     _watch_metrics(metrics, inventory, usage, is_leader)
@@ -311,7 +311,9 @@ def _watch_metrics(
 ) -> None:
     """The gauges read at each scrape: the pool, the fabric's reachability, leadership, usage."""
     metrics.watch_inventory(
-        inventory.snapshot, lambda: inventory.loaded.is_set() and inventory.last_error is None
+        inventory.facts,
+        lambda: inventory.version,
+        lambda: inventory.loaded.is_set() and inventory.last_error is None,
     )
     metrics.is_leader.set_function(lambda: 1.0 if is_leader() else 0.0)
     metrics.watch_usage(

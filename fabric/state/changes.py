@@ -11,11 +11,19 @@ growing backlog.
 The versions count in an ``epoch``, the incarnation of the history (the version it started at, a
 wall-clock millisecond): a cursor of another incarnation — a restarted manager, another replica —
 never matches, even where its number happens to lie in this one's range.
+
+Each changed name also records the nodes its device concerned, before the change and after it
+(bound or attached to the node, a partition held there, a share connected there): a node's plugin
+asks for its own node's changes only (:meth:`ChangeHistory.since` with ``node``), so an attach on
+one node wakes that node's feed, not every node's. A device leaving a node concerns it (it was
+there before), so does one arriving; a device moved from A to B concerns both. A version that
+changed no device (the pools, nodes or notices did) concerns every node.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 
 __all__ = ["ChangeHistory"]
 
@@ -32,30 +40,49 @@ class ChangeHistory:
         self.current = start
         self.max_versions = max(1, max_versions)
         self._max_devices = max(1, max_devices)
-        self._entries: deque[tuple[int, frozenset[str]]] = deque()
+        #: per version: each changed name with the nodes its device concerned before and after
+        self._entries: deque[tuple[int, Mapping[str, frozenset[str]]]] = deque()
         self._names = 0
 
-    def record(self, version: int, names: frozenset[str]) -> None:
-        """Version ``version`` (greater than any recorded) changed the devices ``names``."""
-        self._entries.append((version, names))
-        self._names += len(names)
+    def record(self, version: int, changed: Mapping[str, frozenset[str]] | frozenset[str]) -> None:
+        """Version ``version`` (greater than any recorded) changed the devices named in
+        ``changed``, each concerning the nodes it maps to (names alone, or an empty set: no node's
+        in particular)."""
+        if not isinstance(changed, Mapping):
+            changed = dict.fromkeys(changed, frozenset[str]())
+        self._entries.append((version, changed))
+        self._names += len(changed)
         self.current = version
         while self._entries and (len(self._entries) > self.max_versions or self._names > self._max_devices):
             dropped, gone = self._entries.popleft()
             self._names -= len(gone)
             self.oldest = dropped
 
-    def since(self, epoch: int, version: int) -> set[str] | None:
-        """The names changed after ``version`` of ``epoch``; None when this history cannot say
-        (another epoch, a version older than it holds, or one it never reached)."""
+    def since(self, epoch: int, version: int, node: str | None = None) -> set[str] | None:
+        """The names changed after ``version`` of ``epoch`` (with ``node``: those concerning it);
+        None when this history cannot say (another epoch, a version older than it holds, or one it
+        never reached)."""
         if epoch != self.epoch or not self.oldest <= version <= self.current:
             return None
         names: set[str] = set()
         for recorded, changed in reversed(self._entries):
             if recorded <= version:
                 break
-            names |= changed
+            if node is None:
+                names |= changed.keys()
+            else:
+                names.update(name for name, nodes in changed.items() if node in nodes)
         return names
+
+    def concerns(self, version: int, node: str) -> bool:
+        """Whether a version after ``version`` concerns ``node``: changed a device of it, or no
+        device at all (the pools, nodes or notices, which every reader keeps)."""
+        for recorded, changed in reversed(self._entries):
+            if recorded <= version:
+                return False
+            if not changed or any(node in nodes for nodes in changed.values()):
+                return True
+        return False
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from pydantic import TypeAdapter
 
@@ -31,7 +32,7 @@ from manager_api.devices import DeviceAttributes
 from manager_api.errors import FabricError, FabricUnavailable, ResyncRequired
 from plumbing.logs import get_logger
 
-__all__ = ["Inventory", "changes_json", "wait_changes"]
+__all__ = ["DeviceFacts", "Inventory", "changes_json", "wait_changes"]
 
 #: the table of device attributes: what discovery found of a device is what the API shows of it
 _ATTRIBUTE_FIELDS = tuple(DeviceAttributes.model_fields)
@@ -88,19 +89,23 @@ class Inventory:
         #: re-checks every device; otherwise only the devices named here are re-checked
         self._dirty_all = True
         self._dirty_names: set[str] = set()
-        #: device name → (record, overlay key, rendered device, its JSON)
-        self._views: dict[str, tuple[DeviceRecord, object, api.Device, str]] = {}
+        #: device name → its served JSON and what it was rendered from (no model: at 10,000
+        #: devices their models held three times their JSON; :meth:`snapshot` reads them back)
+        self._views: dict[str, _Served] = {}
         #: the device names in the order served, and the rest of the inventory, as of the last
         #: full flush (they change only with a discovery pass or a remap, which flush in full)
         self._order: list[str] = []
         self._pools: list[api.FabricPool] = []
         self._nodes: list[api.FabricNode] = []
         self._tail = ""
-        #: built on demand from the views, once per version (:meth:`_built`)
-        self._rendered = api.Inventory(version=self.version, pools=[], devices=[], nodes=[])
-        self._rendered_json = self._rendered.model_dump_json(by_alias=True).encode()
+        #: built on demand from the views, once per version (:meth:`_built`, :meth:`snapshot`)
+        self._rendered: api.Inventory | None = None
+        empty = api.Inventory(version=self.version, pools=[], devices=[], nodes=[])
+        self._rendered_json = empty.model_dump_json(by_alias=True).encode()
         self._built_version = self.version
         self._changed = asyncio.Condition()
+        #: the nodes each served device concerns (:func:`_nodes_of`), as of its last change
+        self._device_nodes: dict[str, frozenset[str]] = {}
         self._closing = False
 
     def follow(self, ledger: Ledger) -> None:
@@ -303,12 +308,12 @@ class Inventory:
             self._drains_version(),
         )
         cached = self._views.get(record.name)
-        if cached is not None and cached[1] == key and (cached[0] is record or cached[0] == record):
+        if cached is not None and cached.key == key and (cached.record is record or cached.record == record):
             return False
         device = self.render_device(record)
         text = device.model_dump_json(by_alias=True)
-        self._views[record.name] = (record, key, device, text)
-        return cached is None or cached[3] != text
+        self._views[record.name] = _Served(record, key, text, _nodes_of(device), DeviceFacts.of(device))
+        return cached is None or cached.text != text
 
     def _refresh_all_views(self) -> tuple[set[str], bool]:
         """Every device, the pools and the nodes checked again: the devices whose served form
@@ -333,21 +338,12 @@ class Inventory:
         return names, rest
 
     def _built(self) -> None:
-        """The served inventory and its JSON for the current version, built once per version: at
-        10,000 devices the join is megabytes, paid only when someone reads it."""
+        """The served inventory's JSON for the current version, built once per version: at 10,000
+        devices the join is megabytes, paid only when someone reads it."""
         if self._built_version == self.version:
             return
-        views = [self._views[name] for name in self._order]
         pools = _POOLS.dump_json(self._pools, by_alias=True).decode()
-        devices = ",".join(text for _, _, _, text in views)
-        self._rendered = api.Inventory.model_construct(
-            version=self.version,
-            pools=self._pools,
-            devices=[device for _, _, device, _ in views],
-            nodes=self._nodes,
-            notices=list(self.notices),
-            epoch=self.history.epoch,
-        )
+        devices = ",".join(self._views[name].text for name in self._order)
         self._rendered_json = (
             f'{{"version":{self.version},"epoch":{self.history.epoch},"pools":{pools},'
             f'"devices":[{devices}],{self._tail}'.encode()
@@ -384,7 +380,8 @@ class Inventory:
         if not changed and not rest:
             return
         self.version += 1
-        self.history.record(self.version, frozenset(changed))
+        self._rendered = None  # the models of the last version, if any were asked for
+        self.history.record(self.version, _concerned(changed, self._device_nodes, self._views, self._records))
         with contextlib.suppress(RuntimeError):
             asyncio.get_running_loop().create_task(self._notify())
 
@@ -393,9 +390,22 @@ class Inventory:
             self._changed.notify_all()
 
     def snapshot(self) -> api.Inventory:
+        """The inventory as models, read from each device's served JSON (:func:`_read_back`)."""
         self._flush()
-        self._built()
+        if self._rendered is None or self._rendered.version != self.version:
+            self._rendered = _read_back(self, [self._views[name].text for name in self._order])
         return self._rendered
+
+    def nodes(self) -> list[api.FabricNode]:
+        """The nodes the inventory serves (:meth:`snapshot`'s, without its devices)."""
+        self._flush()
+        return self._nodes
+
+    def facts(self) -> list[DeviceFacts]:
+        """What gauges, usage and the foreign-binding log read of each served device, in order:
+        kept beside its JSON, so that no scrape or pass builds every device's model."""
+        self._flush()
+        return [self._views[name].facts for name in self._order]
 
     def snapshot_json(self) -> bytes:
         """:meth:`snapshot` as the JSON the API serves (camelCase), encoded once per version: every
@@ -404,15 +414,10 @@ class Inventory:
         self._built()
         return self._rendered_json
 
-    async def wait_newer(self, after: int, wait_seconds: float) -> api.Inventory:
-        """The inventory once its version differs from ``after``, or as it is when ``wait_seconds`` pass.
-
-        A version from another manager incarnation (higher than ours) returns at once, so a client
-        never waits for a number this replica will not reach.
-        """
+    async def wait_newer(self, after: int, wait_seconds: float) -> None:
+        """:meth:`wait_past`; then read :meth:`snapshot_json` (or :meth:`snapshot`). A version from
+        another incarnation (higher than ours) returns at once: never wait for one not reached."""
         await self.wait_past(after, wait_seconds)
-        self._built()
-        return self._rendered
 
     async def wait_past(self, version: int, wait_seconds: float) -> None:
         """Return once the version differs from ``version``, or when ``wait_seconds`` pass."""
@@ -435,7 +440,7 @@ class Inventory:
         present = sorted(n for n in names if n in self._records and n in self._views)
         removed = sorted(n for n in names if n not in self._records)
         pools = _POOLS.dump_json(self._pools, by_alias=True).decode()
-        return ",".join(self._views[n][3] for n in present), removed, f'"pools":{pools},{self._tail}'
+        return ",".join(self._views[n].text for n in present), removed, f'"pools":{pools},{self._tail}'
 
     async def release_waiters(self) -> None:
         """Answer every long poll now, with the inventory as it is: the service is shutting down and
@@ -492,13 +497,14 @@ def fabric_view(
     return nodes, pools
 
 
-def changes_json(inventory: Inventory, epoch: int, since: int) -> bytes:
+def changes_json(inventory: Inventory, epoch: int, since: int, node: str | None = None) -> bytes:
     """:class:`~manager_api.models.InventoryChanges` after version ``since`` of ``epoch``, as the
-    API serves it (each changed device's JSON is the one it was rendered to once); raises
-    :class:`ResyncRequired` when the bounded history cannot say what changed."""
+    API serves it (each changed device's JSON is the one it was rendered to once); with ``node``,
+    only the devices concerning that node (:mod:`fabric.state.changes`), the answer naming it.
+    Raises :class:`ResyncRequired` when the bounded history cannot say what changed."""
     history = inventory.history
     inventory.flush()
-    names = history.since(epoch, since)
+    names = history.since(epoch, since, node)
     if names is None:
         raise ResyncRequired(
             f"inventory changes since version {since} of epoch {epoch} are no longer known: the "
@@ -506,20 +512,36 @@ def changes_json(inventory: Inventory, epoch: int, since: int) -> bytes:
             "read GET /api/v1/inventory again"
         )
     devices, removed, rest = inventory.served(names)
+    # a node name is a DNS subdomain (checked at the route): nothing in it needs escaping
+    scope = f'"node":"{node}",' if node is not None else ""
     return (
-        f'{{"epoch":{history.epoch},"since":{since},"version":{inventory.version},'
+        f'{{"epoch":{history.epoch},"since":{since},"version":{inventory.version},{scope}'
         f'"devices":[{devices}],"removed":{_NOTICES.dump_json(removed).decode()},{rest}'
     ).encode()
 
 
-async def wait_changes(inventory: Inventory, epoch: int, since: int, wait_seconds: float) -> bytes:
-    """:func:`changes_json` once the version differs from ``since``, or when ``wait_seconds`` pass; a
-    cursor the history cannot answer is refused at once, without waiting."""
-    if inventory.loaded.is_set() and inventory.history.since(epoch, since) is not None:
-        await inventory.wait_past(since, wait_seconds)
-    elif not inventory.loaded.is_set():
+async def wait_changes(
+    inventory: Inventory, epoch: int, since: int, wait_seconds: float, node: str | None = None
+) -> bytes:
+    """:func:`changes_json` once the version differs from ``since`` (with ``node``: once a version
+    after it concerns that node), or when ``wait_seconds`` pass; a cursor the history cannot answer
+    is refused at once, without waiting. The answer's version is the current one either way, so a
+    reader never reads again what it was spared."""
+    if not inventory.loaded.is_set():
         await inventory.wait_past(since, 0)  # raises FabricUnavailable
-    return changes_json(inventory, epoch, since)
+    elif inventory.history.since(epoch, since) is not None:
+        deadline = asyncio.get_running_loop().time() + wait_seconds
+        seen = since
+        while True:
+            await inventory.wait_past(seen, deadline - asyncio.get_running_loop().time())
+            inventory.flush()
+            if node is None or inventory.version == seen or inventory.history.concerns(since, node):
+                break
+            # versions of other nodes only: wait on from the current one
+            seen = inventory.version
+            if inventory.history.since(epoch, since) is None:
+                break  # fell out of the history meanwhile: 410 now (shutting down: the next wait ends)
+    return changes_json(inventory, epoch, since, node)
 
 
 def memory_pool_view(record: DeviceRecord, entries: list[LedgerEntry]) -> api.MemoryPool | None:
@@ -550,6 +572,98 @@ def memory_pool_view(record: DeviceRecord, entries: list[LedgerEntry]) -> api.Me
         shares=shares,
         used_bytes=pool_used_bytes(domain, entries),
     )
+
+
+def _read_back(inventory: Inventory, texts: list[str]) -> api.Inventory:
+    """The inventory as models, read from the JSON each device is served as (the same devices,
+    the same values), once per version and dropped when the version moves: the few readers that
+    need models (operators' device and drain lists) pay for them; the long polls and the change
+    feed, which serve the JSON, do not."""
+    return api.Inventory.model_construct(
+        version=inventory.version,
+        pools=inventory._pools,
+        devices=[api.Device.model_validate_json(text) for text in texts],
+        nodes=inventory._nodes,
+        notices=list(inventory.notices),
+        epoch=inventory.history.epoch,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Served:
+    """A device as the inventory serves it, and what it was rendered from."""
+
+    record: DeviceRecord
+    #: what besides the record its rendering depends on (:meth:`Inventory._view_changed`)
+    key: object
+    #: its JSON, as served
+    text: str
+    #: the nodes it concerns (:func:`_nodes_of`)
+    nodes: frozenset[str]
+    facts: DeviceFacts
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceFacts:
+    """Of a served device, what the manager's gauges and logs count (:meth:`Inventory.facts`)."""
+
+    name: str
+    pool: str
+    type: str
+    model: str | None
+    state: api.BindingState
+    #: False: bound outside fabric-dra (no ledger entry explains it)
+    managed: bool
+    health: api.Health
+    node: str | None
+    host: str | None
+    #: the effect of the drain on it, if drained
+    drain_effect: str | None
+
+    @classmethod
+    def of(cls, device: api.Device) -> DeviceFacts:
+        return cls(
+            name=device.name,
+            pool=device.pool,
+            type=str(device.type),
+            model=device.model,
+            state=device.state,
+            managed=device.managed,
+            health=device.health,
+            node=device.node,
+            host=device.host,
+            drain_effect=str(device.drain.effect) if device.drain is not None else None,
+        )
+
+
+def _concerned(
+    changed: set[str],
+    device_nodes: dict[str, frozenset[str]],
+    views: Mapping[str, _Served],
+    records: Mapping[str, DeviceRecord],
+) -> dict[str, frozenset[str]]:
+    """Each changed device with the nodes it concerned before the change and concerns now (a
+    removed device: before), for the per-node change feed; ``device_nodes`` keeps the after."""
+    concerned: dict[str, frozenset[str]] = {}
+    for name in changed:
+        before = device_nodes.pop(name, frozenset())
+        view = views.get(name) if name in records else None
+        after = view.nodes if view is not None else frozenset()
+        if after:
+            device_nodes[name] = after
+        concerned[name] = before | after
+    return concerned
+
+
+def _nodes_of(device: api.Device) -> frozenset[str]:
+    """The nodes a served device concerns — those whose plugin judges its health: the node it is
+    bound or attached to, each node holding one of its partitions, each node one of its memory
+    pool's shares is connected to."""
+    nodes = {device.node} if device.node else set()
+    nodes.update(h.node for h in device.partitions if h.node)
+    if device.memory_pool is not None:
+        nodes.update(s.node for s in device.memory_pool.shares if s.node)
+    return frozenset(nodes)
 
 
 def pool_used_bytes(domain: MemoryDomainRecord, entries: list[LedgerEntry]) -> int:

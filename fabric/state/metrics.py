@@ -9,7 +9,7 @@ built on them; a test checks each metric they use is in a scrape of a running ma
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
@@ -17,6 +17,7 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from fabric.state.inventory import DeviceFacts
 from manager_api import models as api
 from plumbing.promstats import outcome_word, register_process_metrics
 
@@ -35,8 +36,10 @@ def _family(name: str, documentation: str, labels: list[str], counts: Counter[An
 
 
 class _PoolCollector(Collector):
-    def __init__(self, snapshot: Callable[[], api.Inventory]) -> None:
-        self._snapshot = snapshot
+    def __init__(self, devices: Callable[[], Iterable[DeviceFacts]]) -> None:
+        #: what the inventory keeps of each device for this (not the devices' models, which a
+        #: scrape would build for every device)
+        self._devices = devices
 
     def collect(self) -> Iterator[Metric]:
         counts: Counter[tuple[str, str, str, str]] = Counter()
@@ -44,10 +47,10 @@ class _PoolCollector(Collector):
         unhealthy: Counter[tuple[str, str, str]] = Counter()
         per_node: Counter[tuple[str, str]] = Counter()
         drained: Counter[tuple[str, str, str]] = Counter()
-        for device in self._snapshot().devices:
-            if device.drain is not None:
-                drained[(device.pool, str(device.drain.effect), str(device.state))] += 1
-            counts[(device.pool, str(device.type), device.model or "", str(device.state))] += 1
+        for device in self._devices():
+            if device.drain_effect is not None:
+                drained[(device.pool, device.drain_effect, str(device.state))] += 1
+            counts[(device.pool, device.type, device.model or "", str(device.state))] += 1
             if not device.managed and device.state is api.BindingState.BOUND:
                 foreign[device.pool] += 1
             if device.health is not api.Health.OK:
@@ -317,10 +320,13 @@ class ManagerMetrics:
         )
 
     def watch_inventory(
-        self, snapshot: Callable[[], api.Inventory], reachable: Callable[[], bool] | None = None
+        self,
+        devices: Callable[[], Iterable[DeviceFacts]],
+        version: Callable[[], int],
+        reachable: Callable[[], bool] | None = None,
     ) -> None:
-        self.registry.register(_PoolCollector(snapshot))
-        self.inventory_version.set_function(lambda: float(snapshot().version))
+        self.registry.register(_PoolCollector(devices))
+        self.inventory_version.set_function(lambda: float(version()))
         if reachable is not None:
             self.fabric_reachable.set_function(lambda: 1.0 if reachable() else 0.0)
 

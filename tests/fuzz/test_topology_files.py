@@ -25,6 +25,8 @@ from plumbing import procs
 from tests.fuzz.budget import fuzz_settings
 from tests.fuzz.strategies import hostile_text, json_values
 
+pytestmark = pytest.mark.slow(seconds=23)
+
 DEFAULT: dict[str, Any] = yaml.safe_load(default_topology_path().read_text())
 
 

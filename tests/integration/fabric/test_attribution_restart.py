@@ -17,6 +17,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import httpx
+import pytest
 
 from fabric.bindings.focus import COLUMNS
 from manager_api.client import ManagerClient
@@ -31,6 +32,8 @@ from tests.integration.fabric.conftest import (
 )
 from tests.support.apiserver import start_apiserver
 from tests.support.fabric_manager import start_manager
+
+pytestmark = pytest.mark.slow(seconds=31)
 
 NODE = "kind-worker"
 SLACK = 0.5

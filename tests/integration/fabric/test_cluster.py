@@ -37,6 +37,8 @@ from tests.support.apiserver import ApiServerProcess, start_apiserver
 from tests.support.fabric_manager import start_manager
 from tests.support.uids import claim_uid
 
+pytestmark = pytest.mark.slow(seconds=38)
+
 NAMESPACE = "fabric-dra"
 AUDIENCE = "fabric-dra-manager"
 #: Kubernetes node name → the Redfish host (ComputerSystem) whose UUID it carries

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from bench.common import generate_topology, host_name
 from fabric.backends.discovery import Discovery
@@ -29,7 +28,7 @@ from fabric.backends.views import View
 from fabric.redfish.client import RedfishClient, RedfishResponse, RedfishSettings
 from fabric.state.model import FabricSnapshot
 from fabric_dra_testbed.stack import Emulator as RunningEmulator
-from tests.support.emulator import run_emulator, zone_add
+from tests.support.emulator import run_emulator, with_behaviour, zone_add
 
 HOSTS = 6
 GPUS = 60
@@ -39,12 +38,7 @@ BOUND = 24
 
 def _topology(tmp: Path, **behaviour: str) -> Path:
     path = generate_topology(tmp / "generated.yaml", hosts=HOSTS, gpus=GPUS, nvme=NVME)
-    data = yaml.safe_load(path.read_text())
-    if behaviour:
-        data["behaviour"] = behaviour
-    out = tmp / "topology.yaml"
-    out.write_text(yaml.safe_dump(data))
-    return out
+    return with_behaviour(path, tmp / "topology.yaml", **behaviour)
 
 
 def _bind(emu: RunningEmulator, devices: list[str]) -> None:

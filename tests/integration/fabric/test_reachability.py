@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from dra_driver.explain import published
@@ -37,6 +38,8 @@ from tests.integration.fabric.conftest import (
     tls_emulator,
 )
 from tests.support.uids import claim_uid
+
+pytestmark = pytest.mark.slow(seconds=50)
 
 DRIVER = "fabric-dra.io"
 #: the hosts switch1 is cabled to; kind-worker3 and kind-worker4 reach switch0 only

@@ -40,6 +40,8 @@ from tests.integration.fabric.conftest import (
 from tests.integration.fabric.test_wild_services import topology_with
 from tests.support.uids import claim_uid
 
+pytestmark = pytest.mark.slow(seconds=20)
+
 CLASSES = Path(__file__).resolve().parents[3] / "deploy" / "base" / "deviceclasses.yaml"
 COMPOSITION = ("--binding-style", "composition")
 

@@ -43,6 +43,8 @@ from tests.support.fabric_manager import running_manager, start_manager
 from tests.support.uids import claim_uid
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.slow(seconds=22)
+
 NODE, OTHER = "kind-worker", "kind-worker2"
 POOL = "cxlpool0-pool"
 DOMAIN = "/redfish/v1/Chassis/cxlpool0/MemoryDomains/0"
@@ -388,8 +390,11 @@ async def test_an_abandoned_partition_holder_is_released_and_the_gpu_with_the_la
                 assert fabric.bound_hosts().get("gpu1") == NODE  # still serving the kept claim
                 async with cluster.client() as kube:
                     await kube.delete(RESOURCE_CLAIMS, "part-kept", "default")
+                # The fabric unbinds first; the manager marks the GPU free once it has confirmed
+                # that from the fabric: wait for both.
                 for _ in range(100):
-                    if "gpu1" not in fabric.bound_hosts():
+                    unbound = "gpu1" not in fabric.bound_hosts()
+                    if unbound and (await client.device("gpu1")).state is BindingState.FREE:
                         break
                     await asyncio.sleep(0.2)
                 assert "gpu1" not in fabric.bound_hosts()

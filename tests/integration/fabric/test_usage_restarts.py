@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+import pytest
 
 from fabric.bindings.usage import FLUSH_SECONDS, TICK_SECONDS, usage_record_name
 from fabric_dra_testbed.stack import Role
@@ -36,6 +37,8 @@ from tests.integration.fabric.conftest import (
 from tests.support.apiserver import start_apiserver
 from tests.support.fabric_manager import start_manager
 from tests.support.uids import claim_uid
+
+pytestmark = pytest.mark.slow(seconds=40)
 
 NODE = "kind-worker"
 USAGE_NAMESPACE = "fabric-dra"

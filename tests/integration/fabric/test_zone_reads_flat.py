@@ -30,6 +30,8 @@ from fabric.state.model import DeviceRecord, HostRecord
 from fabric_dra_testbed.stack import Emulator as RunningEmulator
 from tests.support.emulator import ZONES, run_emulator, zone_add
 
+pytestmark = pytest.mark.slow(seconds=33)
+
 HOSTS = 10
 #: bindings of the first measure; the second has ten times as many
 FEW = 20

@@ -37,3 +37,20 @@ def test_the_history_keeps_at_most_its_versions_and_its_device_changes() -> None
     assert by_devices.since(0, 0) is None and by_devices.since(0, 1) == {"c", "d"}
     by_devices.record(3, frozenset({f"x{i}" for i in range(10)}))  # alone past the bound
     assert len(by_devices) == 0 and by_devices.since(0, 2) is None and by_devices.since(0, 3) == set()
+
+
+def test_a_node_is_answered_the_changes_that_concern_it_before_or_after() -> None:
+    history = ChangeHistory(100)
+    history.record(101, {"gpu0": frozenset({"a"})})  # attached to a
+    history.record(102, {"gpu1": frozenset({"b"})})
+    history.record(103, {"gpu0": frozenset({"a", "b"})})  # moved from a to b
+    history.record(104, {"gpu2": frozenset()})  # a free device's health
+    assert history.since(100, 100, "a") == {"gpu0"}
+    assert history.since(100, 100, "b") == {"gpu0", "gpu1"}
+    assert history.since(100, 101, "a") == {"gpu0"} and history.since(100, 103, "a") == set()
+    assert history.since(100, 100, "c") == set() and history.since(100, 100) == {"gpu0", "gpu1", "gpu2"}
+    assert history.since(99, 100, "a") is None  # another epoch, filtered or not
+    assert history.concerns(100, "a") and history.concerns(101, "a") and not history.concerns(103, "a")
+    assert not history.concerns(100, "c")
+    history.record(105, frozenset())  # the pools or nodes changed: every reader keeps them
+    assert history.concerns(104, "c")

@@ -101,4 +101,6 @@ async def test_a_stream_that_ends_at_once_keeps_backing_off() -> None:
             await client.aclose()
     # pauses of 0.02, 0.04, ... 0.4 s (± 20 %): about eight in 1.5 s; a reset after each would be ~40
     assert 3 <= len(opened) <= 14, len(opened)
-    assert len(connects) == len(opened)
+    # every stream that answered was reported; the one the service had just opened when the task
+    # was cancelled may not have reached the client yet
+    assert len(opened) - 1 <= len(connects) <= len(opened), (len(connects), len(opened))

@@ -103,3 +103,35 @@ async def test_a_ledger_entry_put_by_anyone_is_served_without_a_further_change(t
     assert served.version > version
     gpu2 = next(d for d in served.devices if d.name == "gpu2")
     assert (gpu2.state, gpu2.node) == (api.BindingState.WARM, "node-0")
+
+
+async def test_devices_are_kept_as_their_json_and_read_back_the_same(tmp_path: Path) -> None:
+    """Each device is kept as the JSON it is served as, with the few facts the gauges, the usage
+    meter and the log of foreign bindings count (no model per device): the models read back
+    from that JSON are the devices rendered now, and the facts say what those devices say."""
+    h = await make_harness(tmp_path, hosts=2, devices=6)
+    inventory = h.inventory
+    await h.attachments.attach(
+        api.AttachRequest.model_construct(device="gpu1", node="node-0", claim_uid="c1"), wait=5
+    )
+    h.fabric.bound["gpu2"] = "node-1"  # bound outside fabric-dra
+    await h.watch.refresh()
+
+    snapshot = inventory.snapshot()
+    rendered = [inventory.render_device(r) for r in sorted(inventory.devices(), key=lambda r: r.name)]
+    assert snapshot.devices == rendered
+    assert inventory.snapshot() is snapshot  # once per version
+    assert [
+        (f.name, f.state, f.managed, f.node, f.host, f.type, f.model, f.health) for f in inventory.facts()
+    ] == [
+        (d.name, d.state, d.managed, d.node, d.host, str(d.type), d.model, d.health) for d in snapshot.devices
+    ]
+    outside = [f.name for f in inventory.facts() if not f.managed and f.state is api.BindingState.BOUND]
+    assert outside == ["gpu2"]
+    assert inventory.nodes() == snapshot.nodes
+
+    await h.attachments.detach("gpu1", "c1", "node-0", wait=5)
+    inventory.flush()
+    after = inventory.snapshot()
+    assert after is not snapshot and after.version > snapshot.version
+    assert next(d for d in after.devices if d.name == "gpu1").state is api.BindingState.FREE

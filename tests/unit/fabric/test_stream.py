@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fabric.backends.stream import SwitchRecord, describe_by_switch
+from fabric.backends.stream import SwitchRecord, _SwitchWalk, describe_by_switch
 from fabric.backends.views import Endpoint
 from fabric.backends.walk import Revalidation, Walk
 from fabric.redfish import RedfishClient, RedfishSettings
@@ -119,3 +119,23 @@ async def test_a_pass_keeps_etags_and_attributes_not_answers() -> None:
     # a changed switch is read and described again; the other is not
     assert [a.model for a in third] == ["H100", "H100", "A100"]
     assert third[0] is first[0] and third[2] is not first[2]
+
+
+async def test_a_switch_walk_borrows_a_slimmed_endpoint_with_its_view() -> None:
+    """An endpoint the pass read and slimmed (its JSON a stub): a switch's walk that reads it gets
+    the pass's view, not a view of the stub."""
+    client = RedfishClient(RedfishSettings(base_url="http://127.0.0.1:9", auth="none"))
+    try:
+        walk = Walk(client, revalidation=Revalidation())
+        uri = "/redfish/v1/Fabrics/F/Endpoints/gpu1"
+        ports = [{"@odata.id": "/redfish/v1/Fabrics/F/Switches/S1/Ports/gpu1"}]
+        walk.seed_as(uri, {"@odata.id": uri, "Id": "gpu1", "Links": {"ConnectedPorts": ports}})
+        endpoint = await walk.read(uri, Endpoint)
+        assert endpoint is not None
+        walk.slim([endpoint])
+        switch_walk = _SwitchWalk(walk)
+        assert await switch_walk.read(uri, Endpoint) is endpoint
+        assert endpoint.links.connected_ports == ("/redfish/v1/Fabrics/F/Switches/S1/Ports/gpu1",)
+        assert switch_walk.gets == 0
+    finally:
+        await client.aclose()
