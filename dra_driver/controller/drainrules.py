@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from dra_driver.controller.delta import KeptDevices
 from dra_driver.controller.metrics import SLICE_WRITES
 from dra_driver.controller.reconciler import Reconciler
 from dra_driver.controller.resourcenames import drain_rule_label, drain_taint_key, short_hash
@@ -61,6 +62,8 @@ class DrainRules:
         #: itself, so tests/unit/deploy/test_rbac_code.py sees it)
         self.version = version
         self.resource = DEVICE_TAINT_RULES.with_version(version)
+        #: the drained devices, kept from the devices each inventory changed (not a pass over all)
+        self._drained = KeptDevices(lambda device: device.drain is not None)
         #: our rules by name, as last listed or written; None: list them first
         self._stored: dict[str, dict[str, Any]] | None = None
         self._loop = Reconciler(
@@ -95,14 +98,6 @@ class DrainRules:
             self._stored = None
             self._loop.trigger()
 
-    def desired(self, inventory: Inventory) -> dict[str, dict[str, Any]]:
-        """Name → the rule every drained device of ``inventory`` should have."""
-        return {
-            rule_name(self._driver, d.pool, d.name): self._rule(d, d.drain)
-            for d in inventory.devices
-            if d.drain is not None
-        }
-
     def _rule(self, device: Device, drain: DeviceDrain) -> dict[str, Any]:
         reason = drain.reason if is_label_value(drain.reason) else "maintenance"
         return {
@@ -131,7 +126,11 @@ class DrainRules:
             )
             self._stored = {str(o["metadata"]["name"]): o for o in items}
         stored = self._stored
-        want = self.desired(inventory)
+        want = {
+            rule_name(self._driver, d.pool, d.name): self._rule(d, d.drain)
+            for d in self._drained.update(inventory).values()
+            if d.drain is not None
+        }
         writes = 0
         for name, rule in want.items():
             have = stored.get(name)

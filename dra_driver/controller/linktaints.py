@@ -25,12 +25,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+from dra_driver.controller.delta import device_delta
 from dra_driver.controller.metrics import LINK_TAINTED_DEVICES
 from dra_driver.linkerrors import ErrorFault, ErrorKind, ErrorThresholds, LinkErrors
 from manager_api.feed import InventorySource
-from manager_api.models import Inventory
+from manager_api.models import Device, Inventory
 from plumbing.logs import get_logger
 
 __all__ = ["LinkTaints"]
@@ -56,6 +57,8 @@ class LinkTaints:
         self._clock = clock
         self._links: dict[Key, LinkErrors] = {}
         self._faults: dict[Key, ErrorFault] = {}
+        #: the inventory last read (the next one's changed devices are found against it)
+        self._last: Inventory | None = None
         #: bumped on every change of the tainted set, so cached slice plans are redone
         self.version = 0
         for kind in ErrorKind:  # 0, not absent, until a link errs
@@ -66,14 +69,24 @@ class LinkTaints:
         return {key: fault.kind.value for key, fault in self._faults.items()}
 
     def observe(self, inventory: Inventory) -> None:
-        """Read every device's counters from ``inventory``, then judge."""
+        """Read the counters of the devices ``inventory`` changed (:mod:`.delta`; every device the
+        first time), then judge: an unchanged device's counters have not moved."""
         now = self._clock()
-        seen: set[Key] = set()
-        for device in inventory.devices:
+        last, self._last = self._last, inventory
+        devices: Sequence[Device] = inventory.devices
+        seen: set[Key] | None = set()
+        if last is not None:
+            delta = device_delta(last, inventory)
+            devices, seen = delta.new, None
+            for key in {(d.pool, d.name) for d in delta.old} - {(d.pool, d.name) for d in delta.new}:
+                self._links.pop(key, None)  # removed
+        for device in devices:
             if device.pcie_errors is None:
+                self._links.pop((device.pool, device.name), None)
                 continue
             key = (device.pool, device.name)
-            seen.add(key)
+            if seen is not None:
+                seen.add(key)
             link = self._links.get(key)
             if link is None:
                 self._links[key] = LinkErrors.first(self.thresholds, device.pcie_errors, now)
@@ -89,8 +102,9 @@ class LinkTaints:
                     link.read(now_c, now)
                 else:
                     link.latest = now_c
-        for gone in [k for k in self._links if k not in seen]:
-            del self._links[gone]
+        if seen is not None:
+            for gone in [k for k in self._links if k not in seen]:
+                del self._links[gone]
         self.judge()
 
     def judge(self) -> bool:

@@ -11,7 +11,8 @@ pools of the slices it published (a pool that left the inventory) — so the con
 several fabric managers under one driver never undo each other's labels.
 
 It also keeps ``warm.<driver>.node-restriction.kubernetes.io/<device type>=<count>`` on each node
-where the manager keeps devices of that type warm (:func:`.slices.desired_warm_labels`; the key of a
+where the manager keeps devices of that type warm (:func:`.slices.desired_warm_labels`, kept from the
+devices each inventory version changed rather than a pass over every device; the key of a
 non-default ``--publisher`` names it), and removes the key when the count drops to 0: pods prefer
 those nodes through a preferred node affinity (docs/manager.md, "What the scheduler guarantees about
 picking a warm device"). These keys are owned by publisher, one per device type, whatever the pools.
@@ -38,6 +39,7 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from dra_driver.controller.delta import KeptDevices
 from dra_driver.controller.metrics import NODE_LABEL_PATCHES
 from dra_driver.controller.pluginpods import PluginNodes
 from dra_driver.controller.reconciler import Reconciler
@@ -47,9 +49,14 @@ from dra_driver.controller.resourcenames import (
     pool_label_prefix,
     warm_label_key,
 )
-from dra_driver.controller.slices import desired_node_labels, desired_warm_labels, slice_selector
+from dra_driver.controller.slices import (
+    desired_node_labels,
+    reaching_nodes,
+    slice_selector,
+    warm_labels_of,
+)
 from manager_api.feed import InventorySource
-from manager_api.models import DeviceType, Inventory
+from manager_api.models import BindingState, DeviceType, Inventory
 from plumbing.backoff import Backoff
 from plumbing.kube import ApiError, KubeClient, NotFound
 from plumbing.kube.dra import ResourceClaim
@@ -110,6 +117,8 @@ class NodeLabeler:
             backoff=Backoff(initial=0.2, maximum=30.0),
         )
         self._warned_missing: set[str] = set()
+        #: the warm devices, kept from the devices each inventory changed
+        self._warm = KeptDevices(lambda device: device.state is BindingState.WARM)
 
     async def run(self, feed: InventorySource) -> None:
         async with asyncio.TaskGroup() as tasks:
@@ -210,7 +219,14 @@ class NodeLabeler:
         pools = desired_node_labels(inventory, self._driver)
         wanted = {name: dict.fromkeys(keys, "true") for name, keys in pools.items()}
         allocated = frozenset().union(*self._allocated.values())
-        for name, counts in desired_warm_labels(inventory, self._driver, self._publisher, allocated).items():
+        warm = warm_labels_of(
+            self._warm.update(inventory).values(),
+            reaching_nodes(inventory),
+            self._driver,
+            self._publisher,
+            allocated,
+        )
+        for name, counts in warm.items():
             wanted.setdefault(name, {}).update(counts)
         if self._plugin_nodes is not None:
             with_plugin = self._plugin_nodes.nodes()

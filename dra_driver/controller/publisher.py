@@ -14,19 +14,24 @@ import asyncio
 import dataclasses
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dra_driver.controller.delta import device_delta
 from dra_driver.controller.devices import PublishPolicy, WithheldReason
 from dra_driver.controller.dropped import DroppedFields
+from dra_driver.controller.layout import stored_layouts
 from dra_driver.controller.linktaints import LinkTaints
 from dra_driver.controller.metrics import POOL_DEVICES, POOL_GENERATION, SLICE_RECONCILE_SECONDS, SLICE_WRITES
+from dra_driver.controller.patch import Patched, patch_pools
 from dra_driver.controller.quarantine import Quarantine
 from dra_driver.controller.reconciler import Reconciler
 from dra_driver.controller.render_memo import RenderMemo
+from dra_driver.controller.slicediff import differences
 from dra_driver.controller.slices import (
     DesiredPool,
+    DeviceMarks,
     NormalCache,
     PoolPlan,
     SliceInvalid,
@@ -47,7 +52,29 @@ from plumbing.logs import get_logger
 
 __all__ = ["PublishResult", "SlicePublisher"]
 
+
 log = get_logger(__name__)
+
+
+def _log_rewrite(
+    write: SliceWrite,
+    stored_slices: Mapping[str, dict[str, Any]],
+    normal_of: Callable[[dict[str, Any]], dict[str, Any]],
+    synced_version: int | None,
+) -> None:
+    """Log what a rewrite of a stored slice changes, in the first pass only (nothing synced yet):
+    a restart over an unchanged inventory should write nothing, and where a server stores a field
+    differently from how it was rendered, this line names the field and both values."""
+    stored = stored_slices.get(write.name)
+    if synced_version is not None or stored is None or write.normal is None or write.resource_version is None:
+        return
+    differs = "; ".join(differences(normal_of(stored), write.normal))
+    log.info("rewriting a stored resource slice", slice=write.name, differs=differs)
+
+
+#: a change of at most this many devices (or a sixteenth of the inventory) is patched into the
+#: last pass's slices on the event loop; a larger one is built whole in a worker thread
+PATCH_MAX_DEVICES = 64
 
 
 @dataclass
@@ -101,6 +128,12 @@ class SlicePublisher:
         )
         self._desired_key: tuple[int, PublishPolicy, int, int] | None = None
         self._desired: dict[str, DesiredPool] = {}
+        #: the inventory ``_desired`` shows, and per pool the slices its last patch changed (None:
+        #: built whole)
+        self._built_from: Inventory | None = None
+        self._changed: dict[str, set[int]] | None = None
+        #: the desired pools the last pass that succeeded brought the stored slices to
+        self._last_synced: dict[str, DesiredPool] | None = None
         self._normal = NormalCache()
         #: conversions and normal forms of the devices that did not change since the last pass
         self._memo = RenderMemo()
@@ -240,28 +273,61 @@ class SlicePublisher:
 
     async def desired(self, inventory: Inventory) -> dict[str, DesiredPool]:
         """The pools ``inventory`` should be published as (cached per inventory version, policy,
-        quarantine and link taints), built in a worker thread."""
+        quarantine and link taints): the last ones patched with the devices that changed
+        (:mod:`.patch`) where that can be done, else built whole in a worker thread, each device
+        kept in the slice it is in (:mod:`.layout`)."""
         key, quarantined, link_faults = self._desired_inputs(inventory)
-        if key != self._desired_key:
-            self._desired = await asyncio.to_thread(
-                desired_pools, inventory, key[1], quarantined, link_faults, self._memo
+        if key == self._desired_key:
+            self._changed = {}
+            return self._desired
+        patched = self._patched(inventory, key, DeviceMarks(quarantined, link_faults))
+        if patched is not None:
+            self._desired, self._changed = patched.pools, patched.changed
+        else:
+            before = {name: pool.layout() for name, pool in self._desired.items()} or stored_layouts(
+                self._slices
             )
-            self._desired_key = key
+            self._desired = await asyncio.to_thread(
+                desired_pools, inventory, key[1], quarantined, link_faults, self._memo, before
+            )
+            self._changed = None
+        self._desired_key, self._built_from = key, inventory
         return self._desired
+
+    def _patched(
+        self, inventory: Inventory, key: tuple[int, PublishPolicy, int, int], marks: DeviceMarks
+    ) -> Patched | None:
+        """The last desired pools patched with what ``inventory`` changed, when only devices did,
+        and few (a whole read makes every device new: built whole, in a worker thread)."""
+        last, built_from = self._desired_key, self._built_from
+        if last is None or built_from is None or last[1:] != key[1:] or built_from.pools != inventory.pools:
+            return None
+        delta = device_delta(built_from, inventory)
+        if len(delta) > max(PATCH_MAX_DEVICES, len(inventory.devices) // 16):
+            return None
+        return patch_pools(self._desired, inventory, delta, key[1], marks, self._memo)
 
     async def sync(self, inventory: Inventory) -> PublishResult:
         """Bring the stored slices to ``inventory``; raises on API errors (the caller retries)."""
         started = time.monotonic()
+        relisted = self._stale
         if self._stale:
             await self.relist()
+        base = self._desired
         # Building, normalising and planning tens of thousands of devices (GPU partitions) is
-        # seconds of CPU: done in a worker thread, so probes and watches are answered meanwhile.
+        # seconds of CPU: done in a worker thread (a patch of a few devices is done here).
         desired = await self.desired(inventory)
         by_pool: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
         for name, obj in self._slices.items():
             pool = str(((obj.get("spec") or {}).get("pool") or {}).get("name") or "")
             by_pool[pool][name] = obj
-        plans = await asyncio.to_thread(self._plans, desired, by_pool, dict(self._slices))
+        # The stored slices are what the last pass wrote for ``base``, and ``desired`` is it
+        # patched: only the slices the patch changed can differ.
+        only = self._changed if not relisted and base is self._last_synced else None
+        if only is not None:
+            plans = self._plans(desired, by_pool, self._slices, only)
+        else:
+            plans = await asyncio.to_thread(self._plans, desired, by_pool, dict(self._slices))
         result = PublishResult()
         outcomes = await asyncio.gather(
             *(self._apply(plan, result) for plan in plans), return_exceptions=True
@@ -270,6 +336,7 @@ class SlicePublisher:
             if isinstance(outcome, BaseException):
                 raise outcome
         self._record(desired, by_pool, plans)
+        self._last_synced = desired
         SLICE_RECONCILE_SECONDS.observe(time.monotonic() - started)
         self.last_result = result
         self.synced_version = inventory.version
@@ -294,10 +361,13 @@ class SlicePublisher:
         desired: dict[str, DesiredPool],
         by_pool: dict[str, dict[str, dict[str, Any]]],
         all_slices: dict[str, dict[str, Any]],
+        only: dict[str, set[int]] | None = None,
     ) -> list[PoolPlan]:
+        """Each pool's plan; with ``only`` (pool → the slices a patch changed), those alone."""
+        pools = sorted(set(desired) | set(by_pool)) if only is None else sorted(only)
         return [
             plan
-            for pool in sorted(set(desired) | set(by_pool))
+            for pool in pools
             if (
                 plan := plan_pool(
                     pool,
@@ -306,6 +376,7 @@ class SlicePublisher:
                     driver=self.policy.driver,
                     all_slices=all_slices,
                     normal_of=self._normal,
+                    only=None if only is None else only[pool],
                 )
             )
             is not None
@@ -372,6 +443,7 @@ class SlicePublisher:
 
     async def _write(self, write: SliceWrite) -> None:
         verb = "create" if write.resource_version is None else "update"
+        _log_rewrite(write, self._slices, self._normal, self.synced_version)
         async with self._sem:
             self._writing.add(write.name)
             try:

@@ -32,6 +32,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from dra_driver.controller.delta import device_delta
 from dra_driver.controller.metrics import QUARANTINED_DEVICES, QUARANTINES
 from manager_api.feed import InventorySource
 from manager_api.models import Inventory
@@ -198,6 +199,8 @@ class ManagerCounts:
         self._quarantine = quarantine
         self._on_quarantine = on_quarantine
         self._seen: dict[tuple[str, str], int] = {}
+        #: the inventory last counted (the next one's changed devices are found against it)
+        self._last: Inventory | None = None
 
     async def run(self) -> None:
         version: int | None = None
@@ -209,10 +212,19 @@ class ManagerCounts:
                     await self._on_quarantine(out)
 
     def observe(self, inventory: Inventory) -> list[Quarantined]:
-        """Count what changed since the last inventory; the quarantines that started."""
+        """Count what changed since the last inventory; the quarantines that started. Only the
+        devices the version changed are looked at (:mod:`.delta`): an unchanged device's count has
+        not moved."""
         started: list[Quarantined] = []
-        seen: dict[tuple[str, str], int] = {}
-        for device in inventory.devices:
+        last, self._last = self._last, inventory
+        gone: set[tuple[str, str]] = set()
+        if last is None:
+            devices, seen = inventory.devices, {}
+        else:
+            delta = device_delta(last, inventory)
+            devices, seen = delta.new, self._seen
+            gone = {(d.pool, d.name) for d in delta.old} - {(d.pool, d.name) for d in delta.new}
+        for device in devices:
             key = (device.pool, device.name)
             now, before = device.attach_failures, self._seen.get(key, 0)
             seen[key] = now
@@ -225,6 +237,8 @@ class ManagerCounts:
                 out = self._quarantine.attach_failed(device.pool, device.name, reason, message)
                 if out is not None:
                     started.append(out)
+        for key in gone:
+            seen.pop(key, None)
         self._seen = seen
         return started
 

@@ -40,6 +40,15 @@ class IdentityMemo(Generic[V]):
         self.misses += 1
         return value
 
+    def forget(self, obj: object) -> None:
+        """``obj`` is gone (a device replaced or removed): a pass patched in place, which never
+        :meth:`turn`, keeps the memory that of the devices that are."""
+        key = id(obj)
+        for entries in (self._now, self._before):
+            hit = entries.get(key)
+            if hit is not None and hit[0] is obj:
+                del entries[key]
+
     def turn(self) -> None:
         """A new pass: what the last one did not use is forgotten after this one."""
         self._before, self._now = self._now, {}
@@ -67,6 +76,12 @@ class RenderMemo:
             hit = (list(chunk), compute())
         self._chunks_now[key] = hit
         return hit[1]
+
+    def forget_chunk(self, chunk: list[Any]) -> None:
+        """A slice's devices ``chunk`` were replaced by a patch (:meth:`IdentityMemo.forget`)."""
+        key = tuple(map(id, chunk))
+        self._chunks_now.pop(key, None)
+        self._chunks_before.pop(key, None)
 
     def turn(self) -> None:
         self.conversions.turn()

@@ -3,8 +3,10 @@
 A pool is published in slices with stable names (``<driver>-<pool>-<n>``). Its devices are first
 grouped by the nodes that reach them: the devices every node of the pool reaches, then each reach
 group of the pool (a switch cabled to some of the pool's hosts only; ``FabricPool.reachGroups``),
-by group id; each group is cut into ``ceil`` (devices / limit) slices, devices sorted by name, and
-each slice selects exactly the group's nodes by a node label the controller keeps
+by group id; a fresh group is cut into ``ceil`` (devices / limit) slices, devices sorted by name,
+and after that each device stays in its slice, a new one going to a slice with room
+(:mod:`.layout`: an added device must not shift every later one into the next slice); each slice
+selects exactly the group's nodes by a node label the controller keeps
 (:func:`desired_node_labels`, :mod:`.nodelabels`). A device the manager keeps warm on node N (ledger
 state ``warm``) leaves its group's slice for a *node-local* slice of the same pool
 (``spec.nodeName: N``, attribute ``warm: true``): only N's claims can be allocated it, so the
@@ -22,7 +24,7 @@ devices before slices that gain them, so the pool stays complete and valid at ev
 (:func:`_plan_in_place`). Any other change is written as a new generation on *every* slice of the
 pool, then obsolete slices are deleted — so a consumer that only trusts the highest generation
 with a complete slice count never sees a mixed pool (ResourcePool, k8s.io/api/resource/v1).
-Where taints are published every slice is cut at 64 devices (:func:`chunk_devices`), so a taint
+Where taints are published every slice is cut at 64 devices (:func:`.layout.cut`), so a taint
 never changes the layout.
 
 Stored slices are compared *semantically* with the desired ones: quantities by value, taint
@@ -40,6 +42,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
+from dra_driver.controller.delta import first_of
 from dra_driver.controller.devices import (
     WARM_ATTRIBUTE,
     Conversion,
@@ -51,6 +54,7 @@ from dra_driver.controller.devices import (
     partition_conversions,
     to_dra_device,
 )
+from dra_driver.controller.layout import Layout, cut, halves_limit, placement_key, sticky_chunks
 from dra_driver.controller.render_memo import IdentityMemo, RenderMemo
 from dra_driver.controller.resourcenames import (
     ATTRIBUTE_VALUE_MAX_BYTES,
@@ -84,6 +88,7 @@ from plumbing.names import is_dns1123_label, is_dns1123_subdomain, is_label_valu
 
 __all__ = [
     "DesiredPool",
+    "DeviceMarks",
     "NormalCache",
     "PoolPlan",
     "SliceInvalid",
@@ -91,14 +96,20 @@ __all__ = [
     "check_pool",
     "check_slice",
     "chunk_devices",
+    "convert_device",
     "desired_node_labels",
     "desired_pools",
     "desired_warm_labels",
+    "first_warm",
     "node_selector",
+    "partition_node",
     "plan_pool",
+    "reaching_nodes",
     "slice_labels",
     "slice_selector",
     "warm_first_request",
+    "warm_labels_of",
+    "warm_node",
     "warm_node_preference",
 ]
 
@@ -161,14 +172,33 @@ def desired_warm_labels(
     (docs/manager.md, "What the scheduler guarantees about picking a warm device"). ``allocated``:
     the (pool, device) of this driver that ResourceClaims hold; not counted, as no new claim gets
     them (the inventory shows such a device warm until its claim is prepared)."""
-    reaching = _reaching_nodes(inventory)
-    seen: set[tuple[str, str]] = set()
+    return warm_labels_of(
+        first_warm(inventory.devices).values(), reaching_nodes(inventory), driver, publisher, allocated
+    )
+
+
+def first_warm(devices: Iterable[Device]) -> dict[tuple[str, str], Device]:
+    """The warm devices of ``devices`` by (pool, name); of a name twice, the first, as
+    :func:`desired_pools` publishes it."""
+    return first_of(devices, _is_warm)
+
+
+def _is_warm(device: Device) -> bool:
+    return device.state is BindingState.WARM
+
+
+def warm_labels_of(
+    warm: Iterable[Device],
+    reaching: Mapping[tuple[str, str | None], frozenset[str]],
+    driver: str,
+    publisher: str = "default",
+    allocated: AbstractSet[tuple[str, str]] = frozenset(),
+) -> dict[str, dict[str, str]]:
+    """:func:`desired_warm_labels` of the warm devices ``warm`` (no name twice): what the node
+    labeller keeps up to date from the devices that change."""
     counts: dict[str, dict[str, int]] = {}
-    for device in inventory.devices:
-        if (device.pool, device.name) in seen:
-            continue  # as desired_pools: the first of a duplicate name is the one published
-        seen.add((device.pool, device.name))
-        node = _warm_node(device, reaching)
+    for device in warm:
+        node = warm_node(device, reaching)
         # Only what a claim can be allocated without a toleration: not withheld, not tainted
         # (devices.to_dra_device); a warm device is never unavailable or unmanaged.
         offered = device.health is Health.OK and is_dns1123_label(device.name) and is_pool_name(device.pool)
@@ -207,36 +237,9 @@ def warm_first_request(driver: str, name: str, device_class: str) -> dict[str, A
     }
 
 
-def _advanced(device: Mapping[str, Any]) -> bool:
-    """A device that halves its slice's limit: tainted, or consuming counters (1.35+)."""
-    return bool(device.get("taints") or device.get("consumesCounters"))
-
-
-def chunk_devices(
-    devices: Sequence[dict[str, Any]], *, taintable: bool = False
-) -> list[list[dict[str, Any]]]:
-    """Split (sorted) devices into slices: ≤ 128 each, ≤ 64 in a slice where any device is tainted
-    or consumes counters (``ResourceSliceMaxDevicesWithTaintsOrConsumesCounters``).
-
-    ``taintable``: any device may carry a taint tomorrow (the policy publishes taints), so every
-    slice is cut at 64 — a device turning unhealthy, drained or quarantined then changes its own
-    slice only, instead of halving that slice's limit and moving every later device of the pool."""
-    chunks: list[list[dict[str, Any]]] = []
-    current: list[dict[str, Any]] = []
-    tainted = False
-    for device in devices:
-        has_taints = taintable or _advanced(device)
-        if has_taints and not tainted and len(current) >= SLICE_MAX_DEVICES_WITH_TAINTS:
-            chunks.append(current)
-            current, tainted = [], False
-        current.append(device)
-        tainted = tainted or has_taints
-        if len(current) >= (SLICE_MAX_DEVICES_WITH_TAINTS if tainted else SLICE_MAX_DEVICES):
-            chunks.append(current)
-            current, tainted = [], False
-    if current or not chunks:
-        chunks.append(current)  # an empty pool still has one (empty) slice
-    return chunks
+#: the pool cut in name order (:func:`.layout.cut`), as this module offered it before the layout
+#: stayed put across changes (:mod:`.layout`)
+chunk_devices = cut
 
 
 # -- semantic comparison --------------------------------------------------------------------
@@ -426,7 +429,10 @@ class DesiredPool:
     labels: dict[str, str] = field(default_factory=dict)
     #: each published device's normal form, by the device's identity (the publisher's memo)
     normals: RenderMemo | None = field(default=None, repr=False, compare=False)
-    _normal: list[dict[str, Any]] | None = field(default=None, repr=False)
+    #: each slice's normal form, None where not computed yet (:meth:`normal_specs`)
+    _normal: list[dict[str, Any] | None] | None = field(default=None, repr=False)
+    #: published device name → its slice's index (:meth:`where`)
+    _where: dict[str, int] | None = field(default=None, repr=False, compare=False)
 
     @property
     def device_count(self) -> int:
@@ -448,14 +454,57 @@ class DesiredPool:
         return spec
 
     def normal_specs(self, driver: str) -> list[dict[str, Any]]:
+        """Each slice's normal form (:func:`_normal_spec`); a pool patched in place
+        (:mod:`.patch`) computes only those of the slices it changed."""
         if self._normal is None:
-            self._normal = [
-                _normal_spec(self.spec(driver, i, 0), self.normals) for i in range(len(self.chunks))
-            ]
-        return self._normal
+            self._normal = [None] * len(self.chunks)
+        normal = self._normal
+        for index, known in enumerate(normal):
+            if known is None:
+                normal[index] = _normal_spec(self.spec(driver, index, 0), self.normals)
+        return normal  # type: ignore[return-value]  # every entry is filled above
+
+    def where(self) -> dict[str, int]:
+        """Published device name → the index of its slice; built once, then kept by the patches
+        (:mod:`.patch`), which take it over."""
+        if self._where is None:
+            self._where = {str(d["name"]): i for i, chunk in enumerate(self.chunks) for d in chunk}
+        return self._where
+
+    def patched(
+        self,
+        chunks: Mapping[int, list[dict[str, Any]]],
+        withheld: dict[str, WithheldReason],
+        moved: Mapping[str, int | None],
+    ) -> DesiredPool:
+        """This pool with the slices of ``chunks`` (index → devices) replaced, ``withheld`` and the
+        devices of ``moved`` now in the slice given (None: in none); the other slices keep their
+        normal forms, and the index of devices is taken over (this pool is not used again)."""
+        normal = list(self._normal) if self._normal is not None else None
+        every = list(self.chunks)
+        for index, chunk in chunks.items():
+            every[index] = chunk
+            if normal is not None:
+                normal[index] = None
+        where = self.where()
+        for name, place in moved.items():
+            if place is None:
+                where.pop(name, None)
+            else:
+                where[name] = place
+        self._where = None
+        return dataclasses.replace(self, chunks=every, withheld=withheld, _normal=normal, _where=where)
+
+    def layout(self) -> Layout:
+        """Where each published device is (:mod:`.layout`): what the next whole build keeps."""
+        out: Layout = {}
+        for chunk, placement in zip(self.chunks, self.placements, strict=True):
+            if chunk:
+                out.setdefault(placement_key(placement), []).append([str(d["name"]) for d in chunk])
+        return out
 
 
-def _reaching_nodes(inventory: Inventory) -> dict[tuple[str, str | None], frozenset[str]]:
+def reaching_nodes(inventory: Inventory) -> dict[tuple[str, str | None], frozenset[str]]:
     """(pool, reach group or None for the whole pool) → the nodes that reach its devices."""
     out: dict[tuple[str, str | None], frozenset[str]] = {}
     for pool in inventory.pools:
@@ -465,7 +514,7 @@ def _reaching_nodes(inventory: Inventory) -> dict[tuple[str, str | None], frozen
     return out
 
 
-def _warm_node(device: Device, reaching: Mapping[tuple[str, str | None], frozenset[str]]) -> str | None:
+def warm_node(device: Device, reaching: Mapping[tuple[str, str | None], frozenset[str]]) -> str | None:
     """The node whose node-local slice publishes ``device`` warm: the node it is warm on, when that
     node reaches it (else it is published as if cold)."""
     warm = device.state is BindingState.WARM and device.node
@@ -474,7 +523,7 @@ def _warm_node(device: Device, reaching: Mapping[tuple[str, str | None], frozens
     return None
 
 
-def _partition_node(device: Device, reaching: Mapping[tuple[str, str | None], frozenset[str]]) -> str | None:
+def partition_node(device: Device, reaching: Mapping[tuple[str, str | None], frozenset[str]]) -> str | None:
     """The node a partitioned GPU is bound to while any of its partitions is held (one GPU, one
     node): its remaining placements are offered there only, in that node's node-local slice."""
     if not device.partitions:
@@ -501,7 +550,7 @@ class _Unit:
         )
 
 
-def _convert(
+def convert_device(
     device: Device, policy: PublishPolicy, quarantined: str | None, link_fault: str | None = None
 ) -> tuple[Conversion, list[Conversion], dict[str, Any] | None, _Unit | None]:
     """``device`` published (or withheld), its partitions, the counter set they consume, and —
@@ -535,17 +584,17 @@ def _pool_units(
         key = (device.pool, device.name)
         reason, link_fault = marks.quarantined.get(key), marks.link_faults.get(key)
         if memo is None:
-            whole, parts, counters, cold = _convert(device, policy, reason, link_fault)
+            whole, parts, counters, cold = convert_device(device, policy, reason, link_fault)
         else:
             # the same device object, policy, quarantine and link fault: the same conversion as last pass
             whole, parts, counters, cold = memo.get(
                 device,
-                functools.partial(_convert, device, policy, reason, link_fault),
+                functools.partial(convert_device, device, policy, reason, link_fault),
                 (policy, reason, link_fault),
             )
         converted[device.name] = whole
-        warm = _warm_node(device, reaching)
-        node = warm or _partition_node(device, reaching)
+        warm = warm_node(device, reaching)
+        node = warm or partition_node(device, reaching)
         if cold is not None and node is None:
             groups.setdefault(device.reach, []).append(cold)
             continue
@@ -601,13 +650,15 @@ def _pack_combined(units: Sequence[_Unit]) -> list[tuple[list[dict[str, Any]], l
 
 
 def _layout(
-    units: Sequence[_Unit], policy: PublishPolicy
+    units: Sequence[_Unit], policy: PublishPolicy, before: Sequence[Sequence[str]] | None = None
 ) -> list[tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
-    """The slices (devices, counter sets) of one node selection."""
+    """The slices (devices, counter sets) of one node selection; ``before``: where its devices
+    were (:func:`.layout.sticky_chunks`). 1.34's layout keeps a GPU's partitions with their
+    counter set in one slice and is packed afresh each time."""
     if policy.counters is CounterLayout.COMBINED:
         return _pack_combined(units)
-    devices = sorted((d for u in units for d in u.devices), key=lambda d: str(d["name"]))
-    return [(chunk, []) for chunk in chunk_devices(devices, taintable=policy.device_taints)]
+    devices = [d for u in units for d in u.devices]
+    return [(chunk, []) for chunk in sticky_chunks(devices, before, taintable=policy.device_taints)]
 
 
 @dataclass(frozen=True)
@@ -620,14 +671,45 @@ class DeviceMarks:
     link_faults: Mapping[tuple[str, str], str] = field(default_factory=dict)
 
 
+def _selections(
+    pool: str,
+    groups: Mapping[str | None, Sequence[_Unit]],
+    local: Mapping[str, Sequence[_Unit]],
+    policy: PublishPolicy,
+    was: Layout,
+) -> tuple[list[list[dict[str, Any]]], list[list[dict[str, Any]]], list[dict[str, Any]]]:
+    """One pool's device slices — devices, counter sets and node selection of each: each node's
+    node-local devices first, then the devices every node of the pool reaches, then each reach
+    group (module docstring). A device goes to exactly one of them; ``was``: where they were."""
+    chunks: list[list[dict[str, Any]]] = []
+    sets: list[list[dict[str, Any]]] = []
+    placements: list[dict[str, Any]] = []
+    selections: list[tuple[dict[str, Any], Sequence[_Unit]]] = [
+        ({"nodeName": node}, local[node]) for node in sorted(local)
+    ]
+    selections += [
+        ({"nodeSelector": node_selector(policy.driver, pool, group)}, groups[group])
+        for group in sorted(groups, key=lambda g: (g is not None, g or ""))
+    ]
+    for placement, units in selections:
+        for devices, counter_sets in _layout(units, policy, was.get(placement_key(placement))):
+            chunks.append(devices)
+            sets.append(counter_sets)
+            placements.append(dict(placement))
+    return chunks, sets, placements
+
+
 def desired_pools(
     inventory: Inventory,
     policy: PublishPolicy,
     quarantined: Mapping[tuple[str, str], str] | None = None,
     link_faults: Mapping[tuple[str, str], str] | None = None,
     memo: RenderMemo | None = None,
+    before: Mapping[str, Layout] | None = None,
 ) -> dict[str, DesiredPool]:
-    """Every pool of the inventory with the devices to publish, in slice-sized chunks.
+    """Every pool of the inventory with the devices to publish, in slice-sized chunks; a device
+    of ``before`` (pool → where its devices are: the last pass's, or the stored slices') stays in
+    its slice (:mod:`.layout`).
 
     ``quarantined``: (pool, device) → why, for devices out of allocation after failed attaches;
     ``link_faults``: (pool, device) → the fault, for devices whose link errs past the thresholds.
@@ -643,7 +725,7 @@ def desired_pools(
     if memo is not None:
         memo.turn()
     nodes_by_pool: dict[str, tuple[str, ...]] = {p.pool: tuple(sorted(set(p.nodes))) for p in inventory.pools}
-    reaching = _reaching_nodes(inventory)
+    reaching = reaching_nodes(inventory)
     by_pool: dict[str, list[Device]] = defaultdict(list)
     for device in inventory.devices:
         by_pool[device.pool].append(device)
@@ -656,22 +738,7 @@ def desired_pools(
         )
         if not groups[None] and (len(groups) > 1 or local):
             del groups[None]  # no device for every node: no empty slice for them either
-        chunks: list[list[dict[str, Any]]] = []
-        sets: list[list[dict[str, Any]]] = []
-        placements: list[dict[str, Any]] = []
-        # Each node's node-local devices first, then the devices every node of the pool reaches,
-        # then each reach group (module docstring). A device goes to exactly one of them.
-        for node in sorted(local):
-            for devices, counter_sets in _layout(local[node], policy):
-                chunks.append(devices)
-                sets.append(counter_sets)
-                placements.append({"nodeName": node})
-        for group in sorted(groups, key=lambda g: (g is not None, g or "")):
-            selector = node_selector(policy.driver, pool, group)
-            for devices, counter_sets in _layout(groups[group], policy):
-                chunks.append(devices)
-                sets.append(counter_sets)
-                placements.append({"nodeSelector": selector})
+        chunks, sets, placements = _selections(pool, groups, local, policy, (before or {}).get(pool, {}))
         if policy.counters is CounterLayout.SPLIT:
             every_set = sorted(
                 (
@@ -835,7 +902,9 @@ def _keep_slots(desired: DesiredPool, existing: Mapping[str, dict[str, Any]]) ->
     chunks = [chunk for _, _, chunk, _ in local] + [chunk for chunk, _, _ in shared]
     placements = [{"nodeName": node} for node, _, _, _ in local] + [p for _, p, _ in shared]
     sets = [c for _, _, _, c in local] + [c for _, _, c in shared]
-    return dataclasses.replace(desired, chunks=chunks, placements=placements, counter_sets=sets, _normal=None)
+    return dataclasses.replace(
+        desired, chunks=chunks, placements=placements, counter_sets=sets, _normal=None, _where=None
+    )
 
 
 def _replace(
@@ -883,6 +952,7 @@ def _plan_in_place(
     existing: Mapping[str, dict[str, Any]],
     driver: str,
     normal_of: Callable[[Mapping[str, Any]], dict[str, Any]],
+    only: AbstractSet[int] | None = None,
 ) -> PoolPlan | None:
     """The writes of a change that keeps the pool's slices — their number, names, node selection
     and counter sets — made in place under the pool's current generation: devices changed (a
@@ -911,8 +981,8 @@ def _plan_in_place(
         return None
     generation = generations.pop()
     normal = desired.normal_specs(driver)
-    stored: list[dict[str, Any]] = []
-    for index in range(count):
+    stored: dict[int, dict[str, Any]] = {}
+    for index in range(count) if only is None else sorted(only):
         obj = existing.get(slice_name(driver, desired.name, index, count))
         if obj is None:
             return None
@@ -928,8 +998,8 @@ def _plan_in_place(
             k: v for k, v in normal[index].items() if k != "devices"
         }:
             return None
-        stored.append(obj)
-    changed = [index for index, obj in enumerate(stored) if not _same(obj, normal[index], normal_of)]
+        stored[index] = obj
+    changed = [index for index, obj in stored.items() if not _same(obj, normal[index], normal_of)]
     # a device moves only between slices that change: their taints' times are all that is kept
     times = _taint_times(stored[index] for index in changed)
     writes: list[SliceWrite] = []
@@ -960,8 +1030,12 @@ def plan_pool(
     driver: str,
     all_slices: Mapping[str, dict[str, Any]] | None = None,
     normal_of: Callable[[Mapping[str, Any]], dict[str, Any]] = _normal_slice,
+    only: AbstractSet[int] | None = None,
 ) -> PoolPlan | None:
     """The writes that bring ``existing`` (this pool's stored slices, by name) to ``desired``.
+
+    ``only``: the indices of the slices that can differ — the stored slices are what this role
+    wrote for the pool ``desired`` was patched from (:mod:`.patch`) — so no other is compared.
 
     ``None`` when the pool is in sync. ``desired`` None means the pool is gone: delete it all.
     ``all_slices`` (every slice this role owns) lets a write detect a stored slice of the same
@@ -975,13 +1049,16 @@ def plan_pool(
             (name, str(_meta(obj).get("resourceVersion") or "")) for name, obj in sorted(existing.items())
         ]
         return PoolPlan(pool=pool, generation=0, writes=[], deletes=deletes)
-    check_pool(desired)
-    desired = _keep_slots(desired, existing)
-    if _in_sync(desired, existing, driver, normal_of):
+    check_pool(desired, only)
+    kept = _keep_slots(desired, existing)
+    if kept is not desired:
+        only = None  # the indices moved: every slice is compared
+    desired = kept
+    if only is None and _in_sync(desired, existing, driver, normal_of):
         return None
-    in_place = _plan_in_place(desired, existing, driver, normal_of)
+    in_place = _plan_in_place(desired, existing, driver, normal_of, only)
     if in_place is not None:
-        return in_place
+        return in_place if (in_place.writes or in_place.writes_after or only is None) else None
     generation = max((_generation(obj) for obj in existing.values()), default=0) + 1
     times = _taint_times(existing.values())
     writes: list[SliceWrite] = []
@@ -1179,15 +1256,15 @@ def _check_request_policy(device: Mapping[str, Any], where: str) -> None:
                     raise SliceInvalid(f"{at}: {amount} is not a whole number of steps from min")
 
 
-def check_pool(desired: DesiredPool) -> None:
+def check_pool(desired: DesiredPool, only: AbstractSet[int] | None = None) -> None:
     """Raise :class:`SliceInvalid` when a device of the pool consumes a counter set or counter the
     pool does not publish: the allocator takes such a pool for invalid as a whole (``poolIsInvalid``),
-    so it is never written."""
+    so it is never written. ``only``: the devices of these slices (the others were checked before)."""
     published: dict[str, set[str]] = {}
     for index in range(len(desired.chunks)):
         for counter_set in desired.sets(index):
             published[str(counter_set["name"])] = set(counter_set.get("counters") or {})
-    for chunk in desired.chunks:
+    for chunk in desired.chunks if only is None else [desired.chunks[i] for i in sorted(only)]:
         for device in chunk:
             for consumption in device.get("consumesCounters") or []:
                 name = str(consumption.get("counterSet"))
@@ -1230,7 +1307,7 @@ def check_slice(obj: Mapping[str, Any], layout: CounterLayout = CounterLayout.SP
         raise SliceInvalid("spec: only one of `sharedCounters` or `devices` is allowed")
     published = _check_shared_counters(spec.get("sharedCounters") or [], layout)
     # 1.34 halves the limit for taints only (this role always does); 1.35+ for counters too
-    advanced = _advanced if layout is not CounterLayout.COMBINED else lambda d: bool(d.get("taints"))
+    advanced = halves_limit if layout is not CounterLayout.COMBINED else lambda d: bool(d.get("taints"))
     limit = SLICE_MAX_DEVICES_WITH_TAINTS if any(advanced(d) for d in devices) else SLICE_MAX_DEVICES
     if len(devices) > limit:
         raise SliceInvalid(f"spec.devices: {len(devices)} devices, at most {limit} allowed")

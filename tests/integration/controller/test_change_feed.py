@@ -4,6 +4,8 @@ and the manager stand-in (which serves the feed from the manager's own bounded h
 - over a sequence of changes (health, drain, devices added and removed, a warm device) the slices
   it publishes are those a controller reading the whole inventory on every change publishes;
 - a device's health change is one slice written, not the pool;
+- over a random sequence of adds, removes, health changes and drains the pool stays valid and the
+  same as the full read's, and a controller restarted over it writes nothing;
 - a controller that falls behind the history, or whose manager restarted (another epoch), reads the
   whole inventory once and publishes the same slices again.
 
@@ -12,6 +14,7 @@ Controller CPU per change is measured by ``python -m bench --only controller``, 
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -171,3 +174,74 @@ def test_a_manager_without_the_change_feed_is_read_whole(
         wait_until(synced([proc], manager), what="the added device published")
         assert len({d["name"] for s in apiserver.slices(driver) for d in s["spec"]["devices"]}) == 6
         assert manager.changes_calls == 0 and manager.inventory_calls >= 2
+
+
+def check_layout(apiserver: ApiServer, driver: str) -> None:
+    """The pool's stored slices are one valid pool: one generation, as many slices as each says,
+    each device in exactly one, none past the limit where taints are published (64)."""
+    stored = apiserver.slices(driver)
+    pools = {(s["spec"]["pool"]["generation"], s["spec"]["pool"]["resourceSliceCount"]) for s in stored}
+    assert len(pools) == 1 and next(iter(pools))[1] == len(stored), pools
+    listed = [d["name"] for s in stored for d in s["spec"].get("devices", [])]
+    assert len(listed) == len(set(listed)), "a device in two slices"
+    assert all(len(s["spec"].get("devices", [])) <= 64 for s in stored)
+
+
+def _with_all(devices: list[Device]) -> Callable[[list[Device]], list[Device]]:
+    """A change that makes the manager's devices ``devices``."""
+    return lambda _: devices
+
+
+def random_change(rng: random.Random, devices: list[Device], step: int) -> tuple[str, list[Device]]:
+    """One random change: a device added (its name sorts into the middle of the pool) or removed,
+    its health turned, or a drain put on or taken off."""
+    out = list(devices)
+    i = rng.randrange(len(out))
+    what = rng.choice(["add", "remove", "health", "health", "drain"])
+    if what == "add":
+        out.append(make_device(f"{out[i].name}x{step}", switch=f"Switch{step % 3}"))
+    elif what == "remove" and len(out) > 100:
+        del out[i]
+    elif what == "drain":
+        drain = DeviceDrain(
+            reason="maintenance", effect=DrainEffect.NO_SCHEDULE, since=datetime.now(UTC), drains=["switch/x"]
+        )
+        out[i] = out[i].model_copy(update={"drain": None if out[i].drain else drain})
+    else:
+        what = "health"
+        health = Health.CRITICAL if out[i].health is Health.OK else Health.OK
+        out[i] = out[i].model_copy(update={"health": health})
+    return what, out
+
+
+def test_random_changes_keep_the_layout_valid_and_a_restarted_controller_writes_nothing(
+    apiserver: ApiServer, start_controller: ControllerFactory, driver: str
+) -> None:
+    """Each change is patched into the slices the devices are in (docs/controller.md, "Pools and
+    slices"): the feed's pool stays what the full read's is (both saw every version, and the layout
+    depends on the order of changes only), valid after every change; a device's health is
+    one slice written by each; a controller started over the stored slices takes their layout."""
+    nodes(apiserver)
+    rng = random.Random(37)
+    full_driver = "full-" + driver
+    devices = [gpu(i) for i in range(140)]
+    with InventoryServer(inventory_of(devices)) as manager:
+        feed = start_controller(manager, driver)
+        full = start_controller(manager, full_driver, "--inventory-feed", "full")
+        wait_until(synced([feed, full], manager), what="the first publication")
+        for step in range(24):
+            what, devices = random_change(rng, devices, step)
+            apiserver.reset_counts()
+            manager.update_devices(_with_all(devices))
+            wait_until(synced([feed, full], manager), what=f"change {step} ({what}) published")
+            assert published(apiserver, driver) == published(apiserver, full_driver), (step, what)
+            check_layout(apiserver, driver)
+            if what == "health":  # (a drain is a DeviceTaintRule where the server serves them)
+                assert apiserver.writes() == 2, (step, what)
+        names = {d["name"] for s in apiserver.slices(driver) for d in s["spec"].get("devices", [])}
+        assert names == {d.name for d in devices}
+        feed.stop()
+        apiserver.reset_counts()
+        again = start_controller(manager, driver)
+        wait_until(synced([again], manager), what="the restarted controller's first pass")
+        assert apiserver.writes() == 0

@@ -217,6 +217,34 @@ def test_a_restart_over_a_1_36_server_writes_nothing_though_it_stamps_every_tain
             api.close()
 
 
+def test_a_restart_that_rewrites_a_slice_logs_the_field_that_differs(
+    apiserver: ApiServer, start_controller: ControllerFactory, driver: str
+) -> None:
+    """A stored slice that differs from what the controller renders (here another writer changed
+    one device's attribute while the controller was down — on a real server it could be a field
+    stored differently from how it was written) is rewritten on restart, and the log line of that
+    rewrite names the device and the field with both values."""
+    pool_nodes = nodes(apiserver, 1)
+    with InventoryServer(make_inventory([make_device("gpu0")], pools={"fabric-pcie": pool_nodes})) as manager:
+        first = start_controller(manager, driver)
+        wait_until(synced(first, manager), what="the first publication")
+        first.stop()
+        stored = next(s for s in apiserver.slices(driver) if s["spec"].get("devices"))
+        device = stored["spec"]["devices"][0]
+        key = next(iter(device["attributes"]))
+        device["attributes"][key] = {"string": "edited-while-down"}
+        path = f"/apis/resource.k8s.io/v1/resourceslices/{stored['metadata']['name']}"
+        assert apiserver.http.put(path, json=stored).status_code == 200
+        apiserver.reset_counts()
+        second = start_controller(manager, driver)
+        wait_until(synced(second, manager), what="the restarted controller's pass")
+        assert apiserver.writes() == 1
+        lines = [line for line in second.log_file.read_text().splitlines() if "rewriting a stored" in line]
+        assert len(lines) == 1, lines
+        assert f"devices.gpu0.attributes[{key}].string" in lines[0]
+        assert "stored 'edited-while-down'" in lines[0]
+
+
 @pytest.mark.parametrize(
     ("release", "gates", "layout", "shares"),
     [
