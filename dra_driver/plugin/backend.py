@@ -259,7 +259,7 @@ class FabricBackend:
         #: the manager's inventory as device health follows it: read whole once, then only what
         #: changed (every attach anywhere is a change; a burst would otherwise have every plugin
         #: re-read and parse the whole inventory per attach)
-        self.feed = InventoryFeed(client)
+        self.feed = InventoryFeed(client, node=node)
         self.scanner = scanner
         self.node = node
         self.visible_timeout = visible_timeout

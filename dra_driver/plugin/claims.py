@@ -6,8 +6,9 @@ allocation result has the same shape in v1, v1beta2 and v1beta1, so one typed vi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -117,9 +118,11 @@ class ClaimSource(Protocol):
 
 
 class ClaimReader:
-    def __init__(self, kube: KubeClient) -> None:
+    def __init__(self, kube: KubeClient, *, on_read: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.kube = kube
         self._versions = list(RESOURCE_VERSIONS)
+        #: told every claim as read (the status writer starts its next write from it)
+        self._on_read = on_read
 
     @property
     def version(self) -> str:
@@ -138,7 +141,10 @@ class ClaimReader:
             if self._versions[0] != version:
                 self._versions.remove(version)
                 self._versions.insert(0, version)
-            return ResourceClaim.model_validate(raw)
+            claim = ResourceClaim.model_validate(raw)
+            if self._on_read is not None:
+                self._on_read(raw)
+            return claim
         raise ClaimNotFound(
             f"ResourceClaim {namespace}/{name} not found (resource.k8s.io {', '.join(RESOURCE_VERSIONS)})"
         )

@@ -15,13 +15,16 @@ driver, pool, device and, for a share, its ``shareID`` — with:
 
 How it is written, and why: a JSON merge patch of the ``status`` subresource that carries the
 claim's ``metadata.resourceVersion``, so it is a compare-and-swap (409 on a stale read: read again,
-merge again, retry). The merge is done here on what was read: another writer's entries (the
-controller's binding conditions, another driver's devices) and the other condition types in this
-driver's entries stay as they are. Server-side apply with a field manager per node would let the
-API server do that merge, but a merge patch replaces the whole list, which is exactly what is
-needed to *remove* this node's entries on unprepare, it is evaluated the same way by every server
-(the API test server does not model managed fields), and RBAC needs ``patch`` on
-``resourceclaims/status`` only.
+merge again, retry). The first attempt merges onto the claim as this plugin last saw it — the
+prepare's own claim read (:meth:`ClaimStatusWriter.seen`), then the object each write answered — so
+a claim nobody else touched between prepare and unprepare costs one PATCH per write and no GET; the
+compare-and-swap makes a stale copy cost a 409 and a read, never a lost entry. The merge is done
+here on what was read: another writer's entries (the controller's binding conditions, another
+driver's devices) and the other condition types in this driver's entries stay as they are.
+Server-side apply with a field manager per node would let the API server do that merge, but a merge patch
+replaces the whole list, which is exactly what is needed to *remove* this node's entries on
+unprepare, it is evaluated the same way by every server (the API test server does not model managed
+fields), and RBAC needs ``patch`` on ``resourceclaims/status`` only.
 
 Writes run in the background, one worker per claim applying the latest wanted state, so the
 kubelet's answer never waits for the API server; an API server that is away is retried with
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +79,9 @@ OWNED_CONDITIONS = (READY, LINK_HEALTHY)
 #: ``AllocatedDeviceStatusDataMaxLength`` (k8s.io/api/resource/v1/types.go)
 DATA_MAX_BYTES = 10 * 1024
 _CONFLICT_RETRIES = 8
+#: claims whose last-seen object is kept for the next write's first attempt (the oldest go first:
+#: a claim read for a prepare that then said nothing would otherwise stay forever)
+_SEEN_MAX = 1024
 
 #: (pool, device, share ID): an entry's key within this driver (``SharedDeviceID``)
 DeviceKey = tuple[str, str, str | None]
@@ -319,6 +326,20 @@ class ClaimStatusWriter:
         #: what each device's Ready says now (None: True, else the reason), for the gauges
         self._said: dict[tuple[str, DeviceKey], str | None] = {}
         self._reasons: set[str] = set()
+        #: claim UID → the claim as last read or written here: the base of the next write's first
+        #: compare-and-swap (module docstring)
+        self._seen: OrderedDict[str, dict[str, Any]] = OrderedDict()
+
+    def seen(self, obj: dict[str, Any]) -> None:
+        """``obj`` is a claim as the API server just answered it (the prepare's read): the next write
+        of its status starts from it instead of reading it again."""
+        uid = (obj.get("metadata") or {}).get("uid")
+        if not isinstance(uid, str):
+            return
+        self._seen[uid] = obj
+        self._seen.move_to_end(uid)
+        while len(self._seen) > _SEEN_MAX:
+            self._seen.popitem(last=False)
 
     # -- what the plugin says ---------------------------------------------------------------------
 
@@ -390,12 +411,16 @@ class ClaimStatusWriter:
 
     async def _write(self, ref: ClaimRef, wanted: dict[DeviceKey, _Pending | None]) -> None:
         version = self._version()
+        # a copy seen before is only a guess at the current claim: the patch's resourceVersion
+        # checks it, and a 409 reads the claim again
+        obj: dict[str, Any] | None = self._seen.pop(ref.uid, None)
         for _ in range(_CONFLICT_RETRIES):
-            try:
-                obj = await self._kube.get(RESOURCE_CLAIMS.with_version(version), ref.name, ref.namespace)
-            except NotFound:
-                STATUS_WRITES.labels("gone").inc()
-                return
+            if obj is None:
+                try:
+                    obj = await self._kube.get(RESOURCE_CLAIMS.with_version(version), ref.name, ref.namespace)
+                except NotFound:
+                    STATUS_WRITES.labels("gone").inc()
+                    return
             claim = ResourceClaim.read(obj)
             if claim is None or claim.metadata.uid != ref.uid:
                 STATUS_WRITES.labels("gone").inc()
@@ -408,15 +433,19 @@ class ClaimStatusWriter:
             }
             current = list((obj.get("status") or {}).get("devices") or [])
             devices = merge_entries(current, self._driver, wanted, allocated, claim.metadata.generation)
+            # a withdrawal is a claim's last write: nothing of it is kept for a next one
+            keep = any(w is not None for w in wanted.values())
             if devices == current:
                 STATUS_WRITES.labels("unchanged").inc()
+                if keep:
+                    self.seen(obj)
                 return
             patch = {
                 "metadata": {"resourceVersion": claim.metadata.resource_version},
                 "status": {"devices": devices or None},
             }
             try:
-                await self._kube.patch(
+                written = await self._kube.patch(
                     RESOURCE_CLAIMS.with_version(version),
                     ref.name,
                     patch,
@@ -424,11 +453,14 @@ class ClaimStatusWriter:
                     subresource="status",
                 )
             except Conflict:
+                obj = None
                 continue
             except NotFound:
                 STATUS_WRITES.labels("gone").inc()
                 return
             STATUS_WRITES.labels("written").inc()
+            if keep:
+                self.seen(written)
             log.debug("claim device status written", claim=ref.uid, entries=len(devices))
             return
         why = f"claim {ref.uid}: its status kept changing under {_CONFLICT_RETRIES} writes"

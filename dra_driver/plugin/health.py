@@ -29,8 +29,17 @@ attached device UNHEALTHY for 40 to 400 ms, until the next read: issue 15, item 
 
 The manager is asked at most once per ``min_poll_interval`` (1 s): every attach on any node
 moves its version, and a request per change on every node would cost the manager and each plugin
-more than the health reports are worth. A claim prepared here is the exception: one request, at
-once (``timeoutSeconds=0`` on the change feed), confirms its device.
+more than the health reports are worth. A claim prepared here is the exception: a read
+(``timeoutSeconds=0`` on the change feed) confirms its device, sent ``confirm_interval`` (0.5 s)
+after the read before it at the earliest, so the claims a busy node prepares meanwhile share one
+read instead of one each (until then each is HEALTHY on its attach, as above).
+
+A read that changes nothing of this node's prepared devices — the feed keeps a device that did not
+change the very object it was, and asks for this node's changes only (``node=``), but a manager
+without that filter answers the long poll for every attach or detach anywhere in the fabric — is
+taken in without judging anything again: no link observation, no new report. Only a
+change of one of this node's devices, a claim prepared or unprepared here, its first confirming
+read, or the manager lost or found again makes the monitor judge (``judgements`` counts them).
 
 Each report lists every prepared device; it is re-sent every ``resend_seconds`` because the
 kubelet treats a device it has not heard about within its health timeout (30 s) as unknown.
@@ -88,6 +97,7 @@ class HealthMonitor:
         resend_seconds: float = 10.0,
         poll_timeout: float = 30.0,
         min_poll_interval: float = 1.0,
+        confirm_interval: float = 0.5,
         links: LinkJudge | None = None,
         status: ClaimStatusWriter | None = None,
     ) -> None:
@@ -104,6 +114,13 @@ class HealthMonitor:
         self.resend_seconds = resend_seconds
         self.poll_timeout = poll_timeout
         self.min_poll_interval = min_poll_interval
+        self.confirm_interval = confirm_interval
+        #: ``time.monotonic()`` when the last read was sent
+        self._last_sent = -math.inf
+        #: (claim UID, device key) → the fabric's record of each prepared device as last judged
+        self._judged: dict[tuple[str, str], Device | None] = {}
+        #: how often a read of the fabric made the monitor judge its devices again
+        self.judgements = 0
         self._fabric: dict[str, Device] | None = None
         self._version: int | None = None
         #: ``time.monotonic()`` when the read that gave ``_fabric`` was sent: it shows the fabric
@@ -172,7 +189,10 @@ class HealthMonitor:
     async def _follow_fabric(self) -> None:
         backoff = Backoff(initial=0.5, maximum=10.0)
         while True:
-            sent = time.monotonic()
+            if self._unconfirmed():
+                # the claims prepared within the interval share one confirming read
+                await asyncio.sleep(max(0.0, self._last_sent + self.confirm_interval - time.monotonic()))
+            sent = self._last_sent = time.monotonic()
             try:
                 if self._unconfirmed():
                     # a claim's device is reported on its attach alone until a read sent after
@@ -196,17 +216,48 @@ class HealthMonitor:
                 return  # this backend has no fabric to follow
             backoff.reset()
             changed = self._version is not None and result[0] != self._version
+            news = self._takes_news(result[1], sent)
             self._version, self._fabric = result
             self._fabric_since = sent
-            self._observe_links()
-            self._judge_links()  # a new uncorrectable error is news now, not at the next pass
-            self.notify()
-            if changed and not self._unconfirmed():
+            if news:
+                self.judgements += 1
+                self._observe_links()
+                self._judge_links()  # a new uncorrectable error is news now, not at the next pass
+                self.notify()
+            if changed:
                 # Every attach anywhere moves the inventory version; under churn that would be an
                 # inventory read per change on every node. At most one per interval: a health
                 # change reaches the kubelet within it (its own health timeout is 30 s). A claim
-                # prepared here is the exception: one read, at once, confirms its device.
-                await asyncio.sleep(self.min_poll_interval)
+                # prepared here is the exception: a read within the confirm interval.
+                await self._rest(sent)
+
+    def _takes_news(self, fabric: dict[str, Device], sent: float) -> bool:
+        """Whether a read sent at ``sent`` that gave ``fabric`` says anything new of this node's
+        prepared devices: a record that is not the very object last judged, a claim prepared or
+        unprepared since, a claim it is the first read after, the manager found again."""
+        judged: dict[tuple[str, str], Device | None] = {}
+        confirms = False
+        for uid, entry in self.store.claims().items():
+            if entry.state is not ClaimState.PREPARE_COMPLETED:
+                continue
+            seen = self._prepared.get(uid, math.inf)
+            confirms |= self._fabric_since <= seen < sent
+            for d in entry.devices:
+                judged[(uid, d.key)] = self._fabric_device(d, fabric)
+        same = judged.keys() == self._judged.keys() and all(judged[k] is self._judged[k] for k in judged)
+        self._judged = judged
+        return self._fabric is None or confirms or not same or bool(self.backend.blind_pools())
+
+    async def _rest(self, sent: float) -> None:
+        """Until ``min_poll_interval`` after ``sent``, or until a claim prepared here wants its
+        confirming read (the loop waits out ``confirm_interval`` for it)."""
+        while not self._unconfirmed():
+            left = sent + self.min_poll_interval - time.monotonic()
+            if left <= 0:
+                return
+            self._newly_prepared.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._newly_prepared.wait(), left)
 
     # -- link health --------------------------------------------------------------------------
 
@@ -279,10 +330,11 @@ class HealthMonitor:
     def _link_degraded(self, uid: str, device: PreparedDevice) -> bool:
         return self._link_said.get((uid, device.key), HEALTHY) != HEALTHY
 
-    def _fabric_device(self, device: PreparedDevice) -> Device | None:
-        """What the fabric says of ``device`` (a partition: of its GPU): by pool and name where the
-        view has it so (several managers, whose device names may repeat), else by name."""
-        fabric = self._fabric or {}
+    def _fabric_device(self, device: PreparedDevice, view: dict[str, Device] | None = None) -> Device | None:
+        """What the fabric (``view``, else the one judged) says of ``device`` (a partition: of its
+        GPU): by pool and name where the view has it so (several managers, whose device names may
+        repeat), else by name."""
+        fabric = (self._fabric if view is None else view) or {}
         name = device.parent or device.device
         return fabric.get(f"{device.pool}/{name}") or fabric.get(name)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import time
 from pathlib import Path
@@ -181,7 +182,6 @@ class PluginServer:
             ) from err
         kube = KubeClient(kube_config, user_agent=f"fabric-dra-plugin/{self.config.node_name}")
         self._kube = kube
-        reader = ClaimReader(kube)
         if self.config.claim_status:
             self.status_writer = ClaimStatusWriter(
                 kube,
@@ -189,6 +189,7 @@ class PluginServer:
                 node=self.config.node_name,
                 version=lambda: reader.version,
             )
+        reader = ClaimReader(kube, on_read=self.status_writer.seen if self.status_writer else None)
         return reader
 
     async def start(self) -> None:
@@ -390,6 +391,11 @@ async def serve(config: PluginConfig) -> int:
         loop.add_signal_handler(sig, server.stopped.set)
     try:
         await server.start()
+        # What start-up built (modules, classes, the checkpoint, the clients) lives as long as the
+        # process: kept out of the collector's generations, a full collection no longer walks it
+        # each time the claims' garbage triggers one (8 % of a plugin's CPU at ten nodes, issue 37).
+        gc.collect()
+        gc.freeze()
         await server.stopped.wait()
     finally:
         await server.stop()

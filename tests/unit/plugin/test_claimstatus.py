@@ -46,8 +46,10 @@ class ScriptedApi:
         }
         self.errors = list(errors)
         self.patches: list[dict[str, Any]] = []
+        self.gets = 0
 
     async def get(self, res: Any, name: str, namespace: str | None = None) -> dict[str, Any]:
+        self.gets += 1
         return copy.deepcopy(self.claim)
 
     async def patch(self, res: Any, name: str, patch: Any, namespace: str | None = None, **kw: Any) -> Any:
@@ -55,10 +57,11 @@ class ScriptedApi:
         self.patches.append(copy.deepcopy(patch))
         if self.errors:
             raise self.errors.pop(0)
-        assert patch["metadata"]["resourceVersion"] == self.claim["metadata"]["resourceVersion"]
+        if patch["metadata"]["resourceVersion"] != self.claim["metadata"]["resourceVersion"]:
+            raise Conflict(409, "Conflict", "the object has been modified")  # as the API server does
         self.claim["status"]["devices"] = patch["status"]["devices"]
         self.claim["metadata"]["resourceVersion"] = str(int(self.claim["metadata"]["resourceVersion"]) + 1)
-        return self.claim
+        return copy.deepcopy(self.claim)
 
 
 READY = DeviceReadiness("p", "gpu0", None, True, "Prepared", "gpu0 is attached", {"node": "node-a"})
@@ -85,6 +88,36 @@ def test_a_conflict_is_read_again_and_retried() -> None:
         await writer.flush()
         assert _written(api) == []
         assert api.patches[-1]["status"] == {"devices": None}
+
+    asyncio.run(scenario())
+
+
+def test_a_claim_seen_is_written_without_reading_it_again_and_a_stale_copy_costs_one_read() -> None:
+    """Issue 37: the prepare's claim read, then each write's answer, is what the next write merges
+    onto: a prepare and an unprepare cost one PATCH each and no GET. Someone else's change in
+    between makes the compare-and-swap fail once, and the claim is read again."""
+
+    async def scenario() -> None:
+        api = ScriptedApi()
+        writer = ClaimStatusWriter(api, driver=DRIVER, node="node-a")  # type: ignore[arg-type]
+        writer.seen(copy.deepcopy(api.claim))  # the prepare's read
+        writer.publish(REF, [READY])
+        await writer.flush()
+        writer.withdraw(REF, [READY.key])
+        await writer.flush()
+        assert (api.gets, len(api.patches), _written(api)) == (0, 2, [])
+        # a withdrawal keeps nothing of the claim: the next write reads it, whatever it says
+        writer.withdraw(REF, [READY.key])  # nothing left to take back: read, not written
+        await writer.flush()
+        writer.publish(REF, [READY])
+        await writer.flush()
+        assert (api.gets, len(api.patches)) == (2, 3)
+
+        writer.seen(copy.deepcopy(api.claim))
+        api.claim["metadata"]["resourceVersion"] = "99"  # another writer changed the claim since
+        writer.withdraw(REF, [READY.key])
+        await writer.flush()
+        assert (api.gets, len(api.patches), _written(api)) == (3, 5, [])
 
     asyncio.run(scenario())
 
