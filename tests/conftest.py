@@ -20,6 +20,7 @@ import pytest
 from fabric_dra_testbed.stack import ROLE_MODULES, default_trust
 from plumbing.forkserver import ForkServer
 from plumbing.procs import use_fork_server
+from tests.support.hangs import tasks_written_before_timeout
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -282,3 +283,10 @@ def redfish_dir() -> Path:
     if not (path / "csdl").is_dir():
         pytest.skip(f"DMTF Redfish schemas not found at {path} (set FABRIC_DRA_REDFISH_DIR)")
     return path
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    """A test still running shortly before its timeout writes what its event loops wait on."""
+    with tasks_written_before_timeout(item):
+        return (yield)

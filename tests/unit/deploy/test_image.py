@@ -17,8 +17,12 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from tests.support.deploy import PACKAGED_MANIFESTS, PACKAGES, REPO_ROOT, TESTBED_DIR, TESTBED_PACKAGES
 from tests.support.install import build_wheel, copy_project, install, wheel_names
+
+pytestmark = pytest.mark.slow(seconds=67)
 
 
 def _dockerignore() -> tuple[list[str], list[str]]:
