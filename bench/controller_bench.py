@@ -17,8 +17,11 @@ Controllers measured, in turns, each with a driver name of its own on the same A
 - with ``--baseline REF``, the controller of that commit (``git archive``, run with ``PYTHONPATH``),
   against a stand-in serving the inventory without the change feed, as a manager of then did.
 
+Also the change feed at a tenth of the devices (1,010), for proportionality.
+
 Target (issue 37, "Controller cost per change"): proportional to what changed — one slice written
-per device change; CPU per change a small fraction of the full read's.
+per device change; CPU per change a small fraction of the full read's, a tenth of the 206 ms it was
+(3190147), and about the same at 1,010 devices as at 10,100.
 
 ``python -m bench --only controller``; ``python -m bench.controller_bench [--quick] [--baseline
 REF] [--changes N]`` prints JSON.
@@ -75,9 +78,9 @@ def _wait(done: Callable[[], bool], timeout: float, what: str) -> int:
     return asked
 
 
-def _health_change(index: int) -> Callable[[list[Device]], list[Device]]:
+def _health_change(index: int, gpus: int = GPUS) -> Callable[[list[Device]], list[Device]]:
     """Change ``index``: GPU ``index // 2`` turns Critical (even) or healthy again (odd)."""
-    name = f"gpu-{(index // 2) * 97 % GPUS:05d}"
+    name = f"gpu-{(index // 2) * 97 % gpus:05d}"
     health = Health.CRITICAL if index % 2 == 0 else Health.OK
     return lambda devices: [d.model_copy(update={"health": health}) if d.name == name else d for d in devices]
 
@@ -93,6 +96,7 @@ def measure_one(
     tree: Path | None = None,
 ) -> dict[str, Any]:
     """One controller over ``manager``: its first publication, then ``changes`` health changes."""
+    gpus = sum(1 for d in manager.inventory.devices if d.type is DeviceType.GPU)
     env = {"PYTHONPATH": str(tree), "PYTHONSAFEPATH": "1"} if tree is not None else None
     controller = stack.controller(
         None,
@@ -123,7 +127,7 @@ def measure_one(
     walls = []
     polls = 0
     for index in range(changes):
-        manager.update_devices(_health_change(index))
+        manager.update_devices(_health_change(index, gpus))
         began = time.monotonic()
         polls += _wait(synced, 120, f"change {index} by {driver}")
         walls.append(time.monotonic() - began)
@@ -152,6 +156,11 @@ def measure(quick: bool = False, baseline: str | None = None, changes: int | Non
         progress("controller", f"{gpus + DRIVES} devices, change feed")
         with InventoryServer(whole) as manager:
             results["changes"] = measure_one(stack, server, manager, "changes.fabric-dra.io", count)
+        small = inventory(gpus // 10, DRIVES // 10)
+        progress("controller", f"{gpus // 10 + DRIVES // 10} devices, change feed (proportionality)")
+        with InventoryServer(small) as manager:
+            results["changes_tenth"] = measure_one(stack, server, manager, "tenth.fabric-dra.io", count)
+            results["changes_tenth"]["devices"] = gpus // 10 + DRIVES // 10
         progress("controller", f"{gpus + DRIVES} devices, full read on every change")
         with InventoryServer(whole) as manager:
             results["full"] = measure_one(
@@ -171,8 +180,21 @@ def measure(quick: bool = False, baseline: str | None = None, changes: int | Non
 def run(ctx: BenchContext) -> dict[str, Any]:
     figures = measure(quick=ctx.quick)
     feed, full = figures["changes"], figures["full"]
+    tenth = figures["changes_tenth"]
     checks = [
         check("slices written per device change (change feed)", feed["slices_written_per_change"], 1, ""),
+        check(
+            "controller CPU per change, change feed (206 ms at 3190147)",
+            feed["cpu_ms_per_change"],
+            20.6,
+            "ms",
+        ),
+        check(
+            f"controller CPU per change at {figures['devices']} devices vs {tenth['devices']}",
+            feed["cpu_ms_per_change"] / max(tenth["cpu_ms_per_change"], 0.001),
+            2.0,
+            "x",
+        ),
         check(
             "controller CPU per change, change feed vs full read",
             feed["cpu_ms_per_change"] / max(full["cpu_ms_per_change"], 0.001),

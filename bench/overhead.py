@@ -18,6 +18,7 @@ and the whole fabric-dra pair has its own target: p50 <= 3 ms.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import time
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,11 @@ async def _pairs(
 
 
 async def _measure(root: Path, quick: bool) -> dict[str, Any]:
+    if importlib.util.find_spec("pydra") is None:
+        raise RuntimeError(
+            "the kubernetes-pydra baseline is not installed: run `make bench`, or "
+            "`pip install -e '.[bench]'` before `python -m bench`"
+        )
     total = 100 if quick else 1000
     block = 25 if quick else 50
     results: dict[str, Any] = {}

@@ -64,7 +64,10 @@ async def _bind_direct(emulator: Emulator, pairs: list[tuple[str, str]], concurr
     """Bind each (device, host) on the emulator itself, as a bulk attach would have left it."""
     auth = (emulator.username, emulator.password) if emulator.auth_enabled else None
     gate = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=concurrency)
+    # A connection per POST: a kept one the emulator closes as idle (its event loop busy writing
+    # a large state, the keep-alive timer fires late) fails the POST sent into it as a ReadError,
+    # and an AddEndpoint cannot be resent blindly. A new connection has no such race.
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=emulator.url, auth=auth, limits=limits, timeout=120) as http:
 
         async def one(device: str, host: str) -> None:

@@ -21,6 +21,7 @@ from bench.common import (
     check,
     cpu_seconds,
     create_claims,
+    histogram_sums,
     host_name,
     progress,
     summary_ms,
@@ -112,8 +113,11 @@ async def _measure(ctx: BenchContext) -> dict[str, Any]:
             for level in LEVELS:
                 progress("throughput", f"{name}: concurrency {level} for {seconds:g} s")
                 cpu_before = {k: sum(cpu_seconds(p) for p in v) for k, v in pids.items()}
+                redfish_before = _redfish_requests(stack)
                 row = await _level(clients, workers, level, seconds)
                 claims = max(1, row["claims"])
+                redfish = _per_claim(redfish_before, _redfish_requests(stack), claims)
+                row["redfish_requests_per_claim"] = redfish
                 row["cpu_ms_per_claim"] = {
                     k: round((sum(cpu_seconds(p) for p in v) - cpu_before[k]) / claims * 1000, 2)
                     for k, v in pids.items()
@@ -123,6 +127,25 @@ async def _measure(ctx: BenchContext) -> dict[str, Any]:
             for client in clients:
                 await client.close()
         out[name] = rows
+    return out
+
+
+def _redfish_requests(stack: Any) -> dict[str, float]:
+    """The manager's Redfish requests so far, by method and resource kind (its
+    ``fabric_dra_redfish_request_duration_seconds`` histogram); empty without a manager."""
+    if stack.manager_handle is None:
+        return {}
+    sums = histogram_sums(
+        stack.manager_handle.url, "fabric_dra_redfish_request_duration_seconds", ("method", "resource")
+    )
+    return {key: count for key, (count, _) in sums.items()}
+
+
+def _per_claim(before: dict[str, float], after: dict[str, float], claims: int) -> dict[str, float]:
+    """Requests per claim between two reads of :func:`_redfish_requests`, and their total."""
+    out = {k: round((v - before.get(k, 0.0)) / claims, 2) for k, v in sorted(after.items())}
+    out = {k: v for k, v in out.items() if v}
+    out["total"] = round(sum(out.values()), 2)
     return out
 
 

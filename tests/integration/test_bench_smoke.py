@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.slow(seconds=20)
 
 
 def run_quick(section: str, out: Path, *, timeout: float) -> subprocess.CompletedProcess[str]:
