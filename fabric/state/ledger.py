@@ -498,13 +498,20 @@ class ConfigMapLedgerStore(LedgerStore):
         foreign = attempts = 0
         maybe_stored = False  # the last attempt failed in a way that may have been stored
         last: ApiError | None = None
+
+        def out_of_time() -> LedgerError:
+            # said with the server's last answer: an attempt squeezed into the deadline's last
+            # few milliseconds would only report its own timeout
+            return LedgerError(
+                f"cannot write the ledger configmap {self.namespace}/{name} within "
+                f"{self.write_deadline:g} s ({attempts} attempts): {last}"
+            )
+
         while True:
             if attempts and time.monotonic() >= deadline:
-                raise LedgerError(
-                    f"cannot write the ledger configmap {self.namespace}/{name} within "
-                    f"{self.write_deadline:g} s ({attempts} attempts): {last}"
-                )
+                raise out_of_time()
             attempts += 1
+            cut_short = self._timeout(deadline) < self.request_timeout  # by the deadline
             try:
                 await self._put_shard(shard, body, deadline)
             except NotFound as err:
@@ -523,13 +530,16 @@ class ConfigMapLedgerStore(LedgerStore):
                     log.warning("ledger shard changed by another replica; overwriting it", ledger=name)
                 maybe_stored, last = False, err
                 if not await self._refresh_version(shard, deadline):
-                    continue  # the deadline is up: said at the top
+                    raise out_of_time() from None
             except ApiUnavailable as err:
                 # tried again as it was: if this attempt was stored after all, the next one
                 # conflicts with it, and that conflict is known for what it is
                 self.failed_attempts += 1
-                maybe_stored, last = True, err
-                await self._pause(backoff, deadline)
+                maybe_stored = True
+                if not (cut_short and err.reason == "Timeout" and last is not None):
+                    last = err  # (a timeout the deadline imposed says less than the answer before it)
+                if not await self._pause(backoff, deadline):
+                    raise out_of_time() from None
             except ApiError as err:
                 raise LedgerError(
                     f"cannot write the ledger configmap {self.namespace}/{name}: {err}"

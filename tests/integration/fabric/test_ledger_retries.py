@@ -32,6 +32,8 @@ from plumbing.kube.resources import CONFIGMAPS, NAMESPACES
 from tests.support.apiserver import ApiServerProcess, start_apiserver
 from tests.support.uids import claim_uid
 
+pytestmark = pytest.mark.slow(seconds=46)
+
 NAMESPACE = "fabric-dra"
 
 
@@ -46,6 +48,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServerProce
         asyncio.run(populate())
         yield server
         server.hooks.clear_faults()
+
+
+@pytest.fixture(autouse=True)
+def _no_faults_left(cluster: ApiServerProcess) -> Iterator[None]:
+    """A test that fails half-way leaves none of its faults armed for the next one."""
+    yield
+    cluster.hooks.clear_faults()
 
 
 def _entry(device: str, claim: str) -> LedgerEntry:
@@ -148,6 +157,26 @@ async def test_an_unavailable_server_is_ridden_out_within_the_deadline(cluster: 
         await asyncio.to_thread(cluster.hooks.clear_faults)
         await ledger.commit()
         assert await _stored_claim(kube, "flaky", "gpu1") == claim_uid("third")
+
+
+async def test_a_slow_unavailable_server_is_reported_by_its_answer(cluster: ApiServerProcess) -> None:
+    """Each 503 comes after 0.25 s: the deadline ends during a wait or cuts the last attempt
+    short, and either way the error says what the server answered, not the timeout the
+    deadline imposed on that last attempt."""
+    async with cluster.client() as kube:
+        ledger, _ = await _ledger(kube, "slowdown", write_deadline=0.7)
+        await asyncio.to_thread(
+            cluster.hooks.fail,
+            "configmaps",
+            verbs=["update"],
+            name=_shard("slowdown", "gpu1"),
+            code=503,
+            delay_seconds=0.25,
+            count=10_000,
+        )
+        ledger.put(_entry("gpu1", "second"))
+        with pytest.raises(LedgerError, match=r"within 0.7 s \(\d+ attempts\): 503"):
+            await ledger.commit()
 
 
 async def test_a_load_rides_out_failed_reads(cluster: ApiServerProcess) -> None:
