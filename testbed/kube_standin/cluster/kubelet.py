@@ -107,6 +107,24 @@ class PluginManagerClient:
             self._task = None
 
 
+async def _cancel_until_done(tasks: set[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait for them, cancelling again any that went on.
+
+    A task's cancel can be lost: on Python 3.11 a task awaiting another task is not cancelled
+    itself when the awaited one catches the cancel and returns (``Task.cancel`` hands it to
+    ``_fut_waiter`` only), and grpc's aio unary call does exactly that (``UnaryUnaryCall._invoke``
+    in ``grpc/aio/_call.py`` catches ``CancelledError`` and returns the answer it has). A pod
+    worker that lost its cancel in ``NodePrepareResources`` would go back to waiting for its
+    next wake, which never comes, and the kubelet would never stop."""
+    while tasks:
+        for task in tasks:
+            task.cancel()
+        done, tasks = await asyncio.wait(tasks, timeout=0.5)
+        for task in done:
+            if not task.cancelled():
+                task.exception()  # retrieved: a worker logs its own errors where they happen
+
+
 @dataclass
 class _PodProgress:
     prepared: list[tuple[str, ClaimRef]] = field(default_factory=list)
@@ -157,6 +175,7 @@ class KubeletLoop:
         self.events = events
         self._workers: dict[str, _PodWorker] = {}
         self._slots = asyncio.Semaphore(max_workers)
+        self._stopping = False
 
     async def run(self) -> None:
         wakes = [self.pods.listen(), self.claims.listen()]
@@ -169,10 +188,8 @@ class KubeletLoop:
                     wake.clear()
                 self._dispatch()
         finally:
-            workers = [w.task for w in self._workers.values() if w.task is not None]
-            for task in workers:
-                task.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
+            self._stopping = True
+            await _cancel_until_done({w.task for w in self._workers.values() if w.task is not None})
             await self.client.close()
 
     def _dispatch(self) -> None:
@@ -221,7 +238,7 @@ class KubeletLoop:
                 await worker.wake.wait()
                 worker.wake.clear()
                 pod = self._current(worker)
-                if pod is None:
+                if pod is None or self._stopping:
                     return
                 async with self._slots:
                     await self._sync_guarded(pod, worker)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from kube_standin.cluster import NodeSpec, SchedulerConfig, StandInCluster
+from kube_standin.cluster.kubelet import ClaimRef, DraNodeClient
 from plumbing.kube import KubeClient, NotFound
 from plumbing.kube.dra import is_allocated
 from plumbing.kube.resources import (
@@ -28,6 +29,10 @@ from plumbing.kube.resources import (
 )
 from tests.integration.cluster.conftest import DRIVER, FakePlugin
 from tests.support.waiting import eventually
+
+
+#: how long the stand-in control plane may take to stop once cancelled
+STOP_WITHIN = 20.0
 
 
 @dataclass
@@ -52,6 +57,7 @@ async def running(
     *,
     nodes: int = 1,
     node_names: Sequence[str] = (),
+    client_factory: Callable[[NodeSpec], DraNodeClient] | None = None,
     **scheduler: Any,
 ) -> AsyncIterator[World]:
     """A namespace, a DeviceClass and ``nodes`` nodes (or the nodes ``node_names``: those of a
@@ -87,6 +93,7 @@ async def running(
             for i, name in enumerate(names)
         ],
         scheduler=SchedulerConfig(**scheduler),
+        client_factory=client_factory,
     )
     task = asyncio.create_task(cluster.run())
     try:
@@ -94,8 +101,11 @@ async def running(
         yield world
     finally:
         task.cancel()
+        # bounded: a control plane that does not stop is this file's failure, said as such
+        stopped, _ = await asyncio.wait({task}, timeout=STOP_WITHIN)
+        assert stopped, f"the stand-in control plane did not stop within {STOP_WITHIN} s of its cancel"
         with contextlib.suppress(asyncio.CancelledError):
-            await task
+            task.result()
         # The API server outlives the test: leave no node or pool that another test could use.
         for name in names:
             await kube.delete_ignore_missing(NODES, name)
@@ -551,3 +561,41 @@ async def test_a_pod_deleted_during_its_prepare_is_unprepared_only_after_the_pre
         (uid,) = {entry.split()[1] for entry in order}
         assert order == [f"prepare-start {uid}", f"prepare-end {uid}"]
         assert fake_plugin.unprepared == [uid]
+
+
+class _CancelSwallowingClient:
+    """A node client whose NodePrepareResources behaves as grpc's aio unary call does when the
+    caller is cancelled: the call runs in a task of its own which catches the cancel and returns
+    (``UnaryUnaryCall._invoke``, ``grpc/aio/_call.py``). On Python 3.11 the awaiting task is then
+    not cancelled at all; a kubelet that cancelled its pod workers once never stopped."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+
+    async def prepare(self, driver: str, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        async def call() -> dict[str, str]:
+            self.entered.set()
+            try:
+                await asyncio.Event().wait()  # the plugin never answers
+            except asyncio.CancelledError:
+                pass  # swallowed, as the call's own task does
+            return {c.uid: "the call was cancelled" for c in claims}
+
+        return await asyncio.create_task(call())
+
+    async def unprepare(self, driver: str, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        return {c.uid: "" for c in claims}
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_the_control_plane_stops_though_a_prepare_call_swallows_its_cancel(
+    kube: KubeClient, fake_plugin: FakePlugin
+) -> None:
+    client = _CancelSwallowingClient()
+    async with running(kube, fake_plugin, client_factory=lambda spec: client) as world:
+        await publish(world, [_gpu("gpu-0", "sw1")])
+        await deploy(world, replicas=1, count=1)
+        await asyncio.wait_for(client.entered.wait(), 20)
+    # running() asserts the control plane stopped within STOP_WITHIN of its cancel
