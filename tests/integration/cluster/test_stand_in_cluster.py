@@ -30,7 +30,6 @@ from plumbing.kube.resources import (
 from tests.integration.cluster.conftest import DRIVER, FakePlugin
 from tests.support.waiting import eventually
 
-
 #: how long the stand-in control plane may take to stop once cancelled
 STOP_WITHIN = 20.0
 
@@ -575,10 +574,8 @@ class _CancelSwallowingClient:
     async def prepare(self, driver: str, claims: Sequence[ClaimRef]) -> dict[str, str]:
         async def call() -> dict[str, str]:
             self.entered.set()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):  # swallowed, as the call's own task does
                 await asyncio.Event().wait()  # the plugin never answers
-            except asyncio.CancelledError:
-                pass  # swallowed, as the call's own task does
             return {c.uid: "the call was cancelled" for c in claims}
 
         return await asyncio.create_task(call())
