@@ -208,7 +208,10 @@ def measure(quick: bool = False) -> dict[str, Any]:
                     _progress(f"GETs, {'lean' if lean else 'httpx'} client, {workers} worker(s)")
                     gets.append(asyncio.run(_gets(emu, workers, get_count, lean)))
             rss_after = rss_mib(emu.process.pid)
-            state_bytes = (emu.state_dir / "fabric-state.json").stat().st_size
+            state_bytes = sum(
+                (emu.state_dir / name).stat().st_size
+                for name in ("fabric-state.json", "fabric-state.journal")
+            )
     best = max(p["pairs_per_s"] for p in pairs if p["client"] == "lean")
     sequential_get = next(g for g in gets if g["client"] == "lean" and g["workers"] == 1)
     return {

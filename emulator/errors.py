@@ -3,7 +3,8 @@
 
     EmulatorError
     ├── ConfigError (ValueError)    a file or option the emulator cannot start with
-    │   └── TopologyError           a topology file, every problem named (emulator.topology)
+    │   ├── TopologyError           a topology file, every problem named (emulator.topology)
+    │   └── JournalError            a state journal its snapshot cannot take (emulator.redfish.model.state)
     ├── GuestError (RuntimeError)   a QEMU host's guest did not do what was asked
     │   ├── QmpError                QEMU answered a QMP command with an error (emulator.qemu.qmp)
     │   ├── AgentError              the guest agent did not answer (emulator.qemu.guest)

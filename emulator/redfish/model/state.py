@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Callable
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -25,11 +26,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from emulator.errors import ConfigError
 from manager_api.devices import BindingStyle
-from plumbing.fsutil import atomic_write
+from plumbing.fsutil import atomic_write, fsync_dir
 from plumbing.logs import get_logger
 
 __all__ = [
+    "JOURNAL_FILE",
     "STATE_FILE",
     "BindingRecord",
     "ChunkRecord",
@@ -37,6 +40,7 @@ __all__ = [
     "ConnectionRecord",
     "FabricState",
     "HostAddress",
+    "JournalError",
     "OperationKind",
     "StateStore",
     "TaskRecord",
@@ -210,45 +214,271 @@ class FabricState(_Model):
 SideEffect = Callable[[], None]
 
 
+#: the journal of changes since the snapshot, beside it
+JOURNAL_FILE = "fabric-state.journal"
+#: the journal is folded into a new snapshot once it is larger than this and than the snapshot
+JOURNAL_COMPACT_BYTES = 1 << 20
+#: the collections of :class:`FabricState`, each a dict of records by Id
+_COLLECTIONS = ("bindings", "zones", "connections", "chunks", "tasks", "faults")
+#: the scalars of :class:`FabricState` a journal record carries
+_SCALARS = ("format", "version", "next_id", "event_seq")
+
+
+class JournalError(ConfigError):
+    """The journal cannot be applied to the snapshot it follows (a state the emulator cannot start with)."""
+
+
+class _Written:
+    """What was last handed to the disk, record by record, as JSON: the base a journal record
+    is the difference from. A binding record is replaced, never changed in place, so an identical
+    object has the JSON it had; a finished task is not changed either. Every other record (client
+    zones, connections, chunks, faults, running tasks: a few) is serialised again and compared."""
+
+    __slots__ = ("records", "scalars")
+
+    def __init__(self) -> None:
+        #: collection → Id → (the record object, its JSON, whether it was settled then)
+        self.records: dict[str, dict[str, tuple[BaseModel, str, bool]]] = {c: {} for c in _COLLECTIONS}
+        self.scalars: dict[str, int] = {}
+
+    def fragment(self, collection: str, ident: str, record: BaseModel) -> tuple[str, bool]:
+        """``record``'s JSON and whether it differs from what was written."""
+        kept = self.records[collection].get(ident)
+        if kept is not None and kept[0] is record and kept[2]:
+            return kept[1], False
+        text = record.model_dump_json()
+        # (settled as it was serialised: a task finished since was not, when its JSON was made)
+        self.records[collection][ident] = (record, text, _settled(collection, record))
+        return text, kept is None or kept[1] != text
+
+
+class _TrackedBindings(dict[str, "BindingRecord"]):
+    """The state's bindings, noting the targets set or removed since the last write: a journal
+    line then looks at those, not at 10,000 bindings (a scan of them was 1.7 ms a commit)."""
+
+    __slots__ = ("touched",)
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.touched: set[str] = set()
+
+    def __setitem__(self, key: str, value: BindingRecord) -> None:
+        self.touched.add(key)
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self.touched.add(key)
+        super().__delitem__(key)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        self.touched.add(key)
+        return super().pop(key, *default)
+
+    def popitem(self) -> tuple[str, BindingRecord]:
+        key, value = super().popitem()
+        self.touched.add(key)
+        return key, value
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        self.touched.add(key)
+        return super().setdefault(key, default)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        other = dict(*args, **kwargs)
+        self.touched.update(other)
+        super().update(other)
+
+    def clear(self) -> None:
+        self.touched.update(self)
+        super().clear()
+
+    def __ior__(self, other: Any) -> _TrackedBindings:  # type: ignore[override,misc]
+        self.update(other)
+        return self
+
+
+def _settled(collection: str, record: BaseModel) -> bool:
+    """Whether a record the store already serialised can only be replaced, not changed in place."""
+    if collection == "bindings":
+        return True
+    return collection == "tasks" and isinstance(record, TaskRecord) and record.finished
+
+
 class StateStore:
-    """Owns ``fabric-state.json``: load at start, durable group commits afterwards."""
+    """Owns the durable state: a snapshot, ``fabric-state.json``, and the journal of the changes
+    since, ``fabric-state.journal``; load at start, durable group commits afterwards.
+
+    A commit appends one line to the journal — the records it changed and the Ids it removed,
+    the scalars, as JSON — and fsyncs it (``fdatasync``): its cost follows the change, not the
+    state (at 10,000 bindings the whole document was 2.2 MB written and fsynced per commit).
+    Once the journal is larger than :data:`JOURNAL_COMPACT_BYTES` and than the snapshot, the next
+    commit writes a new snapshot instead (temp file, fsync, rename, fsync of the directory) and
+    empties the journal. Each line carries the version it brings the state to; a load applies the
+    lines newer than the snapshot, so a crash between a snapshot and the journal's truncation
+    replays nothing twice. A line cut short by a crash was never acknowledged (the response waits
+    for its fsync): the load stops there and the next write is a snapshot. The same after a failed
+    write: what the journal holds after it is not trusted, the next commit writes a snapshot.
+    """
 
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / STATE_FILE
+        self.journal_path = state_dir / JOURNAL_FILE
         self.state = FabricState()
         self._effects: list[SideEffect] = []
         self._batch: asyncio.Future[None] | None = None
         self._writer: asyncio.Task[None] | None = None
-        #: target → (its record, ``"target":{record JSON}``) as last serialised
-        self._fragments: dict[str, tuple[BindingRecord, str]] = {}
+        self._written = _Written()
+        #: the bindings dict of :attr:`state` this store tracks (:meth:`_track`)
+        self._bindings = _TrackedBindings()
+        #: the next write is a snapshot (at start, after a failed write, once the journal is long)
+        self._snapshot_due = True
+        self._snapshot_bytes = 0
+        self._journal_bytes = 0
+        #: the journal's file descriptor, open for appending while the store writes to it
+        self._journal_fd: int | None = None
+        #: snapshots and journal lines written (benchmarks, tests)
+        self.snapshots = 0
+        self.appends = 0
 
     def load(self) -> FabricState:
         try:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
             self.state = FabricState()
-        else:
+            return self.state
+        lines = self._journal_lines()
+        if not lines:
             self.state = FabricState.model_validate_json(text)
+            return self.state
+        document = json.loads(text)
+        if not isinstance(document, dict):
+            raise JournalError("the snapshot is not a JSON object")
+        base = document.get("version", 0)
+        for line in lines:
+            if not isinstance(line.get("version"), int) or line["version"] <= base:
+                continue  # already in the snapshot (a crash came before the journal's truncation)
+            for name in _SCALARS:
+                if name in line:
+                    document[name] = line[name]
+            for collection, records in (line.get("set") or {}).items():
+                if collection not in _COLLECTIONS or not isinstance(records, dict):
+                    raise JournalError(f"the journal names no collection {collection!r}")
+                document.setdefault(collection, {}).update(records)
+            for collection, gone in (line.get("del") or {}).items():
+                if collection not in _COLLECTIONS or not isinstance(gone, list):
+                    raise JournalError(f"the journal names no collection {collection!r}")
+                for ident in gone:
+                    document.setdefault(collection, {}).pop(ident, None)
+        self.state = FabricState.model_validate(document)
         return self.state
 
+    def _journal_lines(self) -> list[dict[str, Any]]:
+        """The journal's whole lines, up to the first that is not (a crash cut it short)."""
+        try:
+            raw = self.journal_path.read_bytes()
+        except FileNotFoundError:
+            return []
+        lines: list[dict[str, Any]] = []
+        offset = 0
+        while offset < len(raw):
+            end = raw.find(b"\n", offset)
+            try:
+                if end < 0:
+                    raise ValueError("no line end")
+                line = json.loads(raw[offset:end])
+                if not isinstance(line, dict):
+                    raise ValueError("not an object")
+            except ValueError:
+                log.warning(
+                    "the state journal ends in a record cut short; it is left out (never acknowledged)",
+                    path=str(self.journal_path),
+                    dropped_bytes=len(raw) - offset,
+                )
+                break
+            lines.append(line)
+            offset = end + 1
+        return lines
+
     def write_now(self) -> None:
-        """Synchronous write, for start-up before the event loop serves requests."""
-        atomic_write(self.path, self.document(), mode=0o600)
+        """Synchronous snapshot, for start-up before the event loop serves requests."""
+        self._write(self._snapshot())
 
     def document(self) -> str:
-        """:attr:`state` as JSON (what :meth:`load` reads back), with the bindings' JSON reused."""
-        fragments = self._fragments
-        parts = []
-        for target, record in self.state.bindings.items():
-            kept = fragments.get(target)
-            if kept is None or kept[0] is not record:
-                kept = fragments[target] = (record, f"{json.dumps(target)}:{record.model_dump_json()}")
-            parts.append(kept[1])
-        if len(fragments) > len(parts):
-            for gone in [t for t in fragments if t not in self.state.bindings]:
-                del fragments[gone]
-        rest = self.state.model_dump_json(exclude={"bindings"})
-        return f'{rest[:-1]},"bindings":{{{",".join(parts)}}}}}'
+        """:attr:`state` as JSON (what :meth:`load` reads back), each record's JSON reused
+        where it is known not to have changed."""
+        written = self._written
+        self._track(self.state)
+        self._bindings.touched.clear()  # every binding is in this document
+        collections = []
+        for collection in _COLLECTIONS:
+            parts = []
+            records: dict[str, BaseModel] = getattr(self.state, collection)
+            for ident, record in records.items():
+                text, _ = written.fragment(collection, ident, record)
+                parts.append(f"{json.dumps(ident)}:{text}")
+            kept = written.records[collection]
+            if len(kept) > len(parts):
+                for gone in [i for i in kept if i not in records]:
+                    del kept[gone]
+            collections.append(f"{json.dumps(collection)}:{{{','.join(parts)}}}")
+        written.scalars = {name: getattr(self.state, name) for name in _SCALARS}
+        scalars = ",".join(f"{json.dumps(k)}:{json.dumps(v)}" for k, v in written.scalars.items())
+        return f"{{{scalars},{','.join(collections)}}}"
+
+    def _journal_line(self) -> str:
+        """One line of the records that changed since the last write, the Ids removed, the scalars."""
+        written = self._written
+        changed: list[str] = []
+        removed: list[str] = []
+        for collection in _COLLECTIONS:
+            records: dict[str, BaseModel] = getattr(self.state, collection)
+            kept = written.records[collection]
+            parts = []
+            gone: list[str] = []
+            if records is self._bindings:  # only the targets set or removed since the last write
+                for ident in sorted(self._bindings.touched):
+                    binding = records.get(ident)
+                    if binding is not None:
+                        text, differs = written.fragment(collection, ident, binding)
+                        if differs:
+                            parts.append(f"{json.dumps(ident)}:{text}")
+                    elif kept.pop(ident, None) is not None:
+                        gone.append(ident)
+                self._bindings.touched.clear()
+            else:
+                for ident, record in records.items():
+                    text, differs = written.fragment(collection, ident, record)
+                    if differs:
+                        parts.append(f"{json.dumps(ident)}:{text}")
+                if len(kept) > len(records):
+                    gone = [i for i in kept if i not in records]
+                    for ident in gone:
+                        del kept[ident]
+                if collection == "bindings":
+                    self._track(self.state)
+            if parts:
+                changed.append(f"{json.dumps(collection)}:{{{','.join(parts)}}}")
+            if gone:
+                removed.append(f"{json.dumps(collection)}:{json.dumps(gone)}")
+        written.scalars = {name: getattr(self.state, name) for name in _SCALARS}
+        scalars = ",".join(f"{json.dumps(k)}:{json.dumps(v)}" for k, v in written.scalars.items())
+        return f'{{{scalars},"set":{{{",".join(changed)}}},"del":{{{",".join(removed)}}}}}\n'
+
+    def _track(self, state: FabricState) -> None:
+        """Have ``state``'s bindings note their changes (a state loaded or set anew has a plain dict)."""
+        if state.bindings is not self._bindings:
+            self._bindings = state.bindings = _TrackedBindings(state.bindings)
+
+    def _snapshot(self) -> tuple[str, str]:
+        return ("snapshot", self.document())
+
+    def _next_write(self) -> tuple[str, str]:
+        """What the next write puts on disk: a journal line, or a snapshot when one is due."""
+        if self._snapshot_due or (
+            self._journal_bytes > JOURNAL_COMPACT_BYTES and self._journal_bytes > self._snapshot_bytes
+        ):
+            return self._snapshot()
+        return ("journal", self._journal_line())
 
     async def commit(self, effects: list[SideEffect] | None = None) -> None:
         """Persist the current state and then run ``effects``; return once both are done.
@@ -271,10 +501,10 @@ class StateStore:
     async def _write_loop(self) -> None:
         while self._batch is not None:
             batch, self._batch = self._batch, None
-            data = self.document()
+            data = self._next_write()
             effects, self._effects = self._effects, []
-            # The host views follow the state: both are rebuilt from the state file at start, so
-            # the two writes may overlap; the response waits for both.
+            # The host views follow the state: both are rebuilt from the state at start, so the
+            # two writes may overlap; the response waits for both.
             outcomes = await asyncio.gather(
                 asyncio.to_thread(self._write, data),
                 asyncio.to_thread(self._run_effects, effects),
@@ -283,16 +513,64 @@ class StateStore:
             failure = next((o for o in outcomes if isinstance(o, BaseException)), None)
             if failure is not None:
                 # The waiters of this batch get the error; host-view updates that did not run stay
-                # queued for the next commit, which writes the whole (newer) state again.
+                # queued for the next commit, which writes the whole (newer) state as a snapshot.
                 log.error("cannot persist the fabric state", path=str(self.path), error=str(failure))
+                self._snapshot_due = True
                 self._effects[:0] = effects
                 batch.set_exception(failure)
                 batch.exception()  # mark retrieved: its waiters may have gone away
                 continue
             batch.set_result(None)
 
-    def _write(self, data: str) -> None:
-        atomic_write(self.path, data, mode=0o600)
+    def _write(self, data: tuple[str, str]) -> None:
+        kind, text = data
+        try:
+            if kind == "snapshot":
+                self._write_snapshot(text)
+            else:
+                self._append(text)
+        except BaseException:
+            self._snapshot_due = True  # the journal may end in a part of this line now
+            raise
+
+    def _write_snapshot(self, text: str) -> None:
+        atomic_write(self.path, text, mode=0o600)
+        # The snapshot holds every line of the journal: empty it (a crash before this point
+        # leaves lines the load skips by their version).
+        if self._journal_fd is not None:
+            os.close(self._journal_fd)
+            self._journal_fd = None
+        fd = os.open(
+            self.journal_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o600
+        )
+        try:
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        fsync_dir(self.path.parent)
+        self._journal_fd = fd
+        self._snapshot_bytes = len(text)
+        self._journal_bytes = 0
+        self._snapshot_due = False
+        self.snapshots += 1
+
+    def _append(self, line: str) -> None:
+        fd = self._journal_fd
+        if fd is None:
+            raise OSError(f"the state journal {self.journal_path} is not open")
+        payload = memoryview(line.encode())
+        while payload:
+            payload = payload[os.write(fd, payload) :]
+        os.fdatasync(fd)
+        self._journal_bytes += len(line)
+        self.appends += 1
+
+    def close(self) -> None:
+        """Close the journal (the state stays on disk)."""
+        if self._journal_fd is not None:
+            os.close(self._journal_fd)
+            self._journal_fd = None
 
     @staticmethod
     def _run_effects(effects: list[SideEffect]) -> None:

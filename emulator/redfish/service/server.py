@@ -71,8 +71,8 @@ def build_service(config: ServeConfig) -> EmulatorService:
         store.load()
     except ValueError as err:
         raise ConfigError(
-            f"the state file {store.path} is not valid ({str(err).splitlines()[0]}); "
-            "move it away to start with an unbound fabric"
+            f"the state file {store.path} or its journal {store.journal_path.name} is not valid "
+            f"({str(err).splitlines()[0]}); move both away to start with an unbound fabric"
         ) from None
     revision = Revision()
     events = EventBus(store.state.event_seq)
@@ -229,6 +229,7 @@ async def serve(config: ServeConfig) -> None:
     finally:
         service.engine.close()
         await service.store.drain()
+        service.store.close()
         if service.engine.qemu is not None:
             await service.engine.qemu.close()
         log.info("emulator stopped")

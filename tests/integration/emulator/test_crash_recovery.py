@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 
+from emulator.redfish.model.state import StateStore
 from tests.support.emulator import (
     CONNECTIONS,
     ENDPOINTS,
@@ -202,11 +203,12 @@ def test_kill_9_under_load_leaves_a_consistent_fabric(tmp_path: Path) -> None:
     with run_emulator(tmp_path) as emu:
         requests = asyncio.run(run(emu))
         assert requests > 10
-        state = json.loads((emu.state_dir / "fabric-state.json").read_text())
+        # what the killed process left on disk: its snapshot and the journal after it
+        state = StateStore(emu.state_dir).load()
         emu.restart()
         table = emu.bindings()
         assert {b["Target"]: b["Host"] for b in table["Bindings"]} == {
-            t: b["host"] for t, b in state["bindings"].items()
+            t: b.host for t, b in state.bindings.items()
         }
         assert table["InFlight"] == []
         _assert_views_match_state(emu)

@@ -98,7 +98,7 @@ def test_recovery_interrupts_running_tasks_and_rebuilds_host_views(tmp_path: Pat
 def test_a_corrupt_state_file_is_a_clear_error(tmp_path: Path) -> None:
     tmp_path.mkdir(exist_ok=True)
     (tmp_path / "fabric-state.json").write_text('{"format": 1, "bindings": 3}')
-    with pytest.raises(ValueError, match=r"is not valid .* move it away"):
+    with pytest.raises(ValueError, match=r"is not valid .* move both away"):
         build_service(_config(tmp_path))
 
 
@@ -107,7 +107,7 @@ def test_group_commit_shares_writes(tmp_path: Path) -> None:
     writes = 0
     original = store._write
 
-    def counting(data: str) -> None:
+    def counting(data: tuple[str, str]) -> None:
         nonlocal writes
         writes += 1
         original(data)
@@ -125,13 +125,13 @@ def test_group_commit_shares_writes(tmp_path: Path) -> None:
     asyncio.run(run())
     assert 1 <= writes < 50
     assert sorted(effects) == list(range(50)), "every effect ran once, after its write"
-    assert FabricState.model_validate_json((tmp_path / "fabric-state.json").read_text()).next_id == 51
+    assert StateStore(tmp_path).load().next_id == 51
 
 
 def test_a_failed_write_reaches_its_waiters(tmp_path: Path) -> None:
     store = StateStore(tmp_path)
 
-    def broken(data: str) -> None:
+    def broken(data: tuple[str, str]) -> None:
         raise OSError(28, "No space left on device")
 
     store._write = broken  # type: ignore[method-assign]
