@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from emulator.redfish.model.state import BindingRecord, FabricState, StateStore
+from emulator.redfish.model.state import BindingRecord, FabricState, StateStore, TrackedBindings
 
 __all__ = ["BindingTable", "Revision"]
 
@@ -44,7 +44,10 @@ class BindingTable:
         return self.state.bindings.get(target)
 
     def host_bindings(self, host: str) -> list[BindingRecord]:
-        return [b for b in self.state.bindings.values() if b.host == host]
+        bindings = self.state.bindings
+        if isinstance(bindings, TrackedBindings):  # indexed by host (the store's, once loaded)
+            return bindings.on_host(host)
+        return [b for b in bindings.values() if b.host == host]
 
     def zone_targets(self, zone_id: str) -> tuple[str, ...]:
         """The targets bound through zone ``zone_id``, in binding order. From an index built once

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from emulator.redfish.model.state import (
     OperationKind,
     StateStore,
     TaskRecord,
+    TrackedBindings,
     ZoneRecord,
     utcnow,
 )
@@ -207,3 +209,40 @@ def test_a_journal_naming_an_unknown_collection_is_a_clear_error(tmp_path: Path)
     (tmp_path / "fabric-state.journal").write_text('{"version":5,"set":{"widgets":{}},"del":{}}\n')
     with pytest.raises(ValueError, match="names no collection 'widgets'"):
         StateStore(tmp_path).load()
+
+
+def test_the_bindings_index_by_host_follows_every_change() -> None:
+    """``TrackedBindings.on_host`` is what a scan of every binding would find, in the same order,
+    through whatever a caller does to the dict."""
+    rng = random.Random(7)
+    bindings = TrackedBindings(
+        {
+            f"d{i}": BindingRecord(target=f"d{i}", host=f"h{i % 3}", style=BindingStyle.ZONE, since=utcnow())
+            for i in range(10)
+        }
+    )
+
+    def record(target: str) -> BindingRecord:
+        return BindingRecord(
+            target=target, host=f"h{rng.randrange(4)}", style=BindingStyle.ZONE, since=utcnow()
+        )
+
+    for _ in range(2_000):
+        target = f"d{rng.randrange(30)}"
+        step = rng.randrange(7)
+        if step == 0:
+            bindings[target] = record(target)
+        elif step == 1 and target in bindings:
+            del bindings[target]
+        elif step == 2:
+            bindings.pop(target, None)
+        elif step == 3:
+            bindings.setdefault(target, record(target))
+        elif step == 4:
+            bindings.update({target: record(target)})
+        elif step == 5 and bindings and rng.random() < 0.1:
+            bindings.popitem()
+        elif step == 6 and rng.random() < 0.01:
+            bindings.clear()
+        for host in ("h0", "h1", "h2", "h3"):
+            assert bindings.on_host(host) == [b for b in bindings.values() if b.host == host]
