@@ -102,6 +102,9 @@ class Attachments:
         #: the DeviceBudgets a claim's new hold must fit (docs/budgets.md); None without API access
         self.budgets = budgets
         self.is_leader = driver.is_leader
+        #: device → the claim a warm device is moving to from another node: counted a miss once,
+        #: its attach after the move is not counted again (one outcome, one arrival per claim)
+        self._moving: dict[str, str] = {}
         self.answers = Answers(inventory, ledger, driver)
         #: partitions of GPUs and shares of memory pools
         self.sharing = Sharing(
@@ -184,7 +187,8 @@ class Attachments:
                 self.ledger.admit(node, name)
                 await self.records.start_attach(record, host, node, claim, namespace=request.namespace)
             self.driver.kick(name)
-            self._claimed(record, node, COLD)
+            if self._moving.pop(name, None) != claim:  # (a move's claim was counted a miss)
+                self._claimed(record, node, COLD)
             return _Wait.OPERATION
         if entry.warm_held:
             return await self._from_warm(entry, record, request)
@@ -225,6 +229,7 @@ class Attachments:
             # fabric let go), never refused and never bound twice.
             await self.records.start_detach(entry)
             self._claimed(record, node, MISS)
+            self._moving[name] = claim
             log.info("warm device moves to another node", device=name, node=node, claim=claim)
         # Warming, cooling, or reset after its last claim (a reset that fails takes it out of the
         # pool: this claim then gets it cold): wait for that to finish.

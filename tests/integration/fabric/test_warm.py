@@ -235,6 +235,8 @@ async def test_miss_moves_the_device_to_the_claims_node(clean: FabricAdmin, tmp_
             shown = await client.device(device)
             assert (shown.state, shown.node, shown.claim_uid) == (BindingState.BOUND, AWAY, claim)
             assert sample(scrape(role), "fabric_dra_warm_claims_total", model=L40S, outcome="miss") == 1.0
+            # one outcome for the claim: its attach after the move is not a cold one as well
+            assert not sample(scrape(role), "fabric_dra_warm_claims_total", model=L40S, outcome="cold")
             await until(lambda: warm_devices(role), "the pool refilled")
             assert clean.bound_hosts() == {device: AWAY, spare: HOME}
             await client.detach(device, AWAY, claim, wait_seconds=20)
