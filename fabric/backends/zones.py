@@ -177,7 +177,10 @@ class _Roles:
 
 @dataclass(slots=True)
 class _BoundMemo:
-    """:meth:`ZoneBackend._bound_from`'s answer, kept with what each zone contributed to it."""
+    """Who is bound, over the shared zone reads (:func:`bound_over`), kept with what
+    each zone contributed: a zone is worked out again only when its JSON is another object (a
+    version not seen before). A bindings pass at 10,000 bindings walked every zone's members and
+    every target — a seventh of the manager's CPU during attaches, each pass holding the loop."""
 
     #: the discovery's targets (the list itself) and the initiators' generation it was made with
     key: tuple[list[str], int]
@@ -187,6 +190,33 @@ class _BoundMemo:
     counts: dict[str, dict[str, int]]
     #: target → the hosts it is bound to, sorted
     answer: dict[str, tuple[str, ...]]
+
+    @classmethod
+    def for_targets(cls, targets: list[str], generation: int) -> _BoundMemo:
+        return cls((targets, generation), {}, {}, dict.fromkeys(targets, ()))
+
+    def update(
+        self, current: Mapping[str, JSON], reads: ZoneReads, initiators: Mapping[str, str]
+    ) -> dict[str, tuple[str, ...]]:
+        """The answer for the zones ``current`` lists, as the shared read gave them (a copy)."""
+        touched: set[str] = set()
+        for uri in [u for u in self.zones if u not in current]:
+            self.drop(uri, touched)
+        for uri, body in current.items():
+            kept = self.zones.get(uri)
+            if kept is not None and kept[0] is body:
+                continue
+            self.drop(uri, touched)
+            _, view, endpoints = reads.view(uri, body)
+            hosts: frozenset[str] = frozenset()
+            if view.uri is not None and view.zone_type in _BINDING_ZONE_TYPES:
+                hosts = frozenset(initiators[e] for e in endpoints if e in initiators)
+            self.add(uri, body, hosts, endpoints if hosts else frozenset(), touched)
+        for endpoint in touched:
+            if endpoint in self.answer:
+                held = self.counts.get(endpoint)
+                self.answer[endpoint] = tuple(sorted(held)) if held else ()
+        return dict(self.answer)
 
     def drop(self, uri: str, touched: set[str]) -> None:
         kept = self.zones.pop(uri, None)
@@ -318,8 +348,7 @@ class ZoneBackend(Backend):
         self.skip_memory_targets = skip_memory_targets
         self.roles = _Roles()
         self._targets: list[str] = []
-        #: the last bindings pass's answer over the shared zone reads (:meth:`_bound_from`)
-        self._bound: _BoundMemo | None = None
+        self._bound: _BoundMemo | None = None  # the bindings passes' answer (:func:`bound_over`)
         #: host → the zone of that host alone that offers Zone.AddEndpoint (from discovery)
         self._host_zones: dict[str, str] = {}
         self._snapshots: dict[str, _Snapshot] = {}
@@ -383,41 +412,12 @@ class ZoneBackend(Backend):
         collection = fabric.zones if fabric else None
         current = await self.reads.current(walk, collection)
         if current is not None:
-            return self._bound_from(current)
+            return bound_over(self, current)
         zones: dict[str, _Zone] = {}
         for zone in await walk.members(collection, Zone):
             self._add_zone(zones, zone)
         bound = self.roles.bound_by(list(zones.values()))
         return {t: tuple(sorted(bound.get(t, ()))) for t in self._targets}
-
-    def _bound_from(self, current: Mapping[str, JSON]) -> dict[str, tuple[str, ...]]:
-        """Target → the hosts it is bound to, from every zone as the shared read gave it; what a
-        zone contributes is worked out again only when its JSON is another object (a version not
-        seen before). A bindings pass at 10,000 bindings walked every zone's members and every
-        target (a seventh of the manager's CPU during attaches, each such pass blocking the loop)."""
-        memo = self._bound
-        key = (self._targets, self.roles.generation)
-        if memo is None or memo.key[0] is not key[0] or memo.key[1] != key[1]:
-            memo = self._bound = _BoundMemo(key, {}, {}, dict.fromkeys(self._targets, ()))
-        touched: set[str] = set()
-        for uri in [u for u in memo.zones if u not in current]:
-            memo.drop(uri, touched)
-        for uri, body in current.items():
-            kept = memo.zones.get(uri)
-            if kept is not None and kept[0] is body:
-                continue
-            memo.drop(uri, touched)
-            _, view, endpoints = self.reads.view(uri, body)
-            hosts: frozenset[str] = frozenset()
-            if view.uri is not None and view.zone_type in _BINDING_ZONE_TYPES:
-                initiators = self.roles.initiator_hosts
-                hosts = frozenset(initiators[e] for e in endpoints if e in initiators)
-            memo.add(uri, body, hosts, endpoints if hosts else frozenset(), touched)
-        for endpoint in touched:
-            if endpoint in memo.answer:
-                held = memo.counts.get(endpoint)
-                memo.answer[endpoint] = tuple(sorted(held)) if held else ()
-        return dict(memo.answer)
 
     async def _zones(self, walk: Walk, fabric: Fabric, endpoints: list[EndpointView]) -> list[_Zone]:
         zones: dict[str, _Zone] = {}
@@ -757,3 +757,11 @@ def _endpoint_action(device: DeviceRecord, endpoint_etag: str | None, zone_etag:
     if zone_etag:
         body["ZoneETag"] = zone_etag
     return body
+
+
+def bound_over(backend: ZoneBackend, current: Mapping[str, JSON]) -> dict[str, tuple[str, ...]]:
+    """Target → the hosts it is bound to, from the shared zone reads ``current`` (:class:`_BoundMemo`)."""
+    memo, generation = backend._bound, backend.roles.generation
+    if memo is None or memo.key[0] is not backend._targets or memo.key[1] != generation:
+        memo = backend._bound = _BoundMemo.for_targets(backend._targets, generation)
+    return memo.update(current, backend.reads, backend.roles.initiator_hosts)

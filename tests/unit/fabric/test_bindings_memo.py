@@ -1,5 +1,5 @@
 """A bindings pass over the shared zone reads works out again only the zones whose JSON is new
-(fabric/backends/zones.py, ``ZoneBackend._bound_from``), and answers what a walk over every
+(fabric/backends/zones.py, ``bound_over``), and answers what a walk over every
 zone's members answers (``_Roles.bound_by``), through zones bound and unbound, added and gone,
 initiators learned, and a new discovery's targets."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from fabric.backends.zones import ZoneBackend, _Zone
+from fabric.backends.zones import ZoneBackend, _Zone, bound_over
 
 FABRIC = "/redfish/v1/Fabrics/PCIe"
 
@@ -65,7 +65,7 @@ def test_the_kept_answer_is_the_walk_over_every_zone() -> None:
             backend._targets = list(backend._targets)
         # else: the same zone read again, a new JSON object of the same version
         current[changed] = _zone(changed, sorted(members[changed]), kinds[changed])
-        assert backend._bound_from(current) == _expected(backend, current), step
+        assert bound_over(backend, current) == _expected(backend, current), step
 
 
 def test_an_unchanged_read_costs_no_zone() -> None:
@@ -74,10 +74,10 @@ def test_an_unchanged_read_costs_no_zone() -> None:
     backend._targets = [f"{FABRIC}/Endpoints/gpu0", f"{FABRIC}/Endpoints/gpu1"]
     uri = f"{FABRIC}/Zones/h0"
     current = {uri: _zone(uri, [f"{FABRIC}/Endpoints/h0-init", f"{FABRIC}/Endpoints/gpu0"])}
-    first = backend._bound_from(current)
+    first = bound_over(backend, current)
     assert first == {f"{FABRIC}/Endpoints/gpu0": ("h0",), f"{FABRIC}/Endpoints/gpu1": ()}
     viewed = dict(backend.reads._views)
-    assert backend._bound_from(current) == first
+    assert bound_over(backend, current) == first
     assert backend.reads._views == viewed  # nothing viewed again
     first[f"{FABRIC}/Endpoints/gpu1"] = ("someone",)  # the caller's copy, not the kept answer
-    assert backend._bound_from(current)[f"{FABRIC}/Endpoints/gpu1"] == ()
+    assert bound_over(backend, current)[f"{FABRIC}/Endpoints/gpu1"] == ()
