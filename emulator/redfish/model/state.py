@@ -235,12 +235,11 @@ class _Written:
     object has the JSON it had; a finished task is not changed either. Every other record (client
     zones, connections, chunks, faults, running tasks: a few) is serialised again and compared."""
 
-    __slots__ = ("records", "scalars")
+    __slots__ = ("records",)
 
     def __init__(self) -> None:
         #: collection → Id → (the record object, its JSON, whether it was settled then)
         self.records: dict[str, dict[str, tuple[BaseModel, str, bool]]] = {c: {} for c in _COLLECTIONS}
-        self.scalars: dict[str, int] = {}
 
     def fragment(self, collection: str, ident: str, record: BaseModel) -> tuple[str, bool]:
         """``record``'s JSON and whether it differs from what was written."""
@@ -465,9 +464,7 @@ class StateStore:
                 for gone in [i for i in kept if i not in records]:
                     del kept[gone]
             collections.append(f"{json.dumps(collection)}:{{{','.join(parts)}}}")
-        written.scalars = {name: getattr(self.state, name) for name in _SCALARS}
-        scalars = ",".join(f"{json.dumps(k)}:{json.dumps(v)}" for k, v in written.scalars.items())
-        return f"{{{scalars},{','.join(collections)}}}"
+        return f"{{{self._scalars()},{','.join(collections)}}}"
 
     def _journal_line(self) -> str:
         """One line of the records that changed since the last write, the Ids removed, the scalars."""
@@ -504,9 +501,11 @@ class StateStore:
                 changed.append(f"{json.dumps(collection)}:{{{','.join(parts)}}}")
             if gone:
                 removed.append(f"{json.dumps(collection)}:{json.dumps(gone)}")
-        written.scalars = {name: getattr(self.state, name) for name in _SCALARS}
-        scalars = ",".join(f"{json.dumps(k)}:{json.dumps(v)}" for k, v in written.scalars.items())
-        return f'{{{scalars},"set":{{{",".join(changed)}}},"del":{{{",".join(removed)}}}}}\n'
+        return f'{{{self._scalars()},"set":{{{",".join(changed)}}},"del":{{{",".join(removed)}}}}}\n'
+
+    def _scalars(self) -> str:
+        """The state's counters as JSON members (every snapshot and journal line carries them)."""
+        return ",".join(f"{json.dumps(name)}:{json.dumps(getattr(self.state, name))}" for name in _SCALARS)
 
     def _track(self, state: FabricState) -> None:
         """Have ``state``'s bindings note their changes (a state loaded or set anew has a plain dict)."""
