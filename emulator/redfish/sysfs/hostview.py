@@ -201,22 +201,31 @@ def _write(path: Path, text: str | bytes) -> None:
         os.close(fd)
 
 
-def _rewrite(path: Path, text: str) -> None:
-    """``path`` holding ``text``: left alone when it does already (a read costs ext4 no
-    journalled change; a truncate and write free and allocate a block)."""
+def _holds(path: Path, text: str) -> bool:
+    """Whether ``path`` holds exactly ``text``."""
     data = text.encode("ascii")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
-        pass
-    else:
-        try:
-            same = os.read(fd, len(data) + 1) == data
-        finally:
-            os.close(fd)
-        if same:
-            return
-    _write(path, data)
+        return False
+    try:
+        return os.read(fd, len(data) + 1) == data
+    finally:
+        os.close(fd)
+
+
+def _rewrite(path: Path, text: str) -> None:
+    """``path`` holding ``text``: left alone when it does already (a read costs ext4 no
+    journalled change; a truncate and write free and allocate a block)."""
+    if not _holds(path, text):
+        _write(path, text)
+
+
+def _links_to(link: Path, target: str) -> bool:
+    try:
+        return os.readlink(link) == target
+    except OSError:
+        return False
 
 
 def _symlink(link: Path, target: str) -> None:
@@ -512,13 +521,21 @@ class HostView:
         sys_root = self.sys_root(e.host)
         memdev = f"mem{memdev_n}"
         mem = sys_root / "devices" / "cxl" / memdev
-        (mem / "ram").mkdir(parents=True, exist_ok=True)
+        bus_link = sys_root / "bus" / "cxl" / "devices" / memdev
+        link_target = f"../../../devices/cxl/{memdev}"
         dsn = dsn_from_serial(e.serial)
         # Linux prints a memdev's serial as "%#llx"; a non-hex serial is written as it is.
-        _write(mem / "serial", (f"{dsn:#x}" if dsn is not None else e.serial) + "\n")
-        _write(mem / "numa_node", f"{e.numa_node}\n")
-        _write(mem / "ram" / "size", f"{e.device_size_bytes:#x}\n")
-        _symlink(sys_root / "bus" / "cxl" / "devices" / memdev, f"../../../devices/cxl/{memdev}")
+        serial = (f"{dsn:#x}" if dsn is not None else e.serial) + "\n"
+        # The kernel probes a memdev once: a second region on it leaves the memdev as it is. Made
+        # again (a truncate and write, a bus link removed and re-made), a scanner looking for the
+        # first region's chunk at that moment would find its memdev without a serial, or none.
+        if not (_links_to(bus_link, link_target) and _holds(mem / "serial", serial)):
+            (mem / "ram").mkdir(parents=True, exist_ok=True)
+            _rewrite(mem / "serial", serial)
+            _rewrite(mem / "numa_node", f"{e.numa_node}\n")
+            _rewrite(mem / "ram" / "size", f"{e.device_size_bytes:#x}\n")
+            if not _links_to(bus_link, link_target):
+                _symlink(bus_link, link_target)
 
         region = f"region{region_n}"
         reg = sys_root / "devices" / "cxl" / region

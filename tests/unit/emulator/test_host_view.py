@@ -181,6 +181,36 @@ def test_cxl_memdev_is_shared_by_the_chunks_of_one_device(tmp_path: Path) -> Non
     assert list(cxl.iterdir()) == []
 
 
+def test_a_second_chunk_leaves_the_memdev_a_first_chunk_uses_untouched(tmp_path: Path) -> None:
+    """The kernel probes a memdev once; a second region on it does not re-create the memdev. A
+    rewrite (truncate, then write) or a re-made bus link leaves a moment in which a scanner finds
+    the memdev without its serial or not at all, and with it the first chunk gone from the host."""
+    view = HostView(tmp_path)
+    view.reset({"h1": "256ebd99-678f-4f37-b1b6-3b826ce5e7a8"})
+    base = {
+        **_gpu().__dict__,
+        "type": DeviceType.CXL_MEMORY,
+        "serial": "0000c0ffee000001",
+        "size_bytes": 16 << 30,
+        "device_size_bytes": 64 << 30,
+    }
+    view.add(HostEntry(**{**base, "target": "cxl-c0", "address": HostAddress(memdev=0, region=0)}))
+    cxl = view.sys_root("h1") / "bus" / "cxl" / "devices"
+    memdev = view.sys_root("h1") / "devices" / "cxl" / "mem0"
+    watched = [cxl / "mem0", memdev / "serial", memdev / "numa_node", memdev / "ram" / "size"]
+    for path in watched:  # an old time stamp: any write or re-make after this shows
+        os.utime(path, ns=(10**18, 10**18), follow_symlinks=False)
+    before = [(os.lstat(p).st_ino, os.lstat(p).st_mtime_ns, os.lstat(p).st_size) for p in watched]
+    second = HostEntry(**{**base, "target": "cxl-c1", "address": HostAddress(memdev=0, region=1)})
+    for _ in range(3):
+        view.add(second)
+        view.remove(second)
+    view.add(second)
+    after = [(os.lstat(p).st_ino, os.lstat(p).st_mtime_ns, os.lstat(p).st_size) for p in watched]
+    assert after == before
+    assert (cxl / "mem0" / "serial").read_text() == "0xc0ffee000001\n"
+
+
 def _binding(target: str, address: HostAddress) -> BindingRecord:
     return BindingRecord(target=target, host="h1", style=BindingStyle.ZONE, since=utcnow(), address=address)
 
