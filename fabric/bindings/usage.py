@@ -10,7 +10,10 @@ beside the ledger so that restarts and leader changes lose nothing (docs/manager
   when the state does, not at the next tick. An entry the meter has not seen before counts from
   its ledger ``updated_at`` when that is later, so a new attach is not charged for the time before
   it existed. Seconds are split at hour boundaries into hourly buckets
-  (:func:`split_hours`).
+  (:func:`split_hours`). The entries are counted in groups, by key and by when they were last
+  counted: every entry counted up to the last tick is in one group of its key, so a tick costs
+  the distinct keys and the entries changed since the previous tick, not the ledger (a scrape of
+  a manager holding 10,000 bindings walked all of them: docs/performance.md, "Fleet scale").
 * **Attribution.** A claim's namespace and workload come from the claim itself, as the manager's
   informer of ResourceClaims sees it: the workload is the claim's controller ``ownerReference``
   (``Kind/name``; for a claim made from a pod's ``resourceClaimTemplate``, the Pod), else
@@ -36,6 +39,7 @@ import base64
 import contextlib
 import gzip
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -114,6 +118,24 @@ class UsageKey(NamedTuple):
 
 #: what one ledger entry's seconds count to: (key, weight) pairs
 _Keys = tuple[tuple[UsageKey, float], ...]
+
+
+#: the group "since" of every entry counted up to the last tick (:class:`UsageMeter`)
+_COUNTED = datetime.min.replace(tzinfo=UTC)
+
+
+@dataclass(slots=True)
+class _Opened:
+    """A ledger entry as the meter counts it: the keys its seconds go to, since when it is not
+    counted (once a tick has passed since ``tick``, the meter's last tick), whether the keys are
+    final (its owner and model known: else each tick looks again) and the claims it holds (whose
+    owners are kept while it does)."""
+
+    keys: _Keys
+    since: datetime
+    tick: int
+    settled: bool
+    holders: tuple[str, ...]
 
 
 class UsageError(FabricUnavailable):
@@ -451,9 +473,25 @@ class UsageMeter:
         self._last: datetime | None = None
         #: when this replica began counting: foreign bindings are counted from here on only
         self._resumed_at: datetime | None = None
-        #: device → the key its entry had when last counted and since when it is not counted yet:
+        #: device → the keys its entry had when last counted and since when it is not counted yet:
         #: a change closes the interval at the moment it happens (:meth:`_ledger_changed`)
-        self._open: dict[str, tuple[_Keys, datetime]] = {}
+        self._open: dict[str, _Opened] = {}
+        #: (keys, since) → how many open entries count to ``keys`` from ``since``; ``since`` is
+        #: :data:`_COUNTED` for all counted up to the last tick, so that a tick adds one interval
+        #: per group, not one per entry
+        self._groups: Counter[tuple[_Keys, datetime]] = Counter()
+        #: ticks so far: an entry opened before the last one is counted up to it
+        self._ticks = 0
+        #: claim UID → open entries holding it; UIDs no entry holds any more, forgotten at the tick
+        self._holders: Counter[str] = Counter()
+        self._released: set[str] = set()
+        #: devices whose keys are not final (owner or model not known when opened)
+        self._unsettled: set[str] = set()
+        #: the next tick walks the whole ledger: after a load or a resume, or entries changed while
+        #: the meter could not count them (the models or owners not known yet)
+        self._walk = True
+        #: set while keys are made when an owner or model is not known (:meth:`_keyed`)
+        self._provisional = False
         #: device → its entry as loaded and since when it is not counted, until the first tick
         #: after a resume that knows the models and owners (:meth:`resume`)
         self._unopened: dict[str, tuple[LedgerEntry, datetime]] = {}
@@ -474,10 +512,13 @@ class UsageMeter:
         self._book, self._pending = book, UsageBook()
         self._last = book.counted_until if book.counted_until is not None else now
         self._resumed_at = now
-        self._open, self._unopened = {}, {}
+        self._reset_open()
+        self._unopened = {}
         last = self._last
         if self._ready():
-            self._open = {e.device: (self._keys(e), max(last, e.updated_at)) for e in self.ledger.entries()}
+            for entry in self.ledger.entries():
+                self._open_entry(entry, max(last, entry.updated_at))
+            self._walk = False
         else:
             # Their keys need the models and owners, not known yet: kept as the ledger has them
             # now, so a change before the first tick that can count (a detach in the seconds
@@ -515,6 +556,16 @@ class UsageMeter:
         self._last = None
 
     def _keys(self, entry: LedgerEntry) -> _Keys:
+        return self._keyed(entry)[0]
+
+    def _keyed(self, entry: LedgerEntry) -> tuple[_Keys, bool]:
+        """:meth:`_key_list` of ``entry``, and whether they are final: its device's model and its
+        claims' owners known (an owner the claims informer has not seen yet may show up later)."""
+        self._provisional = False
+        keys = self._key_list(entry)
+        return keys, not self._provisional
+
+    def _key_list(self, entry: LedgerEntry) -> _Keys:
         """What ``entry``'s seconds count to, and how many times: its device's seconds by state (a
         GPU serving partitions, like a warm device, has no one claim: no namespace); while bound,
         each partition holder's seconds at its share of the GPU (:data:`PARTITION`), and a memory
@@ -522,13 +573,13 @@ class UsageMeter:
         bound = entry.state is LedgerState.BOUND
         if entry.share is not None:
             pool = self.inventory.device(entry.share.pool)
-            model = model_of(pool) if pool else "unknown"
+            model = model_of(pool) if pool else self._unknown()
             if not bound:
                 return ()
             namespace, workload, labels = self._owner(entry.claim_uid, entry.namespace)
             return ((UsageKey(namespace, model, workload, MEMORY_GIB, labels), entry.share.chunk_mib / 1024),)
         record = self.inventory.device(entry.device)
-        model = model_of(record) if record else "unknown"
+        model = model_of(record) if record else self._unknown()
         if entry.warm_held or entry.partition_held:
             keys: _Keys = ((UsageKey("", model, "", str(entry.state)), 1.0),)
             table = record.attributes.partition_table if record is not None else None
@@ -557,7 +608,13 @@ class UsageMeter:
                     workload_of(claim),
                     claim_labels(claim, self.attribution.keys),
                 )
+            else:
+                self._provisional = True
         return owner or (fallback_namespace or "", "", "")
+
+    def _unknown(self) -> str:
+        self._provisional = True
+        return "unknown"
 
     def _add(self, keys: _Keys, start: datetime, end: datetime) -> None:
         for key, weight in keys:
@@ -569,51 +626,122 @@ class UsageMeter:
             return False
         return self.claims is None or self.claims.synced.is_set()
 
+    # -- the open entries, in groups ---------------------------------------------------------------
+
+    def _group(self, opened: _Opened) -> tuple[_Keys, datetime]:
+        """The group ``opened`` counts in: its own ``since`` until a tick has counted it."""
+        return opened.keys, opened.since if opened.tick == self._ticks else _COUNTED
+
+    def _start(self, opened: _Opened) -> datetime:
+        """From when ``opened`` is not counted yet (``_last`` is set: the meter counts)."""
+        assert self._last is not None
+        return max(opened.since, self._last) if opened.tick == self._ticks else self._last
+
+    def _reset_open(self) -> None:
+        self._open, self._groups, self._holders, self._unsettled = {}, Counter(), Counter(), set()
+
+    def _open_entry(self, entry: LedgerEntry, since: datetime) -> None:
+        keys, settled = self._keyed(entry)
+        holders = (entry.claim_uid, *(h.claim_uid for h in entry.partitions))
+        opened = self._open[entry.device] = _Opened(keys, since, self._ticks, settled, holders)
+        self._groups[self._group(opened)] += 1
+        self._holders.update(holders)
+        if not settled:
+            self._unsettled.add(entry.device)
+
+    def _ungroup(self, opened: _Opened) -> None:
+        group = self._group(opened)
+        self._groups[group] -= 1
+        if self._groups[group] <= 0:
+            del self._groups[group]
+
+    def _close(self, device: str, until: datetime) -> _Opened | None:
+        """Take ``device``'s entry out of the open ones, its time up to ``until`` counted."""
+        opened = self._open.pop(device, None)
+        if opened is None:
+            return None
+        self._ungroup(opened)
+        for uid in opened.holders:
+            self._holders[uid] -= 1
+            if self._holders[uid] <= 0:
+                del self._holders[uid]
+                self._released.add(uid)
+        self._unsettled.discard(device)
+        if self._last is not None:
+            self._add(opened.keys, self._start(opened), until)
+        return opened
+
+    def _walk_ledger(self) -> None:
+        """Every entry of the ledger opened again, each from when it was last counted (or, first
+        seen, from its ``updated_at``), with its keys as they are now."""
+        kept = {device: self._start(opened) for device, opened in self._open.items()}
+        self._released.update(self._owners)  # those no entry holds after the walk are forgotten
+        self._reset_open()
+        for entry in self.ledger.entries():
+            self._open_entry(entry, kept.get(entry.device, entry.updated_at))
+        self._walk = False
+
+    def _resettle(self) -> None:
+        """The keys of the entries whose owner or model was not known, looked up again."""
+        for device in list(self._unsettled):
+            opened, entry = self._open.get(device), self.ledger.get(device)
+            if opened is None or entry is None:
+                self._unsettled.discard(device)
+                continue
+            keys, settled = self._keyed(entry)
+            if keys != opened.keys:
+                self._ungroup(opened)
+                opened.keys = keys
+                self._groups[self._group(opened)] += 1
+            if settled:
+                opened.settled = True
+                self._unsettled.discard(device)
+
     def _ledger_changed(self, device: str | None) -> None:
         """A ledger entry was put or removed: the time since it was last counted goes to the key it
         had, and its new key counts from now. Counting only at ticks gave a whole tick's seconds to
         the state an entry had at the tick — a warm refill's hot-add counted as warm, a warm device
         taken by a claim uncounted since the last tick (docs/performance.md, "Warm devices")."""
         if device is None:  # the whole ledger loaded: every entry counts from its own change
-            self._open, self._unopened = {}, {}
+            self._reset_open()
+            self._unopened = {}
+            self._walk = True
             return
         last = self._last
         if last is None or not self._ready():
-            return  # the next tick counts it from its updated_at
+            self._walk = True  # the next tick that can count finds it
+            return
         now = self.clock()
-        opened = self._open.pop(device, None)
+        opened = self._close(device, now)
         loaded = self._unopened.pop(device, None)
         if opened is None and loaded is not None:
-            opened = (self._keys(loaded[0]), loaded[1])
-        if opened is not None:
-            self._add(opened[0], max(opened[1], last), now)
+            self._add(self._keys(loaded[0]), max(loaded[1], last), now)
+            self._released.update((loaded[0].claim_uid, *(h.claim_uid for h in loaded[0].partitions)))
         entry = self.ledger.get(device)
         if entry is not None:
-            self._open[device] = (self._keys(entry), now)
+            self._open_entry(entry, now)
 
     def tick(self) -> None:
         """Count the time since the previous tick. Nothing while not counting, and nothing (the time
         carried to the next tick) while the inventory is not read or the claims not listed yet, as
         the models and the owners are not known. An entry counts from when it was last counted
         (a tick or its last change, :meth:`_ledger_changed`), or — first seen — from its
-        ``updated_at`` when that is later than the previous tick."""
+        ``updated_at`` when that is later than the previous tick. An entry whose owner was not
+        known is looked up again (owners may be known better now)."""
         last = self._last
         if last is None or not self._ready():
             return
         now = self.clock()
         if now <= last:
             return
-        held: set[str] = set()
-        for entry in self.ledger.entries():
-            opened = self._open.get(entry.device)
-            start = max(last, opened[1] if opened is not None else entry.updated_at)
-            keys = self._keys(entry)  # the same state as when opened; owners may be known better now
-            self._add(keys, start, now)
-            self._open[entry.device] = (keys, now)
-            held.add(entry.claim_uid)
-            held.update(h.claim_uid for h in entry.partitions)
-        for gone in [d for d in self._open if self.ledger.get(d) is None]:
-            del self._open[gone]
+        if self._walk:
+            self._walk_ledger()
+        else:
+            self._resettle()
+        for (keys, since), count in self._groups.items():
+            start = last if since is _COUNTED else max(last, since)
+            for key, weight in keys:
+                self._pending.add(key, start, now, weight * count)
         self._unopened = {}  # every entry counted (and opened) from the same start
         foreign_from = max(last, self._resumed_at or last)
         for device in self._outside():
@@ -621,9 +749,17 @@ class UsageMeter:
             model = model_of(record) if record else device.model or str(device.type)
             self._pending.add(UsageKey("", model, "", OUTSIDE), foreign_from, now)
         self._pending.counted_until = self._last = now
-        # Forget owners of claims no entry holds any more (the entries just counted).
-        for uid in [u for u in self._owners if u not in held]:
-            del self._owners[uid]
+        # everything open is counted up to now: one group per key
+        self._ticks += 1
+        merged: Counter[tuple[_Keys, datetime]] = Counter()
+        for (keys, _since), count in self._groups.items():
+            merged[(keys, _COUNTED)] += count
+        self._groups = merged
+        # Forget owners of claims no entry holds any more.
+        for uid in self._released:
+            if uid not in self._holders:
+                self._owners.pop(uid, None)
+        self._released = set()
 
     async def flush(self) -> None:
         """Make what was counted durable.
@@ -694,7 +830,7 @@ class UsageMeter:
 
     def stranded(self) -> dict[str, int]:
         """Devices bound to a node with no claim using them, by why."""
-        warm = sum(1 for e in self.ledger.entries() if e.state is LedgerState.WARM)
+        warm = self.ledger.count_warm()
         outside = sum(1 for d in self._outside() if d.node)
         orphans = self.orphans_in_grace() if self.orphans_in_grace is not None else 0
         return {"warm": warm, "orphan-grace": orphans, "outside": outside}

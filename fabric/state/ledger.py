@@ -682,6 +682,12 @@ class Ledger:
                 if not keys:
                     del self._shares[entry.share.pool]
 
+    def count_warm(self) -> int:
+        """How many entries are warm (held for the warm pool, bound, no claim), from the index."""
+        return sum(
+            1 for held in self._warm.values() for d in held if self._entries[d].state is LedgerState.WARM
+        )
+
     def warm_nodes(self) -> list[str]:
         """The nodes with entries held for the warm pool."""
         return sorted(self._warm)
