@@ -369,12 +369,16 @@ class BudgetGate:
         return TreeReport(tree, rows, self.refusals.get((budget.key, tree)))
 
     def forget_gone(self) -> None:
-        """Drop the trees of claims that hold nothing and no longer exist."""
-        holders = self._holders()
-        held = {h.claim_uid for h in holders}
+        """Drop the trees of claims that hold nothing and no longer exist. Nothing to walk while
+        nothing is remembered (no budget has been checked): the ledger is not walked every
+        refresh for that, and the holds are walked without their devices' records."""
+        if not self._trees and not self._holdings:
+            return
+        held_now = list(holders(self.ledger, lambda _: None, lambda _: None))
+        held = {h.claim_uid for h in held_now}
         for memo in [m for m in self._trees if m[1] not in held and self.claims.get(m[1]) is None]:
             del self._trees[memo]
-        holds = {(h.claim_uid, h.device, h.share_id) for h in holders}
+        holds = {(h.claim_uid, h.device, h.share_id) for h in held_now}
         for key in [k for k in self._holdings if k not in holds]:
             del self._holdings[key]
 

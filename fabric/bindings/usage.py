@@ -127,15 +127,17 @@ _COUNTED = datetime.min.replace(tzinfo=UTC)
 @dataclass(slots=True)
 class _Opened:
     """A ledger entry as the meter counts it: the keys its seconds go to, since when it is not
-    counted (once a tick has passed since ``tick``, the meter's last tick), whether the keys are
-    final (its owner and model known: else each tick looks again) and the claims it holds (whose
-    owners are kept while it does)."""
+    counted (once a tick has passed since ``tick``, the meter's last tick) and the claims it holds
+    (whose owners are kept while it does)."""
 
     keys: _Keys
     since: datetime
     tick: int
-    settled: bool
     holders: tuple[str, ...]
+
+
+#: what keys were made without: a claim's owner (True, its UID) or a device's model (False, its name)
+_Missing = tuple[tuple[bool, str], ...]
 
 
 class UsageError(FabricUnavailable):
@@ -485,13 +487,14 @@ class UsageMeter:
         #: claim UID → open entries holding it; UIDs no entry holds any more, forgotten at the tick
         self._holders: Counter[str] = Counter()
         self._released: set[str] = set()
-        #: devices whose keys are not final (owner or model not known when opened)
-        self._unsettled: set[str] = set()
+        #: devices whose keys are not final, with what was not known when they were made (a claim
+        #: the informer had not seen, a device not in the inventory): looked up again at each tick
+        self._unsettled: dict[str, _Missing] = {}
         #: the next tick walks the whole ledger: after a load or a resume, or entries changed while
         #: the meter could not count them (the models or owners not known yet)
         self._walk = True
-        #: set while keys are made when an owner or model is not known (:meth:`_keyed`)
-        self._provisional = False
+        #: what the keys being made lack (:meth:`_keyed`)
+        self._missing: list[tuple[bool, str]] = []
         #: device → its entry as loaded and since when it is not counted, until the first tick
         #: after a resume that knows the models and owners (:meth:`resume`)
         self._unopened: dict[str, tuple[LedgerEntry, datetime]] = {}
@@ -558,12 +561,22 @@ class UsageMeter:
     def _keys(self, entry: LedgerEntry) -> _Keys:
         return self._keyed(entry)[0]
 
-    def _keyed(self, entry: LedgerEntry) -> tuple[_Keys, bool]:
-        """:meth:`_key_list` of ``entry``, and whether they are final: its device's model and its
-        claims' owners known (an owner the claims informer has not seen yet may show up later)."""
-        self._provisional = False
+    def _keyed(self, entry: LedgerEntry) -> tuple[_Keys, _Missing]:
+        """:meth:`_key_list` of ``entry``, and what they were made without (empty: they are final):
+        an owner the claims informer has not seen yet, or a model, may show up later."""
+        self._missing = []
         keys = self._key_list(entry)
-        return keys, not self._provisional
+        return keys, tuple(self._missing)
+
+    def _known_now(self, missing: _Missing) -> bool:
+        """Whether any of what keys were made without is known now (two lookups at most each)."""
+        for claim, name in missing:
+            if claim:
+                if name in self._owners or (self.claims is not None and self.claims.get(name) is not None):
+                    return True
+            elif self.inventory.device(name) is not None:
+                return True
+        return False
 
     def _key_list(self, entry: LedgerEntry) -> _Keys:
         """What ``entry``'s seconds count to, and how many times: its device's seconds by state (a
@@ -573,13 +586,13 @@ class UsageMeter:
         bound = entry.state is LedgerState.BOUND
         if entry.share is not None:
             pool = self.inventory.device(entry.share.pool)
-            model = model_of(pool) if pool else self._unknown()
+            model = model_of(pool) if pool else self._unknown(entry.share.pool)
             if not bound:
                 return ()
             namespace, workload, labels = self._owner(entry.claim_uid, entry.namespace)
             return ((UsageKey(namespace, model, workload, MEMORY_GIB, labels), entry.share.chunk_mib / 1024),)
         record = self.inventory.device(entry.device)
-        model = model_of(record) if record else self._unknown()
+        model = model_of(record) if record else self._unknown(entry.device)
         if entry.warm_held or entry.partition_held:
             keys: _Keys = ((UsageKey("", model, "", str(entry.state)), 1.0),)
             table = record.attributes.partition_table if record is not None else None
@@ -609,11 +622,11 @@ class UsageMeter:
                     claim_labels(claim, self.attribution.keys),
                 )
             else:
-                self._provisional = True
+                self._missing.append((True, claim_uid))
         return owner or (fallback_namespace or "", "", "")
 
-    def _unknown(self) -> str:
-        self._provisional = True
+    def _unknown(self, device: str) -> str:
+        self._missing.append((False, device))
         return "unknown"
 
     def _add(self, keys: _Keys, start: datetime, end: datetime) -> None:
@@ -638,16 +651,16 @@ class UsageMeter:
         return max(opened.since, self._last) if opened.tick == self._ticks else self._last
 
     def _reset_open(self) -> None:
-        self._open, self._groups, self._holders, self._unsettled = {}, Counter(), Counter(), set()
+        self._open, self._groups, self._holders, self._unsettled = {}, Counter(), Counter(), {}
 
     def _open_entry(self, entry: LedgerEntry, since: datetime) -> None:
-        keys, settled = self._keyed(entry)
+        keys, missing = self._keyed(entry)
         holders = (entry.claim_uid, *(h.claim_uid for h in entry.partitions))
-        opened = self._open[entry.device] = _Opened(keys, since, self._ticks, settled, holders)
+        opened = self._open[entry.device] = _Opened(keys, since, self._ticks, holders)
         self._groups[self._group(opened)] += 1
         self._holders.update(holders)
-        if not settled:
-            self._unsettled.add(entry.device)
+        if missing:
+            self._unsettled[entry.device] = missing
 
     def _ungroup(self, opened: _Opened) -> None:
         group = self._group(opened)
@@ -666,7 +679,7 @@ class UsageMeter:
             if self._holders[uid] <= 0:
                 del self._holders[uid]
                 self._released.add(uid)
-        self._unsettled.discard(device)
+        self._unsettled.pop(device, None)
         if self._last is not None:
             self._add(opened.keys, self._start(opened), until)
         return opened
@@ -682,20 +695,24 @@ class UsageMeter:
         self._walk = False
 
     def _resettle(self) -> None:
-        """The keys of the entries whose owner or model was not known, looked up again."""
-        for device in list(self._unsettled):
+        """The keys of the entries whose owner or model was not known, made again where any of it
+        is known now (a claim gone for good is one lookup a tick, not its keys made again)."""
+        for device, missing in list(self._unsettled.items()):
+            if not self._known_now(missing):
+                continue
             opened, entry = self._open.get(device), self.ledger.get(device)
             if opened is None or entry is None:
-                self._unsettled.discard(device)
+                del self._unsettled[device]
                 continue
-            keys, settled = self._keyed(entry)
+            keys, still = self._keyed(entry)
             if keys != opened.keys:
                 self._ungroup(opened)
                 opened.keys = keys
                 self._groups[self._group(opened)] += 1
-            if settled:
-                opened.settled = True
-                self._unsettled.discard(device)
+            if still:
+                self._unsettled[device] = still
+            else:
+                del self._unsettled[device]
 
     def _ledger_changed(self, device: str | None) -> None:
         """A ledger entry was put or removed: the time since it was last counted goes to the key it

@@ -337,3 +337,36 @@ async def test_device_hours_come_from_the_trees_attribution_label(tmp_path: Path
     gate.usage = cast(UsageMeter, _Usage(book, Attribution(keys=(TREE_KEY,))))
     with pytest.raises(BudgetExceeded, match=r"used 2\.50 of 2 device-hours in the last 24h"):
         await h.attachments.attach(attach_request("gpu0", "node-0", "c0"), wait=5)
+
+
+async def test_what_a_gone_claim_held_is_forgotten_and_nothing_is_walked_before_a_check(
+    tmp_path: Path,
+) -> None:
+    """The gate remembers each hold's tree and what it takes; once a claim holds nothing and is
+    deleted, both go. While nothing is remembered (no budget checked yet), the ledger is not walked
+    at every status refresh: at 10,000 bindings that walk held the manager's loop every 3 s."""
+    h = await make_harness(tmp_path, devices=2)
+    claims = [claim_object("c0", "gpu0"), claim_object("c1", "gpu1")]
+    gate = gate_for(h, budget_object({"devices": [{"deviceClassName": "fabric-gpu", "max": 2}]}), claims)
+    walked: list[int] = []
+    entries = h.ledger.entries
+
+    def counted() -> list[Any]:
+        walked.append(1)
+        return entries()
+
+    h.ledger.entries = counted  # type: ignore[method-assign]
+    gate.forget_gone()
+    assert walked == []
+    for i in range(2):
+        assert (await h.attachments.attach(attach_request(f"gpu{i}", "node-0", f"c{i}"), wait=5))[1] == 200
+    assert {uid for _, uid in gate._trees} == {"c0", "c1"}
+    assert "c0" in {uid for uid, _, _ in gate._holdings}  # (c1's was counted at no check yet)
+    await h.attachments.detach("gpu0", "c0", "node-0", wait=5)
+    gate.forget_gone()  # c0 holds nothing but still exists: its tree is kept
+    assert {uid for _, uid in gate._trees} == {"c0", "c1"}
+    gate.claims._apply([Change("DELETED", claims[0])], "watch")
+    gate.forget_gone()
+    assert {uid for _, uid in gate._trees} == {"c1"}
+    assert "c0" not in {uid for uid, _, _ in gate._holdings}
+    assert walked

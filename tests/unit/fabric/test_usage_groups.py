@@ -235,11 +235,15 @@ async def test_grouped_counting_is_the_walk_over_every_entry(
 
 
 async def test_a_tick_over_10000_entries_adds_one_interval_per_key(tmp_path: Path) -> None:
-    """10,000 bound entries of two namespaces: after the first tick, a tick adds one interval per
-    key (two), not one per entry, and each key's seconds are its entries times the interval."""
+    """10,000 bound entries of two namespaces, of devices the inventory does not hold and claims
+    the informer has not seen: after the first tick, a tick adds one interval per key (two), not
+    one per entry, makes no entry's keys again (what they lack is looked up, and still lacking),
+    and each key's seconds are its entries times the time."""
     h = await make_harness(tmp_path, devices=2)
     clock = _Clock(T0)
-    meter = UsageMeter(h.ledger, h.inventory, FileUsageStore(tmp_path), clock=clock)
+    meter = UsageMeter(
+        h.ledger, h.inventory, FileUsageStore(tmp_path), claims=cast(ClaimView, _Claims()), clock=clock
+    )
     await meter.resume()
     for i in range(10_000):
         h.ledger.put(
@@ -264,9 +268,18 @@ async def test_a_tick_over_10000_entries_adds_one_interval_per_key(tmp_path: Pat
         original(key, *args, **kwargs)
 
     meter._pending.add = counting_add  # type: ignore[method-assign]
+    made: list[LedgerEntry] = []
+    key_list = meter._key_list
+
+    def counting_keys(entry: LedgerEntry) -> _Keys:
+        made.append(entry)
+        return key_list(entry)
+
+    meter._key_list = counting_keys  # type: ignore[method-assign]
     clock.now += timedelta(seconds=5)
     meter.tick()
     assert len(adds) == 2
+    assert made == []
     assert meter.totals() == {
         ("team-0", "unknown", "bound"): 50_000.0,
         ("team-1", "unknown", "bound"): 50_000.0,
