@@ -132,7 +132,7 @@ def build_parts(
         events=events,
     )
     holders = _holders(s, kube, inventory, ledger, driver, metrics, events)
-    watch.after_refresh.append(holders.reconciler.reconcile)
+    watch.after_refresh.append(holders.reconciler.reconcile_changes)
     watch.after_refresh.append(ForeignBindings(inventory.facts).check)
     usage = _usage(s, ledger, inventory, usage_store, holders)
     budgets = _budgets(kube, holders, ledger, inventory, usage, events, metrics)

@@ -73,6 +73,9 @@ class Inventory:
         #: the ledger entries of a memory pool's shares (the wiring sets it)
         self.shares_of: Callable[[str], list[LedgerEntry]] = lambda pool: []
         self._records: dict[str, DeviceRecord] = {}
+        #: devices whose bound hosts changed since :meth:`binding_changes` was last asked (the
+        #: reconciler's); None: any may have
+        self._binding_changes: set[str] | None = None
         self._hosts: dict[str, HostRecord] = {}
         self._fabrics: dict[str, FabricInfo] = {}
         #: device name → its reach group (:meth:`reach_of`)
@@ -179,6 +182,16 @@ class Inventory:
         self.last_refresh_at = time.time()
         self.last_refresh_seconds = time.monotonic() - started
 
+    def binding_changes(self) -> set[str] | None:
+        """The devices whose bound hosts changed since this was last asked; None when any may have
+        (a full pass since, or never asked)."""
+        changes, self._binding_changes = self._binding_changes, set()
+        return changes
+
+    def _binding_changed(self, name: str) -> None:
+        if self._binding_changes is not None:
+            self._binding_changes.add(name)
+
     def load_bindings(self, bindings: Mapping[str, tuple[str, ...]], started: float) -> None:
         """A bindings-only pass that started at ``started`` (monotonic) found ``bindings`` (device
         key → bound hosts); a device the manager itself changed since keeps what it did."""
@@ -188,6 +201,7 @@ class Inventory:
             if hosts is None or hosts == record.bound_hosts or self._touched.get(name, 0.0) > started:
                 continue
             self._records[name] = record.with_binding(hosts)
+            self._binding_changed(name)
             self.changed(name)
 
     def load(self, snapshot: FabricSnapshot, host_nodes: Mapping[str, str], started: float) -> None:
@@ -202,6 +216,7 @@ class Inventory:
                 record = record.with_binding(current.bound_hosts)
             records[record.name] = record
         self._records = records
+        self._binding_changes = None  # every device's, as far as a reader of them knows
         self._hosts = snapshot.hosts
         self._fabrics = snapshot.fabrics
         self._reach = self._reach_groups()
@@ -224,6 +239,7 @@ class Inventory:
         record = self._records.get(name)
         if record is not None:
             self._records[name] = record.with_binding(hosts)
+            self._binding_changed(name)
         self._touched[name] = time.monotonic()
         self.changed(name)
 

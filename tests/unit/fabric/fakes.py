@@ -7,6 +7,7 @@ the same flows against the real emulator over HTTP.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,6 +175,16 @@ class FakeDiscovery:
     def backend_for(self, device: DeviceRecord) -> Backend:
         return self.backend
 
+    async def scan_bindings(self) -> tuple[dict[str, tuple[str, ...]], int, float]:
+        """Who is bound, as a bindings-only pass reads it: (device key → hosts, GETs, start)."""
+        started = time.monotonic()
+        self.fabric.check_reachable()
+        bound: dict[str, tuple[str, ...]] = {}
+        for d in self.fabric.devices:
+            host = self.fabric.bound.get(d)
+            bound[f"/redfish/v1/Fabrics/{FABRIC}/Endpoints/{d}"] = (host,) if host else ()
+        return bound, 1, started
+
     async def scan(self) -> FabricSnapshot:
         self.fabric.check_reachable()
         hosts = {
@@ -245,6 +256,6 @@ async def make_harness(
     )
     attachments = Attachments(inventory, ledger, driver)
     reconciler = Reconciler(inventory, ledger, driver)
-    watch.after_refresh.append(reconciler.reconcile)
+    watch.after_refresh.append(reconciler.reconcile_changes)  # as the manager's wiring does
     await watch.refresh()
     return Harness(fake, inventory, watch, ledger, attachments, driver, reconciler, leader)
