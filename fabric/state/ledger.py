@@ -437,7 +437,7 @@ class ConfigMapLedgerStore(LedgerStore):
             entry = entries.get(device)
             if entry is not None:
                 self._members[shard].add(device)
-                self._encoded[device] = entry.model_dump_json()
+                self._encoded[device] = _entry_json(entry)
             else:
                 self._members[shard].discard(device)
                 self._encoded.pop(device, None)
@@ -452,7 +452,7 @@ class ConfigMapLedgerStore(LedgerStore):
         """The entry's JSON as last written, or encoded now (an entry loaded and not written since)."""
         encoded = self._encoded.get(device)
         if encoded is None:
-            encoded = self._encoded[device] = entries[device].model_dump_json()
+            encoded = self._encoded[device] = _entry_json(entries[device])
         return encoded
 
     def _body(self, shard: int, entries: Mapping[str, LedgerEntry]) -> dict[str, Any]:
@@ -598,6 +598,14 @@ class ConfigMapLedgerStore(LedgerStore):
                 ) from None
             self._versions[shard] = str((current.get("metadata") or {}).get("resourceVersion") or "")
             return True
+
+
+def _entry_json(entry: LedgerEntry) -> str:
+    """An entry as a shard holds it: without the fields at their defaults (no error, no task, no
+    partitions...), which read back as the same entry. A shard is rewritten whole on each change
+    of one of its entries, and both sides parse it: at 10,000 bindings a shard holds ~40 entries,
+    and this is a quarter of each write (356 → 264 bytes an entry bound to a claim)."""
+    return entry.model_dump_json(exclude_defaults=True)
 
 
 def shard_of(device: str) -> int:

@@ -222,3 +222,36 @@ async def test_a_shard_write_carries_its_shards_entries_as_a_ledger_document() -
     reread = Ledger(ConfigMapLedgerStore(server, name="ledger", namespace="ns"))  # type: ignore[arg-type]
     await reread.load()
     assert sorted(e.device for e in reread.entries()) == sorted(set(devices) - {"gpu8"})
+
+
+async def test_a_shard_leaves_out_the_fields_at_their_defaults_and_reads_back_the_same_entries() -> None:
+    """Each change rewrites its whole shard (both sides parse it), so an entry is written without
+    the fields at their defaults; read back, every entry is the one that was put, whatever it holds."""
+    from fabric.state.ledger import PartitionHold, ResetState, ShareRecord
+
+    server = ShardServer()
+    ledger = Ledger(ConfigMapLedgerStore(server, name="ledger", namespace="ns"))  # type: ignore[arg-type]
+    await ledger.load()
+    plain = entry("gpu1")
+    busy = entry("gpu2").model_copy(
+        update={
+            "rollback": True,
+            "task_monitor": "/redfish/v1/TaskService/TaskMonitors/7",
+            "error": "FabricUnavailable",
+            "namespace": "team-a",
+            "reset": ResetState.PENDING,
+            "partitions": [PartitionHold(partition="gpu2-1g.10gb-0", claim_uid="c9")],
+        }
+    )
+    share = entry("pool0/s1").model_copy(
+        update={"share": ShareRecord(pool="pool0", share_id="s1", memory_bytes=1 << 30, chunk_mib=1024)}
+    )
+    for e in (plain, busy, share):
+        ledger.put(e)
+    await ledger.commit()
+    raw = server.objects[shard_names("ledger")[shard_of("gpu1")]]["data"]["ledger.json"]
+    written = json.loads(raw)["entries"]["gpu1"]
+    assert not {"rollback", "task_monitor", "error", "reset", "partitions", "share"} & set(written)
+    reread = Ledger(ConfigMapLedgerStore(server, name="ledger", namespace="ns"))  # type: ignore[arg-type]
+    await reread.load()
+    assert {e.device: e for e in reread.entries()} == {e.device: e for e in (plain, busy, share)}
