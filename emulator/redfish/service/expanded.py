@@ -79,6 +79,7 @@ class ExpandedAnswers:
         revision = self.ctx.revision.value
         kept = self._answers.get(key)
         if kept is not None and not kept.volatile:
+            self._answers[key] = self._answers.pop(key)  # most recently used last
             if kept.revision == revision:
                 self.counts["kept"] += 1
                 return kept.body, kept.etag
@@ -141,8 +142,10 @@ class ExpandedAnswers:
 
     def _inline(self, uri: str, raw: bytes, tag: str, chosen: Select | None) -> dict[str, Any]:
         key = (uri, tag, chosen)
-        member = self._inlined.get(key)
-        if member is None:
+        member = self._inlined.pop(key, None)
+        if member is not None:
+            self._inlined[key] = member  # the most recently used last (the oldest go past the limit)
+        else:
             member = json.loads(raw)
             if chosen is not None:
                 member = chosen.apply(member)

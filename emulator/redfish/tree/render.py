@@ -65,6 +65,12 @@ class Renderer:
         if fingerprint is not None:
             kept = self._kept.get(node.uri)
             if kept is not None and kept[0] == fingerprint:
+                # the most recently used goes last: past the limit the least recently used goes,
+                # not the first kept (the zones an expanded answer uses at every change were
+                # evicted one by one by other reads, and rendered again each time: at 10,000
+                # bindings a zone of a hundred endpoints a change)
+                del self._kept[node.uri]
+                self._kept[node.uri] = kept
                 return kept[1], kept[2]
         body, etag = tagged(node.payload(), etags=self.etags)
         # past the limit the oldest goes (a dict keeps insertion order): a pass over a fabric of

@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import random
 from pathlib import Path
+from typing import Any
 
 import httpx
+import pytest
 import yaml
 
 from emulator.redfish.model.latency import INSTANT
@@ -130,3 +132,51 @@ def test_a_collection_is_rendered_again_when_its_members_change_only() -> None:
     members.append("c")
     assert plain.fingerprint() != before
     assert Wider(None, "/c", "XCollection", "X", lambda: members, lambda _i: None).fingerprint() is None  # type: ignore[arg-type]
+
+
+def test_unchanged_zones_are_not_rendered_again_when_other_reads_fill_the_kept_renderings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The renderer keeps renderings by fingerprint up to a limit. Used ones must stay: with the
+    first kept evicted first, reads of other resources pushed the zones out one by one, and each
+    change's expanded Zones listing rendered a zone again — at 10,000 bindings, a hundred endpoints
+    each. With the kept renderings full, only the changed zone is rendered per change."""
+    from emulator.redfish.tree import render
+    from emulator.redfish.views import fabrics
+
+    monkeypatch.setattr(render, "_KEPT_LIMIT", 40)
+    index = parse_topology(yaml.safe_load(generate_topology_yaml(GenerateSpec(hosts=12, gpus=120))))
+    service = build_service(
+        ServeConfig(index=index, state_dir=tmp_path / "state", latency=INSTANT, credentials=None)
+    )
+    rendered: list[str] = []
+    real = fabrics.ZoneNode.render
+
+    def counted(node: fabrics.ZoneNode) -> Any:
+        rendered.append(node.zone_id)
+        return real(node)
+
+    monkeypatch.setattr(fabrics.ZoneNode, "render", counted)
+    listing = {"$expand": ".($levels=1)", "$select": "Id"}
+    changed: list[str] = []
+
+    async def main() -> None:
+        transport = httpx.ASGITransport(app=service.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://emulator") as client:
+            zones = [m["@odata.id"] for m in (await client.get(ZONES)).json()["Members"]]
+            changed.append(zones[0].rsplit("/", 1)[1])
+            gpus = sorted(t for t in index.targets if t.startswith("gpu"))
+            assert (await client.get(ZONES, params=listing)).status_code == 200
+            rendered.clear()
+            for turn in range(30):
+                action = "AddEndpoint" if turn % 2 == 0 else "RemoveEndpoint"
+                done = await client.post(
+                    f"{zones[0]}/Actions/Zone.{action}", json={"Endpoint": {"@odata.id": f"{ENDPOINTS}/gpu1"}}
+                )
+                assert done.status_code == 204, done.text
+                assert (await client.get(ZONES, params=listing)).status_code == 200
+                for k in range(4):  # endpoints read between changes: new renderings to keep
+                    await client.get(f"{ENDPOINTS}/{gpus[(turn * 4 + k) % len(gpus)]}")
+
+    asyncio.run(main())
+    assert rendered == changed * 30
