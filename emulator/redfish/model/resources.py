@@ -65,17 +65,32 @@ class _Obj(BaseModel):
 
 
 class Ref(_Obj):
-    """A link: ``{"@odata.id": "/redfish/v1/..."}``."""
+    """A link: ``{"@odata.id": "/redfish/v1/..."}``; frozen, as one instance serves every resource
+    that names the URI (:func:`ref`)."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
 
     odata_id: str = Field(alias="@odata.id")
 
 
+#: links made so far, by URI: a link is never changed once made, so one instance serves every
+#: resource that names it (a zone of a hundred endpoints validated a hundred new links at each
+#: rendering). Bounded: past the limit links are made anew (task monitors, sessions come and go).
+_REFS: dict[str, Ref] = {}
+_REFS_LIMIT = 1 << 16
+
+
 def ref(uri: str) -> Ref:
-    return Ref(odata_id=uri)
+    made = _REFS.get(uri)
+    if made is None:
+        made = Ref(odata_id=uri)
+        if len(_REFS) < _REFS_LIMIT:
+            _REFS[uri] = made
+    return made
 
 
 def refs(uris: list[str] | tuple[str, ...]) -> list[Ref]:
-    return [Ref(odata_id=u) for u in uris]
+    return [ref(u) for u in uris]
 
 
 class Status(_Obj):
