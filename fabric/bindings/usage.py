@@ -443,6 +443,89 @@ class ConfigMapUsageStore(UsageStore):
 # -- the meter ---------------------------------------------------------------------------------------
 
 
+class EntryKeys:
+    """What a ledger entry's seconds count to (:class:`UsageKey` and weight pairs), from the models
+    the inventory knows and the owners the claims informer saw, each owner remembered per claim
+    UID (kept after the claim is gone, while an entry holds it: :class:`UsageMeter` forgets it)."""
+
+    def __init__(self, inventory: Inventory, claims: ClaimView | None, attribution: Attribution) -> None:
+        self.inventory = inventory
+        self.claims = claims
+        self.attribution = attribution
+        #: claim UID → (namespace, workload, labels)
+        self.owners: dict[str, tuple[str, str, str]] = {}
+        #: what the keys being made lack (:meth:`keyed`)
+        self._missing: list[tuple[bool, str]] = []
+
+    def keyed(self, entry: LedgerEntry) -> tuple[_Keys, _Missing]:
+        """:meth:`key_list` of ``entry``, and what they were made without (empty: they are final):
+        an owner the claims informer has not seen yet, or a model, may show up later."""
+        self._missing = []
+        keys = self.key_list(entry)
+        return keys, tuple(self._missing)
+
+    def known_now(self, missing: _Missing) -> bool:
+        """Whether any of what keys were made without is known now (two lookups at most each)."""
+        for claim, name in missing:
+            if claim:
+                if name in self.owners or (self.claims is not None and self.claims.get(name) is not None):
+                    return True
+            elif self.inventory.device(name) is not None:
+                return True
+        return False
+
+    def key_list(self, entry: LedgerEntry) -> _Keys:
+        """What ``entry``'s seconds count to, and how many times: its device's seconds by state (a
+        GPU serving partitions, like a warm device, has no one claim: no namespace); while bound,
+        each partition holder's seconds at its share of the GPU (:data:`PARTITION`), and a memory
+        share's GiB-seconds (:data:`MEMORY_GIB`; a share is no device: no device-seconds)."""
+        bound = entry.state is LedgerState.BOUND
+        if entry.share is not None:
+            pool = self.inventory.device(entry.share.pool)
+            model = model_of(pool) if pool else self._unknown(entry.share.pool)
+            if not bound:
+                return ()
+            namespace, workload, labels = self._owner(entry.claim_uid, entry.namespace)
+            return ((UsageKey(namespace, model, workload, MEMORY_GIB, labels), entry.share.chunk_mib / 1024),)
+        record = self.inventory.device(entry.device)
+        model = model_of(record) if record else self._unknown(entry.device)
+        if entry.warm_held or entry.partition_held:
+            keys: _Keys = ((UsageKey("", model, "", str(entry.state)), 1.0),)
+            table = record.attributes.partition_table if record is not None else None
+            if not bound or table is None:
+                return keys
+            for hold in entry.partitions:
+                partition = parse_partition(hold.partition, {entry.device: table})
+                if partition is not None:
+                    namespace, workload, labels = self._owner(hold.claim_uid, entry.namespace)
+                    keys += ((UsageKey(namespace, model, workload, PARTITION, labels), partition.gpu_share),)
+            return keys
+        namespace, workload, labels = self._owner(entry.claim_uid, entry.namespace)
+        return ((UsageKey(namespace, model, workload, str(entry.state), labels), 1.0),)
+
+    def _owner(self, claim_uid: str, fallback_namespace: str | None) -> tuple[str, str, str]:
+        """(namespace, workload, attribution labels) of a claim, remembered per UID. Not known from a
+        claim (no API access, or a claim gone before a restart): the namespace the plugin sent with the
+        attach, as the entry keeps it (for a GPU's partitions: the first holder's), no workload and no
+        labels."""
+        owner = self.owners.get(claim_uid)
+        if owner is None and self.claims is not None:
+            claim = self.claims.get(claim_uid)
+            if claim is not None:
+                owner = self.owners[claim_uid] = (
+                    claim.metadata.namespace or "",
+                    workload_of(claim),
+                    claim_labels(claim, self.attribution.keys),
+                )
+            else:
+                self._missing.append((True, claim_uid))
+        return owner or (fallback_namespace or "", "", "")
+
+    def _unknown(self, device: str) -> str:
+        self._missing.append((False, device))
+        return "unknown"
+
+
 class UsageMeter:
     """The leader's accounting: integrates the ledger (and the fabric's foreign bindings) into a
     :class:`UsageBook` and keeps it durable through a :class:`UsageStore`."""
@@ -493,13 +576,11 @@ class UsageMeter:
         #: the next tick walks the whole ledger: after a load or a resume, or entries changed while
         #: the meter could not count them (the models or owners not known yet)
         self._walk = True
-        #: what the keys being made lack (:meth:`_keyed`)
-        self._missing: list[tuple[bool, str]] = []
         #: device → its entry as loaded and since when it is not counted, until the first tick
         #: after a resume that knows the models and owners (:meth:`resume`)
         self._unopened: dict[str, tuple[LedgerEntry, datetime]] = {}
-        #: claim UID → (namespace, workload, labels), kept after the claim is gone
-        self._owners: dict[str, tuple[str, str, str]] = {}
+        #: what an entry's seconds count to; its owners are kept after their claims are gone
+        self.keys = EntryKeys(inventory, claims, self.attribution)
         self._write_lock = asyncio.Lock()
         self._resume_lock = asyncio.Lock()
         ledger.listeners.append(self._ledger_changed)
@@ -559,75 +640,14 @@ class UsageMeter:
         self._last = None
 
     def _keys(self, entry: LedgerEntry) -> _Keys:
-        return self._keyed(entry)[0]
+        return self.keys.keyed(entry)[0]
 
     def _keyed(self, entry: LedgerEntry) -> tuple[_Keys, _Missing]:
-        """:meth:`_key_list` of ``entry``, and what they were made without (empty: they are final):
-        an owner the claims informer has not seen yet, or a model, may show up later."""
-        self._missing = []
-        keys = self._key_list(entry)
-        return keys, tuple(self._missing)
+        return self.keys.keyed(entry)
 
-    def _known_now(self, missing: _Missing) -> bool:
-        """Whether any of what keys were made without is known now (two lookups at most each)."""
-        for claim, name in missing:
-            if claim:
-                if name in self._owners or (self.claims is not None and self.claims.get(name) is not None):
-                    return True
-            elif self.inventory.device(name) is not None:
-                return True
-        return False
-
-    def _key_list(self, entry: LedgerEntry) -> _Keys:
-        """What ``entry``'s seconds count to, and how many times: its device's seconds by state (a
-        GPU serving partitions, like a warm device, has no one claim: no namespace); while bound,
-        each partition holder's seconds at its share of the GPU (:data:`PARTITION`), and a memory
-        share's GiB-seconds (:data:`MEMORY_GIB`; a share is no device: no device-seconds)."""
-        bound = entry.state is LedgerState.BOUND
-        if entry.share is not None:
-            pool = self.inventory.device(entry.share.pool)
-            model = model_of(pool) if pool else self._unknown(entry.share.pool)
-            if not bound:
-                return ()
-            namespace, workload, labels = self._owner(entry.claim_uid, entry.namespace)
-            return ((UsageKey(namespace, model, workload, MEMORY_GIB, labels), entry.share.chunk_mib / 1024),)
-        record = self.inventory.device(entry.device)
-        model = model_of(record) if record else self._unknown(entry.device)
-        if entry.warm_held or entry.partition_held:
-            keys: _Keys = ((UsageKey("", model, "", str(entry.state)), 1.0),)
-            table = record.attributes.partition_table if record is not None else None
-            if not bound or table is None:
-                return keys
-            for hold in entry.partitions:
-                partition = parse_partition(hold.partition, {entry.device: table})
-                if partition is not None:
-                    namespace, workload, labels = self._owner(hold.claim_uid, entry.namespace)
-                    keys += ((UsageKey(namespace, model, workload, PARTITION, labels), partition.gpu_share),)
-            return keys
-        namespace, workload, labels = self._owner(entry.claim_uid, entry.namespace)
-        return ((UsageKey(namespace, model, workload, str(entry.state), labels), 1.0),)
-
-    def _owner(self, claim_uid: str, fallback_namespace: str | None) -> tuple[str, str, str]:
-        """(namespace, workload, attribution labels) of a claim, remembered per UID. Not known from a
-        claim (no API access, or a claim gone before a restart): the namespace the plugin sent with the
-        attach, as the entry keeps it (for a GPU's partitions: the first holder's), no workload and no
-        labels."""
-        owner = self._owners.get(claim_uid)
-        if owner is None and self.claims is not None:
-            claim = self.claims.get(claim_uid)
-            if claim is not None:
-                owner = self._owners[claim_uid] = (
-                    claim.metadata.namespace or "",
-                    workload_of(claim),
-                    claim_labels(claim, self.attribution.keys),
-                )
-            else:
-                self._missing.append((True, claim_uid))
-        return owner or (fallback_namespace or "", "", "")
-
-    def _unknown(self, device: str) -> str:
-        self._missing.append((False, device))
-        return "unknown"
+    @property
+    def _owners(self) -> dict[str, tuple[str, str, str]]:
+        return self.keys.owners
 
     def _add(self, keys: _Keys, start: datetime, end: datetime) -> None:
         for key, weight in keys:
@@ -646,9 +666,12 @@ class UsageMeter:
         return opened.keys, opened.since if opened.tick == self._ticks else _COUNTED
 
     def _start(self, opened: _Opened) -> datetime:
-        """From when ``opened`` is not counted yet (``_last`` is set: the meter counts)."""
-        assert self._last is not None
-        return max(opened.since, self._last) if opened.tick == self._ticks else self._last
+        """From when ``opened`` is not counted yet (the meter counts from ``_last``; before it
+        does, from its own ``since``)."""
+        last = self._last
+        if last is None:
+            return opened.since
+        return max(opened.since, last) if opened.tick == self._ticks else last
 
     def _reset_open(self) -> None:
         self._open, self._groups, self._holders, self._unsettled = {}, Counter(), Counter(), {}
@@ -698,7 +721,7 @@ class UsageMeter:
         """The keys of the entries whose owner or model was not known, made again where any of it
         is known now (a claim gone for good is one lookup a tick, not its keys made again)."""
         for device, missing in list(self._unsettled.items()):
-            if not self._known_now(missing):
+            if not self.keys.known_now(missing):
                 continue
             opened, entry = self._open.get(device), self.ledger.get(device)
             if opened is None or entry is None:

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from pydantic import TypeAdapter
@@ -73,8 +73,7 @@ class Inventory:
         #: the ledger entries of a memory pool's shares (the wiring sets it)
         self.shares_of: Callable[[str], list[LedgerEntry]] = lambda pool: []
         self._records: dict[str, DeviceRecord] = {}
-        #: devices whose bound hosts changed since :meth:`binding_changes` was last asked (the
-        #: reconciler's); None: any may have
+        #: devices whose bound hosts changed since :meth:`binding_changes` (None: any may have)
         self._binding_changes: set[str] | None = None
         self._hosts: dict[str, HostRecord] = {}
         self._fabrics: dict[str, FabricInfo] = {}
@@ -156,19 +155,6 @@ class Inventory:
         """The reach group of a device that only some hosts of its fabric reach (None: all do)."""
         return self._reach.get(record.name)
 
-    def _reach_groups(self) -> dict[str, str | None]:
-        """Each device's reach group, once per discovery pass (reach changes with nothing else).
-
-        Named after the reaching *hosts*, not nodes: a node joining, leaving or being renamed moves
-        node labels only, while the group, and the slices published for it, stay as they are."""
-        every = {f.id: set(f.hosts) for f in self._fabrics.values()}
-        groups: dict[str, str | None] = {}
-        for record in self._records.values():
-            hosts = every.get(record.fabric)
-            partial = hosts is not None and not hosts <= set(record.reachable_hosts)
-            groups[record.name] = reach_group_id(record.reachable_hosts) if partial else None
-        return groups
-
     # -- what discovery found ---------------------------------------------------------------------
 
     def pass_failed(self, err: FabricError) -> None:
@@ -219,7 +205,7 @@ class Inventory:
         self._binding_changes = None  # every device's, as far as a reader of them knows
         self._hosts = snapshot.hosts
         self._fabrics = snapshot.fabrics
-        self._reach = self._reach_groups()
+        self._reach = _reach_groups(records.values(), self._fabrics)
         self.notices = snapshot.notices
         self._host_nodes = dict(host_nodes)
         self._node_hosts = {node: host for host, node in self._host_nodes.items()}
@@ -694,6 +680,22 @@ def _shares_key(entries: list[LedgerEntry]) -> tuple[object, ...]:
         (e.device, e.state, e.share.chunk if e.share else None, e.share.connection if e.share else None)
         for e in entries
     )
+
+
+def _reach_groups(
+    records: Iterable[DeviceRecord], fabrics: Mapping[str, FabricInfo]
+) -> dict[str, str | None]:
+    """Each device's reach group, once per discovery pass (reach changes with nothing else).
+
+    Named after the reaching *hosts*, not nodes: a node joining, leaving or being renamed moves
+    node labels only, while the group, and the slices published for it, stay as they are."""
+    every = {f.id: set(f.hosts) for f in fabrics.values()}
+    groups: dict[str, str | None] = {}
+    for record in records:
+        hosts = every.get(record.fabric)
+        partial = hosts is not None and not hosts <= set(record.reachable_hosts)
+        groups[record.name] = reach_group_id(record.reachable_hosts) if partial else None
+    return groups
 
 
 def reach_group_id(hosts: tuple[str, ...]) -> str:

@@ -269,13 +269,13 @@ async def test_a_tick_over_10000_entries_adds_one_interval_per_key(tmp_path: Pat
 
     meter._pending.add = counting_add  # type: ignore[method-assign]
     made: list[LedgerEntry] = []
-    key_list = meter._key_list
+    key_list = meter.keys.key_list
 
     def counting_keys(entry: LedgerEntry) -> _Keys:
         made.append(entry)
         return key_list(entry)
 
-    meter._key_list = counting_keys  # type: ignore[method-assign]
+    meter.keys.key_list = counting_keys  # type: ignore[method-assign]
     clock.now += timedelta(seconds=5)
     meter.tick()
     assert len(adds) == 2
