@@ -152,18 +152,25 @@ def test_nvme_controller(tmp_path: Path) -> None:
     assert not (sys_root / "class" / "nvme" / "nvme0").exists()
 
 
+def _chunk(target: str, region: int) -> HostEntry:
+    """A 16 GiB chunk of the 64 GiB CXL device of serial c0ffee000001 (memdev 0), on host h1."""
+    return HostEntry(
+        **{
+            **_gpu().__dict__,
+            "type": DeviceType.CXL_MEMORY,
+            "serial": "0000c0ffee000001",
+            "size_bytes": 16 << 30,
+            "device_size_bytes": 64 << 30,
+            "target": target,
+            "address": HostAddress(memdev=0, region=region),
+        }
+    )
+
+
 def test_cxl_memdev_is_shared_by_the_chunks_of_one_device(tmp_path: Path) -> None:
     view = HostView(tmp_path)
     view.reset({"h1": "256ebd99-678f-4f37-b1b6-3b826ce5e7a8"})
-    base = {
-        **_gpu().__dict__,
-        "type": DeviceType.CXL_MEMORY,
-        "serial": "0000c0ffee000001",
-        "size_bytes": 16 << 30,
-        "device_size_bytes": 64 << 30,
-    }
-    first = HostEntry(**{**base, "target": "cxl-c0", "address": HostAddress(memdev=0, region=0)})
-    second = HostEntry(**{**base, "target": "cxl-c1", "address": HostAddress(memdev=0, region=1)})
+    first, second = _chunk("cxl-c0", 0), _chunk("cxl-c1", 1)
     view.add(first)
     view.add(second)
     cxl = view.sys_root("h1") / "bus" / "cxl" / "devices"
@@ -187,21 +194,14 @@ def test_a_second_chunk_leaves_the_memdev_a_first_chunk_uses_untouched(tmp_path:
     the memdev without its serial or not at all, and with it the first chunk gone from the host."""
     view = HostView(tmp_path)
     view.reset({"h1": "256ebd99-678f-4f37-b1b6-3b826ce5e7a8"})
-    base = {
-        **_gpu().__dict__,
-        "type": DeviceType.CXL_MEMORY,
-        "serial": "0000c0ffee000001",
-        "size_bytes": 16 << 30,
-        "device_size_bytes": 64 << 30,
-    }
-    view.add(HostEntry(**{**base, "target": "cxl-c0", "address": HostAddress(memdev=0, region=0)}))
+    view.add(_chunk("cxl-c0", 0))
     cxl = view.sys_root("h1") / "bus" / "cxl" / "devices"
     memdev = view.sys_root("h1") / "devices" / "cxl" / "mem0"
     watched = [cxl / "mem0", memdev / "serial", memdev / "numa_node", memdev / "ram" / "size"]
     for path in watched:  # an old time stamp: any write or re-make after this shows
         os.utime(path, ns=(10**18, 10**18), follow_symlinks=False)
     before = [(os.lstat(p).st_ino, os.lstat(p).st_mtime_ns, os.lstat(p).st_size) for p in watched]
-    second = HostEntry(**{**base, "target": "cxl-c1", "address": HostAddress(memdev=0, region=1)})
+    second = _chunk("cxl-c1", 1)
     for _ in range(3):
         view.add(second)
         view.remove(second)
