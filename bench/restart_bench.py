@@ -12,7 +12,9 @@ emulator and API server, in turns) — at 10 bindings and again at 10,000:
 - start to ``/readyz`` (ledger loaded and the fabric read) and the manager's RSS then;
 - the Redfish requests the start made (from its ``fabric_dra_redfish_request_duration_seconds``);
 - attach p50/p90 of one probe device attached and detached ``pairs`` times through REST, each
-  with a ResourceClaim allocating it (the manager refuses made-up claims).
+  with a ResourceClaim allocating it (the manager refuses made-up claims);
+- a whole ``/metrics`` scrape, as Prometheus makes it, :data:`SCRAPES` times: what each scrape
+  holds the manager's event loop for (the usage meter counts before every scrape).
 
 The issue's targets (issue 37, "Restart and memory at scale"): start to ready at 10,000 bindings
 ≤ 15 s, RSS ≤ 256 MiB, attach p90 at 10,000 ≤ 1.2 times p90 at 10.
@@ -58,6 +60,8 @@ LEDGER = "fabric-dra-manager-ledger"
 TARGET_READY_S = 15.0
 TARGET_RSS_MIB = 256.0
 TARGET_P90_RATIO = 1.2
+#: whole /metrics scrapes timed after the probe pairs
+SCRAPES = 7
 
 
 async def _bind_direct(emulator: Emulator, pairs: list[tuple[str, str]], concurrency: int = 32) -> None:
@@ -106,6 +110,22 @@ async def _fill_ledger(stack_kube: Any, pairs: list[tuple[str, str]]) -> None:
 def _requests(url: str) -> dict[str, float]:
     totals = histogram_sums(url, "fabric_dra_redfish_request_duration_seconds", ("method", "resource"))
     return {key: count for key, (count, _) in sorted(totals.items()) if count}
+
+
+def _scrapes(url: str) -> dict[str, float]:
+    """Wall time of whole /metrics scrapes, one after another (min, median, max in ms)."""
+    times = []
+    with httpx.Client(base_url=url, timeout=60) as http:
+        for _ in range(SCRAPES):
+            started = time.perf_counter()
+            http.get("/metrics").raise_for_status()
+            times.append((time.perf_counter() - started) * 1000)
+    times.sort()
+    return {
+        "min_ms": round(times[0], 1),
+        "median_ms": round(times[len(times) // 2], 1),
+        "max_ms": round(times[-1], 1),
+    }
 
 
 def _start(stack: Stack, name: str, emulator: Emulator, kube: Any, tree: Path | None) -> dict[str, Any]:
@@ -166,6 +186,7 @@ def measure(
                 started["start_requests"] = _requests(manager.url)
                 claims = asyncio.run(_claims(kube, [PROBE] * pairs))
                 started["attach"] = asyncio.run(_latency(manager.url, claims))
+                started["metrics_scrape"] = _scrapes(manager.url)
                 shown = {k: v for k, v in started.items() if k != "start_requests"}
                 progress("restart", f"{label} at {upto}: {json.dumps(shown)}")
                 manager.stop()
