@@ -526,9 +526,12 @@ class HostView:
         dsn = dsn_from_serial(e.serial)
         # Linux prints a memdev's serial as "%#llx"; a non-hex serial is written as it is.
         serial = (f"{dsn:#x}" if dsn is not None else e.serial) + "\n"
-        # The kernel probes a memdev once: a second region on it leaves the memdev as it is. Made
-        # again (a truncate and write, a bus link removed and re-made), a scanner looking for the
-        # first region's chunk at that moment would find its memdev without a serial, or none.
+        # The kernel probes a memdev once (drivers/cxl/pci.c cxl_pci_probe → devm_cxl_add_memdev,
+        # drivers/cxl/core/memdev.c: one memN per device, for the device's life); a region made on
+        # it later (drivers/cxl/core/region.c) does not touch it. So here: a second region leaves
+        # the memdev as it is. Made again (a truncate and write, a bus link removed and re-made), a
+        # scanner looking for the first region's chunk then would find its memdev without a serial,
+        # or none.
         if not (_links_to(bus_link, link_target) and _holds(mem / "serial", serial)):
             (mem / "ram").mkdir(parents=True, exist_ok=True)
             _rewrite(mem / "serial", serial)
