@@ -79,3 +79,13 @@ def with_behaviour(path: Path, out: Path, **behaviour: str) -> Path:
         data["behaviour"] = {**data.get("behaviour", {}), **behaviour}
     out.write_text(yaml.safe_dump(data))
     return out
+
+
+def slow_gpu_profile(directory: Path, seconds: float) -> Path:
+    """A latency profile in ``directory`` whose GPU hot-add runs as a Redfish task of ``seconds``,
+    its monitor asking to be polled again after 1 s; the profile's path."""
+    profile = directory / "slow-gpu.yaml"
+    profile.write_text(
+        f"name: slow-gpu\ntasks: true\nbind: {{gpu: {{seconds: {seconds}}}}}\nretryAfterSeconds: 1\n"
+    )
+    return profile

@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from fabric_dra_testbed.stack import Emulator, Manager, Stack
+from tests.support.emulator import slow_gpu_profile
 from tests.support.uids import claim_uid
 
 pytestmark = pytest.mark.slow(seconds=30)
@@ -35,10 +36,7 @@ NODE = "kind-worker"
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Emulator, Manager]]:
-    profile = tmp_path_factory.mktemp("profile") / "slow-gpu.yaml"
-    profile.write_text(
-        f"name: slow-gpu\ntasks: true\nbind: {{gpu: {{seconds: {HOT_ADD_SECONDS}}}}}\nretryAfterSeconds: 1\n"
-    )
+    profile = slow_gpu_profile(tmp_path_factory.mktemp("profile"), HOT_ADD_SECONDS)
     with Stack.temporary("fdra-onehost-") as stack:
         emulator = stack.emulator(auth=False, latency=str(profile))
         tokens = {CONTROLLER_TOKEN: ("controller", None), OPERATOR_TOKEN: ("operator", None)}
