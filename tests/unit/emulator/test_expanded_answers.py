@@ -180,3 +180,22 @@ def test_unchanged_zones_are_not_rendered_again_when_other_reads_fill_the_kept_r
 
     asyncio.run(main())
     assert rendered == changed * 30
+
+
+def test_links_named_after_the_kept_ones_filled_up_are_kept_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One frozen link per URI, the least recently used dropped past the limit: a discovery of a
+    large fabric names more links than the limit, and a zone's endpoints named after that must
+    still be kept (they were made and validated anew at every rendering of the zone)."""
+    from emulator.redfish.model import resources
+
+    monkeypatch.setattr(resources, "_REFS", {})
+    monkeypatch.setattr(resources, "_REFS_LIMIT", 4)
+    hot = resources.ref("/redfish/v1/Fabrics/PCIe/Endpoints/gpu0")
+    for i in range(10):  # a pass over many other resources
+        resources.ref(f"/redfish/v1/Chassis/c{i}")
+        assert resources.ref("/redfish/v1/Fabrics/PCIe/Endpoints/gpu0") is hot  # in use: stays
+    late = resources.ref("/redfish/v1/Fabrics/PCIe/Endpoints/gpu99")
+    assert resources.ref("/redfish/v1/Fabrics/PCIe/Endpoints/gpu99") is late
+    assert len(resources._REFS) == 4
+    assert "/redfish/v1/Chassis/c0" not in resources._REFS  # the least recently used went
+    assert late.model_dump(by_alias=True) == {"@odata.id": "/redfish/v1/Fabrics/PCIe/Endpoints/gpu99"}
