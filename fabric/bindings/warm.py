@@ -207,11 +207,14 @@ class WarmPool:
         }
 
     def _publish_sizes(self, metrics: ManagerMetrics, records: list[DeviceRecord]) -> None:
+        # the held entries from the ledger's index, not every entry (10,000 at fleet scale, on
+        # every pass of the pool, with the pool off too)
         warm: Counter[str] = Counter()
-        for entry in self.ledger.entries():
-            record = self.inventory.device(entry.device)
-            if entry.state is LedgerState.WARM and record is not None:
-                warm[model_of(record)] += 1
+        for node in self.ledger.warm_nodes():
+            for entry in self.ledger.warm_held_on(node):
+                record = self.inventory.device(entry.device)
+                if entry.state is LedgerState.WARM and record is not None:
+                    warm[model_of(record)] += 1
         for model in {model_of(r) for r in records if self.settings.covers_device(r)} | set(warm):
             metrics.warm_devices.labels(model).set(warm[model])
 
