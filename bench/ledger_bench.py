@@ -126,8 +126,14 @@ async def _claims(stack_kube: Any, devices: list[str], concurrency: int = 32) ->
 
 async def _latency(url: str, claims: list[str]) -> dict[str, Any]:
     """Attach (timed) and detach the probe once per claim; with the Redfish requests per pair."""
-    attach = []
     before = _redfish_totals(url)
+    attach = await _attach_times(url, claims)
+    return {**summary_ms(attach), "redfish_per_pair": _per_pair(before, _redfish_totals(url), len(claims))}
+
+
+async def _attach_times(url: str, claims: list[str]) -> list[float]:
+    """Seconds of each attach of the probe, one per claim, each followed by its detach."""
+    attach = []
     async with ManagerClient(url, timeout=60) as client:
         for claim in claims:
             started = time.perf_counter()
@@ -138,7 +144,7 @@ async def _latency(url: str, claims: list[str]) -> dict[str, Any]:
                 AttachmentState.DETACHED
             ):
                 pass
-    return {**summary_ms(attach), "redfish_per_pair": _per_pair(before, _redfish_totals(url), len(claims))}
+    return attach
 
 
 #: what a kubelet retries (NodePrepareResources fails, the kubelet calls again after its backoff):
