@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO_ROOT, BenchContext, machine, work_dir
+from bench.common import REPO_ROOT, BenchContext, cpu_probe_ms, machine, work_dir
 from fabric_dra_testbed.stack import ROLE_MODULES
 from plumbing.forkserver import ForkServer
 from plumbing.procs import use_fork_server
@@ -55,6 +55,7 @@ DEFAULT_JSON = REPO_ROOT / "bench" / "results" / "latest.json"
 
 def _run_section(name: str, ctx: BenchContext) -> dict[str, Any]:
     module = importlib.import_module(ALL_SECTIONS[name][0])
+    probe_before = cpu_probe_ms()
     started = time.monotonic()
     try:
         result: dict[str, Any] = module.run(ctx)
@@ -62,6 +63,7 @@ def _run_section(name: str, ctx: BenchContext) -> dict[str, Any]:
         traceback.print_exc()
         result = {"error": f"{type(err).__name__}: {err}", "checks": []}
     result["seconds"] = round(time.monotonic() - started, 1)
+    result["cpu_probe_ms"] = {"before": probe_before, "after": cpu_probe_ms()}
     return result
 
 
@@ -76,6 +78,16 @@ def _table(results: dict[str, dict[str, Any]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    probes = [
+        f"{name} {p['before']:g} -> {p['after']:g} ms"
+        for name, result in results.items()
+        if (p := result.get("cpu_probe_ms"))
+    ]
+    if probes:
+        lines.append(
+            "\nCPU probe before -> after each section (bench.common.cpu_probe_ms; higher: a slower "
+            "machine, and its figures with it): " + "; ".join(probes)
+        )
     return "\n".join(lines)
 
 

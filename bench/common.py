@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import platform
 import re
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
@@ -41,6 +43,7 @@ __all__ = [
     "FabricStack",
     "PluginProcess",
     "check",
+    "cpu_probe_ms",
     "cpu_seconds",
     "create_claims",
     "free_port",
@@ -127,6 +130,23 @@ def machine() -> dict[str, Any]:
         "kernel": platform.release(),
         "load_average": [round(v, 2) for v in os.getloadavg()],
     }
+
+
+def cpu_probe_ms(rounds: int = 5) -> float:
+    """Milliseconds of one fixed piece of pure-Python work (a zone-like JSON document encoded,
+    decoded and its links sorted), the median of ``rounds``: how fast this machine runs Python
+    right now. On a shared 2-core VM the same code's CPU per claim doubled within half an hour;
+    the probe taken before and after each section says which speed its figures were made at."""
+    links = [{"@odata.id": f"/redfish/v1/Fabrics/PCIe/Endpoints/gpu{i}"} for i in range(100)]
+    document = {"Id": "zone", "Links": {"Endpoints": links}, "Status": {"State": "Enabled"}}
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for _ in range(200):
+            decoded = json.loads(json.dumps(document))
+            sorted(decoded["Links"]["Endpoints"], key=lambda link: link["@odata.id"], reverse=True)
+        times.append((time.perf_counter() - started) * 1000)
+    return round(statistics.median(times), 2)
 
 
 def rss_mib(pid: int) -> float:
