@@ -167,10 +167,15 @@ def _start(stack: Stack, name: str, emulator: Emulator, kube: Any, tree: Path | 
     return {"manager": manager, "ready_s": round(ready, 2), "rss_mib": rss_mib(manager.role.pid)}
 
 
+def _idle(fabrics: dict[str, tuple[Any, Emulator, int]], managers: dict[str, Any], step: str) -> list[int]:
+    """The managers and emulators of the sizes other than ``step`` (those running so far)."""
+    return [p for s, m in managers.items() if s != step for p in (m.role.pid, fabrics[s][1].role.pid)]
+
+
 @contextmanager
 def _paused(*pids: int) -> Iterator[None]:
-    """The processes stopped (SIGSTOP) while the other fabric's probe runs, then resumed: an idle
-    manager's loops would otherwise take their turns on the two cores during it."""
+    """The processes stopped (SIGSTOP) while the other size is measured, then resumed: an idle
+    manager's loops would otherwise take their turns on the two cores meanwhile."""
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
     try:
@@ -227,15 +232,15 @@ def measure(
                     name = "manager-base" if tree is not None else "manager"
                     progress("restart", f"{label}: start with {upto} bindings")
                     # the other fabric's processes stopped: a start alone on the machine, as before
-                    others = [p for s, m in managers.items() for p in (m.role.pid, fabrics[s][1].role.pid)]
-                    with _paused(*others):
+                    with _paused(*_idle(fabrics, managers, step)):
                         started = _start(stack, f"{name}-{step}", emulator, kube, tree)
                     managers[step] = started.pop("manager")
                     started["start_requests"] = _requests(managers[step].url)
                     figures[step] = started
                 _probes(fabrics, managers, figures, pairs)
                 for step, started in figures.items():
-                    started["metrics_scrape"] = _scrapes(managers[step].url)
+                    with _paused(*_idle(fabrics, managers, step)):
+                        started["metrics_scrape"] = _scrapes(managers[step].url)
                     shown = {k: v for k, v in started.items() if k != "start_requests"}
                     progress("restart", f"{label} at {fabrics[step][2]}: {json.dumps(shown)}")
                     out.setdefault(label, {})[f"at_{step}"] = started
@@ -266,9 +271,8 @@ def _probes(
     steps = list(fabrics)
     for turn in range(ROUNDS):
         for step in steps if turn % 2 == 0 else steps[::-1]:
-            idle = [p for s in steps if s != step for p in (managers[s].role.pid, fabrics[s][1].role.pid)]
             share = claims[step][turn * pairs // ROUNDS : (turn + 1) * pairs // ROUNDS]
-            with _paused(*idle):
+            with _paused(*_idle(fabrics, managers, step)):
                 # the loops whose timers came due while this manager was stopped run first
                 time.sleep(SETTLE_S)
                 times[step] += asyncio.run(_attach_times(managers[step].url, share))
