@@ -96,11 +96,24 @@ def hex_id(value: str | None) -> int | None:
         return None
 
 
-def read_attr(path: Path) -> str | None:
+def read_attr(path: str | os.PathLike[str]) -> str | None:
+    """A sysfs attribute's value, stripped; None when it cannot be read. Plain ``os`` calls:
+    ``Path.read_text`` took 9.7 µs an attribute against 1.5 here, and a scan for a bound device
+    reads the vendor and device of every PCI function of the host (a real one has a hundred),
+    the serial of every candidate, on each wake-up until the device shows."""
     try:
-        return path.read_text().strip()
-    except (FileNotFoundError, NotADirectoryError, PermissionError, OSError):
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
         return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):  # one read for a sysfs attribute (a page at most)
+            chunks.append(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", errors="replace").strip()
 
 
 def link_name(path: Path) -> str | None:

@@ -14,6 +14,7 @@ from dra_driver.plugin.hostdev import (
     normalize_serial,
     pcie_device_serial,
 )
+from dra_driver.plugin.hostview import read_attr
 
 
 def pci_device(
@@ -182,3 +183,16 @@ def test_removal_writes_nothing_into_an_emulated_tree(tmp_path: Path) -> None:
     before = sorted(os.listdir(dev))
     scanner.remove(found)
     assert sorted(os.listdir(dev)) == before
+
+
+def test_an_attribute_reads_as_its_stripped_value_or_none(tmp_path: Path) -> None:
+    """sysfs attributes through plain os calls: the value without its newline; None for what is
+    not there or is no file; bytes that are no UTF-8 do not end the scan with an exception."""
+    (tmp_path / "vendor").write_text("0x10de\n")
+    (tmp_path / "odd").write_bytes(b"\xff\xfe0x1\n")
+    assert read_attr(tmp_path / "vendor") == "0x10de"
+    assert read_attr(str(tmp_path / "vendor")) == "0x10de"
+    assert read_attr(tmp_path / "missing") is None
+    assert read_attr(tmp_path) is None  # a directory
+    assert read_attr(tmp_path / "vendor" / "below") is None  # not a directory on the way
+    assert read_attr(tmp_path / "odd") == "\ufffd\ufffd0x1"
