@@ -164,10 +164,11 @@ class HostScanner:
             return self._find_cxl(identity, exclude)
         return self._find_pci(identity, exclude)
 
-    def _pci_serial(self, dev: Path) -> str | None:
-        serial = read_attr(dev / "serial")
+    def _pci_serial(self, where: str | Path) -> str | None:
+        serial = read_attr(os.path.join(where, "serial"))
         if serial is not None or not self.real_host:
             return serial
+        dev = Path(where)
         try:
             with open(dev / "config", "rb") as handle:
                 dsn = pcie_device_serial(handle.read(4096))
@@ -197,20 +198,19 @@ class HostScanner:
                 continue
             if want_device is not None and hex_id(read_attr(f"{where}/device")) != want_device:
                 continue
-            dev = Path(where)
             if self.real_host:
-                reason = self.readiness.why_not(bdf, dev)
+                reason = self.readiness.why_not(bdf, Path(where))
                 if reason is not None:
                     self.not_ready[identity.name] = reason
                     continue
             if want_serial is not None:
-                serial = self._pci_serial(dev)
+                serial = self._pci_serial(where)
                 # A real device without any serial (no DSN capability, not NVMe) is recognised by
                 # its vendor and device ID alone (docs/plugin.md, "On a real host").
                 if (serial is not None or not self.real_host) and normalize_serial(serial) != want_serial:
                     continue
             self.not_ready.pop(identity.name, None)
-            return self._describe_pci(bdf, dev)
+            return self._describe_pci(bdf, Path(where))
         return None
 
     def _describe_pci(self, bdf: str, dev: Path) -> HostDevice:
