@@ -642,9 +642,6 @@ class UsageMeter:
     def _keys(self, entry: LedgerEntry) -> _Keys:
         return self.keys.keyed(entry)[0]
 
-    def _keyed(self, entry: LedgerEntry) -> tuple[_Keys, _Missing]:
-        return self.keys.keyed(entry)
-
     @property
     def _owners(self) -> dict[str, tuple[str, str, str]]:
         return self.keys.owners
@@ -677,7 +674,7 @@ class UsageMeter:
         self._open, self._groups, self._holders, self._unsettled = {}, Counter(), Counter(), {}
 
     def _open_entry(self, entry: LedgerEntry, since: datetime) -> None:
-        keys, missing = self._keyed(entry)
+        keys, missing = self.keys.keyed(entry)
         holders = (entry.claim_uid, *(h.claim_uid for h in entry.partitions))
         opened = self._open[entry.device] = _Opened(keys, since, self._ticks, holders)
         self._groups[self._group(opened)] += 1
@@ -711,7 +708,7 @@ class UsageMeter:
         """Every entry of the ledger opened again, each from when it was last counted (or, first
         seen, from its ``updated_at``), with its keys as they are now."""
         kept = {device: self._start(opened) for device, opened in self._open.items()}
-        self._released.update(self._owners)  # those no entry holds after the walk are forgotten
+        self._released.update(self.keys.owners)  # those no entry holds after the walk are forgotten
         self._reset_open()
         for entry in self.ledger.entries():
             self._open_entry(entry, kept.get(entry.device, entry.updated_at))
@@ -727,7 +724,7 @@ class UsageMeter:
             if opened is None or entry is None:
                 del self._unsettled[device]
                 continue
-            keys, still = self._keyed(entry)
+            keys, still = self.keys.keyed(entry)
             if keys != opened.keys:
                 self._ungroup(opened)
                 opened.keys = keys
@@ -798,7 +795,7 @@ class UsageMeter:
         # Forget owners of claims no entry holds any more.
         for uid in self._released:
             if uid not in self._holders:
-                self._owners.pop(uid, None)
+                self.keys.owners.pop(uid, None)
         self._released = set()
 
     async def flush(self) -> None:
