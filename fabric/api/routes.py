@@ -95,7 +95,7 @@ async def inventory(
 ) -> Response:
     require_loaded(ctx)
     if after is not None:
-        await ctx.inventory.wait_newer(after, timeout_seconds)
+        await ctx.inventory.wait_past(after, timeout_seconds)
     # The JSON of each version is encoded once (the model above documents it): every plugin's
     # long poll that a change wakes gets the same bytes.
     return Response(ctx.inventory.snapshot_json(), media_type="application/json")

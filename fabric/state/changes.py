@@ -22,10 +22,12 @@ changed no device (the pools, nodes or notices did) concerns every node.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
-__all__ = ["ChangeHistory"]
+__all__ = ["ChangeHistory", "NodeWaits"]
 
 
 class ChangeHistory:
@@ -58,11 +60,16 @@ class ChangeHistory:
             self._names -= len(gone)
             self.oldest = dropped
 
+    def holds(self, epoch: int, version: int) -> bool:
+        """Whether :meth:`since` can answer for ``version`` of ``epoch`` (without building the
+        answer: a long poll asks this on every wake)."""
+        return epoch == self.epoch and self.oldest <= version <= self.current
+
     def since(self, epoch: int, version: int, node: str | None = None) -> set[str] | None:
         """The names changed after ``version`` of ``epoch`` (with ``node``: those concerning it);
         None when this history cannot say (another epoch, a version older than it holds, or one it
         never reached)."""
-        if epoch != self.epoch or not self.oldest <= version <= self.current:
+        if not self.holds(epoch, version):
             return None
         names: set[str] = set()
         for recorded, changed in reversed(self._entries):
@@ -86,3 +93,52 @@ class ChangeHistory:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+class NodeWaits:
+    """The per-node change feed's long polls waiting, by node. A version wakes the polls of the
+    nodes it concerns only, as :meth:`ChangeHistory.concerns` reads it (the nodes of the devices it
+    changed; every node when it changed no device), so with a hundred nodes' plugins polling an
+    attach wakes the one poll it concerns, not a hundred."""
+
+    def __init__(self) -> None:
+        self._waits: dict[str, set[asyncio.Future[None]]] = {}
+        #: shutting down (:meth:`wake_all`): no poll waits any more
+        self.closed = False
+
+    async def wait(self, node: str, wait_seconds: float) -> None:
+        """Return once a version concerning ``node`` is recorded (:meth:`wake`), at shutdown
+        (:meth:`wake_all`), or when ``wait_seconds`` pass."""
+        if self.closed:
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiting = self._waits.setdefault(node, set())
+        waiting.add(waiter)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiter, wait_seconds)
+        finally:
+            waiting.discard(waiter)
+            if not waiting and self._waits.get(node) is waiting:
+                del self._waits[node]
+
+    def wake(self, changed: Mapping[str, frozenset[str]]) -> None:
+        """A version recorded ``changed`` (each changed device with the nodes it concerned)."""
+        if not self._waits:
+            return
+        nodes = set().union(*changed.values()) if changed else set(self._waits)
+        for node in nodes:
+            _resolve(self._waits.pop(node, ()))
+
+    def wake_all(self) -> None:
+        """Answer every poll now and any that comes later at once: the service is shutting down."""
+        self.closed = True
+        for waiting in self._waits.values():
+            _resolve(waiting)
+        self._waits.clear()
+
+
+def _resolve(waiting: Iterable[asyncio.Future[None]]) -> None:
+    for waiter in waiting:
+        if not waiter.done():
+            waiter.set_result(None)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from pydantic import TypeAdapter
 
-from fabric.state.changes import ChangeHistory
+from fabric.state.changes import ChangeHistory, NodeWaits
 from fabric.state.ledger import Ledger, LedgerEntry, LedgerState
 from fabric.state.model import DeviceRecord, FabricInfo, FabricSnapshot, HostRecord, MemoryDomainRecord
 from fabric.state.names import pool_name
@@ -106,6 +106,8 @@ class Inventory:
         self._rendered_json = empty.model_dump_json(by_alias=True).encode()
         self._built_version = self.version
         self._changed = asyncio.Condition()
+        #: the per-node change feed's long polls waiting (:func:`wait_changes`)
+        self.node_waits = NodeWaits()
         #: the nodes each served device concerns (:func:`_nodes_of`), as of its last change
         self._device_nodes: dict[str, frozenset[str]] = {}
         self._closing = False
@@ -383,7 +385,9 @@ class Inventory:
             return
         self.version += 1
         self._rendered = None  # the models of the last version, if any were asked for
-        self.history.record(self.version, _concerned(changed, self._device_nodes, self._views, self._records))
+        concerned = _concerned(changed, self._device_nodes, self._views, self._records)
+        self.history.record(self.version, concerned)
+        self.node_waits.wake(concerned)
         with contextlib.suppress(RuntimeError):
             asyncio.get_running_loop().create_task(self._notify())
 
@@ -416,13 +420,9 @@ class Inventory:
         self._built()
         return self._rendered_json
 
-    async def wait_newer(self, after: int, wait_seconds: float) -> None:
-        """:meth:`wait_past`; then read :meth:`snapshot_json` (or :meth:`snapshot`). A version from
-        another incarnation (higher than ours) returns at once: never wait for one not reached."""
-        await self.wait_past(after, wait_seconds)
-
     async def wait_past(self, version: int, wait_seconds: float) -> None:
-        """Return once the version differs from ``version``, or when ``wait_seconds`` pass."""
+        """Return once the version differs from ``version``, or when ``wait_seconds`` pass (one of
+        another incarnation, higher than ours, at once: never wait for one not reached)."""
         if not self.loaded.is_set():
             raise FabricUnavailable("the fabric inventory is not loaded yet", retry_after=1.0)
         self._flush()
@@ -448,8 +448,8 @@ class Inventory:
         """Answer every long poll now, with the inventory as it is: the service is shutting down and
         must not hold its clients (or its own exit) until their timeouts pass."""
         self._closing = True
-        async with self._changed:
-            self._changed.notify_all()
+        self.node_waits.wake_all()
+        await self._notify()
 
 
 def fabric_view(
@@ -528,21 +528,24 @@ async def wait_changes(
     """:func:`changes_json` once the version differs from ``since`` (with ``node``: once a version
     after it concerns that node), or when ``wait_seconds`` pass; a cursor the history cannot answer
     is refused at once, without waiting. The answer's version is the current one either way, so a
-    reader never reads again what it was spared."""
+    reader never reads again what it was spared.
+
+    A node's poll is woken by the versions that concern its node only
+    (:class:`~fabric.state.changes.NodeWaits`): an idle node's poll costs another node's change
+    nothing.
+    Each wake of every poll, walking back over the history since the poll began, was a fifth of
+    the manager's CPU at one claim at a time with ten nodes. A poll whose cursor the history drops
+    meanwhile is answered 410 when it ends, as one that asks again would be."""
     if not inventory.loaded.is_set():
         await inventory.wait_past(since, 0)  # raises FabricUnavailable
-    elif inventory.history.since(epoch, since) is not None:
-        deadline = asyncio.get_running_loop().time() + wait_seconds
-        seen = since
-        while True:
-            await inventory.wait_past(seen, deadline - asyncio.get_running_loop().time())
+    elif inventory.history.holds(epoch, since):
+        if node is None:
+            await inventory.wait_past(since, wait_seconds)
+        else:
             inventory.flush()
-            if node is None or inventory.version == seen or inventory.history.concerns(since, node):
-                break
-            # versions of other nodes only: wait on from the current one
-            seen = inventory.version
-            if inventory.history.since(epoch, since) is None:
-                break  # fell out of the history meanwhile: 410 now (shutting down: the next wait ends)
+            if not inventory.history.concerns(since, node):
+                await inventory.node_waits.wait(node, wait_seconds)
+        inventory.flush()
     return changes_json(inventory, epoch, since, node)
 
 

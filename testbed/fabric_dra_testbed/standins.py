@@ -329,7 +329,7 @@ class InventoryServer:
         assert self._changes_flow is not None
         await self._changes_flow.wait()
         with self._lock:
-            known = self.history.since(epoch, since) is not None
+            known = self.history.holds(epoch, since)
         if known:
             deadline = time.monotonic() + timeoutSeconds
             async with self._changed:

@@ -21,6 +21,7 @@ def test_a_cursor_of_another_epoch_or_out_of_range_cannot_be_answered() -> None:
     assert history.since(99, 101) is None  # another incarnation, though the number is in range
     assert history.since(100, 99) is None  # before the history began
     assert history.since(100, 102) is None  # a version this history never reached
+    assert history.holds(100, 101) and not history.holds(99, 101) and not history.holds(100, 102)
 
 
 def test_the_history_keeps_at_most_its_versions_and_its_device_changes() -> None:
