@@ -61,8 +61,8 @@ class ChangeHistory:
             self.oldest = dropped
 
     def holds(self, epoch: int, version: int) -> bool:
-        """Whether :meth:`since` can answer for ``version`` of ``epoch`` (without building the
-        answer: a long poll asks this on every wake)."""
+        """Whether :meth:`since` can answer for ``version`` of ``epoch``, without building the
+        answer (a long poll asks before it waits)."""
         return epoch == self.epoch and self.oldest <= version <= self.current
 
     def since(self, epoch: int, version: int, node: str | None = None) -> set[str] | None:
