@@ -532,10 +532,8 @@ async def wait_changes(
 
     A node's poll is woken by the versions that concern its node only
     (:class:`~fabric.state.changes.NodeWaits`): an idle node's poll costs another node's change
-    nothing.
-    Each wake of every poll, walking back over the history since the poll began, was a fifth of
-    the manager's CPU at one claim at a time with ten nodes. A poll whose cursor the history drops
-    meanwhile is answered 410 when it ends, as one that asks again would be."""
+    nothing. A poll whose cursor the history drops meanwhile is answered 410 when it ends, as one
+    that asks again would be."""
     if not inventory.loaded.is_set():
         await inventory.wait_past(since, 0)  # raises FabricUnavailable
     elif inventory.history.holds(epoch, since):
@@ -545,8 +543,7 @@ async def wait_changes(
             inventory.flush()
             if not inventory.history.concerns(since, node):
                 await inventory.node_waits.wait(node, wait_seconds)
-        inventory.flush()
-    return changes_json(inventory, epoch, since, node)
+    return changes_json(inventory, epoch, since, node)  # flushes what changed meanwhile
 
 
 def memory_pool_view(record: DeviceRecord, entries: list[LedgerEntry]) -> api.MemoryPool | None:
