@@ -130,7 +130,7 @@ class Engine:
         self.carver.restore()  # carved chunks are targets again before bindings are checked against them
         drop_what_the_topology_lacks(state, self.index)
         self.conditions.load()
-        state.prune_tasks()
+        state.prune_tasks(now=True)
         state.version += 1
         self.store.write_now()
         self.visibility.rebuild(list(state.bindings.values()))

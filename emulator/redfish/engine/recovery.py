@@ -36,7 +36,7 @@ def interrupt_unfinished_tasks(state: FabricState) -> None:
         task.status = "Critical"
         task.end = now
         error = redfish_error(Interrupted(detail))
-        task.messages = [message("TaskAborted", task.id, prefix="TaskEvent"), *error.messages]
+        task.messages = (message("TaskAborted", task.id, prefix="TaskEvent"), *error.messages)
         task.result = TaskResult(status=error.status, body=error_body(error))
         log.warning(
             "task interrupted by a restart",

@@ -89,9 +89,8 @@ class TaskRunner:
             method=op.method,
             uri=op.uri,
             body=op.body,
-            messages=[],
         )
-        task.messages.append(message("TaskStarted", task.id, prefix="TaskEvent"))
+        task.messages = (message("TaskStarted", task.id, prefix="TaskEvent"),)
         self.state.tasks[task.id] = task
         for t in op.targets:
             self.table.inflight[t] = task.id
@@ -190,7 +189,7 @@ class TaskRunner:
         releases = op.kind == OperationKind.RELEASE
         effects, events = self.carver.release(op) if releases else self.binder.apply(op)
         task.state = "Completed"
-        task.messages.append(message("TaskCompletedOK", task.id, prefix="TaskEvent"))
+        task.messages = (*task.messages, message("TaskCompletedOK", task.id, prefix="TaskEvent"))
         body = self.render(op.location) if op.location else None
         task.result = TaskResult(status=op.success_status, location=op.location, body=body)
         self.state.prune_tasks()
@@ -203,8 +202,9 @@ class TaskRunner:
         error = redfish_error(failure)
         task.state = "Exception"
         task.status = "Critical"
-        task.messages.extend([message("TaskAborted", task.id, prefix="TaskEvent"), *error.messages])
+        task.messages = (*task.messages, message("TaskAborted", task.id, prefix="TaskEvent"), *error.messages)
         task.result = TaskResult(status=error.status, body=error_body(error))
+        self.state.prune_tasks()
         log.warning(
             "task failed",
             task=task.id,
@@ -229,8 +229,9 @@ class TaskRunner:
         task.status = "Warning"
         task.end = utcnow()
         cancelled = message("TaskCancelled", task.id, prefix="TaskEvent")
-        task.messages.append(cancelled)
+        task.messages = (*task.messages, cancelled)
         task.result = TaskResult(status=409, body=error_body(RedfishError(409, [cancelled])))
+        self.state.prune_tasks()
         self.table.revision.bump()
         log.info("task cancelled", task=task.id, device=fmt_targets(task.targets), node=task.host)
         events: list[FabricEvent] = [

@@ -6,6 +6,7 @@ snapshot and the journal's truncation, a failed write."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 from pathlib import Path
@@ -14,12 +15,15 @@ import pytest
 
 from emulator.redfish.model import state as state_module
 from emulator.redfish.model.state import (
+    MAX_FINISHED_TASKS,
+    PRUNE_EVERY,
     BindingRecord,
     FabricState,
     FaultRecord,
     OperationKind,
     StateStore,
     TaskRecord,
+    TaskResult,
     TrackedBindings,
     ZoneRecord,
     utcnow,
@@ -76,7 +80,7 @@ def test_every_kind_of_change_reads_back_through_the_journal(tmp_path: Path) -> 
         await store.commit()
         # records changed in place: a running task, a fault's spec
         task.state, task.percent = "Completed", 100
-        task.messages.append({"MessageId": "TaskEvent.1.0.TaskCompletedOK"})
+        task.messages = (*task.messages, {"MessageId": "TaskEvent.1.0.TaskCompletedOK"})
         store.state.faults["f1"].spec = {"Kind": "Drop", "Count": 2}
         del store.state.zones["z1"]
         await asyncio.gather(*(store.commit() for _ in range(5)))  # shared writes
@@ -246,3 +250,67 @@ def test_the_bindings_index_by_host_follows_every_change() -> None:
             bindings.clear()
         for host in ("h0", "h1", "h2", "h3"):
             assert bindings.on_host(host) == [b for b in bindings.values() if b.host == host]
+
+
+def test_a_journal_line_carries_the_tasks_that_changed_and_only_those(tmp_path: Path) -> None:
+    """A task notes its own changes: a line carries a running task whose percent moved, not the
+    hundreds that did not (each was serialised again on every line), and what it carries reads
+    back. A task cannot be changed in place unnoticed: its messages are a tuple, its result frozen."""
+    store = StateStore(tmp_path)
+    store.load()
+    tasks = [_task(store, str(i), f"gpu{i}") for i in range(300)]
+    store.write_now()
+
+    async def changes() -> None:
+        tasks[7].percent = 50
+        tasks[9].messages = (*tasks[9].messages, {"MessageId": "TaskEvent.1.0.TaskProgressChanged"})
+        await store.commit()
+        tasks[9].state, tasks[9].end = "Completed", utcnow()
+        tasks[9].result = TaskResult(status=200)
+        await store.commit()
+        await store.commit()  # nothing changed
+
+    asyncio.run(changes())
+    lines = [json.loads(line) for line in (tmp_path / "fabric-state.journal").read_text().splitlines()]
+    assert [sorted(line["set"].get("tasks", {})) for line in lines] == [["7", "9"], ["9"], []]
+    _same(_reloaded(tmp_path), store.state)
+    with pytest.raises(AttributeError):
+        tasks[1].messages.append({"MessageId": "x"})  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="frozen"):
+        tasks[9].result.status = 500  # type: ignore[union-attr,misc]
+    copied = tasks[3].model_copy(update={"percent": 10})
+    store.state.tasks["3"] = copied
+    asyncio.run(store.commit())
+    assert _reloaded(tmp_path).tasks["3"].percent == 10, (
+        "a copy of a task is serialised, not taken for the old"
+    )
+
+
+def test_finished_tasks_are_pruned_to_the_newest_every_few_ends() -> None:
+    """The newest ``MAX_FINISHED_TASKS`` finished tasks stay; a prune scans every task once every
+    ``PRUNE_EVERY`` ends, so between two prunes up to that many more are kept; running tasks stay."""
+    state = FabricState()
+    running = {str(i) for i in range(0, 2_000, 5)}
+    for i in range(2_000):
+        task = TaskRecord(
+            id=str(i),
+            kind=OperationKind.BIND,
+            style=BindingStyle.ZONE,
+            host="h1",
+            targets=[f"gpu{i}"],
+            state="Running",
+            start=utcnow(),
+            method="POST",
+            uri="/redfish/v1/Fabrics/PCIe/Zones/h1/Actions/Zone.AddEndpoint",
+        )
+        state.tasks[task.id] = task
+        if task.id not in running:
+            task.state, task.end = "Completed", utcnow()
+            state.prune_tasks()
+            finished = [t.id for t in state.tasks.values() if t.finished]
+            assert len(finished) <= MAX_FINISHED_TASKS + PRUNE_EVERY
+    assert running <= set(state.tasks)
+    state.prune_tasks(now=True)
+    finished = [t.id for t in state.tasks.values() if t.finished]
+    newest = [str(i) for i in range(2_000) if str(i) not in running][-MAX_FINISHED_TASKS:]
+    assert finished == newest
