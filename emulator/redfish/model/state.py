@@ -235,13 +235,13 @@ class FabricState(_Model):
         return ident
 
     #: task ends since the last prune (:meth:`prune_tasks`); not part of the document
-    _ends: int = PrivateAttr(default=0)  # (read once a task's end: a private attribute is fine)
+    _ends: int = PrivateAttr(default=0)  # (once a task's end: a private attribute's slower read is fine)
 
     def prune_tasks(self, *, now: bool = False) -> None:
         """Called at every task's end: drop the oldest finished tasks beyond
         :data:`MAX_FINISHED_TASKS`, once every :data:`PRUNE_EVERY` ends (or ``now``). The scan
-        looks at every task, running ones too: done at each end it was O(tasks) a task, up to a
-        tenth of the emulator's CPU in a burst with 600 running."""
+        looks at every task, running ones too: done at each end it cost 0.39 s of the emulator's
+        7.8 s of CPU in a correlated burst (up to 800 tasks), 0.07 s now."""
         self._ends += 1
         if not now and self._ends < PRUNE_EVERY:
             return
