@@ -262,6 +262,9 @@ JOURNAL_FILE = "fabric-state.journal"
 JOURNAL_COMPACT_BYTES = 1 << 20
 #: the collections of :class:`FabricState`, each a dict of records by Id
 _COLLECTIONS = ("bindings", "zones", "connections", "chunks", "tasks", "faults")
+#: the collections whose records change only by being replaced (bindings) or by saying so (tasks,
+#: :class:`TaskRecord`): the JSON of the same unchanged object is reused, not made and compared
+_SETTLED = frozenset({"bindings", "tasks"})
 #: the scalars of :class:`FabricState` a journal record carries
 _SCALARS = ("format", "version", "next_id", "event_seq")
 
@@ -279,19 +282,19 @@ class _Written:
     __slots__ = ("records",)
 
     def __init__(self) -> None:
-        #: collection → Id → (the record object, its JSON, whether it was settled then)
-        self.records: dict[str, dict[str, tuple[BaseModel, str, bool]]] = {c: {} for c in _COLLECTIONS}
+        #: collection → Id → (the record object, its JSON)
+        self.records: dict[str, dict[str, tuple[BaseModel, str]]] = {c: {} for c in _COLLECTIONS}
 
     def fragment(self, collection: str, ident: str, record: BaseModel) -> tuple[str, bool]:
         """``record``'s JSON and whether it differs from what was written."""
         kept = self.records[collection].get(ident)
-        changed = isinstance(record, TaskRecord) and not record.serialised
-        if kept is not None and kept[0] is record and kept[2] and not changed:
+        reusable = collection in _SETTLED and (not isinstance(record, TaskRecord) or record.serialised)
+        if reusable and kept is not None and kept[0] is record:
             return kept[1], False
         text = record.model_dump_json()
         if isinstance(record, TaskRecord):
             record.mark_serialised()  # (on the event loop, as every change of a task)
-        self.records[collection][ident] = (record, text, _settled(collection, record))
+        self.records[collection][ident] = (record, text)
         return text, kept is None or kept[1] != text
 
 
@@ -378,12 +381,6 @@ class TrackedBindings(dict[str, "BindingRecord"]):
     def __ior__(self, other: Any) -> TrackedBindings:  # type: ignore[override,misc]
         self.update(other)
         return self
-
-
-def _settled(collection: str, record: BaseModel) -> bool:
-    """Whether a record the store already serialised changes only by being replaced or by saying
-    so (:class:`TaskRecord`), so its JSON may be reused while it is the same unchanged object."""
-    return collection in ("bindings", "tasks")
 
 
 class StateStore:

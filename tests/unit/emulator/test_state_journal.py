@@ -38,7 +38,13 @@ def _bind(store: StateStore, target: str, host: str) -> None:
 
 
 def _task(store: StateStore, ident: str, target: str) -> TaskRecord:
-    task = TaskRecord(
+    task = _running_task(ident, target)
+    store.state.tasks[ident] = task
+    return task
+
+
+def _running_task(ident: str, target: str) -> TaskRecord:
+    return TaskRecord(
         id=ident,
         kind=OperationKind.BIND,
         style=BindingStyle.ZONE,
@@ -49,8 +55,6 @@ def _task(store: StateStore, ident: str, target: str) -> TaskRecord:
         method="POST",
         uri="/redfish/v1/Fabrics/PCIe/Zones/h1/Actions/Zone.AddEndpoint",
     )
-    store.state.tasks[ident] = task
-    return task
 
 
 def _reloaded(path: Path) -> FabricState:
@@ -292,17 +296,7 @@ def test_finished_tasks_are_pruned_to_the_newest_every_few_ends() -> None:
     state = FabricState()
     running = {str(i) for i in range(0, 2_000, 5)}
     for i in range(2_000):
-        task = TaskRecord(
-            id=str(i),
-            kind=OperationKind.BIND,
-            style=BindingStyle.ZONE,
-            host="h1",
-            targets=[f"gpu{i}"],
-            state="Running",
-            start=utcnow(),
-            method="POST",
-            uri="/redfish/v1/Fabrics/PCIe/Zones/h1/Actions/Zone.AddEndpoint",
-        )
+        task = _running_task(str(i), f"gpu{i}")
         state.tasks[task.id] = task
         if task.id not in running:
             task.state, task.end = "Completed", utcnow()
