@@ -54,7 +54,10 @@ __all__ = [
 log = get_logger(__name__)
 
 STATE_FILE = "fabric-state.json"
-#: Finished tasks kept for their monitors and the TaskService; older ones are dropped.
+#: Finished tasks kept for their monitors and the TaskService; older ones are dropped, as the
+#: TaskService's ``CompletedTaskOverWritePolicy`` ``Oldest`` says (TaskService v1_0_0 CSDL, the
+#: ``OverWritePolicy`` enum: "Oldest completed tasks are overwritten"; the schema sets no count, so
+#: a client must expect a finished task's monitor to go, and reads its result when it ends).
 MAX_FINISHED_TASKS = 256
 #: Task ends between two prunes (:meth:`FabricState.prune_tasks`): up to this many more finished
 #: tasks are kept for a while, and a prune's scan of every task is paid once per this many ends.
