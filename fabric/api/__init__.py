@@ -7,7 +7,9 @@ those listed before it (``tests/unit/test_layers.py`` reads this list):
 * ``request_guard``  what every request passes before its body is read; errors answered once;
 * ``context``        what every route is handed: the parts, the caller, bounded names and waits;
 * ``routes``         the routes, each handing its request to the part that owns it;
+* ``claim_calls``    the three calls of every claim answered in front of FastAPI's router, as the
+                     routes answer them (anything else is handed on to it);
 * ``app``            the FastAPI application that assembles them.
 """
 
-FLOORS = ("ui", "openapi", "auth", "request_guard", "context", "routes", "app")
+FLOORS = ("ui", "openapi", "auth", "request_guard", "context", "routes", "claim_calls", "app")

@@ -7,7 +7,9 @@ operator or metrics role), on every replica. Errors are :class:`manager_api.mode
 the status of their :mod:`manager_api.errors` class (:func:`fabric.errors.error_body`, answered by
 :func:`fabric.api.request_guard.error_response`); a malformed request is 422 InvalidRequest naming
 the field. The token is checked, and the body's size bounded, before the body is read
-(:mod:`fabric.api.request_guard`). The routes are :mod:`fabric.api.routes`.
+(:mod:`fabric.api.request_guard`). The routes are :mod:`fabric.api.routes`; the three calls
+every claim makes (attach, detach, its node's change poll) are answered in front of FastAPI's
+router by :mod:`fabric.api.claim_calls`, which hands FastAPI every request it would refuse.
 
 The OpenAPI document is served at ``/openapi.json``; no page renders it here (``/docs`` and
 ``/redoc`` would run a third-party script on the origin where ``/ui`` keeps an operator's token:
@@ -22,6 +24,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from fabric.api.claim_calls import ClaimCalls
 from fabric.api.context import AppContext
 from fabric.api.openapi import install_openapi
 from fabric.api.request_guard import RequestGuard, error_response
@@ -49,6 +52,8 @@ def build_app(ctx: AppContext) -> FastAPI:
     app.state.ctx = ctx
     install_openapi(app)
     app.include_router(ui_router)
+    # Added first, so it runs inside the guard (which authenticates and bounds the body first).
+    app.add_middleware(ClaimCalls, ctx=ctx, error_answer=fabric_error_answer)
     app.add_middleware(RequestGuard, auth=ctx.auth)
     app.exception_handler(FabricError)(_fabric_error)
     app.exception_handler(RequestValidationError)(_invalid)
@@ -59,8 +64,13 @@ def build_app(ctx: AppContext) -> FastAPI:
 
 
 async def _fabric_error(request: Request, err: FabricError) -> JSONResponse:
-    if isinstance(err, BindRefused) and request.method == "POST":
-        ctx: AppContext = request.app.state.ctx
+    return fabric_error_answer(request.app.state.ctx, request.method, err)
+
+
+def fabric_error_answer(ctx: AppContext, method: str, err: FabricError) -> JSONResponse:
+    """The answer to a route's :class:`FabricError` (an attach the fabric or the manager refused
+    counted by who refused it)."""
+    if isinstance(err, BindRefused) and method == "POST":
         ctx.metrics.attach_refused.labels("fabric" if err.message_id else "manager").inc()
     return error_response(err)
 

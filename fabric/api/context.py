@@ -27,18 +27,26 @@ from plumbing.names import (
     DNS1123_LABEL_PATTERN,
     DNS1123_SUBDOMAIN_MAX_LENGTH,
     DNS1123_SUBDOMAIN_PATTERN,
+    UID_MAX_LENGTH,
+    UID_PATTERN,
 )
 
 __all__ = [
     "AppContext",
     "Caller",
+    "ClaimUidQuery",
     "Ctx",
     "DeviceName",
     "Drainer",
+    "EpochQuery",
     "NodeName",
     "NodeQuery",
     "OperationIdPath",
+    "OptionalNodeQuery",
+    "PollSeconds",
     "Reader",
+    "ShareIdQuery",
+    "SinceQuery",
     "UsageReader",
     "Wait",
     "require_loaded",
@@ -147,4 +155,20 @@ OperationIdPath = Annotated[
 NodeQuery = Annotated[
     str,
     Query(pattern=DNS1123_SUBDOMAIN_PATTERN, max_length=DNS1123_SUBDOMAIN_MAX_LENGTH),
+]
+#: the claim a detach is for
+ClaimUidQuery = Annotated[str, Query(alias="claimUid", pattern=UID_PATTERN, max_length=UID_MAX_LENGTH)]
+#: the memory share a detach gives back (a share of a CXL memory pool)
+ShareIdQuery = Annotated[str | None, Query(alias="shareId", pattern=api.SHARE_ID_PATTERN, max_length=36)]
+#: how long a long poll of the inventory waits for a change
+PollSeconds = Annotated[float, Query(alias="timeoutSeconds", ge=0, le=300)]
+EpochQuery = Annotated[int, Query(description="the epoch of the inventory or change answer read last")]
+SinceQuery = Annotated[int, Query(description="the version read last: answer what changed after it")]
+OptionalNodeQuery = Annotated[
+    str | None,
+    Query(
+        pattern=DNS1123_SUBDOMAIN_PATTERN,
+        max_length=DNS1123_SUBDOMAIN_MAX_LENGTH,
+        description="only the devices concerning this node (its plugin's view); the answer names it",
+    ),
 ]

@@ -16,13 +16,19 @@ from fabric.api.context import (
     Anyone,
     AppContext,
     Caller,
+    ClaimUidQuery,
     Ctx,
     DeviceName,
     Drainer,
+    EpochQuery,
     NodeName,
     NodeQuery,
     OperationIdPath,
+    OptionalNodeQuery,
+    PollSeconds,
     Reader,
+    ShareIdQuery,
+    SinceQuery,
     UsageReader,
     Wait,
     require_loaded,
@@ -35,14 +41,8 @@ from fabric.state.drains import DrainBook
 from fabric.state.inventory import wait_changes
 from manager_api import models as api
 from manager_api.errors import DeviceNotFound, FabricUnavailable, InvalidRequest, NotFoundError
-from plumbing.names import (
-    DNS1123_SUBDOMAIN_MAX_LENGTH,
-    DNS1123_SUBDOMAIN_PATTERN,
-    UID_MAX_LENGTH,
-    UID_PATTERN,
-)
 
-__all__ = ["ROUTERS"]
+__all__ = ["ROUTERS", "attachment_answer"]
 
 #: ``GET /api/v1/usage?since=``: an RFC 3339 date-time is at most 35 characters
 #: (``2026-03-01T09:00:00.123456789+01:00``); a few more for longer fractions.
@@ -91,7 +91,7 @@ async def inventory(
     caller: Reader,
     ctx: Ctx,
     after: Annotated[int | None, Query(description="wait until the version differs from this")] = None,
-    timeout_seconds: Annotated[float, Query(alias="timeoutSeconds", ge=0, le=300)] = 30.0,
+    timeout_seconds: PollSeconds = 30.0,
 ) -> Response:
     require_loaded(ctx)
     if after is not None:
@@ -107,17 +107,10 @@ async def inventory(
 async def inventory_changes(
     caller: Reader,
     ctx: Ctx,
-    epoch: Annotated[int, Query(description="the epoch of the inventory or change answer read last")],
-    since: Annotated[int, Query(description="the version read last: answer what changed after it")],
-    timeout_seconds: Annotated[float, Query(alias="timeoutSeconds", ge=0, le=300)] = 30.0,
-    node: Annotated[
-        str | None,
-        Query(
-            pattern=DNS1123_SUBDOMAIN_PATTERN,
-            max_length=DNS1123_SUBDOMAIN_MAX_LENGTH,
-            description="only the devices concerning this node (its plugin's view); the answer names it",
-        ),
-    ] = None,
+    epoch: EpochQuery,
+    since: SinceQuery,
+    timeout_seconds: PollSeconds = 30.0,
+    node: OptionalNodeQuery = None,
 ) -> Response:
     """The devices changed, added and removed after version ``since``, once there are any (a long
     poll, as ``GET /inventory?after=`` is); ``410 ResyncRequired`` when they are no longer known.
@@ -152,7 +145,7 @@ async def nodes(caller: Reader, ctx: Ctx) -> list[api.FabricNode]:
     return ctx.inventory.snapshot().nodes
 
 
-def _answered(answer: tuple[api.Attachment, int]) -> Response:
+def attachment_answer(answer: tuple[api.Attachment, int]) -> Response:
     """An attachment with the status the front chose (200 done, 202 ask again), encoded by pydantic
     in one step (not to a dict, then by ``json.dumps``: every attach and detach answers so)."""
     attachment, status = answer
@@ -170,7 +163,7 @@ def _answered(answer: tuple[api.Attachment, int]) -> Response:
 async def attach(caller: Caller, request: api.AttachRequest, ctx: Ctx, wait: Wait = 0.0) -> Response:
     caller.check_bind(request.node)
     require_loaded(ctx)
-    return _answered(await ctx.attachments.attach(request, wait))
+    return attachment_answer(await ctx.attachments.attach(request, wait))
 
 
 @ATTACHMENTS.post(
@@ -185,7 +178,7 @@ async def report_reset(
 ) -> Response:
     caller.check_bind(report.node)  # a plugin's token reports only for its own node
     require_loaded(ctx)
-    return _answered(await ctx.attachments.report_reset(device, report, wait))
+    return attachment_answer(await ctx.attachments.report_reset(device, report, wait))
 
 
 @ATTACHMENTS.delete(
@@ -197,17 +190,15 @@ async def report_reset(
 async def detach(
     caller: Caller,
     device: DeviceName,
-    claim_uid: Annotated[str, Query(alias="claimUid", pattern=UID_PATTERN, max_length=UID_MAX_LENGTH)],
+    claim_uid: ClaimUidQuery,
     node: NodeQuery,
     ctx: Ctx,
     wait: Wait = 0.0,
-    share_id: Annotated[
-        str | None, Query(alias="shareId", pattern=api.SHARE_ID_PATTERN, max_length=36)
-    ] = None,
+    share_id: ShareIdQuery = None,
 ) -> Response:
     caller.check_bind(node)
     require_loaded(ctx)
-    return _answered(await ctx.attachments.detach(device, claim_uid, node, wait, share_id=share_id))
+    return attachment_answer(await ctx.attachments.detach(device, claim_uid, node, wait, share_id=share_id))
 
 
 @OPERATIONS.get(
