@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
+from starlette.types import Receive, Scope, Send
 
 from fabric.api.app import build_app
 from fabric.api.auth import Chain, Role, StaticTokens, _StaticEntry
@@ -69,7 +70,7 @@ async def apps(tmp_path: Path) -> Apps:
     )
     with_path = build_app(ctx)
     without = build_app(ctx)
-    without.user_middleware = [m for m in without.user_middleware if m.cls is not ClaimCalls]
+    without.user_middleware = [m for m in without.user_middleware if m.cls is not ClaimCalls]  # type: ignore[comparison-overlap]
     assert len(without.user_middleware) == len(with_path.user_middleware) - 1
     handed_on: list[str] = []
     await _send(with_path, "GET", "/healthz", "operator")  # builds the middleware stack
@@ -84,7 +85,7 @@ def _count_handed_on(app: FastAPI, handed_on: list[str]) -> None:
         layer = layer.app  # each Starlette middleware keeps the next as ``app``
     inner: Callable[..., Awaitable[None]] = layer.app
 
-    async def counted(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def counted(scope: Scope, receive: Receive, send: Send) -> None:
         handed_on.append(f"{scope['method']} {scope['path']}?{scope['query_string'].decode()}")
         await inner(scope, receive, send)
 
