@@ -18,9 +18,9 @@ import json
 import re
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import parse_qsl
 
 from pydantic import TypeAdapter, ValidationError
+from starlette.datastructures import QueryParams
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -152,14 +152,16 @@ class ClaimCalls:
 
 
 def _query(scope: Scope, *names: str) -> dict[str, str]:
-    """The query parameters ``names`` as Starlette parses them (``parse_qsl``, blanks kept, the
-    query string as Latin-1); a name given twice is FastAPI's to settle."""
+    """The query parameters ``names``, parsed by Starlette's own ``QueryParams`` as FastAPI's
+    routes read them; a name given twice is FastAPI's to settle."""
+    params = QueryParams(scope["query_string"])
     found: dict[str, str] = {}
-    for key, value in parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True):
-        if key in names:
-            if key in found:
-                raise _Refer
-            found[key] = value
+    for name in names:
+        values = params.getlist(name)
+        if len(values) > 1:
+            raise _Refer
+        if values:
+            found[name] = values[0]
     return found
 
 
